@@ -1,0 +1,75 @@
+//! The internal API between the control plane and node agents.
+//!
+//! Control plane → agent: create and delete instances ([`AgentCreateInstance`],
+//! answered with [`AgentInstancePorts`]). Agent → control plane: registration,
+//! heartbeats carrying node and per-instance reports, and immediate state changes.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{InstanceId, NodeId};
+use crate::instances::{InstanceConfig, InstanceResources, InstanceStatus};
+use crate::nodes::{Capabilities, ResourceUsage};
+
+/// Ask an agent to start an instance.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentCreateInstance {
+    pub id: InstanceId,
+    pub image: String,
+    pub config: InstanceConfig,
+}
+
+/// The ports an agent reserved for an instance, and its state right after the
+/// create call (`running` when a warm browser was taken).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentInstancePorts {
+    pub debug_port: u16,
+    pub stream_port: u16,
+    pub http_port: u16,
+    pub status: InstanceStatus,
+}
+
+/// What an agent knows of one of its instances.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InstanceReport {
+    pub id: InstanceId,
+    pub status: InstanceStatus,
+    pub reason: Option<String>,
+    pub resources: InstanceResources,
+    pub last_activity: DateTime<Utc>,
+}
+
+/// Sent by an agent when it starts, and again whenever the control plane
+/// does not know it (e.g. after a control-plane restart).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeRegistration {
+    pub node_id: NodeId,
+    /// The agent API's address, `<scheme>://<host>:<port>`.
+    pub address: String,
+    /// Host that clients use to reach the instances' ports on this node.
+    pub public_host: String,
+    pub max_instances: i64,
+    pub capabilities: Capabilities,
+    pub images: Vec<String>,
+    pub resources: ResourceUsage,
+    pub instances: Vec<InstanceReport>,
+}
+
+/// Periodic report of an agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    pub node_id: NodeId,
+    pub resources: ResourceUsage,
+    pub instances: Vec<InstanceReport>,
+}
+
+/// An instance changed state on its node (sent as it happens).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InstanceStateChange {
+    pub node_id: NodeId,
+    pub id: InstanceId,
+    pub status: InstanceStatus,
+    pub reason: Option<String>,
+    pub at: DateTime<Utc>,
+}

@@ -1,0 +1,53 @@
+//! The error body of every non-2xx control-plane response, and the success
+//! message body.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Machine-readable error codes (DESIGN.md, "Decisions on the control plane API").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// 400: the request is malformed or a value is out of range.
+    InvalidRequest,
+    /// 404: the instance or node does not exist.
+    NotFound,
+    /// 409: the instance's state does not allow the operation.
+    InvalidState,
+    /// 503: no node has room for the instance.
+    InsufficientCapacity,
+    /// 401: missing or wrong API key.
+    Unauthorized,
+    /// 429: too many requests.
+    RateLimited,
+    /// 500: a fault on our side; the detail is logged, not shown.
+    Internal,
+}
+
+impl ErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InvalidRequest => "invalid_request",
+            Self::NotFound => "not_found",
+            Self::InvalidState => "invalid_state",
+            Self::InsufficientCapacity => "insufficient_capacity",
+            Self::Unauthorized => "unauthorized",
+            Self::RateLimited => "rate_limited",
+            Self::Internal => "internal",
+        }
+    }
+}
+
+/// ErrorResponse: `{"detail": "...", "code": "..."}`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ErrorResponse {
+    /// What failed and, where it helps, what to do about it.
+    pub detail: String,
+    pub code: ErrorCode,
+}
+
+/// MessageResponse: a human-readable confirmation.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct MessageResponse {
+    pub message: String,
+}

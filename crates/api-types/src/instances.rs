@@ -1,0 +1,283 @@
+//! Instances: the resource of `spec/instance-service-api.md`, its configuration,
+//! the request bodies and queries of the `/v2/instances` operations.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+use utoipa::{IntoParams, ToSchema};
+
+use crate::ids::{InstanceId, NodeId, SnapshotId};
+
+/// The image used when a create request names none.
+pub const DEFAULT_IMAGE: &str = "ubuntu:22.04";
+
+/// Lifecycle state of an instance (spec: States and transitions; DESIGN.md: Lifecycle).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum InstanceStatus {
+    /// Being provisioned: the browser is starting.
+    Creating,
+    /// Active and accessible: CDP answers.
+    Running,
+    /// No activity for `idle_timeout_minutes`.
+    Idle,
+    /// Snapshotted and stopped to save resources.
+    Dormant,
+    /// Being restored from dormant.
+    Reviving,
+    /// Creation or an operation failed; `status_reason` says why.
+    Failed,
+    /// The browser exited (on its own, or its node restarted).
+    Stopped,
+}
+
+impl InstanceStatus {
+    pub const ALL: [InstanceStatus; 7] = [
+        Self::Creating,
+        Self::Running,
+        Self::Idle,
+        Self::Dormant,
+        Self::Reviving,
+        Self::Failed,
+        Self::Stopped,
+    ];
+
+    /// States in which the instance holds a slot (and ports) on its node.
+    pub const OCCUPYING: [InstanceStatus; 5] = [
+        Self::Creating,
+        Self::Running,
+        Self::Idle,
+        Self::Dormant,
+        Self::Reviving,
+    ];
+
+    /// States in which a browser process is (or is about to be) alive.
+    pub const ACTIVE: [InstanceStatus; 4] =
+        [Self::Creating, Self::Running, Self::Idle, Self::Reviving];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Creating => "creating",
+            Self::Running => "running",
+            Self::Idle => "idle",
+            Self::Dormant => "dormant",
+            Self::Reviving => "reviving",
+            Self::Failed => "failed",
+            Self::Stopped => "stopped",
+        }
+    }
+
+    pub fn occupies_slot(self) -> bool {
+        Self::OCCUPYING.contains(&self)
+    }
+}
+
+impl fmt::Display for InstanceStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for InstanceStatus {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|status| status.as_str() == s)
+            .ok_or_else(|| format!("unknown instance status {s:?}"))
+    }
+}
+
+/// InstanceConfig: resources and lifecycle settings of an instance. Every member
+/// has the spec's default, so `{}` is a complete configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct InstanceConfig {
+    /// Memory limit of the browser's process tree, in GiB (> 0).
+    #[schema(default = 2.0)]
+    pub memory_gb: f64,
+    /// CPU quota of the browser's process tree, in cores (>= 1).
+    #[schema(default = 2)]
+    pub cpu_cores: i64,
+    /// Limit on the size of the browser profile, in GiB (> 0).
+    #[schema(default = 10.0)]
+    pub disk_gb: f64,
+    /// Minutes without CDP or live-view activity before the instance is `idle`
+    /// (0 disables idle detection).
+    #[schema(default = 30)]
+    pub idle_timeout_minutes: i64,
+    /// Whether an idle instance is made dormant automatically.
+    #[schema(default = true)]
+    pub auto_snapshot: bool,
+}
+
+impl Default for InstanceConfig {
+    fn default() -> Self {
+        Self {
+            memory_gb: 2.0,
+            cpu_cores: 2,
+            disk_gb: 10.0,
+            idle_timeout_minutes: 30,
+            auto_snapshot: true,
+        }
+    }
+}
+
+/// Body of `POST /v2/instances`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateInstanceRequest {
+    /// Image from the node's catalog; default `ubuntu:22.04` (the system Chromium).
+    #[serde(default)]
+    #[schema(default = "ubuntu:22.04")]
+    pub image: Option<String>,
+    #[serde(default)]
+    pub config: Option<InstanceConfig>,
+    /// Id of the node to place the instance on.
+    #[serde(default)]
+    pub node_preference: Option<NodeId>,
+}
+
+/// Resource use of one instance: CPU as a percentage of one core (like `top`),
+/// memory (PSS of its process tree) and profile size in megabytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct InstanceResources {
+    pub cpu_percent: f64,
+    pub memory_mb: f64,
+    pub disk_mb: f64,
+}
+
+/// Recent activity of an instance (CDP traffic and live-view viewers).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Activity {
+    pub last_activity: DateTime<Utc>,
+    pub idle_minutes: f64,
+}
+
+/// Where to reach an instance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct InstanceUrls {
+    /// CDP endpoint, accepted as is by Playwright's `connectOverCDP` and
+    /// Puppeteer's `connect({browserWSEndpoint})`.
+    pub debug: String,
+    /// Live view (MJPEG; shows in an `<img>`).
+    pub stream: String,
+}
+
+/// Instance. Which members appear depends on the operation (spec: "Response
+/// shapes per operation"); the constructors in the control plane build each shape.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Instance {
+    pub id: InstanceId,
+    pub status: InstanceStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<NodeId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subdomain: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub debug_port: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_port: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_port: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<DateTime<Utc>>,
+    /// Image the instance runs (get responses).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<InstanceConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<InstanceResources>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub urls: Option<InstanceUrls>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activity: Option<Activity>,
+    /// Why the instance is `failed` or `stopped` (get responses).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_id: Option<SnapshotId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dormant_since: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_completion: Option<DateTime<Utc>>,
+}
+
+impl Instance {
+    /// An instance with only `id` and `status` set; the operation fills the rest.
+    pub fn bare(id: InstanceId, status: InstanceStatus) -> Self {
+        Self {
+            id,
+            status,
+            node_id: None,
+            subdomain: None,
+            debug_port: None,
+            stream_port: None,
+            http_port: None,
+            created_at: None,
+            image: None,
+            config: None,
+            resources: None,
+            urls: None,
+            activity: None,
+            status_reason: None,
+            snapshot_id: None,
+            dormant_since: None,
+            estimated_completion: None,
+        }
+    }
+}
+
+/// InstanceList: one page of instances.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct InstanceList {
+    pub instances: Vec<Instance>,
+    /// Number of instances matching the filters, over all pages.
+    pub total: i64,
+    pub limit: i64,
+    pub offset: i64,
+}
+
+/// Order of `GET /v2/instances`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum InstanceSort {
+    #[default]
+    CreatedAtDesc,
+    CreatedAtAsc,
+    MemoryDesc,
+    CpuDesc,
+}
+
+/// Query of `GET /v2/instances`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListInstancesQuery {
+    /// Only instances in this state.
+    pub status: Option<InstanceStatus>,
+    /// Only instances on this node.
+    #[param(value_type = Option<String>)]
+    pub node_id: Option<NodeId>,
+    /// Page size, 1..=1000 (default 100).
+    #[param(minimum = 1, maximum = 1000, default = 100)]
+    pub limit: Option<i64>,
+    /// Number of instances to skip, >= 0 (default 0).
+    #[param(minimum = 0, default = 0)]
+    pub offset: Option<i64>,
+    /// Order of the page (default `created_at_desc`).
+    pub sort: Option<InstanceSort>,
+}
+
+/// Query of `DELETE /v2/instances/{instance_id}`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct DeleteInstanceQuery {
+    /// Skip the graceful shutdown (CDP `Browser.close`) and kill at once.
+    #[serde(default)]
+    pub force: bool,
+}

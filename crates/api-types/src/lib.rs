@@ -1,0 +1,21 @@
+//! Wire types of every Flotilla API, shared by the control plane, the node agent,
+//! the CLI and the tests.
+//!
+//! - [`ids`] — typed identifiers (`InstanceId`, `NodeId`).
+//! - [`instances`], [`nodes`], [`health`]: the public `/v2` REST API of
+//!   `spec/instance-service-api.md`, with `utoipa` schemas for the OpenAPI document.
+//! - [`agent`] — the internal API between the control plane and node agents.
+//! - [`error`] — the `{detail, code}` error body and its codes.
+//!
+//! Request types reject unknown fields; validation of values (ranges, catalogs)
+//! belongs to the service that owns the rule, not to these types.
+
+pub mod agent;
+pub mod error;
+pub mod health;
+pub mod ids;
+pub mod instances;
+pub mod nodes;
+
+pub use error::{ErrorCode, ErrorResponse, MessageResponse};
+pub use ids::{InstanceId, NodeId};

@@ -1,0 +1,66 @@
+//! Nodes: machines running a node agent, as the public API shows them.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::ids::NodeId;
+
+/// Reachability of a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeStatus {
+    Online,
+    Offline,
+}
+
+impl NodeStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Online => "online",
+            Self::Offline => "offline",
+        }
+    }
+}
+
+/// ResourceUsage: utilisation of a machine, each in percent of its capacity.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ResourceUsage {
+    pub cpu_percent: f64,
+    pub memory_percent: f64,
+    pub disk_percent: f64,
+}
+
+/// What a node has to offer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Capabilities {
+    pub cpu_cores: i64,
+    pub memory_gb: f64,
+    pub disk_gb: f64,
+}
+
+/// Node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Node {
+    pub id: NodeId,
+    pub status: NodeStatus,
+    /// The node agent's address, `<scheme>://<host>:<port>`.
+    pub address: String,
+    /// Instances holding a slot on the node (every state but failed and stopped).
+    pub instances_count: i64,
+    pub max_instances: i64,
+    pub resources: ResourceUsage,
+    pub last_heartbeat: DateTime<Utc>,
+    /// Node detail only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<Capabilities>,
+    /// Images this node can run (node detail only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub images: Option<Vec<String>>,
+}
+
+/// NodeList.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct NodeList {
+    pub nodes: Vec<Node>,
+}

@@ -1,0 +1,51 @@
+//! `GET /health`: the state of the API, the store, the messaging link and the
+//! scheduler.
+
+use flotilla_api_types::health::{ComponentStatus, Health, HealthComponents, HealthStatus};
+use flotilla_api_types::instances::InstanceStatus;
+use flotilla_api_types::nodes::NodeStatus;
+
+use super::ControlPlane;
+
+impl ControlPlane {
+    pub async fn health(&self) -> Health {
+        let counts = self.store.instance_counts().await;
+        let storage = if counts.is_ok() {
+            ComponentStatus::Up
+        } else {
+            ComponentStatus::Down
+        };
+        let counts = counts.unwrap_or_default();
+        let instances_count = counts.iter().map(|(_, n)| n).sum();
+        let running_instances = counts
+            .iter()
+            .filter(|(s, _)| *s == InstanceStatus::Running)
+            .map(|(_, n)| n)
+            .sum();
+        let scheduler = match self.store.node_list().await {
+            Ok(nodes) if nodes.iter().any(|n| n.status == NodeStatus::Online) => {
+                ComponentStatus::Up
+            }
+            _ => ComponentStatus::Down,
+        };
+        let messaging = ComponentStatus::Disabled;
+        let status = if storage == ComponentStatus::Down {
+            HealthStatus::Unhealthy
+        } else if [scheduler, messaging].contains(&ComponentStatus::Down) {
+            HealthStatus::Degraded
+        } else {
+            HealthStatus::Healthy
+        };
+        Health {
+            status,
+            instances_count,
+            running_instances,
+            components: HealthComponents {
+                api: ComponentStatus::Up,
+                storage,
+                messaging,
+                scheduler,
+            },
+        }
+    }
+}

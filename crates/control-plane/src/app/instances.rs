@@ -1,0 +1,358 @@
+//! Instances: create (place, reserve, ask the node), list, get, delete, and the
+//! state changes nodes report.
+
+use std::collections::HashMap;
+
+use flotilla_api_types::agent::{AgentCreateInstance, InstanceStateChange};
+use flotilla_api_types::instances::{
+    CreateInstanceRequest, DEFAULT_IMAGE, Instance, InstanceConfig, InstanceList, InstanceStatus,
+    ListInstancesQuery,
+};
+use flotilla_api_types::{InstanceId, MessageResponse};
+
+use super::ControlPlane;
+use super::views;
+use crate::error::{Error, Result};
+use crate::nodes::NodeCallError;
+use crate::scheduler::{self, PlacementRequest};
+use crate::store::{InstanceFilter, NewInstance};
+
+/// Largest accepted values, to catch typos (GB, not MB) with a clear message.
+const MAX_MEMORY_GB: f64 = 1024.0;
+const MAX_CPU_CORES: i64 = 256;
+const MAX_DISK_GB: f64 = 10_240.0;
+const MAX_IDLE_TIMEOUT_MINUTES: i64 = 525_600;
+
+pub(crate) fn validate_config(config: &InstanceConfig) -> Result<()> {
+    let bad = |field: &str, rule: &str, value: &dyn std::fmt::Display| {
+        Err(Error::InvalidRequest(format!(
+            "config.{field} must be {rule} (got {value})"
+        )))
+    };
+    if !(config.memory_gb > 0.0 && config.memory_gb <= MAX_MEMORY_GB) {
+        return bad(
+            "memory_gb",
+            &format!("greater than 0 and at most {MAX_MEMORY_GB}"),
+            &config.memory_gb,
+        );
+    }
+    if !(1..=MAX_CPU_CORES).contains(&config.cpu_cores) {
+        return bad(
+            "cpu_cores",
+            &format!("an integer from 1 to {MAX_CPU_CORES}"),
+            &config.cpu_cores,
+        );
+    }
+    if !(config.disk_gb > 0.0 && config.disk_gb <= MAX_DISK_GB) {
+        return bad(
+            "disk_gb",
+            &format!("greater than 0 and at most {MAX_DISK_GB}"),
+            &config.disk_gb,
+        );
+    }
+    if !(0..=MAX_IDLE_TIMEOUT_MINUTES).contains(&config.idle_timeout_minutes) {
+        return bad(
+            "idle_timeout_minutes",
+            &format!("an integer from 0 (never idle) to {MAX_IDLE_TIMEOUT_MINUTES}"),
+            &config.idle_timeout_minutes,
+        );
+    }
+    Ok(())
+}
+
+fn validate_image(image: &str) -> Result<()> {
+    if image.is_empty()
+        || image.len() > 200
+        || image.chars().any(|c| c.is_control() || c.is_whitespace())
+    {
+        return Err(Error::InvalidRequest(format!(
+            "image must be a non-empty image name without spaces, at most 200 characters (got {image:?})"
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn not_found(id: &InstanceId) -> Error {
+    Error::NotFound(format!("instance {id} not found"))
+}
+
+impl ControlPlane {
+    /// Places a new instance, has its node reserve ports and start the browser,
+    /// and returns it (normally `creating`).
+    pub async fn instance_create(&self, request: CreateInstanceRequest) -> Result<Instance> {
+        let image = request.image.unwrap_or_else(|| DEFAULT_IMAGE.to_owned());
+        validate_image(&image)?;
+        let config = request.config.unwrap_or_default();
+        validate_config(&config)?;
+        if let Some(node) = &request.node_preference
+            && node.as_str().is_empty() {
+                return Err(Error::InvalidRequest(
+                    "node_preference must be a node id, not empty".into(),
+                ));
+            }
+        let nodes = self.store.node_list().await?;
+        let occupancy: HashMap<_, _> = self.store.node_occupancy().await?.into_iter().collect();
+        let placement = PlacementRequest {
+            image: &image,
+            config: &config,
+            preference: request.node_preference.as_ref(),
+        };
+        let ranked = scheduler::rank(&nodes, &occupancy, &placement, self.now(), &self.config)?;
+
+        let id = InstanceId::generate();
+        let mut placed = None;
+        for node in &ranked {
+            let new = NewInstance {
+                id: id.clone(),
+                node_id: node.id.clone(),
+                image: image.clone(),
+                config: config.clone(),
+                created_at: self.now(),
+            };
+            if self
+                .store
+                .instance_insert_if_room(&new, node.max_instances)
+                .await?
+            {
+                placed = Some(node);
+                break;
+            }
+        }
+        let Some(node) = placed else {
+            return Err(Error::InsufficientCapacity(
+                "every node that fits this instance filled up meanwhile; retry, delete instances or add a node".into(),
+            ));
+        };
+
+        let connection = self.nodes.get(&node.id);
+        let call = match connection {
+            Some(connection) => {
+                connection
+                    .instance_create(AgentCreateInstance {
+                        id: id.clone(),
+                        image: image.clone(),
+                        config: config.clone(),
+                    })
+                    .await
+            }
+            None => Err(NodeCallError::Unreachable(format!(
+                "no connection to node {}",
+                node.id
+            ))),
+        };
+        let ports = match call {
+            Ok(ports) => ports,
+            Err(error) => {
+                self.store.instance_delete(&id).await?;
+                return Err(match error {
+                    NodeCallError::Rejected {
+                        status: 400,
+                        detail,
+                    } => Error::InvalidRequest(detail),
+                    NodeCallError::Rejected { detail, .. } => Error::InsufficientCapacity(detail),
+                    NodeCallError::Unreachable(detail) => Error::InsufficientCapacity(format!(
+                        "node {} did not take the instance: {detail}",
+                        node.id
+                    )),
+                });
+            }
+        };
+        let now = self.now();
+        let recorded = self
+            .store
+            .instance_set_ports(
+                &id,
+                [ports.debug_port, ports.stream_port, ports.http_port],
+                now,
+            )
+            .await?;
+        if !recorded {
+            // Deleted while being created: make sure the node lets go of it too.
+            if let Some(connection) = self.nodes.get(&node.id) {
+                let _ = connection.instance_delete(&id, true).await;
+            }
+            return Err(not_found(&id));
+        }
+        if ports.status == InstanceStatus::Running {
+            self.store
+                .instance_transition(
+                    &id,
+                    &[InstanceStatus::Creating],
+                    InstanceStatus::Running,
+                    None,
+                    now,
+                )
+                .await?;
+        }
+        let record = self
+            .store
+            .instance_get(&id)
+            .await?
+            .ok_or_else(|| not_found(&id))?;
+        tracing::info!(instance = %id, node = %node.id, image, "instance created");
+        Ok(views::instance_created(&record, &node.public_host))
+    }
+
+    pub async fn instance_list(&self, query: ListInstancesQuery) -> Result<InstanceList> {
+        let limit = query.limit.unwrap_or(100);
+        if !(1..=1000).contains(&limit) {
+            return Err(Error::InvalidRequest(format!(
+                "limit must be an integer from 1 to 1000 (got {limit})"
+            )));
+        }
+        let offset = query.offset.unwrap_or(0);
+        if offset < 0 {
+            return Err(Error::InvalidRequest(format!(
+                "offset must be 0 or more (got {offset})"
+            )));
+        }
+        let filter = InstanceFilter {
+            status: query.status,
+            node_id: query.node_id,
+        };
+        let (records, total) = self
+            .store
+            .instance_list(&filter, query.sort.unwrap_or_default(), limit, offset)
+            .await?;
+        Ok(InstanceList {
+            instances: records.iter().map(views::instance_summary).collect(),
+            total,
+            limit,
+            offset,
+        })
+    }
+
+    pub async fn instance_get(&self, id: &InstanceId) -> Result<Instance> {
+        let record = self
+            .store
+            .instance_get(id)
+            .await?
+            .ok_or_else(|| not_found(id))?;
+        Ok(views::instance_detail(&record, self.now()))
+    }
+
+    /// Stops the instance on its node (gracefully unless `force`) and removes it.
+    pub async fn instance_delete(&self, id: &InstanceId, force: bool) -> Result<MessageResponse> {
+        let record = self
+            .store
+            .instance_get(id)
+            .await?
+            .ok_or_else(|| not_found(id))?;
+        if record.status.occupies_slot() {
+            match self.nodes.get(&record.node_id) {
+                Some(connection) => {
+                    if let Err(error) = connection.instance_delete(id, force).await {
+                        // The record goes anyway; the node's next registration
+                        // reconciles (it stops instances the store no longer has).
+                        tracing::warn!(instance = %id, node = %record.node_id, %error, "node did not confirm the delete");
+                    }
+                }
+                None => {
+                    tracing::warn!(instance = %id, node = %record.node_id, "no connection to the node; removing the record only")
+                }
+            }
+        }
+        if !self.store.instance_delete(id).await? {
+            return Err(not_found(id));
+        }
+        tracing::info!(instance = %id, force, "instance deleted");
+        Ok(MessageResponse {
+            message: format!(
+                "instance {id} deleted{}",
+                if force { " (forced)" } else { "" }
+            ),
+        })
+    }
+
+    /// A node reports that one of its instances changed state.
+    pub async fn instance_state_changed(&self, change: InstanceStateChange) -> Result<()> {
+        let from: &[InstanceStatus] = match change.status {
+            InstanceStatus::Running => &[
+                InstanceStatus::Creating,
+                InstanceStatus::Reviving,
+                InstanceStatus::Idle,
+            ],
+            InstanceStatus::Failed | InstanceStatus::Stopped => &InstanceStatus::ACTIVE,
+            _ => return Ok(()),
+        };
+        let updated = self
+            .store
+            .instance_transition(
+                &change.id,
+                from,
+                change.status,
+                change.reason.as_deref(),
+                change.at,
+            )
+            .await?;
+        if let Some(record) = updated {
+            tracing::info!(instance = %record.id, status = %record.status, reason = ?record.status_reason, "instance state changed");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_validation_names_the_field() {
+        let cases = [
+            (
+                InstanceConfig {
+                    memory_gb: 0.0,
+                    ..Default::default()
+                },
+                "config.memory_gb",
+            ),
+            (
+                InstanceConfig {
+                    memory_gb: -1.0,
+                    ..Default::default()
+                },
+                "config.memory_gb",
+            ),
+            (
+                InstanceConfig {
+                    memory_gb: f64::NAN,
+                    ..Default::default()
+                },
+                "config.memory_gb",
+            ),
+            (
+                InstanceConfig {
+                    cpu_cores: 0,
+                    ..Default::default()
+                },
+                "config.cpu_cores",
+            ),
+            (
+                InstanceConfig {
+                    cpu_cores: -2,
+                    ..Default::default()
+                },
+                "config.cpu_cores",
+            ),
+            (
+                InstanceConfig {
+                    disk_gb: 0.0,
+                    ..Default::default()
+                },
+                "config.disk_gb",
+            ),
+            (
+                InstanceConfig {
+                    idle_timeout_minutes: -1,
+                    ..Default::default()
+                },
+                "config.idle_timeout_minutes",
+            ),
+        ];
+        for (config, field) in cases {
+            let error = validate_config(&config).unwrap_err().to_string();
+            assert!(error.contains(field), "{error}");
+        }
+        validate_config(&InstanceConfig::default()).unwrap();
+    }
+}

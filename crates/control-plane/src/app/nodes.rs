@@ -1,0 +1,168 @@
+//! Nodes: registration and reconciliation, heartbeats, the offline sweep, and
+//! the public node views.
+
+use std::collections::{HashMap, HashSet};
+
+use flotilla_api_types::NodeId;
+use flotilla_api_types::agent::{Heartbeat, NodeRegistration};
+use flotilla_api_types::instances::InstanceStatus;
+use flotilla_api_types::nodes::{Node, NodeList, NodeStatus};
+use flotilla_node_agent::RegistrationAck;
+
+use super::ControlPlane;
+use super::views;
+use crate::error::{Error, Result};
+
+impl ControlPlane {
+    pub async fn node_list(&self) -> Result<NodeList> {
+        let occupancy: HashMap<_, _> = self.store.node_occupancy().await?.into_iter().collect();
+        let nodes = self.store.node_list().await?;
+        Ok(NodeList {
+            nodes: nodes
+                .iter()
+                .map(|n| views::node_view(n, occupancy.get(&n.id).copied().unwrap_or(0), false))
+                .collect(),
+        })
+    }
+
+    pub async fn node_get(&self, id: &NodeId) -> Result<Node> {
+        let node = self
+            .store
+            .node_get(id)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("node {id} not found")))?;
+        let occupancy: HashMap<_, _> = self.store.node_occupancy().await?.into_iter().collect();
+        Ok(views::node_view(
+            &node,
+            occupancy.get(id).copied().unwrap_or(0),
+            true,
+        ))
+    }
+
+    /// A node agent (re)registers: record it online, then reconcile what it runs
+    /// with what the store says — instances the store has as active but the node
+    /// does not run were lost (`stopped`, or `failed` if they were starting);
+    /// instances the node runs but the store no longer has are stopped on it.
+    pub async fn node_register(&self, registration: NodeRegistration) -> Result<RegistrationAck> {
+        let now = self.now();
+        self.store.node_upsert(&registration, now).await?;
+        let reported: HashMap<_, _> = registration
+            .instances
+            .iter()
+            .map(|r| (r.id.clone(), r))
+            .collect();
+        let known = self
+            .store
+            .instances_on_node(&registration.node_id, &InstanceStatus::ALL)
+            .await?;
+        let known_ids: HashSet<_> = known.iter().map(|r| r.id.clone()).collect();
+        for record in &known {
+            let running_there = reported.get(&record.id);
+            match (record.status, running_there) {
+                (status, None) if InstanceStatus::ACTIVE.contains(&status) => {
+                    let to =
+                        if matches!(status, InstanceStatus::Creating | InstanceStatus::Reviving) {
+                            InstanceStatus::Failed
+                        } else {
+                            InstanceStatus::Stopped
+                        };
+                    let reason = format!(
+                        "node {} restarted and no longer runs this browser",
+                        registration.node_id
+                    );
+                    self.store
+                        .instance_transition(&record.id, &[status], to, Some(&reason), now)
+                        .await?;
+                    tracing::warn!(instance = %record.id, node = %registration.node_id, status = %to, "instance lost with its node");
+                }
+                (InstanceStatus::Creating, Some(report))
+                    if report.status == InstanceStatus::Running =>
+                {
+                    self.store
+                        .instance_transition(
+                            &record.id,
+                            &[InstanceStatus::Creating],
+                            InstanceStatus::Running,
+                            None,
+                            now,
+                        )
+                        .await?;
+                }
+                _ => {}
+            }
+        }
+        let strays: Vec<_> = registration
+            .instances
+            .iter()
+            .filter(|r| !known_ids.contains(&r.id))
+            .map(|r| r.id.clone())
+            .collect();
+        if !strays.is_empty()
+            && let Some(connection) = self.nodes.get(&registration.node_id) {
+                tokio::spawn(async move {
+                    for id in strays {
+                        tracing::warn!(instance = %id, "stopping an instance the store no longer has");
+                        let _ = connection.instance_delete(&id, true).await;
+                    }
+                });
+            }
+        self.store
+            .instance_record_usage(&registration.node_id, &registration.instances)
+            .await?;
+        tracing::info!(node = %registration.node_id, address = registration.address, "node registered");
+        Ok(RegistrationAck {
+            heartbeat_interval_sec: self.config.nodes.heartbeat_interval_sec,
+        })
+    }
+
+    /// Records a heartbeat. `false` tells the agent to register again: the node
+    /// is unknown, or it was offline and must be reconciled.
+    pub async fn node_heartbeat(&self, heartbeat: Heartbeat) -> Result<bool> {
+        match self
+            .store
+            .node_heartbeat(&heartbeat.node_id, &heartbeat.resources, self.now())
+            .await?
+        {
+            None | Some(NodeStatus::Offline) => Ok(false),
+            Some(NodeStatus::Online) => {
+                self.store
+                    .instance_record_usage(&heartbeat.node_id, &heartbeat.instances)
+                    .await?;
+                Ok(true)
+            }
+        }
+    }
+
+    /// Marks nodes without a recent heartbeat offline and fails their active
+    /// instances. Returns the nodes it took offline.
+    pub async fn node_offline_sweep(&self) -> Result<Vec<NodeId>> {
+        let now = self.now();
+        let timeout = chrono::Duration::milliseconds(
+            (self.config.nodes.heartbeat_timeout_sec * 1000.0) as i64,
+        );
+        let stale = self.store.node_mark_stale_offline(now - timeout).await?;
+        for node in &stale {
+            let reason = format!(
+                "node {node} went offline (no heartbeat for {} s)",
+                self.config.nodes.heartbeat_timeout_sec
+            );
+            for record in self
+                .store
+                .instances_on_node(node, &InstanceStatus::ACTIVE)
+                .await?
+            {
+                self.store
+                    .instance_transition(
+                        &record.id,
+                        &InstanceStatus::ACTIVE,
+                        InstanceStatus::Failed,
+                        Some(&reason),
+                        now,
+                    )
+                    .await?;
+            }
+            tracing::warn!(%node, "node offline");
+        }
+        Ok(stale)
+    }
+}

@@ -1,0 +1,81 @@
+//! The response shapes of the spec, built from store records: each operation
+//! shows exactly its members ("Response shapes per operation").
+
+use chrono::{DateTime, Utc};
+
+use flotilla_api_types::instances::{Activity, Instance, InstanceUrls};
+use flotilla_api_types::nodes::Node;
+
+use crate::store::{InstanceRecord, NodeRecord};
+
+/// `host` as it goes into a URL (IPv6 in brackets).
+fn url_host(host: &str) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
+    } else {
+        host.to_owned()
+    }
+}
+
+pub fn instance_urls(record: &InstanceRecord, public_host: &str) -> Option<InstanceUrls> {
+    let [debug, stream, _] = record.ports?;
+    let host = url_host(public_host);
+    Some(InstanceUrls {
+        debug: format!("ws://{host}:{debug}/devtools/browser/{}", record.id),
+        stream: format!("http://{host}:{stream}/"),
+    })
+}
+
+fn with_common(record: &InstanceRecord) -> Instance {
+    let mut view = Instance::bare(record.id.clone(), record.status);
+    view.node_id = Some(record.node_id.clone());
+    view.subdomain = Some(record.subdomain.clone());
+    view.debug_port = record.ports.map(|p| p[0]);
+    view.stream_port = record.ports.map(|p| p[1]);
+    view.created_at = Some(record.created_at);
+    view
+}
+
+/// create: id, status, node_id, subdomain, debug_port, stream_port, http_port, created_at, urls.
+pub fn instance_created(record: &InstanceRecord, public_host: &str) -> Instance {
+    let mut view = with_common(record);
+    view.http_port = record.ports.map(|p| p[2]);
+    view.urls = instance_urls(record, public_host);
+    view
+}
+
+/// list items: id, status, node_id, subdomain, debug_port, stream_port, created_at, resources.
+pub fn instance_summary(record: &InstanceRecord) -> Instance {
+    let mut view = with_common(record);
+    view.resources = Some(record.resources);
+    view
+}
+
+/// get: the list members plus http_port, config, activity (and image, status_reason).
+pub fn instance_detail(record: &InstanceRecord, now: DateTime<Utc>) -> Instance {
+    let mut view = instance_summary(record);
+    view.http_port = record.ports.map(|p| p[2]);
+    view.image = Some(record.image.clone());
+    view.config = Some(record.config.clone());
+    let idle_ms = (now - record.last_activity).num_milliseconds().max(0);
+    view.activity = Some(Activity {
+        last_activity: record.last_activity,
+        idle_minutes: (idle_ms as f64 / 60_000.0 * 100.0).round() / 100.0,
+    });
+    view.status_reason = record.status_reason.clone();
+    view
+}
+
+pub fn node_view(record: &NodeRecord, instances_count: i64, detail: bool) -> Node {
+    Node {
+        id: record.id.clone(),
+        status: record.status,
+        address: record.address.clone(),
+        instances_count,
+        max_instances: record.max_instances,
+        resources: record.resources,
+        last_heartbeat: record.last_heartbeat,
+        capabilities: detail.then_some(record.capabilities),
+        images: detail.then(|| record.images.clone()),
+    }
+}

@@ -1,0 +1,85 @@
+//! `/v2/instances` handlers: extract, call the domain, convert.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+
+use flotilla_api_types::instances::{
+    CreateInstanceRequest, DeleteInstanceQuery, Instance, InstanceList, ListInstancesQuery,
+};
+use flotilla_api_types::{ErrorResponse, InstanceId, MessageResponse};
+
+use super::extract::{ApiJson, ApiQuery};
+use crate::app::ControlPlane;
+use crate::error::Error;
+
+/// Create an instance. It starts `creating` and becomes `running` once its
+/// browser answers CDP.
+#[utoipa::path(post, path = "/v2/instances", tag = "instances",
+    request_body = CreateInstanceRequest,
+    responses(
+        (status = 201, description = "Accepted; the browser starts in the background", body = Instance),
+        (status = 400, description = "Invalid request", body = ErrorResponse),
+        (status = 503, description = "No node has room", body = ErrorResponse),
+    ))]
+pub async fn instance_create(
+    State(control_plane): State<Arc<ControlPlane>>,
+    ApiJson(request): ApiJson<CreateInstanceRequest>,
+) -> Result<(StatusCode, Json<Instance>), Error> {
+    Ok((
+        StatusCode::CREATED,
+        Json(control_plane.instance_create(request).await?),
+    ))
+}
+
+/// List instances, filtered and paged.
+#[utoipa::path(get, path = "/v2/instances", tag = "instances",
+    params(ListInstancesQuery),
+    responses(
+        (status = 200, body = InstanceList),
+        (status = 400, description = "Invalid query", body = ErrorResponse),
+    ))]
+pub async fn instance_list(
+    State(control_plane): State<Arc<ControlPlane>>,
+    ApiQuery(query): ApiQuery<ListInstancesQuery>,
+) -> Result<Json<InstanceList>, Error> {
+    Ok(Json(control_plane.instance_list(query).await?))
+}
+
+/// Get one instance with its configuration, resources and activity.
+#[utoipa::path(get, path = "/v2/instances/{instance_id}", tag = "instances",
+    params(("instance_id" = String, Path)),
+    responses(
+        (status = 200, body = Instance),
+        (status = 404, body = ErrorResponse),
+    ))]
+pub async fn instance_get(
+    State(control_plane): State<Arc<ControlPlane>>,
+    Path(id): Path<String>,
+) -> Result<Json<Instance>, Error> {
+    Ok(Json(
+        control_plane.instance_get(&InstanceId::new(id)).await?,
+    ))
+}
+
+/// Delete an instance: graceful browser shutdown unless `force=true`.
+#[utoipa::path(delete, path = "/v2/instances/{instance_id}", tag = "instances",
+    params(("instance_id" = String, Path), DeleteInstanceQuery),
+    responses(
+        (status = 200, body = MessageResponse),
+        (status = 400, description = "Invalid query", body = ErrorResponse),
+        (status = 404, body = ErrorResponse),
+    ))]
+pub async fn instance_delete(
+    State(control_plane): State<Arc<ControlPlane>>,
+    Path(id): Path<String>,
+    ApiQuery(query): ApiQuery<DeleteInstanceQuery>,
+) -> Result<Json<MessageResponse>, Error> {
+    Ok(Json(
+        control_plane
+            .instance_delete(&InstanceId::new(id), query.force)
+            .await?,
+    ))
+}

@@ -1,0 +1,103 @@
+//! The HTTP surface of the control plane: the router, the OpenAPI document and
+//! Swagger UI. Handlers are thin: extract, call `app`, convert the error.
+
+mod extract;
+mod health;
+mod instances;
+mod nodes;
+
+pub use extract::{ApiJson, ApiQuery, OptionalApiJson};
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::http::{Method, Uri};
+use axum::routing::get;
+use tower_http::trace::TraceLayer;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+use utoipa_swagger_ui::SwaggerUi;
+
+use crate::app::ControlPlane;
+use crate::error::Error;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Flotilla instance service",
+        version = "2.0.0",
+        description = "Browser instances on demand: create, inspect, park (dormant) and revive real Chromium instances."
+    ),
+    paths(
+        health::health,
+        instances::instance_create,
+        instances::instance_list,
+        instances::instance_get,
+        instances::instance_delete,
+        nodes::node_list,
+        nodes::node_get,
+    ),
+    components(schemas(
+        flotilla_api_types::instances::InstanceStatus,
+        flotilla_api_types::instances::InstanceSort,
+        flotilla_api_types::ErrorCode,
+    )),
+    modifiers(&BearerAuth),
+    security(("bearer" = [])),
+    tags(
+        (name = "instances", description = "Browser instances"),
+        (name = "nodes", description = "Machines running node agents"),
+        (name = "health", description = "Service health"),
+    )
+)]
+pub struct ApiDoc;
+
+/// Declares the HTTP bearer scheme (spec: a global requirement).
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("API key")
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// The control plane's router.
+pub fn router(control_plane: Arc<ControlPlane>) -> Router {
+    Router::new()
+        .route("/health", get(health::health))
+        .route(
+            "/v2/instances",
+            axum::routing::post(instances::instance_create).get(instances::instance_list),
+        )
+        .route(
+            "/v2/instances/{instance_id}",
+            get(instances::instance_get).delete(instances::instance_delete),
+        )
+        .route("/v2/nodes", get(nodes::node_list))
+        .route("/v2/nodes/{node_id}", get(nodes::node_get))
+        .merge(SwaggerUi::new("/docs").url("/openapi.json", ApiDoc::openapi()))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(TraceLayer::new_for_http())
+        .with_state(control_plane)
+}
+
+async fn not_found(uri: Uri) -> Error {
+    Error::NotFound(format!("no such path: {}", uri.path()))
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> (axum::http::StatusCode, Error) {
+    (
+        axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        Error::InvalidRequest(format!("method {method} is not allowed on {}", uri.path())),
+    )
+}

@@ -1,0 +1,23 @@
+//! The control plane: the `/v2` REST API of `spec/instance-service-api.md`.
+//!
+//! - [`app`] — the domain ([`ControlPlane`]): instances, nodes, health.
+//! - [`http`] — the axum router, thin handlers, OpenAPI and Swagger UI.
+//! - [`store`] — instance and node records in SQLite or PostgreSQL.
+//! - [`scheduler`] — placement.
+//! - [`nodes`] — connections to node agents (in-process for `serve`).
+//! - [`background`] — periodic reconcile tasks.
+//! - [`error`] — the one error type and its mapping to HTTP.
+
+pub mod app;
+pub mod background;
+pub mod config;
+pub mod error;
+pub mod http;
+pub mod nodes;
+pub mod scheduler;
+pub mod store;
+
+pub use app::{Clock, ControlPlane, ManualClock, SystemClock};
+pub use config::ControlPlaneConfig;
+pub use error::Error;
+pub use store::Store;

@@ -1,0 +1,71 @@
+//! The in-process pairing of `flotilla serve`: the control plane calls the local
+//! [`Agent`] directly ([`LocalNode`]) and the agent reports straight into the
+//! control plane ([`LocalLink`]). No HTTP, no serialisation.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use flotilla_api_types::InstanceId;
+use flotilla_api_types::agent::{
+    AgentCreateInstance, AgentInstancePorts, Heartbeat, InstanceStateChange, NodeRegistration,
+};
+use flotilla_node_agent::{Agent, AgentError, ControlPlaneLink, LinkError, RegistrationAck};
+
+use super::{NodeCallError, NodeConnection};
+use crate::app::ControlPlane;
+
+/// The local agent as a node connection.
+pub struct LocalNode(pub Agent);
+
+#[async_trait]
+impl NodeConnection for LocalNode {
+    async fn instance_create(
+        &self,
+        request: AgentCreateInstance,
+    ) -> Result<AgentInstancePorts, NodeCallError> {
+        self.0.instance_create(request).await.map_err(agent_error)
+    }
+
+    async fn instance_delete(&self, id: &InstanceId, force: bool) -> Result<(), NodeCallError> {
+        match self.0.instance_delete(id, force).await {
+            Ok(()) | Err(AgentError::NotFound(_)) => Ok(()),
+            Err(error) => Err(agent_error(error)),
+        }
+    }
+}
+
+fn agent_error(error: AgentError) -> NodeCallError {
+    NodeCallError::Rejected {
+        status: flotilla_node_agent::agent_api::status_of(&error).as_u16(),
+        detail: error.to_string(),
+    }
+}
+
+/// The control plane as the local agent's link.
+pub struct LocalLink(pub Arc<ControlPlane>);
+
+#[async_trait]
+impl ControlPlaneLink for LocalLink {
+    async fn register(&self, registration: NodeRegistration) -> Result<RegistrationAck, LinkError> {
+        self.0
+            .node_register(registration)
+            .await
+            .map_err(|e| LinkError::Unreachable(e.to_string()))
+    }
+
+    async fn heartbeat(&self, heartbeat: Heartbeat) -> Result<(), LinkError> {
+        match self.0.node_heartbeat(heartbeat).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(LinkError::UnknownNode),
+            Err(error) => Err(LinkError::Unreachable(error.to_string())),
+        }
+    }
+
+    async fn state_changed(&self, change: InstanceStateChange) -> Result<(), LinkError> {
+        self.0
+            .instance_state_changed(change)
+            .await
+            .map_err(|e| LinkError::Unreachable(e.to_string()))
+    }
+}

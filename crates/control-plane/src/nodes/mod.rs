@@ -1,0 +1,66 @@
+//! How the control plane reaches node agents: the [`NodeConnection`] trait, the
+//! registry of connections by node id, and the in-process connection to the
+//! local agent of `flotilla serve` (with its link back, [`LocalLink`]).
+
+mod local;
+
+pub use local::{LocalLink, LocalNode};
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use async_trait::async_trait;
+
+use flotilla_api_types::agent::{AgentCreateInstance, AgentInstancePorts};
+use flotilla_api_types::{InstanceId, NodeId};
+
+/// A failed call to a node agent.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeCallError {
+    /// The agent refused the request; `status` is the HTTP status it would give
+    /// (400 bad request, 404 unknown instance, 503 full).
+    #[error("{detail}")]
+    Rejected { status: u16, detail: String },
+    /// The agent could not be reached or did not answer.
+    #[error("node agent unreachable: {0}")]
+    Unreachable(String),
+}
+
+/// Operations the control plane asks of a node agent.
+#[async_trait]
+pub trait NodeConnection: Send + Sync {
+    async fn instance_create(
+        &self,
+        request: AgentCreateInstance,
+    ) -> Result<AgentInstancePorts, NodeCallError>;
+    /// Stops and removes an instance; `Ok` also when the agent does not have it.
+    async fn instance_delete(&self, id: &InstanceId, force: bool) -> Result<(), NodeCallError>;
+}
+
+/// Connections by node id. A std `RwLock`: read on every call, written when a
+/// node is attached; never held across an await.
+#[derive(Default)]
+pub struct NodeConnections {
+    by_node: RwLock<HashMap<NodeId, Arc<dyn NodeConnection>>>,
+}
+
+impl NodeConnections {
+    pub fn attach(&self, node: NodeId, connection: Arc<dyn NodeConnection>) {
+        self.by_node
+            .write()
+            .expect("connections lock")
+            .insert(node, connection);
+    }
+
+    pub fn detach(&self, node: &NodeId) {
+        self.by_node.write().expect("connections lock").remove(node);
+    }
+
+    pub fn get(&self, node: &NodeId) -> Option<Arc<dyn NodeConnection>> {
+        self.by_node
+            .read()
+            .expect("connections lock")
+            .get(node)
+            .cloned()
+    }
+}

@@ -1,0 +1,374 @@
+//! Instance records.
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use sqlx::any::AnyRow;
+
+use flotilla_api_types::agent::InstanceReport;
+use flotilla_api_types::ids::SnapshotId;
+use flotilla_api_types::instances::{
+    InstanceConfig, InstanceResources, InstanceSort, InstanceStatus,
+};
+use flotilla_api_types::{InstanceId, NodeId};
+
+use super::{Store, from_millis, placeholders, to_millis};
+
+const COLUMNS: &str = "id, node_id, status, status_reason, subdomain, image, memory_gb, cpu_cores, disk_gb, \
+    idle_timeout_minutes, auto_snapshot, debug_port, stream_port, http_port, created_at, updated_at, \
+    last_activity, cpu_percent, memory_mb, disk_mb, snapshot_id, dormant_since";
+
+/// An instance as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InstanceRecord {
+    pub id: InstanceId,
+    pub node_id: NodeId,
+    pub status: InstanceStatus,
+    pub status_reason: Option<String>,
+    pub subdomain: String,
+    pub image: String,
+    pub config: InstanceConfig,
+    /// debug, stream, http; `None` until the node has reserved them.
+    pub ports: Option<[u16; 3]>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub last_activity: DateTime<Utc>,
+    pub resources: InstanceResources,
+    pub snapshot_id: Option<SnapshotId>,
+    pub dormant_since: Option<DateTime<Utc>>,
+}
+
+/// What is known of an instance when it is placed.
+#[derive(Debug, Clone)]
+pub struct NewInstance {
+    pub id: InstanceId,
+    pub node_id: NodeId,
+    pub image: String,
+    pub config: InstanceConfig,
+    pub created_at: DateTime<Utc>,
+}
+
+/// Filters and page of a list.
+#[derive(Debug, Clone, Default)]
+pub struct InstanceFilter {
+    pub status: Option<InstanceStatus>,
+    pub node_id: Option<NodeId>,
+}
+
+fn decode(row: &AnyRow) -> Result<InstanceRecord, sqlx::Error> {
+    let status: String = row.try_get("status")?;
+    let status = status
+        .parse()
+        .map_err(|e: String| sqlx::Error::Decode(e.into()))?;
+    let port = |name: &str| -> Result<Option<u16>, sqlx::Error> {
+        Ok(row
+            .try_get::<Option<i64>, _>(name)?
+            .and_then(|p| u16::try_from(p).ok()))
+    };
+    let ports = match (
+        port("debug_port")?,
+        port("stream_port")?,
+        port("http_port")?,
+    ) {
+        (Some(d), Some(s), Some(h)) => Some([d, s, h]),
+        _ => None,
+    };
+    Ok(InstanceRecord {
+        id: InstanceId::new(row.try_get::<String, _>("id")?),
+        node_id: NodeId::new(row.try_get::<String, _>("node_id")?),
+        status,
+        status_reason: row.try_get("status_reason")?,
+        subdomain: row.try_get("subdomain")?,
+        image: row.try_get("image")?,
+        config: InstanceConfig {
+            memory_gb: row.try_get("memory_gb")?,
+            cpu_cores: row.try_get("cpu_cores")?,
+            disk_gb: row.try_get("disk_gb")?,
+            idle_timeout_minutes: row.try_get("idle_timeout_minutes")?,
+            auto_snapshot: row.try_get::<i64, _>("auto_snapshot")? != 0,
+        },
+        ports,
+        created_at: from_millis(row.try_get("created_at")?),
+        updated_at: from_millis(row.try_get("updated_at")?),
+        last_activity: from_millis(row.try_get("last_activity")?),
+        resources: InstanceResources {
+            cpu_percent: row.try_get("cpu_percent")?,
+            memory_mb: row.try_get("memory_mb")?,
+            disk_mb: row.try_get("disk_mb")?,
+        },
+        snapshot_id: row
+            .try_get::<Option<String>, _>("snapshot_id")?
+            .map(SnapshotId::new),
+        dormant_since: row
+            .try_get::<Option<i64>, _>("dormant_since")?
+            .map(from_millis),
+    })
+}
+
+fn status_strings(statuses: &[InstanceStatus]) -> Vec<String> {
+    statuses.iter().map(|s| s.as_str().to_owned()).collect()
+}
+
+impl Store {
+    /// Inserts a `creating` instance on its node if the node has a free slot
+    /// (fewer than `max_instances` instances in an occupying state). Atomic
+    /// against concurrent placements, in this process and across control planes.
+    pub async fn instance_insert_if_room(
+        &self,
+        new: &NewInstance,
+        max_instances: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let mut tx = self.write_tx().await?;
+        let lock = format!("SELECT id FROM nodes WHERE id = $1{}", self.for_update());
+        sqlx::query(&lock)
+            .bind(new.node_id.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
+        let occupying = status_strings(&InstanceStatus::OCCUPYING);
+        let count_sql = format!(
+            "SELECT COUNT(*) AS n FROM instances WHERE node_id = $1 AND status IN ({})",
+            placeholders(2, occupying.len())
+        );
+        let mut count = sqlx::query(&count_sql).bind(new.node_id.as_str());
+        for status in &occupying {
+            count = count.bind(status.as_str());
+        }
+        let used: i64 = count.fetch_one(&mut *tx).await?.try_get("n")?;
+        if used >= max_instances {
+            return Ok(false);
+        }
+        let now = to_millis(new.created_at);
+        sqlx::query(
+            "INSERT INTO instances (id, node_id, status, subdomain, image, memory_gb, cpu_cores, disk_gb, \
+             idle_timeout_minutes, auto_snapshot, created_at, updated_at, last_activity) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $11)",
+        )
+        .bind(new.id.as_str())
+        .bind(new.node_id.as_str())
+        .bind(InstanceStatus::Creating.as_str())
+        .bind(new.id.subdomain())
+        .bind(new.image.as_str())
+        .bind(new.config.memory_gb)
+        .bind(new.config.cpu_cores)
+        .bind(new.config.disk_gb)
+        .bind(new.config.idle_timeout_minutes)
+        .bind(i64::from(new.config.auto_snapshot))
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// Records the ports a node reserved. `false` if the instance is gone.
+    pub async fn instance_set_ports(
+        &self,
+        id: &InstanceId,
+        ports: [u16; 3],
+        now: DateTime<Utc>,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query("UPDATE instances SET debug_port = $1, stream_port = $2, http_port = $3, updated_at = $4 WHERE id = $5")
+            .bind(i64::from(ports[0]))
+            .bind(i64::from(ports[1]))
+            .bind(i64::from(ports[2]))
+            .bind(to_millis(now))
+            .bind(id.as_str())
+            .execute(&self.writer)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    pub async fn instance_get(
+        &self,
+        id: &InstanceId,
+    ) -> Result<Option<InstanceRecord>, sqlx::Error> {
+        let sql = format!("SELECT {COLUMNS} FROM instances WHERE id = $1");
+        sqlx::query(&sql)
+            .bind(id.as_str())
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(decode)
+            .transpose()
+    }
+
+    /// One page of instances and the number matching the filter.
+    pub async fn instance_list(
+        &self,
+        filter: &InstanceFilter,
+        sort: InstanceSort,
+        limit: i64,
+        offset: i64,
+    ) -> Result<(Vec<InstanceRecord>, i64), sqlx::Error> {
+        let mut conditions = Vec::new();
+        let mut binds = Vec::new();
+        if let Some(status) = filter.status {
+            binds.push(status.as_str().to_owned());
+            conditions.push(format!("status = ${}", binds.len()));
+        }
+        if let Some(node) = &filter.node_id {
+            binds.push(node.as_str().to_owned());
+            conditions.push(format!("node_id = ${}", binds.len()));
+        }
+        let where_clause = if conditions.is_empty() {
+            String::new()
+        } else {
+            format!(" WHERE {}", conditions.join(" AND "))
+        };
+        let order = match sort {
+            InstanceSort::CreatedAtDesc => "created_at DESC, id DESC",
+            InstanceSort::CreatedAtAsc => "created_at ASC, id ASC",
+            InstanceSort::MemoryDesc => "memory_mb DESC, created_at DESC, id DESC",
+            InstanceSort::CpuDesc => "cpu_percent DESC, created_at DESC, id DESC",
+        };
+        let page_sql = format!(
+            "SELECT {COLUMNS} FROM instances{where_clause} ORDER BY {order} LIMIT ${} OFFSET ${}",
+            binds.len() + 1,
+            binds.len() + 2
+        );
+        let mut page = sqlx::query(&page_sql);
+        for value in &binds {
+            page = page.bind(value.as_str());
+        }
+        let rows = page.bind(limit).bind(offset).fetch_all(&self.pool).await?;
+        let records = rows.iter().map(decode).collect::<Result<Vec<_>, _>>()?;
+        let total = if offset == 0 && (records.len() as i64) < limit {
+            records.len() as i64
+        } else {
+            let count_sql = format!("SELECT COUNT(*) AS n FROM instances{where_clause}");
+            let mut count = sqlx::query(&count_sql);
+            for value in &binds {
+                count = count.bind(value.as_str());
+            }
+            count.fetch_one(&self.pool).await?.try_get("n")?
+        };
+        Ok((records, total))
+    }
+
+    /// Moves an instance to `to` if it is in one of `from`; returns the updated
+    /// record, or `None` when it was not in such a state (or does not exist).
+    pub async fn instance_transition(
+        &self,
+        id: &InstanceId,
+        from: &[InstanceStatus],
+        to: InstanceStatus,
+        reason: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<Option<InstanceRecord>, sqlx::Error> {
+        let from = status_strings(from);
+        let sql = format!(
+            "UPDATE instances SET status = $1, status_reason = $2, updated_at = $3 WHERE id = $4 AND status IN ({})",
+            placeholders(5, from.len())
+        );
+        let mut query = sqlx::query(&sql)
+            .bind(to.as_str())
+            .bind(reason.map(str::to_owned))
+            .bind(to_millis(now))
+            .bind(id.as_str());
+        for status in &from {
+            query = query.bind(status.as_str());
+        }
+        if query.execute(&self.writer).await?.rows_affected() == 0 {
+            return Ok(None);
+        }
+        self.instance_get(id).await
+    }
+
+    /// Removes the record. `false` if there was none.
+    pub async fn instance_delete(&self, id: &InstanceId) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query("DELETE FROM instances WHERE id = $1")
+            .bind(id.as_str())
+            .execute(&self.writer)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Stores the resource samples and activity a node reported.
+    pub async fn instance_record_usage(
+        &self,
+        node: &NodeId,
+        reports: &[InstanceReport],
+    ) -> Result<(), sqlx::Error> {
+        if reports.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.write_tx().await?;
+        for report in reports {
+            sqlx::query(
+                "UPDATE instances SET cpu_percent = $1, memory_mb = $2, disk_mb = $3, \
+                 last_activity = CASE WHEN last_activity > $4 THEN last_activity ELSE $4 END \
+                 WHERE id = $5 AND node_id = $6",
+            )
+            .bind(report.resources.cpu_percent)
+            .bind(report.resources.memory_mb)
+            .bind(report.resources.disk_mb)
+            .bind(to_millis(report.last_activity))
+            .bind(report.id.as_str())
+            .bind(node.as_str())
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await
+    }
+
+    /// Instances of `node` in one of `statuses`.
+    pub async fn instances_on_node(
+        &self,
+        node: &NodeId,
+        statuses: &[InstanceStatus],
+    ) -> Result<Vec<InstanceRecord>, sqlx::Error> {
+        let statuses = status_strings(statuses);
+        let sql = format!(
+            "SELECT {COLUMNS} FROM instances WHERE node_id = $1 AND status IN ({})",
+            placeholders(2, statuses.len())
+        );
+        let mut query = sqlx::query(&sql).bind(node.as_str());
+        for status in &statuses {
+            query = query.bind(status.as_str());
+        }
+        query
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(decode)
+            .collect()
+    }
+
+    /// Number of instances per status.
+    pub async fn instance_counts(&self) -> Result<Vec<(InstanceStatus, i64)>, sqlx::Error> {
+        let rows = sqlx::query("SELECT status, COUNT(*) AS n FROM instances GROUP BY status")
+            .fetch_all(&self.pool)
+            .await?;
+        let mut counts = Vec::new();
+        for row in rows {
+            let status: String = row.try_get("status")?;
+            if let Ok(status) = status.parse() {
+                counts.push((status, row.try_get("n")?));
+            }
+        }
+        Ok(counts)
+    }
+
+    /// Occupying instances per node.
+    pub async fn node_occupancy(&self) -> Result<Vec<(NodeId, i64)>, sqlx::Error> {
+        let occupying = status_strings(&InstanceStatus::OCCUPYING);
+        let sql = format!(
+            "SELECT node_id, COUNT(*) AS n FROM instances WHERE status IN ({}) GROUP BY node_id",
+            placeholders(1, occupying.len())
+        );
+        let mut query = sqlx::query(&sql);
+        for status in &occupying {
+            query = query.bind(status.as_str());
+        }
+        query
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|row| {
+                Ok((
+                    NodeId::new(row.try_get::<String, _>("node_id")?),
+                    row.try_get("n")?,
+                ))
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,185 @@
+//! Node records.
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use sqlx::any::AnyRow;
+
+use flotilla_api_types::NodeId;
+use flotilla_api_types::agent::NodeRegistration;
+use flotilla_api_types::nodes::{Capabilities, NodeStatus, ResourceUsage};
+
+use super::{Store, from_millis, to_millis};
+
+const COLUMNS: &str = "id, address, public_host, status, max_instances, cpu_cores, memory_gb, disk_gb, images, \
+    cpu_percent, memory_percent, disk_percent, last_heartbeat, registered_at";
+
+/// A node as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeRecord {
+    pub id: NodeId,
+    pub address: String,
+    pub public_host: String,
+    pub status: NodeStatus,
+    pub max_instances: i64,
+    pub capabilities: Capabilities,
+    pub images: Vec<String>,
+    pub resources: ResourceUsage,
+    pub last_heartbeat: DateTime<Utc>,
+    pub registered_at: DateTime<Utc>,
+}
+
+fn decode(row: &AnyRow) -> Result<NodeRecord, sqlx::Error> {
+    let status: String = row.try_get("status")?;
+    let images: String = row.try_get("images")?;
+    Ok(NodeRecord {
+        id: NodeId::new(row.try_get::<String, _>("id")?),
+        address: row.try_get("address")?,
+        public_host: row.try_get("public_host")?,
+        status: if status == NodeStatus::Online.as_str() {
+            NodeStatus::Online
+        } else {
+            NodeStatus::Offline
+        },
+        max_instances: row.try_get("max_instances")?,
+        capabilities: Capabilities {
+            cpu_cores: row.try_get("cpu_cores")?,
+            memory_gb: row.try_get("memory_gb")?,
+            disk_gb: row.try_get("disk_gb")?,
+        },
+        images: serde_json::from_str(&images).map_err(|e| sqlx::Error::Decode(e.into()))?,
+        resources: ResourceUsage {
+            cpu_percent: row.try_get("cpu_percent")?,
+            memory_percent: row.try_get("memory_percent")?,
+            disk_percent: row.try_get("disk_percent")?,
+        },
+        last_heartbeat: from_millis(row.try_get("last_heartbeat")?),
+        registered_at: from_millis(row.try_get("registered_at")?),
+    })
+}
+
+impl Store {
+    /// Creates or refreshes a node from its registration; it is `online` now.
+    pub async fn node_upsert(
+        &self,
+        registration: &NodeRegistration,
+        now: DateTime<Utc>,
+    ) -> Result<(), sqlx::Error> {
+        let images =
+            serde_json::to_string(&registration.images).expect("a list of strings serialises");
+        let mut tx = self.write_tx().await?;
+        let updated = sqlx::query(
+            "UPDATE nodes SET address = $1, public_host = $2, status = $3, max_instances = $4, cpu_cores = $5, \
+             memory_gb = $6, disk_gb = $7, images = $8, cpu_percent = $9, memory_percent = $10, disk_percent = $11, \
+             last_heartbeat = $12 WHERE id = $13",
+        )
+        .bind(registration.address.as_str())
+        .bind(registration.public_host.as_str())
+        .bind(NodeStatus::Online.as_str())
+        .bind(registration.max_instances)
+        .bind(registration.capabilities.cpu_cores)
+        .bind(registration.capabilities.memory_gb)
+        .bind(registration.capabilities.disk_gb)
+        .bind(images.as_str())
+        .bind(registration.resources.cpu_percent)
+        .bind(registration.resources.memory_percent)
+        .bind(registration.resources.disk_percent)
+        .bind(to_millis(now))
+        .bind(registration.node_id.as_str())
+        .execute(&mut *tx)
+        .await?;
+        if updated.rows_affected() == 0 {
+            sqlx::query(&format!(
+                "INSERT INTO nodes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13)"
+            ))
+            .bind(registration.node_id.as_str())
+            .bind(registration.address.as_str())
+            .bind(registration.public_host.as_str())
+            .bind(NodeStatus::Online.as_str())
+            .bind(registration.max_instances)
+            .bind(registration.capabilities.cpu_cores)
+            .bind(registration.capabilities.memory_gb)
+            .bind(registration.capabilities.disk_gb)
+            .bind(images.as_str())
+            .bind(registration.resources.cpu_percent)
+            .bind(registration.resources.memory_percent)
+            .bind(registration.resources.disk_percent)
+            .bind(to_millis(now))
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await
+    }
+
+    /// Records a heartbeat. Returns the node's previous status, or `None` when
+    /// the node is unknown (it must register first).
+    pub async fn node_heartbeat(
+        &self,
+        node: &NodeId,
+        resources: &ResourceUsage,
+        now: DateTime<Utc>,
+    ) -> Result<Option<NodeStatus>, sqlx::Error> {
+        let Some(previous) = self.node_get(node).await? else {
+            return Ok(None);
+        };
+        sqlx::query(
+            "UPDATE nodes SET status = $1, cpu_percent = $2, memory_percent = $3, disk_percent = $4, last_heartbeat = $5 WHERE id = $6",
+        )
+        .bind(NodeStatus::Online.as_str())
+        .bind(resources.cpu_percent)
+        .bind(resources.memory_percent)
+        .bind(resources.disk_percent)
+        .bind(to_millis(now))
+        .bind(node.as_str())
+        .execute(&self.writer)
+        .await?;
+        Ok(Some(previous.status))
+    }
+
+    pub async fn node_get(&self, node: &NodeId) -> Result<Option<NodeRecord>, sqlx::Error> {
+        sqlx::query(&format!("SELECT {COLUMNS} FROM nodes WHERE id = $1"))
+            .bind(node.as_str())
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(decode)
+            .transpose()
+    }
+
+    pub async fn node_list(&self) -> Result<Vec<NodeRecord>, sqlx::Error> {
+        sqlx::query(&format!("SELECT {COLUMNS} FROM nodes ORDER BY id"))
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(decode)
+            .collect()
+    }
+
+    /// Marks `offline` every online node whose last heartbeat is older than
+    /// `cutoff`, and returns them.
+    pub async fn node_mark_stale_offline(
+        &self,
+        cutoff: DateTime<Utc>,
+    ) -> Result<Vec<NodeId>, sqlx::Error> {
+        let mut tx = self.write_tx().await?;
+        let stale: Vec<NodeId> = sqlx::query(&format!(
+            "SELECT id FROM nodes WHERE status = $1 AND last_heartbeat < $2{}",
+            self.for_update()
+        ))
+        .bind(NodeStatus::Online.as_str())
+        .bind(to_millis(cutoff))
+        .fetch_all(&mut *tx)
+        .await?
+        .iter()
+        .map(|row| row.try_get::<String, _>("id").map(NodeId::new))
+        .collect::<Result<_, _>>()?;
+        for node in &stale {
+            sqlx::query("UPDATE nodes SET status = $1 WHERE id = $2")
+                .bind(NodeStatus::Offline.as_str())
+                .bind(node.as_str())
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(stale)
+    }
+}

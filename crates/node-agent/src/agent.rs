@@ -1,0 +1,571 @@
+//! The node agent: owns the instances on one machine.
+//!
+//! [`Agent`] is a cheap-to-clone handle over shared state. It creates instances
+//! (reserve ports, start the port servers, launch the browser in a supervisor
+//! task), deletes them, reports to the control plane through a
+//! [`ControlPlaneLink`] (registration, periodic heartbeats, state changes in
+//! order), and on shutdown stops every browser gracefully.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use flotilla_api_types::agent::{
+    AgentCreateInstance, AgentInstancePorts, Heartbeat, InstanceReport, InstanceStateChange,
+    NodeRegistration,
+};
+use flotilla_api_types::instances::InstanceStatus;
+use flotilla_api_types::{InstanceId, NodeId};
+
+use crate::browser::{BrowserProcess, InstanceDirs, LaunchError};
+use crate::config::{AgentConfig, ImageConfig, RuntimeKind};
+use crate::gateway::{self, GatewayContext};
+use crate::instance::{BrowserPhase, InstanceSlot};
+use crate::link::{ControlPlaneLink, LinkError, RegistrationAck};
+use crate::live_view::{self, LiveView, LiveViewSettings};
+use crate::monitor::{self, MachineMeter, ProcTable};
+use crate::ports::PortAllocator;
+use crate::{instance_http, sweep};
+
+/// Errors of agent operations; the agent API maps them to HTTP.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("unknown image {image:?}; this node offers: {offered}")]
+    UnknownImage { image: String, offered: String },
+    #[error("node {node} is full: it holds its maximum of {max} instances (agent.max_instances)")]
+    Full { node: NodeId, max: i64 },
+    #[error("port range {range} is exhausted on node {node}; raise agent.port_range or add a node")]
+    PortsExhausted { range: String, node: NodeId },
+    #[error("instance {0} is not on this node")]
+    NotFound(InstanceId),
+    #[error("the agent is shutting down")]
+    ShuttingDown,
+}
+
+/// Everything the agent needs to start.
+#[derive(Debug, Clone)]
+pub struct AgentSettings {
+    pub config: AgentConfig,
+    /// The agent's directory; instance profiles live under `instances/`.
+    pub data_dir: PathBuf,
+    /// Address of the agent API, `<scheme>://<host>:<port>`.
+    pub address: String,
+    /// Host clients use to reach instance ports.
+    pub public_host: String,
+    /// Address instance ports listen on.
+    pub bind_address: Ipv4Addr,
+}
+
+#[derive(Clone)]
+pub struct Agent {
+    inner: Arc<AgentInner>,
+}
+
+struct AgentInner {
+    node_id: NodeId,
+    settings: AgentSettings,
+    catalog: BTreeMap<String, ImageConfig>,
+    instances_root: PathBuf,
+    ports: PortAllocator,
+    /// Instances on this node. A std mutex: lookups and inserts only.
+    slots: Mutex<HashMap<InstanceId, Arc<InstanceSlot>>>,
+    link: Arc<dyn ControlPlaneLink>,
+    /// State changes, sent to the control plane in order by one task.
+    changes: mpsc::UnboundedSender<Outgoing>,
+    machine: Mutex<MachineMeter>,
+    shutdown: CancellationToken,
+}
+
+/// An item of the ordered queue to the control plane.
+enum Outgoing {
+    Change(InstanceStateChange),
+    /// Answered once everything queued before it was delivered.
+    Flush(oneshot::Sender<()>),
+}
+
+impl Agent {
+    /// Sweeps what a previous run left behind, registers with the control plane
+    /// and starts reporting.
+    pub async fn start(
+        settings: AgentSettings,
+        link: Arc<dyn ControlPlaneLink>,
+    ) -> anyhow::Result<Agent> {
+        settings.config.validate().map_err(anyhow::Error::msg)?;
+        let node_id = NodeId::new(settings.config.node_id.clone().unwrap_or_else(hostname));
+        let instances_root = settings.data_dir.join("instances");
+        let swept = sweep::sweep(&instances_root);
+        if swept.processes > 0 || swept.directories > 0 {
+            tracing::warn!(
+                processes = swept.processes,
+                directories = swept.directories,
+                "swept browsers and profiles left by a previous run"
+            );
+        }
+        std::fs::create_dir_all(&instances_root)?;
+        let (changes_tx, changes_rx) = mpsc::unbounded_channel();
+        let inner = Arc::new(AgentInner {
+            node_id,
+            catalog: settings.config.image_catalog(),
+            ports: PortAllocator::new(settings.config.port_range, settings.bind_address),
+            machine: Mutex::new(MachineMeter::new(&settings.data_dir)),
+            instances_root,
+            settings,
+            slots: Mutex::default(),
+            link,
+            changes: changes_tx,
+            shutdown: CancellationToken::new(),
+        });
+        let agent = Agent { inner };
+        let ack = agent.register_until_accepted().await?;
+        tokio::spawn(agent.clone().send_changes(changes_rx));
+        tokio::spawn(agent.clone().report_loop(ack));
+        Ok(agent)
+    }
+
+    pub fn node_id(&self) -> &NodeId {
+        &self.inner.node_id
+    }
+
+    pub fn address(&self) -> &str {
+        &self.inner.settings.address
+    }
+
+    /// Starts an instance: reserves its ports, starts its servers and launches
+    /// the browser in the background. Idempotent for an id already here.
+    pub async fn instance_create(
+        &self,
+        request: AgentCreateInstance,
+    ) -> Result<AgentInstancePorts, AgentError> {
+        let inner = &self.inner;
+        if inner.shutdown.is_cancelled() {
+            return Err(AgentError::ShuttingDown);
+        }
+        let Some(image) = inner.catalog.get(&request.image).cloned() else {
+            return Err(AgentError::UnknownImage {
+                image: request.image,
+                offered: inner.catalog.keys().cloned().collect::<Vec<_>>().join(", "),
+            });
+        };
+        let binds = inner.settings.config.runtime == RuntimeKind::Chromium;
+        let (slot, listeners) = {
+            let mut slots = inner.slots.lock().expect("slots lock");
+            if let Some(existing) = slots.get(&request.id) {
+                return Ok(ports_of(existing));
+            }
+            if slots.len() as i64 >= inner.settings.config.max_instances {
+                return Err(AgentError::Full {
+                    node: inner.node_id.clone(),
+                    max: inner.settings.config.max_instances,
+                });
+            }
+            let ports = inner
+                .ports
+                .reserve(binds)
+                .ok_or_else(|| AgentError::PortsExhausted {
+                    range: inner.settings.config.port_range.to_string(),
+                    node: inner.node_id.clone(),
+                })?;
+            let dirs = InstanceDirs::new(inner.instances_root.join(request.id.as_str()));
+            let slot = Arc::new(InstanceSlot::new(
+                request.id.clone(),
+                request.image.clone(),
+                request.config.clone(),
+                [ports.debug, ports.stream, ports.http],
+                dirs,
+            ));
+            slots.insert(request.id.clone(), slot.clone());
+            (slot, ports.listeners)
+        };
+        if let Some([debug, stream, http]) = listeners {
+            self.start_servers(&slot, debug, stream, http);
+        }
+        tokio::spawn(self.clone().supervise(slot.clone(), image));
+        Ok(ports_of(&slot))
+    }
+
+    fn start_servers(
+        &self,
+        slot: &Arc<InstanceSlot>,
+        debug: std::net::TcpListener,
+        stream: std::net::TcpListener,
+        http: std::net::TcpListener,
+    ) {
+        let to_tokio =
+            |listener: std::net::TcpListener| tokio::net::TcpListener::from_std(listener);
+        let ready_timeout = Duration::from_secs(self.inner.settings.config.launch_timeout_sec + 5);
+        match (to_tokio(debug), to_tokio(stream), to_tokio(http)) {
+            (Ok(debug), Ok(stream), Ok(http)) => {
+                let context = Arc::new(GatewayContext {
+                    slot: slot.clone(),
+                    public_host: self.inner.settings.public_host.clone(),
+                    ready_timeout,
+                });
+                tokio::spawn(gateway::serve(debug, context, slot.servers.clone()));
+                let config = &self.inner.settings.config;
+                let settings = LiveViewSettings {
+                    width: config.viewport_width,
+                    height: config.viewport_height,
+                    quality: config.live_view_quality,
+                };
+                tokio::spawn(live_view::serve(
+                    stream,
+                    LiveView::new(slot.clone(), settings, ready_timeout),
+                ));
+                tokio::spawn(instance_http::serve_api(http, slot.clone(), ready_timeout));
+            }
+            _ => {
+                tracing::error!(instance = %slot.id, "cannot register instance listeners with the runtime")
+            }
+        }
+    }
+
+    /// Launches the browser, waits for CDP, then watches it until it exits.
+    async fn supervise(self, slot: Arc<InstanceSlot>, image: ImageConfig) {
+        let _done = slot.supervisor_done.clone().drop_guard();
+        let config = &self.inner.settings.config;
+        let process = match config.runtime {
+            RuntimeKind::Chromium => {
+                BrowserProcess::spawn_chromium(&image, &slot.dirs, &launch_args(config))
+            }
+            RuntimeKind::Sim => Ok(BrowserProcess::spawn_sim(
+                &slot.dirs,
+                Duration::from_millis(config.sim_start_ms),
+            )),
+        };
+        let process = match process {
+            Ok(process) => Arc::new(process),
+            Err(error) => {
+                return self.instance_ended(&slot, InstanceStatus::Failed, error.to_string());
+            }
+        };
+        slot.set_process(process.clone());
+        if slot.is_stopping() {
+            process.stop(None, false, Duration::ZERO).await;
+            return;
+        }
+        let started = Instant::now();
+        match process
+            .wait_ready(Duration::from_secs(config.launch_timeout_sec))
+            .await
+        {
+            Ok(endpoint) => {
+                if slot.is_stopping() {
+                    return;
+                }
+                tracing::info!(instance = %slot.id, elapsed_ms = started.elapsed().as_millis() as u64, "browser ready");
+                slot.touch();
+                slot.set_phase(BrowserPhase::Ready(endpoint));
+                slot.set_status(InstanceStatus::Running, None);
+                self.send_change(&slot, InstanceStatus::Running, None);
+            }
+            Err(error) => {
+                if slot.is_stopping() {
+                    return;
+                }
+                process.stop(None, false, Duration::ZERO).await;
+                let reason = match &error {
+                    LaunchError::Timeout(_) => {
+                        format!("{error}{}", crate::browser::log_tail(&slot.dirs.log()))
+                    }
+                    _ => error.to_string(),
+                };
+                return self.instance_ended(&slot, InstanceStatus::Failed, reason);
+            }
+        }
+        let exit = process.wait_exit().await;
+        if slot.is_stopping() {
+            return;
+        }
+        let reason = format!(
+            "browser {exit}{}",
+            crate::browser::log_tail(&slot.dirs.log())
+        );
+        self.instance_ended(&slot, InstanceStatus::Stopped, reason);
+    }
+
+    /// The browser of `slot` is gone on its own (failed launch or exit): report,
+    /// then free its ports and directory. The control plane keeps the record.
+    fn instance_ended(&self, slot: &Arc<InstanceSlot>, status: InstanceStatus, reason: String) {
+        tracing::warn!(instance = %slot.id, %status, %reason, "instance ended");
+        slot.set_phase(BrowserPhase::Gone(reason.clone()));
+        slot.set_status(status, Some(reason.clone()));
+        self.send_change(slot, status, Some(reason));
+        let removed = self
+            .inner
+            .slots
+            .lock()
+            .expect("slots lock")
+            .remove(&slot.id);
+        if removed.is_some() {
+            self.release(slot);
+        }
+    }
+
+    fn release(&self, slot: &InstanceSlot) {
+        slot.servers.cancel();
+        self.inner.ports.release(slot.ports);
+        let root = slot.dirs.root.clone();
+        tokio::task::spawn_blocking(move || remove_dir(&root));
+    }
+
+    /// Stops an instance's browser (gracefully unless `force`) and frees
+    /// everything it held. Returns once its processes are gone.
+    pub async fn instance_delete(&self, id: &InstanceId, force: bool) -> Result<(), AgentError> {
+        let slot = self
+            .inner
+            .slots
+            .lock()
+            .expect("slots lock")
+            .remove(id)
+            .ok_or_else(|| AgentError::NotFound(id.clone()))?;
+        self.stop_slot(&slot, force).await;
+        slot.servers.cancel();
+        self.inner.ports.release(slot.ports);
+        let root = slot.dirs.root.clone();
+        let _ = tokio::task::spawn_blocking(move || remove_dir(&root)).await;
+        Ok(())
+    }
+
+    async fn stop_slot(&self, slot: &Arc<InstanceSlot>, force: bool) {
+        let endpoint = slot.endpoint();
+        slot.mark_stopping();
+        slot.set_phase(BrowserPhase::Gone("instance is being stopped".into()));
+        let grace = Duration::from_secs(self.inner.settings.config.stop_timeout_sec);
+        if let Some(process) = slot.process() {
+            process.stop(endpoint.as_ref(), !force, grace).await;
+        }
+        // The supervisor ends once the browser is gone (or as soon as it sees
+        // `stopping` if it had not spawned yet); then nothing can be left.
+        slot.supervisor_done.cancelled().await;
+        if let Some(process) = slot.process() {
+            process.stop(None, false, Duration::ZERO).await;
+        }
+    }
+
+    /// What the agent knows of its instances.
+    pub fn instance_reports(&self) -> Vec<InstanceReport> {
+        let slots: Vec<_> = self
+            .inner
+            .slots
+            .lock()
+            .expect("slots lock")
+            .values()
+            .cloned()
+            .collect();
+        slots.iter().map(|slot| slot.report()).collect()
+    }
+
+    pub fn registration(&self) -> NodeRegistration {
+        let machine = self.inner.machine.lock().expect("machine lock");
+        NodeRegistration {
+            node_id: self.inner.node_id.clone(),
+            address: self.inner.settings.address.clone(),
+            public_host: self.inner.settings.public_host.clone(),
+            max_instances: self.inner.settings.config.max_instances,
+            capabilities: machine.capabilities(),
+            images: self.inner.catalog.keys().cloned().collect(),
+            resources: flotilla_api_types::nodes::ResourceUsage::default(),
+            instances: self.instance_reports(),
+        }
+    }
+
+    async fn register_until_accepted(&self) -> anyhow::Result<RegistrationAck> {
+        let mut wait = Duration::from_millis(200);
+        loop {
+            let mut registration = self.registration();
+            registration.resources = self.inner.machine.lock().expect("machine lock").sample();
+            match self.inner.link.register(registration).await {
+                Ok(ack) => return Ok(ack),
+                Err(error) => {
+                    tracing::warn!(%error, "registration with the control plane failed; retrying in {wait:?}");
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.inner.shutdown.cancelled() => anyhow::bail!("shut down before registration"),
+            }
+            wait = (wait * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    /// Samples resources and sends a heartbeat every interval.
+    async fn report_loop(self, mut ack: RegistrationAck) {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(ack.heartbeat_interval()) => {}
+                _ = self.inner.shutdown.cancelled() => return,
+            }
+            let heartbeat = self.sample();
+            match self.inner.link.heartbeat(heartbeat).await {
+                Ok(()) => {}
+                Err(LinkError::UnknownNode) => match self.register_until_accepted().await {
+                    Ok(new_ack) => ack = new_ack,
+                    Err(_) => return,
+                },
+                Err(error) => tracing::warn!(%error, "heartbeat failed"),
+            }
+        }
+    }
+
+    /// Takes a resource sample of the machine and every instance.
+    pub fn sample(&self) -> Heartbeat {
+        let slots: Vec<_> = self
+            .inner
+            .slots
+            .lock()
+            .expect("slots lock")
+            .values()
+            .cloned()
+            .collect();
+        let binds = self.inner.settings.config.runtime == RuntimeKind::Chromium;
+        if binds && !slots.is_empty() {
+            let table = ProcTable::scan();
+            let now = Instant::now();
+            for slot in &slots {
+                let root = slot.process().and_then(|p| p.pid());
+                let mut meter = slot.cpu_meter.lock().expect("meter lock");
+                let resources = monitor::instance_resources(
+                    &table,
+                    &mut meter,
+                    root,
+                    &slot.dirs.profile(),
+                    now,
+                );
+                slot.set_resources(resources);
+            }
+        }
+        let resources = self.inner.machine.lock().expect("machine lock").sample();
+        Heartbeat {
+            node_id: self.inner.node_id.clone(),
+            resources,
+            instances: slots.iter().map(|slot| slot.report()).collect(),
+        }
+    }
+
+    fn send_change(&self, slot: &InstanceSlot, status: InstanceStatus, reason: Option<String>) {
+        let change = InstanceStateChange {
+            node_id: self.inner.node_id.clone(),
+            id: slot.id.clone(),
+            status,
+            reason,
+            at: Utc::now(),
+        };
+        let _ = self.inner.changes.send(Outgoing::Change(change));
+    }
+
+    /// Delivers state changes one at a time, in order, retrying until accepted
+    /// (or, after shutdown, giving up on one that fails).
+    async fn send_changes(self, mut queue: mpsc::UnboundedReceiver<Outgoing>) {
+        while let Some(item) = queue.recv().await {
+            let change = match item {
+                Outgoing::Change(change) => change,
+                Outgoing::Flush(done) => {
+                    let _ = done.send(());
+                    continue;
+                }
+            };
+            let mut wait = Duration::from_millis(100);
+            loop {
+                match self.inner.link.state_changed(change.clone()).await {
+                    Ok(()) => break,
+                    Err(error) if self.inner.shutdown.is_cancelled() => {
+                        tracing::warn!(%error, instance = %change.id, "state change not delivered before shutdown");
+                        break;
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, instance = %change.id, "state change not delivered; retrying in {wait:?}");
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(Duration::from_secs(5));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Kills every browser at once and removes its directory, without reporting.
+    /// For `Drop` paths (a test that panicked); [`Agent::shutdown`] is the graceful way.
+    pub fn kill_all(&self) {
+        self.inner.shutdown.cancel();
+        let slots: Vec<_> = self.inner.slots.lock().expect("slots lock").drain().map(|(_, s)| s).collect();
+        for slot in slots {
+            slot.mark_stopping();
+            slot.servers.cancel();
+            if let Some(pid) = slot.process().and_then(|p| p.pid()) {
+                crate::browser::kill_group(pid, libc::SIGKILL);
+            }
+            remove_dir(&slot.dirs.root);
+        }
+    }
+
+    /// Stops every browser gracefully, reports them `stopped` (waiting up to 10 s
+    /// for the reports to be delivered), and stops reporting.
+    pub async fn shutdown(&self) {
+        if self.inner.shutdown.is_cancelled() {
+            return;
+        }
+        // From here on creates are refused and the report loop ends.
+        self.inner.shutdown.cancel();
+        let slots: Vec<_> = self
+            .inner
+            .slots
+            .lock()
+            .expect("slots lock")
+            .drain()
+            .map(|(_, s)| s)
+            .collect();
+        let stops = slots.iter().map(|slot| async move {
+            self.stop_slot(slot, false).await;
+            let reason = "node agent shut down".to_owned();
+            slot.set_status(InstanceStatus::Stopped, Some(reason.clone()));
+            self.send_change(slot, InstanceStatus::Stopped, Some(reason));
+            self.release(slot);
+        });
+        futures_util::future::join_all(stops).await;
+        let (done_tx, done_rx) = oneshot::channel();
+        if self.inner.changes.send(Outgoing::Flush(done_tx)).is_ok()
+            && tokio::time::timeout(Duration::from_secs(10), done_rx)
+                .await
+                .is_err()
+        {
+            tracing::warn!("state changes not all delivered within 10 s of shutdown");
+        }
+    }
+}
+
+fn ports_of(slot: &InstanceSlot) -> AgentInstancePorts {
+    AgentInstancePorts {
+        debug_port: slot.ports[0],
+        stream_port: slot.ports[1],
+        http_port: slot.ports[2],
+        status: slot.status().0,
+    }
+}
+
+/// Per-instance launch flags.
+fn launch_args(config: &AgentConfig) -> Vec<String> {
+    vec![format!(
+        "--window-size={},{}",
+        config.viewport_width, config.viewport_height
+    )]
+}
+
+fn remove_dir(path: &Path) {
+    if let Err(error) = std::fs::remove_dir_all(path)
+        && error.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(path = %path.display(), %error, "cannot remove instance directory");
+        }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "node-1".into())
+}

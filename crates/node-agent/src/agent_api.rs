@@ -1,0 +1,147 @@
+//! The agent API: what a control plane calls on a node agent over HTTP.
+//! Every request carries `Authorization: Bearer <cluster_token>`; others get 401.
+//!
+//! - `POST   /agent/v1/instances`       — [`AgentCreateInstance`] → 201 [`AgentInstancePorts`]
+//! - `DELETE /agent/v1/instances/{id}`  — `?force=true|false` → 204
+//! - `GET    /agent/v1/instances`       — the agent's [`InstanceReport`]s
+//!
+//! Errors are `{detail, code}` like the public API.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get};
+use serde::Deserialize;
+
+use flotilla_api_types::agent::{AgentCreateInstance, AgentInstancePorts, InstanceReport};
+use flotilla_api_types::{ErrorCode, ErrorResponse, InstanceId};
+
+use crate::agent::{Agent, AgentError};
+
+#[derive(Clone)]
+struct ApiState {
+    agent: Agent,
+    token: Arc<str>,
+}
+
+pub fn router(agent: Agent, cluster_token: &str) -> Router {
+    let state = ApiState {
+        agent,
+        token: Arc::from(cluster_token),
+    };
+    Router::new()
+        .route(
+            "/agent/v1/instances",
+            get(instance_list).post(instance_create),
+        )
+        .route("/agent/v1/instances/{id}", delete(instance_delete))
+        .layer(middleware::from_fn_with_state(state.clone(), require_token))
+        .with_state(state)
+}
+
+fn error(status: StatusCode, code: ErrorCode, detail: String) -> Response {
+    (status, Json(ErrorResponse { detail, code })).into_response()
+}
+
+/// The HTTP status an agent error stands for.
+pub fn status_of(error: &AgentError) -> StatusCode {
+    match error {
+        AgentError::UnknownImage { .. } => StatusCode::BAD_REQUEST,
+        AgentError::NotFound(_) => StatusCode::NOT_FOUND,
+        AgentError::Full { .. } | AgentError::PortsExhausted { .. } | AgentError::ShuttingDown => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+    }
+}
+
+impl IntoResponse for AgentError {
+    fn into_response(self) -> Response {
+        let status = status_of(&self);
+        let code = match status {
+            StatusCode::BAD_REQUEST => ErrorCode::InvalidRequest,
+            StatusCode::NOT_FOUND => ErrorCode::NotFound,
+            _ => ErrorCode::InsufficientCapacity,
+        };
+        error(status, code, self.to_string())
+    }
+}
+
+async fn require_token(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    request: Request,
+    next: Next,
+) -> Response {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match presented {
+        Some(token) if constant_time_eq(token.as_bytes(), state.token.as_bytes()) => {
+            next.run(request).await
+        }
+        _ => error(
+            StatusCode::UNAUTHORIZED,
+            ErrorCode::Unauthorized,
+            "the agent API needs Authorization: Bearer <cluster_token>".into(),
+        ),
+    }
+}
+
+/// Compares without an early exit, so timing does not reveal the token.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn instance_create(
+    State(state): State<ApiState>,
+    Json(request): Json<AgentCreateInstance>,
+) -> Result<(StatusCode, Json<AgentInstancePorts>), AgentError> {
+    Ok((
+        StatusCode::CREATED,
+        Json(state.agent.instance_create(request).await?),
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeleteQuery {
+    #[serde(default)]
+    force: bool,
+}
+
+async fn instance_delete(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+    Query(query): Query<DeleteQuery>,
+) -> Result<StatusCode, AgentError> {
+    state
+        .agent
+        .instance_delete(&InstanceId::new(id), query.force)
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn instance_list(State(state): State<ApiState>) -> Json<Vec<InstanceReport>> {
+    Json(state.agent.instance_reports())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn token_comparison() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+    }
+}

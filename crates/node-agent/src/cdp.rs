@@ -1,0 +1,186 @@
+//! A small Chrome DevTools Protocol client over tokio-tungstenite: commands with
+//! their responses matched by id, events fanned out on a broadcast channel, and
+//! flat sessions (`sessionId`) for page targets.
+//!
+//! The agent uses it for its own needs (graceful `Browser.close`, screenshots,
+//! the live view, dormancy state capture); clients' CDP traffic never passes
+//! through it (the gateway proxies bytes).
+
+use futures_util::stream::SplitSink;
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio::sync::{Mutex, broadcast, oneshot};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+type WsSink = SplitSink<WebSocketStream<MaybeTlsStream<TcpStream>>, Message>;
+type Pending = Arc<std::sync::Mutex<HashMap<u64, oneshot::Sender<Result<Value, CdpError>>>>>;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CdpError {
+    #[error("cannot connect to CDP at {url}: {reason}")]
+    Connect { url: String, reason: String },
+    #[error("CDP connection closed")]
+    Closed,
+    #[error("CDP {method} failed: {message}")]
+    Protocol { method: String, message: String },
+    #[error("CDP {method} timed out after {timeout:?}")]
+    Timeout { method: String, timeout: Duration },
+}
+
+/// One CDP event.
+#[derive(Debug, Clone)]
+pub struct CdpEvent {
+    pub method: String,
+    pub params: Value,
+    pub session_id: Option<String>,
+}
+
+/// A connection to a browser's (or page's) DevTools endpoint.
+pub struct CdpClient {
+    /// Writer half; a tokio mutex because sending awaits the socket.
+    sink: Mutex<WsSink>,
+    next_id: AtomicU64,
+    /// Callers waiting for a response; a std mutex, held only to insert or remove.
+    pending: Pending,
+    events: broadcast::Sender<CdpEvent>,
+}
+
+impl CdpClient {
+    pub async fn connect(url: &str) -> Result<Self, CdpError> {
+        let config = WebSocketConfig::default()
+            .max_message_size(Some(256 << 20))
+            .max_frame_size(Some(256 << 20));
+        let (stream, _) = tokio_tungstenite::connect_async_with_config(url, Some(config), true)
+            .await
+            .map_err(|e| CdpError::Connect {
+                url: url.to_owned(),
+                reason: e.to_string(),
+            })?;
+        let (sink, mut source) = stream.split();
+        let pending: Pending = Arc::default();
+        let (events, _) = broadcast::channel(256);
+        let reader_pending = pending.clone();
+        let reader_events = events.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(message)) = source.next().await {
+                let text = match message {
+                    Message::Text(text) => text,
+                    Message::Close(_) => break,
+                    _ => continue,
+                };
+                let Ok(mut value) = serde_json::from_str::<Value>(&text) else {
+                    continue;
+                };
+                if let Some(id) = value.get("id").and_then(Value::as_u64) {
+                    let waiter = reader_pending.lock().expect("pending lock").remove(&id);
+                    if let Some(waiter) = waiter {
+                        let result = match value.get_mut("error") {
+                            Some(error) => Err(CdpError::Protocol {
+                                method: String::new(),
+                                message: error
+                                    .get("message")
+                                    .and_then(Value::as_str)
+                                    .unwrap_or("unknown error")
+                                    .to_owned(),
+                            }),
+                            None => Ok(value
+                                .get_mut("result")
+                                .map(Value::take)
+                                .unwrap_or(Value::Null)),
+                        };
+                        let _ = waiter.send(result);
+                    }
+                } else if let Some(method) = value.get("method").and_then(Value::as_str) {
+                    let event = CdpEvent {
+                        method: method.to_owned(),
+                        params: value
+                            .get_mut("params")
+                            .map(Value::take)
+                            .unwrap_or(Value::Null),
+                        session_id: value
+                            .get("sessionId")
+                            .and_then(Value::as_str)
+                            .map(str::to_owned),
+                    };
+                    let _ = reader_events.send(event);
+                }
+            }
+            // Fail everyone still waiting: the connection is gone.
+            reader_pending.lock().expect("pending lock").clear();
+        });
+        Ok(Self {
+            sink: Mutex::new(sink),
+            next_id: AtomicU64::new(1),
+            pending,
+            events,
+        })
+    }
+
+    /// Events from now on.
+    pub fn events(&self) -> broadcast::Receiver<CdpEvent> {
+        self.events.subscribe()
+    }
+
+    /// Sends a command and waits for its result (at most `timeout`).
+    pub async fn call(
+        &self,
+        method: &str,
+        params: Value,
+        session_id: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Value, CdpError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut message = json!({"id": id, "method": method, "params": params});
+        if let Some(session_id) = session_id {
+            message["sessionId"] = Value::String(session_id.to_owned());
+        }
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().expect("pending lock").insert(id, tx);
+        let sent = self
+            .sink
+            .lock()
+            .await
+            .send(Message::Text(message.to_string().into()))
+            .await;
+        if sent.is_err() {
+            self.pending.lock().expect("pending lock").remove(&id);
+            return Err(CdpError::Closed);
+        }
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(Ok(value))) => Ok(value),
+            Ok(Ok(Err(CdpError::Protocol { message, .. }))) => Err(CdpError::Protocol {
+                method: method.to_owned(),
+                message,
+            }),
+            Ok(Ok(Err(other))) => Err(other),
+            Ok(Err(_)) => Err(CdpError::Closed),
+            Err(_) => {
+                self.pending.lock().expect("pending lock").remove(&id);
+                Err(CdpError::Timeout {
+                    method: method.to_owned(),
+                    timeout,
+                })
+            }
+        }
+    }
+
+    /// Sends a command without waiting for its result (e.g. `Browser.close`,
+    /// whose answer may never come because the browser exits).
+    pub async fn send(&self, method: &str, params: Value) -> Result<(), CdpError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let message = json!({"id": id, "method": method, "params": params});
+        self.sink
+            .lock()
+            .await
+            .send(Message::Text(message.to_string().into()))
+            .await
+            .map_err(|_| CdpError::Closed)
+    }
+}

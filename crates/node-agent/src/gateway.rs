@@ -1,0 +1,341 @@
+//! The CDP gateway on an instance's `debug_port`.
+//!
+//! Chromium's DevTools server listens on 127.0.0.1 at a port of its choosing; the
+//! gateway is the instance's stable public endpoint in front of it:
+//! - HTTP (`/json/version`, `/json/list`, `/json/new`, …) is forwarded with
+//!   `Host: 127.0.0.1:<internal port>` (Chromium answers only to a localhost or IP
+//!   host) and the internal address in the answer is rewritten to the one the
+//!   client used, so `webSocketDebuggerUrl` points back at the gateway.
+//! - WebSocket upgrades are forwarded as bytes after the handshake, so frames of
+//!   any size pass untouched. Any `/devtools/browser/…` path reaches the current
+//!   browser target, which keeps `urls.debug` valid across browser restarts.
+//! - Every request and every chunk of WebSocket traffic counts as activity.
+//! - A request that arrives while the browser starts waits for it.
+
+use std::convert::Infallible;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{CONTENT_LENGTH, HOST, HeaderValue};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+use crate::browser::CdpEndpoint;
+use crate::instance::InstanceSlot;
+
+/// Upper bound for a forwarded HTTP body (`/json/protocol` is ~1 MB).
+const MAX_HTTP_BODY: usize = 32 << 20;
+
+pub struct GatewayContext {
+    pub slot: Arc<InstanceSlot>,
+    /// Host used in rewritten URLs when the client sent no `Host` header.
+    pub public_host: String,
+    /// How long a request waits for a starting browser.
+    pub ready_timeout: Duration,
+}
+
+/// Serves the gateway on `listener` until `cancel` fires; open connections are
+/// closed then too.
+pub async fn serve(listener: TcpListener, context: Arc<GatewayContext>, cancel: CancellationToken) {
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(error) => {
+                    tracing::warn!(%error, "gateway accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = cancel.cancelled() => return,
+        };
+        let _ = stream.set_nodelay(true);
+        let context = context.clone();
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            let service_context = context.clone();
+            let service = hyper::service::service_fn(move |request| {
+                let context = service_context.clone();
+                let cancel = cancel.clone();
+                async move { Ok::<_, Infallible>(handle(request, context, cancel).await) }
+            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .with_upgrades();
+            tokio::select! {
+                _ = connection => {}
+                _ = context.slot.servers.cancelled() => {}
+            }
+        });
+    }
+}
+
+async fn handle(
+    request: Request<Incoming>,
+    context: Arc<GatewayContext>,
+    cancel: CancellationToken,
+) -> Response<Full<Bytes>> {
+    context.slot.touch();
+    let endpoint = match context.slot.wait_ready(context.ready_timeout).await {
+        Ok(Some(endpoint)) => endpoint,
+        Ok(None) => {
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "this instance runs on the sim runtime and has no browser",
+            );
+        }
+        Err(reason) => return text(StatusCode::SERVICE_UNAVAILABLE, &reason),
+    };
+    let is_upgrade = request
+        .headers()
+        .get(hyper::header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    let result = if is_upgrade {
+        proxy_websocket(request, &endpoint, context.clone(), cancel).await
+    } else {
+        proxy_http(request, &endpoint, &context).await
+    };
+    result.unwrap_or_else(|error| {
+        tracing::debug!(instance = %context.slot.id, %error, "gateway request failed");
+        text(
+            StatusCode::BAD_GATEWAY,
+            &format!("the browser did not answer: {error}"),
+        )
+    })
+}
+
+fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(format!("{body}\n"))));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+/// The authority clients should use for this gateway.
+fn external_authority(request: &Request<Incoming>, context: &GatewayContext) -> String {
+    request
+        .headers()
+        .get(HOST)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned)
+        .unwrap_or_else(|| format!("{}:{}", context.public_host, context.slot.debug_port()))
+}
+
+/// The upstream path: any browser-target path means the current browser.
+fn upstream_path(request: &Request<Incoming>, endpoint: &CdpEndpoint) -> String {
+    let path = request.uri().path();
+    if path == "/devtools/browser" || path.starts_with("/devtools/browser/") {
+        endpoint.browser_path.clone()
+    } else {
+        request
+            .uri()
+            .path_and_query()
+            .map(|pq| pq.as_str().to_owned())
+            .unwrap_or_else(|| "/".into())
+    }
+}
+
+async fn proxy_http(
+    request: Request<Incoming>,
+    endpoint: &CdpEndpoint,
+    context: &GatewayContext,
+) -> io::Result<Response<Full<Bytes>>> {
+    let authority = external_authority(&request, context);
+    let path = upstream_path(&request, endpoint);
+    let stream = TcpStream::connect(("127.0.0.1", endpoint.port)).await?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(io::Error::other)?;
+    tokio::spawn(connection);
+    let (parts, body) = request.into_parts();
+    let body = Limited::new(body, MAX_HTTP_BODY)
+        .collect()
+        .await
+        .map_err(|e| io::Error::other(e.to_string()))?
+        .to_bytes();
+    let mut upstream = Request::builder().method(parts.method).uri(path);
+    for (name, value) in &parts.headers {
+        if name != HOST {
+            upstream = upstream.header(name, value);
+        }
+    }
+    let upstream = upstream
+        .header(HOST, format!("127.0.0.1:{}", endpoint.port))
+        .body(Full::new(body))
+        .map_err(io::Error::other)?;
+    let response = sender
+        .send_request(upstream)
+        .await
+        .map_err(io::Error::other)?;
+    let (mut parts, body) = response.into_parts();
+    let body = Limited::new(body, MAX_HTTP_BODY)
+        .collect()
+        .await
+        .map_err(|e| io::Error::other(e.to_string()))?
+        .to_bytes();
+    let internal = format!("127.0.0.1:{}", endpoint.port);
+    let body = match std::str::from_utf8(&body) {
+        Ok(text) if text.contains(&internal) => Bytes::from(text.replace(&internal, &authority)),
+        _ => body,
+    };
+    parts
+        .headers
+        .insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
+    Ok(Response::from_parts(parts, Full::new(body)))
+}
+
+async fn proxy_websocket(
+    mut request: Request<Incoming>,
+    endpoint: &CdpEndpoint,
+    context: Arc<GatewayContext>,
+    cancel: CancellationToken,
+) -> io::Result<Response<Full<Bytes>>> {
+    let path = upstream_path(&request, endpoint);
+    let mut upstream = TcpStream::connect(("127.0.0.1", endpoint.port)).await?;
+    upstream.set_nodelay(true)?;
+    let mut head = format!(
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n",
+        endpoint.port
+    );
+    for (name, value) in request.headers() {
+        if name == HOST {
+            continue;
+        }
+        head.push_str(name.as_str());
+        head.push_str(": ");
+        head.push_str(value.to_str().map_err(io::Error::other)?);
+        head.push_str("\r\n");
+    }
+    head.push_str("\r\n");
+    upstream.write_all(head.as_bytes()).await?;
+
+    // Read the upstream's response head; anything after it is early frame data.
+    let mut buffer = Vec::with_capacity(1024);
+    let head_end = loop {
+        let mut chunk = [0u8; 1024];
+        let n = tokio::time::timeout(Duration::from_secs(10), upstream.read(&mut chunk))
+            .await
+            .map_err(|_| {
+                io::Error::new(io::ErrorKind::TimedOut, "websocket handshake timed out")
+            })??;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "browser closed the handshake",
+            ));
+        }
+        buffer.extend_from_slice(&chunk[..n]);
+        if let Some(pos) = find_head_end(&buffer) {
+            break pos;
+        }
+        if buffer.len() > 64 * 1024 {
+            return Err(io::Error::other("handshake response head too large"));
+        }
+    };
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut parsed = httparse::Response::new(&mut headers);
+    parsed
+        .parse(&buffer[..head_end])
+        .map_err(io::Error::other)?;
+    let status = StatusCode::from_u16(parsed.code.unwrap_or(502)).map_err(io::Error::other)?;
+    let mut response = Response::builder().status(status);
+    for header in parsed.headers.iter() {
+        response = response.header(header.name, header.value);
+    }
+    let leftover = buffer[head_end..].to_vec();
+    if status != StatusCode::SWITCHING_PROTOCOLS {
+        return response
+            .body(Full::new(Bytes::from(leftover)))
+            .map_err(io::Error::other);
+    }
+    let upgrade = hyper::upgrade::on(&mut request);
+    tokio::spawn(async move {
+        let upgraded = match upgrade.await {
+            Ok(upgraded) => upgraded,
+            Err(error) => {
+                tracing::debug!(%error, "client upgrade failed");
+                return;
+            }
+        };
+        let slot = context.slot.clone();
+        let mut client = ActivityIo {
+            inner: TokioIo::new(upgraded),
+            slot: slot.clone(),
+        };
+        if !leftover.is_empty() && client.write_all(&leftover).await.is_err() {
+            return;
+        }
+        tokio::select! {
+            _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
+            _ = cancel.cancelled() => {}
+            _ = slot.servers.cancelled() => {}
+        }
+    });
+    response
+        .body(Full::new(Bytes::new()))
+        .map_err(io::Error::other)
+}
+
+fn find_head_end(buffer: &[u8]) -> Option<usize> {
+    buffer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|pos| pos + 4)
+}
+
+/// A byte stream that records activity on the instance whenever data moves.
+struct ActivityIo<T> {
+    inner: T,
+    slot: Arc<InstanceSlot>,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for ActivityIo<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let result = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(result, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.slot.touch();
+        }
+        result
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for ActivityIo<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(result, Poll::Ready(Ok(n)) if n > 0) {
+            self.slot.touch();
+        }
+        result
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}

@@ -1,0 +1,180 @@
+//! The agent's record of one instance ([`InstanceSlot`]): its ports, directories,
+//! browser process and phase, activity clock and last resource sample.
+//!
+//! The slot is shared (`Arc`) by the supervisor task that launches and watches
+//! the browser, the port servers (CDP gateway, live view, instance HTTP API) and
+//! the agent's delete and report paths.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, TimeZone, Utc};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use flotilla_api_types::InstanceId;
+use flotilla_api_types::agent::InstanceReport;
+use flotilla_api_types::instances::{InstanceConfig, InstanceResources, InstanceStatus};
+
+use crate::browser::{BrowserProcess, CdpEndpoint, InstanceDirs};
+
+/// Where the instance's browser is in its life, as the port servers see it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BrowserPhase {
+    /// Launching; servers wait for the next phase.
+    Starting,
+    /// Answering CDP at this endpoint (`None` for a sim browser).
+    Ready(Option<CdpEndpoint>),
+    /// Not running and not coming back; the text says why.
+    Gone(String),
+}
+
+pub struct InstanceSlot {
+    pub id: InstanceId,
+    pub image: String,
+    pub config: InstanceConfig,
+    /// debug, stream, http.
+    pub ports: [u16; 3],
+    pub dirs: InstanceDirs,
+    phase: watch::Sender<BrowserPhase>,
+    /// The browser once spawned. A std mutex: only swapped or cloned, never held
+    /// across an await.
+    process: Mutex<Option<Arc<BrowserProcess>>>,
+    /// Status and reason as the agent reports them.
+    status: Mutex<(InstanceStatus, Option<String>)>,
+    /// Milliseconds since the epoch of the last CDP or viewer activity.
+    last_activity_ms: AtomicI64,
+    resources: Mutex<InstanceResources>,
+    pub cpu_meter: Mutex<crate::monitor::CpuMeter>,
+    /// Set once the agent has decided to stop this browser (delete or shutdown),
+    /// so that its exit is not reported as a crash.
+    stopping: AtomicBool,
+    /// Stops the instance's port servers.
+    pub servers: CancellationToken,
+    /// Cancelled when the supervisor task has finished.
+    pub supervisor_done: CancellationToken,
+}
+
+impl InstanceSlot {
+    pub fn new(
+        id: InstanceId,
+        image: String,
+        config: InstanceConfig,
+        ports: [u16; 3],
+        dirs: InstanceDirs,
+    ) -> Self {
+        Self {
+            id,
+            image,
+            config,
+            ports,
+            dirs,
+            phase: watch::channel(BrowserPhase::Starting).0,
+            process: Mutex::new(None),
+            status: Mutex::new((InstanceStatus::Creating, None)),
+            last_activity_ms: AtomicI64::new(Utc::now().timestamp_millis()),
+            resources: Mutex::new(InstanceResources::default()),
+            cpu_meter: Mutex::default(),
+            stopping: AtomicBool::new(false),
+            servers: CancellationToken::new(),
+            supervisor_done: CancellationToken::new(),
+        }
+    }
+
+    pub fn debug_port(&self) -> u16 {
+        self.ports[0]
+    }
+
+    /// Records activity now (CDP traffic, a viewer).
+    pub fn touch(&self) {
+        self.last_activity_ms
+            .store(Utc::now().timestamp_millis(), Ordering::Relaxed);
+    }
+
+    pub fn last_activity(&self) -> DateTime<Utc> {
+        Utc.timestamp_millis_opt(self.last_activity_ms.load(Ordering::Relaxed))
+            .single()
+            .unwrap_or_else(Utc::now)
+    }
+
+    pub fn phase(&self) -> BrowserPhase {
+        self.phase.borrow().clone()
+    }
+
+    pub fn set_phase(&self, phase: BrowserPhase) {
+        self.phase.send_replace(phase);
+    }
+
+    /// Waits until the browser answers CDP (or is gone), at most `timeout`.
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<Option<CdpEndpoint>, String> {
+        let mut phase = self.phase.subscribe();
+        let outcome = tokio::time::timeout(timeout, async {
+            loop {
+                match phase.borrow_and_update().clone() {
+                    BrowserPhase::Ready(endpoint) => return Ok(endpoint),
+                    BrowserPhase::Gone(reason) => {
+                        return Err(format!("instance {} is not running: {reason}", self.id));
+                    }
+                    BrowserPhase::Starting => {}
+                }
+                if phase.changed().await.is_err() {
+                    return Err(format!("instance {} is gone", self.id));
+                }
+            }
+        })
+        .await;
+        outcome.unwrap_or_else(|_| {
+            Err(format!(
+                "instance {} did not become ready within {timeout:?}",
+                self.id
+            ))
+        })
+    }
+
+    pub fn set_process(&self, process: Arc<BrowserProcess>) {
+        *self.process.lock().expect("slot lock") = Some(process);
+    }
+
+    pub fn process(&self) -> Option<Arc<BrowserProcess>> {
+        self.process.lock().expect("slot lock").clone()
+    }
+
+    pub fn endpoint(&self) -> Option<CdpEndpoint> {
+        match &*self.phase.borrow() {
+            BrowserPhase::Ready(endpoint) => endpoint.clone(),
+            _ => None,
+        }
+    }
+
+    pub fn status(&self) -> (InstanceStatus, Option<String>) {
+        self.status.lock().expect("slot lock").clone()
+    }
+
+    pub fn set_status(&self, status: InstanceStatus, reason: Option<String>) {
+        *self.status.lock().expect("slot lock") = (status, reason);
+    }
+
+    pub fn mark_stopping(&self) -> bool {
+        !self.stopping.swap(true, Ordering::SeqCst)
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    pub fn set_resources(&self, resources: InstanceResources) {
+        *self.resources.lock().expect("slot lock") = resources;
+    }
+
+    pub fn report(&self) -> InstanceReport {
+        let (status, reason) = self.status();
+        InstanceReport {
+            id: self.id.clone(),
+            status,
+            reason,
+            resources: *self.resources.lock().expect("slot lock"),
+            last_activity: self.last_activity(),
+        }
+    }
+}

@@ -1,0 +1,310 @@
+//! The live view on an instance's `stream_port`.
+//!
+//! One `Page.startScreencast` per instance feeds every viewer. Frames go into a
+//! `watch` channel that holds only the newest frame: each viewer takes the newest
+//! frame when it is ready for one, so a slow viewer skips frames and never holds
+//! up the browser or the other viewers. Frames are acknowledged as they arrive.
+//! The screencast starts with the first viewer and stops a few seconds after
+//! the last one leaves.
+//!
+//! - `GET /` — MJPEG (`multipart/x-mixed-replace`), shows in an `<img>`;
+//! - `GET /ws` — a WebSocket of binary JPEG frames;
+//! - `GET /frame.jpg` — the newest frame.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use base64::Engine;
+use bytes::Bytes;
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::sync::{Mutex, watch};
+
+use crate::cdp::CdpClient;
+use crate::instance::InstanceSlot;
+use crate::instance_http::list_tabs;
+
+/// Screencast settings (from `[agent]`).
+#[derive(Debug, Clone, Copy)]
+pub struct LiveViewSettings {
+    pub width: u32,
+    pub height: u32,
+    pub quality: u8,
+}
+
+/// One JPEG frame and its sequence number (for viewers to notice skips).
+#[derive(Debug, Clone)]
+pub struct Frame {
+    pub seq: u64,
+    pub jpeg: Bytes,
+}
+
+/// The shared screencast of one instance.
+pub struct LiveView {
+    slot: Arc<InstanceSlot>,
+    settings: LiveViewSettings,
+    ready_timeout: Duration,
+    frames: watch::Sender<Option<Frame>>,
+    viewers: AtomicUsize,
+    /// Frames received from the browser since start.
+    pub frames_received: AtomicU64,
+    /// Held while a screencast task runs; a tokio mutex so the check-and-start is atomic.
+    running: Mutex<bool>,
+}
+
+impl LiveView {
+    pub fn new(
+        slot: Arc<InstanceSlot>,
+        settings: LiveViewSettings,
+        ready_timeout: Duration,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            slot,
+            settings,
+            ready_timeout,
+            frames: watch::channel(None).0,
+            viewers: AtomicUsize::new(0),
+            frames_received: AtomicU64::new(0),
+            running: Mutex::new(false),
+        })
+    }
+
+    /// Registers a viewer and makes sure the screencast runs. The guard
+    /// unregisters on drop.
+    async fn join(self: &Arc<Self>) -> ViewerGuard {
+        self.viewers.fetch_add(1, Ordering::SeqCst);
+        self.slot.touch();
+        let mut running = self.running.lock().await;
+        if !*running {
+            *running = true;
+            tokio::spawn(self.clone().screencast());
+        }
+        ViewerGuard(self.clone())
+    }
+
+    /// Runs the screencast while there are viewers; reconnects if the tab goes away.
+    async fn screencast(self: Arc<Self>) {
+        let mut last_viewer_seen = tokio::time::Instant::now();
+        loop {
+            match self.screencast_once(&mut last_viewer_seen).await {
+                Ok(()) => {}
+                Err(error) => {
+                    tracing::debug!(instance = %self.slot.id, %error, "screencast interrupted");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+            // Decide under the lock, so that a viewer joining now either sees
+            // `running == false` and starts a screencast, or is served by this one.
+            let mut running = self.running.lock().await;
+            if self.slot.servers.is_cancelled() || self.viewers.load(Ordering::SeqCst) == 0 {
+                *running = false;
+                return;
+            }
+            last_viewer_seen = tokio::time::Instant::now();
+        }
+    }
+
+    /// One screencast session on the first tab. `Ok` when it ended because no
+    /// viewer was left for 5 s.
+    async fn screencast_once(
+        &self,
+        last_viewer_seen: &mut tokio::time::Instant,
+    ) -> Result<(), String> {
+        let endpoint = self
+            .slot
+            .wait_ready(self.ready_timeout)
+            .await?
+            .ok_or("sim instance: no browser")?;
+        let (_, ws) = list_tabs(&endpoint)
+            .await?
+            .into_iter()
+            .next()
+            .ok_or("the browser has no open tab")?;
+        let client = CdpClient::connect(&ws).await.map_err(|e| e.to_string())?;
+        let mut events = client.events();
+        let timeout = Duration::from_secs(10);
+        client
+            .call(
+                "Page.startScreencast",
+                json!({
+                    "format": "jpeg",
+                    "quality": self.settings.quality,
+                    "maxWidth": self.settings.width,
+                    "maxHeight": self.settings.height,
+                    "everyNthFrame": 1,
+                }),
+                None,
+                timeout,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tokio::select! {
+                event = events.recv() => {
+                    let event = match event {
+                        Ok(event) => event,
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                        Err(_) => return Err("page connection closed".into()),
+                    };
+                    match event.method.as_str() {
+                        "Page.screencastFrame" => {
+                            if let Some(session) = event.params.get("sessionId").cloned() {
+                                let _ = client.send("Page.screencastFrameAck", json!({"sessionId": session})).await;
+                            }
+                            let data = event.params.get("data").and_then(|d| d.as_str()).unwrap_or_default();
+                            if let Ok(jpeg) = base64::engine::general_purpose::STANDARD.decode(data) {
+                                let seq = self.frames_received.fetch_add(1, Ordering::Relaxed) + 1;
+                                self.frames.send_replace(Some(Frame { seq, jpeg: Bytes::from(jpeg) }));
+                            }
+                        }
+                        "Inspector.detached" | "Inspector.targetCrashed" => return Err(format!("page {}", event.method)),
+                        _ => {}
+                    }
+                }
+                _ = tick.tick() => {
+                    if self.viewers.load(Ordering::SeqCst) > 0 {
+                        *last_viewer_seen = tokio::time::Instant::now();
+                    } else if last_viewer_seen.elapsed() > Duration::from_secs(5) {
+                        let _ = client.call("Page.stopScreencast", json!({}), None, timeout).await;
+                        return Ok(());
+                    }
+                }
+                _ = self.slot.servers.cancelled() => return Ok(()),
+            }
+        }
+    }
+}
+
+struct ViewerGuard(Arc<LiveView>);
+
+impl Drop for ViewerGuard {
+    fn drop(&mut self) {
+        self.0.viewers.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+pub async fn serve(listener: TcpListener, live_view: Arc<LiveView>) {
+    let cancel = live_view.slot.servers.clone();
+    let router = Router::new()
+        .route("/", get(mjpeg))
+        .route("/ws", get(websocket))
+        .route("/frame.jpg", get(latest_frame))
+        .with_state(live_view);
+    let _ = axum::serve(listener, router)
+        .with_graceful_shutdown(async move { cancel.cancelled().await })
+        .await;
+}
+
+const BOUNDARY: &str = "flotillaframe";
+
+async fn mjpeg(State(live_view): State<Arc<LiveView>>) -> Response {
+    let guard = live_view.join().await;
+    let frames = live_view.frames.subscribe();
+    let stream = futures_util::stream::unfold(
+        (frames, guard, 0u64),
+        |(mut frames, guard, last_sent)| async move {
+            loop {
+                let frame = frames.borrow_and_update().clone();
+                if let Some(frame) = frame.filter(|f| f.seq != last_sent) {
+                    guard.0.slot.touch();
+                    let mut part = Vec::with_capacity(frame.jpeg.len() + 128);
+                    part.extend_from_slice(
+                    format!(
+                        "--{BOUNDARY}\r\nContent-Type: image/jpeg\r\nContent-Length: {}\r\nX-Frame-Sequence: {}\r\n\r\n",
+                        frame.jpeg.len(),
+                        frame.seq
+                    )
+                    .as_bytes(),
+                );
+                    part.extend_from_slice(&frame.jpeg);
+                    part.extend_from_slice(b"\r\n");
+                    return Some((
+                        Ok::<_, std::io::Error>(Bytes::from(part)),
+                        (frames, guard, frame.seq),
+                    ));
+                }
+                tokio::select! {
+                    changed = frames.changed() => if changed.is_err() { return None },
+                    _ = guard.0.slot.servers.cancelled() => return None,
+                }
+            }
+        },
+    );
+    Response::builder()
+        .header(
+            header::CONTENT_TYPE,
+            format!("multipart/x-mixed-replace; boundary={BOUNDARY}"),
+        )
+        .header(header::CACHE_CONTROL, "no-store")
+        .body(Body::from_stream(stream))
+        .expect("static response")
+}
+
+async fn websocket(State(live_view): State<Arc<LiveView>>, upgrade: WebSocketUpgrade) -> Response {
+    upgrade.on_upgrade(move |socket| ws_viewer(socket, live_view))
+}
+
+async fn ws_viewer(mut socket: WebSocket, live_view: Arc<LiveView>) {
+    let _guard = live_view.join().await;
+    let mut frames = live_view.frames.subscribe();
+    let mut last_sent = 0;
+    loop {
+        let frame = frames.borrow_and_update().clone();
+        if let Some(frame) = frame.filter(|f| f.seq != last_sent) {
+            last_sent = frame.seq;
+            live_view.slot.touch();
+            if socket.send(Message::Binary(frame.jpeg)).await.is_err() {
+                return;
+            }
+            continue;
+        }
+        tokio::select! {
+            changed = frames.changed() => if changed.is_err() { return },
+            incoming = socket.recv() => match incoming {
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
+                _ => {}
+            },
+            _ = live_view.slot.servers.cancelled() => return,
+        }
+    }
+}
+
+async fn latest_frame(State(live_view): State<Arc<LiveView>>) -> Response {
+    let _guard = live_view.join().await;
+    let mut frames = live_view.frames.subscribe();
+    let wait = tokio::time::timeout(live_view.ready_timeout, async {
+        loop {
+            if let Some(frame) = frames.borrow_and_update().clone() {
+                return Some(frame);
+            }
+            if frames.changed().await.is_err() {
+                return None;
+            }
+        }
+    })
+    .await;
+    match wait {
+        Ok(Some(frame)) => (
+            [
+                (header::CONTENT_TYPE, "image/jpeg"),
+                (header::CACHE_CONTROL, "no-store"),
+            ],
+            frame.jpeg,
+        )
+            .into_response(),
+        _ => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no frame from the browser yet\n",
+        )
+            .into_response(),
+    }
+}

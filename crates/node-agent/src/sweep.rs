@@ -1,0 +1,51 @@
+//! Start-up sweep: browsers and profiles that a previous run of this agent left
+//! behind (after a crash or `kill -9`) are killed and removed. Only processes
+//! whose `--user-data-dir` lies under this agent's instance directory are touched.
+
+use std::path::Path;
+
+use crate::browser::kill_group;
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SweepReport {
+    pub processes: usize,
+    pub directories: usize,
+}
+
+pub fn sweep(instances_root: &Path) -> SweepReport {
+    let mut report = SweepReport::default();
+    let marker = format!("--user-data-dir={}/", instances_root.display());
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for entry in entries.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                continue;
+            };
+            let matches = cmdline
+                .split(|b| *b == 0)
+                .any(|arg| arg.starts_with(marker.as_bytes()));
+            if matches {
+                kill_group(pid, libc::SIGKILL);
+                // SAFETY: kill has no memory-safety preconditions.
+                unsafe {
+                    libc::kill(pid as i32, libc::SIGKILL);
+                }
+                report.processes += 1;
+            }
+        }
+    }
+    if let Ok(entries) = std::fs::read_dir(instances_root) {
+        for entry in entries.flatten() {
+            if std::fs::remove_dir_all(entry.path()).is_ok() {
+                report.directories += 1;
+            }
+        }
+    }
+    report
+}

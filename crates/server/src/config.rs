@@ -1,0 +1,274 @@
+//! The configuration file of every `flotilla` process, and its loading:
+//! built-in defaults, then the TOML file, then `FLOTILLA_…` environment
+//! variables, then command-line flags. Unknown keys are errors that name the key.
+//!
+//! Environment: `FLOTILLA_<KEY>` for top-level keys and `FLOTILLA_<SECTION>__<KEY>`
+//! for keys in sections (e.g. `FLOTILLA_AGENT__MAX_INSTANCES=10`).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+use flotilla_control_plane::ControlPlaneConfig;
+use flotilla_node_agent::AgentConfig;
+
+/// Top-level keys that may come from the environment (section keys come as
+/// `SECTION__KEY`). Flags' own variables (`FLOTILLA_DATABASE_URL`, …) and the
+/// client's (`FLOTILLA_URL`, `FLOTILLA_API_KEY`) are read by the CLI, not here.
+const ENV_TOP_LEVEL_KEYS: &[&str] = &[
+    "listen",
+    "data_dir",
+    "auth_enabled",
+    "api_keys",
+    "cluster_token",
+];
+
+/// Every key of the configuration file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FlotillaConfig {
+    /// Control plane listen address (`serve`, `control`).
+    pub listen: String,
+    /// Directory for the embedded store, instance profiles and snapshots.
+    pub data_dir: PathBuf,
+    #[serde(flatten)]
+    pub control: ControlPlaneConfig,
+    pub agent: AgentSection,
+}
+
+impl Default for FlotillaConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".into(),
+            data_dir: PathBuf::from("./data"),
+            control: ControlPlaneConfig::default(),
+            agent: AgentSection::default(),
+        }
+    }
+}
+
+/// `[agent]`: the node agent's own settings plus how it is reached.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AgentSection {
+    /// Agent API listen address (`flotilla agent --listen`; the local agent of `serve`).
+    pub listen: String,
+    /// The agent API's address as others reach it (`--advertise`); default from `listen`.
+    pub advertise: Option<String>,
+    /// Control plane URL (`flotilla agent --control-plane`).
+    pub control_plane_url: Option<String>,
+    /// Address instance ports listen on; default 127.0.0.1 when the public host
+    /// is a loopback address, else 0.0.0.0.
+    pub bind_address: Option<std::net::Ipv4Addr>,
+    #[serde(flatten)]
+    pub runtime: AgentConfig,
+}
+
+impl Default for AgentSection {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:0".into(),
+            advertise: None,
+            control_plane_url: None,
+            bind_address: None,
+            runtime: AgentConfig::default(),
+        }
+    }
+}
+
+impl FlotillaConfig {
+    /// Loads the configuration. `overrides` are flag values as (dotted key, value).
+    pub fn load(file: Option<&Path>, overrides: &[(&str, toml::Value)]) -> anyhow::Result<Self> {
+        let mut figment = Figment::from(Serialized::defaults(FlotillaConfig::default()));
+        let mut supplied = toml::Table::new();
+        if let Some(file) = file {
+            let text = std::fs::read_to_string(file).with_context(|| {
+                format!("cannot read the configuration file {}", file.display())
+            })?;
+            let table: toml::Table = text
+                .parse()
+                .with_context(|| format!("{} is not valid TOML", file.display()))?;
+            merge_tables(&mut supplied, table);
+            figment = figment.merge(Toml::file_exact(file));
+        }
+        let env = Env::prefixed("FLOTILLA_")
+            .split("__")
+            .filter(|key| key.as_str().contains('.') || ENV_TOP_LEVEL_KEYS.contains(&key.as_str()));
+        for (key, value) in env.iter() {
+            insert_dotted(&mut supplied, key.as_str(), toml::Value::String(value));
+        }
+        figment = figment.merge(env);
+        for (key, value) in overrides {
+            figment = figment.merge(Serialized::default(key, value.clone()));
+            insert_dotted(&mut supplied, key, value.clone());
+        }
+        let config: FlotillaConfig = figment
+            .extract()
+            .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+        let known = toml::Table::try_from(&config).context("configuration does not serialise")?;
+        if let Some(unknown) = first_unknown_key(&supplied, &known, "") {
+            anyhow::bail!(
+                "unknown configuration key `{unknown}`; docs/configuration.md lists every key"
+            );
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        self.listen_addr()?;
+        self.control.validate().map_err(anyhow::Error::msg)?;
+        self.agent.runtime.validate().map_err(anyhow::Error::msg)?;
+        Ok(())
+    }
+
+    pub fn listen_addr(&self) -> anyhow::Result<SocketAddr> {
+        self.listen.parse().with_context(|| {
+            format!(
+                "listen must be an address like 127.0.0.1:8080 (got {:?})",
+                self.listen
+            )
+        })
+    }
+
+    /// The store URL: `store.database_url`, or SQLite under `data_dir`.
+    pub fn database_url(&self) -> String {
+        self.control
+            .store
+            .database_url
+            .clone()
+            .unwrap_or_else(|| format!("sqlite://{}/flotilla.db", self.data_dir.display()))
+    }
+}
+
+fn merge_tables(into: &mut toml::Table, from: toml::Table) {
+    for (key, value) in from {
+        match (into.get_mut(&key), value) {
+            (Some(toml::Value::Table(existing)), toml::Value::Table(table)) => {
+                merge_tables(existing, table)
+            }
+            (_, value) => {
+                into.insert(key, value);
+            }
+        }
+    }
+}
+
+fn insert_dotted(into: &mut toml::Table, dotted: &str, value: toml::Value) {
+    let mut parts: Vec<&str> = dotted.split('.').collect();
+    let last = parts.pop().unwrap_or_default();
+    let mut table = into;
+    for part in parts {
+        let entry = table
+            .entry(part.to_owned())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        if !entry.is_table() {
+            *entry = toml::Value::Table(toml::Table::new());
+        }
+        table = entry.as_table_mut().expect("just made a table");
+    }
+    table.insert(last.to_owned(), value);
+}
+
+/// The first key of `supplied` that the parsed configuration does not have.
+/// Map-valued sections (like `agent.images`) accept any key.
+fn first_unknown_key(supplied: &toml::Table, known: &toml::Table, prefix: &str) -> Option<String> {
+    for (key, value) in supplied {
+        let path = if prefix.is_empty() {
+            key.clone()
+        } else {
+            format!("{prefix}.{key}")
+        };
+        if path == "agent.images" {
+            continue;
+        }
+        match (value, known.get(key)) {
+            (_, None) => return Some(path),
+            (toml::Value::Table(inner), Some(toml::Value::Table(known_inner))) => {
+                if let Some(found) = first_unknown_key(inner, known_inner, &path) {
+                    return Some(found);
+                }
+            }
+            (toml::Value::Array(items), Some(toml::Value::Array(known_items))) => {
+                for (item, known_item) in items.iter().zip(known_items) {
+                    if let (toml::Value::Table(a), toml::Value::Table(b)) = (item, known_item)
+                        && let Some(found) = first_unknown_key(a, b, &path) {
+                            return Some(found);
+                        }
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(text: &str) -> tempfile::NamedTempFile {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), text).unwrap();
+        file
+    }
+
+    #[test]
+    fn defaults_need_no_file() {
+        let config = FlotillaConfig::load(None, &[]).unwrap();
+        assert_eq!(config.listen, "127.0.0.1:8080");
+        assert_eq!(config.agent.runtime.max_instances, 20);
+        assert!(config.database_url().starts_with("sqlite://./data/"));
+    }
+
+    #[test]
+    fn file_then_flags() {
+        let file = write(
+            "listen = \"127.0.0.1:9000\"\n[agent]\nmax_instances = 3\nport_range = \"30000-30100\"\n[nodes]\nheartbeat_timeout_sec = 20\n",
+        );
+        let config = FlotillaConfig::load(
+            Some(file.path()),
+            &[("listen", toml::Value::String("127.0.0.1:0".into()))],
+        )
+        .unwrap();
+        assert_eq!(config.listen, "127.0.0.1:0");
+        assert_eq!(config.agent.runtime.max_instances, 3);
+        assert_eq!(config.agent.runtime.port_range.first, 30000);
+        assert_eq!(config.control.nodes.heartbeat_timeout_sec, 20.0);
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        for (text, key) in [
+            ("lissen = \"x\"\n", "lissen"),
+            ("[agent]\nmax_instancez = 3\n", "agent.max_instancez"),
+            ("[nodes]\nheartbeat = 3\n", "nodes.heartbeat"),
+        ] {
+            let file = write(text);
+            let error = FlotillaConfig::load(Some(file.path()), &[])
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(key), "{error}");
+        }
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let file = write("[agent]\nport_range = \"9-3\"\n");
+        let error = format!(
+            "{:#}",
+            FlotillaConfig::load(Some(file.path()), &[]).unwrap_err()
+        );
+        assert!(error.contains("port range"), "{error}");
+        let file = write("[agent]\nmax_instances = 0\n");
+        let error = format!(
+            "{:#}",
+            FlotillaConfig::load(Some(file.path()), &[]).unwrap_err()
+        );
+        assert!(error.contains("agent.max_instances"), "{error}");
+    }
+}

@@ -1,0 +1,180 @@
+//! `flotilla serve`: the control plane, one in-process node agent running real
+//! Chromium, on the embedded SQLite store under `data_dir` — zero configuration.
+//!
+//! Start order: store → control plane → listeners → agent (registers in-process)
+//! → HTTP servers and background tasks. Shutdown runs the other way: stop
+//! accepting requests, stop background tasks, stop every browser gracefully
+//! (recorded as `stopped`), close the store.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use flotilla_control_plane::nodes::{LocalLink, LocalNode};
+use flotilla_control_plane::{Clock, ControlPlane, Store, SystemClock};
+use flotilla_node_agent::{Agent, AgentSettings};
+
+use crate::config::FlotillaConfig;
+
+/// A running `serve`.
+pub struct Serve {
+    pub control_addr: SocketAddr,
+    pub agent_addr: SocketAddr,
+    pub control_plane: Arc<ControlPlane>,
+    pub agent: Agent,
+    shutdown: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Serve {
+    pub async fn start(config: FlotillaConfig) -> anyhow::Result<Serve> {
+        Self::start_with_clock(config, Arc::new(SystemClock)).await
+    }
+
+    pub async fn start_with_clock(
+        config: FlotillaConfig,
+        clock: Arc<dyn Clock>,
+    ) -> anyhow::Result<Serve> {
+        config.validate()?;
+        std::fs::create_dir_all(&config.data_dir)
+            .with_context(|| format!("cannot create data_dir {}", config.data_dir.display()))?;
+        let data_dir = config.data_dir.canonicalize()?;
+        let store =
+            Store::connect(&config.database_url(), config.control.store.max_connections).await?;
+        let control_plane = Arc::new(ControlPlane::new(store, config.control.clone(), clock));
+
+        let control_listener = bind(config.listen_addr()?, "listen").await?;
+        let control_addr = control_listener.local_addr()?;
+        let agent_listen: SocketAddr = config.agent.listen.parse().with_context(|| {
+            format!(
+                "agent.listen must be an address like 127.0.0.1:0 (got {:?})",
+                config.agent.listen
+            )
+        })?;
+        let agent_listener = bind(agent_listen, "agent.listen").await?;
+        let agent_addr = agent_listener.local_addr()?;
+
+        let public_host = config
+            .agent
+            .runtime
+            .public_host
+            .clone()
+            .unwrap_or_else(|| default_public_host(control_addr.ip()));
+        let settings = AgentSettings {
+            config: config.agent.runtime.clone(),
+            data_dir: data_dir.join("agent"),
+            address: config
+                .agent
+                .advertise
+                .clone()
+                .unwrap_or_else(|| format!("http://{agent_addr}")),
+            bind_address: config
+                .agent
+                .bind_address
+                .unwrap_or_else(|| default_bind_address(&public_host)),
+            public_host,
+        };
+        let agent = Agent::start(settings, Arc::new(LocalLink(control_plane.clone()))).await?;
+        control_plane
+            .node_connections()
+            .attach(agent.node_id().clone(), Arc::new(LocalNode(agent.clone())));
+
+        let shutdown = CancellationToken::new();
+        let mut tasks =
+            flotilla_control_plane::background::spawn_all(control_plane.clone(), shutdown.clone());
+        tasks.push(spawn_http(
+            control_listener,
+            flotilla_control_plane::http::router(control_plane.clone()),
+            shutdown.clone(),
+        ));
+        let cluster_token = config
+            .control
+            .cluster_token
+            .clone()
+            .unwrap_or_else(random_token);
+        tasks.push(spawn_http(
+            agent_listener,
+            flotilla_node_agent::agent_api::router(agent.clone(), &cluster_token),
+            shutdown.clone(),
+        ));
+        Ok(Serve {
+            control_addr,
+            agent_addr,
+            control_plane,
+            agent,
+            shutdown,
+            tasks,
+        })
+    }
+
+    pub fn control_url(&self) -> String {
+        format!("http://{}", self.control_addr)
+    }
+
+    /// Graceful shutdown: no new requests, every browser closed and recorded.
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        self.agent.shutdown().await;
+        // The local pairing references both ways; detaching ends the cycle.
+        self.control_plane.node_connections().detach(self.agent.node_id());
+        self.control_plane.store().close().await;
+    }
+}
+
+async fn bind(addr: SocketAddr, key: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} ({key}); is another process using it?"))
+}
+
+fn spawn_http(
+    listener: TcpListener,
+    router: axum::Router,
+    shutdown: CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let served = axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await;
+        if let Err(error) = served {
+            tracing::error!(%error, "HTTP server failed");
+        }
+    })
+}
+
+/// The host in instance URLs when `agent.public_host` is not set.
+pub fn default_public_host(listen_ip: IpAddr) -> String {
+    if listen_ip.is_unspecified() {
+        tracing::warn!(
+            "listening on all interfaces: instance URLs use 127.0.0.1; set agent.public_host for remote clients"
+        );
+        "127.0.0.1".into()
+    } else {
+        listen_ip.to_string()
+    }
+}
+
+/// Instance ports stay on loopback unless clients come from elsewhere.
+pub fn default_bind_address(public_host: &str) -> Ipv4Addr {
+    match public_host.parse::<IpAddr>() {
+        Ok(ip) if ip.is_loopback() => Ipv4Addr::LOCALHOST,
+        _ if public_host == "localhost" => Ipv4Addr::LOCALHOST,
+        _ => Ipv4Addr::UNSPECIFIED,
+    }
+}
+
+/// A random token for the local agent API when no cluster token is configured.
+pub fn random_token() -> String {
+    let bytes: [u8; 32] = rand::random();
+    hex::encode(bytes)
+}

@@ -1,0 +1,380 @@
+//! The test harness. Everything starts for real on `127.0.0.1:0`:
+//! - [`spawn_serve`] / [`spawn_serve_with`]: `flotilla serve` in-process (control
+//!   plane, local agent with real Chromium or the sim runtime) on a temp data dir;
+//! - [`ServeProcess`]: the real `flotilla` binary as a child process;
+//! - [`serve_page`]: a local web server for pages the browsers load;
+//! - [`run_node`]: the Playwright / Puppeteer clients in `tests/js`;
+//! - [`wait_until`]: polling a condition with a generous deadline (never a fixed sleep).
+//!
+//! Cleanup happens on drop too, so a failing test leaves no browser behind.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use flotilla_node_agent::RuntimeKind;
+use flotilla_server::{FlotillaConfig, Serve};
+
+pub use reqwest::StatusCode;
+
+/// Deadline for a browser to start on a loaded 2-core machine.
+pub const BROWSER_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Sends test logs to the test's output (shown for failing tests).
+pub fn init_logging() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tower_http=warn,sqlx=warn")),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+/// The workspace root (for `tests/js`).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("crates/testkit is two levels deep")
+        .to_path_buf()
+}
+
+/// Polls `check` every 50 ms until it yields `Some`, or fails after `deadline`
+/// with `what` and the last observation.
+pub async fn wait_until<T, F, Fut>(deadline: Duration, what: &str, mut check: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>, String>>,
+{
+    let start = tokio::time::Instant::now();
+    let mut last = String::from("nothing observed");
+    loop {
+        match check().await {
+            Ok(Some(value)) => return Ok(value),
+            Ok(None) => {}
+            Err(observation) => last = observation,
+        }
+        if start.elapsed() > deadline {
+            bail!("timed out after {deadline:?} waiting for {what}; last observation: {last}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A JSON API client for one control plane.
+#[derive(Clone)]
+pub struct Api {
+    pub base: String,
+    pub http: reqwest::Client,
+}
+
+impl Api {
+    pub fn new(base: impl Into<String>) -> Self {
+        Self {
+            base: base.into(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(120))
+                .no_proxy()
+                .build()
+                .expect("http client"),
+        }
+    }
+
+    /// Any request; returns status and body as JSON (or `Value::String` for non-JSON).
+    pub async fn call(&self, method: reqwest::Method, path: &str, body: Option<&str>) -> (StatusCode, Value) {
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(body) = body {
+            request = request.header("content-type", "application/json").body(body.to_owned());
+        }
+        let response = request.send().await.expect("request reaches the control plane");
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, value)
+    }
+
+    pub async fn get(&self, path: &str) -> (StatusCode, Value) {
+        self.call(reqwest::Method::GET, path, None).await
+    }
+
+    pub async fn post(&self, path: &str, body: &str) -> (StatusCode, Value) {
+        self.call(reqwest::Method::POST, path, Some(body)).await
+    }
+
+    pub async fn delete(&self, path: &str) -> (StatusCode, Value) {
+        self.call(reqwest::Method::DELETE, path, None).await
+    }
+
+    /// Creates an instance and asserts 201.
+    pub async fn create(&self, body: &str) -> Value {
+        let (status, value) = self.post("/v2/instances", body).await;
+        assert_eq!(status, StatusCode::CREATED, "create failed: {value}");
+        value
+    }
+
+    /// Waits until the instance has `status` (fails early on failed/stopped).
+    pub async fn wait_for_status(&self, id: &str, status: &str, deadline: Duration) -> Value {
+        let path = format!("/v2/instances/{id}");
+        wait_until(deadline, &format!("instance {id} to be {status}"), || async {
+            let (code, value) = self.get(&path).await;
+            if code != StatusCode::OK {
+                return Err(format!("GET {path} → {code}: {value}"));
+            }
+            let now = value["status"].as_str().unwrap_or_default();
+            if now == status {
+                return Ok(Some(value));
+            }
+            if status != now && ["failed", "stopped"].contains(&now) {
+                panic!("instance {id} is {now} instead of {status}: {value}");
+            }
+            Err(format!("status {now}"))
+        })
+        .await
+        .unwrap()
+    }
+}
+
+/// `flotilla serve` running in this test process.
+pub struct TestServe {
+    serve: Option<Serve>,
+    pub api: Api,
+    pub data_dir: PathBuf,
+    _temp: tempfile::TempDir,
+}
+
+/// `serve` with real Chromium and test-friendly timings.
+pub async fn spawn_serve() -> TestServe {
+    spawn_serve_with(|_| {}).await
+}
+
+/// `serve` with the configuration adjusted by `adjust` (after test defaults:
+/// port 0, a temp data dir, 0.5 s heartbeats).
+pub async fn spawn_serve_with(adjust: impl FnOnce(&mut FlotillaConfig)) -> TestServe {
+    init_logging();
+    let temp = tempfile::Builder::new()
+        .prefix("flotilla-test-")
+        .tempdir()
+        .expect("temp dir");
+    let mut config = FlotillaConfig {
+        listen: "127.0.0.1:0".into(),
+        data_dir: temp.path().to_path_buf(),
+        ..FlotillaConfig::default()
+    };
+    config.control.nodes.heartbeat_interval_sec = 0.5;
+    config.control.nodes.heartbeat_timeout_sec = 30.0;
+    config.agent.runtime.node_id = Some("test-node".into());
+    adjust(&mut config);
+    let serve = Serve::start(config).await.expect("serve starts");
+    let api = Api::new(serve.control_url());
+    TestServe {
+        serve: Some(serve),
+        api,
+        data_dir: temp.path().to_path_buf(),
+        _temp: temp,
+    }
+}
+
+/// `serve` on the sim runtime (no browsers): for API and scheduling logic.
+pub async fn spawn_sim_serve(max_instances: i64) -> TestServe {
+    spawn_serve_with(|config| {
+        config.agent.runtime.runtime = RuntimeKind::Sim;
+        config.agent.runtime.max_instances = max_instances;
+    })
+    .await
+}
+
+impl TestServe {
+    pub fn serve(&self) -> &Serve {
+        self.serve.as_ref().expect("serve is running")
+    }
+
+    /// The instance directories root of the local agent.
+    pub fn instances_dir(&self) -> PathBuf {
+        self.data_dir.canonicalize().unwrap_or(self.data_dir.clone()).join("agent/instances")
+    }
+
+    /// Graceful shutdown (browsers closed, records kept).
+    pub async fn shutdown(mut self) {
+        if let Some(serve) = self.serve.take() {
+            serve.shutdown().await;
+        }
+    }
+}
+
+impl Drop for TestServe {
+    fn drop(&mut self) {
+        if let Some(serve) = self.serve.take() {
+            serve.agent.kill_all();
+        }
+    }
+}
+
+/// Pids of processes whose command line mentions `needle` (e.g. an instance directory).
+pub fn processes_mentioning(needle: &str) -> Vec<u32> {
+    let mut pids = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return pids;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == std::process::id() {
+            continue;
+        }
+        if let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) {
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            // Zombies have an empty command line and are not running.
+            if cmdline.contains(needle) {
+                pids.push(pid);
+            }
+        }
+    }
+    pids
+}
+
+/// A local web server serving `pages` (path → HTML) on 127.0.0.1:0.
+pub struct PageServer {
+    pub base: String,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+pub async fn serve_page(pages: &[(&str, &str)]) -> PageServer {
+    let mut router = axum::Router::new();
+    for (path, html) in pages {
+        let html = html.to_string();
+        router = router.route(path, axum::routing::get(move || async move { axum::response::Html(html) }));
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind page server");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    PageServer { base, _task: task }
+}
+
+/// Runs `tests/js/<script>` with Node and parses the last line of its output as JSON.
+pub async fn run_node(script: &str, args: &[&str]) -> anyhow::Result<Value> {
+    let dir = workspace_root().join("tests/js");
+    if !dir.join("node_modules").is_dir() {
+        bail!("tests/js/node_modules is missing: run scripts/install-deps --test");
+    }
+    let mut child = tokio::process::Command::new("node")
+        .arg(dir.join(script))
+        .args(args)
+        .current_dir(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .context("cannot start node")?;
+    let output = tokio::time::timeout(Duration::from_secs(120), async {
+        let mut stdout = String::new();
+        let mut stderr = String::new();
+        let mut out = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let mut err = BufReader::new(child.stderr.take().expect("stderr")).lines();
+        loop {
+            tokio::select! {
+                line = out.next_line() => match line? { Some(l) => { stdout.push_str(&l); stdout.push('\n'); } None => break },
+                line = err.next_line() => if let Some(l) = line? { stderr.push_str(&l); stderr.push('\n'); },
+            }
+        }
+        while let Some(l) = err.next_line().await? {
+            stderr.push_str(&l);
+            stderr.push('\n');
+        }
+        let status = child.wait().await?;
+        anyhow::Ok((status, stdout, stderr))
+    })
+    .await
+    .context("node script timed out after 120 s")??;
+    let (status, stdout, stderr) = output;
+    if !status.success() {
+        bail!("{script} failed ({status}):\n{stderr}\n{stdout}");
+    }
+    let last = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(last).with_context(|| format!("{script} printed no JSON: {stdout}\n{stderr}"))
+}
+
+/// The real `flotilla` binary running `serve`, killed (with its browsers) on drop.
+pub struct ServeProcess {
+    pub child: Option<tokio::process::Child>,
+    pub api: Api,
+    pub data_dir: PathBuf,
+    pub stderr_log: PathBuf,
+}
+
+impl ServeProcess {
+    /// Starts `<binary> serve --listen 127.0.0.1:0 --data-dir <data_dir>` and
+    /// waits for its "control plane listening on" line.
+    pub async fn start(binary: &Path, data_dir: &Path, extra_env: &[(&str, &str)]) -> anyhow::Result<Self> {
+        let stderr_log = data_dir.with_extension("stderr.log");
+        let stderr = std::fs::OpenOptions::new().create(true).append(true).open(&stderr_log)?;
+        let mut command = tokio::process::Command::new(binary);
+        command
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data_dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(stderr))
+            .kill_on_drop(true);
+        for (key, value) in extra_env {
+            command.env(key, value);
+        }
+        let mut child = command.spawn().context("cannot start flotilla")?;
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let url = tokio::time::timeout(Duration::from_secs(60), async {
+            while let Some(line) = lines.next_line().await? {
+                if let Some(url) = line.strip_prefix("control plane listening on ") {
+                    return anyhow::Ok(url.trim().to_owned());
+                }
+            }
+            bail!("flotilla exited before listening; see {}", stderr_log.display())
+        })
+        .await
+        .context("flotilla did not start within 60 s")??;
+        // Keep reading stdout so the child never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(Self {
+            child: Some(child),
+            api: Api::new(url),
+            data_dir: data_dir.to_path_buf(),
+            stderr_log,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().and_then(|c| c.id()).expect("running")
+    }
+
+    /// Sends `signal` and waits (up to 60 s) for the exit; returns the exit code.
+    pub async fn stop_with(&mut self, signal: i32) -> Option<i32> {
+        let mut child = self.child.take()?;
+        if let Some(pid) = child.id() {
+            // SAFETY: kill has no memory-safety preconditions.
+            unsafe {
+                libc::kill(pid as i32, signal);
+            }
+        }
+        let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+            .await
+            .expect("flotilla exits within 60 s of a signal")
+            .expect("wait");
+        status.code()
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.start_kill();
+        }
+        let instances = self.data_dir.join("agent/instances");
+        flotilla_node_agent::sweep::sweep(&instances);
+    }
+}
