@@ -5,55 +5,117 @@
 use flotilla_testkit::{StatusCode, spawn_sim_serve};
 use serde_json::Value;
 
-fn assert_error(status: StatusCode, body: &Value, want_status: StatusCode, code: &str, mention: &str) {
+fn assert_error(
+    status: StatusCode,
+    body: &Value,
+    want_status: StatusCode,
+    code: &str,
+    mention: &str,
+) {
     assert_eq!(status, want_status, "{body}");
     assert_eq!(body["code"], code, "{body}");
     let detail = body["detail"].as_str().expect("detail is a string");
-    assert!(detail.contains(mention), "detail {detail:?} should mention {mention:?}");
-    assert_eq!(body.as_object().unwrap().len(), 2, "only detail and code: {body}");
+    assert!(
+        detail.contains(mention),
+        "detail {detail:?} should mention {mention:?}"
+    );
+    assert_eq!(
+        body.as_object().unwrap().len(),
+        2,
+        "only detail and code: {body}"
+    );
 }
 
 #[tokio::test]
 async fn create_answers_exactly_the_create_fields_with_defaults_applied() {
     let serve = spawn_sim_serve(10).await;
     let created = serve.api.create("{}").await;
-    let mut keys: Vec<&str> = created.as_object().unwrap().keys().map(String::as_str).collect();
+    let mut keys: Vec<&str> = created
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
     keys.sort_unstable();
     assert_eq!(
         keys,
-        ["created_at", "debug_port", "http_port", "id", "node_id", "status", "stream_port", "subdomain", "urls"]
+        [
+            "created_at",
+            "debug_port",
+            "http_port",
+            "id",
+            "node_id",
+            "status",
+            "stream_port",
+            "subdomain",
+            "urls"
+        ]
     );
     assert!(["creating", "running"].contains(&created["status"].as_str().unwrap()));
     assert_eq!(created["node_id"], "test-node");
     let id = created["id"].as_str().unwrap();
     let debug_port = created["debug_port"].as_u64().unwrap();
-    assert_eq!(created["urls"]["debug"], format!("ws://127.0.0.1:{debug_port}/devtools/browser/{id}"));
+    assert_eq!(
+        created["urls"]["debug"],
+        format!("ws://127.0.0.1:{debug_port}/devtools/browser/{id}")
+    );
     assert_eq!(
         created["urls"]["stream"],
-        format!("http://127.0.0.1:{}/", created["stream_port"].as_u64().unwrap())
+        format!(
+            "http://127.0.0.1:{}/",
+            created["stream_port"].as_u64().unwrap()
+        )
     );
     assert_eq!(created["subdomain"], id.replace('-', ""));
 
-    let detail = serve.api.wait_for_status(id, "running", flotilla_testkit::BROWSER_DEADLINE).await;
+    let detail = serve
+        .api
+        .wait_for_status(id, "running", flotilla_testkit::BROWSER_DEADLINE)
+        .await;
     assert_eq!(detail["image"], "ubuntu:22.04");
     assert_eq!(
         detail["config"],
         serde_json::json!({"memory_gb": 2.0, "cpu_cores": 2, "disk_gb": 10.0, "idle_timeout_minutes": 30, "auto_snapshot": true})
     );
-    for key in ["http_port", "resources", "activity", "created_at", "subdomain", "debug_port", "stream_port"] {
+    for key in [
+        "http_port",
+        "resources",
+        "activity",
+        "created_at",
+        "subdomain",
+        "debug_port",
+        "stream_port",
+    ] {
         assert!(detail.get(key).is_some(), "get lacks {key}: {detail}");
     }
-    assert!(detail.get("urls").is_none(), "urls belong to the create response only");
+    assert!(
+        detail.get("urls").is_none(),
+        "urls belong to the create response only"
+    );
     assert!(detail["activity"]["idle_minutes"].as_f64().unwrap() >= 0.0);
-    assert!(detail["activity"]["last_activity"].as_str().unwrap().ends_with('Z'));
+    assert!(
+        detail["activity"]["last_activity"]
+            .as_str()
+            .unwrap()
+            .ends_with('Z')
+    );
 
     let partial = serve
         .api
         .create(r#"{"config": {"memory_gb": 1.5, "auto_snapshot": false}}"#)
         .await;
-    let (_, detail) = serve.api.get(&format!("/v2/instances/{}", partial["id"].as_str().unwrap())).await;
+    let (_, detail) = serve
+        .api
+        .get(&format!(
+            "/v2/instances/{}",
+            partial["id"].as_str().unwrap()
+        ))
+        .await;
     assert_eq!(detail["config"]["memory_gb"], 1.5);
-    assert_eq!(detail["config"]["cpu_cores"], 2, "unspecified members take the spec's defaults");
+    assert_eq!(
+        detail["config"]["cpu_cores"], 2,
+        "unspecified members take the spec's defaults"
+    );
     assert_eq!(detail["config"]["auto_snapshot"], false);
 }
 
@@ -74,8 +136,14 @@ async fn invalid_create_bodies_are_400_naming_the_field() {
         (r#"{"config": {"cpu_cores": 1.5}}"#, "config.cpu_cores"),
         (r#"{"config": {"disk_gb": 0}}"#, "config.disk_gb"),
         (r#"{"config": {"disk_gb": -10}}"#, "config.disk_gb"),
-        (r#"{"config": {"idle_timeout_minutes": -1}}"#, "config.idle_timeout_minutes"),
-        (r#"{"config": {"auto_snapshot": "yes"}}"#, "config.auto_snapshot"),
+        (
+            r#"{"config": {"idle_timeout_minutes": -1}}"#,
+            "config.idle_timeout_minutes",
+        ),
+        (
+            r#"{"config": {"auto_snapshot": "yes"}}"#,
+            "config.auto_snapshot",
+        ),
         (r#"{"config": {"gpu": true}}"#, "gpu"),
         (r#"{"image": "windows:11"}"#, "image"),
         (r#"{"image": ""}"#, "image"),
@@ -84,7 +152,13 @@ async fn invalid_create_bodies_are_400_naming_the_field() {
     ];
     for (body, mention) in cases {
         let (status, value) = serve.api.post("/v2/instances", body).await;
-        assert_error(status, &value, StatusCode::BAD_REQUEST, "invalid_request", mention);
+        assert_error(
+            status,
+            &value,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            mention,
+        );
     }
     let (_, list) = serve.api.get("/v2/instances").await;
     assert_eq!(list["total"], 0, "no rejected request left a record");
@@ -93,16 +167,49 @@ async fn invalid_create_bodies_are_400_naming_the_field() {
 #[tokio::test]
 async fn full_node_gives_503_insufficient_capacity() {
     let serve = spawn_sim_serve(2).await;
-    let (status, value) = serve.api.post("/v2/instances", r#"{"config": {"memory_gb": 1000}}"#).await;
-    assert_error(status, &value, StatusCode::SERVICE_UNAVAILABLE, "insufficient_capacity", "memory");
-    let (status, value) = serve.api.post("/v2/instances", r#"{"config": {"cpu_cores": 256}}"#).await;
-    assert_error(status, &value, StatusCode::SERVICE_UNAVAILABLE, "insufficient_capacity", "cpu_cores");
+    let (status, value) = serve
+        .api
+        .post("/v2/instances", r#"{"config": {"memory_gb": 1000}}"#)
+        .await;
+    assert_error(
+        status,
+        &value,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "insufficient_capacity",
+        "memory",
+    );
+    let (status, value) = serve
+        .api
+        .post("/v2/instances", r#"{"config": {"cpu_cores": 256}}"#)
+        .await;
+    assert_error(
+        status,
+        &value,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "insufficient_capacity",
+        "cpu_cores",
+    );
     serve.api.create("{}").await;
     serve.api.create("{}").await;
     let (status, value) = serve.api.post("/v2/instances", "{}").await;
-    assert_error(status, &value, StatusCode::SERVICE_UNAVAILABLE, "insufficient_capacity", "full");
-    let (status, value) = serve.api.post("/v2/instances", r#"{"node_preference": "test-node"}"#).await;
-    assert_error(status, &value, StatusCode::SERVICE_UNAVAILABLE, "insufficient_capacity", "test-node");
+    assert_error(
+        status,
+        &value,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "insufficient_capacity",
+        "full",
+    );
+    let (status, value) = serve
+        .api
+        .post("/v2/instances", r#"{"node_preference": "test-node"}"#)
+        .await;
+    assert_error(
+        status,
+        &value,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "insufficient_capacity",
+        "test-node",
+    );
 
     // Deleting frees the slot.
     let (_, list) = serve.api.get("/v2/instances").await;
@@ -122,16 +229,52 @@ async fn unknown_ids_paths_and_methods() {
     let (status, value) = serve.api.get("/v2/nodes/nope").await;
     assert_error(status, &value, StatusCode::NOT_FOUND, "not_found", "nope");
     let (status, value) = serve.api.get("/v3/things").await;
-    assert_error(status, &value, StatusCode::NOT_FOUND, "not_found", "/v3/things");
-    let (status, value) = serve.api.call(reqwest::Method::PUT, "/v2/instances", Some("{}")).await;
-    assert_error(status, &value, StatusCode::METHOD_NOT_ALLOWED, "invalid_request", "PUT");
+    assert_error(
+        status,
+        &value,
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "/v3/things",
+    );
+    let (status, value) = serve
+        .api
+        .call(reqwest::Method::PUT, "/v2/instances", Some("{}"))
+        .await;
+    assert_error(
+        status,
+        &value,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request",
+        "PUT",
+    );
     let created = serve.api.create("{}").await;
     let id = created["id"].as_str().unwrap();
-    let (status, value) = serve.api.delete(&format!("/v2/instances/{id}?force=maybe")).await;
-    assert_error(status, &value, StatusCode::BAD_REQUEST, "invalid_request", "force");
-    let (status, value) = serve.api.delete(&format!("/v2/instances/{id}?forse=true")).await;
-    assert_error(status, &value, StatusCode::BAD_REQUEST, "invalid_request", "forse");
-    let (status, value) = serve.api.delete(&format!("/v2/instances/{id}?force=true")).await;
+    let (status, value) = serve
+        .api
+        .delete(&format!("/v2/instances/{id}?force=maybe"))
+        .await;
+    assert_error(
+        status,
+        &value,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "force",
+    );
+    let (status, value) = serve
+        .api
+        .delete(&format!("/v2/instances/{id}?forse=true"))
+        .await;
+    assert_error(
+        status,
+        &value,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "forse",
+    );
+    let (status, value) = serve
+        .api
+        .delete(&format!("/v2/instances/{id}?force=true"))
+        .await;
     assert_eq!(status, StatusCode::OK, "{value}");
     assert!(value["message"].as_str().unwrap().contains(id));
     let (status, _) = serve.api.get(&format!("/v2/instances/{id}")).await;
@@ -143,39 +286,105 @@ async fn list_filters_sorts_and_pages() {
     let serve = spawn_sim_serve(30).await;
     let mut ids = Vec::new();
     for _ in 0..12 {
-        ids.push(serve.api.create("{}").await["id"].as_str().unwrap().to_owned());
+        ids.push(
+            serve.api.create("{}").await["id"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        );
     }
     for id in &ids {
-        serve.api.wait_for_status(id, "running", flotilla_testkit::BROWSER_DEADLINE).await;
+        serve
+            .api
+            .wait_for_status(id, "running", flotilla_testkit::BROWSER_DEADLINE)
+            .await;
     }
     let (status, page) = serve.api.get("/v2/instances").await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!((page["total"].as_i64(), page["limit"].as_i64(), page["offset"].as_i64()), (Some(12), Some(100), Some(0)));
-    let listed: Vec<&str> = page["instances"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap()).collect();
+    assert_eq!(
+        (
+            page["total"].as_i64(),
+            page["limit"].as_i64(),
+            page["offset"].as_i64()
+        ),
+        (Some(12), Some(100), Some(0))
+    );
+    let listed: Vec<&str> = page["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["id"].as_str().unwrap())
+        .collect();
     let mut newest_first = ids.clone();
     newest_first.reverse();
     assert_eq!(listed, newest_first, "default sort is created_at_desc");
     let item = &page["instances"][0];
-    let mut keys: Vec<&str> = item.as_object().unwrap().keys().map(String::as_str).collect();
+    let mut keys: Vec<&str> = item
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
     keys.sort_unstable();
-    assert_eq!(keys, ["created_at", "debug_port", "id", "node_id", "resources", "status", "stream_port", "subdomain"]);
-    let resource_keys: Vec<&str> = item["resources"].as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        [
+            "created_at",
+            "debug_port",
+            "id",
+            "node_id",
+            "resources",
+            "status",
+            "stream_port",
+            "subdomain"
+        ]
+    );
+    let resource_keys: Vec<&str> = item["resources"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
     assert_eq!(resource_keys, ["cpu_percent", "disk_mb", "memory_mb"]);
 
-    let (_, page) = serve.api.get("/v2/instances?sort=created_at_asc&limit=5&offset=5").await;
-    let listed: Vec<&str> = page["instances"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap()).collect();
-    assert_eq!(listed, ids[5..10].iter().map(String::as_str).collect::<Vec<_>>());
-    assert_eq!((page["total"].as_i64(), page["limit"].as_i64(), page["offset"].as_i64()), (Some(12), Some(5), Some(5)));
+    let (_, page) = serve
+        .api
+        .get("/v2/instances?sort=created_at_asc&limit=5&offset=5")
+        .await;
+    let listed: Vec<&str> = page["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        listed,
+        ids[5..10].iter().map(String::as_str).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        (
+            page["total"].as_i64(),
+            page["limit"].as_i64(),
+            page["offset"].as_i64()
+        ),
+        (Some(12), Some(5), Some(5))
+    );
 
     let (_, page) = serve.api.get("/v2/instances?offset=100").await;
     assert_eq!(page["instances"].as_array().unwrap().len(), 0);
     assert_eq!(page["total"], 12);
 
-    let (_, page) = serve.api.get("/v2/instances?status=running&node_id=test-node&sort=memory_desc").await;
+    let (_, page) = serve
+        .api
+        .get("/v2/instances?status=running&node_id=test-node&sort=memory_desc")
+        .await;
     assert_eq!(page["total"], 12);
     let (_, page) = serve.api.get("/v2/instances?status=dormant").await;
     assert_eq!(page["total"], 0);
-    let (_, page) = serve.api.get("/v2/instances?node_id=elsewhere&sort=cpu_desc").await;
+    let (_, page) = serve
+        .api
+        .get("/v2/instances?node_id=elsewhere&sort=cpu_desc")
+        .await;
     assert_eq!(page["total"], 0);
 
     for (query, mention) in [
@@ -190,7 +399,13 @@ async fn list_filters_sorts_and_pages() {
         ("page=2", "page"),
     ] {
         let (status, value) = serve.api.get(&format!("/v2/instances?{query}")).await;
-        assert_error(status, &value, StatusCode::BAD_REQUEST, "invalid_request", mention);
+        assert_error(
+            status,
+            &value,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            mention,
+        );
     }
     let (status, page) = serve.api.get("/v2/instances?limit=1000").await;
     assert_eq!(status, StatusCode::OK);
@@ -208,8 +423,16 @@ async fn nodes_and_health() {
     assert_eq!(node["status"], "online");
     assert_eq!(node["max_instances"], 7);
     assert_eq!(node["instances_count"], 1);
-    assert!(node["address"].as_str().unwrap().starts_with("http://127.0.0.1:"));
-    assert!(node.get("capabilities").is_none(), "capabilities are node detail only");
+    assert!(
+        node["address"]
+            .as_str()
+            .unwrap()
+            .starts_with("http://127.0.0.1:")
+    );
+    assert!(
+        node.get("capabilities").is_none(),
+        "capabilities are node detail only"
+    );
     for key in ["cpu_percent", "memory_percent", "disk_percent"] {
         assert!(node["resources"][key].is_number(), "{node}");
     }
@@ -237,23 +460,39 @@ async fn openapi_document_and_swagger_ui_are_served_offline() {
     let serve = spawn_sim_serve(1).await;
     let (status, doc) = serve.api.get("/openapi.json").await;
     assert_eq!(status, StatusCode::OK);
-    assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"), "{}", doc["openapi"]);
+    assert!(
+        doc["openapi"].as_str().unwrap().starts_with("3.1"),
+        "{}",
+        doc["openapi"]
+    );
     assert_eq!(doc["info"]["version"], "2.0.0");
-    for path in ["/health", "/v2/instances", "/v2/instances/{instance_id}", "/v2/nodes", "/v2/nodes/{node_id}"] {
+    for path in [
+        "/health",
+        "/v2/instances",
+        "/v2/instances/{instance_id}",
+        "/v2/nodes",
+        "/v2/nodes/{node_id}",
+    ] {
         assert!(doc["paths"].get(path).is_some(), "missing {path}");
     }
     let create = &doc["paths"]["/v2/instances"]["post"]["responses"];
     for code in ["201", "400", "503"] {
         assert!(create.get(code).is_some(), "create lacks {code}");
     }
-    assert_eq!(doc["components"]["securitySchemes"]["bearer"]["scheme"], "bearer");
+    assert_eq!(
+        doc["components"]["securitySchemes"]["bearer"]["scheme"],
+        "bearer"
+    );
     let config = &doc["components"]["schemas"]["InstanceConfig"]["properties"];
     assert_eq!(config["memory_gb"]["default"], 2.0);
     assert_eq!(config["idle_timeout_minutes"]["default"], 30);
 
     let (status, page) = serve.api.get("/docs/").await;
     assert_eq!(status, StatusCode::OK);
-    assert!(page.as_str().unwrap().contains("swagger"), "Swagger UI page");
+    assert!(
+        page.as_str().unwrap().contains("swagger"),
+        "Swagger UI page"
+    );
     let (status, _) = serve.api.get("/docs/swagger-ui-bundle.js").await;
     assert_eq!(status, StatusCode::OK, "Swagger UI assets are embedded");
 }

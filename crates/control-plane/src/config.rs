@@ -21,10 +21,9 @@ pub struct ControlPlaneConfig {
     pub scheduler: SchedulerConfig,
 }
 
-
 /// `[nodes]`: heartbeats and node health.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default)]
 pub struct NodesConfig {
     /// Seconds between an agent's heartbeats (told to agents when they register).
     pub heartbeat_interval_sec: f64,
@@ -43,7 +42,7 @@ impl Default for NodesConfig {
 
 /// `[store]`: where instance and node records live.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default)]
 pub struct StoreConfig {
     /// `sqlite://<path>` or `postgres://…`; default `sqlite://<data_dir>/flotilla.db`.
     pub database_url: Option<String>,
@@ -62,7 +61,7 @@ impl Default for StoreConfig {
 
 /// `[scheduler]`: placement.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default)]
 pub struct SchedulerConfig {
     /// Candidates compared per placement (best-of-K by free capacity).
     pub candidates: usize,
@@ -88,7 +87,9 @@ impl ControlPlaneConfig {
         if self.nodes.heartbeat_interval_sec.is_nan() || self.nodes.heartbeat_interval_sec <= 0.0 {
             return Err("nodes.heartbeat_interval_sec must be > 0".into());
         }
-        if self.nodes.heartbeat_timeout_sec.is_nan() || self.nodes.heartbeat_timeout_sec <= self.nodes.heartbeat_interval_sec {
+        if self.nodes.heartbeat_timeout_sec.is_nan()
+            || self.nodes.heartbeat_timeout_sec <= self.nodes.heartbeat_interval_sec
+        {
             return Err(format!(
                 "nodes.heartbeat_timeout_sec ({}) must be greater than nodes.heartbeat_interval_sec ({})",
                 self.nodes.heartbeat_timeout_sec, self.nodes.heartbeat_interval_sec

@@ -98,6 +98,9 @@ impl Agent {
     ) -> anyhow::Result<Agent> {
         settings.config.validate().map_err(anyhow::Error::msg)?;
         let node_id = NodeId::new(settings.config.node_id.clone().unwrap_or_else(hostname));
+        if settings.config.runtime == RuntimeKind::Chromium {
+            crate::browser::become_subreaper();
+        }
         let instances_root = settings.data_dir.join("instances");
         let swept = sweep::sweep(&instances_root);
         if swept.processes > 0 || swept.directories > 0 {
@@ -492,7 +495,14 @@ impl Agent {
     /// For `Drop` paths (a test that panicked); [`Agent::shutdown`] is the graceful way.
     pub fn kill_all(&self) {
         self.inner.shutdown.cancel();
-        let slots: Vec<_> = self.inner.slots.lock().expect("slots lock").drain().map(|(_, s)| s).collect();
+        let slots: Vec<_> = self
+            .inner
+            .slots
+            .lock()
+            .expect("slots lock")
+            .drain()
+            .map(|(_, s)| s)
+            .collect();
         for slot in slots {
             slot.mark_stopping();
             slot.servers.cancel();
@@ -557,9 +567,10 @@ fn launch_args(config: &AgentConfig) -> Vec<String> {
 
 fn remove_dir(path: &Path) {
     if let Err(error) = std::fs::remove_dir_all(path)
-        && error.kind() != std::io::ErrorKind::NotFound {
-            tracing::warn!(path = %path.display(), %error, "cannot remove instance directory");
-        }
+        && error.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(path = %path.display(), %error, "cannot remove instance directory");
+    }
 }
 
 fn hostname() -> String {

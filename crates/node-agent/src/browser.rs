@@ -132,8 +132,10 @@ impl BrowserProcess {
                 Ok(status) => describe_exit(status),
                 Err(e) => format!("wait failed: {e}"),
             };
-            // Helpers (zygote, renderers, GPU/network services) share the group.
+            // Helpers (zygote, renderers, GPU/network services) share the group:
+            // kill them and report the exit only once the whole group is gone.
             kill_group(pid, libc::SIGKILL);
+            reap_group(pid, Duration::from_secs(5)).await;
             let _ = exit_tx.send(Some(description));
         });
         Ok(Self {
@@ -206,9 +208,10 @@ impl BrowserProcess {
                 });
             }
             if let Some(endpoint) = read_port_file(&port_file)
-                && probe_version(endpoint.port).await {
-                    return Ok(Some(endpoint));
-                }
+                && probe_version(endpoint.port).await
+            {
+                return Ok(Some(endpoint));
+            }
             if Instant::now() >= deadline {
                 return Err(LaunchError::Timeout(timeout));
             }
@@ -260,9 +263,10 @@ impl Drop for BrowserProcess {
     fn drop(&mut self) {
         // Never leave a browser behind, whatever path dropped its handle.
         if let Some(pid) = self.pid
-            && self.exit.borrow().is_none() {
-                kill_group(pid, libc::SIGKILL);
-            }
+            && self.exit.borrow().is_none()
+        {
+            kill_group(pid, libc::SIGKILL);
+        }
     }
 }
 
@@ -339,13 +343,79 @@ pub fn log_tail(path: &Path) -> String {
 
 pub(crate) fn kill_group(pgid: u32, signal: i32) {
     if let Ok(pgid) = i32::try_from(pgid)
-        && pgid > 1 {
-            // SAFETY: killpg has no memory-safety preconditions; a stale group
-            // only yields ESRCH, which we ignore.
-            unsafe {
-                libc::killpg(pgid, signal);
-            }
+        && pgid > 1
+    {
+        // SAFETY: killpg has no memory-safety preconditions; a stale group
+        // only yields ESRCH, which we ignore.
+        unsafe {
+            libc::killpg(pgid, signal);
         }
+    }
+}
+
+/// Makes this process the reaper of its orphaned descendants, so that a dead
+/// browser's helpers are reaped here at once (instead of lingering as zombies
+/// until PID 1 gets to them). Idempotent.
+pub fn become_subreaper() {
+    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes plain integers.
+    let result = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    if result != 0 {
+        tracing::warn!(error = %std::io::Error::last_os_error(), "cannot become a child subreaper; browser helpers are reaped by PID 1");
+    }
+}
+
+/// Reaps the members of process group `pgid` that were reparented to us, until
+/// none is left alive (at most `limit`). Only this group is waited for, so the
+/// runtime's own child handling is untouched.
+async fn reap_group(pgid: u32, limit: Duration) {
+    let Ok(group) = i32::try_from(pgid) else {
+        return;
+    };
+    let deadline = Instant::now() + limit;
+    loop {
+        // SAFETY: waitpid with a null status pointer and WNOHANG does not block.
+        let reaped = unsafe { libc::waitpid(-group, std::ptr::null_mut(), libc::WNOHANG) };
+        if reaped > 0 {
+            continue;
+        }
+        if !group_has_live_member(pgid) || Instant::now() >= deadline {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Whether a process of group `pgid` exists that is not a zombie.
+fn group_has_live_member(pgid: u32) -> bool {
+    let Ok(group) = i32::try_from(pgid) else {
+        return false;
+    };
+    // SAFETY: signal 0 only checks for existence.
+    if unsafe { libc::killpg(group, 0) } != 0 {
+        return false;
+    }
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.flatten().any(|entry| {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            return false;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return false;
+        };
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+            return false;
+        };
+        let mut fields = rest.split_whitespace();
+        let state = fields.next().unwrap_or("Z");
+        let member_group = fields.nth(1).and_then(|g| g.parse::<u32>().ok());
+        member_group == Some(pgid) && state != "Z" && state != "X"
+    })
 }
 
 pub(crate) fn is_root() -> bool {

@@ -123,11 +123,20 @@ pub struct ImageConfig {
     pub args: Vec<String>,
 }
 
-/// `[agent]` section (the runtime part; unknown keys are caught by the loader,
-/// since this struct is flattened into the section).
+/// `[agent]` section (unknown keys are caught by the configuration loader, which
+/// names them with their section).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct AgentConfig {
+    /// Agent API listen address (`flotilla agent --listen`; the local agent of `serve`).
+    pub listen: String,
+    /// The agent API's address as others reach it (`--advertise`); default from `listen`.
+    pub advertise: Option<String>,
+    /// Control plane URL (`flotilla agent --control-plane`).
+    pub control_plane_url: Option<String>,
+    /// Address instance ports listen on; default 127.0.0.1 when the public host
+    /// is a loopback address, else 0.0.0.0.
+    pub bind_address: Option<std::net::Ipv4Addr>,
     /// Node id; default: the machine's hostname.
     pub node_id: Option<String>,
     /// Instances this node holds at most (every state but failed and stopped).
@@ -159,6 +168,10 @@ pub struct AgentConfig {
 impl Default for AgentConfig {
     fn default() -> Self {
         Self {
+            listen: "127.0.0.1:0".into(),
+            advertise: None,
+            control_plane_url: None,
+            bind_address: None,
             node_id: None,
             max_instances: 20,
             port_range: PortRange {

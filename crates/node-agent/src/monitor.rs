@@ -61,9 +61,10 @@ impl ProcTable {
             .collect();
         while let Some(pid) = stack.pop() {
             if seen.insert(pid)
-                && let Some(kids) = self.children.get(&pid) {
-                    stack.extend(kids);
-                }
+                && let Some(kids) = self.children.get(&pid)
+            {
+                stack.extend(kids);
+            }
         }
         seen.into_iter().collect()
     }

@@ -37,7 +37,7 @@ pub struct FlotillaConfig {
     pub data_dir: PathBuf,
     #[serde(flatten)]
     pub control: ControlPlaneConfig,
-    pub agent: AgentSection,
+    pub agent: AgentConfig,
 }
 
 impl Default for FlotillaConfig {
@@ -46,36 +46,7 @@ impl Default for FlotillaConfig {
             listen: "127.0.0.1:8080".into(),
             data_dir: PathBuf::from("./data"),
             control: ControlPlaneConfig::default(),
-            agent: AgentSection::default(),
-        }
-    }
-}
-
-/// `[agent]`: the node agent's own settings plus how it is reached.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct AgentSection {
-    /// Agent API listen address (`flotilla agent --listen`; the local agent of `serve`).
-    pub listen: String,
-    /// The agent API's address as others reach it (`--advertise`); default from `listen`.
-    pub advertise: Option<String>,
-    /// Control plane URL (`flotilla agent --control-plane`).
-    pub control_plane_url: Option<String>,
-    /// Address instance ports listen on; default 127.0.0.1 when the public host
-    /// is a loopback address, else 0.0.0.0.
-    pub bind_address: Option<std::net::Ipv4Addr>,
-    #[serde(flatten)]
-    pub runtime: AgentConfig,
-}
-
-impl Default for AgentSection {
-    fn default() -> Self {
-        Self {
-            listen: "127.0.0.1:0".into(),
-            advertise: None,
-            control_plane_url: None,
-            bind_address: None,
-            runtime: AgentConfig::default(),
+            agent: AgentConfig::default(),
         }
     }
 }
@@ -122,7 +93,7 @@ impl FlotillaConfig {
     pub fn validate(&self) -> anyhow::Result<()> {
         self.listen_addr()?;
         self.control.validate().map_err(anyhow::Error::msg)?;
-        self.agent.runtime.validate().map_err(anyhow::Error::msg)?;
+        self.agent.validate().map_err(anyhow::Error::msg)?;
         Ok(())
     }
 
@@ -143,6 +114,21 @@ impl FlotillaConfig {
             .clone()
             .unwrap_or_else(|| format!("sqlite://{}/flotilla.db", self.data_dir.display()))
     }
+}
+
+/// Names the key of every error figment found.
+fn describe_figment_error(error: figment::Error) -> anyhow::Error {
+    let messages: Vec<String> = error
+        .into_iter()
+        .map(|e| {
+            if e.path.is_empty() {
+                e.kind.to_string()
+            } else {
+                format!("{}: {}", e.path.join("."), e.kind)
+            }
+        })
+        .collect();
+    anyhow::anyhow!("invalid configuration: {}", messages.join("; "))
 }
 
 fn merge_tables(into: &mut toml::Table, from: toml::Table) {
@@ -196,9 +182,10 @@ fn first_unknown_key(supplied: &toml::Table, known: &toml::Table, prefix: &str) 
             (toml::Value::Array(items), Some(toml::Value::Array(known_items))) => {
                 for (item, known_item) in items.iter().zip(known_items) {
                     if let (toml::Value::Table(a), toml::Value::Table(b)) = (item, known_item)
-                        && let Some(found) = first_unknown_key(a, b, &path) {
-                            return Some(found);
-                        }
+                        && let Some(found) = first_unknown_key(a, b, &path)
+                    {
+                        return Some(found);
+                    }
                 }
             }
             _ => {}
@@ -221,7 +208,7 @@ mod tests {
     fn defaults_need_no_file() {
         let config = FlotillaConfig::load(None, &[]).unwrap();
         assert_eq!(config.listen, "127.0.0.1:8080");
-        assert_eq!(config.agent.runtime.max_instances, 20);
+        assert_eq!(config.agent.max_instances, 20);
         assert!(config.database_url().starts_with("sqlite://./data/"));
     }
 
@@ -236,8 +223,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(config.listen, "127.0.0.1:0");
-        assert_eq!(config.agent.runtime.max_instances, 3);
-        assert_eq!(config.agent.runtime.port_range.first, 30000);
+        assert_eq!(config.agent.max_instances, 3);
+        assert_eq!(config.agent.port_range.first, 30000);
         assert_eq!(config.control.nodes.heartbeat_timeout_sec, 20.0);
     }
 
@@ -264,6 +251,12 @@ mod tests {
             FlotillaConfig::load(Some(file.path()), &[]).unwrap_err()
         );
         assert!(error.contains("port range"), "{error}");
+        let file = write("[agent]\nmax_instances = \"ten\"\n");
+        let error = format!(
+            "{:#}",
+            FlotillaConfig::load(Some(file.path()), &[]).unwrap_err()
+        );
+        assert!(error.contains("agent.max_instances"), "{error}");
         let file = write("[agent]\nmax_instances = 0\n");
         let error = format!(
             "{:#}",

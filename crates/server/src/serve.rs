@@ -60,12 +60,11 @@ impl Serve {
 
         let public_host = config
             .agent
-            .runtime
             .public_host
             .clone()
             .unwrap_or_else(|| default_public_host(control_addr.ip()));
         let settings = AgentSettings {
-            config: config.agent.runtime.clone(),
+            config: config.agent.clone(),
             data_dir: data_dir.join("agent"),
             address: config
                 .agent
@@ -123,7 +122,9 @@ impl Serve {
         }
         self.agent.shutdown().await;
         // The local pairing references both ways; detaching ends the cycle.
-        self.control_plane.node_connections().detach(self.agent.node_id());
+        self.control_plane
+            .node_connections()
+            .detach(self.agent.node_id());
         self.control_plane.store().close().await;
     }
 }

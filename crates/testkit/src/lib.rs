@@ -29,8 +29,9 @@ pub const BROWSER_DEADLINE: Duration = Duration::from_secs(60);
 pub fn init_logging() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tower_http=warn,sqlx=warn")),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("info,tower_http=warn,sqlx=warn")
+            }),
         )
         .with_test_writer()
         .try_init();
@@ -47,7 +48,11 @@ pub fn workspace_root() -> PathBuf {
 
 /// Polls `check` every 50 ms until it yields `Some`, or fails after `deadline`
 /// with `what` and the last observation.
-pub async fn wait_until<T, F, Fut>(deadline: Duration, what: &str, mut check: F) -> anyhow::Result<T>
+pub async fn wait_until<T, F, Fut>(
+    deadline: Duration,
+    what: &str,
+    mut check: F,
+) -> anyhow::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Option<T>, String>>,
@@ -87,12 +92,22 @@ impl Api {
     }
 
     /// Any request; returns status and body as JSON (or `Value::String` for non-JSON).
-    pub async fn call(&self, method: reqwest::Method, path: &str, body: Option<&str>) -> (StatusCode, Value) {
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&str>,
+    ) -> (StatusCode, Value) {
         let mut request = self.http.request(method, format!("{}{path}", self.base));
         if let Some(body) = body {
-            request = request.header("content-type", "application/json").body(body.to_owned());
+            request = request
+                .header("content-type", "application/json")
+                .body(body.to_owned());
         }
-        let response = request.send().await.expect("request reaches the control plane");
+        let response = request
+            .send()
+            .await
+            .expect("request reaches the control plane");
         let status = response.status();
         let text = response.text().await.unwrap_or_default();
         let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
@@ -121,20 +136,24 @@ impl Api {
     /// Waits until the instance has `status` (fails early on failed/stopped).
     pub async fn wait_for_status(&self, id: &str, status: &str, deadline: Duration) -> Value {
         let path = format!("/v2/instances/{id}");
-        wait_until(deadline, &format!("instance {id} to be {status}"), || async {
-            let (code, value) = self.get(&path).await;
-            if code != StatusCode::OK {
-                return Err(format!("GET {path} → {code}: {value}"));
-            }
-            let now = value["status"].as_str().unwrap_or_default();
-            if now == status {
-                return Ok(Some(value));
-            }
-            if status != now && ["failed", "stopped"].contains(&now) {
-                panic!("instance {id} is {now} instead of {status}: {value}");
-            }
-            Err(format!("status {now}"))
-        })
+        wait_until(
+            deadline,
+            &format!("instance {id} to be {status}"),
+            || async {
+                let (code, value) = self.get(&path).await;
+                if code != StatusCode::OK {
+                    return Err(format!("GET {path} → {code}: {value}"));
+                }
+                let now = value["status"].as_str().unwrap_or_default();
+                if now == status {
+                    return Ok(Some(value));
+                }
+                if status != now && ["failed", "stopped"].contains(&now) {
+                    panic!("instance {id} is {now} instead of {status}: {value}");
+                }
+                Err(format!("status {now}"))
+            },
+        )
         .await
         .unwrap()
     }
@@ -168,7 +187,7 @@ pub async fn spawn_serve_with(adjust: impl FnOnce(&mut FlotillaConfig)) -> TestS
     };
     config.control.nodes.heartbeat_interval_sec = 0.5;
     config.control.nodes.heartbeat_timeout_sec = 30.0;
-    config.agent.runtime.node_id = Some("test-node".into());
+    config.agent.node_id = Some("test-node".into());
     adjust(&mut config);
     let serve = Serve::start(config).await.expect("serve starts");
     let api = Api::new(serve.control_url());
@@ -183,8 +202,8 @@ pub async fn spawn_serve_with(adjust: impl FnOnce(&mut FlotillaConfig)) -> TestS
 /// `serve` on the sim runtime (no browsers): for API and scheduling logic.
 pub async fn spawn_sim_serve(max_instances: i64) -> TestServe {
     spawn_serve_with(|config| {
-        config.agent.runtime.runtime = RuntimeKind::Sim;
-        config.agent.runtime.max_instances = max_instances;
+        config.agent.runtime = RuntimeKind::Sim;
+        config.agent.max_instances = max_instances;
     })
     .await
 }
@@ -196,7 +215,10 @@ impl TestServe {
 
     /// The instance directories root of the local agent.
     pub fn instances_dir(&self) -> PathBuf {
-        self.data_dir.canonicalize().unwrap_or(self.data_dir.clone()).join("agent/instances")
+        self.data_dir
+            .canonicalize()
+            .unwrap_or(self.data_dir.clone())
+            .join("agent/instances")
     }
 
     /// Graceful shutdown (browsers closed, records kept).
@@ -222,7 +244,11 @@ pub fn processes_mentioning(needle: &str) -> Vec<u32> {
         return pids;
     };
     for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
             continue;
         };
         if pid == std::process::id() {
@@ -249,9 +275,14 @@ pub async fn serve_page(pages: &[(&str, &str)]) -> PageServer {
     let mut router = axum::Router::new();
     for (path, html) in pages {
         let html = html.to_string();
-        router = router.route(path, axum::routing::get(move || async move { axum::response::Html(html) }));
+        router = router.route(
+            path,
+            axum::routing::get(move || async move { axum::response::Html(html) }),
+        );
     }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind page server");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind page server");
     let base = format!("http://{}", listener.local_addr().expect("addr"));
     let task = tokio::spawn(async move {
         let _ = axum::serve(listener, router).await;
@@ -299,7 +330,8 @@ pub async fn run_node(script: &str, args: &[&str]) -> anyhow::Result<Value> {
         bail!("{script} failed ({status}):\n{stderr}\n{stdout}");
     }
     let last = stdout.lines().last().unwrap_or_default();
-    serde_json::from_str(last).with_context(|| format!("{script} printed no JSON: {stdout}\n{stderr}"))
+    serde_json::from_str(last)
+        .with_context(|| format!("{script} printed no JSON: {stdout}\n{stderr}"))
 }
 
 /// The real `flotilla` binary running `serve`, killed (with its browsers) on drop.
@@ -313,9 +345,16 @@ pub struct ServeProcess {
 impl ServeProcess {
     /// Starts `<binary> serve --listen 127.0.0.1:0 --data-dir <data_dir>` and
     /// waits for its "control plane listening on" line.
-    pub async fn start(binary: &Path, data_dir: &Path, extra_env: &[(&str, &str)]) -> anyhow::Result<Self> {
+    pub async fn start(
+        binary: &Path,
+        data_dir: &Path,
+        extra_env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
         let stderr_log = data_dir.with_extension("stderr.log");
-        let stderr = std::fs::OpenOptions::new().create(true).append(true).open(&stderr_log)?;
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&stderr_log)?;
         let mut command = tokio::process::Command::new(binary);
         command
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
@@ -334,7 +373,10 @@ impl ServeProcess {
                     return anyhow::Ok(url.trim().to_owned());
                 }
             }
-            bail!("flotilla exited before listening; see {}", stderr_log.display())
+            bail!(
+                "flotilla exited before listening; see {}",
+                stderr_log.display()
+            )
         })
         .await
         .context("flotilla did not start within 60 s")??;

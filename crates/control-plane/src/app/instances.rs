@@ -85,11 +85,12 @@ impl ControlPlane {
         let config = request.config.unwrap_or_default();
         validate_config(&config)?;
         if let Some(node) = &request.node_preference
-            && node.as_str().is_empty() {
-                return Err(Error::InvalidRequest(
-                    "node_preference must be a node id, not empty".into(),
-                ));
-            }
+            && node.as_str().is_empty()
+        {
+            return Err(Error::InvalidRequest(
+                "node_preference must be a node id, not empty".into(),
+            ));
+        }
         let nodes = self.store.node_list().await?;
         let occupancy: HashMap<_, _> = self.store.node_occupancy().await?.into_iter().collect();
         let placement = PlacementRequest {

@@ -98,14 +98,15 @@ impl ControlPlane {
             .map(|r| r.id.clone())
             .collect();
         if !strays.is_empty()
-            && let Some(connection) = self.nodes.get(&registration.node_id) {
-                tokio::spawn(async move {
-                    for id in strays {
-                        tracing::warn!(instance = %id, "stopping an instance the store no longer has");
-                        let _ = connection.instance_delete(&id, true).await;
-                    }
-                });
-            }
+            && let Some(connection) = self.nodes.get(&registration.node_id)
+        {
+            tokio::spawn(async move {
+                for id in strays {
+                    tracing::warn!(instance = %id, "stopping an instance the store no longer has");
+                    let _ = connection.instance_delete(&id, true).await;
+                }
+            });
+        }
         self.store
             .instance_record_usage(&registration.node_id, &registration.instances)
             .await?;

@@ -23,7 +23,11 @@ fn describe<E: std::fmt::Display>(error: serde_path_to_error::Error<E>, what: &s
     if path == "." || path.is_empty() {
         format!("invalid {what}: {inner}")
     } else if inner.starts_with("unknown field") {
-        format!("invalid {what}: {inner} (in {path})")
+        // The path ends with the unknown key itself; name where it was found.
+        match path.rsplit_once('.') {
+            Some((parent, _)) => format!("invalid {what}: {inner} (in {parent})"),
+            None => format!("invalid {what}: {inner}"),
+        }
     } else {
         format!("invalid {what}: {path}: {inner}")
     }
@@ -32,7 +36,9 @@ fn describe<E: std::fmt::Display>(error: serde_path_to_error::Error<E>, what: &s
 fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
     // serde would also accept a struct written as a JSON array; bodies are objects.
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-        return Err(Error::InvalidRequest("invalid request body: expected a JSON object".into()));
+        return Err(Error::InvalidRequest(
+            "invalid request body: expected a JSON object".into(),
+        ));
     }
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut deserializer)

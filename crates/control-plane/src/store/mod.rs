@@ -79,18 +79,31 @@ impl Store {
         };
         let open_error = || format!("cannot open the store at {}", redact_url(&url));
         let writer = match backend {
-            Backend::Sqlite => pool_options(1).connect_with(options.clone()).await.with_context(open_error)?,
-            Backend::Postgres => pool_options(max_connections).connect_with(options.clone()).await.with_context(open_error)?,
+            Backend::Sqlite => pool_options(1)
+                .connect_with(options.clone())
+                .await
+                .with_context(open_error)?,
+            Backend::Postgres => pool_options(max_connections)
+                .connect_with(options.clone())
+                .await
+                .with_context(open_error)?,
         };
         MIGRATOR
             .run(&writer)
             .await
             .context("cannot apply store migrations")?;
         let pool = match backend {
-            Backend::Sqlite => pool_options(max_connections).connect_with(options).await.with_context(open_error)?,
+            Backend::Sqlite => pool_options(max_connections)
+                .connect_with(options)
+                .await
+                .with_context(open_error)?,
             Backend::Postgres => writer.clone(),
         };
-        Ok(Self { pool, writer, backend })
+        Ok(Self {
+            pool,
+            writer,
+            backend,
+        })
     }
 
     pub fn backend(&self) -> Backend {
@@ -133,11 +146,11 @@ fn prepare_sqlite_url(url: &str) -> anyhow::Result<String> {
         );
     }
     if let Some(parent) = std::path::Path::new(path).parent()
-        && !parent.as_os_str().is_empty() {
-            std::fs::create_dir_all(parent).with_context(|| {
-                format!("cannot create the store directory {}", parent.display())
-            })?;
-        }
+        && !parent.as_os_str().is_empty()
+    {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create the store directory {}", parent.display()))?;
+    }
     let query = if query.contains("mode=") {
         query.to_owned()
     } else if query.is_empty() {

@@ -1,0 +1,308 @@
+//! Real Chromium behind the /v2 API: create → running → drive through
+//! `urls.debug` (raw CDP, Playwright, Puppeteer) → delete → nothing left.
+
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
+
+use flotilla_testkit::{
+    BROWSER_DEADLINE, StatusCode, processes_mentioning, run_node, serve_page, spawn_serve,
+    spawn_serve_with, wait_until,
+};
+
+/// Sends one CDP command over a fresh WebSocket and returns its result.
+async fn cdp_call(ws_url: &str, method: &str, params: Value) -> Value {
+    let (mut socket, _) = tokio_tungstenite::connect_async(ws_url)
+        .await
+        .expect("CDP connects through the gateway");
+    socket
+        .send(Message::Text(
+            json!({"id": 1, "method": method, "params": params})
+                .to_string()
+                .into(),
+        ))
+        .await
+        .unwrap();
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(30), socket.next())
+            .await
+            .expect("CDP answers")
+            .expect("socket open")
+            .unwrap();
+        if let Message::Text(text) = message {
+            let value: Value = serde_json::from_str(&text).unwrap();
+            if value["id"] == 1 {
+                return value["result"].clone();
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn browser_create_drive_with_cdp_playwright_puppeteer_then_delete() {
+    let serve = spawn_serve().await;
+    let pages = serve_page(&[(
+        "/hello",
+        "<html><head><title>Hello Flotilla</title></head><body>hi</body></html>",
+    )])
+    .await;
+    let created = serve.api.create("{}").await;
+    let id = created["id"].as_str().unwrap().to_owned();
+    let debug_url = created["urls"]["debug"].as_str().unwrap().to_owned();
+    let debug_port = created["debug_port"].as_u64().unwrap();
+    serve
+        .api
+        .wait_for_status(&id, "running", BROWSER_DEADLINE)
+        .await;
+
+    // Raw CDP through the gateway.
+    let version = cdp_call(&debug_url, "Browser.getVersion", json!({})).await;
+    assert!(
+        version["product"].as_str().unwrap().contains("Chrome"),
+        "{version}"
+    );
+
+    // /json/version through the gateway shows the gateway's address.
+    let http = reqwest::Client::new();
+    let json_version: Value = http
+        .get(format!("http://127.0.0.1:{debug_port}/json/version"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let advertised = json_version["webSocketDebuggerUrl"].as_str().unwrap();
+    assert!(
+        advertised.starts_with(&format!("ws://127.0.0.1:{debug_port}/devtools/browser/")),
+        "{advertised}"
+    );
+    let tabs: Value = http
+        .get(format!("http://127.0.0.1:{debug_port}/json/list"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    for tab in tabs.as_array().unwrap() {
+        if let Some(ws) = tab["webSocketDebuggerUrl"].as_str() {
+            assert!(
+                ws.contains(&format!("127.0.0.1:{debug_port}")),
+                "every URL is rewritten: {ws}"
+            );
+        }
+    }
+
+    // Playwright and Puppeteer take urls.debug unchanged.
+    let page_url = format!("{}/hello", pages.base);
+    let playwright = run_node("playwright_title.mjs", &[&debug_url, &page_url])
+        .await
+        .unwrap();
+    assert_eq!(playwright["title"], "Hello Flotilla");
+    let puppeteer = run_node("puppeteer_title.mjs", &[&debug_url, &page_url])
+        .await
+        .unwrap();
+    assert_eq!(puppeteer["title"], "Hello Flotilla");
+    // Playwright's http form of the endpoint works too.
+    let http_form = format!("http://127.0.0.1:{debug_port}");
+    let playwright = run_node("playwright_title.mjs", &[&http_form, &page_url])
+        .await
+        .unwrap();
+    assert_eq!(playwright["title"], "Hello Flotilla");
+
+    // Resources arrive with heartbeats; activity moved with the traffic.
+    let instance_dir = serve.instances_dir().join(&id);
+    let detail = wait_until(BROWSER_DEADLINE, "resources to be sampled", || async {
+        let (_, detail) = serve.api.get(&format!("/v2/instances/{id}")).await;
+        let memory = detail["resources"]["memory_mb"].as_f64().unwrap_or(0.0);
+        let disk = detail["resources"]["disk_mb"].as_f64().unwrap_or(0.0);
+        if memory > 10.0 && disk > 0.0 {
+            Ok(Some(detail))
+        } else {
+            Err(format!("{}", detail["resources"]))
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        detail["activity"]["idle_minutes"].as_f64().unwrap() < 1.0,
+        "{detail}"
+    );
+    let (_, list) = serve.api.get("/v2/instances").await;
+    assert!(
+        list["instances"][0]["resources"]["memory_mb"]
+            .as_f64()
+            .unwrap()
+            > 10.0,
+        "{list}"
+    );
+
+    // Delete: graceful, and nothing is left behind.
+    let needle = instance_dir.display().to_string();
+    assert!(
+        !processes_mentioning(&needle).is_empty(),
+        "the browser runs under its instance directory"
+    );
+    let (status, message) = serve.api.delete(&format!("/v2/instances/{id}")).await;
+    assert_eq!(status, StatusCode::OK, "{message}");
+    assert!(message["message"].is_string());
+    wait_until(
+        Duration::from_secs(10),
+        "browser processes to be gone",
+        || async {
+            let left = processes_mentioning(&needle);
+            if left.is_empty() {
+                Ok(Some(()))
+            } else {
+                Err(format!("{left:?}"))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(!instance_dir.exists(), "profile removed");
+    let (status, _) = serve.api.get(&format!("/v2/instances/{id}")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(
+        tokio::net::TcpStream::connect(("127.0.0.1", debug_port as u16))
+            .await
+            .is_err(),
+        "debug port closed"
+    );
+    serve.shutdown().await;
+}
+
+#[tokio::test]
+async fn browser_force_delete_and_headless_shell_image() {
+    let serve = spawn_serve().await;
+    let created = serve
+        .api
+        .create(r#"{"image": "chromium-headless-shell", "config": {"memory_gb": 1}}"#)
+        .await;
+    let id = created["id"].as_str().unwrap().to_owned();
+    let detail = serve
+        .api
+        .wait_for_status(&id, "running", BROWSER_DEADLINE)
+        .await;
+    assert_eq!(detail["image"], "chromium-headless-shell");
+    let version = cdp_call(
+        created["urls"]["debug"].as_str().unwrap(),
+        "Browser.getVersion",
+        json!({}),
+    )
+    .await;
+    assert!(version["product"].as_str().unwrap().contains("Chrome"));
+    let needle = serve.instances_dir().join(&id).display().to_string();
+    let (status, _) = serve
+        .api
+        .delete(&format!("/v2/instances/{id}?force=true"))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        processes_mentioning(&needle).is_empty(),
+        "force delete returns once the processes are gone"
+    );
+    serve.shutdown().await;
+}
+
+#[tokio::test]
+async fn browser_launch_failure_and_crash_are_recorded_with_reasons() {
+    let serve = spawn_serve_with(|config| {
+        config.agent.images.insert(
+            "broken".into(),
+            flotilla_node_agent::config::ImageConfig {
+                executable: "/nonexistent/chromium".into(),
+                args: vec![],
+            },
+        );
+        config.agent.images.insert(
+            "exits".into(),
+            flotilla_node_agent::config::ImageConfig {
+                executable: "/bin/false".into(),
+                args: vec![],
+            },
+        );
+    })
+    .await;
+    for (image, reason) in [("broken", "cannot start"), ("exits", "exited")] {
+        let created = serve
+            .api
+            .create(&format!(r#"{{"image": "{image}"}}"#))
+            .await;
+        let id = created["id"].as_str().unwrap();
+        let failed = wait_until(BROWSER_DEADLINE, "the launch to fail", || async {
+            let (_, detail) = serve.api.get(&format!("/v2/instances/{id}")).await;
+            if detail["status"] == "failed" {
+                Ok(Some(detail))
+            } else {
+                Err(detail.to_string())
+            }
+        })
+        .await
+        .unwrap();
+        assert!(
+            failed["status_reason"].as_str().unwrap().contains(reason),
+            "{failed}"
+        );
+    }
+
+    // A browser that dies on its own → stopped, with the exit reason.
+    let created = serve.api.create("{}").await;
+    let id = created["id"].as_str().unwrap().to_owned();
+    serve
+        .api
+        .wait_for_status(&id, "running", BROWSER_DEADLINE)
+        .await;
+    let needle = format!(
+        "--user-data-dir={}",
+        serve.instances_dir().join(&id).join("profile").display()
+    );
+    let main = processes_mentioning(&needle)
+        .into_iter()
+        .find(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            !String::from_utf8_lossy(&cmdline).contains("--type=")
+        })
+        .expect("the browser's main process");
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(main as i32, libc::SIGKILL) };
+    let stopped = wait_until(BROWSER_DEADLINE, "the crash to be noticed", || async {
+        let (_, detail) = serve.api.get(&format!("/v2/instances/{id}")).await;
+        if detail["status"] == "stopped" {
+            Ok(Some(detail))
+        } else {
+            Err(detail.to_string())
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        stopped["status_reason"]
+            .as_str()
+            .unwrap()
+            .contains("SIGKILL"),
+        "{stopped}"
+    );
+    let profile_dir = serve.instances_dir().join(&id).display().to_string();
+    wait_until(
+        Duration::from_secs(10),
+        "no process of the crashed browser",
+        || async {
+            let left = processes_mentioning(&profile_dir);
+            if left.is_empty() {
+                Ok(Some(()))
+            } else {
+                Err(format!("{left:?}"))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    // The record stays until deleted; delete works on it.
+    let (status, _) = serve.api.delete(&format!("/v2/instances/{id}")).await;
+    assert_eq!(status, StatusCode::OK);
+    serve.shutdown().await;
+}
