@@ -77,9 +77,17 @@ impl FlotillaConfig {
             figment = figment.merge(Serialized::default(key, value.clone()));
             insert_dotted(&mut supplied, key, value.clone());
         }
-        let config: FlotillaConfig = figment
-            .extract()
-            .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+        let config: FlotillaConfig = match figment.extract() {
+            Ok(config) => config,
+            Err(error) => {
+                // The flattened top level hides key paths; extracting the control
+                // plane's part alone names the key.
+                if let Err(keyed) = figment.extract::<ControlPlaneConfig>() {
+                    return Err(describe_figment_error(keyed));
+                }
+                return Err(describe_figment_error(error));
+            }
+        };
         let known = toml::Table::try_from(&config).context("configuration does not serialise")?;
         if let Some(unknown) = first_unknown_key(&supplied, &known, "") {
             anyhow::bail!(
@@ -257,6 +265,12 @@ mod tests {
             FlotillaConfig::load(Some(file.path()), &[]).unwrap_err()
         );
         assert!(error.contains("agent.max_instances"), "{error}");
+        let file = write("auth_enabled = \"maybe\"\n");
+        let error = format!(
+            "{:#}",
+            FlotillaConfig::load(Some(file.path()), &[]).unwrap_err()
+        );
+        assert!(error.contains("auth_enabled"), "{error}");
         let file = write("[agent]\nmax_instances = 0\n");
         let error = format!(
             "{:#}",
