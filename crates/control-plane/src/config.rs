@@ -67,8 +67,6 @@ pub struct SchedulerConfig {
     pub candidates: usize,
     /// A node above this utilisation (CPU or memory, percent) gets no new placements (spec: 90).
     pub max_utilisation_percent: f64,
-    /// A node whose failed-instance ratio is above this gets no new placements (spec: 10 %).
-    pub max_failed_ratio_percent: f64,
 }
 
 impl Default for SchedulerConfig {
@@ -76,7 +74,6 @@ impl Default for SchedulerConfig {
         Self {
             candidates: 2,
             max_utilisation_percent: 90.0,
-            max_failed_ratio_percent: 10.0,
         }
     }
 }

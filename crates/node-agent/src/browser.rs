@@ -215,8 +215,8 @@ impl BrowserProcess {
             if Instant::now() >= deadline {
                 return Err(LaunchError::Timeout(timeout));
             }
-            // Poll the file every 5 ms, waking early if the process exits.
-            let _ = tokio::time::timeout(Duration::from_millis(5), exit.changed()).await;
+            // Poll the file every 2 ms (a stat), waking early if the process exits.
+            let _ = tokio::time::timeout(Duration::from_millis(2), exit.changed()).await;
         }
     }
 

@@ -146,8 +146,6 @@ pub struct AgentConfig {
     /// Host that clients use to reach instance ports; default: the host of the
     /// agent's advertised address.
     pub public_host: Option<String>,
-    /// Browsers of the default image kept started for instant creates.
-    pub warm_pool_size: usize,
     /// Seconds a browser may take to answer CDP before the instance fails.
     pub launch_timeout_sec: u64,
     /// Seconds a graceful stop (CDP `Browser.close`, then SIGTERM) may take before SIGKILL.
@@ -179,7 +177,6 @@ impl Default for AgentConfig {
                 last: 40000,
             },
             public_host: None,
-            warm_pool_size: 0,
             launch_timeout_sec: 30,
             stop_timeout_sec: 5,
             viewport_width: 1280,

@@ -1,8 +1,8 @@
 //! Instance records.
 
 use chrono::{DateTime, Utc};
-use sqlx::Row;
 use sqlx::any::AnyRow;
+use sqlx::{AnyConnection, Connection, Row};
 
 use flotilla_api_types::agent::InstanceReport;
 use flotilla_api_types::ids::SnapshotId;
@@ -108,7 +108,48 @@ fn status_strings(statuses: &[InstanceStatus]) -> Vec<String> {
     statuses.iter().map(|s| s.as_str().to_owned()).collect()
 }
 
+/// `IN ($first, …)` binds for a list of statuses.
+fn bind_statuses<'q>(
+    mut query: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>,
+    statuses: &'q [String],
+) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>> {
+    for status in statuses {
+        query = query.bind(status.as_str());
+    }
+    query
+}
+
 impl Store {
+    /// Re-reads `id` on the writer connection (so in commit order) into the read model.
+    async fn refresh(&self, conn: &mut AnyConnection, id: &InstanceId) -> Result<(), sqlx::Error> {
+        let Some(cache) = &self.cache else {
+            return Ok(());
+        };
+        let row = sqlx::query(&format!("SELECT {COLUMNS} FROM instances WHERE id = $1"))
+            .bind(id.as_str())
+            .fetch_optional(&mut *conn)
+            .await?;
+        match row.as_ref().map(decode).transpose()? {
+            Some(record) => cache.put(record),
+            None => cache.remove(id),
+        }
+        Ok(())
+    }
+
+    /// Loads every instance into the read model (at start).
+    pub(super) async fn load_cache(&self) -> Result<(), sqlx::Error> {
+        let Some(cache) = &self.cache else {
+            return Ok(());
+        };
+        let rows = sqlx::query(&format!("SELECT {COLUMNS} FROM instances"))
+            .fetch_all(&self.writer)
+            .await?;
+        for row in &rows {
+            cache.put(decode(row)?);
+        }
+        Ok(())
+    }
+
     /// Inserts a `creating` instance on its node if the node has a free slot
     /// (fewer than `max_instances` instances in an occupying state). Atomic
     /// against concurrent placements, in this process and across control planes.
@@ -117,7 +158,8 @@ impl Store {
         new: &NewInstance,
         max_instances: i64,
     ) -> Result<bool, sqlx::Error> {
-        let mut tx = self.write_tx().await?;
+        let mut conn = self.writer.acquire().await?;
+        let mut tx = conn.begin().await?;
         let lock = format!("SELECT id FROM nodes WHERE id = $1{}", self.for_update());
         sqlx::query(&lock)
             .bind(new.node_id.as_str())
@@ -128,10 +170,10 @@ impl Store {
             "SELECT COUNT(*) AS n FROM instances WHERE node_id = $1 AND status IN ({})",
             placeholders(2, occupying.len())
         );
-        let mut count = sqlx::query(&count_sql).bind(new.node_id.as_str());
-        for status in &occupying {
-            count = count.bind(status.as_str());
-        }
+        let count = bind_statuses(
+            sqlx::query(&count_sql).bind(new.node_id.as_str()),
+            &occupying,
+        );
         let used: i64 = count.fetch_one(&mut *tx).await?.try_get("n")?;
         if used >= max_instances {
             return Ok(false);
@@ -156,6 +198,7 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
+        self.refresh(&mut conn, &new.id).await?;
         Ok(true)
     }
 
@@ -166,14 +209,16 @@ impl Store {
         ports: [u16; 3],
         now: DateTime<Utc>,
     ) -> Result<bool, sqlx::Error> {
+        let mut conn = self.writer.acquire().await?;
         let done = sqlx::query("UPDATE instances SET debug_port = $1, stream_port = $2, http_port = $3, updated_at = $4 WHERE id = $5")
             .bind(i64::from(ports[0]))
             .bind(i64::from(ports[1]))
             .bind(i64::from(ports[2]))
             .bind(to_millis(now))
             .bind(id.as_str())
-            .execute(&self.writer)
+            .execute(&mut *conn)
             .await?;
+        self.refresh(&mut conn, id).await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -181,8 +226,10 @@ impl Store {
         &self,
         id: &InstanceId,
     ) -> Result<Option<InstanceRecord>, sqlx::Error> {
-        let sql = format!("SELECT {COLUMNS} FROM instances WHERE id = $1");
-        sqlx::query(&sql)
+        if let Some(cache) = &self.cache {
+            return Ok(cache.get(id));
+        }
+        sqlx::query(&format!("SELECT {COLUMNS} FROM instances WHERE id = $1"))
             .bind(id.as_str())
             .fetch_optional(&self.pool)
             .await?
@@ -199,6 +246,9 @@ impl Store {
         limit: i64,
         offset: i64,
     ) -> Result<(Vec<InstanceRecord>, i64), sqlx::Error> {
+        if let Some(cache) = &self.cache {
+            return Ok(cache.list(filter, sort, limit, offset));
+        }
         let mut conditions = Vec::new();
         let mut binds = Vec::new();
         if let Some(status) = filter.status {
@@ -225,21 +275,17 @@ impl Store {
             binds.len() + 1,
             binds.len() + 2
         );
-        let mut page = sqlx::query(&page_sql);
-        for value in &binds {
-            page = page.bind(value.as_str());
-        }
+        let page = bind_statuses(sqlx::query(&page_sql), &binds);
         let rows = page.bind(limit).bind(offset).fetch_all(&self.pool).await?;
         let records = rows.iter().map(decode).collect::<Result<Vec<_>, _>>()?;
         let total = if offset == 0 && (records.len() as i64) < limit {
             records.len() as i64
         } else {
             let count_sql = format!("SELECT COUNT(*) AS n FROM instances{where_clause}");
-            let mut count = sqlx::query(&count_sql);
-            for value in &binds {
-                count = count.bind(value.as_str());
-            }
-            count.fetch_one(&self.pool).await?.try_get("n")?
+            bind_statuses(sqlx::query(&count_sql), &binds)
+                .fetch_one(&self.pool)
+                .await?
+                .try_get("n")?
         };
         Ok((records, total))
     }
@@ -259,26 +305,35 @@ impl Store {
             "UPDATE instances SET status = $1, status_reason = $2, updated_at = $3 WHERE id = $4 AND status IN ({})",
             placeholders(5, from.len())
         );
-        let mut query = sqlx::query(&sql)
+        let query = sqlx::query(&sql)
             .bind(to.as_str())
             .bind(reason.map(str::to_owned))
             .bind(to_millis(now))
             .bind(id.as_str());
-        for status in &from {
-            query = query.bind(status.as_str());
-        }
-        if query.execute(&self.writer).await?.rows_affected() == 0 {
+        let mut conn = self.writer.acquire().await?;
+        if bind_statuses(query, &from)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected()
+            == 0
+        {
             return Ok(None);
         }
+        self.refresh(&mut conn, id).await?;
+        drop(conn);
         self.instance_get(id).await
     }
 
     /// Removes the record. `false` if there was none.
     pub async fn instance_delete(&self, id: &InstanceId) -> Result<bool, sqlx::Error> {
+        let mut conn = self.writer.acquire().await?;
         let done = sqlx::query("DELETE FROM instances WHERE id = $1")
             .bind(id.as_str())
-            .execute(&self.writer)
+            .execute(&mut *conn)
             .await?;
+        if let Some(cache) = &self.cache {
+            cache.remove(id);
+        }
         Ok(done.rows_affected() == 1)
     }
 
@@ -291,7 +346,8 @@ impl Store {
         if reports.is_empty() {
             return Ok(());
         }
-        let mut tx = self.write_tx().await?;
+        let mut conn = self.writer.acquire().await?;
+        let mut tx = conn.begin().await?;
         for report in reports {
             sqlx::query(
                 "UPDATE instances SET cpu_percent = $1, memory_mb = $2, disk_mb = $3, \
@@ -307,7 +363,19 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         }
-        tx.commit().await
+        tx.commit().await?;
+        if let Some(cache) = &self.cache {
+            let rows = sqlx::query(&format!(
+                "SELECT {COLUMNS} FROM instances WHERE node_id = $1"
+            ))
+            .bind(node.as_str())
+            .fetch_all(&mut *conn)
+            .await?;
+            for row in &rows {
+                cache.put(decode(row)?);
+            }
+        }
+        Ok(())
     }
 
     /// Instances of `node` in one of `statuses`.
@@ -316,16 +384,15 @@ impl Store {
         node: &NodeId,
         statuses: &[InstanceStatus],
     ) -> Result<Vec<InstanceRecord>, sqlx::Error> {
+        if let Some(cache) = &self.cache {
+            return Ok(cache.on_node(node, statuses));
+        }
         let statuses = status_strings(statuses);
         let sql = format!(
             "SELECT {COLUMNS} FROM instances WHERE node_id = $1 AND status IN ({})",
             placeholders(2, statuses.len())
         );
-        let mut query = sqlx::query(&sql).bind(node.as_str());
-        for status in &statuses {
-            query = query.bind(status.as_str());
-        }
-        query
+        bind_statuses(sqlx::query(&sql).bind(node.as_str()), &statuses)
             .fetch_all(&self.pool)
             .await?
             .iter()
@@ -335,6 +402,11 @@ impl Store {
 
     /// Number of instances per status.
     pub async fn instance_counts(&self) -> Result<Vec<(InstanceStatus, i64)>, sqlx::Error> {
+        if let Some(cache) = &self.cache {
+            // The store must still answer for health to say "up".
+            sqlx::query("SELECT 1").execute(&self.pool).await?;
+            return Ok(cache.counts());
+        }
         let rows = sqlx::query("SELECT status, COUNT(*) AS n FROM instances GROUP BY status")
             .fetch_all(&self.pool)
             .await?;
@@ -350,16 +422,15 @@ impl Store {
 
     /// Occupying instances per node.
     pub async fn node_occupancy(&self) -> Result<Vec<(NodeId, i64)>, sqlx::Error> {
+        if let Some(cache) = &self.cache {
+            return Ok(cache.occupancy());
+        }
         let occupying = status_strings(&InstanceStatus::OCCUPYING);
         let sql = format!(
             "SELECT node_id, COUNT(*) AS n FROM instances WHERE status IN ({}) GROUP BY node_id",
             placeholders(1, occupying.len())
         );
-        let mut query = sqlx::query(&sql);
-        for status in &occupying {
-            query = query.bind(status.as_str());
-        }
-        query
+        bind_statuses(sqlx::query(&sql), &occupying)
             .fetch_all(&self.pool)
             .await?
             .iter()

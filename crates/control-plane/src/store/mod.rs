@@ -8,7 +8,12 @@
 //! transaction's snapshot can never go stale under it and `SQLITE_BUSY` cannot
 //! happen; readers use the other pool, WAL keeps them unblocked); on PostgreSQL
 //! reads and writes share the pool and writers lock rows with `SELECT … FOR UPDATE`.
+//!
+//! With SQLite the store also keeps an exact in-memory read model of instance
+//! records ([`cache`]); with PostgreSQL, shared by several control planes, every
+//! read goes to the database.
 
+mod cache;
 mod instances;
 mod nodes;
 
@@ -16,6 +21,7 @@ pub use instances::{InstanceFilter, InstanceRecord, NewInstance};
 pub use nodes::NodeRecord;
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -39,6 +45,8 @@ pub struct Store {
     /// Writes: a single connection on SQLite, the same pool on PostgreSQL.
     writer: AnyPool,
     backend: Backend,
+    /// The read model of instances (SQLite only; see [`cache`]).
+    cache: Option<Arc<cache::InstanceCache>>,
 }
 
 impl Store {
@@ -99,11 +107,18 @@ impl Store {
                 .with_context(open_error)?,
             Backend::Postgres => writer.clone(),
         };
-        Ok(Self {
+        let cache = (backend == Backend::Sqlite).then(Arc::default);
+        let store = Self {
             pool,
             writer,
             backend,
-        })
+            cache,
+        };
+        store
+            .load_cache()
+            .await
+            .context("cannot load instance records")?;
+        Ok(store)
     }
 
     pub fn backend(&self) -> Backend {

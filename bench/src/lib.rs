@@ -1,0 +1,89 @@
+//! Shared helpers of the benchmark programs: starting a `flotilla serve`
+//! process, percentiles, and a small report format.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// A `flotilla serve` child process.
+pub struct ServeProcess {
+    pub child: tokio::process::Child,
+    pub url: String,
+}
+
+impl ServeProcess {
+    pub async fn start(
+        binary: &Path,
+        data_dir: &Path,
+        config: Option<&Path>,
+    ) -> anyhow::Result<Self> {
+        let mut command = tokio::process::Command::new(binary);
+        command
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data_dir)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        if let Some(config) = config {
+            command.arg("--config").arg(config);
+        }
+        let mut child = command
+            .spawn()
+            .with_context(|| format!("cannot start {}", binary.display()))?;
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let url = tokio::time::timeout(Duration::from_secs(60), async {
+            while let Some(line) = lines.next_line().await? {
+                if let Some(url) = line.strip_prefix("control plane listening on ") {
+                    return anyhow::Ok(url.trim().to_owned());
+                }
+            }
+            bail!("flotilla exited before listening")
+        })
+        .await??;
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(Self { child, url })
+    }
+
+    /// SIGTERM and wait: browsers are closed gracefully.
+    pub async fn stop(mut self) {
+        if let Some(pid) = self.child.id() {
+            // SAFETY: kill has no memory-safety preconditions.
+            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(60), self.child.wait()).await;
+    }
+}
+
+/// The `q`-quantile (0..=1) of `samples` (nearest rank).
+pub fn percentile(samples: &[f64], q: f64) -> f64 {
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+pub fn mean(samples: &[f64]) -> f64 {
+    samples.iter().sum::<f64>() / samples.len() as f64
+}
+
+/// One line of a results table: name, p50, p95, mean, min, max (milliseconds).
+pub fn summary_row(name: &str, samples_ms: &[f64]) -> String {
+    let min = samples_ms.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = samples_ms.iter().copied().fold(0.0, f64::max);
+    format!(
+        "| {name} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
+        samples_ms.len(),
+        percentile(samples_ms, 0.5),
+        percentile(samples_ms, 0.95),
+        mean(samples_ms),
+        min,
+        max
+    )
+}
