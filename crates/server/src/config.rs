@@ -66,9 +66,10 @@ impl FlotillaConfig {
             merge_tables(&mut supplied, table);
             figment = figment.merge(Toml::file_exact(file));
         }
-        let env = Env::prefixed("FLOTILLA_")
-            .split("__")
-            .filter(|key| key.as_str().contains('.') || ENV_TOP_LEVEL_KEYS.contains(&key.as_str()));
+        let env = Env::prefixed("FLOTILLA_").split("__").filter(|key| {
+            let key = key.as_str().to_ascii_lowercase();
+            key.contains('.') || ENV_TOP_LEVEL_KEYS.contains(&key.as_str())
+        });
         for (key, value) in env.iter() {
             insert_dotted(&mut supplied, key.as_str(), toml::Value::String(value));
         }
@@ -234,6 +235,36 @@ mod tests {
         assert_eq!(config.agent.max_instances, 3);
         assert_eq!(config.agent.port_range.first, 30000);
         assert_eq!(config.control.nodes.heartbeat_timeout_sec, 20.0);
+    }
+
+    #[test]
+    fn environment_sits_between_file_and_flags() {
+        // SAFETY: nextest runs every test in its own process; nothing else reads
+        // the environment concurrently.
+        unsafe {
+            std::env::set_var("FLOTILLA_AGENT__MAX_INSTANCES", "7");
+            std::env::set_var("FLOTILLA_LISTEN", "127.0.0.1:9100");
+            std::env::set_var("FLOTILLA_URL", "http://client-only");
+            std::env::set_var(
+                "FLOTILLA_DATABASE_URL",
+                "postgres://flag-twin-read-by-the-cli",
+            );
+        }
+        let file = write("listen = \"127.0.0.1:9000\"\n[agent]\nmax_instances = 3\n");
+        let config = FlotillaConfig::load(Some(file.path()), &[]).unwrap();
+        assert_eq!(config.agent.max_instances, 7, "environment over file");
+        assert_eq!(config.listen, "127.0.0.1:9100");
+        let config = FlotillaConfig::load(
+            Some(file.path()),
+            &[("listen", toml::Value::String("127.0.0.1:0".into()))],
+        )
+        .unwrap();
+        assert_eq!(config.listen, "127.0.0.1:0", "flags over environment");
+        unsafe {
+            std::env::set_var("FLOTILLA_AGENT__MAX_INSTANCEZ", "7");
+        }
+        let error = FlotillaConfig::load(None, &[]).unwrap_err().to_string();
+        assert!(error.contains("agent.max_instancez"), "{error}");
     }
 
     #[test]
