@@ -54,6 +54,10 @@ pub struct NodeRegistration {
     pub images: Vec<String>,
     pub resources: ResourceUsage,
     pub instances: Vec<InstanceReport>,
+    /// Why the node runs with less isolation than configured (no cgroups, no
+    /// sandbox); the node is then reported degraded.
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 /// Periodic report of an agent.

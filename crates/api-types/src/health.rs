@@ -42,4 +42,7 @@ pub struct Health {
     pub instances_count: i64,
     pub running_instances: i64,
     pub components: HealthComponents,
+    /// What makes the service `degraded` (absent when healthy).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }

@@ -57,6 +57,10 @@ pub struct Node {
     /// Images this node can run (node detail only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub images: Option<Vec<String>>,
+    /// Why the node runs with less isolation than configured, e.g. no writable
+    /// cgroup hierarchy (node detail only; absent when there is nothing to say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warnings: Option<Vec<String>>,
 }
 
 /// NodeList.

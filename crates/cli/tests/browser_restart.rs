@@ -8,6 +8,9 @@ use flotilla_testkit::{
     BROWSER_DEADLINE, ServeProcess, StatusCode, processes_mentioning, wait_until,
 };
 
+/// The browsers counted here are the instances'; no spare pooled browser.
+const NO_WARM_POOL: &[(&str, &str)] = &[("FLOTILLA_AGENT__WARM_POOL_SIZE", "0")];
+
 fn binary() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_flotilla"))
 }
@@ -24,7 +27,9 @@ async fn browser_records_survive_sigterm_and_kill_9_and_orphans_are_swept() {
     let instances_dir = data_dir.join("agent/instances");
 
     // 1. Graceful stop: every browser closed, records kept as stopped.
-    let mut serve = ServeProcess::start(binary(), &data_dir, &[]).await.unwrap();
+    let mut serve = ServeProcess::start(binary(), &data_dir, NO_WARM_POOL)
+        .await
+        .unwrap();
     let first = serve.api.create("{}").await["id"]
         .as_str()
         .unwrap()
@@ -47,7 +52,9 @@ async fn browser_records_survive_sigterm_and_kill_9_and_orphans_are_swept() {
     );
     drop(serve);
 
-    let serve = ServeProcess::start(binary(), &data_dir, &[]).await.unwrap();
+    let serve = ServeProcess::start(binary(), &data_dir, NO_WARM_POOL)
+        .await
+        .unwrap();
     let (status, detail) = serve.api.get(&format!("/v2/instances/{first}")).await;
     assert_eq!(status, StatusCode::OK, "the record survived: {detail}");
     assert_eq!(detail["status"], "stopped");
@@ -76,7 +83,9 @@ async fn browser_records_survive_sigterm_and_kill_9_and_orphans_are_swept() {
         "kill -9 leaves the browser running (it is in its own process group)"
     );
 
-    let serve = ServeProcess::start(binary(), &data_dir, &[]).await.unwrap();
+    let serve = ServeProcess::start(binary(), &data_dir, NO_WARM_POOL)
+        .await
+        .unwrap();
     wait_until(
         Duration::from_secs(10),
         "orphans to be swept at start",

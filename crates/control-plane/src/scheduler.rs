@@ -162,6 +162,7 @@ mod tests {
             },
             last_heartbeat: Utc::now(),
             registered_at: Utc::now(),
+            warnings: vec![],
         }
     }
 

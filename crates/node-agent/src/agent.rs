@@ -24,9 +24,11 @@ use flotilla_api_types::instances::InstanceStatus;
 use flotilla_api_types::{InstanceId, NodeId};
 
 use crate::browser::{BrowserProcess, InstanceDirs, LaunchError};
+use crate::cgroups::Limits;
 use crate::config::{AgentConfig, ImageConfig, RuntimeKind};
 use crate::gateway::{self, GatewayContext};
 use crate::instance::{BrowserPhase, InstanceSlot};
+use crate::launcher::Launcher;
 use crate::link::{ControlPlaneLink, LinkError, RegistrationAck};
 use crate::live_view::{self, LiveView, LiveViewSettings};
 use crate::monitor::{self, MachineMeter, ProcTable};
@@ -60,6 +62,9 @@ pub struct AgentSettings {
     pub public_host: String,
     /// Address instance ports listen on.
     pub bind_address: Ipv4Addr,
+    /// Paths hidden from sandboxed browsers (the data directory with the store
+    /// and every profile; each browser sees only its own directory).
+    pub hidden_paths: Vec<PathBuf>,
 }
 
 #[derive(Clone)]
@@ -79,6 +84,9 @@ struct AgentInner {
     /// State changes, sent to the control plane in order by one task.
     changes: mpsc::UnboundedSender<Outgoing>,
     machine: Mutex<MachineMeter>,
+    launcher: Arc<Launcher>,
+    /// The warm-pool task, awaited at shutdown so pooled browsers are stopped.
+    pool_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     shutdown: CancellationToken,
 }
 
@@ -111,8 +119,16 @@ impl Agent {
             );
         }
         std::fs::create_dir_all(&instances_root)?;
+        let launcher = Arc::new(Launcher::new(
+            &settings.config,
+            node_id.as_str(),
+            instances_root.clone(),
+            settings.hidden_paths.clone(),
+        ));
         let (changes_tx, changes_rx) = mpsc::unbounded_channel();
         let inner = Arc::new(AgentInner {
+            launcher,
+            pool_task: Mutex::new(None),
             node_id,
             catalog: settings.config.image_catalog(),
             ports: PortAllocator::new(settings.config.port_range, settings.bind_address),
@@ -125,6 +141,14 @@ impl Agent {
             shutdown: CancellationToken::new(),
         });
         let agent = Agent { inner };
+        let pool = tokio::spawn(
+            agent
+                .inner
+                .launcher
+                .clone()
+                .keep_pool_filled(agent.inner.shutdown.clone()),
+        );
+        *agent.inner.pool_task.lock().expect("pool task lock") = Some(pool);
         let ack = agent.register_until_accepted().await?;
         tokio::spawn(agent.clone().send_changes(changes_rx));
         tokio::spawn(agent.clone().report_loop(ack));
@@ -156,7 +180,8 @@ impl Agent {
             });
         };
         let binds = inner.settings.config.runtime == RuntimeKind::Chromium;
-        let (slot, listeners) = {
+        let limits = inner.launcher.limits_for(&request.config);
+        let (slot, listeners, warm) = {
             let mut slots = inner.slots.lock().expect("slots lock");
             if let Some(existing) = slots.get(&request.id) {
                 return Ok(ports_of(existing));
@@ -174,7 +199,11 @@ impl Agent {
                     range: inner.settings.config.port_range.to_string(),
                     node: inner.node_id.clone(),
                 })?;
-            let dirs = InstanceDirs::new(inner.instances_root.join(request.id.as_str()));
+            let warm = inner.launcher.take_warm(&request.image, limits);
+            let dirs = match &warm {
+                Some(warm) => warm.dirs.clone(),
+                None => InstanceDirs::new(inner.instances_root.join(request.id.as_str())),
+            };
             let slot = Arc::new(InstanceSlot::new(
                 request.id.clone(),
                 request.image.clone(),
@@ -182,13 +211,26 @@ impl Agent {
                 [ports.debug, ports.stream, ports.http],
                 dirs,
             ));
+            if let Some(warm) = &warm {
+                slot.set_process(warm.launched.clone());
+                slot.set_phase(BrowserPhase::Ready(Some(warm.endpoint.clone())));
+                slot.set_status(InstanceStatus::Running, None);
+            }
             slots.insert(request.id.clone(), slot.clone());
-            (slot, ports.listeners)
+            (slot, ports.listeners, warm)
         };
         if let Some([debug, stream, http]) = listeners {
             self.start_servers(&slot, debug, stream, http);
         }
-        tokio::spawn(self.clone().supervise(slot.clone(), image));
+        match warm {
+            Some(warm) => {
+                tracing::info!(instance = %slot.id, "took a warm browser");
+                tokio::spawn(self.clone().watch_warm(slot.clone(), warm.launched.process));
+            }
+            None => {
+                tokio::spawn(self.clone().supervise(slot.clone(), image, limits));
+            }
+        }
         Ok(ports_of(&slot))
     }
 
@@ -229,25 +271,23 @@ impl Agent {
     }
 
     /// Launches the browser, waits for CDP, then watches it until it exits.
-    async fn supervise(self, slot: Arc<InstanceSlot>, image: ImageConfig) {
+    async fn supervise(self, slot: Arc<InstanceSlot>, image: ImageConfig, limits: Limits) {
         let _done = slot.supervisor_done.clone().drop_guard();
         let config = &self.inner.settings.config;
-        let process = match config.runtime {
-            RuntimeKind::Chromium => {
-                BrowserProcess::spawn_chromium(&image, &slot.dirs, &launch_args(config))
-            }
-            RuntimeKind::Sim => Ok(BrowserProcess::spawn_sim(
-                &slot.dirs,
-                Duration::from_millis(config.sim_start_ms),
-            )),
-        };
-        let process = match process {
-            Ok(process) => Arc::new(process),
+        let name = slot
+            .dirs
+            .root
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let launched = match self.inner.launcher.spawn(&name, &slot.dirs, &image, limits) {
+            Ok(launched) => launched,
             Err(error) => {
                 return self.instance_ended(&slot, InstanceStatus::Failed, error.to_string());
             }
         };
-        slot.set_process(process.clone());
+        let process = launched.process.clone();
+        slot.set_process(launched);
         if slot.is_stopping() {
             process.stop(None, false, Duration::ZERO).await;
             return;
@@ -281,15 +321,48 @@ impl Agent {
                 return self.instance_ended(&slot, InstanceStatus::Failed, reason);
             }
         }
+        self.watch_exit(&slot, &process).await;
+    }
+
+    /// Watches a browser taken from the warm pool.
+    async fn watch_warm(self, slot: Arc<InstanceSlot>, process: Arc<BrowserProcess>) {
+        let _done = slot.supervisor_done.clone().drop_guard();
+        slot.touch();
+        self.watch_exit(&slot, &process).await;
+    }
+
+    /// Waits for the browser to exit; an exit the agent did not ask for stops the instance.
+    async fn watch_exit(&self, slot: &Arc<InstanceSlot>, process: &BrowserProcess) {
         let exit = process.wait_exit().await;
         if slot.is_stopping() {
             return;
         }
+        let oom = slot.oom_kills_total();
+        let limit = if oom > 0 {
+            format!(
+                " after {oom} process(es) were killed for exceeding the memory limit (memory_gb = {})",
+                slot.config.memory_gb
+            )
+        } else {
+            String::new()
+        };
         let reason = format!(
-            "browser {exit}{}",
+            "browser {exit}{limit}{}",
             crate::browser::log_tail(&slot.dirs.log())
         );
-        self.instance_ended(&slot, InstanceStatus::Stopped, reason);
+        self.instance_ended(slot, InstanceStatus::Stopped, reason);
+    }
+
+    /// Stops an instance on the agent's own initiative (e.g. its profile
+    /// outgrew `disk_gb`) and reports it `failed` with `reason`.
+    async fn fail_instance(self, slot: Arc<InstanceSlot>, reason: String) {
+        if !slot.mark_stopping() {
+            return;
+        }
+        if let Some(process) = slot.process() {
+            process.stop(None, false, Duration::ZERO).await;
+        }
+        self.instance_ended(&slot, InstanceStatus::Failed, reason);
     }
 
     /// The browser of `slot` is gone on its own (failed launch or exit): report,
@@ -375,6 +448,7 @@ impl Agent {
             images: self.inner.catalog.keys().cloned().collect(),
             resources: flotilla_api_types::nodes::ResourceUsage::default(),
             instances: self.instance_reports(),
+            warnings: self.inner.launcher.warnings().to_vec(),
         }
     }
 
@@ -432,15 +506,12 @@ impl Agent {
             let now = Instant::now();
             for slot in &slots {
                 let root = slot.process().and_then(|p| p.pid());
-                let mut meter = slot.cpu_meter.lock().expect("meter lock");
-                let resources = monitor::instance_resources(
-                    &table,
-                    &mut meter,
-                    root,
-                    &slot.dirs.profile(),
-                    now,
-                );
+                let resources = {
+                    let mut meter = slot.cpu_meter.lock().expect("meter lock");
+                    monitor::instance_resources(&table, &mut meter, root, &slot.dirs.profile(), now)
+                };
                 slot.set_resources(resources);
+                self.check_limits(slot, resources.disk_mb);
             }
         }
         let resources = self.inner.machine.lock().expect("machine lock").sample();
@@ -448,6 +519,31 @@ impl Agent {
             node_id: self.inner.node_id.clone(),
             resources,
             instances: slots.iter().map(|slot| slot.report()).collect(),
+        }
+    }
+
+    /// Reports processes killed by the memory limit, and fails an instance whose
+    /// profile outgrew `disk_gb`.
+    fn check_limits(&self, slot: &Arc<InstanceSlot>, disk_mb: f64) {
+        if slot.is_stopping() {
+            return;
+        }
+        if let Some(new_kills) = slot.new_oom_kills() {
+            let reason = format!(
+                "the memory limit (memory_gb = {}) was hit: the kernel killed {new_kills} browser process(es); a tab may have crashed",
+                slot.config.memory_gb
+            );
+            tracing::warn!(instance = %slot.id, %reason);
+            slot.set_status(InstanceStatus::Running, Some(reason.clone()));
+            self.send_change(slot, InstanceStatus::Running, Some(reason));
+        }
+        let limit_mb = slot.config.disk_gb * 1024.0;
+        if disk_mb > limit_mb {
+            let reason = format!(
+                "the profile grew to {:.1} MB, over the disk limit of {limit_mb:.0} MB (disk_gb = {})",
+                disk_mb, slot.config.disk_gb
+            );
+            tokio::spawn(self.clone().fail_instance(slot.clone(), reason));
         }
     }
 
@@ -495,6 +591,7 @@ impl Agent {
     /// For `Drop` paths (a test that panicked); [`Agent::shutdown`] is the graceful way.
     pub fn kill_all(&self) {
         self.inner.shutdown.cancel();
+        self.inner.launcher.kill_pool();
         let slots: Vec<_> = self
             .inner
             .slots
@@ -537,6 +634,11 @@ impl Agent {
             self.release(slot);
         });
         futures_util::future::join_all(stops).await;
+        let pool = self.inner.pool_task.lock().expect("pool task lock").take();
+        if let Some(pool) = pool {
+            let _ = pool.await;
+        }
+        self.inner.launcher.release_cgroups();
         let (done_tx, done_rx) = oneshot::channel();
         if self.inner.changes.send(Outgoing::Flush(done_tx)).is_ok()
             && tokio::time::timeout(Duration::from_secs(10), done_rx)
@@ -555,14 +657,6 @@ fn ports_of(slot: &InstanceSlot) -> AgentInstancePorts {
         http_port: slot.ports[2],
         status: slot.status().0,
     }
-}
-
-/// Per-instance launch flags.
-fn launch_args(config: &AgentConfig) -> Vec<String> {
-    vec![format!(
-        "--window-size={},{}",
-        config.viewport_width, config.viewport_height
-    )]
 }
 
 fn remove_dir(path: &Path) {

@@ -75,6 +75,40 @@ impl InstanceDirs {
     }
 }
 
+/// How to start one browser.
+pub struct LaunchPlan<'a> {
+    pub image: &'a ImageConfig,
+    pub dirs: &'a InstanceDirs,
+    pub extra_args: &'a [String],
+    /// Namespaces through bubblewrap, when available.
+    pub sandbox: Option<&'a Sandbox>,
+    /// The cgroup the browser joins before it runs.
+    pub cgroup: Option<&'a std::sync::Arc<crate::cgroups::InstanceCgroup>>,
+    /// Host name inside the sandbox's UTS namespace.
+    pub hostname: &'a str,
+}
+
+/// The bubblewrap sandbox: own pid, ipc and uts namespaces, a private `/tmp`,
+/// and a mount namespace in which the agent's data (other instances' profiles,
+/// the store) is hidden behind empty tmpfs mounts except the instance's own
+/// directory.
+#[derive(Debug, Clone)]
+pub struct Sandbox {
+    pub bwrap: PathBuf,
+    pub hidden: Vec<PathBuf>,
+}
+
+impl Sandbox {
+    /// `bwrap` from `PATH`, if installed.
+    pub fn detect(hidden: Vec<PathBuf>) -> Option<Self> {
+        let path = std::env::var_os("PATH")?;
+        std::env::split_paths(&path)
+            .map(|dir| dir.join("bwrap"))
+            .find(|candidate| candidate.is_file())
+            .map(|bwrap| Self { bwrap, hidden })
+    }
+}
+
 /// A started browser (real or simulated).
 pub struct BrowserProcess {
     pid: Option<u32>,
@@ -87,25 +121,63 @@ pub struct BrowserProcess {
 }
 
 impl BrowserProcess {
-    /// Starts Chromium for `image` on the profile in `dirs`.
-    pub fn spawn_chromium(
-        image: &ImageConfig,
-        dirs: &InstanceDirs,
-        extra_args: &[String],
-    ) -> Result<Self, LaunchError> {
+    /// Starts Chromium as `plan` says: its image, profile, sandbox and cgroup.
+    pub fn spawn_chromium(plan: &LaunchPlan<'_>) -> Result<Self, LaunchError> {
+        let image = plan.image;
+        let dirs = plan.dirs;
         let spawn_error = |reason: String| LaunchError::Spawn {
             executable: image.executable.display().to_string(),
             reason,
         };
+        // Checked here so that the reason is the same with and without the sandbox.
+        match std::fs::metadata(&image.executable) {
+            Ok(meta) if meta.is_file() => {}
+            Ok(_) => return Err(spawn_error("not a file".into())),
+            Err(error) => return Err(spawn_error(error.to_string())),
+        }
         dirs.create()
             .map_err(|e| spawn_error(format!("cannot create instance directory: {e}")))?;
         let log = std::fs::File::create(dirs.log())
             .map_err(|e| spawn_error(format!("cannot create log file: {e}")))?;
-        let mut command = Command::new(&image.executable);
+        let mut command = match plan.sandbox {
+            Some(sandbox) => {
+                let mut command = Command::new(&sandbox.bwrap);
+                command
+                    .args([
+                        "--unshare-pid",
+                        "--unshare-ipc",
+                        "--unshare-uts",
+                        "--hostname",
+                    ])
+                    .arg(plan.hostname)
+                    .args([
+                        "--dev-bind",
+                        "/",
+                        "/",
+                        "--proc",
+                        "/proc",
+                        "--tmpfs",
+                        "/tmp",
+                        "--tmpfs",
+                        "/dev/shm",
+                    ]);
+                for hidden in &sandbox.hidden {
+                    command.arg("--tmpfs").arg(hidden);
+                }
+                command
+                    .arg("--bind")
+                    .arg(&dirs.root)
+                    .arg(&dirs.root)
+                    .arg("--")
+                    .arg(&image.executable);
+                command
+            }
+            None => Command::new(&image.executable),
+        };
         command
             .args(BASE_CHROMIUM_FLAGS)
             .args(&image.args)
-            .args(extra_args)
+            .args(plan.extra_args)
             .arg(format!("--user-data-dir={}", dirs.profile().display()))
             .arg("--remote-debugging-port=0")
             .arg("about:blank")
@@ -122,20 +194,32 @@ impl BrowserProcess {
             // namespaces of the node's sandbox are the isolation.
             command.arg("--no-sandbox");
         }
+        if let Some(cgroup) = plan.cgroup {
+            let attach = cgroup.attach_hook();
+            // SAFETY: the hook makes only async-signal-safe calls (see attach_hook).
+            unsafe {
+                command.pre_exec(attach);
+            }
+        }
+        let sandboxed = plan.sandbox.is_some();
         let mut child = command.spawn().map_err(|e| spawn_error(e.to_string()))?;
         let pid = child
             .id()
             .ok_or_else(|| spawn_error("process vanished at once".into()))?;
         let (exit_tx, exit_rx) = watch::channel(None);
+        let cgroup = plan.cgroup.cloned();
         tokio::spawn(async move {
             let description = match child.wait().await {
-                Ok(status) => describe_exit(status),
+                Ok(status) => describe_exit(status, sandboxed),
                 Err(e) => format!("wait failed: {e}"),
             };
-            // Helpers (zygote, renderers, GPU/network services) share the group:
-            // kill them and report the exit only once the whole group is gone.
-            kill_group(pid, libc::SIGKILL);
-            reap_group(pid, Duration::from_secs(5)).await;
+            // Helpers (zygote, renderers, GPU/network services) share the group;
+            // crashpad handlers make their own groups but stay in the cgroup. Kill
+            // them all and report the exit only once every one is gone.
+            kill_and_reap(pid, cgroup.as_deref(), Duration::from_secs(5)).await;
+            if let Some(cgroup) = cgroup {
+                cgroup.remove();
+            }
             let _ = exit_tx.send(Some(description));
         });
         Ok(Self {
@@ -302,9 +386,14 @@ async fn probe_version(port: u16) -> bool {
     )
 }
 
-fn describe_exit(status: std::process::ExitStatus) -> String {
+fn describe_exit(status: std::process::ExitStatus, sandboxed: bool) -> String {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
+        // bwrap reports a child killed by signal N as exit code 128 + N.
+        (Some(code), _) if sandboxed && code > 128 && code < 128 + 65 => {
+            let signal = code - 128;
+            format!("killed by signal {signal} ({})", signal_name(signal))
+        }
         (Some(code), _) => format!("exited with code {code}"),
         (None, Some(signal)) => format!("killed by signal {signal} ({})", signal_name(signal)),
         _ => "ended".into(),
@@ -364,24 +453,60 @@ pub fn become_subreaper() {
     }
 }
 
-/// Reaps the members of process group `pgid` that were reparented to us, until
-/// none is left alive (at most `limit`). Only this group is waited for, so the
-/// runtime's own child handling is untouched.
-async fn reap_group(pgid: u32, limit: Duration) {
+/// Kills the browser's processes — its process group and everything in its
+/// cgroup — and reaps those reparented to us, until none is left alive (at most
+/// `limit`). Only these pids are waited for, so the runtime's own child
+/// handling is untouched.
+async fn kill_and_reap(
+    pgid: u32,
+    cgroup: Option<&crate::cgroups::InstanceCgroup>,
+    limit: Duration,
+) {
     let Ok(group) = i32::try_from(pgid) else {
         return;
     };
+    let mut members: Vec<u32> = cgroup.map(|c| c.procs()).unwrap_or_default();
     let deadline = Instant::now() + limit;
     loop {
-        // SAFETY: waitpid with a null status pointer and WNOHANG does not block.
-        let reaped = unsafe { libc::waitpid(-group, std::ptr::null_mut(), libc::WNOHANG) };
-        if reaped > 0 {
-            continue;
+        kill_group(pgid, libc::SIGKILL);
+        for pid in &members {
+            // SAFETY: kill has no memory-safety preconditions.
+            unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
         }
-        if !group_has_live_member(pgid) || Instant::now() >= deadline {
+        // SAFETY: waitpid with a null status pointer and WNOHANG does not block.
+        while unsafe { libc::waitpid(-group, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+        members.retain(|pid| still_running(*pid));
+        if let Some(cgroup) = cgroup {
+            for pid in cgroup.procs() {
+                if !members.contains(&pid) {
+                    members.push(pid);
+                }
+            }
+        }
+        if (members.is_empty() && !group_has_live_member(pgid)) || Instant::now() >= deadline {
             return;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Reaps `pid` if it is our exited child; whether it still runs otherwise.
+fn still_running(pid: u32) -> bool {
+    let Ok(raw) = i32::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: waitpid with a null status pointer and WNOHANG does not block.
+    match unsafe { libc::waitpid(raw, std::ptr::null_mut(), libc::WNOHANG) } {
+        0 => true,
+        n if n > 0 => false,
+        // Not our child: alive unless gone or a zombie (its parent reaps it).
+        _ => std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| {
+                stat.rfind(')')
+                    .map(|i| stat[i + 2..].starts_with(|c| c != 'Z' && c != 'X'))
+            })
+            .unwrap_or(false),
     }
 }
 

@@ -146,6 +146,18 @@ pub struct AgentConfig {
     /// Host that clients use to reach instance ports; default: the host of the
     /// agent's advertised address.
     pub public_host: Option<String>,
+    /// Browsers of `warm_pool_image` kept started for instant creates (they use
+    /// memory, not `max_instances` slots).
+    pub warm_pool_size: usize,
+    /// The image the warm pool serves.
+    pub warm_pool_image: String,
+    /// Run each browser in its own bubblewrap namespaces when `bwrap` is installed.
+    pub sandbox: bool,
+    /// CPU quota per requested core: an instance gets `cpu_cores × cpu_quota_per_core`
+    /// cores of CPU time (e.g. 0.5 to pack two instances per core).
+    pub cpu_quota_per_core: f64,
+    /// Processes and threads an instance may have.
+    pub pids_max: u64,
     /// Seconds a browser may take to answer CDP before the instance fails.
     pub launch_timeout_sec: u64,
     /// Seconds a graceful stop (CDP `Browser.close`, then SIGTERM) may take before SIGKILL.
@@ -177,6 +189,11 @@ impl Default for AgentConfig {
                 last: 40000,
             },
             public_host: None,
+            warm_pool_size: 1,
+            warm_pool_image: DEFAULT_IMAGE.to_owned(),
+            sandbox: true,
+            cpu_quota_per_core: 1.0,
+            pids_max: 2048,
             launch_timeout_sec: 30,
             stop_timeout_sec: 5,
             viewport_width: 1280,
@@ -228,6 +245,33 @@ impl AgentConfig {
                 self.port_range,
                 self.port_range.len(),
                 self.max_instances
+            ));
+        }
+        if self.cpu_quota_per_core.is_nan()
+            || self.cpu_quota_per_core <= 0.0
+            || self.cpu_quota_per_core > 64.0
+        {
+            return Err(format!(
+                "agent.cpu_quota_per_core must be > 0 and at most 64 (got {})",
+                self.cpu_quota_per_core
+            ));
+        }
+        if self.pids_max < 64 {
+            return Err(format!(
+                "agent.pids_max must be at least 64: Chromium needs dozens of threads (got {})",
+                self.pids_max
+            ));
+        }
+        if self.warm_pool_size > 64 {
+            return Err(format!(
+                "agent.warm_pool_size must be at most 64 (got {})",
+                self.warm_pool_size
+            ));
+        }
+        if self.warm_pool_size > 0 && !self.image_catalog().contains_key(&self.warm_pool_image) {
+            return Err(format!(
+                "agent.warm_pool_image {:?} is not in the image catalog",
+                self.warm_pool_image
             ));
         }
         if self.launch_timeout_sec == 0 {

@@ -5,7 +5,7 @@
 //! the browser, the port servers (CDP gateway, live view, instance HTTP API) and
 //! the agent's delete and report paths.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,6 +18,8 @@ use flotilla_api_types::agent::InstanceReport;
 use flotilla_api_types::instances::{InstanceConfig, InstanceResources, InstanceStatus};
 
 use crate::browser::{BrowserProcess, CdpEndpoint, InstanceDirs};
+use crate::cgroups::InstanceCgroup;
+use crate::launcher::Launched;
 
 /// Where the instance's browser is in its life, as the port servers see it.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,9 +40,11 @@ pub struct InstanceSlot {
     pub ports: [u16; 3],
     pub dirs: InstanceDirs,
     phase: watch::Sender<BrowserPhase>,
-    /// The browser once spawned. A std mutex: only swapped or cloned, never held
-    /// across an await.
-    process: Mutex<Option<Arc<BrowserProcess>>>,
+    /// The browser once spawned, and its cgroup. A std mutex: only swapped or
+    /// cloned, never held across an await.
+    process: Mutex<Option<Launched>>,
+    /// Memory-limit kills already reported.
+    oom_reported: AtomicU64,
     /// Status and reason as the agent reports them.
     status: Mutex<(InstanceStatus, Option<String>)>,
     /// Milliseconds since the epoch of the last CDP or viewer activity.
@@ -72,6 +76,7 @@ impl InstanceSlot {
             dirs,
             phase: watch::channel(BrowserPhase::Starting).0,
             process: Mutex::new(None),
+            oom_reported: AtomicU64::new(0),
             status: Mutex::new((InstanceStatus::Creating, None)),
             last_activity_ms: AtomicI64::new(Utc::now().timestamp_millis()),
             resources: Mutex::new(InstanceResources::default()),
@@ -132,12 +137,36 @@ impl InstanceSlot {
         })
     }
 
-    pub fn set_process(&self, process: Arc<BrowserProcess>) {
-        *self.process.lock().expect("slot lock") = Some(process);
+    pub fn set_process(&self, launched: Launched) {
+        *self.process.lock().expect("slot lock") = Some(launched);
     }
 
     pub fn process(&self) -> Option<Arc<BrowserProcess>> {
-        self.process.lock().expect("slot lock").clone()
+        self.process
+            .lock()
+            .expect("slot lock")
+            .as_ref()
+            .map(|l| l.process.clone())
+    }
+
+    fn cgroup(&self) -> Option<Arc<InstanceCgroup>> {
+        self.process
+            .lock()
+            .expect("slot lock")
+            .as_ref()
+            .and_then(|l| l.cgroup.clone())
+    }
+
+    /// Processes killed by the memory limit since the browser started.
+    pub fn oom_kills_total(&self) -> u64 {
+        self.cgroup().map(|c| c.oom_kills()).unwrap_or(0)
+    }
+
+    /// Memory-limit kills not reported yet, if any.
+    pub fn new_oom_kills(&self) -> Option<u64> {
+        let total = self.oom_kills_total();
+        let reported = self.oom_reported.swap(total, Ordering::SeqCst);
+        (total > reported).then(|| total - reported)
     }
 
     pub fn endpoint(&self) -> Option<CdpEndpoint> {

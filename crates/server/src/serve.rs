@@ -76,6 +76,7 @@ impl Serve {
                 .bind_address
                 .unwrap_or_else(|| default_bind_address(&public_host)),
             public_host,
+            hidden_paths: vec![data_dir.clone()],
         };
         let agent = Agent::start(settings, Arc::new(LocalLink(control_plane.clone()))).await?;
         control_plane

@@ -188,6 +188,8 @@ pub async fn spawn_serve_with(adjust: impl FnOnce(&mut FlotillaConfig)) -> TestS
     config.control.nodes.heartbeat_interval_sec = 0.5;
     config.control.nodes.heartbeat_timeout_sec = 30.0;
     config.agent.node_id = Some("test-node".into());
+    // Tests that want a warm pool ask for one; the others start no spare browser.
+    config.agent.warm_pool_size = 0;
     adjust(&mut config);
     let serve = Serve::start(config).await.expect("serve starts");
     let api = Api::new(serve.control_url());

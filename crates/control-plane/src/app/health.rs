@@ -22,16 +22,31 @@ impl ControlPlane {
             .filter(|(s, _)| *s == InstanceStatus::Running)
             .map(|(_, n)| n)
             .sum();
-        let scheduler = match self.store.node_list().await {
-            Ok(nodes) if nodes.iter().any(|n| n.status == NodeStatus::Online) => {
-                ComponentStatus::Up
-            }
-            _ => ComponentStatus::Down,
+        let nodes = self.store.node_list().await.unwrap_or_default();
+        let online: Vec<_> = nodes
+            .iter()
+            .filter(|n| n.status == NodeStatus::Online)
+            .collect();
+        let scheduler = if online.is_empty() {
+            ComponentStatus::Down
+        } else {
+            ComponentStatus::Up
         };
         let messaging = ComponentStatus::Disabled;
+        let mut warnings: Vec<String> = online
+            .iter()
+            .flat_map(|node| {
+                node.warnings
+                    .iter()
+                    .map(move |w| format!("node {}: {w}", node.id))
+            })
+            .collect();
+        if scheduler == ComponentStatus::Down {
+            warnings.push("no node is online: instances cannot be placed".into());
+        }
         let status = if storage == ComponentStatus::Down {
             HealthStatus::Unhealthy
-        } else if [scheduler, messaging].contains(&ComponentStatus::Down) {
+        } else if !warnings.is_empty() || messaging == ComponentStatus::Down {
             HealthStatus::Degraded
         } else {
             HealthStatus::Healthy
@@ -46,6 +61,7 @@ impl ControlPlane {
                 messaging,
                 scheduler,
             },
+            warnings,
         }
     }
 }

@@ -77,5 +77,6 @@ pub fn node_view(record: &NodeRecord, instances_count: i64, detail: bool) -> Nod
         last_heartbeat: record.last_heartbeat,
         capabilities: detail.then_some(record.capabilities),
         images: detail.then(|| record.images.clone()),
+        warnings: (detail && !record.warnings.is_empty()).then(|| record.warnings.clone()),
     }
 }

@@ -11,7 +11,7 @@ use flotilla_api_types::nodes::{Capabilities, NodeStatus, ResourceUsage};
 use super::{Store, from_millis, to_millis};
 
 const COLUMNS: &str = "id, address, public_host, status, max_instances, cpu_cores, memory_gb, disk_gb, images, \
-    cpu_percent, memory_percent, disk_percent, last_heartbeat, registered_at";
+    cpu_percent, memory_percent, disk_percent, last_heartbeat, registered_at, warnings";
 
 /// A node as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,11 +26,14 @@ pub struct NodeRecord {
     pub resources: ResourceUsage,
     pub last_heartbeat: DateTime<Utc>,
     pub registered_at: DateTime<Utc>,
+    /// Why the node runs with less isolation than configured.
+    pub warnings: Vec<String>,
 }
 
 fn decode(row: &AnyRow) -> Result<NodeRecord, sqlx::Error> {
     let status: String = row.try_get("status")?;
     let images: String = row.try_get("images")?;
+    let warnings: String = row.try_get("warnings")?;
     Ok(NodeRecord {
         id: NodeId::new(row.try_get::<String, _>("id")?),
         address: row.try_get("address")?,
@@ -54,6 +57,7 @@ fn decode(row: &AnyRow) -> Result<NodeRecord, sqlx::Error> {
         },
         last_heartbeat: from_millis(row.try_get("last_heartbeat")?),
         registered_at: from_millis(row.try_get("registered_at")?),
+        warnings: serde_json::from_str(&warnings).map_err(|e| sqlx::Error::Decode(e.into()))?,
     })
 }
 
@@ -66,11 +70,13 @@ impl Store {
     ) -> Result<(), sqlx::Error> {
         let images =
             serde_json::to_string(&registration.images).expect("a list of strings serialises");
+        let warnings =
+            serde_json::to_string(&registration.warnings).expect("a list of strings serialises");
         let mut tx = self.write_tx().await?;
         let updated = sqlx::query(
             "UPDATE nodes SET address = $1, public_host = $2, status = $3, max_instances = $4, cpu_cores = $5, \
              memory_gb = $6, disk_gb = $7, images = $8, cpu_percent = $9, memory_percent = $10, disk_percent = $11, \
-             last_heartbeat = $12 WHERE id = $13",
+             last_heartbeat = $12, warnings = $14 WHERE id = $13",
         )
         .bind(registration.address.as_str())
         .bind(registration.public_host.as_str())
@@ -85,11 +91,12 @@ impl Store {
         .bind(registration.resources.disk_percent)
         .bind(to_millis(now))
         .bind(registration.node_id.as_str())
+        .bind(warnings.as_str())
         .execute(&mut *tx)
         .await?;
         if updated.rows_affected() == 0 {
             sqlx::query(&format!(
-                "INSERT INTO nodes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13)"
+                "INSERT INTO nodes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14)"
             ))
             .bind(registration.node_id.as_str())
             .bind(registration.address.as_str())
@@ -104,6 +111,7 @@ impl Store {
             .bind(registration.resources.memory_percent)
             .bind(registration.resources.disk_percent)
             .bind(to_millis(now))
+            .bind(warnings.as_str())
             .execute(&mut *tx)
             .await?;
         }

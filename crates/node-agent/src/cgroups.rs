@@ -1,0 +1,397 @@
+//! Resource limits of instances through cgroups, v2 or v1.
+//!
+//! Each instance gets its own cgroup under `<our cgroup>/flotilla/<node id>/`,
+//! with a memory limit (`memory_gb`), a CPU quota (`cpu_cores` ×
+//! `agent.cpu_quota_per_core` per 100 ms period) and a pids cap. The browser
+//! joins it between fork and exec (see [`InstanceCgroup::attach_hook`]), so no
+//! child is ever outside it. cgroup v2 is used when the unified hierarchy has the
+//! memory, cpu and pids controllers for us; otherwise the v1 controllers; where
+//! neither is writable, instances run without limits and the node reports
+//! itself degraded.
+
+use std::ffi::CString;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// The limits of one instance.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    pub memory_bytes: u64,
+    /// CPU time per 100 ms period, in microseconds.
+    pub cpu_quota_us: u64,
+    pub pids_max: u64,
+}
+
+pub const CPU_PERIOD_US: u64 = 100_000;
+
+impl Limits {
+    pub fn new(memory_gb: f64, cpu_cores: f64, pids_max: u64) -> Self {
+        Self {
+            memory_bytes: (memory_gb * 1024.0 * 1024.0 * 1024.0) as u64,
+            cpu_quota_us: ((cpu_cores * CPU_PERIOD_US as f64) as u64).max(1000),
+            pids_max,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    V1,
+    V2,
+}
+
+/// Where this agent creates instance cgroups.
+#[derive(Debug, Clone)]
+pub struct Cgroups {
+    version: Version,
+    /// v2: one base; v1: one per controller (memory, cpu, pids), same order.
+    bases: Vec<PathBuf>,
+}
+
+const V1_CONTROLLERS: [&str; 3] = ["memory", "cpu", "pids"];
+
+impl Cgroups {
+    /// Finds a writable hierarchy; `Err` says why none is usable. `owner` names
+    /// this agent's subtree and must be unique per agent on the machine (the
+    /// agent uses its node id and data directory): the start-up sweep kills
+    /// whatever it finds there.
+    pub fn detect(owner: &str) -> Result<Self, String> {
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo")
+            .map_err(|e| format!("cannot read mountinfo: {e}"))?;
+        let own = std::fs::read_to_string("/proc/self/cgroup")
+            .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+        let leaf = format!("flotilla/{}", sanitize(owner));
+        let v2_error = match Self::detect_v2(&mounts, &own, &leaf) {
+            Ok(found) => return Ok(found),
+            Err(error) => error,
+        };
+        match Self::detect_v1(&mounts, &own, &leaf) {
+            Ok(found) => Ok(found),
+            Err(v1_error) => Err(format!("cgroup v2: {v2_error}; cgroup v1: {v1_error}")),
+        }
+    }
+
+    fn detect_v2(mounts: &str, own: &str, leaf: &str) -> Result<Self, String> {
+        let mount = mounts
+            .lines()
+            .find_map(|line| {
+                let (left, right) = line.split_once(" - ")?;
+                right
+                    .starts_with("cgroup2 ")
+                    .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
+            })
+            .ok_or("no cgroup2 mount")?;
+        let own_path = own
+            .lines()
+            .find_map(|line| line.strip_prefix("0::"))
+            .ok_or("no unified cgroup for this process")?;
+        let parent = mount.join(own_path.trim_start_matches('/'));
+        let available =
+            std::fs::read_to_string(parent.join("cgroup.controllers")).unwrap_or_default();
+        for controller in ["memory", "cpu", "pids"] {
+            if !available.split_whitespace().any(|c| c == controller) {
+                return Err(format!(
+                    "controller {controller} is not available at {}",
+                    parent.display()
+                ));
+            }
+        }
+        // Controllers must be enabled at every level down to the instance cgroups.
+        let base = parent.join(leaf);
+        std::fs::create_dir_all(&base)
+            .map_err(|e| format!("cannot create {}: {e}", base.display()))?;
+        let mut level = parent.clone();
+        for part in Path::new(leaf).components() {
+            std::fs::write(level.join("cgroup.subtree_control"), "+memory +cpu +pids")
+                .map_err(|e| format!("cannot enable controllers in {}: {e}", level.display()))?;
+            level = level.join(part);
+        }
+        std::fs::write(base.join("cgroup.subtree_control"), "+memory +cpu +pids")
+            .map_err(|e| format!("cannot enable controllers in {}: {e}", base.display()))?;
+        Ok(Self {
+            version: Version::V2,
+            bases: vec![base],
+        })
+    }
+
+    fn detect_v1(mounts: &str, own: &str, leaf: &str) -> Result<Self, String> {
+        let mut bases = Vec::new();
+        for controller in V1_CONTROLLERS {
+            let mount = mounts
+                .lines()
+                .find_map(|line| {
+                    let (left, right) = line.split_once(" - ")?;
+                    let mut right = right.split_whitespace();
+                    if right.next()? != "cgroup" {
+                        return None;
+                    }
+                    let options = right.nth(1)?;
+                    options
+                        .split(',')
+                        .any(|o| o == controller)
+                        .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
+                })
+                .ok_or_else(|| format!("no {controller} hierarchy mounted"))?;
+            let own_path = own
+                .lines()
+                .find_map(|line| {
+                    let mut parts = line.splitn(3, ':');
+                    let _id = parts.next()?;
+                    let controllers = parts.next()?;
+                    let path = parts.next()?;
+                    controllers
+                        .split(',')
+                        .any(|c| c == controller)
+                        .then_some(path)
+                })
+                .unwrap_or("/");
+            let base = mount.join(own_path.trim_start_matches('/')).join(leaf);
+            std::fs::create_dir_all(&base)
+                .map_err(|e| format!("cannot create {}: {e}", base.display()))?;
+            bases.push(base);
+        }
+        Ok(Self {
+            version: Version::V1,
+            bases,
+        })
+    }
+
+    /// Removes this agent's (empty) subtree at shutdown.
+    pub fn remove_base(&self) {
+        for base in &self.bases {
+            let _ = std::fs::remove_dir(base);
+        }
+    }
+
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
+    /// Creates the cgroup of one instance with its limits.
+    pub fn create(&self, name: &str, limits: Limits) -> io::Result<InstanceCgroup> {
+        let dirs: Vec<PathBuf> = self
+            .bases
+            .iter()
+            .map(|base| base.join(sanitize(name)))
+            .collect();
+        for dir in &dirs {
+            std::fs::create_dir_all(dir)?;
+        }
+        let cgroup = InstanceCgroup {
+            version: self.version,
+            dirs,
+        };
+        cgroup.apply(limits)?;
+        Ok(cgroup)
+    }
+
+    /// Kills what is left in instance cgroups of a previous run and removes them.
+    pub fn sweep(&self) -> usize {
+        let mut removed = 0;
+        for base in &self.bases {
+            let Ok(entries) = std::fs::read_dir(base) else {
+                continue;
+            };
+            for entry in entries.flatten().filter(|e| e.path().is_dir()) {
+                let dir = entry.path();
+                for pid in read_procs(&dir) {
+                    // SAFETY: kill has no memory-safety preconditions.
+                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                }
+                for _ in 0..200 {
+                    if std::fs::remove_dir(&dir).is_ok() {
+                        removed += 1;
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+            }
+        }
+        removed
+    }
+}
+
+fn sanitize(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// One instance's cgroup (one directory per v1 controller, or one v2 directory).
+#[derive(Debug)]
+pub struct InstanceCgroup {
+    version: Version,
+    dirs: Vec<PathBuf>,
+}
+
+impl InstanceCgroup {
+    /// Sets (or changes, for a pooled browser taken by an instance) the limits.
+    pub fn apply(&self, limits: Limits) -> io::Result<()> {
+        match self.version {
+            Version::V2 => {
+                let dir = &self.dirs[0];
+                std::fs::write(dir.join("memory.max"), limits.memory_bytes.to_string())?;
+                // Without swap the limit is hard; keep the kernel from swapping instead of killing.
+                let _ = std::fs::write(dir.join("memory.swap.max"), "0");
+                std::fs::write(
+                    dir.join("cpu.max"),
+                    format!("{} {CPU_PERIOD_US}", limits.cpu_quota_us),
+                )?;
+                std::fs::write(dir.join("pids.max"), limits.pids_max.to_string())?;
+            }
+            Version::V1 => {
+                let [memory, cpu, pids] = [&self.dirs[0], &self.dirs[1], &self.dirs[2]];
+                std::fs::write(
+                    memory.join("memory.limit_in_bytes"),
+                    limits.memory_bytes.to_string(),
+                )?;
+                let _ = std::fs::write(memory.join("memory.swappiness"), "0");
+                std::fs::write(cpu.join("cpu.cfs_period_us"), CPU_PERIOD_US.to_string())?;
+                std::fs::write(
+                    cpu.join("cpu.cfs_quota_us"),
+                    limits.cpu_quota_us.to_string(),
+                )?;
+                std::fs::write(pids.join("pids.max"), limits.pids_max.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A function for `pre_exec`: moves the calling (child) process into this
+    /// cgroup. It only uses `getpid`, `open`, `write` and `close` on buffers
+    /// prepared beforehand, so it is safe between fork and exec.
+    pub fn attach_hook(&self) -> impl FnMut() -> io::Result<()> + Send + Sync + 'static {
+        let procs: Vec<CString> = self
+            .dirs
+            .iter()
+            .map(|dir| {
+                CString::new(
+                    dir.join("cgroup.procs")
+                        .into_os_string()
+                        .into_encoded_bytes(),
+                )
+                .expect("no NUL in a path")
+            })
+            .collect();
+        move || {
+            // SAFETY: getpid has no preconditions.
+            let pid = unsafe { libc::getpid() };
+            let mut digits = [0u8; 20];
+            let text = format_pid(pid as u32, &mut digits);
+            for path in &procs {
+                // SAFETY: `path` is a valid C string; the buffer outlives the calls.
+                unsafe {
+                    let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                    if fd < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    let written = libc::write(fd, text.as_ptr().cast(), text.len());
+                    libc::close(fd);
+                    if written < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+
+    /// Pids of the processes in this cgroup (exited ones are no longer listed).
+    pub fn procs(&self) -> Vec<u32> {
+        read_procs(&self.dirs[0])
+    }
+
+    /// How many processes the kernel killed for exceeding the memory limit.
+    pub fn oom_kills(&self) -> u64 {
+        let (file, key) = match self.version {
+            Version::V2 => (self.dirs[0].join("memory.events"), "oom_kill"),
+            Version::V1 => (self.dirs[0].join("memory.oom_control"), "oom_kill"),
+        };
+        std::fs::read_to_string(file)
+            .unwrap_or_default()
+            .lines()
+            .find_map(|line| line.strip_prefix(key)?.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Removes the directories; only possible once no process is left in them.
+    pub fn remove(&self) {
+        for dir in &self.dirs {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+fn read_procs(dir: &Path) -> Vec<u32> {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// Writes `pid` in decimal into `buffer` without allocating.
+fn format_pid(mut pid: u32, buffer: &mut [u8; 20]) -> &[u8] {
+    let mut start = buffer.len();
+    loop {
+        start -= 1;
+        buffer[start] = b'0' + (pid % 10) as u8;
+        pid /= 10;
+        if pid == 0 {
+            break;
+        }
+    }
+    &buffer[start..]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_pids_without_allocating() {
+        let mut buffer = [0u8; 20];
+        assert_eq!(format_pid(0, &mut buffer), b"0");
+        assert_eq!(format_pid(4_294_967_295, &mut buffer), b"4294967295");
+        assert_eq!(format_pid(31337, &mut buffer), b"31337");
+    }
+
+    #[test]
+    fn limits_from_config() {
+        let limits = Limits::new(0.5, 1.5, 512);
+        assert_eq!(limits.memory_bytes, 512 * 1024 * 1024);
+        assert_eq!(limits.cpu_quota_us, 150_000);
+    }
+
+    #[test]
+    fn detects_a_hierarchy_and_limits_a_process() {
+        // On a machine without a writable hierarchy there is nothing to test;
+        // `detect` says why, and the agent reports itself degraded.
+        let Ok(cgroups) = Cgroups::detect("unit-test") else {
+            return;
+        };
+        let cgroup = cgroups.create("probe", Limits::new(0.25, 1.0, 64)).unwrap();
+        let hook = cgroup.attach_hook();
+        let mut command = std::process::Command::new("sleep");
+        command.arg("0.2");
+        // SAFETY: the hook only makes async-signal-safe calls.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, hook);
+        }
+        let mut child = command.spawn().unwrap();
+        let procs = std::fs::read_to_string(cgroup.dirs[0].join("cgroup.procs")).unwrap();
+        assert!(
+            procs.lines().any(|l| l == child.id().to_string()),
+            "{procs}"
+        );
+        child.wait().unwrap();
+        cgroup.remove();
+        assert!(!cgroup.dirs[0].exists());
+    }
+}
