@@ -53,6 +53,9 @@ pub struct NodeRegistration {
     pub capabilities: Capabilities,
     pub images: Vec<String>,
     pub resources: ResourceUsage,
+    /// Utilisation averaged over about a minute (what placement decisions use).
+    #[serde(default)]
+    pub load: ResourceUsage,
     pub instances: Vec<InstanceReport>,
     /// Why the node runs with less isolation than configured (no cgroups, no
     /// sandbox); the node is then reported degraded.
@@ -65,6 +68,9 @@ pub struct NodeRegistration {
 pub struct Heartbeat {
     pub node_id: NodeId,
     pub resources: ResourceUsage,
+    /// Utilisation averaged over about a minute.
+    #[serde(default)]
+    pub load: ResourceUsage,
     pub instances: Vec<InstanceReport>,
 }
 

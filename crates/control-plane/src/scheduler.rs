@@ -56,10 +56,10 @@ fn ineligibility(
             "has {} CPU cores, fewer than the requested cpu_cores {}",
             node.capabilities.cpu_cores, request.config.cpu_cores
         ))
-    } else if node.resources.cpu_percent > limit || node.resources.memory_percent > limit {
+    } else if node.load.cpu_percent > limit || node.load.memory_percent > limit {
         Some(format!(
-            "overloaded (CPU {:.0} %, memory {:.0} %; limit {limit:.0} %)",
-            node.resources.cpu_percent, node.resources.memory_percent
+            "overloaded (CPU {:.0} %, memory {:.0} % over the last minute; limit {limit:.0} %)",
+            node.load.cpu_percent, node.load.memory_percent
         ))
     } else {
         None
@@ -69,7 +69,7 @@ fn ineligibility(
 /// Free capacity in [0, 2]: free slot share plus free memory share.
 fn free_capacity(node: &NodeRecord, occupied: i64) -> f64 {
     let slots = (node.max_instances - occupied) as f64 / node.max_instances.max(1) as f64;
-    let memory = 1.0 - node.resources.memory_percent / 100.0;
+    let memory = 1.0 - node.load.memory_percent / 100.0;
     slots + memory
 }
 
@@ -163,6 +163,11 @@ mod tests {
             last_heartbeat: Utc::now(),
             registered_at: Utc::now(),
             warnings: vec![],
+            load: ResourceUsage {
+                cpu_percent: 10.0,
+                memory_percent,
+                disk_percent: 10.0,
+            },
         }
     }
 
@@ -254,6 +259,34 @@ mod tests {
             ),
             Err(Error::InsufficientCapacity(_))
         ));
+    }
+
+    #[test]
+    fn placement_looks_at_the_smoothed_load_not_a_burst() {
+        let config = ControlPlaneConfig::default();
+        let instance = InstanceConfig::default();
+        let mut bursting = node("a", 10, 0.0);
+        bursting.resources.cpu_percent = 100.0;
+        assert!(
+            rank(
+                &[bursting.clone()],
+                &HashMap::new(),
+                &request(&instance, None),
+                Utc::now(),
+                &config
+            )
+            .is_ok()
+        );
+        bursting.load.cpu_percent = 95.0;
+        let err = rank(
+            &[bursting],
+            &HashMap::new(),
+            &request(&instance, None),
+            Utc::now(),
+            &config,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("overloaded"), "{err}");
     }
 
     #[test]

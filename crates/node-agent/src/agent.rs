@@ -159,6 +159,16 @@ impl Agent {
         &self.inner.node_id
     }
 
+    /// Warm-pool browsers ready to be taken now.
+    pub fn warm_pool_ready(&self) -> usize {
+        self.inner.launcher.pool_ready()
+    }
+
+    /// Why this node runs with less isolation than configured.
+    pub fn warnings(&self) -> &[String] {
+        self.inner.launcher.warnings()
+    }
+
     pub fn address(&self) -> &str {
         &self.inner.settings.address
     }
@@ -300,6 +310,12 @@ impl Agent {
             Ok(endpoint) => {
                 if slot.is_stopping() {
                     return;
+                }
+                if let Some(endpoint) = &endpoint {
+                    self.inner
+                        .launcher
+                        .calibrate_viewport(&image, endpoint)
+                        .await;
                 }
                 tracing::info!(instance = %slot.id, elapsed_ms = started.elapsed().as_millis() as u64, "browser ready");
                 slot.touch();
@@ -447,6 +463,7 @@ impl Agent {
             capabilities: machine.capabilities(),
             images: self.inner.catalog.keys().cloned().collect(),
             resources: flotilla_api_types::nodes::ResourceUsage::default(),
+            load: flotilla_api_types::nodes::ResourceUsage::default(),
             instances: self.instance_reports(),
             warnings: self.inner.launcher.warnings().to_vec(),
         }
@@ -456,7 +473,14 @@ impl Agent {
         let mut wait = Duration::from_millis(200);
         loop {
             let mut registration = self.registration();
-            registration.resources = self.inner.machine.lock().expect("machine lock").sample();
+            let (resources, load) = self
+                .inner
+                .machine
+                .lock()
+                .expect("machine lock")
+                .sample_with_load();
+            registration.resources = resources;
+            registration.load = load;
             match self.inner.link.register(registration).await {
                 Ok(ack) => return Ok(ack),
                 Err(error) => {
@@ -514,10 +538,16 @@ impl Agent {
                 self.check_limits(slot, resources.disk_mb);
             }
         }
-        let resources = self.inner.machine.lock().expect("machine lock").sample();
+        let (resources, load) = self
+            .inner
+            .machine
+            .lock()
+            .expect("machine lock")
+            .sample_with_load();
         Heartbeat {
             node_id: self.inner.node_id.clone(),
             resources,
+            load,
             instances: slots.iter().map(|slot| slot.report()).collect(),
         }
     }

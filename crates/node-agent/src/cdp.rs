@@ -20,7 +20,9 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 type WsSink = SplitSink<WebSocketStream<MaybeTlsStream<TcpStream>>, Message>;
-type Pending = Arc<std::sync::Mutex<HashMap<u64, oneshot::Sender<Result<Value, CdpError>>>>>;
+/// Callers waiting for a response, with the session they called on.
+type Pending =
+    Arc<std::sync::Mutex<HashMap<u64, (Option<String>, oneshot::Sender<Result<Value, CdpError>>)>>>;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum CdpError {
@@ -28,6 +30,8 @@ pub enum CdpError {
     Connect { url: String, reason: String },
     #[error("CDP connection closed")]
     Closed,
+    #[error("the page went away (crashed or detached) during {0}")]
+    TargetGone(String),
     #[error("CDP {method} failed: {message}")]
     Protocol { method: String, message: String },
     #[error("CDP {method} timed out after {timeout:?}")]
@@ -80,7 +84,7 @@ impl CdpClient {
                 };
                 if let Some(id) = value.get("id").and_then(Value::as_u64) {
                     let waiter = reader_pending.lock().expect("pending lock").remove(&id);
-                    if let Some(waiter) = waiter {
+                    if let Some((_, waiter)) = waiter {
                         let result = match value.get_mut("error") {
                             Some(error) => Err(CdpError::Protocol {
                                 method: String::new(),
@@ -109,6 +113,7 @@ impl CdpClient {
                             .and_then(Value::as_str)
                             .map(str::to_owned),
                     };
+                    fail_calls_of_gone_session(&reader_pending, &event);
                     let _ = reader_events.send(event);
                 }
             }
@@ -142,7 +147,10 @@ impl CdpClient {
             message["sessionId"] = Value::String(session_id.to_owned());
         }
         let (tx, rx) = oneshot::channel();
-        self.pending.lock().expect("pending lock").insert(id, tx);
+        self.pending
+            .lock()
+            .expect("pending lock")
+            .insert(id, (session_id.map(str::to_owned), tx));
         let sent = self
             .sink
             .lock()
@@ -182,5 +190,31 @@ impl CdpClient {
             .send(Message::Text(message.to_string().into()))
             .await
             .map_err(|_| CdpError::Closed)
+    }
+}
+
+/// Calls on a session whose page crashed or detached would never be answered:
+/// fail them now.
+fn fail_calls_of_gone_session(pending: &Pending, event: &CdpEvent) {
+    let gone = match event.method.as_str() {
+        "Target.detachedFromTarget" => event
+            .params
+            .get("sessionId")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        "Inspector.targetCrashed" | "Inspector.detached" => event.session_id.clone(),
+        _ => None,
+    };
+    let Some(gone) = gone else { return };
+    let mut pending = pending.lock().expect("pending lock");
+    let ids: Vec<u64> = pending
+        .iter()
+        .filter(|(_, (session, _))| session.as_deref() == Some(gone.as_str()))
+        .map(|(id, _)| *id)
+        .collect();
+    for id in ids {
+        if let Some((_, waiter)) = pending.remove(&id) {
+            let _ = waiter.send(Err(CdpError::TargetGone(event.method.clone())));
+        }
     }
 }

@@ -43,6 +43,9 @@ pub const BASE_CHROMIUM_FLAGS: &[&str] = &[
     "--export-tagged-pdf",
     "--hide-scrollbars",
     "--mute-audio",
+    // No "unsupported command-line flag" infobar over the first tab (it would
+    // shrink that tab's viewport by 56 px).
+    "--test-type",
 ];
 
 /// Which runtime the agent uses for instances.

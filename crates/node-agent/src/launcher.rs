@@ -7,18 +7,20 @@
 //! instance's config) and is `running` at once; a background task refills the
 //! pool. A pooled browser is never handed out twice.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use serde_json::json;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use flotilla_api_types::instances::InstanceConfig;
 
 use crate::browser::{BrowserProcess, CdpEndpoint, InstanceDirs, LaunchError, LaunchPlan, Sandbox};
+use crate::cdp::CdpClient;
 use crate::cgroups::{Cgroups, InstanceCgroup, Limits};
 use crate::config::{AgentConfig, ImageConfig, RuntimeKind};
 
@@ -56,6 +58,10 @@ pub struct Launcher {
     pool_starting: AtomicUsize,
     /// Wakes the refill task.
     pool_wanted: Notify,
+    /// Per executable: how much larger than the viewport the window must be
+    /// (new-headless Chromium lays out an invisible 87 px toolbar; the headless
+    /// shell none). Measured on the first browser of each executable.
+    window_extra: Mutex<HashMap<PathBuf, (u32, u32)>>,
 }
 
 impl Launcher {
@@ -113,6 +119,7 @@ impl Launcher {
             pool: Mutex::default(),
             pool_starting: AtomicUsize::new(0),
             pool_wanted: Notify::new(),
+            window_extra: Mutex::default(),
         }
     }
 
@@ -152,9 +159,17 @@ impl Launcher {
             })?)),
             None => None,
         };
+        let (extra_width, extra_height) = self
+            .window_extra
+            .lock()
+            .expect("window lock")
+            .get(&image.executable)
+            .copied()
+            .unwrap_or((0, 0));
         let extra_args = vec![format!(
             "--window-size={},{}",
-            self.config.viewport_width, self.config.viewport_height
+            self.config.viewport_width + extra_width,
+            self.config.viewport_height + extra_height
         )];
         let plan = LaunchPlan {
             image,
@@ -176,6 +191,111 @@ impl Launcher {
                 Err(error)
             }
         }
+    }
+
+    /// Makes the first tab's viewport exactly `viewport_width × viewport_height`:
+    /// the first browser of an executable is measured and its window resized;
+    /// later ones start with the right window size. Best effort: a failure
+    /// leaves the browser as it is.
+    pub async fn calibrate_viewport(&self, image: &ImageConfig, endpoint: &CdpEndpoint) {
+        if self
+            .window_extra
+            .lock()
+            .expect("window lock")
+            .contains_key(&image.executable)
+        {
+            return;
+        }
+        match self.measure_and_fix(endpoint).await {
+            Ok(extra) => {
+                tracing::info!(executable = %image.executable.display(), ?extra, "window size calibrated to the viewport");
+                self.window_extra
+                    .lock()
+                    .expect("window lock")
+                    .insert(image.executable.clone(), extra);
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot calibrate the browser window to the viewport")
+            }
+        }
+    }
+
+    async fn measure_and_fix(&self, endpoint: &CdpEndpoint) -> Result<(u32, u32), String> {
+        let timeout = Duration::from_secs(10);
+        let (tab, _) = crate::instance_http::list_tabs(endpoint)
+            .await?
+            .into_iter()
+            .next()
+            .ok_or("no tab to measure")?;
+        let browser = CdpClient::connect(&endpoint.browser_ws_url())
+            .await
+            .map_err(|e| e.to_string())?;
+        let attached = browser
+            .call(
+                "Target.attachToTarget",
+                json!({"targetId": tab.id, "flatten": true}),
+                None,
+                timeout,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let session = attached["sessionId"]
+            .as_str()
+            .ok_or("no session")?
+            .to_owned();
+        let measured = browser
+            .call(
+                "Runtime.evaluate",
+                json!({"expression": "[outerWidth - innerWidth, outerHeight - innerHeight]", "returnByValue": true}),
+                Some(&session),
+                timeout,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let values = measured["result"]["value"]
+            .as_array()
+            .ok_or("no measurement")?;
+        let extra = |i: usize| {
+            values
+                .get(i)
+                .and_then(|v| v.as_u64())
+                .unwrap_or(0)
+                .min(1000) as u32
+        };
+        let (extra_width, extra_height) = (extra(0), extra(1));
+        if extra_width > 0 || extra_height > 0 {
+            let window = browser
+                .call(
+                    "Browser.getWindowForTarget",
+                    json!({"targetId": tab.id}),
+                    None,
+                    timeout,
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+            let bounds = json!({
+                "width": self.config.viewport_width + extra_width,
+                "height": self.config.viewport_height + extra_height,
+            });
+            browser
+                .call(
+                    "Browser.setWindowBounds",
+                    json!({"windowId": window["windowId"], "bounds": bounds}),
+                    None,
+                    timeout,
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        let _ = browser
+            .call(
+                "Target.detachFromTarget",
+                json!({"sessionId": session}),
+                None,
+                timeout,
+            )
+            .await;
+        Ok((extra_width, extra_height))
     }
 
     /// Takes a pooled browser for `image`, set to `limits`; `None` if the pool
@@ -254,11 +374,14 @@ impl Launcher {
                 .wait_ready(Duration::from_secs(self.config.launch_timeout_sec))
                 .await
             {
-                Ok(Some(endpoint)) => Ok(WarmBrowser {
-                    dirs: dirs.clone(),
-                    launched,
-                    endpoint,
-                }),
+                Ok(Some(endpoint)) => {
+                    self.calibrate_viewport(&image, &endpoint).await;
+                    Ok(WarmBrowser {
+                        dirs: dirs.clone(),
+                        launched,
+                        endpoint,
+                    })
+                }
                 Ok(None) => Err("sim browser in the pool".to_owned()),
                 Err(error) => {
                     launched.process.stop(None, false, Duration::ZERO).await;

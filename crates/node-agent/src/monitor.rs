@@ -176,14 +176,43 @@ pub fn instance_resources(
 pub struct MachineMeter {
     data_dir: std::path::PathBuf,
     last_cpu: Option<(u64, u64)>,
+    /// Exponentially weighted averages of CPU and memory with a one-minute time
+    /// constant, and when they were last updated.
+    smoothed: Option<(ResourceUsage, Instant)>,
 }
+
+/// Time constant of the smoothed utilisation the scheduler uses: a burst of
+/// browser launches must not make a node refuse placements.
+pub const LOAD_TIME_CONSTANT_SEC: f64 = 60.0;
 
 impl MachineMeter {
     pub fn new(data_dir: &Path) -> Self {
         Self {
             data_dir: data_dir.to_path_buf(),
             last_cpu: None,
+            smoothed: None,
         }
+    }
+
+    /// Samples utilisation now; returns it and the one-minute smoothed load.
+    pub fn sample_with_load(&mut self) -> (ResourceUsage, ResourceUsage) {
+        let now = self.sample();
+        let at = Instant::now();
+        let load = match self.smoothed {
+            None => now,
+            Some((previous, last)) => {
+                let alpha =
+                    1.0 - (-at.duration_since(last).as_secs_f64() / LOAD_TIME_CONSTANT_SEC).exp();
+                let blend = |old: f64, new: f64| round2(old + alpha * (new - old));
+                ResourceUsage {
+                    cpu_percent: blend(previous.cpu_percent, now.cpu_percent),
+                    memory_percent: blend(previous.memory_percent, now.memory_percent),
+                    disk_percent: now.disk_percent,
+                }
+            }
+        };
+        self.smoothed = Some((load, at));
+        (now, load)
     }
 
     pub fn sample(&mut self) -> ResourceUsage {

@@ -190,6 +190,9 @@ pub async fn spawn_serve_with(adjust: impl FnOnce(&mut FlotillaConfig)) -> TestS
     config.agent.node_id = Some("test-node".into());
     // Tests that want a warm pool ask for one; the others start no spare browser.
     config.agent.warm_pool_size = 0;
+    // Tests share two cores with other browser tests: the overload guard would
+    // refuse placements at random. Scheduler unit tests cover the guard.
+    config.control.scheduler.max_utilisation_percent = 100.0;
     adjust(&mut config);
     let serve = Serve::start(config).await.expect("serve starts");
     let api = Api::new(serve.control_url());
@@ -420,5 +423,94 @@ impl Drop for ServeProcess {
         }
         let instances = self.data_dir.join("agent/instances");
         flotilla_node_agent::sweep::sweep(&instances);
+    }
+}
+
+/// A page opened in an instance over CDP (through its gateway), for tests that
+/// need to run script or navigate.
+pub struct Page {
+    client: flotilla_node_agent::cdp::CdpClient,
+    session: String,
+}
+
+const CDP_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl Page {
+    /// Opens a new tab at `url` in the browser behind `debug_url` and waits for it to load.
+    pub async fn open(debug_url: &str, url: &str) -> anyhow::Result<Self> {
+        let client = flotilla_node_agent::cdp::CdpClient::connect(debug_url).await?;
+        let target = client
+            .call(
+                "Target.createTarget",
+                serde_json::json!({"url": "about:blank"}),
+                None,
+                CDP_TIMEOUT,
+            )
+            .await?;
+        let target_id = target["targetId"].as_str().context("targetId")?.to_owned();
+        let attached = client
+            .call(
+                "Target.attachToTarget",
+                serde_json::json!({"targetId": target_id, "flatten": true}),
+                None,
+                CDP_TIMEOUT,
+            )
+            .await?;
+        let session = attached["sessionId"]
+            .as_str()
+            .context("sessionId")?
+            .to_owned();
+        let page = Self { client, session };
+        page.navigate(url).await?;
+        Ok(page)
+    }
+
+    /// Navigates and waits until `document.readyState` is `complete`.
+    pub async fn navigate(&self, url: &str) -> anyhow::Result<()> {
+        self.client
+            .call(
+                "Page.navigate",
+                serde_json::json!({"url": url}),
+                Some(&self.session),
+                CDP_TIMEOUT,
+            )
+            .await?;
+        wait_until(CDP_TIMEOUT, &format!("{url} to load"), || async {
+            match self.eval("document.readyState + ' ' + location.href").await {
+                Ok(Value::String(state))
+                    if state.starts_with("complete") && !state.ends_with("about:blank") =>
+                {
+                    Ok(Some(()))
+                }
+                Ok(other) => Err(other.to_string()),
+                Err(error) => Err(error.to_string()),
+            }
+        })
+        .await
+    }
+
+    /// Evaluates `expression` (awaiting promises) and returns its value.
+    pub async fn eval(&self, expression: &str) -> anyhow::Result<Value> {
+        let result = self
+            .client
+            .call(
+                "Runtime.evaluate",
+                serde_json::json!({"expression": expression, "returnByValue": true, "awaitPromise": true}),
+                Some(&self.session),
+                CDP_TIMEOUT,
+            )
+            .await?;
+        if let Some(exception) = result.get("exceptionDetails") {
+            bail!("script threw: {exception}");
+        }
+        Ok(result["result"]["value"].clone())
+    }
+
+    /// Sends any CDP command on this page's session.
+    pub async fn call(&self, method: &str, params: Value) -> anyhow::Result<Value> {
+        Ok(self
+            .client
+            .call(method, params, Some(&self.session), CDP_TIMEOUT)
+            .await?)
     }
 }

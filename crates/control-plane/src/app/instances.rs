@@ -268,10 +268,12 @@ impl ControlPlane {
     /// A node reports that one of its instances changed state.
     pub async fn instance_state_changed(&self, change: InstanceStateChange) -> Result<()> {
         let from: &[InstanceStatus] = match change.status {
+            // Running → running carries a note (e.g. the memory limit was hit).
             InstanceStatus::Running => &[
                 InstanceStatus::Creating,
                 InstanceStatus::Reviving,
                 InstanceStatus::Idle,
+                InstanceStatus::Running,
             ],
             InstanceStatus::Failed | InstanceStatus::Stopped => &InstanceStatus::ACTIVE,
             _ => return Ok(()),

@@ -121,7 +121,12 @@ impl ControlPlane {
     pub async fn node_heartbeat(&self, heartbeat: Heartbeat) -> Result<bool> {
         match self
             .store
-            .node_heartbeat(&heartbeat.node_id, &heartbeat.resources, self.now())
+            .node_heartbeat(
+                &heartbeat.node_id,
+                &heartbeat.resources,
+                &heartbeat.load,
+                self.now(),
+            )
             .await?
         {
             None | Some(NodeStatus::Offline) => Ok(false),

@@ -11,7 +11,7 @@ use flotilla_api_types::nodes::{Capabilities, NodeStatus, ResourceUsage};
 use super::{Store, from_millis, to_millis};
 
 const COLUMNS: &str = "id, address, public_host, status, max_instances, cpu_cores, memory_gb, disk_gb, images, \
-    cpu_percent, memory_percent, disk_percent, last_heartbeat, registered_at, warnings";
+    cpu_percent, memory_percent, disk_percent, last_heartbeat, registered_at, warnings, load_cpu_percent, load_memory_percent";
 
 /// A node as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,6 +28,8 @@ pub struct NodeRecord {
     pub registered_at: DateTime<Utc>,
     /// Why the node runs with less isolation than configured.
     pub warnings: Vec<String>,
+    /// Utilisation averaged over about a minute (CPU and memory; disk as sampled).
+    pub load: ResourceUsage,
 }
 
 fn decode(row: &AnyRow) -> Result<NodeRecord, sqlx::Error> {
@@ -58,6 +60,11 @@ fn decode(row: &AnyRow) -> Result<NodeRecord, sqlx::Error> {
         last_heartbeat: from_millis(row.try_get("last_heartbeat")?),
         registered_at: from_millis(row.try_get("registered_at")?),
         warnings: serde_json::from_str(&warnings).map_err(|e| sqlx::Error::Decode(e.into()))?,
+        load: ResourceUsage {
+            cpu_percent: row.try_get("load_cpu_percent")?,
+            memory_percent: row.try_get("load_memory_percent")?,
+            disk_percent: row.try_get("disk_percent")?,
+        },
     })
 }
 
@@ -76,7 +83,7 @@ impl Store {
         let updated = sqlx::query(
             "UPDATE nodes SET address = $1, public_host = $2, status = $3, max_instances = $4, cpu_cores = $5, \
              memory_gb = $6, disk_gb = $7, images = $8, cpu_percent = $9, memory_percent = $10, disk_percent = $11, \
-             last_heartbeat = $12, warnings = $14 WHERE id = $13",
+             last_heartbeat = $12, warnings = $14, load_cpu_percent = $15, load_memory_percent = $16 WHERE id = $13",
         )
         .bind(registration.address.as_str())
         .bind(registration.public_host.as_str())
@@ -92,11 +99,13 @@ impl Store {
         .bind(to_millis(now))
         .bind(registration.node_id.as_str())
         .bind(warnings.as_str())
+        .bind(registration.load.cpu_percent)
+        .bind(registration.load.memory_percent)
         .execute(&mut *tx)
         .await?;
         if updated.rows_affected() == 0 {
             sqlx::query(&format!(
-                "INSERT INTO nodes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14)"
+                "INSERT INTO nodes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15, $16)"
             ))
             .bind(registration.node_id.as_str())
             .bind(registration.address.as_str())
@@ -112,6 +121,8 @@ impl Store {
             .bind(registration.resources.disk_percent)
             .bind(to_millis(now))
             .bind(warnings.as_str())
+            .bind(registration.load.cpu_percent)
+            .bind(registration.load.memory_percent)
             .execute(&mut *tx)
             .await?;
         }
@@ -124,13 +135,15 @@ impl Store {
         &self,
         node: &NodeId,
         resources: &ResourceUsage,
+        load: &ResourceUsage,
         now: DateTime<Utc>,
     ) -> Result<Option<NodeStatus>, sqlx::Error> {
         let Some(previous) = self.node_get(node).await? else {
             return Ok(None);
         };
         sqlx::query(
-            "UPDATE nodes SET status = $1, cpu_percent = $2, memory_percent = $3, disk_percent = $4, last_heartbeat = $5 WHERE id = $6",
+            "UPDATE nodes SET status = $1, cpu_percent = $2, memory_percent = $3, disk_percent = $4, last_heartbeat = $5, \
+             load_cpu_percent = $7, load_memory_percent = $8 WHERE id = $6",
         )
         .bind(NodeStatus::Online.as_str())
         .bind(resources.cpu_percent)
@@ -138,6 +151,8 @@ impl Store {
         .bind(resources.disk_percent)
         .bind(to_millis(now))
         .bind(node.as_str())
+        .bind(load.cpu_percent)
+        .bind(load.memory_percent)
         .execute(&self.writer)
         .await?;
         Ok(Some(previous.status))

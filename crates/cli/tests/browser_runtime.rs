@@ -1,0 +1,552 @@
+//! The browser runtime with real Chromium: sandbox isolation, cgroup limits
+//! (memory, CPU, disk), the instance HTTP API, the live view and the warm pool.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use flotilla_testkit::{
+    BROWSER_DEADLINE, Page, StatusCode, TestServe, processes_mentioning, serve_page, spawn_serve,
+    spawn_serve_with, wait_until,
+};
+
+async fn running_instance(serve: &TestServe, body: &str) -> Value {
+    let created = serve.api.create(body).await;
+    let id = created["id"].as_str().unwrap().to_owned();
+    serve
+        .api
+        .wait_for_status(&id, "running", BROWSER_DEADLINE)
+        .await;
+    created
+}
+
+fn debug_url(created: &Value) -> &str {
+    created["urls"]["debug"].as_str().unwrap()
+}
+
+#[tokio::test]
+async fn browser_instances_cannot_see_each_others_processes_files_or_cookies() {
+    let serve = spawn_serve().await;
+    let agent_warnings = serve.serve().agent.warnings().to_vec();
+    assert!(
+        agent_warnings.iter().all(|w| !w.contains("bubblewrap")),
+        "this test needs bwrap (scripts/install-deps installs it): {agent_warnings:?}"
+    );
+    let pages = serve_page(&[("/", "<title>cookie jar</title>")]).await;
+    let a = running_instance(&serve, "{}").await;
+    let b = running_instance(&serve, "{}").await;
+    let a_dir = serve.instances_dir().join(a["id"].as_str().unwrap());
+    let b_dir = serve.instances_dir().join(b["id"].as_str().unwrap());
+
+    let page_a = Page::open(debug_url(&a), "file:///proc/").await.unwrap();
+    let listing = page_a.eval("document.body.innerText").await.unwrap();
+    let pids_seen_by_a = listing
+        .as_str()
+        .unwrap()
+        .lines()
+        .filter(|line| {
+            line.split_whitespace()
+                .next()
+                .is_some_and(|w| w.trim_end_matches('/').parse::<u32>().is_ok())
+        })
+        .count();
+    let host_browser_processes = processes_mentioning(&a_dir.display().to_string()).len()
+        + processes_mentioning(&b_dir.display().to_string()).len();
+    assert!(
+        pids_seen_by_a > 0,
+        "the listing shows A's own processes: {listing}"
+    );
+    assert!(
+        pids_seen_by_a < host_browser_processes,
+        "A sees {pids_seen_by_a} processes, the host runs {host_browser_processes} for A and B"
+    );
+
+    page_a
+        .navigate(&format!("file://{}/", a_dir.join("profile").display()))
+        .await
+        .unwrap();
+    let own = page_a.eval("document.body.innerText").await.unwrap();
+    assert!(
+        own.as_str().unwrap().contains("Default"),
+        "A sees its own profile: {own}"
+    );
+    for hidden in [
+        b_dir.join("profile"),
+        serve.data_dir.canonicalize().unwrap().join("flotilla.db"),
+    ] {
+        page_a
+            .navigate(&format!("file://{}", hidden.display()))
+            .await
+            .unwrap();
+        let href = page_a.eval("location.href").await.unwrap();
+        let text = page_a.eval("document.body.innerText").await.unwrap();
+        assert!(
+            href.as_str().unwrap().starts_with("chrome-error://")
+                || text.as_str().unwrap().contains("ERR_FILE_NOT_FOUND"),
+            "A must not see {}: {href} {text}",
+            hidden.display()
+        );
+    }
+
+    page_a.navigate(&format!("{}/", pages.base)).await.unwrap();
+    page_a
+        .eval("document.cookie = 'secret=from-a; max-age=3600'")
+        .await
+        .unwrap();
+    let page_b = Page::open(debug_url(&b), &format!("{}/", pages.base))
+        .await
+        .unwrap();
+    let a_cookies = page_a
+        .call("Network.getAllCookies", serde_json::json!({}))
+        .await
+        .unwrap();
+    let b_cookies = page_b
+        .call("Network.getAllCookies", serde_json::json!({}))
+        .await
+        .unwrap();
+    let names = |cookies: &Value| -> Vec<String> {
+        cookies["cookies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert!(names(&a_cookies).contains(&"secret".to_owned()));
+    assert!(
+        !names(&b_cookies).contains(&"secret".to_owned()),
+        "B sees no cookie of A"
+    );
+    serve.shutdown().await;
+}
+
+#[tokio::test]
+async fn browser_memory_limit_kills_the_hog_and_the_rest_lives_on() {
+    let serve = spawn_serve().await;
+    assert!(
+        serve
+            .serve()
+            .agent
+            .warnings()
+            .iter()
+            .all(|w| !w.contains("cgroup")),
+        "this test needs a writable cgroup hierarchy"
+    );
+    let pages = serve_page(&[("/", "<title>hog</title>")]).await;
+    let hog = running_instance(&serve, r#"{"config": {"memory_gb": 0.5}}"#).await;
+    let bystander = running_instance(&serve, "{}").await;
+    let hog_id = hog["id"].as_str().unwrap();
+
+    let page = Page::open(debug_url(&hog), &format!("{}/", pages.base))
+        .await
+        .unwrap();
+    // Allocate and touch 16 MiB at a time, far past 0.5 GB; don't await the end.
+    page.eval(
+        "window.hog = []; setTimeout(async () => { for (let i = 0; i < 400; i++) { \
+         hog.push(new Uint8Array(16 << 20).fill(7)); await new Promise(r => setTimeout(r, 5)); } }, 0); true",
+    )
+    .await
+    .unwrap();
+    let detail = wait_until(
+        BROWSER_DEADLINE,
+        "the memory limit to be reported",
+        || async {
+            let (_, detail) = serve.api.get(&format!("/v2/instances/{hog_id}")).await;
+            let reason = detail["status_reason"].as_str().unwrap_or_default();
+            if reason.contains("memory limit") {
+                Ok(Some(detail))
+            } else {
+                Err(detail.to_string())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        ["running", "stopped"].contains(&detail["status"].as_str().unwrap()),
+        "{detail}"
+    );
+    assert!(
+        detail["status_reason"]
+            .as_str()
+            .unwrap()
+            .contains("memory_gb = 0.5"),
+        "{detail}"
+    );
+
+    // The agent and the other instance are fine.
+    let (status, health) = serve.api.get("/health").await;
+    assert_eq!(status, StatusCode::OK, "{health}");
+    let other = Page::open(debug_url(&bystander), &format!("{}/", pages.base))
+        .await
+        .unwrap();
+    assert_eq!(other.eval("document.title").await.unwrap(), "hog");
+    let (_, other_detail) = serve
+        .api
+        .get(&format!(
+            "/v2/instances/{}",
+            bystander["id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(other_detail["status"], "running");
+    serve.shutdown().await;
+}
+
+#[tokio::test]
+async fn browser_cpu_quota_caps_a_busy_page() {
+    let serve = spawn_serve_with(|config| config.agent.cpu_quota_per_core = 0.5).await;
+    assert!(
+        serve
+            .serve()
+            .agent
+            .warnings()
+            .iter()
+            .all(|w| !w.contains("cgroup"))
+    );
+    let pages = serve_page(&[("/", "<title>busy</title>")]).await;
+    let busy = running_instance(&serve, r#"{"config": {"cpu_cores": 1}}"#).await;
+    let id = busy["id"].as_str().unwrap();
+    let page = Page::open(debug_url(&busy), &format!("{}/", pages.base))
+        .await
+        .unwrap();
+    page.eval("setTimeout(() => { const end = Date.now() + 120000; while (Date.now() < end) {} }, 0); true")
+        .await
+        .unwrap();
+    // Heartbeats every 0.5 s: collect 8 distinct samples once the loop runs.
+    let mut samples = Vec::new();
+    let mut last_seen = String::new();
+    let deadline = tokio::time::Instant::now() + BROWSER_DEADLINE;
+    while samples.len() < 8 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no CPU samples of the busy page: {samples:?}"
+        );
+        let (_, detail) = serve.api.get(&format!("/v2/instances/{id}")).await;
+        let sample = detail["resources"]["cpu_percent"].as_f64().unwrap_or(0.0);
+        let stamp = detail["resources"].to_string();
+        if sample > 5.0 && stamp != last_seen {
+            samples.push(sample);
+            last_seen = stamp;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mean = samples.iter().sum::<f64>() / samples.len() as f64;
+    assert!(
+        mean <= 65.0,
+        "a half-core quota caps the busy page near 50 % of a core: {samples:?}"
+    );
+    assert!(mean >= 20.0, "the busy page did run: {samples:?}");
+    serve.shutdown().await;
+}
+
+#[tokio::test]
+async fn browser_profile_over_disk_limit_fails_the_instance() {
+    let serve = spawn_serve().await;
+    // A fresh Chromium profile is a few megabytes: over a 1 MB limit at once.
+    let created = serve.api.create(r#"{"config": {"disk_gb": 0.001}}"#).await;
+    let id = created["id"].as_str().unwrap();
+    let detail = wait_until(
+        BROWSER_DEADLINE,
+        "the disk limit to fail the instance",
+        || async {
+            let (_, detail) = serve.api.get(&format!("/v2/instances/{id}")).await;
+            if detail["status"] == "failed" {
+                Ok(Some(detail))
+            } else {
+                Err(detail.to_string())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        detail["status_reason"]
+            .as_str()
+            .unwrap()
+            .contains("disk limit"),
+        "{detail}"
+    );
+    let dir = serve.instances_dir().join(id).display().to_string();
+    wait_until(
+        Duration::from_secs(10),
+        "its processes to be gone",
+        || async {
+            if processes_mentioning(&dir).is_empty() {
+                Ok(Some(()))
+            } else {
+                Err("running".into())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    serve.shutdown().await;
+}
+
+#[tokio::test]
+async fn browser_instance_api_serves_tabs_screenshot_and_page() {
+    let serve = spawn_serve().await;
+    let pages = serve_page(&[(
+        "/shot",
+        "<title>Shot</title><body style='background:#0a0'>green</body>",
+    )])
+    .await;
+    let created = running_instance(&serve, "{}").await;
+    let http_port = created["http_port"].as_u64().unwrap();
+    let stream_port = created["stream_port"].as_u64().unwrap();
+    let _page = Page::open(debug_url(&created), &format!("{}/shot", pages.base))
+        .await
+        .unwrap();
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{http_port}");
+
+    let tabs: Value = http
+        .get(format!("{base}/tabs"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let tab = tabs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["title"] == "Shot")
+        .unwrap_or_else(|| panic!("the opened tab is listed: {tabs}"));
+    assert!(tab["id"].is_string() && tab["url"].as_str().unwrap().ends_with("/shot"));
+    assert!(
+        tabs.as_array()
+            .unwrap()
+            .iter()
+            .all(|t| !t["url"].as_str().unwrap().starts_with("chrome://")),
+        "only pages: {tabs}"
+    );
+
+    let response = http
+        .get(format!(
+            "{base}/screenshot?tab={}",
+            tab["id"].as_str().unwrap()
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["content-type"], "image/png");
+    let png = response.bytes().await.unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "a PNG file");
+    let width = u32::from_be_bytes(png[16..20].try_into().unwrap());
+    let height = u32::from_be_bytes(png[20..24].try_into().unwrap());
+    assert_eq!((width, height), (1280, 720), "the default viewport");
+
+    let missing = http
+        .get(format!("{base}/screenshot?tab=nope"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+    let bad = http
+        .get(format!("{base}/screenshot?format=jpeg"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+
+    let index = http
+        .get(format!("{base}/"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        index.contains(&format!(":{stream_port}/")),
+        "the page embeds the live view: {index}"
+    );
+    serve.shutdown().await;
+}
+
+/// Reads an MJPEG stream and counts the frames received until `stop`.
+async fn count_mjpeg_frames(url: String, stop: tokio_util::sync::CancellationToken) -> usize {
+    let mut response = reqwest::get(&url).await.unwrap();
+    assert!(
+        response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("multipart/x-mixed-replace")
+    );
+    let mut frames = 0;
+    let mut carry = Vec::new();
+    loop {
+        let chunk = tokio::select! {
+            chunk = response.chunk() => chunk.unwrap(),
+            _ = stop.cancelled() => return frames,
+        };
+        let Some(chunk) = chunk else { return frames };
+        carry.extend_from_slice(&chunk);
+        while let Some(pos) = carry.windows(15).position(|w| w == b"--flotillaframe") {
+            frames += 1;
+            carry.drain(..pos + 15);
+        }
+    }
+}
+
+#[tokio::test]
+async fn browser_live_view_feeds_every_viewer_and_a_stalled_one_blocks_nobody() {
+    let serve = spawn_serve().await;
+    let animated = "<title>anim</title><body style='margin:0'><div id=d style='width:100vw;height:100vh'></div>\
+        <script>let n = 0; (function f(){ n++; d.style.background = 'hsl(' + (n * 7 % 360) + ',80%,50%)'; \
+        d.textContent = n; requestAnimationFrame(f); })();</script></body>";
+    let pages = serve_page(&[("/anim", animated)]).await;
+    let created = running_instance(&serve, "{}").await;
+    let stream_port = created["stream_port"].as_u64().unwrap();
+    let id = created["id"].as_str().unwrap().to_owned();
+    // The live view shows the first tab: load the animation there.
+    let debug_port = created["debug_port"].as_u64().unwrap();
+    let list: Value = reqwest::get(format!("http://127.0.0.1:{debug_port}/json/list"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let first = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["type"] == "page")
+        .unwrap()["webSocketDebuggerUrl"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let tab = flotilla_node_agent::cdp::CdpClient::connect(&first)
+        .await
+        .unwrap();
+    tab.call(
+        "Page.navigate",
+        serde_json::json!({"url": format!("{}/anim", pages.base)}),
+        None,
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+
+    // A viewer that connects and then never reads.
+    let mut stalled = tokio::net::TcpStream::connect(("127.0.0.1", stream_port as u16))
+        .await
+        .unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stalled, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+
+    let stop = tokio_util::sync::CancellationToken::new();
+    let url = format!("http://127.0.0.1:{stream_port}/");
+    let first_viewer = tokio::spawn(count_mjpeg_frames(url.clone(), stop.clone()));
+    let second_viewer = tokio::spawn(count_mjpeg_frames(url.clone(), stop.clone()));
+
+    // A WebSocket viewer gets binary JPEG frames.
+    let (mut socket, _) =
+        tokio_tungstenite::connect_async(format!("ws://127.0.0.1:{stream_port}/ws"))
+            .await
+            .unwrap();
+    let mut ws_frames = 0;
+    while ws_frames < 10 {
+        let message =
+            tokio::time::timeout(BROWSER_DEADLINE, futures_util::StreamExt::next(&mut socket))
+                .await
+                .expect("ws frames keep coming")
+                .unwrap()
+                .unwrap();
+        if let tokio_tungstenite::tungstenite::Message::Binary(jpeg) = message {
+            assert_eq!(&jpeg[..2], &[0xFF, 0xD8], "a JPEG");
+            ws_frames += 1;
+        }
+    }
+    // Let the MJPEG viewers run for two seconds of animation after the stall.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.cancel();
+    let (first_count, second_count) = (first_viewer.await.unwrap(), second_viewer.await.unwrap());
+    assert!(
+        first_count >= 10 && second_count >= 10,
+        "both viewers got frames: {first_count}, {second_count}"
+    );
+
+    let frame = reqwest::get(format!("http://127.0.0.1:{stream_port}/frame.jpg"))
+        .await
+        .unwrap();
+    assert_eq!(frame.headers()["content-type"], "image/jpeg");
+    // Viewers count as activity.
+    let (_, detail) = serve.api.get(&format!("/v2/instances/{id}")).await;
+    assert!(
+        detail["activity"]["idle_minutes"].as_f64().unwrap() < 0.5,
+        "{detail}"
+    );
+    drop(stalled);
+    serve.shutdown().await;
+}
+
+#[tokio::test]
+async fn browser_warm_pool_creates_are_running_at_once_with_fresh_profiles() {
+    let serve = spawn_serve_with(|config| {
+        config.agent.warm_pool_size = 2;
+        config.agent.max_instances = 2;
+    })
+    .await;
+    let agent = serve.serve().agent.clone();
+    let pool_full = || async {
+        if agent.warm_pool_ready() == 2 {
+            Ok(Some(()))
+        } else {
+            Err(format!("{} ready", agent.warm_pool_ready()))
+        }
+    };
+    wait_until(BROWSER_DEADLINE, "the warm pool to fill", pool_full)
+        .await
+        .unwrap();
+    let pages = serve_page(&[("/", "<title>pool</title>")]).await;
+
+    let first = serve.api.create("{}").await;
+    assert_eq!(
+        first["status"], "running",
+        "a warm create is running in its response: {first}"
+    );
+    let page = Page::open(debug_url(&first), &format!("{}/", pages.base))
+        .await
+        .unwrap();
+    page.eval("document.cookie = 'seen=1; max-age=3600'")
+        .await
+        .unwrap();
+    let (_, detail) = serve
+        .api
+        .get(&format!("/v2/instances/{}", first["id"].as_str().unwrap()))
+        .await;
+    assert_eq!(detail["config"]["memory_gb"], 2.0);
+
+    // Pooled browsers do not take slots: max_instances = 2 still allows a second instance…
+    let second = serve.api.create(r#"{"config": {"memory_gb": 1}}"#).await;
+    assert_eq!(second["status"], "running", "{second}");
+    // …and no third, however many browsers are pooled.
+    let (status, _) = serve.api.post("/v2/instances", "{}").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+
+    // A new instance never gets a used profile.
+    let (status, _) = serve
+        .api
+        .delete(&format!("/v2/instances/{}", first["id"].as_str().unwrap()))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    wait_until(BROWSER_DEADLINE, "the pool to refill", pool_full)
+        .await
+        .unwrap();
+    let third = serve.api.create("{}").await;
+    assert_eq!(third["status"], "running");
+    let fresh = Page::open(debug_url(&third), &format!("{}/", pages.base))
+        .await
+        .unwrap();
+    assert_eq!(
+        fresh.eval("document.cookie").await.unwrap(),
+        "",
+        "a fresh profile"
+    );
+    serve.shutdown().await;
+}

@@ -1,0 +1,186 @@
+//! Node registration, reconciliation, the offline sweep and health, on a real
+//! SQLite store with an injected clock.
+
+use std::sync::Arc;
+
+use chrono::Utc;
+
+use flotilla_api_types::agent::{Heartbeat, InstanceReport, InstanceStateChange, NodeRegistration};
+use flotilla_api_types::health::HealthStatus;
+use flotilla_api_types::instances::{InstanceConfig, InstanceResources, InstanceStatus};
+use flotilla_api_types::nodes::{Capabilities, NodeStatus, ResourceUsage};
+use flotilla_api_types::{InstanceId, NodeId};
+use flotilla_control_plane::store::NewInstance;
+use flotilla_control_plane::{ControlPlane, ControlPlaneConfig, ManualClock, Store};
+
+async fn control_plane(dir: &tempfile::TempDir) -> (Arc<ControlPlane>, Arc<ManualClock>) {
+    let store = Store::connect(&format!("sqlite://{}/test.db", dir.path().display()), 4)
+        .await
+        .unwrap();
+    let clock = Arc::new(ManualClock::new(Utc::now()));
+    (
+        Arc::new(ControlPlane::new(
+            store,
+            ControlPlaneConfig::default(),
+            clock.clone(),
+        )),
+        clock,
+    )
+}
+
+fn registration(
+    node: &str,
+    warnings: Vec<String>,
+    instances: Vec<InstanceReport>,
+) -> NodeRegistration {
+    NodeRegistration {
+        node_id: NodeId::new(node),
+        address: "http://127.0.0.1:1".into(),
+        public_host: "127.0.0.1".into(),
+        max_instances: 5,
+        capabilities: Capabilities {
+            cpu_cores: 2,
+            memory_gb: 8.0,
+            disk_gb: 50.0,
+        },
+        images: vec!["ubuntu:22.04".into()],
+        resources: ResourceUsage::default(),
+        load: ResourceUsage::default(),
+        instances,
+        warnings,
+    }
+}
+
+async fn place(control_plane: &ControlPlane, node: &str) -> InstanceId {
+    let id = InstanceId::generate();
+    let new = NewInstance {
+        id: id.clone(),
+        node_id: NodeId::new(node),
+        image: "ubuntu:22.04".into(),
+        config: InstanceConfig::default(),
+        created_at: Utc::now(),
+    };
+    assert!(
+        control_plane
+            .store()
+            .instance_insert_if_room(&new, 5)
+            .await
+            .unwrap()
+    );
+    id
+}
+
+#[tokio::test]
+async fn a_node_without_limits_makes_the_service_degraded() {
+    let dir = tempfile::tempdir().unwrap();
+    let (control_plane, _) = control_plane(&dir).await;
+    let health = control_plane.health().await;
+    assert_eq!(health.status, HealthStatus::Degraded, "no node online yet");
+
+    control_plane
+        .node_register(registration("n1", vec![], vec![]))
+        .await
+        .unwrap();
+    assert_eq!(control_plane.health().await.status, HealthStatus::Healthy);
+
+    let warning = "no writable cgroup hierarchy: instances run without memory, CPU and pids limits"
+        .to_owned();
+    control_plane
+        .node_register(registration("n1", vec![warning.clone()], vec![]))
+        .await
+        .unwrap();
+    let health = control_plane.health().await;
+    assert_eq!(health.status, HealthStatus::Degraded);
+    assert!(
+        health
+            .warnings
+            .iter()
+            .any(|w| w.contains("n1") && w.contains("cgroup")),
+        "{:?}",
+        health.warnings
+    );
+    let node = control_plane.node_get(&NodeId::new("n1")).await.unwrap();
+    assert_eq!(node.warnings, Some(vec![warning]));
+}
+
+#[tokio::test]
+async fn silent_nodes_go_offline_and_their_instances_fail() {
+    let dir = tempfile::tempdir().unwrap();
+    let (control_plane, clock) = control_plane(&dir).await;
+    control_plane
+        .node_register(registration("n1", vec![], vec![]))
+        .await
+        .unwrap();
+    let id = place(&control_plane, "n1").await;
+    control_plane
+        .instance_state_changed(InstanceStateChange {
+            node_id: NodeId::new("n1"),
+            id: id.clone(),
+            status: InstanceStatus::Running,
+            reason: None,
+            at: Utc::now(),
+        })
+        .await
+        .unwrap();
+
+    clock.advance(chrono::Duration::seconds(59));
+    assert!(
+        control_plane.node_offline_sweep().await.unwrap().is_empty(),
+        "59 s is within the timeout"
+    );
+    clock.advance(chrono::Duration::seconds(2));
+    assert_eq!(
+        control_plane.node_offline_sweep().await.unwrap(),
+        vec![NodeId::new("n1")]
+    );
+    let node = control_plane.node_get(&NodeId::new("n1")).await.unwrap();
+    assert_eq!(node.status, NodeStatus::Offline);
+    let instance = control_plane.instance_get(&id).await.unwrap();
+    assert_eq!(instance.status, InstanceStatus::Failed);
+    assert!(instance.status_reason.unwrap().contains("went offline"));
+
+    // A heartbeat from an offline node asks it to register again (to reconcile).
+    let heartbeat = Heartbeat {
+        node_id: NodeId::new("n1"),
+        resources: ResourceUsage::default(),
+        load: ResourceUsage::default(),
+        instances: vec![],
+    };
+    assert!(!control_plane.node_heartbeat(heartbeat).await.unwrap());
+}
+
+#[tokio::test]
+async fn registration_reconciles_lost_and_started_instances() {
+    let dir = tempfile::tempdir().unwrap();
+    let (control_plane, _) = control_plane(&dir).await;
+    control_plane
+        .node_register(registration("n1", vec![], vec![]))
+        .await
+        .unwrap();
+    let lost = place(&control_plane, "n1").await;
+    let started = place(&control_plane, "n1").await;
+    let report = InstanceReport {
+        id: started.clone(),
+        status: InstanceStatus::Running,
+        reason: None,
+        resources: InstanceResources {
+            cpu_percent: 1.0,
+            memory_mb: 150.0,
+            disk_mb: 3.0,
+        },
+        last_activity: Utc::now(),
+    };
+    control_plane
+        .node_register(registration("n1", vec![], vec![report]))
+        .await
+        .unwrap();
+    let lost = control_plane.instance_get(&lost).await.unwrap();
+    assert_eq!(
+        lost.status,
+        InstanceStatus::Failed,
+        "it was still creating when its node restarted"
+    );
+    let started = control_plane.instance_get(&started).await.unwrap();
+    assert_eq!(started.status, InstanceStatus::Running);
+    assert_eq!(started.resources.unwrap().memory_mb, 150.0);
+}
