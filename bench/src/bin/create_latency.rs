@@ -2,7 +2,12 @@
 //! with the same flags, interleaved in one run.
 //!
 //! Usage: create_latency [--binary target/release/flotilla] [--count 20]
-//!                       [--image ubuntu:22.04] [--config FILE]
+//!                       [--image ubuntu:22.04] [--warm-pool N]
+//!
+//! `--warm-pool 0` (the default here) measures cold starts. With N > 0 the node
+//! keeps N browsers started; each create is made once the pool has refilled
+//! (1.5 s after the previous delete), the steady state of a pool that keeps up
+//! with the arrival rate.
 //!
 //! Flotilla: POST /v2/instances, then GET /json/version on the debug port
 //! (the gateway answers as soon as the browser does) → stop the clock; then
@@ -24,7 +29,7 @@ struct Args {
     binary: PathBuf,
     count: usize,
     image: String,
-    config: Option<PathBuf>,
+    warm_pool: usize,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -32,7 +37,7 @@ fn parse_args() -> anyhow::Result<Args> {
         binary: PathBuf::from("target/release/flotilla"),
         count: 20,
         image: "ubuntu:22.04".into(),
-        config: None,
+        warm_pool: 0,
     };
     let mut iter = std::env::args().skip(1);
     while let Some(flag) = iter.next() {
@@ -43,7 +48,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--binary" => args.binary = value.into(),
             "--count" => args.count = value.parse()?,
             "--image" => args.image = value,
-            "--config" => args.config = Some(value.into()),
+            "--warm-pool" => args.warm_pool = value.parse()?,
             other => bail!("unknown flag {other}"),
         }
     }
@@ -138,7 +143,15 @@ async fn main() -> anyhow::Result<()> {
         .context("image not in the built-in catalog")?;
     let executable = image.executable.display().to_string();
     let data = tempfile::tempdir()?;
-    let serve = ServeProcess::start(&args.binary, data.path(), args.config.as_deref()).await?;
+    let config = data.path().join("bench.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[agent]\nwarm_pool_size = {}\nwarm_pool_image = \"{}\"\n",
+            args.warm_pool, args.image
+        ),
+    )?;
+    let serve = ServeProcess::start(&args.binary, &data.path().join("data"), Some(&config)).await?;
     let http = reqwest::Client::builder()
         .no_proxy()
         .timeout(Duration::from_secs(60))
@@ -151,13 +164,16 @@ async fn main() -> anyhow::Result<()> {
     let (mut raw, mut flotilla) = (Vec::new(), Vec::new());
     for _ in 0..args.count {
         raw.push(raw_start(&executable, &image.args, &http).await?);
+        if args.warm_pool > 0 {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+        }
         flotilla.push(flotilla_start(&serve.url, &args.image, &http).await?);
     }
     serve.stop().await;
 
     println!(
-        "image {} ({executable}), {} sequential starts each, interleaved",
-        args.image, args.count
+        "image {} ({executable}), {} sequential starts each, interleaved, warm pool {}",
+        args.image, args.count, args.warm_pool
     );
     println!("| path | n | p50 ms | p95 ms | mean ms | min ms | max ms |");
     println!("|---|---|---|---|---|---|---|");
