@@ -58,7 +58,7 @@ struct Bench {
 }
 
 impl Bench {
-    async fn start(binary: &PathBuf, config: &str) -> anyhow::Result<Self> {
+    async fn start(binary: &std::path::Path, config: &str) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("bench.toml");
         std::fs::write(&path, config)?;
