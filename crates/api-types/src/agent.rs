@@ -7,8 +7,8 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{InstanceId, NodeId};
-use crate::instances::{InstanceConfig, InstanceResources, InstanceStatus};
+use crate::ids::{InstanceId, NodeId, SnapshotId};
+use crate::instances::{InstanceConfig, InstanceResources, InstanceStatus, ReviveMethod};
 use crate::nodes::{Capabilities, ResourceUsage};
 
 /// Ask an agent to start an instance.
@@ -28,6 +28,31 @@ pub struct AgentInstancePorts {
     pub stream_port: u16,
     pub http_port: u16,
     pub status: InstanceStatus,
+}
+
+/// Ask an agent to park an instance: its answer once the snapshot is stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentDormantResult {
+    pub snapshot_id: SnapshotId,
+    pub dormant_since: DateTime<Utc>,
+    /// Size of the archive in bytes.
+    pub snapshot_bytes: u64,
+}
+
+/// Ask an agent to revive a dormant instance. The agent answers at once and
+/// reports `running` (or `failed`) through its state changes. It may not hold the
+/// instance any more (it restarted): image, config and the ports the instance
+/// had let it take the instance back, on the same ports when they are free.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentReviveInstance {
+    pub id: InstanceId,
+    pub method: ReviveMethod,
+    pub snapshot_id: SnapshotId,
+    pub image: String,
+    pub config: InstanceConfig,
+    /// debug, stream, http.
+    pub ports: Option<[u16; 3]>,
 }
 
 /// What an agent knows of one of its instances.

@@ -272,6 +272,48 @@ pub struct ListInstancesQuery {
     pub sort: Option<InstanceSort>,
 }
 
+/// How a dormant instance comes back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ReviveMethod {
+    /// Profile restored (cookies, localStorage, IndexedDB; session cookies set
+    /// again) with one blank tab.
+    #[default]
+    QuickStart,
+    /// Also every tab reopened at its URL.
+    FullRestore,
+}
+
+impl ReviveMethod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::QuickStart => "quick_start",
+            Self::FullRestore => "full_restore",
+        }
+    }
+}
+
+impl FromStr for ReviveMethod {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "quick_start" => Ok(Self::QuickStart),
+            "full_restore" => Ok(Self::FullRestore),
+            other => Err(format!("unknown revive method {other:?}")),
+        }
+    }
+}
+
+/// Optional body of `POST /v2/instances/{instance_id}/revive`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReviveRequest {
+    /// `quick_start` (default) or `full_restore`.
+    #[serde(default)]
+    pub method: ReviveMethod,
+}
+
 /// Query of `DELETE /v2/instances/{instance_id}`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]

@@ -11,6 +11,7 @@
 //! belongs to the service that owns the rule, not to these types.
 
 pub mod agent;
+pub mod clock;
 pub mod error;
 pub mod health;
 pub mod ids;

@@ -14,14 +14,26 @@ pub fn spawn_all(
     shutdown: CancellationToken,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let interval = Duration::from_secs_f64(control_plane.config().nodes.heartbeat_interval_sec);
-    vec![tokio::spawn(run_every(interval, shutdown, move || {
-        let control_plane = control_plane.clone();
-        async move {
-            if let Err(error) = control_plane.node_offline_sweep().await {
-                tracing::warn!(%error, "node offline sweep failed");
+    let offline = control_plane.clone();
+    let idle = control_plane;
+    vec![
+        tokio::spawn(run_every(interval, shutdown.clone(), move || {
+            let control_plane = offline.clone();
+            async move {
+                if let Err(error) = control_plane.node_offline_sweep().await {
+                    tracing::warn!(%error, "node offline sweep failed");
+                }
             }
-        }
-    }))]
+        })),
+        tokio::spawn(run_every(interval, shutdown, move || {
+            let control_plane = idle.clone();
+            async move {
+                if let Err(error) = control_plane.instance_idle_sweep().await {
+                    tracing::warn!(%error, "idle sweep failed");
+                }
+            }
+        })),
+    ]
 }
 
 async fn run_every<F, Fut>(interval: Duration, shutdown: CancellationToken, mut task: F)

@@ -1,10 +1,12 @@
 //! The node agent: owns the instances on one machine.
 //!
 //! [`Agent`] is a cheap-to-clone handle over shared state. It creates instances
-//! (reserve ports, start the port servers, launch the browser in a supervisor
-//! task), deletes them, reports to the control plane through a
-//! [`ControlPlaneLink`] (registration, periodic heartbeats, state changes in
-//! order), and on shutdown stops every browser gracefully.
+//! (reserve ports, start the port servers, launch the browser — or take one from
+//! the warm pool), parks them (snapshot, then free the browser, keeping the
+//! ports so that a connecting client wakes them), revives them, deletes them,
+//! reports to the control plane through a [`ControlPlaneLink`] (registration,
+//! periodic heartbeats, state changes in order), and on shutdown stops every
+//! browser gracefully.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
@@ -12,18 +14,19 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use flotilla_api_types::agent::{
-    AgentCreateInstance, AgentInstancePorts, Heartbeat, InstanceReport, InstanceStateChange,
-    NodeRegistration,
+    AgentCreateInstance, AgentDormantResult, AgentInstancePorts, AgentReviveInstance, Heartbeat,
+    InstanceReport, InstanceStateChange, NodeRegistration,
 };
-use flotilla_api_types::instances::InstanceStatus;
+use flotilla_api_types::clock::Clock;
+use flotilla_api_types::ids::SnapshotId;
+use flotilla_api_types::instances::{InstanceConfig, InstanceStatus, ReviveMethod};
 use flotilla_api_types::{InstanceId, NodeId};
 
-use crate::browser::{BrowserProcess, InstanceDirs, LaunchError};
+use crate::browser::{BrowserProcess, CdpEndpoint, InstanceDirs, LaunchError};
 use crate::cgroups::Limits;
 use crate::config::{AgentConfig, ImageConfig, RuntimeKind};
 use crate::gateway::{self, GatewayContext};
@@ -32,7 +35,8 @@ use crate::launcher::Launcher;
 use crate::link::{ControlPlaneLink, LinkError, RegistrationAck};
 use crate::live_view::{self, LiveView, LiveViewSettings};
 use crate::monitor::{self, MachineMeter, ProcTable};
-use crate::ports::PortAllocator;
+use crate::ports::{InstancePorts, PortAllocator};
+use crate::snapshot::{self, CapturedState, SnapshotStore};
 use crate::{instance_http, sweep};
 
 /// Errors of agent operations; the agent API maps them to HTTP.
@@ -46,12 +50,16 @@ pub enum AgentError {
     PortsExhausted { range: String, node: NodeId },
     #[error("instance {0} is not on this node")]
     NotFound(InstanceId),
+    #[error("{0}")]
+    InvalidState(String),
+    #[error("{0}")]
+    Snapshot(String),
     #[error("the agent is shutting down")]
     ShuttingDown,
 }
 
 /// Everything the agent needs to start.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct AgentSettings {
     pub config: AgentConfig,
     /// The agent's directory; instance profiles live under `instances/`.
@@ -65,6 +73,10 @@ pub struct AgentSettings {
     /// Paths hidden from sandboxed browsers (the data directory with the store
     /// and every profile; each browser sees only its own directory).
     pub hidden_paths: Vec<PathBuf>,
+    /// Where dormant instances' snapshots go.
+    pub snapshots: SnapshotStore,
+    /// The clock of activity times (the control plane's, so idle decisions agree).
+    pub clock: Arc<dyn Clock>,
 }
 
 #[derive(Clone)]
@@ -83,6 +95,8 @@ struct AgentInner {
     link: Arc<dyn ControlPlaneLink>,
     /// State changes, sent to the control plane in order by one task.
     changes: mpsc::UnboundedSender<Outgoing>,
+    /// Dormant instances a client connected to.
+    wake: mpsc::UnboundedSender<InstanceId>,
     machine: Mutex<MachineMeter>,
     launcher: Arc<Launcher>,
     /// The warm-pool task, awaited at shutdown so pooled browsers are stopped.
@@ -96,6 +110,8 @@ enum Outgoing {
     /// Answered once everything queued before it was delivered.
     Flush(oneshot::Sender<()>),
 }
+
+const CDP_GRACE: Duration = Duration::from_secs(5);
 
 impl Agent {
     /// Sweeps what a previous run left behind, registers with the control plane
@@ -126,6 +142,7 @@ impl Agent {
             settings.hidden_paths.clone(),
         ));
         let (changes_tx, changes_rx) = mpsc::unbounded_channel();
+        let (wake_tx, wake_rx) = mpsc::unbounded_channel();
         let inner = Arc::new(AgentInner {
             launcher,
             pool_task: Mutex::new(None),
@@ -138,6 +155,7 @@ impl Agent {
             slots: Mutex::default(),
             link,
             changes: changes_tx,
+            wake: wake_tx,
             shutdown: CancellationToken::new(),
         });
         let agent = Agent { inner };
@@ -152,6 +170,7 @@ impl Agent {
         let ack = agent.register_until_accepted().await?;
         tokio::spawn(agent.clone().send_changes(changes_rx));
         tokio::spawn(agent.clone().report_loop(ack));
+        tokio::spawn(agent.clone().wake_loop(wake_rx));
         Ok(agent)
     }
 
@@ -173,6 +192,67 @@ impl Agent {
         &self.inner.settings.address
     }
 
+    pub fn snapshots(&self) -> &SnapshotStore {
+        &self.inner.settings.snapshots
+    }
+
+    fn image(&self, name: &str) -> Result<ImageConfig, AgentError> {
+        self.inner
+            .catalog
+            .get(name)
+            .cloned()
+            .ok_or_else(|| AgentError::UnknownImage {
+                image: name.to_owned(),
+                offered: self
+                    .inner
+                    .catalog
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
+    }
+
+    fn slot(&self, id: &InstanceId) -> Result<Arc<InstanceSlot>, AgentError> {
+        self.inner
+            .slots
+            .lock()
+            .expect("slots lock")
+            .get(id)
+            .cloned()
+            .ok_or_else(|| AgentError::NotFound(id.clone()))
+    }
+
+    fn binds_ports(&self) -> bool {
+        self.inner.settings.config.runtime == RuntimeKind::Chromium
+    }
+
+    /// Registers a new slot with `ports` (under the slots lock held by the caller).
+    fn new_slot(
+        &self,
+        id: InstanceId,
+        image: String,
+        config: InstanceConfig,
+        ports: &InstancePorts,
+        dirs: InstanceDirs,
+    ) -> Arc<InstanceSlot> {
+        let waker = self
+            .inner
+            .settings
+            .config
+            .wake_on_connect
+            .then(|| self.inner.wake.clone());
+        Arc::new(InstanceSlot::new(
+            id,
+            image,
+            config,
+            [ports.debug, ports.stream, ports.http],
+            dirs,
+            self.inner.settings.clock.clone(),
+            waker,
+        ))
+    }
+
     /// Starts an instance: reserves its ports, starts its servers and launches
     /// the browser in the background. Idempotent for an id already here.
     pub async fn instance_create(
@@ -183,44 +263,30 @@ impl Agent {
         if inner.shutdown.is_cancelled() {
             return Err(AgentError::ShuttingDown);
         }
-        let Some(image) = inner.catalog.get(&request.image).cloned() else {
-            return Err(AgentError::UnknownImage {
-                image: request.image,
-                offered: inner.catalog.keys().cloned().collect::<Vec<_>>().join(", "),
-            });
-        };
-        let binds = inner.settings.config.runtime == RuntimeKind::Chromium;
+        let image = self.image(&request.image)?;
         let limits = inner.launcher.limits_for(&request.config);
         let (slot, listeners, warm) = {
             let mut slots = inner.slots.lock().expect("slots lock");
             if let Some(existing) = slots.get(&request.id) {
                 return Ok(ports_of(existing));
             }
-            if slots.len() as i64 >= inner.settings.config.max_instances {
-                return Err(AgentError::Full {
-                    node: inner.node_id.clone(),
-                    max: inner.settings.config.max_instances,
-                });
-            }
+            self.check_room(&slots)?;
             let ports = inner
                 .ports
-                .reserve(binds)
-                .ok_or_else(|| AgentError::PortsExhausted {
-                    range: inner.settings.config.port_range.to_string(),
-                    node: inner.node_id.clone(),
-                })?;
+                .reserve(self.binds_ports())
+                .ok_or_else(|| self.ports_exhausted())?;
             let warm = inner.launcher.take_warm(&request.image, limits);
             let dirs = match &warm {
                 Some(warm) => warm.dirs.clone(),
                 None => InstanceDirs::new(inner.instances_root.join(request.id.as_str())),
             };
-            let slot = Arc::new(InstanceSlot::new(
+            let slot = self.new_slot(
                 request.id.clone(),
                 request.image.clone(),
                 request.config.clone(),
-                [ports.debug, ports.stream, ports.http],
+                &ports,
                 dirs,
-            ));
+            );
             if let Some(warm) = &warm {
                 slot.set_process(warm.launched.clone());
                 slot.set_phase(BrowserPhase::Ready(Some(warm.endpoint.clone())));
@@ -235,13 +301,40 @@ impl Agent {
         match warm {
             Some(warm) => {
                 tracing::info!(instance = %slot.id, "took a warm browser");
-                tokio::spawn(self.clone().watch_warm(slot.clone(), warm.launched.process));
+                let guard = slot.begin_supervision();
+                let agent = self.clone();
+                let process = warm.launched.process;
+                let watched = slot.clone();
+                tokio::spawn(async move {
+                    let _guard = guard;
+                    watched.touch();
+                    agent.watch_exit(&watched, &process).await;
+                });
             }
             None => {
-                tokio::spawn(self.clone().supervise(slot.clone(), image, limits));
+                let guard = slot.begin_supervision();
+                tokio::spawn(self.clone().supervise(slot.clone(), image, limits, guard));
             }
         }
         Ok(ports_of(&slot))
+    }
+
+    fn check_room(&self, slots: &HashMap<InstanceId, Arc<InstanceSlot>>) -> Result<(), AgentError> {
+        let max = self.inner.settings.config.max_instances;
+        if slots.len() as i64 >= max {
+            return Err(AgentError::Full {
+                node: self.inner.node_id.clone(),
+                max,
+            });
+        }
+        Ok(())
+    }
+
+    fn ports_exhausted(&self) -> AgentError {
+        AgentError::PortsExhausted {
+            range: self.inner.settings.config.port_range.to_string(),
+            node: self.inner.node_id.clone(),
+        }
     }
 
     fn start_servers(
@@ -251,9 +344,9 @@ impl Agent {
         stream: std::net::TcpListener,
         http: std::net::TcpListener,
     ) {
-        let to_tokio =
-            |listener: std::net::TcpListener| tokio::net::TcpListener::from_std(listener);
-        let ready_timeout = Duration::from_secs(self.inner.settings.config.launch_timeout_sec + 5);
+        let to_tokio = tokio::net::TcpListener::from_std;
+        // Long enough for a launch, or a wake of a dormant instance.
+        let ready_timeout = Duration::from_secs(self.inner.settings.config.launch_timeout_sec + 30);
         match (to_tokio(debug), to_tokio(stream), to_tokio(http)) {
             (Ok(debug), Ok(stream), Ok(http)) => {
                 let context = Arc::new(GatewayContext {
@@ -280,77 +373,80 @@ impl Agent {
         }
     }
 
-    /// Launches the browser, waits for CDP, then watches it until it exits.
-    async fn supervise(self, slot: Arc<InstanceSlot>, image: ImageConfig, limits: Limits) {
-        let _done = slot.supervisor_done.clone().drop_guard();
-        let config = &self.inner.settings.config;
-        let name = slot
-            .dirs
-            .root
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let launched = match self.inner.launcher.spawn(&name, &slot.dirs, &image, limits) {
-            Ok(launched) => launched,
-            Err(error) => {
-                return self.instance_ended(&slot, InstanceStatus::Failed, error.to_string());
-            }
-        };
+    /// Launches the browser of `slot` and waits until it answers CDP.
+    async fn launch_ready(
+        &self,
+        slot: &Arc<InstanceSlot>,
+        image: &ImageConfig,
+        limits: Limits,
+    ) -> Result<(Arc<BrowserProcess>, Option<CdpEndpoint>), String> {
+        let launched = self
+            .inner
+            .launcher
+            .spawn(&slot.name(), &slot.dirs, image, limits)
+            .map_err(|e| e.to_string())?;
         let process = launched.process.clone();
         slot.set_process(launched);
         if slot.is_stopping() {
             process.stop(None, false, Duration::ZERO).await;
-            return;
+            return Err("stopped while starting".into());
         }
-        let started = Instant::now();
-        match process
-            .wait_ready(Duration::from_secs(config.launch_timeout_sec))
-            .await
-        {
+        let timeout = Duration::from_secs(self.inner.settings.config.launch_timeout_sec);
+        match process.wait_ready(timeout).await {
             Ok(endpoint) => {
-                if slot.is_stopping() {
-                    return;
-                }
                 if let Some(endpoint) = &endpoint {
                     self.inner
                         .launcher
-                        .calibrate_viewport(&image, endpoint)
+                        .calibrate_viewport(image, endpoint)
                         .await;
+                }
+                Ok((process, endpoint))
+            }
+            Err(error) => {
+                process.stop(None, false, Duration::ZERO).await;
+                Err(match &error {
+                    LaunchError::Timeout(_) => {
+                        format!("{error}{}", crate::browser::log_tail(&slot.dirs.log()))
+                    }
+                    _ => error.to_string(),
+                })
+            }
+        }
+    }
+
+    /// Launches a new instance's browser, then watches it until it exits.
+    async fn supervise(
+        self,
+        slot: Arc<InstanceSlot>,
+        image: ImageConfig,
+        limits: Limits,
+        _guard: tokio_util::sync::DropGuard,
+    ) {
+        let started = Instant::now();
+        match self.launch_ready(&slot, &image, limits).await {
+            Ok((process, endpoint)) => {
+                if slot.is_stopping() {
+                    return;
                 }
                 tracing::info!(instance = %slot.id, elapsed_ms = started.elapsed().as_millis() as u64, "browser ready");
                 slot.touch();
                 slot.set_phase(BrowserPhase::Ready(endpoint));
                 slot.set_status(InstanceStatus::Running, None);
                 self.send_change(&slot, InstanceStatus::Running, None);
+                self.watch_exit(&slot, &process).await;
             }
-            Err(error) => {
-                if slot.is_stopping() {
-                    return;
+            Err(reason) => {
+                if !slot.is_stopping() {
+                    self.instance_ended(&slot, InstanceStatus::Failed, reason);
                 }
-                process.stop(None, false, Duration::ZERO).await;
-                let reason = match &error {
-                    LaunchError::Timeout(_) => {
-                        format!("{error}{}", crate::browser::log_tail(&slot.dirs.log()))
-                    }
-                    _ => error.to_string(),
-                };
-                return self.instance_ended(&slot, InstanceStatus::Failed, reason);
             }
         }
-        self.watch_exit(&slot, &process).await;
-    }
-
-    /// Watches a browser taken from the warm pool.
-    async fn watch_warm(self, slot: Arc<InstanceSlot>, process: Arc<BrowserProcess>) {
-        let _done = slot.supervisor_done.clone().drop_guard();
-        slot.touch();
-        self.watch_exit(&slot, &process).await;
     }
 
     /// Waits for the browser to exit; an exit the agent did not ask for stops the instance.
     async fn watch_exit(&self, slot: &Arc<InstanceSlot>, process: &BrowserProcess) {
         let exit = process.wait_exit().await;
-        if slot.is_stopping() {
+        if slot.is_stopping() || slot.is_parking() {
             return;
         }
         let oom = slot.oom_kills_total();
@@ -367,18 +463,6 @@ impl Agent {
             crate::browser::log_tail(&slot.dirs.log())
         );
         self.instance_ended(slot, InstanceStatus::Stopped, reason);
-    }
-
-    /// Stops an instance on the agent's own initiative (e.g. its profile
-    /// outgrew `disk_gb`) and reports it `failed` with `reason`.
-    async fn fail_instance(self, slot: Arc<InstanceSlot>, reason: String) {
-        if !slot.mark_stopping() {
-            return;
-        }
-        if let Some(process) = slot.process() {
-            process.stop(None, false, Duration::ZERO).await;
-        }
-        self.instance_ended(&slot, InstanceStatus::Failed, reason);
     }
 
     /// The browser of `slot` is gone on its own (failed launch or exit): report,
@@ -409,13 +493,18 @@ impl Agent {
     /// Stops an instance's browser (gracefully unless `force`) and frees
     /// everything it held. Returns once its processes are gone.
     pub async fn instance_delete(&self, id: &InstanceId, force: bool) -> Result<(), AgentError> {
-        let slot = self
+        let slot = self.slot(id)?;
+        let _operation = slot.operation.lock().await;
+        if self
             .inner
             .slots
             .lock()
             .expect("slots lock")
             .remove(id)
-            .ok_or_else(|| AgentError::NotFound(id.clone()))?;
+            .is_none()
+        {
+            return Ok(());
+        }
         self.stop_slot(&slot, force).await;
         slot.servers.cancel();
         self.inner.ports.release(slot.ports);
@@ -428,15 +517,317 @@ impl Agent {
         let endpoint = slot.endpoint();
         slot.mark_stopping();
         slot.set_phase(BrowserPhase::Gone("instance is being stopped".into()));
-        let grace = Duration::from_secs(self.inner.settings.config.stop_timeout_sec);
         if let Some(process) = slot.process() {
-            process.stop(endpoint.as_ref(), !force, grace).await;
+            process.stop(endpoint.as_ref(), !force, CDP_GRACE).await;
         }
-        // The supervisor ends once the browser is gone (or as soon as it sees
+        // The watcher ends once the browser is gone (or as soon as it sees
         // `stopping` if it had not spawned yet); then nothing can be left.
-        slot.supervisor_done.cancelled().await;
+        slot.supervision_finished().await;
         if let Some(process) = slot.process() {
             process.stop(None, false, Duration::ZERO).await;
+        }
+    }
+
+    /// Parks a running instance: captures its CDP state, closes the browser
+    /// (flushing cookies to disk), stores profile and state as one archive, and
+    /// frees the browser's memory and profile. Ports and servers stay: a client
+    /// that connects wakes it. Only once the archive is stored does the instance
+    /// count as dormant; if storing fails, the browser is started again on its
+    /// profile and the instance keeps running.
+    pub async fn instance_dormant(
+        &self,
+        id: &InstanceId,
+    ) -> Result<AgentDormantResult, AgentError> {
+        let slot = self.slot(id)?;
+        let _operation = slot.operation.lock().await;
+        let (status, _) = slot.status();
+        if status != InstanceStatus::Running {
+            return Err(AgentError::InvalidState(format!(
+                "instance {id} is {status} on its node; only a running instance can be made dormant"
+            )));
+        }
+        let started = Instant::now();
+        let endpoint = slot.endpoint();
+        let state = match &endpoint {
+            Some(endpoint) => snapshot::capture(endpoint).await.map_err(|e| {
+                AgentError::Snapshot(format!("cannot read the browser's state over CDP: {e}"))
+            })?,
+            None => CapturedState::default(),
+        };
+        slot.set_parking(true);
+        slot.set_phase(BrowserPhase::Starting);
+        if let Some(process) = slot.process() {
+            process.stop(endpoint.as_ref(), true, CDP_GRACE).await;
+        }
+        slot.supervision_finished().await;
+
+        let profile = slot.dirs.profile();
+        std::fs::create_dir_all(&profile)
+            .map_err(|e| AgentError::Snapshot(format!("profile directory: {e}")))?;
+        let packed_state = state.clone();
+        let packed =
+            tokio::task::spawn_blocking(move || snapshot::archive(&profile, &packed_state))
+                .await
+                .map_err(|e| AgentError::Snapshot(e.to_string()))
+                .and_then(|r| {
+                    r.map_err(|e| AgentError::Snapshot(format!("cannot archive the profile: {e}")))
+                });
+        let snapshot_id = SnapshotId::generate();
+        let stored = match packed {
+            Ok(archive) => {
+                let size = archive.len() as u64;
+                self.inner
+                    .settings
+                    .snapshots
+                    .put(id, &snapshot_id, archive)
+                    .await
+                    .map(|()| size)
+                    .map_err(|e| {
+                        AgentError::Snapshot(format!(
+                            "cannot store the snapshot in {}: {e}",
+                            self.inner.settings.snapshots.location
+                        ))
+                    })
+            }
+            Err(error) => Err(error),
+        };
+        let snapshot_bytes = match stored {
+            Ok(size) => size,
+            Err(error) => {
+                tracing::error!(instance = %id, %error, "parking failed; starting the browser again");
+                self.resume_in_place(&slot, &state).await;
+                return Err(AgentError::Snapshot(format!(
+                    "{error}; the instance keeps running"
+                )));
+            }
+        };
+        let profile = slot.dirs.profile();
+        let _ = tokio::task::spawn_blocking(move || remove_dir(&profile)).await;
+        slot.set_snapshot(Some(snapshot_id.clone()));
+        slot.set_status(InstanceStatus::Dormant, None);
+        slot.set_phase(BrowserPhase::Dormant);
+        slot.set_parking(false);
+        tracing::info!(
+            instance = %id,
+            snapshot = %snapshot_id,
+            bytes = snapshot_bytes,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "instance dormant"
+        );
+        Ok(AgentDormantResult {
+            snapshot_id,
+            dormant_since: self.inner.settings.clock.now(),
+            snapshot_bytes,
+        })
+    }
+
+    /// After a failed park: the browser is closed but its profile is still here;
+    /// start it again and put the session cookies back.
+    async fn resume_in_place(&self, slot: &Arc<InstanceSlot>, state: &CapturedState) {
+        slot.set_parking(false);
+        let outcome = async {
+            let image = self.image(&slot.image).map_err(|e| e.to_string())?;
+            let limits = self.inner.launcher.limits_for(&slot.config);
+            let guard = slot.begin_supervision();
+            let (process, endpoint) = self.launch_ready(slot, &image, limits).await?;
+            if let Some(endpoint) = &endpoint {
+                snapshot::restore(endpoint, state, false)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok::<_, String>((process, endpoint, guard))
+        }
+        .await;
+        match outcome {
+            Ok((process, endpoint, guard)) => {
+                slot.set_phase(BrowserPhase::Ready(endpoint));
+                let agent = self.clone();
+                let watched = slot.clone();
+                tokio::spawn(async move {
+                    let _guard = guard;
+                    agent.watch_exit(&watched, &process).await;
+                });
+            }
+            Err(reason) => self.instance_ended(
+                slot,
+                InstanceStatus::Failed,
+                format!("restart after a failed park: {reason}"),
+            ),
+        }
+    }
+
+    /// Revives a dormant instance from `request.snapshot_id`: answers at once
+    /// (`reviving`) and reports `running` or `failed` when done. If this agent no
+    /// longer holds the instance (it restarted), it takes it back, on its old
+    /// ports when they are free.
+    pub async fn instance_revive(
+        &self,
+        request: AgentReviveInstance,
+    ) -> Result<AgentInstancePorts, AgentError> {
+        if self.inner.shutdown.is_cancelled() {
+            return Err(AgentError::ShuttingDown);
+        }
+        let image = self.image(&request.image)?;
+        let (slot, listeners) = {
+            let mut slots = self.inner.slots.lock().expect("slots lock");
+            match slots.get(&request.id) {
+                Some(slot) => (slot.clone(), None),
+                None => {
+                    self.check_room(&slots)?;
+                    let binds = self.binds_ports();
+                    let ports = request
+                        .ports
+                        .and_then(|wanted| self.inner.ports.reserve_exact(wanted, binds))
+                        .or_else(|| self.inner.ports.reserve(binds))
+                        .ok_or_else(|| self.ports_exhausted())?;
+                    let dirs =
+                        InstanceDirs::new(self.inner.instances_root.join(request.id.as_str()));
+                    let slot = self.new_slot(
+                        request.id.clone(),
+                        request.image.clone(),
+                        request.config.clone(),
+                        &ports,
+                        dirs,
+                    );
+                    slot.set_status(InstanceStatus::Dormant, None);
+                    slot.set_phase(BrowserPhase::Dormant);
+                    slot.set_snapshot(Some(request.snapshot_id.clone()));
+                    slots.insert(request.id.clone(), slot.clone());
+                    (slot, ports.listeners)
+                }
+            }
+        };
+        if let Some([debug, stream, http]) = listeners {
+            self.start_servers(&slot, debug, stream, http);
+        }
+        self.begin_revive(&slot, request.method, request.snapshot_id, image)?;
+        Ok(ports_of(&slot))
+    }
+
+    /// Moves `slot` from dormant to reviving and starts the revive task.
+    fn begin_revive(
+        &self,
+        slot: &Arc<InstanceSlot>,
+        method: ReviveMethod,
+        snapshot: SnapshotId,
+        image: ImageConfig,
+    ) -> Result<(), AgentError> {
+        {
+            let (status, _) = slot.status();
+            if status != InstanceStatus::Dormant {
+                return Err(AgentError::InvalidState(format!(
+                    "instance {} is {status} on its node; only a dormant instance can be revived",
+                    slot.id
+                )));
+            }
+            slot.set_status(InstanceStatus::Reviving, None);
+        }
+        slot.set_phase(BrowserPhase::Starting);
+        tokio::spawn(self.clone().revive(slot.clone(), method, snapshot, image));
+        Ok(())
+    }
+
+    async fn revive(
+        self,
+        slot: Arc<InstanceSlot>,
+        method: ReviveMethod,
+        snapshot: SnapshotId,
+        image: ImageConfig,
+    ) {
+        let operation = slot.operation.lock().await;
+        if slot.is_stopping() {
+            return;
+        }
+        let guard = slot.begin_supervision();
+        let started = Instant::now();
+        let outcome = async {
+            let archive = self
+                .inner
+                .settings
+                .snapshots
+                .get(&slot.id, &snapshot)
+                .await
+                .map_err(|e| format!("cannot read snapshot {snapshot}: {e}"))?;
+            let (root, profile) = (slot.dirs.root.clone(), slot.dirs.profile());
+            let state = tokio::task::spawn_blocking(move || {
+                remove_dir(&profile);
+                std::fs::create_dir_all(&root)?;
+                snapshot::extract(&archive, &profile)
+            })
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("cannot unpack snapshot {snapshot}: {e}"))?;
+            let limits = self.inner.launcher.limits_for(&slot.config);
+            let (process, endpoint) = self.launch_ready(&slot, &image, limits).await?;
+            if let Some(endpoint) = &endpoint {
+                snapshot::restore(endpoint, &state, method == ReviveMethod::FullRestore)
+                    .await
+                    .map_err(|e| format!("cannot restore the browser's state: {e}"))?;
+            }
+            Ok::<_, String>((process, endpoint))
+        }
+        .await;
+        match outcome {
+            Ok((process, endpoint)) => {
+                if slot.is_stopping() {
+                    return;
+                }
+                tracing::info!(instance = %slot.id, method = method.as_str(), elapsed_ms = started.elapsed().as_millis() as u64, "instance revived");
+                slot.set_snapshot(None);
+                slot.touch();
+                slot.set_phase(BrowserPhase::Ready(endpoint));
+                slot.set_status(InstanceStatus::Running, None);
+                self.send_change(&slot, InstanceStatus::Running, None);
+                // The archive is spent; the instance's next park makes a new one.
+                let snapshots = self.inner.settings.snapshots.clone();
+                let id = slot.id.clone();
+                tokio::spawn(async move {
+                    if let Err(error) = snapshots.delete(&id, &snapshot).await {
+                        tracing::warn!(instance = %id, %error, "cannot delete a spent snapshot");
+                    }
+                });
+                drop(operation);
+                let _guard = guard;
+                self.watch_exit(&slot, &process).await;
+            }
+            Err(reason) => {
+                if let Some(process) = slot.process() {
+                    process.stop(None, false, Duration::ZERO).await;
+                }
+                if !slot.is_stopping() {
+                    // The snapshot stays in the store: the instance can be revived again.
+                    self.instance_ended(
+                        &slot,
+                        InstanceStatus::Failed,
+                        format!("revive failed: {reason}"),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Revives dormant instances that a client connected to (quick start).
+    async fn wake_loop(self, mut wake: mpsc::UnboundedReceiver<InstanceId>) {
+        loop {
+            let id = tokio::select! {
+                id = wake.recv() => match id { Some(id) => id, None => return },
+                _ = self.inner.shutdown.cancelled() => return,
+            };
+            let Ok(slot) = self.slot(&id) else { continue };
+            let (Some(snapshot), Ok(image)) = (slot.snapshot(), self.image(&slot.image)) else {
+                continue;
+            };
+            if self
+                .begin_revive(&slot, ReviveMethod::QuickStart, snapshot, image)
+                .is_ok()
+            {
+                tracing::info!(instance = %id, "a client connected to a dormant instance: waking it");
+                self.send_change(
+                    &slot,
+                    InstanceStatus::Reviving,
+                    Some("woken by a connecting client".into()),
+                );
+            }
         }
     }
 
@@ -524,11 +915,14 @@ impl Agent {
             .values()
             .cloned()
             .collect();
-        let binds = self.inner.settings.config.runtime == RuntimeKind::Chromium;
-        if binds && !slots.is_empty() {
+        if self.binds_ports() && !slots.is_empty() {
             let table = ProcTable::scan();
             let now = Instant::now();
             for slot in &slots {
+                if slot.status().0 == InstanceStatus::Dormant {
+                    slot.set_resources(Default::default());
+                    continue;
+                }
                 let root = slot.process().and_then(|p| p.pid());
                 let resources = {
                     let mut meter = slot.cpu_meter.lock().expect("meter lock");
@@ -555,7 +949,7 @@ impl Agent {
     /// Reports processes killed by the memory limit, and fails an instance whose
     /// profile outgrew `disk_gb`.
     fn check_limits(&self, slot: &Arc<InstanceSlot>, disk_mb: f64) {
-        if slot.is_stopping() {
+        if slot.is_stopping() || slot.status().0 != InstanceStatus::Running {
             return;
         }
         if let Some(new_kills) = slot.new_oom_kills() {
@@ -570,11 +964,23 @@ impl Agent {
         let limit_mb = slot.config.disk_gb * 1024.0;
         if disk_mb > limit_mb {
             let reason = format!(
-                "the profile grew to {:.1} MB, over the disk limit of {limit_mb:.0} MB (disk_gb = {})",
-                disk_mb, slot.config.disk_gb
+                "the profile grew to {disk_mb:.1} MB, over the disk limit of {limit_mb:.0} MB (disk_gb = {})",
+                slot.config.disk_gb
             );
             tokio::spawn(self.clone().fail_instance(slot.clone(), reason));
         }
+    }
+
+    /// Stops an instance on the agent's own initiative (e.g. its profile
+    /// outgrew `disk_gb`) and reports it `failed` with `reason`.
+    async fn fail_instance(self, slot: Arc<InstanceSlot>, reason: String) {
+        if !slot.mark_stopping() {
+            return;
+        }
+        if let Some(process) = slot.process() {
+            process.stop(None, false, Duration::ZERO).await;
+        }
+        self.instance_ended(&slot, InstanceStatus::Failed, reason);
     }
 
     fn send_change(&self, slot: &InstanceSlot, status: InstanceStatus, reason: Option<String>) {
@@ -583,7 +989,7 @@ impl Agent {
             id: slot.id.clone(),
             status,
             reason,
-            at: Utc::now(),
+            at: self.inner.settings.clock.now(),
         };
         let _ = self.inner.changes.send(Outgoing::Change(change));
     }
@@ -641,7 +1047,8 @@ impl Agent {
     }
 
     /// Stops every browser gracefully, reports them `stopped` (waiting up to 10 s
-    /// for the reports to be delivered), and stops reporting.
+    /// for the reports to be delivered), and stops reporting. Dormant instances
+    /// stay dormant: their snapshots are in the store.
     pub async fn shutdown(&self) {
         if self.inner.shutdown.is_cancelled() {
             return;
@@ -657,10 +1064,14 @@ impl Agent {
             .map(|(_, s)| s)
             .collect();
         let stops = slots.iter().map(|slot| async move {
+            let _operation = slot.operation.lock().await;
+            let dormant = slot.status().0 == InstanceStatus::Dormant;
             self.stop_slot(slot, false).await;
-            let reason = "node agent shut down".to_owned();
-            slot.set_status(InstanceStatus::Stopped, Some(reason.clone()));
-            self.send_change(slot, InstanceStatus::Stopped, Some(reason));
+            if !dormant {
+                let reason = "node agent shut down".to_owned();
+                slot.set_status(InstanceStatus::Stopped, Some(reason.clone()));
+                self.send_change(slot, InstanceStatus::Stopped, Some(reason));
+            }
             self.release(slot);
         });
         futures_util::future::join_all(stops).await;

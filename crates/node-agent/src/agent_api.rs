@@ -3,6 +3,8 @@
 //!
 //! - `POST   /agent/v1/instances`       — [`AgentCreateInstance`] → 201 [`AgentInstancePorts`]
 //! - `DELETE /agent/v1/instances/{id}`  — `?force=true|false` → 204
+//! - `POST   /agent/v1/instances/{id}/dormant` — park → 200 [`AgentDormantResult`]
+//! - `POST   /agent/v1/instances/{id}/revive`  — [`AgentReviveInstance`] → 202 [`AgentInstancePorts`]
 //! - `GET    /agent/v1/instances`       — the agent's [`InstanceReport`]s
 //!
 //! Errors are `{detail, code}` like the public API.
@@ -15,10 +17,13 @@ use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get};
+use axum::routing::{delete, get, post};
 use serde::Deserialize;
 
-use flotilla_api_types::agent::{AgentCreateInstance, AgentInstancePorts, InstanceReport};
+use flotilla_api_types::agent::{
+    AgentCreateInstance, AgentDormantResult, AgentInstancePorts, AgentReviveInstance,
+    InstanceReport,
+};
 use flotilla_api_types::{ErrorCode, ErrorResponse, InstanceId};
 
 use crate::agent::{Agent, AgentError};
@@ -40,6 +45,8 @@ pub fn router(agent: Agent, cluster_token: &str) -> Router {
             get(instance_list).post(instance_create),
         )
         .route("/agent/v1/instances/{id}", delete(instance_delete))
+        .route("/agent/v1/instances/{id}/dormant", post(instance_dormant))
+        .route("/agent/v1/instances/{id}/revive", post(instance_revive))
         .layer(middleware::from_fn_with_state(state.clone(), require_token))
         .with_state(state)
 }
@@ -53,6 +60,8 @@ pub fn status_of(error: &AgentError) -> StatusCode {
     match error {
         AgentError::UnknownImage { .. } => StatusCode::BAD_REQUEST,
         AgentError::NotFound(_) => StatusCode::NOT_FOUND,
+        AgentError::InvalidState(_) => StatusCode::CONFLICT,
+        AgentError::Snapshot(_) => StatusCode::INTERNAL_SERVER_ERROR,
         AgentError::Full { .. } | AgentError::PortsExhausted { .. } | AgentError::ShuttingDown => {
             StatusCode::SERVICE_UNAVAILABLE
         }
@@ -65,6 +74,8 @@ impl IntoResponse for AgentError {
         let code = match status {
             StatusCode::BAD_REQUEST => ErrorCode::InvalidRequest,
             StatusCode::NOT_FOUND => ErrorCode::NotFound,
+            StatusCode::CONFLICT => ErrorCode::InvalidState,
+            StatusCode::INTERNAL_SERVER_ERROR => ErrorCode::Internal,
             _ => ErrorCode::InsufficientCapacity,
         };
         error(status, code, self.to_string())
@@ -128,6 +139,32 @@ async fn instance_delete(
         .instance_delete(&InstanceId::new(id), query.force)
         .await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+async fn instance_dormant(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+) -> Result<Json<AgentDormantResult>, AgentError> {
+    Ok(Json(
+        state.agent.instance_dormant(&InstanceId::new(id)).await?,
+    ))
+}
+
+async fn instance_revive(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+    Json(request): Json<AgentReviveInstance>,
+) -> Result<(StatusCode, Json<AgentInstancePorts>), AgentError> {
+    if request.id.as_str() != id {
+        return Err(AgentError::InvalidState(format!(
+            "path names {id} but the body names {}",
+            request.id
+        )));
+    }
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(state.agent.instance_revive(request).await?),
+    ))
 }
 
 async fn instance_list(State(state): State<ApiState>) -> Json<Vec<InstanceReport>> {

@@ -213,9 +213,13 @@ impl BrowserProcess {
                 Ok(status) => describe_exit(status, sandboxed),
                 Err(e) => format!("wait failed: {e}"),
             };
-            // Helpers (zygote, renderers, GPU/network services) share the group;
-            // crashpad handlers make their own groups but stay in the cgroup. Kill
-            // them all and report the exit only once every one is gone.
+            // Helpers (zygote, renderers, GPU, network and storage services)
+            // share the group; crashpad handlers make their own groups but stay in
+            // the cgroup. After a clean exit the storage service may still be
+            // flushing localStorage to disk: give the helpers a moment to finish
+            // on their own, then kill what is left, and report the exit only once
+            // every one is gone.
+            wait_for_helpers(pid, cgroup.as_deref(), HELPER_GRACE).await;
             kill_and_reap(pid, cgroup.as_deref(), Duration::from_secs(5)).await;
             if let Some(cgroup) = cgroup {
                 cgroup.remove();
@@ -450,6 +454,30 @@ pub fn become_subreaper() {
     let result = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     if result != 0 {
         tracing::warn!(error = %std::io::Error::last_os_error(), "cannot become a child subreaper; browser helpers are reaped by PID 1");
+    }
+}
+
+/// How long a browser's helpers may take to exit on their own after it.
+const HELPER_GRACE: Duration = Duration::from_secs(2);
+
+/// Waits (reaping) until the browser's helpers are gone, at most `limit`.
+async fn wait_for_helpers(
+    pgid: u32,
+    cgroup: Option<&crate::cgroups::InstanceCgroup>,
+    limit: Duration,
+) {
+    let Ok(group) = i32::try_from(pgid) else {
+        return;
+    };
+    let deadline = Instant::now() + limit;
+    loop {
+        // SAFETY: waitpid with a null status pointer and WNOHANG does not block.
+        while unsafe { libc::waitpid(-group, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+        let cgroup_empty = cgroup.is_none_or(|c| c.procs().is_empty());
+        if (cgroup_empty && !group_has_live_member(pgid)) || Instant::now() >= deadline {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

@@ -156,6 +156,9 @@ pub struct AgentConfig {
     pub warm_pool_image: String,
     /// Run each browser in its own bubblewrap namespaces when `bwrap` is installed.
     pub sandbox: bool,
+    /// A client connecting to a dormant instance's ports wakes it (quick start)
+    /// and is served once the browser is up.
+    pub wake_on_connect: bool,
     /// CPU quota per requested core: an instance gets `cpu_cores × cpu_quota_per_core`
     /// cores of CPU time (e.g. 0.5 to pack two instances per core).
     pub cpu_quota_per_core: f64,
@@ -195,6 +198,7 @@ impl Default for AgentConfig {
             warm_pool_size: 1,
             warm_pool_image: DEFAULT_IMAGE.to_owned(),
             sandbox: true,
+            wake_on_connect: true,
             cpu_quota_per_core: 1.0,
             pids_max: 2048,
             launch_timeout_sec: 30,

@@ -1,20 +1,24 @@
 //! The agent's record of one instance ([`InstanceSlot`]): its ports, directories,
-//! browser process and phase, activity clock and last resource sample.
+//! browser process and phase, activity clock, snapshot and last resource sample.
 //!
-//! The slot is shared (`Arc`) by the supervisor task that launches and watches
-//! the browser, the port servers (CDP gateway, live view, instance HTTP API) and
-//! the agent's delete and report paths.
+//! The slot is shared (`Arc`) by the task that launches and watches the browser,
+//! the port servers (CDP gateway, live view, instance HTTP API) and the agent's
+//! delete, dormant, revive and report paths. Operations that change the browser
+//! (dormant, revive, delete) take [`InstanceSlot::operation`] so they never
+//! interleave.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use flotilla_api_types::InstanceId;
 use flotilla_api_types::agent::InstanceReport;
+use flotilla_api_types::clock::Clock;
+use flotilla_api_types::ids::SnapshotId;
 use flotilla_api_types::instances::{InstanceConfig, InstanceResources, InstanceStatus};
 
 use crate::browser::{BrowserProcess, CdpEndpoint, InstanceDirs};
@@ -24,10 +28,13 @@ use crate::launcher::Launched;
 /// Where the instance's browser is in its life, as the port servers see it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum BrowserPhase {
-    /// Launching; servers wait for the next phase.
+    /// Launching (or reviving, or being parked); servers wait for the next phase.
     Starting,
     /// Answering CDP at this endpoint (`None` for a sim browser).
     Ready(Option<CdpEndpoint>),
+    /// Parked: no browser, its snapshot in the store. A request that arrives now
+    /// wakes it (when `agent.wake_on_connect` is on) and waits for it.
+    Dormant,
     /// Not running and not coming back; the text says why.
     Gone(String),
 }
@@ -40,7 +47,7 @@ pub struct InstanceSlot {
     pub ports: [u16; 3],
     pub dirs: InstanceDirs,
     phase: watch::Sender<BrowserPhase>,
-    /// The browser once spawned, and its cgroup. A std mutex: only swapped or
+    /// The browser once spawned, with its cgroup. A std mutex: only swapped or
     /// cloned, never held across an await.
     process: Mutex<Option<Launched>>,
     /// Memory-limit kills already reported.
@@ -51,13 +58,25 @@ pub struct InstanceSlot {
     last_activity_ms: AtomicI64,
     resources: Mutex<InstanceResources>,
     pub cpu_meter: Mutex<crate::monitor::CpuMeter>,
-    /// Set once the agent has decided to stop this browser (delete or shutdown),
-    /// so that its exit is not reported as a crash.
+    /// Set once the agent has decided to stop this browser for good (delete,
+    /// shutdown, limits), so that its exit is not reported as a crash.
     stopping: AtomicBool,
+    /// Set while the agent parks the browser (its exit is not a crash either).
+    parking: AtomicBool,
     /// Stops the instance's port servers.
     pub servers: CancellationToken,
-    /// Cancelled when the supervisor task has finished.
-    pub supervisor_done: CancellationToken,
+    /// Cancelled when the task watching the current browser has finished; a new
+    /// token per browser (create, each revive). A std mutex: swapped or cloned only.
+    supervisor_done: Mutex<CancellationToken>,
+    /// Serialises dormant, revive and delete of this instance. A tokio mutex:
+    /// held across the whole operation.
+    pub operation: tokio::sync::Mutex<()>,
+    /// The snapshot while dormant.
+    snapshot: Mutex<Option<SnapshotId>>,
+    /// Asks the agent to revive this instance when it is dormant and a client
+    /// connects; `None` when waking is off.
+    waker: Option<mpsc::UnboundedSender<InstanceId>>,
+    clock: Arc<dyn Clock>,
 }
 
 impl InstanceSlot {
@@ -67,6 +86,8 @@ impl InstanceSlot {
         config: InstanceConfig,
         ports: [u16; 3],
         dirs: InstanceDirs,
+        clock: Arc<dyn Clock>,
+        waker: Option<mpsc::UnboundedSender<InstanceId>>,
     ) -> Self {
         Self {
             id,
@@ -78,12 +99,17 @@ impl InstanceSlot {
             process: Mutex::new(None),
             oom_reported: AtomicU64::new(0),
             status: Mutex::new((InstanceStatus::Creating, None)),
-            last_activity_ms: AtomicI64::new(Utc::now().timestamp_millis()),
+            last_activity_ms: AtomicI64::new(clock.now().timestamp_millis()),
             resources: Mutex::new(InstanceResources::default()),
             cpu_meter: Mutex::default(),
             stopping: AtomicBool::new(false),
+            parking: AtomicBool::new(false),
             servers: CancellationToken::new(),
-            supervisor_done: CancellationToken::new(),
+            supervisor_done: Mutex::new(CancellationToken::new()),
+            operation: tokio::sync::Mutex::new(()),
+            snapshot: Mutex::new(None),
+            waker,
+            clock,
         }
     }
 
@@ -91,10 +117,19 @@ impl InstanceSlot {
         self.ports[0]
     }
 
+    /// The name of the instance's directory (and cgroup, and sandbox host name).
+    pub fn name(&self) -> String {
+        self.dirs
+            .root
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| self.id.to_string())
+    }
+
     /// Records activity now (CDP traffic, a viewer).
     pub fn touch(&self) {
         self.last_activity_ms
-            .store(Utc::now().timestamp_millis(), Ordering::Relaxed);
+            .store(self.clock.now().timestamp_millis(), Ordering::Relaxed);
     }
 
     pub fn last_activity(&self) -> DateTime<Utc> {
@@ -111,9 +146,11 @@ impl InstanceSlot {
         self.phase.send_replace(phase);
     }
 
-    /// Waits until the browser answers CDP (or is gone), at most `timeout`.
+    /// Waits until the browser answers CDP (or is gone), at most `timeout`. A
+    /// dormant instance is woken first when waking is on.
     pub async fn wait_ready(&self, timeout: Duration) -> Result<Option<CdpEndpoint>, String> {
         let mut phase = self.phase.subscribe();
+        let mut woken = false;
         let outcome = tokio::time::timeout(timeout, async {
             loop {
                 match phase.borrow_and_update().clone() {
@@ -121,6 +158,19 @@ impl InstanceSlot {
                     BrowserPhase::Gone(reason) => {
                         return Err(format!("instance {} is not running: {reason}", self.id));
                     }
+                    BrowserPhase::Dormant => match &self.waker {
+                        Some(waker) if !woken => {
+                            let _ = waker.send(self.id.clone());
+                            woken = true;
+                        }
+                        Some(_) => {}
+                        None => {
+                            return Err(format!(
+                                "instance {} is dormant; revive it with POST /v2/instances/{}/revive",
+                                self.id, self.id
+                            ));
+                        }
+                    },
                     BrowserPhase::Starting => {}
                 }
                 if phase.changed().await.is_err() {
@@ -184,12 +234,42 @@ impl InstanceSlot {
         *self.status.lock().expect("slot lock") = (status, reason);
     }
 
+    /// A fresh "supervisor finished" token for a new browser; dropping the
+    /// returned guard cancels it.
+    pub fn begin_supervision(&self) -> DropGuard {
+        let token = CancellationToken::new();
+        *self.supervisor_done.lock().expect("slot lock") = token.clone();
+        token.drop_guard()
+    }
+
+    /// Waits until the task watching the current browser has finished.
+    pub async fn supervision_finished(&self) {
+        let token = self.supervisor_done.lock().expect("slot lock").clone();
+        token.cancelled().await;
+    }
+
     pub fn mark_stopping(&self) -> bool {
         !self.stopping.swap(true, Ordering::SeqCst)
     }
 
     pub fn is_stopping(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
+    }
+
+    pub fn set_parking(&self, parking: bool) {
+        self.parking.store(parking, Ordering::SeqCst);
+    }
+
+    pub fn is_parking(&self) -> bool {
+        self.parking.load(Ordering::SeqCst)
+    }
+
+    pub fn snapshot(&self) -> Option<SnapshotId> {
+        self.snapshot.lock().expect("slot lock").clone()
+    }
+
+    pub fn set_snapshot(&self, snapshot: Option<SnapshotId>) {
+        *self.snapshot.lock().expect("slot lock") = snapshot;
     }
 
     pub fn set_resources(&self, resources: InstanceResources) {

@@ -23,6 +23,7 @@ pub mod link;
 pub mod live_view;
 pub mod monitor;
 pub mod ports;
+pub mod snapshot;
 pub mod sweep;
 
 pub use agent::{Agent, AgentError, AgentSettings};

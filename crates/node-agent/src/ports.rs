@@ -102,6 +102,37 @@ impl PortAllocator {
         })
     }
 
+    /// Reserves exactly `ports` (debug, stream, http) if all three are free.
+    pub fn reserve_exact(&self, ports: [u16; 3], bind: bool) -> Option<InstancePorts> {
+        let mut state = self.state.lock().expect("port allocator lock poisoned");
+        let in_range = |p: u16| p >= self.range.first && p <= self.range.last;
+        if ports
+            .iter()
+            .any(|p| state.in_use.contains(p) || !in_range(*p))
+        {
+            return None;
+        }
+        let listeners = if bind {
+            let mut bound = Vec::with_capacity(3);
+            for port in ports {
+                bound.push(bind_listener(self.bind_address, port).ok()?);
+            }
+            let mut iter = bound.into_iter();
+            Some([iter.next()?, iter.next()?, iter.next()?])
+        } else {
+            None
+        };
+        for port in ports {
+            state.in_use.insert(port);
+        }
+        Some(InstancePorts {
+            debug: ports[0],
+            stream: ports[1],
+            http: ports[2],
+            listeners,
+        })
+    }
+
     /// Returns ports to the pool.
     pub fn release(&self, ports: [u16; 3]) {
         let mut state = self.state.lock().expect("port allocator lock poisoned");

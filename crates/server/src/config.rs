@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use flotilla_control_plane::ControlPlaneConfig;
 use flotilla_node_agent::AgentConfig;
+use flotilla_node_agent::snapshot::SnapshotsConfig;
 
 /// Top-level keys that may come from the environment (section keys come as
 /// `SECTION__KEY`). Flags' own variables (`FLOTILLA_DATABASE_URL`, …) and the
@@ -38,6 +39,7 @@ pub struct FlotillaConfig {
     #[serde(flatten)]
     pub control: ControlPlaneConfig,
     pub agent: AgentConfig,
+    pub snapshots: SnapshotsConfig,
 }
 
 impl Default for FlotillaConfig {
@@ -47,6 +49,7 @@ impl Default for FlotillaConfig {
             data_dir: PathBuf::from("./data"),
             control: ControlPlaneConfig::default(),
             agent: AgentConfig::default(),
+            snapshots: SnapshotsConfig::default(),
         }
     }
 }

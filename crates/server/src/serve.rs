@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use flotilla_control_plane::nodes::{LocalLink, LocalNode};
 use flotilla_control_plane::{Clock, ControlPlane, Store, SystemClock};
+use flotilla_node_agent::snapshot::SnapshotStore;
 use flotilla_node_agent::{Agent, AgentSettings};
 
 use crate::config::FlotillaConfig;
@@ -45,7 +46,11 @@ impl Serve {
         let data_dir = config.data_dir.canonicalize()?;
         let store =
             Store::connect(&config.database_url(), config.control.store.max_connections).await?;
-        let control_plane = Arc::new(ControlPlane::new(store, config.control.clone(), clock));
+        let snapshots = SnapshotStore::open(&config.snapshots, &data_dir.join("snapshots"))?;
+        let control_plane = Arc::new(
+            ControlPlane::new(store, config.control.clone(), clock.clone())
+                .with_snapshots(snapshots.clone()),
+        );
 
         let control_listener = bind(config.listen_addr()?, "listen").await?;
         let control_addr = control_listener.local_addr()?;
@@ -77,6 +82,8 @@ impl Serve {
                 .unwrap_or_else(|| default_bind_address(&public_host)),
             public_host,
             hidden_paths: vec![data_dir.clone()],
+            snapshots,
+            clock,
         };
         let agent = Agent::start(settings, Arc::new(LocalLink(control_plane.clone()))).await?;
         control_plane

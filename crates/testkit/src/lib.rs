@@ -175,6 +175,18 @@ pub async fn spawn_serve() -> TestServe {
 /// `serve` with the configuration adjusted by `adjust` (after test defaults:
 /// port 0, a temp data dir, 0.5 s heartbeats).
 pub async fn spawn_serve_with(adjust: impl FnOnce(&mut FlotillaConfig)) -> TestServe {
+    spawn_serve_with_clock(
+        adjust,
+        std::sync::Arc::new(flotilla_api_types::clock::SystemClock),
+    )
+    .await
+}
+
+/// `serve` whose lifecycle decisions (activity, idle, heartbeats) follow `clock`.
+pub async fn spawn_serve_with_clock(
+    adjust: impl FnOnce(&mut FlotillaConfig),
+    clock: std::sync::Arc<dyn flotilla_api_types::clock::Clock>,
+) -> TestServe {
     init_logging();
     let temp = tempfile::Builder::new()
         .prefix("flotilla-test-")
@@ -194,7 +206,9 @@ pub async fn spawn_serve_with(adjust: impl FnOnce(&mut FlotillaConfig)) -> TestS
     // refuse placements at random. Scheduler unit tests cover the guard.
     config.control.scheduler.max_utilisation_percent = 100.0;
     adjust(&mut config);
-    let serve = Serve::start(config).await.expect("serve starts");
+    let serve = Serve::start_with_clock(config, clock)
+        .await
+        .expect("serve starts");
     let api = Api::new(serve.control_url());
     TestServe {
         serve: Some(serve),

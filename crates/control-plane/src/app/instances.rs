@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use flotilla_api_types::agent::{AgentCreateInstance, InstanceStateChange};
 use flotilla_api_types::instances::{
     CreateInstanceRequest, DEFAULT_IMAGE, Instance, InstanceConfig, InstanceList, InstanceStatus,
-    ListInstancesQuery,
+    ListInstancesQuery, ReviveMethod,
 };
 use flotilla_api_types::{InstanceId, MessageResponse};
 
@@ -256,6 +256,15 @@ impl ControlPlane {
         if !self.store.instance_delete(id).await? {
             return Err(not_found(id));
         }
+        if let Some(snapshots) = &self.snapshots {
+            match snapshots.delete_all(id).await {
+                Ok(0) => {}
+                Ok(count) => tracing::info!(instance = %id, count, "snapshots deleted"),
+                Err(error) => {
+                    tracing::warn!(instance = %id, %error, "cannot delete the instance's snapshots")
+                }
+            }
+        }
         tracing::info!(instance = %id, force, "instance deleted");
         Ok(MessageResponse {
             message: format!(
@@ -267,27 +276,60 @@ impl ControlPlane {
 
     /// A node reports that one of its instances changed state.
     pub async fn instance_state_changed(&self, change: InstanceStateChange) -> Result<()> {
-        let from: &[InstanceStatus] = match change.status {
-            // Running → running carries a note (e.g. the memory limit was hit).
-            InstanceStatus::Running => &[
-                InstanceStatus::Creating,
-                InstanceStatus::Reviving,
-                InstanceStatus::Idle,
-                InstanceStatus::Running,
-            ],
-            InstanceStatus::Failed | InstanceStatus::Stopped => &InstanceStatus::ACTIVE,
-            _ => return Ok(()),
+        let Some(before) = self.store.instance_get(&change.id).await? else {
+            return Ok(());
         };
-        let updated = self
-            .store
-            .instance_transition(
-                &change.id,
-                from,
-                change.status,
-                change.reason.as_deref(),
-                change.at,
-            )
-            .await?;
+        let reason = change.reason.as_deref();
+        let updated = match change.status {
+            // A client connected to a dormant instance and its node woke it.
+            InstanceStatus::Reviving => {
+                self.store
+                    .instance_begin_revive(
+                        &change.id,
+                        &[InstanceStatus::Dormant],
+                        ReviveMethod::QuickStart,
+                        reason,
+                        change.at,
+                    )
+                    .await?
+            }
+            // Running → running carries a note (e.g. the memory limit was hit).
+            InstanceStatus::Running => {
+                let from = [
+                    InstanceStatus::Creating,
+                    InstanceStatus::Reviving,
+                    InstanceStatus::Idle,
+                    InstanceStatus::Running,
+                ];
+                let updated = self
+                    .store
+                    .instance_transition(
+                        &change.id,
+                        &from,
+                        InstanceStatus::Running,
+                        reason,
+                        change.at,
+                    )
+                    .await?;
+                if updated.is_some() && before.status == InstanceStatus::Reviving {
+                    self.revive_finished(&before, change.at);
+                    self.store.instance_clear_snapshot(&change.id).await?;
+                }
+                updated
+            }
+            InstanceStatus::Failed | InstanceStatus::Stopped => {
+                self.store
+                    .instance_transition(
+                        &change.id,
+                        &InstanceStatus::ACTIVE,
+                        change.status,
+                        reason,
+                        change.at,
+                    )
+                    .await?
+            }
+            _ => None,
+        };
         if let Some(record) = updated {
             tracing::info!(instance = %record.id, status = %record.status, reason = ?record.status_reason, "instance state changed");
         }

@@ -2,51 +2,22 @@
 //! functions and nothing else; agents' reports (in-process or over the agent API)
 //! arrive here too.
 
+mod dormancy;
 mod health;
 mod instances;
 mod nodes;
 mod views;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
 use crate::config::ControlPlaneConfig;
 use crate::nodes::NodeConnections;
 use crate::store::Store;
+use flotilla_node_agent::snapshot::SnapshotStore;
 
-/// The source of "now" for lifecycle decisions; tests substitute [`ManualClock`].
-pub trait Clock: Send + Sync {
-    fn now(&self) -> DateTime<Utc>;
-}
-
-/// Wall-clock time.
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now(&self) -> DateTime<Utc> {
-        Utc::now()
-    }
-}
-
-/// A clock that moves only when told to.
-pub struct ManualClock(Mutex<DateTime<Utc>>);
-
-impl ManualClock {
-    pub fn new(start: DateTime<Utc>) -> Self {
-        Self(Mutex::new(start))
-    }
-
-    pub fn advance(&self, by: chrono::Duration) {
-        *self.0.lock().expect("clock lock") += by;
-    }
-}
-
-impl Clock for ManualClock {
-    fn now(&self) -> DateTime<Utc> {
-        *self.0.lock().expect("clock lock")
-    }
-}
+pub use flotilla_api_types::clock::{Clock, ManualClock, SystemClock};
 
 /// The control plane: the store, the connections to node agents and the
 /// configuration. Shared as `Arc<ControlPlane>` by handlers and background tasks.
@@ -55,6 +26,9 @@ pub struct ControlPlane {
     pub(crate) config: ControlPlaneConfig,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) nodes: NodeConnections,
+    pub(crate) revive_estimates: dormancy::ReviveEstimates,
+    /// Where snapshots live, to delete them with their instance.
+    pub(crate) snapshots: Option<SnapshotStore>,
 }
 
 impl ControlPlane {
@@ -64,7 +38,15 @@ impl ControlPlane {
             config,
             clock,
             nodes: NodeConnections::default(),
+            revive_estimates: dormancy::ReviveEstimates::default(),
+            snapshots: None,
         }
+    }
+
+    /// The snapshot store, to delete the snapshots of deleted instances.
+    pub fn with_snapshots(mut self, snapshots: SnapshotStore) -> Self {
+        self.snapshots = Some(snapshots);
+        self
     }
 
     pub fn store(&self) -> &Store {

@@ -14,6 +14,25 @@ pub struct ApiJson<T>(pub T);
 /// A JSON body that may be absent (an empty body means `T::default()`).
 pub struct OptionalApiJson<T>(pub T);
 
+/// An empty body, for operations that take none.
+pub struct NoBody;
+
+impl<S: Send + Sync> FromRequest<S> for NoBody {
+    type Rejection = Error;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Error> {
+        let bytes = body_bytes(request, state).await?;
+        let blank = bytes.iter().all(u8::is_ascii_whitespace) || bytes.as_ref() == b"{}";
+        if blank {
+            Ok(NoBody)
+        } else {
+            Err(Error::InvalidRequest(
+                "this operation takes no request body".into(),
+            ))
+        }
+    }
+}
+
 /// The query string; unknown parameters and bad values are rejected.
 pub struct ApiQuery<T>(pub T);
 

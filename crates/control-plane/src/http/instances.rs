@@ -8,10 +8,11 @@ use axum::http::StatusCode;
 
 use flotilla_api_types::instances::{
     CreateInstanceRequest, DeleteInstanceQuery, Instance, InstanceList, ListInstancesQuery,
+    ReviveRequest,
 };
 use flotilla_api_types::{ErrorResponse, InstanceId, MessageResponse};
 
-use super::extract::{ApiJson, ApiQuery};
+use super::extract::{ApiJson, ApiQuery, NoBody, OptionalApiJson};
 use crate::app::ControlPlane;
 use crate::error::Error;
 
@@ -80,6 +81,48 @@ pub async fn instance_delete(
     Ok(Json(
         control_plane
             .instance_delete(&InstanceId::new(id), query.force)
+            .await?,
+    ))
+}
+
+/// Park an instance: snapshot its state and stop its browser. Its ports stay;
+/// a client that connects wakes it.
+#[utoipa::path(post, path = "/v2/instances/{instance_id}/dormant", tag = "instances",
+    params(("instance_id" = String, Path)),
+    responses(
+        (status = 200, description = "Parked: id, status, snapshot_id, dormant_since", body = Instance),
+        (status = 400, description = "A body was sent (this operation takes none)", body = ErrorResponse),
+        (status = 404, body = ErrorResponse),
+        (status = 409, description = "Not running or idle", body = ErrorResponse),
+    ))]
+pub async fn instance_dormant(
+    State(control_plane): State<Arc<ControlPlane>>,
+    Path(id): Path<String>,
+    NoBody: NoBody,
+) -> Result<Json<Instance>, Error> {
+    Ok(Json(
+        control_plane.instance_dormant(&InstanceId::new(id)).await?,
+    ))
+}
+
+/// Revive a dormant instance (`quick_start` by default, or `full_restore`).
+#[utoipa::path(post, path = "/v2/instances/{instance_id}/revive", tag = "instances",
+    params(("instance_id" = String, Path)),
+    request_body(content = Option<ReviveRequest>, description = "Optional; default method quick_start"),
+    responses(
+        (status = 200, description = "Reviving: id, status, estimated_completion", body = Instance),
+        (status = 400, description = "Unknown method or field", body = ErrorResponse),
+        (status = 404, body = ErrorResponse),
+        (status = 409, description = "Not dormant", body = ErrorResponse),
+    ))]
+pub async fn instance_revive(
+    State(control_plane): State<Arc<ControlPlane>>,
+    Path(id): Path<String>,
+    OptionalApiJson(request): OptionalApiJson<ReviveRequest>,
+) -> Result<Json<Instance>, Error> {
+    Ok(Json(
+        control_plane
+            .instance_revive(&InstanceId::new(id), request.method)
             .await?,
     ))
 }

@@ -6,7 +6,7 @@ mod health;
 mod instances;
 mod nodes;
 
-pub use extract::{ApiJson, ApiQuery, OptionalApiJson};
+pub use extract::{ApiJson, ApiQuery, NoBody, OptionalApiJson};
 
 use std::sync::Arc;
 
@@ -34,12 +34,15 @@ use crate::error::Error;
         instances::instance_list,
         instances::instance_get,
         instances::instance_delete,
+        instances::instance_dormant,
+        instances::instance_revive,
         nodes::node_list,
         nodes::node_get,
     ),
     components(schemas(
         flotilla_api_types::instances::InstanceStatus,
         flotilla_api_types::instances::InstanceSort,
+        flotilla_api_types::instances::ReviveMethod,
         flotilla_api_types::ErrorCode,
     )),
     modifiers(&BearerAuth),
@@ -81,6 +84,14 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
         .route(
             "/v2/instances/{instance_id}",
             get(instances::instance_get).delete(instances::instance_delete),
+        )
+        .route(
+            "/v2/instances/{instance_id}/dormant",
+            axum::routing::post(instances::instance_dormant),
+        )
+        .route(
+            "/v2/instances/{instance_id}/revive",
+            axum::routing::post(instances::instance_revive),
         )
         .route("/v2/nodes", get(nodes::node_list))
         .route("/v2/nodes/{node_id}", get(nodes::node_get))

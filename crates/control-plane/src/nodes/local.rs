@@ -10,6 +10,7 @@ use flotilla_api_types::InstanceId;
 use flotilla_api_types::agent::{
     AgentCreateInstance, AgentInstancePorts, Heartbeat, InstanceStateChange, NodeRegistration,
 };
+use flotilla_api_types::agent::{AgentDormantResult, AgentReviveInstance};
 use flotilla_node_agent::{Agent, AgentError, ControlPlaneLink, LinkError, RegistrationAck};
 
 use super::{NodeCallError, NodeConnection};
@@ -25,6 +26,17 @@ impl NodeConnection for LocalNode {
         request: AgentCreateInstance,
     ) -> Result<AgentInstancePorts, NodeCallError> {
         self.0.instance_create(request).await.map_err(agent_error)
+    }
+
+    async fn instance_dormant(&self, id: &InstanceId) -> Result<AgentDormantResult, NodeCallError> {
+        self.0.instance_dormant(id).await.map_err(agent_error)
+    }
+
+    async fn instance_revive(
+        &self,
+        request: AgentReviveInstance,
+    ) -> Result<AgentInstancePorts, NodeCallError> {
+        self.0.instance_revive(request).await.map_err(agent_error)
     }
 
     async fn instance_delete(&self, id: &InstanceId, force: bool) -> Result<(), NodeCallError> {

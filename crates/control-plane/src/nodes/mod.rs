@@ -11,7 +11,9 @@ use std::sync::{Arc, RwLock};
 
 use async_trait::async_trait;
 
-use flotilla_api_types::agent::{AgentCreateInstance, AgentInstancePorts};
+use flotilla_api_types::agent::{
+    AgentCreateInstance, AgentDormantResult, AgentInstancePorts, AgentReviveInstance,
+};
 use flotilla_api_types::{InstanceId, NodeId};
 
 /// A failed call to a node agent.
@@ -35,6 +37,13 @@ pub trait NodeConnection: Send + Sync {
     ) -> Result<AgentInstancePorts, NodeCallError>;
     /// Stops and removes an instance; `Ok` also when the agent does not have it.
     async fn instance_delete(&self, id: &InstanceId, force: bool) -> Result<(), NodeCallError>;
+    /// Parks an instance; returns once its snapshot is stored.
+    async fn instance_dormant(&self, id: &InstanceId) -> Result<AgentDormantResult, NodeCallError>;
+    /// Starts reviving a dormant instance; the outcome comes as a state change.
+    async fn instance_revive(
+        &self,
+        request: AgentReviveInstance,
+    ) -> Result<AgentInstancePorts, NodeCallError>;
 }
 
 /// Connections by node id. A std `RwLock`: read on every call, written when a

@@ -131,6 +131,16 @@ impl InstanceCache {
             .collect()
     }
 
+    pub fn in_statuses(&self, statuses: &[InstanceStatus]) -> Vec<InstanceRecord> {
+        let inner = self.inner.read().expect("cache lock");
+        inner
+            .by_id
+            .values()
+            .filter(|r| statuses.contains(&r.status))
+            .map(|r| (**r).clone())
+            .collect()
+    }
+
     pub fn counts(&self) -> Vec<(InstanceStatus, i64)> {
         let inner = self.inner.read().expect("cache lock");
         let mut counts: HashMap<InstanceStatus, i64> = HashMap::new();

@@ -6,6 +6,7 @@ use sqlx::{AnyConnection, Connection, Row};
 
 use flotilla_api_types::agent::InstanceReport;
 use flotilla_api_types::ids::SnapshotId;
+use flotilla_api_types::instances::ReviveMethod;
 use flotilla_api_types::instances::{
     InstanceConfig, InstanceResources, InstanceSort, InstanceStatus,
 };
@@ -15,7 +16,7 @@ use super::{Store, from_millis, placeholders, to_millis};
 
 const COLUMNS: &str = "id, node_id, status, status_reason, subdomain, image, memory_gb, cpu_cores, disk_gb, \
     idle_timeout_minutes, auto_snapshot, debug_port, stream_port, http_port, created_at, updated_at, \
-    last_activity, cpu_percent, memory_mb, disk_mb, snapshot_id, dormant_since";
+    last_activity, cpu_percent, memory_mb, disk_mb, snapshot_id, dormant_since, revive_method";
 
 /// An instance as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,6 +36,8 @@ pub struct InstanceRecord {
     pub resources: InstanceResources,
     pub snapshot_id: Option<SnapshotId>,
     pub dormant_since: Option<DateTime<Utc>>,
+    /// The method of the revive in progress (or the last one).
+    pub revive_method: Option<ReviveMethod>,
 }
 
 /// What is known of an instance when it is placed.
@@ -101,6 +104,9 @@ fn decode(row: &AnyRow) -> Result<InstanceRecord, sqlx::Error> {
         dormant_since: row
             .try_get::<Option<i64>, _>("dormant_since")?
             .map(from_millis),
+        revive_method: row
+            .try_get::<Option<String>, _>("revive_method")?
+            .and_then(|m| m.parse().ok()),
     })
 }
 
@@ -322,6 +328,100 @@ impl Store {
         self.refresh(&mut conn, id).await?;
         drop(conn);
         self.instance_get(id).await
+    }
+
+    /// Records a successful park: `dormant` with its snapshot, from running or idle.
+    pub async fn instance_set_dormant(
+        &self,
+        id: &InstanceId,
+        snapshot: &SnapshotId,
+        since: DateTime<Utc>,
+    ) -> Result<Option<InstanceRecord>, sqlx::Error> {
+        let mut conn = self.writer.acquire().await?;
+        let done = sqlx::query(
+            "UPDATE instances SET status = $1, status_reason = NULL, snapshot_id = $2, dormant_since = $3, \
+             updated_at = $3, cpu_percent = 0, memory_mb = 0 WHERE id = $4 AND status IN ($5, $6)",
+        )
+        .bind(InstanceStatus::Dormant.as_str())
+        .bind(snapshot.as_str())
+        .bind(to_millis(since))
+        .bind(id.as_str())
+        .bind(InstanceStatus::Running.as_str())
+        .bind(InstanceStatus::Idle.as_str())
+        .execute(&mut *conn)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Ok(None);
+        }
+        self.refresh(&mut conn, id).await?;
+        drop(conn);
+        self.instance_get(id).await
+    }
+
+    /// Starts a revive: `reviving` with its method, from one of `from`.
+    pub async fn instance_begin_revive(
+        &self,
+        id: &InstanceId,
+        from: &[InstanceStatus],
+        method: ReviveMethod,
+        reason: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<Option<InstanceRecord>, sqlx::Error> {
+        let from = status_strings(from);
+        let sql = format!(
+            "UPDATE instances SET status = $1, status_reason = $2, revive_method = $3, updated_at = $4 \
+             WHERE id = $5 AND status IN ({})",
+            placeholders(6, from.len())
+        );
+        let query = sqlx::query(&sql)
+            .bind(InstanceStatus::Reviving.as_str())
+            .bind(reason.map(str::to_owned))
+            .bind(method.as_str())
+            .bind(to_millis(now))
+            .bind(id.as_str());
+        let mut conn = self.writer.acquire().await?;
+        if bind_statuses(query, &from)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected()
+            == 0
+        {
+            return Ok(None);
+        }
+        self.refresh(&mut conn, id).await?;
+        drop(conn);
+        self.instance_get(id).await
+    }
+
+    /// A revived instance runs: its snapshot is spent.
+    pub async fn instance_clear_snapshot(&self, id: &InstanceId) -> Result<(), sqlx::Error> {
+        let mut conn = self.writer.acquire().await?;
+        sqlx::query("UPDATE instances SET snapshot_id = NULL, dormant_since = NULL WHERE id = $1")
+            .bind(id.as_str())
+            .execute(&mut *conn)
+            .await?;
+        self.refresh(&mut conn, id).await
+    }
+
+    /// Instances in one of `statuses`, on every node.
+    pub async fn instances_in(
+        &self,
+        statuses: &[InstanceStatus],
+    ) -> Result<Vec<InstanceRecord>, sqlx::Error> {
+        if let Some(cache) = &self.cache {
+            return Ok(cache.in_statuses(statuses));
+        }
+        let statuses = status_strings(statuses);
+        let sql = format!(
+            "SELECT {COLUMNS} FROM instances WHERE status IN ({})",
+            placeholders(1, statuses.len())
+        );
+        bind_statuses(sqlx::query(&sql), &statuses)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(decode)
+            .collect()
     }
 
     /// Removes the record. `false` if there was none.

@@ -1,0 +1,470 @@
+//! Dormancy with real Chromium: park, revive with each method, state kept
+//! (persistent and session cookies, localStorage, IndexedDB, tabs), 409 and
+//! 400 paths, the idle lifecycle on an injected clock, wake on connect, and a
+//! park whose snapshot cannot be stored.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use flotilla_api_types::clock::ManualClock;
+use flotilla_testkit::{
+    BROWSER_DEADLINE, Page, PageServer, StatusCode, TestServe, processes_mentioning, run_node,
+    serve_page, spawn_serve, spawn_serve_with, spawn_serve_with_clock, wait_until,
+};
+
+/// A site with a page that stores state of every kind, and three tab pages.
+async fn site() -> PageServer {
+    serve_page(&[
+        ("/state", "<title>state</title><body>state</body>"),
+        ("/a", "<title>A</title>"),
+        ("/b", "<title>B</title>"),
+    ])
+    .await
+}
+
+const STORE_STATE: &str = "(async () => {
+    document.cookie = 'persistent=kept; max-age=86400; path=/';
+    document.cookie = 'session=also-kept; path=/';
+    localStorage.setItem('local', 'stored');
+    await new Promise((resolve, reject) => {
+        const open = indexedDB.open('flotilla', 1);
+        open.onupgradeneeded = () => open.result.createObjectStore('kv');
+        open.onsuccess = () => {
+            const tx = open.result.transaction('kv', 'readwrite');
+            tx.objectStore('kv').put('indexed', 'key');
+            tx.oncomplete = () => resolve();
+            tx.onerror = () => reject(tx.error);
+        };
+        open.onerror = () => reject(open.error);
+    });
+    return true;
+})()";
+
+const READ_STATE: &str = "(async () => {
+    const indexed = await new Promise((resolve) => {
+        const open = indexedDB.open('flotilla', 1);
+        open.onupgradeneeded = () => open.result.createObjectStore('kv');
+        open.onsuccess = () => {
+            const request = open.result.transaction('kv').objectStore('kv').get('key');
+            request.onsuccess = () => resolve(request.result ?? null);
+            request.onerror = () => resolve(null);
+        };
+        open.onerror = () => resolve(null);
+    });
+    return { cookie: document.cookie, local: localStorage.getItem('local'), indexed };
+})()";
+
+fn assert_state_back(state: &Value) {
+    let cookie = state["cookie"].as_str().unwrap_or_default();
+    assert!(
+        cookie.contains("persistent=kept"),
+        "persistent cookie: {state}"
+    );
+    assert!(
+        cookie.contains("session=also-kept"),
+        "session cookie: {state}"
+    );
+    assert_eq!(state["local"], "stored", "localStorage: {state}");
+    assert_eq!(state["indexed"], "indexed", "IndexedDB: {state}");
+}
+
+async fn page_urls(debug_port: u64) -> Vec<String> {
+    let list: Value = reqwest::get(format!("http://127.0.0.1:{debug_port}/json/list"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    list.as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["type"] == "page")
+        .map(|t| t["url"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+async fn park(serve: &TestServe, id: &str) -> Value {
+    let (status, body) = serve
+        .api
+        .post(&format!("/v2/instances/{id}/dormant"), "")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    body
+}
+
+async fn revive(serve: &TestServe, id: &str, body: &str) -> Value {
+    let (status, reply) = serve
+        .api
+        .post(&format!("/v2/instances/{id}/revive"), body)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    reply
+}
+
+fn keys(value: &Value) -> Vec<&str> {
+    let mut keys: Vec<&str> = value
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort_unstable();
+    keys
+}
+
+#[tokio::test]
+async fn browser_park_and_revive_keep_cookies_storage_and_tabs() {
+    let serve = spawn_serve().await;
+    let pages = site().await;
+    let created = serve.api.create("{}").await;
+    let id = created["id"].as_str().unwrap().to_owned();
+    let debug_url = created["urls"]["debug"].as_str().unwrap().to_owned();
+    let debug_port = created["debug_port"].as_u64().unwrap();
+    serve
+        .api
+        .wait_for_status(&id, "running", BROWSER_DEADLINE)
+        .await;
+
+    let state_page = Page::open(&debug_url, &format!("{}/state", pages.base))
+        .await
+        .unwrap();
+    assert_eq!(state_page.eval(STORE_STATE).await.unwrap(), true);
+    let _a = Page::open(&debug_url, &format!("{}/a", pages.base))
+        .await
+        .unwrap();
+    let _b = Page::open(&debug_url, &format!("{}/b", pages.base))
+        .await
+        .unwrap();
+    let instance_dir = serve.instances_dir().join(&id).display().to_string();
+
+    // Park: the exact response shape, the browser gone, the snapshot stored.
+    let parked = park(&serve, &id).await;
+    assert_eq!(
+        keys(&parked),
+        ["dormant_since", "id", "snapshot_id", "status"]
+    );
+    assert_eq!(parked["status"], "dormant");
+    assert!(
+        processes_mentioning(&instance_dir).is_empty(),
+        "the browser's processes are gone"
+    );
+    let snapshot_file = serve
+        .data_dir
+        .canonicalize()
+        .unwrap()
+        .join("snapshots")
+        .join(&id)
+        .join(format!(
+            "{}.tar.zst",
+            parked["snapshot_id"].as_str().unwrap()
+        ));
+    let size = std::fs::metadata(&snapshot_file)
+        .expect("the archive is in the store")
+        .len();
+    assert!(size > 1000 && size < 5_000_000, "archive of {size} bytes");
+    let (_, detail) = serve.api.get(&format!("/v2/instances/{id}")).await;
+    assert_eq!(detail["status"], "dormant");
+    assert_eq!(
+        detail["debug_port"].as_u64().unwrap(),
+        debug_port,
+        "ports stay reserved"
+    );
+
+    // Wrong states and bodies.
+    let (status, body) = serve
+        .api
+        .post(&format!("/v2/instances/{id}/dormant"), "")
+        .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("invalid_state")),
+        "{body}"
+    );
+    for bad in [
+        r#"{"method": "warp"}"#,
+        r#"{"methd": "quick_start"}"#,
+        "[1]",
+        "{bad json",
+    ] {
+        let (status, body) = serve
+            .api
+            .post(&format!("/v2/instances/{id}/revive"), bad)
+            .await;
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("invalid_request")),
+            "{bad}: {body}"
+        );
+    }
+    let (status, body) = serve
+        .api
+        .post(&format!("/v2/instances/{id}/dormant"), r#"{"now": true}"#)
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+
+    // quick_start (no body: the default): state back, one blank tab.
+    let reviving = revive(&serve, &id, "").await;
+    assert_eq!(keys(&reviving), ["estimated_completion", "id", "status"]);
+    assert_eq!(reviving["status"], "reviving");
+    let running = serve
+        .api
+        .wait_for_status(&id, "running", BROWSER_DEADLINE)
+        .await;
+    assert_eq!(
+        running["debug_port"].as_u64().unwrap(),
+        debug_port,
+        "same ports after revive"
+    );
+    let urls = page_urls(debug_port).await;
+    assert_eq!(urls, ["about:blank"], "quick_start opens one blank tab");
+    let state = Page::open(&debug_url, &format!("{}/state", pages.base))
+        .await
+        .unwrap();
+    assert_state_back(&state.eval(READ_STATE).await.unwrap());
+    let (status, body) = serve
+        .api
+        .post(&format!("/v2/instances/{id}/revive"), "")
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::CONFLICT,
+        "running instances are not revived: {body}"
+    );
+
+    // full_restore: every tab back at its URL, and the state too.
+    let _a = Page::open(&debug_url, &format!("{}/a", pages.base))
+        .await
+        .unwrap();
+    let _b = Page::open(&debug_url, &format!("{}/b", pages.base))
+        .await
+        .unwrap();
+    drop(state);
+    park(&serve, &id).await;
+    revive(&serve, &id, r#"{"method": "full_restore"}"#).await;
+    serve
+        .api
+        .wait_for_status(&id, "running", BROWSER_DEADLINE)
+        .await;
+    let mut urls = page_urls(debug_port).await;
+    urls.sort();
+    let mut expected: Vec<String> = ["/a", "/b", "/state"]
+        .iter()
+        .map(|p| format!("{}{p}", pages.base))
+        .collect();
+    expected.sort();
+    assert_eq!(
+        urls, expected,
+        "every tab reopened at its URL, the blank one closed"
+    );
+    let state = Page::open(&debug_url, &format!("{}/state", pages.base))
+        .await
+        .unwrap();
+    assert_state_back(&state.eval(READ_STATE).await.unwrap());
+
+    // Deleting the instance deletes its snapshots.
+    park(&serve, &id).await;
+    let (status, _) = serve.api.delete(&format!("/v2/instances/{id}")).await;
+    assert_eq!(status, StatusCode::OK);
+    let left = std::fs::read_dir(snapshot_file.parent().unwrap())
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(left, 0, "no snapshot left");
+    serve.shutdown().await;
+}
+
+#[tokio::test]
+async fn browser_dormant_and_revive_refuse_other_states() {
+    let starter = tempfile::tempdir().unwrap();
+    let never_ready = starter.path().join("never-ready");
+    std::fs::write(&never_ready, "#!/bin/sh\nexec sleep 600\n").unwrap();
+    std::fs::set_permissions(
+        &never_ready,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let serve = spawn_serve_with(|config| {
+        config.agent.launch_timeout_sec = 120;
+        for (name, executable) in [
+            ("never-ready", never_ready.clone()),
+            ("broken", "/nonexistent".into()),
+        ] {
+            config.agent.images.insert(
+                name.into(),
+                flotilla_node_agent::config::ImageConfig {
+                    executable,
+                    args: vec![],
+                },
+            );
+        }
+    })
+    .await;
+    let creating = serve.api.create(r#"{"image": "never-ready"}"#).await;
+    let failed = serve.api.create(r#"{"image": "broken"}"#).await;
+    let failed_id = failed["id"].as_str().unwrap();
+    wait_until(BROWSER_DEADLINE, "the broken launch to fail", || async {
+        let (_, detail) = serve.api.get(&format!("/v2/instances/{failed_id}")).await;
+        if detail["status"] == "failed" {
+            Ok(Some(()))
+        } else {
+            Err(detail.to_string())
+        }
+    })
+    .await
+    .unwrap();
+    for instance in [&creating, &failed] {
+        let id = instance["id"].as_str().unwrap();
+        for operation in ["dormant", "revive"] {
+            let (status, body) = serve
+                .api
+                .post(&format!("/v2/instances/{id}/{operation}"), "")
+                .await;
+            assert_eq!(
+                status,
+                StatusCode::CONFLICT,
+                "{operation} on {}: {body}",
+                instance["status"]
+            );
+            assert_eq!(body["code"], "invalid_state");
+        }
+    }
+    for operation in ["dormant", "revive"] {
+        let (status, body) = serve
+            .api
+            .post(&format!("/v2/instances/nope/{operation}"), "")
+            .await;
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (StatusCode::NOT_FOUND, Some("not_found"))
+        );
+    }
+    serve.shutdown().await;
+}
+
+#[tokio::test]
+async fn browser_idle_instances_park_themselves_and_activity_wakes_idle_ones() {
+    let clock = Arc::new(ManualClock::new(chrono::Utc::now()));
+    // The clock jumps a minute: heartbeats must not look late on it.
+    let serve = spawn_serve_with_clock(
+        |config| config.control.nodes.heartbeat_timeout_sec = 3600.0,
+        clock.clone(),
+    )
+    .await;
+    let pages = site().await;
+    let parks = serve
+        .api
+        .create(r#"{"config": {"idle_timeout_minutes": 1}}"#)
+        .await;
+    let stays = serve
+        .api
+        .create(r#"{"config": {"idle_timeout_minutes": 1, "auto_snapshot": false}}"#)
+        .await;
+    let (parks_id, stays_id) = (parks["id"].as_str().unwrap(), stays["id"].as_str().unwrap());
+    serve
+        .api
+        .wait_for_status(parks_id, "running", BROWSER_DEADLINE)
+        .await;
+    serve
+        .api
+        .wait_for_status(stays_id, "running", BROWSER_DEADLINE)
+        .await;
+
+    clock.advance(chrono::Duration::seconds(61));
+    let parked = serve
+        .api
+        .wait_for_status(parks_id, "dormant", BROWSER_DEADLINE)
+        .await;
+    assert!(
+        parked["activity"]["idle_minutes"].as_f64().unwrap() >= 1.0,
+        "{parked}"
+    );
+    serve
+        .api
+        .wait_for_status(stays_id, "idle", BROWSER_DEADLINE)
+        .await;
+
+    // Activity on the idle one (CDP traffic through its gateway), a second later,
+    // makes it run again.
+    clock.advance(chrono::Duration::seconds(1));
+    let page = Page::open(
+        stays["urls"]["debug"].as_str().unwrap(),
+        &format!("{}/a", pages.base),
+    )
+    .await
+    .unwrap();
+    assert_eq!(page.eval("document.title").await.unwrap(), "A");
+    serve
+        .api
+        .wait_for_status(stays_id, "running", BROWSER_DEADLINE)
+        .await;
+    serve.shutdown().await;
+}
+
+#[tokio::test]
+async fn browser_a_cdp_client_wakes_a_dormant_instance() {
+    let serve = spawn_serve().await;
+    let pages = site().await;
+    let created = serve.api.create("{}").await;
+    let id = created["id"].as_str().unwrap().to_owned();
+    let debug_url = created["urls"]["debug"].as_str().unwrap().to_owned();
+    serve
+        .api
+        .wait_for_status(&id, "running", BROWSER_DEADLINE)
+        .await;
+    let page = Page::open(&debug_url, &format!("{}/state", pages.base))
+        .await
+        .unwrap();
+    page.eval(STORE_STATE).await.unwrap();
+    drop(page);
+    park(&serve, &id).await;
+
+    // Playwright connects to the dormant instance's unchanged urls.debug.
+    let woken = run_node(
+        "playwright_eval.mjs",
+        &[&debug_url, &format!("{}/state", pages.base), READ_STATE],
+    )
+    .await
+    .unwrap();
+    assert_eq!(woken["title"], "state");
+    assert_state_back(&woken["value"]);
+    let (_, detail) = serve.api.get(&format!("/v2/instances/{id}")).await;
+    assert_eq!(detail["status"], "running", "{detail}");
+    serve.shutdown().await;
+}
+
+#[tokio::test]
+async fn browser_a_park_that_cannot_store_its_snapshot_leaves_the_instance_running() {
+    let serve = spawn_serve().await;
+    let pages = site().await;
+    let created = serve.api.create("{}").await;
+    let id = created["id"].as_str().unwrap().to_owned();
+    let debug_url = created["urls"]["debug"].as_str().unwrap().to_owned();
+    serve
+        .api
+        .wait_for_status(&id, "running", BROWSER_DEADLINE)
+        .await;
+    let page = Page::open(&debug_url, &format!("{}/state", pages.base))
+        .await
+        .unwrap();
+    page.eval(STORE_STATE).await.unwrap();
+    drop(page);
+
+    // The snapshot directory becomes a file: every write into it fails.
+    let snapshots = serve.data_dir.canonicalize().unwrap().join("snapshots");
+    std::fs::remove_dir_all(&snapshots).unwrap();
+    std::fs::write(&snapshots, b"not a directory").unwrap();
+    let (status, body) = serve
+        .api
+        .post(&format!("/v2/instances/{id}/dormant"), "")
+        .await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    let (_, detail) = serve.api.get(&format!("/v2/instances/{id}")).await;
+    assert_eq!(detail["status"], "running", "nothing was parked: {detail}");
+    assert!(detail.get("snapshot_id").is_none());
+    let state = Page::open(&debug_url, &format!("{}/state", pages.base))
+        .await
+        .unwrap();
+    assert_state_back(&state.eval(READ_STATE).await.unwrap());
+    drop(state);
+    serve.shutdown().await;
+}

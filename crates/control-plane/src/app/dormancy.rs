@@ -1,0 +1,293 @@
+//! Dormancy: park (`dormant`), revive, the idle lifecycle, and the revive-time
+//! estimates behind `estimated_completion`.
+//!
+//! Which states allow what (DESIGN.md, Lifecycle):
+//! - dormant: from `running` or `idle`; anything else is 409.
+//! - revive: from `dormant`; also from `failed` or `stopped` when the instance
+//!   still has a snapshot (a revive or a park that failed late keeps it), so a
+//!   user can try again. Anything else is 409.
+//! - idle: a `running` instance without activity for `idle_timeout_minutes`
+//!   becomes `idle`; activity makes it `running` again; an `idle` instance with
+//!   `auto_snapshot` is parked through the same path as the endpoint.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use chrono::Duration;
+
+use flotilla_api_types::InstanceId;
+use flotilla_api_types::agent::AgentReviveInstance;
+use flotilla_api_types::instances::{Instance, InstanceStatus, ReviveMethod};
+
+use super::ControlPlane;
+use super::instances::not_found;
+use crate::error::{Error, Result};
+use crate::nodes::NodeCallError;
+use crate::store::InstanceRecord;
+
+/// Moving averages of measured revive durations, per method. A std mutex:
+/// read and updated in a few instructions.
+pub struct ReviveEstimates {
+    millis: Mutex<HashMap<ReviveMethod, f64>>,
+}
+
+/// Weight of the newest measurement.
+const ESTIMATE_WEIGHT: f64 = 0.3;
+
+impl Default for ReviveEstimates {
+    fn default() -> Self {
+        // Until a revive has been measured: the targets of each method.
+        Self {
+            millis: Mutex::new(HashMap::from([
+                (ReviveMethod::QuickStart, 400.0),
+                (ReviveMethod::FullRestore, 1500.0),
+            ])),
+        }
+    }
+}
+
+impl ReviveEstimates {
+    pub fn estimate(&self, method: ReviveMethod) -> Duration {
+        let millis = self.millis.lock().expect("estimates lock")[&method];
+        Duration::milliseconds(millis.round() as i64)
+    }
+
+    pub fn record(&self, method: ReviveMethod, took: Duration) {
+        let sample = took.num_milliseconds().max(0) as f64;
+        let mut millis = self.millis.lock().expect("estimates lock");
+        let current = millis.entry(method).or_insert(sample);
+        *current += ESTIMATE_WEIGHT * (sample - *current);
+    }
+}
+
+fn node_error(error: NodeCallError) -> Error {
+    match error {
+        NodeCallError::Rejected {
+            status: 409,
+            detail,
+        } => Error::InvalidState(detail),
+        NodeCallError::Rejected {
+            status: 404,
+            detail,
+        } => Error::InvalidState(format!(
+            "{detail}; its node no longer holds it (the node restarted?)"
+        )),
+        NodeCallError::Rejected {
+            status: 503,
+            detail,
+        } => Error::InsufficientCapacity(detail),
+        NodeCallError::Rejected { detail, .. } => Error::Internal(anyhow::anyhow!("{detail}")),
+        NodeCallError::Unreachable(detail) => Error::InsufficientCapacity(detail),
+    }
+}
+
+impl ControlPlane {
+    /// Parks a running or idle instance; answers once its snapshot is stored.
+    pub async fn instance_dormant(&self, id: &InstanceId) -> Result<Instance> {
+        let record = self
+            .store
+            .instance_get(id)
+            .await?
+            .ok_or_else(|| not_found(id))?;
+        if !matches!(
+            record.status,
+            InstanceStatus::Running | InstanceStatus::Idle
+        ) {
+            return Err(Error::InvalidState(format!(
+                "instance {id} is {}; only running or idle instances can be made dormant",
+                record.status
+            )));
+        }
+        let connection = self.nodes.get(&record.node_id).ok_or_else(|| {
+            Error::InsufficientCapacity(format!("node {} is not reachable", record.node_id))
+        })?;
+        let parked = connection.instance_dormant(id).await.map_err(node_error)?;
+        let record = self
+            .store
+            .instance_set_dormant(id, &parked.snapshot_id, parked.dormant_since)
+            .await?
+            .ok_or_else(|| {
+                Error::InvalidState(format!(
+                    "instance {id} changed state while it was being parked"
+                ))
+            })?;
+        tracing::info!(instance = %id, snapshot = %parked.snapshot_id, bytes = parked.snapshot_bytes, "instance dormant");
+        let mut view = Instance::bare(record.id.clone(), record.status);
+        view.snapshot_id = record.snapshot_id;
+        view.dormant_since = record.dormant_since;
+        Ok(view)
+    }
+
+    /// Starts reviving a dormant instance; answers `reviving` with the expected
+    /// completion time, and the instance becomes `running` when its browser is up.
+    pub async fn instance_revive(&self, id: &InstanceId, method: ReviveMethod) -> Result<Instance> {
+        let record = self
+            .store
+            .instance_get(id)
+            .await?
+            .ok_or_else(|| not_found(id))?;
+        let revivable = match record.status {
+            InstanceStatus::Dormant => true,
+            InstanceStatus::Failed | InstanceStatus::Stopped => record.snapshot_id.is_some(),
+            _ => false,
+        };
+        let Some(snapshot_id) = record.snapshot_id.clone().filter(|_| revivable) else {
+            return Err(Error::InvalidState(format!(
+                "instance {id} is {}; only dormant instances (or failed or stopped ones that kept a snapshot) can be revived",
+                record.status
+            )));
+        };
+        let connection = self.nodes.get(&record.node_id).ok_or_else(|| {
+            Error::InsufficientCapacity(format!("node {} is not reachable", record.node_id))
+        })?;
+        let started = self
+            .store
+            .instance_begin_revive(id, &[record.status], method, None, self.now())
+            .await?
+            .ok_or_else(|| {
+                Error::InvalidState(format!("instance {id} changed state; try again"))
+            })?;
+        let request = AgentReviveInstance {
+            id: id.clone(),
+            method,
+            snapshot_id,
+            image: record.image.clone(),
+            config: record.config.clone(),
+            ports: record.ports,
+        };
+        let ports = match connection.instance_revive(request).await {
+            Ok(ports) => ports,
+            Err(error) => {
+                // Nothing started: back to where it was.
+                self.store
+                    .instance_transition(
+                        id,
+                        &[InstanceStatus::Reviving],
+                        record.status,
+                        record.status_reason.as_deref(),
+                        self.now(),
+                    )
+                    .await?;
+                return Err(node_error(error));
+            }
+        };
+        let ports = [ports.debug_port, ports.stream_port, ports.http_port];
+        if record.ports != Some(ports) {
+            self.store.instance_set_ports(id, ports, self.now()).await?;
+        }
+        let mut view = Instance::bare(started.id.clone(), InstanceStatus::Reviving);
+        view.estimated_completion =
+            Some(started.updated_at + self.revive_estimates.estimate(method));
+        Ok(view)
+    }
+
+    /// A revive reported done: learn its duration for the next estimates.
+    pub(crate) fn revive_finished(
+        &self,
+        before: &InstanceRecord,
+        at: chrono::DateTime<chrono::Utc>,
+    ) {
+        if before.status == InstanceStatus::Reviving {
+            let method = before.revive_method.unwrap_or_default();
+            self.revive_estimates.record(method, at - before.updated_at);
+        }
+    }
+
+    /// Idle lifecycle, run periodically: running instances without activity for
+    /// their `idle_timeout_minutes` become idle; idle ones with new activity run
+    /// again; idle ones with `auto_snapshot` are parked. Returns the changes made.
+    pub async fn instance_idle_sweep(&self) -> Result<usize> {
+        let now = self.now();
+        let mut changes = 0;
+        for record in self
+            .store
+            .instances_in(&[InstanceStatus::Running, InstanceStatus::Idle])
+            .await?
+        {
+            let timeout = record.config.idle_timeout_minutes;
+            match record.status {
+                InstanceStatus::Running
+                    if timeout > 0 && now - record.last_activity >= Duration::minutes(timeout) =>
+                {
+                    let reason = format!("no activity for {timeout} minute(s)");
+                    if self
+                        .store
+                        .instance_transition(
+                            &record.id,
+                            &[InstanceStatus::Running],
+                            InstanceStatus::Idle,
+                            Some(&reason),
+                            now,
+                        )
+                        .await?
+                        .is_some()
+                    {
+                        tracing::info!(instance = %record.id, "instance idle");
+                        changes += 1;
+                        if record.config.auto_snapshot {
+                            changes += self.park_idle(&record.id).await;
+                        }
+                    }
+                }
+                InstanceStatus::Idle
+                    if record.last_activity > record.updated_at
+                        && self
+                            .store
+                            .instance_transition(
+                                &record.id,
+                                &[InstanceStatus::Idle],
+                                InstanceStatus::Running,
+                                None,
+                                now,
+                            )
+                            .await?
+                            .is_some() =>
+                {
+                    tracing::info!(instance = %record.id, "idle instance active again");
+                    changes += 1;
+                }
+                InstanceStatus::Idle if record.config.auto_snapshot => {
+                    // A park that failed earlier is tried again.
+                    changes += self.park_idle(&record.id).await;
+                }
+                _ => {}
+            }
+        }
+        Ok(changes)
+    }
+
+    async fn park_idle(&self, id: &InstanceId) -> usize {
+        match self.instance_dormant(id).await {
+            Ok(_) => 1,
+            Err(error) => {
+                tracing::warn!(instance = %id, %error, "cannot park an idle instance; will try again");
+                0
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn estimates_follow_measurements() {
+        let estimates = ReviveEstimates::default();
+        assert_eq!(
+            estimates.estimate(ReviveMethod::QuickStart),
+            Duration::milliseconds(400)
+        );
+        for _ in 0..30 {
+            estimates.record(ReviveMethod::QuickStart, Duration::milliseconds(250));
+        }
+        let learned = estimates
+            .estimate(ReviveMethod::QuickStart)
+            .num_milliseconds();
+        assert!((249..=252).contains(&learned), "{learned}");
+        assert_eq!(
+            estimates.estimate(ReviveMethod::FullRestore),
+            Duration::milliseconds(1500)
+        );
+    }
+}
