@@ -6,6 +6,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use flotilla_node_agent::config::BASE_CHROMIUM_FLAGS;
+use std::time::Instant;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// A `flotilla serve` child process.
@@ -86,4 +88,57 @@ pub fn summary_row(name: &str, samples_ms: &[f64]) -> String {
         min,
         max
     )
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Chromium started by hand: the same executable and base flags as Flotilla, a
+/// fixed `--remote-debugging-port`, `GET /json/version` polled every 2 ms.
+/// Returns milliseconds from spawn to the first answer; kills it afterwards.
+pub async fn raw_chromium_start(
+    executable: &str,
+    extra: &[String],
+    http: &reqwest::Client,
+) -> anyhow::Result<f64> {
+    let profile = tempfile::tempdir()?;
+    let port = free_port();
+    let started = Instant::now();
+    let mut command = tokio::process::Command::new(executable);
+    command
+        .args(BASE_CHROMIUM_FLAGS)
+        .args(extra)
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg(format!("--remote-debugging-port={port}"))
+        .arg("--window-size=1280,720")
+        .arg("--no-sandbox")
+        .arg("about:blank")
+        .env("HOME", profile.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0);
+    let mut child = command.spawn()?;
+    let url = format!("http://127.0.0.1:{port}/json/version");
+    let elapsed = loop {
+        if let Ok(response) = http.get(&url).send().await
+            && response.status().is_success()
+        {
+            break started.elapsed();
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            bail!("raw chromium did not answer in 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    if let Some(pid) = child.id() {
+        // SAFETY: killpg has no memory-safety preconditions.
+        unsafe { libc::killpg(pid as i32, libc::SIGKILL) };
+    }
+    let _ = child.wait().await;
+    Ok(elapsed.as_secs_f64() * 1000.0)
 }

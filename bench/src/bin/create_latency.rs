@@ -16,14 +16,13 @@
 //! clock; then SIGKILL its process group.
 
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use serde_json::Value;
 
-use flotilla_bench::{ServeProcess, percentile, summary_row};
-use flotilla_node_agent::config::{AgentConfig, BASE_CHROMIUM_FLAGS};
+use flotilla_bench::{ServeProcess, percentile, raw_chromium_start, summary_row};
+use flotilla_node_agent::config::AgentConfig;
 
 struct Args {
     binary: PathBuf,
@@ -53,57 +52,6 @@ fn parse_args() -> anyhow::Result<Args> {
         }
     }
     Ok(args)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Chromium by hand: same executable and flags, fixed port, poll /json/version.
-async fn raw_start(
-    executable: &str,
-    extra: &[String],
-    http: &reqwest::Client,
-) -> anyhow::Result<f64> {
-    let profile = tempfile::tempdir()?;
-    let port = free_port();
-    let started = Instant::now();
-    let mut command = tokio::process::Command::new(executable);
-    command
-        .args(BASE_CHROMIUM_FLAGS)
-        .args(extra)
-        .arg(format!("--user-data-dir={}", profile.path().display()))
-        .arg(format!("--remote-debugging-port={port}"))
-        .arg("--window-size=1280,720")
-        .arg("--no-sandbox")
-        .arg("about:blank")
-        .env("HOME", profile.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .process_group(0);
-    let mut child = command.spawn()?;
-    let url = format!("http://127.0.0.1:{port}/json/version");
-    let elapsed = loop {
-        if let Ok(response) = http.get(&url).send().await
-            && response.status().is_success()
-        {
-            break started.elapsed();
-        }
-        if started.elapsed() > Duration::from_secs(30) {
-            bail!("raw chromium did not answer in 30 s");
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    };
-    if let Some(pid) = child.id() {
-        // SAFETY: killpg has no memory-safety preconditions.
-        unsafe { libc::killpg(pid as i32, libc::SIGKILL) };
-    }
-    let _ = child.wait().await;
-    Ok(elapsed.as_secs_f64() * 1000.0)
 }
 
 /// Flotilla: create, then the first answer of /json/version through the gateway.
@@ -158,12 +106,12 @@ async fn main() -> anyhow::Result<()> {
         .build()?;
 
     // Warm the page cache and both paths once.
-    raw_start(&executable, &image.args, &http).await?;
+    raw_chromium_start(&executable, &image.args, &http).await?;
     flotilla_start(&serve.url, &args.image, &http).await?;
 
     let (mut raw, mut flotilla) = (Vec::new(), Vec::new());
     for _ in 0..args.count {
-        raw.push(raw_start(&executable, &image.args, &http).await?);
+        raw.push(raw_chromium_start(&executable, &image.args, &http).await?);
         if args.warm_pool > 0 {
             tokio::time::sleep(Duration::from_millis(1500)).await;
         }

@@ -468,3 +468,89 @@ async fn browser_a_park_that_cannot_store_its_snapshot_leaves_the_instance_runni
     drop(state);
     serve.shutdown().await;
 }
+
+#[tokio::test]
+async fn browser_snapshots_in_an_s3_compatible_bucket() {
+    let s3 = flotilla_testkit::S3Server::start("flotilla-snapshots")
+        .await
+        .unwrap();
+    let endpoint = s3.endpoint.clone();
+    let serve = spawn_serve_with(|config| {
+        config.snapshots = flotilla_node_agent::snapshot::SnapshotsConfig {
+            url: Some("s3://flotilla-snapshots/fleet-a".into()),
+            endpoint: Some(endpoint),
+            region: Some("us-east-1".into()),
+            access_key_id: Some("test".into()),
+            secret_access_key: Some("test".into()),
+            allow_http: true,
+        };
+    })
+    .await;
+    let pages = site().await;
+    let created = serve.api.create("{}").await;
+    let id = created["id"].as_str().unwrap().to_owned();
+    let debug_url = created["urls"]["debug"].as_str().unwrap().to_owned();
+    serve
+        .api
+        .wait_for_status(&id, "running", BROWSER_DEADLINE)
+        .await;
+    let page = Page::open(&debug_url, &format!("{}/state", pages.base))
+        .await
+        .unwrap();
+    page.eval(STORE_STATE).await.unwrap();
+    drop(page);
+
+    let parked = park(&serve, &id).await;
+    let key = format!(
+        "fleet-a/{id}/{}.tar.zst",
+        parked["snapshot_id"].as_str().unwrap()
+    );
+    assert_eq!(
+        s3.keys("fleet-a/").await,
+        [key],
+        "the archive is in the bucket"
+    );
+    assert!(
+        !serve
+            .data_dir
+            .canonicalize()
+            .unwrap()
+            .join("snapshots")
+            .join(&id)
+            .exists()
+    );
+
+    revive(&serve, &id, "").await;
+    serve
+        .api
+        .wait_for_status(&id, "running", BROWSER_DEADLINE)
+        .await;
+    let state = Page::open(&debug_url, &format!("{}/state", pages.base))
+        .await
+        .unwrap();
+    assert_state_back(&state.eval(READ_STATE).await.unwrap());
+    drop(state);
+    wait_until(
+        BROWSER_DEADLINE,
+        "the spent snapshot to be deleted",
+        || async {
+            let keys = s3.keys("fleet-a/").await;
+            if keys.is_empty() {
+                Ok(Some(()))
+            } else {
+                Err(format!("{keys:?}"))
+            }
+        },
+    )
+    .await
+    .unwrap();
+
+    park(&serve, &id).await;
+    let (status, _) = serve.api.delete(&format!("/v2/instances/{id}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        s3.keys("fleet-a/").await.is_empty(),
+        "deleting the instance deleted its snapshot"
+    );
+    serve.shutdown().await;
+}

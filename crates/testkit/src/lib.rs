@@ -528,3 +528,71 @@ impl Page {
             .await?)
     }
 }
+
+/// An S3-compatible server (moto, from PyPI) on a free loopback port, with one
+/// bucket; stopped on drop.
+pub struct S3Server {
+    child: tokio::process::Child,
+    pub endpoint: String,
+    pub bucket: String,
+}
+
+impl S3Server {
+    pub async fn start(bucket: &str) -> anyhow::Result<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let child = tokio::process::Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("cannot start moto_server: run scripts/install-deps --test (pip install 'moto[server]')")?;
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::new();
+        let bucket_url = format!("{endpoint}/{bucket}");
+        wait_until(
+            Duration::from_secs(60),
+            "moto to accept a bucket",
+            || async {
+                match http.put(&bucket_url).send().await {
+                    Ok(response) if response.status().is_success() => Ok(Some(())),
+                    Ok(response) => Err(response.status().to_string()),
+                    Err(error) => Err(error.to_string()),
+                }
+            },
+        )
+        .await?;
+        Ok(Self {
+            child,
+            endpoint,
+            bucket: bucket.to_owned(),
+        })
+    }
+
+    /// Keys of the objects under `prefix`.
+    pub async fn keys(&self, prefix: &str) -> Vec<String> {
+        let listing = reqwest::get(format!(
+            "{}/{}?list-type=2&prefix={prefix}",
+            self.endpoint, self.bucket
+        ))
+        .await
+        .expect("moto answers")
+        .text()
+        .await
+        .unwrap_or_default();
+        listing
+            .split("<Key>")
+            .skip(1)
+            .filter_map(|part| part.split("</Key>").next())
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}

@@ -1,0 +1,327 @@
+//! Dormancy benchmarks of issue 4 against a release `flotilla serve`.
+//!
+//! Usage: dormancy_bench [--binary target/release/flotilla] [--count 20]
+//!
+//! One instance holds cookies, localStorage and three tabs at local pages.
+//! - quick_start rounds: open the three tabs, `POST …/dormant` (timed), then
+//!   `POST …/revive` and `GET /json/version` through `urls.debug` (timed until
+//!   CDP answers; the gateway answers as soon as the browser is up).
+//! - full_restore rounds: `POST …/dormant`, then `POST …/revive`
+//!   `{"method":"full_restore"}`, timed until the instance is `running` and its
+//!   three tabs are back at their URLs.
+//! Also: archive size, and memory (PSS of the browser) freed by parking.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use serde_json::{Value, json};
+
+use flotilla_bench::{ServeProcess, percentile, raw_chromium_start, summary_row};
+use flotilla_node_agent::cdp::CdpClient;
+
+struct Args {
+    binary: PathBuf,
+    count: usize,
+}
+
+fn parse_args() -> anyhow::Result<Args> {
+    let mut args = Args {
+        binary: PathBuf::from("target/release/flotilla"),
+        count: 20,
+    };
+    let mut iter = std::env::args().skip(1);
+    while let Some(flag) = iter.next() {
+        let value = iter
+            .next()
+            .with_context(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--binary" => args.binary = value.into(),
+            "--count" => args.count = value.parse()?,
+            other => bail!("unknown flag {other}"),
+        }
+    }
+    Ok(args)
+}
+
+struct Bench {
+    http: reqwest::Client,
+    base: String,
+    id: String,
+    debug_url: String,
+    debug_port: u64,
+}
+
+impl Bench {
+    async fn status(&self) -> anyhow::Result<Value> {
+        Ok(self
+            .http
+            .get(format!("{}/v2/instances/{}", self.base, self.id))
+            .send()
+            .await?
+            .json()
+            .await?)
+    }
+
+    async fn wait_running(&self) -> anyhow::Result<Value> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let detail = self.status().await?;
+            match detail["status"].as_str() {
+                Some("running") => return Ok(detail),
+                Some("failed" | "stopped") => bail!("instance failed: {detail}"),
+                _ if Instant::now() > deadline => bail!("not running after 60 s: {detail}"),
+                _ => tokio::time::sleep(Duration::from_millis(5)).await,
+            }
+        }
+    }
+
+    async fn post(&self, path: &str, body: &str) -> anyhow::Result<Value> {
+        let response = self
+            .http
+            .post(format!("{}/v2/instances/{}/{path}", self.base, self.id))
+            .body(body.to_owned())
+            .send()
+            .await?;
+        let status = response.status();
+        let value: Value = response.json().await?;
+        if !status.is_success() {
+            bail!("{path}: {status} {value}");
+        }
+        Ok(value)
+    }
+
+    async fn page_urls(&self) -> anyhow::Result<Vec<String>> {
+        let list: Value = self
+            .http
+            .get(format!("http://127.0.0.1:{}/json/list", self.debug_port))
+            .send()
+            .await?
+            .json()
+            .await?;
+        let mut urls: Vec<String> = list
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|t| t["type"] == "page")
+            .filter_map(|t| t["url"].as_str().map(str::to_owned))
+            .collect();
+        urls.sort();
+        Ok(urls)
+    }
+
+    async fn open_tabs(&self, urls: &[String]) -> anyhow::Result<()> {
+        let browser = CdpClient::connect(&self.debug_url).await?;
+        for url in urls {
+            browser
+                .call(
+                    "Target.createTarget",
+                    json!({"url": url}),
+                    None,
+                    Duration::from_secs(30),
+                )
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+fn mem_available_mib() -> f64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .unwrap_or(0.0)
+        / 1024.0
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = parse_args()?;
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("bench.toml");
+    std::fs::write(&config, "[agent]\nwarm_pool_size = 0\n")?;
+    let data = dir.path().join("data");
+    let serve = ServeProcess::start(&args.binary, &data, Some(&config)).await?;
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(60))
+        .build()?;
+
+    // Three local pages that store something.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let site = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(async move {
+        let page = |title: &'static str| {
+            format!(
+                "<title>{title}</title><script>document.cookie='visited_{title}=1; max-age=86400'; \
+                 document.cookie='session_{title}=1'; localStorage.setItem('{title}', 'x'.repeat(1000));</script>"
+            )
+        };
+        let router = axum::Router::new()
+            .route(
+                "/one",
+                axum::routing::get(move || async move { axum::response::Html(page("one")) }),
+            )
+            .route(
+                "/two",
+                axum::routing::get(move || async move { axum::response::Html(page("two")) }),
+            )
+            .route(
+                "/three",
+                axum::routing::get(move || async move { axum::response::Html(page("three")) }),
+            );
+        let _ = axum::serve(listener, router).await;
+    });
+    let tabs: Vec<String> = ["/one", "/two", "/three"]
+        .iter()
+        .map(|p| format!("{site}{p}"))
+        .collect();
+
+    let created: Value = http
+        .post(format!("{}/v2/instances", serve.url))
+        .body("{}")
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    let bench = Bench {
+        http: http.clone(),
+        base: serve.url.clone(),
+        id: created["id"].as_str().context("id")?.to_owned(),
+        debug_url: created["urls"]["debug"]
+            .as_str()
+            .context("urls.debug")?
+            .to_owned(),
+        debug_port: created["debug_port"].as_u64().context("debug_port")?,
+    };
+    bench.wait_running().await?;
+
+    let (
+        mut park_ms,
+        mut quick_ms,
+        mut full_ms,
+        mut sizes,
+        mut freed_pss,
+        mut freed_available,
+        mut raw_ms,
+    ) = (
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+    );
+    let snapshots = data.canonicalize()?.join("snapshots").join(&bench.id);
+
+    for _ in 0..args.count {
+        bench.open_tabs(&tabs).await?;
+        // Let a heartbeat sample the browser with its tabs.
+        tokio::time::sleep(Duration::from_millis(5500)).await;
+        let pss = bench.status().await?["resources"]["memory_mb"]
+            .as_f64()
+            .unwrap_or(0.0);
+        let available = mem_available_mib();
+        let started = Instant::now();
+        let parked = bench.post("dormant", "").await?;
+        park_ms.push(started.elapsed().as_secs_f64() * 1000.0);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        freed_pss.push(pss);
+        freed_available.push(mem_available_mib() - available);
+        let archive = snapshots.join(format!(
+            "{}.tar.zst",
+            parked["snapshot_id"].as_str().unwrap_or_default()
+        ));
+        sizes.push(
+            std::fs::metadata(&archive)
+                .map(|m| m.len() as f64 / 1024.0)
+                .unwrap_or(f64::NAN),
+        );
+
+        raw_ms.push(raw_chromium_start("/usr/lib/chromium/chromium", &[], &http).await?);
+        let started = Instant::now();
+        bench.post("revive", "").await?;
+        let answered = http
+            .get(format!(
+                "http://127.0.0.1:{}/json/version",
+                bench.debug_port
+            ))
+            .send()
+            .await?;
+        if !answered.status().is_success() {
+            bail!("CDP did not answer after revive: {}", answered.status());
+        }
+        quick_ms.push(started.elapsed().as_secs_f64() * 1000.0);
+        bench.wait_running().await?;
+    }
+
+    bench.open_tabs(&tabs).await?;
+    for _ in 0..args.count {
+        bench.post("dormant", "").await?;
+        let started = Instant::now();
+        bench
+            .post("revive", r#"{"method": "full_restore"}"#)
+            .await?;
+        bench.wait_running().await?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let urls = bench.page_urls().await?;
+            if tabs.iter().all(|t| urls.contains(t)) {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("tabs not back after full_restore: {urls:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        full_ms.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    serve.stop().await;
+
+    println!(
+        "{} rounds each; one instance with cookies, localStorage and three tabs",
+        args.count
+    );
+    println!("| operation | n | p50 ms | p95 ms | mean ms | min ms | max ms |");
+    println!("|---|---|---|---|---|---|---|");
+    println!(
+        "{}",
+        summary_row(
+            "POST …/dormant (capture, Browser.close, archive, store)",
+            &park_ms
+        )
+    );
+    println!(
+        "{}",
+        summary_row(
+            "baseline: Chromium started by hand → /json/version (fresh profile)",
+            &raw_ms
+        )
+    );
+    println!(
+        "{}",
+        summary_row(
+            "POST …/revive quick_start → CDP answers on urls.debug",
+            &quick_ms
+        )
+    );
+    println!(
+        "{}",
+        summary_row(
+            "POST …/revive full_restore → running with the 3 tabs back",
+            &full_ms
+        )
+    );
+    println!(
+        "archive size KiB: p50 {:.1}, max {:.1}; browser PSS freed per park MiB: p50 {:.1}; MemAvailable gained MiB: p50 {:.1}",
+        percentile(&sizes, 0.5),
+        sizes.iter().copied().fold(0.0, f64::max),
+        percentile(&freed_pss, 0.5),
+        percentile(&freed_available, 0.5)
+    );
+    Ok(())
+}
