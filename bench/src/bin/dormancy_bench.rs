@@ -9,6 +9,7 @@
 //! - full_restore rounds: `POST …/dormant`, then `POST …/revive`
 //!   `{"method":"full_restore"}`, timed until the instance is `running` and its
 //!   three tabs are back at their URLs.
+//!
 //! Also: archive size, and memory (PSS of the browser) freed by parking.
 
 use std::path::PathBuf;
