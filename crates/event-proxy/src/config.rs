@@ -1,0 +1,356 @@
+//! The proxy's configuration sections, with the spec's key names and defaults
+//! (`spec/event-proxy.md`, DESIGN.md "Configuration files"). Defaults the spec
+//! does not give are chosen here and listed in `docs/configuration.md`.
+
+use std::net::{IpAddr, SocketAddr};
+
+use serde::{Deserialize, Serialize};
+
+/// Every section the proxy reads.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ProxyConfig {
+    pub http: HttpConfig,
+    pub jwt_verifier: JwtVerifierConfig,
+    pub rate_limit: RateLimitConfig,
+    pub publisher: PublisherConfig,
+    pub history: HistoryConfig,
+}
+
+/// What a subscriber's queue does when it is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackpressurePolicy {
+    /// Remove the oldest queued message to make room.
+    #[default]
+    DropOldest,
+    /// Reject the new message.
+    DropNewest,
+    /// The publisher waits for room (at most `block_timeout_ms`); then the
+    /// subscriber is cut off with a final `overflow` event.
+    Block,
+}
+
+/// `[http]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HttpConfig {
+    /// `<host>:<port>` to listen on.
+    pub bind_address: String,
+    /// Origins allowed by CORS; `["*"]` allows any.
+    pub cors_allowed_origins: Vec<String>,
+    /// Open event streams at most; more get 503 "Too many connections". Below
+    /// this machine's limit of 20,000 open files per process (the proxy also
+    /// needs descriptors for publishers, peers and the webhook).
+    pub max_connections: usize,
+    /// A stream ends after this many seconds (with a `retry` hint; the client
+    /// resumes with Last-Event-ID). 0: no limit.
+    pub connection_timeout_sec: u64,
+    /// Seconds between `: keepalive` comments.
+    pub keepalive_interval_sec: u64,
+    /// Worker threads; 0: one per core.
+    pub thread_pool_size: usize,
+    /// Messages queued per subscriber.
+    pub max_message_queue_size: usize,
+    pub backpressure_policy: BackpressurePolicy,
+    /// With `block`: how long a publisher waits for room before cutting the
+    /// subscriber off.
+    pub block_timeout_ms: u64,
+    /// Suggested reconnection delay sent in `retry` when a stream ends.
+    pub retry_ms: u64,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            bind_address: "127.0.0.1:8081".into(),
+            cors_allowed_origins: vec!["*".into()],
+            max_connections: 15_000,
+            connection_timeout_sec: 3600,
+            keepalive_interval_sec: 15,
+            thread_pool_size: 0,
+            max_message_queue_size: 1024,
+            backpressure_policy: BackpressurePolicy::DropOldest,
+            block_timeout_ms: 1000,
+            retry_ms: 1000,
+        }
+    }
+}
+
+/// `[jwt_verifier]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct JwtVerifierConfig {
+    /// The operator's verification webhook; empty turns verification off.
+    pub webhook_url: String,
+    /// Milliseconds one webhook call may take.
+    pub timeout_ms: u64,
+    /// Retries of a failed call (waits of 100, 200, 300 ms, …).
+    pub retry_attempts: u32,
+    /// Seconds a successful verification is cached (at most until the token expires).
+    pub cache_ttl_sec: u64,
+    /// Cached verifications at most; least recently used go first.
+    pub cache_max_size: usize,
+    /// Consecutive webhook failures that open the circuit breaker.
+    pub circuit_breaker_threshold: u32,
+    /// Seconds the breaker stays open before one trial call.
+    pub circuit_breaker_timeout_sec: u64,
+    /// Webhook calls per second at most.
+    pub rate_limit_per_sec: u32,
+    /// Whether a subscription must carry a token.
+    pub require_authentication: bool,
+}
+
+impl Default for JwtVerifierConfig {
+    fn default() -> Self {
+        Self {
+            webhook_url: String::new(),
+            timeout_ms: 2000,
+            retry_attempts: 3,
+            cache_ttl_sec: 300,
+            cache_max_size: 10_000,
+            circuit_breaker_threshold: 5,
+            circuit_breaker_timeout_sec: 30,
+            rate_limit_per_sec: 100,
+            require_authentication: true,
+        }
+    }
+}
+
+/// `[rate_limit]` (the proxy's keys; the control plane reads its own keys of the
+/// same section).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RateLimitConfig {
+    /// Requests per client IP per window (token bucket).
+    pub rate_limit_per_ip: u32,
+    pub rate_limit_window_sec: u64,
+    /// Peers whose `X-Forwarded-For` is believed (addresses or CIDR ranges).
+    pub trusted_proxies: Vec<String>,
+}
+
+impl Default for RateLimitConfig {
+    fn default() -> Self {
+        Self {
+            rate_limit_per_ip: 100,
+            rate_limit_window_sec: 60,
+            trusted_proxies: Vec::new(),
+        }
+    }
+}
+
+/// `[publisher]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PublisherConfig {
+    /// Keys that may publish to any topic (`Authorization: Bearer <key>`).
+    pub api_keys: Vec<String>,
+    /// Largest publish request body, in bytes; larger is 413.
+    pub max_body_bytes: usize,
+}
+
+impl Default for PublisherConfig {
+    fn default() -> Self {
+        Self {
+            api_keys: Vec::new(),
+            max_body_bytes: 1 << 20,
+        }
+    }
+}
+
+/// `[history]`: what a topic keeps for `Last-Event-ID` replay.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HistoryConfig {
+    pub size_per_topic: usize,
+    pub ttl_sec: u64,
+}
+
+impl Default for HistoryConfig {
+    fn default() -> Self {
+        Self {
+            size_per_topic: 1000,
+            ttl_sec: 3600,
+        }
+    }
+}
+
+/// A parsed trusted-proxy entry: an address or a CIDR range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpRange {
+    network: IpAddr,
+    prefix: u8,
+}
+
+impl IpRange {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let (address, prefix) = match text.split_once('/') {
+            Some((address, prefix)) => (address, Some(prefix)),
+            None => (text, None),
+        };
+        let network: IpAddr = address.trim().parse().map_err(|_| {
+            format!("rate_limit.trusted_proxies: {text:?} is not an IP address or CIDR range")
+        })?;
+        let max = if network.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            Some(p) => p
+                .trim()
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(|| format!("rate_limit.trusted_proxies: bad prefix in {text:?}"))?,
+            None => max,
+        };
+        Ok(Self { network, prefix })
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = match (self.network, ip) {
+            (IpAddr::V4(_), IpAddr::V6(v6)) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+            _ => ip,
+        };
+        match (self.network, ip) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = if self.prefix == 0 {
+                    0
+                } else {
+                    u32::MAX << (32 - self.prefix)
+                };
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = if self.prefix == 0 {
+                    0
+                } else {
+                    u128::MAX << (128 - self.prefix)
+                };
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+impl ProxyConfig {
+    /// Checks what serde cannot, with messages that name the key. Startup is
+    /// refused when authentication is required but no webhook is set.
+    pub fn validate(&self) -> Result<(), String> {
+        self.bind_address()?;
+        let verifier = &self.jwt_verifier;
+        if verifier.webhook_url.is_empty() && verifier.require_authentication {
+            return Err("jwt_verifier.webhook_url is empty but jwt_verifier.require_authentication is true: \
+                 set webhook_url to your verification webhook, or set require_authentication = false \
+                 to run the proxy without authentication"
+                .into());
+        }
+        if !verifier.webhook_url.is_empty() {
+            let url = reqwest::Url::parse(&verifier.webhook_url).map_err(|e| {
+                format!(
+                    "jwt_verifier.webhook_url {:?} is not a URL: {e}",
+                    verifier.webhook_url
+                )
+            })?;
+            if !matches!(url.scheme(), "http" | "https") {
+                return Err("jwt_verifier.webhook_url must be an http:// or https:// URL".into());
+            }
+        }
+        let positive = [
+            ("http.max_connections", self.http.max_connections as u64),
+            (
+                "http.keepalive_interval_sec",
+                self.http.keepalive_interval_sec,
+            ),
+            (
+                "http.max_message_queue_size",
+                self.http.max_message_queue_size as u64,
+            ),
+            ("jwt_verifier.timeout_ms", verifier.timeout_ms),
+            (
+                "jwt_verifier.cache_max_size",
+                verifier.cache_max_size as u64,
+            ),
+            (
+                "jwt_verifier.circuit_breaker_threshold",
+                u64::from(verifier.circuit_breaker_threshold),
+            ),
+            (
+                "jwt_verifier.rate_limit_per_sec",
+                u64::from(verifier.rate_limit_per_sec),
+            ),
+            (
+                "rate_limit.rate_limit_per_ip",
+                u64::from(self.rate_limit.rate_limit_per_ip),
+            ),
+            (
+                "rate_limit.rate_limit_window_sec",
+                self.rate_limit.rate_limit_window_sec,
+            ),
+            ("history.size_per_topic", self.history.size_per_topic as u64),
+            (
+                "publisher.max_body_bytes",
+                self.publisher.max_body_bytes as u64,
+            ),
+        ];
+        for (key, value) in positive {
+            if value == 0 {
+                return Err(format!("{key} must be at least 1"));
+            }
+        }
+        for entry in &self.rate_limit.trusted_proxies {
+            IpRange::parse(entry)?;
+        }
+        Ok(())
+    }
+
+    pub fn bind_address(&self) -> Result<SocketAddr, String> {
+        self.http.bind_address.parse().map_err(|_| {
+            format!(
+                "http.bind_address must look like 127.0.0.1:8081 (got {:?})",
+                self.http.bind_address
+            )
+        })
+    }
+
+    pub fn trusted_proxies(&self) -> Vec<IpRange> {
+        self.rate_limit
+            .trusted_proxies
+            .iter()
+            .filter_map(|e| IpRange::parse(e).ok())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn startup_is_refused_without_webhook_when_auth_is_required() {
+        let config = ProxyConfig::default();
+        assert!(
+            config
+                .validate()
+                .unwrap_err()
+                .contains("require_authentication")
+        );
+        let mut open = ProxyConfig::default();
+        open.jwt_verifier.require_authentication = false;
+        open.validate().unwrap();
+        let mut webhook = ProxyConfig::default();
+        webhook.jwt_verifier.webhook_url = "http://127.0.0.1:9/verify".into();
+        webhook.validate().unwrap();
+    }
+
+    #[test]
+    fn cidr_ranges() {
+        let range = IpRange::parse("10.0.0.0/8").unwrap();
+        assert!(range.contains("10.1.2.3".parse().unwrap()));
+        assert!(!range.contains("11.0.0.1".parse().unwrap()));
+        assert!(range.contains("::ffff:10.0.0.9".parse().unwrap()));
+        let single = IpRange::parse("127.0.0.1").unwrap();
+        assert!(single.contains("127.0.0.1".parse().unwrap()));
+        assert!(!single.contains("127.0.0.2".parse().unwrap()));
+        assert!(IpRange::parse("nope").is_err());
+        assert!(IpRange::parse("10.0.0.0/40").is_err());
+    }
+}

@@ -1,0 +1,385 @@
+//! The event-streaming proxy of `spec/event-proxy.md`: server-sent events per
+//! topic, authenticated through the operator's JWT webhook.
+//!
+//! - [`http`] — the HTTP/1.1 server; [`sse`] — `GET /events/{topic}`.
+//! - [`topics`] — subscribers, history, publishing, backpressure.
+//! - [`auth`] — tokens, the webhook, its cache and circuit breaker.
+//! - [`limits`] — per-IP rate limit and client addresses.
+//! - [`metrics`], [`config`].
+//!
+//! Endpoints besides the stream: `POST /publish/{topic}`, `POST /publish`
+//! (batch), `GET /health`, `GET /metrics`, and `OPTIONS` on any path (CORS).
+
+pub mod auth;
+pub mod config;
+pub mod http;
+pub mod limits;
+pub mod metrics;
+pub mod sse;
+pub mod topics;
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use serde::Deserialize;
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use flotilla_api_types::clock::{Clock, SystemClock};
+
+use auth::{Action, Authenticator, Decision, presented_token};
+use config::{IpRange, ProxyConfig};
+use http::{Request, Response};
+use limits::IpRateLimiter;
+use metrics::Metrics;
+use topics::{Publish, Topics, validate_topic};
+
+/// Everything the handlers share.
+pub struct ProxyState {
+    pub config: ProxyConfig,
+    pub topics: Topics,
+    pub auth: Arc<Authenticator>,
+    pub limiter: IpRateLimiter,
+    pub trusted: Vec<IpRange>,
+    pub metrics: Arc<Metrics>,
+    pub started: Instant,
+    pub shutdown: CancellationToken,
+    /// Open event streams (against `max_connections`).
+    pub streams: AtomicUsize,
+}
+
+impl ProxyState {
+    /// The `Access-Control-Allow-Origin` value for a request from `origin`.
+    pub fn allowed_origin(&self, origin: Option<&str>) -> Option<String> {
+        let allowed = &self.config.http.cors_allowed_origins;
+        if allowed.iter().any(|o| o == "*") {
+            return Some("*".into());
+        }
+        origin
+            .filter(|o| allowed.iter().any(|a| a == o))
+            .map(str::to_owned)
+    }
+
+    /// Adds the CORS origin header to a response.
+    pub fn cors(&self, response: Response, origin: Option<&str>) -> Response {
+        match self.allowed_origin(origin) {
+            Some(allowed) => {
+                let vary = allowed != "*";
+                let response = response.with_header("Access-Control-Allow-Origin", allowed);
+                if vary {
+                    response.with_header("Vary", "Origin")
+                } else {
+                    response
+                }
+            }
+            None => response,
+        }
+    }
+
+    /// Whether the request carries one of `publisher.api_keys`.
+    pub fn is_publisher_key(&self, request: &Request) -> bool {
+        let Some(key) = request
+            .header("authorization")
+            .and_then(|h| h.strip_prefix("Bearer "))
+        else {
+            return false;
+        };
+        self.config
+            .publisher
+            .api_keys
+            .iter()
+            .any(|k| constant_time_eq(k.as_bytes(), key.as_bytes()))
+    }
+
+    /// The per-IP rate limit: `Some(429)` when this client's bucket is empty.
+    pub fn check_rate(&self, request: &Request, peer: IpAddr) -> Option<Response> {
+        let client = limits::client_ip(peer, request.header("x-forwarded-for"), &self.trusted);
+        if self.limiter.allow(client) {
+            return None;
+        }
+        self.metrics.rate_limited_requests.inc();
+        Some(Response::text(429, "Rate limit exceeded").with_header("Retry-After", "60"))
+    }
+}
+
+/// Routes a request other than an event stream.
+pub async fn route(state: &Arc<ProxyState>, request: &Request, peer: IpAddr) -> Response {
+    // Publishers with a key are the operator's own services (the control plane
+    // publishes every lifecycle event): the per-IP limit is for everyone else.
+    if !state.is_publisher_key(request)
+        && let Some(limited) = state.check_rate(request, peer)
+    {
+        return limited;
+    }
+    match (request.method.as_str(), request.path.as_str()) {
+        ("OPTIONS", _) => Response {
+            status: 204,
+            headers: vec![
+                ("Access-Control-Allow-Methods", "GET, OPTIONS".into()),
+                (
+                    "Access-Control-Allow-Headers",
+                    "Authorization, Content-Type, Last-Event-ID".into(),
+                ),
+                ("Access-Control-Max-Age", "600".into()),
+            ],
+            body: Vec::new(),
+        },
+        ("GET", "/health") => health(state),
+        ("GET", "/metrics") => {
+            state
+                .metrics
+                .topics_active
+                .set(state.topics.active() as i64);
+            Response {
+                status: 200,
+                headers: vec![(
+                    "Content-Type",
+                    "text/plain; version=0.0.4; charset=utf-8".into(),
+                )],
+                body: state.metrics.render().into_bytes(),
+            }
+        }
+        ("POST", "/publish") => publish_batch(state, request).await,
+        ("POST", path) if path.starts_with("/publish/") => {
+            publish_one(state, request, path.trim_start_matches("/publish/")).await
+        }
+        (_, "/health" | "/metrics" | "/publish") => Response::text(405, "Method not allowed"),
+        (_, path) if path.starts_with("/events/") || path.starts_with("/publish/") => {
+            Response::text(405, "Method not allowed")
+        }
+        _ => Response::text(404, "Not found"),
+    }
+}
+
+fn health(state: &ProxyState) -> Response {
+    let breaker = state.auth.breaker.view();
+    let status = if breaker.state == "open" {
+        "degraded"
+    } else {
+        "healthy"
+    };
+    Response::json(
+        200,
+        &json!({
+            "status": status,
+            "connections": state.metrics.connections_active.get(),
+            "uptime_seconds": state.started.elapsed().as_secs(),
+            "circuit_breaker": breaker,
+        }),
+    )
+}
+
+/// Who may publish to `topic`: a publisher key from `[publisher]`, or a token
+/// with `<topic>:write`. With no keys and no webhook, publishing is open.
+async fn authorize_publisher(
+    state: &Arc<ProxyState>,
+    request: &Request,
+    topic: &topics::Topic,
+) -> Option<Response> {
+    let header = request.header("authorization");
+    let keys = &state.config.publisher.api_keys;
+    if state.is_publisher_key(request) {
+        return None;
+    }
+    if !state.auth.enabled() {
+        return if keys.is_empty() {
+            None
+        } else {
+            Some(Response::text(401, "Authentication required"))
+        };
+    }
+    let presented = presented_token(header, None);
+    let presented = match presented {
+        auth::Presented::None => {
+            // A publisher always needs a credential when auth is on.
+            return Some(Response::text(401, "Authentication required"));
+        }
+        other => other,
+    };
+    match state
+        .auth
+        .authorize(presented, &topic.name, &topic.uuid_hex, Action::Write)
+        .await
+    {
+        Decision::Allowed(_) => None,
+        Decision::Unauthenticated => Some(Response::text(401, "Authentication required")),
+        Decision::Forbidden => Some(Response::text(403, "Access denied to topic")),
+        Decision::Unavailable { retry_after } => Some(
+            Response::text(503, "Authentication unavailable")
+                .with_header("Retry-After", retry_after.to_string()),
+        ),
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Response> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(Response::text(400, "A JSON body is required"));
+    }
+    serde_json::from_slice(body).map_err(|e| Response::text(400, &format!("Invalid body: {e}")))
+}
+
+fn event_id(state: &ProxyState, seq: u64) -> String {
+    format!("{}-{seq}", state.topics.epoch)
+}
+
+async fn publish_one(state: &Arc<ProxyState>, request: &Request, topic_name: &str) -> Response {
+    if let Err(reason) = validate_topic(topic_name) {
+        return Response::text(400, &reason);
+    }
+    let publish: Publish = match parse_body(&request.body) {
+        Ok(publish) => publish,
+        Err(response) => return response,
+    };
+    if let Err(reason) = publish.validate() {
+        return Response::text(400, &format!("Invalid body: {reason}"));
+    }
+    let topic = state.topics.get_or_create(topic_name);
+    if let Some(refused) = authorize_publisher(state, request, &topic).await {
+        return refused;
+    }
+    let seq = state.topics.publish(&topic, &publish).await;
+    Response::json(200, &json!({ "id": event_id(state, seq) }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Batch {
+    events: Vec<BatchEvent>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchEvent {
+    topic: String,
+    #[serde(flatten)]
+    publish: Publish,
+}
+
+/// The most events one batch may carry.
+const MAX_BATCH: usize = 1000;
+
+async fn publish_batch(state: &Arc<ProxyState>, request: &Request) -> Response {
+    let batch: Batch = match parse_body(&request.body) {
+        Ok(batch) => batch,
+        Err(response) => return response,
+    };
+    if batch.events.is_empty() || batch.events.len() > MAX_BATCH {
+        return Response::text(
+            400,
+            &format!("Invalid body: events must hold 1 to {MAX_BATCH} events"),
+        );
+    }
+    // Check everything first: a batch is published whole or not at all.
+    let mut checked = Vec::with_capacity(batch.events.len());
+    for (index, event) in batch.events.iter().enumerate() {
+        if let Err(reason) = validate_topic(&event.topic).and_then(|()| event.publish.validate()) {
+            return Response::text(400, &format!("Invalid body: events[{index}]: {reason}"));
+        }
+        let topic = state.topics.get_or_create(&event.topic);
+        if let Some(refused) = authorize_publisher(state, request, &topic).await {
+            return refused;
+        }
+        checked.push(topic);
+    }
+    let mut ids = Vec::with_capacity(checked.len());
+    for (topic, event) in checked.iter().zip(&batch.events) {
+        ids.push(event_id(
+            state,
+            state.topics.publish(topic, &event.publish).await,
+        ));
+    }
+    Response::json(200, &json!({ "ids": ids }))
+}
+
+/// A running proxy.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    pub state: Arc<ProxyState>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Proxy {
+    /// Binds `http.bind_address` and serves.
+    pub async fn start(config: ProxyConfig) -> anyhow::Result<Proxy> {
+        Self::start_with_clock(config, Arc::new(SystemClock)).await
+    }
+
+    pub async fn start_with_clock(
+        config: ProxyConfig,
+        clock: Arc<dyn Clock>,
+    ) -> anyhow::Result<Proxy> {
+        config.validate().map_err(anyhow::Error::msg)?;
+        let bind = config.bind_address().map_err(anyhow::Error::msg)?;
+        let listener = TcpListener::bind(bind)
+            .await
+            .with_context(|| format!("cannot listen on {bind} (http.bind_address)"))?;
+        let addr = listener.local_addr()?;
+        let metrics = Arc::new(Metrics::default());
+        let state = Arc::new(ProxyState {
+            topics: Topics::new(
+                config.history.size_per_topic,
+                Duration::from_secs(config.history.ttl_sec),
+                Duration::from_millis(config.http.block_timeout_ms),
+                metrics.clone(),
+            ),
+            auth: Authenticator::new(config.jwt_verifier.clone(), metrics.clone(), clock),
+            limiter: IpRateLimiter::new(
+                config.rate_limit.rate_limit_per_ip,
+                config.rate_limit.rate_limit_window_sec,
+            ),
+            trusted: config.trusted_proxies(),
+            metrics,
+            started: Instant::now(),
+            shutdown: CancellationToken::new(),
+            streams: AtomicUsize::new(0),
+            config,
+        });
+        let mut tasks = vec![tokio::spawn(http::serve(
+            listener,
+            state.clone(),
+            state.shutdown.clone(),
+        ))];
+        let sweeper = state.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(30));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        sweeper.topics.sweep();
+                        sweeper.limiter.sweep();
+                    }
+                    _ = sweeper.shutdown.cancelled() => return,
+                }
+            }
+        }));
+        Ok(Proxy { addr, state, tasks })
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Graceful shutdown: every stream gets a `retry` hint and is closed; waits
+    /// (up to 10 s) until they are.
+    pub async fn shutdown(self) {
+        self.state.shutdown.cancel();
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.state.streams.load(std::sync::atomic::Ordering::SeqCst) > 0
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}

@@ -1,0 +1,256 @@
+//! The proxy's metrics, exposed at `GET /metrics` in the Prometheus text format
+//! with exactly the names of the spec (`connections_active`,
+//! `connections_total`, `messages_sent`, `bytes_sent`, `auth_cache_hits`,
+//! `auth_failures`, `peers_connected`, `topics_active`, `sync_lag`) plus
+//! `rate_limited_requests`, drop counters and two latency histograms.
+//! Plain atomics: every hot path only adds.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+#[derive(Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    pub fn inc(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+#[derive(Default)]
+pub struct Gauge(AtomicI64);
+
+impl Gauge {
+    pub fn inc(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn dec(&self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    pub fn set(&self, value: i64) {
+        self.0.store(value, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> i64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A histogram of durations with fixed buckets (seconds).
+pub struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<AtomicU64>,
+    sum_micros: AtomicU64,
+    count: AtomicU64,
+}
+
+const LATENCY_BOUNDS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Self {
+            bounds: LATENCY_BOUNDS,
+            counts: LATENCY_BOUNDS.iter().map(|_| AtomicU64::new(0)).collect(),
+            sum_micros: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Histogram {
+    pub fn observe(&self, duration: Duration) {
+        let seconds = duration.as_secs_f64();
+        if let Some(index) = self.bounds.iter().position(|b| seconds <= *b) {
+            self.counts[index].fetch_add(1, Ordering::Relaxed);
+        }
+        self.sum_micros
+            .fetch_add(duration.as_micros() as u64, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn render(&self, name: &str, help: &str, out: &mut String) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (bound, count) in self.bounds.iter().zip(&self.counts) {
+            cumulative += count.load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+        }
+        let total = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {total}");
+        let _ = writeln!(
+            out,
+            "{name}_sum {}",
+            self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6
+        );
+        let _ = writeln!(out, "{name}_count {total}");
+    }
+}
+
+#[derive(Default)]
+pub struct Metrics {
+    pub connections_active: Gauge,
+    pub connections_total: Counter,
+    pub messages_sent: Counter,
+    pub bytes_sent: Counter,
+    pub auth_cache_hits: Counter,
+    pub auth_failures: Counter,
+    pub peers_connected: Gauge,
+    pub topics_active: Gauge,
+    /// Seconds behind the freshest peer (cross-proxy delivery).
+    pub sync_lag: Gauge,
+    pub rate_limited_requests: Counter,
+    pub messages_published: Counter,
+    pub messages_dropped: Counter,
+    pub subscribers_cut_off: Counter,
+    pub webhook_calls: Counter,
+    pub webhook_failures: Counter,
+    /// From publish to the write of the event on a subscriber's socket.
+    pub publish_to_write: Histogram,
+    pub webhook_latency: Histogram,
+}
+
+impl Metrics {
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(4096);
+        let mut counter = |name: &str, help: &str, value: u64| {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+            );
+        };
+        counter(
+            "connections_total",
+            "Event streams opened since start.",
+            self.connections_total.get(),
+        );
+        counter(
+            "messages_sent",
+            "Events written to subscribers.",
+            self.messages_sent.get(),
+        );
+        counter(
+            "bytes_sent",
+            "Bytes written to subscribers (events and keepalives).",
+            self.bytes_sent.get(),
+        );
+        counter(
+            "auth_cache_hits",
+            "Subscriptions verified from the cache.",
+            self.auth_cache_hits.get(),
+        );
+        counter(
+            "auth_failures",
+            "Subscriptions refused: missing, malformed or invalid tokens.",
+            self.auth_failures.get(),
+        );
+        counter(
+            "rate_limited_requests",
+            "Requests refused by the per-IP rate limit.",
+            self.rate_limited_requests.get(),
+        );
+        counter(
+            "messages_published",
+            "Events published.",
+            self.messages_published.get(),
+        );
+        counter(
+            "messages_dropped",
+            "Events a subscriber's full queue dropped.",
+            self.messages_dropped.get(),
+        );
+        counter(
+            "subscribers_cut_off",
+            "Streams ended by the block policy.",
+            self.subscribers_cut_off.get(),
+        );
+        counter(
+            "webhook_calls",
+            "Calls to the verification webhook.",
+            self.webhook_calls.get(),
+        );
+        counter(
+            "webhook_failures",
+            "Webhook calls that failed (5xx, timeout, connection).",
+            self.webhook_failures.get(),
+        );
+        let mut gauge = |name: &str, help: &str, value: i64| {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+            );
+        };
+        gauge(
+            "connections_active",
+            "Open event streams.",
+            self.connections_active.get(),
+        );
+        gauge(
+            "peers_connected",
+            "Peer proxies connected.",
+            self.peers_connected.get(),
+        );
+        gauge(
+            "topics_active",
+            "Topics with at least one subscriber.",
+            self.topics_active.get(),
+        );
+        gauge(
+            "sync_lag",
+            "Seconds behind the freshest peer.",
+            self.sync_lag.get(),
+        );
+        self.publish_to_write.render(
+            "publish_to_write_seconds",
+            "From publish to the event's write on a subscriber's socket.",
+            &mut out,
+        );
+        self.webhook_latency.render(
+            "webhook_call_seconds",
+            "Duration of verification webhook calls.",
+            &mut out,
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_the_spec_names() {
+        let metrics = Metrics::default();
+        metrics.messages_sent.add(3);
+        metrics.publish_to_write.observe(Duration::from_micros(300));
+        let text = metrics.render();
+        for name in [
+            "connections_active",
+            "connections_total",
+            "messages_sent 3",
+            "bytes_sent",
+            "auth_cache_hits",
+            "auth_failures",
+            "peers_connected",
+            "topics_active",
+            "sync_lag",
+            "rate_limited_requests",
+            "publish_to_write_seconds_bucket{le=\"0.0005\"} 1",
+            "publish_to_write_seconds_count 1",
+        ] {
+            assert!(text.contains(name), "missing {name}:\n{text}");
+        }
+    }
+}

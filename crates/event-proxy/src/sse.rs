@@ -1,0 +1,250 @@
+//! `GET /events/{topic}`: checks (per-IP limit, connection cap, token), then the
+//! event stream: replay after `Last-Event-ID`, live events, `: keepalive`
+//! comments, and an orderly end (token expiry, `connection_timeout_sec`,
+//! overflow under `block`, shutdown) with a last event or `retry` hint.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::ProxyState;
+use crate::auth::{Action, Decision, presented_token};
+use crate::http::{Request, Response};
+use crate::topics::{Frame, Subscriber, parse_last_event_id, validate_topic};
+
+/// Holds one slot of `max_connections` and the active-connection gauge.
+struct StreamSlot {
+    state: Arc<ProxyState>,
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.state.streams.fetch_sub(1, Ordering::SeqCst);
+        self.state.metrics.connections_active.dec();
+    }
+}
+
+fn take_slot(state: &Arc<ProxyState>) -> Option<StreamSlot> {
+    let max = state.config.http.max_connections;
+    state
+        .streams
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+            (n < max).then_some(n + 1)
+        })
+        .ok()?;
+    state.metrics.connections_active.inc();
+    state.metrics.connections_total.inc();
+    Some(StreamSlot {
+        state: state.clone(),
+    })
+}
+
+async fn refuse(
+    mut stream: TcpStream,
+    state: &ProxyState,
+    response: Response,
+    origin: Option<&str>,
+) {
+    let _ = stream
+        .write_all(&state.cors(response, origin).encode(false))
+        .await;
+    let _ = stream.shutdown().await;
+}
+
+pub async fn subscribe(stream: TcpStream, request: Request, peer: IpAddr, state: Arc<ProxyState>) {
+    let origin = request.header("origin").map(str::to_owned);
+    let origin = origin.as_deref();
+    if let Some(response) = state.check_rate(&request, peer) {
+        return refuse(stream, &state, response, origin).await;
+    }
+    let topic_name = request.path.trim_start_matches("/events/").to_owned();
+    if let Err(reason) = validate_topic(&topic_name) {
+        return refuse(stream, &state, Response::text(400, &reason), origin).await;
+    }
+    let resume = match request
+        .header("last-event-id")
+        .or_else(|| request.query("last_event_id"))
+    {
+        Some(text) if !text.is_empty() => match parse_last_event_id(text, state.topics.epoch) {
+            Ok(resume) => Some(resume),
+            Err(reason) => {
+                return refuse(stream, &state, Response::text(400, &reason), origin).await;
+            }
+        },
+        _ => None,
+    };
+    let Some(slot) = take_slot(&state) else {
+        let response = Response::text(503, "Too many connections").with_header("Retry-After", "30");
+        return refuse(stream, &state, response, origin).await;
+    };
+    let topic = state.topics.get_or_create(&topic_name);
+    let presented = presented_token(request.header("authorization"), request.query("token"));
+    let grant = match state
+        .auth
+        .authorize(presented, &topic.name, &topic.uuid_hex, Action::Read)
+        .await
+    {
+        Decision::Allowed(grant) => grant,
+        Decision::Unauthenticated => {
+            return refuse(
+                stream,
+                &state,
+                Response::text(401, "Authentication required"),
+                origin,
+            )
+            .await;
+        }
+        Decision::Forbidden => {
+            return refuse(
+                stream,
+                &state,
+                Response::text(403, "Access denied to topic"),
+                origin,
+            )
+            .await;
+        }
+        Decision::Unavailable { retry_after } => {
+            let response = Response::text(503, "Authentication unavailable")
+                .with_header("Retry-After", retry_after.to_string());
+            return refuse(stream, &state, response, origin).await;
+        }
+    };
+
+    let subscriber = Arc::new(Subscriber::new(
+        state.topics.new_subscriber_id(),
+        state.config.http.max_message_queue_size,
+        state.config.http.backpressure_policy,
+    ));
+    let replay = state
+        .topics
+        .subscribe(&topic, subscriber.clone(), resume)
+        .await;
+    let outcome = stream_events(
+        stream,
+        &state,
+        &subscriber,
+        replay,
+        grant.expires_at,
+        origin,
+    )
+    .await;
+    state.topics.unsubscribe(&topic, subscriber.id).await;
+    drop(slot);
+    tracing::debug!(topic = %topic.name, user = ?grant.user_id, ?outcome, "stream ended");
+}
+
+/// Why a stream ended.
+#[derive(Debug)]
+enum End {
+    ClientGone,
+    TokenExpired,
+    Lifetime,
+    Overflow,
+    Shutdown,
+}
+
+async fn stream_events(
+    mut stream: TcpStream,
+    state: &Arc<ProxyState>,
+    subscriber: &Arc<Subscriber>,
+    replay: crate::topics::Replay,
+    expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    origin: Option<&str>,
+) -> End {
+    let http = &state.config.http;
+    let allow_origin = state.allowed_origin(origin).unwrap_or_else(|| "*".into());
+    let mut out: Vec<u8> = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: keep-alive\r\n\
+         Access-Control-Allow-Origin: {allow_origin}\r\nX-Accel-Buffering: no\r\n\r\n"
+    )
+    .into_bytes();
+    if let Some(missed) = &replay.missed {
+        out.extend_from_slice(b"event: missed\ndata: ");
+        out.extend_from_slice(serde_json::to_string(missed).unwrap_or_default().as_bytes());
+        out.extend_from_slice(b"\n\n");
+    }
+    let mut frames: Vec<Arc<Frame>> = replay.frames;
+    let (mut reader, mut writer) = stream.split();
+    let keepalive = Duration::from_secs(http.keepalive_interval_sec);
+    let mut next_keepalive = tokio::time::Instant::now() + keepalive;
+    let lifetime =
+        (http.connection_timeout_sec > 0).then(|| Duration::from_secs(http.connection_timeout_sec));
+    let ends_at = lifetime.map(|l| tokio::time::Instant::now() + l);
+    let token_ends_at = expires_at.map(|at| {
+        let left = (at - chrono::Utc::now()).to_std().unwrap_or(Duration::ZERO);
+        tokio::time::Instant::now() + left
+    });
+    let far = tokio::time::Instant::now() + Duration::from_secs(365 * 24 * 3600);
+    let mut probe = [0u8; 64];
+    loop {
+        // Write whatever is pending in one go.
+        if !frames.is_empty() || !out.is_empty() {
+            let now = std::time::Instant::now();
+            for frame in &frames {
+                out.extend_from_slice(&frame.bytes);
+            }
+            // A client that does not read blocks this write (that is the
+            // backpressure); shutdown must still get through.
+            tokio::select! {
+                written = writer.write_all(&out) => if written.is_err() {
+                    return End::ClientGone;
+                },
+                _ = state.shutdown.cancelled() => return End::Shutdown,
+            }
+            state.metrics.bytes_sent.add(out.len() as u64);
+            state.metrics.messages_sent.add(frames.len() as u64);
+            for frame in &frames {
+                state
+                    .metrics
+                    .publish_to_write
+                    .observe(now.duration_since(frame.published_at));
+            }
+            frames.clear();
+            out.clear();
+            next_keepalive = tokio::time::Instant::now() + keepalive;
+        }
+        if subscriber.is_cut_off() {
+            let dropped = subscriber.dropped.load(Ordering::Relaxed);
+            let last = format!("event: overflow\ndata: {{\"dropped\":{dropped}}}\n\n");
+            final_write(&mut writer, last.as_bytes()).await;
+            return End::Overflow;
+        }
+        tokio::select! {
+            biased;
+            _ = subscriber.ready.notified() => subscriber.drain(&mut frames),
+            _ = tokio::time::sleep_until(next_keepalive) => out.extend_from_slice(b": keepalive\n\n"),
+            read = reader.read(&mut probe) => {
+                // A client sends nothing after its request: EOF or error is a hang-up.
+                if matches!(read, Ok(0) | Err(_)) {
+                    return End::ClientGone;
+                }
+            }
+            _ = tokio::time::sleep_until(token_ends_at.unwrap_or(far)) => {
+                final_write(&mut writer, b"event: expired\ndata: the token expired\n\n").await;
+                return End::TokenExpired;
+            }
+            _ = tokio::time::sleep_until(ends_at.unwrap_or(far)) => {
+                final_write(&mut writer, format!("retry: {}\n\n", http.retry_ms).as_bytes()).await;
+                return End::Lifetime;
+            }
+            _ = state.shutdown.cancelled() => {
+                final_write(&mut writer, format!("retry: {}\n\n", http.retry_ms).as_bytes()).await;
+                return End::Shutdown;
+            }
+        }
+    }
+}
+
+/// The last bytes of a stream, then a clean close; a client that does not read
+/// gets one second.
+async fn final_write(writer: &mut tokio::net::tcp::WriteHalf<'_>, bytes: &[u8]) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        writer.write_all(bytes).await?;
+        writer.shutdown().await
+    })
+    .await;
+}
