@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 
+use flotilla_event_proxy::Proxy;
 use flotilla_server::{FlotillaConfig, Serve};
 
 /// mimalloc: the API's hot paths allocate per row and per response; measured
@@ -26,9 +27,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// All in one: control plane and a local node agent running Chromium, on an
-    /// embedded SQLite store under the data directory. Needs no configuration.
+    /// All in one: control plane, a local node agent running Chromium and the
+    /// event proxy, on an embedded SQLite store under the data directory. Needs
+    /// no configuration.
     Serve(ServeArgs),
+    /// The event-streaming proxy alone (server-sent events, JWT webhook).
+    Proxy(ProxyArgs),
 }
 
 #[derive(Args)]
@@ -36,9 +40,22 @@ struct ServeArgs {
     /// Control plane listen address [key: listen; default 127.0.0.1:8080; port 0 picks one].
     #[arg(long, env = "FLOTILLA_LISTEN")]
     listen: Option<String>,
+    /// Event proxy listen address [key: http.bind_address; default 127.0.0.1:8081].
+    #[arg(long, env = "FLOTILLA_PROXY_LISTEN")]
+    proxy_listen: Option<String>,
     /// Directory for the store, profiles and snapshots [key: data_dir; default ./data].
     #[arg(long, env = "FLOTILLA_DATA_DIR")]
     data_dir: Option<PathBuf>,
+    /// TOML configuration file (docs/configuration.md lists every key).
+    #[arg(long, env = "FLOTILLA_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct ProxyArgs {
+    /// Listen address [key: http.bind_address; default 127.0.0.1:8081; port 0 picks one].
+    #[arg(long, env = "FLOTILLA_PROXY_LISTEN")]
+    listen: Option<String>,
     /// TOML configuration file (docs/configuration.md lists every key).
     #[arg(long, env = "FLOTILLA_CONFIG")]
     config: Option<PathBuf>,
@@ -53,12 +70,7 @@ fn main() -> std::process::ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    match runtime.block_on(run(cli)) {
+    match run(Cli::parse()) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("flotilla: {error:#}");
@@ -67,32 +79,69 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
+fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Serve(args) => serve(args).await,
+        Command::Serve(args) => {
+            let mut overrides = Vec::new();
+            push(&mut overrides, "listen", args.listen);
+            push(&mut overrides, "http.bind_address", args.proxy_listen);
+            push(
+                &mut overrides,
+                "data_dir",
+                args.data_dir.map(|d| d.display().to_string()),
+            );
+            let config = FlotillaConfig::load(args.config.as_deref(), &overrides)?;
+            runtime(0)?.block_on(serve(config))
+        }
+        Command::Proxy(args) => {
+            let mut overrides = Vec::new();
+            push(&mut overrides, "http.bind_address", args.listen);
+            let config = FlotillaConfig::load(args.config.as_deref(), &overrides)?;
+            config.proxy.validate().map_err(anyhow::Error::msg)?;
+            runtime(config.proxy.http.thread_pool_size)?.block_on(proxy(config))
+        }
     }
 }
 
-async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let mut overrides = Vec::new();
-    if let Some(listen) = args.listen {
-        overrides.push(("listen", toml::Value::String(listen)));
+fn push(
+    overrides: &mut Vec<(&'static str, toml::Value)>,
+    key: &'static str,
+    value: Option<String>,
+) {
+    if let Some(value) = value {
+        overrides.push((key, toml::Value::String(value)));
     }
-    if let Some(data_dir) = args.data_dir {
-        overrides.push((
-            "data_dir",
-            toml::Value::String(data_dir.display().to_string()),
-        ));
+}
+
+fn runtime(worker_threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if worker_threads > 0 {
+        builder.worker_threads(worker_threads);
     }
-    let config = FlotillaConfig::load(args.config.as_deref(), &overrides)?;
+    Ok(builder.enable_all().build()?)
+}
+
+async fn serve(config: FlotillaConfig) -> anyhow::Result<()> {
     let serve = Serve::start(config)
         .await
         .context("cannot start flotilla serve")?;
     println!("control plane listening on http://{}", serve.control_addr);
+    println!("event proxy listening on http://{}", serve.proxy_addr);
     println!("node agent listening on http://{}", serve.agent_addr);
     wait_for_signal().await?;
-    tracing::info!("shutting down: closing every browser");
+    tracing::info!("shutting down: closing every stream and browser");
     serve.shutdown().await;
+    Ok(())
+}
+
+async fn proxy(config: FlotillaConfig) -> anyhow::Result<()> {
+    let proxy = Proxy::start(config.proxy)
+        .await
+        .context("cannot start the event proxy")?;
+    println!("event proxy listening on http://{}", proxy.addr);
+    wait_for_signal().await?;
+    tracing::info!("shutting down: closing every stream");
+    proxy.shutdown().await;
     Ok(())
 }
 

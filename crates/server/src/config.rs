@@ -14,6 +14,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 use flotilla_control_plane::ControlPlaneConfig;
+use flotilla_event_proxy::config::ProxyConfig;
 use flotilla_node_agent::AgentConfig;
 use flotilla_node_agent::snapshot::SnapshotsConfig;
 
@@ -40,6 +41,10 @@ pub struct FlotillaConfig {
     pub control: ControlPlaneConfig,
     pub agent: AgentConfig,
     pub snapshots: SnapshotsConfig,
+    /// The event proxy's sections: `[http]`, `[jwt_verifier]`, `[rate_limit]`,
+    /// `[publisher]`, `[history]`.
+    #[serde(flatten)]
+    pub proxy: ProxyConfig,
 }
 
 impl Default for FlotillaConfig {
@@ -50,6 +55,7 @@ impl Default for FlotillaConfig {
             control: ControlPlaneConfig::default(),
             agent: AgentConfig::default(),
             snapshots: SnapshotsConfig::default(),
+            proxy: ProxyConfig::default(),
         }
     }
 }
@@ -87,6 +93,9 @@ impl FlotillaConfig {
                 // The flattened top level hides key paths; extracting the control
                 // plane's part alone names the key.
                 if let Err(keyed) = figment.extract::<ControlPlaneConfig>() {
+                    return Err(describe_figment_error(keyed));
+                }
+                if let Err(keyed) = figment.extract::<ProxyConfig>() {
                     return Err(describe_figment_error(keyed));
                 }
                 return Err(describe_figment_error(error));

@@ -16,6 +16,8 @@ use tokio_util::sync::CancellationToken;
 
 use flotilla_control_plane::nodes::{LocalLink, LocalNode};
 use flotilla_control_plane::{Clock, ControlPlane, Store, SystemClock};
+use flotilla_event_proxy::Proxy;
+use flotilla_event_proxy::config::ProxyConfig;
 use flotilla_node_agent::snapshot::SnapshotStore;
 use flotilla_node_agent::{Agent, AgentSettings};
 
@@ -25,6 +27,8 @@ use crate::config::FlotillaConfig;
 pub struct Serve {
     pub control_addr: SocketAddr,
     pub agent_addr: SocketAddr,
+    pub proxy_addr: SocketAddr,
+    proxy: Proxy,
     pub control_plane: Arc<ControlPlane>,
     pub agent: Agent,
     shutdown: CancellationToken,
@@ -83,12 +87,15 @@ impl Serve {
             public_host,
             hidden_paths: vec![data_dir.clone()],
             snapshots,
-            clock,
+            clock: clock.clone(),
         };
         let agent = Agent::start(settings, Arc::new(LocalLink(control_plane.clone()))).await?;
         control_plane
             .node_connections()
             .attach(agent.node_id().clone(), Arc::new(LocalNode(agent.clone())));
+
+        let proxy = Proxy::start_with_clock(serve_proxy_config(&config), clock.clone()).await?;
+        let proxy_addr = proxy.addr;
 
         let shutdown = CancellationToken::new();
         let mut tasks =
@@ -111,6 +118,8 @@ impl Serve {
         Ok(Serve {
             control_addr,
             agent_addr,
+            proxy_addr,
+            proxy,
             control_plane,
             agent,
             shutdown,
@@ -122,8 +131,13 @@ impl Serve {
         format!("http://{}", self.control_addr)
     }
 
+    pub fn proxy_url(&self) -> String {
+        format!("http://{}", self.proxy_addr)
+    }
+
     /// Graceful shutdown: no new requests, every browser closed and recorded.
     pub async fn shutdown(self) {
+        self.proxy.shutdown().await;
         self.shutdown.cancel();
         for task in self.tasks {
             let _ = task.await;
@@ -135,6 +149,20 @@ impl Serve {
             .detach(self.agent.node_id());
         self.control_plane.store().close().await;
     }
+}
+
+/// The proxy of `serve`: as configured, except that without a verification
+/// webhook it runs open (until subscriber tokens are issued by the control
+/// plane itself) rather than refusing to start.
+fn serve_proxy_config(config: &FlotillaConfig) -> ProxyConfig {
+    let mut proxy = config.proxy.clone();
+    if proxy.jwt_verifier.webhook_url.is_empty() && proxy.jwt_verifier.require_authentication {
+        tracing::warn!(
+            "the event proxy runs without authentication: set jwt_verifier.webhook_url to verify subscribers"
+        );
+        proxy.jwt_verifier.require_authentication = false;
+    }
+    proxy
 }
 
 async fn bind(addr: SocketAddr, key: &str) -> anyhow::Result<TcpListener> {

@@ -197,6 +197,7 @@ pub async fn spawn_serve_with_clock(
         data_dir: temp.path().to_path_buf(),
         ..FlotillaConfig::default()
     };
+    config.proxy.http.bind_address = "127.0.0.1:0".into();
     config.control.nodes.heartbeat_interval_sec = 0.5;
     config.control.nodes.heartbeat_timeout_sec = 30.0;
     config.agent.node_id = Some("test-node".into());

@@ -1,0 +1,64 @@
+//! `flotilla proxy` as a process: startup is refused with a clear message when
+//! authentication is required but no webhook is set; it starts otherwise and
+//! stops cleanly on SIGTERM.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+fn proxy() -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_flotilla"));
+    command
+        .args(["proxy", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    command
+}
+
+#[tokio::test]
+async fn startup_is_refused_without_a_webhook_when_authentication_is_required() {
+    let output = tokio::time::timeout(Duration::from_secs(60), proxy().output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("jwt_verifier.webhook_url") && stderr.contains("require_authentication"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn starts_open_when_told_and_stops_on_sigterm() {
+    let mut child = proxy()
+        .env("FLOTILLA_JWT_VERIFIER__REQUIRE_AUTHENTICATION", "false")
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let url = line
+        .strip_prefix("event proxy listening on ")
+        .expect("the address line")
+        .to_owned();
+    let health: serde_json::Value = reqwest::get(format!("{url}/health"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(health["status"], "healthy");
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(child.id().unwrap() as i32, libc::SIGTERM) };
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success());
+}
