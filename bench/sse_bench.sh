@@ -181,8 +181,9 @@ subscribers() {
     GEN_PIDS+=($!)
     n=$((n + take)); i=$((i + 1))
   done
-  for log in "$prefix".*.log; do
-    for _ in $(seq 1 6000); do grep -q '^ready' "$log" 2>/dev/null && break; sleep 0.05; done
+  # The logs are created by the background processes: name them, never glob them.
+  for ((j = 0; j < i; j++)); do
+    for _ in $(seq 1 6000); do grep -q '^ready' "$prefix.$j.log" 2>/dev/null && break; sleep 0.05; done
   done
   grep -h '^ready' "$prefix".*.log | awk '{s += $2} END {print "connected", s}'
 }

@@ -51,7 +51,9 @@ impl Options {
         let mut raw = raw.peekable();
         while let Some(arg) = raw.next() {
             if let Some(name) = arg.strip_prefix("--") {
-                let value = raw.next().with_context(|| format!("--{name} needs a value"))?;
+                let value = raw
+                    .next()
+                    .with_context(|| format!("--{name} needs a value"))?;
                 args.insert(name.to_owned(), value);
             } else {
                 positional.push(arg);
@@ -61,7 +63,10 @@ impl Options {
     }
 
     fn get(&self, name: &str) -> anyhow::Result<&str> {
-        self.args.get(name).map(String::as_str).with_context(|| format!("--{name} is required"))
+        self.args
+            .get(name)
+            .map(String::as_str)
+            .with_context(|| format!("--{name} is required"))
     }
 
     fn number<T: std::str::FromStr>(&self, name: &str, default: T) -> anyhow::Result<T>
@@ -85,7 +90,10 @@ impl Options {
 }
 
 fn unix_nanos() -> u128 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
 }
 
 fn process_cpu_seconds() -> f64 {
@@ -135,7 +143,8 @@ async fn subscriber(
     socket.bind(SocketAddr::new(source, 0))?;
     let mut stream = socket.connect(server).await?;
     stream.set_nodelay(true)?;
-    let mut request = format!("GET {path} HTTP/1.1\r\nHost: {server}\r\nAccept: text/event-stream\r\n");
+    let mut request =
+        format!("GET {path} HTTP/1.1\r\nHost: {server}\r\nAccept: text/event-stream\r\n");
     if let Some(token) = &token {
         request.push_str(&format!("Authorization: Bearer {token}\r\n"));
     }
@@ -173,7 +182,10 @@ async fn subscriber(
                 let text = String::from_utf8_lossy(data);
                 let mut parts = text.split(' ');
                 if let (Some(seq), Some(sent)) = (parts.next(), parts.next()) {
-                    if let (Ok(seq), Ok(sent)) = (seq.trim_matches('"').parse::<u64>(), sent.trim_matches('"').parse::<u128>()) {
+                    if let (Ok(seq), Ok(sent)) = (
+                        seq.trim_matches('"').parse::<u64>(),
+                        sent.trim_matches('"').parse::<u128>(),
+                    ) {
                         let latency = (now.saturating_sub(sent) / 1000) as u64;
                         latencies.push((seq, latency));
                         received += 1;
@@ -194,7 +206,9 @@ async fn subscriber(
                 entry.0 += 1;
                 entry.1 = entry.1.max(latency);
             }
-            shared.events.fetch_add(received as usize, Ordering::Relaxed);
+            shared
+                .events
+                .fetch_add(received as usize, Ordering::Relaxed);
             received = 0;
         }
         let n = stream.read(&mut chunk).await?;
@@ -207,8 +221,14 @@ async fn subscriber(
 
 async fn subscribe(options: &Options) -> anyhow::Result<()> {
     let target = options.target()?;
-    let base = options.get("base")?.trim_start_matches("http://").to_owned();
-    let server: SocketAddr = tokio::net::lookup_host(&base).await?.next().context("server address")?;
+    let base = options
+        .get("base")?
+        .trim_start_matches("http://")
+        .to_owned();
+    let server: SocketAddr = tokio::net::lookup_host(&base)
+        .await?
+        .next()
+        .context("server address")?;
     let topic = options.get("topic")?.to_owned();
     let connections: usize = options.number("connections", 1000)?;
     let expect: u64 = options.number("expect", 0)?;
@@ -239,7 +259,16 @@ async fn subscribe(options: &Options) -> anyhow::Result<()> {
             // A server may refuse a burst (Pushpin answers 502): retry like a client would.
             let mut attempt = 0;
             loop {
-                match subscriber(server, source, path.clone(), token.clone(), shared.clone(), connected.clone()).await {
+                match subscriber(
+                    server,
+                    source,
+                    path.clone(),
+                    token.clone(),
+                    shared.clone(),
+                    connected.clone(),
+                )
+                .await
+                {
                     Err(error) if error.to_string().contains("502") && attempt < 30 => {
                         attempt += 1;
                         tokio::time::sleep(Duration::from_millis(200 * attempt.min(5))).await;
@@ -260,7 +289,9 @@ async fn subscribe(options: &Options) -> anyhow::Result<()> {
         }
     }
     let ramp_deadline = Instant::now() + Duration::from_secs(300);
-    while connected.load(Ordering::SeqCst) + failed.load(Ordering::SeqCst) < connections && Instant::now() < ramp_deadline {
+    while connected.load(Ordering::SeqCst) + failed.load(Ordering::SeqCst) < connections
+        && Instant::now() < ramp_deadline
+    {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     println!("ready {}", connected.load(Ordering::SeqCst));
@@ -276,7 +307,8 @@ async fn subscribe(options: &Options) -> anyhow::Result<()> {
             last_progress = (events, Instant::now());
         }
         // Stop once delivery has stalled for 5 s after it began (lost events).
-        let stalled = expect > 0 && events > 0 && last_progress.1.elapsed() > Duration::from_secs(5);
+        let stalled =
+            expect > 0 && events > 0 && last_progress.1.elapsed() > Duration::from_secs(5);
         if Instant::now() > hold_deadline || stalled {
             break;
         }
@@ -287,7 +319,10 @@ async fn subscribe(options: &Options) -> anyhow::Result<()> {
         connections: connected.load(Ordering::SeqCst),
         failed_connections: failed.load(Ordering::SeqCst),
         events: shared.events.load(Ordering::Relaxed) as u64,
-        latency_us: histogram.iter_recorded().map(|v| (v.value_iterated_to(), v.count_at_value())).collect(),
+        latency_us: histogram
+            .iter_recorded()
+            .map(|v| (v.value_iterated_to(), v.count_at_value()))
+            .collect(),
         per_message: shared.per_message.lock().expect("per message").clone(),
         generator_cpu_seconds: process_cpu_seconds(),
         wall_seconds: started.elapsed().as_secs_f64(),
@@ -305,7 +340,10 @@ async fn publish(options: &Options) -> anyhow::Result<()> {
     let rate: f64 = options.number("rate", 100.0)?;
     let size: usize = options.number("size", 100)?;
     let key = options.args.get("key").cloned();
-    let http = reqwest::Client::builder().no_proxy().pool_max_idle_per_host(8).build()?;
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(8)
+        .build()?;
     let interval = Duration::from_secs_f64(1.0 / rate);
     let started = tokio::time::Instant::now();
     let mut slowest = Duration::ZERO;
@@ -349,16 +387,18 @@ async fn origin(options: &Options) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(options.get("listen")?).await?;
     let router = axum::Router::new().route(
         "/stream/{topic}",
-        axum::routing::get(|axum::extract::Path(topic): axum::extract::Path<String>| async move {
-            (
-                [
-                    ("Content-Type", "text/event-stream".to_owned()),
-                    ("Grip-Hold", "stream".to_owned()),
-                    ("Grip-Channel", topic),
-                ],
-                "",
-            )
-        }),
+        axum::routing::get(
+            |axum::extract::Path(topic): axum::extract::Path<String>| async move {
+                (
+                    [
+                        ("Content-Type", "text/event-stream".to_owned()),
+                        ("Grip-Hold", "stream".to_owned()),
+                        ("Grip-Channel", topic),
+                    ],
+                    "",
+                )
+            },
+        ),
     );
     println!("origin listening");
     axum::serve(listener, router).await?;
@@ -386,7 +426,10 @@ fn merge(files: &[String]) -> anyhow::Result<()> {
         }
     }
     let mut last: Histogram<u64> = Histogram::new_with_bounds(1, 60_000_000, 3)?;
-    let complete = per_message.values().filter(|(d, _)| *d as usize == connections).count();
+    let complete = per_message
+        .values()
+        .filter(|(d, _)| *d as usize == connections)
+        .count();
     for (_, latest) in per_message.values() {
         last.record(*latest.max(&1))?;
     }

@@ -6,17 +6,24 @@
 //!   `spec/instance-service-api.md`, with `utoipa` schemas for the OpenAPI document.
 //! - [`agent`] — the internal API between the control plane and node agents.
 //! - [`error`] — the `{detail, code}` error body and its codes.
+//! - [`prometheus`] — the metrics text format both services expose.
+//! - [`events`] — lifecycle event names and payloads (webhooks, event proxy).
 //!
 //! Request types reject unknown fields; validation of values (ranges, catalogs)
 //! belongs to the service that owns the rule, not to these types.
 
 pub mod agent;
+pub mod alerts;
 pub mod clock;
 pub mod error;
+pub mod events;
 pub mod health;
 pub mod ids;
 pub mod instances;
+pub mod metrics;
 pub mod nodes;
+pub mod prometheus;
+pub mod tokens;
 
 pub use error::{ErrorCode, ErrorResponse, MessageResponse};
 pub use ids::{InstanceId, NodeId};

@@ -1,39 +1,80 @@
 //! Background reconcile tasks. Each runs on a timer, is idempotent, and logs what
-//! it changed; all stop when the shutdown token fires.
+//! it changed; all stop when the shutdown token fires: node offline sweep, idle
+//! sweep, metrics samples with alert evaluation and event-log pruning, and one
+//! event delivery task per outbox target.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::app::ControlPlane;
+use crate::app::{ControlPlane, outbox};
+
+/// How long delivered events stay in the event log.
+const EVENT_LOG_DAYS: i64 = 7;
 
 /// Starts every background task of the control plane.
-pub fn spawn_all(
+pub async fn spawn_all(
     control_plane: Arc<ControlPlane>,
     shutdown: CancellationToken,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let interval = Duration::from_secs_f64(control_plane.config().nodes.heartbeat_interval_sec);
-    let offline = control_plane.clone();
-    let idle = control_plane;
-    vec![
-        tokio::spawn(run_every(interval, shutdown.clone(), move || {
-            let control_plane = offline.clone();
-            async move {
-                if let Err(error) = control_plane.node_offline_sweep().await {
-                    tracing::warn!(%error, "node offline sweep failed");
-                }
+    let sample_interval =
+        Duration::from_secs_f64(control_plane.config().metrics.sample_interval_sec);
+    let mut tasks = vec![
+        spawn_every(
+            interval,
+            &shutdown,
+            &control_plane,
+            "node offline sweep",
+            |cp| async move { cp.node_offline_sweep().await.map(drop) },
+        ),
+        spawn_every(
+            interval,
+            &shutdown,
+            &control_plane,
+            "idle sweep",
+            |cp| async move { cp.instance_idle_sweep().await.map(drop) },
+        ),
+        spawn_every(
+            sample_interval,
+            &shutdown,
+            &control_plane,
+            "metrics sample",
+            |cp| async move {
+                cp.metrics_sample().await?;
+                cp.alerts_evaluate().await?;
+                let cutoff = cp.now() - chrono::Duration::days(EVENT_LOG_DAYS);
+                cp.store().events_prune(cutoff).await?;
+                Ok(())
+            },
+        ),
+    ];
+    tasks.extend(outbox::spawn(control_plane, shutdown).await);
+    tasks
+}
+
+/// Runs `task` now and then every `interval` until shutdown, logging failures.
+fn spawn_every<F, Fut>(
+    interval: Duration,
+    shutdown: &CancellationToken,
+    control_plane: &Arc<ControlPlane>,
+    name: &'static str,
+    task: F,
+) -> tokio::task::JoinHandle<()>
+where
+    F: Fn(Arc<ControlPlane>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = crate::error::Result<()>> + Send + 'static,
+{
+    let control_plane = control_plane.clone();
+    tokio::spawn(run_every(interval, shutdown.clone(), move || {
+        let run = task(control_plane.clone());
+        async move {
+            if let Err(error) = run.await {
+                tracing::warn!(%error, task = name, "background task failed");
             }
-        })),
-        tokio::spawn(run_every(interval, shutdown, move || {
-            let control_plane = idle.clone();
-            async move {
-                if let Err(error) = control_plane.instance_idle_sweep().await {
-                    tracing::warn!(%error, "idle sweep failed");
-                }
-            }
-        })),
-    ]
+        }
+    }))
 }
 
 async fn run_every<F, Fut>(interval: Duration, shutdown: CancellationToken, mut task: F)

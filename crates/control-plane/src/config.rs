@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use flotilla_api_types::events::EventName;
+
 /// Settings of the control plane (top-level keys and their sections; unknown
 /// keys are caught by the loader, since this struct is flattened into the file).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -14,8 +16,23 @@ pub struct ControlPlaneConfig {
     pub auth_enabled: bool,
     /// Accepted API keys, as `sha256:<hex>` (a raw key is accepted with a warning).
     pub api_keys: Vec<String>,
+    /// Ask for the API key on `GET /metrics` too (it is open by default).
+    pub metrics_require_auth: bool,
     /// Shared secret between control planes and agents for the agent API.
     pub cluster_token: Option<String>,
+    /// `[rate_limit]`: the file's section is shared with the event proxy, so the
+    /// loader fills this in (see `flotilla_server::config`).
+    #[serde(skip)]
+    pub rate_limit: ApiRateLimitConfig,
+    /// `[[webhooks]]`: receivers of lifecycle events.
+    pub webhooks: Vec<WebhookConfig>,
+    pub webhook_delivery: WebhookDeliveryConfig,
+    /// `[monitoring]`: alert thresholds (spec names), percent.
+    pub monitoring: MonitoringConfig,
+    /// `[metrics]`: sampling for `GET /v2/metrics`.
+    pub metrics: MetricsConfig,
+    /// `[events]`: publishing lifecycle events on the event proxy.
+    pub events: EventsConfig,
     pub nodes: NodesConfig,
     pub store: StoreConfig,
     pub scheduler: SchedulerConfig,
@@ -78,6 +95,120 @@ impl Default for SchedulerConfig {
     }
 }
 
+/// `[rate_limit]` keys of the control plane (off by default; DESIGN.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ApiRateLimitConfig {
+    pub enabled: bool,
+    /// Requests per key (or per client address without auth) per minute; also the burst.
+    pub requests_per_minute: u32,
+}
+
+impl Default for ApiRateLimitConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            requests_per_minute: 600,
+        }
+    }
+}
+
+/// One `[[webhooks]]` entry (spec: url, events, secret).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookConfig {
+    pub url: String,
+    /// Event names to send; empty sends every event.
+    #[serde(default)]
+    pub events: Vec<EventName>,
+    /// Signing secret (Standard Webhooks): `whsec_<base64>` or any other string,
+    /// used as raw bytes.
+    pub secret: String,
+}
+
+/// `[webhook_delivery]`: how the outbox delivers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WebhookDeliveryConfig {
+    /// Seconds a receiver has to answer one call.
+    pub timeout_sec: f64,
+    /// Retries wait 1, 2, 4 … seconds, at most this long.
+    pub max_backoff_sec: f64,
+    /// An event still undelivered after this many hours is dropped (and counted).
+    pub give_up_after_hours: f64,
+    /// Calls in flight per receiver (each to a different instance, so order holds).
+    pub concurrency: usize,
+}
+
+impl Default for WebhookDeliveryConfig {
+    fn default() -> Self {
+        Self {
+            timeout_sec: 10.0,
+            max_backoff_sec: 300.0,
+            give_up_after_hours: 72.0,
+            concurrency: 16,
+        }
+    }
+}
+
+/// `[monitoring]` (spec names): thresholds in percent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MonitoringConfig {
+    pub cpu_warning_threshold: f64,
+    pub cpu_critical_threshold: f64,
+    pub memory_warning_threshold: f64,
+    pub memory_critical_threshold: f64,
+    pub disk_warning_threshold: f64,
+    pub disk_critical_threshold: f64,
+}
+
+impl Default for MonitoringConfig {
+    fn default() -> Self {
+        Self {
+            cpu_warning_threshold: 70.0,
+            cpu_critical_threshold: 90.0,
+            memory_warning_threshold: 80.0,
+            memory_critical_threshold: 95.0,
+            disk_warning_threshold: 80.0,
+            disk_critical_threshold: 95.0,
+        }
+    }
+}
+
+/// `[metrics]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MetricsConfig {
+    /// Seconds between resource samples (and alert evaluations).
+    pub sample_interval_sec: f64,
+    /// Days of samples kept (`GET /v2/metrics?period=7d` needs 7).
+    pub retention_days: f64,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self {
+            sample_interval_sec: 60.0,
+            retention_days: 8.0,
+        }
+    }
+}
+
+/// `[events]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EventsConfig {
+    /// The event proxy to publish lifecycle events to (topics `instances` and
+    /// `instances.<id>`); `serve` sets it to its own proxy.
+    pub proxy_url: Option<String>,
+    /// A publisher key of that proxy (`[publisher] api_keys`).
+    pub publish_key: Option<String>,
+    /// Key that signs subscriber tokens (`POST /v2/tokens`); by default one is
+    /// generated and kept in the store, shared by every control plane on it.
+    pub token_secret: Option<String>,
+}
+
 impl ControlPlaneConfig {
     /// Checks values that serde cannot; the message names the key.
     pub fn validate(&self) -> Result<(), String> {
@@ -98,6 +229,67 @@ impl ControlPlaneConfig {
         if self.store.max_connections == 0 {
             return Err("store.max_connections must be at least 1".into());
         }
+        if self.rate_limit.enabled && self.rate_limit.requests_per_minute == 0 {
+            return Err("rate_limit.requests_per_minute must be at least 1".into());
+        }
+        for (index, webhook) in self.webhooks.iter().enumerate() {
+            let url = url::Url::parse(&webhook.url)
+                .map_err(|e| format!("webhooks[{index}].url {:?}: {e}", webhook.url))?;
+            if !matches!(url.scheme(), "http" | "https") {
+                return Err(format!("webhooks[{index}].url must be http:// or https://"));
+            }
+            if webhook.secret.is_empty() {
+                return Err(format!(
+                    "webhooks[{index}].secret must not be empty: receivers verify signatures with it"
+                ));
+            }
+        }
+        let delivery = &self.webhook_delivery;
+        if !(delivery.timeout_sec > 0.0)
+            || !(delivery.max_backoff_sec >= 1.0)
+            || !(delivery.give_up_after_hours > 0.0)
+        {
+            return Err("webhook_delivery: timeout_sec > 0, max_backoff_sec >= 1 and give_up_after_hours > 0 are required".into());
+        }
+        if delivery.concurrency == 0 {
+            return Err("webhook_delivery.concurrency must be at least 1".into());
+        }
+        let m = &self.monitoring;
+        for (name, warning, critical) in [
+            ("cpu", m.cpu_warning_threshold, m.cpu_critical_threshold),
+            (
+                "memory",
+                m.memory_warning_threshold,
+                m.memory_critical_threshold,
+            ),
+            ("disk", m.disk_warning_threshold, m.disk_critical_threshold),
+        ] {
+            if !(0.0..=100.0).contains(&warning)
+                || !(0.0..=100.0).contains(&critical)
+                || warning > critical
+            {
+                return Err(format!(
+                    "monitoring.{name}_warning_threshold ({warning}) and monitoring.{name}_critical_threshold ({critical}) must be percentages with warning <= critical"
+                ));
+            }
+        }
+        if !(self.metrics.sample_interval_sec >= 1.0) || !(self.metrics.retention_days > 0.0) {
+            return Err(
+                "metrics.sample_interval_sec must be >= 1 and metrics.retention_days > 0".into(),
+            );
+        }
+        if let Some(url) = &self.events.proxy_url {
+            url::Url::parse(url).map_err(|e| format!("events.proxy_url {url:?}: {e}"))?;
+        }
+        if self
+            .events
+            .token_secret
+            .as_deref()
+            .is_some_and(|s| s.len() < 16)
+        {
+            return Err("events.token_secret must be at least 16 characters".into());
+        }
+        crate::http::check_api_keys(&self.api_keys)?;
         if self.auth_enabled && self.api_keys.is_empty() {
             return Err("auth_enabled = true needs at least one entry in api_keys (create one with `flotilla keys create`)".into());
         }

@@ -1,11 +1,14 @@
 //! The control plane: the `/v2` REST API of `spec/instance-service-api.md`.
 //!
-//! - [`app`] — the domain ([`ControlPlane`]): instances, nodes, health.
+//! - [`app`] — the domain ([`ControlPlane`]): instances, nodes, health,
+//!   metrics, alerts, subscriber tokens and the event outbox.
 //! - [`http`] — the axum router, thin handlers, OpenAPI and Swagger UI.
 //! - [`store`] — instance and node records in SQLite or PostgreSQL.
 //! - [`scheduler`] — placement.
 //! - [`nodes`] — connections to node agents (in-process for `serve`).
-//! - [`background`] — periodic reconcile tasks.
+//! - [`background`] — periodic reconcile tasks (node health, idle sweep,
+//!   metrics samples and alerts, event delivery).
+//! - [`telemetry`] — the control plane's own measurements for `GET /metrics`.
 //! - [`error`] — the one error type and its mapping to HTTP.
 
 pub mod app;
@@ -16,6 +19,7 @@ pub mod http;
 pub mod nodes;
 pub mod scheduler;
 pub mod store;
+pub mod telemetry;
 
 pub use app::{Clock, ControlPlane, ManualClock, SystemClock};
 pub use config::ControlPlaneConfig;

@@ -6,98 +6,8 @@
 //! Plain atomics: every hot path only adds.
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::time::Duration;
 
-#[derive(Default)]
-pub struct Counter(AtomicU64);
-
-impl Counter {
-    pub fn inc(&self) {
-        self.0.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub fn add(&self, n: u64) {
-        self.0.fetch_add(n, Ordering::Relaxed);
-    }
-
-    pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
-#[derive(Default)]
-pub struct Gauge(AtomicI64);
-
-impl Gauge {
-    pub fn inc(&self) {
-        self.0.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub fn dec(&self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-
-    pub fn set(&self, value: i64) {
-        self.0.store(value, Ordering::Relaxed);
-    }
-
-    pub fn get(&self) -> i64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
-/// A histogram of durations with fixed buckets (seconds).
-pub struct Histogram {
-    bounds: &'static [f64],
-    counts: Vec<AtomicU64>,
-    sum_micros: AtomicU64,
-    count: AtomicU64,
-}
-
-const LATENCY_BOUNDS: &[f64] = &[
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-];
-
-impl Default for Histogram {
-    fn default() -> Self {
-        Self {
-            bounds: LATENCY_BOUNDS,
-            counts: LATENCY_BOUNDS.iter().map(|_| AtomicU64::new(0)).collect(),
-            sum_micros: AtomicU64::new(0),
-            count: AtomicU64::new(0),
-        }
-    }
-}
-
-impl Histogram {
-    pub fn observe(&self, duration: Duration) {
-        let seconds = duration.as_secs_f64();
-        if let Some(index) = self.bounds.iter().position(|b| seconds <= *b) {
-            self.counts[index].fetch_add(1, Ordering::Relaxed);
-        }
-        self.sum_micros
-            .fetch_add(duration.as_micros() as u64, Ordering::Relaxed);
-        self.count.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn render(&self, name: &str, help: &str, out: &mut String) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let mut cumulative = 0;
-        for (bound, count) in self.bounds.iter().zip(&self.counts) {
-            cumulative += count.load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
-        }
-        let total = self.count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {total}");
-        let _ = writeln!(
-            out,
-            "{name}_sum {}",
-            self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6
-        );
-        let _ = writeln!(out, "{name}_count {total}");
-    }
-}
+pub use flotilla_api_types::prometheus::{Counter, Gauge, Histogram};
 
 #[derive(Default)]
 pub struct Metrics {
@@ -229,6 +139,7 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn renders_the_spec_names() {

@@ -32,17 +32,7 @@ use tokio::sync::Notify;
 use crate::config::BackpressurePolicy;
 use crate::metrics::Metrics;
 
-/// The namespace of topic UUIDs: UUIDv5 of "flotilla.topics" in the URL namespace.
-pub fn topic_namespace() -> uuid::Uuid {
-    uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_URL, b"flotilla.topics")
-}
-
-/// A topic's 128-bit id as the webhook receives it: 32 hex characters.
-pub fn topic_uuid_hex(name: &str) -> String {
-    uuid::Uuid::new_v5(&topic_namespace(), name.as_bytes())
-        .simple()
-        .to_string()
-}
+pub use flotilla_api_types::tokens::{topic_namespace, topic_uuid_hex};
 
 /// Topic names: 1 to 200 characters of letters, digits and `._:@~-`.
 pub fn validate_topic(name: &str) -> Result<(), String> {

@@ -14,7 +14,8 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 use flotilla_control_plane::ControlPlaneConfig;
-use flotilla_event_proxy::config::ProxyConfig;
+use flotilla_control_plane::config::ApiRateLimitConfig;
+use flotilla_event_proxy::config::{ProxyConfig, RateLimitConfig};
 use flotilla_node_agent::AgentConfig;
 use flotilla_node_agent::snapshot::SnapshotsConfig;
 
@@ -41,10 +42,26 @@ pub struct FlotillaConfig {
     pub control: ControlPlaneConfig,
     pub agent: AgentConfig,
     pub snapshots: SnapshotsConfig,
-    /// The event proxy's sections: `[http]`, `[jwt_verifier]`, `[rate_limit]`,
-    /// `[publisher]`, `[history]`.
+    /// The event proxy's sections: `[http]`, `[jwt_verifier]`, `[publisher]`,
+    /// `[history]` (and its `[rate_limit]` keys, below).
     #[serde(flatten)]
     pub proxy: ProxyConfig,
+    /// `[rate_limit]` holds keys of both the control plane (`enabled`,
+    /// `requests_per_minute`) and the event proxy (`rate_limit_per_ip`, …), so
+    /// it is read here and handed to each (`control.rate_limit`,
+    /// `proxy.rate_limit`). Declared last: it serialises after the flattened
+    /// parts, so the whole section is what the unknown-key check sees.
+    pub rate_limit: RateLimitSection,
+}
+
+/// The shared `[rate_limit]` section.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RateLimitSection {
+    #[serde(flatten)]
+    pub api: ApiRateLimitConfig,
+    #[serde(flatten)]
+    pub proxy: RateLimitConfig,
 }
 
 impl Default for FlotillaConfig {
@@ -56,6 +73,7 @@ impl Default for FlotillaConfig {
             agent: AgentConfig::default(),
             snapshots: SnapshotsConfig::default(),
             proxy: ProxyConfig::default(),
+            rate_limit: RateLimitSection::default(),
         }
     }
 }
@@ -87,7 +105,7 @@ impl FlotillaConfig {
             figment = figment.merge(Serialized::default(key, value.clone()));
             insert_dotted(&mut supplied, key, value.clone());
         }
-        let config: FlotillaConfig = match figment.extract() {
+        let mut config: FlotillaConfig = match figment.extract() {
             Ok(config) => config,
             Err(error) => {
                 // The flattened top level hides key paths; extracting the control
@@ -101,6 +119,8 @@ impl FlotillaConfig {
                 return Err(describe_figment_error(error));
             }
         };
+        config.control.rate_limit = config.rate_limit.api.clone();
+        config.proxy.rate_limit = config.rate_limit.proxy.clone();
         let known = toml::Table::try_from(&config).context("configuration does not serialise")?;
         if let Some(unknown) = first_unknown_key(&supplied, &known, "") {
             anyhow::bail!(
@@ -277,6 +297,34 @@ mod tests {
         }
         let error = FlotillaConfig::load(None, &[]).unwrap_err().to_string();
         assert!(error.contains("agent.max_instancez"), "{error}");
+    }
+
+    #[test]
+    fn rate_limit_section_feeds_both_services() {
+        let file = write(
+            "[rate_limit]\nenabled = true\nrequests_per_minute = 5\nrate_limit_per_ip = 7\n[[webhooks]]\nurl = \"http://127.0.0.1:9/hook\"\nsecret = \"s\"\nevents = [\"instance.created\"]\n",
+        );
+        let config = FlotillaConfig::load(Some(file.path()), &[]).unwrap();
+        assert!(config.control.rate_limit.enabled);
+        assert_eq!(config.control.rate_limit.requests_per_minute, 5);
+        assert_eq!(config.proxy.rate_limit.rate_limit_per_ip, 7);
+        assert_eq!(config.control.webhooks.len(), 1);
+        let file = write("[rate_limit]\nenabeld = true\n");
+        let error = FlotillaConfig::load(Some(file.path()), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("rate_limit.enabeld"), "{error}");
+        let file = write(
+            "[[webhooks]]\nurl = \"http://x\"\nsecret = \"s\"\nevents = [\"instance.exploded\"]\n",
+        );
+        let error = format!(
+            "{:#}",
+            FlotillaConfig::load(Some(file.path()), &[]).unwrap_err()
+        );
+        assert!(
+            error.contains("instance.exploded") || error.contains("webhooks"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -51,13 +51,24 @@ impl Serve {
         let store =
             Store::connect(&config.database_url(), config.control.store.max_connections).await?;
         let snapshots = SnapshotStore::open(&config.snapshots, &data_dir.join("snapshots"))?;
+        let control_listener = bind(config.listen_addr()?, "listen").await?;
+        let control_addr = control_listener.local_addr()?;
+
+        // The proxy first: the control plane publishes to it, and it verifies
+        // subscribers' tokens with the control plane.
+        let (proxy_config, control_config) = wire_events(&config, control_addr);
+        let proxy = Proxy::start_with_clock(proxy_config, clock.clone()).await?;
+        let proxy_addr = proxy.addr;
+        let mut control_config = control_config;
+        if control_config.events.proxy_url.is_none() {
+            control_config.events.proxy_url =
+                Some(format!("http://{}", loopback_if_unspecified(proxy_addr)));
+        }
         let control_plane = Arc::new(
-            ControlPlane::new(store, config.control.clone(), clock.clone())
+            ControlPlane::new(store, control_config, clock.clone())
                 .with_snapshots(snapshots.clone()),
         );
 
-        let control_listener = bind(config.listen_addr()?, "listen").await?;
-        let control_addr = control_listener.local_addr()?;
         let agent_listen: SocketAddr = config.agent.listen.parse().with_context(|| {
             format!(
                 "agent.listen must be an address like 127.0.0.1:0 (got {:?})",
@@ -94,12 +105,10 @@ impl Serve {
             .node_connections()
             .attach(agent.node_id().clone(), Arc::new(LocalNode(agent.clone())));
 
-        let proxy = Proxy::start_with_clock(serve_proxy_config(&config), clock.clone()).await?;
-        let proxy_addr = proxy.addr;
-
         let shutdown = CancellationToken::new();
         let mut tasks =
-            flotilla_control_plane::background::spawn_all(control_plane.clone(), shutdown.clone());
+            flotilla_control_plane::background::spawn_all(control_plane.clone(), shutdown.clone())
+                .await;
         tasks.push(spawn_http(
             control_listener,
             flotilla_control_plane::http::router(control_plane.clone()),
@@ -151,18 +160,44 @@ impl Serve {
     }
 }
 
-/// The proxy of `serve`: as configured, except that without a verification
-/// webhook it runs open (until subscriber tokens are issued by the control
-/// plane itself) rather than refusing to start.
-fn serve_proxy_config(config: &FlotillaConfig) -> ProxyConfig {
+/// Connects the control plane and the proxy of `serve`, unless configured
+/// otherwise: the proxy verifies subscriber tokens with the control plane
+/// (`POST /v2/tokens/verify`, tokens from `POST /v2/tokens`), and the control
+/// plane publishes lifecycle events to the proxy with a publisher key made up
+/// for this run.
+fn wire_events(
+    config: &FlotillaConfig,
+    control_addr: SocketAddr,
+) -> (ProxyConfig, flotilla_control_plane::ControlPlaneConfig) {
     let mut proxy = config.proxy.clone();
+    let mut control = config.control.clone();
     if proxy.jwt_verifier.webhook_url.is_empty() && proxy.jwt_verifier.require_authentication {
-        tracing::warn!(
-            "the event proxy runs without authentication: set jwt_verifier.webhook_url to verify subscribers"
+        proxy.jwt_verifier.webhook_url = format!(
+            "http://{}/v2/tokens/verify",
+            loopback_if_unspecified(control_addr)
         );
-        proxy.jwt_verifier.require_authentication = false;
     }
-    proxy
+    if control.events.proxy_url.is_none() {
+        let key = control
+            .events
+            .publish_key
+            .clone()
+            .unwrap_or_else(random_token);
+        if !proxy.publisher.api_keys.contains(&key) {
+            proxy.publisher.api_keys.push(key.clone());
+        }
+        control.events.publish_key = Some(key);
+    }
+    (proxy, control)
+}
+
+/// `0.0.0.0:port` → `127.0.0.1:port`, for calls between the parts of `serve`.
+fn loopback_if_unspecified(addr: SocketAddr) -> SocketAddr {
+    if addr.ip().is_unspecified() {
+        SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), addr.port())
+    } else {
+        addr
+    }
 }
 
 async fn bind(addr: SocketAddr, key: &str) -> anyhow::Result<TcpListener> {

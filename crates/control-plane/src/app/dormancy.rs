@@ -101,7 +101,9 @@ impl ControlPlane {
         let connection = self.nodes.get(&record.node_id).ok_or_else(|| {
             Error::InsufficientCapacity(format!("node {} is not reachable", record.node_id))
         })?;
+        let started = std::time::Instant::now();
         let parked = connection.instance_dormant(id).await.map_err(node_error)?;
+        self.telemetry.dormant_duration.0.observe(started.elapsed());
         let record = self
             .store
             .instance_set_dormant(id, &parked.snapshot_id, parked.dormant_since)

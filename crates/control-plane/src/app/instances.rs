@@ -144,7 +144,7 @@ impl ControlPlane {
         let ports = match call {
             Ok(ports) => ports,
             Err(error) => {
-                self.store.instance_delete(&id).await?;
+                self.store.instance_delete(&id, self.now()).await?;
                 return Err(match error {
                     NodeCallError::Rejected {
                         status: 400,
@@ -253,7 +253,7 @@ impl ControlPlane {
                 }
             }
         }
-        if !self.store.instance_delete(id).await? {
+        if !self.store.instance_delete(id, self.now()).await? {
             return Err(not_found(id));
         }
         if let Some(snapshots) = &self.snapshots {
@@ -311,9 +311,22 @@ impl ControlPlane {
                         change.at,
                     )
                     .await?;
+                let took = |since: chrono::DateTime<chrono::Utc>| {
+                    (change.at - since).to_std().unwrap_or_default()
+                };
                 if updated.is_some() && before.status == InstanceStatus::Reviving {
                     self.revive_finished(&before, change.at);
+                    self.telemetry
+                        .revive_duration
+                        .0
+                        .observe(took(before.updated_at));
                     self.store.instance_clear_snapshot(&change.id).await?;
+                }
+                if updated.is_some() && before.status == InstanceStatus::Creating {
+                    self.telemetry
+                        .create_duration
+                        .0
+                        .observe(took(before.created_at));
                 }
                 updated
             }

@@ -2,10 +2,14 @@
 //! functions and nothing else; agents' reports (in-process or over the agent API)
 //! arrive here too.
 
+mod alerts;
 mod dormancy;
 mod health;
 mod instances;
+mod metrics;
 mod nodes;
+pub mod outbox;
+mod tokens;
 mod views;
 
 use std::sync::Arc;
@@ -13,8 +17,10 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use crate::config::ControlPlaneConfig;
+use crate::http::Guard;
 use crate::nodes::NodeConnections;
 use crate::store::Store;
+use crate::telemetry::Telemetry;
 use flotilla_node_agent::snapshot::SnapshotStore;
 
 pub use flotilla_api_types::clock::{Clock, ManualClock, SystemClock};
@@ -29,10 +35,17 @@ pub struct ControlPlane {
     pub(crate) revive_estimates: dormancy::ReviveEstimates,
     /// Where snapshots live, to delete them with their instance.
     pub(crate) snapshots: Option<SnapshotStore>,
+    pub(crate) telemetry: Telemetry,
+    /// Authentication and rate limits of the HTTP API.
+    pub(crate) guard: Guard,
+    /// The key that signs subscriber tokens (see [`tokens`]), loaded once.
+    token_key: tokio::sync::OnceCell<Arc<Vec<u8>>>,
 }
 
 impl ControlPlane {
     pub fn new(store: Store, config: ControlPlaneConfig, clock: Arc<dyn Clock>) -> Self {
+        let guard = Guard::new(&config);
+        store.set_event_routes(outbox::routes(&config));
         Self {
             store,
             config,
@@ -40,6 +53,9 @@ impl ControlPlane {
             nodes: NodeConnections::default(),
             revive_estimates: dormancy::ReviveEstimates::default(),
             snapshots: None,
+            telemetry: Telemetry::default(),
+            guard,
+            token_key: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -61,7 +77,11 @@ impl ControlPlane {
         &self.nodes
     }
 
-    pub(crate) fn now(&self) -> DateTime<Utc> {
+    pub fn telemetry(&self) -> &Telemetry {
+        &self.telemetry
+    }
+
+    pub fn now(&self) -> DateTime<Utc> {
         self.clock.now()
     }
 }

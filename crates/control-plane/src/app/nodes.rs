@@ -146,7 +146,10 @@ impl ControlPlane {
         let timeout = chrono::Duration::milliseconds(
             (self.config.nodes.heartbeat_timeout_sec * 1000.0) as i64,
         );
-        let stale = self.store.node_mark_stale_offline(now - timeout).await?;
+        let stale = self
+            .store
+            .node_mark_stale_offline(now - timeout, now)
+            .await?;
         for node in &stale {
             let reason = format!(
                 "node {node} went offline (no heartbeat for {} s)",

@@ -2,11 +2,15 @@
 //! Swagger UI. Handlers are thin: extract, call `app`, convert the error.
 
 mod extract;
+mod guard;
 mod health;
 mod instances;
 mod nodes;
+mod observability;
+mod tokens;
 
 pub use extract::{ApiJson, ApiQuery, NoBody, OptionalApiJson};
+pub use guard::{Guard, Principal, RateLimiter, check_api_keys};
 
 use std::sync::Arc;
 
@@ -38,12 +42,20 @@ use crate::error::Error;
         instances::instance_revive,
         nodes::node_list,
         nodes::node_get,
+        observability::metrics,
+        observability::prometheus,
+        observability::alerts,
+        tokens::token_create,
+        tokens::token_verify,
     ),
     components(schemas(
         flotilla_api_types::instances::InstanceStatus,
         flotilla_api_types::instances::InstanceSort,
         flotilla_api_types::instances::ReviveMethod,
         flotilla_api_types::ErrorCode,
+        flotilla_api_types::metrics::MetricsPeriod,
+        flotilla_api_types::alerts::AlertLevel,
+        flotilla_api_types::alerts::AlertState,
     )),
     modifiers(&BearerAuth),
     security(("bearer" = [])),
@@ -51,6 +63,8 @@ use crate::error::Error;
         (name = "instances", description = "Browser instances"),
         (name = "nodes", description = "Machines running node agents"),
         (name = "health", description = "Service health"),
+        (name = "metrics", description = "Cluster metrics, Prometheus exposition and alerts"),
+        (name = "events", description = "Subscriber tokens for the event proxy"),
     )
 )]
 pub struct ApiDoc;
@@ -95,9 +109,21 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
         )
         .route("/v2/nodes", get(nodes::node_list))
         .route("/v2/nodes/{node_id}", get(nodes::node_get))
+        .route("/v2/metrics", get(observability::metrics))
+        .route("/metrics", get(observability::prometheus))
+        .route("/v2/alerts", get(observability::alerts))
+        .route("/v2/tokens", axum::routing::post(tokens::token_create))
+        .route(
+            "/v2/tokens/verify",
+            axum::routing::post(tokens::token_verify),
+        )
         .merge(SwaggerUi::new("/docs").url("/openapi.json", ApiDoc::openapi()))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            control_plane.clone(),
+            guard::guard,
+        ))
         .layer(TraceLayer::new_for_http())
         .with_state(control_plane)
 }

@@ -5,6 +5,7 @@ use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Connection, Row};
 
 use flotilla_api_types::agent::InstanceReport;
+use flotilla_api_types::events::EventName;
 use flotilla_api_types::ids::SnapshotId;
 use flotilla_api_types::instances::ReviveMethod;
 use flotilla_api_types::instances::{
@@ -142,6 +143,82 @@ impl Store {
         Ok(())
     }
 
+    /// The status and node of `id`, locked until the end of `tx`.
+    async fn lock_instance(
+        &self,
+        tx: &mut AnyConnection,
+        id: &InstanceId,
+    ) -> Result<Option<(InstanceStatus, NodeId)>, sqlx::Error> {
+        let sql = format!(
+            "SELECT status, node_id FROM instances WHERE id = $1{}",
+            self.for_update()
+        );
+        let Some(row) = sqlx::query(&sql)
+            .bind(id.as_str())
+            .fetch_optional(&mut *tx)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let status: String = row.try_get("status")?;
+        let status = status
+            .parse()
+            .map_err(|e: String| sqlx::Error::Decode(e.into()))?;
+        Ok(Some((
+            status,
+            NodeId::new(row.try_get::<String, _>("node_id")?),
+        )))
+    }
+
+    /// Appends an instance's lifecycle event to `tx`.
+    #[allow(clippy::too_many_arguments)]
+    async fn instance_event(
+        &self,
+        tx: &mut AnyConnection,
+        name: EventName,
+        id: &InstanceId,
+        node: &NodeId,
+        status: InstanceStatus,
+        reason: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<(), sqlx::Error> {
+        let mut data = serde_json::Map::new();
+        data.insert("instance_id".into(), id.as_str().into());
+        data.insert("status".into(), status.as_str().into());
+        data.insert("node_id".into(), node.as_str().into());
+        if let Some(reason) = reason {
+            data.insert("reason".into(), reason.into());
+        }
+        self.append_event(tx, name, id.as_str(), data, now).await
+    }
+
+    /// Moves `id` from one of `from` to `to` in `tx` with `update` (which binds
+    /// the instance id as `$1`) and appends the event the move announces.
+    /// `false` when the instance is not in one of `from`.
+    async fn transition_in<'q>(
+        &self,
+        tx: &mut AnyConnection,
+        id: &InstanceId,
+        from: &[InstanceStatus],
+        to: InstanceStatus,
+        reason: Option<&str>,
+        update: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>,
+        now: DateTime<Utc>,
+    ) -> Result<bool, sqlx::Error> {
+        let Some((current, node)) = self.lock_instance(tx, id).await? else {
+            return Ok(false);
+        };
+        if !from.contains(&current) {
+            return Ok(false);
+        }
+        update.execute(&mut *tx).await?;
+        if let Some(name) = EventName::for_transition(current, to) {
+            self.instance_event(tx, name, id, &node, to, reason, now)
+                .await?;
+        }
+        Ok(true)
+    }
+
     /// Loads every instance into the read model (at start).
     pub(super) async fn load_cache(&self) -> Result<(), sqlx::Error> {
         let Some(cache) = &self.cache else {
@@ -203,7 +280,18 @@ impl Store {
         .bind(now)
         .execute(&mut *tx)
         .await?;
+        self.instance_event(
+            &mut tx,
+            EventName::InstanceCreated,
+            &new.id,
+            &new.node_id,
+            InstanceStatus::Creating,
+            None,
+            new.created_at,
+        )
+        .await?;
         tx.commit().await?;
+        self.events_committed();
         self.refresh(&mut conn, &new.id).await?;
         Ok(true)
     }
@@ -296,8 +384,9 @@ impl Store {
         Ok((records, total))
     }
 
-    /// Moves an instance to `to` if it is in one of `from`; returns the updated
-    /// record, or `None` when it was not in such a state (or does not exist).
+    /// Moves an instance to `to` if it is in one of `from`, with the event the
+    /// move announces; returns the updated record, or `None` when it was not in
+    /// such a state (or does not exist).
     pub async fn instance_transition(
         &self,
         id: &InstanceId,
@@ -306,28 +395,15 @@ impl Store {
         reason: Option<&str>,
         now: DateTime<Utc>,
     ) -> Result<Option<InstanceRecord>, sqlx::Error> {
-        let from = status_strings(from);
-        let sql = format!(
-            "UPDATE instances SET status = $1, status_reason = $2, updated_at = $3 WHERE id = $4 AND status IN ({})",
-            placeholders(5, from.len())
-        );
-        let query = sqlx::query(&sql)
-            .bind(to.as_str())
-            .bind(reason.map(str::to_owned))
-            .bind(to_millis(now))
-            .bind(id.as_str());
-        let mut conn = self.writer.acquire().await?;
-        if bind_statuses(query, &from)
-            .execute(&mut *conn)
-            .await?
-            .rows_affected()
-            == 0
-        {
-            return Ok(None);
-        }
-        self.refresh(&mut conn, id).await?;
-        drop(conn);
-        self.instance_get(id).await
+        let update = sqlx::query(
+            "UPDATE instances SET status = $2, status_reason = $3, updated_at = $4 WHERE id = $1",
+        )
+        .bind(id.as_str())
+        .bind(to.as_str())
+        .bind(reason.map(str::to_owned))
+        .bind(to_millis(now));
+        self.commit_transition(id, from, to, reason, update, now)
+            .await
     }
 
     /// Records a successful park: `dormant` with its snapshot, from running or idle.
@@ -337,25 +413,23 @@ impl Store {
         snapshot: &SnapshotId,
         since: DateTime<Utc>,
     ) -> Result<Option<InstanceRecord>, sqlx::Error> {
-        let mut conn = self.writer.acquire().await?;
-        let done = sqlx::query(
-            "UPDATE instances SET status = $1, status_reason = NULL, snapshot_id = $2, dormant_since = $3, \
-             updated_at = $3, cpu_percent = 0, memory_mb = 0 WHERE id = $4 AND status IN ($5, $6)",
+        let update = sqlx::query(
+            "UPDATE instances SET status = $2, status_reason = NULL, snapshot_id = $3, dormant_since = $4, \
+             updated_at = $4, cpu_percent = 0, memory_mb = 0 WHERE id = $1",
         )
+        .bind(id.as_str())
         .bind(InstanceStatus::Dormant.as_str())
         .bind(snapshot.as_str())
-        .bind(to_millis(since))
-        .bind(id.as_str())
-        .bind(InstanceStatus::Running.as_str())
-        .bind(InstanceStatus::Idle.as_str())
-        .execute(&mut *conn)
-        .await?;
-        if done.rows_affected() == 0 {
-            return Ok(None);
-        }
-        self.refresh(&mut conn, id).await?;
-        drop(conn);
-        self.instance_get(id).await
+        .bind(to_millis(since));
+        self.commit_transition(
+            id,
+            &[InstanceStatus::Running, InstanceStatus::Idle],
+            InstanceStatus::Dormant,
+            None,
+            update,
+            since,
+        )
+        .await
     }
 
     /// Starts a revive: `reviving` with its method, from one of `from`.
@@ -367,27 +441,38 @@ impl Store {
         reason: Option<&str>,
         now: DateTime<Utc>,
     ) -> Result<Option<InstanceRecord>, sqlx::Error> {
-        let from = status_strings(from);
-        let sql = format!(
-            "UPDATE instances SET status = $1, status_reason = $2, revive_method = $3, updated_at = $4 \
-             WHERE id = $5 AND status IN ({})",
-            placeholders(6, from.len())
-        );
-        let query = sqlx::query(&sql)
-            .bind(InstanceStatus::Reviving.as_str())
-            .bind(reason.map(str::to_owned))
-            .bind(method.as_str())
-            .bind(to_millis(now))
-            .bind(id.as_str());
+        let update = sqlx::query(
+            "UPDATE instances SET status = $2, status_reason = $3, revive_method = $4, updated_at = $5 WHERE id = $1",
+        )
+        .bind(id.as_str())
+        .bind(InstanceStatus::Reviving.as_str())
+        .bind(reason.map(str::to_owned))
+        .bind(method.as_str())
+        .bind(to_millis(now));
+        self.commit_transition(id, from, InstanceStatus::Reviving, reason, update, now)
+            .await
+    }
+
+    /// [`Store::transition_in`] in its own transaction; the updated record.
+    async fn commit_transition<'q>(
+        &self,
+        id: &InstanceId,
+        from: &[InstanceStatus],
+        to: InstanceStatus,
+        reason: Option<&str>,
+        update: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>,
+        now: DateTime<Utc>,
+    ) -> Result<Option<InstanceRecord>, sqlx::Error> {
         let mut conn = self.writer.acquire().await?;
-        if bind_statuses(query, &from)
-            .execute(&mut *conn)
+        let mut tx = conn.begin().await?;
+        if !self
+            .transition_in(&mut tx, id, from, to, reason, update, now)
             .await?
-            .rows_affected()
-            == 0
         {
             return Ok(None);
         }
+        tx.commit().await?;
+        self.events_committed();
         self.refresh(&mut conn, id).await?;
         drop(conn);
         self.instance_get(id).await
@@ -424,17 +509,38 @@ impl Store {
             .collect()
     }
 
-    /// Removes the record. `false` if there was none.
-    pub async fn instance_delete(&self, id: &InstanceId) -> Result<bool, sqlx::Error> {
+    /// Removes the record, with an `instance.deleted` event carrying its last
+    /// status. `false` if there was none.
+    pub async fn instance_delete(
+        &self,
+        id: &InstanceId,
+        now: DateTime<Utc>,
+    ) -> Result<bool, sqlx::Error> {
         let mut conn = self.writer.acquire().await?;
-        let done = sqlx::query("DELETE FROM instances WHERE id = $1")
+        let mut tx = conn.begin().await?;
+        let Some((status, node)) = self.lock_instance(&mut tx, id).await? else {
+            return Ok(false);
+        };
+        sqlx::query("DELETE FROM instances WHERE id = $1")
             .bind(id.as_str())
-            .execute(&mut *conn)
+            .execute(&mut *tx)
             .await?;
+        self.instance_event(
+            &mut tx,
+            EventName::InstanceDeleted,
+            id,
+            &node,
+            status,
+            None,
+            now,
+        )
+        .await?;
+        tx.commit().await?;
+        self.events_committed();
         if let Some(cache) = &self.cache {
             cache.remove(id);
         }
-        Ok(done.rows_affected() == 1)
+        Ok(true)
     }
 
     /// Stores the resource samples and activity a node reported.

@@ -13,11 +13,18 @@
 //! records ([`cache`]); with PostgreSQL, shared by several control planes, every
 //! read goes to the database.
 
+mod alerts;
 mod cache;
+mod events;
 mod instances;
+mod metrics;
 mod nodes;
+mod settings;
 
+pub use alerts::{AlertRecord, NewAlert};
+pub use events::{Delivery, EventRoute};
 pub use instances::{InstanceFilter, InstanceRecord, NewInstance};
+pub use metrics::MetricSample;
 pub use nodes::NodeRecord;
 
 use std::str::FromStr;
@@ -47,6 +54,8 @@ pub struct Store {
     backend: Backend,
     /// The read model of instances (SQLite only; see [`cache`]).
     cache: Option<Arc<cache::InstanceCache>>,
+    /// Event routes and the dispatcher's wake-up (see [`events`]).
+    outbox: Arc<events::Outbox>,
 }
 
 impl Store {
@@ -113,6 +122,7 @@ impl Store {
             writer,
             backend,
             cache,
+            outbox: Arc::default(),
         };
         store
             .load_cache()

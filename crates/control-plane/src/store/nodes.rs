@@ -6,6 +6,7 @@ use sqlx::any::AnyRow;
 
 use flotilla_api_types::NodeId;
 use flotilla_api_types::agent::NodeRegistration;
+use flotilla_api_types::events::EventName;
 use flotilla_api_types::nodes::{Capabilities, NodeStatus, ResourceUsage};
 
 use super::{Store, from_millis, to_millis};
@@ -68,6 +69,16 @@ fn decode(row: &AnyRow) -> Result<NodeRecord, sqlx::Error> {
     })
 }
 
+fn node_event_data(
+    node: &NodeId,
+    status: NodeStatus,
+) -> serde_json::Map<String, serde_json::Value> {
+    let mut data = serde_json::Map::new();
+    data.insert("node_id".into(), node.as_str().into());
+    data.insert("status".into(), status.as_str().into());
+    data
+}
+
 impl Store {
     /// Creates or refreshes a node from its registration; it is `online` now.
     pub async fn node_upsert(
@@ -80,6 +91,25 @@ impl Store {
         let warnings =
             serde_json::to_string(&registration.warnings).expect("a list of strings serialises");
         let mut tx = self.write_tx().await?;
+        let previous: Option<String> = sqlx::query(&format!(
+            "SELECT status FROM nodes WHERE id = $1{}",
+            self.for_update()
+        ))
+        .bind(registration.node_id.as_str())
+        .fetch_optional(&mut *tx)
+        .await?
+        .map(|row| row.try_get("status"))
+        .transpose()?;
+        if previous.as_deref() != Some(NodeStatus::Online.as_str()) {
+            self.append_event(
+                &mut tx,
+                EventName::NodeOnline,
+                registration.node_id.as_str(),
+                node_event_data(&registration.node_id, NodeStatus::Online),
+                now,
+            )
+            .await?;
+        }
         let updated = sqlx::query(
             "UPDATE nodes SET address = $1, public_host = $2, status = $3, max_instances = $4, cpu_cores = $5, \
              memory_gb = $6, disk_gb = $7, images = $8, cpu_percent = $9, memory_percent = $10, disk_percent = $11, \
@@ -126,7 +156,9 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         }
-        tx.commit().await
+        tx.commit().await?;
+        self.events_committed();
+        Ok(())
     }
 
     /// Records a heartbeat. Returns the node's previous status, or `None` when
@@ -141,6 +173,10 @@ impl Store {
         let Some(previous) = self.node_get(node).await? else {
             return Ok(None);
         };
+        if previous.status == NodeStatus::Offline {
+            // It comes back through registration, which reconciles its instances.
+            return Ok(Some(previous.status));
+        }
         sqlx::query(
             "UPDATE nodes SET status = $1, cpu_percent = $2, memory_percent = $3, disk_percent = $4, last_heartbeat = $5, \
              load_cpu_percent = $7, load_memory_percent = $8 WHERE id = $6",
@@ -182,6 +218,7 @@ impl Store {
     pub async fn node_mark_stale_offline(
         &self,
         cutoff: DateTime<Utc>,
+        now: DateTime<Utc>,
     ) -> Result<Vec<NodeId>, sqlx::Error> {
         let mut tx = self.write_tx().await?;
         let stale: Vec<NodeId> = sqlx::query(&format!(
@@ -201,8 +238,17 @@ impl Store {
                 .bind(node.as_str())
                 .execute(&mut *tx)
                 .await?;
+            self.append_event(
+                &mut tx,
+                EventName::NodeOffline,
+                node.as_str(),
+                node_event_data(node, NodeStatus::Offline),
+                now,
+            )
+            .await?;
         }
         tx.commit().await?;
+        self.events_committed();
         Ok(stale)
     }
 }

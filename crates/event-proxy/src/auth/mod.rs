@@ -13,8 +13,8 @@
 //!
 //! Concurrent misses for one key make one webhook call; calls are limited to
 //! `rate_limit_per_sec`. A grant whose token carries a `permissions` claim
-//! without `<topic>:read` (or `*:read`; `:write` for publishing) is refused
-//! with 403.
+//! without `<topic>:read` (or `*:read`, or `<prefix>.*:read` for the topics
+//! under `<prefix>.`; `:write` for publishing) is refused with 403.
 
 pub mod breaker;
 pub mod cache;
@@ -30,6 +30,7 @@ use futures_util::future::{BoxFuture, Shared};
 use serde::{Deserialize, Serialize};
 
 use flotilla_api_types::clock::Clock;
+use flotilla_api_types::tokens::permission_grants;
 
 use crate::config::JwtVerifierConfig;
 use crate::metrics::Metrics;
@@ -230,9 +231,10 @@ impl Authenticator {
                     return Decision::Unauthenticated;
                 }
                 if let Some(permissions) = &grant.permissions {
-                    let wanted = format!("{topic_name}:{}", action.suffix());
-                    let any = format!("*:{}", action.suffix());
-                    if !permissions.iter().any(|p| *p == wanted || *p == any) {
+                    if !permissions
+                        .iter()
+                        .any(|p| permission_grants(p, topic_name, action.suffix()))
+                    {
                         return Decision::Forbidden;
                     }
                 }

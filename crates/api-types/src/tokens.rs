@@ -1,0 +1,98 @@
+//! Subscriber tokens for the event proxy: `POST /v2/tokens` issues them, and
+//! `POST /v2/tokens/verify` is the verification webhook the proxy calls
+//! (`spec/event-proxy.md`: `{jwt, topic}` → `{valid, user_id, expires_at}`).
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Body of `POST /v2/tokens` (all optional).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TokenRequest {
+    /// Topics the token may read: `instances`, `instances.<id>`, or
+    /// `instances.*` (every instance). Default: `instances` and `instances.*`.
+    pub topics: Option<Vec<String>>,
+    /// Lifetime in seconds, 1..=86400 (default 3600).
+    pub ttl_sec: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TokenResponse {
+    /// A JWT (HS256) to present to the event proxy as `Authorization: Bearer`.
+    pub token: String,
+    /// Unix time (seconds) after which the token is refused.
+    pub expires_at: i64,
+    /// The topics it may read.
+    pub topics: Vec<String>,
+}
+
+/// What the event proxy sends to its verification webhook.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct VerifyRequest {
+    pub jwt: String,
+    /// The topic's UUID as 32 hex characters.
+    pub topic: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct VerifyResponse {
+    pub valid: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<i64>,
+    /// `forbidden` when the token is valid but not for this topic.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// The namespace of topic UUIDs: UUIDv5 of "flotilla.topics" in the URL namespace.
+pub fn topic_namespace() -> uuid::Uuid {
+    uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_URL, b"flotilla.topics")
+}
+
+/// A topic's 128-bit id as the verification webhook receives it: 32 hex characters.
+pub fn topic_uuid_hex(name: &str) -> String {
+    uuid::Uuid::new_v5(&topic_namespace(), name.as_bytes())
+        .simple()
+        .to_string()
+}
+
+/// Whether a `permissions` entry (`<topic>:<action>`, `*:<action>`, or
+/// `<prefix>.*:<action>` for every topic under `<prefix>.`) grants `action` on `topic`.
+pub fn permission_grants(permission: &str, topic: &str, action: &str) -> bool {
+    let Some(pattern) = permission
+        .strip_suffix(action)
+        .and_then(|p| p.strip_suffix(':'))
+    else {
+        return false;
+    };
+    match pattern.strip_suffix('*') {
+        Some("") => true,
+        Some(prefix) if prefix.ends_with('.') => {
+            topic.len() > prefix.len() && topic.starts_with(prefix)
+        }
+        _ => pattern == topic,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permissions_match_exact_any_and_prefix() {
+        assert!(permission_grants("news:read", "news", "read"));
+        assert!(!permission_grants("news:read", "news", "write"));
+        assert!(!permission_grants("news:read", "news.x", "read"));
+        assert!(permission_grants("*:read", "anything", "read"));
+        assert!(permission_grants(
+            "instances.*:read",
+            "instances.abc",
+            "read"
+        ));
+        assert!(!permission_grants("instances.*:read", "instances", "read"));
+        assert!(!permission_grants("instances.*:read", "instancesX", "read"));
+        assert!(!permission_grants("instances*:read", "instancesX", "read"));
+    }
+}

@@ -1,0 +1,285 @@
+//! The middleware in front of every route: authentication (spec:
+//! Authentication; DESIGN.md: keys hashed, compared in constant time, `/health`
+//! always open), rate limiting with its `X-RateLimit-*` headers, and request
+//! latency for `GET /metrics`.
+//!
+//! Open paths: `/health`, `/docs` and `/openapi.json`, the proxy's
+//! verification webhook `/v2/tokens/verify` (the token it carries is the
+//! credential), and `/metrics` unless `metrics_require_auth`. The rate limit
+//! applies to every path, per API key (or per client address when the request
+//! carries no valid key): a token bucket of `requests_per_minute` that refills
+//! continuously.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use axum::extract::{ConnectInfo, MatchedPath, Request, State};
+use axum::http::{HeaderMap, HeaderValue};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
+
+use crate::app::ControlPlane;
+use crate::config::ControlPlaneConfig;
+use crate::error::Error;
+
+/// Who made a request: `key:<first 12 hex of its hash>`, or `anonymous`.
+#[derive(Debug, Clone)]
+pub struct Principal(pub String);
+
+/// Accepted API keys (SHA-256) and the rate limiter.
+pub struct Guard {
+    auth_enabled: bool,
+    metrics_require_auth: bool,
+    key_hashes: Vec<[u8; 32]>,
+    limiter: Option<RateLimiter>,
+}
+
+/// `sha256:<hex>` as configured, or a raw key (hashed here, with a warning).
+fn key_hash(entry: &str) -> Result<[u8; 32], String> {
+    match entry.strip_prefix("sha256:") {
+        Some(hex_digest) => {
+            let bytes = hex::decode(hex_digest)
+                .map_err(|e| format!("api_keys: {entry:?} is not sha256:<64 hex>: {e}"))?;
+            bytes
+                .try_into()
+                .map_err(|_| format!("api_keys: {entry:?} is not sha256:<64 hex>"))
+        }
+        None => {
+            tracing::warn!(
+                "api_keys holds a raw key; store its hash instead (`flotilla keys create` prints the line)"
+            );
+            Ok(Sha256::digest(entry.as_bytes()).into())
+        }
+    }
+}
+
+fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Checks the `api_keys` entries (for configuration validation).
+pub fn check_api_keys(keys: &[String]) -> Result<(), String> {
+    keys.iter().try_for_each(|k| key_hash(k).map(drop))
+}
+
+impl Guard {
+    /// From a validated configuration (an entry that is not a key is skipped).
+    pub fn new(config: &ControlPlaneConfig) -> Self {
+        Self {
+            auth_enabled: config.auth_enabled,
+            metrics_require_auth: config.metrics_require_auth,
+            key_hashes: config
+                .api_keys
+                .iter()
+                .filter_map(|k| key_hash(k).ok())
+                .collect(),
+            limiter: config
+                .rate_limit
+                .enabled
+                .then(|| RateLimiter::new(config.rate_limit.requests_per_minute)),
+        }
+    }
+
+    fn is_open(&self, path: &str) -> bool {
+        path == "/health"
+            || path == "/v2/tokens/verify"
+            || path == "/openapi.json"
+            || path == "/docs"
+            || path.starts_with("/docs/")
+            || (path == "/metrics" && !self.metrics_require_auth)
+    }
+
+    /// The key's id when the request carries an accepted key. Every accepted
+    /// key is compared, so the time does not say which one matched.
+    fn principal(&self, headers: &HeaderMap) -> Option<Principal> {
+        let presented = headers
+            .get(axum::http::header::AUTHORIZATION)?
+            .to_str()
+            .ok()?
+            .strip_prefix("Bearer ")?
+            .trim();
+        let hash: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+        let matched = self
+            .key_hashes
+            .iter()
+            .fold(false, |found, key| found | constant_time_eq(key, &hash));
+        matched.then(|| Principal(format!("key:{}", &hex::encode(hash)[..12])))
+    }
+}
+
+/// The middleware.
+pub async fn guard(
+    State(control_plane): State<Arc<ControlPlane>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let started = Instant::now();
+    let guard = &control_plane.guard;
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |p| p.as_str())
+        .to_owned();
+    let method = request.method().as_str().to_owned();
+    let client = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map_or(IpAddr::from([127, 0, 0, 1]), |c| c.0.ip());
+    let principal = guard.principal(request.headers());
+    let limit_key = match &principal {
+        Some(p) => p.0.clone(),
+        None => format!("ip:{client}"),
+    };
+    let quota = guard
+        .limiter
+        .as_ref()
+        .map(|limiter| limiter.take(&limit_key, control_plane.now().timestamp()));
+    let path = request.uri().path().to_owned();
+    let mut response = match (&quota, &principal) {
+        (Some(Err(refused)), _) => Error::RateLimited {
+            detail: format!(
+                "rate limit of {} requests per minute exceeded; retry in {} s",
+                refused.limit, refused.retry_after_sec
+            ),
+            retry_after_sec: refused.retry_after_sec,
+        }
+        .into_response(),
+        (_, None) if guard.auth_enabled && !guard.is_open(&path) => {
+            let detail = if request
+                .headers()
+                .contains_key(axum::http::header::AUTHORIZATION)
+            {
+                "invalid API key"
+            } else {
+                "missing API key: send Authorization: Bearer <API_KEY>"
+            };
+            Error::Unauthorized(detail.into()).into_response()
+        }
+        _ => {
+            request
+                .extensions_mut()
+                .insert(principal.unwrap_or_else(|| Principal("anonymous".into())));
+            next.run(request).await
+        }
+    };
+    if let Some(quota) = quota {
+        let state = match quota {
+            Ok(state) | Err(state) => state,
+        };
+        let headers = response.headers_mut();
+        headers.insert("x-ratelimit-limit", HeaderValue::from(state.limit));
+        headers.insert("x-ratelimit-remaining", HeaderValue::from(state.remaining));
+        headers.insert("x-ratelimit-reset", HeaderValue::from(state.reset_unix));
+    }
+    control_plane.telemetry.observe_request(
+        &method,
+        &route,
+        response.status().as_u16(),
+        started.elapsed(),
+    );
+    response
+}
+
+/// What the limiter says about one request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Quota {
+    pub limit: u32,
+    pub remaining: u32,
+    /// Unix time at which the bucket is full again.
+    pub reset_unix: i64,
+    /// Seconds until one more request is allowed (refusals only).
+    pub retry_after_sec: u64,
+}
+
+/// Token buckets per key: `per_minute` requests of burst, refilled at
+/// `per_minute / 60` per second.
+pub struct RateLimiter {
+    per_minute: u32,
+    buckets: Mutex<HashMap<String, Bucket>>,
+}
+
+struct Bucket {
+    tokens: f64,
+    updated: Instant,
+}
+
+/// Buckets kept before full ones are swept.
+const SWEEP_AT: usize = 10_000;
+
+impl RateLimiter {
+    pub fn new(per_minute: u32) -> Self {
+        Self {
+            per_minute,
+            buckets: Mutex::default(),
+        }
+    }
+
+    /// Takes one request for `key` at Unix time `now_unix`.
+    pub fn take(&self, key: &str, now_unix: i64) -> Result<Quota, Quota> {
+        let capacity = f64::from(self.per_minute);
+        let per_sec = capacity / 60.0;
+        let now = Instant::now();
+        let mut buckets = self.buckets.lock().expect("rate limiter lock");
+        if buckets.len() >= SWEEP_AT {
+            buckets.retain(|_, b| {
+                b.tokens + now.duration_since(b.updated).as_secs_f64() * per_sec < capacity
+            });
+        }
+        let bucket = buckets.entry(key.to_owned()).or_insert(Bucket {
+            tokens: capacity,
+            updated: now,
+        });
+        bucket.tokens = (bucket.tokens
+            + now.duration_since(bucket.updated).as_secs_f64() * per_sec)
+            .min(capacity);
+        bucket.updated = now;
+        let allowed = bucket.tokens >= 1.0;
+        if allowed {
+            bucket.tokens -= 1.0;
+        }
+        let quota = Quota {
+            limit: self.per_minute,
+            remaining: bucket.tokens.floor() as u32,
+            reset_unix: now_unix + ((capacity - bucket.tokens) / per_sec).ceil() as i64,
+            retry_after_sec: if allowed {
+                0
+            } else {
+                ((1.0 - bucket.tokens) / per_sec).ceil().max(1.0) as u64
+            },
+        };
+        if allowed { Ok(quota) } else { Err(quota) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_allow_a_burst_then_refuse() {
+        let limiter = RateLimiter::new(3);
+        for remaining in [2, 1, 0] {
+            let quota = limiter.take("a", 1000).unwrap();
+            assert_eq!(quota.remaining, remaining);
+            assert_eq!(quota.limit, 3);
+        }
+        let refused = limiter.take("a", 1000).unwrap_err();
+        assert_eq!(refused.remaining, 0);
+        assert!(refused.retry_after_sec >= 19, "{refused:?}");
+        assert!(refused.reset_unix > 1000 + 50, "{refused:?}");
+        assert!(limiter.take("b", 1000).is_ok(), "keys are independent");
+    }
+
+    #[test]
+    fn keys_are_hashed_and_compared_whole() {
+        let hash = key_hash("secret").unwrap();
+        let configured = format!("sha256:{}", hex::encode(hash));
+        assert_eq!(key_hash(&configured).unwrap(), hash);
+        assert!(key_hash("sha256:zz").is_err());
+        assert!(constant_time_eq(&hash, &hash));
+        assert!(!constant_time_eq(&hash, &key_hash("secreT").unwrap()));
+    }
+}

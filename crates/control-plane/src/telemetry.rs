@@ -1,0 +1,187 @@
+//! The control plane's own measurements, rendered with the store's gauges at
+//! `GET /metrics` (Prometheus text format): `service_instances_total{status}`
+//! and `service_node_cpu_percent{node}` (spec), HTTP request latency per route,
+//! create/dormant/revive durations, webhook deliveries and failures, and the
+//! outbox depth.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use flotilla_api_types::prometheus::{Counter, Histogram, OPERATION_BOUNDS, escape_label, header};
+
+/// Latency of one route (method and matched path) and status class.
+type RouteKey = (String, String, &'static str);
+
+#[derive(Default)]
+pub struct Telemetry {
+    http: Mutex<BTreeMap<RouteKey, std::sync::Arc<Histogram>>>,
+    pub create_duration: OperationHistogram,
+    pub dormant_duration: OperationHistogram,
+    pub revive_duration: OperationHistogram,
+    /// Per target: deliveries that reached it.
+    deliveries: Mutex<BTreeMap<String, std::sync::Arc<DeliveryCounters>>>,
+    /// Time to sign one webhook body.
+    pub signing: Histogram,
+}
+
+/// Launch-to-running durations.
+pub struct OperationHistogram(pub Histogram);
+
+impl Default for OperationHistogram {
+    fn default() -> Self {
+        Self(Histogram::with_bounds(OPERATION_BOUNDS))
+    }
+}
+
+#[derive(Default)]
+pub struct DeliveryCounters {
+    pub delivered: Counter,
+    pub failed_attempts: Counter,
+    pub dropped: Counter,
+}
+
+/// Values read from the store at scrape time.
+pub struct Gauges {
+    pub instances_by_status: Vec<(String, i64)>,
+    pub node_cpu: Vec<(String, f64)>,
+    pub outbox_depth: i64,
+}
+
+/// 2xx, 4xx, 5xx …
+fn status_class(status: u16) -> &'static str {
+    match status {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}
+
+impl Telemetry {
+    pub fn observe_request(&self, method: &str, route: &str, status: u16, took: Duration) {
+        let key = (method.to_owned(), route.to_owned(), status_class(status));
+        let histogram = self
+            .http
+            .lock()
+            .expect("telemetry lock")
+            .entry(key)
+            .or_default()
+            .clone();
+        histogram.observe(took);
+    }
+
+    /// The delivery counters of `target` (a webhook URL or `proxy`).
+    pub fn deliveries(&self, target: &str) -> std::sync::Arc<DeliveryCounters> {
+        self.deliveries
+            .lock()
+            .expect("telemetry lock")
+            .entry(target.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    pub fn render(&self, gauges: &Gauges) -> String {
+        let mut out = String::with_capacity(8192);
+        header(
+            &mut out,
+            "service_instances_total",
+            "Instances per status.",
+            "gauge",
+        );
+        for (status, count) in &gauges.instances_by_status {
+            let _ = writeln!(
+                out,
+                "service_instances_total{{status=\"{}\"}} {count}",
+                escape_label(status)
+            );
+        }
+        header(
+            &mut out,
+            "service_node_cpu_percent",
+            "CPU use of each node, percent.",
+            "gauge",
+        );
+        for (node, cpu) in &gauges.node_cpu {
+            let _ = writeln!(
+                out,
+                "service_node_cpu_percent{{node=\"{}\"}} {cpu}",
+                escape_label(node)
+            );
+        }
+        header(
+            &mut out,
+            "service_outbox_depth",
+            "Event deliveries waiting in the outbox (all targets).",
+            "gauge",
+        );
+        let _ = writeln!(out, "service_outbox_depth {}", gauges.outbox_depth);
+
+        header(
+            &mut out,
+            "service_http_request_duration_seconds",
+            "HTTP request latency by method, route and status class.",
+            "histogram",
+        );
+        for ((method, route, class), histogram) in self.http.lock().expect("telemetry lock").iter()
+        {
+            let labels = format!(
+                "method=\"{}\",route=\"{}\",status=\"{class}\"",
+                escape_label(method),
+                escape_label(route)
+            );
+            histogram.render_series("service_http_request_duration_seconds", &labels, &mut out);
+        }
+        self.create_duration.0.render(
+            "service_instance_create_duration_seconds",
+            "From create request to running.",
+            &mut out,
+        );
+        self.dormant_duration.0.render(
+            "service_instance_dormant_duration_seconds",
+            "Duration of parks (snapshot and stop).",
+            &mut out,
+        );
+        self.revive_duration.0.render(
+            "service_instance_revive_duration_seconds",
+            "From revive request to running.",
+            &mut out,
+        );
+        self.signing.render(
+            "service_webhook_signing_duration_seconds",
+            "Time to sign one webhook body.",
+            &mut out,
+        );
+        let deliveries = self.deliveries.lock().expect("telemetry lock");
+        for (name, help, value) in [
+            (
+                "service_webhook_deliveries_total",
+                "Events delivered, per target.",
+                (|c: &DeliveryCounters| c.delivered.get()) as fn(&DeliveryCounters) -> u64,
+            ),
+            (
+                "service_webhook_failures_total",
+                "Failed delivery attempts (each is retried), per target.",
+                |c| c.failed_attempts.get(),
+            ),
+            (
+                "service_webhook_dropped_total",
+                "Events given up after webhook_delivery.give_up_after_hours, per target.",
+                |c| c.dropped.get(),
+            ),
+        ] {
+            header(&mut out, name, help, "counter");
+            for (target, counters) in deliveries.iter() {
+                let _ = writeln!(
+                    out,
+                    "{name}{{target=\"{}\"}} {}",
+                    escape_label(target),
+                    value(counters)
+                );
+            }
+        }
+        out
+    }
+}
