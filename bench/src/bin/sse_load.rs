@@ -181,15 +181,15 @@ async fn subscriber(
                 let now = unix_nanos();
                 let text = String::from_utf8_lossy(data);
                 let mut parts = text.split(' ');
-                if let (Some(seq), Some(sent)) = (parts.next(), parts.next()) {
-                    if let (Ok(seq), Ok(sent)) = (
+                if let (Some(seq), Some(sent)) = (parts.next(), parts.next())
+                    && let (Ok(seq), Ok(sent)) = (
                         seq.trim_matches('"').parse::<u64>(),
                         sent.trim_matches('"').parse::<u128>(),
-                    ) {
-                        let latency = (now.saturating_sub(sent) / 1000) as u64;
-                        latencies.push((seq, latency));
-                        received += 1;
-                    }
+                    )
+                {
+                    let latency = (now.saturating_sub(sent) / 1000) as u64;
+                    latencies.push((seq, latency));
+                    received += 1;
                 }
             }
         }

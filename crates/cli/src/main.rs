@@ -33,6 +33,16 @@ enum Command {
     Serve(ServeArgs),
     /// The event-streaming proxy alone (server-sent events, JWT webhook).
     Proxy(ProxyArgs),
+    /// API keys for `auth_enabled = true`.
+    #[command(subcommand)]
+    Keys(KeysCommand),
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Prints a new random API key, and the `api_keys` entry (its SHA-256) to
+    /// put in the configuration file. The key itself is shown once and stored nowhere.
+    Create,
 }
 
 #[derive(Args)]
@@ -93,6 +103,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let config = FlotillaConfig::load(args.config.as_deref(), &overrides)?;
             runtime(0)?.block_on(serve(config))
         }
+        Command::Keys(KeysCommand::Create) => {
+            let key = format!("flt_{}", hex_encode(&rand_bytes()));
+            println!("API key (give it to the client; it is not stored): {key}");
+            println!("Add to the configuration file:");
+            println!("api_keys = [\"{}\"]", api_key_entry(&key));
+            Ok(())
+        }
         Command::Proxy(args) => {
             let mut overrides = Vec::new();
             push(&mut overrides, "http.bind_address", args.listen);
@@ -101,6 +118,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             runtime(config.proxy.http.thread_pool_size)?.block_on(proxy(config))
         }
     }
+}
+
+fn rand_bytes() -> [u8; 32] {
+    rand::random()
+}
+
+fn hex_encode(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The configuration entry of `key`: `sha256:<hex>`.
+fn api_key_entry(key: &str) -> String {
+    use sha2::Digest as _;
+    format!(
+        "sha256:{}",
+        hex_encode(&sha2::Sha256::digest(key.as_bytes()))
+    )
 }
 
 fn push(

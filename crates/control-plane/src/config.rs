@@ -245,9 +245,9 @@ impl ControlPlaneConfig {
             }
         }
         let delivery = &self.webhook_delivery;
-        if !(delivery.timeout_sec > 0.0)
-            || !(delivery.max_backoff_sec >= 1.0)
-            || !(delivery.give_up_after_hours > 0.0)
+        if !above(delivery.timeout_sec, 0.0)
+            || !at_least(delivery.max_backoff_sec, 1.0)
+            || !above(delivery.give_up_after_hours, 0.0)
         {
             return Err("webhook_delivery: timeout_sec > 0, max_backoff_sec >= 1 and give_up_after_hours > 0 are required".into());
         }
@@ -273,7 +273,9 @@ impl ControlPlaneConfig {
                 ));
             }
         }
-        if !(self.metrics.sample_interval_sec >= 1.0) || !(self.metrics.retention_days > 0.0) {
+        if !at_least(self.metrics.sample_interval_sec, 1.0)
+            || !above(self.metrics.retention_days, 0.0)
+        {
             return Err(
                 "metrics.sample_interval_sec must be >= 1 and metrics.retention_days > 0".into(),
             );
@@ -295,4 +297,14 @@ impl ControlPlaneConfig {
         }
         Ok(())
     }
+}
+
+/// `value > min` (false for NaN).
+fn above(value: f64, min: f64) -> bool {
+    value > min
+}
+
+/// `value >= min` (false for NaN).
+fn at_least(value: f64, min: f64) -> bool {
+    value >= min
 }

@@ -164,7 +164,7 @@ pub struct TestServe {
     serve: Option<Serve>,
     pub api: Api,
     pub data_dir: PathBuf,
-    _temp: tempfile::TempDir,
+    _temp: Option<tempfile::TempDir>,
 }
 
 /// `serve` with real Chromium and test-friendly timings.
@@ -187,14 +187,37 @@ pub async fn spawn_serve_with_clock(
     adjust: impl FnOnce(&mut FlotillaConfig),
     clock: std::sync::Arc<dyn flotilla_api_types::clock::Clock>,
 ) -> TestServe {
-    init_logging();
     let temp = tempfile::Builder::new()
         .prefix("flotilla-test-")
         .tempdir()
         .expect("temp dir");
+    let mut serve = start_serve_in(temp.path(), adjust, clock).await;
+    serve._temp = Some(temp);
+    serve
+}
+
+/// `serve` on `data_dir`, which outlives it: to restart on the same store.
+pub async fn spawn_serve_in(
+    data_dir: &Path,
+    adjust: impl FnOnce(&mut FlotillaConfig),
+) -> TestServe {
+    start_serve_in(
+        data_dir,
+        adjust,
+        std::sync::Arc::new(flotilla_api_types::clock::SystemClock),
+    )
+    .await
+}
+
+async fn start_serve_in(
+    data_dir: &Path,
+    adjust: impl FnOnce(&mut FlotillaConfig),
+    clock: std::sync::Arc<dyn flotilla_api_types::clock::Clock>,
+) -> TestServe {
+    init_logging();
     let mut config = FlotillaConfig {
         listen: "127.0.0.1:0".into(),
-        data_dir: temp.path().to_path_buf(),
+        data_dir: data_dir.to_path_buf(),
         ..FlotillaConfig::default()
     };
     config.proxy.http.bind_address = "127.0.0.1:0".into();
@@ -214,8 +237,8 @@ pub async fn spawn_serve_with_clock(
     TestServe {
         serve: Some(serve),
         api,
-        data_dir: temp.path().to_path_buf(),
-        _temp: temp,
+        data_dir: data_dir.to_path_buf(),
+        _temp: None,
     }
 }
 
@@ -850,4 +873,140 @@ pub async fn spawn_proxy(
     flotilla_event_proxy::Proxy::start(config)
         .await
         .expect("proxy starts")
+}
+
+/// One webhook call an [`EventReceiver`] accepted.
+#[derive(Debug, Clone)]
+pub struct ReceivedEvent {
+    /// `webhook-id`.
+    pub id: String,
+    pub payload: Value,
+}
+
+/// A receiver of the control plane's webhooks (the far side, an operator's
+/// endpoint): a real HTTP server that checks each call's Standard Webhooks
+/// signature with its own HMAC-SHA256, records accepted events in arrival
+/// order, and can be switched down (it then answers 503 and records nothing).
+pub struct EventReceiver {
+    pub url: String,
+    received: std::sync::Arc<std::sync::Mutex<Vec<ReceivedEvent>>>,
+    up: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    bad_signatures: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    refused: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+/// Standard Webhooks: `whsec_<base64>` secrets are decoded, others used as bytes.
+fn webhook_key(secret: &str) -> Vec<u8> {
+    use base64::Engine;
+    secret
+        .strip_prefix("whsec_")
+        .and_then(|s| base64::engine::general_purpose::STANDARD.decode(s).ok())
+        .unwrap_or_else(|| secret.as_bytes().to_vec())
+}
+
+fn signature_is_valid(key: &[u8], headers: &axum::http::HeaderMap, body: &[u8]) -> bool {
+    use base64::Engine;
+    use hmac::Mac;
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let (Some(id), Some(timestamp), Some(signatures)) = (
+        header("webhook-id"),
+        header("webhook-timestamp"),
+        header("webhook-signature"),
+    ) else {
+        return false;
+    };
+    let Ok(sent_at) = timestamp.parse::<i64>() else {
+        return false;
+    };
+    if (chrono_like_now() - sent_at).abs() > 300 {
+        return false;
+    }
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(key).expect("any key");
+    mac.update(format!("{id}.{timestamp}.").as_bytes());
+    mac.update(body);
+    let expected = base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
+    signatures
+        .split(' ')
+        .any(|s| s.strip_prefix("v1,") == Some(expected.as_str()))
+}
+
+impl EventReceiver {
+    pub async fn start(secret: &str) -> Self {
+        let key = webhook_key(secret);
+        let received: std::sync::Arc<std::sync::Mutex<Vec<ReceivedEvent>>> = Default::default();
+        let up = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let bad_signatures = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let refused = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (r, u, b, f) = (
+            received.clone(),
+            up.clone(),
+            bad_signatures.clone(),
+            refused.clone(),
+        );
+        let router = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(
+                move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                    let (received, up, bad, refused, key) =
+                        (r.clone(), u.clone(), b.clone(), f.clone(), key.clone());
+                    async move {
+                        use std::sync::atomic::Ordering;
+                        if !up.load(Ordering::SeqCst) {
+                            refused.fetch_add(1, Ordering::SeqCst);
+                            return axum::http::StatusCode::SERVICE_UNAVAILABLE;
+                        }
+                        if !signature_is_valid(&key, &headers, &body) {
+                            bad.fetch_add(1, Ordering::SeqCst);
+                            return axum::http::StatusCode::UNAUTHORIZED;
+                        }
+                        let Ok(payload) = serde_json::from_slice::<Value>(&body) else {
+                            return axum::http::StatusCode::BAD_REQUEST;
+                        };
+                        let id = headers["webhook-id"]
+                            .to_str()
+                            .unwrap_or_default()
+                            .to_owned();
+                        received.lock().unwrap().push(ReceivedEvent { id, payload });
+                        axum::http::StatusCode::NO_CONTENT
+                    }
+                },
+            ),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind receiver");
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        Self {
+            url,
+            received,
+            up,
+            bad_signatures,
+            refused,
+            _task: task,
+        }
+    }
+
+    /// Down: every call gets 503. Up: calls are checked and recorded.
+    pub fn set_up(&self, up: bool) {
+        self.up.store(up, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Accepted events, in arrival order.
+    pub fn events(&self) -> Vec<ReceivedEvent> {
+        self.received.lock().unwrap().clone()
+    }
+
+    pub fn bad_signatures(&self) -> usize {
+        self.bad_signatures
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Calls answered 503 while down.
+    pub fn refused(&self) -> usize {
+        self.refused.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }

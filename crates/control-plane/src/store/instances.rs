@@ -192,33 +192,6 @@ impl Store {
         self.append_event(tx, name, id.as_str(), data, now).await
     }
 
-    /// Moves `id` from one of `from` to `to` in `tx` with `update` (which binds
-    /// the instance id as `$1`) and appends the event the move announces.
-    /// `false` when the instance is not in one of `from`.
-    async fn transition_in<'q>(
-        &self,
-        tx: &mut AnyConnection,
-        id: &InstanceId,
-        from: &[InstanceStatus],
-        to: InstanceStatus,
-        reason: Option<&str>,
-        update: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>,
-        now: DateTime<Utc>,
-    ) -> Result<bool, sqlx::Error> {
-        let Some((current, node)) = self.lock_instance(tx, id).await? else {
-            return Ok(false);
-        };
-        if !from.contains(&current) {
-            return Ok(false);
-        }
-        update.execute(&mut *tx).await?;
-        if let Some(name) = EventName::for_transition(current, to) {
-            self.instance_event(tx, name, id, &node, to, reason, now)
-                .await?;
-        }
-        Ok(true)
-    }
-
     /// Loads every instance into the read model (at start).
     pub(super) async fn load_cache(&self) -> Result<(), sqlx::Error> {
         let Some(cache) = &self.cache else {
@@ -453,7 +426,10 @@ impl Store {
             .await
     }
 
-    /// [`Store::transition_in`] in its own transaction; the updated record.
+    /// Moves `id` from one of `from` to `to` with `update` (which binds the
+    /// instance id as `$1`) and appends the event the move announces, in one
+    /// transaction; the updated record, or `None` when the instance is not in
+    /// one of `from`.
     async fn commit_transition<'q>(
         &self,
         id: &InstanceId,
@@ -465,11 +441,16 @@ impl Store {
     ) -> Result<Option<InstanceRecord>, sqlx::Error> {
         let mut conn = self.writer.acquire().await?;
         let mut tx = conn.begin().await?;
-        if !self
-            .transition_in(&mut tx, id, from, to, reason, update, now)
-            .await?
-        {
+        let Some((current, node)) = self.lock_instance(&mut tx, id).await? else {
             return Ok(None);
+        };
+        if !from.contains(&current) {
+            return Ok(None);
+        }
+        update.execute(&mut *tx).await?;
+        if let Some(name) = EventName::for_transition(current, to) {
+            self.instance_event(&mut tx, name, id, &node, to, reason, now)
+                .await?;
         }
         tx.commit().await?;
         self.events_committed();

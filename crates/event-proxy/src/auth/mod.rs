@@ -230,13 +230,12 @@ impl Authenticator {
                     self.metrics.auth_failures.inc();
                     return Decision::Unauthenticated;
                 }
-                if let Some(permissions) = &grant.permissions {
-                    if !permissions
+                if let Some(permissions) = &grant.permissions
+                    && !permissions
                         .iter()
                         .any(|p| permission_grants(p, topic_name, action.suffix()))
-                    {
-                        return Decision::Forbidden;
-                    }
+                {
+                    return Decision::Forbidden;
                 }
                 Decision::Allowed(grant)
             }
