@@ -4,6 +4,7 @@
 #
 #   bench/sse_bench.sh idle   [targets…]   memory per idle connection
 #   bench/sse_bench.sh fanout [targets…]   deliveries/s and latency
+#     (SPECS="1000 200,10000 20" sets the cases: subscribers and messages/s)
 #   bench/sse_bench.sh auth                subscribe cost with a cached token
 #
 # targets: flotilla nchan pushpin (default: all three). Needs nginx,
@@ -177,7 +178,7 @@ subscribers() {
     local take=$((count - n < per ? count - n : per))
     (ulimit -n 20000; exec "$LOAD" subscribe --target "$target" --base "$BASE" --topic bench \
       --connections "$take" --sources "$SOURCES" --expect "$expect" --hold 600 --ramp "$RAMP" \
-      --report "$prefix.$i.json") > "$prefix.$i.log" 2>&1 &
+      --report "$prefix.$i.json" ${TOKEN:+--token "$TOKEN"}) > "$prefix.$i.log" 2>&1 &
     GEN_PIDS+=($!)
     n=$((n + take)); i=$((i + 1))
   done
@@ -225,7 +226,8 @@ fanout_case() {
 import json, sys
 target, subs, rate, seconds, summary, ticks, hz = sys.argv[1:]
 s = json.loads(summary)
-lost = s["expected_deliveries"] - s["deliveries"]
+# Every published message to every subscriber (messages nobody received count too).
+lost = int(rate) * int(seconds) * int(subs) - s["deliveries"]
 rate_per_s = s["deliveries"] / float(seconds)
 print(f"| {target} | {subs} | {int(rate) * int(subs):,} | {rate_per_s:,.0f} | {lost:,} | {s['delivery_p50_ms']:.1f} | {s['delivery_p99_ms']:.1f} | {s['last_subscriber_p99_ms']:.1f} | {int(ticks) / int(hz):.1f} | {s['generator_cpu_seconds']:.1f} |")
 PY
@@ -262,9 +264,10 @@ EOF
   SERVER_PIDS=($!)
   wait_port 18081
   BASE=http://127.0.0.1:18081
+  RAMP=10000
   local before
   before=$(cpu_ticks)
-  subscribers flotilla 5000 0 "$work/auth" > "$work/auth.ready"
+  TOKEN=bench-token subscribers flotilla 5000 0 "$work/auth" > "$work/auth.ready"
   local after
   after=$(cpu_ticks)
   awk -v a="$after" -v b="$before" -v hz="$(getconf CLK_TCK)" '{printf "| 5000 subscriptions, one cached token | %s connected | server CPU %.1f µs per subscription |\n", $2, (a - b) / hz / $2 * 1e6}' "$work/auth.ready"
@@ -290,7 +293,8 @@ case "$mode" in
     echo "| server | subscribers | offered deliveries/s | delivered/s | lost | p50 ms | p99 ms | last subscriber p99 ms | server CPU s | generator CPU s |"
     echo "|---|---|---|---|---|---|---|---|---|---|"
     for target in "${targets[@]}"; do
-      for spec in "1000 200" "1000 300" "1000 400" "10000 20" "10000 30"; do
+      IFS=, read -r -a specs <<< "${SPECS:-1000 200,1000 300,1000 400,10000 20,10000 30}"
+      for spec in "${specs[@]}"; do
         set -- $spec
         fanout_case "$target" "$1" "$2" 10
       done

@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
 use flotilla_testkit::{
-    BROWSER_DEADLINE, StatusCode, processes_mentioning, run_node, serve_page, spawn_serve,
-    spawn_serve_with, wait_until,
+    BROWSER_DEADLINE, SseClient, StatusCode, processes_mentioning, run_node, serve_page,
+    spawn_serve, spawn_serve_with, wait_until,
 };
 
 /// Sends one CDP command over a fresh WebSocket and returns its result.
@@ -48,6 +48,17 @@ async fn browser_create_drive_with_cdp_playwright_puppeteer_then_delete() {
         "<html><head><title>Hello Flotilla</title></head><body>hi</body></html>",
     )])
     .await;
+    // Lifecycle events through serve's proxy, with a control-plane token.
+    let (_, token) = serve.api.post("/v2/tokens", "").await;
+    let bearer = format!("Bearer {}", token["token"].as_str().unwrap());
+    let mut events = SseClient::connect(
+        &serve.serve().proxy_addr.to_string(),
+        "/events/instances",
+        &[("authorization", &bearer)],
+    )
+    .await
+    .unwrap();
+    assert_eq!(events.status, 200, "{}", events.body);
     let created = serve.api.create("{}").await;
     let id = created["id"].as_str().unwrap().to_owned();
     let debug_url = created["urls"]["debug"].as_str().unwrap().to_owned();
@@ -171,6 +182,18 @@ async fn browser_create_drive_with_cdp_playwright_puppeteer_then_delete() {
             .await
             .is_err(),
         "debug port closed"
+    );
+    let mut names = Vec::new();
+    while names.last().map(String::as_str) != Some("instance.deleted") {
+        let event = events.next_event(BROWSER_DEADLINE).await.unwrap();
+        let payload: Value = serde_json::from_str(event.data.as_deref().unwrap()).unwrap();
+        assert_eq!(payload["data"]["instance_id"], id.as_str(), "{payload}");
+        names.push(event.event.unwrap_or_default());
+    }
+    assert_eq!(
+        names,
+        ["instance.created", "instance.running", "instance.deleted"],
+        "events of a real browser's life"
     );
     serve.shutdown().await;
 }

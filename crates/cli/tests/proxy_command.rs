@@ -1,6 +1,6 @@
 //! `flotilla proxy` as a process: startup is refused with a clear message when
 //! authentication is required but no webhook is set; it starts otherwise and
-//! stops cleanly on SIGTERM.
+//! stops cleanly on SIGTERM. And `flotilla keys create`.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -61,4 +61,29 @@ async fn starts_open_when_told_and_stops_on_sigterm() {
         .unwrap()
         .unwrap();
     assert!(status.success());
+}
+
+#[tokio::test]
+async fn keys_create_prints_a_key_and_its_configuration_line() {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["keys", "create"])
+        .output()
+        .await
+        .unwrap();
+    assert!(output.status.success());
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let key = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("API key (give it to the client; it is not stored): "))
+        .expect("the key line");
+    assert!(key.starts_with("flt_") && key.len() == 68, "{key}");
+    use sha2::Digest;
+    let hash: String = sha2::Sha256::digest(key.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert!(
+        stdout.contains(&format!("api_keys = [\"sha256:{hash}\"]")),
+        "{stdout}"
+    );
 }

@@ -40,6 +40,8 @@ pub struct DeliveryCounters {
     pub delivered: Counter,
     pub failed_attempts: Counter,
     pub dropped: Counter,
+    /// Whether the latest attempt failed (health reports the link down).
+    pub failing: std::sync::atomic::AtomicBool,
 }
 
 /// Values read from the store at scrape time.

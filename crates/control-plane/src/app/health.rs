@@ -1,11 +1,15 @@
-//! `GET /health`: the state of the API, the store, the messaging link and the
+//! `GET /health`: the state of the API, the store, the messaging link (event
+//! publishing to the proxy: down while its deliveries fail) and the
 //! scheduler.
 
 use flotilla_api_types::health::{ComponentStatus, Health, HealthComponents, HealthStatus};
 use flotilla_api_types::instances::InstanceStatus;
 use flotilla_api_types::nodes::NodeStatus;
 
+use std::sync::atomic::Ordering;
+
 use super::ControlPlane;
+use super::outbox::PROXY_TARGET;
 
 impl ControlPlane {
     pub async fn health(&self) -> Health {
@@ -32,7 +36,18 @@ impl ControlPlane {
         } else {
             ComponentStatus::Up
         };
-        let messaging = ComponentStatus::Disabled;
+        let messaging = if self.config.events.proxy_url.is_none() {
+            ComponentStatus::Disabled
+        } else if self
+            .telemetry
+            .deliveries(PROXY_TARGET)
+            .failing
+            .load(Ordering::Relaxed)
+        {
+            ComponentStatus::Down
+        } else {
+            ComponentStatus::Up
+        };
         let mut warnings: Vec<String> = online
             .iter()
             .flat_map(|node| {
@@ -41,6 +56,9 @@ impl ControlPlane {
                     .map(move |w| format!("node {}: {w}", node.id))
             })
             .collect();
+        if messaging == ComponentStatus::Down {
+            warnings.push("the event proxy does not take events (they wait in the outbox)".into());
+        }
         if scheduler == ComponentStatus::Down {
             warnings.push("no node is online: instances cannot be placed".into());
         }

@@ -11,6 +11,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -294,10 +295,12 @@ impl Worker {
             match outcome {
                 Outcome::Delivered => {
                     counters.delivered.inc();
+                    counters.failing.store(false, Ordering::Relaxed);
                     done.push(delivery);
                 }
                 Outcome::Failed(error) => {
                     counters.failed_attempts.inc();
+                    counters.failing.store(true, Ordering::Relaxed);
                     let age = (now - delivery.created_at).num_seconds() as f64 / 3600.0;
                     if age >= delivery_config.give_up_after_hours {
                         counters.dropped.inc();

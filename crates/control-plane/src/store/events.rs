@@ -131,7 +131,8 @@ impl Store {
     }
 
     /// Up to `limit` deliveries for `target` that are due and first in line
-    /// for their subject, oldest first.
+    /// for their subject, in the order they fell due (an index walk: the
+    /// cost does not grow with the backlog).
     pub async fn deliveries_due(
         &self,
         target: &str,
@@ -143,7 +144,7 @@ impl Store {
              FROM deliveries d JOIN events e ON e.id = d.event_id \
              WHERE d.target = $1 AND d.next_attempt_at <= $2 AND NOT EXISTS ( \
                SELECT 1 FROM deliveries p WHERE p.target = d.target AND p.subject = d.subject AND p.seq < d.seq) \
-             ORDER BY d.created_at, d.subject, d.seq LIMIT $3",
+             ORDER BY d.next_attempt_at, d.subject, d.seq LIMIT $3",
         )
         .bind(target)
         .bind(to_millis(now))
