@@ -92,12 +92,14 @@ async fn webhooks() -> anyhow::Result<()> {
     let (url, count) = receiver().await?;
     let dir = tempfile::tempdir()?;
     let store = Store::connect(&format!("sqlite://{}/bench.db", dir.path().display()), 8).await?;
-    let mut config = ControlPlaneConfig::default();
-    config.webhooks = vec![WebhookConfig {
-        url: url.clone(),
-        events: Vec::new(),
-        secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
-    }];
+    let mut config = ControlPlaneConfig {
+        webhooks: vec![WebhookConfig {
+            url: url.clone(),
+            events: Vec::new(),
+            secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
+        }],
+        ..ControlPlaneConfig::default()
+    };
     config.webhook_delivery.concurrency = concurrency;
     let control_plane = Arc::new(ControlPlane::new(
         store.clone(),
@@ -235,9 +237,11 @@ async fn middleware() -> anyhow::Result<()> {
         ("auth on (1 key)", true, false),
         ("auth on, rate limit on", true, true),
     ] {
-        let mut config = ControlPlaneConfig::default();
-        config.auth_enabled = auth;
-        config.api_keys = vec![key.into()];
+        let mut config = ControlPlaneConfig {
+            auth_enabled: auth,
+            api_keys: vec![key.into()],
+            ..ControlPlaneConfig::default()
+        };
         config.rate_limit.enabled = limit;
         config.rate_limit.requests_per_minute = u32::MAX;
         let control_plane = Arc::new(ControlPlane::new(
