@@ -146,17 +146,8 @@ impl Store {
         .bind(to_millis(now))
         .execute(&mut *tx)
         .await?;
-        let subject = format!("alert:{}:{}", alert.scope, alert.metric);
-        self.append_event(
-            &mut tx,
-            EventName::AlertRaised,
-            &subject,
-            event_data(&alert),
-            now,
-        )
-        .await?;
-        tx.commit().await?;
-        self.events_committed();
+        self.commit_alert_event(tx, EventName::AlertRaised, &alert, now)
+            .await?;
         Ok(alert)
     }
 
@@ -181,17 +172,25 @@ impl Store {
         let mut cleared = alert.clone();
         cleared.value = value;
         cleared.cleared_at = Some(now);
+        self.commit_alert_event(tx, EventName::AlertCleared, &cleared, now)
+            .await?;
+        Ok(true)
+    }
+
+    /// Appends the alert's event (subject `alert:<scope>:<metric>`, so raises
+    /// and clears of one condition stay in order) and commits.
+    async fn commit_alert_event(
+        &self,
+        mut tx: sqlx::Transaction<'static, sqlx::Any>,
+        name: EventName,
+        alert: &AlertRecord,
+        now: DateTime<Utc>,
+    ) -> Result<(), sqlx::Error> {
         let subject = format!("alert:{}:{}", alert.scope, alert.metric);
-        self.append_event(
-            &mut tx,
-            EventName::AlertCleared,
-            &subject,
-            event_data(&cleared),
-            now,
-        )
-        .await?;
+        self.append_event(&mut tx, name, &subject, event_data(alert), now)
+            .await?;
         tx.commit().await?;
         self.events_committed();
-        Ok(true)
+        Ok(())
     }
 }
