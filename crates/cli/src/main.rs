@@ -7,7 +7,7 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 
 use flotilla_event_proxy::Proxy;
-use flotilla_server::{FlotillaConfig, Serve};
+use flotilla_server::{AgentNode, Control, FlotillaConfig, Serve};
 
 /// mimalloc: the API's hot paths allocate per row and per response; measured
 /// with glibc malloc, a 100-item list page spent ~40 % of its time in malloc/free.
@@ -31,6 +31,11 @@ enum Command {
     /// event proxy, on an embedded SQLite store under the data directory. Needs
     /// no configuration.
     Serve(ServeArgs),
+    /// The control plane alone, for node agents on other machines (`flotilla
+    /// agent`), on SQLite or a PostgreSQL shared by several control planes.
+    Control(ControlArgs),
+    /// A node agent: runs browsers on this machine for a control plane.
+    Agent(AgentArgs),
     /// The event-streaming proxy alone (server-sent events, JWT webhook).
     Proxy(ProxyArgs),
     /// API keys for `auth_enabled = true`.
@@ -54,6 +59,42 @@ struct ServeArgs {
     #[arg(long, env = "FLOTILLA_PROXY_LISTEN")]
     proxy_listen: Option<String>,
     /// Directory for the store, profiles and snapshots [key: data_dir; default ./data].
+    #[arg(long, env = "FLOTILLA_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// TOML configuration file (docs/configuration.md lists every key).
+    #[arg(long, env = "FLOTILLA_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct ControlArgs {
+    /// Listen address [key: listen; default 127.0.0.1:8080; port 0 picks one].
+    #[arg(long, env = "FLOTILLA_LISTEN")]
+    listen: Option<String>,
+    /// `postgres://…` or `sqlite://…` [key: store.database_url; default SQLite under data_dir].
+    #[arg(long, env = "FLOTILLA_DATABASE_URL")]
+    database_url: Option<String>,
+    /// Directory for the SQLite store and local snapshots [key: data_dir; default ./data].
+    #[arg(long, env = "FLOTILLA_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// TOML configuration file (docs/configuration.md lists every key).
+    #[arg(long, env = "FLOTILLA_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct AgentArgs {
+    /// The control plane's URL [key: agent.control_plane_url].
+    #[arg(long, env = "FLOTILLA_CONTROL_PLANE")]
+    control_plane: Option<String>,
+    /// Agent API listen address [key: agent.listen; default 127.0.0.1:0].
+    #[arg(long, env = "FLOTILLA_AGENT_LISTEN")]
+    listen: Option<String>,
+    /// Address control planes use to reach this agent, `<scheme>://<host>:<port>`
+    /// [key: agent.advertise; default http://<listen address>].
+    #[arg(long, env = "FLOTILLA_ADVERTISE")]
+    advertise: Option<String>,
+    /// Directory for profiles and local snapshots [key: data_dir; default ./data].
     #[arg(long, env = "FLOTILLA_DATA_DIR")]
     data_dir: Option<PathBuf>,
     /// TOML configuration file (docs/configuration.md lists every key).
@@ -102,6 +143,35 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             );
             let config = FlotillaConfig::load(args.config.as_deref(), &overrides)?;
             runtime(0)?.block_on(serve(config))
+        }
+        Command::Control(args) => {
+            let mut overrides = Vec::new();
+            push(&mut overrides, "listen", args.listen);
+            push(&mut overrides, "store.database_url", args.database_url);
+            push(
+                &mut overrides,
+                "data_dir",
+                args.data_dir.map(|d| d.display().to_string()),
+            );
+            let config = FlotillaConfig::load(args.config.as_deref(), &overrides)?;
+            runtime(0)?.block_on(control(config))
+        }
+        Command::Agent(args) => {
+            let mut overrides = Vec::new();
+            push(
+                &mut overrides,
+                "agent.control_plane_url",
+                args.control_plane,
+            );
+            push(&mut overrides, "agent.listen", args.listen);
+            push(&mut overrides, "agent.advertise", args.advertise);
+            push(
+                &mut overrides,
+                "data_dir",
+                args.data_dir.map(|d| d.display().to_string()),
+            );
+            let config = FlotillaConfig::load(args.config.as_deref(), &overrides)?;
+            runtime(0)?.block_on(agent(config))
         }
         Command::Keys(KeysCommand::Create) => {
             let key = format!("flt_{}", hex_encode(&rand_bytes()));
@@ -165,6 +235,28 @@ async fn serve(config: FlotillaConfig) -> anyhow::Result<()> {
     wait_for_signal().await?;
     tracing::info!("shutting down: closing every stream and browser");
     serve.shutdown().await;
+    Ok(())
+}
+
+async fn control(config: FlotillaConfig) -> anyhow::Result<()> {
+    let control = Control::start(config)
+        .await
+        .context("cannot start flotilla control")?;
+    println!("control plane listening on http://{}", control.addr);
+    wait_for_signal().await?;
+    tracing::info!("shutting down");
+    control.shutdown().await;
+    Ok(())
+}
+
+async fn agent(config: FlotillaConfig) -> anyhow::Result<()> {
+    let node = AgentNode::start(config)
+        .await
+        .context("cannot start flotilla agent")?;
+    println!("node agent listening on http://{}", node.addr);
+    wait_for_signal().await?;
+    tracing::info!("shutting down: closing every browser");
+    node.shutdown().await;
     Ok(())
 }
 

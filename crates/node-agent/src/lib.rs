@@ -28,4 +28,4 @@ pub mod sweep;
 
 pub use agent::{Agent, AgentError, AgentSettings};
 pub use config::{AgentConfig, RuntimeKind};
-pub use link::{ControlPlaneLink, LinkError, RegistrationAck};
+pub use link::{ControlPlaneLink, HttpLink, LinkError, RegistrationAck};

@@ -35,3 +35,72 @@ pub trait ControlPlaneLink: Send + Sync + 'static {
     async fn heartbeat(&self, heartbeat: Heartbeat) -> Result<(), LinkError>;
     async fn state_changed(&self, change: InstanceStateChange) -> Result<(), LinkError>;
 }
+
+/// The link of a separate `flotilla agent`: the control plane's internal API
+/// over HTTP, with the cluster token.
+pub struct HttpLink {
+    base: String,
+    token: String,
+    client: reqwest::Client,
+}
+
+impl HttpLink {
+    pub fn new(control_plane_url: &str, token: &str) -> Self {
+        Self {
+            base: control_plane_url.trim_end_matches('/').to_owned(),
+            token: token.to_owned(),
+            client: reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(5))
+                .timeout(Duration::from_secs(30))
+                .no_proxy()
+                .build()
+                .expect("the HTTP client builds"),
+        }
+    }
+
+    async fn post<T: serde::Serialize>(
+        &self,
+        path: &str,
+        body: &T,
+    ) -> Result<reqwest::Response, LinkError> {
+        let response = self
+            .client
+            .post(format!("{}/internal/v1{path}", self.base))
+            .bearer_auth(&self.token)
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| LinkError::Unreachable(format!("{}: {e}", self.base)))?;
+        match response.status() {
+            status if status.is_success() => Ok(response),
+            reqwest::StatusCode::NOT_FOUND => Err(LinkError::UnknownNode),
+            status => {
+                let body = response.text().await.unwrap_or_default();
+                Err(LinkError::Unreachable(format!(
+                    "{} answered {status}: {}",
+                    self.base,
+                    body.trim()
+                )))
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl ControlPlaneLink for HttpLink {
+    async fn register(&self, registration: NodeRegistration) -> Result<RegistrationAck, LinkError> {
+        self.post("/nodes/register", &registration)
+            .await?
+            .json()
+            .await
+            .map_err(|e| LinkError::Unreachable(format!("unreadable registration answer: {e}")))
+    }
+
+    async fn heartbeat(&self, heartbeat: Heartbeat) -> Result<(), LinkError> {
+        self.post("/nodes/heartbeat", &heartbeat).await.map(drop)
+    }
+
+    async fn state_changed(&self, change: InstanceStateChange) -> Result<(), LinkError> {
+        self.post("/instances/state", &change).await.map(drop)
+    }
+}

@@ -200,13 +200,13 @@ fn loopback_if_unspecified(addr: SocketAddr) -> SocketAddr {
     }
 }
 
-async fn bind(addr: SocketAddr, key: &str) -> anyhow::Result<TcpListener> {
+pub(crate) async fn bind(addr: SocketAddr, key: &str) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr} ({key}); is another process using it?"))
 }
 
-fn spawn_http(
+pub(crate) fn spawn_http(
     listener: TcpListener,
     router: axum::Router,
     shutdown: CancellationToken,

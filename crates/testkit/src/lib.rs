@@ -393,6 +393,28 @@ impl ServeProcess {
         data_dir: &Path,
         extra_env: &[(&str, &str)],
     ) -> anyhow::Result<Self> {
+        let data = data_dir.display().to_string();
+        Self::start_command(
+            binary,
+            &["serve", "--listen", "127.0.0.1:0", "--data-dir", &data],
+            data_dir,
+            extra_env,
+            "control plane listening on ",
+        )
+        .await
+    }
+
+    /// Starts `<binary> <args…>` and waits (60 s at most) for the stdout line
+    /// starting with `ready_prefix` (`control plane listening on `, `node agent
+    /// listening on `); `api` points at the URL that line gives.
+    pub async fn start_command(
+        binary: &Path,
+        args: &[&str],
+        data_dir: &Path,
+        extra_env: &[(&str, &str)],
+        ready_prefix: &str,
+    ) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(data_dir)?;
         let stderr_log = data_dir.with_extension("stderr.log");
         let stderr = std::fs::OpenOptions::new()
             .create(true)
@@ -400,8 +422,7 @@ impl ServeProcess {
             .open(&stderr_log)?;
         let mut command = tokio::process::Command::new(binary);
         command
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(data_dir)
+            .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::from(stderr))
             .kill_on_drop(true);
@@ -412,7 +433,7 @@ impl ServeProcess {
         let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
         let url = tokio::time::timeout(Duration::from_secs(60), async {
             while let Some(line) = lines.next_line().await? {
-                if let Some(url) = line.strip_prefix("control plane listening on ") {
+                if let Some(url) = line.strip_prefix(ready_prefix) {
                     return anyhow::Ok(url.trim().to_owned());
                 }
             }
@@ -431,6 +452,14 @@ impl ServeProcess {
             data_dir: data_dir.to_path_buf(),
             stderr_log,
         })
+    }
+
+    /// Sends `signal` without waiting (SIGSTOP, SIGCONT …).
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe {
+            libc::kill(self.pid() as i32, signal);
+        }
     }
 
     pub fn pid(&self) -> u32 {
@@ -1008,5 +1037,169 @@ impl EventReceiver {
     /// Calls answered 503 while down.
     pub fn refused(&self) -> usize {
         self.refused.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// A private PostgreSQL server for one test binary: `initdb` in a temp
+/// directory (as the `postgres` user when running as root), listening on a
+/// free port of 127.0.0.1 with trust authentication and `fsync = off`.
+/// [`PgServer::database`] makes a fresh database per test.
+pub struct PgServer {
+    pub port: u16,
+    child: Option<std::process::Child>,
+    _dir: tempfile::TempDir,
+}
+
+fn postgres_bin(name: &str) -> anyhow::Result<PathBuf> {
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .context("PostgreSQL is not installed (/usr/lib/postgresql); scripts/install-deps --test installs it")?
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin").join(name)))
+        .filter(|p| p.exists())
+        .collect();
+    versions.sort();
+    versions
+        .pop()
+        .with_context(|| format!("no PostgreSQL {name} binary"))
+}
+
+impl PgServer {
+    pub async fn start() -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new().prefix("flotilla-pg-").tempdir()?;
+        // PostgreSQL refuses to run as root: drop to the `postgres` user.
+        let root = unsafe { libc::geteuid() } == 0;
+        let ids = if root {
+            let name = std::ffi::CString::new("postgres").expect("no NUL");
+            // SAFETY: getpwnam returns a pointer to static storage or null.
+            let entry = unsafe { libc::getpwnam(name.as_ptr()) };
+            anyhow::ensure!(!entry.is_null(), "no postgres user (install postgresql)");
+            // SAFETY: checked non-null just above.
+            Some(unsafe { ((*entry).pw_uid, (*entry).pw_gid) })
+        } else {
+            None
+        };
+        let as_postgres = |program: PathBuf| {
+            use std::os::unix::process::CommandExt as _;
+            let mut command = std::process::Command::new(program);
+            if let Some((uid, gid)) = ids {
+                command.uid(uid).gid(gid);
+            }
+            command.stdin(Stdio::null()).current_dir("/");
+            command
+        };
+        if root {
+            let status = std::process::Command::new("chown")
+                .args(["postgres:postgres"])
+                .arg(dir.path())
+                .status()?;
+            anyhow::ensure!(status.success(), "cannot chown the PostgreSQL directory");
+        }
+        let data = dir.path().join("data");
+        let output = as_postgres(postgres_bin("initdb")?)
+            .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
+            .arg(&data)
+            .output()?;
+        anyhow::ensure!(
+            output.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+            listener.local_addr()?.port()
+        };
+        let log = std::fs::File::create(dir.path().join("postgres.log"))?;
+        let child = as_postgres(postgres_bin("postgres")?)
+            .arg("-D")
+            .arg(&data)
+            .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-k"])
+            .arg(dir.path())
+            .args([
+                "-c",
+                "fsync=off",
+                "-c",
+                "synchronous_commit=off",
+                "-c",
+                "full_page_writes=off",
+                "-c",
+                "max_connections=300",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .context("cannot start postgres")?;
+        let server = Self {
+            port,
+            child: Some(child),
+            _dir: dir,
+        };
+        wait_until(
+            Duration::from_secs(60),
+            "PostgreSQL to accept connections",
+            || async {
+                match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+                    Ok(_) => Ok(Some(())),
+                    Err(e) => Err(e.to_string()),
+                }
+            },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!(e))?;
+        Ok(server)
+    }
+
+    /// A fresh, empty database; its URL.
+    pub async fn database(&self) -> anyhow::Result<String> {
+        let name = format!("t_{}", uuid_like());
+        let admin = format!("postgres://postgres@127.0.0.1:{}/postgres", self.port);
+        let output = tokio::process::Command::new(postgres_bin("psql")?)
+            .args(["-d", &admin, "-v", "ON_ERROR_STOP=1", "-c"])
+            .arg(format!("CREATE DATABASE {name}"))
+            .output()
+            .await;
+        match output {
+            Ok(output) if output.status.success() => {}
+            Ok(output) => bail!(
+                "CREATE DATABASE failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            ),
+            Err(error) => bail!("cannot run psql: {error}"),
+        }
+        Ok(format!(
+            "postgres://postgres@127.0.0.1:{}/{name}",
+            self.port
+        ))
+    }
+}
+
+fn uuid_like() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{}_{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0)
+    )
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SIGINT: PostgreSQL's fast shutdown.
+            unsafe {
+                libc::kill(child.id() as i32, libc::SIGINT);
+            }
+            for _ in 0..100 {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }

@@ -98,7 +98,7 @@ impl ControlPlane {
                 record.status
             )));
         }
-        let connection = self.nodes.get(&record.node_id).ok_or_else(|| {
+        let connection = self.connection(&record.node_id).await?.ok_or_else(|| {
             Error::InsufficientCapacity(format!("node {} is not reachable", record.node_id))
         })?;
         let started = std::time::Instant::now();
@@ -139,7 +139,7 @@ impl ControlPlane {
                 record.status
             )));
         };
-        let connection = self.nodes.get(&record.node_id).ok_or_else(|| {
+        let connection = self.connection(&record.node_id).await?.ok_or_else(|| {
             Error::InsufficientCapacity(format!("node {} is not reachable", record.node_id))
         })?;
         let started = self

@@ -125,7 +125,7 @@ impl ControlPlane {
             ));
         };
 
-        let connection = self.nodes.get(&node.id);
+        let connection = self.connection(&node.id).await?;
         let call = match connection {
             Some(connection) => {
                 connection
@@ -169,7 +169,7 @@ impl ControlPlane {
             .await?;
         if !recorded {
             // Deleted while being created: make sure the node lets go of it too.
-            if let Some(connection) = self.nodes.get(&node.id) {
+            if let Some(connection) = self.connection(&node.id).await? {
                 let _ = connection.instance_delete(&id, true).await;
             }
             return Err(not_found(&id));
@@ -240,7 +240,7 @@ impl ControlPlane {
             .await?
             .ok_or_else(|| not_found(id))?;
         if record.status.occupies_slot() {
-            match self.nodes.get(&record.node_id) {
+            match self.connection(&record.node_id).await? {
                 Some(connection) => {
                     if let Err(error) = connection.instance_delete(id, force).await {
                         // The record goes anyway; the node's next registration

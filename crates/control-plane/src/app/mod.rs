@@ -18,9 +18,10 @@ use chrono::{DateTime, Utc};
 
 use crate::config::ControlPlaneConfig;
 use crate::http::Guard;
-use crate::nodes::NodeConnections;
+use crate::nodes::{HttpNode, NodeConnection, NodeConnections};
 use crate::store::Store;
 use crate::telemetry::Telemetry;
+use flotilla_api_types::NodeId;
 use flotilla_node_agent::snapshot::SnapshotStore;
 
 pub use flotilla_api_types::clock::{Clock, ManualClock, SystemClock};
@@ -75,6 +76,27 @@ impl ControlPlane {
 
     pub fn node_connections(&self) -> &NodeConnections {
         &self.nodes
+    }
+
+    /// The connection to `node`: attached (the local agent, or an agent that
+    /// registered here), or made from the node's stored address when a cluster
+    /// token is configured (an agent that registered with another control plane).
+    pub(crate) async fn connection(
+        &self,
+        node: &NodeId,
+    ) -> crate::error::Result<Option<Arc<dyn NodeConnection>>> {
+        if let Some(connection) = self.nodes.get(node) {
+            return Ok(Some(connection));
+        }
+        let Some(token) = &self.config.cluster_token else {
+            return Ok(None);
+        };
+        let Some(record) = self.store.node_get(node).await? else {
+            return Ok(None);
+        };
+        let connection: Arc<dyn NodeConnection> = Arc::new(HttpNode::new(&record.address, token));
+        self.nodes.attach(node.clone(), connection.clone());
+        Ok(Some(connection))
     }
 
     pub fn telemetry(&self) -> &Telemetry {

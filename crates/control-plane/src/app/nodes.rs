@@ -9,9 +9,12 @@ use flotilla_api_types::instances::InstanceStatus;
 use flotilla_api_types::nodes::{Node, NodeList, NodeStatus};
 use flotilla_node_agent::RegistrationAck;
 
+use std::sync::Arc;
+
 use super::ControlPlane;
 use super::views;
 use crate::error::{Error, Result};
+use crate::nodes::HttpNode;
 
 impl ControlPlane {
     pub async fn node_list(&self) -> Result<NodeList> {
@@ -46,6 +49,7 @@ impl ControlPlane {
     pub async fn node_register(&self, registration: NodeRegistration) -> Result<RegistrationAck> {
         let now = self.now();
         self.store.node_upsert(&registration, now).await?;
+        self.attach_remote(&registration);
         let reported: HashMap<_, _> = registration
             .instances
             .iter()
@@ -75,6 +79,25 @@ impl ControlPlane {
                         .await?;
                     tracing::warn!(instance = %record.id, node = %registration.node_id, status = %to, "instance lost with its node");
                 }
+                // Declared lost while the node was unreachable, yet it still
+                // runs: adopted again.
+                (InstanceStatus::Failed | InstanceStatus::Stopped, Some(report))
+                    if matches!(
+                        report.status,
+                        InstanceStatus::Running | InstanceStatus::Idle
+                    ) =>
+                {
+                    self.store
+                        .instance_transition(
+                            &record.id,
+                            &[record.status],
+                            report.status,
+                            Some("adopted again: its node came back and still runs it"),
+                            now,
+                        )
+                        .await?;
+                    tracing::info!(instance = %record.id, node = %registration.node_id, "instance adopted again");
+                }
                 (InstanceStatus::Creating, Some(report))
                     if report.status == InstanceStatus::Running =>
                 {
@@ -98,7 +121,7 @@ impl ControlPlane {
             .map(|r| r.id.clone())
             .collect();
         if !strays.is_empty()
-            && let Some(connection) = self.nodes.get(&registration.node_id)
+            && let Some(connection) = self.connection(&registration.node_id).await?
         {
             tokio::spawn(async move {
                 for id in strays {
@@ -114,6 +137,25 @@ impl ControlPlane {
         Ok(RegistrationAck {
             heartbeat_interval_sec: self.config.nodes.heartbeat_interval_sec,
         })
+    }
+
+    /// An agent registering over HTTP is reached at its advertised address
+    /// (the in-process agent of `serve` keeps its direct connection).
+    fn attach_remote(&self, registration: &NodeRegistration) {
+        let Some(token) = &self.config.cluster_token else {
+            return;
+        };
+        let current = self.nodes.get(&registration.node_id);
+        let keep = current.as_ref().is_some_and(|c| match c.address() {
+            None => true,
+            Some(address) => address == registration.address.trim_end_matches('/'),
+        });
+        if !keep {
+            self.nodes.attach(
+                registration.node_id.clone(),
+                Arc::new(HttpNode::new(&registration.address, token)),
+            );
+        }
     }
 
     /// Records a heartbeat. `false` tells the agent to register again: the node

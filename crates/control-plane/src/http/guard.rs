@@ -5,8 +5,9 @@
 //!
 //! Open paths: `/health`, `/docs` and `/openapi.json`, the proxy's
 //! verification webhook `/v2/tokens/verify` (the token it carries is the
-//! credential), and `/metrics` unless `metrics_require_auth`. The rate limit
-//! applies to every path, per API key (or per client address when the request
+//! credential), `/internal/…` (agents; the cluster token guards it), and
+//! `/metrics` unless `metrics_require_auth`. The rate limit applies to every
+//! path but `/internal/…`, per API key (or per client address when the request
 //! carries no valid key): a token bucket of `requests_per_minute` that refills
 //! continuously.
 
@@ -85,6 +86,7 @@ impl Guard {
 
     fn is_open(&self, path: &str) -> bool {
         path == "/health"
+            || path.starts_with("/internal/")
             || path == "/v2/tokens/verify"
             || path == "/openapi.json"
             || path == "/docs"
@@ -133,11 +135,14 @@ pub async fn guard(
         Some(p) => p.0.clone(),
         None => format!("ip:{client}"),
     };
+    let path = request.uri().path().to_owned();
+    // Agents authenticate with the cluster token and are not rate-limited.
+    let internal = path.starts_with("/internal/");
     let quota = guard
         .limiter
         .as_ref()
+        .filter(|_| !internal)
         .map(|limiter| limiter.take(&limit_key, control_plane.now().timestamp()));
-    let path = request.uri().path().to_owned();
     let mut response = match (&quota, &principal) {
         (Some(Err(refused)), _) => Error::RateLimited {
             detail: format!(

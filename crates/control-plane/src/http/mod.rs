@@ -5,6 +5,7 @@ mod extract;
 mod guard;
 mod health;
 mod instances;
+mod internal;
 mod nodes;
 mod observability;
 mod tokens;
@@ -116,6 +117,20 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
         .route(
             "/v2/tokens/verify",
             axum::routing::post(tokens::token_verify),
+        )
+        .nest(
+            "/internal/v1",
+            Router::new()
+                .route("/nodes/register", axum::routing::post(internal::register))
+                .route("/nodes/heartbeat", axum::routing::post(internal::heartbeat))
+                .route(
+                    "/instances/state",
+                    axum::routing::post(internal::state_changed),
+                )
+                .layer(axum::middleware::from_fn_with_state(
+                    control_plane.clone(),
+                    internal::require_cluster_token,
+                )),
         )
         .merge(SwaggerUi::new("/docs").url("/openapi.json", ApiDoc::openapi()))
         .fallback(not_found)

@@ -1,9 +1,12 @@
 //! How the control plane reaches node agents: the [`NodeConnection`] trait, the
-//! registry of connections by node id, and the in-process connection to the
-//! local agent of `flotilla serve` (with its link back, [`LocalLink`]).
+//! registry of connections by node id, the in-process connection to the local
+//! agent of `flotilla serve` (with its link back, [`LocalLink`]), and
+//! [`HttpNode`] for agents elsewhere (their agent API, with the cluster token).
 
+mod http;
 mod local;
 
+pub use http::HttpNode;
 pub use local::{LocalLink, LocalNode};
 
 use std::collections::HashMap;
@@ -44,6 +47,10 @@ pub trait NodeConnection: Send + Sync {
         &self,
         request: AgentReviveInstance,
     ) -> Result<AgentInstancePorts, NodeCallError>;
+    /// The agent API's address; `None` for the in-process agent.
+    fn address(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// Connections by node id. A std `RwLock`: read on every call, written when a

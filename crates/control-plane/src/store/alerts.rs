@@ -129,7 +129,8 @@ impl Store {
             value: new.value,
             threshold: new.threshold,
             message: new.message,
-            raised_at: now,
+            // As stored: milliseconds.
+            raised_at: from_millis(to_millis(now)),
             cleared_at: None,
         };
         let mut tx = self.write_tx().await?;

@@ -175,8 +175,11 @@ impl Store {
         &self,
         target: &str,
     ) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+        // Only heads count: a later event of a subject whose head waits for a
+        // retry is not due before that head.
         let next: Option<i64> =
-            sqlx::query("SELECT MIN(next_attempt_at) AS next FROM deliveries WHERE target = $1")
+            sqlx::query("SELECT MIN(d.next_attempt_at) AS next FROM deliveries d WHERE d.target = $1 AND NOT EXISTS ( \
+               SELECT 1 FROM deliveries p WHERE p.target = d.target AND p.subject = d.subject AND p.seq < d.seq)")
                 .bind(target)
                 .fetch_one(&self.writer)
                 .await?

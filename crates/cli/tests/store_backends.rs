@@ -1,0 +1,496 @@
+//! The store's suite, run on both backends: embedded SQLite and a real
+//! PostgreSQL (a private server per test, `PgServer`). Each case runs twice,
+//! `sqlite_<case>` and `postgres_<case>`.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use chrono::{Duration, Utc};
+use flotilla_api_types::agent::NodeRegistration;
+use flotilla_api_types::alerts::{AlertLevel, AlertState};
+use flotilla_api_types::events::EventName;
+use flotilla_api_types::instances::{InstanceConfig, InstanceSort, InstanceStatus, ReviveMethod};
+use flotilla_api_types::nodes::{Capabilities, ResourceUsage};
+use flotilla_api_types::{InstanceId, NodeId};
+use flotilla_control_plane::Store;
+use flotilla_control_plane::store::{
+    EventRoute, InstanceFilter, MetricSample, NewAlert, NewInstance,
+};
+use flotilla_testkit::PgServer;
+
+/// A fresh store; the guard keeps its database alive.
+#[allow(dead_code)]
+enum Backend {
+    Sqlite(tempfile::TempDir),
+    Postgres(PgServer),
+}
+
+async fn open(postgres: bool) -> (Store, Backend) {
+    if postgres {
+        let server = PgServer::start().await.expect("PostgreSQL starts");
+        let url = server.database().await.expect("a database");
+        (
+            Store::connect(&url, 8).await.expect("store"),
+            Backend::Postgres(server),
+        )
+    } else {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/store.db", dir.path().display());
+        (
+            Store::connect(&url, 8).await.expect("store"),
+            Backend::Sqlite(dir),
+        )
+    }
+}
+
+fn registration(node: &str, max_instances: i64) -> NodeRegistration {
+    NodeRegistration {
+        node_id: NodeId::new(node),
+        address: format!("http://{node}.invalid:1"),
+        public_host: "127.0.0.1".into(),
+        max_instances,
+        capabilities: Capabilities {
+            cpu_cores: 4,
+            memory_gb: 8.0,
+            disk_gb: 100.0,
+        },
+        images: vec!["chromium".into()],
+        resources: ResourceUsage::default(),
+        load: ResourceUsage::default(),
+        instances: Vec::new(),
+        warnings: Vec::new(),
+    }
+}
+
+fn new_instance(node: &str) -> NewInstance {
+    NewInstance {
+        id: InstanceId::generate(),
+        node_id: NodeId::new(node),
+        image: "chromium".into(),
+        config: InstanceConfig::default(),
+        created_at: Utc::now(),
+    }
+}
+
+fn event_names(payloads: &[String]) -> Vec<String> {
+    payloads
+        .iter()
+        .map(|p| {
+            serde_json::from_str::<serde_json::Value>(p).unwrap()["event"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect()
+}
+
+macro_rules! on_both_backends {
+    ($($case:ident),* $(,)?) => {
+        mod sqlite { $( #[tokio::test] async fn $case() { super::$case(false).await } )* }
+        mod postgres { $( #[tokio::test] async fn $case() { super::$case(true).await } )* }
+    };
+}
+
+on_both_backends!(
+    capacity_holds_under_concurrent_placements,
+    transitions_and_their_events_stay_in_order,
+    lists_filter_sort_and_page,
+    nodes_go_offline_and_come_back_with_events,
+    outbox_hands_out_the_head_of_each_subject,
+    alerts_raise_and_clear,
+    metric_samples_and_settings,
+);
+
+async fn capacity_holds_under_concurrent_placements(postgres: bool) {
+    let (store, _guard) = open(postgres).await;
+    store
+        .node_upsert(&registration("n1", 20), Utc::now())
+        .await
+        .unwrap();
+    let store = Arc::new(store);
+    let attempts: Vec<_> = (0..50)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .instance_insert_if_room(&new_instance("n1"), 20)
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut placed = 0;
+    for attempt in attempts {
+        placed += usize::from(attempt.await.unwrap());
+    }
+    assert_eq!(placed, 20, "exactly max_instances placements succeed");
+    let occupancy = store.node_occupancy().await.unwrap();
+    assert_eq!(occupancy, vec![(NodeId::new("n1"), 20)]);
+}
+
+async fn transitions_and_their_events_stay_in_order(postgres: bool) {
+    let (store, _guard) = open(postgres).await;
+    store
+        .node_upsert(&registration("n1", 5), Utc::now())
+        .await
+        .unwrap();
+    let new = new_instance("n1");
+    let id = new.id.clone();
+    assert!(store.instance_insert_if_room(&new, 5).await.unwrap());
+    let now = Utc::now();
+    let running = store
+        .instance_transition(
+            &id,
+            &[InstanceStatus::Creating],
+            InstanceStatus::Running,
+            None,
+            now,
+        )
+        .await
+        .unwrap()
+        .expect("creating → running");
+    assert_eq!(running.status, InstanceStatus::Running);
+    assert!(
+        store
+            .instance_transition(
+                &id,
+                &[InstanceStatus::Creating],
+                InstanceStatus::Running,
+                None,
+                now
+            )
+            .await
+            .unwrap()
+            .is_none(),
+        "not from a state it is not in"
+    );
+    store
+        .instance_transition(
+            &id,
+            &[InstanceStatus::Running],
+            InstanceStatus::Idle,
+            Some("quiet"),
+            now,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let snapshot = flotilla_api_types::ids::SnapshotId::generate();
+    let dormant = store
+        .instance_set_dormant(&id, &snapshot, now)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(dormant.snapshot_id.as_ref(), Some(&snapshot));
+    store
+        .instance_begin_revive(
+            &id,
+            &[InstanceStatus::Dormant],
+            ReviveMethod::FullRestore,
+            None,
+            now,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    store
+        .instance_transition(
+            &id,
+            &[InstanceStatus::Reviving],
+            InstanceStatus::Running,
+            None,
+            now,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(store.instance_delete(&id, now).await.unwrap());
+    assert!(!store.instance_delete(&id, now).await.unwrap());
+    assert!(store.instance_get(&id).await.unwrap().is_none());
+    assert_eq!(
+        event_names(&store.events_of(id.as_str()).await.unwrap()),
+        [
+            "instance.created",
+            "instance.running",
+            "instance.idle",
+            "instance.dormant",
+            "instance.revived",
+            "instance.deleted"
+        ]
+    );
+}
+
+async fn lists_filter_sort_and_page(postgres: bool) {
+    let (store, _guard) = open(postgres).await;
+    store
+        .node_upsert(&registration("n1", 100), Utc::now())
+        .await
+        .unwrap();
+    store
+        .node_upsert(&registration("n2", 100), Utc::now())
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for i in 0..30 {
+        let mut new = new_instance(if i % 3 == 0 { "n2" } else { "n1" });
+        new.created_at = Utc::now() + Duration::milliseconds(i);
+        ids.push(new.id.clone());
+        store.instance_insert_if_room(&new, 100).await.unwrap();
+    }
+    for id in &ids[..10] {
+        store
+            .instance_transition(
+                id,
+                &[InstanceStatus::Creating],
+                InstanceStatus::Running,
+                None,
+                Utc::now(),
+            )
+            .await
+            .unwrap();
+    }
+    let all = InstanceFilter::default();
+    let (page, total) = store
+        .instance_list(&all, InstanceSort::CreatedAtDesc, 7, 0)
+        .await
+        .unwrap();
+    assert_eq!(total, 30);
+    assert_eq!(page.len(), 7);
+    assert_eq!(page[0].id, ids[29], "newest first");
+    let (page, _) = store
+        .instance_list(&all, InstanceSort::CreatedAtAsc, 5, 5)
+        .await
+        .unwrap();
+    assert_eq!(page[0].id, ids[5]);
+    let running = InstanceFilter {
+        status: Some(InstanceStatus::Running),
+        node_id: None,
+    };
+    let (_, total) = store
+        .instance_list(&running, InstanceSort::CreatedAtDesc, 100, 0)
+        .await
+        .unwrap();
+    assert_eq!(total, 10);
+    let on_n2 = InstanceFilter {
+        status: None,
+        node_id: Some(NodeId::new("n2")),
+    };
+    let (page, total) = store
+        .instance_list(&on_n2, InstanceSort::MemoryDesc, 100, 0)
+        .await
+        .unwrap();
+    assert_eq!(total, 10);
+    assert!(page.iter().all(|r| r.node_id.as_str() == "n2"));
+    let counts = store.instance_counts().await.unwrap();
+    let count = |s| counts.iter().find(|(c, _)| *c == s).map_or(0, |(_, n)| *n);
+    assert_eq!(
+        (
+            count(InstanceStatus::Running),
+            count(InstanceStatus::Creating)
+        ),
+        (10, 20)
+    );
+}
+
+async fn nodes_go_offline_and_come_back_with_events(postgres: bool) {
+    let (store, _guard) = open(postgres).await;
+    let then = Utc::now() - Duration::seconds(120);
+    store
+        .node_upsert(&registration("n1", 5), then)
+        .await
+        .unwrap();
+    store
+        .node_upsert(&registration("n2", 5), Utc::now())
+        .await
+        .unwrap();
+    let stale = store
+        .node_mark_stale_offline(Utc::now() - Duration::seconds(60), Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(stale, vec![NodeId::new("n1")]);
+    let heartbeat = store
+        .node_heartbeat(
+            &NodeId::new("n1"),
+            &ResourceUsage::default(),
+            &ResourceUsage::default(),
+            Utc::now(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        heartbeat,
+        Some(flotilla_api_types::nodes::NodeStatus::Offline),
+        "an offline node must register again"
+    );
+    store
+        .node_upsert(&registration("n1", 5), Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(
+        event_names(&store.events_of("n1").await.unwrap()),
+        ["node.online", "node.offline", "node.online"]
+    );
+    assert_eq!(
+        event_names(&store.events_of("n2").await.unwrap()),
+        ["node.online"]
+    );
+}
+
+async fn outbox_hands_out_the_head_of_each_subject(postgres: bool) {
+    let (store, _guard) = open(postgres).await;
+    store.set_event_routes(vec![
+        EventRoute {
+            target: "all".into(),
+            events: None,
+        },
+        EventRoute {
+            target: "deletes".into(),
+            events: Some(HashSet::from([EventName::InstanceDeleted])),
+        },
+    ]);
+    store
+        .node_upsert(&registration("n1", 5), Utc::now())
+        .await
+        .unwrap();
+    let (a, b) = (new_instance("n1"), new_instance("n1"));
+    for new in [&a, &b] {
+        store.instance_insert_if_room(new, 5).await.unwrap();
+        store
+            .instance_transition(
+                &new.id,
+                &[InstanceStatus::Creating],
+                InstanceStatus::Running,
+                None,
+                Utc::now(),
+            )
+            .await
+            .unwrap();
+    }
+    store.instance_delete(&a.id, Utc::now()).await.unwrap();
+    let later = Utc::now() + Duration::seconds(1);
+    let due = store.deliveries_due("all", later, 100).await.unwrap();
+    let subjects: Vec<_> = due.iter().map(|d| (d.subject.clone(), d.name)).collect();
+    assert!(subjects.contains(&(a.id.as_str().to_owned(), EventName::InstanceCreated)));
+    assert!(subjects.contains(&(b.id.as_str().to_owned(), EventName::InstanceCreated)));
+    assert!(subjects.contains(&("n1".to_owned(), EventName::NodeOnline)));
+    assert_eq!(due.len(), 3, "one head per subject: {subjects:?}");
+    // A failed head holds back its subject only.
+    let head_a = due.iter().find(|d| d.subject == a.id.as_str()).unwrap();
+    store
+        .delivery_retry_at(head_a, later + Duration::seconds(60), "503")
+        .await
+        .unwrap();
+    let done: Vec<_> = due.iter().filter(|d| d.subject != a.id.as_str()).collect();
+    store.deliveries_done(&done).await.unwrap();
+    let due = store.deliveries_due("all", later, 100).await.unwrap();
+    assert_eq!(due.len(), 1);
+    assert_eq!(
+        (due[0].subject.as_str(), due[0].name),
+        (b.id.as_str(), EventName::InstanceRunning)
+    );
+    assert_eq!(
+        store
+            .delivery_next_due("all")
+            .await
+            .unwrap()
+            .map(|t| t.timestamp_millis()),
+        Some(due[0].created_at.timestamp_millis()),
+        "the earliest head, not a later event waiting behind a retry"
+    );
+    store.deliveries_done(&[&due[0]]).await.unwrap();
+    let next = store.delivery_next_due("all").await.unwrap().unwrap();
+    assert!(
+        next > later + Duration::seconds(30),
+        "only the retrying head is left: {next}"
+    );
+    let deletes = store.deliveries_due("deletes", later, 100).await.unwrap();
+    assert_eq!(deletes.len(), 1);
+    assert_eq!(deletes[0].name, EventName::InstanceDeleted);
+    assert!(store.outbox_depth().await.unwrap() >= 4);
+    assert_eq!(
+        store.deliveries_keep_only(&["all".into()]).await.unwrap(),
+        1
+    );
+}
+
+async fn alerts_raise_and_clear(postgres: bool) {
+    let (store, _guard) = open(postgres).await;
+    let raised = store
+        .alert_raise(
+            NewAlert {
+                scope: "node:n1".into(),
+                metric: "cpu".into(),
+                level: AlertLevel::Warning,
+                value: 75.0,
+                threshold: 70.0,
+                message: "node n1: CPU at 75 %".into(),
+            },
+            Utc::now(),
+        )
+        .await
+        .unwrap();
+    let active = store.alerts_active().await.unwrap();
+    assert_eq!(active, vec![raised.clone()]);
+    assert!(store.alert_clear(&raised, 10.0, Utc::now()).await.unwrap());
+    assert!(
+        !store.alert_clear(&raised, 10.0, Utc::now()).await.unwrap(),
+        "once"
+    );
+    assert!(store.alerts_active().await.unwrap().is_empty());
+    let (cleared, total) = store.alerts_list(AlertState::Cleared, 10, 0).await.unwrap();
+    assert_eq!(total, 1);
+    assert!(cleared[0].cleared_at.is_some());
+    assert_eq!(
+        event_names(&store.events_of("alert:node:n1:cpu").await.unwrap()),
+        ["alert.raised", "alert.cleared"]
+    );
+}
+
+async fn metric_samples_and_settings(postgres: bool) {
+    let (store, _guard) = open(postgres).await;
+    let now = Utc::now();
+    let sample = |minutes_ago: i64, cpu: f64| MetricSample {
+        node_id: String::new(),
+        at: now - Duration::minutes(minutes_ago),
+        cpu_percent: cpu,
+        memory_percent: 1.0,
+        disk_percent: 2.0,
+        instances: 3,
+    };
+    store
+        .metric_samples_insert(&[sample(120, 10.0), sample(30, 20.0), sample(1, 30.0)])
+        .await
+        .unwrap();
+    let hour = store
+        .metric_samples_since("", now - Duration::hours(1))
+        .await
+        .unwrap();
+    assert_eq!(
+        hour.iter().map(|s| s.cpu_percent).collect::<Vec<_>>(),
+        [20.0, 30.0]
+    );
+    assert_eq!(
+        store
+            .metric_samples_prune(now - Duration::minutes(60))
+            .await
+            .unwrap(),
+        1
+    );
+    let store = Arc::new(store);
+    let calls: Vec<_> = (0..10)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .setting_get_or_init("key", &format!("v{i}"))
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut values = HashSet::new();
+    for call in calls {
+        values.insert(call.await.unwrap());
+    }
+    assert_eq!(values.len(), 1, "one value wins cluster-wide: {values:?}");
+}

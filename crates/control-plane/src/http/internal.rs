@@ -1,0 +1,78 @@
+//! The API node agents call on the control plane (`flotilla agent`), with
+//! `Authorization: Bearer <cluster_token>`; without a configured cluster token
+//! it answers 401 to everyone.
+//!
+//! - `POST /internal/v1/nodes/register`  — `NodeRegistration` → 200 `RegistrationAck`
+//! - `POST /internal/v1/nodes/heartbeat` — `Heartbeat` → 204, or 404 when the node
+//!   must register again (unknown, or declared offline meanwhile)
+//! - `POST /internal/v1/instances/state` — `InstanceStateChange` → 204
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use flotilla_api_types::agent::{Heartbeat, InstanceStateChange, NodeRegistration};
+use flotilla_node_agent::RegistrationAck;
+use flotilla_node_agent::agent_api::constant_time_eq;
+
+use crate::app::ControlPlane;
+use crate::error::Error;
+
+/// Admits requests carrying the cluster token.
+pub async fn require_cluster_token(
+    State(control_plane): State<Arc<ControlPlane>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match (&control_plane.config().cluster_token, presented) {
+        (Some(token), Some(presented))
+            if constant_time_eq(token.as_bytes(), presented.as_bytes()) =>
+        {
+            next.run(request).await
+        }
+        (None, _) => Error::Unauthorized(
+            "this control plane has no cluster_token: agents cannot register".into(),
+        )
+        .into_response(),
+        _ => Error::Unauthorized(
+            "the internal API needs Authorization: Bearer <cluster_token>".into(),
+        )
+        .into_response(),
+    }
+}
+
+pub async fn register(
+    State(control_plane): State<Arc<ControlPlane>>,
+    Json(registration): Json<NodeRegistration>,
+) -> Result<Json<RegistrationAck>, Error> {
+    Ok(Json(control_plane.node_register(registration).await?))
+}
+
+pub async fn heartbeat(
+    State(control_plane): State<Arc<ControlPlane>>,
+    Json(heartbeat): Json<Heartbeat>,
+) -> Result<StatusCode, Error> {
+    let node = heartbeat.node_id.clone();
+    if control_plane.node_heartbeat(heartbeat).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(Error::NotFound(format!("node {node} must register again")))
+    }
+}
+
+pub async fn state_changed(
+    State(control_plane): State<Arc<ControlPlane>>,
+    Json(change): Json<InstanceStateChange>,
+) -> Result<StatusCode, Error> {
+    control_plane.instance_state_changed(change).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

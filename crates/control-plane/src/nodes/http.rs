@@ -1,0 +1,121 @@
+//! A node agent on another machine (or process), reached over its agent API
+//! (`flotilla_node_agent::agent_api`) with the cluster token.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::de::DeserializeOwned;
+
+use flotilla_api_types::agent::{
+    AgentCreateInstance, AgentDormantResult, AgentInstancePorts, AgentReviveInstance,
+};
+use flotilla_api_types::{ErrorResponse, InstanceId};
+
+use super::{NodeCallError, NodeConnection};
+
+/// Longest a create or revive call may take (the agent answers once ports are
+/// reserved and the launch has begun).
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// Parking captures and uploads a snapshot.
+const DORMANT_TIMEOUT: Duration = Duration::from_secs(300);
+
+pub struct HttpNode {
+    address: String,
+    token: String,
+    client: reqwest::Client,
+}
+
+impl HttpNode {
+    pub fn new(address: &str, token: &str) -> Self {
+        Self {
+            address: address.trim_end_matches('/').to_owned(),
+            token: token.to_owned(),
+            client: reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(5))
+                .no_proxy()
+                .build()
+                .expect("the HTTP client builds"),
+        }
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        request: reqwest::RequestBuilder,
+        timeout: Duration,
+    ) -> Result<Option<T>, NodeCallError> {
+        let response = request
+            .bearer_auth(&self.token)
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| NodeCallError::Unreachable(format!("{}: {e}", self.address)))?;
+        let status = response.status();
+        if status.is_success() {
+            if status == reqwest::StatusCode::NO_CONTENT {
+                return Ok(None);
+            }
+            return response.json().await.map(Some).map_err(|e| {
+                NodeCallError::Unreachable(format!("{}: unreadable answer: {e}", self.address))
+            });
+        }
+        let detail = match response.json::<ErrorResponse>().await {
+            Ok(error) => error.detail,
+            Err(_) => format!("the agent answered {status}"),
+        };
+        Err(NodeCallError::Rejected {
+            status: status.as_u16(),
+            detail,
+        })
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}/agent/v1/instances{path}", self.address)
+    }
+}
+
+fn expect_body<T>(answer: Option<T>) -> Result<T, NodeCallError> {
+    answer.ok_or_else(|| NodeCallError::Unreachable("the agent answered without a body".into()))
+}
+
+#[async_trait]
+impl NodeConnection for HttpNode {
+    async fn instance_create(
+        &self,
+        request: AgentCreateInstance,
+    ) -> Result<AgentInstancePorts, NodeCallError> {
+        let answer = self
+            .call(self.client.post(self.url("")).json(&request), CALL_TIMEOUT)
+            .await?;
+        expect_body(answer)
+    }
+
+    async fn instance_delete(&self, id: &InstanceId, force: bool) -> Result<(), NodeCallError> {
+        let request = self
+            .client
+            .delete(self.url(&format!("/{id}?force={force}")));
+        match self.call::<serde_json::Value>(request, CALL_TIMEOUT).await {
+            Ok(_) | Err(NodeCallError::Rejected { status: 404, .. }) => Ok(()),
+            Err(error) => Err(error),
+        }
+    }
+
+    async fn instance_dormant(&self, id: &InstanceId) -> Result<AgentDormantResult, NodeCallError> {
+        let request = self.client.post(self.url(&format!("/{id}/dormant")));
+        expect_body(self.call(request, DORMANT_TIMEOUT).await?)
+    }
+
+    async fn instance_revive(
+        &self,
+        request: AgentReviveInstance,
+    ) -> Result<AgentInstancePorts, NodeCallError> {
+        let call = self
+            .client
+            .post(self.url(&format!("/{}/revive", request.id)))
+            .json(&request);
+        expect_body(self.call(call, CALL_TIMEOUT).await?)
+    }
+
+    fn address(&self) -> Option<&str> {
+        Some(&self.address)
+    }
+}

@@ -1,0 +1,104 @@
+//! `flotilla agent`: a node agent on its own, registered with a control plane
+//! over HTTP (`--control-plane URL`) and serving the agent API that control
+//! planes call, both with the cluster token.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use flotilla_control_plane::SystemClock;
+use flotilla_node_agent::snapshot::SnapshotStore;
+use flotilla_node_agent::{Agent, AgentSettings, HttpLink};
+
+use crate::config::FlotillaConfig;
+use crate::serve::{bind, default_bind_address, default_public_host, spawn_http};
+
+/// A running `agent`.
+pub struct AgentNode {
+    pub addr: SocketAddr,
+    pub agent: Agent,
+    shutdown: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl AgentNode {
+    pub async fn start(config: FlotillaConfig) -> anyhow::Result<AgentNode> {
+        config.validate()?;
+        let control_plane_url = config
+            .agent
+            .control_plane_url
+            .clone()
+            .context("flotilla agent needs --control-plane URL (agent.control_plane_url)")?;
+        url::Url::parse(&control_plane_url).with_context(|| {
+            format!("agent.control_plane_url {control_plane_url:?} is not a URL")
+        })?;
+        let token = config.control.cluster_token.clone().context(
+            "flotilla agent needs cluster_token (or FLOTILLA_CLUSTER_TOKEN), the same as its control plane's",
+        )?;
+        std::fs::create_dir_all(&config.data_dir)
+            .with_context(|| format!("cannot create data_dir {}", config.data_dir.display()))?;
+        let data_dir = config.data_dir.canonicalize()?;
+        let listen: SocketAddr = config.agent.listen.parse().with_context(|| {
+            format!(
+                "agent.listen must be an address like 127.0.0.1:0 (got {:?})",
+                config.agent.listen
+            )
+        })?;
+        let listener = bind(listen, "agent.listen").await?;
+        let addr = listener.local_addr()?;
+        let public_host = config
+            .agent
+            .public_host
+            .clone()
+            .unwrap_or_else(|| default_public_host(addr.ip()));
+        let address = match &config.agent.advertise {
+            Some(advertise) => advertise.clone(),
+            None if addr.ip().is_unspecified() => format!("http://{public_host}:{}", addr.port()),
+            None => format!("http://{addr}"),
+        };
+        let snapshots = SnapshotStore::open(&config.snapshots, &data_dir.join("snapshots"))?;
+        let settings = AgentSettings {
+            config: config.agent.clone(),
+            data_dir: data_dir.join("agent"),
+            address,
+            bind_address: config
+                .agent
+                .bind_address
+                .unwrap_or_else(|| default_bind_address(&public_host)),
+            public_host,
+            hidden_paths: vec![data_dir.clone()],
+            snapshots,
+            clock: Arc::new(SystemClock),
+        };
+        let link = Arc::new(HttpLink::new(&control_plane_url, &token));
+        let shutdown = CancellationToken::new();
+        // Serve the agent API before registering: the control plane may call at once.
+        let (agent_tx, agent_rx) = tokio::sync::oneshot::channel::<Agent>();
+        let router_shutdown = shutdown.clone();
+        let server = tokio::spawn(async move {
+            let Ok(agent) = agent_rx.await else { return };
+            let router = flotilla_node_agent::agent_api::router(agent, &token);
+            let _ = spawn_http(listener, router, router_shutdown).await;
+        });
+        let agent = Agent::start(settings, link).await?;
+        let _ = agent_tx.send(agent.clone());
+        Ok(AgentNode {
+            addr,
+            agent,
+            shutdown,
+            tasks: vec![server],
+        })
+    }
+
+    /// Stops serving, then stops every browser gracefully.
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        self.agent.shutdown().await;
+    }
+}
