@@ -99,6 +99,7 @@ on_both_backends!(
     outbox_hands_out_the_head_of_each_subject,
     alerts_raise_and_clear,
     metric_samples_and_settings,
+    leases_pass_only_when_they_lapse,
 );
 
 async fn capacity_holds_under_concurrent_placements(postgres: bool) {
@@ -493,4 +494,41 @@ async fn metric_samples_and_settings(postgres: bool) {
         values.insert(call.await.unwrap());
     }
     assert_eq!(values.len(), 1, "one value wins cluster-wide: {values:?}");
+}
+
+async fn leases_pass_only_when_they_lapse(postgres: bool) {
+    let (store, _guard) = open(postgres).await;
+    let now = Utc::now();
+    let ttl = Duration::seconds(10);
+    assert!(store.lease_acquire("sweep", "a", now, ttl).await.unwrap());
+    assert!(
+        !store
+            .lease_acquire("sweep", "b", now + Duration::seconds(5), ttl)
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .lease_acquire("sweep", "a", now + Duration::seconds(5), ttl)
+            .await
+            .unwrap(),
+        "renewed"
+    );
+    assert!(
+        !store
+            .lease_acquire("sweep", "b", now + Duration::seconds(14), ttl)
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .lease_acquire("sweep", "b", now + Duration::seconds(16), ttl)
+            .await
+            .unwrap(),
+        "lapsed"
+    );
+    assert!(
+        store.lease_acquire("other", "a", now, ttl).await.unwrap(),
+        "leases are per task"
+    );
 }

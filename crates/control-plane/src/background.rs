@@ -1,7 +1,8 @@
 //! Background reconcile tasks. Each runs on a timer, is idempotent, and logs what
 //! it changed; all stop when the shutdown token fires: node offline sweep, idle
 //! sweep, metrics samples with alert evaluation and event-log pruning, and one
-//! event delivery task per outbox target.
+//! event delivery task per outbox target. Each runs in one control plane of a
+//! cluster at a time, the holder of its lease in the store.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,11 +68,21 @@ where
     Fut: std::future::Future<Output = crate::error::Result<()>> + Send + 'static,
 {
     let control_plane = control_plane.clone();
+    // Held a little longer than a period, renewed every period: one control
+    // plane of the cluster runs the task; another takes over if it stops.
+    let lease = interval.mul_f64(2.5);
     tokio::spawn(run_every(interval, shutdown.clone(), move || {
+        let control_plane = control_plane.clone();
         let run = task(control_plane.clone());
         async move {
-            if let Err(error) = run.await {
-                tracing::warn!(%error, task = name, "background task failed");
+            match control_plane.hold_lease(name, lease).await {
+                Ok(true) => {
+                    if let Err(error) = run.await {
+                        tracing::warn!(%error, task = name, "background task failed");
+                    }
+                }
+                Ok(false) => {}
+                Err(error) => tracing::warn!(%error, task = name, "cannot take the task's lease"),
             }
         }
     }))

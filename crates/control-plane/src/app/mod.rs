@@ -41,6 +41,8 @@ pub struct ControlPlane {
     pub(crate) guard: Guard,
     /// The key that signs subscriber tokens (see [`tokens`]), loaded once.
     token_key: tokio::sync::OnceCell<Arc<Vec<u8>>>,
+    /// This control plane's name as a lease holder (random per start).
+    holder: String,
 }
 
 impl ControlPlane {
@@ -57,6 +59,7 @@ impl ControlPlane {
             telemetry: Telemetry::default(),
             guard,
             token_key: tokio::sync::OnceCell::new(),
+            holder: uuid::Uuid::new_v4().simple().to_string(),
         }
     }
 
@@ -97,6 +100,20 @@ impl ControlPlane {
         let connection: Arc<dyn NodeConnection> = Arc::new(HttpNode::new(&record.address, token));
         self.nodes.attach(node.clone(), connection.clone());
         Ok(Some(connection))
+    }
+
+    /// Whether this control plane may run the cluster-wide task `name` now
+    /// (it holds, or just took, its lease for `ttl`).
+    pub async fn hold_lease(
+        &self,
+        name: &str,
+        ttl: std::time::Duration,
+    ) -> crate::error::Result<bool> {
+        let ttl = chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::seconds(60));
+        Ok(self
+            .store
+            .lease_acquire(name, &self.holder, self.now(), ttl)
+            .await?)
     }
 
     pub fn telemetry(&self) -> &Telemetry {

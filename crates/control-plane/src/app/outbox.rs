@@ -8,6 +8,8 @@
 //! failed call is retried after 1, 2, 4 … s (at most `max_backoff_sec`, with
 //! jitter) until it succeeds or `give_up_after_hours` pass. At-least-once: a
 //! receiver deduplicates by `webhook-id` (the event id, the same on retries).
+//! With several control planes on one store, the holder of a target's lease
+//! delivers its events; another takes over within `LEASE` if it stops.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -33,6 +35,9 @@ pub const PROXY_TARGET: &str = "proxy";
 
 /// Deliveries taken per round and target.
 const ROUND: i64 = 256;
+
+/// How long a control plane holds a target's deliveries (renewed at half).
+const LEASE: Duration = Duration::from_secs(10);
 
 /// Where one target's events go.
 #[derive(Clone)]
@@ -162,7 +167,21 @@ impl Worker {
     async fn run(self, shutdown: CancellationToken) {
         let store = self.control_plane.store.clone();
         let mut signal = store.outbox_signal();
+        let lease_name = format!("outbox:{}", self.target.name);
+        let mut lease_until = Instant::now();
         loop {
+            // One control plane of a cluster delivers a target's events.
+            if lease_until.saturating_duration_since(Instant::now()) < LEASE / 2 {
+                match self.control_plane.hold_lease(&lease_name, LEASE).await {
+                    Ok(true) => lease_until = Instant::now() + LEASE,
+                    Ok(false) | Err(_) => {
+                        tokio::select! {
+                            _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                            _ = shutdown.cancelled() => return,
+                        }
+                    }
+                }
+            }
             signal.borrow_and_update();
             let now = self.control_plane.now();
             let due = match store.deliveries_due(&self.target.name, now, ROUND).await {

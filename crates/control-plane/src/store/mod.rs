@@ -17,6 +17,7 @@ mod alerts;
 mod cache;
 mod events;
 mod instances;
+mod leases;
 mod metrics;
 mod nodes;
 mod settings;

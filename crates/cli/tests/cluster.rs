@@ -1,0 +1,381 @@
+//! A cluster of processes on loopback: `flotilla control` and `flotilla agent`s
+//! talking HTTP with the cluster token. Capacity under concurrent creates,
+//! placement with and without preference, a node that stops answering (its
+//! instances fail, then are adopted again when it returns; what was deleted
+//! meanwhile is stopped on it), kill -9 and restart, real Chromium on three
+//! agents, and two control planes on one PostgreSQL.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use flotilla_testkit::{Api, BROWSER_DEADLINE, PgServer, ServeProcess, StatusCode, wait_until};
+use serde_json::Value;
+
+const TOKEN: &str = "cluster-test-token";
+
+fn binary() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_flotilla"))
+}
+
+async fn control(dir: &Path, extra: &[(&str, &str)]) -> ServeProcess {
+    let data = dir.display().to_string();
+    let mut env = vec![
+        ("FLOTILLA_CLUSTER_TOKEN", TOKEN),
+        ("FLOTILLA_NODES__HEARTBEAT_INTERVAL_SEC", "0.5"),
+        ("FLOTILLA_NODES__HEARTBEAT_TIMEOUT_SEC", "3"),
+        // Two loaded cores: the overload guard would refuse at random.
+        ("FLOTILLA_SCHEDULER__MAX_UTILISATION_PERCENT", "100"),
+    ];
+    env.extend_from_slice(extra);
+    ServeProcess::start_command(
+        binary(),
+        &["control", "--listen", "127.0.0.1:0", "--data-dir", &data],
+        dir,
+        &env,
+        "control plane listening on ",
+    )
+    .await
+    .expect("control starts")
+}
+
+struct AgentSpec<'a> {
+    node: &'a str,
+    max_instances: &'a str,
+    ports: &'a str,
+    sim: bool,
+}
+
+async fn agent(control_url: &str, dir: &Path, spec: &AgentSpec<'_>) -> ServeProcess {
+    let data = dir.display().to_string();
+    let mut env = vec![
+        ("FLOTILLA_CLUSTER_TOKEN", TOKEN),
+        ("FLOTILLA_AGENT__NODE_ID", spec.node),
+        ("FLOTILLA_AGENT__MAX_INSTANCES", spec.max_instances),
+        ("FLOTILLA_AGENT__PORT_RANGE", spec.ports),
+        ("FLOTILLA_AGENT__WARM_POOL_SIZE", "0"),
+    ];
+    if spec.sim {
+        env.push(("FLOTILLA_AGENT__RUNTIME", "sim"));
+    }
+    ServeProcess::start_command(
+        binary(),
+        &["agent", "--control-plane", control_url, "--data-dir", &data],
+        dir,
+        &env,
+        "node agent listening on ",
+    )
+    .await
+    .expect("agent starts")
+}
+
+async fn wait_nodes(api: &Api, want: &[(&str, &str)]) {
+    wait_until(Duration::from_secs(60), "node statuses", || async {
+        let (_, body) = api.get("/v2/nodes").await;
+        let nodes = body["nodes"].as_array().cloned().unwrap_or_default();
+        let ok = want.iter().all(|(id, status)| {
+            nodes
+                .iter()
+                .any(|n| n["id"] == *id && n["status"] == *status)
+        });
+        if ok {
+            Ok(Some(()))
+        } else {
+            Err(format!("{body}"))
+        }
+    })
+    .await
+    .unwrap();
+}
+
+async fn count(api: &Api, query: &str) -> i64 {
+    api.get(&format!("/v2/instances?{query}")).await.1["total"]
+        .as_i64()
+        .unwrap()
+}
+
+async fn wait_count(api: &Api, query: &str, want: i64) {
+    wait_until(Duration::from_secs(60), query, || async {
+        let n = count(api, query).await;
+        if n == want {
+            Ok(Some(()))
+        } else {
+            Err(format!("{n}"))
+        }
+    })
+    .await
+    .unwrap();
+}
+
+/// The instances an agent runs, from its agent API.
+async fn agent_instances(agent: &ServeProcess) -> Vec<Value> {
+    reqwest::Client::new()
+        .get(format!("{}/agent/v1/instances", agent.api.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn cluster_capacity_preference_node_loss_and_reconciliation() {
+    let temp = tempfile::tempdir().unwrap();
+    let cp = control(&temp.path().join("cp"), &[]).await;
+    let api = &cp.api;
+    let url = api.base.clone();
+    let spec = |node, ports| AgentSpec {
+        node,
+        max_instances: "10",
+        ports,
+        sim: true,
+    };
+    let mut n1 = agent(&url, &temp.path().join("n1"), &spec("n1", "21000-21999")).await;
+    let n2_dir: PathBuf = temp.path().join("n2");
+    let mut n2 = agent(&url, &n2_dir, &spec("n2", "22000-22999")).await;
+    wait_nodes(api, &[("n1", "online"), ("n2", "online")]).await;
+
+    // An agent API call without the token is refused.
+    let refused = reqwest::get(format!("{}/agent/v1/instances", n1.api.base))
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+    let refused = reqwest::Client::new()
+        .post(format!("{url}/internal/v1/nodes/heartbeat"))
+        .bearer_auth("wrong")
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+
+    // 50 concurrent creates against 2 nodes of 10: exactly 20 succeed.
+    let creates: Vec<_> = (0..50)
+        .map(|_| {
+            let api = Api::new(url.clone());
+            tokio::spawn(async move { api.post("/v2/instances", "{}").await })
+        })
+        .collect();
+    let (mut created, mut refused) = (0, 0);
+    for create in creates {
+        let (status, body) = create.await.unwrap();
+        match status {
+            StatusCode::CREATED => created += 1,
+            StatusCode::SERVICE_UNAVAILABLE => {
+                assert_eq!(body["code"], "insufficient_capacity", "{body}");
+                refused += 1;
+            }
+            other => panic!("unexpected {other}: {body}"),
+        }
+    }
+    assert_eq!((created, refused), (20, 30));
+    wait_count(api, "node_id=n1&status=running", 10).await;
+    wait_count(api, "node_id=n2&status=running", 10).await;
+    let (_, nodes) = api.get("/v2/nodes").await;
+    for node in nodes["nodes"].as_array().unwrap() {
+        assert_eq!(node["instances_count"], 10, "{node}");
+    }
+
+    // Preference: unknown → 400, full → 503, with room → that node.
+    let (status, body) = api
+        .post("/v2/instances", r#"{"node_preference": "n9"}"#)
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, body) = api
+        .post("/v2/instances", r#"{"node_preference": "n1"}"#)
+        .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let (_, on_n2) = api.get("/v2/instances?node_id=n2").await;
+    let first_on_n2 = on_n2["instances"][0]["id"].as_str().unwrap().to_owned();
+    let (status, _) = api.delete(&format!("/v2/instances/{first_on_n2}")).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) = api
+        .post("/v2/instances", r#"{"node_preference": "n2"}"#)
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["node_id"], "n2");
+
+    // n1 stops answering: offline, its instances fail, creates go to… nowhere
+    // (n2 is full), and a preference for n1 is 503.
+    n1.signal(libc::SIGSTOP);
+    wait_nodes(api, &[("n1", "offline")]).await;
+    wait_count(api, "node_id=n1&status=failed", 10).await;
+    let (status, body) = api
+        .post("/v2/instances", r#"{"node_preference": "n1"}"#)
+        .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(
+        body["detail"].as_str().unwrap().contains("offline"),
+        "{body}"
+    );
+    let (_, on_n1) = api.get("/v2/instances?node_id=n1").await;
+    let deleted_meanwhile = on_n1["instances"][0]["id"].as_str().unwrap().to_owned();
+    let (status, _) = api
+        .delete(&format!("/v2/instances/{deleted_meanwhile}"))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+
+    // It comes back: what it still runs is adopted, what was deleted is stopped.
+    n1.signal(libc::SIGCONT);
+    wait_nodes(api, &[("n1", "online")]).await;
+    wait_count(api, "node_id=n1&status=running", 9).await;
+    wait_until(
+        Duration::from_secs(30),
+        "the deleted instance stopped on n1",
+        || async {
+            let running = agent_instances(&n1).await;
+            let ids: Vec<_> = running
+                .iter()
+                .map(|r| r["id"].as_str().unwrap().to_owned())
+                .collect();
+            if ids.len() == 9 && !ids.contains(&deleted_meanwhile) {
+                Ok(Some(()))
+            } else {
+                Err(format!("{ids:?}"))
+            }
+        },
+    )
+    .await
+    .unwrap();
+
+    // kill -9 of n2: offline and failed; restarted, it is online with nothing left.
+    n2.stop_with(libc::SIGKILL).await;
+    wait_nodes(api, &[("n2", "offline")]).await;
+    wait_count(api, "node_id=n2&status=failed", 10).await;
+    let n2 = agent(&url, &n2_dir, &spec("n2", "22000-22999")).await;
+    wait_nodes(api, &[("n2", "online")]).await;
+    assert!(agent_instances(&n2).await.is_empty());
+    assert_eq!(
+        count(api, "node_id=n2&status=failed").await,
+        10,
+        "lost browsers stay failed"
+    );
+    let (status, body) = api
+        .post("/v2/instances", r#"{"node_preference": "n2"}"#)
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    drop(n2);
+    n1.stop_with(libc::SIGTERM).await;
+}
+
+#[tokio::test]
+async fn browser_cluster_places_real_chromium_on_three_agents() {
+    let temp = tempfile::tempdir().unwrap();
+    let cp = control(&temp.path().join("cp"), &[]).await;
+    let url = cp.api.base.clone();
+    let mut agents = Vec::new();
+    for (node, ports) in [
+        ("b1", "23000-23099"),
+        ("b2", "23100-23199"),
+        ("b3", "23200-23299"),
+    ] {
+        let spec = AgentSpec {
+            node,
+            max_instances: "2",
+            ports,
+            sim: false,
+        };
+        agents.push(agent(&url, &temp.path().join(node), &spec).await);
+    }
+    wait_nodes(
+        &cp.api,
+        &[("b1", "online"), ("b2", "online"), ("b3", "online")],
+    )
+    .await;
+    let preferred = cp.api.create(r#"{"node_preference": "b3"}"#).await;
+    assert_eq!(preferred["node_id"], "b3");
+    let anywhere = cp.api.create("{}").await;
+    for instance in [&preferred, &anywhere] {
+        let id = instance["id"].as_str().unwrap();
+        cp.api
+            .wait_for_status(id, "running", BROWSER_DEADLINE)
+            .await;
+        let port = instance["debug_port"].as_u64().unwrap();
+        let version: Value = reqwest::get(format!("http://127.0.0.1:{port}/json/version"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert!(
+            version["Browser"].as_str().unwrap().contains("Chrome"),
+            "{version}"
+        );
+        let node = instance["node_id"].as_str().unwrap();
+        let index = ["b1", "b2", "b3"].iter().position(|n| *n == node).unwrap();
+        let running = agent_instances(&agents[index]).await;
+        assert!(running.iter().any(|r| r["id"] == id), "{node} runs {id}");
+    }
+    for instance in [&preferred, &anywhere] {
+        let (status, _) = cp
+            .api
+            .delete(&format!(
+                "/v2/instances/{}",
+                instance["id"].as_str().unwrap()
+            ))
+            .await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    for mut agent in agents {
+        assert_eq!(agent.stop_with(libc::SIGTERM).await, Some(0));
+    }
+}
+
+#[tokio::test]
+async fn two_control_planes_share_one_postgres() {
+    let postgres = PgServer::start().await.unwrap();
+    let database = postgres.database().await.unwrap();
+    let temp = tempfile::tempdir().unwrap();
+    let env = [("FLOTILLA_DATABASE_URL", database.as_str())];
+    let a = control(&temp.path().join("a"), &env).await;
+    let b = control(&temp.path().join("b"), &env).await;
+    let spec = |node, ports| AgentSpec {
+        node,
+        max_instances: "10",
+        ports,
+        sim: true,
+    };
+    let _n1 = agent(
+        &a.api.base,
+        &temp.path().join("n1"),
+        &spec("p1", "24000-24999"),
+    )
+    .await;
+    let _n2 = agent(
+        &b.api.base,
+        &temp.path().join("n2"),
+        &spec("p2", "25000-25999"),
+    )
+    .await;
+    for api in [&a.api, &b.api] {
+        wait_nodes(api, &[("p1", "online"), ("p2", "online")]).await;
+    }
+    // 50 creates split over both control planes: still exactly 20.
+    let creates: Vec<_> = (0..50)
+        .map(|i| {
+            let api = Api::new(if i % 2 == 0 {
+                a.api.base.clone()
+            } else {
+                b.api.base.clone()
+            });
+            tokio::spawn(async move { api.post("/v2/instances", "{}").await.0 })
+        })
+        .collect();
+    let mut created = 0;
+    for create in creates {
+        if create.await.unwrap() == StatusCode::CREATED {
+            created += 1;
+        }
+    }
+    assert_eq!(created, 20);
+    // Either control plane reaches either node: B deletes an instance A placed on p1.
+    wait_count(&b.api, "node_id=p1&status=running", 10).await;
+    let (_, on_p1) = b.api.get("/v2/instances?node_id=p1").await;
+    let id = on_p1["instances"][0]["id"].as_str().unwrap().to_owned();
+    let (status, body) = b.api.delete(&format!("/v2/instances/{id}")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    wait_count(&a.api, "node_id=p1", 9).await;
+    let (status, _) = a.api.get(&format!("/v2/instances/{id}")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
