@@ -251,10 +251,15 @@ async fn cluster_capacity_preference_node_loss_and_reconciliation() {
         10,
         "lost browsers stay failed"
     );
+    // All of its recent instances failed: unhealthy, no placements (spec: > 10 %).
     let (status, body) = api
         .post("/v2/instances", r#"{"node_preference": "n2"}"#)
         .await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(
+        body["detail"].as_str().unwrap().contains("unhealthy"),
+        "{body}"
+    );
     drop(n2);
     n1.stop_with(libc::SIGTERM).await;
 }
@@ -378,4 +383,61 @@ async fn two_control_planes_share_one_postgres() {
     wait_count(&a.api, "node_id=p1", 9).await;
     let (status, _) = a.api.get(&format!("/v2/instances/{id}")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn revive_moves_to_another_node_when_its_node_is_gone() {
+    let temp = tempfile::tempdir().unwrap();
+    let shared = temp.path().join("snapshots");
+    std::fs::create_dir_all(&shared).unwrap();
+    let snapshots_url = format!("file://{}", shared.display());
+    let cp = control(
+        &temp.path().join("cp"),
+        &[("FLOTILLA_SNAPSHOTS__URL", &snapshots_url)],
+    )
+    .await;
+    let api = &cp.api;
+    let mut agents = Vec::new();
+    for (node, ports) in [("r1", "26000-26099"), ("r2", "26100-26199")] {
+        let data = temp.path().join(node).display().to_string();
+        let env = [
+            ("FLOTILLA_CLUSTER_TOKEN", TOKEN),
+            ("FLOTILLA_AGENT__NODE_ID", node),
+            ("FLOTILLA_AGENT__PORT_RANGE", ports),
+            ("FLOTILLA_AGENT__RUNTIME", "sim"),
+            ("FLOTILLA_SNAPSHOTS__URL", snapshots_url.as_str()),
+        ];
+        agents.push(
+            ServeProcess::start_command(
+                binary(),
+                &["agent", "--control-plane", &api.base, "--data-dir", &data],
+                &temp.path().join(node),
+                &env,
+                "node agent listening on ",
+            )
+            .await
+            .unwrap(),
+        );
+    }
+    wait_nodes(api, &[("r1", "online"), ("r2", "online")]).await;
+    let created = api.create(r#"{"node_preference": "r1"}"#).await;
+    let id = created["id"].as_str().unwrap().to_owned();
+    api.wait_for_status(&id, "running", Duration::from_secs(60))
+        .await;
+    let (status, body) = api.post(&format!("/v2/instances/{id}/dormant"), "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    agents[0].stop_with(libc::SIGKILL).await;
+    wait_nodes(api, &[("r1", "offline")]).await;
+    let (status, body) = api.post(&format!("/v2/instances/{id}/revive"), "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let revived = api
+        .wait_for_status(&id, "running", Duration::from_secs(60))
+        .await;
+    assert_eq!(revived["node_id"], "r2", "{revived}");
+    let running = agent_instances(&agents[1]).await;
+    assert!(
+        running.iter().any(|r| r["id"] == id.as_str()),
+        "{running:?}"
+    );
 }

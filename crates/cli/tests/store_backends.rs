@@ -282,6 +282,26 @@ async fn lists_filter_sort_and_page(postgres: bool) {
         .unwrap();
     assert_eq!(total, 10);
     assert!(page.iter().all(|r| r.node_id.as_str() == "n2"));
+    store
+        .instance_transition(
+            &ids[1],
+            &[InstanceStatus::Running],
+            InstanceStatus::Failed,
+            Some("crash"),
+            Utc::now(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let mut recent = store
+        .recent_failures(Utc::now() - Duration::minutes(15))
+        .await
+        .unwrap();
+    recent.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+    assert_eq!(
+        recent,
+        vec![(NodeId::new("n1"), 20, 1), (NodeId::new("n2"), 10, 0)]
+    );
     let counts = store.instance_counts().await.unwrap();
     let count = |s| counts.iter().find(|(c, _)| *c == s).map_or(0, |(_, n)| *n);
     assert_eq!(
@@ -289,7 +309,7 @@ async fn lists_filter_sort_and_page(postgres: bool) {
             count(InstanceStatus::Running),
             count(InstanceStatus::Creating)
         ),
-        (10, 20)
+        (9, 20)
     );
 }
 

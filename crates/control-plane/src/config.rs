@@ -46,6 +46,13 @@ pub struct NodesConfig {
     pub heartbeat_interval_sec: f64,
     /// A node whose last heartbeat is older than this is offline (spec: 60 s).
     pub heartbeat_timeout_sec: f64,
+    /// A node is unhealthy (no new placements) when more than this share of the
+    /// instances created on it recently failed (spec: 10 %).
+    pub max_failed_ratio: f64,
+    /// "Recently": within this many minutes.
+    pub failed_ratio_window_min: f64,
+    /// The ratio is judged from this many recent instances on.
+    pub failed_ratio_min_instances: i64,
 }
 
 impl Default for NodesConfig {
@@ -53,6 +60,9 @@ impl Default for NodesConfig {
         Self {
             heartbeat_interval_sec: 5.0,
             heartbeat_timeout_sec: 60.0,
+            max_failed_ratio: 0.1,
+            failed_ratio_window_min: 15.0,
+            failed_ratio_min_instances: 5,
         }
     }
 }

@@ -1,8 +1,11 @@
 //! Placement: which node gets a new instance.
 //!
 //! A node is eligible when it is online with a fresh heartbeat, offers the image,
-//! has a free slot, is big enough for the requested memory and cores, and is not
-//! over the utilisation limit. With `node_preference` only that node is
+//! has a free slot, is big enough for the requested memory and cores, is healthy
+//! (at most 10 % of the instances created on it in the last
+//! `nodes.failed_ratio_window_min` minutes failed, judged from
+//! `nodes.failed_ratio_min_instances` instances on) and is not over the
+//! utilisation limit (CPU and memory smoothed over about a minute). With `node_preference` only that node is
 //! considered. Otherwise K random eligible nodes are compared and the one with
 //! the most free capacity wins (best-of-K: near-best placement without every
 //! control plane piling onto the same node). The caller tries the ranked nodes
@@ -21,6 +24,17 @@ use crate::config::ControlPlaneConfig;
 use crate::error::Error;
 use crate::store::NodeRecord;
 
+/// What a node holds, for placement.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct NodeUsage {
+    /// Instances holding a slot.
+    pub occupied: i64,
+    /// Instances created on the node within the failure window, and how many
+    /// of those failed.
+    pub recent: i64,
+    pub recent_failed: i64,
+}
+
 pub struct PlacementRequest<'a> {
     pub image: &'a str,
     pub config: &'a InstanceConfig,
@@ -30,11 +44,12 @@ pub struct PlacementRequest<'a> {
 /// Why a node cannot take the instance, or `None` if it can.
 fn ineligibility(
     node: &NodeRecord,
-    occupied: i64,
+    usage: NodeUsage,
     request: &PlacementRequest<'_>,
     now: DateTime<Utc>,
     config: &ControlPlaneConfig,
 ) -> Option<String> {
+    let occupied = usage.occupied;
     let heartbeat_age = (now - node.last_heartbeat).num_milliseconds() as f64 / 1000.0;
     let limit = config.scheduler.max_utilisation_percent;
     if node.status == NodeStatus::Offline || heartbeat_age > config.nodes.heartbeat_timeout_sec {
@@ -56,6 +71,16 @@ fn ineligibility(
             "has {} CPU cores, fewer than the requested cpu_cores {}",
             node.capabilities.cpu_cores, request.config.cpu_cores
         ))
+    } else if usage.recent >= config.nodes.failed_ratio_min_instances
+        && usage.recent_failed as f64 > usage.recent as f64 * config.nodes.max_failed_ratio
+    {
+        Some(format!(
+            "unhealthy ({} of its {} instances created in the last {} minutes failed; limit {:.0} %)",
+            usage.recent_failed,
+            usage.recent,
+            config.nodes.failed_ratio_window_min,
+            config.nodes.max_failed_ratio * 100.0
+        ))
     } else if node.load.cpu_percent > limit || node.load.memory_percent > limit {
         Some(format!(
             "overloaded (CPU {:.0} %, memory {:.0} % over the last minute; limit {limit:.0} %)",
@@ -76,7 +101,7 @@ fn free_capacity(node: &NodeRecord, occupied: i64) -> f64 {
 /// Nodes to try, best first.
 pub fn rank(
     nodes: &[NodeRecord],
-    occupancy: &HashMap<NodeId, i64>,
+    usage: &HashMap<NodeId, NodeUsage>,
     request: &PlacementRequest<'_>,
     now: DateTime<Utc>,
     config: &ControlPlaneConfig,
@@ -101,14 +126,15 @@ pub fn rank(
             }
         )));
     }
-    let occupied = |node: &NodeRecord| occupancy.get(&node.id).copied().unwrap_or(0);
+    let usage_of = |node: &NodeRecord| usage.get(&node.id).copied().unwrap_or_default();
+    let occupied = |node: &NodeRecord| usage_of(node).occupied;
     if let Some(preferred) = request.preference {
         let node = nodes.iter().find(|n| &n.id == preferred).ok_or_else(|| {
             Error::InvalidRequest(format!(
                 "node_preference: unknown node {preferred:?}; GET /v2/nodes lists the nodes"
             ))
         })?;
-        return match ineligibility(node, occupied(node), request, now, config) {
+        return match ineligibility(node, usage_of(node), request, now, config) {
             None => Ok(vec![node.clone()]),
             Some(reason) => Err(Error::InsufficientCapacity(format!(
                 "preferred node {preferred} cannot take the instance: it is {reason}"
@@ -118,7 +144,7 @@ pub fn rank(
     let mut eligible = Vec::new();
     let mut reasons = Vec::new();
     for node in nodes {
-        match ineligibility(node, occupied(node), request, now, config) {
+        match ineligibility(node, usage_of(node), request, now, config) {
             None => eligible.push(node.clone()),
             Some(reason) => reasons.push(format!("{} is {reason}", node.id)),
         }
@@ -187,7 +213,13 @@ mod tests {
         let config = ControlPlaneConfig::default();
         let instance = InstanceConfig::default();
         let nodes = vec![node("a", 10, 50.0), node("b", 10, 10.0), node("c", 2, 0.0)];
-        let occupancy = HashMap::from([(NodeId::new("c"), 2)]);
+        let occupancy = HashMap::from([(
+            NodeId::new("c"),
+            NodeUsage {
+                occupied: 2,
+                ..NodeUsage::default()
+            },
+        )]);
         for _ in 0..20 {
             let ranked = rank(
                 &nodes,
@@ -287,6 +319,36 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("overloaded"), "{err}");
+    }
+
+    #[test]
+    fn a_node_whose_recent_instances_fail_gets_no_placements() {
+        let config = ControlPlaneConfig::default();
+        let instance = InstanceConfig::default();
+        let nodes = vec![node("a", 10, 0.0)];
+        let usage = |recent, recent_failed| {
+            HashMap::from([(
+                NodeId::new("a"),
+                NodeUsage {
+                    occupied: 0,
+                    recent,
+                    recent_failed,
+                },
+            )])
+        };
+        let place = |usage: HashMap<NodeId, NodeUsage>| {
+            rank(
+                &nodes,
+                &usage,
+                &request(&instance, None),
+                Utc::now(),
+                &config,
+            )
+        };
+        assert!(place(usage(10, 1)).is_ok(), "10 % is not above 10 %");
+        let err = place(usage(10, 2)).unwrap_err();
+        assert!(err.to_string().contains("unhealthy"), "{err}");
+        assert!(place(usage(2, 2)).is_ok(), "too few instances to judge");
     }
 
     #[test]

@@ -16,13 +16,16 @@ use std::sync::Mutex;
 use chrono::Duration;
 
 use flotilla_api_types::InstanceId;
-use flotilla_api_types::agent::AgentReviveInstance;
+use flotilla_api_types::agent::{AgentInstancePorts, AgentReviveInstance};
+use flotilla_api_types::ids::SnapshotId;
 use flotilla_api_types::instances::{Instance, InstanceStatus, ReviveMethod};
+use flotilla_api_types::nodes::NodeStatus;
 
 use super::ControlPlane;
 use super::instances::not_found;
 use crate::error::{Error, Result};
 use crate::nodes::NodeCallError;
+use crate::scheduler::{self, PlacementRequest};
 use crate::store::InstanceRecord;
 
 /// Moving averages of measured revive durations, per method. A std mutex:
@@ -139,26 +142,73 @@ impl ControlPlane {
                 record.status
             )));
         };
-        let connection = self.connection(&record.node_id).await?.ok_or_else(|| {
-            Error::InsufficientCapacity(format!("node {} is not reachable", record.node_id))
-        })?;
+        // Its own node when it can take it; otherwise (offline, unreachable,
+        // full) another one: the snapshot comes from the shared store.
+        let mut record = record;
+        let original = self.store.node_get(&record.node_id).await?;
+        if original.is_none_or(|node| node.status != NodeStatus::Online) {
+            record = self.relocate(&record).await?;
+        }
+        let (started, ports) = match self.revive_on_node(&record, method, &snapshot_id).await {
+            Ok(done) => done,
+            Err(RevivalRefused::Unavailable(error)) => {
+                tracing::warn!(instance = %id, node = %record.node_id, %error, "its node cannot revive it; trying another");
+                record = self.relocate(&record).await?;
+                self.revive_on_node(&record, method, &snapshot_id)
+                    .await
+                    .map_err(RevivalRefused::into_error)?
+            }
+            Err(other) => return Err(other.into_error()),
+        };
+        let ports = [ports.debug_port, ports.stream_port, ports.http_port];
+        if record.ports != Some(ports) {
+            self.store.instance_set_ports(id, ports, self.now()).await?;
+        }
+        let mut view = Instance::bare(started.id.clone(), InstanceStatus::Reviving);
+        view.estimated_completion =
+            Some(started.updated_at + self.revive_estimates.estimate(method));
+        Ok(view)
+    }
+
+    /// Starts the revive on the record's node; rolls the status back when the
+    /// node refuses.
+    async fn revive_on_node(
+        &self,
+        record: &InstanceRecord,
+        method: ReviveMethod,
+        snapshot_id: &SnapshotId,
+    ) -> std::result::Result<(InstanceRecord, AgentInstancePorts), RevivalRefused> {
+        let id = &record.id;
+        let connection = self
+            .connection(&record.node_id)
+            .await
+            .map_err(RevivalRefused::Other)?
+            .ok_or_else(|| {
+                RevivalRefused::Unavailable(NodeCallError::Unreachable(format!(
+                    "node {} is not reachable",
+                    record.node_id
+                )))
+            })?;
         let started = self
             .store
             .instance_begin_revive(id, &[record.status], method, None, self.now())
-            .await?
+            .await
+            .map_err(|e| RevivalRefused::Other(e.into()))?
             .ok_or_else(|| {
-                Error::InvalidState(format!("instance {id} changed state; try again"))
+                RevivalRefused::Other(Error::InvalidState(format!(
+                    "instance {id} changed state; try again"
+                )))
             })?;
         let request = AgentReviveInstance {
             id: id.clone(),
             method,
-            snapshot_id,
+            snapshot_id: snapshot_id.clone(),
             image: record.image.clone(),
             config: record.config.clone(),
             ports: record.ports,
         };
-        let ports = match connection.instance_revive(request).await {
-            Ok(ports) => ports,
+        match connection.instance_revive(request).await {
+            Ok(ports) => Ok((started, ports)),
             Err(error) => {
                 // Nothing started: back to where it was.
                 self.store
@@ -169,18 +219,68 @@ impl ControlPlane {
                         record.status_reason.as_deref(),
                         self.now(),
                     )
-                    .await?;
-                return Err(node_error(error));
+                    .await
+                    .map_err(|e| RevivalRefused::Other(e.into()))?;
+                Err(match error {
+                    NodeCallError::Unreachable(_) | NodeCallError::Rejected { status: 503, .. } => {
+                        RevivalRefused::Unavailable(error)
+                    }
+                    other => RevivalRefused::Other(node_error(other)),
+                })
             }
-        };
-        let ports = [ports.debug_port, ports.stream_port, ports.http_port];
-        if record.ports != Some(ports) {
-            self.store.instance_set_ports(id, ports, self.now()).await?;
         }
-        let mut view = Instance::bare(started.id.clone(), InstanceStatus::Reviving);
-        view.estimated_completion =
-            Some(started.updated_at + self.revive_estimates.estimate(method));
-        Ok(view)
+    }
+
+    /// Moves a parked instance to another node that can take it (best-of-K
+    /// like a create); 503 when none can.
+    async fn relocate(&self, record: &InstanceRecord) -> Result<InstanceRecord> {
+        let nodes: Vec<_> = self
+            .store
+            .node_list()
+            .await?
+            .into_iter()
+            .filter(|n| n.id != record.node_id)
+            .collect();
+        let usage = self.node_usage().await?;
+        let placement = PlacementRequest {
+            image: &record.image,
+            config: &record.config,
+            preference: None,
+        };
+        let ranked = scheduler::rank(&nodes, &usage, &placement, self.now(), &self.config)
+            .map_err(|error| match error {
+                Error::InvalidRequest(detail) | Error::InsufficientCapacity(detail) => {
+                    Error::InsufficientCapacity(format!(
+                        "node {} cannot revive instance {} and no other node can: {detail}",
+                        record.node_id, record.id
+                    ))
+                }
+                other => other,
+            })?;
+        for node in ranked {
+            if self
+                .store
+                .instance_move_if_room(
+                    &record.id,
+                    &[record.status],
+                    &node.id,
+                    node.max_instances,
+                    self.now(),
+                )
+                .await?
+            {
+                tracing::info!(instance = %record.id, from = %record.node_id, to = %node.id, "instance moves to revive");
+                return self
+                    .store
+                    .instance_get(&record.id)
+                    .await?
+                    .ok_or_else(|| not_found(&record.id));
+            }
+        }
+        Err(Error::InsufficientCapacity(format!(
+            "every node that could revive instance {} filled up meanwhile; retry",
+            record.id
+        )))
     }
 
     /// A revive reported done: learn its duration for the next estimates.
@@ -265,6 +365,22 @@ impl ControlPlane {
                 tracing::warn!(instance = %id, %error, "cannot park an idle instance; will try again");
                 0
             }
+        }
+    }
+}
+
+/// Why a node did not start a revive.
+enum RevivalRefused {
+    /// The node cannot be reached or has no room: another node may.
+    Unavailable(NodeCallError),
+    Other(Error),
+}
+
+impl RevivalRefused {
+    fn into_error(self) -> Error {
+        match self {
+            Self::Unavailable(error) => node_error(error),
+            Self::Other(error) => error,
         }
     }
 }

@@ -1,8 +1,6 @@
 //! Instances: create (place, reserve, ask the node), list, get, delete, and the
 //! state changes nodes report.
 
-use std::collections::HashMap;
-
 use flotilla_api_types::agent::{AgentCreateInstance, InstanceStateChange};
 use flotilla_api_types::instances::{
     CreateInstanceRequest, DEFAULT_IMAGE, Instance, InstanceConfig, InstanceList, InstanceStatus,
@@ -92,13 +90,13 @@ impl ControlPlane {
             ));
         }
         let nodes = self.store.node_list().await?;
-        let occupancy: HashMap<_, _> = self.store.node_occupancy().await?.into_iter().collect();
+        let usage = self.node_usage().await?;
         let placement = PlacementRequest {
             image: &image,
             config: &config,
             preference: request.node_preference.as_ref(),
         };
-        let ranked = scheduler::rank(&nodes, &occupancy, &placement, self.now(), &self.config)?;
+        let ranked = scheduler::rank(&nodes, &usage, &placement, self.now(), &self.config)?;
 
         let id = InstanceId::generate();
         let mut placed = None;

@@ -15,6 +15,7 @@ use super::ControlPlane;
 use super::views;
 use crate::error::{Error, Result};
 use crate::nodes::HttpNode;
+use crate::scheduler::NodeUsage;
 
 impl ControlPlane {
     pub async fn node_list(&self) -> Result<NodeList> {
@@ -137,6 +138,24 @@ impl ControlPlane {
         Ok(RegistrationAck {
             heartbeat_interval_sec: self.config.nodes.heartbeat_interval_sec,
         })
+    }
+
+    /// What each node holds, for placement: occupied slots, and the instances
+    /// created on it within the failure window with how many failed.
+    pub(crate) async fn node_usage(&self) -> Result<HashMap<NodeId, NodeUsage>> {
+        let mut usage: HashMap<NodeId, NodeUsage> = HashMap::new();
+        for (node, occupied) in self.store.node_occupancy().await? {
+            usage.entry(node).or_default().occupied = occupied;
+        }
+        let window = chrono::Duration::milliseconds(
+            (self.config.nodes.failed_ratio_window_min * 60_000.0) as i64,
+        );
+        for (node, recent, failed) in self.store.recent_failures(self.now() - window).await? {
+            let entry = usage.entry(node).or_default();
+            entry.recent = recent;
+            entry.recent_failed = failed;
+        }
+        Ok(usage)
     }
 
     /// An agent registering over HTTP is reached at its advertised address

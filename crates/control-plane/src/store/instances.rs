@@ -269,6 +269,55 @@ impl Store {
         Ok(true)
     }
 
+    /// Moves a parked instance (in one of `from`) to `node` if that node has a
+    /// free slot, forgetting its ports there; atomic like
+    /// [`Store::instance_insert_if_room`]. `false` when the node is full or the
+    /// instance is no longer in one of `from`.
+    pub async fn instance_move_if_room(
+        &self,
+        id: &InstanceId,
+        from: &[InstanceStatus],
+        node: &NodeId,
+        max_instances: i64,
+        now: DateTime<Utc>,
+    ) -> Result<bool, sqlx::Error> {
+        let mut conn = self.writer.acquire().await?;
+        let mut tx = conn.begin().await?;
+        let lock = format!("SELECT id FROM nodes WHERE id = $1{}", self.for_update());
+        sqlx::query(&lock)
+            .bind(node.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
+        match self.lock_instance(&mut tx, id).await? {
+            Some((status, _)) if from.contains(&status) => {}
+            _ => return Ok(false),
+        }
+        let occupying = status_strings(&InstanceStatus::OCCUPYING);
+        let count_sql = format!(
+            "SELECT COUNT(*) AS n FROM instances WHERE node_id = $1 AND status IN ({})",
+            placeholders(2, occupying.len())
+        );
+        let used: i64 = bind_statuses(sqlx::query(&count_sql).bind(node.as_str()), &occupying)
+            .fetch_one(&mut *tx)
+            .await?
+            .try_get("n")?;
+        if used >= max_instances {
+            return Ok(false);
+        }
+        sqlx::query(
+            "UPDATE instances SET node_id = $1, debug_port = NULL, stream_port = NULL, http_port = NULL, \
+             updated_at = $2 WHERE id = $3",
+        )
+        .bind(node.as_str())
+        .bind(to_millis(now))
+        .bind(id.as_str())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        self.refresh(&mut conn, id).await?;
+        Ok(true)
+    }
+
     /// Records the ports a node reserved. `false` if the instance is gone.
     pub async fn instance_set_ports(
         &self,
@@ -605,6 +654,30 @@ impl Store {
             }
         }
         Ok(counts)
+    }
+
+    /// Per node: instances created since `since`, and how many of them failed.
+    pub async fn recent_failures(
+        &self,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<(NodeId, i64, i64)>, sqlx::Error> {
+        sqlx::query(
+            "SELECT node_id, COUNT(*) AS total, SUM(CASE WHEN status = $1 THEN 1 ELSE 0 END) AS failed \
+             FROM instances WHERE created_at >= $2 GROUP BY node_id",
+        )
+        .bind(InstanceStatus::Failed.as_str())
+        .bind(to_millis(since))
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(|row| {
+            Ok((
+                NodeId::new(row.try_get::<String, _>("node_id")?),
+                row.try_get("total")?,
+                row.try_get("failed")?,
+            ))
+        })
+        .collect()
     }
 
     /// Occupying instances per node.
