@@ -26,6 +26,9 @@ use flotilla_node_agent::snapshot::SnapshotStore;
 
 pub use flotilla_api_types::clock::{Clock, ManualClock, SystemClock};
 
+/// Per node: instances created within the failure window, and how many failed.
+pub(crate) type RecentFailures = Arc<Vec<(NodeId, i64, i64)>>;
+
 /// The control plane: the store, the connections to node agents and the
 /// configuration. Shared as `Arc<ControlPlane>` by handlers and background tasks.
 pub struct ControlPlane {
@@ -43,6 +46,8 @@ pub struct ControlPlane {
     token_key: tokio::sync::OnceCell<Arc<Vec<u8>>>,
     /// This control plane's name as a lease holder (random per start).
     holder: String,
+    /// Per node: recent instances and failures, and when they were read.
+    recent_failures: tokio::sync::Mutex<Option<(std::time::Instant, RecentFailures)>>,
 }
 
 impl ControlPlane {
@@ -60,6 +65,7 @@ impl ControlPlane {
             guard,
             token_key: tokio::sync::OnceCell::new(),
             holder: uuid::Uuid::new_v4().simple().to_string(),
+            recent_failures: tokio::sync::Mutex::new(None),
         }
     }
 

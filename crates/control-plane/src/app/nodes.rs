@@ -147,15 +147,30 @@ impl ControlPlane {
         for (node, occupied) in self.store.node_occupancy().await? {
             usage.entry(node).or_default().occupied = occupied;
         }
-        let window = chrono::Duration::milliseconds(
-            (self.config.nodes.failed_ratio_window_min * 60_000.0) as i64,
-        );
-        for (node, recent, failed) in self.store.recent_failures(self.now() - window).await? {
+        for &(ref node, recent, failed) in self.recent_failures().await?.iter() {
+            let node = node.clone();
             let entry = usage.entry(node).or_default();
             entry.recent = recent;
             entry.recent_failed = failed;
         }
         Ok(usage)
+    }
+
+    /// Recent instances and failures per node, read at most once a second: the
+    /// query scans the window's instances, and health needs no fresher view.
+    async fn recent_failures(&self) -> Result<super::RecentFailures> {
+        let mut cached = self.recent_failures.lock().await;
+        if let Some((at, stats)) = cached.as_ref()
+            && at.elapsed() < std::time::Duration::from_secs(1)
+        {
+            return Ok(stats.clone());
+        }
+        let window = chrono::Duration::milliseconds(
+            (self.config.nodes.failed_ratio_window_min * 60_000.0) as i64,
+        );
+        let stats = Arc::new(self.store.recent_failures(self.now() - window).await?);
+        *cached = Some((std::time::Instant::now(), stats.clone()));
+        Ok(stats)
     }
 
     /// An agent registering over HTTP is reached at its advertised address
