@@ -8,7 +8,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use flotilla_testkit::{Api, BROWSER_DEADLINE, PgServer, ServeProcess, StatusCode, wait_until};
+use flotilla_testkit::{
+    Api, BROWSER_DEADLINE, EventReceiver, PgServer, ServeProcess, StatusCode, wait_until,
+};
 use serde_json::Value;
 
 const TOKEN: &str = "cluster-test-token";
@@ -332,7 +334,23 @@ async fn two_control_planes_share_one_postgres() {
     let postgres = PgServer::start().await.unwrap();
     let database = postgres.database().await.unwrap();
     let temp = tempfile::tempdir().unwrap();
-    let env = [("FLOTILLA_DATABASE_URL", database.as_str())];
+    // Both control planes send webhooks to one receiver: the outbox lease makes
+    // each event go out once, not once per control plane.
+    let receiver = EventReceiver::start("shared-secret").await;
+    let config = temp.path().join("control.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[webhooks]]\nurl = \"{}\"\nsecret = \"shared-secret\"\nevents = [\"instance.created\"]\n",
+            receiver.url
+        ),
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let env = [
+        ("FLOTILLA_DATABASE_URL", database.as_str()),
+        ("FLOTILLA_CONFIG", config.as_str()),
+    ];
     let a = control(&temp.path().join("a"), &env).await;
     let b = control(&temp.path().join("b"), &env).await;
     let spec = |node, ports| AgentSpec {
@@ -383,6 +401,36 @@ async fn two_control_planes_share_one_postgres() {
     wait_count(&a.api, "node_id=p1", 9).await;
     let (status, _) = a.api.get(&format!("/v2/instances/{id}")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+
+    wait_until(
+        Duration::from_secs(60),
+        "20 instance.created webhooks",
+        || async {
+            let n = receiver.events().len();
+            if n >= 20 {
+                Ok(Some(()))
+            } else {
+                Err(format!("{n}"))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    // Until the shared outbox is empty: every delivery has been made and recorded.
+    wait_until(Duration::from_secs(60), "an empty outbox", || async {
+        let (_, text) = a.api.get("/metrics").await;
+        let empty = text
+            .as_str()
+            .unwrap_or_default()
+            .contains("service_outbox_depth 0");
+        Ok::<_, String>(empty.then_some(()))
+    })
+    .await
+    .unwrap();
+    let events = receiver.events();
+    let ids: std::collections::HashSet<_> = events.iter().map(|e| e.id.clone()).collect();
+    assert_eq!((events.len(), ids.len()), (20, 20), "each event once");
+    assert_eq!(receiver.bad_signatures(), 0);
 }
 
 #[tokio::test]
