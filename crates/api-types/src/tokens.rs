@@ -24,6 +24,10 @@ pub struct TokenResponse {
     pub expires_at: i64,
     /// The topics it may read.
     pub topics: Vec<String>,
+    /// The event proxy to subscribe at (`GET {events_url}/events/{topic}`),
+    /// when the control plane publishes to one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events_url: Option<String>,
 }
 
 /// What the event proxy sends to its verification webhook.

@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+mod client;
+
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 
@@ -41,6 +43,34 @@ enum Command {
     /// API keys for `auth_enabled = true`.
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Browser instances (client of FLOTILLA_URL, with FLOTILLA_API_KEY).
+    Instances {
+        #[command(subcommand)]
+        command: client::InstancesCommand,
+        #[command(flatten)]
+        output: client::Output,
+    },
+    /// Nodes (client of FLOTILLA_URL).
+    Nodes {
+        #[command(subcommand)]
+        command: client::NodesCommand,
+        #[command(flatten)]
+        output: client::Output,
+    },
+    /// Cluster metrics (client of FLOTILLA_URL).
+    Metrics {
+        #[command(flatten)]
+        args: client::MetricsArgs,
+        #[command(flatten)]
+        output: client::Output,
+    },
+    /// Lifecycle events, live (client of FLOTILLA_URL and its event proxy).
+    Events {
+        #[command(subcommand)]
+        command: client::EventsCommand,
+        #[command(flatten)]
+        output: client::Output,
+    },
 }
 
 #[derive(Subcommand)]
@@ -113,6 +143,16 @@ struct ProxyArgs {
 }
 
 fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    if let Some(result) = run_client(&cli) {
+        return match result {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("flotilla: {error}");
+                std::process::ExitCode::from(error.exit_code())
+            }
+        };
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
@@ -121,7 +161,7 @@ fn main() -> std::process::ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    match run(Cli::parse()) {
+    match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("flotilla: {error:#}");
@@ -130,8 +170,42 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// The client commands, on a small runtime; `None` for the server commands.
+fn run_client(cli: &Cli) -> Option<Result<(), client::ClientError>> {
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+    };
+    let result = match &cli.command {
+        Command::Instances { command, output } => {
+            let client = client::Client::from_env(output);
+            runtime().block_on(client.instances(command.clone()))
+        }
+        Command::Nodes { command, output } => {
+            let client = client::Client::from_env(output);
+            runtime().block_on(client.nodes(command.clone()))
+        }
+        Command::Metrics { args, output } => {
+            let client = client::Client::from_env(output);
+            runtime().block_on(client.metrics(args.clone()))
+        }
+        Command::Events { command, output } => {
+            let client = client::Client::from_env(output);
+            runtime().block_on(client.watch(command.clone()))
+        }
+        _ => return None,
+    };
+    Some(result)
+}
+
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Instances { .. }
+        | Command::Nodes { .. }
+        | Command::Metrics { .. }
+        | Command::Events { .. } => unreachable!("client commands run in run_client"),
         Command::Serve(args) => {
             let mut overrides = Vec::new();
             push(&mut overrides, "listen", args.listen);

@@ -105,6 +105,7 @@ impl ControlPlane {
             token: format!("{signing_input}.{signature}"),
             expires_at: claims.exp,
             topics,
+            events_url: self.config.events.proxy_url.clone(),
         })
     }
 
