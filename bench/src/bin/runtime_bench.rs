@@ -219,7 +219,7 @@ async fn overhead(args: &Args) -> anyhow::Result<()> {
 async fn mjpeg_frames(url: String, seconds: u64) -> anyhow::Result<usize> {
     let mut response = reqwest::get(&url).await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(seconds);
-    let mut frames = 0;
+    let mut frames: usize = 0;
     let mut carry = Vec::new();
     while let Ok(chunk) = tokio::time::timeout_at(deadline, response.chunk()).await {
         let Some(chunk) = chunk? else { break };
@@ -229,7 +229,8 @@ async fn mjpeg_frames(url: String, seconds: u64) -> anyhow::Result<usize> {
             carry.drain(..pos + 15);
         }
     }
-    Ok(frames)
+    // The stream opens with a boundary; each frame is closed by the next one.
+    Ok(frames.saturating_sub(1))
 }
 
 async fn live_view(args: &Args) -> anyhow::Result<()> {

@@ -376,14 +376,17 @@ async fn count_mjpeg_frames(url: String, stop: tokio_util::sync::CancellationTok
             .unwrap()
             .starts_with("multipart/x-mixed-replace")
     );
-    let mut frames = 0;
+    let mut frames: usize = 0;
     let mut carry = Vec::new();
     loop {
         let chunk = tokio::select! {
             chunk = response.chunk() => chunk.unwrap(),
-            _ = stop.cancelled() => return frames,
+            // The stream opens with a boundary; each frame is closed by the next one.
+            _ = stop.cancelled() => return frames.saturating_sub(1),
         };
-        let Some(chunk) = chunk else { return frames };
+        let Some(chunk) = chunk else {
+            return frames.saturating_sub(1);
+        };
         carry.extend_from_slice(&chunk);
         while let Some(pos) = carry.windows(15).position(|w| w == b"--flotillaframe") {
             frames += 1;

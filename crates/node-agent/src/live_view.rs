@@ -147,6 +147,8 @@ impl LiveView {
             .await
             .map_err(|e| e.to_string())?;
         let mut tick = tokio::time::interval(Duration::from_millis(500));
+        let frames_at_start = self.frames_received.load(Ordering::Relaxed);
+        let mut seeded = false;
         loop {
             tokio::select! {
                 event = events.recv() => {
@@ -171,6 +173,12 @@ impl LiveView {
                     }
                 }
                 _ = tick.tick() => {
+                    // A page that has not painted since the screencast started
+                    // (a fresh about:blank) sends no frame: seed one.
+                    if !seeded && self.frames_received.load(Ordering::Relaxed) == frames_at_start {
+                        seeded = true;
+                        self.seed_frame(&client, timeout).await;
+                    }
                     if self.viewers.load(Ordering::SeqCst) > 0 {
                         *last_viewer_seen = tokio::time::Instant::now();
                     } else if last_viewer_seen.elapsed() > Duration::from_secs(5) {
@@ -180,6 +188,33 @@ impl LiveView {
                 }
                 _ = self.slot.servers.cancelled() => return Ok(()),
             }
+        }
+    }
+}
+
+impl LiveView {
+    /// Publishes a screenshot as the current frame.
+    async fn seed_frame(&self, client: &CdpClient, timeout: Duration) {
+        let shot = client
+            .call(
+                "Page.captureScreenshot",
+                json!({ "format": "jpeg", "quality": self.settings.quality }),
+                None,
+                timeout,
+            )
+            .await;
+        let jpeg = shot.ok().and_then(|result| {
+            let data = result.get("data")?.as_str()?;
+            base64::engine::general_purpose::STANDARD.decode(data).ok()
+        });
+        if let Some(jpeg) = jpeg
+            && self.frames.borrow().is_none()
+        {
+            let seq = self.frames_received.fetch_add(1, Ordering::Relaxed) + 1;
+            self.frames.send_replace(Some(Frame {
+                seq,
+                jpeg: Bytes::from(jpeg),
+            }));
         }
     }
 }
@@ -216,17 +251,16 @@ async fn mjpeg(State(live_view): State<Arc<LiveView>>) -> Response {
                 let frame = frames.borrow_and_update().clone();
                 if let Some(frame) = frame.filter(|f| f.seq != last_sent) {
                     guard.0.slot.touch();
-                    let mut part = Vec::with_capacity(frame.jpeg.len() + 128);
-                    part.extend_from_slice(
-                    format!(
-                        "--{BOUNDARY}\r\nContent-Type: image/jpeg\r\nContent-Length: {}\r\nX-Frame-Sequence: {}\r\n\r\n",
-                        frame.jpeg.len(),
-                        frame.seq
-                    )
-                    .as_bytes(),
-                );
+                    // Each frame is followed at once by the next part's boundary
+                    // and headers: browsers show a part only when the next one
+                    // begins, and a still page sends no next frame.
+                    let next_part = format!("\r\n--{BOUNDARY}\r\nContent-Type: image/jpeg\r\n\r\n");
+                    let mut part = Vec::with_capacity(frame.jpeg.len() + 2 * next_part.len());
+                    if last_sent == 0 {
+                        part.extend_from_slice(&next_part.as_bytes()[2..]);
+                    }
                     part.extend_from_slice(&frame.jpeg);
-                    part.extend_from_slice(b"\r\n");
+                    part.extend_from_slice(next_part.as_bytes());
                     return Some((
                         Ok::<_, std::io::Error>(Bytes::from(part)),
                         (frames, guard, frame.seq),

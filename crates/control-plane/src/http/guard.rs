@@ -3,7 +3,8 @@
 //! always open), rate limiting with its `X-RateLimit-*` headers, and request
 //! latency for `GET /metrics`.
 //!
-//! Open paths: `/health`, `/docs` and `/openapi.json`, the proxy's
+//! Open paths: `/health`, `/docs` and `/openapi.json`, the dashboard's assets
+//! (`/`, `/ui`; it asks for the key and sends it on every API call), the proxy's
 //! verification webhook `/v2/tokens/verify` (the token it carries is the
 //! credential), `/internal/…` (agents; the cluster token guards it), and
 //! `/metrics` unless `metrics_require_auth`. The rate limit applies to every
@@ -89,6 +90,9 @@ impl Guard {
             || path.starts_with("/internal/")
             || path == "/v2/tokens/verify"
             || path == "/openapi.json"
+            || path == "/"
+            || path == "/ui"
+            || path.starts_with("/ui/")
             || path == "/docs"
             || path.starts_with("/docs/")
             || (path == "/metrics" && !self.metrics_require_auth)

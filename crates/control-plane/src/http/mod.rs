@@ -9,6 +9,7 @@ mod internal;
 mod nodes;
 mod observability;
 mod tokens;
+mod ui;
 
 pub use extract::{ApiJson, ApiQuery, NoBody, OptionalApiJson};
 pub use guard::{Guard, Principal, RateLimiter, check_api_keys};
@@ -110,6 +111,12 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
         )
         .route("/v2/nodes", get(nodes::node_list))
         .route("/v2/nodes/{node_id}", get(nodes::node_get))
+        .route("/", get(ui::root))
+        .route("/ui", get(ui::index))
+        .route("/ui/", get(ui::index))
+        .route("/ui/app.js", get(ui::app_js))
+        .route("/ui/app.css", get(ui::app_css))
+        .route("/ui/config.json", get(ui::config))
         .route("/v2/metrics", get(observability::metrics))
         .route("/metrics", get(observability::prometheus))
         .route("/v2/alerts", get(observability::alerts))

@@ -1,0 +1,450 @@
+// Flotilla dashboard: plain JavaScript over the public API (/v2) and the event
+// proxy (lifecycle updates arrive as server-sent events; nothing polls for them).
+
+const $ = (selector, root = document) => root.querySelector(selector);
+const h = (tag, attrs = {}, ...children) => {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k.startsWith('on')) el.addEventListener(k.slice(2), v);
+    else if (k === 'text') el.textContent = v;
+    else el.setAttribute(k, v === true ? '' : v);
+  }
+  for (const child of children.flat()) if (child !== null && child !== undefined) el.append(child);
+  return el;
+};
+
+const INSTANCE_EVENTS = ['instance.created', 'instance.running', 'instance.idle', 'instance.dormant',
+  'instance.revived', 'instance.failed', 'instance.stopped', 'instance.deleted'];
+
+const state = {
+  key: sessionStorage.getItem('flotilla.apiKey'),
+  instances: new Map(),
+  nodes: [],
+  sort: { key: 'created_at', dir: 'desc' },
+  period: '24h',
+  snippet: 'playwright',
+  detail: null,
+  sources: [],
+};
+
+class ApiError extends Error {
+  constructor(status, detail, code) { super(detail); this.status = status; this.code = code; }
+}
+
+function toast(message, error = false) {
+  const el = h('div', { class: error ? 'toast error' : 'toast' });
+  el.textContent = message;
+  $('#toasts').append(el);
+  setTimeout(() => el.remove(), error ? 8000 : 3500);
+}
+
+function showError(error) {
+  if (error instanceof ApiError) toast(`${error.message} (${error.code}, HTTP ${error.status})`, true);
+  else toast(`Cannot reach the control plane: ${error.message}`, true);
+}
+
+function askKey() {
+  return new Promise((resolve) => {
+    const dialog = $('#key-dialog');
+    $('#key-input').value = state.key ?? '';
+    const done = (ok) => { dialog.close(); resolve(ok); };
+    $('#key-form').onsubmit = (e) => {
+      e.preventDefault();
+      state.key = $('#key-input').value.trim();
+      sessionStorage.setItem('flotilla.apiKey', state.key);
+      done(true);
+    };
+    $('#key-cancel').onclick = () => done(false);
+    dialog.showModal();
+  });
+}
+
+async function api(method, path, body, retried = false) {
+  const headers = {};
+  if (body !== undefined) headers['content-type'] = 'application/json';
+  if (state.key) headers.authorization = `Bearer ${state.key}`;
+  const response = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  const text = await response.text();
+  let data = null;
+  try { data = text ? JSON.parse(text) : null; } catch { data = text; }
+  if (response.status === 401 && !retried) {
+    if (await askKey()) return api(method, path, body, true);
+  }
+  if (!response.ok) throw new ApiError(response.status, data?.detail ?? String(data ?? response.statusText), data?.code ?? 'error');
+  return data;
+}
+
+// ---- instances ----------------------------------------------------------
+
+function nodeHost(nodeId) {
+  const node = state.nodes.find((n) => n.id === nodeId);
+  try { if (node) return new URL(node.address).hostname; } catch { /* fall through */ }
+  return location.hostname;
+}
+
+function urlsOf(instance) {
+  if (!instance.debug_port) return null;
+  const host = nodeHost(instance.node_id);
+  return {
+    debug: `ws://${host}:${instance.debug_port}/devtools/browser/${instance.id}`,
+    stream: `http://${host}:${instance.stream_port}/`,
+  };
+}
+
+function badge(status) { return h('span', { class: `badge ${status}`, 'data-status': status, text: status }); }
+
+function actionsFor(instance, small = true) {
+  const cls = small ? 'small' : '';
+  const act = (label, fn, extra = '') => h('button', {
+    type: 'button', class: `${cls} ${extra}`.trim(), 'aria-label': `${label} ${instance.id}`,
+    onclick: async (e) => {
+      e.target.disabled = true;
+      try { await fn(); } catch (error) { showError(error); } finally { e.target.disabled = false; }
+    },
+  }, label);
+  const buttons = [];
+  const s = instance.status;
+  if (s === 'running' || s === 'idle') buttons.push(act('Park', () => api('POST', `/v2/instances/${instance.id}/dormant`).then(() => toast('Parked'))));
+  if (s === 'dormant' || ((s === 'failed' || s === 'stopped') && instance.snapshot_id)) {
+    buttons.push(act('Revive', () => api('POST', `/v2/instances/${instance.id}/revive`, { method: 'quick_start' })));
+    buttons.push(act('Full restore', () => api('POST', `/v2/instances/${instance.id}/revive`, { method: 'full_restore' })));
+  }
+  buttons.push(act('Delete', async () => {
+    if (!confirm(`Delete instance ${instance.id}?`)) return;
+    await api('DELETE', `/v2/instances/${instance.id}`);
+    toast('Deleted');
+  }, 'danger'));
+  return h('div', { class: 'actions' }, buttons);
+}
+
+function matchesFilters(instance) {
+  const status = $('#filter-status').value;
+  const node = $('#filter-node').value;
+  return (!status || instance.status === status) && (!node || instance.node_id === node);
+}
+
+function sortValue(instance, key) {
+  switch (key) {
+    case 'cpu': return instance.resources?.cpu_percent ?? 0;
+    case 'memory': return instance.resources?.memory_mb ?? 0;
+    default: return instance[key] ?? '';
+  }
+}
+
+function renderInstances() {
+  const { key, dir } = state.sort;
+  const rows = [...state.instances.values()].filter(matchesFilters).sort((a, b) => {
+    const x = sortValue(a, key), y = sortValue(b, key);
+    const order = x < y ? -1 : x > y ? 1 : 0;
+    return dir === 'asc' ? order : -order;
+  });
+  const tbody = $('#instances tbody');
+  tbody.replaceChildren(...rows.map((i) => h('tr', { 'data-id': i.id },
+    h('td', {}, h('a', { href: `#instance/${i.id}`, title: i.id, text: i.id.slice(0, 13) + '…' })),
+    h('td', {}, badge(i.status)),
+    h('td', { text: i.node_id ?? '—' }),
+    h('td', { class: 'num', text: (i.resources?.cpu_percent ?? 0).toFixed(1) }),
+    h('td', { class: 'num', text: (i.resources?.memory_mb ?? 0).toFixed(0) }),
+    h('td', { text: i.created_at ? new Date(i.created_at).toLocaleString() : '—' }),
+    h('td', {}, actionsFor(i)),
+  )));
+  $('#instances-empty').hidden = rows.length > 0;
+  for (const button of document.querySelectorAll('th .sort')) {
+    button.setAttribute('aria-sort', button.dataset.sort === key ? (dir === 'asc' ? 'ascending' : 'descending') : 'none');
+  }
+}
+
+async function loadInstances() {
+  const page = await api('GET', '/v2/instances?limit=1000');
+  state.instances = new Map(page.instances.map((i) => [i.id, i]));
+  renderInstances();
+}
+
+async function refreshInstance(id) {
+  try {
+    const instance = await api('GET', `/v2/instances/${id}`);
+    state.instances.set(id, instance);
+  } catch (error) {
+    if (error.status === 404) state.instances.delete(id); else throw error;
+  }
+  renderInstances();
+  if (state.detail === id) renderDetail();
+}
+
+// ---- detail -------------------------------------------------------------
+
+function snippet(instance) {
+  const urls = urlsOf(instance);
+  const endpoint = urls?.debug ?? '<urls.debug>';
+  if (state.snippet === 'puppeteer') {
+    return `import puppeteer from 'puppeteer-core';\n\nconst browser = await puppeteer.connect({ browserWSEndpoint: '${endpoint}' });\nconst [page] = await browser.pages();\nawait page.goto('https://example.com');\nconsole.log(await page.title());\nawait browser.disconnect();`;
+  }
+  return `import { chromium } from 'playwright';\n\nconst browser = await chromium.connectOverCDP('${endpoint}');\nconst context = browser.contexts()[0];\nconst page = context.pages()[0] ?? await context.newPage();\nawait page.goto('https://example.com');\nconsole.log(await page.title());\nawait browser.close(); // disconnects; the instance keeps running`;
+}
+
+function renderDetail() {
+  const instance = state.instances.get(state.detail);
+  const fields = $('#detail-fields');
+  if (!instance) {
+    fields.replaceChildren(h('dt', { text: 'Instance' }), h('dd', { text: 'deleted' }));
+    $('#detail-actions').replaceChildren();
+    $('#live-view').removeAttribute('src');
+    return;
+  }
+  $('#h-detail').textContent = `Instance ${instance.id.slice(0, 13)}…`;
+  const urls = urlsOf(instance);
+  const rows = [
+    ['ID', instance.id], ['Status', badge(instance.status)], ['Reason', instance.status_reason],
+    ['Node', instance.node_id], ['Image', instance.image],
+    ['Memory', instance.config ? `${instance.config.memory_gb} GB` : null],
+    ['CPU cores', instance.config?.cpu_cores], ['CPU now', instance.resources ? `${instance.resources.cpu_percent.toFixed(1)} %` : null],
+    ['Memory now', instance.resources ? `${instance.resources.memory_mb.toFixed(0)} MB` : null],
+    ['Debug URL', urls?.debug], ['Live view', urls?.stream],
+    ['Created', instance.created_at && new Date(instance.created_at).toLocaleString()],
+    ['Dormant since', instance.dormant_since && new Date(instance.dormant_since).toLocaleString()],
+  ].filter(([, v]) => v !== null && v !== undefined && v !== '');
+  fields.replaceChildren(...rows.flatMap(([k, v]) => [h('dt', { text: k }), h('dd', {}, v)]));
+  $('#detail-actions').replaceChildren(actionsFor(instance, false));
+  const img = $('#live-view');
+  const live = urls && (instance.status === 'running' || instance.status === 'idle');
+  if (live) {
+    if (img.dataset.src !== urls.stream) { img.dataset.src = urls.stream; img.src = urls.stream; }
+    $('#live-hint').textContent = 'Frames stream as the page changes (MJPEG).';
+  } else {
+    img.removeAttribute('src'); delete img.dataset.src;
+    $('#live-hint').textContent = `No live view while the instance is ${instance.status}.`;
+  }
+  $('#snippet').textContent = snippet(instance);
+}
+
+// ---- nodes, metrics, alerts ----------------------------------------------
+
+function bar(value, max, label) {
+  const pct = max > 0 ? Math.min(100, (value / max) * 100) : 0;
+  const cls = pct >= 100 ? 'full' : pct >= 80 ? 'high' : '';
+  return [h('div', { class: 'meta', text: label }),
+    h('div', { class: 'bar', role: 'progressbar', 'aria-label': label, 'aria-valuenow': pct.toFixed(0), 'aria-valuemin': 0, 'aria-valuemax': 100 },
+      h('span', { class: cls, style: `width:${pct}%` }))];
+}
+
+async function loadNodes() {
+  const list = await api('GET', '/v2/nodes');
+  state.nodes = list.nodes;
+  const selects = [$('#filter-node'), $('#create-node')];
+  for (const select of selects) {
+    const keep = select.value;
+    select.replaceChildren(h('option', { value: '', text: select.id === 'create-node' ? 'any' : 'all' }),
+      ...state.nodes.map((n) => h('option', { value: n.id, text: n.id })));
+    select.value = keep;
+  }
+  $('#nodes').replaceChildren(...state.nodes.map((n) => h('article', { class: 'card node', 'data-node': n.id },
+    h('h2', {}, h('span', { text: n.id }), badge(n.status)),
+    ...bar(n.instances_count, n.max_instances, `Instances ${n.instances_count} of ${n.max_instances}`),
+    ...bar(n.resources.cpu_percent, 100, `CPU ${n.resources.cpu_percent.toFixed(1)} %`),
+    ...bar(n.resources.memory_percent, 100, `Memory ${n.resources.memory_percent.toFixed(1)} %`),
+    ...bar(n.resources.disk_percent, 100, `Disk ${n.resources.disk_percent.toFixed(1)} %`),
+    h('div', { class: 'meta', text: `${n.address} · last heartbeat ${new Date(n.last_heartbeat).toLocaleTimeString()}` }),
+  )));
+}
+
+function chart(svg, timestamps, values) {
+  const width = svg.clientWidth || 360, height = 160, pad = 28;
+  svg.setAttribute('viewBox', `0 0 ${width} ${height}`);
+  if (values.length === 0) {
+    svg.replaceChildren(Object.assign(document.createElementNS('http://www.w3.org/2000/svg', 'text'), { textContent: 'No samples yet' }));
+    svg.firstChild.setAttribute('x', pad); svg.firstChild.setAttribute('y', height / 2);
+    return;
+  }
+  const max = Math.max(1, ...values), n = values.length;
+  const x = (i) => pad + (n === 1 ? 0 : (i / (n - 1)) * (width - pad - 8));
+  const y = (v) => height - 18 - (v / max) * (height - 30);
+  const points = values.map((v, i) => `${x(i).toFixed(1)},${y(v).toFixed(1)}`).join(' ');
+  const ns = 'http://www.w3.org/2000/svg';
+  const el = (tag, attrs) => { const e = document.createElementNS(ns, tag); for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v); return e; };
+  const label = (text, lx, ly, anchor = 'start') => { const t = el('text', { x: lx, y: ly, 'text-anchor': anchor }); t.textContent = text; return t; };
+  svg.replaceChildren(
+    el('line', { class: 'grid', x1: pad, x2: width - 8, y1: y(max), y2: y(max) }),
+    el('line', { class: 'grid', x1: pad, x2: width - 8, y1: y(0), y2: y(0) }),
+    el('polygon', { class: 'area', points: `${x(0)},${y(0)} ${points} ${x(n - 1)},${y(0)}` }),
+    el('polyline', { class: 'line', points }),
+    label(String(Math.round(max * 10) / 10), 2, y(max) + 4), label('0', 2, y(0) + 4),
+    label(new Date(timestamps[0]).toLocaleTimeString(), pad, height - 4),
+    label(new Date(timestamps[n - 1]).toLocaleTimeString(), width - 8, height - 4, 'end'),
+  );
+}
+
+async function loadMetrics() {
+  const m = await api('GET', `/v2/metrics?period=${state.period}`);
+  const c = m.cluster;
+  const stat = (value, label) => h('div', { class: 'stat' }, h('b', { text: String(value) }), h('span', { text: label }));
+  $('#metric-cards').replaceChildren(
+    stat(c.total_instances, 'instances'), stat(c.running_instances, 'running'), stat(c.dormant_instances, 'dormant'),
+    stat(c.failed_instances, 'failed'), stat(`${c.nodes_online}/${c.nodes_online + c.nodes_offline}`, 'nodes online'),
+    stat(`${c.avg_cpu_percent.toFixed(1)} %`, 'CPU now'), stat(`${c.avg_memory_percent.toFixed(1)} %`, 'memory now'),
+    stat(`${m.resources.avg_cpu_percent.toFixed(1)} %`, `CPU avg ${state.period}`),
+  );
+  const t = m.timeseries;
+  chart($('#chart-cpu'), t.timestamps, t.cpu);
+  chart($('#chart-memory'), t.timestamps, t.memory);
+  chart($('#chart-instances'), t.timestamps, t.instances);
+}
+
+async function loadAlerts() {
+  const active = await api('GET', '/v2/alerts?state=active&limit=1000');
+  const count = $('#alert-count');
+  count.hidden = active.total === 0;
+  count.textContent = active.total;
+  const shown = $('#alert-state').value === 'active' ? active : await api('GET', `/v2/alerts?state=${$('#alert-state').value}&limit=1000`);
+  $('#alerts tbody').replaceChildren(...shown.alerts.map((a) => h('tr', {},
+    h('td', {}, badge(a.level)), h('td', { text: a.node_id ? `node ${a.node_id}` : a.scope }), h('td', { text: a.metric }),
+    h('td', { text: a.message }), h('td', { text: new Date(a.raised_at).toLocaleString() }),
+    h('td', { text: a.cleared_at ? new Date(a.cleared_at).toLocaleString() : '—' }))));
+  $('#alerts-empty').hidden = shown.alerts.length > 0;
+}
+
+// ---- live updates -----------------------------------------------------------
+
+function setLive(on) {
+  const el = $('#live');
+  el.className = on ? 'live on' : 'live off';
+  el.textContent = on ? 'live' : 'reconnecting…';
+}
+
+async function connectEvents() {
+  for (const source of state.sources) source.close();
+  state.sources = [];
+  let token;
+  try {
+    token = await api('POST', '/v2/tokens', { topics: ['instances', 'nodes', 'alerts'], ttl_sec: 3600 });
+  } catch (error) {
+    setLive(false);
+    setTimeout(connectEvents, 5000);
+    return;
+  }
+  if (!token.events_url) { $('#live').textContent = 'no event proxy'; return; }
+  let open = 0;
+  const subscribe = (topic, names, handler) => {
+    const source = new EventSource(`${token.events_url}/events/${topic}?token=${encodeURIComponent(token.token)}`);
+    source.onopen = () => { open += 1; if (open >= 3) setLive(true); };
+    source.onerror = () => {
+      if (source.readyState === EventSource.CLOSED) { setLive(false); setTimeout(connectEvents, 2000); }
+    };
+    for (const name of names) source.addEventListener(name, (e) => handler(name, JSON.parse(e.data)));
+    state.sources.push(source);
+  };
+  subscribe('instances', INSTANCE_EVENTS, (name, payload) => {
+    const id = payload.data.instance_id;
+    if (name === 'instance.deleted') {
+      state.instances.delete(id);
+      renderInstances();
+      if (state.detail === id) renderDetail();
+    } else {
+      refreshInstance(id).catch(showError);
+    }
+  });
+  subscribe('nodes', ['node.online', 'node.offline'], () => loadNodes().catch(showError));
+  subscribe('alerts', ['alert.raised', 'alert.cleared'], (name, payload) => {
+    if (name === 'alert.raised') toast(`Alert (${payload.data.level}): ${payload.data.message}`, payload.data.level === 'critical');
+    loadAlerts().catch(showError);
+  });
+  // Tokens last an hour: reconnect with a fresh one before it ends.
+  setTimeout(connectEvents, 55 * 60 * 1000);
+}
+
+// ---- routing and wiring -------------------------------------------------------
+
+async function route() {
+  const hash = location.hash.slice(1) || 'instances';
+  const [view, id] = hash.split('/');
+  for (const section of document.querySelectorAll('.view')) section.hidden = true;
+  for (const link of document.querySelectorAll('nav a')) {
+    if (link.dataset.view === (view === 'instance' ? 'instances' : view)) link.setAttribute('aria-current', 'page');
+    else link.removeAttribute('aria-current');
+  }
+  try {
+    if (view === 'instance' && id) {
+      $('#view-detail').hidden = false;
+      state.detail = id;
+      await refreshInstance(id);
+      return;
+    }
+    state.detail = null;
+    $('#live-view').removeAttribute('src');
+    const section = $(`#view-${view}`) ?? $('#view-instances');
+    section.hidden = false;
+    if (view === 'nodes') await loadNodes();
+    if (view === 'metrics') await loadMetrics();
+    if (view === 'alerts') await loadAlerts();
+  } catch (error) { showError(error); }
+}
+
+function wire() {
+  $('#create-form').addEventListener('submit', async (e) => {
+    e.preventDefault();
+    const button = $('#create-button');
+    button.disabled = true;
+    const body = {};
+    const image = $('#create-image').value.trim();
+    if (image) body.image = image;
+    const config = {};
+    const number = (sel) => $(sel).value === '' ? undefined : Number($(sel).value);
+    if (number('#create-memory') !== undefined) config.memory_gb = number('#create-memory');
+    if (number('#create-cpu') !== undefined) config.cpu_cores = number('#create-cpu');
+    if (number('#create-idle') !== undefined) config.idle_timeout_minutes = number('#create-idle');
+    if (Object.keys(config).length) body.config = config;
+    if ($('#create-node').value) body.node_preference = $('#create-node').value;
+    try {
+      const created = await api('POST', '/v2/instances', body);
+      if (!state.instances.has(created.id)) state.instances.set(created.id, created);
+      renderInstances();
+      toast(`Instance ${created.id.slice(0, 13)}… is starting`);
+    } catch (error) { showError(error); } finally { button.disabled = false; }
+  });
+  $('#filter-status').addEventListener('change', renderInstances);
+  $('#filter-node').addEventListener('change', renderInstances);
+  for (const button of document.querySelectorAll('th .sort')) {
+    button.addEventListener('click', () => {
+      const key = button.dataset.sort;
+      state.sort = { key, dir: state.sort.key === key && state.sort.dir === 'desc' ? 'asc' : 'desc' };
+      renderInstances();
+    });
+  }
+  for (const button of document.querySelectorAll('[data-period]')) {
+    button.addEventListener('click', () => {
+      state.period = button.dataset.period;
+      for (const b of document.querySelectorAll('[data-period]')) b.setAttribute('aria-pressed', String(b === button));
+      loadMetrics().catch(showError);
+    });
+  }
+  for (const tab of document.querySelectorAll('[data-snippet]')) {
+    tab.addEventListener('click', () => {
+      state.snippet = tab.dataset.snippet;
+      for (const t of document.querySelectorAll('[data-snippet]')) t.setAttribute('aria-selected', String(t === tab));
+      renderDetail();
+    });
+  }
+  $('#copy-snippet').addEventListener('click', async () => {
+    try { await navigator.clipboard.writeText($('#snippet').textContent); toast('Copied'); } catch { toast('Select the code to copy it', true); }
+  });
+  $('#alert-state').addEventListener('change', () => loadAlerts().catch(showError));
+  $('#key-button').addEventListener('click', async () => { if (await askKey()) start(); });
+  window.addEventListener('hashchange', route);
+}
+
+async function start() {
+  try {
+    const config = await fetch('/ui/config.json').then((r) => r.json());
+    if (config.auth_enabled && !state.key) await askKey();
+    await loadNodes();
+    await loadInstances();
+    await loadAlerts();
+  } catch (error) { showError(error); }
+  await route();
+  connectEvents();
+}
+
+wire();
+start();
+// Node resources change without lifecycle events: refresh them now and then.
+setInterval(() => { if (!document.hidden) loadNodes().catch(() => {}); }, 15000);

@@ -1,0 +1,95 @@
+// Drives the dashboard (/ui) in headless system Chromium with Playwright:
+// API key prompt, create, live status without reloading, live view frames,
+// park, revive, delete; screenshots of every page (1280x800 and a phone).
+// Usage: node dashboard.mjs <control plane URL> <screenshot dir> [api key]
+// Prints {"id": …, "errors": [console errors], "shots": [...]} as JSON.
+import { chromium } from 'playwright-core';
+import { mkdirSync } from 'node:fs';
+
+const [base, shots, apiKey] = process.argv.slice(2);
+mkdirSync(shots, { recursive: true });
+const browser = await chromium.launch({
+  executablePath: '/usr/lib/chromium/chromium',
+  headless: true,
+  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+});
+const errors = [];
+
+// Waits for the live view <img> to show a frame; says what it saw otherwise.
+async function liveFrames(page) {
+  try {
+    await page.waitForFunction(() => document.querySelector('#live-view')?.naturalWidth > 0, null, { timeout: 60_000 });
+  } catch (error) {
+    const seen = await page.evaluate(() => {
+      const img = document.querySelector('#live-view');
+      return { src: img.src, complete: img.complete, hint: document.querySelector('#live-hint').textContent,
+        fields: document.querySelector('#detail-fields').textContent };
+    });
+    throw new Error(`no live view frame: ${JSON.stringify(seen)}`);
+  }
+}
+const taken = [];
+const T = 60_000;
+try {
+  const context = await browser.newContext({ viewport: { width: 1280, height: 800 } });
+  const page = await context.newPage();
+  page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
+  page.on('pageerror', (e) => errors.push(String(e)));
+  page.on('dialog', (d) => d.accept());
+  page.on('response', (r) => console.error(`response ${r.status()} ${r.url()}`));
+  page.on('requestfailed', (r) => console.error(`failed ${r.url()} ${r.failure()?.errorText}`));
+  const shot = async (name) => { const path = `${shots}/${name}.png`; await page.screenshot({ path, fullPage: true }); taken.push(path); };
+
+  await page.goto(`${base}/ui`);
+  if (apiKey) {
+    await page.locator('#key-dialog[open]').waitFor({ timeout: T });
+    await shot('api-key');
+    await page.fill('#key-input', apiKey);
+    await page.click('#key-form button[type=submit]');
+  }
+  await page.locator('#live.on').waitFor({ timeout: T });
+  await shot('instances-empty');
+
+  await page.click('#create-button');
+  const row = page.locator('#instances tbody tr').first();
+  await row.waitFor({ timeout: T });
+  const id = await row.getAttribute('data-id');
+  // Turns running through the event stream: no reload, no polling.
+  await page.locator(`tr[data-id="${id}"] [data-status="running"]`).waitFor({ timeout: T });
+  await shot('instances');
+
+  await page.click(`tr[data-id="${id}"] a`);
+  await liveFrames(page);
+  const snippet = await page.textContent('#snippet');
+  if (!snippet.includes(`/devtools/browser/${id}`)) throw new Error(`snippet lacks the debug URL: ${snippet}`);
+  await page.click('[data-snippet="puppeteer"]');
+  if (!(await page.textContent('#snippet')).includes('browserWSEndpoint')) throw new Error('no Puppeteer snippet');
+  await shot('instance-detail');
+
+  await page.click(`#detail-actions button[aria-label="Park ${id}"]`);
+  await page.locator('#detail-fields [data-status="dormant"]').waitFor({ timeout: T });
+  await shot('instance-dormant');
+  await page.click(`#detail-actions button[aria-label="Revive ${id}"]`);
+  await page.locator('#detail-fields [data-status="running"]').waitFor({ timeout: T });
+  await liveFrames(page);
+
+  for (const view of ['nodes', 'metrics', 'alerts']) {
+    await page.click(`nav a[data-view="${view}"]`);
+    await page.locator(`#view-${view}:not([hidden])`).waitFor({ timeout: T });
+    if (view === 'nodes') await page.locator('#nodes .node').first().waitFor({ timeout: T });
+    if (view === 'metrics') await page.locator('#metric-cards .stat').first().waitFor({ timeout: T });
+    await shot(view);
+  }
+
+  await page.click(`nav a[data-view="instances"]`);
+  await page.click(`tr[data-id="${id}"] button[aria-label="Delete ${id}"]`);
+  await page.locator(`tr[data-id="${id}"]`).waitFor({ state: 'detached', timeout: T });
+  await shot('instances-after-delete');
+
+  await page.setViewportSize({ width: 390, height: 844 });
+  await shot('phone');
+  console.log(JSON.stringify({ id, errors, shots: taken }));
+} finally {
+  await browser.close();
+}
