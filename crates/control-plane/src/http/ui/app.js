@@ -150,14 +150,21 @@ function renderInstances() {
     h('td', {}, actionsFor(i)),
   )));
   $('#instances-empty').hidden = rows.length > 0;
+  const more = (state.total ?? 0) - state.instances.size;
+  $('#instances-more').hidden = more <= 0;
+  $('#instances-more').textContent = `Showing the newest ${state.instances.size} of ${state.total} instances; filter by status or node to see others.`;
   for (const button of document.querySelectorAll('th .sort')) {
     button.setAttribute('aria-sort', button.dataset.sort === key ? (dir === 'asc' ? 'ascending' : 'descending') : 'none');
   }
 }
 
 async function loadInstances() {
-  const page = await api('GET', '/v2/instances?limit=1000');
+  const query = new URLSearchParams({ limit: '1000' });
+  if ($('#filter-status').value) query.set('status', $('#filter-status').value);
+  if ($('#filter-node').value) query.set('node_id', $('#filter-node').value);
+  const page = await api('GET', `/v2/instances?${query}`);
   state.instances = new Map(page.instances.map((i) => [i.id, i]));
+  state.total = page.total;
   renderInstances();
 }
 
@@ -401,8 +408,8 @@ function wire() {
       toast(`Instance ${created.id.slice(0, 13)}… is starting`);
     } catch (error) { showError(error); } finally { button.disabled = false; }
   });
-  $('#filter-status').addEventListener('change', renderInstances);
-  $('#filter-node').addEventListener('change', renderInstances);
+  $('#filter-status').addEventListener('change', () => loadInstances().catch(showError));
+  $('#filter-node').addEventListener('change', () => loadInstances().catch(showError));
   for (const button of document.querySelectorAll('th .sort')) {
     button.addEventListener('click', () => {
       const key = button.dataset.sort;
