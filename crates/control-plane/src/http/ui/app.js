@@ -238,6 +238,11 @@ function bar(value, max, label) {
 async function loadNodes() {
   const list = await api('GET', '/v2/nodes');
   state.nodes = list.nodes;
+  // Warnings (reduced isolation) come with a node's detail; small clusters only.
+  const details = state.nodes.length <= 50
+    ? await Promise.all(state.nodes.map((n) => api('GET', `/v2/nodes/${encodeURIComponent(n.id)}`).catch(() => n)))
+    : state.nodes;
+  const warnings = new Map(details.map((d) => [d.id, d.warnings ?? []]));
   const selects = [$('#filter-node'), $('#create-node')];
   for (const select of selects) {
     const keep = select.value;
@@ -252,6 +257,7 @@ async function loadNodes() {
     ...bar(n.resources.memory_percent, 100, `Memory ${n.resources.memory_percent.toFixed(1)} %`),
     ...bar(n.resources.disk_percent, 100, `Disk ${n.resources.disk_percent.toFixed(1)} %`),
     h('div', { class: 'meta', text: `${n.address} · last heartbeat ${new Date(n.last_heartbeat).toLocaleTimeString()}` }),
+    ...(warnings.get(n.id) ?? []).map((w) => h('p', { class: 'warning-note', role: 'note', text: `⚠ ${w}` })),
   )));
 }
 
