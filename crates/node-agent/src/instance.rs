@@ -149,6 +149,17 @@ impl InstanceSlot {
     /// Waits until the browser answers CDP (or is gone), at most `timeout`. A
     /// dormant instance is woken first when waking is on.
     pub async fn wait_ready(&self, timeout: Duration) -> Result<Option<CdpEndpoint>, String> {
+        self.wait_ready_waking(timeout, true).await
+    }
+
+    /// [`InstanceSlot::wait_ready`], waking a dormant instance only if `wake`
+    /// (otherwise a dormant instance is an error at once).
+    pub async fn wait_ready_waking(
+        &self,
+        timeout: Duration,
+        wake: bool,
+    ) -> Result<Option<CdpEndpoint>, String> {
+        let waker = self.waker.as_ref().filter(|_| wake);
         let mut phase = self.phase.subscribe();
         let mut woken = false;
         let outcome = tokio::time::timeout(timeout, async {
@@ -158,7 +169,7 @@ impl InstanceSlot {
                     BrowserPhase::Gone(reason) => {
                         return Err(format!("instance {} is not running: {reason}", self.id));
                     }
-                    BrowserPhase::Dormant => match &self.waker {
+                    BrowserPhase::Dormant => match waker {
                         Some(waker) if !woken => {
                             let _ = waker.send(self.id.clone());
                             woken = true;

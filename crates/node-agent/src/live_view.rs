@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::instance::BrowserPhase;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
@@ -93,20 +94,35 @@ impl LiveView {
     /// Runs the screencast while there are viewers; reconnects if the tab goes away.
     async fn screencast(self: Arc<Self>) {
         let mut last_viewer_seen = tokio::time::Instant::now();
+        // A viewer connecting to a parked instance wakes it (wake on connect);
+        // this loop's own retries never do.
+        let mut wake = true;
         loop {
-            match self.screencast_once(&mut last_viewer_seen).await {
+            let attempt = self.screencast_once(&mut last_viewer_seen, wake).await;
+            wake = false;
+            match attempt {
                 Ok(()) => {}
                 Err(error) => {
                     tracing::debug!(instance = %self.slot.id, %error, "screencast interrupted");
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
             }
-            // Decide under the lock, so that a viewer joining now either sees
-            // `running == false` and starts a screencast, or is served by this one.
-            let mut running = self.running.lock().await;
-            if self.slot.servers.is_cancelled() || self.viewers.load(Ordering::SeqCst) == 0 {
-                *running = false;
-                return;
+            // While the instance is parked, wait (without waking it: only a
+            // new connection does, `agent.wake_on_connect`) until it runs again
+            // or the viewers leave. Decide under the lock, so that a viewer
+            // joining now either sees `running == false` and starts a
+            // screencast, or is served by this one.
+            loop {
+                let mut running = self.running.lock().await;
+                if self.slot.servers.is_cancelled() || self.viewers.load(Ordering::SeqCst) == 0 {
+                    *running = false;
+                    return;
+                }
+                drop(running);
+                if !matches!(self.slot.phase(), BrowserPhase::Dormant) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
             }
             last_viewer_seen = tokio::time::Instant::now();
         }
@@ -117,10 +133,11 @@ impl LiveView {
     async fn screencast_once(
         &self,
         last_viewer_seen: &mut tokio::time::Instant,
+        wake: bool,
     ) -> Result<(), String> {
         let endpoint = self
             .slot
-            .wait_ready(self.ready_timeout)
+            .wait_ready_waking(self.ready_timeout, wake)
             .await?
             .ok_or("sim instance: no browser")?;
         let (_, ws) = list_tabs(&endpoint)

@@ -26,6 +26,8 @@ const state = {
   snippet: 'playwright',
   detail: null,
   sources: [],
+  // Instances being parked: their live view stays closed meanwhile.
+  parking: new Set(),
 };
 
 class ApiError extends Error {
@@ -105,10 +107,31 @@ function actionsFor(instance, small = true) {
   }, label);
   const buttons = [];
   const s = instance.status;
-  if (s === 'running' || s === 'idle') buttons.push(act('Park', () => api('POST', `/v2/instances/${instance.id}/dormant`).then(() => toast('Parked'))));
+  // The answer of an operation is the instance's new state: show it at once
+  // (its event follows).
+  const apply = (answer) => {
+    const known = state.instances.get(instance.id) ?? instance;
+    state.instances.set(instance.id, { ...known, ...answer });
+    renderInstances();
+    if (state.detail === instance.id) renderDetail();
+  };
+  if (s === 'running' || s === 'idle') {
+    buttons.push(act('Park', async () => {
+      // Let go of the live view first: a connection to a parked instance's
+      // ports wakes it up.
+      stopLiveView();
+      state.parking.add(instance.id);
+      try {
+        apply(await api('POST', `/v2/instances/${instance.id}/dormant`));
+        toast('Parked');
+      } finally {
+        state.parking.delete(instance.id);
+      }
+    }));
+  }
   if (s === 'dormant' || ((s === 'failed' || s === 'stopped') && instance.snapshot_id)) {
-    buttons.push(act('Revive', () => api('POST', `/v2/instances/${instance.id}/revive`, { method: 'quick_start' })));
-    buttons.push(act('Full restore', () => api('POST', `/v2/instances/${instance.id}/revive`, { method: 'full_restore' })));
+    buttons.push(act('Revive', async () => apply(await api('POST', `/v2/instances/${instance.id}/revive`, { method: 'quick_start' }))));
+    buttons.push(act('Full restore', async () => apply(await api('POST', `/v2/instances/${instance.id}/revive`, { method: 'full_restore' }))));
   }
   buttons.push(act('Delete', async () => {
     if (!confirm(`Delete instance ${instance.id}?`)) return;
@@ -181,6 +204,18 @@ async function refreshInstance(id) {
 
 // ---- detail -------------------------------------------------------------
 
+// Closes the live view's stream: a fresh element, so nothing keeps the old
+// connection (or its reconnection) alive.
+function stopLiveView() {
+  const img = $('#live-view');
+  if (img.dataset.src || img.getAttribute('src')) {
+    const fresh = img.cloneNode(false);
+    fresh.removeAttribute('src');
+    delete fresh.dataset.src;
+    img.replaceWith(fresh);
+  }
+}
+
 function snippet(instance) {
   const urls = urlsOf(instance);
   const endpoint = urls?.debug ?? '<urls.debug>';
@@ -196,7 +231,7 @@ function renderDetail() {
   if (!instance) {
     fields.replaceChildren(h('dt', { text: 'Instance' }), h('dd', { text: 'deleted' }));
     $('#detail-actions').replaceChildren();
-    $('#live-view').removeAttribute('src');
+    stopLiveView();
     return;
   }
   $('#h-detail').textContent = `Instance ${instance.id.slice(0, 13)}…`;
@@ -214,13 +249,13 @@ function renderDetail() {
   fields.replaceChildren(...rows.flatMap(([k, v]) => [h('dt', { text: k }), h('dd', {}, v)]));
   $('#detail-actions').replaceChildren(actionsFor(instance, false));
   const img = $('#live-view');
-  const live = urls && (instance.status === 'running' || instance.status === 'idle');
+  const live = urls && (instance.status === 'running' || instance.status === 'idle') && !state.parking.has(instance.id);
   if (live) {
     if (img.dataset.src !== urls.stream) { img.dataset.src = urls.stream; img.src = urls.stream; }
     $('#live-hint').textContent = 'Frames stream as the page changes (MJPEG).';
   } else {
-    img.removeAttribute('src'); delete img.dataset.src;
-    $('#live-hint').textContent = `No live view while the instance is ${instance.status}.`;
+    stopLiveView();
+    $('#live-hint').textContent = `No live view while the instance is ${state.parking.has(instance.id) ? 'parking' : instance.status}.`;
   }
   $('#snippet').textContent = snippet(instance);
 }
@@ -383,7 +418,7 @@ async function route() {
       return;
     }
     state.detail = null;
-    $('#live-view').removeAttribute('src');
+    stopLiveView();
     const section = $(`#view-${view}`) ?? $('#view-instances');
     section.hidden = false;
     if (view === 'nodes') await loadNodes();
