@@ -82,6 +82,16 @@ impl InstanceCache {
                     } else {
                         Box::new(inner.by_created.iter())
                     };
+                if filter.status.is_none() && filter.node_id.is_none() {
+                    // No filter: the total is known, and the page is a walk of
+                    // offset + limit keys.
+                    let page = ordered
+                        .skip(offset)
+                        .take(limit)
+                        .map(|(_, id)| (*inner.by_id[id]).clone())
+                        .collect();
+                    return (page, inner.by_id.len() as i64);
+                }
                 let mut page = Vec::with_capacity(limit.min(1000));
                 let mut total = 0i64;
                 for (_, id) in ordered {
