@@ -14,7 +14,7 @@ use flotilla_node_agent::snapshot::SnapshotStore;
 use flotilla_node_agent::{Agent, AgentSettings, HttpLink};
 
 use crate::config::FlotillaConfig;
-use crate::serve::{bind, default_bind_address, default_public_host, spawn_http};
+use crate::serve::{bind_agent_listener, default_bind_address, public_host, spawn_http};
 
 /// A running `agent`.
 pub struct AgentNode {
@@ -41,19 +41,9 @@ impl AgentNode {
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("cannot create data_dir {}", config.data_dir.display()))?;
         let data_dir = config.data_dir.canonicalize()?;
-        let listen: SocketAddr = config.agent.listen.parse().with_context(|| {
-            format!(
-                "agent.listen must be an address like 127.0.0.1:0 (got {:?})",
-                config.agent.listen
-            )
-        })?;
-        let listener = bind(listen, "agent.listen").await?;
+        let listener = bind_agent_listener(&config).await?;
         let addr = listener.local_addr()?;
-        let public_host = config
-            .agent
-            .public_host
-            .clone()
-            .unwrap_or_else(|| default_public_host(addr.ip()));
+        let public_host = public_host(&config, addr.ip());
         let address = match &config.agent.advertise {
             Some(advertise) => advertise.clone(),
             None if addr.ip().is_unspecified() => format!("http://{public_host}:{}", addr.port()),

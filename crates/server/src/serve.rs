@@ -69,20 +69,9 @@ impl Serve {
                 .with_snapshots(snapshots.clone()),
         );
 
-        let agent_listen: SocketAddr = config.agent.listen.parse().with_context(|| {
-            format!(
-                "agent.listen must be an address like 127.0.0.1:0 (got {:?})",
-                config.agent.listen
-            )
-        })?;
-        let agent_listener = bind(agent_listen, "agent.listen").await?;
+        let agent_listener = bind_agent_listener(&config).await?;
         let agent_addr = agent_listener.local_addr()?;
-
-        let public_host = config
-            .agent
-            .public_host
-            .clone()
-            .unwrap_or_else(|| default_public_host(control_addr.ip()));
+        let public_host = public_host(&config, control_addr.ip());
         let settings = AgentSettings {
             config: config.agent.clone(),
             data_dir: data_dir.join("agent"),
@@ -222,6 +211,26 @@ pub(crate) fn spawn_http(
             tracing::error!(%error, "HTTP server failed");
         }
     })
+}
+
+/// Binds `agent.listen` (the agent API).
+pub(crate) async fn bind_agent_listener(config: &FlotillaConfig) -> anyhow::Result<TcpListener> {
+    let listen: SocketAddr = config.agent.listen.parse().with_context(|| {
+        format!(
+            "agent.listen must be an address like 127.0.0.1:0 (got {:?})",
+            config.agent.listen
+        )
+    })?;
+    bind(listen, "agent.listen").await
+}
+
+/// `agent.public_host`, or a default from the address the process listens on.
+pub(crate) fn public_host(config: &FlotillaConfig, listen_ip: IpAddr) -> String {
+    config
+        .agent
+        .public_host
+        .clone()
+        .unwrap_or_else(|| default_public_host(listen_ip))
 }
 
 /// The host in instance URLs when `agent.public_host` is not set.
