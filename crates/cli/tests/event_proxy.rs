@@ -853,3 +853,90 @@ async fn health_metrics_and_graceful_shutdown() {
     assert!(client.next(WAIT).await.unwrap().is_none());
     shutdown.await.unwrap();
 }
+
+#[tokio::test]
+async fn revocation_evicts_grants_and_ends_matching_streams() {
+    // accept_all: user "u-<token>", valid for a day.
+    let webhook = WebhookFake::start(WebhookFake::accept_all()).await;
+    let proxy = auth_proxy(&webhook, |_| {}).await;
+    let url = proxy.url();
+    let open = |token: &'static str, topic: &'static str| {
+        let url = url.clone();
+        async move {
+            let bearer = format!("Bearer {token}");
+            let client = SseClient::connect(
+                &url,
+                &format!("/events/{topic}"),
+                &[("Authorization", bearer.as_str())],
+            )
+            .await
+            .unwrap();
+            assert_eq!(client.status, 200, "{}", client.body);
+            client
+        }
+    };
+    let mut alice_news = open("alice", "news").await;
+    let mut alice_sport = open("alice", "sport").await;
+    let mut bob_news = open("bob", "news").await;
+    let calls_before = webhook.call_count();
+
+    let admin = reqwest::Client::new();
+    let revoke = |body: Value, key: Option<&'static str>| {
+        let mut request = admin.post(format!("{url}/admin/revoke")).json(&body);
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        request.send()
+    };
+    let refused = revoke(json!({"user_id": "u-alice"}), None).await.unwrap();
+    assert_eq!(refused.status(), 401);
+    for bad in [
+        json!({}),
+        json!({"user_id": "a", "token_sha256": "00"}),
+        json!({"token_sha256": "zz"}),
+        json!({"who": "a"}),
+    ] {
+        let response = revoke(bad.clone(), Some(PUBLISHER_KEY)).await.unwrap();
+        assert_eq!(response.status(), 400, "{bad}");
+    }
+
+    let answer: Value = revoke(json!({"user_id": "u-alice"}), Some(PUBLISHER_KEY))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer, json!({"evicted": 2, "closed": 2}));
+    for stream in [&mut alice_news, &mut alice_sport] {
+        let last = stream.next_event(WAIT).await.unwrap();
+        assert_eq!(last.event.as_deref(), Some("revoked"));
+        assert!(
+            stream.next(WAIT).await.unwrap().is_none(),
+            "the stream ends"
+        );
+    }
+    // Bob's stream lives on.
+    publish(&proxy, "news", json!({"data": "still here"})).await;
+    let event = bob_news.next_event(WAIT).await.unwrap();
+    assert_eq!(event.data.as_deref(), Some("still here"));
+    // Alice's next subscription asks the webhook again (the grant is gone).
+    let _again = open("alice", "news").await;
+    assert_eq!(webhook.call_count(), calls_before + 1);
+
+    // By token: the SHA-256 of the token as presented.
+    use sha2::Digest;
+    let bob_hash: String = sha2::Sha256::digest(b"bob")
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let answer: Value = revoke(json!({"token_sha256": bob_hash}), Some(PUBLISHER_KEY))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer, json!({"evicted": 1, "closed": 1}));
+    let last = bob_news.next_event(WAIT).await.unwrap();
+    assert_eq!(last.event.as_deref(), Some("revoked"));
+    proxy.shutdown().await;
+}

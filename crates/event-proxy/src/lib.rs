@@ -15,6 +15,7 @@ pub mod config;
 pub mod http;
 pub mod limits;
 pub mod metrics;
+pub mod revoke;
 pub mod sse;
 pub mod topics;
 
@@ -51,6 +52,8 @@ pub struct ProxyState {
     pub shutdown: CancellationToken,
     /// Open event streams (against `max_connections`).
     pub streams: AtomicUsize,
+    /// Who each open stream was admitted for (for `POST /admin/revoke`).
+    pub open_streams: revoke::OpenStreams,
 }
 
 impl ProxyState {
@@ -145,6 +148,8 @@ pub async fn route(state: &Arc<ProxyState>, request: &Request, peer: IpAddr) -> 
             }
         }
         ("POST", "/publish") => publish_batch(state, request).await,
+        ("POST", "/admin/revoke") => revoke::revoke(state, request),
+        (_, "/admin/revoke") => Response::text(405, "Method not allowed"),
         ("POST", path) if path.starts_with("/publish/") => {
             publish_one(state, request, path.trim_start_matches("/publish/")).await
         }
@@ -341,6 +346,7 @@ impl Proxy {
             started: Instant::now(),
             shutdown: CancellationToken::new(),
             streams: AtomicUsize::new(0),
+            open_streams: revoke::OpenStreams::default(),
             config,
         });
         let mut tasks = vec![tokio::spawn(http::serve(

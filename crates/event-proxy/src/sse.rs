@@ -1,7 +1,8 @@
 //! `GET /events/{topic}`: checks (per-IP limit, connection cap, token), then the
 //! event stream: replay after `Last-Event-ID`, live events, `: keepalive`
-//! comments, and an orderly end (token expiry, `connection_timeout_sec`,
-//! overflow under `block`, shutdown) with a last event or `retry` hint.
+//! comments, and an orderly end (token expiry, revocation,
+//! `connection_timeout_sec`, overflow under `block`, shutdown) with a last
+//! event or `retry` hint.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -119,6 +120,7 @@ pub async fn subscribe(stream: TcpStream, request: Request, peer: IpAddr, state:
         state.config.http.max_message_queue_size,
         state.config.http.backpressure_policy,
     ));
+    let registration = crate::revoke::register(&state, subscriber.id, &grant);
     let replay = state
         .topics
         .subscribe(&topic, subscriber.clone(), resume)
@@ -129,9 +131,11 @@ pub async fn subscribe(stream: TcpStream, request: Request, peer: IpAddr, state:
         &subscriber,
         replay,
         grant.expires_at,
+        &registration.revoked,
         origin,
     )
     .await;
+    drop(registration);
     state.topics.unsubscribe(&topic, subscriber.id).await;
     drop(slot);
     tracing::debug!(topic = %topic.name, user = ?grant.user_id, ?outcome, "stream ended");
@@ -142,6 +146,7 @@ pub async fn subscribe(stream: TcpStream, request: Request, peer: IpAddr, state:
 enum End {
     ClientGone,
     TokenExpired,
+    Revoked,
     Lifetime,
     Overflow,
     Shutdown,
@@ -153,6 +158,7 @@ async fn stream_events(
     subscriber: &Arc<Subscriber>,
     replay: crate::topics::Replay,
     expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    revoked: &tokio_util::sync::CancellationToken,
     origin: Option<&str>,
 ) -> End {
     let http = &state.config.http;
@@ -222,6 +228,10 @@ async fn stream_events(
                 if matches!(read, Ok(0) | Err(_)) {
                     return End::ClientGone;
                 }
+            }
+            _ = revoked.cancelled() => {
+                final_write(&mut writer, b"event: revoked\ndata: access was revoked\n\n").await;
+                return End::Revoked;
             }
             _ = tokio::time::sleep_until(token_ends_at.unwrap_or(far)) => {
                 final_write(&mut writer, b"event: expired\ndata: the token expired\n\n").await;

@@ -105,6 +105,7 @@ mod tests {
             user_id: Some(user.into()),
             expires_at,
             permissions: None,
+            token_sha256: None,
         }
     }
 

@@ -28,6 +28,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, Shared};
 use serde::{Deserialize, Serialize};
+use sha2::Digest as _;
 
 use flotilla_api_types::clock::Clock;
 use flotilla_api_types::tokens::permission_grants;
@@ -44,6 +45,8 @@ pub struct Grant {
     pub expires_at: Option<DateTime<Utc>>,
     /// The token's `permissions` claim, when it has one.
     pub permissions: Option<Vec<String>>,
+    /// SHA-256 of the token, to find its grants and streams on revocation.
+    pub token_sha256: Option<[u8; 32]>,
 }
 
 impl Grant {
@@ -52,6 +55,7 @@ impl Grant {
             user_id: None,
             expires_at: None,
             permissions: None,
+            token_sha256: None,
         }
     }
 }
@@ -371,6 +375,7 @@ impl Authenticator {
             user_id: answer.user_id,
             expires_at,
             permissions,
+            token_sha256: Some(sha2::Sha256::digest(token.as_bytes()).into()),
         })
     }
 
