@@ -142,3 +142,16 @@ pub async fn raw_chromium_start(
     let _ = child.wait().await;
     Ok(elapsed.as_secs_f64() * 1000.0)
 }
+
+/// The number after `name` on the command line (`--events 20000`), or `default`.
+pub fn number_flag(name: &str, default: usize) -> anyhow::Result<usize> {
+    let args: Vec<String> = std::env::args().collect();
+    match args.iter().position(|a| a == name) {
+        Some(i) => args
+            .get(i + 1)
+            .with_context(|| format!("{name} needs a value"))?
+            .parse()
+            .with_context(|| format!("{name} must be a number")),
+        None => Ok(default),
+    }
+}

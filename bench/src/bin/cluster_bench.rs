@@ -16,25 +16,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 use futures_util::StreamExt as _;
 
-use flotilla_bench::percentile;
+use flotilla_bench::{number_flag as flag, percentile};
 use flotilla_testkit::{PgServer, ServeProcess};
 
 const TOKEN: &str = "bench-cluster-token";
-
-fn flag(name: &str, default: usize) -> anyhow::Result<usize> {
-    let args: Vec<String> = std::env::args().collect();
-    match args.iter().position(|a| a == name) {
-        Some(i) => args
-            .get(i + 1)
-            .with_context(|| format!("{name} needs a value"))?
-            .parse()
-            .with_context(|| format!("{name} must be a number")),
-        None => Ok(default),
-    }
-}
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {

@@ -18,29 +18,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 use futures_util::StreamExt as _;
 use tower::ServiceExt as _;
 
 use flotilla_api_types::clock::SystemClock;
 use flotilla_api_types::instances::{InstanceConfig, InstanceStatus};
 use flotilla_api_types::{InstanceId, NodeId};
-use flotilla_bench::percentile;
+use flotilla_bench::{number_flag as flag, percentile};
 use flotilla_control_plane::config::WebhookConfig;
 use flotilla_control_plane::store::NewInstance;
 use flotilla_control_plane::{ControlPlane, ControlPlaneConfig, Store};
-
-fn flag(name: &str, default: usize) -> anyhow::Result<usize> {
-    let args: Vec<String> = std::env::args().collect();
-    match args.iter().position(|a| a == name) {
-        Some(i) => args
-            .get(i + 1)
-            .with_context(|| format!("{name} needs a value"))?
-            .parse()
-            .with_context(|| format!("{name} must be a number")),
-        None => Ok(default),
-    }
-}
 
 /// A receiver that counts calls and answers 204.
 async fn receiver() -> anyhow::Result<(String, Arc<AtomicUsize>)> {

@@ -84,6 +84,24 @@ async fn page_urls(debug_port: u64) -> Vec<String> {
         .collect()
 }
 
+/// A running instance whose page at `/state` stored cookies and storage;
+/// its id and `urls.debug`.
+async fn running_with_state(serve: &TestServe, pages: &PageServer) -> (String, String) {
+    let created = serve.api.create("{}").await;
+    let id = created["id"].as_str().unwrap().to_owned();
+    let debug_url = created["urls"]["debug"].as_str().unwrap().to_owned();
+    serve
+        .api
+        .wait_for_status(&id, "running", BROWSER_DEADLINE)
+        .await;
+    let page = Page::open(&debug_url, &format!("{}/state", pages.base))
+        .await
+        .unwrap();
+    page.eval(STORE_STATE).await.unwrap();
+    drop(page);
+    (id, debug_url)
+}
+
 async fn park(serve: &TestServe, id: &str) -> Value {
     let (status, body) = serve
         .api
@@ -404,18 +422,7 @@ async fn browser_idle_instances_park_themselves_and_activity_wakes_idle_ones() {
 async fn browser_a_cdp_client_wakes_a_dormant_instance() {
     let serve = spawn_serve().await;
     let pages = site().await;
-    let created = serve.api.create("{}").await;
-    let id = created["id"].as_str().unwrap().to_owned();
-    let debug_url = created["urls"]["debug"].as_str().unwrap().to_owned();
-    serve
-        .api
-        .wait_for_status(&id, "running", BROWSER_DEADLINE)
-        .await;
-    let page = Page::open(&debug_url, &format!("{}/state", pages.base))
-        .await
-        .unwrap();
-    page.eval(STORE_STATE).await.unwrap();
-    drop(page);
+    let (id, debug_url) = running_with_state(&serve, &pages).await;
     park(&serve, &id).await;
 
     // Playwright connects to the dormant instance's unchanged urls.debug.
@@ -436,18 +443,7 @@ async fn browser_a_cdp_client_wakes_a_dormant_instance() {
 async fn browser_a_park_that_cannot_store_its_snapshot_leaves_the_instance_running() {
     let serve = spawn_serve().await;
     let pages = site().await;
-    let created = serve.api.create("{}").await;
-    let id = created["id"].as_str().unwrap().to_owned();
-    let debug_url = created["urls"]["debug"].as_str().unwrap().to_owned();
-    serve
-        .api
-        .wait_for_status(&id, "running", BROWSER_DEADLINE)
-        .await;
-    let page = Page::open(&debug_url, &format!("{}/state", pages.base))
-        .await
-        .unwrap();
-    page.eval(STORE_STATE).await.unwrap();
-    drop(page);
+    let (id, debug_url) = running_with_state(&serve, &pages).await;
 
     // The snapshot directory becomes a file: every write into it fails.
     let snapshots = serve.data_dir.canonicalize().unwrap().join("snapshots");
@@ -487,18 +483,7 @@ async fn browser_snapshots_in_an_s3_compatible_bucket() {
     })
     .await;
     let pages = site().await;
-    let created = serve.api.create("{}").await;
-    let id = created["id"].as_str().unwrap().to_owned();
-    let debug_url = created["urls"]["debug"].as_str().unwrap().to_owned();
-    serve
-        .api
-        .wait_for_status(&id, "running", BROWSER_DEADLINE)
-        .await;
-    let page = Page::open(&debug_url, &format!("{}/state", pages.base))
-        .await
-        .unwrap();
-    page.eval(STORE_STATE).await.unwrap();
-    drop(page);
+    let (id, debug_url) = running_with_state(&serve, &pages).await;
 
     let parked = park(&serve, &id).await;
     let key = format!(

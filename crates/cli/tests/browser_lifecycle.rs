@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
 use flotilla_testkit::{
-    BROWSER_DEADLINE, SseClient, StatusCode, processes_mentioning, run_node, serve_page,
-    spawn_serve, spawn_serve_with, wait_until,
+    BROWSER_DEADLINE, EventReceiver, SseClient, StatusCode, processes_mentioning, run_node,
+    serve_page, spawn_serve, spawn_serve_with, wait_until,
 };
 
 /// Sends one CDP command over a fresh WebSocket and returns its result.
@@ -42,7 +42,17 @@ async fn cdp_call(ws_url: &str, method: &str, params: Value) -> Value {
 
 #[tokio::test]
 async fn browser_create_drive_with_cdp_playwright_puppeteer_then_delete() {
-    let serve = spawn_serve().await;
+    // A signed webhook receiver too: the same events reach it.
+    let receiver = EventReceiver::start("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").await;
+    let hook = receiver.url.clone();
+    let serve = spawn_serve_with(move |config| {
+        config.control.webhooks = vec![flotilla_control_plane::config::WebhookConfig {
+            url: hook,
+            events: Vec::new(),
+            secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
+        }];
+    })
+    .await;
     let pages = serve_page(&[(
         "/hello",
         "<html><head><title>Hello Flotilla</title></head><body>hi</body></html>",
@@ -195,6 +205,26 @@ async fn browser_create_drive_with_cdp_playwright_puppeteer_then_delete() {
         ["instance.created", "instance.running", "instance.deleted"],
         "events of a real browser's life"
     );
+    wait_until(
+        BROWSER_DEADLINE,
+        "the same events at the webhook",
+        || async {
+            let hooked: Vec<String> = receiver
+                .events()
+                .iter()
+                .filter(|e| e.payload["data"]["instance_id"] == id.as_str())
+                .map(|e| e.payload["event"].as_str().unwrap_or_default().to_owned())
+                .collect();
+            if hooked == names {
+                Ok(Some(()))
+            } else {
+                Err(format!("{hooked:?}"))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(receiver.bad_signatures(), 0);
     serve.shutdown().await;
 }
 

@@ -143,6 +143,32 @@ impl Store {
         Ok(())
     }
 
+    /// Locks `node`'s row until the end of `tx` (so placements on it serialise
+    /// across control planes) and says whether it has fewer than
+    /// `max_instances` instances holding a slot.
+    async fn node_has_room(
+        &self,
+        tx: &mut AnyConnection,
+        node: &NodeId,
+        max_instances: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let lock = format!("SELECT id FROM nodes WHERE id = $1{}", self.for_update());
+        sqlx::query(&lock)
+            .bind(node.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
+        let occupying = status_strings(&InstanceStatus::OCCUPYING);
+        let count_sql = format!(
+            "SELECT COUNT(*) AS n FROM instances WHERE node_id = $1 AND status IN ({})",
+            placeholders(2, occupying.len())
+        );
+        let used: i64 = bind_statuses(sqlx::query(&count_sql).bind(node.as_str()), &occupying)
+            .fetch_one(&mut *tx)
+            .await?
+            .try_get("n")?;
+        Ok(used < max_instances)
+    }
+
     /// The status and node of `id`, locked until the end of `tx`.
     async fn lock_instance(
         &self,
@@ -216,22 +242,10 @@ impl Store {
     ) -> Result<bool, sqlx::Error> {
         let mut conn = self.writer.acquire().await?;
         let mut tx = conn.begin().await?;
-        let lock = format!("SELECT id FROM nodes WHERE id = $1{}", self.for_update());
-        sqlx::query(&lock)
-            .bind(new.node_id.as_str())
-            .fetch_optional(&mut *tx)
-            .await?;
-        let occupying = status_strings(&InstanceStatus::OCCUPYING);
-        let count_sql = format!(
-            "SELECT COUNT(*) AS n FROM instances WHERE node_id = $1 AND status IN ({})",
-            placeholders(2, occupying.len())
-        );
-        let count = bind_statuses(
-            sqlx::query(&count_sql).bind(new.node_id.as_str()),
-            &occupying,
-        );
-        let used: i64 = count.fetch_one(&mut *tx).await?.try_get("n")?;
-        if used >= max_instances {
+        if !self
+            .node_has_room(&mut tx, &new.node_id, max_instances)
+            .await?
+        {
             return Ok(false);
         }
         let now = to_millis(new.created_at);
@@ -283,26 +297,12 @@ impl Store {
     ) -> Result<bool, sqlx::Error> {
         let mut conn = self.writer.acquire().await?;
         let mut tx = conn.begin().await?;
-        let lock = format!("SELECT id FROM nodes WHERE id = $1{}", self.for_update());
-        sqlx::query(&lock)
-            .bind(node.as_str())
-            .fetch_optional(&mut *tx)
-            .await?;
+        if !self.node_has_room(&mut tx, node, max_instances).await? {
+            return Ok(false);
+        }
         match self.lock_instance(&mut tx, id).await? {
             Some((status, _)) if from.contains(&status) => {}
             _ => return Ok(false),
-        }
-        let occupying = status_strings(&InstanceStatus::OCCUPYING);
-        let count_sql = format!(
-            "SELECT COUNT(*) AS n FROM instances WHERE node_id = $1 AND status IN ({})",
-            placeholders(2, occupying.len())
-        );
-        let used: i64 = bind_statuses(sqlx::query(&count_sql).bind(node.as_str()), &occupying)
-            .fetch_one(&mut *tx)
-            .await?
-            .try_get("n")?;
-        if used >= max_instances {
-            return Ok(false);
         }
         sqlx::query(
             "UPDATE instances SET node_id = $1, debug_port = NULL, stream_port = NULL, http_port = NULL, \
