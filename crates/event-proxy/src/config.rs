@@ -15,6 +15,7 @@ pub struct ProxyConfig {
     pub rate_limit: RateLimitConfig,
     pub publisher: PublisherConfig,
     pub history: HistoryConfig,
+    pub peers: PeersConfig,
 }
 
 /// What a subscriber's queue does when it is full.
@@ -175,6 +176,111 @@ impl Default for HistoryConfig {
     }
 }
 
+/// `[peers]`: several proxies as one service (see [`crate::peers`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PeersConfig {
+    /// Join peers even with an empty `peer_addresses` (a first node that others
+    /// name). A non-empty `peer_addresses` turns peering on by itself.
+    pub enabled: bool,
+    /// UDP `<host>:<port>` for gossip; port 0 picks a free one.
+    pub listen_address: String,
+    /// The gossip address peers reach this proxy at; empty: the bound address.
+    pub advertise_address: String,
+    /// Gossip addresses of other proxies (`<host>:<port>`) to join through.
+    pub peer_addresses: Vec<String>,
+    /// Shared by every proxy of the cluster: signs gossip and peer requests.
+    pub secret: String,
+    /// This proxy's name in the cluster; empty: its gossip address.
+    pub node_id: String,
+    /// The URL peers send events to (this proxy's HTTP address); empty:
+    /// `http://` + the bound `http.bind_address`.
+    pub public_url: String,
+    /// Seconds between gossip rounds.
+    pub gossip_interval_sec: f64,
+    /// A peer whose heartbeat has not advanced for this long is dead.
+    pub peer_timeout_sec: f64,
+    /// Events per peer request at most.
+    pub message_batch_size: usize,
+}
+
+impl Default for PeersConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            listen_address: "127.0.0.1:7946".into(),
+            advertise_address: String::new(),
+            peer_addresses: Vec::new(),
+            secret: String::new(),
+            node_id: String::new(),
+            public_url: String::new(),
+            gossip_interval_sec: 1.0,
+            peer_timeout_sec: 5.0,
+            message_batch_size: 256,
+        }
+    }
+}
+
+impl PeersConfig {
+    /// Whether this proxy joins peers.
+    pub fn active(&self) -> bool {
+        self.enabled || !self.peer_addresses.is_empty()
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.active() {
+            return Ok(());
+        }
+        if self.secret.len() < 16 {
+            return Err("peers.secret must be at least 16 characters when peers are on (every proxy of the cluster shares it)".into());
+        }
+        self.listen_address.parse::<SocketAddr>().map_err(|_| {
+            format!(
+                "peers.listen_address must look like 127.0.0.1:7946 (got {:?})",
+                self.listen_address
+            )
+        })?;
+        if !self.advertise_address.is_empty() {
+            self.advertise_address.parse::<SocketAddr>().map_err(|_| {
+                format!(
+                    "peers.advertise_address must look like 10.0.0.5:7946 (got {:?})",
+                    self.advertise_address
+                )
+            })?;
+        }
+        if !self.public_url.is_empty() {
+            let url = reqwest::Url::parse(&self.public_url)
+                .map_err(|e| format!("peers.public_url {:?} is not a URL: {e}", self.public_url))?;
+            if !matches!(url.scheme(), "http" | "https") {
+                return Err("peers.public_url must be an http:// or https:// URL".into());
+            }
+        }
+        for address in &self.peer_addresses {
+            if address
+                .rsplit_once(':')
+                .and_then(|(_, port)| port.parse::<u16>().ok())
+                .is_none()
+            {
+                return Err(format!(
+                    "peers.peer_addresses: {address:?} must look like <host>:<port>"
+                ));
+            }
+        }
+        if !(self.gossip_interval_sec >= 0.01 && self.gossip_interval_sec <= 3600.0) {
+            return Err("peers.gossip_interval_sec must be between 0.01 and 3600".into());
+        }
+        if !(self.peer_timeout_sec >= 2.0 * self.gossip_interval_sec
+            && self.peer_timeout_sec <= 86_400.0)
+        {
+            return Err("peers.peer_timeout_sec must be at least twice peers.gossip_interval_sec (and at most 86400)".into());
+        }
+        if self.message_batch_size == 0 || self.message_batch_size > 10_000 {
+            return Err("peers.message_batch_size must be between 1 and 10000".into());
+        }
+        Ok(())
+    }
+}
+
 /// A parsed trusted-proxy entry: an address or a CIDR range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IpRange {
@@ -299,7 +405,7 @@ impl ProxyConfig {
         for entry in &self.rate_limit.trusted_proxies {
             IpRange::parse(entry)?;
         }
-        Ok(())
+        self.peers.validate()
     }
 
     pub fn bind_address(&self) -> Result<SocketAddr, String> {

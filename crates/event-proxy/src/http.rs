@@ -227,6 +227,12 @@ async fn read_request(
     };
     buffer.advance(head_len);
     let mut request = request;
+    // A peer batch carries events of up to `max_body` each, escaped.
+    let max_body = if request.path.starts_with("/peer/") {
+        max_body.saturating_mul(4).saturating_add(1 << 16)
+    } else {
+        max_body
+    };
     match body_framing {
         BodyFraming::None => {}
         BodyFraming::Length(length) => {

@@ -5,16 +5,20 @@
 //! - [`topics`] — subscribers, history, publishing, backpressure.
 //! - [`auth`] — tokens, the webhook, its cache and circuit breaker.
 //! - [`limits`] — per-IP rate limit and client addresses.
+//! - [`peers`] — several proxies as one service (gossip, topic owners, links).
+//! - [`revoke`] — `POST /admin/revoke`.
 //! - [`metrics`], [`config`].
 //!
 //! Endpoints besides the stream: `POST /publish/{topic}`, `POST /publish`
-//! (batch), `GET /health`, `GET /metrics`, and `OPTIONS` on any path (CORS).
+//! (batch), `POST /admin/revoke`, `GET /health`, `GET /metrics`, `OPTIONS` on
+//! any path (CORS), and the signed `/peer/v1/*` between peers.
 
 pub mod auth;
 pub mod config;
 pub mod http;
 pub mod limits;
 pub mod metrics;
+pub mod peers;
 pub mod revoke;
 pub mod sse;
 pub mod topics;
@@ -38,7 +42,8 @@ use config::{IpRange, ProxyConfig};
 use http::{Request, Response};
 use limits::IpRateLimiter;
 use metrics::Metrics;
-use topics::{Publish, Topics, validate_topic};
+use peers::Cluster;
+use topics::{Publish, Topic, Topics, validate_topic};
 
 /// Everything the handlers share.
 pub struct ProxyState {
@@ -54,6 +59,8 @@ pub struct ProxyState {
     pub streams: AtomicUsize,
     /// Who each open stream was admitted for (for `POST /admin/revoke`).
     pub open_streams: revoke::OpenStreams,
+    /// The other proxies, when `[peers]` is on.
+    pub peers: Option<Arc<Cluster>>,
 }
 
 impl ProxyState {
@@ -112,6 +119,10 @@ impl ProxyState {
 
 /// Routes a request other than an event stream.
 pub async fn route(state: &Arc<ProxyState>, request: &Request, peer: IpAddr) -> Response {
+    // Peers sign every request (checked first thing); many share one address.
+    if request.path.starts_with("/peer/") {
+        return peers::handle(state, request).await;
+    }
     // Publishers with a key are the operator's own services (the control plane
     // publishes every lifecycle event): the per-IP limit is for everyone else.
     if !state.is_publisher_key(request)
@@ -138,6 +149,10 @@ pub async fn route(state: &Arc<ProxyState>, request: &Request, peer: IpAddr) -> 
                 .metrics
                 .topics_active
                 .set(state.topics.active() as i64);
+            if let Some(cluster) = &state.peers {
+                let lag = cluster.sync_lag().as_millis();
+                state.metrics.sync_lag.set(lag.min(i64::MAX as u128) as i64);
+            }
             Response {
                 status: 200,
                 headers: vec![(
@@ -148,7 +163,7 @@ pub async fn route(state: &Arc<ProxyState>, request: &Request, peer: IpAddr) -> 
             }
         }
         ("POST", "/publish") => publish_batch(state, request).await,
-        ("POST", "/admin/revoke") => revoke::revoke(state, request),
+        ("POST", "/admin/revoke") => revoke::revoke(state, request).await,
         (_, "/admin/revoke") => Response::text(405, "Method not allowed"),
         ("POST", path) if path.starts_with("/publish/") => {
             publish_one(state, request, path.trim_start_matches("/publish/")).await
@@ -168,15 +183,16 @@ fn health(state: &ProxyState) -> Response {
     } else {
         "healthy"
     };
-    Response::json(
-        200,
-        &json!({
-            "status": status,
-            "connections": state.metrics.connections_active.get(),
-            "uptime_seconds": state.started.elapsed().as_secs(),
-            "circuit_breaker": breaker,
-        }),
-    )
+    let mut body = json!({
+        "status": status,
+        "connections": state.metrics.connections_active.get(),
+        "uptime_seconds": state.started.elapsed().as_secs(),
+        "circuit_breaker": breaker,
+    });
+    if let Some(cluster) = &state.peers {
+        body["peers"] = cluster.health();
+    }
+    Response::json(200, &body)
 }
 
 /// Who may publish to `topic`: a publisher key from `[publisher]`, or a token
@@ -232,8 +248,54 @@ fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Response
     serde_json::from_slice(body).map_err(|e| Response::text(400, &format!("Invalid body: {e}")))
 }
 
-fn event_id(state: &ProxyState, seq: u64) -> String {
-    format!("{}-{seq}", state.topics.epoch)
+/// Why a publish has no id.
+fn owner_unavailable(reason: &str) -> Response {
+    tracing::warn!(%reason, "publish: the topic's owner did not answer");
+    Response::text(503, "The topic's owner is unavailable").with_header("Retry-After", "1")
+}
+
+/// Publishes on this proxy when it owns the topic (or has no peers), else
+/// sends the event to the owner. Resolves to the event's id.
+fn publish_event(
+    state: &Arc<ProxyState>,
+    topic: &Arc<Topic>,
+    publish: &Publish,
+) -> impl Future<Output = Result<String, Response>> + use<> {
+    let state = state.clone();
+    let topic = topic.clone();
+    let owner = state.peers.as_ref().and_then(|c| c.owner(&topic.name));
+    // The owner's link queues the publish now, so a batch's events leave in order.
+    let remote = owner.map(|link| {
+        link.publish(
+            peers::wire::WirePublish {
+                topic: topic.name.clone(),
+                publish: publish.clone(),
+            },
+            &state.metrics,
+        )
+    });
+    let publish = publish.clone();
+    async move {
+        if let Some(answer) = remote {
+            return match answer.await {
+                Ok(Ok(id)) => Ok(id),
+                Ok(Err(reason)) => Err(owner_unavailable(&reason)),
+                Err(_) => Err(owner_unavailable("the link closed")),
+            };
+        }
+        let id = match &state.peers {
+            Some(cluster) => {
+                state
+                    .topics
+                    .publish(&topic, &publish, |frame| {
+                        cluster.forward(&topic.name, frame)
+                    })
+                    .await
+            }
+            None => state.topics.publish(&topic, &publish, |_| {}).await,
+        };
+        Ok(id.to_string())
+    }
 }
 
 async fn publish_one(state: &Arc<ProxyState>, request: &Request, topic_name: &str) -> Response {
@@ -251,8 +313,10 @@ async fn publish_one(state: &Arc<ProxyState>, request: &Request, topic_name: &st
     if let Some(refused) = authorize_publisher(state, request, &topic).await {
         return refused;
     }
-    let seq = state.topics.publish(&topic, &publish).await;
-    Response::json(200, &json!({ "id": event_id(state, seq) }))
+    match publish_event(state, &topic, &publish).await {
+        Ok(id) => Response::json(200, &json!({ "id": id })),
+        Err(response) => response,
+    }
 }
 
 #[derive(Deserialize)]
@@ -295,12 +359,18 @@ async fn publish_batch(state: &Arc<ProxyState>, request: &Request) -> Response {
         }
         checked.push(topic);
     }
-    let mut ids = Vec::with_capacity(checked.len());
+    // Local events are published as they come, remote ones queued on their
+    // owner's link at once; then every answer is awaited in order.
+    let mut pending = Vec::with_capacity(checked.len());
     for (topic, event) in checked.iter().zip(&batch.events) {
-        ids.push(event_id(
-            state,
-            state.topics.publish(topic, &event.publish).await,
-        ));
+        pending.push(publish_event(state, topic, &event.publish));
+    }
+    let mut ids = Vec::with_capacity(pending.len());
+    for answer in pending {
+        match answer.await {
+            Ok(id) => ids.push(id),
+            Err(response) => return response,
+        }
     }
     Response::json(200, &json!({ "ids": ids }))
 }
@@ -329,6 +399,19 @@ impl Proxy {
             .with_context(|| format!("cannot listen on {bind} (http.bind_address)"))?;
         let addr = listener.local_addr()?;
         let metrics = Arc::new(Metrics::default());
+        let peers = if config.peers.active() {
+            Some(
+                Cluster::start(
+                    &config.peers,
+                    addr,
+                    config.publisher.max_body_bytes,
+                    metrics.clone(),
+                )
+                .await?,
+            )
+        } else {
+            None
+        };
         let state = Arc::new(ProxyState {
             topics: Topics::new(
                 config.history.size_per_topic,
@@ -347,6 +430,7 @@ impl Proxy {
             shutdown: CancellationToken::new(),
             streams: AtomicUsize::new(0),
             open_streams: revoke::OpenStreams::default(),
+            peers,
             config,
         });
         let mut tasks = vec![tokio::spawn(http::serve(
@@ -354,6 +438,7 @@ impl Proxy {
             state.clone(),
             state.shutdown.clone(),
         ))];
+        tasks.extend(Cluster::spawn_tasks(&state));
         let sweeper = state.clone();
         tasks.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(30));

@@ -19,13 +19,20 @@ pub struct Metrics {
     pub auth_failures: Counter,
     pub peers_connected: Gauge,
     pub topics_active: Gauge,
-    /// Seconds behind the freshest peer (cross-proxy delivery).
+    /// Milliseconds the oldest event not yet delivered to a peer has waited.
     pub sync_lag: Gauge,
     pub rate_limited_requests: Counter,
     pub messages_published: Counter,
     pub messages_dropped: Counter,
     pub subscribers_cut_off: Counter,
     pub webhook_calls: Counter,
+    /// Peer traffic: items sent over links, send failures, frames dropped from
+    /// a full link, frames received, signatures that did not verify.
+    pub peer_messages_sent: Counter,
+    pub peer_send_failures: Counter,
+    pub peer_frames_dropped: Counter,
+    pub peer_frames_received: Counter,
+    pub peer_auth_failures: Counter,
     pub webhook_failures: Counter,
     /// From publish to the write of the event on a subscriber's socket.
     pub publish_to_write: Histogram,
@@ -96,6 +103,31 @@ impl Metrics {
             "Webhook calls that failed (5xx, timeout, connection).",
             self.webhook_failures.get(),
         );
+        counter(
+            "peer_messages_sent",
+            "Events and publishes delivered to peers.",
+            self.peer_messages_sent.get(),
+        );
+        counter(
+            "peer_send_failures",
+            "Peer requests that failed (sent again while the peer lives).",
+            self.peer_send_failures.get(),
+        );
+        counter(
+            "peer_frames_dropped",
+            "Events dropped because a peer's link was full.",
+            self.peer_frames_dropped.get(),
+        );
+        counter(
+            "peer_frames_received",
+            "Events received from the owners of their topics.",
+            self.peer_frames_received.get(),
+        );
+        counter(
+            "peer_auth_failures",
+            "Gossip datagrams and peer requests refused: bad or missing signature.",
+            self.peer_auth_failures.get(),
+        );
         let mut gauge = |name: &str, help: &str, value: i64| {
             let _ = writeln!(
                 out,
@@ -109,7 +141,7 @@ impl Metrics {
         );
         gauge(
             "peers_connected",
-            "Peer proxies connected.",
+            "Live peer proxies (gossip heartbeat within peers.peer_timeout_sec).",
             self.peers_connected.get(),
         );
         gauge(
@@ -119,7 +151,7 @@ impl Metrics {
         );
         gauge(
             "sync_lag",
-            "Seconds behind the freshest peer.",
+            "Milliseconds the oldest event not yet delivered to a peer has waited (0: every peer is current).",
             self.sync_lag.get(),
         );
         self.publish_to_write.render(

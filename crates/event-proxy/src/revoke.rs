@@ -3,7 +3,9 @@
 //! (`{"token_sha256": "<64 hex>"}`, the SHA-256 of the token as presented). The
 //! proxy evicts every cached verification of that user or token, and ends every
 //! open stream that was admitted with it (a last `event: revoked`). Publisher
-//! keys (`[publisher] api_keys`) authorise the call. The operator's webhook
+//! keys (`[publisher] api_keys`) authorise the call. With peers, the proxy
+//! sends the revocation to every live peer (signed) and says which it reached
+//! (`peers_reached`, `peers_failed`). The operator's webhook
 //! must refuse the token from then on; the proxy does not keep a deny list.
 
 use std::collections::HashMap;
@@ -84,6 +86,13 @@ enum Target {
 }
 
 impl Target {
+    fn to_json(&self) -> serde_json::Value {
+        match self {
+            Self::User(user) => json!({ "user_id": user }),
+            Self::Token(hash) => json!({ "token_sha256": hex::encode(hash) }),
+        }
+    }
+
     fn matches(&self, user_id: Option<&str>, token: Option<&[u8; 32]>) -> bool {
         match self {
             Self::User(user) => user_id == Some(user.as_str()),
@@ -108,7 +117,8 @@ fn parse(body: &[u8]) -> Result<Target, String> {
     }
 }
 
-pub fn revoke(state: &Arc<ProxyState>, request: &Request) -> Response {
+/// `POST /admin/revoke`: this proxy, then every live peer.
+pub async fn revoke(state: &Arc<ProxyState>, request: &Request) -> Response {
     if !state.is_publisher_key(request) {
         return Response::text(401, "Authentication required");
     }
@@ -116,6 +126,29 @@ pub fn revoke(state: &Arc<ProxyState>, request: &Request) -> Response {
         Ok(target) => target,
         Err(reason) => return Response::text(400, &reason),
     };
+    let (evicted, closed) = revoke_here(state, &target);
+    let mut body = json!({ "evicted": evicted, "closed": closed });
+    if let Some(cluster) = &state.peers {
+        let (reached, failed) = cluster.broadcast_revoke(&target.to_json()).await;
+        body["peers_reached"] = json!(reached);
+        body["peers_failed"] = json!(failed);
+    }
+    Response::json(200, &body)
+}
+
+/// A revocation sent by a peer (signature already checked).
+pub fn apply(state: &Arc<ProxyState>, body: &[u8]) -> Response {
+    match parse(body) {
+        Ok(target) => {
+            let (evicted, closed) = revoke_here(state, &target);
+            Response::json(200, &json!({ "evicted": evicted, "closed": closed }))
+        }
+        Err(reason) => Response::text(400, &reason),
+    }
+}
+
+/// Evicts matching cached grants and ends matching streams on this proxy.
+fn revoke_here(state: &ProxyState, target: &Target) -> (usize, usize) {
     let evicted = state.auth.cache.evict_where(|_, grant| {
         target.matches(grant.user_id.as_deref(), grant.token_sha256.as_ref())
     });
@@ -133,5 +166,5 @@ pub fn revoke(state: &Arc<ProxyState>, request: &Request) -> Response {
         }
     }
     tracing::info!(evicted, closed, "access revoked");
-    Response::json(200, &json!({ "evicted": evicted, "closed": closed }))
+    (evicted, closed)
 }

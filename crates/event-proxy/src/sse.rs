@@ -1,9 +1,11 @@
 //! `GET /events/{topic}`: checks (per-IP limit, connection cap, token), then the
-//! event stream: replay after `Last-Event-ID`, live events, `: keepalive`
+//! event stream: replay after `Last-Event-ID` (from this proxy's history, or
+//! with peers from the topic's owner), live events, `: keepalive`
 //! comments, and an orderly end (token expiry, revocation,
 //! `connection_timeout_sec`, overflow under `block`, shutdown) with a last
 //! event or `retry` hint.
 
+use std::collections::HashSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -15,7 +17,7 @@ use tokio::net::TcpStream;
 use crate::ProxyState;
 use crate::auth::{Action, Decision, presented_token};
 use crate::http::{Request, Response};
-use crate::topics::{Frame, Subscriber, parse_last_event_id, validate_topic};
+use crate::topics::{EventId, Frame, Subscriber, parse_last_event_id, validate_topic};
 
 /// Holds one slot of `max_connections` and the active-connection gauge.
 struct StreamSlot {
@@ -70,7 +72,7 @@ pub async fn subscribe(stream: TcpStream, request: Request, peer: IpAddr, state:
         .header("last-event-id")
         .or_else(|| request.query("last_event_id"))
     {
-        Some(text) if !text.is_empty() => match parse_last_event_id(text, state.topics.epoch) {
+        Some(text) if !text.is_empty() => match parse_last_event_id(text) {
             Ok(resume) => Some(resume),
             Err(reason) => {
                 return refuse(stream, &state, Response::text(400, &reason), origin).await;
@@ -121,10 +123,21 @@ pub async fn subscribe(stream: TcpStream, request: Request, peer: IpAddr, state:
         state.config.http.backpressure_policy,
     ));
     let registration = crate::revoke::register(&state, subscriber.id, &grant);
-    let replay = state
+    let (mut replay, first) = state
         .topics
-        .subscribe(&topic, subscriber.clone(), resume)
+        .subscribe(&topic, subscriber.clone(), resume.as_ref())
         .await;
+    if let Some(cluster) = &state.peers {
+        if first {
+            cluster.announce(&topic.name).await;
+        }
+        if let Some(remote) = cluster
+            .join(&topic.name, resume.as_ref(), replay.placed)
+            .await
+        {
+            replay = remote;
+        }
+    }
     let outcome = stream_events(
         stream,
         &state,
@@ -173,6 +186,12 @@ async fn stream_events(
         out.extend_from_slice(serde_json::to_string(missed).unwrap_or_default().as_bytes());
         out.extend_from_slice(b"\n\n");
     }
+    // Events of the owner's replay may also arrive live: they are sent once.
+    let mut replayed: HashSet<EventId> = if replay.from_owner {
+        replay.frames.iter().map(|f| f.id()).collect()
+    } else {
+        HashSet::new()
+    };
     let mut frames: Vec<Arc<Frame>> = replay.frames;
     let (mut reader, mut writer) = stream.split();
     let keepalive = Duration::from_secs(http.keepalive_interval_sec);
@@ -221,7 +240,21 @@ async fn stream_events(
         }
         tokio::select! {
             biased;
-            _ = subscriber.ready.notified() => subscriber.drain(&mut frames),
+            _ = subscriber.ready.notified() => {
+                subscriber.drain(&mut frames);
+                if !replayed.is_empty() {
+                    // Live events arrive in order: once one is past the
+                    // replay, none after it can repeat.
+                    let mut past = false;
+                    frames.retain(|f| {
+                        past = past || !replayed.contains(&f.id());
+                        past
+                    });
+                    if past {
+                        replayed.clear();
+                    }
+                }
+            }
             _ = tokio::time::sleep_until(next_keepalive) => out.extend_from_slice(b": keepalive\n\n"),
             read = reader.read(&mut probe) => {
                 // A client sends nothing after its request: EOF or error is a hang-up.

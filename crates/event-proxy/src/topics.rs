@@ -15,14 +15,17 @@
 //!
 //! Drops are counted per subscriber and in the metrics.
 //!
-//! Event ids are `<epoch>-<seq>`: `seq` counts a topic's events from 1 and
-//! `epoch` is when this proxy started (Unix ms). A `Last-Event-ID` of another
-//! epoch (the proxy restarted since) cannot be placed in the history: the client
-//! gets everything still in it and a `missed` event.
+//! Event ids are `<term>-<seq>`: `seq` counts a topic's events and `term` is
+//! the start time (Unix ms) of the proxy that numbered the event — this proxy,
+//! or with peers the topic's owner (see [`crate::peers`]). Frames numbered
+//! elsewhere arrive through [`Topics::apply`] and keep their ids, so an id means
+//! the same event on every proxy. A `Last-Event-ID` is placed in the history by
+//! its exact id; one that cannot be placed (its events are gone, or it comes
+//! from a run nobody remembers) gets everything still kept and a `missed` event.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -85,6 +88,8 @@ impl Publish {
 /// An event in its wire form, shared by every subscriber and the history.
 #[derive(Debug)]
 pub struct Frame {
+    /// Who numbered it: the numbering proxy's start time (Unix ms).
+    pub term: u64,
     pub seq: u64,
     pub bytes: Bytes,
     pub published_at: Instant,
@@ -92,41 +97,64 @@ pub struct Frame {
     pub publisher_id: Option<String>,
 }
 
-/// Where a reconnecting client left off.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Resume {
-    /// An id of this proxy's epoch (or plain digits).
-    Seq(u64),
-    /// An id of an earlier run of the proxy.
-    OtherEpoch(String),
-}
-
-/// Parses a `Last-Event-ID` for a proxy of `epoch`.
-pub fn parse_last_event_id(text: &str, epoch: u64) -> Result<Resume, String> {
-    let invalid = || format!("invalid Last-Event-ID {text:?}: expected an id sent by this service");
-    match text.trim().split_once('-') {
-        Some((e, s)) => {
-            let e: u64 = e.parse().map_err(|_| invalid())?;
-            let s: u64 = s.parse().map_err(|_| invalid())?;
-            Ok(if e == epoch {
-                Resume::Seq(s)
-            } else {
-                Resume::OtherEpoch(text.trim().to_owned())
-            })
+impl Frame {
+    pub fn id(&self) -> EventId {
+        EventId {
+            term: self.term,
+            seq: self.seq,
         }
-        None => text.trim().parse().map(Resume::Seq).map_err(|_| invalid()),
     }
 }
 
+/// An event's id: `<term>-<seq>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EventId {
+    pub term: u64,
+    pub seq: u64,
+}
+
+impl std::fmt::Display for EventId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.term, self.seq)
+    }
+}
+
+/// Where a reconnecting client left off: its `Last-Event-ID`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resume {
+    /// `None` for plain digits: the topic's current term.
+    pub term: Option<u64>,
+    pub seq: u64,
+    pub text: String,
+}
+
+/// Parses a `Last-Event-ID`: `<term>-<seq>` or plain digits.
+pub fn parse_last_event_id(text: &str) -> Result<Resume, String> {
+    let invalid = || format!("invalid Last-Event-ID {text:?}: expected an id sent by this service");
+    let trimmed = text.trim();
+    let (term, seq) = match trimmed.split_once('-') {
+        Some((term, seq)) => (
+            Some(term.parse::<u64>().map_err(|_| invalid())?),
+            seq.parse::<u64>().map_err(|_| invalid())?,
+        ),
+        None => (None, trimmed.parse::<u64>().map_err(|_| invalid())?),
+    };
+    Ok(Resume {
+        term,
+        seq,
+        text: trimmed.to_owned(),
+    })
+}
+
 /// Renders an event as `text/event-stream` lines.
-pub fn render(epoch: u64, seq: u64, publish: &Publish) -> Bytes {
+pub fn render(term: u64, seq: u64, publish: &Publish) -> Bytes {
     let data = match &publish.data {
         serde_json::Value::String(text) => text.clone(),
         other => other.to_string(),
     };
     let mut out = String::with_capacity(data.len() + 64);
     out.push_str("id: ");
-    out.push_str(&format!("{epoch}-{seq}"));
+    out.push_str(&format!("{term}-{seq}"));
     out.push('\n');
     if let Some(event) = &publish.event {
         out.push_str("event: ");
@@ -232,6 +260,7 @@ impl Subscriber {
 }
 
 struct TopicState {
+    /// The highest seq numbered or applied here.
     seq: u64,
     history: VecDeque<Arc<Frame>>,
     subscribers: Vec<Arc<Subscriber>>,
@@ -243,16 +272,24 @@ pub struct Topic {
     pub name: String,
     pub uuid_hex: String,
     state: tokio::sync::Mutex<TopicState>,
+    /// Subscribers now (read without the lock, e.g. for gossip).
+    subscriber_count: AtomicUsize,
 }
 
 /// The events a new subscriber gets before live ones.
+#[derive(Default)]
 pub struct Replay {
     pub frames: Vec<Arc<Frame>>,
     /// The requested id is older than the history: some events are gone.
     pub missed: Option<MissedEvents>,
+    /// Whether the requested id was placed in this history (always true
+    /// without one): with peers, an unplaced id is asked of the topic's owner.
+    pub placed: bool,
+    /// Sent by the topic's owner: its events may also arrive live.
+    pub from_owner: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MissedEvents {
     pub last_event_id: String,
     /// The oldest id still available, if any.
@@ -307,6 +344,7 @@ impl Topics {
                         history: VecDeque::new(),
                         subscribers: Vec::new(),
                     }),
+                    subscriber_count: AtomicUsize::new(0),
                 })
             })
             .clone()
@@ -316,58 +354,111 @@ impl Topics {
         self.next_subscriber.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Registers `subscriber` on `topic` and returns what it missed since `resume`.
+    /// Registers `subscriber` on `topic` and returns what it missed since
+    /// `resume`, and whether it is the topic's first subscriber here.
     pub async fn subscribe(
         &self,
         topic: &Topic,
         subscriber: Arc<Subscriber>,
-        resume: Option<Resume>,
-    ) -> Replay {
+        resume: Option<&Resume>,
+    ) -> (Replay, bool) {
         let mut state = topic.state.lock().await;
         self.expire(&mut state);
         state.subscribers.push(subscriber);
-        let last = match resume {
-            None => {
-                return Replay {
-                    frames: Vec::new(),
-                    missed: None,
-                };
-            }
-            Some(Resume::OtherEpoch(id)) => {
-                let oldest = state
-                    .history
-                    .front()
-                    .map(|f| format!("{}-{}", self.epoch, f.seq));
-                return Replay {
-                    frames: state.history.iter().cloned().collect(),
-                    missed: Some(MissedEvents {
-                        last_event_id: id,
-                        oldest_available: oldest,
-                    }),
-                };
-            }
-            Some(Resume::Seq(last)) => last,
-        };
-        let frames: Vec<Arc<Frame>> = state
-            .history
-            .iter()
-            .filter(|f| f.seq > last)
-            .cloned()
-            .collect();
-        let oldest = state.history.front().map(|f| f.seq);
-        // Events after `last` exist (seq moved past it) but the history no
-        // longer starts right after it.
-        let missed =
-            (last < state.seq && oldest.is_none_or(|o| o > last + 1)).then(|| MissedEvents {
-                last_event_id: format!("{}-{last}", self.epoch),
-                oldest_available: oldest.map(|o| format!("{}-{o}", self.epoch)),
-            });
-        Replay { frames, missed }
+        let first = topic.subscriber_count.fetch_add(1, Ordering::SeqCst) == 0;
+        (self.place(&state, resume), first)
+    }
+
+    /// What a peer's subscriber missed since `resume`; `register` runs under the
+    /// topic's lock, so whatever it sets up sees every later event.
+    pub async fn watch(
+        &self,
+        topic: &Topic,
+        resume: Option<&Resume>,
+        register: impl FnOnce(),
+    ) -> Replay {
+        let mut state = topic.state.lock().await;
+        self.expire(&mut state);
+        register();
+        self.place(&state, resume)
     }
 
     pub async fn unsubscribe(&self, topic: &Topic, subscriber_id: u64) {
         let mut state = topic.state.lock().await;
+        let before = state.subscribers.len();
         state.subscribers.retain(|s| s.id != subscriber_id);
+        if state.subscribers.len() < before {
+            topic.subscriber_count.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Places `resume` in the history.
+    fn place(&self, state: &TopicState, resume: Option<&Resume>) -> Replay {
+        let Some(resume) = resume else {
+            return Replay {
+                placed: true,
+                ..Replay::default()
+            };
+        };
+        let history = &state.history;
+        let current_term = history.back().map_or(self.epoch, |f| f.term);
+        let term = resume.term.unwrap_or(current_term);
+        let after = |index: usize| history.iter().skip(index).cloned().collect::<Vec<_>>();
+        let missed = || {
+            Some(MissedEvents {
+                last_event_id: resume.text.clone(),
+                oldest_available: history.front().map(|f| f.id().to_string()),
+            })
+        };
+        // The event itself is kept: everything after it.
+        if let Some(index) = history
+            .iter()
+            .rposition(|f| f.term == term && f.seq == resume.seq)
+        {
+            return Replay {
+                frames: after(index + 1),
+                missed: None,
+                placed: true,
+                from_owner: false,
+            };
+        }
+        // A later event of the same term is kept: nothing is lost when it is
+        // the very next one.
+        if let Some(index) = history
+            .iter()
+            .position(|f| f.term == term && f.seq > resume.seq)
+        {
+            let contiguous = history[index].seq == resume.seq + 1;
+            return Replay {
+                frames: after(index),
+                missed: if contiguous { None } else { missed() },
+                placed: contiguous,
+                from_owner: false,
+            };
+        }
+        // Only earlier events of that term: the client is past all of them.
+        if let Some(index) = history.iter().rposition(|f| f.term == term) {
+            return Replay {
+                frames: after(index + 1),
+                missed: None,
+                placed: true,
+                from_owner: false,
+            };
+        }
+        // Nothing of that term is kept. Up to date with the current term (its
+        // history expired): nothing to send.
+        if term == current_term && resume.seq >= state.seq {
+            return Replay {
+                placed: true,
+                ..Replay::default()
+            };
+        }
+        Replay {
+            frames: after(0),
+            missed: missed(),
+            placed: false,
+            from_owner: false,
+        }
     }
 
     fn expire(&self, state: &mut TopicState) {
@@ -383,8 +474,14 @@ impl Topics {
         }
     }
 
-    /// Publishes one event; returns its id.
-    pub async fn publish(&self, topic: &Topic, publish: &Publish) -> u64 {
+    /// Numbers and publishes one event; returns its id. `forward` runs under
+    /// the topic's lock with the new frame (peers get a topic's events in order).
+    pub async fn publish(
+        &self,
+        topic: &Topic,
+        publish: &Publish,
+        forward: impl FnOnce(&Arc<Frame>),
+    ) -> EventId {
         let mut state = topic.state.lock().await;
         if let Some(publisher_id) = &publish.id
             && let Some(existing) = state
@@ -393,19 +490,45 @@ impl Topics {
                 .rev()
                 .find(|f| f.publisher_id.as_deref() == Some(publisher_id.as_str()))
         {
-            return existing.seq;
+            return existing.id();
         }
         state.seq += 1;
         let seq = state.seq;
         let frame = Arc::new(Frame {
+            term: self.epoch,
             seq,
             bytes: render(self.epoch, seq, publish),
             published_at: Instant::now(),
             publisher_id: publish.id.clone(),
         });
-        state.history.push_back(frame.clone());
-        self.expire(&mut state);
+        forward(&frame);
         self.metrics.messages_published.inc();
+        self.deliver(&mut state, frame.clone()).await;
+        frame.id()
+    }
+
+    /// Delivers a frame numbered by another proxy (the topic's owner); a frame
+    /// already here (a repeated batch) is ignored. Returns whether it was new.
+    pub async fn apply(&self, topic: &Topic, frame: Arc<Frame>) -> bool {
+        let mut state = topic.state.lock().await;
+        if state
+            .history
+            .iter()
+            .rev()
+            .take_while(|f| f.term == frame.term)
+            .any(|f| f.seq >= frame.seq)
+        {
+            return false;
+        }
+        state.seq = state.seq.max(frame.seq);
+        self.deliver(&mut state, frame).await;
+        true
+    }
+
+    /// Appends `frame` to the history and offers it to every subscriber.
+    async fn deliver(&self, state: &mut TopicState, frame: Arc<Frame>) {
+        state.history.push_back(frame.clone());
+        self.expire(state);
         for subscriber in &state.subscribers {
             if subscriber.is_cut_off() {
                 continue;
@@ -419,7 +542,6 @@ impl Topics {
                 Offer::Full => self.wait_for_room(subscriber, &frame).await,
             }
         }
-        seq
     }
 
     /// `block`: waits for room in a full queue; cuts the subscriber off when
@@ -444,22 +566,23 @@ impl Topics {
 
     /// Topics with at least one subscriber.
     pub fn active(&self) -> usize {
-        let topics: Vec<Arc<Topic>> = self
-            .topics
+        self.topics
             .read()
             .expect("topics lock")
             .values()
-            .cloned()
-            .collect();
-        topics
-            .iter()
-            .filter(|t| {
-                t.state
-                    .try_lock()
-                    .map(|s| !s.subscribers.is_empty())
-                    .unwrap_or(true)
-            })
+            .filter(|t| t.subscriber_count.load(Ordering::SeqCst) > 0)
             .count()
+    }
+
+    /// Names of the topics with at least one subscriber.
+    pub fn subscribed(&self) -> Vec<String> {
+        self.topics
+            .read()
+            .expect("topics lock")
+            .values()
+            .filter(|t| t.subscriber_count.load(Ordering::SeqCst) > 0)
+            .map(|t| t.name.clone())
+            .collect()
     }
 
     /// Forgets topics without subscribers whose history has expired.
@@ -526,13 +649,17 @@ mod tests {
             std::str::from_utf8(&json).unwrap(),
             "id: 99-8\ndata: {\"a\":1}\n\n"
         );
-        assert_eq!(parse_last_event_id("99-8", 99), Ok(Resume::Seq(8)));
-        assert_eq!(parse_last_event_id("8", 99), Ok(Resume::Seq(8)));
         assert_eq!(
-            parse_last_event_id("12-8", 99),
-            Ok(Resume::OtherEpoch("12-8".into()))
+            parse_last_event_id("99-8"),
+            Ok(Resume {
+                term: Some(99),
+                seq: 8,
+                text: "99-8".into()
+            })
         );
-        assert!(parse_last_event_id("abc", 99).is_err());
+        assert_eq!(parse_last_event_id(" 8").unwrap().term, None);
+        assert!(parse_last_event_id("abc").is_err());
+        assert!(parse_last_event_id("1-x").is_err());
     }
 
     #[test]
@@ -553,37 +680,88 @@ mod tests {
         let (topics, _) = topics(8);
         let topic = topics.get_or_create("t");
         for i in 0..8 {
-            topics.publish(&topic, &publish(&i.to_string())).await;
+            topics
+                .publish(&topic, &publish(&i.to_string()), |_| {})
+                .await;
         }
+        let epoch = topics.epoch;
+        let resume = |text: &str| parse_last_event_id(text).unwrap();
         // History keeps 5: ids 4..=8.
         let sub = Arc::new(Subscriber::new(1, 10, BackpressurePolicy::DropOldest));
-        let replay = topics.subscribe(&topic, sub, Some(Resume::Seq(5))).await;
+        let (replay, first) = topics
+            .subscribe(&topic, sub, Some(&resume(&format!("{epoch}-5"))))
+            .await;
+        assert!(first);
         assert_eq!(
             replay.frames.iter().map(|f| f.seq).collect::<Vec<_>>(),
             [6, 7, 8]
         );
-        assert!(replay.missed.is_none());
+        assert!(replay.missed.is_none() && replay.placed);
         let sub = Arc::new(Subscriber::new(2, 10, BackpressurePolicy::DropOldest));
-        let replay = topics.subscribe(&topic, sub, Some(Resume::Seq(1))).await;
+        let (replay, first) = topics.subscribe(&topic, sub, Some(&resume("1"))).await;
+        assert!(!first);
         assert_eq!(replay.frames.len(), 5);
-        let epoch = topics.epoch;
         assert_eq!(
             replay.missed,
             Some(MissedEvents {
-                last_event_id: format!("{epoch}-1"),
+                last_event_id: "1".into(),
                 oldest_available: Some(format!("{epoch}-4"))
             })
         );
+        assert!(!replay.placed);
+        // The oldest kept event's predecessor: nothing lost.
         let sub = Arc::new(Subscriber::new(3, 10, BackpressurePolicy::DropOldest));
-        let replay = topics
-            .subscribe(&topic, sub, Some(Resume::OtherEpoch("1-3".into())))
+        let (replay, _) = topics
+            .subscribe(&topic, sub, Some(&resume(&format!("{epoch}-3"))))
             .await;
+        assert!(replay.missed.is_none() && replay.frames.len() == 5);
+        let sub = Arc::new(Subscriber::new(4, 10, BackpressurePolicy::DropOldest));
+        let (replay, _) = topics.subscribe(&topic, sub, Some(&resume("1-3"))).await;
         assert_eq!(
             replay.frames.len(),
             5,
             "an id of another run: everything kept"
         );
-        assert!(replay.missed.is_some());
+        assert!(replay.missed.is_some() && !replay.placed);
+    }
+
+    #[tokio::test]
+    async fn frames_numbered_elsewhere_keep_their_ids_and_are_applied_once() {
+        let (topics, _) = topics(8);
+        let topic = topics.get_or_create("t");
+        let sub = Arc::new(Subscriber::new(1, 10, BackpressurePolicy::DropOldest));
+        topics.subscribe(&topic, sub.clone(), None).await;
+        let remote = |seq| {
+            Arc::new(Frame {
+                term: 7,
+                seq,
+                bytes: render(7, seq, &publish("x")),
+                published_at: Instant::now(),
+                publisher_id: None,
+            })
+        };
+        assert!(topics.apply(&topic, remote(1)).await);
+        assert!(topics.apply(&topic, remote(2)).await);
+        assert!(!topics.apply(&topic, remote(2)).await, "a repeat");
+        let mut drained = Vec::new();
+        sub.drain(&mut drained);
+        assert_eq!(
+            drained
+                .iter()
+                .map(|f| f.id().to_string())
+                .collect::<Vec<_>>(),
+            ["7-1", "7-2"]
+        );
+        // A resume by such an id is placed here.
+        let other = Arc::new(Subscriber::new(2, 10, BackpressurePolicy::DropOldest));
+        let (replay, _) = topics
+            .subscribe(&topic, other, Some(&parse_last_event_id("7-1").unwrap()))
+            .await;
+        assert!(replay.placed);
+        assert_eq!(replay.frames.len(), 1);
+        // This proxy taking over numbering continues after the last seq.
+        let id = topics.publish(&topic, &publish("y"), |_| {}).await;
+        assert_eq!((id.term, id.seq), (topics.epoch, 3));
     }
 
     #[tokio::test]
@@ -594,10 +772,13 @@ mod tests {
             id: Some("evt-1".into()),
             ..publish("a")
         };
-        let a = topics.publish(&topic, &first).await;
-        let b = topics.publish(&topic, &first).await;
+        let a = topics.publish(&topic, &first, |_| {}).await;
+        let b = topics.publish(&topic, &first, |_| {}).await;
         assert_eq!(a, b);
-        assert_eq!(topics.publish(&topic, &publish("c")).await, a + 1);
+        assert_eq!(
+            topics.publish(&topic, &publish("c"), |_| {}).await.seq,
+            a.seq + 1
+        );
     }
 
     #[tokio::test]
@@ -612,7 +793,9 @@ mod tests {
             let sub = Arc::new(Subscriber::new(1, 2, policy));
             topics.subscribe(&topic, sub.clone(), None).await;
             for i in 0..4 {
-                topics.publish(&topic, &publish(&i.to_string())).await;
+                topics
+                    .publish(&topic, &publish(&i.to_string()), |_| {})
+                    .await;
             }
             let mut drained = Vec::new();
             sub.drain(&mut drained);
@@ -633,13 +816,13 @@ mod tests {
         let topic = topics.get_or_create("t");
         let sub = Arc::new(Subscriber::new(1, 1, BackpressurePolicy::Block));
         topics.subscribe(&topic, sub.clone(), None).await;
-        topics.publish(&topic, &publish("1")).await;
+        topics.publish(&topic, &publish("1"), |_| {}).await;
         let reader = sub.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(10)).await;
             reader.drain(&mut Vec::new());
         });
-        topics.publish(&topic, &publish("2")).await;
+        topics.publish(&topic, &publish("2"), |_| {}).await;
         assert!(!sub.is_cut_off(), "room came in time");
         assert_eq!(sub.queued(), 1);
     }
