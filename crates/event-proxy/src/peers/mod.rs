@@ -576,6 +576,7 @@ impl Cluster {
                     "url": m.url,
                     "gossip_address": m.gossip_address.to_string(),
                     "status": if m.live { "live" } else { "dead" },
+                    "topics": m.topics.len(),
                 })
             })
             .collect();

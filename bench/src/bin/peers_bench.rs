@@ -1,0 +1,426 @@
+//! Event proxy peers (issue 8) with real processes: three release `flotilla
+//! proxy` processes joined by `[peers]`, and one proxy alone as the baseline.
+//!
+//!   peers_bench [--events 2000] [--seconds 10] [--topics 30]
+//!               [--subscribers 3] [--gossip-ms 1000] [--rounds 20]
+//!
+//! 1. Latency, publish → delivery: sequential publishes whose data is the send
+//!    time; subscribers report the arrival. Cases: the lone proxy (baseline);
+//!    the cluster with publisher and subscriber on the topic's owner; the
+//!    subscriber on another proxy (one hop); publisher and subscriber both on
+//!    proxies that do not own the topic (two hops).
+//! 2. Throughput: `--topics` topics spread over the owners, `--subscribers`
+//!    subscribers per topic on every proxy, batched publishes (100 events per
+//!    request) on every proxy for `--seconds`; deliveries per second and
+//!    losses. Baseline: the same subscribers and publishes on the lone proxy.
+//! 3. Gossip convergence after a subscribe: a first subscriber to a new topic
+//!    on one proxy, until both others see its interest (`/health`), `--rounds`
+//!    times.
+//! 4. Death detection: SIGKILL of one proxy until both others declare it dead
+//!    (`peer_timeout_sec` = 5 gossip intervals).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt as _;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use flotilla_bench::{number_flag as flag, percentile};
+use flotilla_event_proxy::peers::owner_among;
+use flotilla_testkit::ServeProcess;
+
+const KEY: &str = "bench-publisher";
+const SECRET: &str = "bench cluster secret, 32 characters";
+
+struct Proxy {
+    process: ServeProcess,
+    gossip: String,
+}
+
+impl Proxy {
+    fn url(&self) -> &str {
+        &self.process.api.base
+    }
+}
+
+async fn start_proxy(
+    binary: &Path,
+    dir: &Path,
+    name: &str,
+    peers: Option<(&str, &[String], f64)>,
+) -> anyhow::Result<Proxy> {
+    let mut config = format!(
+        "[jwt_verifier]\nrequire_authentication = false\n\n[publisher]\napi_keys = [{KEY:?}]\n\n\
+         [rate_limit]\nrate_limit_per_ip = 1000000\n\n[http]\nmax_message_queue_size = 100000\n"
+    );
+    let mut gossip = String::new();
+    if let Some((address, seeds, interval)) = peers {
+        let others: Vec<&String> = seeds.iter().filter(|s| *s != address).collect();
+        config.push_str(&format!(
+            "\n[peers]\nlisten_address = {address:?}\npeer_addresses = {others:?}\nsecret = {SECRET:?}\n\
+             gossip_interval_sec = {interval}\npeer_timeout_sec = {}\n",
+            interval * 5.0
+        ));
+        gossip = address.to_owned();
+    }
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, config)?;
+    let config = path.display().to_string();
+    let process = ServeProcess::start_command(
+        binary,
+        &["proxy", "--listen", "127.0.0.1:0", "--config", &config],
+        &dir.join(name),
+        &[("RUST_LOG", "warn")],
+        "event proxy listening on ",
+    )
+    .await?;
+    Ok(Proxy { process, gossip })
+}
+
+async fn health(http: &reqwest::Client, url: &str) -> anyhow::Result<Value> {
+    Ok(http
+        .get(format!("{url}/health"))
+        .send()
+        .await?
+        .json()
+        .await?)
+}
+
+/// Subscribes and sends every event's data (with its arrival) to `out`;
+/// resolves once the stream has started.
+async fn subscribe(
+    http: &reqwest::Client,
+    url: &str,
+    topic: &str,
+    out: mpsc::UnboundedSender<(Instant, String)>,
+) -> anyhow::Result<()> {
+    let response = http
+        .get(format!("{url}/events/{topic}"))
+        .header("Accept", "text/event-stream")
+        .send()
+        .await?;
+    anyhow::ensure!(response.status() == 200, "subscribe: {}", response.status());
+    let mut body = response.bytes_stream();
+    tokio::spawn(async move {
+        let mut pending = String::new();
+        while let Some(Ok(chunk)) = body.next().await {
+            let now = Instant::now();
+            pending.push_str(&String::from_utf8_lossy(&chunk));
+            while let Some(end) = pending.find("\n\n") {
+                let block: String = pending.drain(..end + 2).collect();
+                for line in block.lines() {
+                    if let Some(data) = line.strip_prefix("data: ")
+                        && out.send((now, data.to_owned())).is_err()
+                    {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+async fn publish(http: &reqwest::Client, url: &str, topic: &str, data: &str) -> anyhow::Result<()> {
+    let response = http
+        .post(format!("{url}/publish/{topic}"))
+        .bearer_auth(KEY)
+        .json(&json!({ "data": data }))
+        .send()
+        .await?;
+    anyhow::ensure!(response.status() == 200, "publish: {}", response.status());
+    Ok(())
+}
+
+/// Publishes `events` one after another from `publisher`; returns the
+/// publish → delivery latencies (ms) seen on `subscriber`.
+async fn latency(
+    http: &reqwest::Client,
+    publisher: &str,
+    subscriber: &str,
+    topic: &str,
+    events: usize,
+) -> anyhow::Result<Vec<f64>> {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    subscribe(http, subscriber, topic, tx).await?;
+    // Let the owner learn of the subscriber (it watched it directly already).
+    publish(http, publisher, topic, "warm-up").await?;
+    rx.recv().await;
+    let origin = Instant::now();
+    let mut samples = Vec::with_capacity(events);
+    for _ in 0..events {
+        let sent = origin.elapsed().as_nanos().to_string();
+        publish(http, publisher, topic, &sent).await?;
+        let (arrived, data) = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("stream ended"))?;
+        let sent: u128 = data.parse()?;
+        samples.push((arrived.duration_since(origin).as_nanos() - sent) as f64 / 1e6);
+    }
+    Ok(samples)
+}
+
+fn row(name: &str, samples: &[f64]) -> String {
+    format!(
+        "| {name} | {} | {:.3} | {:.3} | {:.3} |",
+        samples.len(),
+        percentile(samples, 0.5),
+        percentile(samples, 0.99),
+        percentile(samples, 1.0)
+    )
+}
+
+/// Deliveries per second with `subscribers` per topic on each of `targets`,
+/// and batched publishing on each of them for `seconds`.
+async fn throughput(
+    http: &reqwest::Client,
+    targets: &[&str],
+    topics: &[String],
+    subscribers: usize,
+    seconds: u64,
+) -> anyhow::Result<(f64, f64, u64)> {
+    let delivered = Arc::new(AtomicU64::new(0));
+    let mut receivers = Vec::new();
+    for url in targets {
+        for topic in topics {
+            for _ in 0..subscribers {
+                let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, String)>();
+                subscribe(http, url, topic, tx).await?;
+                let delivered = delivered.clone();
+                receivers.push(tokio::spawn(async move {
+                    while rx.recv().await.is_some() {
+                        delivered.fetch_add(1, Ordering::Relaxed);
+                    }
+                }));
+            }
+        }
+    }
+    // Gossip and direct watches settle.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let published = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(seconds);
+    let mut publishers = Vec::new();
+    for (index, url) in targets.iter().enumerate() {
+        for lane in 0..2 {
+            let http = http.clone();
+            let url = url.to_string();
+            let topics = topics.to_vec();
+            let published = published.clone();
+            publishers.push(tokio::spawn(async move {
+                let mut n = index * 7 + lane;
+                while Instant::now() < deadline {
+                    let events: Vec<Value> = (0..100)
+                        .map(|i| {
+                            n += 1;
+                            json!({"topic": topics[n % topics.len()], "data": format!("e{i}")})
+                        })
+                        .collect();
+                    let response = http
+                        .post(format!("{url}/publish"))
+                        .bearer_auth(KEY)
+                        .json(&json!({ "events": events }))
+                        .send()
+                        .await;
+                    if matches!(&response, Ok(r) if r.status() == 200) {
+                        published.fetch_add(100, Ordering::Relaxed);
+                    }
+                }
+            }));
+        }
+    }
+    for publisher in publishers {
+        publisher.await?;
+    }
+    let publish_elapsed = start.elapsed().as_secs_f64();
+    let expected = published.load(Ordering::Relaxed) * (subscribers * targets.len()) as u64;
+    // Drain: until nothing more arrives for a second.
+    let mut last = u64::MAX;
+    while delivered.load(Ordering::Relaxed) != last && delivered.load(Ordering::Relaxed) < expected
+    {
+        last = delivered.load(Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let total = delivered.load(Ordering::Relaxed);
+    let elapsed = start.elapsed().as_secs_f64();
+    for receiver in receivers {
+        receiver.abort();
+    }
+    Ok((
+        published.load(Ordering::Relaxed) as f64 / publish_elapsed,
+        total as f64 / elapsed,
+        expected.saturating_sub(total),
+    ))
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let events = flag("--events", 2000)?;
+    let seconds = flag("--seconds", 10)? as u64;
+    let topic_count = flag("--topics", 30)?;
+    let subscribers = flag("--subscribers", 3)?;
+    let gossip_ms = flag("--gossip-ms", 1000)?;
+    let rounds = flag("--rounds", 20)?;
+    let binary = PathBuf::from("target/release/flotilla");
+    anyhow::ensure!(
+        binary.exists(),
+        "build first: cargo build --release -p flotilla"
+    );
+    let temp = tempfile::tempdir()?;
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(64)
+        .build()?;
+    let interval = gossip_ms as f64 / 1000.0;
+    let seeds: Vec<String> = (0..3)
+        .map(|_| {
+            let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
+            format!("127.0.0.1:{}", socket.local_addr().expect("addr").port())
+        })
+        .collect();
+    let mut proxies = Vec::new();
+    for (i, address) in seeds.iter().enumerate() {
+        proxies.push(
+            start_proxy(
+                &binary,
+                temp.path(),
+                &format!("p{i}"),
+                Some((address, &seeds, interval)),
+            )
+            .await?,
+        );
+    }
+    let alone = start_proxy(&binary, temp.path(), "alone", None).await?;
+    for proxy in &proxies {
+        while health(&http, proxy.url()).await?["peers"]["connected"] != 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let nodes: Vec<&str> = proxies.iter().map(|p| p.gossip.as_str()).collect();
+    let owned_by = |index: usize, prefix: &str| -> String {
+        (0..)
+            .map(|n| format!("{prefix}-{n}"))
+            .find(|t| owner_among(t, &nodes) == Some(nodes[index]))
+            .expect("some topic")
+    };
+    println!(
+        "machine: {} vCPU; gossip_interval_sec {interval}, peer_timeout_sec {}",
+        std::thread::available_parallelism()?,
+        interval * 5.0
+    );
+
+    // 1. Latency.
+    println!("\n| publish → delivery | events | p50 ms | p99 ms | max ms |\n|---|---|---|---|---|");
+    let t = "lat-alone".to_owned();
+    println!(
+        "{}",
+        row(
+            "one proxy alone (baseline)",
+            &latency(&http, alone.url(), alone.url(), &t, events).await?
+        )
+    );
+    let t = owned_by(0, "lat-owner");
+    println!(
+        "{}",
+        row(
+            "cluster, all on the owner",
+            &latency(&http, proxies[0].url(), proxies[0].url(), &t, events).await?
+        )
+    );
+    let t = owned_by(0, "lat-one-hop");
+    println!(
+        "{}",
+        row(
+            "owner → subscriber's proxy (1 hop)",
+            &latency(&http, proxies[0].url(), proxies[1].url(), &t, events).await?
+        )
+    );
+    let t = owned_by(2, "lat-two-hops");
+    println!(
+        "{}",
+        row(
+            "publisher's proxy → owner → subscriber's proxy (2 hops)",
+            &latency(&http, proxies[1].url(), proxies[0].url(), &t, events).await?
+        )
+    );
+
+    // 2. Throughput.
+    let topics: Vec<String> = (0..topic_count).map(|i| format!("tp-{i}")).collect();
+    let urls: Vec<&str> = proxies.iter().map(Proxy::url).collect();
+    let (published, delivered, lost) =
+        throughput(&http, &urls, &topics, subscribers, seconds).await?;
+    println!(
+        "\nthroughput, three proxies: {} subscribers; published {published:.0}/s, delivered {delivered:.0}/s, lost {lost}",
+        topics.len() * subscribers * 3
+    );
+    let alone_topics: Vec<String> = (0..topic_count).map(|i| format!("ta-{i}")).collect();
+    let (published, delivered, lost) = throughput(
+        &http,
+        &[alone.url()],
+        &alone_topics,
+        subscribers * 3,
+        seconds,
+    )
+    .await?;
+    println!(
+        "throughput, one proxy alone: {} subscribers; published {published:.0}/s, delivered {delivered:.0}/s, lost {lost}",
+        alone_topics.len() * subscribers * 3
+    );
+
+    // 3. Gossip convergence after a subscribe.
+    let mut convergence = Vec::new();
+    let watcher_node = proxies[0].gossip.clone();
+    let count_on = |health: &Value| {
+        health["peers"]["members"]
+            .as_array()
+            .and_then(|m| {
+                m.iter()
+                    .find(|m| m["gossip_address"] == watcher_node.as_str())
+            })
+            .and_then(|m| m["topics"].as_u64())
+            .unwrap_or(0)
+    };
+    for round in 0..rounds {
+        let before = [
+            count_on(&health(&http, proxies[1].url()).await?),
+            count_on(&health(&http, proxies[2].url()).await?),
+        ];
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let topic = format!("converge-{round}");
+        subscribe(&http, proxies[0].url(), &topic, tx).await?;
+        let subscribed = Instant::now();
+        for (i, other) in [1, 2].into_iter().enumerate() {
+            while count_on(&health(&http, proxies[other].url()).await?) <= before[i] {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+        convergence.push(subscribed.elapsed().as_secs_f64() * 1000.0);
+        std::mem::forget(_rx);
+    }
+    println!(
+        "\n{}",
+        row(
+            "gossip: subscribe on one proxy → both others see it",
+            &convergence
+        )
+    );
+
+    // 4. Death detection.
+    let mut victim = proxies.pop().expect("three");
+    victim.process.signal(libc::SIGKILL);
+    let killed = Instant::now();
+    for proxy in &proxies {
+        while health(&http, proxy.url()).await?["peers"]["connected"] != 1 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    println!(
+        "death detected by both others {:.0} ms after SIGKILL (peer_timeout_sec {})",
+        killed.elapsed().as_secs_f64() * 1000.0,
+        interval * 5.0
+    );
+    let _ = victim.process.stop_with(libc::SIGKILL).await;
+    Ok(())
+}
