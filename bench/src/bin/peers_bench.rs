@@ -387,6 +387,9 @@ async fn main() -> anyhow::Result<()> {
             count_on(&health(&http, proxies[1].url()).await?),
             count_on(&health(&http, proxies[2].url()).await?),
         ];
+        // At a random point of the gossip cycle.
+        let pause = rand::random_range(0..gossip_ms as u64);
+        tokio::time::sleep(Duration::from_millis(pause)).await;
         let (tx, _rx) = mpsc::unbounded_channel();
         let topic = format!("converge-{round}");
         subscribe(&http, proxies[0].url(), &topic, tx).await?;

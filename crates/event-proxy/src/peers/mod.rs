@@ -237,8 +237,7 @@ impl Cluster {
         let watcher = cluster.clone();
         let shutdown = state.shutdown.clone();
         let membership = tokio::spawn(async move {
-            let tick = (secs(watcher.config.gossip_interval_sec) / 4)
-                .clamp(Duration::from_millis(10), Duration::from_millis(250));
+            let tick = watcher.refresh_tick();
             let mut tracked = HashMap::new();
             let mut interval = tokio::time::interval(tick);
             loop {
@@ -265,6 +264,12 @@ impl Cluster {
         vec![membership, interest]
     }
 
+    /// How often the gossip state is read.
+    fn refresh_tick(&self) -> Duration {
+        (secs(self.config.gossip_interval_sec) / 4)
+            .clamp(Duration::from_millis(10), Duration::from_millis(250))
+    }
+
     pub fn view(&self) -> Arc<View> {
         self.view.read().expect("view lock").clone()
     }
@@ -272,7 +277,9 @@ impl Cluster {
     /// Reads the gossip state: liveness from heartbeats, URLs, interest.
     async fn refresh(&self, tracked: &mut HashMap<String, Tracked>) {
         let now = Instant::now();
-        let timeout = secs(self.config.peer_timeout_sec);
+        // Less one read interval, so that a death is declared within
+        // `peer_timeout_sec` of the last heartbeat, reads included.
+        let timeout = secs(self.config.peer_timeout_sec).saturating_sub(self.refresh_tick());
         {
             let chitchat = self.chitchat.chitchat();
             let chitchat = chitchat.lock().await;
