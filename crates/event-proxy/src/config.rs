@@ -269,10 +269,10 @@ impl PeersConfig {
         if !(self.gossip_interval_sec >= 0.01 && self.gossip_interval_sec <= 3600.0) {
             return Err("peers.gossip_interval_sec must be between 0.01 and 3600".into());
         }
-        if !(self.peer_timeout_sec >= 2.0 * self.gossip_interval_sec
+        if !(self.peer_timeout_sec >= 3.0 * self.gossip_interval_sec
             && self.peer_timeout_sec <= 86_400.0)
         {
-            return Err("peers.peer_timeout_sec must be at least twice peers.gossip_interval_sec (and at most 86400)".into());
+            return Err("peers.peer_timeout_sec must be at least 3 × peers.gossip_interval_sec (and at most 86400)".into());
         }
         if self.message_batch_size == 0 || self.message_batch_size > 10_000 {
             return Err("peers.message_batch_size must be between 1 and 10000".into());

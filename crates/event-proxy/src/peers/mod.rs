@@ -3,7 +3,7 @@
 //! - **Membership and interest travel by gossip** ([`gossip`], chitchat): each
 //!   proxy publishes its HTTP URL (key `url`) and one key `t:<topic>` per topic
 //!   it has subscribers on. A peer is live while its gossip heartbeat keeps
-//!   advancing; one that has not advanced for `peer_timeout_sec` is dead.
+//!   advancing; one that dies is declared dead within `peer_timeout_sec`.
 //! - **Each topic has an owner**: the live proxy (this one included) with the
 //!   highest rendezvous hash of (node id, topic). The owner numbers the topic's
 //!   events (`<owner start ms>-<seq>`), keeps the authoritative history, and
@@ -277,9 +277,12 @@ impl Cluster {
     /// Reads the gossip state: liveness from heartbeats, URLs, interest.
     async fn refresh(&self, tracked: &mut HashMap<String, Tracked>) {
         let now = Instant::now();
-        // Less one read interval, so that a death is declared within
-        // `peer_timeout_sec` of the last heartbeat, reads included.
-        let timeout = secs(self.config.peer_timeout_sec).saturating_sub(self.refresh_tick());
+        // A dead peer's last heartbeat can reach this proxy up to a gossip
+        // interval late (relayed by a third), and is seen up to one read
+        // interval later: both come off, so that a death is declared within
+        // `peer_timeout_sec` of it.
+        let timeout = secs(self.config.peer_timeout_sec)
+            .saturating_sub(secs(self.config.gossip_interval_sec) + self.refresh_tick());
         {
             let chitchat = self.chitchat.chitchat();
             let chitchat = chitchat.lock().await;
