@@ -457,6 +457,12 @@ async fn browser_a_park_that_cannot_store_its_snapshot_leaves_the_instance_runni
     let (_, detail) = serve.api.get(&format!("/v2/instances/{id}")).await;
     assert_eq!(detail["status"], "running", "nothing was parked: {detail}");
     assert!(detail.get("snapshot_id").is_none());
+    // The browser was closed for the attempt and started again: its tab is back.
+    let debug_port = detail["debug_port"].as_u64().unwrap();
+    assert_eq!(
+        page_urls(debug_port).await,
+        [format!("{}/state", pages.base)]
+    );
     let state = Page::open(&debug_url, &format!("{}/state", pages.base))
         .await
         .unwrap();

@@ -622,7 +622,7 @@ impl Agent {
     }
 
     /// After a failed park: the browser is closed but its profile is still here;
-    /// start it again and put the session cookies back.
+    /// start it again and put the session cookies and the tabs back.
     async fn resume_in_place(&self, slot: &Arc<InstanceSlot>, state: &CapturedState) {
         slot.set_parking(false);
         let outcome = async {
@@ -631,7 +631,8 @@ impl Agent {
             let guard = slot.begin_supervision();
             let (process, endpoint) = self.launch_ready(slot, &image, limits).await?;
             if let Some(endpoint) = &endpoint {
-                snapshot::restore(endpoint, state, false)
+                // Its tabs come back too (and any storage the close lost).
+                snapshot::restore(endpoint, state, true)
                     .await
                     .map_err(|e| e.to_string())?;
             }

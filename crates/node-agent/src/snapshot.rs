@@ -422,9 +422,82 @@ pub async fn restore(
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
+            refill_local_storage(&browser, &reopened, &state.local_storage).await;
         }
     }
     Ok(())
+}
+
+/// Puts back captured `localStorage` items the profile lacks, in the reopened
+/// tabs of their origins. The profile normally has them all; but a write
+/// still on its way from a renderer when the browser closed never reaches the
+/// disk, while the capture (read in the page) saw it. Keys the profile has are
+/// left alone.
+async fn refill_local_storage(browser: &CdpClient, targets: &[Value], captured: &[OriginStorage]) {
+    let mut pending: Vec<&OriginStorage> =
+        captured.iter().filter(|o| !o.items.is_empty()).collect();
+    for target_id in targets {
+        if pending.is_empty() {
+            return;
+        }
+        let Ok(attached) = browser
+            .call(
+                "Target.attachToTarget",
+                json!({"targetId": target_id, "flatten": true}),
+                None,
+                CDP_TIMEOUT,
+            )
+            .await
+        else {
+            continue;
+        };
+        let Some(session) = attached["sessionId"].as_str().map(str::to_owned) else {
+            continue;
+        };
+        // The tab's document, once it has left about:blank (5 s at most).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let origin = loop {
+            let read = browser
+                .call(
+                    "Runtime.evaluate",
+                    json!({"expression": "document.readyState === 'loading' || location.origin === 'null' ? '' : location.origin", "returnByValue": true}),
+                    Some(&session),
+                    CDP_TIMEOUT,
+                )
+                .await;
+            let origin = read
+                .ok()
+                .and_then(|r| r["result"]["value"].as_str().map(str::to_owned))
+                .unwrap_or_default();
+            if !origin.is_empty() || tokio::time::Instant::now() >= deadline {
+                break origin;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        if let Some(index) = pending.iter().position(|o| o.origin == origin) {
+            let items = serde_json::to_string(&pending[index].items).unwrap_or_default();
+            let script = format!(
+                "for (const [k, v] of {items}) {{ if (localStorage.getItem(k) === null) localStorage.setItem(k, v); }}"
+            );
+            let _ = browser
+                .call(
+                    "Runtime.evaluate",
+                    json!({"expression": script}),
+                    Some(&session),
+                    CDP_TIMEOUT,
+                )
+                .await;
+            pending.remove(index);
+        }
+        let _ = browser
+            .call(
+                "Target.detachFromTarget",
+                json!({"sessionId": session}),
+                None,
+                CDP_TIMEOUT,
+            )
+            .await;
+    }
 }
 
 /// A `Network.Cookie` as a `Network.CookieParam`.
