@@ -317,7 +317,7 @@ async fn a_killed_proxy_is_detected_and_rejoins_cleanly() {
         publish(&url_b, &topic, "probe").await.status() == 200
     })
     .await;
-    let _ = take(&mut on_a, 1).await;
+    let (probe_id, _) = take(&mut on_a, 1).await.remove(0);
     let _ = take(&mut on_b, 1).await;
     publish_ok(&url_b, &topic, "while-down").await;
     for client in [&mut on_a, &mut on_b] {
@@ -334,6 +334,18 @@ async fn a_killed_proxy_is_detected_and_rejoins_cleanly() {
     for client in [&mut on_a, &mut on_b, &mut on_c] {
         assert_eq!(take(client, 1).await[0].1, "after-return");
     }
+    // A client that left after "probe" (numbered by the interim owner) resumes
+    // on the returned owner, which never saw those events: the peers keeping
+    // a copy of the history answer.
+    let mut resumed = subscribe(&url_c, &topic, &[("Last-Event-ID", &probe_id)]).await;
+    let replay: Vec<String> = take(&mut resumed, 2)
+        .await
+        .into_iter()
+        .map(|(_, d)| d)
+        .collect();
+    assert_eq!(replay, ["while-down", "after-return"]);
+    publish_ok(&url_b, &topic, "live").await;
+    assert_eq!(take(&mut resumed, 1).await[0].1, "live");
     let owned = cluster.topic_owned_by(2, "returned");
     let mut on_a_owned = subscribe(&url_a, &owned, &[]).await;
     let id = publish_ok(&url_b, &owned, "through-c").await;

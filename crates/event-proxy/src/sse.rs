@@ -186,8 +186,8 @@ async fn stream_events(
         out.extend_from_slice(serde_json::to_string(missed).unwrap_or_default().as_bytes());
         out.extend_from_slice(b"\n\n");
     }
-    // Events of the owner's replay may also arrive live: they are sent once.
-    let mut replayed: HashSet<EventId> = if replay.from_owner {
+    // Events of a peer's replay may also arrive live: they are sent once.
+    let mut replayed: HashSet<EventId> = if replay.from_peer {
         replay.frames.iter().map(|f| f.id()).collect()
     } else {
         HashSet::new()

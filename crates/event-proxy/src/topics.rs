@@ -285,8 +285,8 @@ pub struct Replay {
     /// Whether the requested id was placed in this history (always true
     /// without one): with peers, an unplaced id is asked of the topic's owner.
     pub placed: bool,
-    /// Sent by the topic's owner: its events may also arrive live.
-    pub from_owner: bool,
+    /// Sent by a peer: its events may also arrive live.
+    pub from_peer: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -419,7 +419,7 @@ impl Topics {
                 frames: after(index + 1),
                 missed: None,
                 placed: true,
-                from_owner: false,
+                from_peer: false,
             };
         }
         // A later event of the same term is kept: nothing is lost when it is
@@ -433,7 +433,7 @@ impl Topics {
                 frames: after(index),
                 missed: if contiguous { None } else { missed() },
                 placed: contiguous,
-                from_owner: false,
+                from_peer: false,
             };
         }
         // Only earlier events of that term: the client is past all of them.
@@ -442,7 +442,7 @@ impl Topics {
                 frames: after(index + 1),
                 missed: None,
                 placed: true,
-                from_owner: false,
+                from_peer: false,
             };
         }
         // Nothing of that term is kept. Up to date with the current term (its
@@ -457,7 +457,7 @@ impl Topics {
             frames: after(0),
             missed: missed(),
             placed: false,
-            from_owner: false,
+            from_peer: false,
         }
     }
 

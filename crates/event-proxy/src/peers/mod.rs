@@ -16,8 +16,10 @@
 //!   owner directly (`POST /peer/v1/watch`) before the stream starts: the owner
 //!   registers the watch under the topic's lock, so no event falls between the
 //!   subscription and gossip catching up, and answers with the events after the
-//!   client's `Last-Event-ID` when this proxy cannot place it itself. A client
-//!   can thus resume on any proxy.
+//!   client's `Last-Event-ID` when this proxy cannot place it itself. When the
+//!   owner cannot place it either (owners changed since), the peers that keep
+//!   a copy of the topic's history are asked (`POST /peer/v1/history`). A
+//!   client can thus resume on any proxy.
 //! - When an owner dies, the next proxy in rendezvous order owns its topics
 //!   (after `peer_timeout_sec`; publishes to those topics get 503 until then).
 //!   It numbers under its own term, continuing the copy of the history it has
@@ -55,6 +57,7 @@ const URL_KEY: &str = "url";
 const TOPIC_PREFIX: &str = "t:";
 pub const WATCH_PATH: &str = "/peer/v1/watch";
 pub const REVOKE_PATH: &str = "/peer/v1/revoke";
+pub const HISTORY_PATH: &str = "/peer/v1/history";
 const PEER_CALL_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Another proxy as this one sees it (its newest generation).
@@ -454,6 +457,27 @@ impl Cluster {
             .lock()
             .expect("watched lock")
             .retain(|topic, _| wanted.contains(topic));
+        // A topic whose owner changed (died, returned): tell the new owner
+        // directly rather than wait for it to read the gossip.
+        for topic in &wanted {
+            let Some(owner) = self.owner(topic) else {
+                continue;
+            };
+            let owner_key = (owner.node_id.clone(), owner.generation);
+            let watched = self
+                .watched
+                .lock()
+                .expect("watched lock")
+                .get(topic)
+                .cloned();
+            let stale = watched.is_none_or(|lock| {
+                lock.try_lock()
+                    .is_ok_and(|current| current.as_ref() != Some(&owner_key))
+            });
+            if stale {
+                self.watch_owner(&owner, topic, None, false).await;
+            }
+        }
         let now = Instant::now();
         self.direct
             .lock()
@@ -469,11 +493,56 @@ impl Cluster {
         (secs(self.config.gossip_interval_sec) * 30).max(Duration::from_secs(60))
     }
 
-    /// Before a stream starts on a topic this proxy does not own: makes sure
-    /// the owner sends its events here, and when the client's `Last-Event-ID`
-    /// could not be placed here, returns the owner's replay instead.
+    /// Before a stream starts: on a topic this proxy does not own, makes sure
+    /// the owner sends its events here. When the client's `Last-Event-ID`
+    /// could not be placed here, returns the replay of the owner, or of a peer
+    /// keeping a copy of the topic's history (after an owner changed, the
+    /// former owner's events may only be there); `None` leaves this proxy's own.
     pub async fn join(&self, topic: &str, resume: Option<&Resume>, placed: bool) -> Option<Replay> {
-        let owner = self.owner(topic)?;
+        let need_history = resume.is_some() && !placed;
+        let owner = self.owner(topic);
+        let mut fallback = None;
+        if let Some(owner) = &owner {
+            let from_owner = self.watch_owner(owner, topic, resume, need_history).await;
+            match from_owner {
+                Some(replay) if replay.placed => return Some(replay),
+                other => fallback = other,
+            }
+        }
+        if !need_history {
+            return None;
+        }
+        let view = self.view();
+        let owner_id = owner.as_ref().map(|o| o.node_id.as_str());
+        let request = Watch {
+            topic: topic.to_owned(),
+            last_event_id: resume.map(|r| r.text.clone()),
+        };
+        for member in view
+            .live()
+            .filter(|m| m.topics.contains(topic) && Some(m.node_id.as_str()) != owner_id)
+        {
+            let url = member.url.as_deref().unwrap_or_default();
+            match self.call::<WatchReply>(url, HISTORY_PATH, &request).await {
+                Ok(reply) if reply.placed => return Some(replay_of(reply)),
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::debug!(%topic, peer = %member.node_id, %error, "history request failed")
+                }
+            }
+        }
+        fallback
+    }
+
+    /// Tells the owner this proxy has subscribers on `topic` (once per owner),
+    /// and asks for its replay when `need_history`.
+    async fn watch_owner(
+        &self,
+        owner: &Link,
+        topic: &str,
+        resume: Option<&Resume>,
+        need_history: bool,
+    ) -> Option<Replay> {
         let lock = self
             .watched
             .lock()
@@ -483,7 +552,6 @@ impl Cluster {
             .clone();
         let mut watched = lock.lock().await;
         let owner_key = (owner.node_id.clone(), owner.generation);
-        let need_history = resume.is_some() && !placed;
         if watched.as_ref() == Some(&owner_key) && !need_history {
             return None;
         }
@@ -497,16 +565,7 @@ impl Cluster {
         {
             Ok(reply) => {
                 *watched = Some(owner_key);
-                need_history.then(|| Replay {
-                    frames: reply
-                        .frames
-                        .into_iter()
-                        .map(WireFrame::into_frame)
-                        .collect(),
-                    missed: reply.missed,
-                    placed: reply.placed,
-                    from_owner: true,
-                })
+                need_history.then(|| replay_of(reply))
             }
             Err(error) => {
                 tracing::warn!(%topic, owner = %owner.node_id, %error, "watch failed; serving from this proxy's history");
@@ -600,6 +659,20 @@ impl Cluster {
     }
 }
 
+/// A peer's answer as a replay (its events may also arrive live).
+fn replay_of(reply: WatchReply) -> Replay {
+    Replay {
+        frames: reply
+            .frames
+            .into_iter()
+            .map(WireFrame::into_frame)
+            .collect(),
+        missed: reply.missed,
+        placed: reply.placed,
+        from_peer: true,
+    }
+}
+
 /// What the membership task remembers of a peer between looks.
 struct Tracked {
     generation: u64,
@@ -650,8 +723,11 @@ pub async fn handle(state: &Arc<ProxyState>, request: &Request) -> Response {
             Ok(batch) => receive_batch(state, cluster, batch).await,
             Err(error) => Response::text(400, &format!("Invalid body: {error}")),
         },
-        WATCH_PATH => match serde_json::from_slice::<Watch>(&request.body) {
-            Ok(watch) => receive_watch(state, cluster, &from, watch).await,
+        WATCH_PATH | HISTORY_PATH => match serde_json::from_slice::<Watch>(&request.body) {
+            Ok(watch) => {
+                let register = request.path == WATCH_PATH;
+                receive_watch(state, cluster, &from, watch, register).await
+            }
             Err(error) => Response::text(400, &format!("Invalid body: {error}")),
         },
         REVOKE_PATH => crate::revoke::apply(state, &request.body),
@@ -692,6 +768,7 @@ async fn receive_watch(
     cluster: &Arc<Cluster>,
     from: &str,
     watch: Watch,
+    register: bool,
 ) -> Response {
     if let Err(reason) = validate_topic(&watch.topic) {
         return Response::text(400, &reason);
@@ -706,6 +783,9 @@ async fn receive_watch(
     let replay = state
         .topics
         .watch(&topic, resume.as_ref(), || {
+            if !register {
+                return;
+            }
             let mut direct = cluster.direct.lock().expect("direct lock");
             let watchers = direct.entry(watch.topic.clone()).or_default();
             watchers.retain(|(node, _)| node != from);
