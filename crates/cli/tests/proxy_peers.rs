@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use flotilla_event_proxy::peers::{owner_among, wire};
-use flotilla_testkit::{ServeProcess, SseClient, WebhookFake, wait_until};
+use flotilla_testkit::{ServeProcess, SseClient, WebhookFake, chrono_like_now, wait_until};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -416,18 +416,11 @@ async fn strangers_cannot_join_or_inject_events() {
     assert_eq!(post(forged.to_vec()).await.unwrap().status(), 401);
     let right = wire::derive_key(SECRET, "http");
     let mut stale = wire::sign_request(&right, "intruder", "/peer/v1/batch", &batch).to_vec();
-    stale[1].1 = (chrono_now() - 3600).to_string();
+    stale[1].1 = (chrono_like_now() - 3600).to_string();
     assert_eq!(post(stale).await.unwrap().status(), 401);
     // The watcher got nothing forged: the next event is a real one.
     publish_ok(&url, "vault", "real").await;
     assert_eq!(take(&mut watcher, 1).await[0].1, "real");
-}
-
-fn chrono_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64
 }
 
 #[tokio::test]

@@ -213,40 +213,17 @@ pub async fn capture(endpoint: &CdpEndpoint) -> anyhow::Result<CapturedState> {
         if !(tab.url.starts_with("http://") || tab.url.starts_with("https://")) {
             continue;
         }
-        let Ok(attached) = browser
-            .call(
-                "Target.attachToTarget",
-                json!({"targetId": target_id, "flatten": true}),
-                None,
-                CDP_TIMEOUT,
-            )
-            .await
-        else {
+        let Some(session) = attach(&browser, &json!(target_id)).await else {
             continue;
         };
-        let Some(session) = attached["sessionId"].as_str().map(str::to_owned) else {
-            continue;
-        };
-        let read = browser
-            .call(
-                "Runtime.evaluate",
-                json!({"expression": "JSON.stringify([location.origin, Object.entries(localStorage)])", "returnByValue": true}),
-                Some(&session),
-                CDP_TIMEOUT,
-            )
-            .await;
-        let _ = browser
-            .call(
-                "Target.detachFromTarget",
-                json!({"sessionId": session}),
-                None,
-                CDP_TIMEOUT,
-            )
-            .await;
-        let Some(text) = read
-            .ok()
-            .and_then(|r| r["result"]["value"].as_str().map(str::to_owned))
-        else {
+        let read = evaluate(
+            &browser,
+            &session,
+            "JSON.stringify([location.origin, Object.entries(localStorage)])",
+        )
+        .await;
+        detach(&browser, session).await;
+        let Some(text) = read else {
             continue;
         };
         if let Ok((origin, items)) = serde_json::from_str::<(String, Vec<(String, String)>)>(&text)
@@ -440,35 +417,19 @@ async fn refill_local_storage(browser: &CdpClient, targets: &[Value], captured: 
         if pending.is_empty() {
             return;
         }
-        let Ok(attached) = browser
-            .call(
-                "Target.attachToTarget",
-                json!({"targetId": target_id, "flatten": true}),
-                None,
-                CDP_TIMEOUT,
-            )
-            .await
-        else {
-            continue;
-        };
-        let Some(session) = attached["sessionId"].as_str().map(str::to_owned) else {
+        let Some(session) = attach(browser, target_id).await else {
             continue;
         };
         // The tab's document, once it has left about:blank (5 s at most).
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         let origin = loop {
-            let read = browser
-                .call(
-                    "Runtime.evaluate",
-                    json!({"expression": "document.readyState === 'loading' || location.origin === 'null' ? '' : location.origin", "returnByValue": true}),
-                    Some(&session),
-                    CDP_TIMEOUT,
-                )
-                .await;
-            let origin = read
-                .ok()
-                .and_then(|r| r["result"]["value"].as_str().map(str::to_owned))
-                .unwrap_or_default();
+            let origin = evaluate(
+                browser,
+                &session,
+                "document.readyState === 'loading' || location.origin === 'null' ? '' : location.origin",
+            )
+            .await
+            .unwrap_or_default();
             if !origin.is_empty() || tokio::time::Instant::now() >= deadline {
                 break origin;
             }
@@ -479,25 +440,50 @@ async fn refill_local_storage(browser: &CdpClient, targets: &[Value], captured: 
             let script = format!(
                 "for (const [k, v] of {items}) {{ if (localStorage.getItem(k) === null) localStorage.setItem(k, v); }}"
             );
-            let _ = browser
-                .call(
-                    "Runtime.evaluate",
-                    json!({"expression": script}),
-                    Some(&session),
-                    CDP_TIMEOUT,
-                )
-                .await;
+            let _ = evaluate(browser, &session, &script).await;
             pending.remove(index);
         }
-        let _ = browser
-            .call(
-                "Target.detachFromTarget",
-                json!({"sessionId": session}),
-                None,
-                CDP_TIMEOUT,
-            )
-            .await;
+        detach(browser, session).await;
     }
+}
+
+/// A flat CDP session on a target.
+async fn attach(browser: &CdpClient, target_id: &Value) -> Option<String> {
+    let attached = browser
+        .call(
+            "Target.attachToTarget",
+            json!({"targetId": target_id, "flatten": true}),
+            None,
+            CDP_TIMEOUT,
+        )
+        .await
+        .ok()?;
+    attached["sessionId"].as_str().map(str::to_owned)
+}
+
+async fn detach(browser: &CdpClient, session: String) {
+    let _ = browser
+        .call(
+            "Target.detachFromTarget",
+            json!({"sessionId": session}),
+            None,
+            CDP_TIMEOUT,
+        )
+        .await;
+}
+
+/// Evaluates `expression` in a session's page; its value when it is a string.
+async fn evaluate(browser: &CdpClient, session: &str, expression: &str) -> Option<String> {
+    let result = browser
+        .call(
+            "Runtime.evaluate",
+            json!({"expression": expression, "returnByValue": true}),
+            Some(session),
+            CDP_TIMEOUT,
+        )
+        .await
+        .ok()?;
+    result["result"]["value"].as_str().map(str::to_owned)
 }
 
 /// A `Network.Cookie` as a `Network.CookieParam`.

@@ -159,7 +159,6 @@ impl Link {
 }
 
 async fn run(link: Arc<Link>, sender: Arc<Sender>) {
-    let url = format!("{}{BATCH_PATH}", link.url.trim_end_matches('/'));
     let mut retry: Vec<Queued> = Vec::new();
     let mut backoff = Duration::from_millis(50);
     loop {
@@ -190,7 +189,9 @@ async fn run(link: Arc<Link>, sender: Arc<Sender>) {
                 Item::Publish(publish, _) => body.publishes.push(publish.clone()),
             }
         }
-        let outcome = send(&sender, &url, &body).await;
+        let outcome = sender
+            .call::<BatchReply>(&link.url, BATCH_PATH, &body, REQUEST_TIMEOUT)
+            .await;
         *link.in_flight_since.lock().expect("link lock") = None;
         match outcome {
             Ok(reply) => {
@@ -233,20 +234,29 @@ fn fail_publishes(items: Vec<Queued>, node_id: &str) {
     }
 }
 
-async fn send(sender: &Sender, url: &str, batch: &Batch) -> anyhow::Result<BatchReply> {
-    let body = serde_json::to_vec(batch)?;
-    let mut request = sender
-        .client
-        .post(url)
-        .timeout(REQUEST_TIMEOUT)
-        .header("content-type", "application/json");
-    for (name, value) in sign_request(&sender.key, &sender.self_id, BATCH_PATH, &body) {
-        request = request.header(name, value);
+impl Sender {
+    /// A signed JSON `POST {base}{path}` to a peer; its JSON answer.
+    pub async fn call<T: serde::de::DeserializeOwned>(
+        &self,
+        base: &str,
+        path: &str,
+        body: &impl serde::Serialize,
+        timeout: Duration,
+    ) -> anyhow::Result<T> {
+        let body = serde_json::to_vec(body)?;
+        let mut request = self
+            .client
+            .post(format!("{}{path}", base.trim_end_matches('/')))
+            .timeout(timeout)
+            .header("content-type", "application/json");
+        for (name, value) in sign_request(&self.key, &self.self_id, path, &body) {
+            request = request.header(name, value);
+        }
+        let response = request.body(body).send().await?;
+        let status = response.status();
+        if !status.is_success() {
+            anyhow::bail!("{status}: {}", response.text().await.unwrap_or_default());
+        }
+        Ok(response.json().await?)
     }
-    let response = request.body(body).send().await?;
-    let status = response.status();
-    if !status.is_success() {
-        anyhow::bail!("{status}: {}", response.text().await.unwrap_or_default());
-    }
-    Ok(response.json().await?)
 }

@@ -581,22 +581,7 @@ impl Cluster {
         path: &str,
         body: &impl serde::Serialize,
     ) -> anyhow::Result<T> {
-        let body = serde_json::to_vec(body)?;
-        let mut request = self
-            .sender
-            .client
-            .post(format!("{url}{path}"))
-            .timeout(PEER_CALL_TIMEOUT)
-            .header("content-type", "application/json");
-        for (name, value) in wire::sign_request(&self.http_key, &self.node_id, path, &body) {
-            request = request.header(name, value);
-        }
-        let response = request.body(body).send().await?;
-        let status = response.status();
-        if !status.is_success() {
-            anyhow::bail!("{status}: {}", response.text().await.unwrap_or_default());
-        }
-        Ok(response.json().await?)
+        self.sender.call(url, path, body, PEER_CALL_TIMEOUT).await
     }
 
     /// Sends a revocation to every live peer; returns the node ids reached and

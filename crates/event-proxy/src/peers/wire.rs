@@ -53,6 +53,24 @@ pub fn verify(key: &[u8; 32], parts: &[&[u8]], expected: &[u8]) -> bool {
     mac.verify_slice(expected).is_ok()
 }
 
+/// What a peer request's signature covers.
+fn signed_parts<'a>(
+    node_id: &'a str,
+    time: &'a str,
+    path: &'a str,
+    body: &'a [u8],
+) -> [&'a [u8]; 7] {
+    [
+        node_id.as_bytes(),
+        b"\n",
+        time.as_bytes(),
+        b"\n",
+        path.as_bytes(),
+        b"\n",
+        body,
+    ]
+}
+
 /// The three signature headers for a request from `node_id` to `path`.
 pub fn sign_request(
     key: &[u8; 32],
@@ -61,18 +79,7 @@ pub fn sign_request(
     body: &[u8],
 ) -> [(&'static str, String); 3] {
     let time = chrono::Utc::now().timestamp().to_string();
-    let signature = tag(
-        key,
-        &[
-            node_id.as_bytes(),
-            b"\n",
-            time.as_bytes(),
-            b"\n",
-            path.as_bytes(),
-            b"\n",
-            body,
-        ],
-    );
+    let signature = tag(key, &signed_parts(node_id, &time, path, body));
     [
         (PEER_HEADER, node_id.to_owned()),
         (TIME_HEADER, time),
@@ -94,20 +101,7 @@ pub fn check_request<'a>(
     if (chrono::Utc::now().timestamp() - sent).abs() > MAX_CLOCK_SKEW_SEC {
         return None;
     }
-    verify(
-        key,
-        &[
-            node_id.as_bytes(),
-            b"\n",
-            time.as_bytes(),
-            b"\n",
-            path.as_bytes(),
-            b"\n",
-            body,
-        ],
-        &signature,
-    )
-    .then_some(node_id)
+    verify(key, &signed_parts(node_id, time, path, body), &signature).then_some(node_id)
 }
 
 /// An event numbered by its topic's owner, as it travels to peers.
