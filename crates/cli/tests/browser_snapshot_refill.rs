@@ -1,0 +1,125 @@
+//! The snapshot capture and restore on a Chromium started by hand: after the
+//! profile lost its `localStorage` (removed from disk here, as a write still in
+//! flight from a renderer is lost when the browser closes), restoring with the
+//! tabs puts the captured items back in their origin.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use flotilla_node_agent::browser::CdpEndpoint;
+use flotilla_node_agent::cdp::CdpClient;
+use flotilla_node_agent::config::BASE_CHROMIUM_FLAGS;
+use flotilla_node_agent::snapshot;
+use flotilla_testkit::{Page, serve_page};
+
+const CHROMIUM: &str = "/usr/lib/chromium/chromium";
+
+/// A browser process group, killed when dropped.
+struct Browser {
+    child: tokio::process::Child,
+    endpoint: CdpEndpoint,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        if let Some(pid) = self.child.id() {
+            // SAFETY: killpg has no memory-safety preconditions.
+            unsafe { libc::killpg(pid as i32, libc::SIGKILL) };
+        }
+    }
+}
+
+async fn launch(profile: &Path) -> Browser {
+    let port_file = profile.join("DevToolsActivePort");
+    let _ = std::fs::remove_file(&port_file);
+    let child = tokio::process::Command::new(CHROMIUM)
+        .args(BASE_CHROMIUM_FLAGS)
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg("--remote-debugging-port=0")
+        .arg("--no-sandbox")
+        .arg("about:blank")
+        .env("HOME", profile)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("chromium starts");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let endpoint = loop {
+        if let Ok(text) = std::fs::read_to_string(&port_file) {
+            let mut lines = text.lines();
+            if let (Some(port), Some(path)) = (lines.next(), lines.next())
+                && let Ok(port) = port.trim().parse()
+            {
+                break CdpEndpoint {
+                    port,
+                    browser_path: path.trim().to_owned(),
+                };
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "chromium did not write DevToolsActivePort"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    Browser { child, endpoint }
+}
+
+/// `Browser.close`, then waits for the process to exit.
+async fn close(mut browser: Browser) {
+    let client = CdpClient::connect(&browser.endpoint.browser_ws_url())
+        .await
+        .unwrap();
+    let _ = client.send("Browser.close", serde_json::json!({})).await;
+    tokio::time::timeout(Duration::from_secs(60), browser.child.wait())
+        .await
+        .expect("chromium exits after Browser.close")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn browser_restore_puts_back_local_storage_the_profile_lost() {
+    let pages = serve_page(&[("/state", "<html><body>state</body></html>")]).await;
+    let state_url = format!("{}/state", pages.base);
+    let profile = tempfile::tempdir().unwrap();
+
+    let browser = launch(profile.path()).await;
+    let page = Page::open(&browser.endpoint.browser_ws_url(), &state_url)
+        .await
+        .unwrap();
+    page.eval("localStorage.setItem('kept', 'yes'); localStorage.setItem('second', 'too'); true")
+        .await
+        .unwrap();
+    drop(page);
+    let captured = snapshot::capture(&browser.endpoint).await.unwrap();
+    let origin = captured
+        .local_storage
+        .iter()
+        .find(|o| o.origin == pages.base)
+        .expect("the origin's storage is captured");
+    assert_eq!(origin.items.len(), 2, "{captured:?}");
+    close(browser).await;
+
+    // The profile loses its localStorage.
+    let storage = profile.path().join("Default/Local Storage");
+    assert!(storage.exists(), "chromium keeps localStorage there");
+    std::fs::remove_dir_all(&storage).unwrap();
+
+    let browser = launch(profile.path()).await;
+    snapshot::restore(&browser.endpoint, &captured, true)
+        .await
+        .unwrap();
+    let check = Page::open(&browser.endpoint.browser_ws_url(), &state_url)
+        .await
+        .unwrap();
+    let values = check
+        .eval("[localStorage.getItem('kept'), localStorage.getItem('second')]")
+        .await
+        .unwrap();
+    assert_eq!(values, serde_json::json!(["yes", "too"]));
+    drop(check);
+    close(browser).await;
+}
