@@ -143,15 +143,32 @@ pub async fn raw_chromium_start(
     Ok(elapsed.as_secs_f64() * 1000.0)
 }
 
-/// The number after `name` on the command line (`--events 20000`), or `default`.
-pub fn number_flag(name: &str, default: usize) -> anyhow::Result<usize> {
+/// The text after `name` on the command line (`--image ubuntu:22.04`), or `default`.
+pub fn text_flag(name: &str, default: &str) -> anyhow::Result<String> {
     let args: Vec<String> = std::env::args().collect();
     match args.iter().position(|a| a == name) {
         Some(i) => args
             .get(i + 1)
-            .with_context(|| format!("{name} needs a value"))?
-            .parse()
-            .with_context(|| format!("{name} must be a number")),
-        None => Ok(default),
+            .cloned()
+            .with_context(|| format!("{name} needs a value")),
+        None => Ok(default.to_owned()),
     }
+}
+
+/// The number after `name` on the command line (`--events 20000`), or `default`.
+pub fn number_flag(name: &str, default: usize) -> anyhow::Result<usize> {
+    text_flag(name, &default.to_string())?
+        .parse()
+        .with_context(|| format!("{name} must be a number"))
+}
+
+/// `MemAvailable` of this machine, in MiB.
+pub fn mem_available_mib() -> f64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .unwrap_or(0.0)
+        / 1024.0
 }

@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use serde_json::Value;
 
-use flotilla_bench::{ServeProcess, percentile, raw_chromium_start, summary_row};
+use flotilla_bench::{
+    ServeProcess, number_flag, percentile, raw_chromium_start, summary_row, text_flag,
+};
 use flotilla_node_agent::config::AgentConfig;
 
 struct Args {
@@ -32,26 +34,12 @@ struct Args {
 }
 
 fn parse_args() -> anyhow::Result<Args> {
-    let mut args = Args {
-        binary: PathBuf::from("target/release/flotilla"),
-        count: 20,
-        image: "ubuntu:22.04".into(),
-        warm_pool: 0,
-    };
-    let mut iter = std::env::args().skip(1);
-    while let Some(flag) = iter.next() {
-        let value = iter
-            .next()
-            .with_context(|| format!("{flag} needs a value"))?;
-        match flag.as_str() {
-            "--binary" => args.binary = value.into(),
-            "--count" => args.count = value.parse()?,
-            "--image" => args.image = value,
-            "--warm-pool" => args.warm_pool = value.parse()?,
-            other => bail!("unknown flag {other}"),
-        }
-    }
-    Ok(args)
+    Ok(Args {
+        binary: text_flag("--binary", "target/release/flotilla")?.into(),
+        count: number_flag("--count", 20)?,
+        image: text_flag("--image", "ubuntu:22.04")?,
+        warm_pool: number_flag("--warm-pool", 0)?,
+    })
 }
 
 /// Flotilla: create, then the first answer of /json/version through the gateway.

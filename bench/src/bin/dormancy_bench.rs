@@ -18,7 +18,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
 
-use flotilla_bench::{ServeProcess, percentile, raw_chromium_start, summary_row};
+use flotilla_bench::{
+    ServeProcess, mem_available_mib, number_flag, percentile, raw_chromium_start, summary_row,
+    text_flag,
+};
 use flotilla_node_agent::cdp::CdpClient;
 
 struct Args {
@@ -27,22 +30,10 @@ struct Args {
 }
 
 fn parse_args() -> anyhow::Result<Args> {
-    let mut args = Args {
-        binary: PathBuf::from("target/release/flotilla"),
-        count: 20,
-    };
-    let mut iter = std::env::args().skip(1);
-    while let Some(flag) = iter.next() {
-        let value = iter
-            .next()
-            .with_context(|| format!("{flag} needs a value"))?;
-        match flag.as_str() {
-            "--binary" => args.binary = value.into(),
-            "--count" => args.count = value.parse()?,
-            other => bail!("unknown flag {other}"),
-        }
-    }
-    Ok(args)
+    Ok(Args {
+        binary: text_flag("--binary", "target/release/flotilla")?.into(),
+        count: number_flag("--count", 20)?,
+    })
 }
 
 struct Bench {
@@ -125,16 +116,6 @@ impl Bench {
         }
         Ok(())
     }
-}
-
-fn mem_available_mib() -> f64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .unwrap_or(0.0)
-        / 1024.0
 }
 
 #[tokio::main]

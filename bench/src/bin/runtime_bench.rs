@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use serde_json::Value;
 
-use flotilla_bench::ServeProcess;
+use flotilla_bench::{ServeProcess, mem_available_mib};
 
 struct Args {
     mode: String,
@@ -126,16 +126,6 @@ fn status_kib(pid: u32, field: &str) -> u64 {
         .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
-}
-
-fn mem_available_mib() -> f64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .unwrap_or(0.0)
-        / 1024.0
 }
 
 /// CPU seconds (user + system) of `pids`.

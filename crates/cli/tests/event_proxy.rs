@@ -711,47 +711,25 @@ async fn publishing_validates_bodies_and_checks_publishers() {
                 .starts_with("text/plain")
         );
     }
-    let large = post(
-        "/publish/news",
-        Some("pub-key"),
-        json!({"data": "x".repeat(2000)}).to_string(),
-    )
-    .await
-    .unwrap();
-    assert_eq!(large.status(), 413);
-    assert_eq!(
-        post("/publish/news", None, json!({"data": "x"}).to_string())
-            .await
-            .unwrap()
-            .status(),
-        401
-    );
+    // Size and credentials: (token, body, expected status).
     let reader =
         jwt(json!({"sub": "u", "exp": chrono_like_now() + 3600, "permissions": ["news:read"]}));
-    assert_eq!(
-        post(
-            "/publish/news",
-            Some(&reader),
-            json!({"data": "x"}).to_string()
-        )
-        .await
-        .unwrap()
-        .status(),
-        403
-    );
     let writer =
         jwt(json!({"sub": "u", "exp": chrono_like_now() + 3600, "permissions": ["news:write"]}));
-    assert_eq!(
-        post(
-            "/publish/news",
-            Some(&writer),
-            json!({"data": "x"}).to_string()
-        )
-        .await
-        .unwrap()
-        .status(),
-        200
-    );
+    let small = json!({"data": "x"}).to_string();
+    for (token, body, expected) in [
+        (
+            Some("pub-key"),
+            json!({"data": "x".repeat(2000)}).to_string(),
+            413,
+        ),
+        (None, small.clone(), 401),
+        (Some(reader.as_str()), small.clone(), 403),
+        (Some(writer.as_str()), small.clone(), 200),
+    ] {
+        let response = post("/publish/news", token, body).await.unwrap();
+        assert_eq!(response.status(), expected, "token {token:?}");
+    }
 
     let mut news = SseClient::connect(
         &proxy.url(),

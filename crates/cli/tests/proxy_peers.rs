@@ -93,7 +93,9 @@ struct Cluster {
     _dir: tempfile::TempDir,
 }
 
-/// `auth`: the webhook every proxy verifies tokens with (None: open).
+/// `auth`: the webhook every proxy verifies tokens with (None: open). Gossip
+/// every 0.2 s; a peer timeout of 5 s, so that a loaded machine never takes a
+/// live proxy for dead.
 async fn cluster(count: usize, secret: &str, auth: Option<&WebhookFake>) -> Cluster {
     let dir = tempfile::tempdir().unwrap();
     let gossip: Vec<String> = (0..count)
@@ -110,7 +112,7 @@ async fn cluster(count: usize, secret: &str, auth: Option<&WebhookFake>) -> Clus
             "[jwt_verifier]\n{verifier}\n\n[publisher]\napi_keys = [{PUBLISHER_KEY:?}]\n\n\
              [rate_limit]\nrate_limit_per_ip = 100000\n\n\
              [peers]\nlisten_address = {address:?}\npeer_addresses = {others:?}\nsecret = {secret:?}\n\
-             gossip_interval_sec = 0.2\npeer_timeout_sec = 2\n"
+             gossip_interval_sec = 0.2\npeer_timeout_sec = 5\n"
         );
         let path = dir.path().join(format!("proxy-{index}.toml"));
         std::fs::write(&path, config).unwrap();
@@ -369,7 +371,7 @@ async fn strangers_cannot_join_or_inject_events() {
         format!(
             "[jwt_verifier]\nrequire_authentication = false\n\n[peers]\nlisten_address = {address:?}\n\
              peer_addresses = {seeds:?}\nsecret = \"not the secret of that cluster\"\n\
-             gossip_interval_sec = 0.2\npeer_timeout_sec = 2\n"
+             gossip_interval_sec = 0.2\npeer_timeout_sec = 5\n"
         ),
     )
     .unwrap();

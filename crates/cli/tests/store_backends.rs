@@ -520,33 +520,20 @@ async fn leases_pass_only_when_they_lapse(postgres: bool) {
     let (store, _guard) = open(postgres).await;
     let now = Utc::now();
     let ttl = Duration::seconds(10);
-    assert!(store.lease_acquire("sweep", "a", now, ttl).await.unwrap());
-    assert!(
-        !store
-            .lease_acquire("sweep", "b", now + Duration::seconds(5), ttl)
+    // (holder, seconds after the first acquisition, granted?, why)
+    for (holder, after, granted, why) in [
+        ("a", 0, true, "free"),
+        ("b", 5, false, "held by a"),
+        ("a", 5, true, "renewed by its holder"),
+        ("b", 14, false, "the renewal lasts until 15"),
+        ("b", 16, true, "lapsed"),
+    ] {
+        let got = store
+            .lease_acquire("sweep", holder, now + Duration::seconds(after), ttl)
             .await
-            .unwrap()
-    );
-    assert!(
-        store
-            .lease_acquire("sweep", "a", now + Duration::seconds(5), ttl)
-            .await
-            .unwrap(),
-        "renewed"
-    );
-    assert!(
-        !store
-            .lease_acquire("sweep", "b", now + Duration::seconds(14), ttl)
-            .await
-            .unwrap()
-    );
-    assert!(
-        store
-            .lease_acquire("sweep", "b", now + Duration::seconds(16), ttl)
-            .await
-            .unwrap(),
-        "lapsed"
-    );
+            .unwrap();
+        assert_eq!(got, granted, "{holder} at +{after}s: {why}");
+    }
     assert!(
         store.lease_acquire("other", "a", now, ttl).await.unwrap(),
         "leases are per task"

@@ -254,48 +254,45 @@ fn owner_unavailable(reason: &str) -> Response {
     Response::text(503, "The topic's owner is unavailable").with_header("Retry-After", "1")
 }
 
-/// Publishes on this proxy when it owns the topic (or has no peers), else
-/// sends the event to the owner. Resolves to the event's id.
-fn publish_event(
-    state: &Arc<ProxyState>,
-    topic: &Arc<Topic>,
-    publish: &Publish,
-) -> impl Future<Output = Result<String, Response>> + use<> {
-    let state = state.clone();
-    let topic = topic.clone();
-    let owner = state.peers.as_ref().and_then(|c| c.owner(&topic.name));
-    // The owner's link queues the publish now, so a batch's events leave in order.
-    let remote = owner.map(|link| {
-        link.publish(
-            peers::wire::WirePublish {
-                topic: topic.name.clone(),
-                publish: publish.clone(),
-            },
-            &state.metrics,
-        )
-    });
-    let publish = publish.clone();
-    async move {
-        if let Some(answer) = remote {
-            return match answer.await {
+/// An event's id, or the owner's answer still to come.
+enum Published {
+    Here(String),
+    AtOwner(tokio::sync::oneshot::Receiver<peers::link::PublishResult>),
+}
+
+impl Published {
+    async fn id(self) -> Result<String, Response> {
+        match self {
+            Self::Here(id) => Ok(id),
+            Self::AtOwner(answer) => match answer.await {
                 Ok(Ok(id)) => Ok(id),
                 Ok(Err(reason)) => Err(owner_unavailable(&reason)),
                 Err(_) => Err(owner_unavailable("the link closed")),
-            };
+            },
         }
-        let id = match &state.peers {
-            Some(cluster) => {
-                state
-                    .topics
-                    .publish(&topic, &publish, |frame| {
-                        cluster.forward(&topic.name, frame)
-                    })
-                    .await
-            }
-            None => state.topics.publish(&topic, &publish, |_| {}).await,
-        };
-        Ok(id.to_string())
     }
+}
+
+/// Publishes on this proxy when it owns the topic (or has no peers); else
+/// queues the event on the owner's link at once (so a batch's events leave in
+/// order) and leaves its answer to await.
+async fn publish_event(state: &ProxyState, topic: &Topic, publish: &Publish) -> Published {
+    let Some(cluster) = &state.peers else {
+        let id = state.topics.publish(topic, publish, |_| {}).await;
+        return Published::Here(id.to_string());
+    };
+    if let Some(owner) = cluster.owner(&topic.name) {
+        let event = peers::wire::WirePublish {
+            topic: topic.name.clone(),
+            publish: publish.clone(),
+        };
+        return Published::AtOwner(owner.publish(event, &state.metrics));
+    }
+    let id = state
+        .topics
+        .publish(topic, publish, |frame| cluster.forward(&topic.name, frame))
+        .await;
+    Published::Here(id.to_string())
 }
 
 async fn publish_one(state: &Arc<ProxyState>, request: &Request, topic_name: &str) -> Response {
@@ -313,7 +310,7 @@ async fn publish_one(state: &Arc<ProxyState>, request: &Request, topic_name: &st
     if let Some(refused) = authorize_publisher(state, request, &topic).await {
         return refused;
     }
-    match publish_event(state, &topic, &publish).await {
+    match publish_event(state, &topic, &publish).await.id().await {
         Ok(id) => Response::json(200, &json!({ "id": id })),
         Err(response) => response,
     }
@@ -359,15 +356,15 @@ async fn publish_batch(state: &Arc<ProxyState>, request: &Request) -> Response {
         }
         checked.push(topic);
     }
-    // Local events are published as they come, remote ones queued on their
-    // owner's link at once; then every answer is awaited in order.
+    // Events of topics owned here are published in turn, the others queued on
+    // their owner's link; then the owners' answers are awaited in order.
     let mut pending = Vec::with_capacity(checked.len());
     for (topic, event) in checked.iter().zip(&batch.events) {
-        pending.push(publish_event(state, topic, &event.publish));
+        pending.push(publish_event(state, topic, &event.publish).await);
     }
     let mut ids = Vec::with_capacity(pending.len());
-    for answer in pending {
-        match answer.await {
+    for published in pending {
+        match published.id().await {
             Ok(id) => ids.push(id),
             Err(response) => return response,
         }

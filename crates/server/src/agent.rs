@@ -11,10 +11,10 @@ use tokio_util::sync::CancellationToken;
 
 use flotilla_control_plane::SystemClock;
 use flotilla_node_agent::snapshot::SnapshotStore;
-use flotilla_node_agent::{Agent, AgentSettings, HttpLink};
+use flotilla_node_agent::{Agent, HttpLink};
 
 use crate::config::FlotillaConfig;
-use crate::serve::{bind_agent_listener, default_bind_address, public_host, spawn_http};
+use crate::serve::{agent_settings, bind_agent_listener, public_host, spawn_http};
 
 /// A running `agent`.
 pub struct AgentNode {
@@ -50,19 +50,14 @@ impl AgentNode {
             None => format!("http://{addr}"),
         };
         let snapshots = SnapshotStore::open(&config.snapshots, &data_dir.join("snapshots"))?;
-        let settings = AgentSettings {
-            config: config.agent.clone(),
-            data_dir: data_dir.join("agent"),
+        let settings = agent_settings(
+            &config,
+            &data_dir,
             address,
-            bind_address: config
-                .agent
-                .bind_address
-                .unwrap_or_else(|| default_bind_address(&public_host)),
             public_host,
-            hidden_paths: vec![data_dir.clone()],
             snapshots,
-            clock: Arc::new(SystemClock),
-        };
+            Arc::new(SystemClock),
+        );
         let link = Arc::new(HttpLink::new(&control_plane_url, &token));
         let shutdown = CancellationToken::new();
         // Serve the agent API before registering: the control plane may call at once.

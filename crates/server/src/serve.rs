@@ -72,23 +72,19 @@ impl Serve {
         let agent_listener = bind_agent_listener(&config).await?;
         let agent_addr = agent_listener.local_addr()?;
         let public_host = public_host(&config, control_addr.ip());
-        let settings = AgentSettings {
-            config: config.agent.clone(),
-            data_dir: data_dir.join("agent"),
-            address: config
-                .agent
-                .advertise
-                .clone()
-                .unwrap_or_else(|| format!("http://{agent_addr}")),
-            bind_address: config
-                .agent
-                .bind_address
-                .unwrap_or_else(|| default_bind_address(&public_host)),
+        let address = config
+            .agent
+            .advertise
+            .clone()
+            .unwrap_or_else(|| format!("http://{agent_addr}"));
+        let settings = agent_settings(
+            &config,
+            &data_dir,
+            address,
             public_host,
-            hidden_paths: vec![data_dir.clone()],
             snapshots,
-            clock: clock.clone(),
-        };
+            clock.clone(),
+        );
         let agent = Agent::start(settings, Arc::new(LocalLink(control_plane.clone()))).await?;
         control_plane
             .node_connections()
@@ -246,6 +242,31 @@ pub fn default_public_host(listen_ip: IpAddr) -> String {
 }
 
 /// Instance ports stay on loopback unless clients come from elsewhere.
+/// The node agent's settings (`serve`'s local agent and `flotilla agent`),
+/// reachable at `address`.
+pub(crate) fn agent_settings(
+    config: &FlotillaConfig,
+    data_dir: &std::path::Path,
+    address: String,
+    public_host: String,
+    snapshots: SnapshotStore,
+    clock: Arc<dyn Clock>,
+) -> AgentSettings {
+    AgentSettings {
+        config: config.agent.clone(),
+        data_dir: data_dir.join("agent"),
+        address,
+        bind_address: config
+            .agent
+            .bind_address
+            .unwrap_or_else(|| default_bind_address(&public_host)),
+        public_host,
+        hidden_paths: vec![data_dir.to_path_buf()],
+        snapshots,
+        clock,
+    }
+}
+
 pub fn default_bind_address(public_host: &str) -> Ipv4Addr {
     match public_host.parse::<IpAddr>() {
         Ok(ip) if ip.is_loopback() => Ipv4Addr::LOCALHOST,

@@ -314,6 +314,18 @@ pub struct PageServer {
     _task: tokio::task::JoinHandle<()>,
 }
 
+/// Serves `router` on a free loopback port: its base URL and the server task.
+async fn serve_router(router: axum::Router) -> (String, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    (base, task)
+}
+
 pub async fn serve_page(pages: &[(&str, &str)]) -> PageServer {
     let mut router = axum::Router::new();
     for (path, html) in pages {
@@ -323,13 +335,7 @@ pub async fn serve_page(pages: &[(&str, &str)]) -> PageServer {
             axum::routing::get(move || async move { axum::response::Html(html) }),
         );
     }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind page server");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, router).await;
-    });
+    let (base, task) = serve_router(router).await;
     PageServer { base, _task: task }
 }
 
@@ -833,13 +839,8 @@ impl WebhookFake {
                 }
             }),
         );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind webhook");
-        let url = format!("http://{}/verify", listener.local_addr().unwrap());
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, router).await;
-        });
+        let (base, task) = serve_router(router).await;
+        let url = format!("{base}/verify");
         Self {
             url,
             calls,
@@ -1002,13 +1003,8 @@ impl EventReceiver {
                 },
             ),
         );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind receiver");
-        let url = format!("http://{}/hook", listener.local_addr().unwrap());
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, router).await;
-        });
+        let (base, task) = serve_router(router).await;
+        let url = format!("{base}/hook");
         Self {
             url,
             received,
