@@ -1,7 +1,8 @@
 //! The snapshot capture and restore on a Chromium started by hand: after the
 //! profile lost its `localStorage` (removed from disk here, as a write still in
-//! flight from a renderer is lost when the browser closes), restoring with the
-//! tabs puts the captured items back in their origin.
+//! flight from a renderer is lost when the browser closes), restoring puts the
+//! captured items back in their origin, with the tabs or without, and without
+//! a request to the site.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -84,42 +85,73 @@ async fn close(mut browser: Browser) {
 async fn browser_restore_puts_back_local_storage_the_profile_lost() {
     let pages = serve_page(&[("/state", "<html><body>state</body></html>")]).await;
     let state_url = format!("{}/state", pages.base);
-    let profile = tempfile::tempdir().unwrap();
+    // Both revive methods (tabs reopened or one blank tab); the profile's
+    // localStorage gone from disk, or only changed after the capture.
+    for (reopen_tabs, storage_lost) in [(true, true), (false, true), (false, false)] {
+        let profile = tempfile::tempdir().unwrap();
+        let browser = launch(profile.path()).await;
+        let page = Page::open(&browser.endpoint.browser_ws_url(), &state_url)
+            .await
+            .unwrap();
+        page.eval(
+            "localStorage.setItem('kept', 'yes'); localStorage.setItem('second', 'too'); true",
+        )
+        .await
+        .unwrap();
+        drop(page);
+        let captured = snapshot::capture(&browser.endpoint).await.unwrap();
+        let origin = captured
+            .local_storage
+            .iter()
+            .find(|o| o.origin == pages.base)
+            .expect("the origin's storage is captured");
+        assert_eq!(origin.items.len(), 2, "{captured:?}");
+        // Changes after the capture: the capture (the state at park time)
+        // wins on restore.
+        let page = Page::open(&browser.endpoint.browser_ws_url(), &state_url)
+            .await
+            .unwrap();
+        page.eval("localStorage.setItem('kept', 'later'); localStorage.removeItem('second'); true")
+            .await
+            .unwrap();
+        drop(page);
+        close(browser).await;
 
-    let browser = launch(profile.path()).await;
-    let page = Page::open(&browser.endpoint.browser_ws_url(), &state_url)
-        .await
-        .unwrap();
-    page.eval("localStorage.setItem('kept', 'yes'); localStorage.setItem('second', 'too'); true")
-        .await
-        .unwrap();
-    drop(page);
-    let captured = snapshot::capture(&browser.endpoint).await.unwrap();
-    let origin = captured
-        .local_storage
-        .iter()
-        .find(|o| o.origin == pages.base)
-        .expect("the origin's storage is captured");
-    assert_eq!(origin.items.len(), 2, "{captured:?}");
-    close(browser).await;
+        let storage = profile.path().join("Default/Local Storage");
+        assert!(storage.exists(), "chromium keeps localStorage there");
+        if storage_lost {
+            std::fs::remove_dir_all(&storage).unwrap();
+        }
 
-    // The profile loses its localStorage.
-    let storage = profile.path().join("Default/Local Storage");
-    assert!(storage.exists(), "chromium keeps localStorage there");
-    std::fs::remove_dir_all(&storage).unwrap();
-
-    let browser = launch(profile.path()).await;
-    snapshot::restore(&browser.endpoint, &captured, true)
-        .await
-        .unwrap();
-    let check = Page::open(&browser.endpoint.browser_ws_url(), &state_url)
-        .await
-        .unwrap();
-    let values = check
-        .eval("[localStorage.getItem('kept'), localStorage.getItem('second')]")
-        .await
-        .unwrap();
-    assert_eq!(values, serde_json::json!(["yes", "too"]));
-    drop(check);
-    close(browser).await;
+        let state_loads = || pages.requested().iter().filter(|p| *p == "/state").count();
+        let loads_before = state_loads();
+        let browser = launch(profile.path()).await;
+        snapshot::restore(&browser.endpoint, &captured, reopen_tabs)
+            .await
+            .unwrap();
+        assert_eq!(
+            state_loads() - loads_before,
+            usize::from(reopen_tabs),
+            "only a reopened tab loads the page (reopen_tabs {reopen_tabs})"
+        );
+        assert!(
+            !pages.requested().iter().any(|p| p == "/"),
+            "the restore's scratch tab never reaches the site: {:?}",
+            pages.requested()
+        );
+        let check = Page::open(&browser.endpoint.browser_ws_url(), &state_url)
+            .await
+            .unwrap();
+        let values = check
+            .eval("[localStorage.getItem('kept'), localStorage.getItem('second')]")
+            .await
+            .unwrap();
+        assert_eq!(
+            values,
+            serde_json::json!(["yes", "too"]),
+            "reopen_tabs {reopen_tabs}, storage_lost {storage_lost}"
+        );
+        drop(check);
+        close(browser).await;
+    }
 }

@@ -5,8 +5,8 @@
 //!   tabs and their URLs, and the localStorage of the tabs' origins.
 //! - [`archive`] packs the profile directory (without caches and lock files) and
 //!   that state into one tar + zstd file; [`extract`] unpacks it.
-//! - [`restore`] puts the state back into a started browser: cookies always,
-//!   tabs for `full_restore`.
+//! - [`restore`] puts the state back into a started browser: cookies and
+//!   localStorage always, tabs for `full_restore`.
 //! - [`SnapshotStore`] keeps archives in a directory (`file://`) or an
 //!   S3-compatible bucket (`s3://`), through `object_store`. A put is atomic: an
 //!   archive is either complete or absent.
@@ -331,8 +331,9 @@ pub fn extract(archive: &[u8], profile: &Path) -> anyhow::Result<CapturedState> 
 }
 
 /// Puts the captured state back into a freshly started browser: every cookie
-/// (session cookies are not in the profile), and for a full restore every tab
-/// at its URL (the initial blank tab is closed then).
+/// (session cookies are not in the profile), the captured `localStorage`
+/// (before any tab loads), and for a full restore every tab at its URL (the
+/// initial blank tab is closed then).
 pub async fn restore(
     endpoint: &CdpEndpoint,
     state: &CapturedState,
@@ -350,6 +351,7 @@ pub async fn restore(
             )
             .await?;
     }
+    refill_local_storage(&browser, &state.local_storage).await?;
     if reopen_tabs {
         let urls: Vec<&str> = state
             .tabs
@@ -370,80 +372,170 @@ pub async fn restore(
                     .await?;
                 reopened.push(created["targetId"].clone());
             }
-            // Close the fresh browser's own first tab, whatever its URL reads yet,
-            // and check that it is gone (closing is asynchronous).
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
-            loop {
-                let targets = browser
-                    .call("Target.getTargets", json!({}), None, CDP_TIMEOUT)
-                    .await?;
-                let extra: Vec<Value> = targets["targetInfos"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter(|t| t["type"] == "page" && !reopened.contains(&t["targetId"]))
-                    .map(|t| t["targetId"].clone())
-                    .collect();
-                if extra.is_empty() || tokio::time::Instant::now() >= deadline {
-                    break;
-                }
-                for target_id in extra {
-                    let _ = browser
-                        .call(
-                            "Target.closeTarget",
-                            json!({"targetId": target_id}),
-                            None,
-                            CDP_TIMEOUT,
-                        )
-                        .await;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            refill_local_storage(&browser, &reopened, &state.local_storage).await;
+            close_pages_except(&browser, &reopened).await?;
         }
     }
     Ok(())
 }
 
-/// Puts back captured `localStorage` items the profile lacks, in the reopened
-/// tabs of their origins. The profile normally has them all; but a write
-/// still on its way from a renderer when the browser closed never reaches the
-/// disk, while the capture (read in the page) saw it. Keys the profile has are
-/// left alone.
-async fn refill_local_storage(browser: &CdpClient, targets: &[Value], captured: &[OriginStorage]) {
-    let mut pending: Vec<&OriginStorage> =
-        captured.iter().filter(|o| !o.items.is_empty()).collect();
-    for target_id in targets {
-        if pending.is_empty() {
-            return;
+/// Closes every page but `keep` (the fresh browser's own first tab, whatever
+/// its URL reads yet), and checks they are gone: closing is asynchronous.
+async fn close_pages_except(browser: &CdpClient, keep: &[Value]) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let targets = browser
+            .call("Target.getTargets", json!({}), None, CDP_TIMEOUT)
+            .await?;
+        let extra: Vec<Value> = targets["targetInfos"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|t| t["type"] == "page" && !keep.contains(&t["targetId"]))
+            .map(|t| t["targetId"].clone())
+            .collect();
+        if extra.is_empty() || tokio::time::Instant::now() >= deadline {
+            return Ok(());
         }
-        let Some(session) = attach(browser, target_id).await else {
-            continue;
-        };
-        // The tab's document, once it has left about:blank (5 s at most).
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        let origin = loop {
-            let origin = evaluate(
-                browser,
-                &session,
-                "document.readyState === 'loading' || location.origin === 'null' ? '' : location.origin",
-            )
+        for target_id in extra {
+            close_target(browser, &target_id).await;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn close_target(browser: &CdpClient, target_id: &Value) {
+    let _ = browser
+        .call(
+            "Target.closeTarget",
+            json!({"targetId": target_id}),
+            None,
+            CDP_TIMEOUT,
+        )
+        .await;
+}
+
+/// The document a scratch tab gets for each origin: nothing reaches the site.
+const EMPTY_DOCUMENT: &str = "<!doctype html><title></title>";
+
+/// Writes the captured `localStorage` items back, origin by origin, in a
+/// scratch tab whose requests never leave the browser: each navigation to an
+/// origin is answered with an empty document (CDP `Fetch`), so the site sees
+/// no request and no page script runs. Captured values win over the
+/// profile's: the capture read them in the live page at park time, while the
+/// profile can miss writes still on their way to disk when the browser closed.
+/// Keys only the profile has are kept.
+async fn refill_local_storage(
+    browser: &CdpClient,
+    captured: &[OriginStorage],
+) -> anyhow::Result<()> {
+    let origins: Vec<&OriginStorage> = captured
+        .iter()
+        .filter(|o| {
+            !o.items.is_empty()
+                && (o.origin.starts_with("http://") || o.origin.starts_with("https://"))
+        })
+        .collect();
+    if origins.is_empty() {
+        return Ok(());
+    }
+    let created = browser
+        .call(
+            "Target.createTarget",
+            json!({"url": "about:blank", "background": true}),
+            None,
+            CDP_TIMEOUT,
+        )
+        .await?;
+    let target_id = created["targetId"].clone();
+    let filled = async {
+        let session = attach(browser, &target_id)
             .await
-            .unwrap_or_default();
-            if !origin.is_empty() || tokio::time::Instant::now() >= deadline {
-                break origin;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        if let Some(index) = pending.iter().position(|o| o.origin == origin) {
-            let items = serde_json::to_string(&pending[index].items).unwrap_or_default();
-            let script = format!(
-                "for (const [k, v] of {items}) {{ if (localStorage.getItem(k) === null) localStorage.setItem(k, v); }}"
-            );
-            let _ = evaluate(browser, &session, &script).await;
-            pending.remove(index);
+            .ok_or_else(|| anyhow::anyhow!("cannot attach to the scratch tab"))?;
+        let mut events = browser.events();
+        for (method, params) in [
+            ("Network.enable", json!({})),
+            ("Network.setBypassServiceWorker", json!({"bypass": true})),
+            ("Fetch.enable", json!({"patterns": [{"urlPattern": "*"}]})),
+        ] {
+            browser
+                .call(method, params, Some(&session), CDP_TIMEOUT)
+                .await?;
         }
-        detach(browser, session).await;
+        for origin in origins {
+            let url = format!("{}/", origin.origin);
+            let navigate = browser.call(
+                "Page.navigate",
+                json!({"url": url}),
+                Some(&session),
+                CDP_TIMEOUT,
+            );
+            let answer = answer_paused_requests(browser, &mut events, &session);
+            let navigated = tokio::select! {
+                navigated = navigate => navigated?,
+                () = answer => anyhow::bail!("CDP connection closed"),
+            };
+            if let Some(error) = navigated["errorText"].as_str() {
+                tracing::warn!(origin = %origin.origin, error, "cannot open a scratch page to restore localStorage");
+                continue;
+            }
+            let items = serde_json::to_string(&origin.items)?;
+            let script = format!(
+                "location.origin === {origin} ? ({items}.forEach(([k, v]) => localStorage.setItem(k, v)), 'done') : location.origin",
+                origin = serde_json::to_string(&origin.origin)?,
+            );
+            // The navigation may answer before its document is in place.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            loop {
+                let written = evaluate(browser, &session, &script).await;
+                if written.as_deref() == Some("done") {
+                    break;
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    tracing::warn!(origin = %origin.origin, ?written, "localStorage not restored");
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        Ok(())
+    }
+    .await;
+    close_target(browser, &target_id).await;
+    filled
+}
+
+/// Answers every request the scratch tab makes with [`EMPTY_DOCUMENT`];
+/// returns only when the connection closes.
+async fn answer_paused_requests(
+    browser: &CdpClient,
+    events: &mut tokio::sync::broadcast::Receiver<crate::cdp::CdpEvent>,
+    session: &str,
+) {
+    use base64::Engine;
+    use tokio::sync::broadcast::error::RecvError;
+    let body = base64::engine::general_purpose::STANDARD.encode(EMPTY_DOCUMENT);
+    loop {
+        let event = match events.recv().await {
+            Ok(event) => event,
+            Err(RecvError::Lagged(_)) => continue,
+            Err(RecvError::Closed) => return,
+        };
+        if event.method != "Fetch.requestPaused" || event.session_id.as_deref() != Some(session) {
+            continue;
+        }
+        let _ = browser
+            .call(
+                "Fetch.fulfillRequest",
+                json!({
+                    "requestId": event.params["requestId"],
+                    "responseCode": 200,
+                    "responseHeaders": [{"name": "Content-Type", "value": "text/html"}],
+                    "body": body,
+                }),
+                Some(session),
+                CDP_TIMEOUT,
+            )
+            .await;
     }
 }
 

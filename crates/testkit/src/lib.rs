@@ -11,6 +11,7 @@
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
@@ -311,7 +312,16 @@ pub fn processes_mentioning(needle: &str) -> Vec<u32> {
 /// A local web server serving `pages` (path → HTML) on 127.0.0.1:0.
 pub struct PageServer {
     pub base: String,
+    /// Paths requested so far, in order.
+    requested: Arc<std::sync::Mutex<Vec<String>>>,
     _task: tokio::task::JoinHandle<()>,
+}
+
+impl PageServer {
+    /// Paths requested so far (any path, served or not), in order.
+    pub fn requested(&self) -> Vec<String> {
+        self.requested.lock().expect("requested lock").clone()
+    }
 }
 
 /// Serves `router` on a free loopback port: its base URL and the server task.
@@ -335,8 +345,22 @@ pub async fn serve_page(pages: &[(&str, &str)]) -> PageServer {
             axum::routing::get(move || async move { axum::response::Html(html) }),
         );
     }
+    let requested = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = requested.clone();
+    let router = router.layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            log.lock()
+                .expect("requested lock")
+                .push(request.uri().path().to_owned());
+            next.run(request)
+        },
+    ));
     let (base, task) = serve_router(router).await;
-    PageServer { base, _task: task }
+    PageServer {
+        base,
+        requested,
+        _task: task,
+    }
 }
 
 /// Runs `tests/js/<script>` with Node and parses the last line of its output as JSON.
