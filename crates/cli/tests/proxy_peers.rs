@@ -476,3 +476,85 @@ async fn revocation_reaches_every_proxy() {
     }
     assert_eq!(webhook.call_count(), calls + 3);
 }
+
+/// Resumes a stopped process when dropped (also when the test fails).
+struct Stopped(u32);
+
+impl Stopped {
+    fn stop(pid: u32) -> Self {
+        // SAFETY: kill has no memory-safety preconditions.
+        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
+        Self(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
+    }
+}
+
+#[tokio::test]
+async fn a_revocation_reaches_a_proxy_that_was_unreachable_by_gossip() {
+    let webhook = WebhookFake::start(WebhookFake::accept_all()).await;
+    let cluster = cluster(3, SECRET, Some(&webhook)).await;
+    cluster.converged(2).await;
+    let late = &cluster.peers[2];
+    let mut alice = subscribe(&late.url(), "news", &[("Authorization", "Bearer alice")]).await;
+    let mut bob = subscribe(&late.url(), "news", &[("Authorization", "Bearer bob")]).await;
+
+    // The third proxy is frozen (SIGSTOP): it can neither answer nor gossip,
+    // and the others take it for dead, so the revocation is not sent to it.
+    let pid = late
+        .process
+        .as_ref()
+        .unwrap()
+        .child
+        .as_ref()
+        .unwrap()
+        .id()
+        .unwrap();
+    let frozen = Stopped::stop(pid);
+    for peer in &cluster.peers[..2] {
+        eventually("the frozen proxy to count as dead", || async {
+            peer.health().await["peers"]["connected"].as_u64() == Some(1)
+        })
+        .await;
+    }
+    let answer: Value = reqwest::Client::new()
+        .post(format!("{}/admin/revoke", cluster.peers[0].url()))
+        .bearer_auth(PUBLISHER_KEY)
+        .json(&json!({"user_id": "u-alice"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        answer["peers_reached"].as_array().unwrap().len(),
+        1,
+        "only the second proxy was reached: {answer}"
+    );
+    assert_eq!(answer["peers_failed"], json!([]), "{answer}");
+    drop(frozen);
+
+    // Thawed, it reads the revocation from gossip: alice's stream ends there,
+    // bob's goes on, and alice's cached grant is gone.
+    let last = alice.next_event(WAIT).await.unwrap();
+    assert_eq!(last.event.as_deref(), Some("revoked"));
+    publish_ok(&cluster.peers[0].url(), "news", "after").await;
+    assert_eq!(take(&mut bob, 1).await[0].1, "after");
+    let calls = webhook.call_count();
+    let mut again = subscribe(&late.url(), "news", &[("Authorization", "Bearer alice")]).await;
+    assert_eq!(webhook.call_count(), calls + 1, "alice is verified again");
+    // Applied once, and only to what was verified before it: alice's new
+    // stream lives on while the gossip keeps carrying the revocation.
+    for round in 0..5 {
+        let data = format!("later {round}");
+        publish_ok(&cluster.peers[0].url(), "news", &data).await;
+        assert_eq!(take(&mut again, 1).await[0].1, data);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

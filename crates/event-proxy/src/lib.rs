@@ -61,6 +61,8 @@ pub struct ProxyState {
     pub open_streams: revoke::OpenStreams,
     /// The other proxies, when `[peers]` is on.
     pub peers: Option<Arc<Cluster>>,
+    /// Wall-clock time (token expiry, revocation times).
+    pub clock: Arc<dyn Clock>,
 }
 
 impl ProxyState {
@@ -416,7 +418,7 @@ impl Proxy {
                 Duration::from_millis(config.http.block_timeout_ms),
                 metrics.clone(),
             ),
-            auth: Authenticator::new(config.jwt_verifier.clone(), metrics.clone(), clock),
+            auth: Authenticator::new(config.jwt_verifier.clone(), metrics.clone(), clock.clone()),
             limiter: IpRateLimiter::new(
                 config.rate_limit.rate_limit_per_ip,
                 config.rate_limit.rate_limit_window_sec,
@@ -428,6 +430,7 @@ impl Proxy {
             streams: AtomicUsize::new(0),
             open_streams: revoke::OpenStreams::default(),
             peers,
+            clock,
             config,
         });
         let mut tasks = vec![tokio::spawn(http::serve(

@@ -3,15 +3,24 @@
 //! (`{"token_sha256": "<64 hex>"}`, the SHA-256 of the token as presented). The
 //! proxy evicts every cached verification of that user or token, and ends every
 //! open stream that was admitted with it (a last `event: revoked`). Publisher
-//! keys (`[publisher] api_keys`) authorise the call. With peers, the proxy
-//! sends the revocation to every live peer (signed) and says which it reached
-//! (`peers_reached`, `peers_failed`). The operator's webhook
+//! keys (`[publisher] api_keys`) authorise the call. The operator's webhook
 //! must refuse the token from then on; the proxy does not keep a deny list.
+//!
+//! With peers, a revocation ([`PeerRevocation`]: an id and the time it was
+//! taken) travels two ways: sent at once to every live peer (signed; the
+//! answer says which were reached, `peers_reached`, `peers_failed`), and
+//! gossiped by every proxy that applied it for [`GOSSIP_RETENTION`], so a peer
+//! that was unreachable then applies it when it hears from the cluster again.
+//! Each proxy applies a revocation once. Applied late, it takes back only what
+//! was verified before it was taken (allowing [`CLOCK_SKEW_ALLOWANCE`] between
+//! clocks): a token the webhook vouched for again since then stays valid.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use serde::Deserialize;
+use chrono::{DateTime, TimeDelta, Utc};
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -28,6 +37,7 @@ pub struct OpenStreams {
 struct OpenStream {
     user_id: Option<String>,
     token_sha256: Option<[u8; 32]>,
+    verified_at: DateTime<Utc>,
     revoked: CancellationToken,
 }
 
@@ -62,6 +72,7 @@ pub fn register(state: &Arc<ProxyState>, id: u64, grant: &Grant) -> StreamRegist
             OpenStream {
                 user_id: grant.user_id.clone(),
                 token_sha256: grant.token_sha256,
+                verified_at: grant.verified_at,
                 revoked: revoked.clone(),
             },
         );
@@ -72,11 +83,57 @@ pub fn register(state: &Arc<ProxyState>, id: u64, grant: &Grant) -> StreamRegist
     }
 }
 
+/// How long a revocation is gossiped after it was taken.
+pub const GOSSIP_RETENTION: Duration = Duration::from_secs(3600);
+
+/// How far apart the proxies' clocks may be for a late revocation to still
+/// catch what was verified just before it.
+pub const CLOCK_SKEW_ALLOWANCE: TimeDelta = TimeDelta::seconds(5);
+
+/// The body of `POST /admin/revoke`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Revocation {
     user_id: Option<String>,
     token_sha256: Option<String>,
+}
+
+/// A revocation as proxies pass it on: directly (`POST /peer/v1/revoke`) and
+/// as a gossip value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerRevocation {
+    /// Unique; a proxy applies each id once.
+    pub id: String,
+    /// When it was taken (ms since the epoch, on the proxy that took it).
+    pub at_ms: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_sha256: Option<String>,
+}
+
+impl PeerRevocation {
+    fn new(target: &Target, at: DateTime<Utc>) -> Self {
+        let (user_id, token_sha256) = match target {
+            Target::User(user) => (Some(user.clone()), None),
+            Target::Token(hash) => (None, Some(hex::encode(hash))),
+        };
+        Self {
+            id: uuid::Uuid::new_v4().simple().to_string(),
+            at_ms: at.timestamp_millis(),
+            user_id,
+            token_sha256,
+        }
+    }
+
+    fn target(&self) -> Result<Target, String> {
+        target_of(self.user_id.clone(), self.token_sha256.clone())
+    }
+
+    pub fn taken_at(&self) -> DateTime<Utc> {
+        DateTime::from_timestamp_millis(self.at_ms).unwrap_or(DateTime::UNIX_EPOCH)
+    }
 }
 
 /// What a revocation matches.
@@ -86,13 +143,6 @@ enum Target {
 }
 
 impl Target {
-    fn to_json(&self) -> serde_json::Value {
-        match self {
-            Self::User(user) => json!({ "user_id": user }),
-            Self::Token(hash) => json!({ "token_sha256": hex::encode(hash) }),
-        }
-    }
-
     fn matches(&self, user_id: Option<&str>, token: Option<&[u8; 32]>) -> bool {
         match self {
             Self::User(user) => user_id == Some(user.as_str()),
@@ -101,10 +151,8 @@ impl Target {
     }
 }
 
-fn parse(body: &[u8]) -> Result<Target, String> {
-    let revocation: Revocation =
-        serde_json::from_slice(body).map_err(|e| format!("Invalid body: {e}"))?;
-    match (revocation.user_id, revocation.token_sha256) {
+fn target_of(user_id: Option<String>, token_sha256: Option<String>) -> Result<Target, String> {
+    match (user_id, token_sha256) {
         (Some(user), None) if !user.is_empty() => Ok(Target::User(user)),
         (None, Some(hash)) => {
             let bytes = hex::decode(&hash)
@@ -117,40 +165,81 @@ fn parse(body: &[u8]) -> Result<Target, String> {
     }
 }
 
-/// `POST /admin/revoke`: this proxy, then every live peer.
+/// `POST /admin/revoke`: this proxy, then every peer.
 pub async fn revoke(state: &Arc<ProxyState>, request: &Request) -> Response {
     if !state.is_publisher_key(request) {
         return Response::text(401, "Authentication required");
     }
-    let target = match parse(&request.body) {
+    let target = serde_json::from_slice::<Revocation>(&request.body)
+        .map_err(|e| format!("Invalid body: {e}"))
+        .and_then(|r| target_of(r.user_id, r.token_sha256));
+    let target = match target {
         Ok(target) => target,
         Err(reason) => return Response::text(400, &reason),
     };
-    let (evicted, closed) = revoke_here(state, &target);
+    let now = state.clock.now();
+    let (evicted, closed) = revoke_here(state, &target, now);
     let mut body = json!({ "evicted": evicted, "closed": closed });
     if let Some(cluster) = &state.peers {
-        let (reached, failed) = cluster.broadcast_revoke(&target.to_json()).await;
+        let revocation = PeerRevocation::new(&target, now);
+        cluster.remember_revocation(&revocation).await;
+        let (reached, failed) = cluster.broadcast_revoke(&revocation).await;
         body["peers_reached"] = json!(reached);
         body["peers_failed"] = json!(failed);
     }
     Response::json(200, &body)
 }
 
-/// A revocation sent by a peer (signature already checked).
-pub fn apply(state: &Arc<ProxyState>, body: &[u8]) -> Response {
-    match parse(body) {
-        Ok(target) => {
-            let (evicted, closed) = revoke_here(state, &target);
-            Response::json(200, &json!({ "evicted": evicted, "closed": closed }))
+/// A revocation a peer sent (signature already checked): applied in full,
+/// unless it already was.
+pub async fn apply(state: &Arc<ProxyState>, body: &[u8]) -> Response {
+    let revocation = match serde_json::from_slice::<PeerRevocation>(body) {
+        Ok(revocation) => revocation,
+        Err(error) => return Response::text(400, &format!("Invalid body: {error}")),
+    };
+    let target = match revocation.target() {
+        Ok(target) => target,
+        Err(reason) => return Response::text(400, &reason),
+    };
+    let (mut evicted, mut closed) = (0, 0);
+    if let Some(cluster) = &state.peers
+        && cluster.remember_revocation(&revocation).await
+    {
+        // Everything verified until now: this proxy's clock may lag.
+        let before = state.clock.now().max(revocation.taken_at());
+        (evicted, closed) = revoke_here(state, &target, before);
+    }
+    Response::json(200, &json!({ "evicted": evicted, "closed": closed }))
+}
+
+/// Revocations read from the gossip state that this proxy has not applied.
+pub async fn apply_gossiped(state: &Arc<ProxyState>, revocations: Vec<PeerRevocation>) {
+    let Some(cluster) = &state.peers else { return };
+    for revocation in revocations {
+        let target = match revocation.target() {
+            Ok(target) => target,
+            Err(reason) => {
+                tracing::warn!(id = %revocation.id, %reason, "gossiped revocation ignored");
+                continue;
+            }
+        };
+        if cluster.remember_revocation(&revocation).await {
+            tracing::info!(id = %revocation.id, "revocation received by gossip");
+            revoke_here(state, &target, revocation.taken_at() + CLOCK_SKEW_ALLOWANCE);
         }
-        Err(reason) => Response::text(400, &reason),
     }
 }
 
-/// Evicts matching cached grants and ends matching streams on this proxy.
-fn revoke_here(state: &ProxyState, target: &Target) -> (usize, usize) {
+/// Evicts matching cached grants and ends matching streams on this proxy:
+/// those verified before `verified_before`.
+fn revoke_here(
+    state: &ProxyState,
+    target: &Target,
+    verified_before: DateTime<Utc>,
+) -> (usize, usize) {
     let evicted = state.auth.cache.evict_where(|_, grant| {
-        target.matches(grant.user_id.as_deref(), grant.token_sha256.as_ref())
+        grant.verified_at <= verified_before
+            && target.matches(grant.user_id.as_deref(), grant.token_sha256.as_ref())
     });
     let mut closed = 0;
     for stream in state
@@ -160,7 +249,9 @@ fn revoke_here(state: &ProxyState, target: &Target) -> (usize, usize) {
         .expect("streams lock")
         .values()
     {
-        if target.matches(stream.user_id.as_deref(), stream.token_sha256.as_ref()) {
+        if stream.verified_at <= verified_before
+            && target.matches(stream.user_id.as_deref(), stream.token_sha256.as_ref())
+        {
             stream.revoked.cancel();
             closed += 1;
         }

@@ -800,10 +800,13 @@ impl SseClient {
         }
     }
 
-    /// The next item that is an event (skipping comments).
+    /// The next item that is an event (skipping comments), within `deadline`
+    /// overall (keepalive comments do not extend it).
     pub async fn next_event(&mut self, deadline: Duration) -> anyhow::Result<SseEvent> {
+        let until = tokio::time::Instant::now() + deadline;
         loop {
-            match self.next(deadline).await? {
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            match self.next(left).await? {
                 Some(item)
                     if item.comment.is_none() || item.data.is_some() || item.event.is_some() =>
                 {

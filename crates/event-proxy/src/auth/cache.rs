@@ -106,6 +106,7 @@ mod tests {
             expires_at,
             permissions: None,
             token_sha256: None,
+            verified_at: DateTime::UNIX_EPOCH,
         }
     }
 

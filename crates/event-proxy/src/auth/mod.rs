@@ -47,6 +47,9 @@ pub struct Grant {
     pub permissions: Option<Vec<String>>,
     /// SHA-256 of the token, to find its grants and streams on revocation.
     pub token_sha256: Option<[u8; 32]>,
+    /// When the webhook vouched for the token (a cached grant keeps the time
+    /// of the call): a revocation takes back what was granted before it.
+    pub verified_at: DateTime<Utc>,
 }
 
 impl Grant {
@@ -56,6 +59,7 @@ impl Grant {
             expires_at: None,
             permissions: None,
             token_sha256: None,
+            verified_at: DateTime::UNIX_EPOCH,
         }
     }
 }
@@ -376,6 +380,7 @@ impl Authenticator {
             expires_at,
             permissions,
             token_sha256: Some(sha2::Sha256::digest(token.as_bytes()).into()),
+            verified_at: self.clock.now(),
         })
     }
 

@@ -28,7 +28,10 @@
 //! - **Peer traffic is signed** with keys derived from `peers.secret`: gossip
 //!   datagrams ([`gossip`]) and HTTP requests ([`wire`]). Without the secret a
 //!   process can neither join nor inject events.
-//! - Revocations (`POST /admin/revoke`) are sent to every live peer.
+//! - Revocations (`POST /admin/revoke`) are sent to every live peer and
+//!   gossiped (key `r:<id>`) by every proxy that applied them, for
+//!   [`crate::revoke::GOSSIP_RETENTION`]: a peer unreachable at that moment
+//!   applies them once it hears from the cluster again.
 
 pub mod gossip;
 pub mod link;
@@ -49,12 +52,14 @@ use crate::ProxyState;
 use crate::config::PeersConfig;
 use crate::http::{Request, Response};
 use crate::metrics::Metrics;
+use crate::revoke::{GOSSIP_RETENTION, PeerRevocation};
 use crate::topics::{Frame, Replay, Resume, parse_last_event_id, validate_topic};
 use link::Link;
 use wire::{Batch, BatchReply, Watch, WatchReply, WireFrame, WirePublish};
 
 const URL_KEY: &str = "url";
 const TOPIC_PREFIX: &str = "t:";
+const REVOCATION_PREFIX: &str = "r:";
 pub const WATCH_PATH: &str = "/peer/v1/watch";
 pub const REVOKE_PATH: &str = "/peer/v1/revoke";
 pub const HISTORY_PATH: &str = "/peer/v1/history";
@@ -98,6 +103,9 @@ pub struct Cluster {
     /// generation); a per-topic lock so concurrent first subscribers wait for
     /// one watch.
     watched: Mutex<HashMap<String, WatchedOwner>>,
+    /// Revocations applied here, by id, with when they were taken: each is
+    /// applied once.
+    revocations: Mutex<HashMap<String, chrono::DateTime<chrono::Utc>>>,
     sender: Arc<link::Sender>,
     metrics: Arc<Metrics>,
 }
@@ -226,6 +234,7 @@ impl Cluster {
             links: Mutex::default(),
             direct: Mutex::default(),
             watched: Mutex::default(),
+            revocations: Mutex::default(),
             sender,
             metrics,
         }))
@@ -238,15 +247,20 @@ impl Cluster {
             return Vec::new();
         };
         let watcher = cluster.clone();
-        let shutdown = state.shutdown.clone();
+        let watched_state = state.clone();
         let membership = tokio::spawn(async move {
             let tick = watcher.refresh_tick();
             let mut tracked = HashMap::new();
             let mut interval = tokio::time::interval(tick);
             loop {
                 tokio::select! {
-                    _ = interval.tick() => watcher.refresh(&mut tracked).await,
-                    _ = shutdown.cancelled() => break,
+                    _ = interval.tick() => {
+                        let revocations = watcher.refresh(&mut tracked).await;
+                        if !revocations.is_empty() {
+                            crate::revoke::apply_gossiped(&watched_state, revocations).await;
+                        }
+                    }
+                    _ = watched_state.shutdown.cancelled() => break,
                 }
             }
             let _ = watcher.chitchat.initiate_shutdown();
@@ -278,8 +292,10 @@ impl Cluster {
     }
 
     /// Reads the gossip state: liveness from heartbeats, URLs, interest.
-    async fn refresh(&self, tracked: &mut HashMap<String, Tracked>) {
+    /// Returns the gossiped revocations not applied here yet.
+    async fn refresh(&self, tracked: &mut HashMap<String, Tracked>) -> Vec<PeerRevocation> {
         let now = Instant::now();
+        let mut revocations: Vec<PeerRevocation> = Vec::new();
         // A dead peer's last heartbeat can reach this proxy up to a gossip
         // interval late (relayed by a third), and is seen up to one read
         // interval later: both come off, so that a death is declared within
@@ -321,6 +337,15 @@ impl Cluster {
                             .map(|(key, _)| key[TOPIC_PREFIX.len()..].to_owned())
                             .collect(),
                     );
+                    let applied = self.revocations.lock().expect("revocations lock");
+                    for (_, value) in node.iter_prefix(REVOCATION_PREFIX) {
+                        if let Ok(revocation) = serde_json::from_str::<PeerRevocation>(&value.value)
+                            && !applied.contains_key(&revocation.id)
+                            && !revocations.iter().any(|r| r.id == revocation.id)
+                        {
+                            revocations.push(revocation);
+                        }
+                    }
                 }
             }
         }
@@ -359,6 +384,54 @@ impl Cluster {
             self.link_for(member);
         }
         *self.view.write().expect("view lock") = view;
+        revocations
+    }
+
+    /// Records `revocation` as applied here and gossips it (the cluster keeps
+    /// it while any proxy that applied it runs). False when it already was.
+    pub async fn remember_revocation(&self, revocation: &PeerRevocation) -> bool {
+        let new = self
+            .revocations
+            .lock()
+            .expect("revocations lock")
+            .insert(revocation.id.clone(), revocation.taken_at())
+            .is_none();
+        if new {
+            let key = format!("{REVOCATION_PREFIX}{}", revocation.id);
+            let value = serde_json::to_string(revocation).unwrap_or_default();
+            self.chitchat
+                .with_chitchat(|chitchat| chitchat.self_node_state().set(&key, &value))
+                .await;
+        }
+        new
+    }
+
+    /// Stops gossiping revocations older than [`GOSSIP_RETENTION`], and
+    /// forgets them a while later (when no peer gossips them any more).
+    async fn expire_revocations(&self, now: chrono::DateTime<chrono::Utc>) {
+        let retention = chrono::TimeDelta::from_std(GOSSIP_RETENTION).unwrap_or_default();
+        let expired: Vec<String> = {
+            let mut applied = self.revocations.lock().expect("revocations lock");
+            applied.retain(|_, taken| now - *taken < retention * 2);
+            applied
+                .iter()
+                .filter(|(_, taken)| now - **taken >= retention)
+                .map(|(id, _)| format!("{REVOCATION_PREFIX}{id}"))
+                .collect()
+        };
+        if expired.is_empty() {
+            return;
+        }
+        self.chitchat
+            .with_chitchat(|chitchat| {
+                let node = chitchat.self_node_state();
+                for key in &expired {
+                    if node.contains_key(key) {
+                        node.delete(key);
+                    }
+                }
+            })
+            .await;
     }
 
     /// The link to a live member, (re)opened when it is new or restarted.
@@ -431,8 +504,9 @@ impl Cluster {
     }
 
     /// Makes the gossiped interest match the topics with subscribers, and
-    /// forgets expired direct watches.
+    /// forgets expired direct watches and revocations.
     async fn reconcile_interest(&self, state: &ProxyState) {
+        self.expire_revocations(state.clock.now()).await;
         let wanted: HashSet<String> = state.topics.subscribed().into_iter().collect();
         self.chitchat
             .with_chitchat(|chitchat| {
@@ -585,8 +659,8 @@ impl Cluster {
     }
 
     /// Sends a revocation to every live peer; returns the node ids reached and
-    /// those that failed.
-    pub async fn broadcast_revoke(&self, body: &serde_json::Value) -> (Vec<String>, Vec<String>) {
+    /// those that failed (they get it by gossip later).
+    pub async fn broadcast_revoke(&self, body: &PeerRevocation) -> (Vec<String>, Vec<String>) {
         let view = self.view();
         let calls = view.live().map(|member| async move {
             let url = member.url.as_deref().unwrap_or_default();
@@ -715,7 +789,7 @@ pub async fn handle(state: &Arc<ProxyState>, request: &Request) -> Response {
             }
             Err(error) => Response::text(400, &format!("Invalid body: {error}")),
         },
-        REVOKE_PATH => crate::revoke::apply(state, &request.body),
+        REVOKE_PATH => crate::revoke::apply(state, &request.body).await,
         _ => Response::text(404, "Not found"),
     }
 }
