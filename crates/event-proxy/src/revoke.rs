@@ -259,3 +259,95 @@ fn revoke_here(
     tracing::info!(evicted, closed, "access revoked");
     (evicted, closed)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Proxy;
+    use crate::auth::cache::cache_key;
+    use crate::config::ProxyConfig;
+    use flotilla_api_types::clock::{Clock, ManualClock};
+
+    /// A proxy that is a cluster of one, on a manual clock.
+    async fn single_node(clock: Arc<ManualClock>) -> Proxy {
+        let mut config = ProxyConfig::default();
+        config.http.bind_address = "127.0.0.1:0".into();
+        config.jwt_verifier.require_authentication = false;
+        config.peers.enabled = true;
+        config.peers.listen_address = "127.0.0.1:0".into();
+        config.peers.secret = "a secret of sixteen bytes or more".into();
+        Proxy::start_with_clock(config, clock).await.unwrap()
+    }
+
+    fn alice(verified_at: DateTime<Utc>) -> Grant {
+        Grant {
+            user_id: Some("alice".into()),
+            expires_at: None,
+            permissions: None,
+            token_sha256: None,
+            verified_at,
+        }
+    }
+
+    /// Caches alice's grant under `token` and opens a stream with it.
+    fn admit(state: &Arc<ProxyState>, id: u64, token: &str, grant: Grant) -> StreamRegistration {
+        state
+            .auth
+            .cache
+            .insert(cache_key(token, "t"), grant.clone());
+        register(state, id, &grant)
+    }
+
+    fn gossiped(id: &str, at: DateTime<Utc>) -> PeerRevocation {
+        PeerRevocation {
+            id: id.into(),
+            at_ms: at.timestamp_millis(),
+            user_id: Some("alice".into()),
+            token_sha256: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_late_revocation_takes_back_only_what_was_verified_before_it_and_once() {
+        let start = Utc::now();
+        let clock = Arc::new(ManualClock::new(start));
+        let proxy = single_node(clock.clone()).await;
+        let state = &proxy.state;
+        let before = admit(state, 1, "old", alice(start));
+        let within_skew = admit(state, 2, "skewed", alice(start + TimeDelta::seconds(3)));
+        let after = admit(state, 3, "new", alice(start + TimeDelta::seconds(10)));
+        clock.advance(TimeDelta::seconds(60));
+
+        apply_gossiped(state, vec![gossiped("r1", start)]).await;
+        assert!(before.revoked.is_cancelled());
+        assert!(
+            within_skew.revoked.is_cancelled(),
+            "clocks may differ by 5 s"
+        );
+        assert!(!after.revoked.is_cancelled(), "verified again since");
+        assert!(state.auth.cache.get(&cache_key("old", "t")).is_none());
+        assert!(state.auth.cache.get(&cache_key("new", "t")).is_some());
+
+        // Gossip brings the same revocation again: nothing happens.
+        let again = admit(state, 4, "old", alice(start));
+        apply_gossiped(state, vec![gossiped("r1", start)]).await;
+        assert!(!again.revoked.is_cancelled(), "applied once");
+
+        // Sent directly by a peer whose clock lags: everything verified until
+        // now goes.
+        let lagging = PeerRevocation {
+            id: "r2".into(),
+            ..gossiped("", start - TimeDelta::seconds(100))
+        };
+        let body = serde_json::to_vec(&lagging).unwrap();
+        let answer = apply(state, &body).await;
+        assert_eq!(answer.status, 200);
+        assert!(again.revoked.is_cancelled() && after.revoked.is_cancelled());
+        assert!(state.auth.cache.is_empty());
+        // A direct copy of one already applied changes nothing either.
+        let last = admit(state, 5, "new", alice(clock.now()));
+        apply(state, &body).await;
+        assert!(!last.revoked.is_cancelled());
+        proxy.shutdown().await;
+    }
+}
