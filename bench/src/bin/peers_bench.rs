@@ -16,7 +16,12 @@
 //! 3. Gossip convergence after a subscribe: a first subscriber to a new topic
 //!    on one proxy, until both others see its interest (`/health`), `--rounds`
 //!    times.
-//! 4. Death detection: SIGKILL of one proxy until both others declare it dead
+//! 4. Revocation: `POST /admin/revoke` of a user on one proxy until that
+//!    user's streams on all three proxies have ended (sent directly), and,
+//!    with one proxy frozen (SIGSTOP) until the others take it for dead, from
+//!    its thaw (SIGCONT) until its stream has ended (learnt by gossip).
+//!    Tokens are verified by a webhook in this process that accepts all.
+//! 5. Death detection: SIGKILL of one proxy until both others declare it dead
 //!    (`peer_timeout_sec` = 5 gossip intervals).
 
 use std::path::{Path, PathBuf};
@@ -30,7 +35,7 @@ use tokio::sync::mpsc;
 
 use flotilla_bench::{number_flag as flag, percentile};
 use flotilla_event_proxy::peers::owner_among;
-use flotilla_testkit::ServeProcess;
+use flotilla_testkit::{ServeProcess, WebhookFake};
 
 const KEY: &str = "bench-publisher";
 const SECRET: &str = "bench cluster secret, 32 characters";
@@ -46,14 +51,17 @@ impl Proxy {
     }
 }
 
+/// Starts a proxy; subscribers without a token are admitted, tokens are
+/// verified with `webhook`.
 async fn start_proxy(
     binary: &Path,
     dir: &Path,
     name: &str,
+    webhook: &str,
     peers: Option<(&str, &[String], f64)>,
 ) -> anyhow::Result<Proxy> {
     let mut config = format!(
-        "[jwt_verifier]\nrequire_authentication = false\n\n[publisher]\napi_keys = [{KEY:?}]\n\n\
+        "[jwt_verifier]\nrequire_authentication = false\nwebhook_url = {webhook:?}\n\n[publisher]\napi_keys = [{KEY:?}]\n\n\
          [rate_limit]\nrate_limit_per_ip = 1000000\n\n[http]\nmax_message_queue_size = 100000\n"
     );
     let mut gossip = String::new();
@@ -121,6 +129,58 @@ async fn subscribe(
             }
         }
     });
+    Ok(())
+}
+
+/// Subscribes with `token`; the receiver fires when the stream gets its
+/// `event: revoked`.
+async fn subscribe_until_revoked(
+    http: &reqwest::Client,
+    url: &str,
+    topic: &str,
+    token: &str,
+) -> anyhow::Result<tokio::sync::oneshot::Receiver<Instant>> {
+    let response = http
+        .get(format!("{url}/events/{topic}"))
+        .header("Accept", "text/event-stream")
+        .bearer_auth(token)
+        .send()
+        .await?;
+    anyhow::ensure!(response.status() == 200, "subscribe: {}", response.status());
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let mut body = response.bytes_stream();
+    tokio::spawn(async move {
+        let mut seen = String::new();
+        while let Some(Ok(chunk)) = body.next().await {
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+            if seen.contains("event: revoked") {
+                let _ = tx.send(Instant::now());
+                return;
+            }
+        }
+    });
+    Ok(rx)
+}
+
+/// `POST /admin/revoke` of `user` on `url`; its answer.
+async fn revoke(http: &reqwest::Client, url: &str, user: &str) -> anyhow::Result<Value> {
+    let response = http
+        .post(format!("{url}/admin/revoke"))
+        .bearer_auth(KEY)
+        .json(&json!({ "user_id": user }))
+        .send()
+        .await?;
+    anyhow::ensure!(response.status() == 200, "revoke: {}", response.status());
+    Ok(response.json().await?)
+}
+
+/// Waits until every proxy in `urls` sees `live` live peers.
+async fn converged(http: &reqwest::Client, urls: &[&str], live: u64) -> anyhow::Result<()> {
+    for url in urls {
+        while health(http, url).await?["peers"]["connected"] != live {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
     Ok(())
 }
 
@@ -270,6 +330,7 @@ async fn main() -> anyhow::Result<()> {
         "build first: cargo build --release -p flotilla"
     );
     let temp = tempfile::tempdir()?;
+    let webhook = WebhookFake::start(WebhookFake::accept_all()).await;
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(64)
         .build()?;
@@ -287,17 +348,15 @@ async fn main() -> anyhow::Result<()> {
                 &binary,
                 temp.path(),
                 &format!("p{i}"),
+                &webhook.url,
                 Some((address, &seeds, interval)),
             )
             .await?,
         );
     }
-    let alone = start_proxy(&binary, temp.path(), "alone", None).await?;
-    for proxy in &proxies {
-        while health(&http, proxy.url()).await?["peers"]["connected"] != 2 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
+    let alone = start_proxy(&binary, temp.path(), "alone", &webhook.url, None).await?;
+    let urls: Vec<&str> = proxies.iter().map(Proxy::url).collect();
+    converged(&http, &urls, 2).await?;
     let nodes: Vec<&str> = proxies.iter().map(|p| p.gossip.as_str()).collect();
     let owned_by = |index: usize, prefix: &str| -> String {
         (0..)
@@ -348,7 +407,6 @@ async fn main() -> anyhow::Result<()> {
 
     // 2. Throughput.
     let topics: Vec<String> = (0..topic_count).map(|i| format!("tp-{i}")).collect();
-    let urls: Vec<&str> = proxies.iter().map(Proxy::url).collect();
     let (published, delivered, lost) =
         throughput(&http, &urls, &topics, subscribers, seconds).await?;
     println!(
@@ -410,7 +468,59 @@ async fn main() -> anyhow::Result<()> {
         )
     );
 
-    // 4. Death detection.
+    // 4. Revocation, sent directly to live peers.
+    let mut direct = Vec::new();
+    for round in 0..rounds {
+        let token = format!("direct-{round}");
+        let mut ended = Vec::new();
+        for url in &urls {
+            ended.push(subscribe_until_revoked(&http, url, "revocation", &token).await?);
+        }
+        let sent = Instant::now();
+        let answer = revoke(&http, urls[0], &format!("u-{token}")).await?;
+        anyhow::ensure!(
+            answer["peers_reached"].as_array().map(Vec::len) == Some(2),
+            "{answer}"
+        );
+        let mut last = sent;
+        for end in ended {
+            last = last.max(end.await?);
+        }
+        direct.push(last.duration_since(sent).as_secs_f64() * 1000.0);
+    }
+    println!(
+        "\n{}",
+        row(
+            "revoke on one proxy → the user's streams on all three ended",
+            &direct
+        )
+    );
+    // Learnt by gossip: a proxy frozen at revoke time, from its thaw.
+    let mut gossiped = Vec::new();
+    for round in 0..rounds.min(5) {
+        let token = format!("gossip-{round}");
+        let ended = subscribe_until_revoked(&http, urls[2], "revocation", &token).await?;
+        proxies[2].process.signal(libc::SIGSTOP);
+        converged(&http, &urls[..2], 1).await?;
+        let answer = revoke(&http, urls[0], &format!("u-{token}")).await?;
+        anyhow::ensure!(
+            answer["peers_reached"].as_array().map(Vec::len) == Some(1),
+            "{answer}"
+        );
+        let thawed = Instant::now();
+        proxies[2].process.signal(libc::SIGCONT);
+        gossiped.push(ended.await?.duration_since(thawed).as_secs_f64() * 1000.0);
+        converged(&http, &urls, 2).await?;
+    }
+    println!(
+        "{}",
+        row(
+            "frozen proxy thawed → its stream ended (by gossip)",
+            &gossiped
+        )
+    );
+
+    // 5. Death detection.
     let mut victim = proxies.pop().expect("three");
     victim.process.signal(libc::SIGKILL);
     let killed = Instant::now();
