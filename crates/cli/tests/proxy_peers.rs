@@ -1,7 +1,8 @@
 //! Three `flotilla proxy` processes on loopback as one service (`[peers]`):
 //! delivery across proxies, resuming on another proxy, a proxy killed with
 //! SIGKILL and its return, a stranger's gossip and forged peer requests
-//! refused, and revocation across the cluster.
+//! refused, and revocation across the cluster (also reaching, by gossip, a
+//! proxy frozen when it was taken).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -186,6 +187,19 @@ async fn subscribe(url: &str, topic: &str, headers: &[(&str, &str)]) -> SseClien
 }
 
 /// The next `n` events' (id, data).
+/// `POST /admin/revoke` of `user` on `url`; the answer.
+async fn revoke_user(url: &str, user: &str) -> Value {
+    let response = reqwest::Client::new()
+        .post(format!("{url}/admin/revoke"))
+        .bearer_auth(PUBLISHER_KEY)
+        .json(&json!({ "user_id": user }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    response.json().await.unwrap()
+}
+
 async fn take(client: &mut SseClient, n: usize) -> Vec<(String, String)> {
     let mut out = Vec::new();
     while out.len() < n {
@@ -441,16 +455,7 @@ async fn revocation_reaches_every_proxy() {
         &[("Authorization", "Bearer bob")],
     )
     .await;
-    let answer: Value = reqwest::Client::new()
-        .post(format!("{}/admin/revoke", cluster.peers[0].url()))
-        .bearer_auth(PUBLISHER_KEY)
-        .json(&json!({"user_id": "u-alice"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let answer = revoke_user(&cluster.peers[0].url(), "u-alice").await;
     assert_eq!(answer["closed"], 1, "{answer}");
     assert_eq!(
         answer["peers_reached"].as_array().unwrap().len(),
@@ -506,32 +511,14 @@ async fn a_revocation_reaches_a_proxy_that_was_unreachable_by_gossip() {
 
     // The third proxy is frozen (SIGSTOP): it can neither answer nor gossip,
     // and the others take it for dead, so the revocation is not sent to it.
-    let pid = late
-        .process
-        .as_ref()
-        .unwrap()
-        .child
-        .as_ref()
-        .unwrap()
-        .id()
-        .unwrap();
-    let frozen = Stopped::stop(pid);
+    let frozen = Stopped::stop(late.process.as_ref().unwrap().pid());
     for peer in &cluster.peers[..2] {
         eventually("the frozen proxy to count as dead", || async {
             peer.health().await["peers"]["connected"].as_u64() == Some(1)
         })
         .await;
     }
-    let answer: Value = reqwest::Client::new()
-        .post(format!("{}/admin/revoke", cluster.peers[0].url()))
-        .bearer_auth(PUBLISHER_KEY)
-        .json(&json!({"user_id": "u-alice"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let answer = revoke_user(&cluster.peers[0].url(), "u-alice").await;
     assert_eq!(
         answer["peers_reached"].as_array().unwrap().len(),
         1,
