@@ -351,7 +351,11 @@ pub async fn restore(
             )
             .await?;
     }
-    refill_local_storage(&browser, &state.local_storage).await?;
+    // The profile normally has it all: a failed write-back is worth a warning,
+    // not a failed revive.
+    if let Err(error) = refill_local_storage(&browser, &state.local_storage).await {
+        tracing::warn!(%error, "cannot write the captured localStorage back");
+    }
     if reopen_tabs {
         let urls: Vec<&str> = state
             .tabs
@@ -372,15 +376,16 @@ pub async fn restore(
                     .await?;
                 reopened.push(created["targetId"].clone());
             }
-            close_pages_except(&browser, &reopened).await?;
+            // The fresh browser's own first tab, whatever its URL reads yet.
+            close_pages(&browser, |id| !reopened.contains(id)).await?;
         }
     }
     Ok(())
 }
 
-/// Closes every page but `keep` (the fresh browser's own first tab, whatever
-/// its URL reads yet), and checks they are gone: closing is asynchronous.
-async fn close_pages_except(browser: &CdpClient, keep: &[Value]) -> anyhow::Result<()> {
+/// Closes the pages `doomed` selects (by target id) and checks they are gone,
+/// for 3 s at most: closing is asynchronous.
+async fn close_pages(browser: &CdpClient, doomed: impl Fn(&Value) -> bool) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
     loop {
         let targets = browser
@@ -390,7 +395,7 @@ async fn close_pages_except(browser: &CdpClient, keep: &[Value]) -> anyhow::Resu
             .as_array()
             .into_iter()
             .flatten()
-            .filter(|t| t["type"] == "page" && !keep.contains(&t["targetId"]))
+            .filter(|t| t["type"] == "page" && doomed(&t["targetId"]))
             .map(|t| t["targetId"].clone())
             .collect();
         if extra.is_empty() || tokio::time::Instant::now() >= deadline {
@@ -500,7 +505,8 @@ async fn refill_local_storage(
         Ok(())
     }
     .await;
-    close_target(browser, &target_id).await;
+    // Gone before the instance is handed over: it must not show in its tabs.
+    close_pages(browser, |id| *id == target_id).await?;
     filled
 }
 
