@@ -72,6 +72,21 @@ fn new_instance(node: &str) -> NewInstance {
     }
 }
 
+/// Moves a creating instance to running (setup for tests about other things).
+async fn mark_running(store: &Store, id: &InstanceId) {
+    store
+        .instance_transition(
+            id,
+            &[InstanceStatus::Creating],
+            InstanceStatus::Running,
+            None,
+            Utc::now(),
+        )
+        .await
+        .unwrap()
+        .expect("creating → running");
+}
+
 fn event_names(payloads: &[String]) -> Vec<String> {
     payloads
         .iter()
@@ -239,16 +254,7 @@ async fn lists_filter_sort_and_page(postgres: bool) {
         store.instance_insert_if_room(&new, 100).await.unwrap();
     }
     for id in &ids[..10] {
-        store
-            .instance_transition(
-                id,
-                &[InstanceStatus::Creating],
-                InstanceStatus::Running,
-                None,
-                Utc::now(),
-            )
-            .await
-            .unwrap();
+        mark_running(&store, id).await;
     }
     let all = InstanceFilter::default();
     let (page, total) = store
@@ -376,16 +382,7 @@ async fn outbox_hands_out_the_head_of_each_subject(postgres: bool) {
     let (a, b) = (new_instance("n1"), new_instance("n1"));
     for new in [&a, &b] {
         store.instance_insert_if_room(new, 5).await.unwrap();
-        store
-            .instance_transition(
-                &new.id,
-                &[InstanceStatus::Creating],
-                InstanceStatus::Running,
-                None,
-                Utc::now(),
-            )
-            .await
-            .unwrap();
+        mark_running(&store, &new.id).await;
     }
     store.instance_delete(&a.id, Utc::now()).await.unwrap();
     let later = Utc::now() + Duration::seconds(1);
