@@ -18,6 +18,10 @@ pub struct AgentCreateInstance {
     pub id: InstanceId,
     pub image: String,
     pub config: InstanceConfig,
+    /// The instance's access token: with authentication on, the instance's
+    /// ports admit it (or an API key). Agents learn it only from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_token: Option<String>,
 }
 
 /// The ports an agent reserved for an instance, and its state right after the
@@ -53,6 +57,33 @@ pub struct AgentReviveInstance {
     pub config: InstanceConfig,
     /// debug, stream, http.
     pub ports: Option<[u16; 3]>,
+    /// The instance's access token (as in [`AgentCreateInstance`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_token: Option<String>,
+}
+
+/// What the control plane tells an agent when it registers, and again in the
+/// answer to every heartbeat (so that a changed key list reaches every node).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RegistrationAck {
+    pub heartbeat_interval_sec: f64,
+    #[serde(default)]
+    pub instance_access: InstanceAccessPolicy,
+}
+
+impl RegistrationAck {
+    pub fn heartbeat_interval(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.heartbeat_interval_sec.max(0.05))
+    }
+}
+
+/// Who may use instance ports: when `auth_enabled`, a request needs an API key
+/// (one of `api_key_sha256`, hex SHA-256 digests) or the instance's own token.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct InstanceAccessPolicy {
+    pub auth_enabled: bool,
+    #[serde(default)]
+    pub api_key_sha256: Vec<String>,
 }
 
 /// What an agent knows of one of its instances.

@@ -8,6 +8,7 @@
 //! - [`error`] — the `{detail, code}` error body and its codes.
 //! - [`prometheus`] — the metrics text format both services expose.
 //! - [`events`] — lifecycle event names and payloads (webhooks, event proxy).
+//! - [`credentials`] — bearer parsing, digests and constant-time comparison.
 //!
 //! Request types reject unknown fields; validation of values (ranges, catalogs)
 //! belongs to the service that owns the rule, not to these types.
@@ -15,6 +16,7 @@
 pub mod agent;
 pub mod alerts;
 pub mod clock;
+pub mod credentials;
 pub mod error;
 pub mod events;
 pub mod health;

@@ -54,10 +54,7 @@ async fn launch(profile: &Path) -> Browser {
             if let (Some(port), Some(path)) = (lines.next(), lines.next())
                 && let Ok(port) = port.trim().parse()
             {
-                break CdpEndpoint {
-                    port,
-                    browser_path: path.trim().to_owned(),
-                };
+                break CdpEndpoint::on_host(port, path.trim().to_owned());
             }
         }
         assert!(

@@ -23,6 +23,7 @@ pub mod revoke;
 pub mod sse;
 pub mod topics;
 
+use flotilla_api_types::credentials::{bearer_token, constant_time_eq};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
@@ -95,10 +96,7 @@ impl ProxyState {
 
     /// Whether the request carries one of `publisher.api_keys`.
     pub fn is_publisher_key(&self, request: &Request) -> bool {
-        let Some(key) = request
-            .header("authorization")
-            .and_then(|h| h.strip_prefix("Bearer "))
-        else {
+        let Some(key) = request.header("authorization").and_then(bearer_token) else {
             return false;
         };
         self.config
@@ -237,10 +235,6 @@ async fn authorize_publisher(
                 .with_header("Retry-After", retry_after.to_string()),
         ),
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Response> {

@@ -26,18 +26,20 @@ use flotilla_api_types::ids::SnapshotId;
 use flotilla_api_types::instances::{InstanceConfig, InstanceStatus, ReviveMethod};
 use flotilla_api_types::{InstanceId, NodeId};
 
+use crate::access::NodeAccess;
 use crate::browser::{BrowserProcess, CdpEndpoint, InstanceDirs, LaunchError};
 use crate::cgroups::Limits;
 use crate::config::{AgentConfig, ImageConfig, RuntimeKind};
 use crate::gateway::{self, GatewayContext};
 use crate::instance::{BrowserPhase, InstanceSlot};
 use crate::launcher::Launcher;
-use crate::link::{ControlPlaneLink, LinkError, RegistrationAck};
+use crate::link::{ControlPlaneLink, LinkError};
 use crate::live_view::{self, LiveView, LiveViewSettings};
 use crate::monitor::{self, MachineMeter, ProcTable};
 use crate::ports::{InstancePorts, PortAllocator};
 use crate::snapshot::{self, CapturedState, SnapshotStore};
 use crate::{instance_http, sweep};
+use flotilla_api_types::agent::RegistrationAck;
 
 /// Errors of agent operations; the agent API maps them to HTTP.
 #[derive(Debug, thiserror::Error)]
@@ -70,9 +72,6 @@ pub struct AgentSettings {
     pub public_host: String,
     /// Address instance ports listen on.
     pub bind_address: Ipv4Addr,
-    /// Paths hidden from sandboxed browsers (the data directory with the store
-    /// and every profile; each browser sees only its own directory).
-    pub hidden_paths: Vec<PathBuf>,
     /// Where dormant instances' snapshots go.
     pub snapshots: SnapshotStore,
     /// The clock of activity times (the control plane's, so idle decisions agree).
@@ -99,6 +98,9 @@ struct AgentInner {
     wake: mpsc::UnboundedSender<InstanceId>,
     machine: Mutex<MachineMeter>,
     launcher: Arc<Launcher>,
+    /// Who may use instance ports: the control plane's policy, applied at
+    /// every registration and heartbeat answer.
+    access: Arc<NodeAccess>,
     /// The warm-pool task, awaited at shutdown so pooled browsers are stopped.
     pool_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     shutdown: CancellationToken,
@@ -139,12 +141,13 @@ impl Agent {
             &settings.config,
             node_id.as_str(),
             instances_root.clone(),
-            settings.hidden_paths.clone(),
+            &settings.data_dir,
         ));
         let (changes_tx, changes_rx) = mpsc::unbounded_channel();
         let (wake_tx, wake_rx) = mpsc::unbounded_channel();
         let inner = Arc::new(AgentInner {
             launcher,
+            access: Arc::new(NodeAccess::default()),
             pool_task: Mutex::new(None),
             node_id,
             catalog: settings.config.image_catalog(),
@@ -235,6 +238,7 @@ impl Agent {
         config: InstanceConfig,
         ports: &InstancePorts,
         dirs: InstanceDirs,
+        access_token: Option<String>,
     ) -> Arc<InstanceSlot> {
         let waker = self
             .inner
@@ -242,7 +246,7 @@ impl Agent {
             .config
             .wake_on_connect
             .then(|| self.inner.wake.clone());
-        Arc::new(InstanceSlot::new(
+        let slot = Arc::new(InstanceSlot::new(
             id,
             image,
             config,
@@ -250,7 +254,9 @@ impl Agent {
             dirs,
             self.inner.settings.clock.clone(),
             waker,
-        ))
+        ));
+        slot.set_access_token(access_token);
+        slot
     }
 
     /// Starts an instance: reserves its ports, starts its servers and launches
@@ -286,6 +292,7 @@ impl Agent {
                 request.config.clone(),
                 &ports,
                 dirs,
+                request.access_token.clone(),
             );
             if let Some(warm) = &warm {
                 slot.set_process(warm.launched.clone());
@@ -349,10 +356,12 @@ impl Agent {
         let ready_timeout = Duration::from_secs(self.inner.settings.config.launch_timeout_sec + 30);
         match (to_tokio(debug), to_tokio(stream), to_tokio(http)) {
             (Ok(debug), Ok(stream), Ok(http)) => {
+                let access = self.inner.access.clone();
                 let context = Arc::new(GatewayContext {
                     slot: slot.clone(),
                     public_host: self.inner.settings.public_host.clone(),
                     ready_timeout,
+                    access: access.clone(),
                 });
                 tokio::spawn(gateway::serve(debug, context, slot.servers.clone()));
                 let config = &self.inner.settings.config;
@@ -364,8 +373,14 @@ impl Agent {
                 tokio::spawn(live_view::serve(
                     stream,
                     LiveView::new(slot.clone(), settings, ready_timeout),
+                    access.clone(),
                 ));
-                tokio::spawn(instance_http::serve_api(http, slot.clone(), ready_timeout));
+                tokio::spawn(instance_http::serve_api(
+                    http,
+                    slot.clone(),
+                    ready_timeout,
+                    access,
+                ));
             }
             _ => {
                 tracing::error!(instance = %slot.id, "cannot register instance listeners with the runtime")
@@ -384,6 +399,7 @@ impl Agent {
             .inner
             .launcher
             .spawn(&slot.name(), &slot.dirs, image, limits)
+            .await
             .map_err(|e| e.to_string())?;
         let process = launched.process.clone();
         slot.set_process(launched);
@@ -672,7 +688,10 @@ impl Agent {
         let (slot, listeners) = {
             let mut slots = self.inner.slots.lock().expect("slots lock");
             match slots.get(&request.id) {
-                Some(slot) => (slot.clone(), None),
+                Some(slot) => {
+                    slot.set_access_token(request.access_token.clone());
+                    (slot.clone(), None)
+                }
                 None => {
                     self.check_room(&slots)?;
                     let binds = self.binds_ports();
@@ -689,6 +708,7 @@ impl Agent {
                         request.config.clone(),
                         &ports,
                         dirs,
+                        request.access_token.clone(),
                     );
                     slot.set_status(InstanceStatus::Dormant, None);
                     slot.set_phase(BrowserPhase::Dormant);
@@ -874,7 +894,10 @@ impl Agent {
             registration.resources = resources;
             registration.load = load;
             match self.inner.link.register(registration).await {
-                Ok(ack) => return Ok(ack),
+                Ok(ack) => {
+                    self.apply(&ack);
+                    return Ok(ack);
+                }
                 Err(error) => {
                     tracing::warn!(%error, "registration with the control plane failed; retrying in {wait:?}");
                 }
@@ -887,6 +910,21 @@ impl Agent {
         }
     }
 
+    /// Applies what the control plane answered: who may use instance ports.
+    /// The first answer with authentication off on a node whose instance
+    /// ports face the network is logged as a warning.
+    fn apply(&self, ack: &RegistrationAck) {
+        let was_enabled = self.inner.access.auth_enabled();
+        self.inner.access.apply(&ack.instance_access);
+        let bind = self.inner.settings.bind_address;
+        if was_enabled && !ack.instance_access.auth_enabled && !bind.is_loopback() {
+            tracing::warn!(
+                bind_address = %bind,
+                "authentication is off and instance ports listen on {bind}: anyone who reaches this node can drive its browsers; set auth_enabled = true (or agent.bind_address = \"127.0.0.1\")"
+            );
+        }
+    }
+
     /// Samples resources and sends a heartbeat every interval.
     async fn report_loop(self, mut ack: RegistrationAck) {
         loop {
@@ -896,7 +934,10 @@ impl Agent {
             }
             let heartbeat = self.sample();
             match self.inner.link.heartbeat(heartbeat).await {
-                Ok(()) => {}
+                Ok(new_ack) => {
+                    self.apply(&new_ack);
+                    ack = new_ack;
+                }
                 Err(LinkError::UnknownNode) => match self.register_until_accepted().await {
                     Ok(new_ack) => ack = new_ack,
                     Err(_) => return,

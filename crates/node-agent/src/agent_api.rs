@@ -24,6 +24,7 @@ use flotilla_api_types::agent::{
     AgentCreateInstance, AgentDormantResult, AgentInstancePorts, AgentReviveInstance,
     InstanceReport,
 };
+use flotilla_api_types::credentials::{bearer_token, constant_time_eq};
 use flotilla_api_types::{ErrorCode, ErrorResponse, InstanceId};
 
 use crate::agent::{Agent, AgentError};
@@ -91,7 +92,7 @@ async fn require_token(
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(bearer_token);
     match presented {
         Some(token) if constant_time_eq(token.as_bytes(), state.token.as_bytes()) => {
             next.run(request).await
@@ -102,14 +103,6 @@ async fn require_token(
             "the agent API needs Authorization: Bearer <cluster_token>".into(),
         ),
     }
-}
-
-/// Compares without an early exit, so timing does not reveal the token.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 async fn instance_create(
@@ -169,16 +162,4 @@ async fn instance_revive(
 
 async fn instance_list(State(state): State<ApiState>) -> Json<Vec<InstanceReport>> {
     Json(state.agent.instance_reports())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::constant_time_eq;
-
-    #[test]
-    fn token_comparison() {
-        assert!(constant_time_eq(b"secret", b"secret"));
-        assert!(!constant_time_eq(b"secret", b"secreT"));
-        assert!(!constant_time_eq(b"secret", b"secret2"));
-    }
 }

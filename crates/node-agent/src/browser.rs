@@ -7,28 +7,83 @@
 //! child: it records the exit and then kills what is left of the group, so no
 //! helper outlives its browser. The sim runtime has the same shape without a process.
 
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::process::Command;
+use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::cdp::CdpClient;
 use crate::config::{BASE_CHROMIUM_FLAGS, ImageConfig};
+use crate::egress::EgressPolicy;
+use crate::netns::NetNamespace;
+use crate::sandbox::Isolation;
 
-/// Where a running browser's DevTools server listens (always 127.0.0.1).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where a running browser's DevTools server listens: 127.0.0.1 of the host, or
+/// of the browser's own network namespace (which only the agent can reach).
+#[derive(Debug, Clone)]
 pub struct CdpEndpoint {
     pub port: u16,
     /// Path of the browser target, `/devtools/browser/<uuid>`.
     pub browser_path: String,
+    /// The browser's network namespace, when it has one.
+    pub net: Option<Arc<NetNamespace>>,
 }
 
+impl PartialEq for CdpEndpoint {
+    fn eq(&self, other: &Self) -> bool {
+        self.port == other.port
+            && self.browser_path == other.browser_path
+            && match (&self.net, &other.net) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                (None, None) => true,
+                _ => false,
+            }
+    }
+}
+
+impl Eq for CdpEndpoint {}
+
 impl CdpEndpoint {
+    /// An endpoint on the host's loopback (a browser without a namespace).
+    pub fn on_host(port: u16, browser_path: String) -> Self {
+        Self {
+            port,
+            browser_path,
+            net: None,
+        }
+    }
+
+    /// The DevTools server's address, as its own network sees it.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// `127.0.0.1:<port>`, the `Host` Chromium answers to.
+    pub fn authority(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The browser target's WebSocket URL (valid inside the browser's network).
     pub fn browser_ws_url(&self) -> String {
         format!("ws://127.0.0.1:{}{}", self.port, self.browser_path)
+    }
+
+    /// A TCP connection to the DevTools server, through its namespace if any.
+    pub async fn connect(&self) -> std::io::Result<TcpStream> {
+        match &self.net {
+            Some(net) => net.connect(self.addr()).await,
+            None => {
+                let stream = TcpStream::connect(self.addr()).await?;
+                stream.set_nodelay(true)?;
+                Ok(stream)
+            }
+        }
     }
 }
 
@@ -45,7 +100,9 @@ pub enum LaunchError {
     Cancelled,
 }
 
-/// The paths of one instance on the node.
+/// The paths of one instance on the node. The browser may write only to its
+/// profile, home and downloads directories; the instance directory itself
+/// (with the log the agent writes) stays the agent's.
 #[derive(Debug, Clone)]
 pub struct InstanceDirs {
     pub root: PathBuf,
@@ -64,14 +121,32 @@ impl InstanceDirs {
         self.root.join("home")
     }
 
+    /// Where every download of the instance lands.
+    pub fn downloads(&self) -> PathBuf {
+        self.root.join("downloads")
+    }
+
     pub fn log(&self) -> PathBuf {
         self.root.join("browser.log")
     }
 
+    /// The directories the browser may write to.
+    pub fn writable(&self) -> [PathBuf; 3] {
+        [self.profile(), self.home(), self.downloads()]
+    }
+
+    /// Creates the directories, and makes the downloads directory the
+    /// browser's default download folder (XDG user dirs, read by Chromium).
     pub fn create(&self) -> std::io::Result<()> {
-        std::fs::create_dir_all(self.profile())?;
-        std::fs::create_dir_all(self.home())?;
-        Ok(())
+        for dir in self.writable() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let config = self.home().join(".config");
+        std::fs::create_dir_all(&config)?;
+        std::fs::write(
+            config.join("user-dirs.dirs"),
+            format!("XDG_DOWNLOAD_DIR=\"{}\"\n", self.downloads().display()),
+        )
     }
 }
 
@@ -80,39 +155,24 @@ pub struct LaunchPlan<'a> {
     pub image: &'a ImageConfig,
     pub dirs: &'a InstanceDirs,
     pub extra_args: &'a [String],
-    /// Namespaces through bubblewrap, when available.
-    pub sandbox: Option<&'a Sandbox>,
+    /// User, filesystem and namespaces of the node's browsers.
+    pub isolation: &'a Isolation,
+    /// The egress rules, when the browser gets a network namespace of its own.
+    pub egress: Option<&'a Arc<EgressPolicy>>,
     /// The cgroup the browser joins before it runs.
     pub cgroup: Option<&'a std::sync::Arc<crate::cgroups::InstanceCgroup>>,
     /// Host name inside the sandbox's UTS namespace.
     pub hostname: &'a str,
 }
 
-/// The bubblewrap sandbox: own pid, ipc and uts namespaces, a private `/tmp`,
-/// and a mount namespace in which the agent's data (other instances' profiles,
-/// the store) is hidden behind empty tmpfs mounts except the instance's own
-/// directory.
-#[derive(Debug, Clone)]
-pub struct Sandbox {
-    pub bwrap: PathBuf,
-    pub hidden: Vec<PathBuf>,
-}
-
-impl Sandbox {
-    /// `bwrap` from `PATH`, if installed.
-    pub fn detect(hidden: Vec<PathBuf>) -> Option<Self> {
-        let path = std::env::var_os("PATH")?;
-        std::env::split_paths(&path)
-            .map(|dir| dir.join("bwrap"))
-            .find(|candidate| candidate.is_file())
-            .map(|bwrap| Self { bwrap, hidden })
-    }
-}
-
 /// A started browser (real or simulated).
 pub struct BrowserProcess {
     pid: Option<u32>,
     dirs: InstanceDirs,
+    /// The browser's network namespace (with the egress proxy in it), if any.
+    net: Option<Arc<NetNamespace>>,
+    /// Stops the egress proxy; cancelled once the browser is gone.
+    egress_stop: CancellationToken,
     /// Set once, by the reaper, to a description of how the process ended.
     exit: watch::Receiver<Option<String>>,
     /// For the sim runtime: dropping or sending ends the "process".
@@ -121,8 +181,9 @@ pub struct BrowserProcess {
 }
 
 impl BrowserProcess {
-    /// Starts Chromium as `plan` says: its image, profile, sandbox and cgroup.
-    pub fn spawn_chromium(plan: &LaunchPlan<'_>) -> Result<Self, LaunchError> {
+    /// Starts Chromium as `plan` says: its image, profile, confinement, network
+    /// and cgroup.
+    pub async fn spawn_chromium(plan: &LaunchPlan<'_>) -> Result<Self, LaunchError> {
         let image = plan.image;
         let dirs = plan.dirs;
         let spawn_error = |reason: String| LaunchError::Spawn {
@@ -137,77 +198,81 @@ impl BrowserProcess {
         }
         dirs.create()
             .map_err(|e| spawn_error(format!("cannot create instance directory: {e}")))?;
+        plan.isolation.hand_over(dirs).map_err(|e| {
+            spawn_error(format!(
+                "cannot give the instance directory to the browser user: {e}"
+            ))
+        })?;
         let log = std::fs::File::create(dirs.log())
             .map_err(|e| spawn_error(format!("cannot create log file: {e}")))?;
-        let mut command = match plan.sandbox {
-            Some(sandbox) => {
-                let mut command = Command::new(&sandbox.bwrap);
-                command
-                    .args([
-                        "--unshare-pid",
-                        "--unshare-ipc",
-                        "--unshare-uts",
-                        "--hostname",
-                    ])
-                    .arg(plan.hostname)
-                    .args([
-                        "--dev-bind",
-                        "/",
-                        "/",
-                        "--proc",
-                        "/proc",
-                        "--tmpfs",
-                        "/tmp",
-                        "--tmpfs",
-                        "/dev/shm",
-                    ]);
-                for hidden in &sandbox.hidden {
-                    command.arg("--tmpfs").arg(hidden);
-                }
-                command
-                    .arg("--bind")
-                    .arg(&dirs.root)
-                    .arg(&dirs.root)
-                    .arg("--")
-                    .arg(&image.executable);
-                command
+        let egress_stop = CancellationToken::new();
+        let (net, proxy_port) = match plan.egress {
+            Some(policy) => {
+                let (net, port) = start_egress(policy, plan.hostname, &egress_stop)
+                    .await
+                    .map_err(|e| {
+                        spawn_error(format!("cannot set up the browser's network: {e}"))
+                    })?;
+                (Some(net), Some(port))
             }
-            None => Command::new(&image.executable),
+            None => (None, None),
         };
+        let mut command = plan
+            .isolation
+            .command(dirs, &image.executable, plan.hostname);
         command
             .args(BASE_CHROMIUM_FLAGS)
             .args(&image.args)
             .args(plan.extra_args)
             .arg(format!("--user-data-dir={}", dirs.profile().display()))
             .arg("--remote-debugging-port=0")
-            .arg("about:blank")
-            .env("HOME", dirs.home())
-            .env("XDG_CONFIG_HOME", dirs.home().join(".config"))
-            .env("XDG_CACHE_HOME", dirs.home().join(".cache"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
             .process_group(0)
             .kill_on_drop(false);
-        if is_root() {
-            // Chromium's own sandbox needs a non-root user; as root the
-            // namespaces of the node's sandbox are the isolation.
+        if let Some(port) = proxy_port {
+            // Everything, loopback included, goes through the egress proxy.
+            command
+                .arg(format!("--proxy-server=socks5://127.0.0.1:{port}"))
+                .arg("--proxy-bypass-list=<-loopback>");
+        }
+        if !plan.isolation.chromium_sandbox {
             command.arg("--no-sandbox");
         }
-        if let Some(cgroup) = plan.cgroup {
-            let attach = cgroup.attach_hook();
-            // SAFETY: the hook makes only async-signal-safe calls (see attach_hook).
-            unsafe {
-                command.pre_exec(attach);
-            }
+        command.arg("about:blank");
+        let mut attach = plan.cgroup.map(|cgroup| cgroup.attach_hook());
+        let namespace = net.as_ref().map(|net| net.raw_fd());
+        let user = plan.isolation.user.clone();
+        // SAFETY: the hook makes only async-signal-safe calls: the cgroup
+        // attach (see attach_hook), setns, and the privilege drop (system calls).
+        unsafe {
+            command.pre_exec(move || {
+                if let Some(attach) = attach.as_mut() {
+                    attach()?;
+                }
+                if let Some(fd) = namespace
+                    && libc::setns(fd, libc::CLONE_NEWNET) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if let Some(user) = &user {
+                    crate::sandbox::drop_privileges(user)?;
+                }
+                Ok(())
+            });
         }
-        let sandboxed = plan.sandbox.is_some();
-        let mut child = command.spawn().map_err(|e| spawn_error(e.to_string()))?;
+        let sandboxed = plan.isolation.filesystem_isolated();
+        let mut child = command.spawn().map_err(|e| {
+            egress_stop.cancel();
+            spawn_error(e.to_string())
+        })?;
         let pid = child
             .id()
             .ok_or_else(|| spawn_error("process vanished at once".into()))?;
         let (exit_tx, exit_rx) = watch::channel(None);
         let cgroup = plan.cgroup.cloned();
+        let reaper_egress = egress_stop.clone();
         tokio::spawn(async move {
             let description = match child.wait().await {
                 Ok(status) => describe_exit(status, sandboxed),
@@ -224,11 +289,14 @@ impl BrowserProcess {
             if let Some(cgroup) = cgroup {
                 cgroup.remove();
             }
+            reaper_egress.cancel();
             let _ = exit_tx.send(Some(description));
         });
         Ok(Self {
             pid: Some(pid),
             dirs: dirs.clone(),
+            net,
+            egress_stop,
             exit: exit_rx,
             sim_stop: None,
             sim_start: Duration::ZERO,
@@ -241,6 +309,8 @@ impl BrowserProcess {
         Self {
             pid: None,
             dirs: dirs.clone(),
+            net: None,
+            egress_stop: CancellationToken::new(),
             exit: rx,
             sim_stop: Some(tx),
             sim_start: start,
@@ -295,10 +365,11 @@ impl BrowserProcess {
                     log: log_tail(&self.dirs.log()),
                 });
             }
-            if let Some(endpoint) = read_port_file(&port_file)
-                && probe_version(endpoint.port).await
-            {
-                return Ok(Some(endpoint));
+            if let Some(mut endpoint) = read_port_file(&port_file) {
+                endpoint.net = self.net.clone();
+                if probe_version(&endpoint).await {
+                    return Ok(Some(endpoint));
+                }
             }
             if Instant::now() >= deadline {
                 return Err(LaunchError::Timeout(timeout));
@@ -322,9 +393,8 @@ impl BrowserProcess {
         }
         if graceful {
             if let Some(endpoint) = endpoint {
-                let url = endpoint.browser_ws_url();
                 if let Ok(Ok(client)) =
-                    tokio::time::timeout(Duration::from_secs(2), CdpClient::connect(&url)).await
+                    tokio::time::timeout(Duration::from_secs(2), CdpClient::browser(endpoint)).await
                 {
                     let _ = client.send("Browser.close", serde_json::json!({})).await;
                     if self.wait_exit_for(grace).await {
@@ -349,6 +419,7 @@ impl BrowserProcess {
 
 impl Drop for BrowserProcess {
     fn drop(&mut self) {
+        self.egress_stop.cancel();
         // Never leave a browser behind, whatever path dropped its handle.
         if let Some(pid) = self.pid
             && self.exit.borrow().is_none()
@@ -366,18 +437,38 @@ fn read_port_file(path: &Path) -> Option<CdpEndpoint> {
     if !browser_path.starts_with("/devtools/browser/") {
         return None;
     }
-    Some(CdpEndpoint { port, browser_path })
+    Some(CdpEndpoint::on_host(port, browser_path))
+}
+
+/// Starts the browser's network: a namespace of its own and the egress proxy
+/// listening inside it. Returns the namespace and the proxy's port.
+async fn start_egress(
+    policy: &Arc<EgressPolicy>,
+    name: &str,
+    stop: &CancellationToken,
+) -> std::io::Result<(Arc<NetNamespace>, u16)> {
+    let net = Arc::new(NetNamespace::create()?);
+    let listener = net
+        .listen(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+        .await?;
+    let port = listener.local_addr()?.port();
+    tokio::spawn(crate::egress::serve_socks(
+        listener,
+        policy.clone(),
+        name.to_owned(),
+        stop.clone(),
+    ));
+    Ok((net, port))
 }
 
 /// One `GET /json/version` on the browser's DevTools port.
-async fn probe_version(port: u16) -> bool {
+async fn probe_version(endpoint: &CdpEndpoint) -> bool {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let attempt = async {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .ok()?;
+        let mut stream = endpoint.connect().await.ok()?;
         let request = format!(
-            "GET /json/version HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+            "GET /json/version HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            endpoint.authority()
         );
         stream.write_all(request.as_bytes()).await.ok()?;
         let mut head = [0u8; 16];

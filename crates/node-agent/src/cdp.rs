@@ -19,6 +19,8 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
+use crate::browser::CdpEndpoint;
+
 type WsSink = SplitSink<WebSocketStream<MaybeTlsStream<TcpStream>>, Message>;
 /// Callers waiting for a response, with the session they called on.
 type Pending =
@@ -57,16 +59,53 @@ pub struct CdpClient {
 }
 
 impl CdpClient {
+    /// The browser target of `endpoint`.
+    pub async fn browser(endpoint: &CdpEndpoint) -> Result<Self, CdpError> {
+        Self::open(endpoint, &endpoint.browser_path).await
+    }
+
+    /// The target at `path` (`/devtools/page/<id>`, …) of `endpoint`, reached
+    /// through the browser's network namespace when it has one.
+    pub async fn open(endpoint: &CdpEndpoint, path: &str) -> Result<Self, CdpError> {
+        let url = format!("ws://{}{path}", endpoint.authority());
+        let stream = endpoint.connect().await.map_err(|e| CdpError::Connect {
+            url: url.clone(),
+            reason: e.to_string(),
+        })?;
+        Self::handshake(&url, MaybeTlsStream::Plain(stream)).await
+    }
+
+    /// A DevTools WebSocket URL reachable from here (e.g. an instance's `urls.debug`).
     pub async fn connect(url: &str) -> Result<Self, CdpError> {
-        let config = WebSocketConfig::default()
+        let (stream, _) =
+            tokio_tungstenite::connect_async_with_config(url, Some(Self::config()), true)
+                .await
+                .map_err(|e| CdpError::Connect {
+                    url: url.to_owned(),
+                    reason: e.to_string(),
+                })?;
+        Ok(Self::start(stream))
+    }
+
+    fn config() -> WebSocketConfig {
+        WebSocketConfig::default()
             .max_message_size(Some(256 << 20))
-            .max_frame_size(Some(256 << 20));
-        let (stream, _) = tokio_tungstenite::connect_async_with_config(url, Some(config), true)
-            .await
-            .map_err(|e| CdpError::Connect {
-                url: url.to_owned(),
-                reason: e.to_string(),
-            })?;
+            .max_frame_size(Some(256 << 20))
+    }
+
+    async fn handshake(url: &str, stream: MaybeTlsStream<TcpStream>) -> Result<Self, CdpError> {
+        let (stream, _) =
+            tokio_tungstenite::client_async_with_config(url, stream, Some(Self::config()))
+                .await
+                .map_err(|e| CdpError::Connect {
+                    url: url.to_owned(),
+                    reason: e.to_string(),
+                })?;
+        Ok(Self::start(stream))
+    }
+
+    /// Starts the reader task of a connected WebSocket.
+    fn start(stream: WebSocketStream<MaybeTlsStream<TcpStream>>) -> Self {
         let (sink, mut source) = stream.split();
         let pending: Pending = Arc::default();
         let (events, _) = broadcast::channel(256);
@@ -120,12 +159,51 @@ impl CdpClient {
             // Fail everyone still waiting: the connection is gone.
             reader_pending.lock().expect("pending lock").clear();
         });
-        Ok(Self {
+        Self {
             sink: Mutex::new(sink),
             next_id: AtomicU64::new(1),
             pending,
             events,
-        })
+        }
+    }
+
+    /// `GET <path>` on the DevTools HTTP server of `endpoint` (`/json/list`, …).
+    pub async fn http_get(endpoint: &CdpEndpoint, path: &str) -> Result<bytes::Bytes, CdpError> {
+        use http_body_util::{BodyExt, Empty, Limited};
+        let failed = |reason: String| CdpError::Connect {
+            url: format!("http://{}{path}", endpoint.authority()),
+            reason,
+        };
+        let attempt = async {
+            let stream = endpoint
+                .connect()
+                .await
+                .map_err(|e| failed(e.to_string()))?;
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                    .await
+                    .map_err(|e| failed(e.to_string()))?;
+            tokio::spawn(connection);
+            let request = hyper::Request::get(path)
+                .header(hyper::header::HOST, endpoint.authority())
+                .body(Empty::<bytes::Bytes>::new())
+                .map_err(|e| failed(e.to_string()))?;
+            let response = sender
+                .send_request(request)
+                .await
+                .map_err(|e| failed(e.to_string()))?;
+            if !response.status().is_success() {
+                return Err(failed(format!("answered {}", response.status())));
+            }
+            Limited::new(response.into_body(), 64 << 20)
+                .collect()
+                .await
+                .map(|body| body.to_bytes())
+                .map_err(|e| failed(e.to_string()))
+        };
+        tokio::time::timeout(Duration::from_secs(10), attempt)
+            .await
+            .map_err(|_| failed("timed out".into()))?
     }
 
     /// Events from now on.

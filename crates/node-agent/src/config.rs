@@ -154,8 +154,15 @@ pub struct AgentConfig {
     pub warm_pool_size: usize,
     /// The image the warm pool serves.
     pub warm_pool_image: String,
-    /// Run each browser in its own bubblewrap namespaces when `bwrap` is installed.
+    /// Confine each browser with bubblewrap when `bwrap` is installed: a
+    /// read-only root holding only what a browser needs, its own profile and
+    /// downloads, private `/tmp` and `/dev/shm`, and its own namespaces.
     pub sandbox: bool,
+    /// The unprivileged account browsers run as when the agent runs as root
+    /// (`scripts/install-deps` creates it; `nobody` if it does not exist).
+    pub browser_user: String,
+    /// What pages may reach on the network (`[agent.egress]`).
+    pub egress: crate::egress::EgressConfig,
     /// A client connecting to a dormant instance's ports wakes it (quick start)
     /// and is served once the browser is up.
     pub wake_on_connect: bool,
@@ -198,6 +205,8 @@ impl Default for AgentConfig {
             warm_pool_size: 1,
             warm_pool_image: DEFAULT_IMAGE.to_owned(),
             sandbox: true,
+            browser_user: "flotilla-browser".into(),
+            egress: crate::egress::EgressConfig::default(),
             wake_on_connect: true,
             cpu_quota_per_core: 1.0,
             pids_max: 2048,
@@ -279,6 +288,13 @@ impl AgentConfig {
             return Err(format!(
                 "agent.warm_pool_image {:?} is not in the image catalog",
                 self.warm_pool_image
+            ));
+        }
+        self.egress.validate()?;
+        if self.browser_user.is_empty() || self.browser_user == "root" {
+            return Err(format!(
+                "agent.browser_user must name an unprivileged account (got {:?})",
+                self.browser_user
             ));
         }
         if self.launch_timeout_sec == 0 {

@@ -11,6 +11,14 @@
 //!   browser target, which keeps `urls.debug` valid across browser restarts.
 //! - Every request and every chunk of WebSocket traffic counts as activity.
 //! - A request that arrives while the browser starts waits for it.
+//! - With authentication on, every request needs an API key or the instance's
+//!   token ([`crate::access`]); a refused one is answered 401 before anything
+//!   reaches Chromium (or counts as activity, or wakes a parked instance). The
+//!   credential is not passed on, and the URLs the gateway hands out carry the
+//!   instance's token.
+//! - Commands from the client pass through [`crate::client_frames`], which keeps
+//!   downloads in the instance's own directory; WebSocket compression is not
+//!   negotiated with Chromium, so that every command can be read.
 
 use std::convert::Infallible;
 use std::io;
@@ -26,9 +34,10 @@ use hyper::header::{CONTENT_LENGTH, HOST, HeaderValue};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::access::{Admission, InstanceToken, NodeAccess, query_without_token, with_token};
 use crate::browser::CdpEndpoint;
 use crate::instance::InstanceSlot;
 
@@ -41,6 +50,8 @@ pub struct GatewayContext {
     pub public_host: String,
     /// How long a request waits for a starting browser.
     pub ready_timeout: Duration,
+    /// Who may connect.
+    pub access: Arc<NodeAccess>,
 }
 
 /// Serves the gateway on `listener` until `cancel` fires; open connections are
@@ -84,6 +95,17 @@ async fn handle(
     context: Arc<GatewayContext>,
     cancel: CancellationToken,
 ) -> Response<Full<Bytes>> {
+    let token = context.slot.access_token();
+    let admission =
+        match context
+            .access
+            .admit(token.as_deref(), request.headers(), request.uri().query())
+        {
+            Ok(admission) => admission,
+            Err(refusal) => return refusal.response(),
+        };
+    // URLs handed to an admitted client carry the token when one is needed.
+    let token = token.filter(|_| admission != Admission::Open);
     context.slot.touch();
     let endpoint = match context.slot.wait_ready(context.ready_timeout).await {
         Ok(Some(endpoint)) => endpoint,
@@ -103,7 +125,7 @@ async fn handle(
     let result = if is_upgrade {
         proxy_websocket(request, &endpoint, context.clone(), cancel).await
     } else {
-        proxy_http(request, &endpoint, &context).await
+        proxy_http(request, &endpoint, &context, token.as_deref()).await
     };
     result.unwrap_or_else(|error| {
         tracing::debug!(instance = %context.slot.id, %error, "gateway request failed");
@@ -135,28 +157,84 @@ fn external_authority(request: &Request<Incoming>, context: &GatewayContext) -> 
         .unwrap_or_else(|| format!("{}:{}", context.public_host, context.slot.debug_port()))
 }
 
-/// The upstream path: any browser-target path means the current browser.
+/// The upstream path: any browser-target path means the current browser; the
+/// `token` parameter stays here.
 fn upstream_path(request: &Request<Incoming>, endpoint: &CdpEndpoint) -> String {
     let path = request.uri().path();
     if path == "/devtools/browser" || path.starts_with("/devtools/browser/") {
-        endpoint.browser_path.clone()
-    } else {
-        request
-            .uri()
-            .path_and_query()
-            .map(|pq| pq.as_str().to_owned())
-            .unwrap_or_else(|| "/".into())
+        return endpoint.browser_path.clone();
     }
+    match request.uri().query().and_then(query_without_token) {
+        Some(query) => format!("{path}?{query}"),
+        None => path.to_owned(),
+    }
+}
+
+/// Headers never passed on to Chromium: the host (set to what Chromium
+/// answers to), the client's credential, and WebSocket extensions (frames
+/// must stay readable, see [`crate::client_frames`]).
+fn forwarded(name: &hyper::header::HeaderName) -> bool {
+    name != HOST
+        && name != hyper::header::AUTHORIZATION
+        && name != hyper::header::SEC_WEBSOCKET_EXTENSIONS
+}
+
+/// Points the URLs in a DevTools answer at the gateway (`external`) instead of
+/// Chromium's own address, with the instance's token where one is needed.
+fn rewrite_urls(
+    body: &str,
+    internal: &str,
+    external: &str,
+    token: Option<&InstanceToken>,
+) -> String {
+    let Some(token) = token else {
+        return body.replace(internal, external);
+    };
+    let Ok(mut value) = serde_json::from_str::<serde_json::Value>(body) else {
+        return body.replace(internal, external);
+    };
+    fn walk(value: &mut serde_json::Value, internal: &str, external: &str, token: &InstanceToken) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for (key, item) in map.iter_mut() {
+                    if let serde_json::Value::String(text) = item
+                        && text.contains(internal)
+                    {
+                        let replaced = text.replace(internal, external);
+                        *text = match key.as_str() {
+                            "webSocketDebuggerUrl" => with_token(&replaced, token),
+                            // The front end connects to `ws://<value of ws=>`.
+                            "devtoolsFrontendUrl" => {
+                                format!("{replaced}%3Ftoken%3D{}", token.secret())
+                            }
+                            _ => replaced,
+                        };
+                    } else {
+                        walk(item, internal, external, token);
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => {
+                for item in items {
+                    walk(item, internal, external, token);
+                }
+            }
+            _ => {}
+        }
+    }
+    walk(&mut value, internal, external, token);
+    value.to_string()
 }
 
 async fn proxy_http(
     request: Request<Incoming>,
     endpoint: &CdpEndpoint,
     context: &GatewayContext,
+    token: Option<&InstanceToken>,
 ) -> io::Result<Response<Full<Bytes>>> {
     let authority = external_authority(&request, context);
     let path = upstream_path(&request, endpoint);
-    let stream = TcpStream::connect(("127.0.0.1", endpoint.port)).await?;
+    let stream = endpoint.connect().await?;
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(io::Error::other)?;
@@ -169,12 +247,12 @@ async fn proxy_http(
         .to_bytes();
     let mut upstream = Request::builder().method(parts.method).uri(path);
     for (name, value) in &parts.headers {
-        if name != HOST {
+        if forwarded(name) {
             upstream = upstream.header(name, value);
         }
     }
     let upstream = upstream
-        .header(HOST, format!("127.0.0.1:{}", endpoint.port))
+        .header(HOST, endpoint.authority())
         .body(Full::new(body))
         .map_err(io::Error::other)?;
     let response = sender
@@ -187,9 +265,11 @@ async fn proxy_http(
         .await
         .map_err(|e| io::Error::other(e.to_string()))?
         .to_bytes();
-    let internal = format!("127.0.0.1:{}", endpoint.port);
+    let internal = endpoint.authority();
     let body = match std::str::from_utf8(&body) {
-        Ok(text) if text.contains(&internal) => Bytes::from(text.replace(&internal, &authority)),
+        Ok(text) if text.contains(&internal) => {
+            Bytes::from(rewrite_urls(text, &internal, &authority, token))
+        }
         _ => body,
     };
     parts
@@ -205,14 +285,10 @@ async fn proxy_websocket(
     cancel: CancellationToken,
 ) -> io::Result<Response<Full<Bytes>>> {
     let path = upstream_path(&request, endpoint);
-    let mut upstream = TcpStream::connect(("127.0.0.1", endpoint.port)).await?;
-    upstream.set_nodelay(true)?;
-    let mut head = format!(
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n",
-        endpoint.port
-    );
+    let mut upstream = endpoint.connect().await?;
+    let mut head = format!("GET {path} HTTP/1.1\r\nHost: {}\r\n", endpoint.authority());
     for (name, value) in request.headers() {
-        if name == HOST {
+        if !forwarded(name) {
             continue;
         }
         head.push_str(name.as_str());
@@ -279,8 +355,24 @@ async fn proxy_websocket(
         if !leftover.is_empty() && client.write_all(&leftover).await.is_err() {
             return;
         }
+        let downloads = slot.dirs.downloads().to_string_lossy().into_owned();
+        let (client_read, mut client_write) = tokio::io::split(client);
+        let (mut upstream_read, upstream_write) = upstream.into_split();
+        let to_browser = crate::client_frames::relay(client_read, upstream_write, &downloads);
+        let to_client = async {
+            let _ = tokio::io::copy(&mut upstream_read, &mut client_write).await;
+            let _ = client_write.shutdown().await;
+        };
+        tokio::pin!(to_browser, to_client);
         tokio::select! {
-            _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
+            _ = &mut to_client => {}
+            outcome = &mut to_browser => {
+                if let Err(error) = outcome {
+                    tracing::debug!(instance = %slot.id, %error, "CDP client connection closed");
+                }
+                // Let the browser's last frames (its close answer) through.
+                let _ = tokio::time::timeout(Duration::from_secs(2), &mut to_client).await;
+            }
             _ = cancel.cancelled() => {}
             _ = slot.servers.cancelled() => {}
         }

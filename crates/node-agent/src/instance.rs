@@ -21,6 +21,7 @@ use flotilla_api_types::clock::Clock;
 use flotilla_api_types::ids::SnapshotId;
 use flotilla_api_types::instances::{InstanceConfig, InstanceResources, InstanceStatus};
 
+use crate::access::InstanceToken;
 use crate::browser::{BrowserProcess, CdpEndpoint, InstanceDirs};
 use crate::cgroups::InstanceCgroup;
 use crate::launcher::Launched;
@@ -73,6 +74,9 @@ pub struct InstanceSlot {
     pub operation: tokio::sync::Mutex<()>,
     /// The snapshot while dormant.
     snapshot: Mutex<Option<SnapshotId>>,
+    /// The instance's access token, from the control plane (create, revive).
+    /// A std mutex: the `Arc` is cloned out, never held across an await.
+    access_token: Mutex<Option<Arc<InstanceToken>>>,
     /// Asks the agent to revive this instance when it is dormant and a client
     /// connects; `None` when waking is off.
     waker: Option<mpsc::UnboundedSender<InstanceId>>,
@@ -108,6 +112,7 @@ impl InstanceSlot {
             supervisor_done: Mutex::new(CancellationToken::new()),
             operation: tokio::sync::Mutex::new(()),
             snapshot: Mutex::new(None),
+            access_token: Mutex::new(None),
             waker,
             clock,
         }
@@ -281,6 +286,19 @@ impl InstanceSlot {
 
     pub fn set_snapshot(&self, snapshot: Option<SnapshotId>) {
         *self.snapshot.lock().expect("slot lock") = snapshot;
+    }
+
+    /// The instance's access token, if the control plane sent one.
+    pub fn access_token(&self) -> Option<Arc<InstanceToken>> {
+        self.access_token.lock().expect("slot lock").clone()
+    }
+
+    /// Sets the token (`None` keeps the current one).
+    pub fn set_access_token(&self, token: Option<String>) {
+        if let Some(token) = token {
+            *self.access_token.lock().expect("slot lock") =
+                Some(Arc::new(InstanceToken::new(token)));
+        }
     }
 
     pub fn set_resources(&self, resources: InstanceResources) {

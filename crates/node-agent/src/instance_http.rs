@@ -5,7 +5,7 @@
 //!
 //! It talks to the browser directly on its internal DevTools port.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::net::TcpListener;
 
+use crate::access::{NodeAccess, with_token};
 use crate::browser::CdpEndpoint;
 use crate::cdp::CdpClient;
 use crate::instance::InstanceSlot;
@@ -26,6 +27,7 @@ use crate::instance::InstanceSlot;
 struct ApiState {
     slot: Arc<InstanceSlot>,
     ready_timeout: Duration,
+    access: Arc<NodeAccess>,
 }
 
 /// One open tab.
@@ -36,8 +38,16 @@ pub struct Tab {
     pub title: String,
 }
 
-pub async fn serve_api(listener: TcpListener, slot: Arc<InstanceSlot>, ready_timeout: Duration) {
+/// Serves the instance's HTTP API until its servers stop; with
+/// authentication on, every request needs a credential ([`crate::access`]).
+pub async fn serve_api(
+    listener: TcpListener,
+    slot: Arc<InstanceSlot>,
+    ready_timeout: Duration,
+    access: Arc<NodeAccess>,
+) {
     let cancel = slot.servers.clone();
+    let guard_state = (access.clone(), slot.clone());
     let router = Router::new()
         .route("/", get(index))
         .route("/tabs", get(tabs))
@@ -45,7 +55,12 @@ pub async fn serve_api(listener: TcpListener, slot: Arc<InstanceSlot>, ready_tim
         .with_state(ApiState {
             slot,
             ready_timeout,
-        });
+            access,
+        })
+        .layer(axum::middleware::from_fn_with_state(
+            guard_state,
+            crate::access::require_credential,
+        ));
     let _ = axum::serve(listener, router)
         .with_graceful_shutdown(async move { cancel.cancelled().await })
         .await;
@@ -77,54 +92,34 @@ async fn endpoint(state: &ApiState) -> Result<CdpEndpoint, ApiError> {
     }
 }
 
-fn http_client() -> &'static reqwest::Client {
-    static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
-    CLIENT.get_or_init(|| {
-        reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
-            .no_proxy()
-            .build()
-            .expect("http client")
-    })
-}
-
 /// The browser's page targets (its own `browser_ui` targets are left out).
-pub async fn list_tabs(endpoint: &CdpEndpoint) -> Result<Vec<(Tab, String)>, String> {
+pub async fn list_tabs(endpoint: &CdpEndpoint) -> Result<Vec<Tab>, String> {
     #[derive(Deserialize)]
-    #[serde(rename_all = "camelCase")]
     struct Target {
         id: String,
         #[serde(rename = "type")]
         kind: String,
         url: String,
         title: String,
-        web_socket_debugger_url: Option<String>,
     }
-    let targets: Vec<Target> = http_client()
-        .get(format!("http://127.0.0.1:{}/json/list", endpoint.port))
-        .send()
-        .await
-        .map_err(|e| e.to_string())?
-        .json()
+    let body = CdpClient::http_get(endpoint, "/json/list")
         .await
         .map_err(|e| e.to_string())?;
+    let targets: Vec<Target> = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
     Ok(targets
         .into_iter()
         .filter(|t| t.kind == "page")
-        .map(|t| {
-            let ws = t.web_socket_debugger_url.unwrap_or_else(|| {
-                format!("ws://127.0.0.1:{}/devtools/page/{}", endpoint.port, t.id)
-            });
-            (
-                Tab {
-                    id: t.id,
-                    url: t.url,
-                    title: t.title,
-                },
-                ws,
-            )
+        .map(|t| Tab {
+            id: t.id,
+            url: t.url,
+            title: t.title,
         })
         .collect())
+}
+
+/// The DevTools path of a page target.
+pub fn page_path(tab: &Tab) -> String {
+    format!("/devtools/page/{}", tab.id)
 }
 
 async fn tabs(State(state): State<ApiState>) -> Result<Response, ApiError> {
@@ -132,7 +127,6 @@ async fn tabs(State(state): State<ApiState>) -> Result<Response, ApiError> {
     let tabs = list_tabs(&endpoint)
         .await
         .map_err(|e| ApiError(StatusCode::BAD_GATEWAY, format!("cannot list tabs: {e}")))?;
-    let tabs: Vec<Tab> = tabs.into_iter().map(|(tab, _)| tab).collect();
     Ok(axum::Json(tabs).into_response())
 }
 
@@ -156,22 +150,19 @@ async fn screenshot(
     let tabs = list_tabs(&endpoint)
         .await
         .map_err(|e| ApiError(StatusCode::BAD_GATEWAY, format!("cannot list tabs: {e}")))?;
-    let (_, ws) = match &query.tab {
-        Some(id) => tabs
-            .into_iter()
-            .find(|(tab, _)| &tab.id == id)
-            .ok_or_else(|| {
-                ApiError(
-                    StatusCode::NOT_FOUND,
-                    format!("no tab {id:?}; GET /tabs lists them"),
-                )
-            })?,
+    let tab = match &query.tab {
+        Some(id) => tabs.into_iter().find(|tab| &tab.id == id).ok_or_else(|| {
+            ApiError(
+                StatusCode::NOT_FOUND,
+                format!("no tab {id:?}; GET /tabs lists them"),
+            )
+        })?,
         None => tabs
             .into_iter()
             .next()
             .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, "the browser has no open tab".into()))?,
     };
-    let client = CdpClient::connect(&ws)
+    let client = CdpClient::open(&endpoint, &page_path(&tab))
         .await
         .map_err(|e| ApiError(StatusCode::BAD_GATEWAY, e.to_string()))?;
     let result = client
@@ -206,23 +197,39 @@ async fn screenshot(
 }
 
 async fn index(State(state): State<ApiState>, headers: HeaderMap) -> Html<String> {
+    // The host the client used, if it is a plain host name or address (it goes
+    // into the page's HTML).
     let host = headers
         .get(header::HOST)
         .and_then(|v| v.to_str().ok())
-        .and_then(|h| {
-            h.rsplit_once(':')
-                .map(|(host, _)| host.to_owned())
-                .or(Some(h.to_owned()))
+        .map(|h| h.rsplit_once(':').map_or(h, |(host, _)| host))
+        .filter(|h| {
+            !h.is_empty()
+                && h.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '[' | ']' | ':'))
         })
-        .unwrap_or_else(|| "127.0.0.1".into());
+        .unwrap_or("127.0.0.1");
     let stream_port = state.slot.ports[1];
     let id = &state.slot.id;
+    // The page was shown to an admitted client; its links need the token too.
+    let token = state
+        .slot
+        .access_token()
+        .filter(|_| state.access.auth_enabled());
+    let link = |url: String| match &token {
+        Some(token) => with_token(&url, token),
+        None => url,
+    };
+    let live_view = link(format!("http://{host}:{stream_port}/"));
+    let tabs = link("/tabs".into());
+    let screenshot = link("/screenshot".into());
     Html(format!(
         r#"<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="referrer" content="no-referrer">
 <title>Instance {id}</title>
 <style>body{{margin:0;background:#111;color:#ddd;font:14px system-ui,sans-serif}}header{{padding:8px 12px}}img{{display:block;max-width:100%;margin:0 auto;background:#000}}a{{color:#8cf}}</style>
-</head><body><header>Instance <code>{id}</code> · <a href="/tabs">tabs</a> · <a href="/screenshot">screenshot</a></header>
-<img src="http://{host}:{stream_port}/" alt="Live view of instance {id}"></body></html>"#
+</head><body><header>Instance <code>{id}</code> · <a href="{tabs}">tabs</a> · <a href="{screenshot}">screenshot</a></header>
+<img src="{live_view}" alt="Live view of instance {id}"></body></html>"#
     ))
 }

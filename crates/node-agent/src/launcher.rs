@@ -1,4 +1,5 @@
-//! How the agent starts browsers: the sandbox (bubblewrap), the cgroup with the
+//! How the agent starts browsers: their confinement ([`Isolation`]: user,
+//! bubblewrap, network namespace and egress policy), the cgroup with the
 //! instance's limits, the launch flags, and the warm pool.
 //!
 //! The warm pool keeps `agent.warm_pool_size` browsers of `agent.warm_pool_image`
@@ -19,10 +20,12 @@ use tokio_util::sync::CancellationToken;
 
 use flotilla_api_types::instances::InstanceConfig;
 
-use crate::browser::{BrowserProcess, CdpEndpoint, InstanceDirs, LaunchError, LaunchPlan, Sandbox};
+use crate::browser::{BrowserProcess, CdpEndpoint, InstanceDirs, LaunchError, LaunchPlan};
 use crate::cdp::CdpClient;
 use crate::cgroups::{Cgroups, InstanceCgroup, Limits};
 use crate::config::{AgentConfig, ImageConfig, RuntimeKind};
+use crate::egress::EgressPolicy;
+use crate::sandbox::Isolation;
 
 /// A started browser and the cgroup it runs in.
 #[derive(Clone)]
@@ -48,7 +51,9 @@ fn fnv1a(bytes: &[u8]) -> u32 {
 pub struct Launcher {
     config: AgentConfig,
     instances_root: PathBuf,
-    sandbox: Option<Sandbox>,
+    isolation: Isolation,
+    /// The egress rules, when browsers get network namespaces of their own.
+    egress: Option<Arc<EgressPolicy>>,
     cgroups: Option<Cgroups>,
     /// Why the node runs with less isolation than configured (shown in health).
     warnings: Vec<String>,
@@ -69,19 +74,21 @@ impl Launcher {
         config: &AgentConfig,
         node_id: &str,
         instances_root: PathBuf,
-        hidden: Vec<PathBuf>,
+        state_dir: &std::path::Path,
     ) -> Self {
-        let mut warnings = Vec::new();
         let real = config.runtime == RuntimeKind::Chromium;
-        let sandbox = if real && config.sandbox {
-            let found = Sandbox::detect(hidden);
-            if found.is_none() {
-                warnings.push("bubblewrap (bwrap) is not installed: browsers run without their own pid, ipc, uts and mount namespaces".to_owned());
-            }
-            found
+        let isolation = if real {
+            Isolation::detect(config, state_dir)
         } else {
-            None
+            Isolation::none()
         };
+        for warning in &isolation.warnings {
+            tracing::warn!("{warning}");
+        }
+        let mut warnings = isolation.warnings.clone();
+        let egress = isolation
+            .own_network
+            .then(|| Arc::new(EgressPolicy::new(&config.egress)));
         let cgroups = if real {
             // Unique per agent: two agents on one machine (tests, or a mistake
             // with node ids) must never sweep each other's browsers.
@@ -113,7 +120,8 @@ impl Launcher {
         Self {
             config: config.clone(),
             instances_root,
-            sandbox,
+            isolation,
+            egress,
             cgroups,
             warnings,
             pool: Mutex::default(),
@@ -127,6 +135,16 @@ impl Launcher {
         &self.warnings
     }
 
+    /// The node's browser confinement.
+    pub fn isolation(&self) -> &Isolation {
+        &self.isolation
+    }
+
+    /// The egress rules browsers run under, when enforced.
+    pub fn egress(&self) -> Option<&Arc<EgressPolicy>> {
+        self.egress.as_ref()
+    }
+
     pub fn limits_for(&self, config: &InstanceConfig) -> Limits {
         Limits::new(
             config.memory_gb,
@@ -136,7 +154,7 @@ impl Launcher {
     }
 
     /// Starts a browser for `image` in `dirs`, in cgroup `name` with `limits`.
-    pub fn spawn(
+    pub async fn spawn(
         &self,
         name: &str,
         dirs: &InstanceDirs,
@@ -175,11 +193,12 @@ impl Launcher {
             image,
             dirs,
             extra_args: &extra_args,
-            sandbox: self.sandbox.as_ref(),
+            isolation: &self.isolation,
+            egress: self.egress.as_ref(),
             cgroup: cgroup.as_ref(),
             hostname: name,
         };
-        match BrowserProcess::spawn_chromium(&plan) {
+        match BrowserProcess::spawn_chromium(&plan).await {
             Ok(process) => Ok(Launched {
                 process: Arc::new(process),
                 cgroup,
@@ -222,12 +241,12 @@ impl Launcher {
 
     async fn measure_and_fix(&self, endpoint: &CdpEndpoint) -> Result<(u32, u32), String> {
         let timeout = Duration::from_secs(10);
-        let (tab, _) = crate::instance_http::list_tabs(endpoint)
+        let tab = crate::instance_http::list_tabs(endpoint)
             .await?
             .into_iter()
             .next()
             .ok_or("no tab to measure")?;
-        let browser = CdpClient::connect(&endpoint.browser_ws_url())
+        let browser = CdpClient::browser(endpoint)
             .await
             .map_err(|e| e.to_string())?;
         let attached = browser
@@ -368,7 +387,7 @@ impl Launcher {
         let name = format!("pool-{}", uuid::Uuid::now_v7());
         let dirs = InstanceDirs::new(self.instances_root.join(&name));
         let limits = self.limits_for(&InstanceConfig::default());
-        let outcome = match self.spawn(&name, &dirs, &image, limits) {
+        let outcome = match self.spawn(&name, &dirs, &image, limits).await {
             Ok(launched) => match launched
                 .process
                 .wait_ready(Duration::from_secs(self.config.launch_timeout_sec))

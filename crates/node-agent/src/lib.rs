@@ -4,17 +4,23 @@
 //! - [`agent`] — the [`Agent`] handle (create, delete, report, shutdown).
 //! - [`browser`] — one browser process tree (launch, readiness, stop).
 //! - [`gateway`], [`live_view`], [`instance_http`]: the servers on an instance's
-//!   debug, stream and HTTP ports.
+//!   debug, stream and HTTP ports; [`access`] decides who may use them, and
+//!   [`client_frames`] reads what CDP clients send.
+//! - [`sandbox`], [`netns`], [`egress`]: how a browser is confined (user,
+//!   filesystem, Chromium's sandbox, its own network behind the egress proxy).
 //! - [`cdp`] — a small DevTools protocol client for the agent's own needs.
 //! - [`monitor`] — resource sampling from `/proc`.
 //! - [`ports`], [`sweep`], [`config`], [`link`].
 
+pub mod access;
 pub mod agent;
 pub mod agent_api;
 pub mod browser;
 pub mod cdp;
 pub mod cgroups;
+pub mod client_frames;
 pub mod config;
+pub mod egress;
 pub mod gateway;
 pub mod instance;
 pub mod instance_http;
@@ -22,10 +28,13 @@ pub mod launcher;
 pub mod link;
 pub mod live_view;
 pub mod monitor;
+pub mod netns;
 pub mod ports;
+pub mod sandbox;
 pub mod snapshot;
 pub mod sweep;
 
 pub use agent::{Agent, AgentError, AgentSettings};
 pub use config::{AgentConfig, RuntimeKind};
-pub use link::{ControlPlaneLink, HttpLink, LinkError, RegistrationAck};
+pub use flotilla_api_types::agent::RegistrationAck;
+pub use link::{ControlPlaneLink, HttpLink, LinkError};

@@ -5,19 +5,9 @@
 use async_trait::async_trait;
 use std::time::Duration;
 
-use flotilla_api_types::agent::{Heartbeat, InstanceStateChange, NodeRegistration};
-
-/// What the control plane tells an agent when it registers.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct RegistrationAck {
-    pub heartbeat_interval_sec: f64,
-}
-
-impl RegistrationAck {
-    pub fn heartbeat_interval(&self) -> Duration {
-        Duration::from_secs_f64(self.heartbeat_interval_sec.max(0.05))
-    }
-}
+use flotilla_api_types::agent::{
+    Heartbeat, InstanceStateChange, NodeRegistration, RegistrationAck,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
@@ -32,7 +22,8 @@ pub enum LinkError {
 #[async_trait]
 pub trait ControlPlaneLink: Send + Sync + 'static {
     async fn register(&self, registration: NodeRegistration) -> Result<RegistrationAck, LinkError>;
-    async fn heartbeat(&self, heartbeat: Heartbeat) -> Result<(), LinkError>;
+    /// Answered with the current settings (the same as at registration).
+    async fn heartbeat(&self, heartbeat: Heartbeat) -> Result<RegistrationAck, LinkError>;
     async fn state_changed(&self, change: InstanceStateChange) -> Result<(), LinkError>;
 }
 
@@ -96,8 +87,12 @@ impl ControlPlaneLink for HttpLink {
             .map_err(|e| LinkError::Unreachable(format!("unreadable registration answer: {e}")))
     }
 
-    async fn heartbeat(&self, heartbeat: Heartbeat) -> Result<(), LinkError> {
-        self.post("/nodes/heartbeat", &heartbeat).await.map(drop)
+    async fn heartbeat(&self, heartbeat: Heartbeat) -> Result<RegistrationAck, LinkError> {
+        self.post("/nodes/heartbeat", &heartbeat)
+            .await?
+            .json()
+            .await
+            .map_err(|e| LinkError::Unreachable(format!("unreadable heartbeat answer: {e}")))
     }
 
     async fn state_changed(&self, change: InstanceStateChange) -> Result<(), LinkError> {

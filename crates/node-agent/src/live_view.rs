@@ -29,9 +29,10 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::{Mutex, watch};
 
+use crate::access::NodeAccess;
 use crate::cdp::CdpClient;
 use crate::instance::InstanceSlot;
-use crate::instance_http::list_tabs;
+use crate::instance_http::{list_tabs, page_path};
 
 /// Screencast settings (from `[agent]`).
 #[derive(Debug, Clone, Copy)]
@@ -140,12 +141,14 @@ impl LiveView {
             .wait_ready_waking(self.ready_timeout, wake)
             .await?
             .ok_or("sim instance: no browser")?;
-        let (_, ws) = list_tabs(&endpoint)
+        let tab = list_tabs(&endpoint)
             .await?
             .into_iter()
             .next()
             .ok_or("the browser has no open tab")?;
-        let client = CdpClient::connect(&ws).await.map_err(|e| e.to_string())?;
+        let client = CdpClient::open(&endpoint, &page_path(&tab))
+            .await
+            .map_err(|e| e.to_string())?;
         let mut events = client.events();
         let timeout = Duration::from_secs(10);
         client
@@ -244,13 +247,20 @@ impl Drop for ViewerGuard {
     }
 }
 
-pub async fn serve(listener: TcpListener, live_view: Arc<LiveView>) {
+/// Serves the live view until the instance's servers stop; with
+/// authentication on, every request needs a credential ([`crate::access`]).
+pub async fn serve(listener: TcpListener, live_view: Arc<LiveView>, access: Arc<NodeAccess>) {
     let cancel = live_view.slot.servers.clone();
+    let guard_state = (access, live_view.slot.clone());
     let router = Router::new()
         .route("/", get(mjpeg))
         .route("/ws", get(websocket))
         .route("/frame.jpg", get(latest_frame))
-        .with_state(live_view);
+        .with_state(live_view)
+        .layer(axum::middleware::from_fn_with_state(
+            guard_state,
+            crate::access::require_credential,
+        ));
     let _ = axum::serve(listener, router)
         .with_graceful_shutdown(async move { cancel.cancelled().await })
         .await;

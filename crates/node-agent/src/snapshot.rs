@@ -185,7 +185,7 @@ const CDP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Reads cookies, tabs and localStorage from a running browser.
 pub async fn capture(endpoint: &CdpEndpoint) -> anyhow::Result<CapturedState> {
-    let browser = CdpClient::connect(&endpoint.browser_ws_url()).await?;
+    let browser = CdpClient::browser(endpoint).await?;
     let cookies = browser
         .call("Storage.getCookies", json!({}), None, CDP_TIMEOUT)
         .await?;
@@ -339,7 +339,7 @@ pub async fn restore(
     state: &CapturedState,
     reopen_tabs: bool,
 ) -> anyhow::Result<()> {
-    let browser = CdpClient::connect(&endpoint.browser_ws_url()).await?;
+    let browser = CdpClient::browser(endpoint).await?;
     let cookies: Vec<Value> = state.cookies.iter().map(cookie_param).collect();
     if !cookies.is_empty() {
         browser

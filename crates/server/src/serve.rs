@@ -261,7 +261,6 @@ pub(crate) fn agent_settings(
             .bind_address
             .unwrap_or_else(|| default_bind_address(&public_host)),
         public_host,
-        hidden_paths: vec![data_dir.to_path_buf()],
         snapshots,
         clock,
     }

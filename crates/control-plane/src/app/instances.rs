@@ -124,6 +124,7 @@ impl ControlPlane {
         };
 
         let connection = self.connection(&node.id).await?;
+        let access_token = Some(self.instance_token(&id).await?);
         let call = match connection {
             Some(connection) => {
                 connection
@@ -131,6 +132,7 @@ impl ControlPlane {
                         id: id.clone(),
                         image: image.clone(),
                         config: config.clone(),
+                        access_token,
                     })
                     .await
             }
@@ -189,7 +191,10 @@ impl ControlPlane {
             .await?
             .ok_or_else(|| not_found(&id))?;
         tracing::info!(instance = %id, node = %node.id, image, "instance created");
-        Ok(views::instance_created(&record, &node.public_host))
+        self.public_hosts.remember(&node.id, &node.public_host);
+        let token = self.url_token(&id).await?;
+        let urls = views::instance_urls(&record, &node.public_host, token.as_deref());
+        Ok(views::instance_created(&record, urls))
     }
 
     pub async fn instance_list(&self, query: ListInstancesQuery) -> Result<InstanceList> {
@@ -227,7 +232,8 @@ impl ControlPlane {
             .instance_get(id)
             .await?
             .ok_or_else(|| not_found(id))?;
-        Ok(views::instance_detail(&record, self.now()))
+        let urls = self.instance_urls(&record).await?;
+        Ok(views::instance_detail(&record, urls, self.now()))
     }
 
     /// Stops the instance on its node (gracefully unless `force`) and removes it.

@@ -5,6 +5,7 @@
 mod alerts;
 mod dormancy;
 mod health;
+mod instance_access;
 mod instances;
 mod metrics;
 mod nodes;
@@ -44,6 +45,10 @@ pub struct ControlPlane {
     pub(crate) guard: Guard,
     /// The key that signs subscriber tokens (see [`tokens`]), loaded once.
     token_key: tokio::sync::OnceCell<Arc<Vec<u8>>>,
+    /// The key instance tokens derive from (see [`instance_access`]), loaded once.
+    instance_token_key: tokio::sync::OnceCell<Arc<Vec<u8>>>,
+    /// Nodes' public hosts for instance URLs.
+    pub(crate) public_hosts: instance_access::PublicHosts,
     /// This control plane's name as a lease holder (random per start).
     holder: String,
     /// Per node: recent instances and failures, and when they were read.
@@ -64,6 +69,8 @@ impl ControlPlane {
             telemetry: Telemetry::default(),
             guard,
             token_key: tokio::sync::OnceCell::new(),
+            instance_token_key: tokio::sync::OnceCell::new(),
+            public_hosts: instance_access::PublicHosts::default(),
             holder: uuid::Uuid::new_v4().simple().to_string(),
             recent_failures: tokio::sync::Mutex::new(None),
         }

@@ -4,10 +4,10 @@
 use std::collections::{HashMap, HashSet};
 
 use flotilla_api_types::NodeId;
+use flotilla_api_types::agent::RegistrationAck;
 use flotilla_api_types::agent::{Heartbeat, NodeRegistration};
 use flotilla_api_types::instances::InstanceStatus;
 use flotilla_api_types::nodes::{Node, NodeList, NodeStatus};
-use flotilla_node_agent::RegistrationAck;
 
 use std::sync::Arc;
 
@@ -135,9 +135,9 @@ impl ControlPlane {
             .instance_record_usage(&registration.node_id, &registration.instances)
             .await?;
         tracing::info!(node = %registration.node_id, address = registration.address, "node registered");
-        Ok(RegistrationAck {
-            heartbeat_interval_sec: self.config.nodes.heartbeat_interval_sec,
-        })
+        self.public_hosts
+            .remember(&registration.node_id, &registration.public_host);
+        Ok(self.agent_ack())
     }
 
     /// What each node holds, for placement: occupied slots, and the instances
@@ -192,9 +192,10 @@ impl ControlPlane {
         }
     }
 
-    /// Records a heartbeat. `false` tells the agent to register again: the node
-    /// is unknown, or it was offline and must be reconciled.
-    pub async fn node_heartbeat(&self, heartbeat: Heartbeat) -> Result<bool> {
+    /// Records a heartbeat: the answer for the agent, or `None` to have it
+    /// register again (the node is unknown, or it was offline and must be
+    /// reconciled).
+    pub async fn node_heartbeat(&self, heartbeat: Heartbeat) -> Result<Option<RegistrationAck>> {
         match self
             .store
             .node_heartbeat(
@@ -205,12 +206,12 @@ impl ControlPlane {
             )
             .await?
         {
-            None | Some(NodeStatus::Offline) => Ok(false),
+            None | Some(NodeStatus::Offline) => Ok(None),
             Some(NodeStatus::Online) => {
                 self.store
                     .instance_record_usage(&heartbeat.node_id, &heartbeat.instances)
                     .await?;
-                Ok(true)
+                Ok(Some(self.agent_ack()))
             }
         }
     }

@@ -17,12 +17,19 @@ fn url_host(host: &str) -> String {
     }
 }
 
-pub fn instance_urls(record: &InstanceRecord, public_host: &str) -> Option<InstanceUrls> {
+/// `urls` on the instance's own ports; with `token` (authentication on) each
+/// carries it as `?token=`, so clients given the URL need nothing else.
+pub fn instance_urls(
+    record: &InstanceRecord,
+    public_host: &str,
+    token: Option<&str>,
+) -> Option<InstanceUrls> {
     let [debug, stream, _] = record.ports?;
     let host = url_host(public_host);
+    let query = token.map(|t| format!("?token={t}")).unwrap_or_default();
     Some(InstanceUrls {
-        debug: format!("ws://{host}:{debug}/devtools/browser/{}", record.id),
-        stream: format!("http://{host}:{stream}/"),
+        debug: format!("ws://{host}:{debug}/devtools/browser/{}{query}", record.id),
+        stream: format!("http://{host}:{stream}/{query}"),
     })
 }
 
@@ -37,10 +44,10 @@ fn with_common(record: &InstanceRecord) -> Instance {
 }
 
 /// create: id, status, node_id, subdomain, debug_port, stream_port, http_port, created_at, urls.
-pub fn instance_created(record: &InstanceRecord, public_host: &str) -> Instance {
+pub fn instance_created(record: &InstanceRecord, urls: Option<InstanceUrls>) -> Instance {
     let mut view = with_common(record);
     view.http_port = record.ports.map(|p| p[2]);
-    view.urls = instance_urls(record, public_host);
+    view.urls = urls;
     view
 }
 
@@ -51,9 +58,15 @@ pub fn instance_summary(record: &InstanceRecord) -> Instance {
     view
 }
 
-/// get: the list members plus http_port, config, activity (and image, status_reason).
-pub fn instance_detail(record: &InstanceRecord, now: DateTime<Utc>) -> Instance {
+/// get: the list members plus http_port, config, activity, and urls (with the
+/// instance's token when authentication is on), image and status_reason.
+pub fn instance_detail(
+    record: &InstanceRecord,
+    urls: Option<InstanceUrls>,
+    now: DateTime<Utc>,
+) -> Instance {
     let mut view = instance_summary(record);
+    view.urls = urls;
     view.http_port = record.ports.map(|p| p[2]);
     view.image = Some(record.image.clone());
     view.config = Some(record.config.clone());

@@ -23,6 +23,9 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 
+use flotilla_api_types::agent::InstanceAccessPolicy;
+use flotilla_api_types::credentials::{bearer_token, matches_any_digest};
+
 use crate::app::ControlPlane;
 use crate::config::ControlPlaneConfig;
 use crate::error::Error;
@@ -56,10 +59,6 @@ fn key_hash(entry: &str) -> Result<[u8; 32], String> {
             Ok(Sha256::digest(entry.as_bytes()).into())
         }
     }
-}
-
-fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Checks the `api_keys` entries (for configuration validation).
@@ -101,18 +100,23 @@ impl Guard {
     /// The key's id when the request carries an accepted key. Every accepted
     /// key is compared, so the time does not say which one matched.
     fn principal(&self, headers: &HeaderMap) -> Option<Principal> {
-        let presented = headers
-            .get(axum::http::header::AUTHORIZATION)?
-            .to_str()
-            .ok()?
-            .strip_prefix("Bearer ")?
-            .trim();
+        let presented = bearer_token(
+            headers
+                .get(axum::http::header::AUTHORIZATION)?
+                .to_str()
+                .ok()?,
+        )?;
         let hash: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
-        let matched = self
-            .key_hashes
-            .iter()
-            .fold(false, |found, key| found | constant_time_eq(key, &hash));
-        matched.then(|| Principal(format!("key:{}", &hex::encode(hash)[..12])))
+        matches_any_digest(presented.as_bytes(), &self.key_hashes)
+            .then(|| Principal(format!("key:{}", &hex::encode(hash)[..12])))
+    }
+
+    /// What agents need to admit clients on instance ports.
+    pub fn instance_access_policy(&self) -> InstanceAccessPolicy {
+        InstanceAccessPolicy {
+            auth_enabled: self.auth_enabled,
+            api_key_sha256: self.key_hashes.iter().map(hex::encode).collect(),
+        }
     }
 }
 
@@ -288,7 +292,7 @@ mod tests {
         let configured = format!("sha256:{}", hex::encode(hash));
         assert_eq!(key_hash(&configured).unwrap(), hash);
         assert!(key_hash("sha256:zz").is_err());
-        assert!(constant_time_eq(&hash, &hash));
-        assert!(!constant_time_eq(&hash, &key_hash("secreT").unwrap()));
+        assert!(matches_any_digest(b"secret", &[hash]));
+        assert!(!matches_any_digest(b"secreT", &[hash]));
     }
 }

@@ -3,8 +3,9 @@
 //! it answers 401 to everyone.
 //!
 //! - `POST /internal/v1/nodes/register`  — `NodeRegistration` → 200 `RegistrationAck`
-//! - `POST /internal/v1/nodes/heartbeat` — `Heartbeat` → 204, or 404 when the node
-//!   must register again (unknown, or declared offline meanwhile)
+//! - `POST /internal/v1/nodes/heartbeat` — `Heartbeat` → 200 `RegistrationAck`
+//!   (the current settings), or 404 when the node must register again
+//!   (unknown, or declared offline meanwhile)
 //! - `POST /internal/v1/instances/state` — `InstanceStateChange` → 204
 
 use std::sync::Arc;
@@ -15,9 +16,10 @@ use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use flotilla_api_types::agent::{Heartbeat, InstanceStateChange, NodeRegistration};
-use flotilla_node_agent::RegistrationAck;
-use flotilla_node_agent::agent_api::constant_time_eq;
+use flotilla_api_types::agent::{
+    Heartbeat, InstanceStateChange, NodeRegistration, RegistrationAck,
+};
+use flotilla_api_types::credentials::{bearer_token, constant_time_eq};
 
 use crate::app::ControlPlane;
 use crate::error::Error;
@@ -32,7 +34,7 @@ pub async fn require_cluster_token(
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(bearer_token);
     match (&control_plane.config().cluster_token, presented) {
         (Some(token), Some(presented))
             if constant_time_eq(token.as_bytes(), presented.as_bytes()) =>
@@ -60,12 +62,11 @@ pub async fn register(
 pub async fn heartbeat(
     State(control_plane): State<Arc<ControlPlane>>,
     Json(heartbeat): Json<Heartbeat>,
-) -> Result<StatusCode, Error> {
+) -> Result<Json<RegistrationAck>, Error> {
     let node = heartbeat.node_id.clone();
-    if control_plane.node_heartbeat(heartbeat).await? {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(Error::NotFound(format!("node {node} must register again")))
+    match control_plane.node_heartbeat(heartbeat).await? {
+        Some(ack) => Ok(Json(ack)),
+        None => Err(Error::NotFound(format!("node {node} must register again"))),
     }
 }
 

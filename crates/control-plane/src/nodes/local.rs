@@ -66,10 +66,10 @@ impl ControlPlaneLink for LocalLink {
             .map_err(|e| LinkError::Unreachable(e.to_string()))
     }
 
-    async fn heartbeat(&self, heartbeat: Heartbeat) -> Result<(), LinkError> {
+    async fn heartbeat(&self, heartbeat: Heartbeat) -> Result<RegistrationAck, LinkError> {
         match self.0.node_heartbeat(heartbeat).await {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(LinkError::UnknownNode),
+            Ok(Some(ack)) => Ok(ack),
+            Ok(None) => Err(LinkError::UnknownNode),
             Err(error) => Err(LinkError::Unreachable(error.to_string())),
         }
     }

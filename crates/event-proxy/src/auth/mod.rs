@@ -104,8 +104,8 @@ pub enum Presented {
 /// Reads the token from the `Authorization` header or the `token` query parameter.
 pub fn presented_token(authorization: Option<&str>, query_token: Option<&str>) -> Presented {
     match authorization {
-        Some(header) => match header.strip_prefix("Bearer ") {
-            Some(token) if !token.trim().is_empty() && !token.contains(char::is_whitespace) => {
+        Some(header) => match flotilla_api_types::credentials::bearer_token(header) {
+            Some(token) if !token.contains(char::is_whitespace) => {
                 Presented::Token(token.to_owned())
             }
             _ => Presented::Malformed,

@@ -1,0 +1,126 @@
+//! Instance access tokens and the URLs that carry them.
+//!
+//! With `auth_enabled`, an instance's ports (and later the front door) admit an
+//! API key or the instance's own token. The token is derived, never stored:
+//! `flt_` + base64url(HMAC-SHA256(key, instance id)), with the key created once
+//! in the store (setting `instance_token_key`), so every control plane of a
+//! cluster derives the same token and a deleted instance's token opens nothing
+//! (no live instance has its id). Agents learn each token from the create and
+//! revive calls; `urls.debug` and `urls.stream` carry it as `?token=`.
+//!
+//! Also here: the agents' view of the policy (whether authentication is on,
+//! the API keys' digests), sent with every registration and heartbeat answer.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as BASE64URL;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+use flotilla_api_types::agent::RegistrationAck;
+use flotilla_api_types::instances::InstanceUrls;
+use flotilla_api_types::{InstanceId, NodeId};
+
+use super::ControlPlane;
+use super::views;
+use crate::error::Result;
+use crate::store::InstanceRecord;
+
+const KEY_SETTING: &str = "instance_token_key";
+
+/// How long a node's public host is taken from memory before the store is read again.
+const PUBLIC_HOST_TTL: Duration = Duration::from_secs(30);
+
+/// Nodes' public hosts, for instance URLs without a store read per request.
+#[derive(Default)]
+pub(crate) struct PublicHosts {
+    /// A std mutex: looked up and replaced without awaiting.
+    known: std::sync::Mutex<HashMap<NodeId, (Instant, String)>>,
+}
+
+impl PublicHosts {
+    pub fn remember(&self, node: &NodeId, host: &str) {
+        self.known
+            .lock()
+            .expect("public hosts lock")
+            .insert(node.clone(), (Instant::now(), host.to_owned()));
+    }
+
+    fn fresh(&self, node: &NodeId) -> Option<String> {
+        let known = self.known.lock().expect("public hosts lock");
+        known
+            .get(node)
+            .filter(|(at, _)| at.elapsed() < PUBLIC_HOST_TTL)
+            .map(|(_, host)| host.clone())
+    }
+}
+
+impl ControlPlane {
+    async fn instance_token_key(&self) -> Result<Arc<Vec<u8>>> {
+        self.instance_token_key
+            .get_or_try_init(|| async {
+                let initial = hex::encode(rand::random::<[u8; 32]>());
+                let key = self
+                    .store
+                    .setting_get_or_init(KEY_SETTING, &initial)
+                    .await?;
+                Ok::<_, crate::error::Error>(Arc::new(key.into_bytes()))
+            })
+            .await
+            .cloned()
+    }
+
+    /// The access token of instance `id`.
+    pub(crate) async fn instance_token(&self, id: &InstanceId) -> Result<String> {
+        let key = self.instance_token_key().await?;
+        let mut mac = Hmac::<Sha256>::new_from_slice(&key).expect("any key length");
+        mac.update(b"flotilla instance token v1\0");
+        mac.update(id.as_str().as_bytes());
+        Ok(format!(
+            "flt_{}",
+            BASE64URL.encode(mac.finalize().into_bytes())
+        ))
+    }
+
+    /// The token to hand out in URLs: only when authentication is on.
+    pub(crate) async fn url_token(&self, id: &InstanceId) -> Result<Option<String>> {
+        if self.config.auth_enabled {
+            Ok(Some(self.instance_token(id).await?))
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// `urls` of an instance on its node (`None` before it has ports).
+    pub(crate) async fn instance_urls(
+        &self,
+        record: &InstanceRecord,
+    ) -> Result<Option<InstanceUrls>> {
+        if record.ports.is_none() {
+            return Ok(None);
+        }
+        let host = match self.public_hosts.fresh(&record.node_id) {
+            Some(host) => host,
+            None => match self.store.node_get(&record.node_id).await? {
+                Some(node) => {
+                    self.public_hosts.remember(&node.id, &node.public_host);
+                    node.public_host
+                }
+                None => return Ok(None),
+            },
+        };
+        let token = self.url_token(&record.id).await?;
+        Ok(views::instance_urls(record, &host, token.as_deref()))
+    }
+
+    /// What every agent is told at registration and in heartbeat answers.
+    pub(crate) fn agent_ack(&self) -> RegistrationAck {
+        RegistrationAck {
+            heartbeat_interval_sec: self.config.nodes.heartbeat_interval_sec,
+            instance_access: self.guard.instance_access_policy(),
+        }
+    }
+}

@@ -1,0 +1,356 @@
+//! The client → browser direction of a CDP WebSocket, read frame by frame, so
+//! that the gateway can rewrite commands that would reach outside the instance.
+//!
+//! Today one rule: `Browser.setDownloadBehavior` and `Page.setDownloadBehavior`
+//! always download into the instance's own downloads directory, whatever
+//! `downloadPath` the client asked for (and `default` becomes `allow` there).
+//!
+//! Every data message (text or binary, fragmented or not) is collected whole,
+//! up to [`MAX_MESSAGE`], and sent on as one frame masked with a zero key (the
+//! same bytes Chromium would unmask). A message is parsed as JSON only when it
+//! could name the command: it contains `DownloadBehavior`, or a `\u` escape
+//! (which could spell it). Control frames pass through as they are, in order.
+//! The browser → client direction is never touched (the gateway copies bytes).
+
+use std::io;
+
+use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Largest message a client may send (Chromium's own DevTools limit is lower).
+pub const MAX_MESSAGE: usize = 256 << 20;
+
+const OPCODE_CONTINUATION: u8 = 0x0;
+const OPCODE_CLOSE: u8 = 0x8;
+
+/// Copies frames from `client` to `browser` until `client` ends, rewriting
+/// download commands so that files land in `downloads_dir`.
+pub async fn relay<R, W>(mut client: R, mut browser: W, downloads_dir: &str) -> io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    // The message being collected: its opcode and unmasked payload.
+    let mut message: Option<(u8, Vec<u8>)> = None;
+    loop {
+        let Some(frame) = read_frame_head(&mut client).await? else {
+            browser.shutdown().await.ok();
+            return Ok(());
+        };
+        if frame.opcode >= OPCODE_CLOSE {
+            // Control frames: at most 125 bytes, never fragmented; pass through.
+            let mut payload = vec![0u8; frame.length as usize];
+            client.read_exact(&mut payload).await?;
+            browser.write_all(&frame.raw_head).await?;
+            browser.write_all(&payload).await?;
+            if frame.opcode == OPCODE_CLOSE {
+                browser.flush().await?;
+            }
+            continue;
+        }
+        let collected = message.as_ref().map_or(0, |(_, data)| data.len());
+        let total = collected as u64 + frame.length;
+        if total > MAX_MESSAGE as u64 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("a client message over {MAX_MESSAGE} bytes"),
+            ));
+        }
+        let (opcode, data) = match (message.take(), frame.opcode) {
+            (None, OPCODE_CONTINUATION) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "a continuation frame without a message",
+                ));
+            }
+            (None, opcode) => (opcode, Vec::with_capacity(frame.length as usize)),
+            (Some(pending), OPCODE_CONTINUATION) => pending,
+            (Some(_), _) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "a new message inside a fragmented one",
+                ));
+            }
+        };
+        let mut data = data;
+        let start = data.len();
+        data.resize(start + frame.length as usize, 0);
+        client.read_exact(&mut data[start..]).await?;
+        if let Some(mask) = frame.mask {
+            for (i, byte) in data[start..].iter_mut().enumerate() {
+                *byte ^= mask[i % 4];
+            }
+        }
+        if !frame.fin {
+            message = Some((opcode, data));
+            continue;
+        }
+        let data = rewrite_downloads(data, downloads_dir)?;
+        browser.write_all(&frame_head(opcode, data.len())).await?;
+        browser.write_all(&data).await?;
+        browser.flush().await?;
+    }
+}
+
+struct FrameHead {
+    fin: bool,
+    opcode: u8,
+    mask: Option<[u8; 4]>,
+    length: u64,
+    /// The head as received (for control frames passed through).
+    raw_head: Vec<u8>,
+}
+
+/// Reads one frame head; `None` at a clean end of stream between frames.
+async fn read_frame_head<R: AsyncRead + Unpin>(client: &mut R) -> io::Result<Option<FrameHead>> {
+    let mut first = [0u8; 2];
+    match client.read_exact(&mut first).await {
+        Ok(_) => {}
+        Err(error) if error.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(error) => return Err(error),
+    }
+    let mut raw_head = first.to_vec();
+    let fin = first[0] & 0x80 != 0;
+    let opcode = first[0] & 0x0f;
+    let masked = first[1] & 0x80 != 0;
+    let length = match first[1] & 0x7f {
+        126 => {
+            let mut extended = [0u8; 2];
+            client.read_exact(&mut extended).await?;
+            raw_head.extend_from_slice(&extended);
+            u64::from(u16::from_be_bytes(extended))
+        }
+        127 => {
+            let mut extended = [0u8; 8];
+            client.read_exact(&mut extended).await?;
+            raw_head.extend_from_slice(&extended);
+            u64::from_be_bytes(extended)
+        }
+        short => u64::from(short),
+    };
+    if opcode >= OPCODE_CLOSE && (length > 125 || !fin) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "a control frame that is long or fragmented",
+        ));
+    }
+    let mask = if masked {
+        let mut key = [0u8; 4];
+        client.read_exact(&mut key).await?;
+        raw_head.extend_from_slice(&key);
+        Some(key)
+    } else {
+        None
+    };
+    Ok(Some(FrameHead {
+        fin,
+        opcode,
+        mask,
+        length,
+        raw_head,
+    }))
+}
+
+/// The head of one final, masked frame (zero key: the payload is sent as is).
+fn frame_head(opcode: u8, length: usize) -> Vec<u8> {
+    let mut head = vec![0x80 | opcode];
+    match length {
+        0..=125 => head.push(0x80 | length as u8),
+        126..=0xffff => {
+            head.push(0x80 | 126);
+            head.extend_from_slice(&(length as u16).to_be_bytes());
+        }
+        _ => {
+            head.push(0x80 | 127);
+            head.extend_from_slice(&(length as u64).to_be_bytes());
+        }
+    }
+    head.extend_from_slice(&[0, 0, 0, 0]);
+    head
+}
+
+/// The message, with a download command's path pointed at `downloads_dir`.
+/// A message that could name the command is always sent on as we parsed it
+/// (re-serialised: a duplicate `method` key cannot mean one thing here and
+/// another in Chromium); one we cannot parse is refused.
+fn rewrite_downloads(data: Vec<u8>, downloads_dir: &str) -> io::Result<Vec<u8>> {
+    let could_name_it = memchr::memmem::find(&data, b"DownloadBehavior").is_some()
+        || memchr::memmem::find(&data, b"\\u").is_some();
+    if !could_name_it {
+        return Ok(data);
+    }
+    let mut command = serde_json::from_slice::<Value>(&data).map_err(|error| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("a client message that is not JSON: {error}"),
+        )
+    })?;
+    let is_download_command = matches!(
+        command.get("method").and_then(Value::as_str),
+        Some("Browser.setDownloadBehavior" | "Page.setDownloadBehavior")
+    );
+    if is_download_command
+        && let Some(params) = command.get_mut("params").and_then(Value::as_object_mut)
+    {
+        match params.get("behavior").and_then(Value::as_str) {
+            Some("deny") => {}
+            behavior => {
+                if behavior == Some("default") {
+                    params.insert("behavior".into(), Value::String("allow".into()));
+                }
+                params.insert(
+                    "downloadPath".into(),
+                    Value::String(downloads_dir.to_owned()),
+                );
+            }
+        }
+    }
+    serde_json::to_vec(&command).map_err(io::Error::other)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A masked client frame.
+    fn frame(fin: bool, opcode: u8, payload: &[u8], key: [u8; 4]) -> Vec<u8> {
+        let mut out = vec![if fin { 0x80 } else { 0 } | opcode];
+        match payload.len() {
+            n @ 0..=125 => out.push(0x80 | n as u8),
+            n @ 126..=0xffff => {
+                out.push(0x80 | 126);
+                out.extend_from_slice(&(n as u16).to_be_bytes());
+            }
+            n => {
+                out.push(0x80 | 127);
+                out.extend_from_slice(&(n as u64).to_be_bytes());
+            }
+        }
+        out.extend_from_slice(&key);
+        out.extend(payload.iter().enumerate().map(|(i, b)| b ^ key[i % 4]));
+        out
+    }
+
+    /// The messages the browser receives (frames unmasked, fragments joined).
+    fn messages(mut bytes: &[u8]) -> Vec<(u8, Vec<u8>)> {
+        let mut out = Vec::new();
+        while !bytes.is_empty() {
+            let opcode = bytes[0] & 0x0f;
+            let (length, mut at) = match bytes[1] & 0x7f {
+                126 => (u16::from_be_bytes([bytes[2], bytes[3]]) as usize, 4),
+                127 => (
+                    u64::from_be_bytes(bytes[2..10].try_into().unwrap()) as usize,
+                    10,
+                ),
+                n => (n as usize, 2),
+            };
+            let key: [u8; 4] = bytes[at..at + 4].try_into().unwrap();
+            at += 4;
+            let payload = bytes[at..at + length]
+                .iter()
+                .enumerate()
+                .map(|(i, b)| b ^ key[i % 4])
+                .collect();
+            out.push((opcode, payload));
+            bytes = &bytes[at + length..];
+        }
+        out
+    }
+
+    async fn through(input: Vec<u8>) -> io::Result<Vec<(u8, Vec<u8>)>> {
+        let mut output = Vec::new();
+        relay(&input[..], &mut output, "/data/i1/downloads").await?;
+        Ok(messages(&output))
+    }
+
+    fn download_path(message: &[u8]) -> Value {
+        let value: Value = serde_json::from_slice(message).unwrap();
+        value["params"]["downloadPath"].clone()
+    }
+
+    #[tokio::test]
+    async fn download_paths_are_pinned_to_the_instance() {
+        let command = br#"{"id":1,"method":"Browser.setDownloadBehavior","params":{"behavior":"allow","downloadPath":"/root/evil"}}"#;
+        let out = through(frame(true, 1, command, [1, 2, 3, 4]))
+            .await
+            .unwrap();
+        assert_eq!(download_path(&out[0].1), "/data/i1/downloads");
+
+        // Spelt with escapes, fragmented, with a ping in between.
+        let escaped = br#"{"id":2,"method":"Page.setDownload\u0042ehavior","params":{"behavior":"allowAndName","downloadPath":"/tmp/x"}}"#;
+        let mut input = frame(false, 1, &escaped[..20], [9, 8, 7, 6]);
+        input.extend(frame(true, 9, b"ping", [1, 1, 1, 1]));
+        input.extend(frame(false, 0, &escaped[20..50], [5, 5, 5, 5]));
+        input.extend(frame(true, 0, &escaped[50..], [0, 0, 0, 0]));
+        let out = through(input).await.unwrap();
+        assert_eq!(
+            out[0],
+            (9, b"ping".to_vec()),
+            "control frames pass in order"
+        );
+        assert_eq!(download_path(&out[1].1), "/data/i1/downloads");
+
+        // `default` would use the browser's default folder: made explicit.
+        let default =
+            br#"{"id":3,"method":"Browser.setDownloadBehavior","params":{"behavior":"default"}}"#;
+        let out = through(frame(true, 1, default, [4, 3, 2, 1]))
+            .await
+            .unwrap();
+        let value: Value = serde_json::from_slice(&out[0].1).unwrap();
+        assert_eq!(value["params"]["behavior"], "allow");
+        assert_eq!(value["params"]["downloadPath"], "/data/i1/downloads");
+    }
+
+    #[tokio::test]
+    async fn other_messages_arrive_unchanged() {
+        let plain =
+            br#"{"id":1,"method":"Runtime.evaluate","params":{"expression":"'DownloadBehavior'"}}"#;
+        let big = vec![b'x'; 70_000];
+        let deny =
+            br#"{"id":2,"method":"Browser.setDownloadBehavior","params":{"behavior":"deny"}}"#;
+        let mut input = frame(true, 1, plain, [1, 2, 3, 4]);
+        input.extend(frame(true, 2, &big, [7, 7, 7, 7]));
+        input.extend(frame(true, 1, deny, [1, 2, 3, 4]));
+        input.extend(frame(true, 8, &[3, 232], [1, 2, 3, 4]));
+        let out = through(input).await.unwrap();
+        let json = |bytes: &[u8]| serde_json::from_slice::<Value>(bytes).unwrap();
+        assert_eq!(json(&out[0].1), json(plain));
+        assert_eq!(out[1], (2, big));
+        assert_eq!(json(&out[2].1), json(deny));
+        assert_eq!(out[3], (8, vec![3, 232]));
+    }
+
+    #[tokio::test]
+    async fn ambiguous_commands_reach_the_browser_as_read_here() {
+        // Two `method` keys: Chromium sees only the one this relay acted on.
+        let twice = br#"{"id":1,"method":"Browser.setDownloadBehavior","method":"Runtime.evaluate","params":{"behavior":"allow","downloadPath":"/root"}}"#;
+        let out = through(frame(true, 1, twice, [1, 2, 3, 4])).await.unwrap();
+        let text = String::from_utf8(out[0].1.clone()).unwrap();
+        assert_eq!(text.matches("\"method\"").count(), 1, "{text}");
+        // Not JSON, yet naming the command: refused.
+        let broken =
+            br#"{"method":"Browser.setDownloadBehavior","params":{"downloadPath":"/root",}"#;
+        assert!(through(frame(true, 1, broken, [1, 2, 3, 4])).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn broken_framing_ends_the_relay() {
+        // A continuation with nothing to continue.
+        assert!(through(frame(true, 0, b"x", [0; 4])).await.is_err());
+        // A new message inside a fragmented one.
+        let mut input = frame(false, 1, b"a", [0; 4]);
+        input.extend(frame(true, 1, b"b", [0; 4]));
+        assert!(through(input).await.is_err());
+        // A ping longer than 125 bytes.
+        assert!(through(frame(true, 9, &[0; 126], [0; 4])).await.is_err());
+        // A message announced bigger than the limit.
+        let mut huge = vec![0x81, 0x80 | 127];
+        huge.extend_from_slice(&(MAX_MESSAGE as u64 + 1).to_be_bytes());
+        huge.extend_from_slice(&[0; 4]);
+        assert!(through(huge).await.is_err());
+        // A frame cut short.
+        let mut cut = frame(true, 1, b"hello", [0; 4]);
+        cut.truncate(cut.len() - 2);
+        assert!(through(cut).await.is_err());
+    }
+}

@@ -1,0 +1,727 @@
+//! What a browser's pages may reach on the network, and the proxy that enforces it.
+//!
+//! Each browser runs in a network namespace of its own with nothing but
+//! loopback ([`crate::netns`]); its only way out is a SOCKS5 proxy that the
+//! agent listens with inside that namespace (Chromium is started with
+//! `--proxy-server=socks5://127.0.0.1:<port>` and `--proxy-bypass-list=<-loopback>`,
+//! so even loopback goes through it). A client that points a browser context at
+//! another proxy, or at none, reaches nothing at all.
+//!
+//! For every connection the proxy resolves the name itself (Chromium sends names
+//! to SOCKS5 proxies), checks each address against the [`EgressPolicy`] and
+//! connects only to an address the policy permits: the decision and the
+//! connection use the same address, so DNS rebinding cannot slip past it.
+//!
+//! Denied unless `[agent.egress] allow` names them: loopback, the host's own
+//! addresses, link-local (169.254.0.0/16, fe80::/10: cloud metadata), private
+//! ranges (10/8, 172.16/12, 192.168/16, fc00::/7), shared address space
+//! (100.64/10), unspecified, multicast, broadcast and reserved addresses, and
+//! IPv6 forms that embed such an IPv4 address (mapped, NAT64, 6to4).
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+/// `[agent.egress]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EgressConfig {
+    /// Confine each browser to its own network namespace and the egress proxy
+    /// (needs root). Off: browsers share the node's network, unfiltered.
+    pub enabled: bool,
+    /// Exceptions to the default denials: `"10.1.2.3"`, `"10.1.2.3:8080"`,
+    /// `"192.168.0.0/16"`, `"[fd00::1]:443"`, `"fd00::/8"`.
+    pub allow: Vec<String>,
+}
+
+impl Default for EgressConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            allow: Vec::new(),
+        }
+    }
+}
+
+impl EgressConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        for entry in &self.allow {
+            entry.parse::<AllowRule>()?;
+        }
+        Ok(())
+    }
+}
+
+/// One `allow` entry: a network (a single address is a /32 or /128) and
+/// optionally one port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllowRule {
+    network: IpAddr,
+    prefix: u8,
+    port: Option<u16>,
+}
+
+impl AllowRule {
+    fn permits(&self, addr: SocketAddr) -> bool {
+        self.port.is_none_or(|port| port == addr.port())
+            && in_network(canonical(addr.ip()), self.network, self.prefix)
+    }
+}
+
+impl FromStr for AllowRule {
+    type Err = String;
+
+    fn from_str(entry: &str) -> Result<Self, Self::Err> {
+        let bad = |why: &str| {
+            format!(
+                "agent.egress.allow entry {entry:?} {why}; write an address (10.1.2.3), an address and port (10.1.2.3:8080, [fd00::1]:443) or a network (192.168.0.0/16)"
+            )
+        };
+        let trimmed = entry.trim();
+        if let Ok(addr) = trimmed.parse::<SocketAddr>() {
+            let ip = canonical(addr.ip());
+            return Ok(Self {
+                network: ip,
+                prefix: full_prefix(ip),
+                port: Some(addr.port()),
+            });
+        }
+        if let Ok(ip) = trimmed.parse::<IpAddr>() {
+            let ip = canonical(ip);
+            return Ok(Self {
+                network: ip,
+                prefix: full_prefix(ip),
+                port: None,
+            });
+        }
+        let (address, prefix) = trimmed.split_once('/').ok_or_else(|| bad("is not valid"))?;
+        let network = canonical(
+            address
+                .parse::<IpAddr>()
+                .map_err(|_| bad("has no valid address"))?,
+        );
+        let prefix: u8 = prefix
+            .parse()
+            .map_err(|_| bad("has no valid prefix length"))?;
+        if prefix > full_prefix(network) {
+            return Err(bad("has a prefix length longer than the address"));
+        }
+        Ok(Self {
+            network,
+            prefix,
+            port: None,
+        })
+    }
+}
+
+impl fmt::Display for AllowRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.port, self.network) {
+            (Some(port), IpAddr::V6(ip)) => write!(f, "[{ip}]:{port}"),
+            (Some(port), ip) => write!(f, "{ip}:{port}"),
+            (None, ip) => write!(f, "{ip}/{}", self.prefix),
+        }
+    }
+}
+
+fn full_prefix(ip: IpAddr) -> u8 {
+    if ip.is_ipv4() { 32 } else { 128 }
+}
+
+/// IPv4-mapped IPv6 addresses as the IPv4 address they are.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        },
+        v4 => v4,
+    }
+}
+
+fn in_network(ip: IpAddr, network: IpAddr, prefix: u8) -> bool {
+    match (ip, network) {
+        (IpAddr::V4(ip), IpAddr::V4(network)) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+            u32::from(ip) & mask == u32::from(network) & mask
+        }
+        (IpAddr::V6(ip), IpAddr::V6(network)) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
+            u128::from(ip) & mask == u128::from(network) & mask
+        }
+        _ => false,
+    }
+}
+
+/// Why an IPv4 address is denied by default, if it is.
+fn denied_v4(ip: Ipv4Addr) -> Option<&'static str> {
+    let ranges: [(Ipv4Addr, u8, &str); 12] = [
+        (Ipv4Addr::new(0, 0, 0, 0), 8, "unspecified"),
+        (Ipv4Addr::new(127, 0, 0, 0), 8, "loopback"),
+        (Ipv4Addr::new(10, 0, 0, 0), 8, "private"),
+        (Ipv4Addr::new(172, 16, 0, 0), 12, "private"),
+        (Ipv4Addr::new(192, 168, 0, 0), 16, "private"),
+        (Ipv4Addr::new(169, 254, 0, 0), 16, "link-local"),
+        (Ipv4Addr::new(100, 64, 0, 0), 10, "shared address space"),
+        (Ipv4Addr::new(192, 0, 0, 0), 24, "IETF protocol assignments"),
+        (Ipv4Addr::new(198, 18, 0, 0), 15, "benchmarking"),
+        (Ipv4Addr::new(224, 0, 0, 0), 4, "multicast"),
+        (Ipv4Addr::new(240, 0, 0, 0), 4, "reserved"),
+        (Ipv4Addr::new(255, 255, 255, 255), 32, "broadcast"),
+    ];
+    ranges
+        .iter()
+        .find(|(network, prefix, _)| in_network(IpAddr::V4(ip), IpAddr::V4(*network), *prefix))
+        .map(|(_, _, why)| *why)
+}
+
+/// Why an address is denied by default, if it is.
+pub fn denied_by_default(ip: IpAddr) -> Option<&'static str> {
+    match canonical(ip) {
+        IpAddr::V4(v4) => denied_v4(v4),
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6);
+            let v6_net = |network: Ipv6Addr, prefix: u8| {
+                in_network(IpAddr::V6(v6), IpAddr::V6(network), prefix)
+            };
+            if v6.is_unspecified() {
+                Some("unspecified")
+            } else if v6.is_loopback() {
+                Some("loopback")
+            } else if v6_net(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0), 10) {
+                Some("link-local")
+            } else if v6_net(Ipv6Addr::new(0xfec0, 0, 0, 0, 0, 0, 0, 0), 10) {
+                Some("site-local")
+            } else if v6_net(Ipv6Addr::new(0xfc00, 0, 0, 0, 0, 0, 0, 0), 7) {
+                Some("private")
+            } else if v6_net(Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0), 8) {
+                Some("multicast")
+            } else if v6_net(Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0, 0), 96)
+                || v6_net(Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 0), 96)
+            {
+                // NAT64 and IPv4-compatible forms reach the IPv4 address they embed.
+                denied_v4(Ipv4Addr::from((bits & 0xffff_ffff) as u32))
+            } else if v6_net(Ipv6Addr::new(0x2002, 0, 0, 0, 0, 0, 0, 0), 16) {
+                // 6to4 embeds an IPv4 address in bits 16..48.
+                denied_v4(Ipv4Addr::from(((bits >> 80) & 0xffff_ffff) as u32))
+            } else {
+                None
+            }
+        }
+    }
+}
+
+/// The addresses of the node's own interfaces, re-read at most every few seconds.
+#[derive(Default)]
+struct HostAddresses {
+    /// When read, and what. A std mutex: read and replaced without awaiting.
+    cached: Mutex<Option<(Instant, Arc<Vec<IpAddr>>)>>,
+}
+
+impl HostAddresses {
+    const REFRESH: Duration = Duration::from_secs(5);
+
+    fn current(&self) -> Arc<Vec<IpAddr>> {
+        let mut cached = self.cached.lock().expect("host addresses lock");
+        if let Some((read, addresses)) = cached.as_ref()
+            && read.elapsed() < Self::REFRESH
+        {
+            return addresses.clone();
+        }
+        let addresses = Arc::new(interface_addresses());
+        *cached = Some((Instant::now(), addresses.clone()));
+        addresses
+    }
+}
+
+/// Every address of every interface of the host (getifaddrs).
+fn interface_addresses() -> Vec<IpAddr> {
+    let mut addresses = Vec::new();
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list` with a linked list we free below.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return addresses;
+    }
+    let mut cursor = list;
+    while !cursor.is_null() {
+        // SAFETY: `cursor` points into the list getifaddrs returned.
+        let entry = unsafe { &*cursor };
+        if !entry.ifa_addr.is_null() {
+            // SAFETY: the family says which sockaddr type ifa_addr points to.
+            let family = i32::from(unsafe { (*entry.ifa_addr).sa_family });
+            if family == libc::AF_INET {
+                // SAFETY: AF_INET means a sockaddr_in.
+                let sin = unsafe { &*(entry.ifa_addr as *const libc::sockaddr_in) };
+                addresses.push(IpAddr::V4(Ipv4Addr::from(u32::from_be(
+                    sin.sin_addr.s_addr,
+                ))));
+            } else if family == libc::AF_INET6 {
+                // SAFETY: AF_INET6 means a sockaddr_in6.
+                let sin6 = unsafe { &*(entry.ifa_addr as *const libc::sockaddr_in6) };
+                addresses.push(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)));
+            }
+        }
+        cursor = entry.ifa_next;
+    }
+    // SAFETY: frees the list getifaddrs allocated, once.
+    unsafe { libc::freeifaddrs(list) };
+    addresses
+}
+
+/// The node's egress rules: default denials, the host's own addresses, and
+/// the operator's exceptions.
+pub struct EgressPolicy {
+    allow: Vec<AllowRule>,
+    host: HostAddresses,
+    /// Connections refused since start (for tests and logs).
+    refused: AtomicU64,
+}
+
+impl EgressPolicy {
+    /// From a validated `[agent.egress]` (an entry that does not parse is skipped).
+    pub fn new(config: &EgressConfig) -> Self {
+        Self {
+            allow: config
+                .allow
+                .iter()
+                .filter_map(|entry| entry.parse().ok())
+                .collect(),
+            host: HostAddresses::default(),
+            refused: AtomicU64::new(0),
+        }
+    }
+
+    /// `Ok` when a page may connect to `addr`; else why not.
+    pub fn check(&self, addr: SocketAddr) -> Result<(), String> {
+        self.check_with_host(addr, &self.host.current())
+    }
+
+    fn check_with_host(&self, addr: SocketAddr, host: &[IpAddr]) -> Result<(), String> {
+        if self.allow.iter().any(|rule| rule.permits(addr)) {
+            return Ok(());
+        }
+        let ip = canonical(addr.ip());
+        if let Some(why) = denied_by_default(ip) {
+            return Err(format!("{addr} is a {why} address"));
+        }
+        if host.iter().any(|own| canonical(*own) == ip) {
+            return Err(format!("{addr} is an address of this node"));
+        }
+        Ok(())
+    }
+
+    /// Connections refused since the agent started.
+    pub fn refused_total(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+}
+
+/// How long a name lookup or a connection attempt of the proxy may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Serves SOCKS5 (CONNECT only, no authentication) on `listener` until `stop`.
+pub async fn serve_socks(
+    listener: TcpListener,
+    policy: Arc<EgressPolicy>,
+    instance: String,
+    stop: CancellationToken,
+) {
+    loop {
+        let client = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((client, _)) => client,
+                Err(error) => {
+                    tracing::debug!(%error, "egress proxy accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+            _ = stop.cancelled() => return,
+        };
+        let policy = policy.clone();
+        let instance = instance.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let _ = client.set_nodelay(true);
+            tokio::select! {
+                outcome = relay(client, &policy) => {
+                    if let Err(error) = outcome {
+                        tracing::debug!(%instance, %error, "egress connection ended");
+                    }
+                }
+                _ = stop.cancelled() => {}
+            }
+        });
+    }
+}
+
+/// SOCKS5 reply codes (RFC 1928 §6).
+mod reply {
+    pub const SUCCEEDED: u8 = 0;
+    pub const GENERAL_FAILURE: u8 = 1;
+    pub const NOT_ALLOWED: u8 = 2;
+    pub const HOST_UNREACHABLE: u8 = 4;
+    pub const REFUSED: u8 = 5;
+    pub const COMMAND_NOT_SUPPORTED: u8 = 7;
+    pub const ADDRESS_TYPE_NOT_SUPPORTED: u8 = 8;
+}
+
+/// Where a client asked to go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Destination {
+    Address(SocketAddr),
+    Name(String, u16),
+}
+
+/// One SOCKS5 connection: greeting, request, policy, connection, relay.
+async fn relay(mut client: TcpStream, policy: &EgressPolicy) -> std::io::Result<()> {
+    let destination = match tokio::time::timeout(CONNECT_TIMEOUT, handshake(&mut client)).await {
+        Ok(Ok(Ok(destination))) => destination,
+        Ok(Ok(Err(code))) => return send_reply(&mut client, code).await,
+        Ok(Err(error)) => return Err(error),
+        Err(_) => return Ok(()),
+    };
+    let mut upstream = match connect_permitted(&destination, policy).await {
+        Ok(upstream) => upstream,
+        Err((code, why)) => {
+            if code == reply::NOT_ALLOWED {
+                policy.refused.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(destination = ?destination, %why, "egress refused");
+            }
+            return send_reply(&mut client, code).await;
+        }
+    };
+    send_reply(&mut client, reply::SUCCEEDED).await?;
+    let _ = upstream.set_nodelay(true);
+    tokio::io::copy_bidirectional(&mut client, &mut upstream).await?;
+    Ok(())
+}
+
+/// Reads the greeting and the request. The inner `Err` is a reply code to send.
+async fn handshake(client: &mut TcpStream) -> std::io::Result<Result<Destination, u8>> {
+    let mut head = [0u8; 2];
+    client.read_exact(&mut head).await?;
+    if head[0] != 5 {
+        return Err(std::io::Error::other("not SOCKS5"));
+    }
+    let mut methods = vec![0u8; usize::from(head[1])];
+    client.read_exact(&mut methods).await?;
+    if !methods.contains(&0) {
+        client.write_all(&[5, 0xff]).await?;
+        return Err(std::io::Error::other("no acceptable SOCKS5 method"));
+    }
+    client.write_all(&[5, 0]).await?;
+    let mut request = [0u8; 4];
+    client.read_exact(&mut request).await?;
+    if request[0] != 5 {
+        return Err(std::io::Error::other("bad SOCKS5 request"));
+    }
+    let destination = match request[3] {
+        1 => {
+            let mut raw = [0u8; 6];
+            client.read_exact(&mut raw).await?;
+            let ip = Ipv4Addr::new(raw[0], raw[1], raw[2], raw[3]);
+            Destination::Address(SocketAddr::new(
+                IpAddr::V4(ip),
+                u16::from_be_bytes([raw[4], raw[5]]),
+            ))
+        }
+        3 => {
+            let mut length = [0u8; 1];
+            client.read_exact(&mut length).await?;
+            let mut name = vec![0u8; usize::from(length[0])];
+            client.read_exact(&mut name).await?;
+            let mut port = [0u8; 2];
+            client.read_exact(&mut port).await?;
+            let Ok(name) = String::from_utf8(name) else {
+                return Ok(Err(reply::HOST_UNREACHABLE));
+            };
+            let port = u16::from_be_bytes(port);
+            // A name that is an address literal is that address.
+            match name.trim_matches(['[', ']']).parse::<IpAddr>() {
+                Ok(ip) => Destination::Address(SocketAddr::new(ip, port)),
+                Err(_) => Destination::Name(name, port),
+            }
+        }
+        4 => {
+            let mut raw = [0u8; 18];
+            client.read_exact(&mut raw).await?;
+            let mut octets = [0u8; 16];
+            octets.copy_from_slice(&raw[..16]);
+            Destination::Address(SocketAddr::new(
+                IpAddr::V6(Ipv6Addr::from(octets)),
+                u16::from_be_bytes([raw[16], raw[17]]),
+            ))
+        }
+        _ => return Ok(Err(reply::ADDRESS_TYPE_NOT_SUPPORTED)),
+    };
+    if request[1] != 1 {
+        return Ok(Err(reply::COMMAND_NOT_SUPPORTED));
+    }
+    Ok(Ok(destination))
+}
+
+/// Resolves `destination` and connects to the first address the policy
+/// permits. A name whose addresses are all denied is refused as not allowed.
+async fn connect_permitted(
+    destination: &Destination,
+    policy: &EgressPolicy,
+) -> Result<TcpStream, (u8, String)> {
+    let candidates: Vec<SocketAddr> = match destination {
+        Destination::Address(addr) => vec![*addr],
+        Destination::Name(name, port) => {
+            match tokio::time::timeout(
+                CONNECT_TIMEOUT,
+                tokio::net::lookup_host((name.as_str(), *port)),
+            )
+            .await
+            {
+                Ok(Ok(found)) => found.collect(),
+                Ok(Err(error)) => {
+                    return Err((reply::HOST_UNREACHABLE, format!("{name}: {error}")));
+                }
+                Err(_) => {
+                    return Err((reply::HOST_UNREACHABLE, format!("{name}: lookup timed out")));
+                }
+            }
+        }
+    };
+    let mut refusals = Vec::new();
+    let mut last_error = None;
+    for addr in candidates {
+        if let Err(why) = policy.check(addr) {
+            refusals.push(why);
+            continue;
+        }
+        match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
+            Ok(Ok(stream)) => return Ok(stream),
+            Ok(Err(error)) => last_error = Some(error),
+            Err(_) => {
+                last_error = Some(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "connection timed out",
+                ))
+            }
+        }
+    }
+    match last_error {
+        Some(error) if error.kind() == std::io::ErrorKind::ConnectionRefused => {
+            Err((reply::REFUSED, error.to_string()))
+        }
+        Some(error) => Err((reply::HOST_UNREACHABLE, error.to_string())),
+        None if !refusals.is_empty() => Err((reply::NOT_ALLOWED, refusals.join("; "))),
+        None => Err((reply::GENERAL_FAILURE, "no address".into())),
+    }
+}
+
+async fn send_reply(client: &mut TcpStream, code: u8) -> std::io::Result<()> {
+    client.write_all(&[5, code, 0, 1, 0, 0, 0, 0, 0, 0]).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(allow: &[&str]) -> EgressPolicy {
+        EgressPolicy::new(&EgressConfig {
+            enabled: true,
+            allow: allow.iter().map(|s| s.to_string()).collect(),
+        })
+    }
+
+    fn addr(text: &str) -> SocketAddr {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn the_node_and_private_networks_are_denied_by_default() {
+        let policy = policy(&[]);
+        let host = [IpAddr::from([203, 0, 113, 7])];
+        for denied in [
+            "127.0.0.1:8080",
+            "127.1.2.3:80",
+            "0.0.0.0:80",
+            "10.0.0.1:80",
+            "172.16.0.1:80",
+            "172.31.255.255:80",
+            "192.168.1.1:80",
+            "169.254.169.254:80",
+            "100.100.100.200:80",
+            "224.0.0.1:80",
+            "255.255.255.255:80",
+            "[::1]:80",
+            "[::]:80",
+            "[fe80::1]:80",
+            "[fd00::1]:80",
+            "[ff02::1]:80",
+            "[::ffff:127.0.0.1]:80",
+            "[::ffff:169.254.169.254]:80",
+            "[64:ff9b::a9fe:a9fe]:80",
+            "[2002:7f00:1::]:80",
+            "[::7f00:1]:80",
+            // The node's own public address.
+            "203.0.113.7:443",
+        ] {
+            assert!(
+                policy.check_with_host(addr(denied), &host).is_err(),
+                "{denied} must be denied"
+            );
+        }
+        for allowed in [
+            "93.184.216.34:443",
+            "172.32.0.1:80",
+            "[2606:4700::1111]:443",
+            "[2002:5db8:d822::]:80",
+            "203.0.113.8:443",
+        ] {
+            assert!(
+                policy.check_with_host(addr(allowed), &host).is_ok(),
+                "{allowed} must be allowed"
+            );
+        }
+    }
+
+    #[test]
+    fn allow_entries_open_exactly_what_they_name() {
+        let policy = policy(&[
+            "127.0.0.1:8080",
+            "192.168.0.0/16",
+            "10.1.2.3",
+            "[fd00::5]:443",
+        ]);
+        let host = [];
+        assert!(
+            policy
+                .check_with_host(addr("127.0.0.1:8080"), &host)
+                .is_ok()
+        );
+        assert!(
+            policy
+                .check_with_host(addr("[::ffff:127.0.0.1]:8080"), &host)
+                .is_ok()
+        );
+        assert!(
+            policy
+                .check_with_host(addr("127.0.0.1:8081"), &host)
+                .is_err()
+        );
+        assert!(
+            policy
+                .check_with_host(addr("192.168.44.5:22"), &host)
+                .is_ok()
+        );
+        assert!(
+            policy
+                .check_with_host(addr("192.169.0.1:22"), &host)
+                .is_ok()
+        );
+        assert!(policy.check_with_host(addr("10.1.2.3:5432"), &host).is_ok());
+        assert!(
+            policy
+                .check_with_host(addr("10.1.2.4:5432"), &host)
+                .is_err()
+        );
+        assert!(policy.check_with_host(addr("[fd00::5]:443"), &host).is_ok());
+        assert!(policy.check_with_host(addr("[fd00::5]:80"), &host).is_err());
+    }
+
+    #[test]
+    fn allow_entries_are_validated() {
+        for good in [
+            "10.0.0.1",
+            "10.0.0.1:80",
+            "10.0.0.0/8",
+            "[::1]:80",
+            "fd00::/8",
+            "0.0.0.0/0",
+        ] {
+            assert!(good.parse::<AllowRule>().is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            "example.com",
+            "10.0.0.0/33",
+            "10.0.0.1:99999",
+            "fd00::/129",
+            "10.0.0.0/x",
+        ] {
+            let error = bad.parse::<AllowRule>().unwrap_err();
+            assert!(error.contains("agent.egress.allow"), "{error}");
+        }
+    }
+
+    #[test]
+    fn the_host_has_addresses() {
+        assert!(
+            interface_addresses().iter().any(|ip| ip.is_loopback()),
+            "getifaddrs lists loopback"
+        );
+    }
+
+    /// A SOCKS5 CONNECT through the proxy; the reply code.
+    async fn socks_connect(proxy: SocketAddr, request: &[u8]) -> (u8, TcpStream) {
+        let mut stream = TcpStream::connect(proxy).await.unwrap();
+        stream.write_all(&[5, 1, 0]).await.unwrap();
+        let mut answer = [0u8; 2];
+        stream.read_exact(&mut answer).await.unwrap();
+        assert_eq!(answer, [5, 0]);
+        stream.write_all(request).await.unwrap();
+        let mut reply = [0u8; 10];
+        stream.read_exact(&mut reply).await.unwrap();
+        (reply[1], stream)
+    }
+
+    #[tokio::test]
+    async fn the_proxy_relays_permitted_connections_and_refuses_the_rest() {
+        let target = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target_addr = target.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = target.accept().await {
+                let _ = stream.write_all(b"hello").await;
+            }
+        });
+        let policy = Arc::new(policy(&[&target_addr.to_string()]));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        tokio::spawn(serve_socks(
+            listener,
+            policy.clone(),
+            "test".into(),
+            stop.clone(),
+        ));
+
+        let port = target_addr.port().to_be_bytes();
+        let (code, mut stream) =
+            socks_connect(proxy, &[5, 1, 0, 1, 127, 0, 0, 1, port[0], port[1]]).await;
+        assert_eq!(code, reply::SUCCEEDED);
+        let mut greeting = [0u8; 5];
+        stream.read_exact(&mut greeting).await.unwrap();
+        assert_eq!(&greeting, b"hello");
+
+        // By name: localhost resolves to loopback, allowed only on that port.
+        let mut by_name = vec![5, 1, 0, 3, 9];
+        by_name.extend_from_slice(b"localhost");
+        by_name.extend_from_slice(&port);
+        assert_eq!(socks_connect(proxy, &by_name).await.0, reply::SUCCEEDED);
+
+        let other = (target_addr.port() ^ 1).to_be_bytes();
+        let (code, _) = socks_connect(proxy, &[5, 1, 0, 1, 127, 0, 0, 1, other[0], other[1]]).await;
+        assert_eq!(code, reply::NOT_ALLOWED);
+        let (code, _) = socks_connect(proxy, &[5, 1, 0, 1, 169, 254, 169, 254, 0, 80]).await;
+        assert_eq!(code, reply::NOT_ALLOWED);
+        // BIND and UDP ASSOCIATE are not offered.
+        let (code, _) = socks_connect(proxy, &[5, 2, 0, 1, 1, 1, 1, 1, 0, 80]).await;
+        assert_eq!(code, reply::COMMAND_NOT_SUPPORTED);
+        assert!(policy.refused_total() >= 2);
+        stop.cancel();
+    }
+}

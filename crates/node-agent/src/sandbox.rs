@@ -1,0 +1,382 @@
+//! How a browser is confined on its node: which user it runs as, what of the
+//! host's filesystem it sees, whether Chromium's own sandbox is on, and whether
+//! its network is its own namespace. Decided once at agent start
+//! ([`Isolation::detect`]), applied to every launch ([`Isolation::command`]).
+//!
+//! - **User.** A root agent runs browsers as `agent.browser_user` (created by
+//!   `scripts/install-deps`; `nobody` when it does not exist), never as root.
+//! - **Filesystem** (bubblewrap). The browser's root is an empty, read-only
+//!   tmpfs holding only read-only binds of what a browser needs (`/usr`, fonts,
+//!   certificates, time zone, the browser's own directory), a generated
+//!   `/etc/passwd`, the instance's own profile, home and downloads directories,
+//!   and private `/tmp`, `/dev/shm`, `/proc` and `/dev`. Homes, `/etc/shadow`,
+//!   the data directory, other instances, snapshots and sources do not exist in
+//!   it. New user, pid, ipc, uts and cgroup namespaces.
+//! - **Chromium's sandbox** needs user namespaces inside ours; a probe at start
+//!   says whether the kernel allows them. Where it does not, browsers start with
+//!   `--no-sandbox` and the node reports why (health warnings).
+//! - **Environment.** Browsers get a fixed environment, never the agent's own
+//!   (which may hold the cluster token or object-store keys).
+
+use std::ffi::CString;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use tokio::process::Command;
+
+use crate::browser::{InstanceDirs, is_root};
+use crate::config::AgentConfig;
+
+/// The unprivileged account browsers run as when the agent is root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrowserUser {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl BrowserUser {
+    /// The account `name`, from the system's user database.
+    pub fn lookup(name: &str) -> Option<Self> {
+        let c_name = CString::new(name).ok()?;
+        // SAFETY: getpwnam returns a pointer to static storage or null; we copy
+        // out the two integers at once. The agent resolves users only at start.
+        let entry = unsafe { libc::getpwnam(c_name.as_ptr()) };
+        if entry.is_null() {
+            return None;
+        }
+        // SAFETY: non-null entry from getpwnam.
+        let (uid, gid) = unsafe { ((*entry).pw_uid, (*entry).pw_gid) };
+        (uid != 0).then(|| Self {
+            name: name.to_owned(),
+            uid,
+            gid,
+        })
+    }
+}
+
+/// The confinement every browser of this node gets.
+#[derive(Debug, Clone)]
+pub struct Isolation {
+    /// bubblewrap, when installed and enabled (`agent.sandbox`).
+    bwrap: Option<PathBuf>,
+    /// Set when the agent is root: browsers drop to this account.
+    pub user: Option<BrowserUser>,
+    /// Whether Chromium's own sandbox can run (else `--no-sandbox`).
+    pub chromium_sandbox: bool,
+    /// Whether each browser gets its own network namespace behind the egress proxy.
+    pub own_network: bool,
+    /// The generated `/etc/passwd` and `/etc/group` for the sandbox.
+    etc_dir: PathBuf,
+    /// Why the node runs with less isolation than it could.
+    pub warnings: Vec<String>,
+}
+
+/// Host paths bound read-only into the sandbox when they exist: what
+/// libraries, fonts, certificates, locale and time zone lookups need.
+const READ_ONLY_PATHS: &[&str] = &[
+    "/usr",
+    "/etc/fonts",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/alternatives",
+    "/etc/chromium",
+    "/etc/chromium.d",
+    "/var/cache/fontconfig",
+];
+
+/// Top-level names that are symbolic links into `/usr` on merged-/usr systems.
+const USR_LINKS: &[&str] = &["bin", "sbin", "lib", "lib64", "lib32", "libx32"];
+
+impl Isolation {
+    /// Decides the node's confinement: finds bubblewrap and the browser user,
+    /// and probes what the kernel allows. `state_dir` holds the generated
+    /// `/etc` files and the probe's scratch directory.
+    pub fn detect(config: &AgentConfig, state_dir: &Path) -> Self {
+        let mut warnings = Vec::new();
+        let user = if is_root() {
+            match BrowserUser::lookup(&config.browser_user) {
+                Some(user) => Some(user),
+                None => {
+                    warnings.push(format!(
+                        "the browser user {:?} does not exist (scripts/install-deps creates it): browsers run as nobody",
+                        config.browser_user
+                    ));
+                    BrowserUser::lookup("nobody")
+                }
+            }
+        } else {
+            None
+        };
+        let etc_dir = state_dir.join("sandbox-etc");
+        if let Err(error) = write_etc(&etc_dir, user.as_ref()) {
+            warnings.push(format!(
+                "cannot write the sandbox's /etc files in {}: {error}",
+                etc_dir.display()
+            ));
+        }
+        let bwrap = if config.sandbox {
+            let found = find_in_path("bwrap");
+            if found.is_none() {
+                warnings.push("bubblewrap (bwrap) is not installed: browsers see the host's whole filesystem (scripts/install-deps installs it)".to_owned());
+            }
+            found
+        } else {
+            warnings
+                .push("agent.sandbox is off: browsers see the host's whole filesystem".to_owned());
+            None
+        };
+        let own_network = if !config.egress.enabled {
+            warnings.push("agent.egress.enabled is off: pages can reach this node's services and private networks".to_owned());
+            false
+        } else if crate::netns::supported() {
+            true
+        } else {
+            warnings.push("cannot create network namespaces (the agent needs root): pages can reach this node's services and private networks".to_owned());
+            false
+        };
+        let mut isolation = Self {
+            bwrap,
+            user,
+            chromium_sandbox: false,
+            own_network,
+            etc_dir,
+            warnings,
+        };
+        if let Some(bwrap) = isolation.bwrap.clone()
+            && let Err(reason) = isolation.probe(state_dir, None)
+        {
+            isolation.warnings.push(format!(
+                "bubblewrap ({}) cannot start a sandbox here ({reason}): browsers see the host's whole filesystem",
+                bwrap.display()
+            ));
+            isolation.bwrap = None;
+        }
+        // Chromium's sandbox puts renderers in user, pid and network namespaces of
+        // their own, nested in ours.
+        let unshare = PathBuf::from("/usr/bin/unshare");
+        match isolation.probe(state_dir, Some(&unshare)) {
+            Ok(()) => isolation.chromium_sandbox = true,
+            Err(reason) => isolation.warnings.push(format!(
+                "Chromium's own sandbox is off (--no-sandbox): the kernel does not let the browser user create user namespaces ({reason}); renderers are confined only by the node's sandbox"
+            )),
+        }
+        isolation
+    }
+
+    /// No confinement at all (the sim runtime).
+    pub fn none() -> Self {
+        Self {
+            bwrap: None,
+            user: None,
+            chromium_sandbox: true,
+            own_network: false,
+            etc_dir: PathBuf::new(),
+            warnings: Vec::new(),
+        }
+    }
+
+    pub fn filesystem_isolated(&self) -> bool {
+        self.bwrap.is_some()
+    }
+
+    /// Runs a tiny confined command to learn what works: bubblewrap itself
+    /// (`nested` = None), or `unshare` of the namespaces Chromium's sandbox needs.
+    fn probe(&self, state_dir: &Path, nested: Option<&Path>) -> Result<(), String> {
+        let dirs = InstanceDirs::new(state_dir.join("sandbox-probe"));
+        let _ = std::fs::remove_dir_all(&dirs.root);
+        dirs.create().map_err(|e| e.to_string())?;
+        self.hand_over(&dirs).map_err(|e| e.to_string())?;
+        let (program, args): (PathBuf, Vec<String>) = match nested {
+            Some(unshare) => (
+                unshare.to_path_buf(),
+                ["--user", "--pid", "--net", "--fork", "/bin/true"]
+                    .map(str::to_owned)
+                    .to_vec(),
+            ),
+            None => (PathBuf::from("/bin/true"), Vec::new()),
+        };
+        let mut command = self.command(&dirs, &program, "probe");
+        command
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        let mut command = command.into_std();
+        command.stderr(Stdio::piped());
+        if let Some(user) = self.user.clone() {
+            // SAFETY: drop_privileges makes only async-signal-safe calls.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
+                    drop_privileges(&user)
+                });
+            }
+        }
+        let outcome = command.output();
+        let _ = std::fs::remove_dir_all(&dirs.root);
+        match outcome {
+            Ok(output) if output.status.success() => Ok(()),
+            Ok(output) => Err(String::from_utf8_lossy(&output.stderr).trim().to_owned()),
+            Err(error) => Err(error.to_string()),
+        }
+    }
+
+    /// Gives the instance's writable directories to the browser user (the
+    /// agent may have unpacked a snapshot into them as root). Symbolic links
+    /// are changed themselves, never followed.
+    pub fn hand_over(&self, dirs: &InstanceDirs) -> std::io::Result<()> {
+        let Some(user) = &self.user else {
+            return Ok(());
+        };
+        for dir in dirs.writable() {
+            chown_tree(&dir, user.uid, user.gid)?;
+        }
+        Ok(())
+    }
+
+    /// The command that starts `program` confined for the instance in `dirs`;
+    /// the caller adds the program's arguments, stdio and pre-exec steps.
+    pub fn command(&self, dirs: &InstanceDirs, program: &Path, hostname: &str) -> Command {
+        let mut command = match &self.bwrap {
+            Some(bwrap) => {
+                let mut command = Command::new(bwrap);
+                command.args(self.bwrap_args(dirs, program, hostname));
+                command.arg("--").arg(program);
+                command
+            }
+            None => Command::new(program),
+        };
+        command
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", dirs.home())
+            .env("XDG_CONFIG_HOME", dirs.home().join(".config"))
+            .env("XDG_CACHE_HOME", dirs.home().join(".cache"))
+            .env("TMPDIR", "/tmp")
+            .env("LANG", "C.UTF-8")
+            .current_dir(dirs.home());
+        command
+    }
+
+    fn bwrap_args(&self, dirs: &InstanceDirs, program: &Path, hostname: &str) -> Vec<String> {
+        let mut args: Vec<String> = Vec::new();
+        let mut push = |items: &[&str]| args.extend(items.iter().map(|s| (*s).to_owned()));
+        push(&[
+            "--unshare-user",
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--hostname",
+            hostname,
+        ]);
+        for path in READ_ONLY_PATHS {
+            push(&["--ro-bind-try", path, path]);
+        }
+        for name in USR_LINKS {
+            let host = Path::new("/").join(name);
+            match std::fs::read_link(&host) {
+                Ok(target) => {
+                    let target = target.to_string_lossy().into_owned();
+                    let link = host.to_string_lossy().into_owned();
+                    push(&["--symlink", &target, &link]);
+                }
+                Err(_) if host.is_dir() => {
+                    let path = host.to_string_lossy().into_owned();
+                    push(&["--ro-bind", &path, &path]);
+                }
+                Err(_) => {}
+            }
+        }
+        // A browser installed outside /usr brings its own directory.
+        if let Some(dir) = program.parent()
+            && !dir.starts_with("/usr")
+            && dir != Path::new("/")
+        {
+            let dir = dir.to_string_lossy().into_owned();
+            push(&["--ro-bind", &dir, &dir]);
+        }
+        for name in ["passwd", "group"] {
+            let generated = self.etc_dir.join(name);
+            if generated.is_file() {
+                let generated = generated.to_string_lossy().into_owned();
+                push(&["--ro-bind", &generated, &format!("/etc/{name}")]);
+            }
+        }
+        push(&[
+            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm",
+        ]);
+        for dir in dirs.writable() {
+            let dir = dir.to_string_lossy().into_owned();
+            push(&["--bind", &dir, &dir]);
+        }
+        push(&["--remount-ro", "/"]);
+        let home = dirs.home().to_string_lossy().into_owned();
+        push(&["--chdir", &home]);
+        args
+    }
+}
+
+/// Writes the sandbox's `/etc/passwd` and `/etc/group`: root, nobody, and the
+/// browser user, nothing of the host's accounts.
+fn write_etc(dir: &Path, user: Option<&BrowserUser>) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let (name, uid, gid) = match user {
+        Some(user) => (user.name.clone(), user.uid, user.gid),
+        // SAFETY: getuid/getgid cannot fail.
+        None => ("browser".to_owned(), unsafe { libc::getuid() }, unsafe {
+            libc::getgid()
+        }),
+    };
+    let passwd = format!(
+        "root:x:0:0:root:/nonexistent:/usr/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n{name}:x:{uid}:{gid}:browser:/nonexistent:/usr/sbin/nologin\n"
+    );
+    let group = format!("root:x:0:\nnogroup:x:65534:\n{name}:x:{gid}:\n");
+    std::fs::write(dir.join("passwd"), passwd)?;
+    std::fs::write(dir.join("group"), group)?;
+    Ok(())
+}
+
+fn find_in_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+}
+
+/// `chown -R` without following symbolic links.
+fn chown_tree(path: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => return Err(error),
+    };
+    std::os::unix::fs::lchown(path, Some(uid), Some(gid))?;
+    if meta.is_dir() {
+        for entry in std::fs::read_dir(path)? {
+            chown_tree(&entry?.path(), uid, gid)?;
+        }
+    }
+    Ok(())
+}
+
+/// In a child between fork and exec: become the browser user for good (no
+/// supplementary groups, no way back, no gaining privileges by exec).
+/// Async-signal-safe: only system calls.
+pub fn drop_privileges(user: &BrowserUser) -> std::io::Result<()> {
+    // SAFETY: plain system calls on integers; the order (groups, gid, uid)
+    // matters because setuid gives up the right to the others.
+    unsafe {
+        if libc::setgroups(0, std::ptr::null()) != 0
+            || libc::setresgid(user.gid, user.gid, user.gid) != 0
+            || libc::setresuid(user.uid, user.uid, user.uid) != 0
+            || libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
