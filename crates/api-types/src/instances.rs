@@ -156,7 +156,8 @@ pub struct Activity {
     pub idle_minutes: f64,
 }
 
-/// Where to reach an instance.
+/// Where to reach an instance. With `auth_enabled` both URLs carry the
+/// instance's access token as `?token=`: treat them as secrets.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct InstanceUrls {
     /// CDP endpoint, accepted as is by Playwright's `connectOverCDP` and
@@ -191,6 +192,7 @@ pub struct Instance {
     pub config: Option<InstanceConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<InstanceResources>,
+    /// Create and get responses.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub urls: Option<InstanceUrls>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

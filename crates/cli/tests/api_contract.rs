@@ -88,9 +88,9 @@ async fn create_answers_exactly_the_create_fields_with_defaults_applied() {
     ] {
         assert!(detail.get(key).is_some(), "get lacks {key}: {detail}");
     }
-    assert!(
-        detail.get("urls").is_none(),
-        "urls belong to the create response only"
+    assert_eq!(
+        detail["urls"], created["urls"],
+        "get shows the same urls as create (with the token when auth is on)"
     );
     assert!(detail["activity"]["idle_minutes"].as_f64().unwrap() >= 0.0);
     assert!(

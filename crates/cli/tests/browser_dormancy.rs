@@ -9,8 +9,8 @@ use serde_json::Value;
 
 use flotilla_api_types::clock::ManualClock;
 use flotilla_testkit::{
-    BROWSER_DEADLINE, Page, PageServer, StatusCode, TestServe, processes_mentioning, run_node,
-    serve_page, spawn_serve, spawn_serve_with, spawn_serve_with_clock, wait_until,
+    BROWSER_DEADLINE, Page, PageServer, StatusCode, TestServe, browser_processes, run_node,
+    serve_page, spawn_serve_with, spawn_serve_with_clock, wait_until,
 };
 
 /// A site with a page that stores state of every kind, and three tab pages.
@@ -133,8 +133,8 @@ fn keys(value: &Value) -> Vec<&str> {
 
 #[tokio::test]
 async fn browser_park_and_revive_keep_cookies_storage_and_tabs() {
-    let serve = spawn_serve().await;
     let pages = site().await;
+    let serve = spawn_serve_with(|config| pages.allow_in(config)).await;
     let created = serve.api.create("{}").await;
     let id = created["id"].as_str().unwrap().to_owned();
     let debug_url = created["urls"]["debug"].as_str().unwrap().to_owned();
@@ -164,7 +164,7 @@ async fn browser_park_and_revive_keep_cookies_storage_and_tabs() {
     );
     assert_eq!(parked["status"], "dormant");
     assert!(
-        processes_mentioning(&instance_dir).is_empty(),
+        browser_processes(std::path::Path::new(&instance_dir)).is_empty(),
         "the browser's processes are gone"
     );
     let snapshot_file = serve
@@ -363,12 +363,15 @@ async fn browser_dormant_and_revive_refuse_other_states() {
 async fn browser_idle_instances_park_themselves_and_activity_wakes_idle_ones() {
     let clock = Arc::new(ManualClock::new(chrono::Utc::now()));
     // The clock jumps a minute: heartbeats must not look late on it.
+    let pages = site().await;
     let serve = spawn_serve_with_clock(
-        |config| config.control.nodes.heartbeat_timeout_sec = 3600.0,
+        |config| {
+            config.control.nodes.heartbeat_timeout_sec = 3600.0;
+            pages.allow_in(config);
+        },
         clock.clone(),
     )
     .await;
-    let pages = site().await;
     let parks = serve
         .api
         .create(r#"{"config": {"idle_timeout_minutes": 1}}"#)
@@ -420,8 +423,8 @@ async fn browser_idle_instances_park_themselves_and_activity_wakes_idle_ones() {
 
 #[tokio::test]
 async fn browser_a_cdp_client_wakes_a_dormant_instance() {
-    let serve = spawn_serve().await;
     let pages = site().await;
+    let serve = spawn_serve_with(|config| pages.allow_in(config)).await;
     let (id, debug_url) = running_with_state(&serve, &pages).await;
     park(&serve, &id).await;
 
@@ -441,8 +444,8 @@ async fn browser_a_cdp_client_wakes_a_dormant_instance() {
 
 #[tokio::test]
 async fn browser_a_park_that_cannot_store_its_snapshot_leaves_the_instance_running() {
-    let serve = spawn_serve().await;
     let pages = site().await;
+    let serve = spawn_serve_with(|config| pages.allow_in(config)).await;
     let (id, debug_url) = running_with_state(&serve, &pages).await;
 
     // The snapshot directory becomes a file: every write into it fails.
@@ -477,7 +480,9 @@ async fn browser_snapshots_in_an_s3_compatible_bucket() {
         .await
         .unwrap();
     let endpoint = s3.endpoint.clone();
+    let pages = site().await;
     let serve = spawn_serve_with(|config| {
+        pages.allow_in(config);
         config.snapshots = flotilla_node_agent::snapshot::SnapshotsConfig {
             url: Some("s3://flotilla-snapshots/fleet-a".into()),
             endpoint: Some(endpoint),
@@ -488,7 +493,6 @@ async fn browser_snapshots_in_an_s3_compatible_bucket() {
         };
     })
     .await;
-    let pages = site().await;
     let (id, debug_url) = running_with_state(&serve, &pages).await;
 
     let parked = park(&serve, &id).await;

@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
 use flotilla_testkit::{
-    BROWSER_DEADLINE, EventReceiver, SseClient, StatusCode, processes_mentioning, run_node,
-    serve_page, spawn_serve, spawn_serve_with, wait_until,
+    BROWSER_DEADLINE, EventReceiver, SseClient, StatusCode, browser_main_pid, browser_processes,
+    run_node, serve_page, spawn_serve, spawn_serve_with, wait_until,
 };
 
 /// Sends one CDP command over a fresh WebSocket and returns its result.
@@ -45,18 +45,19 @@ async fn browser_create_drive_with_cdp_playwright_puppeteer_then_delete() {
     // A signed webhook receiver too: the same events reach it.
     let receiver = EventReceiver::start("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").await;
     let hook = receiver.url.clone();
-    let serve = spawn_serve_with(move |config| {
+    let pages = serve_page(&[(
+        "/hello",
+        "<html><head><title>Hello Flotilla</title></head><body>hi</body></html>",
+    )])
+    .await;
+    let serve = spawn_serve_with(|config| {
+        pages.allow_in(config);
         config.control.webhooks = vec![flotilla_control_plane::config::WebhookConfig {
             url: hook,
             events: Vec::new(),
             secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
         }];
     })
-    .await;
-    let pages = serve_page(&[(
-        "/hello",
-        "<html><head><title>Hello Flotilla</title></head><body>hi</body></html>",
-    )])
     .await;
     // Lifecycle events through serve's proxy, with a control-plane token.
     let (_, token) = serve.api.post("/v2/tokens", "").await;
@@ -162,9 +163,8 @@ async fn browser_create_drive_with_cdp_playwright_puppeteer_then_delete() {
     );
 
     // Delete: graceful, and nothing is left behind.
-    let needle = instance_dir.display().to_string();
     assert!(
-        !processes_mentioning(&needle).is_empty(),
+        browser_main_pid(&instance_dir).is_some(),
         "the browser runs under its instance directory"
     );
     let (status, message) = serve.api.delete(&format!("/v2/instances/{id}")).await;
@@ -174,7 +174,7 @@ async fn browser_create_drive_with_cdp_playwright_puppeteer_then_delete() {
         Duration::from_secs(10),
         "browser processes to be gone",
         || async {
-            let left = processes_mentioning(&needle);
+            let left = browser_processes(&instance_dir);
             if left.is_empty() {
                 Ok(Some(()))
             } else {
@@ -248,14 +248,15 @@ async fn browser_force_delete_and_headless_shell_image() {
     )
     .await;
     assert!(version["product"].as_str().unwrap().contains("Chrome"));
-    let needle = serve.instances_dir().join(&id).display().to_string();
+    let instance_dir = serve.instances_dir().join(&id);
+    assert!(browser_main_pid(&instance_dir).is_some());
     let (status, _) = serve
         .api
         .delete(&format!("/v2/instances/{id}?force=true"))
         .await;
     assert_eq!(status, StatusCode::OK);
     assert!(
-        processes_mentioning(&needle).is_empty(),
+        browser_processes(&instance_dir).is_empty(),
         "force delete returns once the processes are gone"
     );
     serve.shutdown().await;
@@ -309,17 +310,8 @@ async fn browser_launch_failure_and_crash_are_recorded_with_reasons() {
         .api
         .wait_for_status(&id, "running", BROWSER_DEADLINE)
         .await;
-    let needle = format!(
-        "--user-data-dir={}",
-        serve.instances_dir().join(&id).join("profile").display()
-    );
-    let main = processes_mentioning(&needle)
-        .into_iter()
-        .find(|pid| {
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            !String::from_utf8_lossy(&cmdline).contains("--type=")
-        })
-        .expect("the browser's main process");
+    let main =
+        browser_main_pid(&serve.instances_dir().join(&id)).expect("the browser's main process");
     // SAFETY: kill has no memory-safety preconditions.
     unsafe { libc::kill(main as i32, libc::SIGKILL) };
     let stopped = wait_until(BROWSER_DEADLINE, "the crash to be noticed", || async {
@@ -339,12 +331,12 @@ async fn browser_launch_failure_and_crash_are_recorded_with_reasons() {
             .contains("SIGKILL"),
         "{stopped}"
     );
-    let profile_dir = serve.instances_dir().join(&id).display().to_string();
+    let instance_dir = serve.instances_dir().join(&id);
     wait_until(
         Duration::from_secs(10),
         "no process of the crashed browser",
         || async {
-            let left = processes_mentioning(&profile_dir);
+            let left = browser_processes(&instance_dir);
             if left.is_empty() {
                 Ok(Some(()))
             } else {

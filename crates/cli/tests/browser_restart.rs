@@ -4,9 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use flotilla_testkit::{
-    BROWSER_DEADLINE, ServeProcess, StatusCode, processes_mentioning, wait_until,
-};
+use flotilla_testkit::{BROWSER_DEADLINE, ServeProcess, StatusCode, browser_processes, wait_until};
 
 /// The browsers counted here are the instances'; no spare pooled browser.
 const NO_WARM_POOL: &[(&str, &str)] = &[("FLOTILLA_AGENT__WARM_POOL_SIZE", "0")];
@@ -16,7 +14,7 @@ fn binary() -> &'static Path {
 }
 
 async fn browsers_under(dir: &Path) -> Vec<u32> {
-    processes_mentioning(&format!("--user-data-dir={}", dir.display()))
+    browser_processes(dir)
 }
 
 #[tokio::test]

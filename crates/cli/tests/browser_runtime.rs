@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use flotilla_testkit::{
-    BROWSER_DEADLINE, Page, StatusCode, TestServe, processes_mentioning, serve_page, spawn_serve,
+    BROWSER_DEADLINE, Page, StatusCode, TestServe, browser_processes, serve_page, spawn_serve,
     spawn_serve_with, wait_until,
 };
 
@@ -26,13 +26,13 @@ fn debug_url(created: &Value) -> &str {
 
 #[tokio::test]
 async fn browser_instances_cannot_see_each_others_processes_files_or_cookies() {
-    let serve = spawn_serve().await;
+    let pages = serve_page(&[("/", "<title>cookie jar</title>")]).await;
+    let serve = spawn_serve_with(|config| pages.allow_in(config)).await;
     let agent_warnings = serve.serve().agent.warnings().to_vec();
     assert!(
         agent_warnings.iter().all(|w| !w.contains("bubblewrap")),
         "this test needs bwrap (scripts/install-deps installs it): {agent_warnings:?}"
     );
-    let pages = serve_page(&[("/", "<title>cookie jar</title>")]).await;
     let a = running_instance(&serve, "{}").await;
     let b = running_instance(&serve, "{}").await;
     let a_dir = serve.instances_dir().join(a["id"].as_str().unwrap());
@@ -50,8 +50,7 @@ async fn browser_instances_cannot_see_each_others_processes_files_or_cookies() {
                 .is_some_and(|w| w.trim_end_matches('/').parse::<u32>().is_ok())
         })
         .count();
-    let host_browser_processes = processes_mentioning(&a_dir.display().to_string()).len()
-        + processes_mentioning(&b_dir.display().to_string()).len();
+    let host_browser_processes = browser_processes(&a_dir).len() + browser_processes(&b_dir).len();
     assert!(
         pids_seen_by_a > 0,
         "the listing shows A's own processes: {listing}"
@@ -61,10 +60,8 @@ async fn browser_instances_cannot_see_each_others_processes_files_or_cookies() {
         "A sees {pids_seen_by_a} processes, the host runs {host_browser_processes} for A and B"
     );
 
-    page_a
-        .navigate(&format!("file://{}/", a_dir.join("profile").display()))
-        .await
-        .unwrap();
+    // Its own profile, where its sandbox shows it.
+    page_a.navigate("file:///instance/profile/").await.unwrap();
     let own = page_a.eval("document.body.innerText").await.unwrap();
     assert!(
         own.as_str().unwrap().contains("Default"),
@@ -122,7 +119,8 @@ async fn browser_instances_cannot_see_each_others_processes_files_or_cookies() {
 
 #[tokio::test]
 async fn browser_memory_limit_kills_the_hog_and_the_rest_lives_on() {
-    let serve = spawn_serve().await;
+    let pages = serve_page(&[("/", "<title>hog</title>")]).await;
+    let serve = spawn_serve_with(|config| pages.allow_in(config)).await;
     assert!(
         serve
             .serve()
@@ -132,7 +130,6 @@ async fn browser_memory_limit_kills_the_hog_and_the_rest_lives_on() {
             .all(|w| !w.contains("cgroup")),
         "this test needs a writable cgroup hierarchy"
     );
-    let pages = serve_page(&[("/", "<title>hog</title>")]).await;
     let hog = running_instance(&serve, r#"{"config": {"memory_gb": 0.5}}"#).await;
     let bystander = running_instance(&serve, "{}").await;
     let hog_id = hog["id"].as_str().unwrap();
@@ -194,7 +191,12 @@ async fn browser_memory_limit_kills_the_hog_and_the_rest_lives_on() {
 
 #[tokio::test]
 async fn browser_cpu_quota_caps_a_busy_page() {
-    let serve = spawn_serve_with(|config| config.agent.cpu_quota_per_core = 0.5).await;
+    let pages = serve_page(&[("/", "<title>busy</title>")]).await;
+    let serve = spawn_serve_with(|config| {
+        config.agent.cpu_quota_per_core = 0.5;
+        pages.allow_in(config);
+    })
+    .await;
     assert!(
         serve
             .serve()
@@ -203,7 +205,6 @@ async fn browser_cpu_quota_caps_a_busy_page() {
             .iter()
             .all(|w| !w.contains("cgroup"))
     );
-    let pages = serve_page(&[("/", "<title>busy</title>")]).await;
     let busy = running_instance(&serve, r#"{"config": {"cpu_cores": 1}}"#).await;
     let id = busy["id"].as_str().unwrap();
     let page = Page::open(debug_url(&busy), &format!("{}/", pages.base))
@@ -266,12 +267,12 @@ async fn browser_profile_over_disk_limit_fails_the_instance() {
             .contains("disk limit"),
         "{detail}"
     );
-    let dir = serve.instances_dir().join(id).display().to_string();
+    let dir = serve.instances_dir().join(id);
     wait_until(
         Duration::from_secs(10),
         "its processes to be gone",
         || async {
-            if processes_mentioning(&dir).is_empty() {
+            if browser_processes(&dir).is_empty() {
                 Ok(Some(()))
             } else {
                 Err("running".into())
@@ -285,12 +286,12 @@ async fn browser_profile_over_disk_limit_fails_the_instance() {
 
 #[tokio::test]
 async fn browser_instance_api_serves_tabs_screenshot_and_page() {
-    let serve = spawn_serve().await;
     let pages = serve_page(&[(
         "/shot",
         "<title>Shot</title><body style='background:#0a0'>green</body>",
     )])
     .await;
+    let serve = spawn_serve_with(|config| pages.allow_in(config)).await;
     let created = running_instance(&serve, "{}").await;
     let http_port = created["http_port"].as_u64().unwrap();
     let stream_port = created["stream_port"].as_u64().unwrap();
@@ -397,11 +398,11 @@ async fn count_mjpeg_frames(url: String, stop: tokio_util::sync::CancellationTok
 
 #[tokio::test]
 async fn browser_live_view_feeds_every_viewer_and_a_stalled_one_blocks_nobody() {
-    let serve = spawn_serve().await;
     let animated = "<title>anim</title><body style='margin:0'><div id=d style='width:100vw;height:100vh'></div>\
         <script>let n = 0; (function f(){ n++; d.style.background = 'hsl(' + (n * 7 % 360) + ',80%,50%)'; \
         d.textContent = n; requestAnimationFrame(f); })();</script></body>";
     let pages = serve_page(&[("/anim", animated)]).await;
+    let serve = spawn_serve_with(|config| pages.allow_in(config)).await;
     let created = running_instance(&serve, "{}").await;
     let stream_port = created["stream_port"].as_u64().unwrap();
     let id = created["id"].as_str().unwrap().to_owned();
@@ -490,9 +491,11 @@ async fn browser_live_view_feeds_every_viewer_and_a_stalled_one_blocks_nobody() 
 
 #[tokio::test]
 async fn browser_warm_pool_creates_are_running_at_once_with_fresh_profiles() {
+    let pages = serve_page(&[("/", "<title>pool</title>")]).await;
     let serve = spawn_serve_with(|config| {
         config.agent.warm_pool_size = 2;
         config.agent.max_instances = 2;
+        pages.allow_in(config);
     })
     .await;
     let agent = serve.serve().agent.clone();
@@ -506,7 +509,6 @@ async fn browser_warm_pool_creates_are_running_at_once_with_fresh_profiles() {
     wait_until(BROWSER_DEADLINE, "the warm pool to fill", pool_full)
         .await
         .unwrap();
-    let pages = serve_page(&[("/", "<title>pool</title>")]).await;
 
     let first = serve.api.create("{}").await;
     assert_eq!(

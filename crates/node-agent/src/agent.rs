@@ -362,6 +362,14 @@ impl Agent {
                     public_host: self.inner.settings.public_host.clone(),
                     ready_timeout,
                     access: access.clone(),
+                    downloads_dir: self
+                        .inner
+                        .launcher
+                        .isolation()
+                        .browser_paths(&slot.dirs)
+                        .downloads
+                        .to_string_lossy()
+                        .into_owned(),
                 });
                 tokio::spawn(gateway::serve(debug, context, slot.servers.clone()));
                 let config = &self.inner.settings.config;

@@ -135,17 +135,21 @@ impl InstanceDirs {
         [self.profile(), self.home(), self.downloads()]
     }
 
-    /// Creates the directories, and makes the downloads directory the
-    /// browser's default download folder (XDG user dirs, read by Chromium).
     pub fn create(&self) -> std::io::Result<()> {
         for dir in self.writable() {
             std::fs::create_dir_all(dir)?;
         }
+        Ok(())
+    }
+
+    /// Makes `downloads` (the downloads directory as the browser sees it) the
+    /// browser's default download folder: XDG user dirs, which Chromium reads.
+    pub fn set_default_downloads(&self, downloads: &Path) -> std::io::Result<()> {
         let config = self.home().join(".config");
         std::fs::create_dir_all(&config)?;
         std::fs::write(
             config.join("user-dirs.dirs"),
-            format!("XDG_DOWNLOAD_DIR=\"{}\"\n", self.downloads().display()),
+            format!("XDG_DOWNLOAD_DIR=\"{}\"\n", downloads.display()),
         )
     }
 }
@@ -196,7 +200,9 @@ impl BrowserProcess {
             Ok(_) => return Err(spawn_error("not a file".into())),
             Err(error) => return Err(spawn_error(error.to_string())),
         }
+        let paths = plan.isolation.browser_paths(dirs);
         dirs.create()
+            .and_then(|()| dirs.set_default_downloads(&paths.downloads))
             .map_err(|e| spawn_error(format!("cannot create instance directory: {e}")))?;
         plan.isolation.hand_over(dirs).map_err(|e| {
             spawn_error(format!(
@@ -224,7 +230,7 @@ impl BrowserProcess {
             .args(BASE_CHROMIUM_FLAGS)
             .args(&image.args)
             .args(plan.extra_args)
-            .arg(format!("--user-data-dir={}", dirs.profile().display()))
+            .arg(format!("--user-data-dir={}", paths.profile.display()))
             .arg("--remote-debugging-port=0")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -392,14 +398,13 @@ impl BrowserProcess {
             return;
         }
         if graceful {
-            if let Some(endpoint) = endpoint {
-                if let Ok(Ok(client)) =
+            if let Some(endpoint) = endpoint
+                && let Ok(Ok(client)) =
                     tokio::time::timeout(Duration::from_secs(2), CdpClient::browser(endpoint)).await
-                {
-                    let _ = client.send("Browser.close", serde_json::json!({})).await;
-                    if self.wait_exit_for(grace).await {
-                        return;
-                    }
+            {
+                let _ = client.send("Browser.close", serde_json::json!({})).await;
+                if self.wait_exit_for(grace).await {
+                    return;
                 }
             }
             kill_group(pid, libc::SIGTERM);

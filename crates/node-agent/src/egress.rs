@@ -243,7 +243,7 @@ impl HostAddresses {
 }
 
 /// Every address of every interface of the host (getifaddrs).
-fn interface_addresses() -> Vec<IpAddr> {
+pub fn interface_addresses() -> Vec<IpAddr> {
     let mut addresses = Vec::new();
     let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs fills `list` with a linked list we free below.

@@ -52,6 +52,8 @@ pub struct GatewayContext {
     pub ready_timeout: Duration,
     /// Who may connect.
     pub access: Arc<NodeAccess>,
+    /// The instance's downloads directory as its browser sees it.
+    pub downloads_dir: String,
 }
 
 /// Serves the gateway on `listener` until `cancel` fires; open connections are
@@ -355,7 +357,7 @@ async fn proxy_websocket(
         if !leftover.is_empty() && client.write_all(&leftover).await.is_err() {
             return;
         }
-        let downloads = slot.dirs.downloads().to_string_lossy().into_owned();
+        let downloads = context.downloads_dir.clone();
         let (client_read, mut client_write) = tokio::io::split(client);
         let (mut upstream_read, upstream_write) = upstream.into_split();
         let to_browser = crate::client_frames::relay(client_read, upstream_write, &downloads);

@@ -8,8 +8,9 @@
 //! - **Filesystem** (bubblewrap). The browser's root is an empty, read-only
 //!   tmpfs holding only read-only binds of what a browser needs (`/usr`, fonts,
 //!   certificates, time zone, the browser's own directory), a generated
-//!   `/etc/passwd`, the instance's own profile, home and downloads directories,
-//!   and private `/tmp`, `/dev/shm`, `/proc` and `/dev`. Homes, `/etc/shadow`,
+//!   `/etc/passwd`, the instance's own profile, home and downloads directories
+//!   (at `/instance/…`, so no host path shows), and private `/tmp`, `/dev/shm`,
+//!   `/proc` and `/dev`. Homes, `/etc/shadow`,
 //!   the data directory, other instances, snapshots and sources do not exist in
 //!   it. New user, pid, ipc, uts and cgroup namespaces.
 //! - **Chromium's sandbox** needs user namespaces inside ours; a probe at start
@@ -54,6 +55,19 @@ impl BrowserUser {
         })
     }
 }
+
+/// Where a browser sees its own directories: inside the sandbox always at
+/// [`SANDBOX_INSTANCE_DIR`] (no host path shows, and profiles do not depend on
+/// where a node keeps them), else at their host paths.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrowserPaths {
+    pub profile: PathBuf,
+    pub home: PathBuf,
+    pub downloads: PathBuf,
+}
+
+/// Where the instance's own directories appear inside the sandbox.
+pub const SANDBOX_INSTANCE_DIR: &str = "/instance";
 
 /// The confinement every browser of this node gets.
 #[derive(Debug, Clone)]
@@ -184,6 +198,24 @@ impl Isolation {
         self.bwrap.is_some()
     }
 
+    /// The instance's directories as its browser sees them.
+    pub fn browser_paths(&self, dirs: &InstanceDirs) -> BrowserPaths {
+        if self.bwrap.is_some() {
+            let inside = Path::new(SANDBOX_INSTANCE_DIR);
+            BrowserPaths {
+                profile: inside.join("profile"),
+                home: inside.join("home"),
+                downloads: inside.join("downloads"),
+            }
+        } else {
+            BrowserPaths {
+                profile: dirs.profile(),
+                home: dirs.home(),
+                downloads: dirs.downloads(),
+            }
+        }
+    }
+
     /// Runs a tiny confined command to learn what works: bubblewrap itself
     /// (`nested` = None), or `unshare` of the namespaces Chromium's sandbox needs.
     fn probe(&self, state_dir: &Path, nested: Option<&Path>) -> Result<(), String> {
@@ -238,8 +270,10 @@ impl Isolation {
     }
 
     /// The command that starts `program` confined for the instance in `dirs`;
-    /// the caller adds the program's arguments, stdio and pre-exec steps.
+    /// the caller adds the program's arguments (with paths as
+    /// [`Isolation::browser_paths`] says), stdio and pre-exec steps.
     pub fn command(&self, dirs: &InstanceDirs, program: &Path, hostname: &str) -> Command {
+        let paths = self.browser_paths(dirs);
         let mut command = match &self.bwrap {
             Some(bwrap) => {
                 let mut command = Command::new(bwrap);
@@ -252,11 +286,12 @@ impl Isolation {
         command
             .env_clear()
             .env("PATH", "/usr/bin:/bin")
-            .env("HOME", dirs.home())
-            .env("XDG_CONFIG_HOME", dirs.home().join(".config"))
-            .env("XDG_CACHE_HOME", dirs.home().join(".cache"))
+            .env("HOME", &paths.home)
+            .env("XDG_CONFIG_HOME", paths.home.join(".config"))
+            .env("XDG_CACHE_HOME", paths.home.join(".cache"))
             .env("TMPDIR", "/tmp")
             .env("LANG", "C.UTF-8")
+            // bubblewrap starts in the host's view of the directory, then moves.
             .current_dir(dirs.home());
         command
     }
@@ -309,12 +344,18 @@ impl Isolation {
         push(&[
             "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm",
         ]);
-        for dir in dirs.writable() {
-            let dir = dir.to_string_lossy().into_owned();
-            push(&["--bind", &dir, &dir]);
+        let inside = self.browser_paths(dirs);
+        for (host, inside) in
+            dirs.writable()
+                .iter()
+                .zip([&inside.profile, &inside.home, &inside.downloads])
+        {
+            let host = host.to_string_lossy().into_owned();
+            let inside = inside.to_string_lossy().into_owned();
+            push(&["--bind", &host, &inside]);
         }
         push(&["--remount-ro", "/"]);
-        let home = dirs.home().to_string_lossy().into_owned();
+        let home = inside.home.to_string_lossy().into_owned();
         push(&["--chdir", &home]);
         args
     }

@@ -1,6 +1,8 @@
 //! Start-up sweep: browsers and profiles that a previous run of this agent left
 //! behind (after a crash or `kill -9`) are killed and removed. Only processes
-//! whose `--user-data-dir` lies under this agent's instance directory are touched.
+//! with an argument in this agent's instance directory are touched: a
+//! browser's `--user-data-dir`, or the binds of the bubblewrap that confines
+//! it (whose process group holds the whole browser).
 
 use std::path::Path;
 
@@ -14,7 +16,8 @@ pub struct SweepReport {
 
 pub fn sweep(instances_root: &Path) -> SweepReport {
     let mut report = SweepReport::default();
-    let marker = format!("--user-data-dir={}/", instances_root.display());
+    let root = format!("{}/", instances_root.display());
+    let flag = format!("--user-data-dir={root}");
     if let Ok(entries) = std::fs::read_dir("/proc") {
         for entry in entries.flatten() {
             let Some(pid) = entry
@@ -29,7 +32,7 @@ pub fn sweep(instances_root: &Path) -> SweepReport {
             };
             let matches = cmdline
                 .split(|b| *b == 0)
-                .any(|arg| arg.starts_with(marker.as_bytes()));
+                .any(|arg| arg.starts_with(root.as_bytes()) || arg.starts_with(flag.as_bytes()));
             if matches {
                 kill_group(pid, libc::SIGKILL);
                 // SAFETY: kill has no memory-safety preconditions.

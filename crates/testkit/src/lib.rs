@@ -92,6 +92,24 @@ impl Api {
         }
     }
 
+    /// A client that sends `Authorization: Bearer <key>` with every request.
+    pub fn with_key(base: impl Into<String>, key: &str) -> Self {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            reqwest::header::AUTHORIZATION,
+            format!("Bearer {key}").parse().expect("a header value"),
+        );
+        Self {
+            base: base.into(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(120))
+                .no_proxy()
+                .default_headers(headers)
+                .build()
+                .expect("http client"),
+        }
+    }
+
     /// Any request; returns status and body as JSON (or `Value::String` for non-JSON).
     pub async fn call(
         &self,
@@ -309,6 +327,77 @@ pub fn processes_mentioning(needle: &str) -> Vec<u32> {
     pids
 }
 
+/// (pid, parent pid) of every process.
+fn process_parents() -> Vec<(u32, u32)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let mut fields = rest.split_whitespace();
+            let state = fields.next()?;
+            let parent = fields.next()?.parse().ok()?;
+            (state != "Z" && state != "X").then_some((pid, parent))
+        })
+        .collect()
+}
+
+/// `roots` and all their living descendants.
+pub fn process_tree(roots: &[u32]) -> Vec<u32> {
+    let parents = process_parents();
+    let mut tree: Vec<u32> = roots
+        .iter()
+        .copied()
+        .filter(|pid| parents.iter().any(|(p, _)| p == pid))
+        .collect();
+    let mut i = 0;
+    while i < tree.len() {
+        let current = tree[i];
+        for (child, _) in parents.iter().filter(|(_, parent)| *parent == current) {
+            if !tree.contains(child) {
+                tree.push(*child);
+            }
+        }
+        i += 1;
+    }
+    tree
+}
+
+/// Every process of the browser(s) under `dir` (an instance directory, or the
+/// agent's instances root): those whose command line mentions it (the
+/// bubblewrap confining a browser names its directories; the browser itself
+/// sees them at `/instance/…`), their descendants, and anything left in an
+/// instance cgroup named after `dir`.
+pub fn browser_processes(dir: &Path) -> Vec<u32> {
+    let needle = dir.display().to_string();
+    let mut roots = processes_mentioning(&needle);
+    if let Some(name) = dir.file_name().and_then(|n| n.to_str()) {
+        let component = format!("/{name}");
+        for (pid, _) in process_parents() {
+            let in_cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+                .map(|groups| groups.lines().any(|line| line.ends_with(&component)))
+                .unwrap_or(false);
+            if in_cgroup && !roots.contains(&pid) && pid != std::process::id() {
+                roots.push(pid);
+            }
+        }
+    }
+    process_tree(&roots)
+}
+
+/// The browser's main process (Chromium without `--type=`) under `dir`.
+pub fn browser_main_pid(dir: &Path) -> Option<u32> {
+    browser_processes(dir).into_iter().find(|pid| {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        cmdline.contains("--user-data-dir=") && !cmdline.contains("--type=")
+    })
+}
+
 /// A local web server serving `pages` (path → HTML) on 127.0.0.1:0.
 pub struct PageServer {
     pub base: String,
@@ -318,6 +407,17 @@ pub struct PageServer {
 }
 
 impl PageServer {
+    /// `127.0.0.1:<port>`: what `[agent.egress] allow` needs for browsers to
+    /// load these pages (loopback is closed to them by default).
+    pub fn authority(&self) -> String {
+        self.base.trim_start_matches("http://").to_owned()
+    }
+
+    /// Opens these pages to the browsers of `config`'s agent.
+    pub fn allow_in(&self, config: &mut FlotillaConfig) {
+        config.agent.egress.allow.push(self.authority());
+    }
+
     /// Paths requested so far (any path, served or not), in order.
     pub fn requested(&self) -> Vec<String> {
         self.requested.lock().expect("requested lock").clone()
@@ -601,6 +701,18 @@ impl Page {
             bail!("script threw: {exception}");
         }
         Ok(result["result"]["value"].clone())
+    }
+
+    /// Sends a browser-level CDP command (no session).
+    pub async fn call_browser(&self, method: &str, params: Value) -> anyhow::Result<Value> {
+        Ok(self.client.call(method, params, None, CDP_TIMEOUT).await?)
+    }
+
+    /// Starts a navigation and returns CDP's answer at once (`errorText` is set
+    /// when the page could not be loaded at all).
+    pub async fn try_navigate(&self, url: &str) -> anyhow::Result<Value> {
+        self.call("Page.navigate", serde_json::json!({"url": url}))
+            .await
     }
 
     /// Sends any CDP command on this page's session.

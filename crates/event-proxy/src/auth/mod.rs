@@ -434,9 +434,10 @@ mod tests {
             Presented::Malformed
         );
         assert_eq!(presented_token(Some("Bearer "), None), Presented::Malformed);
+        // RFC 7235: the scheme is case-insensitive.
         assert_eq!(
             presented_token(Some("bearer abc"), None),
-            Presented::Malformed
+            Presented::Token("abc".into())
         );
         assert_eq!(
             presented_token(None, Some("q")),

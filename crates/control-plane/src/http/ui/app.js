@@ -87,6 +87,9 @@ function nodeHost(nodeId) {
 
 function urlsOf(instance) {
   if (!instance.debug_port) return null;
+  // Create and get answers carry the URLs, with the instance's token when
+  // authentication is on; list items do not.
+  if (instance.urls) return instance.urls;
   const host = nodeHost(instance.node_id);
   return {
     debug: `ws://${host}:${instance.debug_port}/devtools/browser/${instance.id}`,
@@ -186,7 +189,12 @@ async function loadInstances() {
   if ($('#filter-status').value) query.set('status', $('#filter-status').value);
   if ($('#filter-node').value) query.set('node_id', $('#filter-node').value);
   const page = await api('GET', `/v2/instances?${query}`);
-  state.instances = new Map(page.instances.map((i) => [i.id, i]));
+  // List items carry no URLs: keep those a get or create answer brought.
+  const previous = state.instances;
+  state.instances = new Map(page.instances.map((i) => {
+    const urls = previous.get(i.id)?.urls;
+    return [i.id, urls ? { urls, ...i } : i];
+  }));
   state.total = page.total;
   renderInstances();
 }
