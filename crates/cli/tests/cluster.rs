@@ -269,7 +269,17 @@ async fn cluster_capacity_preference_node_loss_and_reconciliation() {
 #[tokio::test]
 async fn browser_cluster_places_real_chromium_on_three_agents() {
     let temp = tempfile::tempdir().unwrap();
-    let cp = control(&temp.path().join("cp"), &[]).await;
+    // With authentication on: agents learn the key digests and each
+    // instance's token from the control plane.
+    let mut cp = control(
+        &temp.path().join("cp"),
+        &[
+            ("FLOTILLA_AUTH_ENABLED", "true"),
+            ("FLOTILLA_API_KEYS", "[\"cluster-api-key\"]"),
+        ],
+    )
+    .await;
+    cp.api = Api::with_key(cp.api.base.clone(), "cluster-api-key");
     let url = cp.api.base.clone();
     let mut agents = Vec::new();
     for (node, ports) in [
@@ -299,14 +309,40 @@ async fn browser_cluster_places_real_chromium_on_three_agents() {
             .wait_for_status(id, "running", BROWSER_DEADLINE)
             .await;
         let port = instance["debug_port"].as_u64().unwrap();
-        let version: Value = reqwest::get(format!("http://127.0.0.1:{port}/json/version"))
+        let version_url = format!("http://127.0.0.1:{port}/json/version");
+        let refused = reqwest::get(&version_url).await.unwrap();
+        assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+        let token = instance["urls"]["debug"]
+            .as_str()
+            .unwrap()
+            .split_once("?token=")
+            .expect("urls.debug carries the token")
+            .1
+            .to_owned();
+        let with_key: Value = reqwest::Client::new()
+            .get(&version_url)
+            .bearer_auth("cluster-api-key")
+            .send()
             .await
             .unwrap()
             .json()
             .await
             .unwrap();
         assert!(
-            version["Browser"].as_str().unwrap().contains("Chrome"),
+            with_key["Browser"].as_str().unwrap().contains("Chrome"),
+            "{with_key}"
+        );
+        let version: Value = reqwest::get(format!("{version_url}?token={token}"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert!(
+            version["webSocketDebuggerUrl"]
+                .as_str()
+                .unwrap()
+                .ends_with(&format!("?token={token}")),
             "{version}"
         );
         let node = instance["node_id"].as_str().unwrap();
