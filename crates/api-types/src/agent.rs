@@ -7,6 +7,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::credentials::Secret;
 use crate::ids::{InstanceId, NodeId, SnapshotId};
 use crate::instances::{InstanceConfig, InstanceResources, InstanceStatus, ReviveMethod};
 use crate::nodes::{Capabilities, ResourceUsage};
@@ -21,7 +22,7 @@ pub struct AgentCreateInstance {
     /// The instance's access token: with authentication on, the instance's
     /// ports admit it (or an API key). Agents learn it only from here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub access_token: Option<String>,
+    pub access_token: Option<Secret>,
 }
 
 /// The ports an agent reserved for an instance, and its state right after the
@@ -59,7 +60,7 @@ pub struct AgentReviveInstance {
     pub ports: Option<[u16; 3]>,
     /// The instance's access token (as in [`AgentCreateInstance`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub access_token: Option<String>,
+    pub access_token: Option<Secret>,
 }
 
 /// What the control plane tells an agent when it registers, and again in the

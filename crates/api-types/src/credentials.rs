@@ -6,6 +6,29 @@
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+/// A secret carried in a wire type (an instance's access token): serialised
+/// as the plain string, shown as `<redacted>` by `Debug`, so that logging a
+/// request never prints it.
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: String) -> Self {
+        Self(value)
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
 /// The credential of an `Authorization: Bearer <credential>` header value; the
 /// scheme is matched case-insensitively, surrounding spaces are ignored. `None`
 /// for another scheme or an empty credential.
@@ -53,6 +76,14 @@ mod tests {
         assert_eq!(bearer_token("Basic abc"), None);
         assert_eq!(bearer_token("Bear"), None);
         assert_eq!(bearer_token("Beärer x"), None);
+    }
+
+    #[test]
+    fn secrets_serialise_plainly_and_never_print() {
+        let secret = Secret::new("flt_abc".into());
+        assert_eq!(serde_json::to_string(&secret).unwrap(), "\"flt_abc\"");
+        assert_eq!(format!("{secret:?}"), "<redacted>");
+        assert_eq!(secret.expose(), "flt_abc");
     }
 
     #[test]

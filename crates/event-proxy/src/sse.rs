@@ -175,10 +175,17 @@ async fn stream_events(
     origin: Option<&str>,
 ) -> End {
     let http = &state.config.http;
-    let allow_origin = state.allowed_origin(origin).unwrap_or_else(|| "*".into());
+    // `http.cors_allowed_origins` holds for streams as for every answer: an
+    // allowed origin is echoed (the answer then varies with `Origin`), any
+    // other gets no `Access-Control-Allow-Origin`; `*` only when configured.
+    let cors = match state.allowed_origin(origin) {
+        Some(allowed) if allowed == "*" => "Access-Control-Allow-Origin: *\r\n".to_owned(),
+        Some(allowed) => format!("Access-Control-Allow-Origin: {allowed}\r\nVary: Origin\r\n"),
+        None => String::new(),
+    };
     let mut out: Vec<u8> = format!(
         "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: keep-alive\r\n\
-         Access-Control-Allow-Origin: {allow_origin}\r\nX-Accel-Buffering: no\r\n\r\n"
+         {cors}X-Accel-Buffering: no\r\n\r\n"
     )
     .into_bytes();
     if let Some(missed) = &replay.missed {

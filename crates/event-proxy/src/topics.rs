@@ -146,6 +146,26 @@ pub fn parse_last_event_id(text: &str) -> Result<Resume, String> {
     })
 }
 
+/// The lines of `text` as `text/event-stream` reads them: broken at CRLF, CR
+/// and LF. A text ending in a break has a last, empty line.
+pub fn data_lines(text: &str) -> impl Iterator<Item = &str> {
+    let mut rest = Some(text);
+    std::iter::from_fn(move || {
+        let current = rest?;
+        match current.find(['\r', '\n']) {
+            Some(at) => {
+                let width = if current[at..].starts_with("\r\n") { 2 } else { 1 };
+                rest = Some(&current[at + width..]);
+                Some(&current[..at])
+            }
+            None => {
+                rest = None;
+                Some(current)
+            }
+        }
+    })
+}
+
 /// Renders an event as `text/event-stream` lines.
 pub fn render(term: u64, seq: u64, publish: &Publish) -> Bytes {
     let data = match &publish.data {
@@ -161,10 +181,12 @@ pub fn render(term: u64, seq: u64, publish: &Publish) -> Bytes {
         out.push_str(event);
         out.push('\n');
     }
-    // Every line of the payload is a data line; \r\n and \r count as breaks.
-    for line in data.split('\n') {
+    // Every line of the payload is a data line. The format ends lines at CR,
+    // LF and CRLF alike: a CR left inside a data line would start a new field
+    // in the subscriber's parser (`\rid: 1\revent: x` would forge both).
+    for line in data_lines(&data) {
         out.push_str("data: ");
-        out.push_str(line.strip_suffix('\r').unwrap_or(line));
+        out.push_str(line);
         out.push('\n');
     }
     if let Some(retry) = publish.retry {
@@ -619,6 +641,71 @@ mod tests {
             ),
             policy_capacity,
         )
+    }
+
+    #[test]
+    fn data_is_split_at_every_line_break() {
+        let lines: Vec<&str> = data_lines("a\rb\nc\r\nd\n\re").collect();
+        assert_eq!(lines, ["a", "b", "c", "d", "", "e"]);
+        assert_eq!(data_lines("").collect::<Vec<_>>(), [""]);
+        assert_eq!(data_lines("x\r\n").collect::<Vec<_>>(), ["x", ""]);
+        // The report of the issue: a CR must not start a field.
+        let frame = render(
+            1,
+            2,
+            &Publish {
+                data: serde_json::Value::String("hello\rid: 999\revent: evil".into()),
+                ..Publish::default()
+            },
+        );
+        assert_eq!(
+            std::str::from_utf8(&frame).unwrap(),
+            "id: 1-2\ndata: hello\ndata: id: 999\ndata: event: evil\n\n"
+        );
+    }
+
+    /// What an EventSource receives for `frame`, by an SSE parser that is not ours.
+    fn parse_independently(frame: Bytes) -> Vec<eventsource_stream::Event> {
+        use eventsource_stream::Eventsource;
+        use futures_util::StreamExt;
+        let stream = futures_util::stream::iter([Ok::<_, std::io::Error>(frame)]);
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime")
+            .block_on(
+                stream
+                    .eventsource()
+                    .map(|event| event.expect("a well-formed stream"))
+                    .collect(),
+            )
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn subscribers_parse_exactly_what_was_published(
+            data in proptest::prop_oneof![
+                proptest::arbitrary::any::<String>(),
+                "[a-z \\r\\n:]{0,40}",
+                "(\\r|\\n|\\r\\n|data: |id: |event: |retry: 1|x){0,12}",
+            ],
+            event in proptest::option::of("[a-z.]{1,20}"),
+        ) {
+            let frame = render(7, 9, &Publish {
+                event: event.clone(),
+                data: serde_json::Value::String(data.clone()),
+                id: None,
+                retry: None,
+            });
+            let parsed = parse_independently(frame);
+            proptest::prop_assert_eq!(parsed.len(), 1, "one event per publish");
+            let expected = data.replace("\r\n", "\n").replace('\r', "\n");
+            proptest::prop_assert_eq!(&parsed[0].data, &expected);
+            proptest::prop_assert_eq!(&parsed[0].id, "7-9");
+            proptest::prop_assert_eq!(
+                parsed[0].event.as_str(),
+                event.as_deref().unwrap_or("message")
+            );
+        }
     }
 
     #[test]

@@ -22,6 +22,7 @@ use flotilla_api_types::agent::{
     InstanceReport, InstanceStateChange, NodeRegistration,
 };
 use flotilla_api_types::clock::Clock;
+use flotilla_api_types::credentials::Secret;
 use flotilla_api_types::ids::SnapshotId;
 use flotilla_api_types::instances::{InstanceConfig, InstanceStatus, ReviveMethod};
 use flotilla_api_types::{InstanceId, NodeId};
@@ -238,7 +239,7 @@ impl Agent {
         config: InstanceConfig,
         ports: &InstancePorts,
         dirs: InstanceDirs,
-        access_token: Option<String>,
+        access_token: Option<&Secret>,
     ) -> Arc<InstanceSlot> {
         let waker = self
             .inner
@@ -292,7 +293,7 @@ impl Agent {
                 request.config.clone(),
                 &ports,
                 dirs,
-                request.access_token.clone(),
+                request.access_token.as_ref(),
             );
             if let Some(warm) = &warm {
                 slot.set_process(warm.launched.clone());
@@ -697,7 +698,7 @@ impl Agent {
             let mut slots = self.inner.slots.lock().expect("slots lock");
             match slots.get(&request.id) {
                 Some(slot) => {
-                    slot.set_access_token(request.access_token.clone());
+                    slot.set_access_token(request.access_token.as_ref());
                     (slot.clone(), None)
                 }
                 None => {
@@ -716,7 +717,7 @@ impl Agent {
                         request.config.clone(),
                         &ports,
                         dirs,
-                        request.access_token.clone(),
+                        request.access_token.as_ref(),
                     );
                     slot.set_status(InstanceStatus::Dormant, None);
                     slot.set_phase(BrowserPhase::Dormant);

@@ -74,8 +74,17 @@ where
         };
         let mut data = data;
         let start = data.len();
-        data.resize(start + frame.length as usize, 0);
-        client.read_exact(&mut data[start..]).await?;
+        // Grows with what arrives, not with what a frame head announces.
+        let read = (&mut client)
+            .take(frame.length)
+            .read_to_end(&mut data)
+            .await?;
+        if (read as u64) < frame.length {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the client closed inside a frame",
+            ));
+        }
         if let Some(mask) = frame.mask {
             for (i, byte) in data[start..].iter_mut().enumerate() {
                 *byte ^= mask[i % 4];

@@ -327,6 +327,11 @@ impl EgressPolicy {
 /// How long a name lookup or a connection attempt of the proxy may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// Connections one browser may hold through the proxy at once (Chromium
+/// itself keeps at most 256 sockets per profile); more are refused, so that
+/// a browser cannot exhaust the agent's file descriptors.
+const MAX_CONNECTIONS_PER_BROWSER: usize = 512;
+
 /// Serves SOCKS5 (CONNECT only, no authentication) on `listener` until `stop`.
 pub async fn serve_socks(
     listener: TcpListener,
@@ -334,8 +339,9 @@ pub async fn serve_socks(
     instance: String,
     stop: CancellationToken,
 ) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS_PER_BROWSER));
     loop {
-        let client = tokio::select! {
+        let mut client = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((client, _)) => client,
                 Err(error) => {
@@ -346,10 +352,16 @@ pub async fn serve_socks(
             },
             _ = stop.cancelled() => return,
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::debug!(%instance, "egress connection refused: {MAX_CONNECTIONS_PER_BROWSER} open");
+            let _ = client.shutdown().await;
+            continue;
+        };
         let policy = policy.clone();
         let instance = instance.clone();
         let stop = stop.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let _ = client.set_nodelay(true);
             tokio::select! {
                 outcome = relay(client, &policy) => {

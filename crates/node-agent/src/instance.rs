@@ -18,6 +18,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use flotilla_api_types::InstanceId;
 use flotilla_api_types::agent::InstanceReport;
 use flotilla_api_types::clock::Clock;
+use flotilla_api_types::credentials::Secret;
 use flotilla_api_types::ids::SnapshotId;
 use flotilla_api_types::instances::{InstanceConfig, InstanceResources, InstanceStatus};
 
@@ -294,10 +295,10 @@ impl InstanceSlot {
     }
 
     /// Sets the token (`None` keeps the current one).
-    pub fn set_access_token(&self, token: Option<String>) {
+    pub fn set_access_token(&self, token: Option<&Secret>) {
         if let Some(token) = token {
             *self.access_token.lock().expect("slot lock") =
-                Some(Arc::new(InstanceToken::new(token)));
+                Some(Arc::new(InstanceToken::new(token.expose().to_owned())));
         }
     }
 

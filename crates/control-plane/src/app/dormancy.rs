@@ -206,11 +206,11 @@ impl ControlPlane {
             image: record.image.clone(),
             config: record.config.clone(),
             ports: record.ports,
-            access_token: Some(
+            access_token: Some(flotilla_api_types::credentials::Secret::new(
                 self.instance_token(id)
                     .await
                     .map_err(RevivalRefused::Other)?,
-            ),
+            )),
         };
         match connection.instance_revive(request).await {
             Ok(ports) => Ok((started, ports)),

@@ -6,6 +6,7 @@ use flotilla_api_types::instances::{
     CreateInstanceRequest, DEFAULT_IMAGE, Instance, InstanceConfig, InstanceList, InstanceStatus,
     ListInstancesQuery, ReviveMethod,
 };
+use flotilla_api_types::credentials::Secret;
 use flotilla_api_types::{InstanceId, MessageResponse};
 
 use super::ControlPlane;
@@ -124,7 +125,7 @@ impl ControlPlane {
         };
 
         let connection = self.connection(&node.id).await?;
-        let access_token = Some(self.instance_token(&id).await?);
+        let access_token = Some(Secret::new(self.instance_token(&id).await?));
         let call = match connection {
             Some(connection) => {
                 connection

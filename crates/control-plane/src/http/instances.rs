@@ -17,7 +17,9 @@ use crate::app::ControlPlane;
 use crate::error::Error;
 
 /// Create an instance. It starts `creating` and becomes `running` once its
-/// browser answers CDP.
+/// browser answers CDP. With authentication on, `urls.debug` and `urls.stream`
+/// carry the instance's access token (`?token=`): the instance's own ports
+/// admit it, or an API key, and answer 401 `{detail, code}` to anything else.
 #[utoipa::path(post, path = "/v2/instances", tag = "instances",
     request_body = CreateInstanceRequest,
     responses(
@@ -49,7 +51,8 @@ pub async fn instance_list(
     Ok(Json(control_plane.instance_list(query).await?))
 }
 
-/// Get one instance with its configuration, resources and activity.
+/// Get one instance with its configuration, resources, activity and `urls`
+/// (with the access token when authentication is on).
 #[utoipa::path(get, path = "/v2/instances/{instance_id}", tag = "instances",
     params(("instance_id" = String, Path)),
     responses(

@@ -1,0 +1,452 @@
+//! What browser isolation costs (issue 14), before and after in one run.
+//!
+//! Usage: isolation_bench [--binary target/release/flotilla]
+//!                        [--before PATH] [--count 20] [--density 10]
+//!
+//! Variants, each a `flotilla serve` of its own, all running at once and
+//! measured round-robin so that the machine's noise hits them alike:
+//! - `before`: `--before`, a build of the commit before isolation (Chromium as
+//!   root, `--no-sandbox`, bubblewrap over a read-write `/`, host network);
+//!   left out when not given;
+//! - `off`: this build with `agent.sandbox = false` and `agent.egress.enabled = false`
+//!   (unprivileged user and Chromium's sandbox only);
+//! - `on`: this build as installed: unprivileged user, minimal read-only
+//!   bubblewrap root, Chromium's sandbox, own network namespace and egress proxy.
+//!
+//! Measures: cold create → `/json/version` via the debug port; the same with a
+//! warm pool of 2 (each create once the pool has refilled); load of a small
+//! local page (HTML, a stylesheet and an image; every response `no-store`,
+//! `Page.navigate` → `Page.loadEventFired`); and per idle instance the PSS of
+//! its process tree (as the API reports it), the serve process's RSS growth
+//! and the drop of `MemAvailable`.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use serde_json::{Value, json};
+
+use flotilla_bench::{
+    ServeProcess, mem_available_mib, mean, number_flag, percentile, summary_row, text_flag,
+};
+use flotilla_node_agent::cdp::CdpClient;
+
+struct Variant {
+    name: &'static str,
+    binary: PathBuf,
+    /// Extra `[agent]` lines of its configuration.
+    agent: &'static str,
+    /// Whether it knows `[agent.egress]` (builds before isolation do not).
+    knows_egress: bool,
+}
+
+struct Running {
+    name: &'static str,
+    serve: ServeProcess,
+    _dir: tempfile::TempDir,
+}
+
+async fn start(
+    variant: &Variant,
+    ports: &str,
+    warm_pool: usize,
+    allow: &str,
+) -> anyhow::Result<Running> {
+    let dir = tempfile::Builder::new()
+        .prefix("flotilla-isolation-bench-")
+        .tempdir()?;
+    let egress = if variant.knows_egress {
+        format!("[agent.egress]\nallow = [\"{allow}\"]\n")
+    } else {
+        String::new()
+    };
+    let config = format!(
+        "[http]\nbind_address = \"127.0.0.1:0\"\n[nodes]\nheartbeat_interval_sec = 1\n[scheduler]\nmax_utilisation_percent = 100\n\
+         [agent]\nwarm_pool_size = {warm_pool}\nmax_instances = 40\nport_range = \"{ports}\"\n{}\n{egress}",
+        variant.agent
+    );
+    let path = dir.path().join("flotilla.toml");
+    std::fs::write(&path, config)?;
+    let serve = ServeProcess::start(&variant.binary, &dir.path().join("data"), Some(&path)).await?;
+    Ok(Running {
+        name: variant.name,
+        serve,
+        _dir: dir,
+    })
+}
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .expect("client")
+}
+
+async fn create(base: &str, http: &reqwest::Client) -> anyhow::Result<Value> {
+    Ok(http
+        .post(format!("{base}/v2/instances"))
+        .body("{}")
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?)
+}
+
+async fn delete(base: &str, id: &str, http: &reqwest::Client) -> anyhow::Result<()> {
+    http.delete(format!("{base}/v2/instances/{id}?force=true"))
+        .send()
+        .await?
+        .error_for_status()?;
+    Ok(())
+}
+
+/// Create → first answer of `/json/version` through the gateway, in ms.
+async fn create_to_cdp(base: &str, http: &reqwest::Client) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let created = create(base, http).await?;
+    let port = created["debug_port"].as_u64().context("debug_port")?;
+    let response = http
+        .get(format!("http://127.0.0.1:{port}/json/version"))
+        .send()
+        .await?;
+    if !response.status().is_success() {
+        bail!("gateway answered {}", response.status());
+    }
+    let elapsed = started.elapsed().as_secs_f64() * 1000.0;
+    delete(base, created["id"].as_str().context("id")?, http).await?;
+    Ok(elapsed)
+}
+
+/// A local site: a page, its stylesheet and an image, never cached.
+async fn serve_site() -> anyhow::Result<String> {
+    use axum::http::header;
+    let png: &'static [u8] = &[
+        0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x48, 0x44,
+        0x52, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x08, 0x06, 0x00, 0x00, 0x00, 0x1f,
+        0x15, 0xc4, 0x89, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x44, 0x41, 0x54, 0x78, 0x9c, 0x63, 0xf8,
+        0xcf, 0xc0, 0xf0, 0x1f, 0x00, 0x05, 0x00, 0x01, 0xff, 0x89, 0x99, 0x3d, 0x1d, 0x00, 0x00,
+        0x00, 0x00, 0x49, 0x45, 0x4e, 0x44, 0xae, 0x42, 0x60, 0x82,
+    ];
+    let page = format!(
+        "<!doctype html><html><head><title>bench</title><link rel=stylesheet href=/style.css></head>\
+         <body><h1>Small page</h1><p>{}</p><img src=/img.png></body></html>",
+        "Lorem ipsum dolor sit amet. ".repeat(40)
+    );
+    let no_store = [(header::CACHE_CONTROL, "no-store")];
+    let router = axum::Router::new()
+        .route(
+            "/",
+            axum::routing::get(move || {
+                let page = page.clone();
+                async move { (no_store, axum::response::Html(page)) }
+            }),
+        )
+        .route(
+            "/style.css",
+            axum::routing::get(move || async move {
+                (
+                    [(header::CACHE_CONTROL, "no-store"), (header::CONTENT_TYPE, "text/css")],
+                    "body{font:16px sans-serif;background:#eef}h1{color:#336}",
+                )
+            }),
+        )
+        .route(
+            "/img.png",
+            axum::routing::get(move || async move {
+                (
+                    [(header::CACHE_CONTROL, "no-store"), (header::CONTENT_TYPE, "image/png")],
+                    png,
+                )
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    Ok(addr.to_string())
+}
+
+/// A page session of one instance, for timed navigations.
+struct Tab {
+    client: CdpClient,
+    session: String,
+}
+
+impl Tab {
+    async fn open(debug_url: &str) -> anyhow::Result<Self> {
+        let timeout = Duration::from_secs(60);
+        let client = CdpClient::connect(debug_url).await?;
+        let target = client
+            .call("Target.createTarget", json!({"url": "about:blank"}), None, timeout)
+            .await?;
+        let attached = client
+            .call(
+                "Target.attachToTarget",
+                json!({"targetId": target["targetId"], "flatten": true}),
+                None,
+                timeout,
+            )
+            .await?;
+        let session = attached["sessionId"].as_str().context("session")?.to_owned();
+        client
+            .call("Page.enable", json!({}), Some(&session), timeout)
+            .await?;
+        Ok(Self { client, session })
+    }
+
+    /// `Page.navigate` → `Page.loadEventFired`, in ms.
+    async fn load(&self, url: &str) -> anyhow::Result<f64> {
+        let mut events = self.client.events();
+        let started = Instant::now();
+        let answer = self
+            .client
+            .call(
+                "Page.navigate",
+                json!({"url": url}),
+                Some(&self.session),
+                Duration::from_secs(60),
+            )
+            .await?;
+        if let Some(error) = answer.get("errorText").and_then(Value::as_str)
+            && !error.is_empty()
+        {
+            bail!("{url}: {error}");
+        }
+        loop {
+            let event = tokio::time::timeout(Duration::from_secs(60), events.recv())
+                .await
+                .context("no load event")??;
+            if event.method == "Page.loadEventFired"
+                && event.session_id.as_deref() == Some(&self.session)
+            {
+                return Ok(started.elapsed().as_secs_f64() * 1000.0);
+            }
+        }
+    }
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .unwrap_or(0.0)
+        / 1024.0
+}
+
+async fn wait_running(base: &str, id: &str, http: &reqwest::Client) -> anyhow::Result<Value> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let instance: Value = http
+            .get(format!("{base}/v2/instances/{id}"))
+            .send()
+            .await?
+            .json()
+            .await?;
+        if instance["status"] == "running" {
+            return Ok(instance);
+        }
+        if Instant::now() > deadline {
+            bail!("{id} is {}", instance["status"]);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn print_table(title: &str, results: &[(&str, Vec<f64>)]) {
+    println!("\n{title}\n");
+    println!("| variant | n | p50 ms | p95 ms | mean ms | min ms | max ms |");
+    println!("|---|---|---|---|---|---|---|");
+    for (name, samples) in results {
+        println!("{}", summary_row(name, samples));
+    }
+    let p50 = |name: &str| {
+        results
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, s)| percentile(s, 0.5))
+    };
+    if let (Some(on), Some(off)) = (p50("on"), p50("off")) {
+        println!("\np50 on / off: {:.3}", on / off);
+    }
+    if let (Some(on), Some(before)) = (p50("on"), p50("before")) {
+        println!("p50 on / before: {:.3}", on / before);
+    }
+}
+
+/// Runs `measure` `count` times per serve, round-robin; samples per variant.
+async fn round_robin<F, Fut>(
+    serves: &[Running],
+    count: usize,
+    pause: Duration,
+    mut measure: F,
+) -> anyhow::Result<Vec<(&'static str, Vec<f64>)>>
+where
+    F: FnMut(usize, usize) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<f64>>,
+{
+    let mut samples: Vec<(&'static str, Vec<f64>)> =
+        serves.iter().map(|s| (s.name, Vec::new())).collect();
+    for round in 0..count {
+        for (index, _) in serves.iter().enumerate() {
+            let sample = measure(index, round).await?;
+            samples[index].1.push(sample);
+            tokio::time::sleep(pause).await;
+        }
+    }
+    Ok(samples)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let binary: PathBuf = text_flag("--binary", "target/release/flotilla")?.into();
+    let before = text_flag("--before", "")?;
+    let count = number_flag("--count", 20)?;
+    let density = number_flag("--density", 10)?;
+    let mut variants = Vec::new();
+    if !before.is_empty() {
+        variants.push(Variant {
+            name: "before",
+            binary: before.into(),
+            agent: "",
+            knows_egress: false,
+        });
+    }
+    variants.push(Variant {
+        name: "off",
+        binary: binary.clone(),
+        agent: "sandbox = false\n[agent.egress]\nenabled = false",
+        knows_egress: false,
+    });
+    variants.push(Variant {
+        name: "on",
+        binary,
+        agent: "",
+        knows_egress: true,
+    });
+    for variant in &variants {
+        if !Path::new(&variant.binary).is_file() {
+            bail!("{} is not built", variant.binary.display());
+        }
+    }
+    let site = serve_site().await?;
+    let http = http();
+    let port_ranges = ["24000-24299", "24300-24599", "24600-24899"];
+
+    // Cold creates and page loads, then density, on serves without a pool.
+    let mut serves = Vec::new();
+    for (variant, ports) in variants.iter().zip(port_ranges) {
+        serves.push(start(variant, ports, 0, &site).await?);
+    }
+    // One throwaway create each, so that caches are warm for everyone.
+    for serve in &serves {
+        create_to_cdp(&serve.serve.url, &http).await?;
+    }
+    let cold = round_robin(&serves, count, Duration::from_millis(200), |index, _| {
+        let base = serves[index].serve.url.clone();
+        let http = http.clone();
+        async move { create_to_cdp(&base, &http).await }
+    })
+    .await?;
+    print_table(
+        &format!("Create → CDP answering, cold (n = {count} per variant)"),
+        &cold,
+    );
+
+    let mut tabs = Vec::new();
+    let mut page_ids = Vec::new();
+    for serve in &serves {
+        let created = create(&serve.serve.url, &http).await?;
+        let id = created["id"].as_str().context("id")?.to_owned();
+        wait_running(&serve.serve.url, &id, &http).await?;
+        let debug = created["urls"]["debug"].as_str().context("debug")?.to_owned();
+        let tab = Tab::open(&debug).await?;
+        tab.load(&format!("http://{site}/?warmup")).await?;
+        tabs.push(tab);
+        page_ids.push(id);
+    }
+    let loads = round_robin(&serves, count * 2, Duration::from_millis(50), |index, round| {
+        let tab = &tabs[index];
+        let url = format!("http://{site}/?n={round}");
+        async move { tab.load(&url).await }
+    })
+    .await?;
+    print_table(
+        &format!(
+            "Load of a small local page (HTML + CSS + image), n = {} per variant",
+            count * 2
+        ),
+        &loads,
+    );
+    drop(tabs);
+    for (serve, id) in serves.iter().zip(&page_ids) {
+        delete(&serve.serve.url, id, &http).await?;
+    }
+
+    println!("\nIdle instances on about:blank, {density} per variant\n");
+    println!("| variant | PSS per instance MiB | serve RSS growth per instance MiB | MemAvailable drop per instance MiB |");
+    println!("|---|---|---|---|");
+    for serve in &serves {
+        let pid = serve.serve.child.id().context("serve pid")?;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let (rss_before, available_before) = (rss_mib(pid), mem_available_mib());
+        let mut ids = Vec::new();
+        for _ in 0..density {
+            let created = create(&serve.serve.url, &http).await?;
+            let id = created["id"].as_str().context("id")?.to_owned();
+            wait_running(&serve.serve.url, &id, &http).await?;
+            ids.push(id);
+        }
+        // Let the browsers settle and two heartbeats sample them.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let mut pss = Vec::new();
+        for id in &ids {
+            let instance: Value = http
+                .get(format!("{}/v2/instances/{id}", serve.serve.url))
+                .send()
+                .await?
+                .json()
+                .await?;
+            pss.push(instance["resources"]["memory_mb"].as_f64().unwrap_or(0.0));
+        }
+        let (rss_after, available_after) = (rss_mib(pid), mem_available_mib());
+        println!(
+            "| {} | {:.1} | {:.2} | {:.1} |",
+            serve.name,
+            mean(&pss),
+            (rss_after - rss_before) / density as f64,
+            (available_before - available_after) / density as f64
+        );
+        for id in &ids {
+            delete(&serve.serve.url, id, &http).await?;
+        }
+    }
+    for serve in serves {
+        serve.serve.stop().await;
+    }
+
+    // Warm pools.
+    let mut warm = Vec::new();
+    for (variant, ports) in variants.iter().zip(port_ranges) {
+        warm.push(start(variant, ports, 2, &site).await?);
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let warm_results = round_robin(&warm, count, Duration::from_millis(1500), |index, _| {
+        let base = warm[index].serve.url.clone();
+        let http = http.clone();
+        async move { create_to_cdp(&base, &http).await }
+    })
+    .await?;
+    print_table(
+        &format!("Create → CDP answering, warm pool of 2 (n = {count} per variant)"),
+        &warm_results,
+    );
+    for serve in warm {
+        serve.serve.stop().await;
+    }
+    Ok(())
+}
