@@ -27,7 +27,7 @@ use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
 
 use flotilla_bench::{
-    ServeProcess, mem_available_mib, mean, number_flag, percentile, summary_row, text_flag,
+    ServeProcess, mean, mem_available_mib, number_flag, percentile, summary_row, text_flag,
 };
 use flotilla_node_agent::cdp::CdpClient;
 
@@ -147,7 +147,10 @@ async fn serve_site() -> anyhow::Result<String> {
             "/style.css",
             axum::routing::get(move || async move {
                 (
-                    [(header::CACHE_CONTROL, "no-store"), (header::CONTENT_TYPE, "text/css")],
+                    [
+                        (header::CACHE_CONTROL, "no-store"),
+                        (header::CONTENT_TYPE, "text/css"),
+                    ],
                     "body{font:16px sans-serif;background:#eef}h1{color:#336}",
                 )
             }),
@@ -156,7 +159,10 @@ async fn serve_site() -> anyhow::Result<String> {
             "/img.png",
             axum::routing::get(move || async move {
                 (
-                    [(header::CACHE_CONTROL, "no-store"), (header::CONTENT_TYPE, "image/png")],
+                    [
+                        (header::CACHE_CONTROL, "no-store"),
+                        (header::CONTENT_TYPE, "image/png"),
+                    ],
                     png,
                 )
             }),
@@ -180,7 +186,12 @@ impl Tab {
         let timeout = Duration::from_secs(60);
         let client = CdpClient::connect(debug_url).await?;
         let target = client
-            .call("Target.createTarget", json!({"url": "about:blank"}), None, timeout)
+            .call(
+                "Target.createTarget",
+                json!({"url": "about:blank"}),
+                None,
+                timeout,
+            )
             .await?;
         let attached = client
             .call(
@@ -190,7 +201,10 @@ impl Tab {
                 timeout,
             )
             .await?;
-        let session = attached["sessionId"].as_str().context("session")?.to_owned();
+        let session = attached["sessionId"]
+            .as_str()
+            .context("session")?
+            .to_owned();
         client
             .call("Page.enable", json!({}), Some(&session), timeout)
             .await?;
@@ -363,17 +377,25 @@ async fn main() -> anyhow::Result<()> {
         let created = create(&serve.serve.url, &http).await?;
         let id = created["id"].as_str().context("id")?.to_owned();
         wait_running(&serve.serve.url, &id, &http).await?;
-        let debug = created["urls"]["debug"].as_str().context("debug")?.to_owned();
+        let debug = created["urls"]["debug"]
+            .as_str()
+            .context("debug")?
+            .to_owned();
         let tab = Tab::open(&debug).await?;
         tab.load(&format!("http://{site}/?warmup")).await?;
         tabs.push(tab);
         page_ids.push(id);
     }
-    let loads = round_robin(&serves, count * 2, Duration::from_millis(50), |index, round| {
-        let tab = &tabs[index];
-        let url = format!("http://{site}/?n={round}");
-        async move { tab.load(&url).await }
-    })
+    let loads = round_robin(
+        &serves,
+        count * 2,
+        Duration::from_millis(50),
+        |index, round| {
+            let tab = &tabs[index];
+            let url = format!("http://{site}/?n={round}");
+            async move { tab.load(&url).await }
+        },
+    )
     .await?;
     print_table(
         &format!(
@@ -388,7 +410,9 @@ async fn main() -> anyhow::Result<()> {
     }
 
     println!("\nIdle instances on about:blank, {density} per variant\n");
-    println!("| variant | PSS per instance MiB | serve RSS growth per instance MiB | MemAvailable drop per instance MiB |");
+    println!(
+        "| variant | PSS per instance MiB | serve RSS growth per instance MiB | MemAvailable drop per instance MiB |"
+    );
     println!("|---|---|---|---|");
     for serve in &serves {
         let pid = serve.serve.child.id().context("serve pid")?;

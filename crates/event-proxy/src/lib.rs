@@ -113,7 +113,12 @@ impl ProxyState {
             return None;
         }
         self.metrics.rate_limited_requests.inc();
-        let window = self.config.rate_limit.rate_limit_window_sec.max(1).to_string();
+        let window = self
+            .config
+            .rate_limit
+            .rate_limit_window_sec
+            .max(1)
+            .to_string();
         Some(Response::text(429, "Rate limit exceeded").with_header("Retry-After", window))
     }
 }

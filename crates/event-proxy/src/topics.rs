@@ -154,7 +154,11 @@ pub fn data_lines(text: &str) -> impl Iterator<Item = &str> {
         let current = rest?;
         match current.find(['\r', '\n']) {
             Some(at) => {
-                let width = if current[at..].starts_with("\r\n") { 2 } else { 1 };
+                let width = if current[at..].starts_with("\r\n") {
+                    2
+                } else {
+                    1
+                };
                 rest = Some(&current[at + width..]);
                 Some(&current[..at])
             }

@@ -2,11 +2,11 @@
 //! state changes nodes report.
 
 use flotilla_api_types::agent::{AgentCreateInstance, InstanceStateChange};
+use flotilla_api_types::credentials::Secret;
 use flotilla_api_types::instances::{
     CreateInstanceRequest, DEFAULT_IMAGE, Instance, InstanceConfig, InstanceList, InstanceStatus,
     ListInstancesQuery, ReviveMethod,
 };
-use flotilla_api_types::credentials::Secret;
 use flotilla_api_types::{InstanceId, MessageResponse};
 
 use super::ControlPlane;
