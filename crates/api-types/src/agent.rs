@@ -87,6 +87,14 @@ pub struct InstanceAccessPolicy {
     pub api_key_sha256: Vec<String>,
 }
 
+/// Who answers at an agent's address (`GET /agent/v1/identity`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentIdentity {
+    pub node_id: NodeId,
+    pub generation: String,
+    pub address: String,
+}
+
 /// What an agent knows of one of its instances.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct InstanceReport {
@@ -102,6 +110,11 @@ pub struct InstanceReport {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NodeRegistration {
     pub node_id: NodeId,
+    /// Random per agent process: tells a restart of the node (a new
+    /// generation while the old one is silent) from a second agent that took
+    /// the same node id (both answer).
+    #[serde(default)]
+    pub generation: String,
     /// The agent API's address, `<scheme>://<host>:<port>`.
     pub address: String,
     /// Host that clients use to reach the instances' ports on this node.
@@ -124,6 +137,9 @@ pub struct NodeRegistration {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Heartbeat {
     pub node_id: NodeId,
+    /// The sender's generation (see [`NodeRegistration::generation`]).
+    #[serde(default)]
+    pub generation: String,
     pub resources: ResourceUsage,
     /// Utilisation averaged over about a minute.
     #[serde(default)]

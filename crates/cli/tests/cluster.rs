@@ -267,6 +267,109 @@ async fn cluster_capacity_preference_node_loss_and_reconciliation() {
 }
 
 #[tokio::test]
+async fn a_second_agent_with_the_same_node_id_is_refused_and_a_restart_is_not() {
+    let temp = tempfile::tempdir().unwrap();
+    let cp = control(&temp.path().join("cp"), &[]).await;
+    let api = &cp.api;
+    let url = api.base.clone();
+    let spec = |ports| AgentSpec {
+        node: "twin",
+        max_instances: "5",
+        ports,
+        sim: true,
+    };
+    let mut first = agent(&url, &temp.path().join("first"), &spec("25000-25099")).await;
+    wait_nodes(api, &[("twin", "online")]).await;
+    let created = api.create("{}").await;
+    let id = created["id"].as_str().unwrap().to_owned();
+    api.wait_for_status(&id, "running", Duration::from_secs(30))
+        .await;
+
+    // Another process takes the same node id (two containers, one host name).
+    // It never gets to "listening": it keeps asking to register.
+    let second_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let second_base = format!("http://127.0.0.1:{second_port}");
+    let second_dir = temp.path().join("second");
+    std::fs::create_dir_all(&second_dir).unwrap();
+    let second_log = temp.path().join("second.stderr.log");
+    let mut second = tokio::process::Command::new(binary())
+        .args(["agent", "--control-plane", &url, "--data-dir"])
+        .arg(&second_dir)
+        .args(["--listen", &format!("127.0.0.1:{second_port}")])
+        .envs([
+            ("FLOTILLA_CLUSTER_TOKEN", TOKEN),
+            ("FLOTILLA_AGENT__NODE_ID", "twin"),
+            ("FLOTILLA_AGENT__MAX_INSTANCES", "5"),
+            ("FLOTILLA_AGENT__PORT_RANGE", "25100-25199"),
+            ("FLOTILLA_AGENT__RUNTIME", "sim"),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&second_log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    wait_until(
+        Duration::from_secs(30),
+        "the second agent to be refused",
+        || async {
+            let log = std::fs::read_to_string(&second_log).unwrap_or_default();
+            Ok(log
+                .lines()
+                .find(|line| line.contains("held by another live agent"))
+                .map(str::to_owned))
+        },
+    )
+    .await
+    .map(|line: String| {
+        for part in ["\"twin\"", &first.api.base, &second_base, "agent.node_id"] {
+            assert!(line.contains(part), "the refusal names {part}: {line}");
+        }
+    })
+    .unwrap();
+    // Nothing on either node was touched: the node is still the first agent,
+    // its instance runs there and is still recorded as running.
+    let (_, node) = api.get("/v2/nodes/twin").await;
+    assert_eq!(node["address"], first.api.base, "{node}");
+    assert!(agent_instances(&first).await.iter().any(|r| r["id"] == id));
+    let (_, detail) = api.get(&format!("/v2/instances/{id}")).await;
+    assert_eq!(detail["status"], "running", "{detail}");
+    // The first agent's heartbeats still count.
+    let before = node["last_heartbeat"].as_str().unwrap().to_owned();
+    wait_until(Duration::from_secs(30), "a newer heartbeat", || async {
+        let (_, node) = api.get("/v2/nodes/twin").await;
+        let now = node["last_heartbeat"].as_str().unwrap_or_default().to_owned();
+        if now > before && node["address"] == first.api.base {
+            Ok(Some(()))
+        } else {
+            Err(now)
+        }
+    })
+    .await
+    .unwrap();
+
+    // The first one dies: the second is a restart of the node now.
+    first.stop_with(libc::SIGKILL).await;
+    wait_until(Duration::from_secs(60), "the second agent to take over", || async {
+        let (_, node) = api.get("/v2/nodes/twin").await;
+        if node["address"] == second_base && node["status"] == "online" {
+            Ok(Some(()))
+        } else {
+            Err(node.to_string())
+        }
+    })
+    .await
+    .unwrap();
+    // Its registration reconciles: the first one's instance was lost with it.
+    api.wait_for_status(&id, "stopped", Duration::from_secs(30))
+        .await;
+    let _ = second.kill().await;
+}
+
+#[tokio::test]
 async fn browser_cluster_places_real_chromium_on_three_agents() {
     let temp = tempfile::tempdir().unwrap();
     // With authentication on: agents learn the key digests and each

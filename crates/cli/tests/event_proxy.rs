@@ -431,9 +431,22 @@ async fn the_breaker_opens_half_opens_and_closes_and_cached_tokens_keep_working(
         200,
         "cached verifications keep working"
     );
+    assert_eq!(
+        metric(&metrics(&proxy).await, "connections_total"),
+        2.0,
+        "streams opened count, refused attempts do not"
+    );
 
-    // Half-open after the timeout: a failing trial opens it again…
+    // Half-open after the timeout (reported before any request tries it): a
+    // failing trial opens it again…
     tokio::time::sleep(Duration::from_millis(1100)).await;
+    let health: Value = reqwest::get(format!("{url}/health"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(health["circuit_breaker"]["state"], "half-open");
     assert_eq!(subscribe("x4").await.status, 503);
     assert_eq!(webhook.call_count(), calls_when_open + 1, "one trial call");
     let health: Value = reqwest::get(format!("{url}/health"))

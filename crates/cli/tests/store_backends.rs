@@ -46,6 +46,7 @@ async fn open(postgres: bool) -> (Store, Backend) {
 fn registration(node: &str, max_instances: i64) -> NodeRegistration {
     NodeRegistration {
         node_id: NodeId::new(node),
+        generation: format!("{node}-generation"),
         address: format!("http://{node}.invalid:1"),
         public_host: "127.0.0.1".into(),
         max_instances,
@@ -338,6 +339,7 @@ async fn nodes_go_offline_and_come_back_with_events(postgres: bool) {
     let heartbeat = store
         .node_heartbeat(
             &NodeId::new("n1"),
+            "n1-generation",
             &ResourceUsage::default(),
             &ResourceUsage::default(),
             Utc::now(),

@@ -106,6 +106,13 @@ pub fn rank(
     now: DateTime<Utc>,
     config: &ControlPlaneConfig,
 ) -> Result<Vec<NodeRecord>, Error> {
+    if nodes.is_empty() {
+        // Not the request's fault: a node may register any moment.
+        return Err(Error::InsufficientCapacity(
+            "no node has registered yet; retry once a node agent is up (GET /v2/nodes lists them)"
+                .into(),
+        ));
+    }
     if !nodes
         .iter()
         .any(|n| n.images.iter().any(|i| i == request.image))
@@ -119,11 +126,7 @@ pub fn rank(
         return Err(Error::InvalidRequest(format!(
             "image: unknown image {:?}; available images: {}",
             request.image,
-            if offered.is_empty() {
-                "none (no node has registered)".to_owned()
-            } else {
-                offered.join(", ")
-            }
+            offered.join(", ")
         )));
     }
     let usage_of = |node: &NodeRecord| usage.get(&node.id).copied().unwrap_or_default();
@@ -189,6 +192,7 @@ mod tests {
             last_heartbeat: Utc::now(),
             registered_at: Utc::now(),
             warnings: vec![],
+            generation: String::new(),
             load: ResourceUsage {
                 cpu_percent: 10.0,
                 memory_percent,
@@ -276,6 +280,15 @@ mod tests {
         assert!(matches!(
             rank(&nodes, &HashMap::new(), &bad, Utc::now(), &config),
             Err(Error::InvalidRequest(_))
+        ));
+        // Before any node registered, any image is a retryable 503.
+        let default = PlacementRequest {
+            image: "ubuntu:22.04",
+            ..bad
+        };
+        assert!(matches!(
+            rank(&[], &HashMap::new(), &default, Utc::now(), &config),
+            Err(Error::InsufficientCapacity(_))
         ));
         let huge = InstanceConfig {
             memory_gb: 64.0,

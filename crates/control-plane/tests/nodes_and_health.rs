@@ -35,6 +35,7 @@ fn registration(
 ) -> NodeRegistration {
     NodeRegistration {
         node_id: NodeId::new(node),
+        generation: "g1".into(),
         address: "http://127.0.0.1:1".into(),
         public_host: "127.0.0.1".into(),
         max_instances: 5,
@@ -142,6 +143,7 @@ async fn silent_nodes_go_offline_and_their_instances_fail() {
     // A heartbeat from an offline node asks it to register again (to reconcile).
     let heartbeat = Heartbeat {
         node_id: NodeId::new("n1"),
+        generation: "g1".into(),
         resources: ResourceUsage::default(),
         load: ResourceUsage::default(),
         instances: vec![],

@@ -40,7 +40,6 @@ fn take_slot(state: &Arc<ProxyState>) -> Option<StreamSlot> {
         })
         .ok()?;
     state.metrics.connections_active.inc();
-    state.metrics.connections_total.inc();
     Some(StreamSlot {
         state: state.clone(),
     })
@@ -117,6 +116,8 @@ pub async fn subscribe(stream: TcpStream, request: Request, peer: IpAddr, state:
         }
     };
 
+    // Counted once the stream is open, not for refused attempts.
+    state.metrics.connections_total.inc();
     let subscriber = Arc::new(Subscriber::new(
         state.topics.new_subscriber_id(),
         state.config.http.max_message_queue_size,

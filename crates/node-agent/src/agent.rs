@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use flotilla_api_types::agent::{
-    AgentCreateInstance, AgentDormantResult, AgentInstancePorts, AgentReviveInstance, Heartbeat,
+    AgentCreateInstance, AgentIdentity, AgentDormantResult, AgentInstancePorts, AgentReviveInstance, Heartbeat,
     InstanceReport, InstanceStateChange, NodeRegistration,
 };
 use flotilla_api_types::clock::Clock;
@@ -86,6 +86,8 @@ pub struct Agent {
 
 struct AgentInner {
     node_id: NodeId,
+    /// Random per process start (see `NodeRegistration::generation`).
+    generation: String,
     settings: AgentSettings,
     catalog: BTreeMap<String, ImageConfig>,
     instances_root: PathBuf,
@@ -151,6 +153,7 @@ impl Agent {
             access: Arc::new(NodeAccess::default()),
             pool_task: Mutex::new(None),
             node_id,
+            generation: uuid::Uuid::new_v4().simple().to_string(),
             catalog: settings.config.image_catalog(),
             ports: PortAllocator::new(settings.config.port_range, settings.bind_address),
             machine: Mutex::new(MachineMeter::new(&settings.data_dir)),
@@ -194,6 +197,15 @@ impl Agent {
 
     pub fn address(&self) -> &str {
         &self.inner.settings.address
+    }
+
+    /// Who this agent is: node id, process generation, address.
+    pub fn identity(&self) -> AgentIdentity {
+        AgentIdentity {
+            node_id: self.inner.node_id.clone(),
+            generation: self.inner.generation.clone(),
+            address: self.inner.settings.address.clone(),
+        }
     }
 
     pub fn snapshots(&self) -> &SnapshotStore {
@@ -878,6 +890,7 @@ impl Agent {
         let machine = self.inner.machine.lock().expect("machine lock");
         NodeRegistration {
             node_id: self.inner.node_id.clone(),
+            generation: self.inner.generation.clone(),
             address: self.inner.settings.address.clone(),
             public_host: self.inner.settings.public_host.clone(),
             max_instances: self.inner.settings.config.max_instances,
@@ -906,6 +919,9 @@ impl Agent {
                 Ok(ack) => {
                     self.apply(&ack);
                     return Ok(ack);
+                }
+                Err(LinkError::Refused(reason)) => {
+                    tracing::error!(%reason, "the control plane refused this agent's registration; retrying in {wait:?}");
                 }
                 Err(error) => {
                     tracing::warn!(%error, "registration with the control plane failed; retrying in {wait:?}");
@@ -991,6 +1007,7 @@ impl Agent {
             .sample_with_load();
         Heartbeat {
             node_id: self.inner.node_id.clone(),
+            generation: self.inner.generation.clone(),
             resources,
             load,
             instances: slots.iter().map(|slot| slot.report()).collect(),

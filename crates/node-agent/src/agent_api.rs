@@ -6,6 +6,7 @@
 //! - `POST   /agent/v1/instances/{id}/dormant` — park → 200 [`AgentDormantResult`]
 //! - `POST   /agent/v1/instances/{id}/revive`  — [`AgentReviveInstance`] → 202 [`AgentInstancePorts`]
 //! - `GET    /agent/v1/instances`       — the agent's [`InstanceReport`]s
+//! - `GET    /agent/v1/identity`        — [`AgentIdentity`]: node id, process generation, address
 //!
 //! Errors are `{detail, code}` like the public API.
 
@@ -21,6 +22,7 @@ use axum::routing::{delete, get, post};
 use serde::Deserialize;
 
 use flotilla_api_types::agent::{
+    AgentIdentity,
     AgentCreateInstance, AgentDormantResult, AgentInstancePorts, AgentReviveInstance,
     InstanceReport,
 };
@@ -48,8 +50,15 @@ pub fn router(agent: Agent, cluster_token: &str) -> Router {
         .route("/agent/v1/instances/{id}", delete(instance_delete))
         .route("/agent/v1/instances/{id}/dormant", post(instance_dormant))
         .route("/agent/v1/instances/{id}/revive", post(instance_revive))
+        .route("/agent/v1/identity", get(identity))
         .layer(middleware::from_fn_with_state(state.clone(), require_token))
         .with_state(state)
+}
+
+/// Who answers here (the control plane tells a restart from a second agent
+/// with the same node id by it).
+async fn identity(State(state): State<ApiState>) -> Json<AgentIdentity> {
+    Json(state.agent.identity())
 }
 
 fn error(status: StatusCode, code: ErrorCode, detail: String) -> Response {

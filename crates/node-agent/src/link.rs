@@ -17,6 +17,10 @@ pub enum LinkError {
     UnknownNode,
     #[error("control plane unreachable: {0}")]
     Unreachable(String),
+    /// The control plane will not take this agent as it is (another live
+    /// agent holds its node id); the text says what to change.
+    #[error("{0}")]
+    Refused(String),
 }
 
 #[async_trait]
@@ -65,6 +69,13 @@ impl HttpLink {
         match response.status() {
             status if status.is_success() => Ok(response),
             reqwest::StatusCode::NOT_FOUND => Err(LinkError::UnknownNode),
+            reqwest::StatusCode::CONFLICT => {
+                let body: flotilla_api_types::ErrorResponse =
+                    response.json().await.map_err(|e| {
+                        LinkError::Unreachable(format!("{}: unreadable refusal: {e}", self.base))
+                    })?;
+                Err(LinkError::Refused(body.detail))
+            }
             status => {
                 let body = response.text().await.unwrap_or_default();
                 Err(LinkError::Unreachable(format!(

@@ -48,6 +48,7 @@ impl ControlPlane {
     /// does not run were lost (`stopped`, or `failed` if they were starting);
     /// instances the node runs but the store no longer has are stopped on it.
     pub async fn node_register(&self, registration: NodeRegistration) -> Result<RegistrationAck> {
+        self.refuse_a_second_agent(&registration).await?;
         let now = self.now();
         self.store.node_upsert(&registration, now).await?;
         self.attach_remote(&registration);
@@ -140,6 +141,42 @@ impl ControlPlane {
         Ok(self.agent_ack())
     }
 
+    /// Refuses a registration when another live agent process holds its node
+    /// id: the node is online under another generation, and the agent at its
+    /// address still answers with that generation. A restart (the old
+    /// process silent, or the new one answering at the same address) passes.
+    async fn refuse_a_second_agent(&self, registration: &NodeRegistration) -> Result<()> {
+        let Some(existing) = self.store.node_get(&registration.node_id).await? else {
+            return Ok(());
+        };
+        if existing.status != NodeStatus::Online || existing.generation == registration.generation
+        {
+            return Ok(());
+        }
+        let Some(connection) = self.connection(&existing.id).await? else {
+            return Ok(());
+        };
+        match connection.identity().await {
+            Ok(identity)
+                if identity.node_id == existing.id && identity.generation == existing.generation =>
+            {
+                tracing::error!(
+                    node = %existing.id,
+                    holder = existing.address,
+                    newcomer = registration.address,
+                    "refused a second agent with the same node id"
+                );
+                Err(Error::InvalidState(format!(
+                    "node id {:?} is held by another live agent at {} (this agent is at {}); give each agent its own agent.node_id (FLOTILLA_AGENT__NODE_ID)",
+                    existing.id.as_str(),
+                    existing.address,
+                    registration.address
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// What each node holds, for placement: occupied slots, and the instances
     /// created on it within the failure window with how many failed.
     pub(crate) async fn node_usage(&self) -> Result<HashMap<NodeId, NodeUsage>> {
@@ -200,6 +237,7 @@ impl ControlPlane {
             .store
             .node_heartbeat(
                 &heartbeat.node_id,
+                &heartbeat.generation,
                 &heartbeat.resources,
                 &heartbeat.load,
                 self.now(),

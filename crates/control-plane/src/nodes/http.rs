@@ -7,7 +7,8 @@ use async_trait::async_trait;
 use serde::de::DeserializeOwned;
 
 use flotilla_api_types::agent::{
-    AgentCreateInstance, AgentDormantResult, AgentInstancePorts, AgentReviveInstance,
+    AgentCreateInstance, AgentDormantResult, AgentIdentity, AgentInstancePorts,
+    AgentReviveInstance,
 };
 use flotilla_api_types::{ErrorResponse, InstanceId};
 
@@ -18,6 +19,8 @@ use super::{NodeCallError, NodeConnection};
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Parking captures and uploads a snapshot.
 const DORMANT_TIMEOUT: Duration = Duration::from_secs(300);
+/// Asking who answers at an address (while another agent registers).
+const IDENTITY_TIMEOUT: Duration = Duration::from_secs(3);
 
 pub struct HttpNode {
     address: String,
@@ -113,6 +116,13 @@ impl NodeConnection for HttpNode {
             .post(self.url(&format!("/{}/revive", request.id)))
             .json(&request);
         expect_body(self.call(call, CALL_TIMEOUT).await?)
+    }
+
+    async fn identity(&self) -> Result<AgentIdentity, NodeCallError> {
+        let request = self
+            .client
+            .get(format!("{}/agent/v1/identity", self.address));
+        expect_body(self.call(request, IDENTITY_TIMEOUT).await?)
     }
 
     fn address(&self) -> Option<&str> {

@@ -10,7 +10,7 @@ use flotilla_api_types::InstanceId;
 use flotilla_api_types::agent::{
     AgentCreateInstance, AgentInstancePorts, Heartbeat, InstanceStateChange, NodeRegistration,
 };
-use flotilla_api_types::agent::{AgentDormantResult, AgentReviveInstance};
+use flotilla_api_types::agent::{AgentDormantResult, AgentIdentity, AgentReviveInstance};
 use flotilla_node_agent::{Agent, AgentError, ControlPlaneLink, LinkError, RegistrationAck};
 
 use super::{NodeCallError, NodeConnection};
@@ -39,6 +39,10 @@ impl NodeConnection for LocalNode {
         self.0.instance_revive(request).await.map_err(agent_error)
     }
 
+    async fn identity(&self) -> Result<AgentIdentity, NodeCallError> {
+        Ok(self.0.identity())
+    }
+
     async fn instance_delete(&self, id: &InstanceId, force: bool) -> Result<(), NodeCallError> {
         match self.0.instance_delete(id, force).await {
             Ok(()) | Err(AgentError::NotFound(_)) => Ok(()),
@@ -63,7 +67,10 @@ impl ControlPlaneLink for LocalLink {
         self.0
             .node_register(registration)
             .await
-            .map_err(|e| LinkError::Unreachable(e.to_string()))
+            .map_err(|error| match error {
+                crate::error::Error::InvalidState(reason) => LinkError::Refused(reason),
+                other => LinkError::Unreachable(other.to_string()),
+            })
     }
 
     async fn heartbeat(&self, heartbeat: Heartbeat) -> Result<RegistrationAck, LinkError> {

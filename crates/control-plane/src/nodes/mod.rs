@@ -15,7 +15,8 @@ use std::sync::{Arc, RwLock};
 use async_trait::async_trait;
 
 use flotilla_api_types::agent::{
-    AgentCreateInstance, AgentDormantResult, AgentInstancePorts, AgentReviveInstance,
+    AgentCreateInstance, AgentDormantResult, AgentIdentity, AgentInstancePorts,
+    AgentReviveInstance,
 };
 use flotilla_api_types::{InstanceId, NodeId};
 
@@ -47,6 +48,8 @@ pub trait NodeConnection: Send + Sync {
         &self,
         request: AgentReviveInstance,
     ) -> Result<AgentInstancePorts, NodeCallError>;
+    /// Who answers at the agent's address (node id and process generation).
+    async fn identity(&self) -> Result<AgentIdentity, NodeCallError>;
     /// The agent API's address; `None` for the in-process agent.
     fn address(&self) -> Option<&str> {
         None

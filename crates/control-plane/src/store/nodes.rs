@@ -12,7 +12,8 @@ use flotilla_api_types::nodes::{Capabilities, NodeStatus, ResourceUsage};
 use super::{Store, from_millis, to_millis};
 
 const COLUMNS: &str = "id, address, public_host, status, max_instances, cpu_cores, memory_gb, disk_gb, images, \
-    cpu_percent, memory_percent, disk_percent, last_heartbeat, registered_at, warnings, load_cpu_percent, load_memory_percent";
+    cpu_percent, memory_percent, disk_percent, last_heartbeat, registered_at, warnings, load_cpu_percent, load_memory_percent, \
+    generation";
 
 /// A node as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,6 +32,8 @@ pub struct NodeRecord {
     pub warnings: Vec<String>,
     /// Utilisation averaged over about a minute (CPU and memory; disk as sampled).
     pub load: ResourceUsage,
+    /// The process generation of the agent that registered it last.
+    pub generation: String,
 }
 
 fn decode(row: &AnyRow) -> Result<NodeRecord, sqlx::Error> {
@@ -66,6 +69,7 @@ fn decode(row: &AnyRow) -> Result<NodeRecord, sqlx::Error> {
             memory_percent: row.try_get("load_memory_percent")?,
             disk_percent: row.try_get("disk_percent")?,
         },
+        generation: row.try_get("generation")?,
     })
 }
 
@@ -110,11 +114,17 @@ impl Store {
             )
             .await?;
         }
-        let updated = sqlx::query(
-            "UPDATE nodes SET address = $1, public_host = $2, status = $3, max_instances = $4, cpu_cores = $5, \
-             memory_gb = $6, disk_gb = $7, images = $8, cpu_percent = $9, memory_percent = $10, disk_percent = $11, \
-             last_heartbeat = $12, warnings = $14, load_cpu_percent = $15, load_memory_percent = $16 WHERE id = $13",
-        )
+        sqlx::query(&format!(
+            "INSERT INTO nodes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15, $16, $17) \
+             ON CONFLICT (id) DO UPDATE SET address = excluded.address, public_host = excluded.public_host, \
+             status = excluded.status, max_instances = excluded.max_instances, cpu_cores = excluded.cpu_cores, \
+             memory_gb = excluded.memory_gb, disk_gb = excluded.disk_gb, images = excluded.images, \
+             cpu_percent = excluded.cpu_percent, memory_percent = excluded.memory_percent, \
+             disk_percent = excluded.disk_percent, last_heartbeat = excluded.last_heartbeat, \
+             warnings = excluded.warnings, load_cpu_percent = excluded.load_cpu_percent, \
+             load_memory_percent = excluded.load_memory_percent, generation = excluded.generation"
+        ))
+        .bind(registration.node_id.as_str())
         .bind(registration.address.as_str())
         .bind(registration.public_host.as_str())
         .bind(NodeStatus::Online.as_str())
@@ -127,45 +137,24 @@ impl Store {
         .bind(registration.resources.memory_percent)
         .bind(registration.resources.disk_percent)
         .bind(to_millis(now))
-        .bind(registration.node_id.as_str())
         .bind(warnings.as_str())
         .bind(registration.load.cpu_percent)
         .bind(registration.load.memory_percent)
+        .bind(registration.generation.as_str())
         .execute(&mut *tx)
         .await?;
-        if updated.rows_affected() == 0 {
-            sqlx::query(&format!(
-                "INSERT INTO nodes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15, $16)"
-            ))
-            .bind(registration.node_id.as_str())
-            .bind(registration.address.as_str())
-            .bind(registration.public_host.as_str())
-            .bind(NodeStatus::Online.as_str())
-            .bind(registration.max_instances)
-            .bind(registration.capabilities.cpu_cores)
-            .bind(registration.capabilities.memory_gb)
-            .bind(registration.capabilities.disk_gb)
-            .bind(images.as_str())
-            .bind(registration.resources.cpu_percent)
-            .bind(registration.resources.memory_percent)
-            .bind(registration.resources.disk_percent)
-            .bind(to_millis(now))
-            .bind(warnings.as_str())
-            .bind(registration.load.cpu_percent)
-            .bind(registration.load.memory_percent)
-            .execute(&mut *tx)
-            .await?;
-        }
         tx.commit().await?;
         self.events_committed();
         Ok(())
     }
 
-    /// Records a heartbeat. Returns the node's previous status, or `None` when
-    /// the node is unknown (it must register first).
+    /// Records a heartbeat of the agent of `generation`. Returns the node's
+    /// previous status, or `None` when the node is unknown or registered by
+    /// another agent process (the sender must register first).
     pub async fn node_heartbeat(
         &self,
         node: &NodeId,
+        generation: &str,
         resources: &ResourceUsage,
         load: &ResourceUsage,
         now: DateTime<Utc>,
@@ -173,6 +162,9 @@ impl Store {
         let Some(previous) = self.node_get(node).await? else {
             return Ok(None);
         };
+        if previous.generation != generation {
+            return Ok(None);
+        }
         if previous.status == NodeStatus::Offline {
             // It comes back through registration, which reconciles its instances.
             return Ok(Some(previous.status));

@@ -24,7 +24,7 @@ enum State {
 /// What `/health` shows of the breaker.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct BreakerView {
-    /// `closed`, `open` or `half_open`.
+    /// `closed`, `open` or `half-open` (the spec's words).
     pub state: &'static str,
     pub consecutive_failures: u32,
     pub opened_at: Option<DateTime<Utc>>,
@@ -121,8 +121,17 @@ impl Breaker {
         }
     }
 
+    /// The state as the spec names it: an open breaker whose timeout has
+    /// passed is `half-open` already, before the next request tries it.
     pub fn view(&self) -> BreakerView {
         match *self.state.lock().expect("breaker lock") {
+            State::Open { since, failures } if self.clock.now() >= since + self.open_for => {
+                BreakerView {
+                    state: "half-open",
+                    consecutive_failures: failures,
+                    opened_at: Some(since),
+                }
+            }
             State::Closed { failures } => BreakerView {
                 state: "closed",
                 consecutive_failures: failures,
@@ -134,7 +143,7 @@ impl Breaker {
                 opened_at: Some(since),
             },
             State::HalfOpen { failures, .. } => BreakerView {
-                state: "half_open",
+                state: "half-open",
                 consecutive_failures: failures,
                 opened_at: None,
             },
@@ -162,8 +171,13 @@ mod tests {
         clock.advance(Duration::seconds(20));
         assert_eq!(breaker.allow(), Err(10));
         clock.advance(Duration::seconds(10));
+        assert_eq!(
+            breaker.view().state,
+            "half-open",
+            "half-open once the timeout passed, before any request"
+        );
         breaker.allow().expect("one trial after the timeout");
-        assert_eq!(breaker.view().state, "half_open");
+        assert_eq!(breaker.view().state, "half-open");
         assert_eq!(breaker.allow(), Err(1), "only one trial at a time");
         breaker.record_failure();
         assert_eq!(
