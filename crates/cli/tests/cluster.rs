@@ -341,7 +341,10 @@ async fn a_second_agent_with_the_same_node_id_is_refused_and_a_restart_is_not() 
     let before = node["last_heartbeat"].as_str().unwrap().to_owned();
     wait_until(Duration::from_secs(30), "a newer heartbeat", || async {
         let (_, node) = api.get("/v2/nodes/twin").await;
-        let now = node["last_heartbeat"].as_str().unwrap_or_default().to_owned();
+        let now = node["last_heartbeat"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
         if now > before && node["address"] == first.api.base {
             Ok(Some(()))
         } else {
@@ -353,14 +356,18 @@ async fn a_second_agent_with_the_same_node_id_is_refused_and_a_restart_is_not() 
 
     // The first one dies: the second is a restart of the node now.
     first.stop_with(libc::SIGKILL).await;
-    wait_until(Duration::from_secs(60), "the second agent to take over", || async {
-        let (_, node) = api.get("/v2/nodes/twin").await;
-        if node["address"] == second_base && node["status"] == "online" {
-            Ok(Some(()))
-        } else {
-            Err(node.to_string())
-        }
-    })
+    wait_until(
+        Duration::from_secs(60),
+        "the second agent to take over",
+        || async {
+            let (_, node) = api.get("/v2/nodes/twin").await;
+            if node["address"] == second_base && node["status"] == "online" {
+                Ok(Some(()))
+            } else {
+                Err(node.to_string())
+            }
+        },
+    )
     .await
     .unwrap();
     // Its registration reconciles: the first one's instance was lost with it.

@@ -942,3 +942,71 @@ async fn revocation_evicts_grants_and_ends_matching_streams() {
     assert_eq!(last.event.as_deref(), Some("revoked"));
     proxy.shutdown().await;
 }
+
+/// Sends raw bytes and reads the answer until the proxy closes the connection.
+async fn raw_exchange(proxy: &Proxy, bytes: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    stream.write_all(bytes).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut answer))
+        .await
+        .expect("the proxy closes the connection")
+        .unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[tokio::test]
+async fn smuggling_shapes_are_refused_and_the_connection_closed() {
+    let proxy = spawn_proxy(|_| {}).await;
+    // Were the body read by Content-Length, the bytes after it would be a
+    // second request (to /health); read as chunked, it is one request.
+    let smuggled = "POST /publish/news HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer test-publisher\r\n\
+        Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    let answer = raw_exchange(&proxy, smuggled.as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
+    assert_eq!(
+        answer.matches("HTTP/1.1").count(),
+        1,
+        "one answer, then closed: {answer}"
+    );
+    for head in [
+        "GET /health HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\nxx",
+        "GET /health HTTP/1.1\r\nX-A: 1\r\n folded\r\n\r\n",
+        "GET /health HTTP/1.1\nHost: x\n\n",
+    ] {
+        let answer = raw_exchange(&proxy, head.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 400 "), "{head:?}: {answer}");
+    }
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_head_that_trickles_in_is_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let proxy = spawn_proxy(|c| c.http.connection_timeout_sec = 2).await;
+    let stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut reader, mut writer) = stream.into_split();
+    // One byte of a never-ending header every 200 ms.
+    let trickle = tokio::spawn(async move {
+        writer
+            .write_all(b"GET /health HTTP/1.1\r\nX-Slow: ")
+            .await
+            .ok();
+        loop {
+            if writer.write_all(b"a").await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), reader.read_to_end(&mut answer))
+        .await
+        .expect("the proxy gives up on the head")
+        .ok();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
+    trickle.abort();
+    proxy.shutdown().await;
+}

@@ -8,6 +8,14 @@
 //! Requests: heads up to 16 KiB (431 beyond), bodies with `Content-Length` or
 //! chunked (up to `publisher.max_body_bytes`, 413 beyond), keep-alive between
 //! requests. Every error body is `text/plain`.
+//!
+//! Framing is never ambiguous: a request that two servers could read two ways
+//! is refused with 400 and the connection closed — `Transfer-Encoding` with
+//! `Content-Length`, more than one `Content-Length` (equal or not), a length that
+//! is not plain digits, a `Transfer-Encoding` other than exactly `chunked`, a
+//! chunk size that is not plain hex, line folding, a bare CR or LF or a NUL in
+//! the head. A head must arrive within 10 s of its first byte (and of the
+//! connection, for the first request): slower is answered 408 and closed.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -152,13 +160,28 @@ async fn connection(mut stream: TcpStream, peer: SocketAddr, state: Arc<ProxySta
     let mut buffer = BytesMut::with_capacity(1024);
     let mut first = true;
     loop {
-        let timeout = if first { HEAD_TIMEOUT } else { IDLE_TIMEOUT };
+        // Between requests a kept-alive connection may idle; once a request
+        // begins, its head (and body) must come within the head deadline.
+        if !first && buffer.is_empty() {
+            let started = tokio::select! {
+                read = tokio::time::timeout(IDLE_TIMEOUT, read_more(&mut stream, &mut buffer)) => matches!(read, Ok(Ok(n)) if n > 0),
+                _ = state.shutdown.cancelled() => false,
+            };
+            if !started {
+                return;
+            }
+        }
         first = false;
         let request = tokio::select! {
-            read = tokio::time::timeout(timeout, read_request(&mut stream, &mut buffer, state.config.publisher.max_body_bytes)) => match read {
+            read = tokio::time::timeout(head_deadline(&state), read_request(&mut stream, &mut buffer, state.config.publisher.max_body_bytes)) => match read {
                 Ok(Ok(request)) => request,
-                Ok(Err(ReadError::Closed)) | Err(_) => return,
+                Ok(Err(ReadError::Closed)) => return,
                 Ok(Err(ReadError::Respond(response))) => {
+                    let _ = stream.write_all(&state.cors(response, None).encode(false)).await;
+                    return;
+                }
+                Err(_) => {
+                    let response = Response::text(408, "The request did not arrive in time");
                     let _ = stream.write_all(&state.cors(response, None).encode(false)).await;
                     return;
                 }
@@ -185,9 +208,18 @@ async fn connection(mut stream: TcpStream, peer: SocketAddr, state: Arc<ProxySta
     }
 }
 
+/// How long a request may take to arrive once it began: 10 s, or less when
+/// `http.connection_timeout_sec` is shorter.
+fn head_deadline(state: &ProxyState) -> Duration {
+    match state.config.http.connection_timeout_sec {
+        0 => HEAD_TIMEOUT,
+        limit => HEAD_TIMEOUT.min(Duration::from_secs(limit)),
+    }
+}
+
 /// Reads one request (head and body) from `stream`.
-async fn read_request(
-    stream: &mut TcpStream,
+async fn read_request<R: AsyncRead + Unpin>(
+    stream: &mut R,
     buffer: &mut BytesMut,
     max_body: usize,
 ) -> Result<Request, ReadError> {
@@ -197,6 +229,7 @@ async fn read_request(
             let mut parsed = httparse::Request::new(&mut headers);
             match parsed.parse(buffer) {
                 Ok(httparse::Status::Complete(len)) => {
+                    check_head_bytes(&buffer[..len])?;
                     let (request, framing) = head(&parsed)?;
                     break (request, len, framing);
                 }
@@ -262,8 +295,30 @@ async fn read_more<R: AsyncRead + Unpin>(
     stream.read_buf(buffer).await.map_err(|_| ReadError::Closed)
 }
 
-async fn read_chunked(
-    stream: &mut TcpStream,
+/// Refuses a head with a bare CR or LF, a NUL or a folded line, which
+/// lenient parsers read differently.
+fn check_head_bytes(head: &[u8]) -> Result<(), ReadError> {
+    let refuse = |why: &str| Err(ReadError::Respond(Response::text(400, why)));
+    for (i, byte) in head.iter().enumerate() {
+        match byte {
+            0 => return refuse("NUL in the request head"),
+            b'\n' if i == 0 || head[i - 1] != b'\r' => {
+                return refuse("Lines of the request head must end with CRLF");
+            }
+            b'\r' if head.get(i + 1) != Some(&b'\n') => {
+                return refuse("A bare CR in the request head");
+            }
+            b'\n' if matches!(head.get(i + 1), Some(b' ' | b'\t')) => {
+                return refuse("Folded header lines are not accepted");
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+async fn read_chunked<R: AsyncRead + Unpin>(
+    stream: &mut R,
     buffer: &mut BytesMut,
     max_body: usize,
 ) -> Result<Vec<u8>, ReadError> {
@@ -282,10 +337,15 @@ async fn read_chunked(
             }
         };
         let line = std::str::from_utf8(&buffer[..line_end]).map_err(|_| bad())?;
-        let size = usize::from_str_radix(line.split(';').next().unwrap_or("").trim(), 16)
-            .map_err(|_| bad())?;
+        // The size is plain hex digits (an extension may follow after `;`).
+        let digits = line.split(';').next().unwrap_or("");
+        if digits.is_empty() || digits.len() > 15 || !digits.bytes().all(|b| b.is_ascii_hexdigit())
+        {
+            return Err(bad());
+        }
+        let size = usize::from_str_radix(digits, 16).map_err(|_| bad())?;
         buffer.advance(line_end + 2);
-        if body.len() + size > max_body {
+        if body.len().saturating_add(size) > max_body {
             return Err(ReadError::Respond(Response::text(
                 413,
                 "Request body too large",
@@ -357,21 +417,7 @@ fn head(parsed: &httparse::Request<'_, '_>) -> Result<(Request, BodyFraming), Re
         Some(c) if c.contains("keep-alive") => true,
         _ => version_11,
     };
-    let framing =
-        if find("transfer-encoding").is_some_and(|t| t.to_ascii_lowercase().contains("chunked")) {
-            BodyFraming::Chunked
-        } else if let Some(length) = find("content-length") {
-            let length = length
-                .parse::<usize>()
-                .map_err(|_| ReadError::Respond(Response::text(400, "Malformed Content-Length")))?;
-            if length == 0 {
-                BodyFraming::None
-            } else {
-                BodyFraming::Length(length)
-            }
-        } else {
-            BodyFraming::None
-        };
+    let framing = body_framing(&headers)?;
     Ok((
         Request {
             method,
@@ -383,6 +429,38 @@ fn head(parsed: &httparse::Request<'_, '_>) -> Result<(Request, BodyFraming), Re
         },
         framing,
     ))
+}
+
+/// How the body is delimited, refusing every ambiguous combination.
+fn body_framing(headers: &[(String, String)]) -> Result<BodyFraming, ReadError> {
+    let refuse = |why: &str| Err(ReadError::Respond(Response::text(400, why)));
+    let all = |name: &str| -> Vec<&str> {
+        headers
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+            .collect()
+    };
+    let lengths = all("content-length");
+    let encodings = all("transfer-encoding");
+    match (encodings.as_slice(), lengths.as_slice()) {
+        ([], []) => Ok(BodyFraming::None),
+        ([_, ..], [_, ..]) => refuse("Transfer-Encoding together with Content-Length"),
+        ([encoding], []) if encoding.eq_ignore_ascii_case("chunked") => Ok(BodyFraming::Chunked),
+        (_, []) => refuse("The only accepted Transfer-Encoding is chunked"),
+        ([], [length]) => {
+            if length.is_empty() || length.len() > 18 || !length.bytes().all(|b| b.is_ascii_digit())
+            {
+                return refuse("Malformed Content-Length");
+            }
+            match length.parse::<usize>() {
+                Ok(0) => Ok(BodyFraming::None),
+                Ok(length) => Ok(BodyFraming::Length(length)),
+                Err(_) => refuse("Malformed Content-Length"),
+            }
+        }
+        ([], _) => refuse("More than one Content-Length"),
+    }
 }
 
 /// Decodes `%XX` escapes; `None` for a bad escape or invalid UTF-8.
@@ -406,6 +484,187 @@ fn percent_decode(input: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::VecDeque;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    /// Bytes that arrive in the given pieces, then the end of the stream;
+    /// counts what it delivered.
+    struct Pieces(VecDeque<Vec<u8>>, usize);
+
+    impl AsyncRead for Pieces {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            if let Some(mut piece) = self.0.pop_front() {
+                let n = piece.len().min(buf.remaining());
+                buf.put_slice(&piece[..n]);
+                self.1 += n;
+                if n < piece.len() {
+                    self.0.push_front(piece.split_off(n));
+                }
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// What reading `bytes` (cut at `cuts`) yields: the request as
+    /// (method, path, body, bytes it took), or the refusal's status, or the
+    /// end of the stream before a whole request.
+    #[derive(Debug, PartialEq)]
+    enum Reading {
+        Request(String, String, Vec<u8>, usize),
+        Refused(u16),
+        Ended,
+    }
+
+    fn read(bytes: &[u8], cuts: &[usize]) -> Reading {
+        let mut pieces = VecDeque::new();
+        let mut start = 0;
+        let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
+        cuts.sort_unstable();
+        // No empty piece: a read of 0 bytes is the end of the stream.
+        for cut in cuts {
+            if cut > start {
+                pieces.push_back(bytes[start..cut].to_vec());
+                start = cut;
+            }
+        }
+        if start < bytes.len() {
+            pieces.push_back(bytes[start..].to_vec());
+        }
+        let mut stream = Pieces(pieces, 0);
+        let mut buffer = BytesMut::new();
+        let outcome = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(read_request(&mut stream, &mut buffer, 1 << 16));
+        match outcome {
+            Ok(request) => Reading::Request(
+                request.method,
+                request.path,
+                request.body,
+                stream.1 - buffer.len(),
+            ),
+            Err(ReadError::Respond(response)) => Reading::Refused(response.status),
+            Err(ReadError::Closed) => Reading::Ended,
+        }
+    }
+
+    #[test]
+    fn ambiguous_framing_is_refused() {
+        let refused = [
+            // The classic smuggling shape, both orders.
+            "POST /publish/a HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            "POST /publish/a HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n0\r\n\r\n",
+            // Two lengths, equal or not, or a list.
+            "POST /publish/a HTTP/1.1\r\nContent-Length: 4\r\nContent-Length: 4\r\n\r\nabcd",
+            "POST /publish/a HTTP/1.1\r\nContent-Length: 4\r\nContent-Length: 5\r\n\r\nabcde",
+            "POST /publish/a HTTP/1.1\r\nContent-Length: 4, 4\r\n\r\nabcd",
+            "POST /publish/a HTTP/1.1\r\nContent-Length: +4\r\n\r\nabcd",
+            "POST /publish/a HTTP/1.1\r\nContent-Length: 0x4\r\n\r\nabcd",
+            // Codings other than a lone chunked.
+            "POST /publish/a HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
+            "POST /publish/a HTTP/1.1\r\nTransfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n",
+            "POST /publish/a HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            "POST /publish/a HTTP/1.1\r\nTransfer-Encoding: xchunked\r\n\r\n0\r\n\r\n",
+            // Folding, bare LF, bare CR, NUL.
+            "GET /health HTTP/1.1\r\nX-A: 1\r\n 2\r\n\r\n",
+            "GET /health HTTP/1.1\nHost: x\n\n",
+            "GET /health HTTP/1.1\r\nHost: x\rX: y\r\n\r\n",
+            "GET /health HTTP/1.1\r\nHost: x\0\r\n\r\n",
+            // Bad chunk sizes.
+            "POST /publish/a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n+4\r\nabcd\r\n0\r\n\r\n",
+            "POST /publish/a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n 4\r\nabcd\r\n0\r\n\r\n",
+            "POST /publish/a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffffffffff\r\n",
+            "POST /publish/a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcdX\r\n0\r\n\r\n",
+        ];
+        for request in refused {
+            match read(request.as_bytes(), &[]) {
+                Reading::Refused(status) => {
+                    assert!(status == 400 || status == 413, "{request:?}: {status}")
+                }
+                other => panic!("{request:?} was read as {other:?}"),
+            }
+        }
+        // And what is fine stays fine.
+        let chunked = b"POST /publish/a HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n4;x=y\r\nabcd\r\n0\r\n\r\nGET";
+        assert_eq!(
+            read(chunked, &[]),
+            Reading::Request(
+                "POST".into(),
+                "/publish/a".into(),
+                b"abcd".to_vec(),
+                chunked.len() - 3
+            )
+        );
+        let sized = b"POST /publish/a HTTP/1.1\r\nContent-Length: 4\r\n\r\nabcdNEXT";
+        assert_eq!(
+            read(sized, &[]),
+            Reading::Request(
+                "POST".into(),
+                "/publish/a".into(),
+                b"abcd".to_vec(),
+                sized.len() - 4
+            )
+        );
+        assert!(matches!(
+            read(
+                format!("GET / HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(MAX_HEAD)).as_bytes(),
+                &[]
+            ),
+            Reading::Refused(431)
+        ));
+    }
+
+    fn header_line() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        prop_oneof![
+            Just("Content-Length: 3".to_owned()),
+            Just("Content-Length: 03".to_owned()),
+            Just("content-length:3".to_owned()),
+            Just("Content-Length: 3, 3".to_owned()),
+            Just("Transfer-Encoding: chunked".to_owned()),
+            Just("transfer-encoding: CHUNKED".to_owned()),
+            Just("Transfer-Encoding: gzip".to_owned()),
+            Just("Transfer-Encoding:chunked ".to_owned()),
+            "[A-Za-z-]{1,12}: [ -~]{0,12}",
+        ]
+    }
+
+    proptest::proptest! {
+        /// Arbitrary bytes, cut anywhere: no panic, and the same reading
+        /// whatever the cuts (a request has one reading).
+        #[test]
+        fn any_bytes_read_the_same_whatever_the_cuts(
+            bytes in proptest::collection::vec(proptest::arbitrary::any::<u8>(), 0..600),
+            cuts in proptest::collection::vec(0usize..700, 0..6),
+        ) {
+            proptest::prop_assert_eq!(read(&bytes, &cuts), read(&bytes, &[]));
+        }
+
+        /// Near-valid requests with any mix of framing headers: accepted only
+        /// when exactly one framing applies, and then read the same way
+        /// whatever the cuts.
+        #[test]
+        fn framing_is_accepted_only_when_unambiguous(
+            lines in proptest::collection::vec(header_line(), 0..5),
+            body in "[a-z0-9\\r\\n]{0,20}",
+            cuts in proptest::collection::vec(0usize..200, 0..4),
+        ) {
+            let request = format!("POST /publish/t HTTP/1.1\r\nHost: x\r\n{}\r\n{body}",
+                lines.iter().map(|l| format!("{l}\r\n")).collect::<String>());
+            let reading = read(request.as_bytes(), &cuts);
+            proptest::prop_assert_eq!(&reading, &read(request.as_bytes(), &[]));
+            if let Reading::Request(..) = reading {
+                let lengths = lines.iter().filter(|l| l.to_ascii_lowercase().starts_with("content-length")).count();
+                let encodings = lines.iter().filter(|l| l.to_ascii_lowercase().starts_with("transfer-encoding")).count();
+                proptest::prop_assert!(lengths + encodings <= 1, "accepted with {lines:?}");
+            }
+        }
+    }
 
     #[test]
     fn decodes_paths_and_queries() {

@@ -18,8 +18,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use flotilla_api_types::agent::{
-    AgentCreateInstance, AgentIdentity, AgentDormantResult, AgentInstancePorts, AgentReviveInstance, Heartbeat,
-    InstanceReport, InstanceStateChange, NodeRegistration,
+    AgentCreateInstance, AgentDormantResult, AgentIdentity, AgentInstancePorts,
+    AgentReviveInstance, Heartbeat, InstanceReport, InstanceStateChange, NodeRegistration,
 };
 use flotilla_api_types::clock::Clock;
 use flotilla_api_types::credentials::Secret;

@@ -22,9 +22,8 @@ use axum::routing::{delete, get, post};
 use serde::Deserialize;
 
 use flotilla_api_types::agent::{
-    AgentIdentity,
-    AgentCreateInstance, AgentDormantResult, AgentInstancePorts, AgentReviveInstance,
-    InstanceReport,
+    AgentCreateInstance, AgentDormantResult, AgentIdentity, AgentInstancePorts,
+    AgentReviveInstance, InstanceReport,
 };
 use flotilla_api_types::credentials::{bearer_token, constant_time_eq};
 use flotilla_api_types::{ErrorCode, ErrorResponse, InstanceId};

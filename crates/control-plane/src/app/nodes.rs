@@ -149,8 +149,7 @@ impl ControlPlane {
         let Some(existing) = self.store.node_get(&registration.node_id).await? else {
             return Ok(());
         };
-        if existing.status != NodeStatus::Online || existing.generation == registration.generation
-        {
+        if existing.status != NodeStatus::Online || existing.generation == registration.generation {
             return Ok(());
         }
         let Some(connection) = self.connection(&existing.id).await? else {
@@ -158,7 +157,8 @@ impl ControlPlane {
         };
         match connection.identity().await {
             Ok(identity)
-                if identity.node_id == existing.id && identity.generation == existing.generation =>
+                if identity.node_id == existing.id
+                    && identity.generation == existing.generation =>
             {
                 tracing::error!(
                     node = %existing.id,

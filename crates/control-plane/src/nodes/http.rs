@@ -7,8 +7,7 @@ use async_trait::async_trait;
 use serde::de::DeserializeOwned;
 
 use flotilla_api_types::agent::{
-    AgentCreateInstance, AgentDormantResult, AgentIdentity, AgentInstancePorts,
-    AgentReviveInstance,
+    AgentCreateInstance, AgentDormantResult, AgentIdentity, AgentInstancePorts, AgentReviveInstance,
 };
 use flotilla_api_types::{ErrorResponse, InstanceId};
 

@@ -15,8 +15,7 @@ use std::sync::{Arc, RwLock};
 use async_trait::async_trait;
 
 use flotilla_api_types::agent::{
-    AgentCreateInstance, AgentDormantResult, AgentIdentity, AgentInstancePorts,
-    AgentReviveInstance,
+    AgentCreateInstance, AgentDormantResult, AgentIdentity, AgentInstancePorts, AgentReviveInstance,
 };
 use flotilla_api_types::{InstanceId, NodeId};
 
