@@ -20,6 +20,8 @@ pub enum ErrorCode {
     Unauthorized,
     /// 429: too many requests.
     RateLimited,
+    /// 502: the front door could not reach the instance on its node.
+    BadGateway,
     /// 500: a fault on our side; the detail is logged, not shown.
     Internal,
 }
@@ -33,6 +35,7 @@ impl ErrorCode {
             Self::InsufficientCapacity => "insufficient_capacity",
             Self::Unauthorized => "unauthorized",
             Self::RateLimited => "rate_limited",
+            Self::BadGateway => "bad_gateway",
             Self::Internal => "internal",
         }
     }

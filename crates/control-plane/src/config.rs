@@ -20,6 +20,16 @@ pub struct ControlPlaneConfig {
     pub metrics_require_auth: bool,
     /// Shared secret between control planes and agents for the agent API.
     pub cluster_token: Option<String>,
+    /// The front door as clients reach it (`https://flotilla.example.com`): when
+    /// set, `urls.debug` and `urls.stream` go through the control plane's port
+    /// (by path, or by subdomain with `gateway.base_domain`) instead of the
+    /// node's instance ports.
+    pub public_url: Option<String>,
+    /// Addresses or networks (`10.0.0.0/8`) of reverse proxies whose
+    /// `X-Forwarded-Proto` / `X-Forwarded-Host` the front door believes.
+    pub trusted_proxies: Vec<String>,
+    /// `[gateway]`: the front door's subdomain routing.
+    pub gateway: GatewayConfig,
     /// `[rate_limit]`: the file's section is shared with the event proxy, so the
     /// loader fills this in (see `flotilla_server::config`).
     #[serde(skip)]
@@ -36,6 +46,15 @@ pub struct ControlPlaneConfig {
     pub nodes: NodesConfig,
     pub store: StoreConfig,
     pub scheduler: SchedulerConfig,
+}
+
+/// `[gateway]`: subdomain routing of the front door.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct GatewayConfig {
+    /// With `browsers.example.com`, a request whose `Host` is
+    /// `<instance subdomain>.browsers.example.com` reaches that instance.
+    pub base_domain: Option<String>,
 }
 
 /// `[nodes]`: heartbeats and node health.
@@ -222,6 +241,40 @@ pub struct EventsConfig {
 impl ControlPlaneConfig {
     /// Checks values that serde cannot; the message names the key.
     pub fn validate(&self) -> Result<(), String> {
+        if let Some(public_url) = &self.public_url {
+            let url = url::Url::parse(public_url)
+                .map_err(|e| format!("public_url {public_url:?} is not a URL: {e}"))?;
+            if !matches!(url.scheme(), "http" | "https")
+                || url.host_str().is_none()
+                || url.path() != "/"
+                || url.query().is_some()
+            {
+                return Err(format!(
+                    "public_url must be http(s)://host[:port] without a path (got {public_url:?})"
+                ));
+            }
+        }
+        if let Some(domain) = &self.gateway.base_domain {
+            let valid_label = |label: &str| {
+                !label.is_empty()
+                    && label.len() <= 63
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                    && !label.starts_with('-')
+                    && !label.ends_with('-')
+            };
+            if domain.len() > 200 || !domain.split('.').all(valid_label) {
+                return Err(format!(
+                    "gateway.base_domain must be a DNS name like browsers.example.com (got {domain:?})"
+                ));
+            }
+        }
+        for entry in &self.trusted_proxies {
+            crate::http::door::parse_network(entry).ok_or_else(|| {
+                format!("trusted_proxies: {entry:?} is not an address or a network like 10.0.0.0/8")
+            })?;
+        }
         if self.nodes.heartbeat_interval_sec.is_nan() || self.nodes.heartbeat_interval_sec <= 0.0 {
             return Err("nodes.heartbeat_interval_sec must be > 0".into());
         }

@@ -29,6 +29,9 @@ pub enum Error {
         detail: String,
         retry_after_sec: u64,
     },
+    /// 502: the front door could not reach the instance's node.
+    #[error("{0}")]
+    BadGateway(String),
     /// 500: the cause is logged; the client sees a generic message.
     #[error("internal error: {0:#}")]
     Internal(#[from] anyhow::Error),
@@ -47,6 +50,7 @@ impl Error {
             Self::InsufficientCapacity(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::BadGateway(_) => StatusCode::BAD_GATEWAY,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -59,6 +63,7 @@ impl Error {
             Self::InsufficientCapacity(_) => ErrorCode::InsufficientCapacity,
             Self::Unauthorized(_) => ErrorCode::Unauthorized,
             Self::RateLimited { .. } => ErrorCode::RateLimited,
+            Self::BadGateway(_) => ErrorCode::BadGateway,
             Self::Internal(_) => ErrorCode::Internal,
         }
     }

@@ -28,6 +28,8 @@ const ENV_TOP_LEVEL_KEYS: &[&str] = &[
     "auth_enabled",
     "api_keys",
     "cluster_token",
+    "public_url",
+    "trusted_proxies",
 ];
 
 /// Every key of the configuration file.

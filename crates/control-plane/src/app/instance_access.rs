@@ -31,30 +31,56 @@ use crate::store::InstanceRecord;
 
 const KEY_SETTING: &str = "instance_token_key";
 
-/// How long a node's public host is taken from memory before the store is read again.
-const PUBLIC_HOST_TTL: Duration = Duration::from_secs(30);
+/// How long a node's hosts are taken from memory before the store is read again.
+const NODE_HOSTS_TTL: Duration = Duration::from_secs(30);
 
-/// Nodes' public hosts, for instance URLs without a store read per request.
+/// Where a node is reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct NodeHosts {
+    /// Where clients reach its instance ports (`urls` without a front door).
+    pub public_host: String,
+    /// Where the control plane reaches them: the host of the agent's address.
+    pub agent_host: String,
+}
+
+impl NodeHosts {
+    fn of(public_host: &str, agent_address: &str) -> Self {
+        let agent_host = url::Url::parse(agent_address)
+            .ok()
+            .and_then(|url| {
+                url.host_str()
+                    .map(|h| h.trim_matches(['[', ']']).to_owned())
+            })
+            .unwrap_or_else(|| public_host.to_owned());
+        Self {
+            public_host: public_host.to_owned(),
+            agent_host,
+        }
+    }
+}
+
+/// Nodes' hosts, for instance URLs and the front door without a store read
+/// per request.
 #[derive(Default)]
 pub(crate) struct PublicHosts {
     /// A std mutex: looked up and replaced without awaiting.
-    known: std::sync::Mutex<HashMap<NodeId, (Instant, String)>>,
+    known: std::sync::Mutex<HashMap<NodeId, (Instant, NodeHosts)>>,
 }
 
 impl PublicHosts {
-    pub fn remember(&self, node: &NodeId, host: &str) {
-        self.known
-            .lock()
-            .expect("public hosts lock")
-            .insert(node.clone(), (Instant::now(), host.to_owned()));
+    pub fn remember(&self, node: &NodeId, public_host: &str, agent_address: &str) {
+        self.known.lock().expect("public hosts lock").insert(
+            node.clone(),
+            (Instant::now(), NodeHosts::of(public_host, agent_address)),
+        );
     }
 
-    fn fresh(&self, node: &NodeId) -> Option<String> {
+    fn fresh(&self, node: &NodeId) -> Option<NodeHosts> {
         let known = self.known.lock().expect("public hosts lock");
         known
             .get(node)
-            .filter(|(at, _)| at.elapsed() < PUBLIC_HOST_TTL)
-            .map(|(_, host)| host.clone())
+            .filter(|(at, _)| at.elapsed() < NODE_HOSTS_TTL)
+            .map(|(_, hosts)| hosts.clone())
     }
 }
 
@@ -94,7 +120,20 @@ impl ControlPlane {
         }
     }
 
-    /// `urls` of an instance on its node (`None` before it has ports).
+    /// The hosts of `node`, from memory or the store.
+    pub(crate) async fn node_hosts(&self, node: &NodeId) -> Result<Option<NodeHosts>> {
+        if let Some(hosts) = self.public_hosts.fresh(node) {
+            return Ok(Some(hosts));
+        }
+        Ok(self.store.node_get(node).await?.map(|record| {
+            self.public_hosts
+                .remember(&record.id, &record.public_host, &record.address);
+            NodeHosts::of(&record.public_host, &record.address)
+        }))
+    }
+
+    /// `urls` of an instance (`None` before it has ports): through the front
+    /// door when `public_url` is set, else on its node's instance ports.
     pub(crate) async fn instance_urls(
         &self,
         record: &InstanceRecord,
@@ -102,18 +141,23 @@ impl ControlPlane {
         if record.ports.is_none() {
             return Ok(None);
         }
-        let host = match self.public_hosts.fresh(&record.node_id) {
-            Some(host) => host,
-            None => match self.store.node_get(&record.node_id).await? {
-                Some(node) => {
-                    self.public_hosts.remember(&node.id, &node.public_host);
-                    node.public_host
-                }
-                None => return Ok(None),
-            },
-        };
         let token = self.url_token(&record.id).await?;
-        Ok(views::instance_urls(record, &host, token.as_deref()))
+        if let Some(public_url) = &self.config.public_url {
+            return Ok(Some(views::door_urls(
+                record,
+                public_url,
+                self.config.gateway.base_domain.as_deref(),
+                token.as_deref(),
+            )));
+        }
+        let Some(hosts) = self.node_hosts(&record.node_id).await? else {
+            return Ok(None);
+        };
+        Ok(views::instance_urls(
+            record,
+            &hosts.public_host,
+            token.as_deref(),
+        ))
     }
 
     /// What every agent is told at registration and in heartbeat answers.

@@ -192,9 +192,9 @@ impl ControlPlane {
             .await?
             .ok_or_else(|| not_found(&id))?;
         tracing::info!(instance = %id, node = %node.id, image, "instance created");
-        self.public_hosts.remember(&node.id, &node.public_host);
-        let token = self.url_token(&id).await?;
-        let urls = views::instance_urls(&record, &node.public_host, token.as_deref());
+        self.public_hosts
+            .remember(&node.id, &node.public_host, &node.address);
+        let urls = self.instance_urls(&record).await?;
         Ok(views::instance_created(&record, urls))
     }
 

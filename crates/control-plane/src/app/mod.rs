@@ -3,6 +3,7 @@
 //! arrive here too.
 
 mod alerts;
+mod door;
 mod dormancy;
 mod health;
 mod instance_access;
@@ -25,6 +26,7 @@ use crate::telemetry::Telemetry;
 use flotilla_api_types::NodeId;
 use flotilla_node_agent::snapshot::SnapshotStore;
 
+pub use door::DoorTarget;
 pub use flotilla_api_types::clock::{Clock, ManualClock, SystemClock};
 
 /// Per node: instances created within the failure window, and how many failed.

@@ -136,8 +136,11 @@ impl ControlPlane {
             .instance_record_usage(&registration.node_id, &registration.instances)
             .await?;
         tracing::info!(node = %registration.node_id, address = registration.address, "node registered");
-        self.public_hosts
-            .remember(&registration.node_id, &registration.public_host);
+        self.public_hosts.remember(
+            &registration.node_id,
+            &registration.public_host,
+            &registration.address,
+        );
         Ok(self.agent_ack())
     }
 

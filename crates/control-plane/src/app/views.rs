@@ -33,6 +33,47 @@ pub fn instance_urls(
     })
 }
 
+/// `urls` through the front door at `public_url` (`http(s)://host[:port]`):
+/// by path (`…/v2/instances/{id}/cdp`), or by subdomain when `base_domain` is
+/// set (`wss://<subdomain>.<base_domain>/devtools/browser/{id}`).
+pub fn door_urls(
+    record: &InstanceRecord,
+    public_url: &str,
+    base_domain: Option<&str>,
+    token: Option<&str>,
+) -> InstanceUrls {
+    let (secure, authority) = match public_url.split_once("://") {
+        Some((scheme, rest)) => (scheme == "https", rest.trim_end_matches('/')),
+        None => (false, public_url.trim_end_matches('/')),
+    };
+    let (ws, http) = if secure {
+        ("wss", "https")
+    } else {
+        ("ws", "http")
+    };
+    let query = token.map(|t| format!("?token={t}")).unwrap_or_default();
+    let id = &record.id;
+    match base_domain {
+        Some(domain) => {
+            // The port of public_url, if any, is the door's port for every host.
+            let port = authority
+                .rsplit_once(':')
+                .filter(|(_, p)| p.bytes().all(|b| b.is_ascii_digit()))
+                .map(|(_, p)| format!(":{p}"))
+                .unwrap_or_default();
+            let host = format!("{}.{domain}{port}", record.subdomain);
+            InstanceUrls {
+                debug: format!("{ws}://{host}/devtools/browser/{id}{query}"),
+                stream: format!("{http}://{host}/stream{query}"),
+            }
+        }
+        None => InstanceUrls {
+            debug: format!("{ws}://{authority}/v2/instances/{id}/cdp{query}"),
+            stream: format!("{http}://{authority}/v2/instances/{id}/stream{query}"),
+        },
+    }
+}
+
 fn with_common(record: &InstanceRecord) -> Instance {
     let mut view = Instance::bare(record.id.clone(), record.status);
     view.node_id = Some(record.node_id.clone());

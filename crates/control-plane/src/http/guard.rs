@@ -3,6 +3,10 @@
 //! always open), rate limiting with its `X-RateLimit-*` headers, and request
 //! latency for `GET /metrics`.
 //!
+//! The front door's requests (`/v2/instances/{id}/cdp`, `…/json/…`, an
+//! instance's subdomain, …) are rate-limited here but authenticated by the
+//! door, which also takes the instance's token.
+//!
 //! Open paths: `/health`, `/docs` and `/openapi.json`, the dashboard's assets
 //! (`/`, `/ui`; it asks for the key and sends it on every API call), the proxy's
 //! verification webhook `/v2/tokens/verify` (the token it carries is the
@@ -144,6 +148,9 @@ pub async fn guard(
         None => format!("ip:{client}"),
     };
     let path = request.uri().path().to_owned();
+    // The front door admits an instance's own token as well as a key; it
+    // checks either itself.
+    let door = super::door::is_door_request(&control_plane, &request);
     // Agents authenticate with the cluster token and are not rate-limited.
     let internal = path.starts_with("/internal/");
     let quota = guard
@@ -160,7 +167,7 @@ pub async fn guard(
             retry_after_sec: refused.retry_after_sec,
         }
         .into_response(),
-        (_, None) if guard.auth_enabled && !guard.is_open(&path) => {
+        (_, None) if guard.auth_enabled && !guard.is_open(&path) && !door => {
             let detail = if request
                 .headers()
                 .contains_key(axum::http::header::AUTHORIZATION)

@@ -1,6 +1,7 @@
 //! The HTTP surface of the control plane: the router, the OpenAPI document and
 //! Swagger UI. Handlers are thin: extract, call `app`, convert the error.
 
+pub mod door;
 mod extract;
 mod guard;
 mod health;
@@ -109,6 +110,27 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
             "/v2/instances/{instance_id}/revive",
             axum::routing::post(instances::instance_revive),
         )
+        .route("/v2/instances/{instance_id}/cdp", get(door::by_path))
+        .route(
+            "/v2/instances/{instance_id}/json",
+            get(door::by_path).put(door::by_path),
+        )
+        .route(
+            "/v2/instances/{instance_id}/json/{*rest}",
+            get(door::by_path).put(door::by_path),
+        )
+        .route(
+            "/v2/instances/{instance_id}/devtools/{*rest}",
+            get(door::by_path),
+        )
+        .route("/v2/instances/{instance_id}/stream", get(door::by_path))
+        .route("/v2/instances/{instance_id}/stream/ws", get(door::by_path))
+        .route(
+            "/v2/instances/{instance_id}/stream/frame.jpg",
+            get(door::by_path),
+        )
+        .route("/v2/instances/{instance_id}/screenshot", get(door::by_path))
+        .route("/v2/instances/{instance_id}/tabs", get(door::by_path))
         .route("/v2/nodes", get(nodes::node_list))
         .route("/v2/nodes/{node_id}", get(nodes::node_get))
         .route("/", get(ui::root))
@@ -144,9 +166,18 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
             control_plane.clone(),
+            door::by_subdomain,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            control_plane.clone(),
             guard::guard,
         ))
-        .layer(TraceLayer::new_for_http())
+        // Spans name the path only: queries may carry instance tokens.
+        .layer(TraceLayer::new_for_http().make_span_with(
+            |request: &axum::http::Request<axum::body::Body>| {
+                tracing::debug_span!("request", method = %request.method(), path = %request.uri().path())
+            },
+        ))
         .with_state(control_plane)
 }
 

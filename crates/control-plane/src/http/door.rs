@@ -1,0 +1,582 @@
+//! The front door (HTTP side): every instance through the control plane's own
+//! port, so that clients need to reach nothing else.
+//!
+//! - By path: `/v2/instances/{id}/cdp` (the browser's CDP WebSocket),
+//!   `/v2/instances/{id}/json/…` and `/devtools/…` (the DevTools HTTP and
+//!   WebSocket endpoints), `/stream` (MJPEG), `/stream/ws` (binary frames),
+//!   `/stream/frame.jpg`, `/screenshot`, `/tabs`.
+//! - By subdomain: with `gateway.base_domain`, `Host: <subdomain>.<base_domain>`
+//!   reaches the instance with the same paths minus `/v2/instances/{id}`, so
+//!   each instance has an origin of its own.
+//!
+//! A request is admitted by an API key (the guard) or the instance's token
+//! (`app::door`), then forwarded to the instance's port on its node (the
+//! node agent's host), carrying the instance's token; the agent's servers do
+//! the rest (activity, waking a dormant instance, download rewriting). Bodies
+//! stream through (an MJPEG stream never ends); WebSocket upgrades are relayed
+//! as bytes once the agent has answered 101. DevTools answers get their URLs
+//! pointed back through the door, on the scheme and host the client used
+//! (`X-Forwarded-Proto` / `X-Forwarded-Host` only from `trusted_proxies`).
+//! The credential of the client is never passed on, nor logged.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Path, Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use http_body_util::BodyExt;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use flotilla_api_types::InstanceId;
+use flotilla_api_types::credentials::bearer_token;
+
+use crate::app::{ControlPlane, DoorTarget};
+use crate::error::Error;
+use crate::http::Principal;
+
+/// Which of the instance's ports a route reaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Port {
+    Debug,
+    Stream,
+    Http,
+}
+
+/// Where a door path goes on the instance: port, path, and whether the
+/// answer's DevTools URLs must be pointed back through the door.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Route {
+    port: Port,
+    path: String,
+    rewrite: bool,
+}
+
+/// The route of `rest`, the path after the instance prefix (or the whole
+/// path on a subdomain); `None` when the door has nothing there.
+fn route(id: &InstanceId, rest: &str) -> Option<Route> {
+    let to = |port, path: &str, rewrite| {
+        Some(Route {
+            port,
+            path: path.to_owned(),
+            rewrite,
+        })
+    };
+    match rest {
+        "/cdp" => to(Port::Debug, &format!("/devtools/browser/{id}"), false),
+        "/json" => to(Port::Debug, "/json", true),
+        "/stream" => to(Port::Stream, "/", false),
+        "/stream/ws" => to(Port::Stream, "/ws", false),
+        "/stream/frame.jpg" => to(Port::Stream, "/frame.jpg", false),
+        "/screenshot" => to(Port::Http, "/screenshot", false),
+        "/tabs" => to(Port::Http, "/tabs", false),
+        _ if rest.starts_with("/json/") => to(Port::Debug, rest, true),
+        _ if rest.starts_with("/devtools/") => to(Port::Debug, rest, false),
+        _ => None,
+    }
+}
+
+/// The instance and the rest of a `/v2/instances/{id}/…` door path.
+fn split_door_path(path: &str) -> Option<(&str, &str)> {
+    let after = path.strip_prefix("/v2/instances/")?;
+    let id = after.split_once('/')?.0;
+    let rest = &after[id.len()..];
+    let kind = rest.trim_start_matches('/').split('/').next()?;
+    matches!(
+        kind,
+        "cdp" | "json" | "devtools" | "stream" | "screenshot" | "tabs"
+    )
+    .then_some((id, rest))
+}
+
+/// Whether the guard should leave authentication of `request` to the door
+/// (an instance token opens it as well as an API key).
+pub fn is_door_request(control_plane: &ControlPlane, request: &Request) -> bool {
+    split_door_path(request.uri().path()).is_some()
+        || subdomain_of(control_plane, request).is_some()
+}
+
+fn subdomain_of(control_plane: &ControlPlane, request: &Request) -> Option<InstanceId> {
+    let host = request.headers().get(header::HOST)?.to_str().ok()?;
+    control_plane.door_instance_of_host(host)
+}
+
+/// Middleware: a request on an instance's subdomain goes through the door,
+/// whatever its path; any other request goes on to the router.
+pub async fn by_subdomain(
+    State(control_plane): State<Arc<ControlPlane>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(id) = subdomain_of(&control_plane, &request) else {
+        return next.run(request).await;
+    };
+    let rest = request.uri().path().to_owned();
+    match route(&id, &rest) {
+        Some(route) => pass(&control_plane, request, id, route, "").await,
+        None => Error::NotFound(format!(
+            "no such path on an instance's subdomain: {rest}; the door serves /json/…, /devtools/…, /stream, /stream/ws, /screenshot and /tabs"
+        ))
+        .into_response(),
+    }
+}
+
+/// Handler of every `/v2/instances/{instance_id}/…` door route.
+pub async fn by_path(
+    State(control_plane): State<Arc<ControlPlane>>,
+    Path(params): Path<Vec<(String, String)>>,
+    request: Request,
+) -> Response {
+    let id = params
+        .iter()
+        .find(|(name, _)| name == "instance_id")
+        .map(|(_, value)| InstanceId::new(value.clone()));
+    let path = request.uri().path().to_owned();
+    let (Some(id), Some((_, rest))) = (id, split_door_path(&path)) else {
+        return Error::NotFound(format!("no such path: {path}")).into_response();
+    };
+    match route(&id, rest) {
+        Some(route) => {
+            let prefix = format!("/v2/instances/{id}");
+            pass(&control_plane, request, id, route, &prefix).await
+        }
+        None => Error::NotFound(format!("no such path: {path}")).into_response(),
+    }
+}
+
+/// Admits `request` and forwards it along `route`.
+async fn pass(
+    control_plane: &ControlPlane,
+    request: Request,
+    id: InstanceId,
+    route: Route,
+    prefix: &str,
+) -> Response {
+    let key_holder = request
+        .extensions()
+        .get::<Principal>()
+        .is_some_and(|p| p.0.starts_with("key:"));
+    let header_token = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(bearer_token)
+        .map(str::to_owned);
+    let query_token = request.uri().query().and_then(|q| {
+        form_urlencoded::parse(q.as_bytes())
+            .find(|(name, _)| name == "token")
+            .map(|(_, value)| value.into_owned())
+    });
+    let tokens: Vec<&str> = header_token
+        .iter()
+        .chain(&query_token)
+        .map(String::as_str)
+        .collect();
+    let target = match control_plane.door_open(&id, key_holder, &tokens).await {
+        Ok(target) => target,
+        Err(error) => return error.into_response(),
+    };
+    let external = external_base(control_plane, &request);
+    let outcome = if is_upgrade(request.headers()) {
+        forward_upgrade(request, &target, &route).await
+    } else {
+        forward_http(request, &target, &route, &external, prefix).await
+    };
+    outcome.unwrap_or_else(|error| {
+        tracing::debug!(instance = %target.id, %error, "front door request failed");
+        Error::BadGateway(format!(
+            "instance {} did not answer through the front door: {error}",
+            target.id
+        ))
+        .into_response()
+    })
+}
+
+fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
+}
+
+/// Scheme and authority the client used (what URLs handed back must use).
+struct External {
+    secure: bool,
+    authority: String,
+}
+
+fn external_base(control_plane: &ControlPlane, request: &Request) -> External {
+    let headers = request.headers();
+    let text = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| v.split(',').next().unwrap_or("").trim().to_owned())
+            .filter(|v| !v.is_empty())
+    };
+    let trusted = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .is_some_and(|peer| is_trusted(&control_plane.config().trusted_proxies, peer.0.ip()));
+    let forwarded_proto = trusted.then(|| text("x-forwarded-proto")).flatten();
+    let forwarded_host = trusted.then(|| text("x-forwarded-host")).flatten();
+    let host = forwarded_host
+        .or_else(|| text("host"))
+        .filter(|h| {
+            h.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-.:[]".contains(&b))
+        })
+        .unwrap_or_else(|| "localhost".into());
+    let secure = match forwarded_proto {
+        Some(proto) => proto.eq_ignore_ascii_case("https"),
+        None => control_plane
+            .config()
+            .public_url
+            .as_deref()
+            .is_some_and(|url| url.starts_with("https://")),
+    };
+    External {
+        secure,
+        authority: host,
+    }
+}
+
+/// An address or network of `trusted_proxies`.
+pub(crate) fn parse_network(entry: &str) -> Option<(IpAddr, u8)> {
+    let (address, prefix) = match entry.split_once('/') {
+        Some((address, prefix)) => (address, Some(prefix)),
+        None => (entry, None),
+    };
+    let ip: IpAddr = address.trim().parse().ok()?;
+    let full = if ip.is_ipv4() { 32 } else { 128 };
+    let prefix = match prefix {
+        Some(prefix) => prefix.parse::<u8>().ok().filter(|p| *p <= full)?,
+        None => full,
+    };
+    Some((ip, prefix))
+}
+
+fn is_trusted(networks: &[String], peer: IpAddr) -> bool {
+    let peer = match peer {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(peer, IpAddr::V4),
+        v4 => v4,
+    };
+    networks
+        .iter()
+        .filter_map(|entry| parse_network(entry))
+        .any(|(network, prefix)| match (peer, network) {
+            (IpAddr::V4(a), IpAddr::V4(b)) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+                u32::from(a) & mask == u32::from(b) & mask
+            }
+            (IpAddr::V6(a), IpAddr::V6(b)) => {
+                let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
+                u128::from(a) & mask == u128::from(b) & mask
+            }
+            _ => false,
+        })
+}
+
+/// The upstream path and query: the route's path, the client's query minus
+/// `token`.
+fn upstream_target(request: &Request, route: &Route) -> String {
+    let query: Vec<&str> = request
+        .uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|pair| {
+            let name = pair.split('=').next().unwrap_or("");
+            !name.is_empty() && name != "token"
+        })
+        .collect();
+    if query.is_empty() {
+        route.path.clone()
+    } else {
+        format!("{}?{}", route.path, query.join("&"))
+    }
+}
+
+/// Request headers not passed on: the client's credential and `Host` (set
+/// here), hop-by-hop headers, and forwarding headers the door does not vouch for.
+fn passed_on(name: &HeaderName) -> bool {
+    !matches!(
+        name.as_str(),
+        "host"
+            | "authorization"
+            | "connection"
+            | "keep-alive"
+            | "proxy-authorization"
+            | "proxy-connection"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "x-forwarded-for"
+            | "x-forwarded-host"
+            | "x-forwarded-proto"
+    )
+}
+
+fn port_of(target: &DoorTarget, route: &Route) -> u16 {
+    match route.port {
+        Port::Debug => target.ports[0],
+        Port::Stream => target.ports[1],
+        Port::Http => target.ports[2],
+    }
+}
+
+/// Longest a DevTools JSON answer may be (`/json/protocol` is ~1 MB).
+const MAX_REWRITTEN_BODY: usize = 32 << 20;
+/// Longest a connection to an instance port may take to open.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+async fn connect(target: &DoorTarget, route: &Route) -> std::io::Result<(TcpStream, String)> {
+    let port = port_of(target, route);
+    let authority = if target.host.contains(':') {
+        format!("[{}]:{port}", target.host)
+    } else {
+        format!("{}:{port}", target.host)
+    };
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&authority))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
+    stream.set_nodelay(true)?;
+    Ok((stream, authority))
+}
+
+async fn forward_http(
+    request: Request,
+    target: &DoorTarget,
+    route: &Route,
+    external: &External,
+    prefix: &str,
+) -> std::io::Result<Response> {
+    let (stream, authority) = connect(target, route).await?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(std::io::Error::other)?;
+    tokio::spawn(connection);
+    let path = upstream_target(&request, route);
+    let (parts, body) = request.into_parts();
+    let mut upstream = hyper::Request::builder().method(parts.method).uri(path);
+    for (name, value) in &parts.headers {
+        if passed_on(name) {
+            upstream = upstream.header(name, value);
+        }
+    }
+    upstream = upstream.header(header::HOST, &authority);
+    if let Some(token) = &target.token {
+        upstream = upstream.header(header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let upstream = upstream.body(body).map_err(std::io::Error::other)?;
+    let response = sender
+        .send_request(upstream)
+        .await
+        .map_err(std::io::Error::other)?;
+    let (mut parts, body) = response.into_parts();
+    if !route.rewrite {
+        return Ok(Response::from_parts(parts, Body::new(body)));
+    }
+    let bytes = http_body_util::Limited::new(body, MAX_REWRITTEN_BODY)
+        .collect()
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))?
+        .to_bytes();
+    let rewritten = match std::str::from_utf8(&bytes) {
+        Ok(text) => point_back(text, &authority, external, prefix).into_bytes(),
+        Err(_) => bytes.to_vec(),
+    };
+    parts.headers.remove(header::TRANSFER_ENCODING);
+    parts
+        .headers
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(rewritten.len()));
+    Ok(Response::from_parts(parts, Body::from(rewritten)))
+}
+
+/// DevTools URLs of `internal` (the port the door called) pointed at the door.
+fn point_back(text: &str, internal: &str, external: &External, prefix: &str) -> String {
+    let (ws, param) = if external.secure {
+        ("wss", "wss")
+    } else {
+        ("ws", "ws")
+    };
+    text.replace(
+        &format!("ws://{internal}/"),
+        &format!("{ws}://{}{prefix}/", external.authority),
+    )
+    .replace(
+        &format!("ws={internal}/"),
+        &format!("{param}={}{prefix}/", external.authority),
+    )
+}
+
+async fn forward_upgrade(
+    mut request: Request,
+    target: &DoorTarget,
+    route: &Route,
+) -> std::io::Result<Response> {
+    let (mut upstream, authority) = connect(target, route).await?;
+    let mut head = format!(
+        "GET {} HTTP/1.1\r\nHost: {authority}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n",
+        upstream_target(&request, route)
+    );
+    for (name, value) in request.headers() {
+        if passed_on(name)
+            && let Ok(value) = value.to_str()
+        {
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
+    }
+    if let Some(token) = &target.token {
+        head.push_str(&format!("Authorization: Bearer {token}\r\n"));
+    }
+    head.push_str("\r\n");
+    upstream.write_all(head.as_bytes()).await?;
+    let (status, headers, early) = read_response_head(&mut upstream).await?;
+    let mut response = Response::builder().status(status);
+    for (name, value) in &headers {
+        response = response.header(name.as_str(), value.as_slice());
+    }
+    if status != StatusCode::SWITCHING_PROTOCOLS {
+        return response
+            .body(Body::from(early))
+            .map_err(std::io::Error::other);
+    }
+    let upgrade = hyper::upgrade::on(&mut request);
+    let instance = target.id.clone();
+    tokio::spawn(async move {
+        let upgraded = match upgrade.await {
+            Ok(upgraded) => upgraded,
+            Err(error) => {
+                tracing::debug!(%instance, %error, "client upgrade failed");
+                return;
+            }
+        };
+        let mut client = TokioIo::new(upgraded);
+        if !early.is_empty() && client.write_all(&early).await.is_err() {
+            return;
+        }
+        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+    });
+    response.body(Body::empty()).map_err(std::io::Error::other)
+}
+
+/// Reads an HTTP response head: status, headers, and bytes that came after it.
+async fn read_response_head(
+    stream: &mut TcpStream,
+) -> std::io::Result<(StatusCode, Vec<(String, Vec<u8>)>, Vec<u8>)> {
+    let mut buffer = Vec::with_capacity(1024);
+    let head_end = loop {
+        let mut chunk = [0u8; 2048];
+        let n = tokio::time::timeout(Duration::from_secs(60), stream.read(&mut chunk))
+            .await
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer"))??;
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the instance closed the connection",
+            ));
+        }
+        buffer.extend_from_slice(&chunk[..n]);
+        if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+            break end + 4;
+        }
+        if buffer.len() > 64 * 1024 {
+            return Err(std::io::Error::other("answer head too large"));
+        }
+    };
+    let mut parsed_headers = [httparse::EMPTY_HEADER; 64];
+    let mut parsed = httparse::Response::new(&mut parsed_headers);
+    parsed
+        .parse(&buffer[..head_end])
+        .map_err(std::io::Error::other)?;
+    let status = StatusCode::from_u16(parsed.code.unwrap_or(502)).map_err(std::io::Error::other)?;
+    let headers = parsed
+        .headers
+        .iter()
+        .map(|h| (h.name.to_owned(), h.value.to_vec()))
+        .collect();
+    Ok((status, headers, buffer[head_end..].to_vec()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn door_paths_route_to_the_right_port() {
+        let id = InstanceId::new("i-1");
+        let cases = [
+            ("/cdp", Some((Port::Debug, "/devtools/browser/i-1", false))),
+            ("/json", Some((Port::Debug, "/json", true))),
+            (
+                "/json/version/",
+                Some((Port::Debug, "/json/version/", true)),
+            ),
+            ("/json/new", Some((Port::Debug, "/json/new", true))),
+            (
+                "/devtools/page/AB",
+                Some((Port::Debug, "/devtools/page/AB", false)),
+            ),
+            ("/stream", Some((Port::Stream, "/", false))),
+            ("/stream/ws", Some((Port::Stream, "/ws", false))),
+            ("/screenshot", Some((Port::Http, "/screenshot", false))),
+            ("/tabs", Some((Port::Http, "/tabs", false))),
+            ("/", None),
+            ("/cdp/x", None),
+            ("/stream/other", None),
+            ("/jsonx", None),
+        ];
+        for (rest, expected) in cases {
+            let expected = expected.map(|(port, path, rewrite)| Route {
+                port,
+                path: path.into(),
+                rewrite,
+            });
+            assert_eq!(route(&id, rest), expected, "{rest}");
+        }
+        assert_eq!(
+            split_door_path("/v2/instances/abc/json/version"),
+            Some(("abc", "/json/version"))
+        );
+        assert_eq!(split_door_path("/v2/instances/abc/dormant"), None);
+        assert_eq!(split_door_path("/v2/instances/abc"), None);
+    }
+
+    #[test]
+    fn devtools_urls_point_back_through_the_door() {
+        let text = r#"{"webSocketDebuggerUrl":"ws://10.0.0.5:20001/devtools/page/X?token=t","devtoolsFrontendUrl":"/devtools/inspector.html?ws=10.0.0.5:20001/devtools/page/X%3Ftoken%3Dt"}"#;
+        let external = External {
+            secure: true,
+            authority: "door.example.com".into(),
+        };
+        let out = point_back(text, "10.0.0.5:20001", &external, "/v2/instances/i");
+        assert!(
+            out.contains(r#""wss://door.example.com/v2/instances/i/devtools/page/X?token=t""#),
+            "{out}"
+        );
+        assert!(
+            out.contains("wss=door.example.com/v2/instances/i/devtools/page/X%3Ftoken%3Dt"),
+            "{out}"
+        );
+        assert!(!out.contains("10.0.0.5"));
+    }
+
+    #[test]
+    fn only_listed_proxies_are_trusted() {
+        let trusted = vec!["10.0.0.0/8".to_owned(), "::1".to_owned()];
+        assert!(is_trusted(&trusted, "10.1.2.3".parse().unwrap()));
+        assert!(is_trusted(&trusted, "::ffff:10.1.2.3".parse().unwrap()));
+        assert!(is_trusted(&trusted, "::1".parse().unwrap()));
+        assert!(!is_trusted(&trusted, "11.0.0.1".parse().unwrap()));
+        assert!(!is_trusted(&[], "127.0.0.1".parse().unwrap()));
+        assert!(parse_network("10.0.0.0/33").is_none());
+        assert!(parse_network("example.com").is_none());
+    }
+}
