@@ -465,6 +465,16 @@ pub async fn serve_page(pages: &[(&str, &str)]) -> PageServer {
 
 /// Runs `tests/js/<script>` with Node and parses the last line of its output as JSON.
 pub async fn run_node(script: &str, args: &[&str]) -> anyhow::Result<Value> {
+    run_node_with(script, args, &[]).await
+}
+
+/// [`run_node`] with extra environment variables (`NODE_OPTIONS`,
+/// `NODE_EXTRA_CA_CERTS`, …).
+pub async fn run_node_with(
+    script: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> anyhow::Result<Value> {
     let dir = workspace_root().join("tests/js");
     if !dir.join("node_modules").is_dir() {
         bail!("tests/js/node_modules is missing: run scripts/install-deps --test");
@@ -472,6 +482,7 @@ pub async fn run_node(script: &str, args: &[&str]) -> anyhow::Result<Value> {
     let mut child = tokio::process::Command::new("node")
         .arg(dir.join(script))
         .args(args)
+        .envs(env.iter().copied())
         .current_dir(&dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -1,0 +1,338 @@
+//! The front door: every instance through the control plane's own port, by
+//! path and by subdomain, with real Chromium and real clients (Playwright,
+//! Puppeteer, chrome-remote-interface, a browser), authentication on.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use flotilla_testkit::{
+    Api, BROWSER_DEADLINE, StatusCode, TestServe, run_node, run_node_with, spawn_serve_with,
+    wait_until, workspace_root,
+};
+
+const API_KEY: &str = "door-api-key-0123456789";
+const DOMAIN: &str = "browsers.test";
+const PAGE: &str = "data:text/html,<title>through the front door</title>";
+
+/// A free loopback port (for a control plane whose public URL must be known
+/// before it starts).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `serve` with authentication on, listening on a known port, its public URL
+/// that port, and `base_domain` when asked.
+async fn door_serve(base_domain: Option<&str>) -> (TestServe, u16) {
+    let port = free_port();
+    let mut serve = spawn_serve_with(|config| {
+        config.listen = format!("127.0.0.1:{port}");
+        config.control.auth_enabled = true;
+        config.control.api_keys = vec![API_KEY.into()];
+        config.control.public_url = Some(format!("http://127.0.0.1:{port}"));
+        config.control.gateway.base_domain = base_domain.map(str::to_owned);
+    })
+    .await;
+    serve.api = Api::with_key(serve.api.base.clone(), API_KEY);
+    (serve, port)
+}
+
+async fn running(serve: &TestServe) -> Value {
+    let created = serve.api.create("{}").await;
+    let id = created["id"].as_str().unwrap().to_owned();
+    let instance = serve
+        .api
+        .wait_for_status(&id, "running", BROWSER_DEADLINE)
+        .await;
+    assert_eq!(instance["urls"], created["urls"]);
+    instance
+}
+
+fn token(instance: &Value) -> String {
+    instance["urls"]["debug"]
+        .as_str()
+        .unwrap()
+        .split_once("?token=")
+        .unwrap()
+        .1
+        .to_owned()
+}
+
+async fn get(url: &str, headers: &[(&str, &str)]) -> reqwest::Response {
+    let mut request = reqwest::Client::new().get(url);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request.send().await.expect("the door answers")
+}
+
+/// The status line of a WebSocket upgrade through the door.
+async fn upgrade_status(port: u16, path: &str) -> String {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let head = format!(
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = vec![0u8; 512];
+    let n = tokio::time::timeout(Duration::from_secs(60), stream.read(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    String::from_utf8_lossy(&answer[..n])
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn browser_clients_reach_instances_through_the_door_by_path() {
+    let (serve, port) = door_serve(None).await;
+    let a = running(&serve).await;
+    let b = running(&serve).await;
+    let id = a["id"].as_str().unwrap();
+    let (token_a, token_b) = (token(&a), token(&b));
+    let door = format!("http://127.0.0.1:{port}/v2/instances/{id}");
+    assert_eq!(
+        a["urls"]["debug"],
+        format!("ws://127.0.0.1:{port}/v2/instances/{id}/cdp?token={token_a}")
+    );
+    assert_eq!(
+        a["urls"]["stream"],
+        format!("{door}/stream?token={token_a}")
+    );
+    // The spec's ports stay.
+    assert!(a["debug_port"].as_u64().is_some() && a["stream_port"].as_u64().is_some());
+
+    // Refused without a credential, with a wrong or another instance's token.
+    for (path, headers) in [
+        (format!("{door}/json/version"), vec![]),
+        (format!("{door}/json/version?token={token_b}"), vec![]),
+        (
+            format!("{door}/tabs"),
+            vec![("authorization", "Bearer nope")],
+        ),
+        (format!("{door}/stream/frame.jpg"), vec![]),
+    ] {
+        let response = get(&path, &headers).await;
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{path}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["code"], "unauthorized");
+    }
+    assert!(
+        upgrade_status(port, &format!("/v2/instances/{id}/cdp"))
+            .await
+            .contains(" 401 ")
+    );
+    assert!(
+        upgrade_status(port, &format!("/v2/instances/{id}/cdp?token={token_a}"))
+            .await
+            .contains(" 101 ")
+    );
+
+    // Discovery answers point back through the door, with the token.
+    let version: Value = get(&format!("{door}/json/version?token={token_a}"), &[])
+        .await
+        .json()
+        .await
+        .unwrap();
+    let ws = version["webSocketDebuggerUrl"].as_str().unwrap();
+    assert!(
+        ws.starts_with(&format!(
+            "ws://127.0.0.1:{port}/v2/instances/{id}/devtools/browser/"
+        )),
+        "{ws}"
+    );
+    assert!(ws.ends_with(&format!("?token={token_a}")), "{ws}");
+    let with_slash = get(
+        &format!("{door}/json/version/"),
+        &[("authorization", &format!("Bearer {API_KEY}"))],
+    )
+    .await;
+    assert_eq!(with_slash.status(), StatusCode::OK);
+
+    // Playwright (ws and http forms), Puppeteer, chrome-remote-interface.
+    let debug = a["urls"]["debug"].as_str().unwrap();
+    let http_form = format!("{door}?token={token_a}");
+    for (script, endpoint) in [
+        ("playwright_title.mjs", debug),
+        ("puppeteer_title.mjs", debug),
+        ("playwright_title.mjs", &http_form),
+    ] {
+        let result = run_node(script, &[endpoint, PAGE]).await.unwrap();
+        assert_eq!(
+            result["title"], "through the front door",
+            "{script} {endpoint}"
+        );
+    }
+    let prefix = format!("/v2/instances/{id}");
+    let result = run_node(
+        "cri_title.mjs",
+        &["127.0.0.1", &port.to_string(), &prefix, &token_a, PAGE],
+    )
+    .await
+    .unwrap();
+    assert_eq!(result["title"], "through the front door");
+
+    // Live view, screenshot, tabs.
+    let stream = get(&a["urls"]["stream"].as_str().unwrap().to_owned(), &[]).await;
+    assert_eq!(stream.status(), StatusCode::OK);
+    assert!(
+        stream.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("multipart/x-mixed-replace"),
+    );
+    drop(stream);
+    let shot = get(&format!("{door}/screenshot?token={token_a}"), &[]).await;
+    assert_eq!(shot.status(), StatusCode::OK);
+    assert!(shot.bytes().await.unwrap().starts_with(b"\x89PNG"));
+    let tabs: Value = get(&format!("{door}/tabs?token={token_a}"), &[])
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(tabs.as_array().is_some_and(|t| !t.is_empty()), "{tabs}");
+
+    // Traffic through the door is activity.
+    let before = serve.api.get(&format!("/v2/instances/{id}")).await.1["activity"]["last_activity"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    get(&format!("{door}/json/list?token={token_a}"), &[]).await;
+    wait_until(
+        Duration::from_secs(30),
+        "the door's traffic to count",
+        || async {
+            let (_, detail) = serve.api.get(&format!("/v2/instances/{id}")).await;
+            let now = detail["activity"]["last_activity"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned();
+            if now > before { Ok(Some(())) } else { Err(now) }
+        },
+    )
+    .await
+    .unwrap();
+
+    // An unknown instance is 404 with a key, 401 with a token (no oracle).
+    let unknown = "/v2/instances/01a20000-0000-7000-8000-000000000000";
+    let response = get(
+        &format!("http://127.0.0.1:{port}{unknown}/json/version"),
+        &[("authorization", &format!("Bearer {API_KEY}"))],
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    let response = get(
+        &format!("http://127.0.0.1:{port}{unknown}/json/version?token={token_a}"),
+        &[],
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    serve.shutdown().await;
+}
+
+#[tokio::test]
+async fn browser_each_instance_has_an_origin_of_its_own_by_subdomain() {
+    let (serve, port) = door_serve(Some(DOMAIN)).await;
+    let a = running(&serve).await;
+    let id = a["id"].as_str().unwrap();
+    let sub = a["subdomain"].as_str().unwrap();
+    let token_a = token(&a);
+    let host = format!("{sub}.{DOMAIN}:{port}");
+    assert_eq!(
+        a["urls"]["debug"],
+        format!("ws://{host}/devtools/browser/{id}?token={token_a}")
+    );
+    assert_eq!(
+        a["urls"]["stream"],
+        format!("http://{host}/stream?token={token_a}")
+    );
+
+    // The Host header routes; the answer points back at the same origin.
+    let base = format!("http://127.0.0.1:{port}");
+    let version: Value = get(
+        &format!("{base}/json/version?token={token_a}"),
+        &[("host", &host)],
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let ws = version["webSocketDebuggerUrl"].as_str().unwrap();
+    assert!(
+        ws.starts_with(&format!("ws://{host}/devtools/browser/")),
+        "{ws}"
+    );
+    let refused = get(&format!("{base}/json/version"), &[("host", &host)]).await;
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+    let elsewhere = get(&format!("{base}/"), &[("host", &host)]).await;
+    assert_eq!(
+        elsewhere.status(),
+        StatusCode::NOT_FOUND,
+        "nothing but the instance there"
+    );
+
+    // Node clients resolve *.browsers.test as a wildcard record would.
+    let resolver = workspace_root().join("tests/js/door_resolver.cjs");
+    let node_options = format!("--require {}", resolver.display());
+    let env = [
+        ("NODE_OPTIONS", node_options.as_str()),
+        ("FLOTILLA_TEST_DOMAIN", DOMAIN),
+    ];
+    let debug = a["urls"]["debug"].as_str().unwrap();
+    for script in ["playwright_title.mjs", "puppeteer_title.mjs"] {
+        let result = run_node_with(script, &[debug, PAGE], &env).await.unwrap();
+        assert_eq!(result["title"], "through the front door", "{script}");
+    }
+    let cri_host = format!("{sub}.{DOMAIN}");
+    let result = run_node_with(
+        "cri_title.mjs",
+        &[&cri_host, &port.to_string(), "-", &token_a, PAGE],
+        &env,
+    )
+    .await
+    .unwrap();
+    assert_eq!(result["title"], "through the front door");
+    // A browser (Chromium's --host-resolver-rules) opens the instance's origin.
+    let result = run_node(
+        "browser_fetch.mjs",
+        &[DOMAIN, &format!("http://{host}/tabs?token={token_a}")],
+    )
+    .await
+    .unwrap();
+    assert_eq!(result["status"], 200, "{result}");
+    assert!(
+        result["text"].as_str().unwrap().contains("\"id\""),
+        "{result}"
+    );
+    serve.shutdown().await;
+}
+
+#[tokio::test]
+async fn browser_a_connection_through_the_door_wakes_a_parked_instance() {
+    let (serve, _) = door_serve(None).await;
+    let a = running(&serve).await;
+    let id = a["id"].as_str().unwrap();
+    let (status, parked) = serve
+        .api
+        .post(&format!("/v2/instances/{id}/dormant"), "")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{parked}");
+    assert_eq!(parked["status"], "dormant");
+    let debug = a["urls"]["debug"].as_str().unwrap();
+    let result = run_node("playwright_title.mjs", &[debug, PAGE])
+        .await
+        .unwrap();
+    assert_eq!(result["title"], "through the front door");
+    let (_, detail) = serve.api.get(&format!("/v2/instances/{id}")).await;
+    assert_eq!(detail["status"], "running", "{detail}");
+    serve.shutdown().await;
+}
