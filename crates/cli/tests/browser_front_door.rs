@@ -182,7 +182,7 @@ async fn browser_clients_reach_instances_through_the_door_by_path() {
     assert_eq!(result["title"], "through the front door");
 
     // Live view, screenshot, tabs.
-    let stream = get(&a["urls"]["stream"].as_str().unwrap().to_owned(), &[]).await;
+    let stream = get(a["urls"]["stream"].as_str().unwrap(), &[]).await;
     assert_eq!(stream.status(), StatusCode::OK);
     assert!(
         stream.headers()["content-type"]
