@@ -61,8 +61,14 @@ try {
 
   await page.click(`tr[data-id="${id}"] a`);
   await liveFrames(page);
+  const liveSrc = await page.getAttribute('#live-view', 'src');
+  if (!liveSrc.startsWith(`${base}/v2/instances/${id}/stream?token=flt_`)) {
+    throw new Error(`the live view does not come through the front door: ${liveSrc}`);
+  }
   const snippet = await page.textContent('#snippet');
-  if (!snippet.includes(`/devtools/browser/${id}`)) throw new Error(`snippet lacks the debug URL: ${snippet}`);
+  // Through the front door of the dashboard's own origin, with the token.
+  const doorUrl = `ws://${new URL(base).host}/v2/instances/${id}/cdp?token=flt_`;
+  if (!snippet.includes(doorUrl)) throw new Error(`snippet lacks the door's debug URL ${doorUrl}: ${snippet}`);
   await page.click('[data-snippet="puppeteer"]');
   if (!(await page.textContent('#snippet')).includes('browserWSEndpoint')) throw new Error('no Puppeteer snippet');
   await shot('instance-detail');

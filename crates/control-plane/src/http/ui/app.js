@@ -79,21 +79,18 @@ async function api(method, path, body, retried = false) {
 
 // ---- instances ----------------------------------------------------------
 
-function nodeHost(nodeId) {
-  const node = state.nodes.find((n) => n.id === nodeId);
-  try { if (node) return new URL(node.address).hostname; } catch { /* fall through */ }
-  return location.hostname;
-}
-
+// The dashboard reaches instances through the front door of the control
+// plane that serves it, so it works when only this port is exposed. The
+// token (authentication on) comes from the create or get answer's urls.
 function urlsOf(instance) {
   if (!instance.debug_port) return null;
-  // Create and get answers carry the URLs, with the instance's token when
-  // authentication is on; list items do not.
-  if (instance.urls) return instance.urls;
-  const host = nodeHost(instance.node_id);
+  const token = instance.urls?.debug?.split('?token=')[1];
+  const query = token ? `?token=${token}` : '';
+  const ws = location.protocol === 'https:' ? 'wss:' : 'ws:';
+  const door = `${location.host}/v2/instances/${instance.id}`;
   return {
-    debug: `ws://${host}:${instance.debug_port}/devtools/browser/${instance.id}`,
-    stream: `http://${host}:${instance.stream_port}/`,
+    debug: `${ws}//${door}/cdp${query}`,
+    stream: `${location.protocol}//${door}/stream${query}`,
   };
 }
 
