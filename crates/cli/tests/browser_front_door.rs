@@ -151,6 +151,23 @@ async fn browser_clients_reach_instances_through_the_door_by_path() {
         "{ws}"
     );
     assert!(ws.ends_with(&format!("?token={token_a}")), "{ws}");
+    // Forwarding headers count only from trusted proxies (none here).
+    let spoofed: Value = get(
+        &format!("{door}/json/version?token={token_a}"),
+        &[
+            ("x-forwarded-host", "evil.example"),
+            ("x-forwarded-proto", "https"),
+        ],
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let spoofed_ws = spoofed["webSocketDebuggerUrl"].as_str().unwrap();
+    assert!(
+        spoofed_ws.starts_with(&format!("ws://127.0.0.1:{port}/")),
+        "{spoofed_ws}"
+    );
     let with_slash = get(
         &format!("{door}/json/version/"),
         &[("authorization", &format!("Bearer {API_KEY}"))],
@@ -334,5 +351,139 @@ async fn browser_a_connection_through_the_door_wakes_a_parked_instance() {
     assert_eq!(result["title"], "through the front door");
     let (_, detail) = serve.api.get(&format!("/v2/instances/{id}")).await;
     assert_eq!(detail["status"], "running", "{detail}");
+    serve.shutdown().await;
+}
+
+/// nginx (Debian's) terminating TLS with a self-signed certificate in front
+/// of a control plane; stopped on drop.
+struct TlsProxy {
+    child: std::process::Child,
+    port: u16,
+    cert: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl TlsProxy {
+    fn start(upstream_port: u16) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path();
+        let (cert, key) = (path.join("cert.pem"), path.join("key.pem"));
+        let made = std::process::Command::new("openssl")
+            .args([
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            ])
+            .args([
+                "-subj",
+                "/CN=127.0.0.1",
+                "-addext",
+                "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            ])
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .output()
+            .expect("openssl runs");
+        assert!(
+            made.status.success(),
+            "{}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+        let temp = path.join("temp");
+        std::fs::create_dir_all(&temp).unwrap();
+        let port = free_port();
+        let p = path.display();
+        let config = format!(
+            "worker_processes 1;\npid {p}/nginx.pid;\nerror_log {p}/error.log;\ndaemon off;\n\
+             events {{ worker_connections 256; }}\n\
+             http {{\n  access_log off;\n  client_body_temp_path {p}/temp/body;\n  proxy_temp_path {p}/temp/proxy;\n\
+               fastcgi_temp_path {p}/temp/fastcgi;\n  uwsgi_temp_path {p}/temp/uwsgi;\n  scgi_temp_path {p}/temp/scgi;\n\
+               map $http_upgrade $connection_upgrade {{ default upgrade; '' close; }}\n\
+               server {{\n    listen 127.0.0.1:{port} ssl;\n    ssl_certificate {p}/cert.pem;\n    ssl_certificate_key {p}/key.pem;\n\
+                 location / {{\n      proxy_pass http://127.0.0.1:{upstream_port};\n      proxy_http_version 1.1;\n\
+                   proxy_set_header Host $http_host;\n      proxy_set_header X-Forwarded-Host $http_host;\n\
+                   proxy_set_header X-Forwarded-Proto https;\n      proxy_set_header Upgrade $http_upgrade;\n\
+                   proxy_set_header Connection $connection_upgrade;\n      proxy_buffering off;\n      proxy_read_timeout 3600s;\n    }}\n  }}\n}}\n"
+        );
+        std::fs::write(path.join("nginx.conf"), config).unwrap();
+        let nginx = if std::path::Path::new("/usr/sbin/nginx").exists() {
+            "/usr/sbin/nginx"
+        } else {
+            "nginx"
+        };
+        let child = std::process::Command::new(nginx)
+            .arg("-p")
+            .arg(path)
+            .arg("-c")
+            .arg(path.join("nginx.conf"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("nginx starts (scripts/install-deps --test installs it)");
+        Self {
+            child,
+            port,
+            cert,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for TlsProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn browser_clients_reach_instances_over_tls_through_nginx() {
+    let port = free_port();
+    let tls = TlsProxy::start(port);
+    let public_url = format!("https://127.0.0.1:{}", tls.port);
+    let mut serve = spawn_serve_with(|config| {
+        config.listen = format!("127.0.0.1:{port}");
+        config.control.auth_enabled = true;
+        config.control.api_keys = vec![API_KEY.into()];
+        config.control.public_url = Some(public_url.clone());
+        config.control.trusted_proxies = vec!["127.0.0.1".into()];
+    })
+    .await;
+    serve.api = Api::with_key(serve.api.base.clone(), API_KEY);
+    wait_until(Duration::from_secs(30), "nginx to listen", || async {
+        Ok(tokio::net::TcpStream::connect(("127.0.0.1", tls.port))
+            .await
+            .ok()
+            .map(|_| ()))
+    })
+    .await
+    .unwrap();
+    let a = running(&serve).await;
+    let id = a["id"].as_str().unwrap();
+    let token_a = token(&a);
+    let debug = a["urls"]["debug"].as_str().unwrap();
+    assert_eq!(
+        debug,
+        format!(
+            "wss://127.0.0.1:{}/v2/instances/{id}/cdp?token={token_a}",
+            tls.port
+        )
+    );
+    let cert = tls.cert.display().to_string();
+    let env = [("NODE_EXTRA_CA_CERTS", cert.as_str())];
+    for script in ["playwright_title.mjs", "puppeteer_title.mjs"] {
+        let result = run_node_with(script, &[debug, PAGE], &env).await.unwrap();
+        assert_eq!(
+            result["title"], "through the front door",
+            "{script} over wss"
+        );
+    }
+    // Playwright given the https form reads /json/version/ through nginx; the
+    // answer's URL is wss:// on nginx's host (X-Forwarded-* from a trusted proxy).
+    let http_form = format!("{public_url}/v2/instances/{id}?token={token_a}");
+    let result = run_node_with("playwright_title.mjs", &[&http_form, PAGE], &env)
+        .await
+        .unwrap();
+    assert_eq!(result["title"], "through the front door");
     serve.shutdown().await;
 }

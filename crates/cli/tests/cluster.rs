@@ -635,3 +635,111 @@ async fn revive_moves_to_another_node_when_its_node_is_gone() {
         "{running:?}"
     );
 }
+
+#[tokio::test]
+async fn browser_clients_use_only_the_control_planes_port_across_the_cluster() {
+    let temp = tempfile::tempdir().unwrap();
+    let shared = temp.path().join("snapshots");
+    std::fs::create_dir_all(&shared).unwrap();
+    let snapshots_url = format!("file://{}", shared.display());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let public_url = format!("http://127.0.0.1:{port}");
+    let cp_dir = temp.path().join("cp");
+    let cp = ServeProcess::start_command(
+        binary(),
+        &[
+            "control",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+            &cp_dir.display().to_string(),
+        ],
+        &cp_dir,
+        &[
+            ("FLOTILLA_CLUSTER_TOKEN", TOKEN),
+            ("FLOTILLA_NODES__HEARTBEAT_INTERVAL_SEC", "0.5"),
+            ("FLOTILLA_NODES__HEARTBEAT_TIMEOUT_SEC", "3"),
+            ("FLOTILLA_SCHEDULER__MAX_UTILISATION_PERCENT", "100"),
+            ("FLOTILLA_SNAPSHOTS__URL", &snapshots_url),
+            ("FLOTILLA_AUTH_ENABLED", "true"),
+            ("FLOTILLA_API_KEYS", "[\"door-cluster-key\"]"),
+            ("FLOTILLA_PUBLIC_URL", &public_url),
+        ],
+        "control plane listening on ",
+    )
+    .await
+    .unwrap();
+    let api = Api::with_key(cp.api.base.clone(), "door-cluster-key");
+    let mut agents = Vec::new();
+    for (node, ports) in [("d1", "27000-27099"), ("d2", "27100-27199")] {
+        let data = temp.path().join(node).display().to_string();
+        let env = [
+            ("FLOTILLA_CLUSTER_TOKEN", TOKEN),
+            ("FLOTILLA_AGENT__NODE_ID", node),
+            ("FLOTILLA_AGENT__PORT_RANGE", ports),
+            ("FLOTILLA_AGENT__WARM_POOL_SIZE", "0"),
+            ("FLOTILLA_SNAPSHOTS__URL", snapshots_url.as_str()),
+        ];
+        agents.push(
+            ServeProcess::start_command(
+                binary(),
+                &["agent", "--control-plane", &api.base, "--data-dir", &data],
+                &temp.path().join(node),
+                &env,
+                "node agent listening on ",
+            )
+            .await
+            .unwrap(),
+        );
+    }
+    wait_nodes(&api, &[("d1", "online"), ("d2", "online")]).await;
+    let page = "data:text/html,<title>door across nodes</title>";
+    let mut on_d1 = None;
+    for node in ["d1", "d2"] {
+        let created = api
+            .create(&format!(r#"{{"node_preference": "{node}"}}"#))
+            .await;
+        let id = created["id"].as_str().unwrap().to_owned();
+        api.wait_for_status(&id, "running", BROWSER_DEADLINE).await;
+        let debug = created["urls"]["debug"].as_str().unwrap().to_owned();
+        assert!(
+            debug.starts_with(&format!(
+                "ws://127.0.0.1:{port}/v2/instances/{id}/cdp?token="
+            )),
+            "{debug}"
+        );
+        let result = flotilla_testkit::run_node("playwright_title.mjs", &[&debug, page])
+            .await
+            .unwrap();
+        assert_eq!(
+            result["title"], "door across nodes",
+            "through the door to {node}"
+        );
+        if node == "d1" {
+            on_d1 = Some((id, debug));
+        }
+    }
+
+    // Parked, its node gone, revived elsewhere: the same URL reaches it.
+    let (id, debug) = on_d1.unwrap();
+    let (status, body) = api.post(&format!("/v2/instances/{id}/dormant"), "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    agents[0].stop_with(libc::SIGKILL).await;
+    wait_nodes(&api, &[("d1", "offline")]).await;
+    let (status, body) = api.post(&format!("/v2/instances/{id}/revive"), "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let revived = api.wait_for_status(&id, "running", BROWSER_DEADLINE).await;
+    assert_eq!(revived["node_id"], "d2", "{revived}");
+    assert_eq!(revived["urls"]["debug"], debug.as_str(), "the URL stays");
+    let result = flotilla_testkit::run_node("playwright_title.mjs", &[&debug, page])
+        .await
+        .unwrap();
+    assert_eq!(result["title"], "door across nodes");
+    for mut agent in agents.into_iter().skip(1) {
+        assert_eq!(agent.stop_with(libc::SIGTERM).await, Some(0));
+    }
+}
