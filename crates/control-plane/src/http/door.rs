@@ -580,3 +580,108 @@ mod tests {
         assert!(parse_network("example.com").is_none());
     }
 }
+
+/// The routes of the door, one handler each so that the OpenAPI document
+/// lists them; all go through [`by_path`].
+pub mod routes {
+    use super::*;
+
+    type Params = Path<Vec<(String, String)>>;
+
+    /// The browser's CDP WebSocket (Playwright `connectOverCDP`, Puppeteer
+    /// `browserWSEndpoint`): `urls.debug` when `public_url` is set.
+    #[utoipa::path(get, path = "/v2/instances/{instance_id}/cdp", tag = "front door",
+        params(("instance_id" = String, Path), ("token" = Option<String>, Query, description = "The instance's access token (or send an API key or the token as Authorization: Bearer)")),
+        responses(
+            (status = 101, description = "WebSocket to the browser target"),
+            (status = 401, description = "No valid API key or instance token", body = flotilla_api_types::ErrorResponse),
+            (status = 404, body = flotilla_api_types::ErrorResponse),
+            (status = 409, description = "The instance is stopped or failed", body = flotilla_api_types::ErrorResponse),
+            (status = 502, description = "The instance's node did not answer", body = flotilla_api_types::ErrorResponse),
+        ))]
+    pub async fn cdp(state: State<Arc<ControlPlane>>, params: Params, request: Request) -> Response {
+        by_path(state, params, request).await
+    }
+
+    /// DevTools `/json/version`; its `webSocketDebuggerUrl` points back
+    /// through the door (with the token). A trailing slash is accepted.
+    #[utoipa::path(get, path = "/v2/instances/{instance_id}/json/version", tag = "front door",
+        params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
+        responses((status = 200, description = "Chromium's version object", content_type = "application/json"),
+            (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
+    pub async fn json_version(state: State<Arc<ControlPlane>>, params: Params, request: Request) -> Response {
+        by_path(state, params, request).await
+    }
+
+    /// DevTools `/json/list`: the targets, their URLs through the door.
+    #[utoipa::path(get, path = "/v2/instances/{instance_id}/json/list", tag = "front door",
+        params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
+        responses((status = 200, description = "Chromium's target list", content_type = "application/json"),
+            (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
+    pub async fn json_list(state: State<Arc<ControlPlane>>, params: Params, request: Request) -> Response {
+        by_path(state, params, request).await
+    }
+
+    /// DevTools `/json/new?<url>` (PUT, as Chromium requires): a new tab.
+    #[utoipa::path(put, path = "/v2/instances/{instance_id}/json/new", tag = "front door",
+        params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
+        responses((status = 200, description = "The new target", content_type = "application/json"),
+            (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
+    pub async fn json_new(state: State<Arc<ControlPlane>>, params: Params, request: Request) -> Response {
+        by_path(state, params, request).await
+    }
+
+    /// A page target's CDP WebSocket.
+    #[utoipa::path(get, path = "/v2/instances/{instance_id}/devtools/page/{target}", tag = "front door",
+        params(("instance_id" = String, Path), ("target" = String, Path), ("token" = Option<String>, Query)),
+        responses((status = 101, description = "WebSocket to the page target"),
+            (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
+    pub async fn page(state: State<Arc<ControlPlane>>, params: Params, request: Request) -> Response {
+        by_path(state, params, request).await
+    }
+
+    /// The live view as MJPEG (shows in an `<img>`): `urls.stream` when
+    /// `public_url` is set.
+    #[utoipa::path(get, path = "/v2/instances/{instance_id}/stream", tag = "front door",
+        params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
+        responses((status = 200, description = "multipart/x-mixed-replace JPEG frames", content_type = "multipart/x-mixed-replace"),
+            (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
+    pub async fn stream(state: State<Arc<ControlPlane>>, params: Params, request: Request) -> Response {
+        by_path(state, params, request).await
+    }
+
+    /// The live view as a WebSocket of binary JPEG frames.
+    #[utoipa::path(get, path = "/v2/instances/{instance_id}/stream/ws", tag = "front door",
+        params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
+        responses((status = 101, description = "WebSocket of binary JPEG frames"),
+            (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
+    pub async fn stream_ws(state: State<Arc<ControlPlane>>, params: Params, request: Request) -> Response {
+        by_path(state, params, request).await
+    }
+
+    /// The live view's newest frame.
+    #[utoipa::path(get, path = "/v2/instances/{instance_id}/stream/frame.jpg", tag = "front door",
+        params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
+        responses((status = 200, content_type = "image/jpeg"), (status = 401, body = flotilla_api_types::ErrorResponse)))]
+    pub async fn frame(state: State<Arc<ControlPlane>>, params: Params, request: Request) -> Response {
+        by_path(state, params, request).await
+    }
+
+    /// A PNG of a tab (`?tab=<id>`, default the first).
+    #[utoipa::path(get, path = "/v2/instances/{instance_id}/screenshot", tag = "front door",
+        params(("instance_id" = String, Path), ("tab" = Option<String>, Query), ("token" = Option<String>, Query)),
+        responses((status = 200, content_type = "image/png"), (status = 401, body = flotilla_api_types::ErrorResponse),
+            (status = 404, body = flotilla_api_types::ErrorResponse)))]
+    pub async fn screenshot(state: State<Arc<ControlPlane>>, params: Params, request: Request) -> Response {
+        by_path(state, params, request).await
+    }
+
+    /// The open tabs: `[{id, url, title}]`.
+    #[utoipa::path(get, path = "/v2/instances/{instance_id}/tabs", tag = "front door",
+        params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
+        responses((status = 200, content_type = "application/json"), (status = 401, body = flotilla_api_types::ErrorResponse),
+            (status = 404, body = flotilla_api_types::ErrorResponse)))]
+    pub async fn tabs(state: State<Arc<ControlPlane>>, params: Params, request: Request) -> Response {
+        by_path(state, params, request).await
+    }
+}

@@ -50,6 +50,16 @@ use crate::error::Error;
         observability::alerts,
         tokens::token_create,
         tokens::token_verify,
+        door::routes::cdp,
+        door::routes::json_version,
+        door::routes::json_list,
+        door::routes::json_new,
+        door::routes::page,
+        door::routes::stream,
+        door::routes::stream_ws,
+        door::routes::frame,
+        door::routes::screenshot,
+        door::routes::tabs,
     ),
     components(schemas(
         flotilla_api_types::instances::InstanceStatus,
@@ -68,6 +78,7 @@ use crate::error::Error;
         (name = "health", description = "Service health"),
         (name = "metrics", description = "Cluster metrics, Prometheus exposition and alerts"),
         (name = "events", description = "Subscriber tokens for the event proxy"),
+        (name = "front door", description = "Every instance through the control plane's port: CDP, DevTools discovery, live view, screenshot, tabs. Credential: an API key, or the instance's token as Bearer or ?token="),
     )
 )]
 pub struct ApiDoc;
@@ -110,7 +121,19 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
             "/v2/instances/{instance_id}/revive",
             axum::routing::post(instances::instance_revive),
         )
-        .route("/v2/instances/{instance_id}/cdp", get(door::by_path))
+        .route("/v2/instances/{instance_id}/cdp", get(door::routes::cdp))
+        .route(
+            "/v2/instances/{instance_id}/json/version",
+            get(door::routes::json_version),
+        )
+        .route(
+            "/v2/instances/{instance_id}/json/list",
+            get(door::routes::json_list),
+        )
+        .route(
+            "/v2/instances/{instance_id}/json/new",
+            get(door::routes::json_new).put(door::routes::json_new),
+        )
         .route(
             "/v2/instances/{instance_id}/json",
             get(door::by_path).put(door::by_path),
@@ -120,17 +143,30 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
             get(door::by_path).put(door::by_path),
         )
         .route(
+            "/v2/instances/{instance_id}/devtools/page/{target}",
+            get(door::routes::page),
+        )
+        .route(
             "/v2/instances/{instance_id}/devtools/{*rest}",
             get(door::by_path),
         )
-        .route("/v2/instances/{instance_id}/stream", get(door::by_path))
-        .route("/v2/instances/{instance_id}/stream/ws", get(door::by_path))
+        .route(
+            "/v2/instances/{instance_id}/stream",
+            get(door::routes::stream),
+        )
+        .route(
+            "/v2/instances/{instance_id}/stream/ws",
+            get(door::routes::stream_ws),
+        )
         .route(
             "/v2/instances/{instance_id}/stream/frame.jpg",
-            get(door::by_path),
+            get(door::routes::frame),
         )
-        .route("/v2/instances/{instance_id}/screenshot", get(door::by_path))
-        .route("/v2/instances/{instance_id}/tabs", get(door::by_path))
+        .route(
+            "/v2/instances/{instance_id}/screenshot",
+            get(door::routes::screenshot),
+        )
+        .route("/v2/instances/{instance_id}/tabs", get(door::routes::tabs))
         .route("/v2/nodes", get(nodes::node_list))
         .route("/v2/nodes/{node_id}", get(nodes::node_get))
         .route("/", get(ui::root))
