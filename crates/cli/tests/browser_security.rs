@@ -110,6 +110,7 @@ async fn browser_instance_ports_admit_only_an_api_key_or_their_own_token() {
         (port(&a, "debug_port"), "/json/list"),
         (port(&a, "stream_port"), "/frame.jpg"),
         (port(&a, "http_port"), "/tabs"),
+        (port(&a, "http_port"), "/screenshot"),
         (port(&a, "http_port"), "/"),
     ];
     for (port, path) in doors {

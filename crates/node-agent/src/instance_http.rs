@@ -134,6 +134,9 @@ async fn tabs(State(state): State<ApiState>) -> Result<Response, ApiError> {
 #[serde(deny_unknown_fields)]
 struct ScreenshotQuery {
     tab: Option<String>,
+    /// The instance's access token, already checked by the access layer.
+    #[serde(rename = "token")]
+    _token: Option<String>,
 }
 
 async fn screenshot(
@@ -143,7 +146,7 @@ async fn screenshot(
     let Query(query) = query.map_err(|e| {
         ApiError(
             StatusCode::BAD_REQUEST,
-            format!("{e}; the only parameter is tab=<id from /tabs>"),
+            format!("{e}; the parameters are tab=<id from /tabs> and token=<access token>"),
         )
     })?;
     let endpoint = endpoint(&state).await?;
