@@ -28,6 +28,9 @@ pub enum EventName {
     InstanceFailed,
     #[serde(rename = "instance.stopped")]
     InstanceStopped,
+    /// `config.max_duration_minutes` was reached (an `instance.deleted` follows).
+    #[serde(rename = "instance.expired")]
+    InstanceExpired,
     #[serde(rename = "node.offline")]
     NodeOffline,
     #[serde(rename = "node.online")]
@@ -39,7 +42,7 @@ pub enum EventName {
 }
 
 impl EventName {
-    pub const ALL: [EventName; 12] = [
+    pub const ALL: [EventName; 13] = [
         Self::InstanceCreated,
         Self::InstanceDeleted,
         Self::InstanceDormant,
@@ -48,6 +51,7 @@ impl EventName {
         Self::InstanceRevived,
         Self::InstanceFailed,
         Self::InstanceStopped,
+        Self::InstanceExpired,
         Self::NodeOffline,
         Self::NodeOnline,
         Self::AlertRaised,
@@ -64,6 +68,7 @@ impl EventName {
             Self::InstanceRevived => "instance.revived",
             Self::InstanceFailed => "instance.failed",
             Self::InstanceStopped => "instance.stopped",
+            Self::InstanceExpired => "instance.expired",
             Self::NodeOffline => "node.offline",
             Self::NodeOnline => "node.online",
             Self::AlertRaised => "alert.raised",

@@ -111,6 +111,11 @@ pub struct InstanceConfig {
     /// Whether an idle instance is made dormant automatically.
     #[schema(default = true)]
     pub auto_snapshot: bool,
+    /// Lifetime in minutes (> 0, fractions allowed): the instance is deleted
+    /// this long after its creation, whatever its activity (events
+    /// `instance.expired`, then `instance.deleted`). None: no limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_duration_minutes: Option<f64>,
 }
 
 impl Default for InstanceConfig {
@@ -121,6 +126,7 @@ impl Default for InstanceConfig {
             disk_gb: 10.0,
             idle_timeout_minutes: 30,
             auto_snapshot: true,
+            max_duration_minutes: None,
         }
     }
 }
@@ -195,6 +201,9 @@ pub struct Instance {
     /// Create and get responses.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub urls: Option<InstanceUrls>,
+    /// When `config.max_duration_minutes` ends the instance (get responses).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<DateTime<Utc>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub activity: Option<Activity>,
     /// Why the instance is `failed` or `stopped` (get responses).
@@ -224,6 +233,7 @@ impl Instance {
             config: None,
             resources: None,
             urls: None,
+            expires_at: None,
             activity: None,
             status_reason: None,
             snapshot_id: None,

@@ -617,3 +617,66 @@ async fn metrics_history_and_capacity_alerts() {
     );
     serve.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_instance_ends_at_its_max_duration_whatever_its_activity() {
+    let receiver = EventReceiver::start(SECRET).await;
+    let url = receiver.url.clone();
+    let serve = flotilla_testkit::spawn_serve_with(|config| {
+        sim(config, 10);
+        config.control.webhooks = vec![WebhookConfig {
+            url,
+            events: Vec::new(),
+            secret: SECRET.into(),
+        }];
+    })
+    .await;
+    let api = &serve.api;
+    // Bad lifetimes are 400 naming the field.
+    for bad in ["0", "-1", "525601", "\"ten\"", "1e400"] {
+        let (status, body) = api
+            .post(
+                "/v2/instances",
+                &format!(r#"{{"config": {{"max_duration_minutes": {bad}}}}}"#),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
+        assert!(
+            body["detail"].as_str().unwrap().contains("max_duration_minutes"),
+            "{bad}: {body}"
+        );
+    }
+    let created = api
+        .create(r#"{"config": {"max_duration_minutes": 0.02}}"#)
+        .await;
+    let id = created["id"].as_str().unwrap().to_owned();
+    let kept = create_running(api).await;
+    let (_, detail) = api.get(&format!("/v2/instances/{id}")).await;
+    let created_at = chrono::DateTime::parse_from_rfc3339(detail["created_at"].as_str().unwrap()).unwrap();
+    let expires_at = chrono::DateTime::parse_from_rfc3339(detail["expires_at"].as_str().unwrap()).unwrap();
+    assert_eq!((expires_at - created_at).num_milliseconds(), 1200, "{detail}");
+    assert_eq!(detail["config"]["max_duration_minutes"], 0.02);
+    let (_, other) = api.get(&format!("/v2/instances/{kept}")).await;
+    assert!(other.get("expires_at").is_none(), "no limit, no expires_at: {other}");
+
+    wait_until(Duration::from_secs(60), "the instance to expire", || async {
+        let (status, _) = api.get(&format!("/v2/instances/{id}")).await;
+        Ok::<_, String>((status == StatusCode::NOT_FOUND).then_some(()))
+    })
+    .await
+    .unwrap();
+    wait_until(Duration::from_secs(60), "its last events", || async {
+        let got = per_instance(&receiver.events());
+        let names = got.get(&id).cloned().unwrap_or_default();
+        if names.ends_with(&["instance.expired".to_owned(), "instance.deleted".to_owned()]) {
+            Ok(Some(()))
+        } else {
+            Err(format!("{names:?}"))
+        }
+    })
+    .await
+    .unwrap();
+    let (status, _) = api.get(&format!("/v2/instances/{kept}")).await;
+    assert_eq!(status, StatusCode::OK, "an instance without a limit stays");
+    serve.shutdown().await;
+}

@@ -1,6 +1,6 @@
 //! Background reconcile tasks. Each runs on a timer, is idempotent, and logs what
 //! it changed; all stop when the shutdown token fires: node offline sweep, idle
-//! sweep, metrics samples with alert evaluation and event-log pruning, and one
+//! sweep, lifetime sweep (max_duration_minutes), metrics samples with alert evaluation and event-log pruning, and one
 //! event delivery task per outbox target. Each runs in one control plane of a
 //! cluster at a time, the holder of its lease in the store.
 
@@ -36,6 +36,13 @@ pub async fn spawn_all(
             &control_plane,
             "idle sweep",
             |cp| async move { cp.instance_idle_sweep().await.map(drop) },
+        ),
+        spawn_every(
+            interval,
+            &shutdown,
+            &control_plane,
+            "lifetime sweep",
+            |cp| async move { cp.instance_lifetime_sweep().await.map(drop) },
         ),
         spawn_every(
             sample_interval,

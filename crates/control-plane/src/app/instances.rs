@@ -21,6 +21,7 @@ const MAX_MEMORY_GB: f64 = 1024.0;
 const MAX_CPU_CORES: i64 = 256;
 const MAX_DISK_GB: f64 = 10_240.0;
 const MAX_IDLE_TIMEOUT_MINUTES: i64 = 525_600;
+const MAX_DURATION_MINUTES: f64 = 525_600.0;
 
 pub(crate) fn validate_config(config: &InstanceConfig) -> Result<()> {
     let bad = |field: &str, rule: &str, value: &dyn std::fmt::Display| {
@@ -47,6 +48,15 @@ pub(crate) fn validate_config(config: &InstanceConfig) -> Result<()> {
             "disk_gb",
             &format!("greater than 0 and at most {MAX_DISK_GB}"),
             &config.disk_gb,
+        );
+    }
+    if let Some(minutes) = config.max_duration_minutes
+        && !(minutes > 0.0 && minutes <= MAX_DURATION_MINUTES)
+    {
+        return bad(
+            "max_duration_minutes",
+            &format!("a number of minutes greater than 0 and at most {MAX_DURATION_MINUTES} (fractions allowed)"),
+            &minutes,
         );
     }
     if !(0..=MAX_IDLE_TIMEOUT_MINUTES).contains(&config.idle_timeout_minutes) {
@@ -239,6 +249,39 @@ impl ControlPlane {
 
     /// Stops the instance on its node (gracefully unless `force`) and removes it.
     pub async fn instance_delete(&self, id: &InstanceId, force: bool) -> Result<MessageResponse> {
+        self.instance_remove(id, force, false).await
+    }
+
+    /// Deletes instances whose `config.max_duration_minutes` has passed
+    /// (`instance.expired`, then `instance.deleted`), whatever their state.
+    pub async fn instance_lifetime_sweep(&self) -> Result<usize> {
+        let now = self.now();
+        let mut expired = 0;
+        for record in self.store.instances_in(&InstanceStatus::ALL).await? {
+            let Some(expires_at) = views::expires_at(&record) else {
+                continue;
+            };
+            if now < expires_at {
+                continue;
+            }
+            match self.instance_remove(&record.id, false, true).await {
+                Ok(_) => {
+                    tracing::info!(instance = %record.id, "instance reached its max_duration_minutes: deleted");
+                    expired += 1;
+                }
+                Err(Error::NotFound(_)) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(expired)
+    }
+
+    async fn instance_remove(
+        &self,
+        id: &InstanceId,
+        force: bool,
+        expired: bool,
+    ) -> Result<MessageResponse> {
         let record = self
             .store
             .instance_get(id)
@@ -258,7 +301,12 @@ impl ControlPlane {
                 }
             }
         }
-        if !self.store.instance_delete(id, self.now()).await? {
+        let removed = if expired {
+            self.store.instance_expire(id, self.now()).await?
+        } else {
+            self.store.instance_delete(id, self.now()).await?
+        };
+        if !removed {
             return Err(not_found(id));
         }
         if let Some(snapshots) = &self.snapshots {

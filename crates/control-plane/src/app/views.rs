@@ -74,6 +74,13 @@ pub fn door_urls(
     }
 }
 
+/// When `config.max_duration_minutes` ends the instance.
+pub fn expires_at(record: &InstanceRecord) -> Option<DateTime<Utc>> {
+    let minutes = record.config.max_duration_minutes?;
+    let millis = (minutes * 60_000.0).round() as i64;
+    Some(record.created_at + chrono::Duration::milliseconds(millis))
+}
+
 fn with_common(record: &InstanceRecord) -> Instance {
     let mut view = Instance::bare(record.id.clone(), record.status);
     view.node_id = Some(record.node_id.clone());
@@ -111,6 +118,7 @@ pub fn instance_detail(
     view.http_port = record.ports.map(|p| p[2]);
     view.image = Some(record.image.clone());
     view.config = Some(record.config.clone());
+    view.expires_at = expires_at(record);
     let idle_ms = (now - record.last_activity).num_milliseconds().max(0);
     view.activity = Some(Activity {
         last_activity: record.last_activity,

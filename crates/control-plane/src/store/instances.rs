@@ -17,7 +17,8 @@ use super::{Store, from_millis, placeholders, to_millis};
 
 const COLUMNS: &str = "id, node_id, status, status_reason, subdomain, image, memory_gb, cpu_cores, disk_gb, \
     idle_timeout_minutes, auto_snapshot, debug_port, stream_port, http_port, created_at, updated_at, \
-    last_activity, cpu_percent, memory_mb, disk_mb, snapshot_id, dormant_since, revive_method";
+    last_activity, cpu_percent, memory_mb, disk_mb, snapshot_id, dormant_since, revive_method, \
+    max_duration_minutes";
 
 /// An instance as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -89,6 +90,7 @@ fn decode(row: &AnyRow) -> Result<InstanceRecord, sqlx::Error> {
             disk_gb: row.try_get("disk_gb")?,
             idle_timeout_minutes: row.try_get("idle_timeout_minutes")?,
             auto_snapshot: row.try_get::<i64, _>("auto_snapshot")? != 0,
+            max_duration_minutes: row.try_get("max_duration_minutes")?,
         },
         ports,
         created_at: from_millis(row.try_get("created_at")?),
@@ -251,8 +253,8 @@ impl Store {
         let now = to_millis(new.created_at);
         sqlx::query(
             "INSERT INTO instances (id, node_id, status, subdomain, image, memory_gb, cpu_cores, disk_gb, \
-             idle_timeout_minutes, auto_snapshot, created_at, updated_at, last_activity) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $11)",
+             idle_timeout_minutes, auto_snapshot, created_at, updated_at, last_activity, max_duration_minutes) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $11, $12)",
         )
         .bind(new.id.as_str())
         .bind(new.node_id.as_str())
@@ -265,6 +267,7 @@ impl Store {
         .bind(new.config.idle_timeout_minutes)
         .bind(i64::from(new.config.auto_snapshot))
         .bind(now)
+        .bind(new.config.max_duration_minutes)
         .execute(&mut *tx)
         .await?;
         self.instance_event(
@@ -546,6 +549,31 @@ impl Store {
         id: &InstanceId,
         now: DateTime<Utc>,
     ) -> Result<bool, sqlx::Error> {
+        self.instance_remove(id, now, &[EventName::InstanceDeleted])
+            .await
+    }
+
+    /// Removes an instance whose lifetime ended: `instance.expired`, then
+    /// `instance.deleted`, in the transaction of the removal.
+    pub async fn instance_expire(
+        &self,
+        id: &InstanceId,
+        now: DateTime<Utc>,
+    ) -> Result<bool, sqlx::Error> {
+        self.instance_remove(
+            id,
+            now,
+            &[EventName::InstanceExpired, EventName::InstanceDeleted],
+        )
+        .await
+    }
+
+    async fn instance_remove(
+        &self,
+        id: &InstanceId,
+        now: DateTime<Utc>,
+        events: &[EventName],
+    ) -> Result<bool, sqlx::Error> {
         let mut conn = self.writer.acquire().await?;
         let mut tx = conn.begin().await?;
         let Some((status, node)) = self.lock_instance(&mut tx, id).await? else {
@@ -555,16 +583,10 @@ impl Store {
             .bind(id.as_str())
             .execute(&mut *tx)
             .await?;
-        self.instance_event(
-            &mut tx,
-            EventName::InstanceDeleted,
-            id,
-            &node,
-            status,
-            None,
-            now,
-        )
-        .await?;
+        for event in events {
+            self.instance_event(&mut tx, *event, id, &node, status, None, now)
+                .await?;
+        }
         tx.commit().await?;
         self.events_committed();
         if let Some(cache) = &self.cache {
