@@ -60,6 +60,23 @@ impl ServeProcess {
     }
 }
 
+impl Drop for ServeProcess {
+    /// A benchmark that fails half-way still stops its serve gracefully (a
+    /// SIGKILL would leave its browsers running).
+    fn drop(&mut self) {
+        let Some(pid) = self.child.id() else { return };
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
 /// The `q`-quantile (0..=1) of `samples` (nearest rank).
 pub fn percentile(samples: &[f64], q: f64) -> f64 {
     let mut sorted = samples.to_vec();

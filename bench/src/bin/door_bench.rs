@@ -49,7 +49,10 @@ async fn page_session(url: &str, page: &str) -> anyhow::Result<(CdpClient, Strin
             timeout,
         )
         .await?;
-    let session = attached["sessionId"].as_str().context("session")?.to_owned();
+    let session = attached["sessionId"]
+        .as_str()
+        .context("session")?
+        .to_owned();
     Ok((client, session))
 }
 
@@ -78,7 +81,8 @@ async fn fps(http: &reqwest::Client, url: &str, seconds: u64) -> anyhow::Result<
     let boundary = b"--flotillaframe";
     let mut tail: Vec<u8> = Vec::new();
     while started.elapsed() < Duration::from_secs(seconds) {
-        let Ok(Some(chunk)) = tokio::time::timeout(Duration::from_secs(5), body.next()).await else {
+        let Ok(Some(chunk)) = tokio::time::timeout(Duration::from_secs(5), body.next()).await
+        else {
             break;
         };
         tail.extend_from_slice(&chunk?);
@@ -97,7 +101,13 @@ async fn fps(http: &reqwest::Client, url: &str, seconds: u64) -> anyhow::Result<
 
 async fn screenshot(http: &reqwest::Client, url: &str) -> anyhow::Result<(f64, usize)> {
     let started = Instant::now();
-    let bytes = http.get(url).send().await?.error_for_status()?.bytes().await?;
+    let bytes = http
+        .get(url)
+        .send()
+        .await?
+        .error_for_status()?
+        .bytes()
+        .await?;
     Ok((started.elapsed().as_secs_f64() * 1000.0, bytes.len()))
 }
 
@@ -123,10 +133,16 @@ async fn main() -> anyhow::Result<()> {
         .build()?;
     let (serve, created, _dir) = start_with_instance(&binary, &http).await?;
     let id = created["id"].as_str().context("id")?.to_owned();
-    let direct = created["urls"]["debug"].as_str().context("debug")?.to_owned();
+    let direct = created["urls"]["debug"]
+        .as_str()
+        .context("debug")?
+        .to_owned();
     let token = direct.split_once("?token=").context("token")?.1.to_owned();
     let door_base = format!("{}/v2/instances/{id}", serve.url);
-    let door = format!("{}/cdp?token={token}", door_base.replacen("http://", "ws://", 1));
+    let door = format!(
+        "{}/cdp?token={token}",
+        door_base.replacen("http://", "ws://", 1)
+    );
 
     // CDP round trips.
     let (direct_client, direct_session) = page_session(&direct, "about:blank").await?;
@@ -168,7 +184,12 @@ async fn main() -> anyhow::Result<()> {
         )
         .await?;
     direct_client
-        .call("Page.navigate", json!({"url": noise}), Some(&direct_session), timeout)
+        .call(
+            "Page.navigate",
+            json!({"url": noise}),
+            Some(&direct_session),
+            timeout,
+        )
         .await?;
     door_client
         .call("Page.close", json!({}), Some(&door_session), timeout)
@@ -183,7 +204,10 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     let tab = tabs
         .as_array()
-        .and_then(|tabs| tabs.iter().find(|t| t["url"].as_str().is_some_and(|u| u.starts_with("data:"))))
+        .and_then(|tabs| {
+            tabs.iter()
+                .find(|t| t["url"].as_str().is_some_and(|u| u.starts_with("data:")))
+        })
         .and_then(|t| t["id"].as_str())
         .context("the noise tab")?
         .to_owned();
@@ -197,7 +221,10 @@ async fn main() -> anyhow::Result<()> {
         size = bytes;
         shots_door.push(screenshot(&http, &door_shot).await?.0);
     }
-    println!("\nScreenshot of {:.1} MB (GET /screenshot), ms\n", size as f64 / 1e6);
+    println!(
+        "\nScreenshot of {:.1} MB (GET /screenshot), ms\n",
+        size as f64 / 1e6
+    );
     println!("| path | n | p50 | p99 | mean |");
     println!("|---|---|---|---|---|");
     println!("{}", row("instance http port", &shots_port));
@@ -207,7 +234,12 @@ async fn main() -> anyhow::Result<()> {
     let animated = "data:text/html,<body style='margin:0'><div id=d style='width:100vw;height:100vh'></div><script>\
         let n=0;(function f(){n++;d.style.background='hsl('+(n*7%360)+',80%,50%)';d.textContent=n;requestAnimationFrame(f);})();</script>";
     direct_client
-        .call("Page.navigate", json!({"url": animated}), Some(&direct_session), timeout)
+        .call(
+            "Page.navigate",
+            json!({"url": animated}),
+            Some(&direct_session),
+            timeout,
+        )
         .await?;
     let stream_port = created["stream_port"].as_u64().context("stream_port")?;
     let direct_stream = format!("http://127.0.0.1:{stream_port}/?token={token}");
@@ -221,7 +253,10 @@ async fn main() -> anyhow::Result<()> {
         port_fps.push(fps(&http, &direct_stream, seconds).await?);
         door_fps.push(fps(&http, &door_stream, seconds).await?);
     }
-    println!("| instance stream port | {:.1} | {:.1} |", port_fps[0], port_fps[1]);
+    println!(
+        "| instance stream port | {:.1} | {:.1} |",
+        port_fps[0], port_fps[1]
+    );
     println!("| front door | {:.1} | {:.1} |", door_fps[0], door_fps[1]);
     drop(direct_client);
     drop(door_client);
@@ -229,7 +264,9 @@ async fn main() -> anyhow::Result<()> {
     serve.stop().await;
 
     // Memory per idle CDP connection: a fresh serve for each path.
-    println!("\nserve RSS per open, idle CDP connection ({connections} connections, fresh serve each), KiB\n");
+    println!(
+        "\nserve RSS per open, idle CDP connection ({connections} connections, fresh serve each), KiB\n"
+    );
     println!("| path | RSS growth per connection |");
     println!("|---|---|");
     for door_path in [false, true, false, true] {
@@ -257,7 +294,11 @@ async fn main() -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
         let after = rss_kib(pid);
-        let name = if door_path { "front door" } else { "instance debug port" };
+        let name = if door_path {
+            "front door"
+        } else {
+            "instance debug port"
+        };
         println!("| {name} | {:.1} |", (after - before) / connections as f64);
         drop(open);
         serve.stop().await;
@@ -271,7 +312,9 @@ async fn start_with_instance(
     binary: &std::path::Path,
     http: &reqwest::Client,
 ) -> anyhow::Result<(ServeProcess, Value, tempfile::TempDir)> {
-    let dir = tempfile::Builder::new().prefix("flotilla-door-bench-").tempdir()?;
+    let dir = tempfile::Builder::new()
+        .prefix("flotilla-door-bench-")
+        .tempdir()?;
     let config = dir.path().join("flotilla.toml");
     std::fs::write(
         &config,

@@ -42,7 +42,18 @@ pub struct Health {
     pub instances_count: i64,
     pub running_instances: i64,
     pub components: HealthComponents,
+    /// Creates waiting for room (`POST /v2/instances?wait_sec=`), when any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create_queue: Option<CreateQueueHealth>,
     /// What makes the service `degraded` (absent when healthy).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+}
+
+/// The create queue in `/health`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CreateQueueHealth {
+    pub waiting: usize,
+    /// How long the oldest waiting create has waited, in seconds.
+    pub oldest_wait_sec: f64,
 }

@@ -146,6 +146,15 @@ pub struct CreateInstanceRequest {
     pub node_preference: Option<NodeId>,
 }
 
+/// Query of `POST /v2/instances`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct CreateInstanceQuery {
+    /// Wait up to this many seconds, in FIFO order with other waiting creates,
+    /// for room (0..=`scheduler.max_wait_sec`, default 0: answer at once).
+    pub wait_sec: Option<u64>,
+}
+
 /// Resource use of one instance: CPU as a percentage of one core (like `top`),
 /// memory (PSS of its process tree) and profile size in megabytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -642,7 +642,10 @@ async fn an_instance_ends_at_its_max_duration_whatever_its_activity() {
             .await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
         assert!(
-            body["detail"].as_str().unwrap().contains("max_duration_minutes"),
+            body["detail"]
+                .as_str()
+                .unwrap()
+                .contains("max_duration_minutes"),
             "{bad}: {body}"
         );
     }
@@ -652,17 +655,30 @@ async fn an_instance_ends_at_its_max_duration_whatever_its_activity() {
     let id = created["id"].as_str().unwrap().to_owned();
     let kept = create_running(api).await;
     let (_, detail) = api.get(&format!("/v2/instances/{id}")).await;
-    let created_at = chrono::DateTime::parse_from_rfc3339(detail["created_at"].as_str().unwrap()).unwrap();
-    let expires_at = chrono::DateTime::parse_from_rfc3339(detail["expires_at"].as_str().unwrap()).unwrap();
-    assert_eq!((expires_at - created_at).num_milliseconds(), 1200, "{detail}");
+    let created_at =
+        chrono::DateTime::parse_from_rfc3339(detail["created_at"].as_str().unwrap()).unwrap();
+    let expires_at =
+        chrono::DateTime::parse_from_rfc3339(detail["expires_at"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        (expires_at - created_at).num_milliseconds(),
+        1200,
+        "{detail}"
+    );
     assert_eq!(detail["config"]["max_duration_minutes"], 0.02);
     let (_, other) = api.get(&format!("/v2/instances/{kept}")).await;
-    assert!(other.get("expires_at").is_none(), "no limit, no expires_at: {other}");
+    assert!(
+        other.get("expires_at").is_none(),
+        "no limit, no expires_at: {other}"
+    );
 
-    wait_until(Duration::from_secs(60), "the instance to expire", || async {
-        let (status, _) = api.get(&format!("/v2/instances/{id}")).await;
-        Ok::<_, String>((status == StatusCode::NOT_FOUND).then_some(()))
-    })
+    wait_until(
+        Duration::from_secs(60),
+        "the instance to expire",
+        || async {
+            let (status, _) = api.get(&format!("/v2/instances/{id}")).await;
+            Ok::<_, String>((status == StatusCode::NOT_FOUND).then_some(()))
+        },
+    )
     .await
     .unwrap();
     wait_until(Duration::from_secs(60), "its last events", || async {
@@ -678,5 +694,96 @@ async fn an_instance_ends_at_its_max_duration_whatever_its_activity() {
     .unwrap();
     let (status, _) = api.get(&format!("/v2/instances/{kept}")).await;
     assert_eq!(status, StatusCode::OK, "an instance without a limit stays");
+    serve.shutdown().await;
+}
+
+/// Waiting creates now, from `/health`.
+async fn queue_length(api: &Api) -> u64 {
+    let (_, health) = api.get("/health").await;
+    health["create_queue"]["waiting"].as_u64().unwrap_or(0)
+}
+
+async fn wait_for_queue(api: &Api, want: u64) {
+    wait_until(
+        Duration::from_secs(30),
+        &format!("{want} waiting creates"),
+        || async {
+            let now = queue_length(api).await;
+            Ok::<_, String>((now == want).then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn creates_wait_their_turn_for_room_in_order() {
+    let serve = spawn_serve_with(|config| {
+        sim(config, 1);
+        config.control.scheduler.max_wait_sec = 120;
+    })
+    .await;
+    let api = serve.api.clone();
+    let (status, body) = api.post("/v2/instances?wait_sec=121", "{}").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        body["detail"].as_str().unwrap().contains("wait_sec"),
+        "{body}"
+    );
+    let (status, _) = api.post("/v2/instances?wait_sec=-1", "{}").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    let first = create_running(&api).await;
+    // Full: a short wait ends in 503, saying it waited.
+    let (status, body) = api.post("/v2/instances?wait_sec=1", "{}").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["code"], "insufficient_capacity");
+
+    let waiter =
+        |api: Api| tokio::spawn(async move { api.post("/v2/instances?wait_sec=100", "{}").await });
+    let one = waiter(api.clone());
+    wait_for_queue(&api, 1).await;
+    let two = waiter(api.clone());
+    wait_for_queue(&api, 2).await;
+    // A client that goes away leaves the queue.
+    let gone = waiter(api.clone());
+    wait_for_queue(&api, 3).await;
+    gone.abort();
+    wait_for_queue(&api, 2).await;
+    let metrics = reqwest::get(format!("{}/metrics", api.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("service_create_queue_length 2"),
+        "{metrics}"
+    );
+
+    // Room frees: the first waiter gets it, the second keeps waiting.
+    let (status, _) = api.delete(&format!("/v2/instances/{first}")).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, placed) = one.await.unwrap();
+    assert_eq!(status, StatusCode::CREATED, "{placed}");
+    wait_for_queue(&api, 1).await;
+    assert!(!two.is_finished());
+    let (status, _) = api
+        .delete(&format!("/v2/instances/{}", placed["id"].as_str().unwrap()))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) = two.await.unwrap();
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    wait_for_queue(&api, 0).await;
+    let metrics = reqwest::get(format!("{}/metrics", api.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("service_create_queue_wait_seconds_count"),
+        "{metrics}"
+    );
     serve.shutdown().await;
 }

@@ -113,6 +113,8 @@ pub struct SchedulerConfig {
     pub candidates: usize,
     /// A node above this utilisation (CPU or memory, percent) gets no new placements (spec: 90).
     pub max_utilisation_percent: f64,
+    /// Longest `wait_sec` a create may ask for (its wait for room in the queue).
+    pub max_wait_sec: u64,
 }
 
 impl Default for SchedulerConfig {
@@ -120,6 +122,7 @@ impl Default for SchedulerConfig {
         Self {
             candidates: 2,
             max_utilisation_percent: 90.0,
+            max_wait_sec: 300,
         }
     }
 }

@@ -14,7 +14,6 @@ use flotilla_api_types::prometheus::{Counter, Histogram, OPERATION_BOUNDS, escap
 /// Latency of one route (method and matched path) and status class.
 type RouteKey = (String, String, &'static str);
 
-#[derive(Default)]
 pub struct Telemetry {
     http: Mutex<BTreeMap<RouteKey, std::sync::Arc<Histogram>>>,
     pub create_duration: OperationHistogram,
@@ -24,6 +23,22 @@ pub struct Telemetry {
     deliveries: Mutex<BTreeMap<String, std::sync::Arc<DeliveryCounters>>>,
     /// Time to sign one webhook body.
     pub signing: Histogram,
+    /// How long creates with `wait_sec` spent in the queue.
+    pub create_queue_wait: Histogram,
+}
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        Self {
+            http: Mutex::default(),
+            create_duration: OperationHistogram::default(),
+            dormant_duration: OperationHistogram::default(),
+            revive_duration: OperationHistogram::default(),
+            deliveries: Mutex::default(),
+            signing: Histogram::default(),
+            create_queue_wait: Histogram::with_bounds(OPERATION_BOUNDS),
+        }
+    }
 }
 
 /// Launch-to-running durations.
@@ -49,6 +64,8 @@ pub struct Gauges {
     pub instances_by_status: Vec<(String, i64)>,
     pub node_cpu: Vec<(String, f64)>,
     pub outbox_depth: i64,
+    /// Creates waiting in the queue now.
+    pub create_queue_length: usize,
 }
 
 /// 2xx, 4xx, 5xx …
@@ -120,6 +137,17 @@ impl Telemetry {
             "gauge",
         );
         let _ = writeln!(out, "service_outbox_depth {}", gauges.outbox_depth);
+        header(
+            &mut out,
+            "service_create_queue_length",
+            "Creates waiting for room (POST /v2/instances?wait_sec=).",
+            "gauge",
+        );
+        let _ = writeln!(
+            out,
+            "service_create_queue_length {}",
+            gauges.create_queue_length
+        );
 
         header(
             &mut out,
@@ -149,6 +177,11 @@ impl Telemetry {
         self.revive_duration.0.render(
             "service_instance_revive_duration_seconds",
             "From revive request to running.",
+            &mut out,
+        );
+        self.create_queue_wait.render(
+            "service_create_queue_wait_seconds",
+            "Time creates with wait_sec spent in the queue (until placed, refused or gone).",
             &mut out,
         );
         self.signing.render(

@@ -79,6 +79,13 @@ impl ControlPlane {
                 messaging,
                 scheduler,
             },
+            create_queue: match self.create_queue.snapshot() {
+                (0, _) => None,
+                (waiting, oldest) => Some(flotilla_api_types::health::CreateQueueHealth {
+                    waiting,
+                    oldest_wait_sec: (oldest.as_secs_f64() * 10.0).round() / 10.0,
+                }),
+            },
             warnings,
         }
     }

@@ -55,7 +55,9 @@ pub(crate) fn validate_config(config: &InstanceConfig) -> Result<()> {
     {
         return bad(
             "max_duration_minutes",
-            &format!("a number of minutes greater than 0 and at most {MAX_DURATION_MINUTES} (fractions allowed)"),
+            &format!(
+                "a number of minutes greater than 0 and at most {MAX_DURATION_MINUTES} (fractions allowed)"
+            ),
             &minutes,
         );
     }
@@ -309,6 +311,7 @@ impl ControlPlane {
         if !removed {
             return Err(not_found(id));
         }
+        self.create_queue.capacity_changed();
         if let Some(snapshots) = &self.snapshots {
             match snapshots.delete_all(id).await {
                 Ok(0) => {}
@@ -398,6 +401,9 @@ impl ControlPlane {
         };
         if let Some(record) = updated {
             tracing::info!(instance = %record.id, status = %record.status, reason = ?record.status_reason, "instance state changed");
+            if !record.status.occupies_slot() {
+                self.create_queue.capacity_changed();
+            }
         }
         Ok(())
     }

@@ -166,6 +166,7 @@ impl ControlPlane {
             instances_by_status,
             node_cpu,
             outbox_depth: self.store.outbox_depth().await?,
+            create_queue_length: self.create_queue.snapshot().0,
         })
     }
 }

@@ -11,6 +11,7 @@ mod instances;
 mod metrics;
 mod nodes;
 pub mod outbox;
+mod queue;
 mod tokens;
 mod views;
 
@@ -51,6 +52,8 @@ pub struct ControlPlane {
     instance_token_key: tokio::sync::OnceCell<Arc<Vec<u8>>>,
     /// Nodes' public hosts for instance URLs.
     pub(crate) public_hosts: instance_access::PublicHosts,
+    /// Creates waiting for room (`?wait_sec=`).
+    pub(crate) create_queue: queue::CreateQueue,
     /// This control plane's name as a lease holder (random per start).
     holder: String,
     /// Per node: recent instances and failures, and when they were read.
@@ -73,6 +76,7 @@ impl ControlPlane {
             token_key: tokio::sync::OnceCell::new(),
             instance_token_key: tokio::sync::OnceCell::new(),
             public_hosts: instance_access::PublicHosts::default(),
+            create_queue: queue::CreateQueue::default(),
             holder: uuid::Uuid::new_v4().simple().to_string(),
             recent_failures: tokio::sync::Mutex::new(None),
         }

@@ -141,6 +141,7 @@ impl ControlPlane {
             &registration.public_host,
             &registration.address,
         );
+        self.create_queue.capacity_changed();
         Ok(self.agent_ack())
     }
 

@@ -599,7 +599,11 @@ pub mod routes {
             (status = 409, description = "The instance is stopped or failed", body = flotilla_api_types::ErrorResponse),
             (status = 502, description = "The instance's node did not answer", body = flotilla_api_types::ErrorResponse),
         ))]
-    pub async fn cdp(state: State<Arc<ControlPlane>>, params: Params, request: Request) -> Response {
+    pub async fn cdp(
+        state: State<Arc<ControlPlane>>,
+        params: Params,
+        request: Request,
+    ) -> Response {
         by_path(state, params, request).await
     }
 
@@ -609,7 +613,11 @@ pub mod routes {
         params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
         responses((status = 200, description = "Chromium's version object", content_type = "application/json"),
             (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
-    pub async fn json_version(state: State<Arc<ControlPlane>>, params: Params, request: Request) -> Response {
+    pub async fn json_version(
+        state: State<Arc<ControlPlane>>,
+        params: Params,
+        request: Request,
+    ) -> Response {
         by_path(state, params, request).await
     }
 
@@ -618,7 +626,11 @@ pub mod routes {
         params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
         responses((status = 200, description = "Chromium's target list", content_type = "application/json"),
             (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
-    pub async fn json_list(state: State<Arc<ControlPlane>>, params: Params, request: Request) -> Response {
+    pub async fn json_list(
+        state: State<Arc<ControlPlane>>,
+        params: Params,
+        request: Request,
+    ) -> Response {
         by_path(state, params, request).await
     }
 
@@ -627,7 +639,11 @@ pub mod routes {
         params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
         responses((status = 200, description = "The new target", content_type = "application/json"),
             (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
-    pub async fn json_new(state: State<Arc<ControlPlane>>, params: Params, request: Request) -> Response {
+    pub async fn json_new(
+        state: State<Arc<ControlPlane>>,
+        params: Params,
+        request: Request,
+    ) -> Response {
         by_path(state, params, request).await
     }
 
@@ -636,7 +652,11 @@ pub mod routes {
         params(("instance_id" = String, Path), ("target" = String, Path), ("token" = Option<String>, Query)),
         responses((status = 101, description = "WebSocket to the page target"),
             (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
-    pub async fn page(state: State<Arc<ControlPlane>>, params: Params, request: Request) -> Response {
+    pub async fn page(
+        state: State<Arc<ControlPlane>>,
+        params: Params,
+        request: Request,
+    ) -> Response {
         by_path(state, params, request).await
     }
 
@@ -646,7 +666,11 @@ pub mod routes {
         params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
         responses((status = 200, description = "multipart/x-mixed-replace JPEG frames", content_type = "multipart/x-mixed-replace"),
             (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
-    pub async fn stream(state: State<Arc<ControlPlane>>, params: Params, request: Request) -> Response {
+    pub async fn stream(
+        state: State<Arc<ControlPlane>>,
+        params: Params,
+        request: Request,
+    ) -> Response {
         by_path(state, params, request).await
     }
 
@@ -655,7 +679,11 @@ pub mod routes {
         params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
         responses((status = 101, description = "WebSocket of binary JPEG frames"),
             (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
-    pub async fn stream_ws(state: State<Arc<ControlPlane>>, params: Params, request: Request) -> Response {
+    pub async fn stream_ws(
+        state: State<Arc<ControlPlane>>,
+        params: Params,
+        request: Request,
+    ) -> Response {
         by_path(state, params, request).await
     }
 
@@ -663,7 +691,11 @@ pub mod routes {
     #[utoipa::path(get, path = "/v2/instances/{instance_id}/stream/frame.jpg", tag = "front door",
         params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
         responses((status = 200, content_type = "image/jpeg"), (status = 401, body = flotilla_api_types::ErrorResponse)))]
-    pub async fn frame(state: State<Arc<ControlPlane>>, params: Params, request: Request) -> Response {
+    pub async fn frame(
+        state: State<Arc<ControlPlane>>,
+        params: Params,
+        request: Request,
+    ) -> Response {
         by_path(state, params, request).await
     }
 
@@ -672,7 +704,11 @@ pub mod routes {
         params(("instance_id" = String, Path), ("tab" = Option<String>, Query), ("token" = Option<String>, Query)),
         responses((status = 200, content_type = "image/png"), (status = 401, body = flotilla_api_types::ErrorResponse),
             (status = 404, body = flotilla_api_types::ErrorResponse)))]
-    pub async fn screenshot(state: State<Arc<ControlPlane>>, params: Params, request: Request) -> Response {
+    pub async fn screenshot(
+        state: State<Arc<ControlPlane>>,
+        params: Params,
+        request: Request,
+    ) -> Response {
         by_path(state, params, request).await
     }
 
@@ -681,7 +717,11 @@ pub mod routes {
         params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
         responses((status = 200, content_type = "application/json"), (status = 401, body = flotilla_api_types::ErrorResponse),
             (status = 404, body = flotilla_api_types::ErrorResponse)))]
-    pub async fn tabs(state: State<Arc<ControlPlane>>, params: Params, request: Request) -> Response {
+    pub async fn tabs(
+        state: State<Arc<ControlPlane>>,
+        params: Params,
+        request: Request,
+    ) -> Response {
         by_path(state, params, request).await
     }
 }

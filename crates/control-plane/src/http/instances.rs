@@ -7,8 +7,8 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 
 use flotilla_api_types::instances::{
-    CreateInstanceRequest, DeleteInstanceQuery, Instance, InstanceList, ListInstancesQuery,
-    ReviveRequest,
+    CreateInstanceQuery, CreateInstanceRequest, DeleteInstanceQuery, Instance, InstanceList,
+    ListInstancesQuery, ReviveRequest,
 };
 use flotilla_api_types::{ErrorResponse, InstanceId, MessageResponse};
 
@@ -22,18 +22,25 @@ use crate::error::Error;
 /// admit it, or an API key, and answer 401 `{detail, code}` to anything else.
 #[utoipa::path(post, path = "/v2/instances", tag = "instances",
     request_body = CreateInstanceRequest,
+    params(CreateInstanceQuery),
     responses(
         (status = 201, description = "Accepted; the browser starts in the background", body = Instance),
         (status = 400, description = "Invalid request", body = ErrorResponse),
-        (status = 503, description = "No node has room", body = ErrorResponse),
+        (status = 503, description = "No node has room (within wait_sec, when given)", body = ErrorResponse),
     ))]
 pub async fn instance_create(
     State(control_plane): State<Arc<ControlPlane>>,
+    ApiQuery(query): ApiQuery<CreateInstanceQuery>,
     ApiJson(request): ApiJson<CreateInstanceRequest>,
 ) -> Result<(StatusCode, Json<Instance>), Error> {
+    let wait_sec = query.wait_sec.unwrap_or(0);
     Ok((
         StatusCode::CREATED,
-        Json(control_plane.instance_create(request).await?),
+        Json(
+            control_plane
+                .instance_create_waiting(request, wait_sec)
+                .await?,
+        ),
     ))
 }
 
