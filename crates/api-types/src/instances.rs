@@ -111,6 +111,11 @@ pub struct InstanceConfig {
     /// Whether an idle instance is made dormant automatically.
     #[schema(default = true)]
     pub auto_snapshot: bool,
+    /// An upstream proxy every request of the browser goes through (its
+    /// credentials are answered by the node agent, never seen by the browser
+    /// or CDP clients, and redacted in responses).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<UpstreamProxy>,
     /// Lifetime in minutes (> 0, fractions allowed): the instance is deleted
     /// this long after its creation, whatever its activity (events
     /// `instance.expired`, then `instance.deleted`). None: no limit.
@@ -126,9 +131,129 @@ impl Default for InstanceConfig {
             disk_gb: 10.0,
             idle_timeout_minutes: 30,
             auto_snapshot: true,
+            proxy: None,
             max_duration_minutes: None,
         }
     }
+}
+
+/// The parts of `UpstreamProxy::server`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyEndpoint {
+    /// `http` or `socks5`.
+    pub scheme: String,
+    pub host: String,
+    pub port: u16,
+}
+
+impl UpstreamProxy {
+    /// Checks every field; the message names it (`config.proxy.server …`).
+    pub fn validate(&self) -> Result<ProxyEndpoint, String> {
+        let endpoint = self.endpoint()?;
+        let text_ok = |value: &str| {
+            !value.is_empty() && value.len() <= 255 && !value.chars().any(char::is_control)
+        };
+        if let Some(username) = &self.username
+            && !text_ok(username)
+        {
+            return Err(
+                "config.proxy.username must be 1 to 255 characters without control characters"
+                    .into(),
+            );
+        }
+        if let Some(password) = &self.password {
+            if self.username.is_none() {
+                return Err("config.proxy.password needs config.proxy.username".into());
+            }
+            if !text_ok(password.expose()) {
+                return Err(
+                    "config.proxy.password must be 1 to 255 characters without control characters"
+                        .into(),
+                );
+            }
+        }
+        if self.bypass.len() > 100 {
+            return Err("config.proxy.bypass takes at most 100 entries".into());
+        }
+        for entry in &self.bypass {
+            let pattern = entry.strip_prefix("*.").unwrap_or(entry);
+            let valid = !pattern.is_empty()
+                && entry.len() <= 253
+                && pattern
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-.:/[]_".contains(c));
+            if !valid {
+                return Err(format!(
+                    "config.proxy.bypass entry {entry:?} must be a host name, *.suffix, an address or a network"
+                ));
+            }
+        }
+        Ok(endpoint)
+    }
+
+    /// `server` as scheme, host and port.
+    pub fn endpoint(&self) -> Result<ProxyEndpoint, String> {
+        let bad = || {
+            format!(
+                "config.proxy.server must be http://host:port or socks5://host:port, without credentials (use username and password), path or query (got {:?})",
+                self.server
+            )
+        };
+        let (scheme, rest) = self.server.split_once("://").ok_or_else(bad)?;
+        let scheme = scheme.to_ascii_lowercase();
+        if !matches!(scheme.as_str(), "http" | "socks5") {
+            return Err(bad());
+        }
+        let authority = rest.strip_suffix('/').unwrap_or(rest);
+        if authority.is_empty() || authority.contains(['/', '?', '#', '@']) {
+            return Err(bad());
+        }
+        let (host, port) = authority.rsplit_once(':').ok_or_else(bad)?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let port: u16 = port.parse().map_err(|_| bad())?;
+        if host.is_empty()
+            || port == 0
+            || !host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-.:_".contains(c))
+        {
+            return Err(bad());
+        }
+        Ok(ProxyEndpoint {
+            scheme,
+            host: host.to_owned(),
+            port,
+        })
+    }
+
+    /// A copy fit to show: the password replaced by `********`.
+    pub fn redacted(&self) -> Self {
+        Self {
+            password: self
+                .password
+                .as_ref()
+                .map(|_| crate::credentials::Secret::new("********".into())),
+            ..self.clone()
+        }
+    }
+}
+
+/// `config.proxy`: an upstream proxy for all of an instance's traffic.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamProxy {
+    /// `http://host:port` (CONNECT tunnels) or `socks5://host:port`.
+    pub server: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    /// Shown as `********` in responses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub password: Option<crate::credentials::Secret>,
+    /// Destinations that do not use the proxy: host names, `*.suffix`
+    /// patterns, addresses or networks (`10.0.0.0/8`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bypass: Vec<String>,
 }
 
 /// Body of `POST /v2/instances`.

@@ -31,6 +31,7 @@ use crate::access::NodeAccess;
 use crate::browser::{BrowserProcess, CdpEndpoint, InstanceDirs, LaunchError};
 use crate::cgroups::Limits;
 use crate::config::{AgentConfig, ImageConfig, RuntimeKind};
+use crate::egress::Upstream;
 use crate::gateway::{self, GatewayContext};
 use crate::instance::{BrowserPhase, InstanceSlot};
 use crate::launcher::Launcher;
@@ -53,6 +54,8 @@ pub enum AgentError {
     PortsExhausted { range: String, node: NodeId },
     #[error("instance {0} is not on this node")]
     NotFound(InstanceId),
+    #[error("{0}")]
+    InvalidConfig(String),
     #[error("{0}")]
     InvalidState(String),
     #[error("{0}")]
@@ -284,6 +287,7 @@ impl Agent {
         }
         let image = self.image(&request.image)?;
         let limits = inner.launcher.limits_for(&request.config);
+        let upstream = upstream_of(&request.config)?;
         let (slot, listeners, warm) = {
             let mut slots = inner.slots.lock().expect("slots lock");
             if let Some(existing) = slots.get(&request.id) {
@@ -294,7 +298,7 @@ impl Agent {
                 .ports
                 .reserve(self.binds_ports())
                 .ok_or_else(|| self.ports_exhausted())?;
-            let warm = inner.launcher.take_warm(&request.image, limits);
+            let warm = inner.launcher.take_warm(&request.image, limits, upstream);
             let dirs = match &warm {
                 Some(warm) => warm.dirs.clone(),
                 None => InstanceDirs::new(inner.instances_root.join(request.id.as_str())),
@@ -419,7 +423,13 @@ impl Agent {
         let launched = self
             .inner
             .launcher
-            .spawn(&slot.name(), &slot.dirs, image, limits)
+            .spawn(
+                &slot.name(),
+                &slot.dirs,
+                image,
+                limits,
+                upstream_of(&slot.config).map_err(|e| e.to_string())?,
+            )
             .await
             .map_err(|e| e.to_string())?;
         let process = launched.process.clone();
@@ -1157,6 +1167,16 @@ impl Agent {
             tracing::warn!("state changes not all delivered within 10 s of shutdown");
         }
     }
+}
+
+/// The instance's upstream proxy as the egress proxy uses it.
+fn upstream_of(config: &InstanceConfig) -> Result<Option<Upstream>, AgentError> {
+    config
+        .proxy
+        .as_ref()
+        .map(Upstream::from_config)
+        .transpose()
+        .map_err(AgentError::InvalidConfig)
 }
 
 fn ports_of(slot: &InstanceSlot) -> AgentInstancePorts {

@@ -67,7 +67,7 @@ fn error(status: StatusCode, code: ErrorCode, detail: String) -> Response {
 /// The HTTP status an agent error stands for.
 pub fn status_of(error: &AgentError) -> StatusCode {
     match error {
-        AgentError::UnknownImage { .. } => StatusCode::BAD_REQUEST,
+        AgentError::UnknownImage { .. } | AgentError::InvalidConfig(_) => StatusCode::BAD_REQUEST,
         AgentError::NotFound(_) => StatusCode::NOT_FOUND,
         AgentError::InvalidState(_) => StatusCode::CONFLICT,
         AgentError::Snapshot(_) => StatusCode::INTERNAL_SERVER_ERROR,

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cdp::CdpClient;
 use crate::config::{BASE_CHROMIUM_FLAGS, ImageConfig};
-use crate::egress::EgressPolicy;
+use crate::egress::{EgressPolicy, Route, Upstream};
 use crate::netns::NetNamespace;
 use crate::sandbox::Isolation;
 
@@ -163,6 +163,8 @@ pub struct LaunchPlan<'a> {
     pub isolation: &'a Isolation,
     /// The egress rules, when the browser gets a network namespace of its own.
     pub egress: Option<&'a Arc<EgressPolicy>>,
+    /// The instance's upstream proxy (`config.proxy`), if any.
+    pub upstream: Option<Upstream>,
     /// The cgroup the browser joins before it runs.
     pub cgroup: Option<&'a std::sync::Arc<crate::cgroups::InstanceCgroup>>,
     /// Host name inside the sandbox's UTS namespace.
@@ -175,6 +177,8 @@ pub struct BrowserProcess {
     dirs: InstanceDirs,
     /// The browser's network namespace (with the egress proxy in it), if any.
     net: Option<Arc<NetNamespace>>,
+    /// Where the egress proxy sends the browser's connections, when it has one.
+    route: Option<Arc<Route>>,
     /// Stops the egress proxy; cancelled once the browser is gone.
     egress_stop: CancellationToken,
     /// Set once, by the reaper, to a description of how the process ended.
@@ -212,16 +216,14 @@ impl BrowserProcess {
         let log = std::fs::File::create(dirs.log())
             .map_err(|e| spawn_error(format!("cannot create log file: {e}")))?;
         let egress_stop = CancellationToken::new();
-        let (net, proxy_port) = match plan.egress {
-            Some(policy) => {
-                let (net, port) = start_egress(policy, plan.hostname, &egress_stop)
-                    .await
-                    .map_err(|e| {
-                        spawn_error(format!("cannot set up the browser's network: {e}"))
-                    })?;
-                (Some(net), Some(port))
-            }
-            None => (None, None),
+        let (net, route, proxy_port) = if plan.egress.is_some() || plan.upstream.is_some() {
+            let route = Arc::new(Route::new(plan.egress.cloned(), plan.upstream.clone()));
+            let (net, port) = start_egress(route.clone(), plan.hostname, &egress_stop)
+                .await
+                .map_err(|e| spawn_error(format!("cannot set up the browser's network: {e}")))?;
+            (net, Some(route), Some(port))
+        } else {
+            (None, None, None)
         };
         let mut command = plan
             .isolation
@@ -302,6 +304,7 @@ impl BrowserProcess {
             pid: Some(pid),
             dirs: dirs.clone(),
             net,
+            route,
             egress_stop,
             exit: exit_rx,
             sim_stop: None,
@@ -316,6 +319,7 @@ impl BrowserProcess {
             pid: None,
             dirs: dirs.clone(),
             net: None,
+            route: None,
             egress_stop: CancellationToken::new(),
             exit: rx,
             sim_stop: Some(tx),
@@ -325,6 +329,19 @@ impl BrowserProcess {
 
     pub fn pid(&self) -> Option<u32> {
         self.pid
+    }
+
+    /// Points the browser's connections at `upstream` (a warm browser taken
+    /// by an instance with `config.proxy`). `false` when the browser has no
+    /// egress proxy to route through.
+    pub fn set_upstream(&self, upstream: Option<Upstream>) -> bool {
+        match &self.route {
+            Some(route) => {
+                route.set_upstream(upstream);
+                true
+            }
+            None => upstream.is_none(),
+        }
     }
 
     pub fn dirs(&self) -> &InstanceDirs {
@@ -445,21 +462,27 @@ fn read_port_file(path: &Path) -> Option<CdpEndpoint> {
     Some(CdpEndpoint::on_host(port, browser_path))
 }
 
-/// Starts the browser's network: a namespace of its own and the egress proxy
-/// listening inside it. Returns the namespace and the proxy's port.
+/// Starts the browser's egress proxy: in a network namespace of its own when
+/// the node enforces egress (the route has a policy), else on the host's
+/// loopback (only to carry an upstream proxy's credentials). Returns the
+/// namespace, if any, and the proxy's port.
 async fn start_egress(
-    policy: &Arc<EgressPolicy>,
+    route: Arc<Route>,
     name: &str,
     stop: &CancellationToken,
-) -> std::io::Result<(Arc<NetNamespace>, u16)> {
-    let net = Arc::new(NetNamespace::create()?);
-    let listener = net
-        .listen(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
-        .await?;
+) -> std::io::Result<(Option<Arc<NetNamespace>>, u16)> {
+    let loopback = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    let (net, listener) = if route.policy.is_some() {
+        let net = Arc::new(NetNamespace::create()?);
+        let listener = net.listen(loopback).await?;
+        (Some(net), listener)
+    } else {
+        (None, tokio::net::TcpListener::bind(loopback).await?)
+    };
     let port = listener.local_addr()?.port();
     tokio::spawn(crate::egress::serve_socks(
         listener,
-        policy.clone(),
+        route,
         name.to_owned(),
         stop.clone(),
     ));

@@ -12,6 +12,12 @@
 //! connects only to an address the policy permits: the decision and the
 //! connection use the same address, so DNS rebinding cannot slip past it.
 //!
+//! An instance with `config.proxy` has its connections carried by that
+//! upstream proxy ([`Upstream`]: HTTP `CONNECT` or SOCKS5, with the
+//! credentials answered here, so neither the browser nor a CDP client ever
+//! holds them); destinations in its `bypass` list go direct. The upstream
+//! proxy's own address passes the policy like any destination.
+//!
 //! Denied unless `[agent.egress] allow` names them: loopback, the host's own
 //! addresses, link-local (169.254.0.0/16, fe80::/10: cloud metadata), private
 //! ranges (10/8, 172.16/12, 192.168/16, fc00::/7), shared address space
@@ -73,6 +79,10 @@ impl AllowRule {
     fn permits(&self, addr: SocketAddr) -> bool {
         self.port.is_none_or(|port| port == addr.port())
             && in_network(canonical(addr.ip()), self.network, self.prefix)
+    }
+
+    fn permits_any_port(&self, ip: IpAddr) -> bool {
+        in_network(canonical(ip), self.network, self.prefix)
     }
 }
 
@@ -324,6 +334,111 @@ impl EgressPolicy {
     }
 }
 
+/// An instance's upstream proxy, as the egress proxy uses it.
+#[derive(Clone)]
+pub struct Upstream {
+    socks5: bool,
+    host: String,
+    port: u16,
+    credentials: Option<(String, String)>,
+    bypass: Vec<String>,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream")
+            .field("socks5", &self.socks5)
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field(
+                "credentials",
+                &self.credentials.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
+}
+
+impl Upstream {
+    pub fn from_config(
+        proxy: &flotilla_api_types::instances::UpstreamProxy,
+    ) -> Result<Self, String> {
+        let endpoint = proxy.validate()?;
+        Ok(Self {
+            socks5: endpoint.scheme == "socks5",
+            host: endpoint.host,
+            port: endpoint.port,
+            credentials: proxy.username.clone().map(|user| {
+                (
+                    user,
+                    proxy
+                        .password
+                        .as_ref()
+                        .map(|p| p.expose().to_owned())
+                        .unwrap_or_default(),
+                )
+            }),
+            bypass: proxy.bypass.clone(),
+        })
+    }
+
+    /// Whether `destination` goes direct (its `bypass` list).
+    fn bypasses(&self, destination: &Destination) -> bool {
+        let (host, ip) = match destination {
+            Destination::Address(addr) => (addr.ip().to_string(), Some(canonical(addr.ip()))),
+            Destination::Name(name, _) => (name.to_ascii_lowercase(), None),
+        };
+        self.bypass.iter().any(|entry| {
+            let entry = entry.to_ascii_lowercase();
+            if let Some(suffix) = entry.strip_prefix("*.") {
+                return host.ends_with(&format!(".{suffix}"));
+            }
+            if let (Some(ip), Ok(rule)) = (ip, entry.parse::<AllowRule>()) {
+                return rule.permits(SocketAddr::new(ip, 0)) || rule.permits_any_port(ip);
+            }
+            host == entry.trim_matches(['[', ']'])
+        })
+    }
+}
+
+/// What a browser's egress proxy does with a connection: the node's policy
+/// (`None`: egress not enforced) and the instance's upstream proxy, which a
+/// warm browser learns when an instance takes it.
+pub struct Route {
+    pub policy: Option<Arc<EgressPolicy>>,
+    /// A std mutex: read once per connection, set when an instance takes the browser.
+    upstream: Mutex<Option<Arc<Upstream>>>,
+}
+
+impl Route {
+    pub fn new(policy: Option<Arc<EgressPolicy>>, upstream: Option<Upstream>) -> Self {
+        Self {
+            policy,
+            upstream: Mutex::new(upstream.map(Arc::new)),
+        }
+    }
+
+    pub fn set_upstream(&self, upstream: Option<Upstream>) {
+        *self.upstream.lock().expect("route lock") = upstream.map(Arc::new);
+    }
+
+    fn upstream(&self) -> Option<Arc<Upstream>> {
+        self.upstream.lock().expect("route lock").clone()
+    }
+
+    fn check(&self, addr: SocketAddr) -> Result<(), String> {
+        match &self.policy {
+            Some(policy) => policy.check(addr),
+            None => Ok(()),
+        }
+    }
+
+    fn count_refusal(&self) {
+        if let Some(policy) = &self.policy {
+            policy.refused.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// How long a name lookup or a connection attempt of the proxy may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -335,7 +450,7 @@ const MAX_CONNECTIONS_PER_BROWSER: usize = 512;
 /// Serves SOCKS5 (CONNECT only, no authentication) on `listener` until `stop`.
 pub async fn serve_socks(
     listener: TcpListener,
-    policy: Arc<EgressPolicy>,
+    route: Arc<Route>,
     instance: String,
     stop: CancellationToken,
 ) {
@@ -357,14 +472,14 @@ pub async fn serve_socks(
             let _ = client.shutdown().await;
             continue;
         };
-        let policy = policy.clone();
+        let route = route.clone();
         let instance = instance.clone();
         let stop = stop.clone();
         tokio::spawn(async move {
             let _slot = slot;
             let _ = client.set_nodelay(true);
             tokio::select! {
-                outcome = relay(client, &policy) => {
+                outcome = relay(client, &route) => {
                     if let Err(error) = outcome {
                         tracing::debug!(%instance, %error, "egress connection ended");
                     }
@@ -393,19 +508,24 @@ enum Destination {
     Name(String, u16),
 }
 
-/// One SOCKS5 connection: greeting, request, policy, connection, relay.
-async fn relay(mut client: TcpStream, policy: &EgressPolicy) -> std::io::Result<()> {
+/// One SOCKS5 connection: greeting, request, route (upstream proxy or
+/// direct, under the policy), connection, relay.
+async fn relay(mut client: TcpStream, route: &Route) -> std::io::Result<()> {
     let destination = match tokio::time::timeout(CONNECT_TIMEOUT, handshake(&mut client)).await {
         Ok(Ok(Ok(destination))) => destination,
         Ok(Ok(Err(code))) => return send_reply(&mut client, code).await,
         Ok(Err(error)) => return Err(error),
         Err(_) => return Ok(()),
     };
-    let mut upstream = match connect_permitted(&destination, policy).await {
+    let connected = match route.upstream().filter(|u| !u.bypasses(&destination)) {
+        Some(upstream) => through_upstream(&upstream, &destination, route).await,
+        None => connect_permitted(&destination, route).await,
+    };
+    let mut upstream = match connected {
         Ok(upstream) => upstream,
         Err((code, why)) => {
             if code == reply::NOT_ALLOWED {
-                policy.refused.fetch_add(1, Ordering::Relaxed);
+                route.count_refusal();
                 tracing::debug!(destination = ?destination, %why, "egress refused");
             }
             return send_reply(&mut client, code).await;
@@ -485,7 +605,7 @@ async fn handshake(client: &mut TcpStream) -> std::io::Result<Result<Destination
 /// permits. A name whose addresses are all denied is refused as not allowed.
 async fn connect_permitted(
     destination: &Destination,
-    policy: &EgressPolicy,
+    route: &Route,
 ) -> Result<TcpStream, (u8, String)> {
     let candidates: Vec<SocketAddr> = match destination {
         Destination::Address(addr) => vec![*addr],
@@ -509,7 +629,7 @@ async fn connect_permitted(
     let mut refusals = Vec::new();
     let mut last_error = None;
     for addr in candidates {
-        if let Err(why) = policy.check(addr) {
+        if let Err(why) = route.check(addr) {
             refusals.push(why);
             continue;
         }
@@ -532,6 +652,147 @@ async fn connect_permitted(
         None if !refusals.is_empty() => Err((reply::NOT_ALLOWED, refusals.join("; "))),
         None => Err((reply::GENERAL_FAILURE, "no address".into())),
     }
+}
+
+/// Connects to the upstream proxy (its address under the policy) and asks it
+/// for a tunnel to `destination`, answering its credentials here.
+async fn through_upstream(
+    upstream: &Upstream,
+    destination: &Destination,
+    route: &Route,
+) -> Result<TcpStream, (u8, String)> {
+    let proxy = Destination::Name(upstream.host.clone(), upstream.port);
+    let proxy = match upstream.host.parse::<IpAddr>() {
+        Ok(ip) => Destination::Address(SocketAddr::new(ip, upstream.port)),
+        Err(_) => proxy,
+    };
+    let mut stream = connect_permitted(&proxy, route).await?;
+    let target = match destination {
+        Destination::Address(addr) => (addr.ip().to_string(), addr.port()),
+        Destination::Name(name, port) => (name.clone(), *port),
+    };
+    let opened = tokio::time::timeout(CONNECT_TIMEOUT, async {
+        if upstream.socks5 {
+            socks5_tunnel(&mut stream, &target, upstream.credentials.as_ref()).await
+        } else {
+            http_tunnel(&mut stream, &target, upstream.credentials.as_ref()).await
+        }
+    })
+    .await
+    .unwrap_or_else(|_| Err("the upstream proxy did not answer in time".into()));
+    match opened {
+        Ok(()) => Ok(stream),
+        Err(why) => Err((reply::GENERAL_FAILURE, why)),
+    }
+}
+
+/// `CONNECT host:port` to an HTTP proxy, with Basic credentials.
+async fn http_tunnel(
+    stream: &mut TcpStream,
+    (host, port): &(String, u16),
+    credentials: Option<&(String, String)>,
+) -> Result<(), String> {
+    use base64::Engine as _;
+    let authority = if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    let mut request = format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n");
+    if let Some((user, password)) = credentials {
+        let basic = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+        request.push_str(&format!("Proxy-Authorization: Basic {basic}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    // The answer's head, read a byte at a time so that nothing of the tunnel
+    // after it is consumed.
+    let mut head = Vec::with_capacity(256);
+    while !head.ends_with(b"\r\n\r\n") {
+        if head.len() > 16 * 1024 {
+            return Err("the upstream proxy's answer is too long".into());
+        }
+        let mut byte = [0u8; 1];
+        match stream.read(&mut byte).await {
+            Ok(1) => head.push(byte[0]),
+            _ => return Err("the upstream proxy closed the connection".into()),
+        }
+    }
+    let status_line = String::from_utf8_lossy(&head);
+    let status = status_line.split_whitespace().nth(1).unwrap_or("");
+    if status.starts_with('2') {
+        Ok(())
+    } else {
+        Err(format!("the upstream proxy answered {status} to CONNECT"))
+    }
+}
+
+/// A SOCKS5 CONNECT to an upstream SOCKS5 proxy (RFC 1928), with
+/// username/password authentication (RFC 1929) when configured.
+async fn socks5_tunnel(
+    stream: &mut TcpStream,
+    (host, port): &(String, u16),
+    credentials: Option<&(String, String)>,
+) -> Result<(), String> {
+    let io = |e: std::io::Error| e.to_string();
+    let method = if credentials.is_some() { 2 } else { 0 };
+    stream.write_all(&[5, 1, method]).await.map_err(io)?;
+    let mut choice = [0u8; 2];
+    stream.read_exact(&mut choice).await.map_err(io)?;
+    if choice != [5, method] {
+        return Err("the upstream SOCKS5 proxy refused the authentication method".into());
+    }
+    if let Some((user, password)) = credentials {
+        let mut auth = vec![1, user.len() as u8];
+        auth.extend_from_slice(user.as_bytes());
+        auth.push(password.len() as u8);
+        auth.extend_from_slice(password.as_bytes());
+        stream.write_all(&auth).await.map_err(io)?;
+        let mut status = [0u8; 2];
+        stream.read_exact(&mut status).await.map_err(io)?;
+        if status[1] != 0 {
+            return Err("the upstream SOCKS5 proxy refused the credentials".into());
+        }
+    }
+    let mut request = vec![5, 1, 0];
+    match host.parse::<IpAddr>() {
+        Ok(IpAddr::V4(ip)) => {
+            request.push(1);
+            request.extend_from_slice(&ip.octets());
+        }
+        Ok(IpAddr::V6(ip)) => {
+            request.push(4);
+            request.extend_from_slice(&ip.octets());
+        }
+        Err(_) => {
+            request.push(3);
+            request.push(host.len().min(255) as u8);
+            request.extend_from_slice(&host.as_bytes()[..host.len().min(255)]);
+        }
+    }
+    request.extend_from_slice(&port.to_be_bytes());
+    stream.write_all(&request).await.map_err(io)?;
+    let mut head = [0u8; 4];
+    stream.read_exact(&mut head).await.map_err(io)?;
+    if head[1] != 0 {
+        return Err(format!("the upstream SOCKS5 proxy answered {}", head[1]));
+    }
+    let rest = match head[3] {
+        1 => 4 + 2,
+        4 => 16 + 2,
+        3 => {
+            let mut len = [0u8; 1];
+            stream.read_exact(&mut len).await.map_err(io)?;
+            usize::from(len[0]) + 2
+        }
+        _ => return Err("the upstream SOCKS5 proxy sent a bad address".into()),
+    };
+    let mut bound = vec![0u8; rest];
+    stream.read_exact(&mut bound).await.map_err(io)?;
+    Ok(())
 }
 
 async fn send_reply(client: &mut TcpStream, code: u8) -> std::io::Result<()> {
@@ -704,12 +965,8 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let proxy = listener.local_addr().unwrap();
         let stop = CancellationToken::new();
-        tokio::spawn(serve_socks(
-            listener,
-            policy.clone(),
-            "test".into(),
-            stop.clone(),
-        ));
+        let route = Arc::new(Route::new(Some(policy.clone()), None));
+        tokio::spawn(serve_socks(listener, route, "test".into(), stop.clone()));
 
         let port = target_addr.port().to_be_bytes();
         let (code, mut stream) =
@@ -734,6 +991,116 @@ mod tests {
         let (code, _) = socks_connect(proxy, &[5, 2, 0, 1, 1, 1, 1, 1, 0, 80]).await;
         assert_eq!(code, reply::COMMAND_NOT_SUPPORTED);
         assert!(policy.refused_total() >= 2);
+        stop.cancel();
+    }
+
+    /// An HTTP proxy that wants Basic `user:secret` and records the heads it got.
+    async fn fake_http_proxy() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let heads = Arc::new(Mutex::new(Vec::new()));
+        let seen = heads.clone();
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    while !head.ends_with(b"\r\n\r\n") {
+                        let mut byte = [0u8; 1];
+                        if client.read_exact(&mut byte).await.is_err() {
+                            return;
+                        }
+                        head.push(byte[0]);
+                    }
+                    let head = String::from_utf8_lossy(&head).into_owned();
+                    seen.lock().unwrap().push(head.clone());
+                    // base64("user:secret")
+                    if !head.contains("Proxy-Authorization: Basic dXNlcjpzZWNyZXQ=") {
+                        let _ = client
+                            .write_all(b"HTTP/1.1 407 Proxy Authentication Required\r\n\r\n")
+                            .await;
+                        return;
+                    }
+                    let target = head.split_whitespace().nth(1).unwrap().to_owned();
+                    let mut upstream = TcpStream::connect(target).await.unwrap();
+                    client
+                        .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                        .await
+                        .unwrap();
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                });
+            }
+        });
+        (addr, heads)
+    }
+
+    fn upstream_config(proxy: SocketAddr, password: &str, bypass: &[&str]) -> Upstream {
+        Upstream::from_config(&flotilla_api_types::instances::UpstreamProxy {
+            server: format!("http://{proxy}"),
+            username: Some("user".into()),
+            password: Some(flotilla_api_types::credentials::Secret::new(
+                password.into(),
+            )),
+            bypass: bypass.iter().map(|b| b.to_string()).collect(),
+        })
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn an_upstream_proxy_carries_connections_with_credentials_answered_here() {
+        let target = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target_addr = target.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = target.accept().await {
+                let _ = stream.write_all(b"hello").await;
+            }
+        });
+        let (proxy_addr, heads) = fake_http_proxy().await;
+        // The policy opens the upstream proxy, not the target: only the proxy
+        // can reach it.
+        let policy = Arc::new(policy(&[&proxy_addr.to_string()]));
+        let route = Arc::new(Route::new(
+            Some(policy),
+            Some(upstream_config(proxy_addr, "secret", &[])),
+        ));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let socks = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        tokio::spawn(serve_socks(
+            listener,
+            route.clone(),
+            "test".into(),
+            stop.clone(),
+        ));
+        let port = target_addr.port().to_be_bytes();
+        let request = [5, 1, 0, 1, 127, 0, 0, 1, port[0], port[1]];
+        let (code, mut stream) = socks_connect(socks, &request).await;
+        assert_eq!(code, reply::SUCCEEDED);
+        let mut greeting = [0u8; 5];
+        stream.read_exact(&mut greeting).await.unwrap();
+        assert_eq!(&greeting, b"hello");
+        assert!(heads.lock().unwrap()[0].starts_with(&format!("CONNECT {target_addr} HTTP/1.1")));
+
+        // Wrong credentials: refused by the upstream.
+        route.set_upstream(Some(upstream_config(proxy_addr, "wrong", &[])));
+        assert_eq!(
+            socks_connect(socks, &request).await.0,
+            reply::GENERAL_FAILURE
+        );
+        // Bypassed: direct, where the policy refuses the target.
+        route.set_upstream(Some(upstream_config(
+            proxy_addr,
+            "secret",
+            &["127.0.0.0/8"],
+        )));
+        assert_eq!(socks_connect(socks, &request).await.0, reply::NOT_ALLOWED);
+        assert_eq!(
+            heads.lock().unwrap().len(),
+            2,
+            "the bypassed connection skipped the proxy"
+        );
+        // The credentials never show in Debug output.
+        assert!(!format!("{:?}", upstream_config(proxy_addr, "secret", &[])).contains("secret"));
         stop.cancel();
     }
 }

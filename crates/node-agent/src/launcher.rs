@@ -24,7 +24,7 @@ use crate::browser::{BrowserProcess, CdpEndpoint, InstanceDirs, LaunchError, Lau
 use crate::cdp::CdpClient;
 use crate::cgroups::{Cgroups, InstanceCgroup, Limits};
 use crate::config::{AgentConfig, ImageConfig, RuntimeKind};
-use crate::egress::EgressPolicy;
+use crate::egress::{EgressPolicy, Upstream};
 use crate::sandbox::Isolation;
 
 /// A started browser and the cgroup it runs in.
@@ -153,13 +153,15 @@ impl Launcher {
         )
     }
 
-    /// Starts a browser for `image` in `dirs`, in cgroup `name` with `limits`.
+    /// Starts a browser for `image` in `dirs`, in cgroup `name` with `limits`,
+    /// its traffic through `upstream` when given.
     pub async fn spawn(
         &self,
         name: &str,
         dirs: &InstanceDirs,
         image: &ImageConfig,
         limits: Limits,
+        upstream: Option<Upstream>,
     ) -> Result<Launched, LaunchError> {
         if self.config.runtime == RuntimeKind::Sim {
             let start = Duration::from_millis(self.config.sim_start_ms);
@@ -195,6 +197,7 @@ impl Launcher {
             extra_args: &extra_args,
             isolation: &self.isolation,
             egress: self.egress.as_ref(),
+            upstream,
             cgroup: cgroup.as_ref(),
             hostname: name,
         };
@@ -317,9 +320,19 @@ impl Launcher {
         Ok((extra_width, extra_height))
     }
 
-    /// Takes a pooled browser for `image`, set to `limits`; `None` if the pool
-    /// has none (or serves another image).
-    pub fn take_warm(&self, image: &str, limits: Limits) -> Option<WarmBrowser> {
+    /// Takes a pooled browser for `image`, set to `limits` and routed through
+    /// `upstream`; `None` if the pool has none (or serves another image, or
+    /// its browsers cannot take an upstream proxy).
+    pub fn take_warm(
+        &self,
+        image: &str,
+        limits: Limits,
+        upstream: Option<Upstream>,
+    ) -> Option<WarmBrowser> {
+        if upstream.is_some() && self.egress.is_none() {
+            // Pooled browsers of a node without egress have no proxy to route through.
+            return None;
+        }
         if image != self.config.warm_pool_image || self.config.warm_pool_size == 0 {
             return None;
         }
@@ -334,6 +347,9 @@ impl Launcher {
             && let Err(error) = cgroup.apply(limits)
         {
             tracing::warn!(%error, "cannot set the limits of a pooled browser; starting a fresh one instead");
+            return None;
+        }
+        if !taken.launched.process.set_upstream(upstream) {
             return None;
         }
         Some(taken)
@@ -387,7 +403,7 @@ impl Launcher {
         let name = format!("pool-{}", uuid::Uuid::now_v7());
         let dirs = InstanceDirs::new(self.instances_root.join(&name));
         let limits = self.limits_for(&InstanceConfig::default());
-        let outcome = match self.spawn(&name, &dirs, &image, limits).await {
+        let outcome = match self.spawn(&name, &dirs, &image, limits, None).await {
             Ok(launched) => match launched
                 .process
                 .wait_ready(Duration::from_secs(self.config.launch_timeout_sec))

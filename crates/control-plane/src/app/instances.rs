@@ -50,6 +50,9 @@ pub(crate) fn validate_config(config: &InstanceConfig) -> Result<()> {
             &config.disk_gb,
         );
     }
+    if let Some(proxy) = &config.proxy {
+        proxy.validate().map_err(Error::InvalidRequest)?;
+    }
     if let Some(minutes) = config.max_duration_minutes
         && !(minutes > 0.0 && minutes <= MAX_DURATION_MINUTES)
     {

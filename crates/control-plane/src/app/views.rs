@@ -117,7 +117,9 @@ pub fn instance_detail(
     view.urls = urls;
     view.http_port = record.ports.map(|p| p[2]);
     view.image = Some(record.image.clone());
-    view.config = Some(record.config.clone());
+    let mut config = record.config.clone();
+    config.proxy = config.proxy.map(|proxy| proxy.redacted());
+    view.config = Some(config);
     view.expires_at = expires_at(record);
     let idle_ms = (now - record.last_activity).num_milliseconds().max(0);
     view.activity = Some(Activity {

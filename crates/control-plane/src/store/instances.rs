@@ -18,7 +18,7 @@ use super::{Store, from_millis, placeholders, to_millis};
 const COLUMNS: &str = "id, node_id, status, status_reason, subdomain, image, memory_gb, cpu_cores, disk_gb, \
     idle_timeout_minutes, auto_snapshot, debug_port, stream_port, http_port, created_at, updated_at, \
     last_activity, cpu_percent, memory_mb, disk_mb, snapshot_id, dormant_since, revive_method, \
-    max_duration_minutes";
+    max_duration_minutes, proxy";
 
 /// An instance as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -91,6 +91,11 @@ fn decode(row: &AnyRow) -> Result<InstanceRecord, sqlx::Error> {
             idle_timeout_minutes: row.try_get("idle_timeout_minutes")?,
             auto_snapshot: row.try_get::<i64, _>("auto_snapshot")? != 0,
             max_duration_minutes: row.try_get("max_duration_minutes")?,
+            proxy: row
+                .try_get::<Option<String>, _>("proxy")?
+                .map(|json| serde_json::from_str(&json))
+                .transpose()
+                .map_err(|e| sqlx::Error::Decode(e.into()))?,
         },
         ports,
         created_at: from_millis(row.try_get("created_at")?),
@@ -253,8 +258,8 @@ impl Store {
         let now = to_millis(new.created_at);
         sqlx::query(
             "INSERT INTO instances (id, node_id, status, subdomain, image, memory_gb, cpu_cores, disk_gb, \
-             idle_timeout_minutes, auto_snapshot, created_at, updated_at, last_activity, max_duration_minutes) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $11, $12)",
+             idle_timeout_minutes, auto_snapshot, created_at, updated_at, last_activity, max_duration_minutes, proxy) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $11, $12, $13)",
         )
         .bind(new.id.as_str())
         .bind(new.node_id.as_str())
@@ -268,6 +273,12 @@ impl Store {
         .bind(i64::from(new.config.auto_snapshot))
         .bind(now)
         .bind(new.config.max_duration_minutes)
+        .bind(
+            new.config
+                .proxy
+                .as_ref()
+                .map(|proxy| serde_json::to_string(proxy).expect("a proxy serialises")),
+        )
         .execute(&mut *tx)
         .await?;
         self.instance_event(
