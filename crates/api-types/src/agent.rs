@@ -87,6 +87,23 @@ pub struct InstanceAccessPolicy {
     pub api_key_sha256: Vec<String>,
 }
 
+/// Something an instance did that is not a change of state (sent in order
+/// with the state changes).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InstanceEventReport {
+    pub node_id: NodeId,
+    pub id: InstanceId,
+    pub event: InstanceEventKind,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum InstanceEventKind {
+    /// A file finished downloading into the instance's downloads.
+    DownloadCompleted { name: String, size_bytes: u64 },
+}
+
 /// Who answers at an agent's address (`GET /agent/v1/identity`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentIdentity {

@@ -28,6 +28,9 @@ pub enum EventName {
     InstanceFailed,
     #[serde(rename = "instance.stopped")]
     InstanceStopped,
+    /// A download finished (`data.name`, `data.size_bytes`).
+    #[serde(rename = "instance.download_completed")]
+    InstanceDownloadCompleted,
     /// `config.max_duration_minutes` was reached (an `instance.deleted` follows).
     #[serde(rename = "instance.expired")]
     InstanceExpired,
@@ -42,7 +45,7 @@ pub enum EventName {
 }
 
 impl EventName {
-    pub const ALL: [EventName; 13] = [
+    pub const ALL: [EventName; 14] = [
         Self::InstanceCreated,
         Self::InstanceDeleted,
         Self::InstanceDormant,
@@ -52,6 +55,7 @@ impl EventName {
         Self::InstanceFailed,
         Self::InstanceStopped,
         Self::InstanceExpired,
+        Self::InstanceDownloadCompleted,
         Self::NodeOffline,
         Self::NodeOnline,
         Self::AlertRaised,
@@ -69,6 +73,7 @@ impl EventName {
             Self::InstanceFailed => "instance.failed",
             Self::InstanceStopped => "instance.stopped",
             Self::InstanceExpired => "instance.expired",
+            Self::InstanceDownloadCompleted => "instance.download_completed",
             Self::NodeOffline => "node.offline",
             Self::NodeOnline => "node.online",
             Self::AlertRaised => "alert.raised",

@@ -469,3 +469,29 @@ pub struct DeleteInstanceQuery {
     #[serde(default)]
     pub force: bool,
 }
+
+/// Where a download is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DownloadState {
+    InProgress,
+    Complete,
+    /// Left unfinished: a partial file untouched for a minute.
+    Failed,
+}
+
+/// A file the instance's pages downloaded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Download {
+    pub name: String,
+    pub size_bytes: u64,
+    pub mime_type: String,
+    pub created_at: DateTime<Utc>,
+    pub state: DownloadState,
+}
+
+/// `GET /v2/instances/{id}/downloads`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct DownloadList {
+    pub downloads: Vec<Download>,
+}

@@ -235,3 +235,154 @@ async fn browser_an_upstream_proxy_carries_every_request_and_keeps_its_credentia
     assert!(!log.contains(PROXY_PASSWORD));
     serve.shutdown().await;
 }
+
+#[tokio::test]
+async fn browser_downloads_are_listed_served_kept_across_park_and_deleted() {
+    let receiver =
+        flotilla_testkit::EventReceiver::start("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").await;
+    let hook = receiver.url.clone();
+    let mut serve = spawn_serve_with(|config| {
+        config.control.auth_enabled = true;
+        config.control.api_keys = vec!["downloads-key".into()];
+        config.control.webhooks = vec![flotilla_control_plane::config::WebhookConfig {
+            url: hook,
+            events: vec![flotilla_api_types::events::EventName::InstanceDownloadCompleted],
+            secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
+        }];
+    })
+    .await;
+    serve.api = flotilla_testkit::Api::with_key(serve.api.base.clone(), "downloads-key");
+    let created = serve.api.create("{}").await;
+    let id = created["id"].as_str().unwrap().to_owned();
+    serve
+        .api
+        .wait_for_status(&id, "running", BROWSER_DEADLINE)
+        .await;
+    let debug = created["urls"]["debug"].as_str().unwrap();
+
+    // Playwright over CDP: the download event and its name; the file itself
+    // stays on the node (download.path() cannot reach it).
+    let result = flotilla_testkit::run_node(
+        "playwright_download.mjs",
+        &[debug, "report.csv", "a,b\n1,2\n"],
+    )
+    .await
+    .unwrap();
+    assert_eq!(result["suggested"], "report.csv", "{result}");
+
+    let listing = |api: flotilla_testkit::Api, id: String| async move {
+        api.get(&format!("/v2/instances/{id}/downloads")).await
+    };
+    let report = wait_until(
+        BROWSER_DEADLINE,
+        "the download to be listed complete",
+        || async {
+            let (status, body) = listing(serve.api.clone(), id.clone()).await;
+            let found = body["downloads"]
+                .as_array()
+                .and_then(|list| {
+                    list.iter()
+                        .find(|d| d["name"] == "report.csv" && d["state"] == "complete")
+                })
+                .cloned();
+            if status == StatusCode::OK && found.is_some() {
+                Ok(found)
+            } else {
+                Err(body.to_string())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(report["size_bytes"], 8);
+    assert_eq!(report["mime_type"], "text/csv");
+    let file = reqwest::Client::new()
+        .get(format!(
+            "{}/v2/instances/{id}/downloads/report.csv",
+            serve.api.base
+        ))
+        .bearer_auth("downloads-key")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(file.status(), StatusCode::OK);
+    assert!(
+        file.headers()["content-disposition"]
+            .to_str()
+            .unwrap()
+            .contains("report.csv")
+    );
+    assert_eq!(file.text().await.unwrap(), "a,b\n1,2\n");
+
+    // The event reached the webhook.
+    wait_until(
+        Duration::from_secs(60),
+        "instance.download_completed",
+        || async {
+            let found = receiver.events().into_iter().any(|e| {
+                e.payload["event"] == "instance.download_completed"
+                    && e.payload["data"]["name"] == "report.csv"
+                    && e.payload["data"]["instance_id"] == id.as_str()
+            });
+            Ok::<_, String>(found.then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+
+    // Bad names, unknown names, no credential.
+    for (name, status) in [
+        ("..%2F..%2Fetc%2Fpasswd", StatusCode::BAD_REQUEST),
+        ("..%2Fsecret", StatusCode::BAD_REQUEST),
+        (".hidden", StatusCode::BAD_REQUEST),
+        ("missing.csv", StatusCode::NOT_FOUND),
+    ] {
+        let (got, body) = serve
+            .api
+            .get(&format!("/v2/instances/{id}/downloads/{name}"))
+            .await;
+        assert_eq!(got, status, "{name}: {body}");
+        assert!(body["code"].is_string(), "{name}: {body}");
+    }
+    let anonymous = reqwest::get(format!("{}/v2/instances/{id}/downloads", serve.api.base))
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
+
+    // Parked and revived: the download is still there.
+    let (status, body) = serve
+        .api
+        .post(&format!("/v2/instances/{id}/dormant"), "")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (_, while_parked) = listing(serve.api.clone(), id.clone()).await;
+    assert!(
+        while_parked.to_string().contains("report.csv"),
+        "{while_parked}"
+    );
+    let (status, body) = serve
+        .api
+        .post(&format!("/v2/instances/{id}/revive"), "")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    serve
+        .api
+        .wait_for_status(&id, "running", BROWSER_DEADLINE)
+        .await;
+    let (_, revived) = listing(serve.api.clone(), id.clone()).await;
+    assert!(revived.to_string().contains("report.csv"), "{revived}");
+
+    let (status, _) = serve
+        .api
+        .delete(&format!("/v2/instances/{id}/downloads/report.csv"))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, after) = listing(serve.api.clone(), id.clone()).await;
+    assert_eq!(after["downloads"], serde_json::json!([]));
+    let downloads_dir = serve.instances_dir().join(&id).join("downloads");
+    assert!(downloads_dir.is_dir());
+    let (status, _) = serve.api.delete(&format!("/v2/instances/{id}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(!downloads_dir.exists(), "downloads go with the instance");
+    serve.shutdown().await;
+}

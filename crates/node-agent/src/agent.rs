@@ -19,7 +19,8 @@ use tokio_util::sync::CancellationToken;
 
 use flotilla_api_types::agent::{
     AgentCreateInstance, AgentDormantResult, AgentIdentity, AgentInstancePorts,
-    AgentReviveInstance, Heartbeat, InstanceReport, InstanceStateChange, NodeRegistration,
+    AgentReviveInstance, Heartbeat, InstanceEventKind, InstanceEventReport, InstanceReport,
+    InstanceStateChange, NodeRegistration,
 };
 use flotilla_api_types::clock::Clock;
 use flotilla_api_types::credentials::Secret;
@@ -115,6 +116,7 @@ struct AgentInner {
 /// An item of the ordered queue to the control plane.
 enum Outgoing {
     Change(InstanceStateChange),
+    Event(InstanceEventReport),
     /// Answered once everything queued before it was delivered.
     Flush(oneshot::Sender<()>),
 }
@@ -609,16 +611,18 @@ impl Agent {
         slot.supervision_finished().await;
 
         let profile = slot.dirs.profile();
+        let downloads = slot.dirs.downloads();
         std::fs::create_dir_all(&profile)
             .map_err(|e| AgentError::Snapshot(format!("profile directory: {e}")))?;
         let packed_state = state.clone();
-        let packed =
-            tokio::task::spawn_blocking(move || snapshot::archive(&profile, &packed_state))
-                .await
-                .map_err(|e| AgentError::Snapshot(e.to_string()))
-                .and_then(|r| {
-                    r.map_err(|e| AgentError::Snapshot(format!("cannot archive the profile: {e}")))
-                });
+        let packed = tokio::task::spawn_blocking(move || {
+            snapshot::archive(&profile, &downloads, &packed_state)
+        })
+        .await
+        .map_err(|e| AgentError::Snapshot(e.to_string()))
+        .and_then(|r| {
+            r.map_err(|e| AgentError::Snapshot(format!("cannot archive the profile: {e}")))
+        });
         let snapshot_id = SnapshotId::generate();
         let stored = match packed {
             Ok(archive) => {
@@ -800,15 +804,21 @@ impl Agent {
                 .get(&slot.id, &snapshot)
                 .await
                 .map_err(|e| format!("cannot read snapshot {snapshot}: {e}"))?;
-            let (root, profile) = (slot.dirs.root.clone(), slot.dirs.profile());
+            let (root, profile, downloads) = (
+                slot.dirs.root.clone(),
+                slot.dirs.profile(),
+                slot.dirs.downloads(),
+            );
             let state = tokio::task::spawn_blocking(move || {
                 remove_dir(&profile);
                 std::fs::create_dir_all(&root)?;
-                snapshot::extract(&archive, &profile)
+                snapshot::extract(&archive, &profile, &downloads)
             })
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| format!("cannot unpack snapshot {snapshot}: {e}"))?;
+            // What the snapshot brought back was announced when it finished.
+            let _ = slot.newly_completed_downloads();
             let limits = self.inner.launcher.limits_for(&slot.config);
             let (process, endpoint) = self.launch_ready(&slot, &image, limits).await?;
             if let Some(endpoint) = &endpoint {
@@ -1003,10 +1013,18 @@ impl Agent {
                 let root = slot.process().and_then(|p| p.pid());
                 let resources = {
                     let mut meter = slot.cpu_meter.lock().expect("meter lock");
-                    monitor::instance_resources(&table, &mut meter, root, &slot.dirs.profile(), now)
+                    let (profile, downloads) = (slot.dirs.profile(), slot.dirs.downloads());
+                    monitor::instance_resources(
+                        &table,
+                        &mut meter,
+                        root,
+                        &[profile.as_path(), downloads.as_path()],
+                        now,
+                    )
                 };
                 slot.set_resources(resources);
                 self.check_limits(slot, resources.disk_mb);
+                self.announce_downloads(slot);
             }
         }
         let (resources, load) = self
@@ -1021,6 +1039,26 @@ impl Agent {
             resources,
             load,
             instances: slots.iter().map(|slot| slot.report()).collect(),
+        }
+    }
+
+    /// Announces downloads of `slot` that finished since the last sample.
+    fn announce_downloads(&self, slot: &InstanceSlot) {
+        let finished = slot.newly_completed_downloads();
+        for download in finished {
+            tracing::info!(instance = %slot.id, name = download.name, size = download.size_bytes, "download completed");
+            let _ = self
+                .inner
+                .changes
+                .send(Outgoing::Event(InstanceEventReport {
+                    node_id: self.inner.node_id.clone(),
+                    id: slot.id.clone(),
+                    event: InstanceEventKind::DownloadCompleted {
+                        name: download.name,
+                        size_bytes: download.size_bytes,
+                    },
+                    at: self.inner.settings.clock.now(),
+                }));
         }
     }
 
@@ -1076,23 +1114,31 @@ impl Agent {
     /// (or, after shutdown, giving up on one that fails).
     async fn send_changes(self, mut queue: mpsc::UnboundedReceiver<Outgoing>) {
         while let Some(item) = queue.recv().await {
-            let change = match item {
-                Outgoing::Change(change) => change,
-                Outgoing::Flush(done) => {
-                    let _ = done.send(());
-                    continue;
-                }
-            };
+            if let Outgoing::Flush(done) = item {
+                let _ = done.send(());
+                continue;
+            }
             let mut wait = Duration::from_millis(100);
             loop {
-                match self.inner.link.state_changed(change.clone()).await {
+                let (sent, instance) = match &item {
+                    Outgoing::Change(change) => (
+                        self.inner.link.state_changed(change.clone()).await,
+                        &change.id,
+                    ),
+                    Outgoing::Event(event) => (
+                        self.inner.link.instance_event(event.clone()).await,
+                        &event.id,
+                    ),
+                    Outgoing::Flush(_) => unreachable!("answered above"),
+                };
+                match sent {
                     Ok(()) => break,
                     Err(error) if self.inner.shutdown.is_cancelled() => {
-                        tracing::warn!(%error, instance = %change.id, "state change not delivered before shutdown");
+                        tracing::warn!(%error, %instance, "state change not delivered before shutdown");
                         break;
                     }
                     Err(error) => {
-                        tracing::warn!(%error, instance = %change.id, "state change not delivered; retrying in {wait:?}");
+                        tracing::warn!(%error, %instance, "state change not delivered; retrying in {wait:?}");
                         tokio::time::sleep(wait).await;
                         wait = (wait * 2).min(Duration::from_secs(5));
                     }

@@ -3,7 +3,8 @@
 //!
 //! Today one rule: `Browser.setDownloadBehavior` and `Page.setDownloadBehavior`
 //! always download into the instance's own downloads directory, whatever
-//! `downloadPath` the client asked for (and `default` becomes `allow` there).
+//! `downloadPath` the client asked for; `default` and `allowAndName` become
+//! `allow` (files keep their names, as the downloads API lists them).
 //!
 //! Every data message (text or binary, fragmented or not) is collected whole,
 //! up to [`MAX_MESSAGE`], and sent on as one frame masked with a zero key (the
@@ -204,7 +205,7 @@ fn rewrite_downloads(data: Vec<u8>, downloads_dir: &str) -> io::Result<Vec<u8>> 
         match params.get("behavior").and_then(Value::as_str) {
             Some("deny") => {}
             behavior => {
-                if behavior == Some("default") {
+                if matches!(behavior, Some("default" | "allowAndName")) {
                     params.insert("behavior".into(), Value::String("allow".into()));
                 }
                 params.insert(

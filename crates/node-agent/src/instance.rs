@@ -75,6 +75,9 @@ pub struct InstanceSlot {
     pub operation: tokio::sync::Mutex<()>,
     /// The snapshot while dormant.
     snapshot: Mutex<Option<SnapshotId>>,
+    /// Complete downloads already announced. A std mutex: updated by the
+    /// sampler only.
+    downloads_seen: Mutex<std::collections::HashSet<String>>,
     /// The instance's access token, from the control plane (create, revive).
     /// A std mutex: the `Arc` is cloned out, never held across an await.
     access_token: Mutex<Option<Arc<InstanceToken>>>,
@@ -114,6 +117,7 @@ impl InstanceSlot {
             operation: tokio::sync::Mutex::new(()),
             snapshot: Mutex::new(None),
             access_token: Mutex::new(None),
+            downloads_seen: Mutex::default(),
             waker,
             clock,
         }
@@ -287,6 +291,12 @@ impl InstanceSlot {
 
     pub fn set_snapshot(&self, snapshot: Option<SnapshotId>) {
         *self.snapshot.lock().expect("slot lock") = snapshot;
+    }
+
+    /// Downloads that finished since the last call.
+    pub fn newly_completed_downloads(&self) -> Vec<flotilla_api_types::instances::Download> {
+        let mut seen = self.downloads_seen.lock().expect("slot lock");
+        crate::downloads::newly_completed(&self.dirs.downloads(), &mut seen)
     }
 
     /// The instance's access token, if the control plane sent one.

@@ -1,7 +1,11 @@
 //! The instance's own small HTTP API on its `http_port`:
 //! - `GET /screenshot` — PNG of a tab (`?tab=<id>`, default the first tab);
 //! - `GET /tabs` — JSON array of the open tabs (`id`, `url`, `title`);
-//! - `GET /` — a page that shows the live view of the `stream_port`.
+//! - `GET /` — a page that shows the live view of the `stream_port`;
+//! - `GET /downloads` — the instance's downloads (`{"downloads": […]}`),
+//!   `GET /downloads/{name}` one of them, `DELETE /downloads/{name}` removes it
+//!   (see [`crate::downloads`]); these read the disk and never wake a parked
+//!   instance.
 //!
 //! It talks to the browser directly on its internal DevTools port.
 
@@ -52,6 +56,11 @@ pub async fn serve_api(
         .route("/", get(index))
         .route("/tabs", get(tabs))
         .route("/screenshot", get(screenshot))
+        .route("/downloads", get(downloads_list))
+        .route(
+            "/downloads/{name}",
+            get(download_get).delete(download_delete),
+        )
         .with_state(ApiState {
             slot,
             ready_timeout,
@@ -66,15 +75,26 @@ pub async fn serve_api(
         .await;
 }
 
-/// An error of the instance API: plain text with a status.
+/// An error of the instance API: a status and the `{detail, code}` body of
+/// the control plane's API (the front door passes it on as it is).
 struct ApiError(StatusCode, String);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        use flotilla_api_types::ErrorCode;
+        let code = match self.0 {
+            StatusCode::BAD_REQUEST => ErrorCode::InvalidRequest,
+            StatusCode::NOT_FOUND => ErrorCode::NotFound,
+            StatusCode::SERVICE_UNAVAILABLE => ErrorCode::InsufficientCapacity,
+            StatusCode::BAD_GATEWAY => ErrorCode::BadGateway,
+            _ => ErrorCode::Internal,
+        };
         (
             self.0,
-            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-            format!("{}\n", self.1),
+            axum::Json(flotilla_api_types::ErrorResponse {
+                detail: self.1,
+                code,
+            }),
         )
             .into_response()
     }
@@ -197,6 +217,92 @@ async fn screenshot(
         png,
     )
         .into_response())
+}
+
+async fn downloads_list(State(state): State<ApiState>) -> Result<Response, ApiError> {
+    let dir = state.slot.dirs.downloads();
+    let downloads = tokio::task::spawn_blocking(move || crate::downloads::list(&dir))
+        .await
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(|e| {
+            ApiError(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("cannot list downloads: {e}"),
+            )
+        })?;
+    Ok(axum::Json(flotilla_api_types::instances::DownloadList { downloads }).into_response())
+}
+
+fn download_name(name: &str) -> Result<&str, ApiError> {
+    crate::downloads::checked_name(name).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))
+}
+
+async fn download_get(
+    State(state): State<ApiState>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+) -> Result<Response, ApiError> {
+    let name = download_name(&name)?.to_owned();
+    let dir = state.slot.dirs.downloads();
+    let shown = name.clone();
+    let (file, length) = tokio::task::spawn_blocking(move || crate::downloads::open(&dir, &shown))
+        .await
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(|_| {
+            ApiError(
+                StatusCode::NOT_FOUND,
+                format!("no download {name:?}; GET /downloads lists them"),
+            )
+        })?;
+    let body = axum::body::Body::from_stream(tokio_util::io::ReaderStream::new(
+        tokio::fs::File::from_std(file),
+    ));
+    let mime = mime_guess::from_path(name.trim_end_matches(".crdownload"))
+        .first_or_octet_stream()
+        .essence_str()
+        .to_owned();
+    let disposition = format!(
+        "attachment; filename*=UTF-8''{}",
+        url::form_urlencoded::byte_serialize(name.as_bytes()).collect::<String>()
+    );
+    Ok((
+        [
+            (header::CONTENT_TYPE, mime),
+            (header::CONTENT_LENGTH, length.to_string()),
+            (header::CONTENT_DISPOSITION, disposition),
+            (header::CACHE_CONTROL, "no-store".to_owned()),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_owned()),
+        ],
+        body,
+    )
+        .into_response())
+}
+
+async fn download_delete(
+    State(state): State<ApiState>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+) -> Result<Response, ApiError> {
+    let name = download_name(&name)?.to_owned();
+    let dir = state.slot.dirs.downloads();
+    let target = name.clone();
+    let removed = tokio::task::spawn_blocking(move || crate::downloads::remove(&dir, &target))
+        .await
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(|e| {
+            ApiError(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("cannot remove {name:?}: {e}"),
+            )
+        })?;
+    if !removed {
+        return Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("no download {name:?}; GET /downloads lists them"),
+        ));
+    }
+    Ok(axum::Json(flotilla_api_types::MessageResponse {
+        message: format!("download {name} deleted"),
+    })
+    .into_response())
 }
 
 async fn index(State(state): State<ApiState>, headers: HeaderMap) -> Html<String> {

@@ -20,6 +20,7 @@ pub mod cdp;
 pub mod cgroups;
 pub mod client_frames;
 pub mod config;
+pub mod downloads;
 pub mod egress;
 pub mod gateway;
 pub mod instance;

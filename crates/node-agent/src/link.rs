@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use std::time::Duration;
 
 use flotilla_api_types::agent::{
-    Heartbeat, InstanceStateChange, NodeRegistration, RegistrationAck,
+    Heartbeat, InstanceEventReport, InstanceStateChange, NodeRegistration, RegistrationAck,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +29,7 @@ pub trait ControlPlaneLink: Send + Sync + 'static {
     /// Answered with the current settings (the same as at registration).
     async fn heartbeat(&self, heartbeat: Heartbeat) -> Result<RegistrationAck, LinkError>;
     async fn state_changed(&self, change: InstanceStateChange) -> Result<(), LinkError>;
+    async fn instance_event(&self, event: InstanceEventReport) -> Result<(), LinkError>;
 }
 
 /// The link of a separate `flotilla agent`: the control plane's internal API
@@ -108,5 +109,9 @@ impl ControlPlaneLink for HttpLink {
 
     async fn state_changed(&self, change: InstanceStateChange) -> Result<(), LinkError> {
         self.post("/instances/state", &change).await.map(drop)
+    }
+
+    async fn instance_event(&self, event: InstanceEventReport) -> Result<(), LinkError> {
+        self.post("/instances/events", &event).await.map(drop)
     }
 }

@@ -154,11 +154,13 @@ impl CpuMeter {
 }
 
 /// Resources of an instance's process tree rooted at `root` with profile at `profile`.
+/// What an instance uses: CPU and PSS of its process tree, and the disk of
+/// `dirs` (its profile and downloads).
 pub fn instance_resources(
     table: &ProcTable,
     meter: &mut CpuMeter,
     root: Option<u32>,
-    profile: &Path,
+    dirs: &[&Path],
     now: Instant,
 ) -> InstanceResources {
     let pids = root.map(|root| table.tree(root)).unwrap_or_default();
@@ -167,7 +169,9 @@ pub fn instance_resources(
     InstanceResources {
         cpu_percent,
         memory_mb: round2(pss as f64 / 1024.0),
-        disk_mb: round2(dir_size(profile) as f64 / (1024.0 * 1024.0)),
+        disk_mb: round2(
+            dirs.iter().map(|dir| dir_size(dir)).sum::<u64>() as f64 / (1024.0 * 1024.0),
+        ),
     }
 }
 

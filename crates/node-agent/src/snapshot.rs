@@ -263,7 +263,10 @@ const SKIPPED: &[&str] = &[
 ];
 
 /// Packs `profile` and `state` into a tar + zstd archive.
-pub fn archive(profile: &Path, state: &CapturedState) -> anyhow::Result<Bytes> {
+/// Packs the profile, the downloads (when the directory exists) and the
+/// captured state into one compressed archive. Symbolic links are stored as
+/// links, never followed.
+pub fn archive(profile: &Path, downloads: &Path, state: &CapturedState) -> anyhow::Result<Bytes> {
     let mut builder = tar::Builder::new(Vec::new());
     builder.follow_symlinks(false);
     let state_json = serde_json::to_vec(state)?;
@@ -273,6 +276,9 @@ pub fn archive(profile: &Path, state: &CapturedState) -> anyhow::Result<Bytes> {
     header.set_cksum();
     builder.append_data(&mut header, "state.json", state_json.as_slice())?;
     append_dir(&mut builder, profile, Path::new("profile"))?;
+    if downloads.is_dir() {
+        append_dir(&mut builder, downloads, Path::new("downloads"))?;
+    }
     let tar = builder.into_inner()?;
     Ok(Bytes::from(zstd::encode_all(tar.as_slice(), 3)?))
 }
@@ -302,8 +308,9 @@ fn append_dir(builder: &mut tar::Builder<Vec<u8>>, dir: &Path, name: &Path) -> a
 }
 
 /// Unpacks an archive: the profile into `profile` (which must not exist yet),
-/// and returns the captured state.
-pub fn extract(archive: &[u8], profile: &Path) -> anyhow::Result<CapturedState> {
+/// the downloads into `downloads` (replacing what is there), and returns the
+/// captured state.
+pub fn extract(archive: &[u8], profile: &Path, downloads: &Path) -> anyhow::Result<CapturedState> {
     let tar = zstd::decode_all(archive)?;
     let parent = profile
         .parent()
@@ -320,12 +327,16 @@ pub fn extract(archive: &[u8], profile: &Path) -> anyhow::Result<CapturedState> 
             let mut text = String::new();
             entry.read_to_string(&mut text)?;
             state = serde_json::from_str(&text)?;
-        } else if path.starts_with("profile") {
+        } else if path.starts_with("profile") || path.starts_with("downloads") {
             // `unpack_in` refuses paths that would leave the staging directory.
             entry.unpack_in(&staging)?;
         }
     }
     std::fs::rename(staging.join("profile"), profile)?;
+    if staging.join("downloads").is_dir() {
+        let _ = std::fs::remove_dir_all(downloads);
+        std::fs::rename(staging.join("downloads"), downloads)?;
+    }
     let _ = std::fs::remove_dir_all(&staging);
     Ok(state)
 }
@@ -639,7 +650,10 @@ mod tests {
                 items: vec![("k".into(), "v".into())],
             }],
         };
-        let packed = archive(&profile, &state).unwrap();
+        let downloads = dir.path().join("downloads");
+        std::fs::create_dir_all(&downloads).unwrap();
+        std::fs::write(downloads.join("report.pdf"), b"%PDF").unwrap();
+        let packed = archive(&profile, &downloads, &state).unwrap();
         assert!(
             packed.len() < 2000,
             "caches are left out: {} bytes",
@@ -648,8 +662,13 @@ mod tests {
 
         let target = dir.path().join("restored");
         std::fs::create_dir_all(&target).unwrap();
-        let restored = extract(&packed, &target.join("profile")).unwrap();
+        let restored =
+            extract(&packed, &target.join("profile"), &target.join("downloads")).unwrap();
         assert_eq!(restored, state);
+        assert_eq!(
+            std::fs::read(target.join("downloads/report.pdf")).unwrap(),
+            b"%PDF"
+        );
         assert_eq!(
             std::fs::read(target.join("profile/Default/Cookies")).unwrap(),
             b"cookie db"

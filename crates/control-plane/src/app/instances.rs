@@ -1,8 +1,11 @@
 //! Instances: create (place, reserve, ask the node), list, get, delete, and the
 //! state changes nodes report.
 
-use flotilla_api_types::agent::{AgentCreateInstance, InstanceStateChange};
+use flotilla_api_types::agent::{
+    AgentCreateInstance, InstanceEventKind, InstanceEventReport, InstanceStateChange,
+};
 use flotilla_api_types::credentials::Secret;
+use flotilla_api_types::events::EventName;
 use flotilla_api_types::instances::{
     CreateInstanceRequest, DEFAULT_IMAGE, Instance, InstanceConfig, InstanceList, InstanceStatus,
     ListInstancesQuery, ReviveMethod,
@@ -331,6 +334,28 @@ impl ControlPlane {
                 if force { " (forced)" } else { "" }
             ),
         })
+    }
+
+    /// A node reports something an instance did (a download finished): the
+    /// event goes to webhooks and the event proxy. Unknown instances are
+    /// ignored (deleted meanwhile).
+    pub async fn instance_event_reported(&self, report: InstanceEventReport) -> Result<()> {
+        match report.event {
+            InstanceEventKind::DownloadCompleted { name, size_bytes } => {
+                let mut data = serde_json::Map::new();
+                data.insert("name".into(), name.into());
+                data.insert("size_bytes".into(), size_bytes.into());
+                self.store
+                    .instance_note(
+                        &report.id,
+                        EventName::InstanceDownloadCompleted,
+                        data,
+                        report.at,
+                    )
+                    .await?;
+            }
+        }
+        Ok(())
     }
 
     /// A node reports that one of its instances changed state.

@@ -74,9 +74,13 @@ fn route(id: &InstanceId, rest: &str) -> Option<Route> {
         "/stream/ws" => to(Port::Stream, "/ws", false),
         "/stream/frame.jpg" => to(Port::Stream, "/frame.jpg", false),
         "/screenshot" => to(Port::Http, "/screenshot", false),
+        "/downloads" => to(Port::Http, "/downloads", false),
         "/tabs" => to(Port::Http, "/tabs", false),
         _ if rest.starts_with("/json/") => to(Port::Debug, rest, true),
         _ if rest.starts_with("/devtools/") => to(Port::Debug, rest, false),
+        _ if rest.starts_with("/downloads/") && rest.len() > "/downloads/".len() => {
+            to(Port::Http, rest, false)
+        }
         _ => None,
     }
 }
@@ -89,7 +93,7 @@ fn split_door_path(path: &str) -> Option<(&str, &str)> {
     let kind = rest.trim_start_matches('/').split('/').next()?;
     matches!(
         kind,
-        "cdp" | "json" | "devtools" | "stream" | "screenshot" | "tabs"
+        "cdp" | "json" | "devtools" | "stream" | "screenshot" | "tabs" | "downloads"
     )
     .then_some((id, rest))
 }
@@ -705,6 +709,47 @@ pub mod routes {
         responses((status = 200, content_type = "image/png"), (status = 401, body = flotilla_api_types::ErrorResponse),
             (status = 404, body = flotilla_api_types::ErrorResponse)))]
     pub async fn screenshot(
+        state: State<Arc<ControlPlane>>,
+        params: Params,
+        request: Request,
+    ) -> Response {
+        by_path(state, params, request).await
+    }
+
+    /// The files the instance's pages downloaded (newest first).
+    #[utoipa::path(get, path = "/v2/instances/{instance_id}/downloads", tag = "instances",
+        params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
+        responses((status = 200, body = flotilla_api_types::instances::DownloadList),
+            (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
+    pub async fn downloads(
+        state: State<Arc<ControlPlane>>,
+        params: Params,
+        request: Request,
+    ) -> Response {
+        by_path(state, params, request).await
+    }
+
+    /// One download's bytes (`Content-Disposition: attachment`).
+    #[utoipa::path(get, path = "/v2/instances/{instance_id}/downloads/{name}", tag = "instances",
+        params(("instance_id" = String, Path), ("name" = String, Path, description = "A name from the listing"), ("token" = Option<String>, Query)),
+        responses((status = 200, description = "The file", content_type = "application/octet-stream"),
+            (status = 400, description = "Not a plain file name", body = flotilla_api_types::ErrorResponse),
+            (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
+    pub async fn download(
+        state: State<Arc<ControlPlane>>,
+        params: Params,
+        request: Request,
+    ) -> Response {
+        by_path(state, params, request).await
+    }
+
+    /// Removes one download.
+    #[utoipa::path(delete, path = "/v2/instances/{instance_id}/downloads/{name}", tag = "instances",
+        params(("instance_id" = String, Path), ("name" = String, Path), ("token" = Option<String>, Query)),
+        responses((status = 200, body = flotilla_api_types::MessageResponse),
+            (status = 400, body = flotilla_api_types::ErrorResponse),
+            (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
+    pub async fn download_delete(
         state: State<Arc<ControlPlane>>,
         params: Params,
         request: Request,

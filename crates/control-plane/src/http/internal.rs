@@ -7,6 +7,7 @@
 //!   (the current settings), or 404 when the node must register again
 //!   (unknown, or declared offline meanwhile)
 //! - `POST /internal/v1/instances/state` — `InstanceStateChange` → 204
+//! - `POST /internal/v1/instances/events` — `InstanceEventReport` → 204
 
 use std::sync::Arc;
 
@@ -17,7 +18,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use flotilla_api_types::agent::{
-    Heartbeat, InstanceStateChange, NodeRegistration, RegistrationAck,
+    Heartbeat, InstanceEventReport, InstanceStateChange, NodeRegistration, RegistrationAck,
 };
 use flotilla_api_types::credentials::{bearer_token, constant_time_eq};
 
@@ -68,6 +69,14 @@ pub async fn heartbeat(
         Some(ack) => Ok(Json(ack)),
         None => Err(Error::NotFound(format!("node {node} must register again"))),
     }
+}
+
+pub async fn instance_event(
+    State(control_plane): State<Arc<ControlPlane>>,
+    Json(event): Json<InstanceEventReport>,
+) -> Result<StatusCode, Error> {
+    control_plane.instance_event_reported(event).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 pub async fn state_changed(

@@ -60,6 +60,9 @@ use crate::error::Error;
         door::routes::frame,
         door::routes::screenshot,
         door::routes::tabs,
+        door::routes::downloads,
+        door::routes::download,
+        door::routes::download_delete,
     ),
     components(schemas(
         flotilla_api_types::instances::InstanceStatus,
@@ -167,6 +170,14 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
             get(door::routes::screenshot),
         )
         .route("/v2/instances/{instance_id}/tabs", get(door::routes::tabs))
+        .route(
+            "/v2/instances/{instance_id}/downloads",
+            get(door::routes::downloads),
+        )
+        .route(
+            "/v2/instances/{instance_id}/downloads/{name}",
+            get(door::routes::download).delete(door::routes::download_delete),
+        )
         .route("/v2/nodes", get(nodes::node_list))
         .route("/v2/nodes/{node_id}", get(nodes::node_get))
         .route("/", get(ui::root))
@@ -191,6 +202,10 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
                 .route(
                     "/instances/state",
                     axum::routing::post(internal::state_changed),
+                )
+                .route(
+                    "/instances/events",
+                    axum::routing::post(internal::instance_event),
                 )
                 .layer(axum::middleware::from_fn_with_state(
                     control_plane.clone(),

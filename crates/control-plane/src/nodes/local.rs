@@ -8,7 +8,8 @@ use async_trait::async_trait;
 
 use flotilla_api_types::InstanceId;
 use flotilla_api_types::agent::{
-    AgentCreateInstance, AgentInstancePorts, Heartbeat, InstanceStateChange, NodeRegistration,
+    AgentCreateInstance, AgentInstancePorts, Heartbeat, InstanceEventReport, InstanceStateChange,
+    NodeRegistration,
 };
 use flotilla_api_types::agent::{AgentDormantResult, AgentIdentity, AgentReviveInstance};
 use flotilla_node_agent::{Agent, AgentError, ControlPlaneLink, LinkError, RegistrationAck};
@@ -84,6 +85,13 @@ impl ControlPlaneLink for LocalLink {
     async fn state_changed(&self, change: InstanceStateChange) -> Result<(), LinkError> {
         self.0
             .instance_state_changed(change)
+            .await
+            .map_err(|e| LinkError::Unreachable(e.to_string()))
+    }
+
+    async fn instance_event(&self, event: InstanceEventReport) -> Result<(), LinkError> {
+        self.0
+            .instance_event_reported(event)
             .await
             .map_err(|e| LinkError::Unreachable(e.to_string()))
     }

@@ -225,6 +225,32 @@ impl Store {
         self.append_event(tx, name, id.as_str(), data, now).await
     }
 
+    /// Records event `name` of instance `id` (with its status and node, and
+    /// `extra` data) without changing the instance; `false` when it is gone.
+    pub async fn instance_note(
+        &self,
+        id: &InstanceId,
+        name: EventName,
+        extra: serde_json::Map<String, serde_json::Value>,
+        now: DateTime<Utc>,
+    ) -> Result<bool, sqlx::Error> {
+        let mut conn = self.writer.acquire().await?;
+        let mut tx = conn.begin().await?;
+        let Some((status, node)) = self.lock_instance(&mut tx, id).await? else {
+            return Ok(false);
+        };
+        let mut data = serde_json::Map::new();
+        data.insert("instance_id".into(), id.as_str().into());
+        data.insert("status".into(), status.as_str().into());
+        data.insert("node_id".into(), node.as_str().into());
+        data.extend(extra);
+        self.append_event(&mut tx, name, id.as_str(), data, now)
+            .await?;
+        tx.commit().await?;
+        self.events_committed();
+        Ok(true)
+    }
+
     /// Loads every instance into the read model (at start).
     pub(super) async fn load_cache(&self) -> Result<(), sqlx::Error> {
         let Some(cache) = &self.cache else {
