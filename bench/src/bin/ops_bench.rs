@@ -71,6 +71,7 @@ fn new_instance(node: &NodeId) -> NewInstance {
         image: "chromium".into(),
         config: InstanceConfig::default(),
         created_at: chrono::Utc::now(),
+        profile: None,
     }
 }
 

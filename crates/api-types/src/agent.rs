@@ -11,6 +11,7 @@ use crate::credentials::Secret;
 use crate::ids::{InstanceId, NodeId, SnapshotId};
 use crate::instances::{InstanceConfig, InstanceResources, InstanceStatus, ReviveMethod};
 use crate::nodes::{Capabilities, ResourceUsage};
+use crate::profiles::ProfileUse;
 
 /// Ask an agent to start an instance.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -23,6 +24,9 @@ pub struct AgentCreateInstance {
     /// ports admit it (or an API key). Agents learn it only from here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access_token: Option<Secret>,
+    /// The saved profile to start from (and to write back to with `persist`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<ProfileUse>,
 }
 
 /// The ports an agent reserved for an instance, and its state right after the
@@ -61,6 +65,10 @@ pub struct AgentReviveInstance {
     /// The instance's access token (as in [`AgentCreateInstance`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access_token: Option<Secret>,
+    /// The instance's profile (its state comes from the snapshot; with
+    /// `persist` the next park or delete writes it back).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<ProfileUse>,
 }
 
 /// What the control plane tells an agent when it registers, and again in the
@@ -102,6 +110,9 @@ pub struct InstanceEventReport {
 pub enum InstanceEventKind {
     /// A file finished downloading into the instance's downloads.
     DownloadCompleted { name: String, size_bytes: u64 },
+    /// The instance's state was written back to its persistent profile
+    /// (graceful delete or park with `profile.persist`).
+    ProfileSaved { name: String, size_bytes: u64 },
 }
 
 /// Who answers at an agent's address (`GET /agent/v1/identity`).

@@ -269,6 +269,10 @@ pub struct CreateInstanceRequest {
     /// Id of the node to place the instance on.
     #[serde(default)]
     pub node_preference: Option<NodeId>,
+    /// Start from a saved profile (`POST /v2/profiles`), and with `persist`
+    /// write the state back when the instance is deleted or parked.
+    #[serde(default)]
+    pub profile: Option<crate::profiles::ProfileUse>,
 }
 
 /// Query of `POST /v2/instances`.
@@ -335,6 +339,9 @@ pub struct Instance {
     /// Create and get responses.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub urls: Option<InstanceUrls>,
+    /// The profile the instance started from (get responses).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<crate::profiles::ProfileUse>,
     /// When `config.max_duration_minutes` ends the instance (get responses).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<DateTime<Utc>>,
@@ -367,6 +374,7 @@ impl Instance {
             config: None,
             resources: None,
             urls: None,
+            profile: None,
             expires_at: None,
             activity: None,
             status_reason: None,

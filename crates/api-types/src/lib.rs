@@ -24,6 +24,7 @@ pub mod ids;
 pub mod instances;
 pub mod metrics;
 pub mod nodes;
+pub mod profiles;
 pub mod prometheus;
 pub mod tokens;
 

@@ -472,6 +472,8 @@ async fn openapi_document_and_swagger_ui_are_served_offline() {
         "/v2/instances/{instance_id}",
         "/v2/nodes",
         "/v2/nodes/{node_id}",
+        "/v2/profiles",
+        "/v2/profiles/{name}",
     ] {
         assert!(doc["paths"].get(path).is_some(), "missing {path}");
     }

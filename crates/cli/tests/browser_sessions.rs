@@ -386,3 +386,142 @@ async fn browser_downloads_are_listed_served_kept_across_park_and_deleted() {
     assert!(!downloads_dir.exists(), "downloads go with the instance");
     serve.shutdown().await;
 }
+
+/// The profile's saved state, once its `updated_at` moves past `after`.
+async fn profile_saved_after(api: &flotilla_testkit::Api, name: &str, after: &str) -> Value {
+    wait_until(
+        BROWSER_DEADLINE,
+        "the profile to be written back",
+        || async {
+            let (status, profile) = api.get(&format!("/v2/profiles/{name}")).await;
+            let time = |text: &str| chrono::DateTime::parse_from_rfc3339(text).ok();
+            let saved = status == StatusCode::OK
+                && profile["size_bytes"].as_u64().unwrap_or(0) > 0
+                && time(profile["updated_at"].as_str().unwrap_or("")) > time(after);
+            if saved {
+                Ok(Some(profile))
+            } else {
+                Err(profile.to_string())
+            }
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// Starts an instance on `profile` and opens `url` in it.
+async fn start_on_profile(
+    api: &flotilla_testkit::Api,
+    profile: &str,
+    persist: bool,
+    url: &str,
+) -> (String, Page) {
+    let created = api
+        .create(&format!(
+            r#"{{"profile": {{"name": "{profile}", "persist": {persist}}}}}"#
+        ))
+        .await;
+    let id = created["id"].as_str().unwrap().to_owned();
+    let got = api.wait_for_status(&id, "running", BROWSER_DEADLINE).await;
+    assert_eq!(got["profile"]["name"], profile, "{got}");
+    assert_eq!(got["profile"]["persist"], persist, "{got}");
+    let page = Page::open(created["urls"]["debug"].as_str().unwrap(), url)
+        .await
+        .unwrap();
+    (id, page)
+}
+
+const READ_STATE: &str = "JSON.stringify([document.cookie, localStorage.getItem('cart')])";
+
+#[tokio::test]
+async fn browser_a_persistent_profile_carries_cookies_and_storage_across_instances() {
+    let site = serve_page(&[("/", "<title>shop</title>")]).await;
+    let serve = spawn_serve_with(|config| site.allow_in(config)).await;
+    let api = &serve.api;
+    let url = format!("{}/", site.base);
+
+    // Names are checked; a name is taken once; unknown profiles are 400.
+    for name in ["", "../etc", "a/b", ".hidden", "spa ce", &"x".repeat(65)] {
+        let (status, body) = api
+            .post(
+                "/v2/profiles",
+                &serde_json::json!({ "name": name }).to_string(),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{name:?}: {body}");
+    }
+    let (status, body) = api.post("/v2/profiles", r#"{"name": "shop"}"#).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["size_bytes"], 0);
+    let created_at = body["updated_at"].as_str().unwrap().to_owned();
+    let (status, _) = api.post("/v2/profiles", r#"{"name": "shop"}"#).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    let (status, body) = api
+        .post("/v2/instances", r#"{"profile": {"name": "nope"}}"#)
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("profile.name"));
+
+    // A: a login leaves a persistent and a session cookie and a cart; parking
+    // writes them back.
+    let (a, page) = start_on_profile(api, "shop", true, &url).await;
+    page.eval(
+        "document.cookie = 'login=alice; max-age=86400'; document.cookie = 'visit=1'; \
+         localStorage.setItem('cart', 'two apples'); true",
+    )
+    .await
+    .unwrap();
+    let (status, body) = api.post(&format!("/v2/instances/{a}/dormant"), "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let parked = profile_saved_after(api, "shop", &created_at).await;
+    // One writer at a time.
+    let (status, body) = api
+        .post(
+            "/v2/instances",
+            r#"{"profile": {"name": "shop", "persist": true}}"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(body["detail"].as_str().unwrap().contains(&a), "{body}");
+    let (status, _) = api.delete("/v2/profiles/shop").await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    let (status, _) = api.delete(&format!("/v2/instances/{a}")).await;
+    assert_eq!(status, StatusCode::OK);
+
+    // B starts where A left off, changes the cart, and a graceful delete
+    // writes it back.
+    let (b, page) = start_on_profile(api, "shop", true, &url).await;
+    let state: Value =
+        serde_json::from_str(page.eval(READ_STATE).await.unwrap().as_str().unwrap()).unwrap();
+    let cookies = state[0].as_str().unwrap();
+    assert!(cookies.contains("login=alice"), "{state}");
+    assert!(cookies.contains("visit=1"), "session cookies too: {state}");
+    assert_eq!(state[1], "two apples");
+    page.eval("localStorage.setItem('cart', 'three pears'); true")
+        .await
+        .unwrap();
+    drop(page);
+    let (status, _) = api.delete(&format!("/v2/instances/{b}")).await;
+    assert_eq!(status, StatusCode::OK);
+    profile_saved_after(api, "shop", parked["updated_at"].as_str().unwrap()).await;
+
+    // C reads it without writing back; the profile can go meanwhile.
+    let (c, page) = start_on_profile(api, "shop", false, &url).await;
+    let state: Value =
+        serde_json::from_str(page.eval(READ_STATE).await.unwrap().as_str().unwrap()).unwrap();
+    assert!(
+        state[0].as_str().unwrap().contains("login=alice"),
+        "{state}"
+    );
+    assert_eq!(state[1], "three pears");
+    let (status, body) = api.delete("/v2/profiles/shop").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, _) = api.get("/v2/profiles/shop").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (_, list) = api.get("/v2/profiles").await;
+    assert_eq!(list["profiles"], serde_json::json!([]));
+    drop(page);
+    let (status, _) = api.delete(&format!("/v2/instances/{c}")).await;
+    assert_eq!(status, StatusCode::OK);
+    serve.shutdown().await;
+}

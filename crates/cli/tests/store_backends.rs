@@ -70,6 +70,7 @@ fn new_instance(node: &str) -> NewInstance {
         image: "chromium".into(),
         config: InstanceConfig::default(),
         created_at: Utc::now(),
+        profile: None,
     }
 }
 

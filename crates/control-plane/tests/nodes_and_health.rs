@@ -60,6 +60,7 @@ async fn place(control_plane: &ControlPlane, node: &str) -> InstanceId {
         image: "ubuntu:22.04".into(),
         config: InstanceConfig::default(),
         created_at: Utc::now(),
+        profile: None,
     };
     assert!(
         control_plane

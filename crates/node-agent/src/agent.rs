@@ -300,7 +300,11 @@ impl Agent {
                 .ports
                 .reserve(self.binds_ports())
                 .ok_or_else(|| self.ports_exhausted())?;
-            let warm = inner.launcher.take_warm(&request.image, limits, upstream);
+            // A pooled browser already runs on an empty profile.
+            let warm = match request.profile {
+                Some(_) => None,
+                None => inner.launcher.take_warm(&request.image, limits, upstream),
+            };
             let dirs = match &warm {
                 Some(warm) => warm.dirs.clone(),
                 None => InstanceDirs::new(inner.instances_root.join(request.id.as_str())),
@@ -313,6 +317,7 @@ impl Agent {
                 dirs,
                 request.access_token.as_ref(),
             );
+            slot.set_profile(request.profile.clone());
             if let Some(warm) = &warm {
                 slot.set_process(warm.launched.clone());
                 slot.set_phase(BrowserPhase::Ready(Some(warm.endpoint.clone())));
@@ -472,7 +477,18 @@ impl Agent {
         _guard: tokio_util::sync::DropGuard,
     ) {
         let started = Instant::now();
-        match self.launch_ready(&slot, &image, limits).await {
+        let launched = async {
+            let saved = self.unpack_profile(&slot).await?;
+            let (process, endpoint) = self.launch_ready(&slot, &image, limits).await?;
+            if let (Some((name, state)), Some(endpoint)) = (&saved, &endpoint) {
+                snapshot::restore(endpoint, state, false)
+                    .await
+                    .map_err(|e| format!("cannot restore profile {name}: {e}"))?;
+            }
+            Ok::<_, String>((process, endpoint))
+        }
+        .await;
+        match launched {
             Ok((process, endpoint)) => {
                 if slot.is_stopping() {
                     return;
@@ -490,6 +506,87 @@ impl Agent {
                 }
             }
         }
+    }
+
+    /// Unpacks the saved state of the instance's profile into its profile
+    /// directory, before its first launch; `None` without a profile or before
+    /// the profile's first save (the browser starts empty).
+    async fn unpack_profile(
+        &self,
+        slot: &Arc<InstanceSlot>,
+    ) -> Result<Option<(String, CapturedState)>, String> {
+        let Some(name) = slot.profile_name() else {
+            return Ok(None);
+        };
+        let archive = self
+            .inner
+            .settings
+            .snapshots
+            .profile_get(&name)
+            .await
+            .map_err(|e| format!("cannot read profile {name}: {e}"))?;
+        let Some(archive) = archive else {
+            return Ok(None);
+        };
+        let (root, profile, downloads) = (
+            slot.dirs.root.clone(),
+            slot.dirs.profile(),
+            slot.dirs.downloads(),
+        );
+        let state = tokio::task::spawn_blocking(move || {
+            remove_dir(&profile);
+            std::fs::create_dir_all(&root)?;
+            snapshot::extract(&archive, &profile, &downloads)
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("cannot unpack profile {name}: {e}"))?;
+        tracing::info!(instance = %slot.id, profile = name, "profile unpacked");
+        Ok(Some((name, state)))
+    }
+
+    /// Writes the closed browser's profile directory and `state` back to the
+    /// instance's persistent profile, and reports the save. Failures are
+    /// logged: the delete or park that asked goes on.
+    async fn save_profile(&self, slot: &Arc<InstanceSlot>, name: String, state: CapturedState) {
+        let profile = slot.dirs.profile();
+        let packed = tokio::task::spawn_blocking(move || {
+            std::fs::create_dir_all(&profile)?;
+            snapshot::archive(&profile, None, &state)
+        })
+        .await;
+        let archive = match packed {
+            Ok(Ok(archive)) => archive,
+            Ok(Err(error)) => {
+                tracing::error!(instance = %slot.id, profile = name, %error, "cannot archive the profile; it keeps its previous state");
+                return;
+            }
+            Err(error) => {
+                tracing::error!(instance = %slot.id, profile = name, %error, "cannot archive the profile; it keeps its previous state");
+                return;
+            }
+        };
+        let size_bytes = archive.len() as u64;
+        if let Err(error) = self
+            .inner
+            .settings
+            .snapshots
+            .profile_put(&name, archive)
+            .await
+        {
+            tracing::error!(instance = %slot.id, profile = name, %error, "cannot store the profile; it keeps its previous state");
+            return;
+        }
+        tracing::info!(instance = %slot.id, profile = name, bytes = size_bytes, "profile saved");
+        let _ = self
+            .inner
+            .changes
+            .send(Outgoing::Event(InstanceEventReport {
+                node_id: self.inner.node_id.clone(),
+                id: slot.id.clone(),
+                event: InstanceEventKind::ProfileSaved { name, size_bytes },
+                at: self.inner.settings.clock.now(),
+            }));
     }
 
     /// Waits for the browser to exit; an exit the agent did not ask for stops the instance.
@@ -554,7 +651,24 @@ impl Agent {
         {
             return Ok(());
         }
+        // A graceful delete writes a running browser's state back to its
+        // persistent profile (a dormant one saved it when it was parked).
+        let write_back = match (force, slot.persisted_profile(), slot.endpoint()) {
+            (false, Some(name), Some(endpoint)) if slot.status().0 == InstanceStatus::Running => {
+                match snapshot::capture(&endpoint).await {
+                    Ok(state) => Some((name, state)),
+                    Err(error) => {
+                        tracing::error!(instance = %id, profile = name, %error, "cannot read the browser's state; the profile keeps its previous state");
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
         self.stop_slot(&slot, force).await;
+        if let Some((name, state)) = write_back {
+            self.save_profile(&slot, name, state).await;
+        }
         slot.servers.cancel();
         self.inner.ports.release(slot.ports);
         let root = slot.dirs.root.clone();
@@ -616,7 +730,7 @@ impl Agent {
             .map_err(|e| AgentError::Snapshot(format!("profile directory: {e}")))?;
         let packed_state = state.clone();
         let packed = tokio::task::spawn_blocking(move || {
-            snapshot::archive(&profile, &downloads, &packed_state)
+            snapshot::archive(&profile, Some(&downloads), &packed_state)
         })
         .await
         .map_err(|e| AgentError::Snapshot(e.to_string()))
@@ -652,6 +766,9 @@ impl Agent {
                 )));
             }
         };
+        if let Some(name) = slot.persisted_profile() {
+            self.save_profile(&slot, name, state).await;
+        }
         let profile = slot.dirs.profile();
         let _ = tokio::task::spawn_blocking(move || remove_dir(&profile)).await;
         slot.set_snapshot(Some(snapshot_id.clone()));
@@ -725,6 +842,7 @@ impl Agent {
             match slots.get(&request.id) {
                 Some(slot) => {
                     slot.set_access_token(request.access_token.as_ref());
+                    slot.set_profile(request.profile.clone());
                     (slot.clone(), None)
                 }
                 None => {
@@ -745,6 +863,7 @@ impl Agent {
                         dirs,
                         request.access_token.as_ref(),
                     );
+                    slot.set_profile(request.profile.clone());
                     slot.set_status(InstanceStatus::Dormant, None);
                     slot.set_phase(BrowserPhase::Dormant);
                     slot.set_snapshot(Some(request.snapshot_id.clone()));

@@ -21,6 +21,7 @@ use flotilla_api_types::clock::Clock;
 use flotilla_api_types::credentials::Secret;
 use flotilla_api_types::ids::SnapshotId;
 use flotilla_api_types::instances::{InstanceConfig, InstanceResources, InstanceStatus};
+use flotilla_api_types::profiles::ProfileUse;
 
 use crate::access::InstanceToken;
 use crate::browser::{BrowserProcess, CdpEndpoint, InstanceDirs};
@@ -81,6 +82,9 @@ pub struct InstanceSlot {
     /// The instance's access token, from the control plane (create, revive).
     /// A std mutex: the `Arc` is cloned out, never held across an await.
     access_token: Mutex<Option<Arc<InstanceToken>>>,
+    /// The saved profile it started from (create, revive). A std mutex:
+    /// cloned out, never held across an await.
+    profile: Mutex<Option<ProfileUse>>,
     /// Asks the agent to revive this instance when it is dormant and a client
     /// connects; `None` when waking is off.
     waker: Option<mpsc::UnboundedSender<InstanceId>>,
@@ -117,6 +121,7 @@ impl InstanceSlot {
             operation: tokio::sync::Mutex::new(()),
             snapshot: Mutex::new(None),
             access_token: Mutex::new(None),
+            profile: Mutex::new(None),
             downloads_seen: Mutex::default(),
             waker,
             clock,
@@ -305,6 +310,29 @@ impl InstanceSlot {
     }
 
     /// Sets the token (`None` keeps the current one).
+    /// The profile to write back on delete and park, when `persist`.
+    pub fn persisted_profile(&self) -> Option<String> {
+        self.profile
+            .lock()
+            .expect("slot lock")
+            .as_ref()
+            .filter(|profile| profile.persist)
+            .map(|profile| profile.name.clone())
+    }
+
+    /// The profile it started from.
+    pub fn profile_name(&self) -> Option<String> {
+        self.profile
+            .lock()
+            .expect("slot lock")
+            .as_ref()
+            .map(|profile| profile.name.clone())
+    }
+
+    pub fn set_profile(&self, profile: Option<ProfileUse>) {
+        *self.profile.lock().expect("slot lock") = profile;
+    }
+
     pub fn set_access_token(&self, token: Option<&Secret>) {
         if let Some(token) = token {
             *self.access_token.lock().expect("slot lock") =

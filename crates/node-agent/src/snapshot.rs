@@ -43,7 +43,8 @@ pub struct SnapshotsConfig {
     pub allow_http: bool,
 }
 
-/// Archives of dormant instances, by instance and snapshot id.
+/// Archives of dormant instances, by instance and snapshot id, and of
+/// persistent profiles, by name (`profiles/<name>.tar.zst`).
 #[derive(Clone)]
 pub struct SnapshotStore {
     store: Arc<dyn ObjectStore>,
@@ -146,6 +147,45 @@ impl SnapshotStore {
 
     pub async fn delete(&self, instance: &InstanceId, snapshot: &SnapshotId) -> anyhow::Result<()> {
         match self.store.delete(&self.path(instance, snapshot)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    fn profile_path(&self, name: &str) -> StorePath {
+        self.prefix
+            .child("profiles")
+            .child(format!("{name}.tar.zst"))
+    }
+
+    /// Stores the saved state of profile `name`.
+    pub async fn profile_put(&self, name: &str, archive: Bytes) -> anyhow::Result<()> {
+        self.store
+            .put(&self.profile_path(name), archive.into())
+            .await?;
+        Ok(())
+    }
+
+    /// The saved state of profile `name`; `None` before its first save.
+    pub async fn profile_get(&self, name: &str) -> anyhow::Result<Option<Bytes>> {
+        match self.store.get(&self.profile_path(name)).await {
+            Ok(object) => Ok(Some(object.bytes().await?)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// The size of profile `name`'s saved state; `None` before its first save.
+    pub async fn profile_size(&self, name: &str) -> anyhow::Result<Option<u64>> {
+        match self.store.head(&self.profile_path(name)).await {
+            Ok(meta) => Ok(Some(meta.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    pub async fn profile_delete(&self, name: &str) -> anyhow::Result<()> {
+        match self.store.delete(&self.profile_path(name)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(error) => Err(error.into()),
         }
@@ -262,11 +302,14 @@ const SKIPPED: &[&str] = &[
     "optimization_guide_model_store",
 ];
 
-/// Packs `profile` and `state` into a tar + zstd archive.
-/// Packs the profile, the downloads (when the directory exists) and the
-/// captured state into one compressed archive. Symbolic links are stored as
-/// links, never followed.
-pub fn archive(profile: &Path, downloads: &Path, state: &CapturedState) -> anyhow::Result<Bytes> {
+/// Packs the profile, the downloads (when given and the directory exists)
+/// and the captured state into one tar + zstd archive. Symbolic links are
+/// stored as links, never followed.
+pub fn archive(
+    profile: &Path,
+    downloads: Option<&Path>,
+    state: &CapturedState,
+) -> anyhow::Result<Bytes> {
     let mut builder = tar::Builder::new(Vec::new());
     builder.follow_symlinks(false);
     let state_json = serde_json::to_vec(state)?;
@@ -276,7 +319,7 @@ pub fn archive(profile: &Path, downloads: &Path, state: &CapturedState) -> anyho
     header.set_cksum();
     builder.append_data(&mut header, "state.json", state_json.as_slice())?;
     append_dir(&mut builder, profile, Path::new("profile"))?;
-    if downloads.is_dir() {
+    if let Some(downloads) = downloads.filter(|d| d.is_dir()) {
         append_dir(&mut builder, downloads, Path::new("downloads"))?;
     }
     let tar = builder.into_inner()?;
@@ -653,7 +696,7 @@ mod tests {
         let downloads = dir.path().join("downloads");
         std::fs::create_dir_all(&downloads).unwrap();
         std::fs::write(downloads.join("report.pdf"), b"%PDF").unwrap();
-        let packed = archive(&profile, &downloads, &state).unwrap();
+        let packed = archive(&profile, Some(&downloads), &state).unwrap();
         assert!(
             packed.len() < 2000,
             "caches are left out: {} bytes",

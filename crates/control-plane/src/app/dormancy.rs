@@ -206,6 +206,7 @@ impl ControlPlane {
             image: record.image.clone(),
             config: record.config.clone(),
             ports: record.ports,
+            profile: record.profile.clone(),
             access_token: Some(flotilla_api_types::credentials::Secret::new(
                 self.instance_token(id)
                     .await

@@ -10,6 +10,7 @@ use flotilla_api_types::instances::{
     CreateInstanceRequest, DEFAULT_IMAGE, Instance, InstanceConfig, InstanceList, InstanceStatus,
     ListInstancesQuery, ReviveMethod,
 };
+use flotilla_api_types::profiles::ProfileUse;
 use flotilla_api_types::{InstanceId, MessageResponse};
 
 use super::ControlPlane;
@@ -17,7 +18,7 @@ use super::views;
 use crate::error::{Error, Result};
 use crate::nodes::NodeCallError;
 use crate::scheduler::{self, PlacementRequest};
-use crate::store::{InstanceFilter, NewInstance};
+use crate::store::{InstanceFilter, NewInstance, NodeRecord};
 
 /// Largest accepted values, to catch typos (GB, not MB) with a clear message.
 const MAX_MEMORY_GB: f64 = 1024.0;
@@ -108,6 +109,9 @@ impl ControlPlane {
                 "node_preference must be a node id, not empty".into(),
             ));
         }
+        if let Some(profile) = &request.profile {
+            self.profile_check(profile).await?;
+        }
         let nodes = self.store.node_list().await?;
         let usage = self.node_usage().await?;
         let placement = PlacementRequest {
@@ -118,28 +122,18 @@ impl ControlPlane {
         let ranked = scheduler::rank(&nodes, &usage, &placement, self.now(), &self.config)?;
 
         let id = InstanceId::generate();
-        let mut placed = None;
-        for node in &ranked {
-            let new = NewInstance {
-                id: id.clone(),
-                node_id: node.id.clone(),
-                image: image.clone(),
-                config: config.clone(),
-                created_at: self.now(),
-            };
-            if self
-                .store
-                .instance_insert_if_room(&new, node.max_instances)
-                .await?
-            {
-                placed = Some(node);
-                break;
-            }
+        if let Some(profile) = &request.profile {
+            self.profile_take(profile, &id).await?;
         }
-        let Some(node) = placed else {
-            return Err(Error::InsufficientCapacity(
-                "every node that fits this instance filled up meanwhile; retry, delete instances or add a node".into(),
-            ));
+        let placed = self
+            .instance_place(&id, &ranked, &image, &config, request.profile.as_ref())
+            .await;
+        let node = match placed {
+            Ok(node) => node,
+            Err(error) => {
+                self.store.profile_release(&id).await?;
+                return Err(error);
+            }
         };
 
         let connection = self.connection(&node.id).await?;
@@ -152,6 +146,7 @@ impl ControlPlane {
                         image: image.clone(),
                         config: config.clone(),
                         access_token,
+                        profile: request.profile.clone(),
                     })
                     .await
             }
@@ -214,6 +209,37 @@ impl ControlPlane {
             .remember(&node.id, &node.public_host, &node.address);
         let urls = self.instance_urls(&record).await?;
         Ok(views::instance_created(&record, urls))
+    }
+
+    /// Records the instance on the first ranked node that still has room.
+    async fn instance_place<'n>(
+        &self,
+        id: &InstanceId,
+        ranked: &'n [NodeRecord],
+        image: &str,
+        config: &InstanceConfig,
+        profile: Option<&ProfileUse>,
+    ) -> Result<&'n NodeRecord> {
+        for node in ranked {
+            let new = NewInstance {
+                id: id.clone(),
+                node_id: node.id.clone(),
+                image: image.to_owned(),
+                config: config.clone(),
+                created_at: self.now(),
+                profile: profile.cloned(),
+            };
+            if self
+                .store
+                .instance_insert_if_room(&new, node.max_instances)
+                .await?
+            {
+                return Ok(node);
+            }
+        }
+        Err(Error::InsufficientCapacity(
+            "every node that fits this instance filled up meanwhile; retry, delete instances or add a node".into(),
+        ))
     }
 
     pub async fn instance_list(&self, query: ListInstancesQuery) -> Result<InstanceList> {
@@ -341,6 +367,11 @@ impl ControlPlane {
     /// ignored (deleted meanwhile).
     pub async fn instance_event_reported(&self, report: InstanceEventReport) -> Result<()> {
         match report.event {
+            InstanceEventKind::ProfileSaved { name, size_bytes } => {
+                self.store
+                    .profile_saved(&name, size_bytes, report.at)
+                    .await?;
+            }
             InstanceEventKind::DownloadCompleted { name, size_bytes } => {
                 let mut data = serde_json::Map::new();
                 data.insert("name".into(), name.into());

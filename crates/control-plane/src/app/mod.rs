@@ -11,6 +11,7 @@ mod instances;
 mod metrics;
 mod nodes;
 pub mod outbox;
+mod profiles;
 mod queue;
 mod tokens;
 mod views;

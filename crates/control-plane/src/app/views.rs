@@ -121,6 +121,7 @@ pub fn instance_detail(
     config.proxy = config.proxy.map(|proxy| proxy.redacted());
     view.config = Some(config);
     view.expires_at = expires_at(record);
+    view.profile = record.profile.clone();
     let idle_ms = (now - record.last_activity).num_milliseconds().max(0);
     view.activity = Some(Activity {
         last_activity: record.last_activity,

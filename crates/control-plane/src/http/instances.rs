@@ -25,7 +25,8 @@ use crate::error::Error;
     params(CreateInstanceQuery),
     responses(
         (status = 201, description = "Accepted; the browser starts in the background", body = Instance),
-        (status = 400, description = "Invalid request", body = ErrorResponse),
+        (status = 400, description = "Invalid request (or unknown profile)", body = ErrorResponse),
+        (status = 409, description = "The profile is held by another instance with persist", body = ErrorResponse),
         (status = 503, description = "No node has room (within wait_sec, when given)", body = ErrorResponse),
     ))]
 pub async fn instance_create(

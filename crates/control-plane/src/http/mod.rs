@@ -9,6 +9,7 @@ mod instances;
 mod internal;
 mod nodes;
 mod observability;
+mod profiles;
 mod tokens;
 mod ui;
 
@@ -45,6 +46,10 @@ use crate::error::Error;
         instances::instance_revive,
         nodes::node_list,
         nodes::node_get,
+        profiles::profile_create,
+        profiles::profile_list,
+        profiles::profile_get,
+        profiles::profile_delete,
         observability::metrics,
         observability::prometheus,
         observability::alerts,
@@ -78,6 +83,7 @@ use crate::error::Error;
     tags(
         (name = "instances", description = "Browser instances"),
         (name = "nodes", description = "Machines running node agents"),
+        (name = "profiles", description = "Persistent browser profiles: cookies, localStorage and the profile directory, saved by name"),
         (name = "health", description = "Service health"),
         (name = "metrics", description = "Cluster metrics, Prometheus exposition and alerts"),
         (name = "events", description = "Subscriber tokens for the event proxy"),
@@ -177,6 +183,14 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
         .route(
             "/v2/instances/{instance_id}/downloads/{name}",
             get(door::routes::download).delete(door::routes::download_delete),
+        )
+        .route(
+            "/v2/profiles",
+            axum::routing::post(profiles::profile_create).get(profiles::profile_list),
+        )
+        .route(
+            "/v2/profiles/{name}",
+            get(profiles::profile_get).delete(profiles::profile_delete),
         )
         .route("/v2/nodes", get(nodes::node_list))
         .route("/v2/nodes/{node_id}", get(nodes::node_get))

@@ -13,12 +13,14 @@ use flotilla_api_types::instances::{
 };
 use flotilla_api_types::{InstanceId, NodeId};
 
+use flotilla_api_types::profiles::ProfileUse;
+
 use super::{Store, from_millis, placeholders, to_millis};
 
 const COLUMNS: &str = "id, node_id, status, status_reason, subdomain, image, memory_gb, cpu_cores, disk_gb, \
     idle_timeout_minutes, auto_snapshot, debug_port, stream_port, http_port, created_at, updated_at, \
     last_activity, cpu_percent, memory_mb, disk_mb, snapshot_id, dormant_since, revive_method, \
-    max_duration_minutes, proxy";
+    max_duration_minutes, proxy, profile_name, profile_persist";
 
 /// An instance as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,6 +42,8 @@ pub struct InstanceRecord {
     pub dormant_since: Option<DateTime<Utc>>,
     /// The method of the revive in progress (or the last one).
     pub revive_method: Option<ReviveMethod>,
+    /// The profile it started from.
+    pub profile: Option<ProfileUse>,
 }
 
 /// What is known of an instance when it is placed.
@@ -50,6 +54,7 @@ pub struct NewInstance {
     pub image: String,
     pub config: InstanceConfig,
     pub created_at: DateTime<Utc>,
+    pub profile: Option<ProfileUse>,
 }
 
 /// Filters and page of a list.
@@ -115,6 +120,15 @@ fn decode(row: &AnyRow) -> Result<InstanceRecord, sqlx::Error> {
         revive_method: row
             .try_get::<Option<String>, _>("revive_method")?
             .and_then(|m| m.parse().ok()),
+        profile: row
+            .try_get::<Option<String>, _>("profile_name")?
+            .map(|name| -> Result<ProfileUse, sqlx::Error> {
+                Ok(ProfileUse {
+                    name,
+                    persist: row.try_get::<i64, _>("profile_persist")? != 0,
+                })
+            })
+            .transpose()?,
     })
 }
 
@@ -284,8 +298,9 @@ impl Store {
         let now = to_millis(new.created_at);
         sqlx::query(
             "INSERT INTO instances (id, node_id, status, subdomain, image, memory_gb, cpu_cores, disk_gb, \
-             idle_timeout_minutes, auto_snapshot, created_at, updated_at, last_activity, max_duration_minutes, proxy) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $11, $12, $13)",
+             idle_timeout_minutes, auto_snapshot, created_at, updated_at, last_activity, max_duration_minutes, proxy, \
+             profile_name, profile_persist) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $11, $12, $13, $14, $15)",
         )
         .bind(new.id.as_str())
         .bind(new.node_id.as_str())
@@ -305,6 +320,8 @@ impl Store {
                 .as_ref()
                 .map(|proxy| serde_json::to_string(proxy).expect("a proxy serialises")),
         )
+        .bind(new.profile.as_ref().map(|p| p.name.clone()))
+        .bind(i64::from(new.profile.as_ref().is_some_and(|p| p.persist)))
         .execute(&mut *tx)
         .await?;
         self.instance_event(
@@ -617,6 +634,11 @@ impl Store {
             return Ok(false);
         };
         sqlx::query("DELETE FROM instances WHERE id = $1")
+            .bind(id.as_str())
+            .execute(&mut *tx)
+            .await?;
+        // Gone with it: its hold on a profile.
+        sqlx::query("UPDATE profiles SET holder = NULL WHERE holder = $1")
             .bind(id.as_str())
             .execute(&mut *tx)
             .await?;

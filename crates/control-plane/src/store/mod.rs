@@ -20,6 +20,7 @@ mod instances;
 mod leases;
 mod metrics;
 mod nodes;
+mod profiles;
 mod settings;
 
 pub use alerts::{AlertRecord, NewAlert};

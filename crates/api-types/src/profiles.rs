@@ -1,0 +1,61 @@
+//! Persistent profiles (what Browserbase calls contexts): a browser state —
+//! cookies, localStorage, IndexedDB, the profile directory — saved under a
+//! name in the snapshot store, that instances start from and, with
+//! `persist`, write back to.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// A saved profile.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Profile {
+    pub name: String,
+    pub created_at: DateTime<Utc>,
+    /// When its state was last written back.
+    pub updated_at: DateTime<Utc>,
+    /// Size of the saved state (0 before the first write-back).
+    pub size_bytes: u64,
+}
+
+/// `GET /v2/profiles`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ProfileList {
+    pub profiles: Vec<Profile>,
+}
+
+/// Body of `POST /v2/profiles`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateProfileRequest {
+    /// 1 to 64 characters of letters, digits, `.`, `_` and `-`, not starting with `.`.
+    pub name: String,
+}
+
+/// `profile` of a create: start from the saved profile `name`; with
+/// `persist`, write the state back when the instance is deleted or parked
+/// (one such instance per profile at a time).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileUse {
+    pub name: String,
+    #[serde(default)]
+    pub persist: bool,
+}
+
+/// Whether `name` can name a profile; the message says what is accepted.
+pub fn check_profile_name(name: &str) -> Result<(), String> {
+    let valid = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "profile name {name:?} must be 1 to 64 characters of letters, digits, '.', '_' and '-', not starting with '.'"
+        ))
+    }
+}
