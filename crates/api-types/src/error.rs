@@ -22,6 +22,8 @@ pub enum ErrorCode {
     RateLimited,
     /// 502: the front door could not reach the instance on its node.
     BadGateway,
+    /// 413: the request body is larger than the operation accepts.
+    PayloadTooLarge,
     /// 500: a fault on our side; the detail is logged, not shown.
     Internal,
 }
@@ -36,6 +38,7 @@ impl ErrorCode {
             Self::Unauthorized => "unauthorized",
             Self::RateLimited => "rate_limited",
             Self::BadGateway => "bad_gateway",
+            Self::PayloadTooLarge => "payload_too_large",
             Self::Internal => "internal",
         }
     }

@@ -121,6 +121,11 @@ pub struct InstanceConfig {
     /// `instance.expired`, then `instance.deleted`). None: no limit.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_duration_minutes: Option<f64>,
+    /// Ids of uploaded extensions (`POST /v2/extensions`) the browser loads,
+    /// at most 20. Only images that load extensions (`chromium`, not the
+    /// headless shell) accept them; such instances never take a warm browser.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extensions: Vec<String>,
 }
 
 impl Default for InstanceConfig {
@@ -133,6 +138,7 @@ impl Default for InstanceConfig {
             auto_snapshot: true,
             proxy: None,
             max_duration_minutes: None,
+            extensions: Vec::new(),
         }
     }
 }

@@ -9,6 +9,7 @@
 //! - [`prometheus`] — the metrics text format both services expose.
 //! - [`events`] — lifecycle event names and payloads (webhooks, event proxy).
 //! - [`credentials`] — bearer parsing, digests and constant-time comparison.
+//! - [`profiles`], [`extensions`] — saved browser profiles and uploaded extensions.
 //!
 //! Request types reject unknown fields; validation of values (ranges, catalogs)
 //! belongs to the service that owns the rule, not to these types.
@@ -19,6 +20,7 @@ pub mod clock;
 pub mod credentials;
 pub mod error;
 pub mod events;
+pub mod extensions;
 pub mod health;
 pub mod ids;
 pub mod instances;

@@ -474,6 +474,8 @@ async fn openapi_document_and_swagger_ui_are_served_offline() {
         "/v2/nodes/{node_id}",
         "/v2/profiles",
         "/v2/profiles/{name}",
+        "/v2/extensions",
+        "/v2/extensions/{id}",
     ] {
         assert!(doc["paths"].get(path).is_some(), "missing {path}");
     }

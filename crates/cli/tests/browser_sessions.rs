@@ -1,5 +1,6 @@
 //! What automation users expect of a browser session, with real Chromium:
-//! an upstream proxy per instance (a real tinyproxy with Basic auth).
+//! an upstream proxy per instance (a real tinyproxy with Basic auth),
+//! downloads, persistent profiles and extensions.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -523,5 +524,184 @@ async fn browser_a_persistent_profile_carries_cookies_and_storage_across_instanc
     drop(page);
     let (status, _) = api.delete(&format!("/v2/instances/{c}")).await;
     assert_eq!(status, StatusCode::OK);
+    serve.shutdown().await;
+}
+
+/// A zip of `entries` (name, content), as an uploader would make it.
+fn zip_of(entries: &[(&str, &str)]) -> Vec<u8> {
+    use std::io::Write;
+    let mut zip = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let options = zip::write::SimpleFileOptions::default()
+        .compression_method(zip::CompressionMethod::Deflated);
+    for (name, content) in entries {
+        zip.start_file(*name, options).unwrap();
+        zip.write_all(content.as_bytes()).unwrap();
+    }
+    zip.finish().unwrap().into_inner()
+}
+
+const MARKER_MANIFEST: &str = r#"{"manifest_version": 3, "name": "Marker", "version": "1.0",
+  "content_scripts": [{"matches": ["<all_urls>"], "js": ["content.js"], "run_at": "document_end"}]}"#;
+const MARKER_SCRIPT: &str =
+    "document.title = 'changed-by-extension'; document.body.dataset.marker = 'on';";
+const READ_MARKER: &str = "document.title + ' ' + document.body.dataset.marker";
+
+/// Opens `url` and waits for the extension's content script to mark the page.
+async fn marked_page(debug_url: &str, url: &str) -> Page {
+    let page = Page::open(debug_url, url).await.unwrap();
+    wait_until(
+        BROWSER_DEADLINE,
+        "the content script to change the page",
+        || async {
+            let seen = page.eval(READ_MARKER).await.map_err(|e| e.to_string())?;
+            match seen.as_str() {
+                Some("changed-by-extension on") => Ok(Some(())),
+                _ => Err(seen.to_string()),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    page
+}
+
+#[tokio::test]
+async fn browser_an_uploaded_extension_changes_pages_and_survives_park_and_revive() {
+    let site = serve_page(&[("/", "<title>original</title><body>page</body>")]).await;
+    let serve = spawn_serve_with(|config| site.allow_in(config)).await;
+    let api = &serve.api;
+    let url = format!("{}/", site.base);
+
+    // What is not a loadable extension is refused, saying why.
+    let marker = zip_of(&[
+        ("marker/manifest.json", MARKER_MANIFEST),
+        ("marker/content.js", MARKER_SCRIPT),
+    ]);
+    let (status, body) = api
+        .post_bytes("/v2/extensions", "application/json", marker.clone())
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("application/zip"));
+    for (zip, reason) in [
+        (b"PK\x03\x04 not really".to_vec(), "not a zip"),
+        (zip_of(&[("content.js", MARKER_SCRIPT)]), "no manifest.json"),
+        (
+            zip_of(&[("manifest.json", MARKER_MANIFEST), ("../../evil.js", "1")]),
+            "plain relative path",
+        ),
+        (
+            zip_of(&[(
+                "manifest.json",
+                r#"{"manifest_version": 2, "name": "Old", "version": "1"}"#,
+            )]),
+            "manifest_version 2",
+        ),
+    ] {
+        let (status, body) = api
+            .post_bytes("/v2/extensions", "application/zip", zip)
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{reason}: {body}");
+        assert_eq!(body["code"], "invalid_request");
+        assert!(
+            body["detail"].as_str().unwrap().contains(reason),
+            "{reason}: {body}"
+        );
+    }
+    let (status, body) = api
+        .post_bytes(
+            "/v2/extensions",
+            "application/zip",
+            vec![0; 50 * 1024 * 1024 + 1],
+        )
+        .await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+    assert_eq!(body["code"], "payload_too_large");
+
+    // A good one: id, name and version from its manifest.
+    let (status, uploaded) = api
+        .post_bytes("/v2/extensions", "application/zip", marker.clone())
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{uploaded}");
+    assert_eq!(uploaded["name"], "Marker");
+    assert_eq!(uploaded["version"], "1.0");
+    assert_eq!(uploaded["size_bytes"], marker.len());
+    let id = uploaded["id"].as_str().unwrap().to_owned();
+    let (_, list) = api.get("/v2/extensions").await;
+    assert_eq!(list["extensions"][0]["id"], id.as_str(), "{list}");
+    let (status, _) = api.get(&format!("/v2/extensions/{id}")).await;
+    assert_eq!(status, StatusCode::OK);
+
+    // config.extensions names uploaded extensions, on an image that loads them.
+    for (body, reason) in [
+        (
+            r#"{"config": {"extensions": ["../../etc"]}}"#.to_owned(),
+            "config.extensions",
+        ),
+        (
+            r#"{"config": {"extensions": ["0192f7a0-5b1c-7d2e-8f3a-0123456789ab"]}}"#.to_owned(),
+            "no extension",
+        ),
+        (
+            format!(r#"{{"config": {{"extensions": ["{id}", "{id}"]}}}}"#),
+            "twice",
+        ),
+        (
+            format!(
+                r#"{{"image": "chromium-headless-shell", "config": {{"extensions": ["{id}"]}}}}"#
+            ),
+            "headless shell",
+        ),
+    ] {
+        let (status, answer) = api.post("/v2/instances", &body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
+        assert!(
+            answer["detail"].as_str().unwrap().contains(reason),
+            "{body}: {answer}"
+        );
+    }
+    let (_, instances) = api.get("/v2/instances").await;
+    assert_eq!(
+        instances["total"], 0,
+        "refused creates leave nothing: {instances}"
+    );
+
+    // Loaded: its content script changes the page, before and after a park.
+    let created = api
+        .create(&format!(
+            r#"{{"image": "chromium", "config": {{"extensions": ["{id}"]}}}}"#
+        ))
+        .await;
+    let instance = created["id"].as_str().unwrap().to_owned();
+    let got = api
+        .wait_for_status(&instance, "running", BROWSER_DEADLINE)
+        .await;
+    assert_eq!(got["config"]["extensions"][0], id.as_str(), "{got}");
+    let debug = created["urls"]["debug"].as_str().unwrap().to_owned();
+    drop(marked_page(&debug, &url).await);
+    let (status, body) = api
+        .post(&format!("/v2/instances/{instance}/dormant"), "")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = api
+        .post(&format!("/v2/instances/{instance}/revive"), "")
+        .await;
+    assert!(status.is_success(), "{body}");
+    api.wait_for_status(&instance, "running", BROWSER_DEADLINE)
+        .await;
+    drop(marked_page(&debug, &url).await);
+
+    // In use, it stays; afterwards it goes.
+    let (status, body) = api.delete(&format!("/v2/extensions/{id}")).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(
+        body["detail"].as_str().unwrap().contains(&instance),
+        "{body}"
+    );
+    let (status, _) = api.delete(&format!("/v2/instances/{instance}")).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) = api.delete(&format!("/v2/extensions/{id}")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, _) = api.get(&format!("/v2/extensions/{id}")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
     serve.shutdown().await;
 }

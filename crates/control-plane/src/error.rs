@@ -32,6 +32,9 @@ pub enum Error {
     /// 502: the front door could not reach the instance's node.
     #[error("{0}")]
     BadGateway(String),
+    /// 413: the body is larger than the operation accepts.
+    #[error("{0}")]
+    PayloadTooLarge(String),
     /// 500: the cause is logged; the client sees a generic message.
     #[error("internal error: {0:#}")]
     Internal(#[from] anyhow::Error),
@@ -51,6 +54,7 @@ impl Error {
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::BadGateway(_) => StatusCode::BAD_GATEWAY,
+            Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -64,6 +68,7 @@ impl Error {
             Self::Unauthorized(_) => ErrorCode::Unauthorized,
             Self::RateLimited { .. } => ErrorCode::RateLimited,
             Self::BadGateway(_) => ErrorCode::BadGateway,
+            Self::PayloadTooLarge(_) => ErrorCode::PayloadTooLarge,
             Self::Internal(_) => ErrorCode::Internal,
         }
     }

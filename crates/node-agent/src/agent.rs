@@ -24,6 +24,7 @@ use flotilla_api_types::agent::{
 };
 use flotilla_api_types::clock::Clock;
 use flotilla_api_types::credentials::Secret;
+use flotilla_api_types::extensions::is_extension_id;
 use flotilla_api_types::ids::SnapshotId;
 use flotilla_api_types::instances::{InstanceConfig, InstanceStatus, ReviveMethod};
 use flotilla_api_types::{InstanceId, NodeId};
@@ -33,6 +34,7 @@ use crate::browser::{BrowserProcess, CdpEndpoint, InstanceDirs, LaunchError};
 use crate::cgroups::Limits;
 use crate::config::{AgentConfig, ImageConfig, RuntimeKind};
 use crate::egress::Upstream;
+use crate::extension;
 use crate::gateway::{self, GatewayContext};
 use crate::instance::{BrowserPhase, InstanceSlot};
 use crate::launcher::Launcher;
@@ -288,6 +290,7 @@ impl Agent {
             return Err(AgentError::ShuttingDown);
         }
         let image = self.image(&request.image)?;
+        check_extensions(&request.image, &image, &request.config)?;
         let limits = inner.launcher.limits_for(&request.config);
         let upstream = upstream_of(&request.config)?;
         let (slot, listeners, warm) = {
@@ -300,10 +303,11 @@ impl Agent {
                 .ports
                 .reserve(self.binds_ports())
                 .ok_or_else(|| self.ports_exhausted())?;
-            // A pooled browser already runs on an empty profile.
-            let warm = match request.profile {
-                Some(_) => None,
-                None => inner.launcher.take_warm(&request.image, limits, upstream),
+            // A pooled browser already runs on an empty profile, without extensions.
+            let warm = if request.profile.is_none() && request.config.extensions.is_empty() {
+                inner.launcher.take_warm(&request.image, limits, upstream)
+            } else {
+                None
             };
             let dirs = match &warm {
                 Some(warm) => warm.dirs.clone(),
@@ -427,6 +431,7 @@ impl Agent {
         image: &ImageConfig,
         limits: Limits,
     ) -> Result<(Arc<BrowserProcess>, Option<CdpEndpoint>), String> {
+        self.unpack_extensions(slot).await?;
         let launched = self
             .inner
             .launcher
@@ -436,6 +441,7 @@ impl Agent {
                 image,
                 limits,
                 upstream_of(&slot.config).map_err(|e| e.to_string())?,
+                &slot.config.extensions,
             )
             .await
             .map_err(|e| e.to_string())?;
@@ -506,6 +512,39 @@ impl Agent {
                 }
             }
         }
+    }
+
+    /// Unpacks the instance's extensions from the snapshot store into its
+    /// directory, once: an unpacked folder is complete (renamed into place)
+    /// and extensions never change after their upload.
+    async fn unpack_extensions(&self, slot: &Arc<InstanceSlot>) -> Result<(), String> {
+        for id in &slot.config.extensions {
+            if !is_extension_id(id) {
+                return Err(format!("{id:?} is not an extension id"));
+            }
+            let folder = slot.dirs.extensions().join(id);
+            if folder.is_dir() {
+                continue;
+            }
+            let zip = self
+                .inner
+                .settings
+                .snapshots
+                .extension_get(id)
+                .await
+                .map_err(|e| format!("cannot read extension {id}: {e}"))?
+                .ok_or_else(|| format!("extension {id} is not in the snapshot store"))?;
+            let partial = slot.dirs.extensions().join(format!(".{id}.partial"));
+            tokio::task::spawn_blocking(move || {
+                remove_dir(&partial);
+                extension::unpack(&zip, &partial)?;
+                std::fs::rename(&partial, &folder).map_err(|e| e.to_string())
+            })
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("cannot unpack extension {id}: {e}"))?;
+        }
+        Ok(())
     }
 
     /// Unpacks the saved state of the instance's profile into its profile
@@ -837,6 +876,7 @@ impl Agent {
             return Err(AgentError::ShuttingDown);
         }
         let image = self.image(&request.image)?;
+        check_extensions(&request.image, &image, &request.config)?;
         let (slot, listeners) = {
             let mut slots = self.inner.slots.lock().expect("slots lock");
             match slots.get(&request.id) {
@@ -1332,6 +1372,20 @@ impl Agent {
             tracing::warn!("state changes not all delivered within 10 s of shutdown");
         }
     }
+}
+
+/// Refuses `config.extensions` on an image without an extension system.
+fn check_extensions(
+    name: &str,
+    image: &ImageConfig,
+    config: &InstanceConfig,
+) -> Result<(), AgentError> {
+    if config.extensions.is_empty() || image.loads_extensions() {
+        return Ok(());
+    }
+    Err(AgentError::InvalidConfig(format!(
+        "config.extensions: image {name:?} is a headless shell, which cannot load extensions; use the \"chromium\" image"
+    )))
 }
 
 /// The instance's upstream proxy as the egress proxy uses it.

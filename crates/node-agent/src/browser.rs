@@ -130,6 +130,12 @@ impl InstanceDirs {
         self.root.join("browser.log")
     }
 
+    /// The unpacked extensions the browser loads, one folder per id; the
+    /// agent's, read-only to the browser.
+    pub fn extensions(&self) -> PathBuf {
+        self.root.join("extensions")
+    }
+
     /// The directories the browser may write to.
     pub fn writable(&self) -> [PathBuf; 3] {
         [self.profile(), self.home(), self.downloads()]
@@ -165,6 +171,8 @@ pub struct LaunchPlan<'a> {
     pub egress: Option<&'a Arc<EgressPolicy>>,
     /// The instance's upstream proxy (`config.proxy`), if any.
     pub upstream: Option<Upstream>,
+    /// Ids of the extensions unpacked under `dirs.extensions()` to load.
+    pub extensions: &'a [String],
     /// The cgroup the browser joins before it runs.
     pub cgroup: Option<&'a std::sync::Arc<crate::cgroups::InstanceCgroup>>,
     /// Host name inside the sandbox's UTS namespace.
@@ -244,6 +252,17 @@ impl BrowserProcess {
             command
                 .arg(format!("--proxy-server=socks5://127.0.0.1:{port}"))
                 .arg("--proxy-bypass-list=<-loopback>");
+        }
+        if !plan.extensions.is_empty() {
+            let folders: Vec<String> = plan
+                .extensions
+                .iter()
+                .map(|id| paths.extensions.join(id).to_string_lossy().into_owned())
+                .collect();
+            let folders = folders.join(",");
+            command
+                .arg(format!("--load-extension={folders}"))
+                .arg(format!("--disable-extensions-except={folders}"));
         }
         if !plan.isolation.chromium_sandbox {
             command.arg("--no-sandbox");

@@ -126,6 +126,19 @@ pub struct ImageConfig {
     pub args: Vec<String>,
 }
 
+impl ImageConfig {
+    /// Whether this browser loads extensions: Chromium does, its headless
+    /// shell (known by its executable's name) has no extension system.
+    pub fn loads_extensions(&self) -> bool {
+        let name = self
+            .executable
+            .file_name()
+            .map(|name| name.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        !name.contains("headless-shell") && !name.contains("headless_shell")
+    }
+}
+
 /// `[agent]` section (unknown keys are caught by the configuration loader, which
 /// names them with their section).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -226,13 +239,12 @@ impl AgentConfig {
     /// The catalog: built-in images, overridden or extended by `images`.
     pub fn image_catalog(&self) -> BTreeMap<String, ImageConfig> {
         let mut catalog = BTreeMap::new();
-        catalog.insert(
-            DEFAULT_IMAGE.to_owned(),
-            ImageConfig {
-                executable: PathBuf::from("/usr/lib/chromium/chromium"),
-                args: Vec::new(),
-            },
-        );
+        let chromium = ImageConfig {
+            executable: PathBuf::from("/usr/lib/chromium/chromium"),
+            args: Vec::new(),
+        };
+        catalog.insert(DEFAULT_IMAGE.to_owned(), chromium.clone());
+        catalog.insert("chromium".to_owned(), chromium);
         catalog.insert(
             "chromium-headless-shell".to_owned(),
             ImageConfig {

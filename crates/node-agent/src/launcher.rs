@@ -154,7 +154,8 @@ impl Launcher {
     }
 
     /// Starts a browser for `image` in `dirs`, in cgroup `name` with `limits`,
-    /// its traffic through `upstream` when given.
+    /// its traffic through `upstream` when given, loading the `extensions`
+    /// unpacked in `dirs`.
     pub async fn spawn(
         &self,
         name: &str,
@@ -162,6 +163,7 @@ impl Launcher {
         image: &ImageConfig,
         limits: Limits,
         upstream: Option<Upstream>,
+        extensions: &[String],
     ) -> Result<Launched, LaunchError> {
         if self.config.runtime == RuntimeKind::Sim {
             let start = Duration::from_millis(self.config.sim_start_ms);
@@ -198,6 +200,7 @@ impl Launcher {
             isolation: &self.isolation,
             egress: self.egress.as_ref(),
             upstream,
+            extensions,
             cgroup: cgroup.as_ref(),
             hostname: name,
         };
@@ -403,7 +406,7 @@ impl Launcher {
         let name = format!("pool-{}", uuid::Uuid::now_v7());
         let dirs = InstanceDirs::new(self.instances_root.join(&name));
         let limits = self.limits_for(&InstanceConfig::default());
-        let outcome = match self.spawn(&name, &dirs, &image, limits, None).await {
+        let outcome = match self.spawn(&name, &dirs, &image, limits, None, &[]).await {
             Ok(launched) => match launched
                 .process
                 .wait_ready(Duration::from_secs(self.config.launch_timeout_sec))

@@ -22,6 +22,7 @@ pub mod client_frames;
 pub mod config;
 pub mod downloads;
 pub mod egress;
+pub mod extension;
 pub mod gateway;
 pub mod instance;
 pub mod instance_http;

@@ -64,6 +64,8 @@ pub struct BrowserPaths {
     pub profile: PathBuf,
     pub home: PathBuf,
     pub downloads: PathBuf,
+    /// Read-only: the unpacked extensions.
+    pub extensions: PathBuf,
 }
 
 /// Where the instance's own directories appear inside the sandbox.
@@ -206,12 +208,14 @@ impl Isolation {
                 profile: inside.join("profile"),
                 home: inside.join("home"),
                 downloads: inside.join("downloads"),
+                extensions: inside.join("extensions"),
             }
         } else {
             BrowserPaths {
                 profile: dirs.profile(),
                 home: dirs.home(),
                 downloads: dirs.downloads(),
+                extensions: dirs.extensions(),
             }
         }
     }
@@ -354,6 +358,9 @@ impl Isolation {
             let inside = inside.to_string_lossy().into_owned();
             push(&["--bind", &host, &inside]);
         }
+        let extensions = dirs.extensions().to_string_lossy().into_owned();
+        let inside_extensions = inside.extensions.to_string_lossy().into_owned();
+        push(&["--ro-bind-try", &extensions, &inside_extensions]);
         push(&["--remount-ro", "/"]);
         let home = inside.home.to_string_lossy().into_owned();
         push(&["--chdir", &home]);

@@ -43,8 +43,9 @@ pub struct SnapshotsConfig {
     pub allow_http: bool,
 }
 
-/// Archives of dormant instances, by instance and snapshot id, and of
-/// persistent profiles, by name (`profiles/<name>.tar.zst`).
+/// Archives of dormant instances, by instance and snapshot id, of
+/// persistent profiles, by name (`profiles/<name>.tar.zst`), and the zips of
+/// uploaded extensions, by id (`extensions/<id>.zip`).
 #[derive(Clone)]
 pub struct SnapshotStore {
     store: Arc<dyn ObjectStore>,
@@ -186,6 +187,32 @@ impl SnapshotStore {
 
     pub async fn profile_delete(&self, name: &str) -> anyhow::Result<()> {
         match self.store.delete(&self.profile_path(name)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    fn extension_path(&self, id: &str) -> StorePath {
+        self.prefix.child("extensions").child(format!("{id}.zip"))
+    }
+
+    /// Stores the zip of extension `id`.
+    pub async fn extension_put(&self, id: &str, zip: Bytes) -> anyhow::Result<()> {
+        self.store.put(&self.extension_path(id), zip.into()).await?;
+        Ok(())
+    }
+
+    /// The zip of extension `id`; `None` when it is not stored.
+    pub async fn extension_get(&self, id: &str) -> anyhow::Result<Option<Bytes>> {
+        match self.store.get(&self.extension_path(id)).await {
+            Ok(object) => Ok(Some(object.bytes().await?)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    pub async fn extension_delete(&self, id: &str) -> anyhow::Result<()> {
+        match self.store.delete(&self.extension_path(id)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(error) => Err(error.into()),
         }

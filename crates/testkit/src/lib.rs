@@ -137,6 +137,27 @@ impl Api {
         self.call(reqwest::Method::GET, path, None).await
     }
 
+    /// A POST of raw bytes with `content_type`; status and body as [`Api::call`].
+    pub async fn post_bytes(
+        &self,
+        path: &str,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> (StatusCode, Value) {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("content-type", content_type)
+            .body(body)
+            .send()
+            .await
+            .expect("request reaches the control plane");
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, value)
+    }
+
     pub async fn post(&self, path: &str, body: &str) -> (StatusCode, Value) {
         self.call(reqwest::Method::POST, path, Some(body)).await
     }

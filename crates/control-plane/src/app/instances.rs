@@ -112,6 +112,7 @@ impl ControlPlane {
         if let Some(profile) = &request.profile {
             self.profile_check(profile).await?;
         }
+        self.extensions_check(&config.extensions).await?;
         let nodes = self.store.node_list().await?;
         let usage = self.node_usage().await?;
         let placement = PlacementRequest {

@@ -5,6 +5,7 @@
 mod alerts;
 mod door;
 mod dormancy;
+mod extensions;
 mod health;
 mod instance_access;
 mod instances;

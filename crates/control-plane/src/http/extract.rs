@@ -6,6 +6,8 @@ use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
+use flotilla_node_agent::extension;
+
 use crate::error::Error;
 
 /// A JSON body; unknown fields, wrong types and trailing garbage are rejected.
@@ -30,6 +32,47 @@ impl<S: Send + Sync> FromRequest<S> for NoBody {
                 "this operation takes no request body".into(),
             ))
         }
+    }
+}
+
+/// A zip body (`Content-Type: application/zip`) of at most
+/// [`extension::MAX_ZIP_BYTES`]; larger is a 413.
+pub struct ZipBody(pub Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for ZipBody {
+    type Rejection = Error;
+
+    async fn from_request(request: Request, _state: &S) -> Result<Self, Error> {
+        let content_type = request
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.split(';').next())
+            .map(|value| value.trim().to_ascii_lowercase());
+        if !matches!(
+            content_type.as_deref(),
+            Some("application/zip" | "application/x-zip-compressed")
+        ) {
+            return Err(Error::InvalidRequest(
+                "the body must be a zip file sent with Content-Type: application/zip".into(),
+            ));
+        }
+        let limit = extension::MAX_ZIP_BYTES;
+        axum::body::to_bytes(request.into_body(), limit)
+            .await
+            .map(ZipBody)
+            .map_err(|e| {
+                if std::error::Error::source(&e)
+                    .is_some_and(|source| source.is::<http_body_util::LengthLimitError>())
+                {
+                    Error::PayloadTooLarge(format!(
+                        "the zip is larger than {} MiB",
+                        limit / (1024 * 1024)
+                    ))
+                } else {
+                    Error::InvalidRequest(format!("cannot read the request body: {e}"))
+                }
+            })
     }
 }
 

@@ -2,6 +2,7 @@
 //! Swagger UI. Handlers are thin: extract, call `app`, convert the error.
 
 pub mod door;
+mod extensions;
 mod extract;
 mod guard;
 mod health;
@@ -50,6 +51,10 @@ use crate::error::Error;
         profiles::profile_list,
         profiles::profile_get,
         profiles::profile_delete,
+        extensions::extension_upload,
+        extensions::extension_list,
+        extensions::extension_get,
+        extensions::extension_delete,
         observability::metrics,
         observability::prometheus,
         observability::alerts,
@@ -84,6 +89,7 @@ use crate::error::Error;
         (name = "instances", description = "Browser instances"),
         (name = "nodes", description = "Machines running node agents"),
         (name = "profiles", description = "Persistent browser profiles: cookies, localStorage and the profile directory, saved by name"),
+        (name = "extensions", description = "Chromium extensions uploaded as zip files, loaded by instances that name them in config.extensions"),
         (name = "health", description = "Service health"),
         (name = "metrics", description = "Cluster metrics, Prometheus exposition and alerts"),
         (name = "events", description = "Subscriber tokens for the event proxy"),
@@ -191,6 +197,14 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
         .route(
             "/v2/profiles/{name}",
             get(profiles::profile_get).delete(profiles::profile_delete),
+        )
+        .route(
+            "/v2/extensions",
+            axum::routing::post(extensions::extension_upload).get(extensions::extension_list),
+        )
+        .route(
+            "/v2/extensions/{id}",
+            get(extensions::extension_get).delete(extensions::extension_delete),
         )
         .route("/v2/nodes", get(nodes::node_list))
         .route("/v2/nodes/{node_id}", get(nodes::node_get))

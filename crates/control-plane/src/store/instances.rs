@@ -20,7 +20,7 @@ use super::{Store, from_millis, placeholders, to_millis};
 const COLUMNS: &str = "id, node_id, status, status_reason, subdomain, image, memory_gb, cpu_cores, disk_gb, \
     idle_timeout_minutes, auto_snapshot, debug_port, stream_port, http_port, created_at, updated_at, \
     last_activity, cpu_percent, memory_mb, disk_mb, snapshot_id, dormant_since, revive_method, \
-    max_duration_minutes, proxy, profile_name, profile_persist";
+    max_duration_minutes, proxy, profile_name, profile_persist, extensions";
 
 /// An instance as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -101,6 +101,12 @@ fn decode(row: &AnyRow) -> Result<InstanceRecord, sqlx::Error> {
                 .map(|json| serde_json::from_str(&json))
                 .transpose()
                 .map_err(|e| sqlx::Error::Decode(e.into()))?,
+            extensions: row
+                .try_get::<Option<String>, _>("extensions")?
+                .map(|json| serde_json::from_str(&json))
+                .transpose()
+                .map_err(|e| sqlx::Error::Decode(e.into()))?
+                .unwrap_or_default(),
         },
         ports,
         created_at: from_millis(row.try_get("created_at")?),
@@ -299,8 +305,8 @@ impl Store {
         sqlx::query(
             "INSERT INTO instances (id, node_id, status, subdomain, image, memory_gb, cpu_cores, disk_gb, \
              idle_timeout_minutes, auto_snapshot, created_at, updated_at, last_activity, max_duration_minutes, proxy, \
-             profile_name, profile_persist) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $11, $12, $13, $14, $15)",
+             profile_name, profile_persist, extensions) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $11, $12, $13, $14, $15, $16)",
         )
         .bind(new.id.as_str())
         .bind(new.node_id.as_str())
@@ -322,6 +328,10 @@ impl Store {
         )
         .bind(new.profile.as_ref().map(|p| p.name.clone()))
         .bind(i64::from(new.profile.as_ref().is_some_and(|p| p.persist)))
+        .bind(
+            (!new.config.extensions.is_empty())
+                .then(|| serde_json::to_string(&new.config.extensions).expect("ids serialise")),
+        )
         .execute(&mut *tx)
         .await?;
         self.instance_event(

@@ -16,6 +16,7 @@
 mod alerts;
 mod cache;
 mod events;
+mod extensions;
 mod instances;
 mod leases;
 mod metrics;

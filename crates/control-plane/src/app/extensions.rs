@@ -1,0 +1,131 @@
+//! Browser extensions: upload (a zip checked to be an unpacked Manifest V3
+//! extension), list, get and delete them, and check the `config.extensions`
+//! of a create. Zips live in the snapshot store, so that every node can
+//! fetch them; the node unpacks them before it launches a browser that loads
+//! them (see the agent).
+
+use bytes::Bytes;
+
+use flotilla_api_types::MessageResponse;
+use flotilla_api_types::extensions::{
+    Extension, ExtensionList, MAX_EXTENSIONS_PER_INSTANCE, is_extension_id,
+};
+use flotilla_node_agent::extension;
+
+use super::ControlPlane;
+use crate::error::{Error, Result};
+
+fn not_found(id: &str) -> Error {
+    Error::NotFound(format!("extension {id} not found"))
+}
+
+impl ControlPlane {
+    /// Keeps an uploaded extension: checks the zip, stores it, records it.
+    pub async fn extension_upload(&self, zip: Bytes) -> Result<Extension> {
+        let checked = zip.clone();
+        let manifest = tokio::task::spawn_blocking(move || extension::inspect(&checked))
+            .await
+            .map_err(|e| Error::internal(format!("extension check panicked: {e}")))?
+            .map_err(|refusal| {
+                Error::InvalidRequest(format!("not a loadable extension: {refusal}"))
+            })?;
+        let snapshots = self.snapshots.as_ref().ok_or_else(|| {
+            Error::InsufficientCapacity(
+                "this control plane has no snapshot store to keep extensions in".into(),
+            )
+        })?;
+        let extension = Extension {
+            id: uuid::Uuid::now_v7().hyphenated().to_string(),
+            name: manifest.name,
+            version: manifest.version,
+            size_bytes: zip.len() as u64,
+            created_at: self.now(),
+        };
+        snapshots
+            .extension_put(&extension.id, zip)
+            .await
+            .map_err(|e| {
+                Error::InsufficientCapacity(format!(
+                    "cannot store the extension in the snapshot store ({}): {e}",
+                    snapshots.location
+                ))
+            })?;
+        self.store.extension_insert(&extension).await?;
+        tracing::info!(
+            extension = extension.id,
+            name = extension.name,
+            version = extension.version,
+            "extension uploaded"
+        );
+        Ok(extension)
+    }
+
+    pub async fn extension_list(&self) -> Result<ExtensionList> {
+        Ok(ExtensionList {
+            extensions: self.store.extension_list().await?,
+        })
+    }
+
+    pub async fn extension_get(&self, id: &str) -> Result<Extension> {
+        self.store
+            .extension_get(id)
+            .await?
+            .ok_or_else(|| not_found(id))
+    }
+
+    /// Deletes an extension and its zip; refused while an instance loads it.
+    pub async fn extension_delete(&self, id: &str) -> Result<MessageResponse> {
+        match self.store.extension_delete(id).await? {
+            Ok(true) => {}
+            Ok(false) => return Err(not_found(id)),
+            Err(instance) => {
+                return Err(Error::InvalidState(format!(
+                    "extension {id} is loaded by instance {instance}; delete that instance first"
+                )));
+            }
+        }
+        if let Some(snapshots) = &self.snapshots
+            && let Err(error) = snapshots.extension_delete(id).await
+        {
+            tracing::warn!(extension = id, %error, "cannot delete the extension's zip");
+        }
+        tracing::info!(extension = id, "extension deleted");
+        Ok(MessageResponse {
+            message: format!("extension {id} deleted"),
+        })
+    }
+
+    /// Checks `config.extensions` of a create: at most 20 distinct ids of
+    /// uploaded extensions.
+    pub(crate) async fn extensions_check(&self, ids: &[String]) -> Result<()> {
+        let bad = |message: String| {
+            Err(Error::InvalidRequest(format!(
+                "config.extensions: {message}"
+            )))
+        };
+        if ids.len() > MAX_EXTENSIONS_PER_INSTANCE {
+            return bad(format!(
+                "at most {MAX_EXTENSIONS_PER_INSTANCE} extensions per instance (got {})",
+                ids.len()
+            ));
+        }
+        for (index, id) in ids.iter().enumerate() {
+            if ids[..index].contains(id) {
+                return bad(format!("{id} is named twice"));
+            }
+            if !is_extension_id(id) {
+                return bad(format!(
+                    "{id:?} is not an extension id; upload one with POST /v2/extensions"
+                ));
+            }
+        }
+        let missing = self.store.extensions_missing(ids).await?;
+        if !missing.is_empty() {
+            return bad(format!(
+                "no extension {}; upload one with POST /v2/extensions",
+                missing.join(", ")
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,433 @@
+//! Browser extensions as zip files: what an upload must be to load
+//! ([`inspect`], run by the control plane before it keeps one) and unpacking
+//! one into an instance's directory ([`unpack`], run by the agent before each
+//! launch of a browser that loads it).
+//!
+//! A zip is hostile input: entry names are checked one by one (no absolute
+//! paths, `..`, backslashes, control characters or duplicates), links and
+//! encrypted entries are refused, and the number of entries and the bytes
+//! they unpack to are capped, counted as they are written, not as the zip
+//! declares them.
+
+use std::collections::HashSet;
+use std::io::{Cursor, Read, Write};
+use std::path::Path;
+
+use serde_json::Value;
+use zip::ZipArchive;
+
+/// Largest zip accepted (`POST /v2/extensions`).
+pub const MAX_ZIP_BYTES: usize = 50 * 1024 * 1024;
+/// Most entries in one zip.
+pub const MAX_ENTRIES: usize = 10_000;
+/// Most bytes one zip may unpack to (zip bombs stop here).
+pub const MAX_UNPACKED_BYTES: u64 = 256 * 1024 * 1024;
+const MAX_MANIFEST_BYTES: u64 = 1024 * 1024;
+
+/// What the manifest says of an extension.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtensionManifest {
+    pub name: String,
+    pub version: String,
+}
+
+/// Why a zip is not a loadable extension (shown to the uploader).
+pub type Refusal = String;
+
+/// Checks that `zip` holds an unpacked Manifest V3 extension (its
+/// `manifest.json` at the root or in the zip's one top-level folder) and
+/// returns its name and version.
+pub fn inspect(zip: &[u8]) -> Result<ExtensionManifest, Refusal> {
+    inspect_within(zip, MAX_UNPACKED_BYTES)
+}
+
+fn inspect_within(zip: &[u8], max_unpacked: u64) -> Result<ExtensionManifest, Refusal> {
+    let mut archive = open(zip)?;
+    let layout = layout(&mut archive, max_unpacked)?;
+    let mut manifest = archive
+        .by_index(layout.manifest)
+        .map_err(|e| format!("cannot read manifest.json: {e}"))?;
+    let mut text = Vec::new();
+    (&mut manifest)
+        .take(MAX_MANIFEST_BYTES + 1)
+        .read_to_end(&mut text)
+        .map_err(|e| format!("cannot read manifest.json: {e}"))?;
+    if text.len() as u64 > MAX_MANIFEST_BYTES {
+        return Err("manifest.json is larger than 1 MiB".into());
+    }
+    parse_manifest(&text)
+}
+
+/// Unpacks the extension in `zip` into `dest` (created; it must not exist),
+/// with the folder that holds `manifest.json` as `dest` itself.
+pub fn unpack(zip: &[u8], dest: &Path) -> Result<(), Refusal> {
+    unpack_within(zip, dest, MAX_UNPACKED_BYTES)
+}
+
+fn unpack_within(zip: &[u8], dest: &Path, max_unpacked: u64) -> Result<(), Refusal> {
+    let mut archive = open(zip)?;
+    let layout = layout(&mut archive, max_unpacked)?;
+    std::fs::create_dir_all(dest).map_err(|e| format!("cannot create {}: {e}", dest.display()))?;
+    let mut budget = max_unpacked;
+    for index in 0..archive.len() {
+        let mut entry = archive
+            .by_index(index)
+            .map_err(|e| format!("cannot read entry {index}: {e}"))?;
+        let name = String::from_utf8_lossy(entry.name_raw()).into_owned();
+        let Some(relative) = name.strip_prefix(&layout.prefix) else {
+            continue;
+        };
+        let relative = relative.trim_end_matches('/');
+        if relative.is_empty() {
+            continue;
+        }
+        let target = dest.join(relative);
+        if entry.is_dir() {
+            std::fs::create_dir_all(&target)
+                .map_err(|e| format!("cannot create {relative}: {e}"))?;
+            continue;
+        }
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| format!("cannot create the folder of {relative}: {e}"))?;
+        }
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&target)
+            .map_err(|e| format!("cannot create {relative}: {e}"))?;
+        let written = std::io::copy(&mut (&mut entry).take(budget + 1), &mut out)
+            .map_err(|e| format!("cannot unpack {relative}: {e}"))?;
+        if written > budget {
+            return Err(too_big(max_unpacked));
+        }
+        budget -= written;
+        out.flush()
+            .map_err(|e| format!("cannot write {relative}: {e}"))?;
+    }
+    Ok(())
+}
+
+fn too_big(max_unpacked: u64) -> Refusal {
+    format!(
+        "the extension unpacks to more than {} KiB",
+        max_unpacked / 1024
+    )
+}
+
+fn open(zip: &[u8]) -> Result<ZipArchive<Cursor<&[u8]>>, Refusal> {
+    if zip.len() > MAX_ZIP_BYTES {
+        return Err(format!(
+            "the zip is larger than {} MiB",
+            MAX_ZIP_BYTES / (1024 * 1024)
+        ));
+    }
+    let archive = ZipArchive::new(Cursor::new(zip))
+        .map_err(|e| format!("the body is not a zip file: {e}"))?;
+    if archive.len() > MAX_ENTRIES {
+        return Err(format!("the zip has more than {MAX_ENTRIES} entries"));
+    }
+    Ok(archive)
+}
+
+/// Where the extension is inside a checked zip.
+struct Layout {
+    /// `""` or `"<folder>/"`: what every unpacked name starts with.
+    prefix: String,
+    /// The index of `manifest.json`.
+    manifest: usize,
+}
+
+/// Checks every entry's name and kind, and finds `manifest.json`: at the
+/// root, or in the one folder that holds every entry.
+fn layout(archive: &mut ZipArchive<Cursor<&[u8]>>, max_unpacked: u64) -> Result<Layout, Refusal> {
+    let mut seen = HashSet::new();
+    let mut declared: u64 = 0;
+    let mut tops = HashSet::new();
+    let mut root_manifest = None;
+    let mut nested_manifests = Vec::new();
+    for index in 0..archive.len() {
+        let entry = archive
+            .by_index_raw(index)
+            .map_err(|e| format!("cannot read entry {index}: {e}"))?;
+        let name = std::str::from_utf8(entry.name_raw())
+            .map_err(|_| format!("entry {index} has a name that is not UTF-8"))?
+            .to_owned();
+        check_entry_name(&name)?;
+        if entry.is_symlink() {
+            return Err(format!(
+                "entry {name:?} is a link; extensions hold files only"
+            ));
+        }
+        if entry.encrypted() {
+            return Err(format!("entry {name:?} is encrypted"));
+        }
+        if !seen.insert(name.trim_end_matches('/').to_owned()) {
+            return Err(format!("entry {name:?} appears twice"));
+        }
+        declared = declared.saturating_add(entry.size());
+        if declared > max_unpacked {
+            return Err(too_big(max_unpacked));
+        }
+        let (top, rest) = match name.split_once('/') {
+            Some((top, rest)) => (top, rest),
+            None => (name.as_str(), ""),
+        };
+        tops.insert(top.to_owned());
+        if name == "manifest.json" {
+            root_manifest = Some(index);
+        } else if rest == "manifest.json" {
+            nested_manifests.push((format!("{top}/"), index));
+        }
+    }
+    if let Some(manifest) = root_manifest {
+        return Ok(Layout {
+            prefix: String::new(),
+            manifest,
+        });
+    }
+    match (tops.len(), nested_manifests.as_slice()) {
+        (1, [(prefix, manifest)]) => Ok(Layout {
+            prefix: prefix.clone(),
+            manifest: *manifest,
+        }),
+        _ => Err(
+            "the zip holds no manifest.json at its root or in its one top-level folder: it is not an unpacked extension"
+                .into(),
+        ),
+    }
+}
+
+/// A relative path of plain components: no absolute path, `.` or `..`,
+/// empty component, backslash or control character.
+fn check_entry_name(name: &str) -> Result<(), Refusal> {
+    let body = name.strip_suffix('/').unwrap_or(name);
+    let plain = !body.is_empty()
+        && body.len() <= 1024
+        && !body.starts_with('/')
+        && !body.chars().any(|c| c == '\\' || c.is_control())
+        && body
+            .split('/')
+            .all(|part| !part.is_empty() && part != "." && part != "..");
+    if plain {
+        Ok(())
+    } else {
+        Err(format!(
+            "entry {name:?} is not a plain relative path (no leading '/', '..', '\\\\' or control characters)"
+        ))
+    }
+}
+
+fn parse_manifest(text: &[u8]) -> Result<ExtensionManifest, Refusal> {
+    let text = text.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(text);
+    let manifest: Value = serde_json::from_slice(text)
+        .map_err(|e| format!("manifest.json is not valid JSON: {e}"))?;
+    let Some(manifest) = manifest.as_object() else {
+        return Err("manifest.json must hold a JSON object".into());
+    };
+    match manifest.get("manifest_version").and_then(Value::as_i64) {
+        Some(3) => {}
+        Some(2) => {
+            return Err(
+                "manifest.json: manifest_version 2 is no longer loaded by Chromium; use manifest_version 3"
+                    .into(),
+            );
+        }
+        _ => return Err("manifest.json: manifest_version must be 3".into()),
+    }
+    let text_field = |field: &str| -> Result<String, Refusal> {
+        match manifest.get(field).and_then(Value::as_str) {
+            Some(value)
+                if !value.trim().is_empty()
+                    && value.chars().count() <= 200
+                    && !value.chars().any(char::is_control) =>
+            {
+                Ok(value.to_owned())
+            }
+            _ => Err(format!(
+                "manifest.json: {field} must be a string of 1 to 200 characters"
+            )),
+        }
+    };
+    let name = text_field("name")?;
+    let version = text_field("version")?;
+    if !valid_version(&version) {
+        return Err(format!(
+            "manifest.json: version {version:?} must be one to four dot-separated integers from 0 to 65535"
+        ));
+    }
+    Ok(ExtensionManifest { name, version })
+}
+
+/// Chromium's rule for `version`: `1`, `1.2`, `1.2.3` or `1.2.3.4`, each
+/// part 0 to 65535 without a leading zero.
+fn valid_version(version: &str) -> bool {
+    let parts: Vec<&str> = version.split('.').collect();
+    (1..=4).contains(&parts.len())
+        && parts.iter().all(|part| {
+            !part.is_empty()
+                && part.bytes().all(|b| b.is_ascii_digit())
+                && (part.len() == 1 || !part.starts_with('0'))
+                && part.parse::<u32>().is_ok_and(|n| n <= 65535)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zip::write::SimpleFileOptions;
+
+    const MANIFEST: &str = r#"{"manifest_version": 3, "name": "Marker", "version": "1.2.3"}"#;
+
+    fn zip_of(entries: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut zip = zip::ZipWriter::new(Cursor::new(Vec::new()));
+        for (name, content) in entries {
+            if name.ends_with('/') {
+                zip.add_directory(*name, SimpleFileOptions::default())
+                    .unwrap();
+            } else {
+                zip.start_file(*name, SimpleFileOptions::default()).unwrap();
+                zip.write_all(content).unwrap();
+            }
+        }
+        zip.finish().unwrap().into_inner()
+    }
+
+    #[test]
+    fn a_manifest_at_the_root_or_in_one_folder_is_an_extension() {
+        let expected = ExtensionManifest {
+            name: "Marker".into(),
+            version: "1.2.3".into(),
+        };
+        let root = zip_of(&[("manifest.json", MANIFEST.as_bytes()), ("a/b.js", b"1")]);
+        assert_eq!(inspect(&root), Ok(expected.clone()));
+        let nested = zip_of(&[
+            ("marker/", b""),
+            ("marker/manifest.json", MANIFEST.as_bytes()),
+            ("marker/content.js", b"document.title = 'x'"),
+        ]);
+        assert_eq!(inspect(&nested), Ok(expected));
+
+        let dest = tempfile::tempdir().unwrap();
+        let target = dest.path().join("ext");
+        unpack(&nested, &target).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(target.join("manifest.json")).unwrap(),
+            MANIFEST
+        );
+        assert!(target.join("content.js").is_file());
+        assert!(!target.join("marker").exists());
+    }
+
+    #[test]
+    fn what_is_not_an_extension_is_refused_with_the_reason() {
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (b"not a zip at all".to_vec(), "not a zip"),
+            (zip_of(&[("content.js", b"1")]), "no manifest.json"),
+            (
+                zip_of(&[("a/manifest.json", MANIFEST.as_bytes()), ("b/x.js", b"1")]),
+                "no manifest.json",
+            ),
+            (zip_of(&[("manifest.json", b"{not json")]), "not valid JSON"),
+            (
+                zip_of(&[(
+                    "manifest.json",
+                    br#"{"manifest_version": 2, "name": "a", "version": "1"}"#,
+                )]),
+                "manifest_version 2",
+            ),
+            (
+                zip_of(&[(
+                    "manifest.json",
+                    br#"{"manifest_version": 3, "version": "1"}"#,
+                )]),
+                "name",
+            ),
+            (
+                zip_of(&[(
+                    "manifest.json",
+                    br#"{"manifest_version": 3, "name": "a", "version": "1.02"}"#,
+                )]),
+                "version",
+            ),
+        ];
+        for (zip, expected) in cases {
+            let refusal = inspect(&zip).unwrap_err();
+            assert!(refusal.contains(expected), "{refusal:?} lacks {expected:?}");
+        }
+    }
+
+    #[test]
+    fn hostile_entry_names_are_refused() {
+        for name in [
+            "../evil.js",
+            "a/../../evil.js",
+            "/etc/evil",
+            "a\\..\\evil.js",
+            "a//b.js",
+            "./a.js",
+            "a\nb.js",
+        ] {
+            let zip = zip_of(&[("manifest.json", MANIFEST.as_bytes()), (name, b"1")]);
+            let refusal = inspect(&zip).unwrap_err();
+            assert!(
+                refusal.contains("plain relative path"),
+                "{name:?}: {refusal}"
+            );
+            let dest = tempfile::tempdir().unwrap();
+            assert!(unpack(&zip, &dest.path().join("ext")).is_err());
+        }
+    }
+
+    #[test]
+    fn links_are_refused() {
+        let mut zip = zip::ZipWriter::new(Cursor::new(Vec::new()));
+        zip.start_file("manifest.json", SimpleFileOptions::default())
+            .unwrap();
+        zip.write_all(MANIFEST.as_bytes()).unwrap();
+        zip.add_symlink("content.js", "/etc/shadow", SimpleFileOptions::default())
+            .unwrap();
+        let zip = zip.finish().unwrap().into_inner();
+        assert!(inspect(&zip).unwrap_err().contains("link"));
+    }
+
+    #[test]
+    fn a_zip_bomb_stops_at_the_unpacked_limit() {
+        // Deflate makes zeros tiny: the cap holds on sizes, not on the wire.
+        let options =
+            SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
+        let mut zip = zip::ZipWriter::new(Cursor::new(Vec::new()));
+        zip.start_file("manifest.json", options).unwrap();
+        zip.write_all(MANIFEST.as_bytes()).unwrap();
+        zip.start_file("zeros.bin", options).unwrap();
+        zip.write_all(&vec![0u8; 2 * 1024 * 1024]).unwrap();
+        let zip = zip.finish().unwrap().into_inner();
+        assert!(zip.len() < 64 * 1024, "{} bytes", zip.len());
+        let limit = 1024 * 1024;
+        let refusal = inspect_within(&zip, limit).unwrap_err();
+        assert!(refusal.contains("more than 1024 KiB"), "{refusal}");
+        let dest = tempfile::tempdir().unwrap();
+        assert!(unpack_within(&zip, &dest.path().join("ext"), limit).is_err());
+        assert!(inspect(&zip).is_ok(), "within the real limit");
+    }
+
+    #[test]
+    fn versions_follow_chromiums_rule() {
+        for good in ["1", "1.0", "0.1.2.3", "65535.0"] {
+            assert!(valid_version(good), "{good}");
+        }
+        for bad in [
+            "",
+            "1.",
+            ".1",
+            "1.2.3.4.5",
+            "01",
+            "65536",
+            "1.a",
+            "-1",
+            "1 .2",
+        ] {
+            assert!(!valid_version(bad), "{bad}");
+        }
+    }
+}
