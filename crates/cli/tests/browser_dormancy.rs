@@ -456,7 +456,14 @@ async fn browser_a_park_that_cannot_store_its_snapshot_leaves_the_instance_runni
         .api
         .post(&format!("/v2/instances/{id}/dormant"), "")
         .await;
-    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("the instance keeps running"),
+        "{body}"
+    );
     let (_, detail) = serve.api.get(&format!("/v2/instances/{id}")).await;
     assert_eq!(detail["status"], "running", "nothing was parked: {detail}");
     assert!(detail.get("snapshot_id").is_none());
@@ -474,6 +481,90 @@ async fn browser_a_park_that_cannot_store_its_snapshot_leaves_the_instance_runni
     serve.shutdown().await;
 }
 
+fn s3_config(endpoint: &str, timeout_sec: Option<f64>) -> flotilla_node_agent::snapshot::SnapshotsConfig {
+    flotilla_node_agent::snapshot::SnapshotsConfig {
+        url: Some("s3://flotilla-snapshots/fleet-a".into()),
+        endpoint: Some(endpoint.to_owned()),
+        region: Some("us-east-1".into()),
+        access_key_id: Some("test".into()),
+        secret_access_key: Some("test".into()),
+        allow_http: true,
+        timeout_sec,
+    }
+}
+
+#[tokio::test]
+async fn browser_an_unreachable_snapshot_store_leaves_instances_where_they_were() {
+    let mut s3 = flotilla_testkit::S3Server::start("flotilla-snapshots")
+        .await
+        .unwrap();
+    let pages = site().await;
+    let endpoint = s3.endpoint.clone();
+    let serve = spawn_serve_with(|config| {
+        pages.allow_in(config);
+        config.snapshots = s3_config(&endpoint, Some(3.0));
+    })
+    .await;
+    let (id, debug_url) = running_with_state(&serve, &pages).await;
+    let status_of = || async {
+        let (_, detail) = serve.api.get(&format!("/v2/instances/{id}")).await;
+        detail
+    };
+
+    // The store is down (connections refused): the park answers 503 naming
+    // the store, and the instance runs on with its state.
+    s3.stop().await;
+    let (status, body) = serve
+        .api
+        .post(&format!("/v2/instances/{id}/dormant"), "")
+        .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let detail = body["detail"].as_str().unwrap();
+    assert!(detail.contains("s3://flotilla-snapshots/fleet-a"), "{body}");
+    assert!(detail.contains("the instance keeps running"), "{body}");
+    assert_eq!(status_of().await["status"], "running");
+    let state = Page::open(&debug_url, &format!("{}/state", pages.base))
+        .await
+        .unwrap();
+    assert_state_back(&state.eval(READ_STATE).await.unwrap());
+    drop(state);
+
+    // Back (empty, as a restarted moto is): the park works.
+    s3.restart().await.unwrap();
+    let parked = park(&serve, &id).await;
+    assert_eq!(parked["status"], "dormant");
+
+    // The store hangs (frozen): the revive answers 503 within the store
+    // timeout, and the instance stays dormant with its snapshot.
+    s3.pause();
+    let (status, body) = serve
+        .api
+        .post(&format!("/v2/instances/{id}/revive"), "")
+        .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(
+        body["detail"].as_str().unwrap().contains("stays dormant"),
+        "{body}"
+    );
+    let detail = status_of().await;
+    assert_eq!(detail["status"], "dormant", "{detail}");
+    assert_eq!(detail["snapshot_id"], parked["snapshot_id"], "{detail}");
+
+    // Thawed: the revive brings everything back.
+    s3.resume();
+    revive(&serve, &id, "").await;
+    serve
+        .api
+        .wait_for_status(&id, "running", BROWSER_DEADLINE)
+        .await;
+    let state = Page::open(&debug_url, &format!("{}/state", pages.base))
+        .await
+        .unwrap();
+    assert_state_back(&state.eval(READ_STATE).await.unwrap());
+    drop(state);
+    serve.shutdown().await;
+}
+
 #[tokio::test]
 async fn browser_snapshots_in_an_s3_compatible_bucket() {
     let s3 = flotilla_testkit::S3Server::start("flotilla-snapshots")
@@ -483,14 +574,7 @@ async fn browser_snapshots_in_an_s3_compatible_bucket() {
     let pages = site().await;
     let serve = spawn_serve_with(|config| {
         pages.allow_in(config);
-        config.snapshots = flotilla_node_agent::snapshot::SnapshotsConfig {
-            url: Some("s3://flotilla-snapshots/fleet-a".into()),
-            endpoint: Some(endpoint),
-            region: Some("us-east-1".into()),
-            access_key_id: Some("test".into()),
-            secret_access_key: Some("test".into()),
-            allow_http: true,
-        };
+        config.snapshots = s3_config(&endpoint, None);
     })
     .await;
     let (id, debug_url) = running_with_state(&serve, &pages).await;

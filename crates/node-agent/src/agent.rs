@@ -63,6 +63,10 @@ pub enum AgentError {
     InvalidState(String),
     #[error("{0}")]
     Snapshot(String),
+    /// The snapshot store failed (unreachable, timed out): nothing changed,
+    /// retry when it is back.
+    #[error("{0}")]
+    SnapshotStore(String),
     #[error("the agent is shutting down")]
     ShuttingDown,
 }
@@ -787,8 +791,8 @@ impl Agent {
                     .await
                     .map(|()| size)
                     .map_err(|e| {
-                        AgentError::Snapshot(format!(
-                            "cannot store the snapshot in {}: {e}",
+                        AgentError::SnapshotStore(format!(
+                            "the snapshot store {} cannot take the snapshot: {e}",
                             self.inner.settings.snapshots.location
                         ))
                     })
@@ -800,9 +804,13 @@ impl Agent {
             Err(error) => {
                 tracing::error!(instance = %id, %error, "parking failed; starting the browser again");
                 self.resume_in_place(&slot, &state).await;
-                return Err(AgentError::Snapshot(format!(
-                    "{error}; the instance keeps running"
-                )));
+                let detail = format!("{error}; the instance keeps running");
+                return Err(match error {
+                    AgentError::SnapshotStore(_) => {
+                        AgentError::SnapshotStore(format!("{detail}: park it again later"))
+                    }
+                    _ => AgentError::Snapshot(detail),
+                });
             }
         };
         if let Some(name) = slot.persisted_profile() {
@@ -915,6 +923,19 @@ impl Agent {
         if let Some([debug, stream, http]) = listeners {
             self.start_servers(&slot, debug, stream, http);
         }
+        // A store that cannot be read is refused now, the instance still parked.
+        if let Err(error) = self
+            .inner
+            .settings
+            .snapshots
+            .check(&request.id, &request.snapshot_id)
+            .await
+        {
+            return Err(AgentError::SnapshotStore(format!(
+                "the snapshot store {} cannot be read: {error}; the instance stays dormant: revive it again later",
+                self.inner.settings.snapshots.location
+            )));
+        }
         self.begin_revive(&slot, request.method, request.snapshot_id, image)?;
         Ok(ports_of(&slot))
     }
@@ -955,14 +976,24 @@ impl Agent {
         }
         let guard = slot.begin_supervision();
         let started = Instant::now();
+        let archive = match self.inner.settings.snapshots.get(&slot.id, &snapshot).await {
+            Ok(archive) => Ok(archive),
+            Err(error) if !snapshot::is_not_found(&error) => {
+                // The store failed, not the snapshot: stay parked.
+                let reason = format!(
+                    "revive failed: the snapshot store {} cannot be read: {error}; the instance stays dormant",
+                    self.inner.settings.snapshots.location
+                );
+                tracing::warn!(instance = %slot.id, reason, "revive postponed");
+                slot.set_status(InstanceStatus::Dormant, Some(reason.clone()));
+                slot.set_phase(BrowserPhase::Dormant);
+                self.send_change(&slot, InstanceStatus::Dormant, Some(reason));
+                return;
+            }
+            Err(error) => Err(format!("cannot read snapshot {snapshot}: {error}")),
+        };
         let outcome = async {
-            let archive = self
-                .inner
-                .settings
-                .snapshots
-                .get(&slot.id, &snapshot)
-                .await
-                .map_err(|e| format!("cannot read snapshot {snapshot}: {e}"))?;
+            let archive = archive?;
             let (root, profile, downloads) = (
                 slot.dirs.root.clone(),
                 slot.dirs.profile(),

@@ -71,6 +71,7 @@ pub fn status_of(error: &AgentError) -> StatusCode {
         AgentError::NotFound(_) => StatusCode::NOT_FOUND,
         AgentError::InvalidState(_) => StatusCode::CONFLICT,
         AgentError::Snapshot(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        AgentError::SnapshotStore(_) => StatusCode::BAD_GATEWAY,
         AgentError::Full { .. } | AgentError::PortsExhausted { .. } | AgentError::ShuttingDown => {
             StatusCode::SERVICE_UNAVAILABLE
         }
@@ -85,6 +86,7 @@ impl IntoResponse for AgentError {
             StatusCode::NOT_FOUND => ErrorCode::NotFound,
             StatusCode::CONFLICT => ErrorCode::InvalidState,
             StatusCode::INTERNAL_SERVER_ERROR => ErrorCode::Internal,
+            StatusCode::BAD_GATEWAY => ErrorCode::BadGateway,
             _ => ErrorCode::InsufficientCapacity,
         };
         error(status, code, self.to_string())

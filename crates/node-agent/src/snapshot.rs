@@ -41,7 +41,13 @@ pub struct SnapshotsConfig {
     pub secret_access_key: Option<String>,
     /// Allow `http://` endpoints (local S3-compatible servers).
     pub allow_http: bool,
+    /// How long one operation on an S3 store may take, retries included
+    /// (default 30): past it, a park or revive fails with the store named.
+    pub timeout_sec: Option<f64>,
 }
+
+/// Default of `[snapshots] timeout_sec`.
+pub const DEFAULT_STORE_TIMEOUT_SEC: f64 = 30.0;
 
 /// Archives of dormant instances, by instance and snapshot id, of
 /// persistent profiles, by name (`profiles/<name>.tar.zst`), and the zips of
@@ -79,9 +85,26 @@ impl SnapshotStore {
                 let bucket = parsed
                     .host_str()
                     .ok_or_else(|| anyhow::anyhow!("snapshots.url {url:?} names no bucket"))?;
+                let timeout = config.timeout_sec.unwrap_or(DEFAULT_STORE_TIMEOUT_SEC);
+                if !(timeout.is_finite() && timeout > 0.0 && timeout <= 3600.0) {
+                    anyhow::bail!(
+                        "snapshots.timeout_sec must be greater than 0 and at most 3600 (got {timeout})"
+                    );
+                }
+                let timeout = Duration::from_secs_f64(timeout);
                 let mut builder = object_store::aws::AmazonS3Builder::from_env()
                     .with_bucket_name(bucket)
-                    .with_allow_http(config.allow_http);
+                    .with_allow_http(config.allow_http)
+                    .with_client_options(
+                        object_store::ClientOptions::new()
+                            .with_timeout(timeout)
+                            .with_connect_timeout(timeout.min(Duration::from_secs(5))),
+                    )
+                    .with_retry(object_store::RetryConfig {
+                        backoff: Default::default(),
+                        max_retries: 5,
+                        retry_timeout: timeout,
+                    });
                 if let Some(endpoint) = &config.endpoint {
                     builder = builder.with_endpoint(endpoint);
                 }
@@ -218,6 +241,15 @@ impl SnapshotStore {
         }
     }
 
+    /// Whether the store answers for this archive: `Ok` when it does
+    /// (whether or not the archive is there), the store's error otherwise.
+    pub async fn check(&self, instance: &InstanceId, snapshot: &SnapshotId) -> anyhow::Result<()> {
+        match self.store.head(&self.path(instance, snapshot)).await {
+            Ok(_) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(error) => Err(error.into()),
+        }
+    }
+
     /// Whether an archive exists (for tests and checks).
     pub async fn exists(&self, instance: &InstanceId, snapshot: &SnapshotId) -> bool {
         self.store
@@ -249,6 +281,14 @@ pub struct OriginStorage {
 }
 
 const CDP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Whether `error` says the object is absent (rather than the store failing).
+pub fn is_not_found(error: &anyhow::Error) -> bool {
+    matches!(
+        error.downcast_ref::<object_store::Error>(),
+        Some(object_store::Error::NotFound { .. })
+    )
+}
 
 /// Reads cookies, tabs and localStorage from a running browser.
 pub async fn capture(endpoint: &CdpEndpoint) -> anyhow::Result<CapturedState> {

@@ -769,14 +769,53 @@ impl S3Server {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let child = Self::spawn_on(&endpoint, bucket).await?;
+        Ok(Self {
+            child,
+            endpoint,
+            bucket: bucket.to_owned(),
+        })
+    }
+
+    /// Kills the server: connections are refused until [`S3Server::restart`].
+    pub async fn stop(&mut self) {
+        let _ = self.child.kill().await;
+    }
+
+    /// Starts a fresh (empty) server on the same port, with the bucket.
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.stop().await;
+        self.child = Self::spawn_on(&self.endpoint, &self.bucket).await?;
+        Ok(())
+    }
+
+    /// Freezes the server (SIGSTOP): connections are accepted by the kernel
+    /// but never answered, until [`S3Server::resume`]. Its objects stay.
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, signal: i32) {
+        if let Some(pid) = self.child.id() {
+            // SAFETY: kill has no memory-safety preconditions.
+            unsafe { libc::kill(pid as i32, signal) };
+        }
+    }
+
+    async fn spawn_on(endpoint: &str, bucket: &str) -> anyhow::Result<tokio::process::Child> {
+        let port = endpoint.rsplit(':').next().unwrap_or_default().to_owned();
         let child = tokio::process::Command::new("moto_server")
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .args(["-H", "127.0.0.1", "-p", &port])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .kill_on_drop(true)
             .spawn()
             .context("cannot start moto_server: run scripts/install-deps --test (pip install 'moto[server]')")?;
-        let endpoint = format!("http://127.0.0.1:{port}");
         let http = reqwest::Client::new();
         let bucket_url = format!("{endpoint}/{bucket}");
         wait_until(
@@ -791,11 +830,7 @@ impl S3Server {
             },
         )
         .await?;
-        Ok(Self {
-            child,
-            endpoint,
-            bucket: bucket.to_owned(),
-        })
+        Ok(child)
     }
 
     /// Keys of the objects under `prefix`.
@@ -820,6 +855,7 @@ impl S3Server {
 
 impl Drop for S3Server {
     fn drop(&mut self) {
+        self.resume();
         let _ = self.child.start_kill();
     }
 }

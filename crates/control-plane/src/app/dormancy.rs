@@ -75,8 +75,10 @@ fn node_error(error: NodeCallError) -> Error {
         } => Error::InvalidState(format!(
             "{detail}; its node no longer holds it (the node restarted?)"
         )),
+        // 503: the node is full or shutting down; 502: the snapshot store
+        // failed. Both are worth a retry, and the detail says which.
         NodeCallError::Rejected {
-            status: 503,
+            status: 502 | 503,
             detail,
         } => Error::InsufficientCapacity(detail),
         NodeCallError::Rejected { detail, .. } => Error::Internal(anyhow::anyhow!("{detail}")),

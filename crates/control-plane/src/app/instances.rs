@@ -446,6 +446,19 @@ impl ControlPlane {
                 }
                 updated
             }
+            // A revive that could not read its snapshot (the store is
+            // unreachable): the instance stays parked, to be revived again.
+            InstanceStatus::Dormant => {
+                self.store
+                    .instance_transition(
+                        &change.id,
+                        &[InstanceStatus::Reviving],
+                        InstanceStatus::Dormant,
+                        reason,
+                        change.at,
+                    )
+                    .await?
+            }
             InstanceStatus::Failed | InstanceStatus::Stopped => {
                 self.store
                     .instance_transition(

@@ -105,6 +105,7 @@ pub async fn instance_delete(
         (status = 400, description = "A body was sent (this operation takes none)", body = ErrorResponse),
         (status = 404, body = ErrorResponse),
         (status = 409, description = "Not running or idle", body = ErrorResponse),
+        (status = 503, description = "Its node is unreachable, or the snapshot store cannot take the snapshot (the instance keeps running)", body = ErrorResponse),
     ))]
 pub async fn instance_dormant(
     State(control_plane): State<Arc<ControlPlane>>,
@@ -125,6 +126,7 @@ pub async fn instance_dormant(
         (status = 400, description = "Unknown method or field", body = ErrorResponse),
         (status = 404, body = ErrorResponse),
         (status = 409, description = "Not dormant", body = ErrorResponse),
+        (status = 503, description = "No node can take it, or the snapshot store cannot be read (the instance stays dormant)", body = ErrorResponse),
     ))]
 pub async fn instance_revive(
     State(control_plane): State<Arc<ControlPlane>>,
