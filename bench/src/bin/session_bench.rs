@@ -80,7 +80,10 @@ async fn site() -> anyhow::Result<String> {
                 let script = script.clone();
                 async move {
                     (
-                        [("content-type", "text/javascript"), ("cache-control", "no-store")],
+                        [
+                            ("content-type", "text/javascript"),
+                            ("cache-control", "no-store"),
+                        ],
                         script,
                     )
                 }
@@ -470,7 +473,8 @@ async fn profile() -> anyhow::Result<()> {
 async fn queue() -> anyhow::Result<()> {
     let clients = number_flag("--clients", 50)?;
     let rounds = number_flag("--rounds", 4)?;
-    let (serve, _dir) = serve("[agent]\nruntime = \"sim\"\nmax_instances = 1\nwarm_pool_size = 0\n").await?;
+    let (serve, _dir) =
+        serve("[agent]\nruntime = \"sim\"\nmax_instances = 1\nwarm_pool_size = 0\n").await?;
     let http = client()?;
     let base = serve.url.clone();
     let first = create(&http, &base, &json!({})).await?;
@@ -489,11 +493,7 @@ async fn queue() -> anyhow::Result<()> {
                 done_tx.clone(),
             );
             tokio::spawn(async move {
-                let answer = waiter
-                    .post(url)
-                    .json(&json!({}))
-                    .send()
-                    .await;
+                let answer = waiter.post(url).json(&json!({})).send().await;
                 let answered = Instant::now();
                 let id = match answer {
                     Ok(response) if response.status().is_success() => response
@@ -527,10 +527,11 @@ async fn queue() -> anyhow::Result<()> {
             let freed = Instant::now();
             delete(&http, &base, &running).await?;
             deletes.push(freed.elapsed().as_secs_f64() * 1000.0);
-            let (index, answered, id) = tokio::time::timeout(Duration::from_secs(60), done_rx.recv())
-                .await
-                .context("no waiting create answered within 60 s of a freed slot")?
-                .context("clients gone")?;
+            let (index, answered, id) =
+                tokio::time::timeout(Duration::from_secs(60), done_rx.recv())
+                    .await
+                    .context("no waiting create answered within 60 s of a freed slot")?
+                    .context("clients gone")?;
             waits.push(answered.saturating_duration_since(freed).as_secs_f64() * 1000.0);
             if index != expected {
                 out_of_order += 1;
@@ -547,7 +548,10 @@ async fn queue() -> anyhow::Result<()> {
             &waits
         )
     );
-    println!("{}", summary_row("to the `DELETE`'s own answer (baseline)", &deletes));
+    println!(
+        "{}",
+        summary_row("to the `DELETE`'s own answer (baseline)", &deletes)
+    );
     println!(
         "p99: {:.2} ms (delete alone {:.2} ms); answered out of FIFO order: {out_of_order}",
         percentile(&waits, 0.99),

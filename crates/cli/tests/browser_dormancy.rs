@@ -481,7 +481,10 @@ async fn browser_a_park_that_cannot_store_its_snapshot_leaves_the_instance_runni
     serve.shutdown().await;
 }
 
-fn s3_config(endpoint: &str, timeout_sec: Option<f64>) -> flotilla_node_agent::snapshot::SnapshotsConfig {
+fn s3_config(
+    endpoint: &str,
+    timeout_sec: Option<f64>,
+) -> flotilla_node_agent::snapshot::SnapshotsConfig {
     flotilla_node_agent::snapshot::SnapshotsConfig {
         url: Some("s3://flotilla-snapshots/fleet-a".into()),
         endpoint: Some(endpoint.to_owned()),
@@ -548,10 +551,39 @@ async fn browser_an_unreachable_snapshot_store_leaves_instances_where_they_were(
     );
     let detail = status_of().await;
     assert_eq!(detail["status"], "dormant", "{detail}");
-    assert_eq!(detail["snapshot_id"], parked["snapshot_id"], "{detail}");
 
-    // Thawed: the revive brings everything back.
+    // A connecting client wakes it while the store still hangs: the revive
+    // gives up after the store timeout and the instance is dormant again.
+    let waking = tokio::spawn(tokio_tungstenite::connect_async(debug_url.clone()));
+    for (status, what) in [
+        ("reviving", "the client to wake it"),
+        ("dormant", "the failed wake to leave it dormant"),
+    ] {
+        wait_until(BROWSER_DEADLINE, what, || async {
+            let detail = status_of().await;
+            Ok::<_, String>((detail["status"] == status).then_some(()))
+        })
+        .await
+        .unwrap();
+    }
+    let detail = status_of().await;
+    assert!(
+        detail["status_reason"]
+            .as_str()
+            .is_some_and(|reason| reason.contains("stays dormant")),
+        "{detail}"
+    );
+    waking.abort();
+
+    // Thawed: its snapshot is still there, and the revive brings everything back.
     s3.resume();
+    assert_eq!(
+        s3.keys("fleet-a/").await,
+        [format!(
+            "fleet-a/{id}/{}.tar.zst",
+            parked["snapshot_id"].as_str().unwrap()
+        )]
+    );
     revive(&serve, &id, "").await;
     serve
         .api

@@ -94,9 +94,9 @@ impl SnapshotStore {
                 let timeout = Duration::from_secs_f64(timeout);
                 let mut builder = object_store::aws::AmazonS3Builder::from_env()
                     .with_bucket_name(bucket)
-                    .with_allow_http(config.allow_http)
                     .with_client_options(
                         object_store::ClientOptions::new()
+                            .with_allow_http(config.allow_http)
                             .with_timeout(timeout)
                             .with_connect_timeout(timeout.min(Duration::from_secs(5))),
                     )
