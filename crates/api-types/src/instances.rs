@@ -100,6 +100,7 @@ pub struct InstanceConfig {
     pub memory_gb: f64,
     /// CPU quota of the browser's process tree, in cores (>= 1).
     #[schema(default = 2)]
+    #[serde(deserialize_with = "crate::integers::i64")]
     pub cpu_cores: i64,
     /// Limit on the size of the browser profile, in GiB (> 0).
     #[schema(default = 10.0)]
@@ -107,6 +108,7 @@ pub struct InstanceConfig {
     /// Minutes without CDP or live-view activity before the instance is `idle`
     /// (0 disables idle detection).
     #[schema(default = 30)]
+    #[serde(deserialize_with = "crate::integers::i64")]
     pub idle_timeout_minutes: i64,
     /// Whether an idle instance is made dormant automatically.
     #[schema(default = true)]
@@ -268,12 +270,16 @@ pub struct UpstreamProxy {
 pub struct CreateInstanceRequest {
     /// Image from the node's catalog; default `ubuntu:22.04` (the system Chromium).
     #[serde(default)]
-    #[schema(default = "ubuntu:22.04")]
+    #[schema(
+        default = "ubuntu:22.04",
+        pattern = r"^[^\s\u0000-\u001f\u007f-\u009f]{1,200}$"
+    )]
     pub image: Option<String>,
     #[serde(default)]
     pub config: Option<InstanceConfig>,
     /// Id of the node to place the instance on.
     #[serde(default)]
+    #[schema(value_type = Option<String>, min_length = 1)]
     pub node_preference: Option<NodeId>,
     /// Start from a saved profile (`POST /v2/profiles`), and with `persist`
     /// write the state back when the instance is deleted or parked.
@@ -284,6 +290,7 @@ pub struct CreateInstanceRequest {
 /// Query of `POST /v2/instances`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct CreateInstanceQuery {
     /// Wait up to this many seconds, in FIFO order with other waiting creates,
     /// for room (0..=`scheduler.max_wait_sec`, default 0: answer at once).

@@ -24,6 +24,7 @@ pub mod extensions;
 pub mod health;
 pub mod ids;
 pub mod instances;
+pub mod integers;
 pub mod metrics;
 pub mod nodes;
 pub mod profiles;

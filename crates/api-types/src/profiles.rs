@@ -29,6 +29,11 @@ pub struct ProfileList {
 #[serde(deny_unknown_fields)]
 pub struct CreateProfileRequest {
     /// 1 to 64 characters of letters, digits, `.`, `_` and `-`, not starting with `.`.
+    #[schema(
+        pattern = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$",
+        min_length = 1,
+        max_length = 64
+    )]
     pub name: String,
 }
 
@@ -38,6 +43,11 @@ pub struct CreateProfileRequest {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProfileUse {
+    #[schema(
+        pattern = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$",
+        min_length = 1,
+        max_length = 64
+    )]
     pub name: String,
     #[serde(default)]
     pub persist: bool,

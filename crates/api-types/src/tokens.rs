@@ -11,10 +11,31 @@ use utoipa::ToSchema;
 pub struct TokenRequest {
     /// Topics the token may read: `instances`, `instances.<id>`, or
     /// `instances.*` (every instance). Default: `instances` and `instances.*`.
+    #[schema(value_type = Option<Vec<TopicName>>, min_items = 1, max_items = 100)]
     pub topics: Option<Vec<String>>,
     /// Lifetime in seconds, 1..=86400 (default 3600).
+    #[schema(minimum = 1, maximum = 86400)]
+    #[serde(default, deserialize_with = "crate::integers::option_u64")]
     pub ttl_sec: Option<u64>,
 }
+
+/// A topic a subscriber token may read: `instances`, `instances.*`, `nodes`,
+/// `alerts`, or `instances.<instance id>` (a hyphenated UUID).
+pub struct TopicName;
+
+/// What [`TopicName`] accepts.
+pub const TOPIC_PATTERN: &str = "^(instances|instances\\.\\*|nodes|alerts|instances\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})$";
+
+impl utoipa::PartialSchema for TopicName {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .pattern(Some(TOPIC_PATTERN))
+            .into()
+    }
+}
+
+impl ToSchema for TopicName {}
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct TokenResponse {

@@ -1,8 +1,10 @@
 //! The /v2 API contract on the sim runtime: shapes, defaults, every 400, 404,
-//! 405 and 503 path, listing semantics, OpenAPI and health. (Browser behaviour
-//! is covered with real Chromium in `browser_*.rs`.)
+//! 405 and 503 path, listing semantics, OpenAPI and health, and schemathesis
+//! over the OpenAPI document. (Browser behaviour is covered with real
+//! Chromium in `browser_*.rs`.)
 
-use flotilla_testkit::{StatusCode, spawn_sim_serve};
+use flotilla_node_agent::config::RuntimeKind;
+use flotilla_testkit::{StatusCode, spawn_serve_with, spawn_sim_serve, workspace_root};
 use serde_json::Value;
 
 fn assert_error(
@@ -499,4 +501,42 @@ async fn openapi_document_and_swagger_ui_are_served_offline() {
     );
     let (status, _) = serve.api.get("/docs/swagger-ui-bundle.js").await;
     assert_eq!(status, StatusCode::OK, "Swagger UI assets are embedded");
+}
+
+/// schemathesis (PyPI) over `/openapi.json`: its coverage, fuzzing and
+/// stateful phases with every check, against `serve` on the sim runtime with
+/// authentication on. `tests/schemathesis.toml` says which operations are left
+/// out and why; a fixed seed keeps the run reproducible.
+#[tokio::test]
+async fn the_api_keeps_its_openapi_contract_under_schemathesis() {
+    const KEY: &str = "flt_schemathesis_key";
+    let serve = spawn_serve_with(|config| {
+        config.agent.runtime = RuntimeKind::Sim;
+        config.agent.max_instances = 5000;
+        config.control.auth_enabled = true;
+        config.control.api_keys = vec![KEY.into()];
+    })
+    .await;
+    let output = tokio::process::Command::new("schemathesis")
+        .arg("--config-file")
+        .arg(workspace_root().join("tests/schemathesis.toml"))
+        .arg("run")
+        .arg(format!("{}/openapi.json", serve.api.base))
+        .args(["-H", &format!("Authorization: Bearer {KEY}")])
+        .args(["--checks", "all", "--seed", "1", "--max-examples", "50"])
+        .args(["--workers", "1", "--no-color"])
+        .output()
+        .await
+        .expect("schemathesis runs (scripts/install-deps --test installs it)");
+    let report = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "schemathesis found failures:\n{report}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        report.contains("Stateful"),
+        "the stateful phase ran: {report}"
+    );
+    serve.shutdown().await;
 }

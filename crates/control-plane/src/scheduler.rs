@@ -134,7 +134,7 @@ pub fn rank(
     if let Some(preferred) = request.preference {
         let node = nodes.iter().find(|n| &n.id == preferred).ok_or_else(|| {
             Error::InvalidRequest(format!(
-                "node_preference: unknown node {preferred:?}; GET /v2/nodes lists the nodes"
+                "node_preference: unknown node \"{preferred}\"; GET /v2/nodes lists the nodes"
             ))
         })?;
         return match ineligibility(node, usage_of(node), request, now, config) {

@@ -80,7 +80,7 @@ pub(crate) fn validate_config(config: &InstanceConfig) -> Result<()> {
 
 fn validate_image(image: &str) -> Result<()> {
     if image.is_empty()
-        || image.len() > 200
+        || image.chars().count() > 200
         || image.chars().any(|c| c.is_control() || c.is_whitespace())
     {
         return Err(Error::InvalidRequest(format!(

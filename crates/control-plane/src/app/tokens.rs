@@ -41,7 +41,8 @@ fn check_topic(topic: &str) -> Result<()> {
     match topic {
         "instances" | "instances.*" | "nodes" | "alerts" => Ok(()),
         other => match other.strip_prefix("instances.") {
-            Some(id) if uuid::Uuid::parse_str(id).is_ok() => Ok(()),
+            // Hyphenated only, as instance ids are written (and as the schema says).
+            Some(id) if id.len() == 36 && uuid::Uuid::try_parse(id).is_ok() => Ok(()),
             _ => Err(Error::InvalidRequest(format!(
                 "topics: {other:?} is not a topic; use instances, instances.<instance id>, instances.*, nodes or alerts"
             ))),

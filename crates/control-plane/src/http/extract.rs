@@ -13,7 +13,7 @@ use crate::error::Error;
 /// A JSON body; unknown fields, wrong types and trailing garbage are rejected.
 pub struct ApiJson<T>(pub T);
 
-/// A JSON body that may be absent (an empty body means `T::default()`).
+/// A JSON body that may be absent (an empty body or `null` means `T::default()`).
 pub struct OptionalApiJson<T>(pub T);
 
 /// An empty body, for operations that take none.
@@ -136,7 +136,9 @@ impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalA
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Error> {
         let bytes = body_bytes(request, state).await?;
-        if bytes.iter().all(u8::is_ascii_whitespace) {
+        // An optional body may be absent, or JSON `null` (what an OpenAPI
+        // client sends for a nullable body it leaves out).
+        if bytes.iter().all(u8::is_ascii_whitespace) || bytes.trim_ascii() == b"null" {
             return Ok(OptionalApiJson(T::default()));
         }
         parse_json(&bytes).map(OptionalApiJson)

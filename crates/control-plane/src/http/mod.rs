@@ -98,7 +98,9 @@ use crate::error::Error;
 )]
 pub struct ApiDoc;
 
-/// Declares the HTTP bearer scheme (spec: a global requirement).
+/// Declares the HTTP bearer scheme (spec: a global requirement), and the
+/// answers every operation may give: 401 where a credential is required (with
+/// authentication on), 429 everywhere (the rate limit).
 struct BearerAuth;
 
 impl Modify for BearerAuth {
@@ -113,7 +115,73 @@ impl Modify for BearerAuth {
                     .build(),
             ),
         );
+        let error = |description: &str| {
+            utoipa::openapi::ResponseBuilder::new()
+                .description(description)
+                .content(
+                    "application/json",
+                    utoipa::openapi::ContentBuilder::new()
+                        .schema(Some(utoipa::openapi::Ref::from_schema_name(
+                            "ErrorResponse",
+                        )))
+                        .build(),
+                )
+                .build()
+        };
+        for item in openapi.paths.paths.values_mut() {
+            let operations = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.patch,
+            ];
+            for operation in operations.into_iter().flatten() {
+                // Open operations declare `security(())`; the rest inherit the
+                // global bearer requirement.
+                let open = operation.security.as_ref().is_some_and(|requirements| {
+                    requirements
+                        .iter()
+                        .all(|r| serde_json::to_value(r).is_ok_and(|v| v == serde_json::json!({})))
+                });
+                let responses = &mut operation.responses.responses;
+                if !open {
+                    responses.entry("401".into()).or_insert_with(|| {
+                        error("Authentication is on and no accepted credential was presented (WWW-Authenticate: Bearer)").into()
+                    });
+                }
+                responses.entry("429".into()).or_insert_with(|| {
+                    error("Rate limited (Retry-After and X-RateLimit-* headers say when to retry)").into()
+                });
+            }
+        }
     }
+}
+
+/// The OpenAPI document as this control plane validates: `wait_sec` up to
+/// its `scheduler.max_wait_sec`.
+pub fn openapi_document(max_wait_sec: u64) -> utoipa::openapi::OpenApi {
+    use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
+    let mut document = ApiDoc::openapi();
+    let create = document
+        .paths
+        .paths
+        .get_mut("/v2/instances")
+        .and_then(|item| item.post.as_mut());
+    let parameters = create.and_then(|operation| operation.parameters.as_mut());
+    for parameter in parameters.into_iter().flatten() {
+        if parameter.name == "wait_sec" {
+            parameter.schema = Some(
+                ObjectBuilder::new()
+                    .schema_type(Type::Integer)
+                    .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+                    .minimum(Some(0))
+                    .maximum(Some(max_wait_sec as f64))
+                    .into(),
+            );
+        }
+    }
+    document
 }
 
 /// The control plane's router.
@@ -147,7 +215,7 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
         )
         .route(
             "/v2/instances/{instance_id}/json/new",
-            get(door::routes::json_new).put(door::routes::json_new),
+            axum::routing::put(door::routes::json_new),
         )
         .route(
             "/v2/instances/{instance_id}/json",
@@ -240,7 +308,10 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
                     internal::require_cluster_token,
                 )),
         )
-        .merge(SwaggerUi::new("/docs").url("/openapi.json", ApiDoc::openapi()))
+        .merge(SwaggerUi::new("/docs").url(
+            "/openapi.json",
+            openapi_document(control_plane.config.scheduler.max_wait_sec),
+        ))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(

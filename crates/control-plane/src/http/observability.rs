@@ -36,6 +36,8 @@ pub async fn metrics(
 /// `service_node_cpu_percent{node}`, request latency, operation durations,
 /// webhook deliveries and the outbox depth.
 #[utoipa::path(get, path = "/metrics", tag = "metrics",
+    // Open unless `metrics_require_auth`: a credential is optional.
+    security((), ("bearer" = [])),
     responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
 pub async fn prometheus(
     State(control_plane): State<Arc<ControlPlane>>,
