@@ -690,7 +690,12 @@ async fn browser_an_uploaded_extension_changes_pages_and_survives_park_and_reviv
         .await;
     drop(marked_page(&debug, &url).await);
 
-    // In use, it stays; afterwards it goes.
+    // In use, it stays (and names that are not ids, such as LIKE wildcards
+    // or the id in upper case, match nothing); afterwards it goes.
+    for name in ["%25", "_", &id.to_uppercase()] {
+        let (status, body) = api.delete(&format!("/v2/extensions/{name}")).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{name}: {body}");
+    }
     let (status, body) = api.delete(&format!("/v2/extensions/{id}")).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     assert!(

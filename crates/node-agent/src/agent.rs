@@ -541,8 +541,14 @@ impl Agent {
             let partial = slot.dirs.extensions().join(format!(".{id}.partial"));
             tokio::task::spawn_blocking(move || {
                 remove_dir(&partial);
-                extension::unpack(&zip, &partial)?;
-                std::fs::rename(&partial, &folder).map_err(|e| e.to_string())
+                std::fs::create_dir_all(partial.parent().unwrap_or(&partial))
+                    .map_err(|e| e.to_string())?;
+                let unpacked = extension::unpack(&zip, &partial)
+                    .and_then(|()| std::fs::rename(&partial, &folder).map_err(|e| e.to_string()));
+                if unpacked.is_err() {
+                    remove_dir(&partial);
+                }
+                unpacked
             })
             .await
             .map_err(|e| e.to_string())?

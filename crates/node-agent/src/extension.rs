@@ -5,9 +5,11 @@
 //!
 //! A zip is hostile input: entry names are checked one by one (no absolute
 //! paths, `..`, backslashes, control characters or duplicates), links and
-//! encrypted entries are refused, and the number of entries and the bytes
-//! they unpack to are capped, counted as they are written, not as the zip
-//! declares them.
+//! encrypted entries are refused, the number of entries is capped before the
+//! central directory is read (each entry costs memory to list), and the
+//! bytes they unpack to are capped, counted as they are decompressed, not as
+//! the zip declares them: [`inspect`] decompresses every entry (which also
+//! checks each CRC), so a zip that lies is refused at upload.
 
 use std::collections::HashSet;
 use std::io::{Cursor, Read, Write};
@@ -44,6 +46,19 @@ pub fn inspect(zip: &[u8]) -> Result<ExtensionManifest, Refusal> {
 fn inspect_within(zip: &[u8], max_unpacked: u64) -> Result<ExtensionManifest, Refusal> {
     let mut archive = open(zip)?;
     let layout = layout(&mut archive, max_unpacked)?;
+    let mut budget = max_unpacked;
+    for index in 0..archive.len() {
+        let mut entry = archive
+            .by_index(index)
+            .map_err(|e| format!("cannot read entry {index}: {e}"))?;
+        let name = String::from_utf8_lossy(entry.name_raw()).into_owned();
+        let read = std::io::copy(&mut (&mut entry).take(budget + 1), &mut std::io::sink())
+            .map_err(|e| format!("entry {name:?} is damaged: {e}"))?;
+        if read > budget {
+            return Err(too_big(max_unpacked));
+        }
+        budget -= read;
+    }
     let mut manifest = archive
         .by_index(layout.manifest)
         .map_err(|e| format!("cannot read manifest.json: {e}"))?;
@@ -58,8 +73,9 @@ fn inspect_within(zip: &[u8], max_unpacked: u64) -> Result<ExtensionManifest, Re
     parse_manifest(&text)
 }
 
-/// Unpacks the extension in `zip` into `dest` (created; it must not exist),
-/// with the folder that holds `manifest.json` as `dest` itself.
+/// Unpacks the extension in `zip` into `dest` (created: it must not exist,
+/// its parent must), with the folder that holds `manifest.json` as `dest`
+/// itself.
 pub fn unpack(zip: &[u8], dest: &Path) -> Result<(), Refusal> {
     unpack_within(zip, dest, MAX_UNPACKED_BYTES)
 }
@@ -67,7 +83,7 @@ pub fn unpack(zip: &[u8], dest: &Path) -> Result<(), Refusal> {
 fn unpack_within(zip: &[u8], dest: &Path, max_unpacked: u64) -> Result<(), Refusal> {
     let mut archive = open(zip)?;
     let layout = layout(&mut archive, max_unpacked)?;
-    std::fs::create_dir_all(dest).map_err(|e| format!("cannot create {}: {e}", dest.display()))?;
+    std::fs::create_dir(dest).map_err(|e| format!("cannot create {}: {e}", dest.display()))?;
     let mut budget = max_unpacked;
     for index in 0..archive.len() {
         let mut entry = archive
@@ -121,6 +137,12 @@ fn open(zip: &[u8]) -> Result<ZipArchive<Cursor<&[u8]>>, Refusal> {
             "the zip is larger than {} MiB",
             MAX_ZIP_BYTES / (1024 * 1024)
         ));
+    }
+    // Every entry has a central directory header: more signatures than the
+    // cap is refused before the directory is listed into memory.
+    let headers = memchr::memmem::find_iter(zip, b"PK\x01\x02").count();
+    if headers > MAX_ENTRIES {
+        return Err(format!("the zip has more than {MAX_ENTRIES} entries"));
     }
     let archive = ZipArchive::new(Cursor::new(zip))
         .map_err(|e| format!("the body is not a zip file: {e}"))?;
@@ -409,6 +431,34 @@ mod tests {
         let dest = tempfile::tempdir().unwrap();
         assert!(unpack_within(&zip, &dest.path().join("ext"), limit).is_err());
         assert!(inspect(&zip).is_ok(), "within the real limit");
+    }
+
+    #[test]
+    fn a_damaged_entry_is_refused_at_upload() {
+        let stored =
+            SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+        let mut writer = zip::ZipWriter::new(Cursor::new(Vec::new()));
+        writer.start_file("manifest.json", stored).unwrap();
+        writer.write_all(MANIFEST.as_bytes()).unwrap();
+        writer.start_file("a.js", stored).unwrap();
+        writer.write_all(b"console.log(1)").unwrap();
+        let mut zip = writer.finish().unwrap().into_inner();
+        // Flip a byte of a.js's stored data: its CRC no longer matches.
+        let at = zip
+            .windows(b"console.log(1)".len())
+            .position(|w| w == b"console.log(1)")
+            .unwrap();
+        zip[at] ^= 0x20;
+        let refusal = inspect(&zip).unwrap_err();
+        assert!(refusal.contains("damaged"), "{refusal}");
+    }
+
+    #[test]
+    fn too_many_entries_are_refused_before_listing_them() {
+        let mut zip = zip_of(&[("manifest.json", MANIFEST.as_bytes())]);
+        zip.extend(std::iter::repeat_n(b"PK\x01\x02".as_slice(), MAX_ENTRIES).flatten());
+        let refusal = inspect(&zip).unwrap_err();
+        assert!(refusal.contains("more than 10000 entries"), "{refusal}");
     }
 
     #[test]

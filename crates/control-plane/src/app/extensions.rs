@@ -19,9 +19,17 @@ fn not_found(id: &str) -> Error {
     Error::NotFound(format!("extension {id} not found"))
 }
 
+/// Uploads checked at once: each may hold a 50 MiB body and decompress up to
+/// 256 MiB.
+static UPLOADS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
 impl ControlPlane {
     /// Keeps an uploaded extension: checks the zip, stores it, records it.
     pub async fn extension_upload(&self, zip: Bytes) -> Result<Extension> {
+        let _permit = UPLOADS
+            .acquire()
+            .await
+            .map_err(|e| Error::internal(format!("upload permits closed: {e}")))?;
         let checked = zip.clone();
         let manifest = tokio::task::spawn_blocking(move || extension::inspect(&checked))
             .await
@@ -67,6 +75,9 @@ impl ControlPlane {
     }
 
     pub async fn extension_get(&self, id: &str) -> Result<Extension> {
+        if !is_extension_id(id) {
+            return Err(not_found(id));
+        }
         self.store
             .extension_get(id)
             .await?
@@ -75,6 +86,10 @@ impl ControlPlane {
 
     /// Deletes an extension and its zip; refused while an instance loads it.
     pub async fn extension_delete(&self, id: &str) -> Result<MessageResponse> {
+        // Only well-formed ids reach the store (its LIKE must see no wildcard).
+        if !is_extension_id(id) {
+            return Err(not_found(id));
+        }
         match self.store.extension_delete(id).await? {
             Ok(true) => {}
             Ok(false) => return Err(not_found(id)),

@@ -22,7 +22,9 @@ fn decode(row: &AnyRow) -> Result<Extension, sqlx::Error> {
 }
 
 /// What `instances.extensions` (a JSON array of ids) holds when it names `id`.
+/// Callers pass well-formed ids only (hex digits and `-`: no LIKE wildcard).
 fn used_pattern(id: &str) -> String {
+    debug_assert!(flotilla_api_types::extensions::is_extension_id(id));
     format!("%\"{id}\"%")
 }
 

@@ -1,0 +1,355 @@
+//! Soak of the event proxy (issue 17): does its memory come back?
+//!
+//!   soak_bench cycles [--cycles 100000] [--topics 100] [--concurrency 32]
+//!     Starts `flotilla proxy` (release build), warms it up with 2,000
+//!     subscribe/unsubscribe cycles, samples its RSS, runs `--cycles` more
+//!     (each opens a stream on one of `--topics` topics, reads the response
+//!     head, and closes it; every 100th cycle publishes an event first), waits
+//!     for the proxy to notice the closed streams, and samples its RSS again.
+//!
+//!   soak_bench hold [--streams 10000] [--topics 100] [--minutes 10] [--prefill 1000]
+//!     Fills each topic's history (`--prefill` events, the default
+//!     `[history] size_per_topic`, so that the history no longer grows),
+//!     opens `--streams` streams spread over `--topics` topics, publishes one
+//!     event per topic per second (a message per second on every stream), and
+//!     samples the proxy's RSS every 30 s; checks that every stream keeps
+//!     receiving.
+//!
+//! The proxy runs with authentication off and a publisher key; the load runs
+//! in this process (raise `ulimit -n` for 10,000 streams).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+
+use flotilla_bench::{free_port, number_flag, text_flag};
+
+const KEY: &str = "soak-key";
+
+struct Proxy {
+    child: tokio::process::Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Proxy {
+    async fn start() -> anyhow::Result<Self> {
+        let binary = text_flag("--binary", "target/release/flotilla")?;
+        let dir = tempfile::tempdir()?;
+        let port = free_port();
+        let config = dir.path().join("proxy.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[http]\nbind_address = \"127.0.0.1:{port}\"\nmax_connections = 19900\n\
+                 keepalive_interval_sec = 15\nconnection_timeout_sec = 0\n\
+                 [jwt_verifier]\nrequire_authentication = false\n\
+                 [publisher]\napi_keys = [\"{KEY}\"]\n[rate_limit]\nrate_limit_per_ip = 100000000\n"
+            ),
+        )?;
+        let child = tokio::process::Command::new(&binary)
+            .args(["proxy", "--config"])
+            .arg(&config)
+            .env("RUST_LOG", "warn")
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("cannot start {binary}"))?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+            if Instant::now() > deadline {
+                bail!("the proxy does not listen");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(Self {
+            child,
+            port,
+            _dir: dir,
+        })
+    }
+
+    /// VmRSS of the proxy, in KiB.
+    fn rss_kib(&self) -> u64 {
+        let pid = self.child.id().unwrap_or(0);
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Open streams as the proxy reports them (`/health` `connections`).
+    async fn open_streams(&self, http: &reqwest::Client) -> anyhow::Result<u64> {
+        let health: serde_json::Value = http
+            .get(format!("http://127.0.0.1:{}/health", self.port))
+            .send()
+            .await?
+            .json()
+            .await?;
+        health["connections"]
+            .as_u64()
+            .with_context(|| format!("no connections in {health}"))
+    }
+}
+
+/// Opens a stream on `topic` and reads its response head.
+async fn open_stream(port: u16, topic: &str) -> anyhow::Result<TcpStream> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).await?;
+    stream
+        .write_all(
+            format!(
+                "GET /events/{topic} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await?;
+    let mut head = Vec::with_capacity(512);
+    let mut buffer = [0u8; 512];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let read = stream.read(&mut buffer).await?;
+        if read == 0 {
+            bail!("the proxy closed the stream before answering");
+        }
+        head.extend_from_slice(&buffer[..read]);
+    }
+    if !head.starts_with(b"HTTP/1.1 200") {
+        bail!("{}", String::from_utf8_lossy(&head));
+    }
+    Ok(stream)
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+async fn wait_for_open(proxy: &Proxy, http: &reqwest::Client, want: u64) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let open = proxy.open_streams(http).await?;
+        if open == want {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{open} streams open, expected {want}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn run_cycles(
+    proxy: &Proxy,
+    http: &reqwest::Client,
+    cycles: usize,
+    topics: usize,
+    concurrency: usize,
+) -> anyhow::Result<()> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut workers = Vec::new();
+    for _ in 0..concurrency {
+        let (next, http, port) = (next.clone(), http.clone(), proxy.port);
+        workers.push(tokio::spawn(async move {
+            loop {
+                let cycle = next.fetch_add(1, Ordering::Relaxed);
+                if cycle >= cycles {
+                    return anyhow::Ok(());
+                }
+                let topic = format!("soak-{}", cycle % topics);
+                if cycle % 100 == 0 {
+                    http.post(format!("http://127.0.0.1:{port}/publish/{topic}"))
+                        .bearer_auth(KEY)
+                        .json(&serde_json::json!({"data": format!("cycle {cycle}")}))
+                        .send()
+                        .await?
+                        .error_for_status()?;
+                }
+                drop(open_stream(port, &topic).await?);
+            }
+        }));
+    }
+    for worker in workers {
+        worker.await??;
+    }
+    wait_for_open(proxy, http, 0).await
+}
+
+async fn cycles() -> anyhow::Result<()> {
+    let cycles = number_flag("--cycles", 100_000)?;
+    let topics = number_flag("--topics", 100)?;
+    let concurrency = number_flag("--concurrency", 32)?;
+    let proxy = Proxy::start().await?;
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    run_cycles(&proxy, &http, 2_000, topics, concurrency).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = proxy.rss_kib();
+    let started = Instant::now();
+    run_cycles(&proxy, &http, cycles, topics, concurrency).await?;
+    let elapsed = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = proxy.rss_kib();
+    println!(
+        "{cycles} subscribe/unsubscribe cycles over {topics} topics ({concurrency} at a time, a publish every 100) in {:.1} s ({:.0} cycles/s)",
+        elapsed.as_secs_f64(),
+        cycles as f64 / elapsed.as_secs_f64()
+    );
+    println!(
+        "proxy RSS: {:.1} MiB after 2,000 warm-up cycles, {:.1} MiB after the run: {:+.1} %",
+        mib(before),
+        mib(after),
+        (after as f64 / before as f64 - 1.0) * 100.0
+    );
+    Ok(())
+}
+
+async fn hold() -> anyhow::Result<()> {
+    let streams = number_flag("--streams", 10_000)?;
+    let topics = number_flag("--topics", 100)?;
+    let minutes = number_flag("--minutes", 10)?;
+    let prefill = number_flag("--prefill", 1000)?;
+    let proxy = Proxy::start().await?;
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut fillers = Vec::new();
+    for _ in 0..32 {
+        let (next, http, port) = (next.clone(), http.clone(), proxy.port);
+        fillers.push(tokio::spawn(async move {
+            loop {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                if n >= prefill * topics {
+                    return anyhow::Ok(());
+                }
+                http.post(format!(
+                    "http://127.0.0.1:{port}/publish/hold-{}",
+                    n % topics
+                ))
+                .bearer_auth(KEY)
+                .json(&serde_json::json!({"data": format!("prefill {n}")}))
+                .send()
+                .await?
+                .error_for_status()?;
+            }
+        }));
+    }
+    for filler in fillers {
+        filler.await??;
+    }
+    let idle = proxy.rss_kib();
+    let received = Arc::new(AtomicU64::new(0));
+    let starved = Arc::new(AtomicUsize::new(0));
+    let mut readers = Vec::new();
+    for index in 0..streams {
+        let mut stream = open_stream(proxy.port, &format!("hold-{}", index % topics)).await?;
+        let (received, starved) = (received.clone(), starved.clone());
+        readers.push(tokio::spawn(async move {
+            let mut buffer = [0u8; 4096];
+            let mut last = Instant::now();
+            loop {
+                match tokio::time::timeout(Duration::from_secs(20), stream.read(&mut buffer)).await
+                {
+                    Ok(Ok(0)) | Ok(Err(_)) => return,
+                    Ok(Ok(read)) => {
+                        let events = buffer[..read].windows(6).filter(|w| w == b"data: ").count();
+                        received.fetch_add(events as u64, Ordering::Relaxed);
+                        if events > 0 {
+                            last = Instant::now();
+                        }
+                    }
+                    Err(_) => {}
+                }
+                if last.elapsed() > Duration::from_secs(20) {
+                    starved.fetch_add(1, Ordering::Relaxed);
+                    last = Instant::now();
+                }
+            }
+        }));
+    }
+    wait_for_open(&proxy, &http, streams as u64).await?;
+    let opened = proxy.rss_kib();
+    println!(
+        "{streams} streams over {topics} topics open; proxy RSS {:.1} MiB with full histories ({prefill} events per topic), {:.1} MiB with the streams ({:.2} KiB per stream)",
+        mib(idle),
+        mib(opened),
+        (opened.saturating_sub(idle)) as f64 / streams as f64
+    );
+    let publisher = {
+        let http = http.clone();
+        let port = proxy.port;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            let mut second = 0u64;
+            loop {
+                tick.tick().await;
+                for topic in 0..topics {
+                    let _ = http
+                        .post(format!("http://127.0.0.1:{port}/publish/hold-{topic}"))
+                        .bearer_auth(KEY)
+                        .json(&serde_json::json!({"data": format!("second {second}")}))
+                        .send()
+                        .await;
+                }
+                second += 1;
+            }
+        })
+    };
+    println!("| minute | proxy RSS MiB | events received |");
+    println!("|---|---|---|");
+    let started = Instant::now();
+    let mut samples = Vec::new();
+    while started.elapsed() < Duration::from_secs(60 * minutes as u64) {
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let rss = proxy.rss_kib();
+        samples.push(rss);
+        println!(
+            "| {:.1} | {:.1} | {} |",
+            started.elapsed().as_secs_f64() / 60.0,
+            mib(rss),
+            received.load(Ordering::Relaxed)
+        );
+    }
+    publisher.abort();
+    let open = proxy.open_streams(&http).await?;
+    let first = samples.first().copied().unwrap_or(opened);
+    let peak = samples.iter().copied().max().unwrap_or(opened);
+    let last = samples.last().copied().unwrap_or(opened);
+    println!(
+        "RSS first sample {:.1} MiB, last {:.1} MiB ({:+.1} %), peak {:.1} MiB; streams still open: {open}; readers that went 20 s without an event: {}; events received: {} of {} sent",
+        mib(first),
+        mib(last),
+        (last as f64 / first as f64 - 1.0) * 100.0,
+        mib(peak),
+        starved.load(Ordering::Relaxed),
+        received.load(Ordering::Relaxed),
+        streams as u64 * 60 * minutes as u64
+    );
+    for reader in readers {
+        reader.abort();
+    }
+    Ok(())
+}
+
+/// Raises the open-file limit to its hard maximum (this process and the
+/// proxy it starts hold one descriptor per stream).
+fn raise_open_files() {
+    // SAFETY: getrlimit/setrlimit write and read a local struct only.
+    unsafe {
+        let mut limit = std::mem::zeroed::<libc::rlimit>();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    raise_open_files();
+    match std::env::args().nth(1).as_deref() {
+        Some("cycles") => cycles().await,
+        Some("hold") => hold().await,
+        _ => bail!("usage: soak_bench cycles|hold [options]"),
+    }
+}
