@@ -27,6 +27,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 use crate::ProxyState;
+use crate::refusal::Refusal;
 
 const MAX_HEAD: usize = 16 * 1024;
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
@@ -181,7 +182,7 @@ async fn connection(mut stream: TcpStream, peer: SocketAddr, state: Arc<ProxySta
                     return;
                 }
                 Err(_) => {
-                    let response = Response::text(408, "The request did not arrive in time");
+                    let response = Response::from(Refusal::RequestTimeout);
                     let _ = stream.write_all(&state.cors(response, None).encode(false)).await;
                     return;
                 }
@@ -235,24 +236,17 @@ async fn read_request<R: AsyncRead + Unpin>(
                 }
                 Ok(httparse::Status::Partial) => {}
                 Err(httparse::Error::TooManyHeaders) => {
-                    return Err(ReadError::Respond(Response::text(
-                        431,
-                        "Too many header fields",
-                    )));
+                    return Err(ReadError::Respond(Refusal::TooManyHeaders.into()));
                 }
                 Err(error) => {
-                    return Err(ReadError::Respond(Response::text(
-                        400,
-                        &format!("Malformed request: {error}"),
-                    )));
+                    return Err(ReadError::Respond(
+                        Refusal::BadRequest(format!("Malformed request: {error}")).into(),
+                    ));
                 }
             }
         }
         if buffer.len() >= MAX_HEAD {
-            return Err(ReadError::Respond(Response::text(
-                431,
-                "Request head too large",
-            )));
+            return Err(ReadError::Respond(Refusal::HeadTooLarge.into()));
         }
         if read_more(stream, buffer).await? == 0 {
             return Err(ReadError::Closed);
@@ -270,10 +264,7 @@ async fn read_request<R: AsyncRead + Unpin>(
         BodyFraming::None => {}
         BodyFraming::Length(length) => {
             if length > max_body {
-                return Err(ReadError::Respond(Response::text(
-                    413,
-                    "Request body too large",
-                )));
+                return Err(ReadError::Respond(Refusal::BodyTooLarge.into()));
             }
             while buffer.len() < length {
                 if read_more(stream, buffer).await? == 0 {
@@ -298,7 +289,7 @@ async fn read_more<R: AsyncRead + Unpin>(
 /// Refuses a head with a bare CR or LF, a NUL or a folded line, which
 /// lenient parsers read differently.
 fn check_head_bytes(head: &[u8]) -> Result<(), ReadError> {
-    let refuse = |why: &str| Err(ReadError::Respond(Response::text(400, why)));
+    let refuse = |why: &str| Err(ReadError::Respond(Refusal::BadRequest(why.into()).into()));
     for (i, byte) in head.iter().enumerate() {
         match byte {
             0 => return refuse("NUL in the request head"),
@@ -322,7 +313,7 @@ async fn read_chunked<R: AsyncRead + Unpin>(
     buffer: &mut BytesMut,
     max_body: usize,
 ) -> Result<Vec<u8>, ReadError> {
-    let bad = || ReadError::Respond(Response::text(400, "Malformed chunked body"));
+    let bad = || ReadError::Respond(Refusal::BadRequest("Malformed chunked body".into()).into());
     let mut body = Vec::new();
     loop {
         let line_end = loop {
@@ -346,10 +337,7 @@ async fn read_chunked<R: AsyncRead + Unpin>(
         let size = usize::from_str_radix(digits, 16).map_err(|_| bad())?;
         buffer.advance(line_end + 2);
         if body.len().saturating_add(size) > max_body {
-            return Err(ReadError::Respond(Response::text(
-                413,
-                "Request body too large",
-            )));
+            return Err(ReadError::Respond(Refusal::BodyTooLarge.into()));
         }
         while buffer.len() < size + 2 {
             if read_more(stream, buffer).await? == 0 {
@@ -382,8 +370,9 @@ fn head(parsed: &httparse::Request<'_, '_>) -> Result<(Request, BodyFraming), Re
     let method = parsed.method.unwrap_or_default().to_owned();
     let target = parsed.path.unwrap_or("/");
     let (raw_path, raw_query) = target.split_once('?').unwrap_or((target, ""));
-    let path = percent_decode(raw_path)
-        .ok_or_else(|| ReadError::Respond(Response::text(400, "Malformed request path")))?;
+    let path = percent_decode(raw_path).ok_or_else(|| {
+        ReadError::Respond(Refusal::BadRequest("Malformed request path".into()).into())
+    })?;
     let query = raw_query
         .split('&')
         .filter(|pair| !pair.is_empty())
@@ -391,17 +380,20 @@ fn head(parsed: &httparse::Request<'_, '_>) -> Result<(Request, BodyFraming), Re
             let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
             let decode = |s: &str| percent_decode(&s.replace('+', " "));
             Ok((
-                decode(name)
-                    .ok_or_else(|| ReadError::Respond(Response::text(400, "Malformed query")))?,
-                decode(value)
-                    .ok_or_else(|| ReadError::Respond(Response::text(400, "Malformed query")))?,
+                decode(name).ok_or_else(|| {
+                    ReadError::Respond(Refusal::BadRequest("Malformed query".into()).into())
+                })?,
+                decode(value).ok_or_else(|| {
+                    ReadError::Respond(Refusal::BadRequest("Malformed query".into()).into())
+                })?,
             ))
         })
         .collect::<Result<Vec<_>, ReadError>>()?;
     let mut headers = Vec::with_capacity(parsed.headers.len());
     for header in parsed.headers.iter() {
-        let value = std::str::from_utf8(header.value)
-            .map_err(|_| ReadError::Respond(Response::text(400, "Header values must be text")))?;
+        let value = std::str::from_utf8(header.value).map_err(|_| {
+            ReadError::Respond(Refusal::BadRequest("Header values must be text".into()).into())
+        })?;
         headers.push((header.name.to_ascii_lowercase(), value.trim().to_owned()));
     }
     let find = |name: &str| {
@@ -433,7 +425,7 @@ fn head(parsed: &httparse::Request<'_, '_>) -> Result<(Request, BodyFraming), Re
 
 /// How the body is delimited, refusing every ambiguous combination.
 fn body_framing(headers: &[(String, String)]) -> Result<BodyFraming, ReadError> {
-    let refuse = |why: &str| Err(ReadError::Respond(Response::text(400, why)));
+    let refuse = |why: &str| Err(ReadError::Respond(Refusal::BadRequest(why.into()).into()));
     let all = |name: &str| -> Vec<&str> {
         headers
             .iter()

@@ -7,6 +7,7 @@
 //! - [`limits`] — per-IP rate limit and client addresses.
 //! - [`peers`] — several proxies as one service (gossip, topic owners, links).
 //! - [`revoke`] — `POST /admin/revoke`.
+//! - [`refusal`] — every refusal and its one conversion to status, body and headers.
 //! - [`metrics`], [`config`].
 //!
 //! Endpoints besides the stream: `POST /publish/{topic}`, `POST /publish`
@@ -19,6 +20,7 @@ pub mod http;
 pub mod limits;
 pub mod metrics;
 pub mod peers;
+pub mod refusal;
 pub mod revoke;
 pub mod sse;
 pub mod topics;
@@ -38,12 +40,13 @@ use tokio_util::sync::CancellationToken;
 
 use flotilla_api_types::clock::{Clock, SystemClock};
 
-use auth::{Action, Authenticator, Decision, presented_token};
+use auth::{Action, Authenticator, presented_token};
 use config::{IpRange, ProxyConfig};
 use http::{Request, Response};
 use limits::IpRateLimiter;
 use metrics::Metrics;
 use peers::Cluster;
+use refusal::Refusal;
 use topics::{Publish, Topic, Topics, validate_topic};
 
 /// Everything the handlers share.
@@ -106,20 +109,16 @@ impl ProxyState {
             .any(|k| constant_time_eq(k.as_bytes(), key.as_bytes()))
     }
 
-    /// The per-IP rate limit: `Some(429)` when this client's bucket is empty.
-    pub fn check_rate(&self, request: &Request, peer: IpAddr) -> Option<Response> {
+    /// The per-IP rate limit: refused (429) when this client's bucket is empty.
+    pub fn check_rate(&self, request: &Request, peer: IpAddr) -> Result<(), Refusal> {
         let client = limits::client_ip(peer, request.header("x-forwarded-for"), &self.trusted);
         if self.limiter.allow(client) {
-            return None;
+            return Ok(());
         }
         self.metrics.rate_limited_requests.inc();
-        let window = self
-            .config
-            .rate_limit
-            .rate_limit_window_sec
-            .max(1)
-            .to_string();
-        Some(Response::text(429, "Rate limit exceeded").with_header("Retry-After", window))
+        Err(Refusal::RateLimited {
+            retry_after_sec: self.config.rate_limit.rate_limit_window_sec.max(1),
+        })
     }
 }
 
@@ -132,9 +131,9 @@ pub async fn route(state: &Arc<ProxyState>, request: &Request, peer: IpAddr) -> 
     // Publishers with a key are the operator's own services (the control plane
     // publishes every lifecycle event): the per-IP limit is for everyone else.
     if !state.is_publisher_key(request)
-        && let Some(limited) = state.check_rate(request, peer)
+        && let Err(limited) = state.check_rate(request, peer)
     {
-        return limited;
+        return limited.into();
     }
     match (request.method.as_str(), request.path.as_str()) {
         ("OPTIONS", _) => Response {
@@ -170,15 +169,15 @@ pub async fn route(state: &Arc<ProxyState>, request: &Request, peer: IpAddr) -> 
         }
         ("POST", "/publish") => publish_batch(state, request).await,
         ("POST", "/admin/revoke") => revoke::revoke(state, request).await,
-        (_, "/admin/revoke") => Response::text(405, "Method not allowed"),
+        (_, "/admin/revoke") => Refusal::MethodNotAllowed.into(),
         ("POST", path) if path.starts_with("/publish/") => {
             publish_one(state, request, path.trim_start_matches("/publish/")).await
         }
-        (_, "/health" | "/metrics" | "/publish") => Response::text(405, "Method not allowed"),
+        (_, "/health" | "/metrics" | "/publish") => Refusal::MethodNotAllowed.into(),
         (_, path) if path.starts_with("/events/") || path.starts_with("/publish/") => {
-            Response::text(405, "Method not allowed")
+            Refusal::MethodNotAllowed.into()
         }
-        _ => Response::text(404, "Not found"),
+        _ => Refusal::NotFound.into(),
     }
 }
 
@@ -217,43 +216,35 @@ async fn authorize_publisher(
         return if keys.is_empty() {
             None
         } else {
-            Some(Response::text(401, "Authentication required"))
+            Some(Refusal::Unauthenticated.into())
         };
     }
     let presented = presented_token(header, None);
     let presented = match presented {
         auth::Presented::None => {
             // A publisher always needs a credential when auth is on.
-            return Some(Response::text(401, "Authentication required"));
+            return Some(Refusal::Unauthenticated.into());
         }
         other => other,
     };
-    match state
+    let decision = state
         .auth
         .authorize(presented, &topic.name, &topic.uuid_hex, Action::Write)
-        .await
-    {
-        Decision::Allowed(_) => None,
-        Decision::Unauthenticated => Some(Response::text(401, "Authentication required")),
-        Decision::Forbidden => Some(Response::text(403, "Access denied to topic")),
-        Decision::Unavailable { retry_after } => Some(
-            Response::text(503, "Authentication unavailable")
-                .with_header("Retry-After", retry_after.to_string()),
-        ),
-    }
+        .await;
+    Refusal::from_decision(decision).err().map(Response::from)
 }
 
 fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Response> {
     if body.iter().all(u8::is_ascii_whitespace) {
-        return Err(Response::text(400, "A JSON body is required"));
+        return Err(Refusal::BadRequest("A JSON body is required".into()).into());
     }
-    serde_json::from_slice(body).map_err(|e| Response::text(400, &format!("Invalid body: {e}")))
+    serde_json::from_slice(body).map_err(|e| Refusal::InvalidBody(e.to_string()).into())
 }
 
 /// Why a publish has no id.
 fn owner_unavailable(reason: &str) -> Response {
     tracing::warn!(%reason, "publish: the topic's owner did not answer");
-    Response::text(503, "The topic's owner is unavailable").with_header("Retry-After", "1")
+    Refusal::OwnerUnavailable.into()
 }
 
 /// An event's id, or the owner's answer still to come.
@@ -299,14 +290,14 @@ async fn publish_event(state: &ProxyState, topic: &Topic, publish: &Publish) -> 
 
 async fn publish_one(state: &Arc<ProxyState>, request: &Request, topic_name: &str) -> Response {
     if let Err(reason) = validate_topic(topic_name) {
-        return Response::text(400, &reason);
+        return Refusal::BadRequest(reason).into();
     }
     let publish: Publish = match parse_body(&request.body) {
         Ok(publish) => publish,
         Err(response) => return response,
     };
     if let Err(reason) = publish.validate() {
-        return Response::text(400, &format!("Invalid body: {reason}"));
+        return Refusal::InvalidBody(reason).into();
     }
     let topic = state.topics.get_or_create(topic_name);
     if let Some(refused) = authorize_publisher(state, request, &topic).await {
@@ -341,16 +332,13 @@ async fn publish_batch(state: &Arc<ProxyState>, request: &Request) -> Response {
         Err(response) => return response,
     };
     if batch.events.is_empty() || batch.events.len() > MAX_BATCH {
-        return Response::text(
-            400,
-            &format!("Invalid body: events must hold 1 to {MAX_BATCH} events"),
-        );
+        return Refusal::InvalidBody(format!("events must hold 1 to {MAX_BATCH} events")).into();
     }
     // Check everything first: a batch is published whole or not at all.
     let mut checked = Vec::with_capacity(batch.events.len());
     for (index, event) in batch.events.iter().enumerate() {
         if let Err(reason) = validate_topic(&event.topic).and_then(|()| event.publish.validate()) {
-            return Response::text(400, &format!("Invalid body: events[{index}]: {reason}"));
+            return Refusal::InvalidBody(format!("events[{index}]: {reason}")).into();
         }
         let topic = state.topics.get_or_create(&event.topic);
         if let Some(refused) = authorize_publisher(state, request, &topic).await {

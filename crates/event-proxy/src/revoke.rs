@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use crate::ProxyState;
 use crate::auth::Grant;
 use crate::http::{Request, Response};
+use crate::refusal::Refusal;
 
 /// Open streams by subscriber id, with who they were admitted for.
 #[derive(Default)]
@@ -168,14 +169,14 @@ fn target_of(user_id: Option<String>, token_sha256: Option<String>) -> Result<Ta
 /// `POST /admin/revoke`: this proxy, then every peer.
 pub async fn revoke(state: &Arc<ProxyState>, request: &Request) -> Response {
     if !state.is_publisher_key(request) {
-        return Response::text(401, "Authentication required");
+        return Refusal::Unauthenticated.into();
     }
     let target = serde_json::from_slice::<Revocation>(&request.body)
         .map_err(|e| format!("Invalid body: {e}"))
         .and_then(|r| target_of(r.user_id, r.token_sha256));
     let target = match target {
         Ok(target) => target,
-        Err(reason) => return Response::text(400, &reason),
+        Err(reason) => return Refusal::BadRequest(reason).into(),
     };
     let now = state.clock.now();
     let (evicted, closed) = revoke_here(state, &target, now);
@@ -195,11 +196,11 @@ pub async fn revoke(state: &Arc<ProxyState>, request: &Request) -> Response {
 pub async fn apply(state: &Arc<ProxyState>, body: &[u8]) -> Response {
     let revocation = match serde_json::from_slice::<PeerRevocation>(body) {
         Ok(revocation) => revocation,
-        Err(error) => return Response::text(400, &format!("Invalid body: {error}")),
+        Err(error) => return Refusal::InvalidBody(error.to_string()).into(),
     };
     let target = match revocation.target() {
         Ok(target) => target,
-        Err(reason) => return Response::text(400, &reason),
+        Err(reason) => return Refusal::BadRequest(reason).into(),
     };
     let (mut evicted, mut closed) = (0, 0);
     if let Some(cluster) = &state.peers

@@ -15,9 +15,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::ProxyState;
-use crate::auth::{Action, Decision, presented_token};
+use crate::auth::{Action, Grant, presented_token};
 use crate::http::{Request, Response};
-use crate::topics::{EventId, Frame, Subscriber, parse_last_event_id, validate_topic};
+use crate::refusal::Refusal;
+use crate::topics::{
+    EventId, Frame, Resume, Subscriber, Topic, parse_last_event_id, validate_topic,
+};
 
 /// Holds one slot of `max_connections` and the active-connection gauge.
 struct StreamSlot {
@@ -57,65 +60,71 @@ async fn refuse(
     let _ = stream.shutdown().await;
 }
 
-pub async fn subscribe(stream: TcpStream, request: Request, peer: IpAddr, state: Arc<ProxyState>) {
-    let origin = request.header("origin").map(str::to_owned);
-    let origin = origin.as_deref();
-    if let Some(response) = state.check_rate(&request, peer) {
-        return refuse(stream, &state, response, origin).await;
-    }
-    let topic_name = request.path.trim_start_matches("/events/").to_owned();
-    if let Err(reason) = validate_topic(&topic_name) {
-        return refuse(stream, &state, Response::text(400, &reason), origin).await;
-    }
+/// A subscription that passed every check, with what it was admitted with.
+struct Admission {
+    slot: StreamSlot,
+    topic: Arc<Topic>,
+    resume: Option<Resume>,
+    grant: Grant,
+}
+
+/// Checks a subscription in the spec's order: rate limit, topic,
+/// `Last-Event-ID`, room for one more stream, credential.
+async fn admit(
+    state: &Arc<ProxyState>,
+    request: &Request,
+    peer: IpAddr,
+) -> Result<Admission, Refusal> {
+    state.check_rate(request, peer)?;
+    let topic_name = request.path.trim_start_matches("/events/");
+    validate_topic(topic_name).map_err(Refusal::BadRequest)?;
     let resume = match request
         .header("last-event-id")
         .or_else(|| request.query("last_event_id"))
     {
-        Some(text) if !text.is_empty() => match parse_last_event_id(text) {
-            Ok(resume) => Some(resume),
-            Err(reason) => {
-                return refuse(stream, &state, Response::text(400, &reason), origin).await;
-            }
-        },
+        Some(text) if !text.is_empty() => {
+            Some(parse_last_event_id(text).map_err(Refusal::BadRequest)?)
+        }
         _ => None,
     };
-    let Some(slot) = take_slot(&state) else {
-        let response = Response::text(503, "Too many connections").with_header("Retry-After", "30");
-        return refuse(stream, &state, response, origin).await;
-    };
-    let topic = state.topics.get_or_create(&topic_name);
+    let slot = take_slot(state).ok_or(Refusal::TooManyConnections)?;
+    let topic = state.topics.get_or_create(topic_name);
     let presented = presented_token(request.header("authorization"), request.query("token"));
-    let grant = match state
+    let decision = state
         .auth
         .authorize(presented, &topic.name, &topic.uuid_hex, Action::Read)
-        .await
-    {
-        Decision::Allowed(grant) => grant,
-        Decision::Unauthenticated => {
-            return refuse(
-                stream,
-                &state,
-                Response::text(401, "Authentication required"),
-                origin,
-            )
-            .await;
-        }
-        Decision::Forbidden => {
-            return refuse(
-                stream,
-                &state,
-                Response::text(403, "Access denied to topic"),
-                origin,
-            )
-            .await;
-        }
-        Decision::Unavailable { retry_after } => {
-            let response = Response::text(503, "Authentication unavailable")
-                .with_header("Retry-After", retry_after.to_string());
-            return refuse(stream, &state, response, origin).await;
-        }
-    };
+        .await;
+    let grant = Refusal::from_decision(decision)?;
+    Ok(Admission {
+        slot,
+        topic,
+        resume,
+        grant,
+    })
+}
 
+/// `GET /events/{topic}`: admit, then stream until the client, the token,
+/// a revocation, the lifetime or the proxy ends it.
+pub async fn subscribe(stream: TcpStream, request: Request, peer: IpAddr, state: Arc<ProxyState>) {
+    let origin = request.header("origin");
+    match admit(&state, &request, peer).await {
+        Ok(admission) => serve_stream(stream, &state, admission, origin).await,
+        Err(refusal) => refuse(stream, &state, refusal.into(), origin).await,
+    }
+}
+
+async fn serve_stream(
+    stream: TcpStream,
+    state: &Arc<ProxyState>,
+    admission: Admission,
+    origin: Option<&str>,
+) {
+    let Admission {
+        slot,
+        topic,
+        resume,
+        grant,
+    } = admission;
     // Counted once the stream is open, not for refused attempts.
     state.metrics.connections_total.inc();
     let subscriber = Arc::new(Subscriber::new(
@@ -123,7 +132,7 @@ pub async fn subscribe(stream: TcpStream, request: Request, peer: IpAddr, state:
         state.config.http.max_message_queue_size,
         state.config.http.backpressure_policy,
     ));
-    let registration = crate::revoke::register(&state, subscriber.id, &grant);
+    let registration = crate::revoke::register(state, subscriber.id, &grant);
     let (mut replay, first) = state
         .topics
         .subscribe(&topic, subscriber.clone(), resume.as_ref())
@@ -141,7 +150,7 @@ pub async fn subscribe(stream: TcpStream, request: Request, peer: IpAddr, state:
     }
     let outcome = stream_events(
         stream,
-        &state,
+        state,
         &subscriber,
         replay,
         grant.expires_at,

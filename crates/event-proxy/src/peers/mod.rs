@@ -52,6 +52,7 @@ use crate::ProxyState;
 use crate::config::PeersConfig;
 use crate::http::{Request, Response};
 use crate::metrics::Metrics;
+use crate::refusal::Refusal;
 use crate::revoke::{GOSSIP_RETENTION, PeerRevocation};
 use crate::topics::{Frame, Replay, Resume, parse_last_event_id, validate_topic};
 use link::Link;
@@ -762,10 +763,10 @@ impl Tracked {
 /// `/peer/v1/*`: signed requests from peers.
 pub async fn handle(state: &Arc<ProxyState>, request: &Request) -> Response {
     let Some(cluster) = &state.peers else {
-        return Response::text(404, "Not found");
+        return Refusal::NotFound.into();
     };
     if request.method != "POST" {
-        return Response::text(405, "Method not allowed");
+        return Refusal::MethodNotAllowed.into();
     }
     let Some(from) = wire::check_request(
         &cluster.http_key,
@@ -774,30 +775,30 @@ pub async fn handle(state: &Arc<ProxyState>, request: &Request) -> Response {
         &request.body,
     ) else {
         state.metrics.peer_auth_failures.inc();
-        return Response::text(401, "Peer authentication failed");
+        return Refusal::PeerUnauthenticated.into();
     };
     let from = from.to_owned();
     match request.path.as_str() {
         link::BATCH_PATH => match serde_json::from_slice::<Batch>(&request.body) {
             Ok(batch) => receive_batch(state, cluster, batch).await,
-            Err(error) => Response::text(400, &format!("Invalid body: {error}")),
+            Err(error) => Refusal::InvalidBody(error.to_string()).into(),
         },
         WATCH_PATH | HISTORY_PATH => match serde_json::from_slice::<Watch>(&request.body) {
             Ok(watch) => {
                 let register = request.path == WATCH_PATH;
                 receive_watch(state, cluster, &from, watch, register).await
             }
-            Err(error) => Response::text(400, &format!("Invalid body: {error}")),
+            Err(error) => Refusal::InvalidBody(error.to_string()).into(),
         },
         REVOKE_PATH => crate::revoke::apply(state, &request.body).await,
-        _ => Response::text(404, "Not found"),
+        _ => Refusal::NotFound.into(),
     }
 }
 
 async fn receive_batch(state: &Arc<ProxyState>, cluster: &Arc<Cluster>, batch: Batch) -> Response {
     for frame in batch.frames {
         if validate_topic(&frame.topic).is_err() {
-            return Response::text(400, "Invalid body: bad topic");
+            return Refusal::InvalidBody("bad topic".into()).into();
         }
         let topic = state.topics.get_or_create(&frame.topic);
         if state.topics.apply(&topic, frame.into_frame()).await {
@@ -807,7 +808,7 @@ async fn receive_batch(state: &Arc<ProxyState>, cluster: &Arc<Cluster>, batch: B
     let mut ids = Vec::with_capacity(batch.publishes.len());
     for WirePublish { topic, publish } in batch.publishes {
         if let Err(reason) = validate_topic(&topic).and_then(|()| publish.validate()) {
-            return Response::text(400, &format!("Invalid body: {reason}"));
+            return Refusal::InvalidBody(reason).into();
         }
         // Sent here as the owner: numbered here even if membership moved since.
         let topic = state.topics.get_or_create(&topic);
@@ -830,10 +831,10 @@ async fn receive_watch(
     register: bool,
 ) -> Response {
     if let Err(reason) = validate_topic(&watch.topic) {
-        return Response::text(400, &reason);
+        return Refusal::BadRequest(reason).into();
     }
     let resume = match watch.last_event_id.as_deref().map(parse_last_event_id) {
-        Some(Err(reason)) => return Response::text(400, &reason),
+        Some(Err(reason)) => return Refusal::BadRequest(reason).into(),
         Some(Ok(resume)) => Some(resume),
         None => None,
     };
