@@ -74,6 +74,37 @@ impl Error {
     }
 }
 
+/// What a node agent's refusal means to a client of the control plane.
+impl From<crate::nodes::NodeCallError> for Error {
+    fn from(error: crate::nodes::NodeCallError) -> Self {
+        use crate::nodes::NodeCallError::{Rejected, Unreachable};
+        match error {
+            Rejected {
+                code: ErrorCode::InvalidRequest,
+                detail,
+            } => Self::InvalidRequest(detail),
+            Rejected {
+                code: ErrorCode::NotFound,
+                detail,
+            } => Self::InvalidState(format!(
+                "{detail}; its node no longer holds it (the node restarted?)"
+            )),
+            Rejected {
+                code: ErrorCode::InvalidState,
+                detail,
+            } => Self::InvalidState(detail),
+            // Full or shutting down, or the snapshot store failed: retryable,
+            // and the detail says which.
+            Rejected {
+                code: ErrorCode::InsufficientCapacity | ErrorCode::BadGateway,
+                detail,
+            } => Self::InsufficientCapacity(detail),
+            Rejected { detail, .. } => Self::Internal(anyhow::anyhow!("{detail}")),
+            Unreachable(detail) => Self::InsufficientCapacity(detail),
+        }
+    }
+}
+
 impl From<sqlx::Error> for Error {
     fn from(error: sqlx::Error) -> Self {
         Self::Internal(anyhow::Error::new(error).context("store query failed"))
@@ -115,3 +146,55 @@ impl IntoResponse for Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nodes::NodeCallError;
+
+    #[test]
+    fn agent_refusals_map_to_the_clients_status_by_their_code() {
+        let refused = |code| NodeCallError::Rejected {
+            code,
+            detail: "why".into(),
+        };
+        // (refusal, status for the client, whether another node may take it)
+        for (error, status, elsewhere) in [
+            (
+                refused(ErrorCode::InvalidRequest),
+                StatusCode::BAD_REQUEST,
+                false,
+            ),
+            (refused(ErrorCode::NotFound), StatusCode::CONFLICT, false),
+            (
+                refused(ErrorCode::InvalidState),
+                StatusCode::CONFLICT,
+                false,
+            ),
+            (
+                refused(ErrorCode::InsufficientCapacity),
+                StatusCode::SERVICE_UNAVAILABLE,
+                true,
+            ),
+            // The snapshot store is shared: another node would fail alike.
+            (
+                refused(ErrorCode::BadGateway),
+                StatusCode::SERVICE_UNAVAILABLE,
+                false,
+            ),
+            (
+                refused(ErrorCode::Internal),
+                StatusCode::INTERNAL_SERVER_ERROR,
+                false,
+            ),
+            (
+                NodeCallError::Unreachable("gone".into()),
+                StatusCode::SERVICE_UNAVAILABLE,
+                true,
+            ),
+        ] {
+            assert_eq!(error.node_unavailable(), elsewhere, "{error}");
+            assert_eq!(Error::from(error).status(), status);
+        }
+    }
+}

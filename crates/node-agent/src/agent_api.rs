@@ -78,18 +78,21 @@ pub fn status_of(error: &AgentError) -> StatusCode {
     }
 }
 
+/// The `code` of an agent error's `{detail, code}`.
+pub fn code_of(error: &AgentError) -> ErrorCode {
+    match status_of(error) {
+        StatusCode::BAD_REQUEST => ErrorCode::InvalidRequest,
+        StatusCode::NOT_FOUND => ErrorCode::NotFound,
+        StatusCode::CONFLICT => ErrorCode::InvalidState,
+        StatusCode::INTERNAL_SERVER_ERROR => ErrorCode::Internal,
+        StatusCode::BAD_GATEWAY => ErrorCode::BadGateway,
+        _ => ErrorCode::InsufficientCapacity,
+    }
+}
+
 impl IntoResponse for AgentError {
     fn into_response(self) -> Response {
-        let status = status_of(&self);
-        let code = match status {
-            StatusCode::BAD_REQUEST => ErrorCode::InvalidRequest,
-            StatusCode::NOT_FOUND => ErrorCode::NotFound,
-            StatusCode::CONFLICT => ErrorCode::InvalidState,
-            StatusCode::INTERNAL_SERVER_ERROR => ErrorCode::Internal,
-            StatusCode::BAD_GATEWAY => ErrorCode::BadGateway,
-            _ => ErrorCode::InsufficientCapacity,
-        };
-        error(status, code, self.to_string())
+        error(status_of(&self), code_of(&self), self.to_string())
     }
 }
 

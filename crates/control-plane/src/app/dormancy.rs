@@ -63,29 +63,6 @@ impl ReviveEstimates {
     }
 }
 
-fn node_error(error: NodeCallError) -> Error {
-    match error {
-        NodeCallError::Rejected {
-            status: 409,
-            detail,
-        } => Error::InvalidState(detail),
-        NodeCallError::Rejected {
-            status: 404,
-            detail,
-        } => Error::InvalidState(format!(
-            "{detail}; its node no longer holds it (the node restarted?)"
-        )),
-        // 503: the node is full or shutting down; 502: the snapshot store
-        // failed. Both are worth a retry, and the detail says which.
-        NodeCallError::Rejected {
-            status: 502 | 503,
-            detail,
-        } => Error::InsufficientCapacity(detail),
-        NodeCallError::Rejected { detail, .. } => Error::Internal(anyhow::anyhow!("{detail}")),
-        NodeCallError::Unreachable(detail) => Error::InsufficientCapacity(detail),
-    }
-}
-
 impl ControlPlane {
     /// Parks a running or idle instance; answers once its snapshot is stored.
     pub async fn instance_dormant(&self, id: &InstanceId) -> Result<Instance> {
@@ -107,7 +84,7 @@ impl ControlPlane {
             Error::InsufficientCapacity(format!("node {} is not reachable", record.node_id))
         })?;
         let started = std::time::Instant::now();
-        let parked = connection.instance_dormant(id).await.map_err(node_error)?;
+        let parked = connection.instance_dormant(id).await.map_err(Error::from)?;
         self.telemetry.dormant_duration.0.observe(started.elapsed());
         let record = self
             .store
@@ -230,10 +207,8 @@ impl ControlPlane {
                     .await
                     .map_err(|e| RevivalRefused::Other(e.into()))?;
                 Err(match error {
-                    NodeCallError::Unreachable(_) | NodeCallError::Rejected { status: 503, .. } => {
-                        RevivalRefused::Unavailable(error)
-                    }
-                    other => RevivalRefused::Other(node_error(other)),
+                    error if error.node_unavailable() => RevivalRefused::Unavailable(error),
+                    other => RevivalRefused::Other(other.into()),
                 })
             }
         }
@@ -387,7 +362,7 @@ enum RevivalRefused {
 impl RevivalRefused {
     fn into_error(self) -> Error {
         match self {
-            Self::Unavailable(error) => node_error(error),
+            Self::Unavailable(error) => error.into(),
             Self::Other(error) => error,
         }
     }

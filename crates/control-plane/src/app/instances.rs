@@ -161,15 +161,11 @@ impl ControlPlane {
             Err(error) => {
                 self.store.instance_delete(&id, self.now()).await?;
                 return Err(match error {
-                    NodeCallError::Rejected {
-                        status: 400,
-                        detail,
-                    } => Error::InvalidRequest(detail),
-                    NodeCallError::Rejected { detail, .. } => Error::InsufficientCapacity(detail),
                     NodeCallError::Unreachable(detail) => Error::InsufficientCapacity(format!(
                         "node {} did not take the instance: {detail}",
                         node.id
                     )),
+                    refused => refused.into(),
                 });
             }
         };

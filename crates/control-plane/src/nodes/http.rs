@@ -9,7 +9,7 @@ use serde::de::DeserializeOwned;
 use flotilla_api_types::agent::{
     AgentCreateInstance, AgentDormantResult, AgentIdentity, AgentInstancePorts, AgentReviveInstance,
 };
-use flotilla_api_types::{ErrorResponse, InstanceId};
+use flotilla_api_types::{ErrorCode, ErrorResponse, InstanceId};
 
 use super::{NodeCallError, NodeConnection};
 
@@ -60,18 +60,32 @@ impl HttpNode {
                 NodeCallError::Unreachable(format!("{}: unreadable answer: {e}", self.address))
             });
         }
-        let detail = match response.json::<ErrorResponse>().await {
-            Ok(error) => error.detail,
-            Err(_) => format!("the agent answered {status}"),
-        };
-        Err(NodeCallError::Rejected {
-            status: status.as_u16(),
-            detail,
+        Err(match response.json::<ErrorResponse>().await {
+            Ok(error) => NodeCallError::Rejected {
+                code: error.code,
+                detail: error.detail,
+            },
+            Err(_) => NodeCallError::Rejected {
+                code: code_of_status(status),
+                detail: format!("the agent answered {status}"),
+            },
         })
     }
 
     fn url(&self, path: &str) -> String {
         format!("{}/agent/v1/instances{path}", self.address)
+    }
+}
+
+/// The code of an agent answer without a readable `{detail, code}` body.
+fn code_of_status(status: reqwest::StatusCode) -> ErrorCode {
+    match status.as_u16() {
+        400 => ErrorCode::InvalidRequest,
+        404 => ErrorCode::NotFound,
+        409 => ErrorCode::InvalidState,
+        502 => ErrorCode::BadGateway,
+        503 => ErrorCode::InsufficientCapacity,
+        _ => ErrorCode::Internal,
     }
 }
 
@@ -96,7 +110,11 @@ impl NodeConnection for HttpNode {
             .client
             .delete(self.url(&format!("/{id}?force={force}")));
         match self.call::<serde_json::Value>(request, CALL_TIMEOUT).await {
-            Ok(_) | Err(NodeCallError::Rejected { status: 404, .. }) => Ok(()),
+            Ok(_)
+            | Err(NodeCallError::Rejected {
+                code: ErrorCode::NotFound,
+                ..
+            }) => Ok(()),
             Err(error) => Err(error),
         }
     }

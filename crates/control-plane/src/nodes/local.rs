@@ -54,7 +54,7 @@ impl NodeConnection for LocalNode {
 
 fn agent_error(error: AgentError) -> NodeCallError {
     NodeCallError::Rejected {
-        status: flotilla_node_agent::agent_api::status_of(&error).as_u16(),
+        code: flotilla_node_agent::agent_api::code_of(&error),
         detail: error.to_string(),
     }
 }

@@ -17,18 +17,37 @@ use async_trait::async_trait;
 use flotilla_api_types::agent::{
     AgentCreateInstance, AgentDormantResult, AgentIdentity, AgentInstancePorts, AgentReviveInstance,
 };
-use flotilla_api_types::{InstanceId, NodeId};
+use flotilla_api_types::{ErrorCode, InstanceId, NodeId};
 
-/// A failed call to a node agent.
+/// A failed call to a node agent. The one conversion into the control
+/// plane's [`Error`](crate::error::Error) is in `error.rs`.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeCallError {
-    /// The agent refused the request; `status` is the HTTP status it would give
-    /// (400 bad request, 404 unknown instance, 503 full).
+    /// The agent refused the request with its `{detail, code}`:
+    /// `invalid_request` (bad config, unknown image), `not_found` (not on
+    /// the node), `invalid_state`, `insufficient_capacity` (full, ports
+    /// exhausted, shutting down), `bad_gateway` (the snapshot store failed),
+    /// `internal`.
     #[error("{detail}")]
-    Rejected { status: u16, detail: String },
+    Rejected { code: ErrorCode, detail: String },
     /// The agent could not be reached or did not answer.
     #[error("node agent unreachable: {0}")]
     Unreachable(String),
+}
+
+impl NodeCallError {
+    /// Whether another node might take what this one could not (it is
+    /// unreachable, full or shutting down).
+    pub fn node_unavailable(&self) -> bool {
+        matches!(
+            self,
+            Self::Unreachable(_)
+                | Self::Rejected {
+                    code: ErrorCode::InsufficientCapacity,
+                    ..
+                }
+        )
+    }
 }
 
 /// Operations the control plane asks of a node agent.
