@@ -147,7 +147,9 @@ pub async fn serve(listener: TcpListener, state: Arc<ProxyState>, shutdown: Canc
             _ = shutdown.cancelled() => return,
         };
         let _ = stream.set_nodelay(true);
-        tokio::spawn(connection(stream, peer, state.clone()));
+        state
+            .connections
+            .spawn(connection(stream, peer, state.clone()));
     }
 }
 

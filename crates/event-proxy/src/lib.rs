@@ -61,6 +61,8 @@ pub struct ProxyState {
     pub shutdown: CancellationToken,
     /// Open event streams (against `max_connections`).
     pub streams: AtomicUsize,
+    /// Every connection being served: shutdown waits for them.
+    pub connections: tokio_util::task::TaskTracker,
     /// Who each open stream was admitted for (for `POST /admin/revoke`).
     pub open_streams: revoke::OpenStreams,
     /// The other proxies, when `[peers]` is on.
@@ -416,6 +418,7 @@ impl Proxy {
             started: Instant::now(),
             shutdown: CancellationToken::new(),
             streams: AtomicUsize::new(0),
+            connections: tokio_util::task::TaskTracker::new(),
             open_streams: revoke::OpenStreams::default(),
             peers,
             clock,
@@ -454,11 +457,17 @@ impl Proxy {
         for task in self.tasks {
             let _ = task.await;
         }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.state.streams.load(std::sync::atomic::Ordering::SeqCst) > 0
-            && Instant::now() < deadline
+        // The listener is gone: no connection starts any more; each one sees
+        // the shutdown (a stream sends its `retry` hint) and ends.
+        self.state.connections.close();
+        if tokio::time::timeout(Duration::from_secs(10), self.state.connections.wait())
+            .await
+            .is_err()
         {
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            tracing::warn!(
+                connections = self.state.connections.len(),
+                "connections still open 10 s after shutdown"
+            );
         }
     }
 }
