@@ -29,6 +29,7 @@ pub mod metrics;
 pub mod nodes;
 pub mod profiles;
 pub mod prometheus;
+pub mod token_bucket;
 pub mod tokens;
 
 pub use error::{ErrorCode, ErrorResponse, MessageResponse};

@@ -7,13 +7,15 @@ use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::Instant;
 
+use flotilla_api_types::token_bucket::TokenBucket;
+
 use crate::config::IpRange;
 
 pub struct IpRateLimiter {
     capacity: f64,
     per_second: f64,
-    /// (tokens, last refill) per address. A std mutex: one lookup per request.
-    buckets: Mutex<HashMap<IpAddr, (f64, Instant)>>,
+    /// One bucket per address. A std mutex: one lookup per request.
+    buckets: Mutex<HashMap<IpAddr, TokenBucket>>,
 }
 
 impl IpRateLimiter {
@@ -33,26 +35,20 @@ impl IpRateLimiter {
 
     fn allow_at(&self, ip: IpAddr, now: Instant) -> bool {
         let mut buckets = self.buckets.lock().expect("limiter lock");
-        let (tokens, last) = buckets.entry(ip).or_insert((self.capacity, now));
-        *tokens = (*tokens + now.saturating_duration_since(*last).as_secs_f64() * self.per_second)
-            .min(self.capacity);
-        *last = now;
-        if *tokens >= 1.0 {
-            *tokens -= 1.0;
-            true
-        } else {
-            false
-        }
+        let bucket = buckets
+            .entry(ip)
+            .or_insert_with(|| TokenBucket::full(self.capacity, now));
+        bucket.refill(now, self.capacity, self.per_second);
+        bucket.try_take()
     }
 
     /// Forgets addresses whose bucket has refilled (they are back to default).
     pub fn sweep(&self) {
         let now = Instant::now();
-        let full_after = self.capacity / self.per_second;
         self.buckets
             .lock()
             .expect("limiter lock")
-            .retain(|_, (_, last)| now.saturating_duration_since(*last).as_secs_f64() < full_after);
+            .retain(|_, bucket| !bucket.is_full_at(now, self.capacity, self.per_second));
     }
 }
 

@@ -29,6 +29,7 @@ use sha2::{Digest, Sha256};
 
 use flotilla_api_types::agent::InstanceAccessPolicy;
 use flotilla_api_types::credentials::{bearer_token, matches_any_digest};
+use flotilla_api_types::token_bucket::TokenBucket;
 
 use crate::app::ControlPlane;
 use crate::config::ControlPlaneConfig;
@@ -218,12 +219,7 @@ pub struct Quota {
 /// `per_minute / 60` per second.
 pub struct RateLimiter {
     per_minute: u32,
-    buckets: Mutex<HashMap<String, Bucket>>,
-}
-
-struct Bucket {
-    tokens: f64,
-    updated: Instant,
+    buckets: Mutex<HashMap<String, TokenBucket>>,
 }
 
 /// Buckets kept before full ones are swept.
@@ -244,30 +240,22 @@ impl RateLimiter {
         let now = Instant::now();
         let mut buckets = self.buckets.lock().expect("rate limiter lock");
         if buckets.len() >= SWEEP_AT {
-            buckets.retain(|_, b| {
-                b.tokens + now.duration_since(b.updated).as_secs_f64() * per_sec < capacity
-            });
+            buckets.retain(|_, bucket| !bucket.is_full_at(now, capacity, per_sec));
         }
-        let bucket = buckets.entry(key.to_owned()).or_insert(Bucket {
-            tokens: capacity,
-            updated: now,
-        });
-        bucket.tokens = (bucket.tokens
-            + now.duration_since(bucket.updated).as_secs_f64() * per_sec)
-            .min(capacity);
-        bucket.updated = now;
-        let allowed = bucket.tokens >= 1.0;
-        if allowed {
-            bucket.tokens -= 1.0;
-        }
+        let bucket = buckets
+            .entry(key.to_owned())
+            .or_insert_with(|| TokenBucket::full(capacity, now));
+        bucket.refill(now, capacity, per_sec);
+        let allowed = bucket.try_take();
+        let tokens = bucket.tokens();
         let quota = Quota {
             limit: self.per_minute,
-            remaining: bucket.tokens.floor() as u32,
-            reset_unix: now_unix + ((capacity - bucket.tokens) / per_sec).ceil() as i64,
+            remaining: tokens.floor() as u32,
+            reset_unix: now_unix + ((capacity - tokens) / per_sec).ceil() as i64,
             retry_after_sec: if allowed {
                 0
             } else {
-                ((1.0 - bucket.tokens) / per_sec).ceil().max(1.0) as u64
+                bucket.time_to_next(per_sec).as_secs_f64().ceil().max(1.0) as u64
             },
         };
         if allowed { Ok(quota) } else { Err(quota) }

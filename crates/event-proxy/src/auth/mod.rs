@@ -31,6 +31,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
 use flotilla_api_types::clock::Clock;
+use flotilla_api_types::token_bucket::TokenBucket;
 use flotilla_api_types::tokens::permission_grants;
 
 use crate::config::JwtVerifierConfig;
@@ -140,8 +141,8 @@ pub struct Authenticator {
     /// Webhook calls in flight, by key (single flight). A std mutex: insert,
     /// clone, remove.
     in_flight: Mutex<HashMap<CacheKey, Flight>>,
-    /// Token bucket of webhook calls: (tokens, last refill).
-    call_budget: Mutex<(f64, Instant)>,
+    /// Webhook calls: `rate_limit_per_sec` of burst and per second.
+    call_budget: Mutex<TokenBucket>,
     metrics: Arc<Metrics>,
     clock: Arc<dyn Clock>,
 }
@@ -186,7 +187,10 @@ impl Authenticator {
                 config.circuit_breaker_timeout_sec,
                 clock.clone(),
             ),
-            call_budget: Mutex::new((f64::from(config.rate_limit_per_sec), Instant::now())),
+            call_budget: Mutex::new(TokenBucket::full(
+                f64::from(config.rate_limit_per_sec),
+                Instant::now(),
+            )),
             in_flight: Mutex::default(),
             http,
             config,
@@ -391,14 +395,11 @@ impl Authenticator {
         loop {
             let wait = {
                 let mut budget = self.call_budget.lock().expect("budget lock");
-                let now = Instant::now();
-                budget.0 = (budget.0 + now.duration_since(budget.1).as_secs_f64() * rate).min(rate);
-                budget.1 = now;
-                if budget.0 >= 1.0 {
-                    budget.0 -= 1.0;
+                budget.refill(Instant::now(), rate, rate);
+                if budget.try_take() {
                     return true;
                 }
-                Duration::from_secs_f64((1.0 - budget.0) / rate)
+                budget.time_to_next(rate)
             };
             if Instant::now() + wait > deadline {
                 return false;
