@@ -666,13 +666,7 @@ fn still_running(pid: u32) -> bool {
         0 => true,
         n if n > 0 => false,
         // Not our child: alive unless gone or a zombie (its parent reaps it).
-        _ => std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|stat| {
-                stat.rfind(')')
-                    .map(|i| stat[i + 2..].starts_with(|c| c != 'Z' && c != 'X'))
-            })
-            .unwrap_or(false),
+        _ => crate::monitor::is_live(pid),
     }
 }
 
@@ -685,28 +679,7 @@ fn group_has_live_member(pgid: u32) -> bool {
     if unsafe { libc::killpg(group, 0) } != 0 {
         return false;
     }
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return false;
-    };
-    entries.flatten().any(|entry| {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            return false;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            return false;
-        };
-        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
-            return false;
-        };
-        let mut fields = rest.split_whitespace();
-        let state = fields.next().unwrap_or("Z");
-        let member_group = fields.nth(1).and_then(|g| g.parse::<u32>().ok());
-        member_group == Some(pgid) && state != "Z" && state != "X"
-    })
+    crate::monitor::ProcTable::scan().group_has_live_member(pgid)
 }
 
 pub(crate) fn is_root() -> bool {

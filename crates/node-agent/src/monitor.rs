@@ -14,10 +14,32 @@ use flotilla_api_types::nodes::{Capabilities, ResourceUsage};
 
 #[derive(Debug, Clone, Copy)]
 struct ProcStat {
+    /// `R`, `S`, `D`, `Z` (zombie), `X` (dead), …
+    state: char,
     ppid: u32,
     pgid: u32,
     /// utime + stime in clock ticks.
     cpu_ticks: u64,
+}
+
+impl ProcStat {
+    fn live(&self) -> bool {
+        !matches!(self.state, 'Z' | 'X')
+    }
+}
+
+/// The pids in `/proc`.
+pub fn pids() -> impl Iterator<Item = u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+}
+
+/// Whether `pid` exists and is neither a zombie nor dead.
+pub fn is_live(pid: u32) -> bool {
+    read_stat(pid).is_some_and(|stat| stat.live())
 }
 
 /// The process table at one moment.
@@ -28,26 +50,46 @@ pub struct ProcTable {
 
 impl ProcTable {
     pub fn scan() -> Self {
-        let mut procs = HashMap::new();
-        if let Ok(entries) = std::fs::read_dir("/proc") {
-            for entry in entries.flatten() {
-                let Some(pid) = entry
-                    .file_name()
-                    .to_str()
-                    .and_then(|s| s.parse::<u32>().ok())
-                else {
-                    continue;
-                };
-                if let Some(stat) = read_stat(pid) {
-                    procs.insert(pid, stat);
-                }
-            }
-        }
+        let procs: HashMap<u32, ProcStat> = pids()
+            .filter_map(|pid| Some((pid, read_stat(pid)?)))
+            .collect();
         let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
         for (pid, stat) in &procs {
             children.entry(stat.ppid).or_default().push(*pid);
         }
         Self { procs, children }
+    }
+
+    /// The living processes (neither zombie nor dead).
+    pub fn live_pids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.procs
+            .iter()
+            .filter(|(_, stat)| stat.live())
+            .map(|(pid, _)| *pid)
+    }
+
+    /// `roots` and their descendants, the living ones only.
+    pub fn live_descendants(&self, roots: &[u32]) -> Vec<u32> {
+        let live = |pid: &u32| self.procs.get(pid).is_some_and(ProcStat::live);
+        let mut tree: Vec<u32> = roots.iter().copied().filter(live).collect();
+        let mut next = 0;
+        while next < tree.len() {
+            let kids = self.children.get(&tree[next]).into_iter().flatten();
+            for kid in kids.filter(|kid| live(kid)) {
+                if !tree.contains(kid) {
+                    tree.push(*kid);
+                }
+            }
+            next += 1;
+        }
+        tree
+    }
+
+    /// Whether a process of group `pgid` is alive (not a zombie).
+    pub fn group_has_live_member(&self, pgid: u32) -> bool {
+        self.procs
+            .values()
+            .any(|stat| stat.pgid == pgid && stat.live())
     }
 
     /// `root`, every process in its process group, and their descendants.
@@ -83,6 +125,7 @@ fn read_stat(pid: u32) -> Option<ProcStat> {
     let rest = &text[text.rfind(')')? + 2..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
     Some(ProcStat {
+        state: fields.first()?.chars().next()?,
         ppid: fields.get(1)?.parse().ok()?,
         pgid: fields.get(2)?.parse().ok()?,
         cpu_ticks: fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?,

@@ -18,29 +18,20 @@ pub fn sweep(instances_root: &Path) -> SweepReport {
     let mut report = SweepReport::default();
     let root = format!("{}/", instances_root.display());
     let flag = format!("--user-data-dir={root}");
-    if let Ok(entries) = std::fs::read_dir("/proc") {
-        for entry in entries.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-                continue;
-            };
-            let matches = cmdline
-                .split(|b| *b == 0)
-                .any(|arg| arg.starts_with(root.as_bytes()) || arg.starts_with(flag.as_bytes()));
-            if matches {
-                kill_group(pid, libc::SIGKILL);
-                // SAFETY: kill has no memory-safety preconditions.
-                unsafe {
-                    libc::kill(pid as i32, libc::SIGKILL);
-                }
-                report.processes += 1;
+    for pid in crate::monitor::pids() {
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let matches = cmdline
+            .split(|b| *b == 0)
+            .any(|arg| arg.starts_with(root.as_bytes()) || arg.starts_with(flag.as_bytes()));
+        if matches {
+            kill_group(pid, libc::SIGKILL);
+            // SAFETY: kill has no memory-safety preconditions.
+            unsafe {
+                libc::kill(pid as i32, libc::SIGKILL);
             }
+            report.processes += 1;
         }
     }
     if let Ok(entries) = std::fs::read_dir(instances_root) {

@@ -323,17 +323,7 @@ impl Drop for TestServe {
 /// Pids of processes whose command line mentions `needle` (e.g. an instance directory).
 pub fn processes_mentioning(needle: &str) -> Vec<u32> {
     let mut pids = Vec::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return pids;
-    };
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
+    for pid in flotilla_node_agent::monitor::pids() {
         if pid == std::process::id() {
             continue;
         }
@@ -348,44 +338,9 @@ pub fn processes_mentioning(needle: &str) -> Vec<u32> {
     pids
 }
 
-/// (pid, parent pid) of every process.
-fn process_parents() -> Vec<(u32, u32)> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|entry| {
-            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let rest = &stat[stat.rfind(')')? + 2..];
-            let mut fields = rest.split_whitespace();
-            let state = fields.next()?;
-            let parent = fields.next()?.parse().ok()?;
-            (state != "Z" && state != "X").then_some((pid, parent))
-        })
-        .collect()
-}
-
 /// `roots` and all their living descendants.
 pub fn process_tree(roots: &[u32]) -> Vec<u32> {
-    let parents = process_parents();
-    let mut tree: Vec<u32> = roots
-        .iter()
-        .copied()
-        .filter(|pid| parents.iter().any(|(p, _)| p == pid))
-        .collect();
-    let mut i = 0;
-    while i < tree.len() {
-        let current = tree[i];
-        for (child, _) in parents.iter().filter(|(_, parent)| *parent == current) {
-            if !tree.contains(child) {
-                tree.push(*child);
-            }
-        }
-        i += 1;
-    }
-    tree
+    flotilla_node_agent::monitor::ProcTable::scan().live_descendants(roots)
 }
 
 /// Every process of the browser(s) under `dir` (an instance directory, or the
@@ -396,9 +351,10 @@ pub fn process_tree(roots: &[u32]) -> Vec<u32> {
 pub fn browser_processes(dir: &Path) -> Vec<u32> {
     let needle = dir.display().to_string();
     let mut roots = processes_mentioning(&needle);
+    let table = flotilla_node_agent::monitor::ProcTable::scan();
     if let Some(name) = dir.file_name().and_then(|n| n.to_str()) {
         let component = format!("/{name}");
-        for (pid, _) in process_parents() {
+        for pid in table.live_pids() {
             let in_cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
                 .map(|groups| groups.lines().any(|line| line.ends_with(&component)))
                 .unwrap_or(false);
@@ -407,7 +363,7 @@ pub fn browser_processes(dir: &Path) -> Vec<u32> {
             }
         }
     }
-    process_tree(&roots)
+    table.live_descendants(&roots)
 }
 
 /// The browser's main process (Chromium without `--type=`) under `dir`.
