@@ -14,7 +14,7 @@ use flotilla_node_agent::snapshot::SnapshotStore;
 use flotilla_node_agent::{Agent, HttpLink};
 
 use crate::config::FlotillaConfig;
-use crate::serve::{agent_settings, bind_agent_listener, public_host, spawn_http};
+use crate::serve::{agent_address, agent_settings, bind_agent_listener, public_host, spawn_http};
 
 /// A running `agent`.
 pub struct AgentNode {
@@ -44,11 +44,7 @@ impl AgentNode {
         let listener = bind_agent_listener(&config).await?;
         let addr = listener.local_addr()?;
         let public_host = public_host(&config, addr.ip());
-        let address = match &config.agent.advertise {
-            Some(advertise) => advertise.clone(),
-            None if addr.ip().is_unspecified() => format!("http://{public_host}:{}", addr.port()),
-            None => format!("http://{addr}"),
-        };
+        let address = agent_address(&config, addr, &public_host);
         let snapshots = SnapshotStore::open(&config.snapshots, &data_dir.join("snapshots"))?;
         let settings = agent_settings(
             &config,

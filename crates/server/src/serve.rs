@@ -72,11 +72,7 @@ impl Serve {
         let agent_listener = bind_agent_listener(&config).await?;
         let agent_addr = agent_listener.local_addr()?;
         let public_host = public_host(&config, control_addr.ip());
-        let address = config
-            .agent
-            .advertise
-            .clone()
-            .unwrap_or_else(|| format!("http://{agent_addr}"));
+        let address = agent_address(&config, agent_addr, &public_host);
         let settings = agent_settings(
             &config,
             &data_dir,
@@ -220,6 +216,21 @@ pub(crate) async fn bind_agent_listener(config: &FlotillaConfig) -> anyhow::Resu
     bind(listen, "agent.listen").await
 }
 
+/// The agent API's address as the control plane reaches it (the node's
+/// `address`): `agent.advertise`, else the address it listens on, where an
+/// unspecified IP (`0.0.0.0`, `::`) becomes the public host.
+pub(crate) fn agent_address(
+    config: &FlotillaConfig,
+    listen: SocketAddr,
+    public_host: &str,
+) -> String {
+    match &config.agent.advertise {
+        Some(advertise) => advertise.clone(),
+        None if listen.ip().is_unspecified() => format!("http://{public_host}:{}", listen.port()),
+        None => format!("http://{listen}"),
+    }
+}
+
 /// `agent.public_host`, or a default from the address the process listens on.
 pub(crate) fn public_host(config: &FlotillaConfig, listen_ip: IpAddr) -> String {
     config
@@ -278,4 +289,24 @@ pub fn default_bind_address(public_host: &str) -> Ipv4Addr {
 pub fn random_token() -> String {
     let bytes: [u8; 32] = rand::random();
     hex::encode(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_agent_advertises_a_reachable_address() {
+        let mut config = FlotillaConfig::default();
+        let any: SocketAddr = "0.0.0.0:7001".parse().unwrap();
+        let local: SocketAddr = "127.0.0.1:7001".parse().unwrap();
+        assert_eq!(
+            agent_address(&config, any, "node-a.example"),
+            "http://node-a.example:7001",
+            "never 0.0.0.0"
+        );
+        assert_eq!(agent_address(&config, local, "x"), "http://127.0.0.1:7001");
+        config.agent.advertise = Some("http://10.1.2.3:7001".into());
+        assert_eq!(agent_address(&config, any, "x"), "http://10.1.2.3:7001");
+    }
 }
