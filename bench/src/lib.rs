@@ -189,3 +189,98 @@ pub fn mem_available_mib() -> f64 {
         .unwrap_or(0.0)
         / 1024.0
 }
+
+/// VmRSS of process `pid`, in KiB (0 if it is gone).
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Raises the open-file limit to its hard maximum (a process holding
+/// thousands of streams, and the servers it starts, which inherit it).
+pub fn raise_open_files() {
+    // SAFETY: getrlimit/setrlimit read and write a local struct only.
+    unsafe {
+        let mut limit = std::mem::zeroed::<libc::rlimit>();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
+/// `flotilla proxy` (release build, `--binary` to change) on a free loopback
+/// port: authentication off, publisher key `key`, rate limit out of the way,
+/// no stream lifetime.
+pub async fn start_event_proxy(
+    key: &str,
+) -> anyhow::Result<(tokio::process::Child, u16, tempfile::TempDir)> {
+    let binary = text_flag("--binary", "target/release/flotilla")?;
+    let dir = tempfile::tempdir()?;
+    let port = free_port();
+    let config = dir.path().join("proxy.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[http]\nbind_address = \"127.0.0.1:{port}\"\nmax_connections = 19900\n\
+             keepalive_interval_sec = 15\nconnection_timeout_sec = 0\n\
+             [jwt_verifier]\nrequire_authentication = false\n\
+             [publisher]\napi_keys = [\"{key}\"]\n[rate_limit]\nrate_limit_per_ip = 100000000\n"
+        ),
+    )?;
+    let child = tokio::process::Command::new(&binary)
+        .args(["proxy", "--config"])
+        .arg(&config)
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("cannot start {binary}"))?;
+    wait_listening(port, "the event proxy").await?;
+    Ok((child, port, dir))
+}
+
+/// Waits (30 s at most) until something accepts connections on `port`.
+pub async fn wait_listening(port: u16, what: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        if Instant::now() > deadline {
+            bail!("{what} does not listen on port {port}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// Opens `GET /events/{topic}` on `port` and reads the response head (200).
+pub async fn open_sse_stream(port: u16, topic: &str) -> anyhow::Result<tokio::net::TcpStream> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream
+        .write_all(
+            format!(
+                "GET /events/{topic} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await?;
+    let mut head = Vec::with_capacity(512);
+    let mut buffer = [0u8; 512];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let read = stream.read(&mut buffer).await?;
+        if read == 0 {
+            bail!("the server closed the stream before answering");
+        }
+        head.extend_from_slice(&buffer[..read]);
+    }
+    if !head.starts_with(b"HTTP/1.1 200") {
+        bail!("{}", String::from_utf8_lossy(&head));
+    }
+    Ok(stream)
+}

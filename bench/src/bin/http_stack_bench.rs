@@ -22,10 +22,12 @@ use anyhow::{Context as _, bail};
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, StreamBody};
 use hyper::body::Frame;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::TcpStream;
+use tokio::io::AsyncReadExt as _;
 
-use flotilla_bench::{free_port, number_flag, text_flag};
+use flotilla_bench::{
+    free_port, number_flag, open_sse_stream, raise_open_files, rss_kib, start_event_proxy,
+    text_flag, wait_listening,
+};
 
 const KEY: &str = "stack-key";
 
@@ -101,38 +103,18 @@ struct Server {
 
 impl Server {
     async fn start(name: &'static str) -> anyhow::Result<Self> {
-        let dir = tempfile::tempdir()?;
-        let port = free_port();
-        let child = if name == "flotilla" {
-            let config = dir.path().join("proxy.toml");
-            std::fs::write(
-                &config,
-                format!(
-                    "[http]\nbind_address = \"127.0.0.1:{port}\"\nmax_connections = 19900\n\
-                     keepalive_interval_sec = 15\nconnection_timeout_sec = 0\n\
-                     [jwt_verifier]\nrequire_authentication = false\n\
-                     [publisher]\napi_keys = [\"{KEY}\"]\n[rate_limit]\nrate_limit_per_ip = 100000000\n"
-                ),
-            )?;
-            tokio::process::Command::new(text_flag("--binary", "target/release/flotilla")?)
-                .args(["proxy", "--config"])
-                .arg(&config)
-                .env("RUST_LOG", "warn")
-                .kill_on_drop(true)
-                .spawn()?
+        let (child, port, dir) = if name == "flotilla" {
+            start_event_proxy(KEY).await?
         } else {
-            tokio::process::Command::new(std::env::current_exe()?)
+            let dir = tempfile::tempdir()?;
+            let port = free_port();
+            let child = tokio::process::Command::new(std::env::current_exe()?)
                 .args(["hyper-server", "--port", &port.to_string()])
                 .kill_on_drop(true)
-                .spawn()?
+                .spawn()?;
+            wait_listening(port, name).await?;
+            (child, port, dir)
         };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
-            if Instant::now() > deadline {
-                bail!("{name} does not listen");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
         Ok(Self {
             name,
             child,
@@ -143,36 +125,8 @@ impl Server {
     }
 
     fn rss_kib(&self) -> u64 {
-        let pid = self.child.id().unwrap_or(0);
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|line| line.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or(0)
+        rss_kib(self.child.id().unwrap_or(0))
     }
-}
-
-async fn open_stream(port: u16) -> anyhow::Result<TcpStream> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).await?;
-    stream
-        .write_all(
-            b"GET /events/t HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n",
-        )
-        .await?;
-    let mut head = Vec::with_capacity(512);
-    let mut buffer = [0u8; 512];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        let read = stream.read(&mut buffer).await?;
-        if read == 0 {
-            bail!("closed before answering");
-        }
-        head.extend_from_slice(&buffer[..read]);
-    }
-    if !head.starts_with(b"HTTP/1.1 200") {
-        bail!("{}", String::from_utf8_lossy(&head));
-    }
-    Ok(stream)
 }
 
 async fn measure(name: &'static str, streams: usize, messages: usize) -> anyhow::Result<()> {
@@ -183,7 +137,7 @@ async fn measure(name: &'static str, streams: usize, messages: usize) -> anyhow:
     let received = Arc::new(AtomicU64::new(0));
     let mut readers = Vec::new();
     for _ in 0..streams {
-        let mut stream = open_stream(server.port).await?;
+        let mut stream = open_sse_stream(server.port, "t").await?;
         let received = received.clone();
         readers.push(tokio::spawn(async move {
             let mut buffer = [0u8; 4096];
@@ -236,17 +190,6 @@ async fn measure(name: &'static str, streams: usize, messages: usize) -> anyhow:
         reader.abort();
     }
     Ok(())
-}
-
-fn raise_open_files() {
-    // SAFETY: getrlimit/setrlimit read and write a local struct only.
-    unsafe {
-        let mut limit = std::mem::zeroed::<libc::rlimit>();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
-            limit.rlim_cur = limit.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
-        }
-    }
 }
 
 #[tokio::main]

@@ -23,10 +23,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::TcpStream;
+use tokio::io::AsyncReadExt as _;
 
-use flotilla_bench::{free_port, number_flag, text_flag};
+use flotilla_bench::{number_flag, open_sse_stream, raise_open_files, rss_kib, start_event_proxy};
 
 const KEY: &str = "soak-key";
 
@@ -38,33 +37,7 @@ struct Proxy {
 
 impl Proxy {
     async fn start() -> anyhow::Result<Self> {
-        let binary = text_flag("--binary", "target/release/flotilla")?;
-        let dir = tempfile::tempdir()?;
-        let port = free_port();
-        let config = dir.path().join("proxy.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "[http]\nbind_address = \"127.0.0.1:{port}\"\nmax_connections = 19900\n\
-                 keepalive_interval_sec = 15\nconnection_timeout_sec = 0\n\
-                 [jwt_verifier]\nrequire_authentication = false\n\
-                 [publisher]\napi_keys = [\"{KEY}\"]\n[rate_limit]\nrate_limit_per_ip = 100000000\n"
-            ),
-        )?;
-        let child = tokio::process::Command::new(&binary)
-            .args(["proxy", "--config"])
-            .arg(&config)
-            .env("RUST_LOG", "warn")
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("cannot start {binary}"))?;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
-            if Instant::now() > deadline {
-                bail!("the proxy does not listen");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let (child, port, dir) = start_event_proxy(KEY).await?;
         Ok(Self {
             child,
             port,
@@ -74,13 +47,7 @@ impl Proxy {
 
     /// VmRSS of the proxy, in KiB.
     fn rss_kib(&self) -> u64 {
-        let pid = self.child.id().unwrap_or(0);
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|line| line.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or(0)
+        rss_kib(self.child.id().unwrap_or(0))
     }
 
     /// Open streams as the proxy reports them (`/health` `connections`).
@@ -95,32 +62,6 @@ impl Proxy {
             .as_u64()
             .with_context(|| format!("no connections in {health}"))
     }
-}
-
-/// Opens a stream on `topic` and reads its response head.
-async fn open_stream(port: u16, topic: &str) -> anyhow::Result<TcpStream> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).await?;
-    stream
-        .write_all(
-            format!(
-                "GET /events/{topic} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n"
-            )
-            .as_bytes(),
-        )
-        .await?;
-    let mut head = Vec::with_capacity(512);
-    let mut buffer = [0u8; 512];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        let read = stream.read(&mut buffer).await?;
-        if read == 0 {
-            bail!("the proxy closed the stream before answering");
-        }
-        head.extend_from_slice(&buffer[..read]);
-    }
-    if !head.starts_with(b"HTTP/1.1 200") {
-        bail!("{}", String::from_utf8_lossy(&head));
-    }
-    Ok(stream)
 }
 
 fn mib(kib: u64) -> f64 {
@@ -167,7 +108,7 @@ async fn run_cycles(
                         .await?
                         .error_for_status()?;
                 }
-                drop(open_stream(port, &topic).await?);
+                drop(open_sse_stream(port, &topic).await?);
             }
         }));
     }
@@ -242,7 +183,7 @@ async fn hold() -> anyhow::Result<()> {
     let starved = Arc::new(AtomicUsize::new(0));
     let mut readers = Vec::new();
     for index in 0..streams {
-        let mut stream = open_stream(proxy.port, &format!("hold-{}", index % topics)).await?;
+        let mut stream = open_sse_stream(proxy.port, &format!("hold-{}", index % topics)).await?;
         let (received, starved) = (received.clone(), starved.clone());
         readers.push(tokio::spawn(async move {
             let mut buffer = [0u8; 4096];
@@ -329,19 +270,6 @@ async fn hold() -> anyhow::Result<()> {
         reader.abort();
     }
     Ok(())
-}
-
-/// Raises the open-file limit to its hard maximum (this process and the
-/// proxy it starts hold one descriptor per stream).
-fn raise_open_files() {
-    // SAFETY: getrlimit/setrlimit write and read a local struct only.
-    unsafe {
-        let mut limit = std::mem::zeroed::<libc::rlimit>();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
-            limit.rlim_cur = limit.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
-        }
-    }
 }
 
 #[tokio::main]

@@ -123,6 +123,11 @@ impl Api {
                 .header("content-type", "application/json")
                 .body(body.to_owned());
         }
+        Self::send(request).await
+    }
+
+    /// Sends `request`; status and body as JSON (or `Value::String`).
+    async fn send(request: reqwest::RequestBuilder) -> (StatusCode, Value) {
         let response = request
             .send()
             .await
@@ -144,18 +149,12 @@ impl Api {
         content_type: &str,
         body: Vec<u8>,
     ) -> (StatusCode, Value) {
-        let response = self
+        let request = self
             .http
             .post(format!("{}{path}", self.base))
             .header("content-type", content_type)
-            .body(body)
-            .send()
-            .await
-            .expect("request reaches the control plane");
-        let status = response.status();
-        let text = response.text().await.unwrap_or_default();
-        let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        (status, value)
+            .body(body);
+        Self::send(request).await
     }
 
     pub async fn post(&self, path: &str, body: &str) -> (StatusCode, Value) {
