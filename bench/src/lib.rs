@@ -284,3 +284,116 @@ pub async fn open_sse_stream(port: u16, topic: &str) -> anyhow::Result<tokio::ne
     }
     Ok(stream)
 }
+
+/// Waits (120 s at most, polling every `poll`) until instance `id` is
+/// `running`; its detail. A `failed` or `stopped` instance is an error.
+pub async fn wait_running(
+    http: &reqwest::Client,
+    base: &str,
+    id: &str,
+    poll: Duration,
+) -> anyhow::Result<serde_json::Value> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let detail: serde_json::Value = http
+            .get(format!("{base}/v2/instances/{id}"))
+            .send()
+            .await?
+            .json()
+            .await?;
+        match detail["status"].as_str() {
+            Some("running") => return Ok(detail),
+            Some("failed" | "stopped") => bail!("instance failed: {detail}"),
+            _ if Instant::now() > deadline => bail!("not running after 120 s: {detail}"),
+            _ => tokio::time::sleep(poll).await,
+        }
+    }
+}
+
+/// A page session of one instance, over its `urls.debug`, for timed
+/// navigations.
+pub struct Tab {
+    client: flotilla_node_agent::cdp::CdpClient,
+    session: String,
+}
+
+const CDP_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl Tab {
+    /// A new blank tab, attached, with page events on.
+    pub async fn open(debug_url: &str) -> anyhow::Result<Self> {
+        use serde_json::json;
+        let client = flotilla_node_agent::cdp::CdpClient::connect(debug_url).await?;
+        let target = client
+            .call(
+                "Target.createTarget",
+                json!({"url": "about:blank"}),
+                None,
+                CDP_TIMEOUT,
+            )
+            .await?;
+        let attached = client
+            .call(
+                "Target.attachToTarget",
+                json!({"targetId": target["targetId"], "flatten": true}),
+                None,
+                CDP_TIMEOUT,
+            )
+            .await?;
+        let session = attached["sessionId"]
+            .as_str()
+            .context("sessionId")?
+            .to_owned();
+        client
+            .call("Page.enable", json!({}), Some(&session), CDP_TIMEOUT)
+            .await?;
+        Ok(Self { client, session })
+    }
+
+    /// Milliseconds from `Page.navigate` to `Page.loadEventFired`.
+    pub async fn load(&self, url: &str) -> anyhow::Result<f64> {
+        let mut events = self.client.events();
+        let started = Instant::now();
+        let answer = self
+            .client
+            .call(
+                "Page.navigate",
+                serde_json::json!({"url": url}),
+                Some(&self.session),
+                CDP_TIMEOUT,
+            )
+            .await?;
+        if let Some(error) = answer.get("errorText").and_then(|e| e.as_str())
+            && !error.is_empty()
+        {
+            bail!("{url}: {error}");
+        }
+        loop {
+            let event = tokio::time::timeout(CDP_TIMEOUT, events.recv())
+                .await
+                .context("no load event within 60 s")??;
+            if event.method == "Page.loadEventFired"
+                && event.session_id.as_deref() == Some(self.session.as_str())
+            {
+                return Ok(started.elapsed().as_secs_f64() * 1000.0);
+            }
+        }
+    }
+
+    /// Evaluates `expression` (awaiting promises); its value.
+    pub async fn eval(&self, expression: &str) -> anyhow::Result<serde_json::Value> {
+        let result = self
+            .client
+            .call(
+                "Runtime.evaluate",
+                serde_json::json!({"expression": expression, "awaitPromise": true, "returnByValue": true}),
+                Some(&self.session),
+                Duration::from_secs(120),
+            )
+            .await?;
+        if let Some(exception) = result.get("exceptionDetails") {
+            bail!("script threw: {exception}");
+        }
+        Ok(result["result"]["value"].clone())
+    }
+}

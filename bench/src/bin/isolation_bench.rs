@@ -24,12 +24,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use flotilla_bench::{
-    ServeProcess, mean, mem_available_mib, number_flag, percentile, summary_row, text_flag,
+    ServeProcess, Tab, mean, mem_available_mib, number_flag, percentile, rss_kib, summary_row,
+    text_flag, wait_running,
 };
-use flotilla_node_agent::cdp::CdpClient;
 
 struct Variant {
     name: &'static str,
@@ -175,102 +175,6 @@ async fn serve_site() -> anyhow::Result<String> {
     Ok(addr.to_string())
 }
 
-/// A page session of one instance, for timed navigations.
-struct Tab {
-    client: CdpClient,
-    session: String,
-}
-
-impl Tab {
-    async fn open(debug_url: &str) -> anyhow::Result<Self> {
-        let timeout = Duration::from_secs(60);
-        let client = CdpClient::connect(debug_url).await?;
-        let target = client
-            .call(
-                "Target.createTarget",
-                json!({"url": "about:blank"}),
-                None,
-                timeout,
-            )
-            .await?;
-        let attached = client
-            .call(
-                "Target.attachToTarget",
-                json!({"targetId": target["targetId"], "flatten": true}),
-                None,
-                timeout,
-            )
-            .await?;
-        let session = attached["sessionId"]
-            .as_str()
-            .context("session")?
-            .to_owned();
-        client
-            .call("Page.enable", json!({}), Some(&session), timeout)
-            .await?;
-        Ok(Self { client, session })
-    }
-
-    /// `Page.navigate` → `Page.loadEventFired`, in ms.
-    async fn load(&self, url: &str) -> anyhow::Result<f64> {
-        let mut events = self.client.events();
-        let started = Instant::now();
-        let answer = self
-            .client
-            .call(
-                "Page.navigate",
-                json!({"url": url}),
-                Some(&self.session),
-                Duration::from_secs(60),
-            )
-            .await?;
-        if let Some(error) = answer.get("errorText").and_then(Value::as_str)
-            && !error.is_empty()
-        {
-            bail!("{url}: {error}");
-        }
-        loop {
-            let event = tokio::time::timeout(Duration::from_secs(60), events.recv())
-                .await
-                .context("no load event")??;
-            if event.method == "Page.loadEventFired"
-                && event.session_id.as_deref() == Some(&self.session)
-            {
-                return Ok(started.elapsed().as_secs_f64() * 1000.0);
-            }
-        }
-    }
-}
-
-fn rss_mib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .unwrap_or(0.0)
-        / 1024.0
-}
-
-async fn wait_running(base: &str, id: &str, http: &reqwest::Client) -> anyhow::Result<Value> {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let instance: Value = http
-            .get(format!("{base}/v2/instances/{id}"))
-            .send()
-            .await?
-            .json()
-            .await?;
-        if instance["status"] == "running" {
-            return Ok(instance);
-        }
-        if Instant::now() > deadline {
-            bail!("{id} is {}", instance["status"]);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 fn print_table(title: &str, results: &[(&str, Vec<f64>)]) {
     println!("\n{title}\n");
     println!("| variant | n | p50 ms | p95 ms | mean ms | min ms | max ms |");
@@ -376,7 +280,7 @@ async fn main() -> anyhow::Result<()> {
     for serve in &serves {
         let created = create(&serve.serve.url, &http).await?;
         let id = created["id"].as_str().context("id")?.to_owned();
-        wait_running(&serve.serve.url, &id, &http).await?;
+        wait_running(&http, &serve.serve.url, &id, Duration::from_millis(50)).await?;
         let debug = created["urls"]["debug"]
             .as_str()
             .context("debug")?
@@ -417,12 +321,12 @@ async fn main() -> anyhow::Result<()> {
     for serve in &serves {
         let pid = serve.serve.child.id().context("serve pid")?;
         tokio::time::sleep(Duration::from_secs(3)).await;
-        let (rss_before, available_before) = (rss_mib(pid), mem_available_mib());
+        let (rss_before, available_before) = (rss_kib(pid) as f64 / 1024.0, mem_available_mib());
         let mut ids = Vec::new();
         for _ in 0..density {
             let created = create(&serve.serve.url, &http).await?;
             let id = created["id"].as_str().context("id")?.to_owned();
-            wait_running(&serve.serve.url, &id, &http).await?;
+            wait_running(&http, &serve.serve.url, &id, Duration::from_millis(50)).await?;
             ids.push(id);
         }
         // Let the browsers settle and two heartbeats sample them.
@@ -437,7 +341,7 @@ async fn main() -> anyhow::Result<()> {
                 .await?;
             pss.push(instance["resources"]["memory_mb"].as_f64().unwrap_or(0.0));
         }
-        let (rss_after, available_after) = (rss_mib(pid), mem_available_mib());
+        let (rss_after, available_after) = (rss_kib(pid) as f64 / 1024.0, mem_available_mib());
         println!(
             "| {} | {:.1} | {:.2} | {:.1} |",
             serve.name,

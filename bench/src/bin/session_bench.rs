@@ -30,9 +30,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
 
-use flotilla_bench::{ServeProcess, free_port, number_flag, percentile, summary_row, text_flag};
-use flotilla_node_agent::cdp::CdpClient;
+use flotilla_bench::{
+    ServeProcess, Tab, free_port, number_flag, percentile, summary_row, text_flag, wait_running,
+};
 
+/// How often a create is polled for `running` (the profile figures depend on it).
+const POLL: Duration = Duration::from_millis(5);
 const PROXY_USER: &str = "bench";
 const PROXY_PASSWORD: &str = "bench-password";
 
@@ -107,110 +110,12 @@ async fn create(http: &reqwest::Client, base: &str, body: &Value) -> anyhow::Res
     Ok(value)
 }
 
-async fn wait_running(http: &reqwest::Client, base: &str, id: &str) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let detail: Value = http
-            .get(format!("{base}/v2/instances/{id}"))
-            .send()
-            .await?
-            .json()
-            .await?;
-        match detail["status"].as_str() {
-            Some("running") => return Ok(()),
-            Some("failed" | "stopped") => bail!("instance failed: {detail}"),
-            _ if Instant::now() > deadline => bail!("not running after 120 s: {detail}"),
-            _ => tokio::time::sleep(Duration::from_millis(5)).await,
-        }
-    }
-}
-
 async fn delete(http: &reqwest::Client, base: &str, id: &str) -> anyhow::Result<()> {
     http.delete(format!("{base}/v2/instances/{id}"))
         .send()
         .await?
         .error_for_status()?;
     Ok(())
-}
-
-/// One tab of an instance, attached over its `urls.debug`.
-struct Tab {
-    client: CdpClient,
-    session: String,
-}
-
-impl Tab {
-    async fn open(debug_url: &str) -> anyhow::Result<Self> {
-        let client = CdpClient::connect(debug_url).await?;
-        let timeout = Duration::from_secs(60);
-        let target = client
-            .call(
-                "Target.createTarget",
-                json!({"url": "about:blank"}),
-                None,
-                timeout,
-            )
-            .await?;
-        let attached = client
-            .call(
-                "Target.attachToTarget",
-                json!({"targetId": target["targetId"], "flatten": true}),
-                None,
-                timeout,
-            )
-            .await?;
-        let session = attached["sessionId"]
-            .as_str()
-            .context("sessionId")?
-            .to_owned();
-        client
-            .call("Page.enable", json!({}), Some(&session), timeout)
-            .await?;
-        Ok(Self { client, session })
-    }
-
-    /// Milliseconds from `Page.navigate` to `Page.loadEventFired`.
-    async fn load(&self, url: &str) -> anyhow::Result<f64> {
-        let mut events = self.client.events();
-        let started = Instant::now();
-        self.client
-            .call(
-                "Page.navigate",
-                json!({"url": url}),
-                Some(&self.session),
-                Duration::from_secs(60),
-            )
-            .await?;
-        tokio::time::timeout(Duration::from_secs(60), async {
-            loop {
-                let event = events.recv().await?;
-                if event.method == "Page.loadEventFired"
-                    && event.session_id.as_deref() == Some(self.session.as_str())
-                {
-                    return anyhow::Ok(());
-                }
-            }
-        })
-        .await
-        .context("no load event within 60 s")??;
-        Ok(started.elapsed().as_secs_f64() * 1000.0)
-    }
-
-    async fn eval(&self, expression: &str) -> anyhow::Result<Value> {
-        let result = self
-            .client
-            .call(
-                "Runtime.evaluate",
-                json!({"expression": expression, "awaitPromise": true, "returnByValue": true}),
-                Some(&self.session),
-                Duration::from_secs(120),
-            )
-            .await?;
-        if let Some(exception) = result.get("exceptionDetails") {
-            bail!("script threw: {exception}");
-        }
-        Ok(result["result"]["value"].clone())
-    }
 }
 
 /// Debian's tinyproxy with Basic auth on a free loopback port.
@@ -333,7 +238,7 @@ async fn proxy() -> anyhow::Result<()> {
     for body in [json!({}), through(tinyproxy.port), through(minimal)] {
         let created = create(&http, &serve.url, &body).await?;
         let id = created["id"].as_str().context("id")?.to_owned();
-        wait_running(&http, &serve.url, &id).await?;
+        wait_running(&http, &serve.url, &id, POLL).await?;
         let tab = Tab::open(created["urls"]["debug"].as_str().context("debug")?).await?;
         tab.load(&format!("{site}/")).await?; // warm-up
         tabs.push(tab);
@@ -394,7 +299,7 @@ async fn profile() -> anyhow::Result<()> {
     )
     .await?;
     let id = created["id"].as_str().context("id")?.to_owned();
-    wait_running(&http, base, &id).await?;
+    wait_running(&http, base, &id, POLL).await?;
     let tab = Tab::open(created["urls"]["debug"].as_str().context("debug")?).await?;
     tab.load(&format!("{site}/fill")).await?;
     let stored = tab
@@ -447,7 +352,7 @@ async fn profile() -> anyhow::Result<()> {
             let started = Instant::now();
             let created = create(&http, base, body).await?;
             let id = created["id"].as_str().context("id")?.to_owned();
-            wait_running(&http, base, &id).await?;
+            wait_running(&http, base, &id, POLL).await?;
             samples[which].push(started.elapsed().as_secs_f64() * 1000.0);
             delete(&http, base, &id).await?;
         }
@@ -479,7 +384,7 @@ async fn queue() -> anyhow::Result<()> {
     let base = serve.url.clone();
     let first = create(&http, &base, &json!({})).await?;
     let mut running = first["id"].as_str().context("id")?.to_owned();
-    wait_running(&http, &base, &running).await?;
+    wait_running(&http, &base, &running, POLL).await?;
     let mut waits = Vec::new();
     let mut deletes = Vec::new();
     let mut out_of_order = 0;
