@@ -517,7 +517,10 @@ async fn the_api_keeps_its_openapi_contract_under_schemathesis() {
         config.control.api_keys = vec![KEY.into()];
     })
     .await;
+    // schemathesis keeps a cache in its working directory: not in the tree.
+    let scratch = tempfile::tempdir().unwrap();
     let output = tokio::process::Command::new("schemathesis")
+        .current_dir(scratch.path())
         .arg("--config-file")
         .arg(workspace_root().join("tests/schemathesis.toml"))
         .arg("run")
@@ -539,4 +542,108 @@ async fn the_api_keeps_its_openapi_contract_under_schemathesis() {
         "the stateful phase ran: {report}"
     );
     serve.shutdown().await;
+}
+
+/// What schemathesis found, pinned: the schema says what validation accepts.
+#[tokio::test]
+async fn the_schema_and_the_validation_agree() {
+    let serve = spawn_sim_serve(5).await;
+    let api = &serve.api;
+    let (_, doc) = api.get("/openapi.json").await;
+    let create = &doc["paths"]["/v2/instances"]["post"];
+    let wait_sec = create["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "wait_sec")
+        .expect("wait_sec is documented");
+    assert_eq!(wait_sec["in"], "query", "{wait_sec}");
+    assert_eq!(wait_sec["schema"]["maximum"], 300, "{wait_sec}");
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            let responses = &operation["responses"];
+            assert!(responses.get("429").is_some(), "{method} {path} lacks 429");
+            let open = operation["security"] == serde_json::json!([{}]);
+            assert_eq!(
+                responses.get("401").is_some(),
+                !open,
+                "{method} {path}: 401"
+            );
+        }
+    }
+    let metrics_security = &doc["paths"]["/metrics"]["get"]["security"];
+    assert!(
+        metrics_security
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!({})),
+        "/metrics takes a credential only with metrics_require_auth: {metrics_security}"
+    );
+
+    // An integer written with a zero fraction is an integer; a fraction is not.
+    let (status, body) = api
+        .post("/v2/instances", r#"{"config": {"cpu_cores": 2.0}}"#)
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["id"].as_str().map(str::len), Some(36));
+    let (status, body) = api
+        .post("/v2/instances", r#"{"config": {"cpu_cores": 2.5}}"#)
+        .await;
+    assert_error(
+        status,
+        &body,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "cpu_cores",
+    );
+    let (status, body) = api.post("/v2/tokens", r#"{"ttl_sec": 137.0}"#).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+
+    // An optional body may be JSON null.
+    let (status, body) = api.post("/v2/tokens", "null").await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id = running_instance(api).await;
+    let (status, body) = api
+        .post(&format!("/v2/instances/{id}/revive"), "null")
+        .await;
+    assert_error(
+        status,
+        &body,
+        StatusCode::CONFLICT,
+        "invalid_state",
+        "dormant",
+    );
+
+    // Topics name instances by their hyphenated id only, as the schema says.
+    let braced = format!(r#"{{"topics": ["instances.{{{id}}}"]}}"#);
+    let (status, body) = api.post("/v2/tokens", &braced).await;
+    assert_error(
+        status,
+        &body,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "topics",
+    );
+    let (status, body) = api
+        .post(
+            "/v2/tokens",
+            &format!(r#"{{"topics": ["instances.{id}"]}}"#),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+
+    // DevTools' /json/new takes PUT only (Chromium refuses GET).
+    let (status, _) = api.get(&format!("/v2/instances/{id}/json/new")).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    serve.shutdown().await;
+}
+
+/// The id of a new running instance.
+async fn running_instance(api: &flotilla_testkit::Api) -> String {
+    let (status, body) = api.post("/v2/instances", "{}").await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id = body["id"].as_str().unwrap().to_owned();
+    api.wait_for_status(&id, "running", std::time::Duration::from_secs(30))
+        .await;
+    id
 }

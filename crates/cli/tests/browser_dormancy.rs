@@ -55,6 +55,15 @@ const READ_STATE: &str = "(async () => {
     return { cookie: document.cookie, local: localStorage.getItem('local'), indexed };
 })()";
 
+/// Opens `/state` in the instance behind `debug_url` and checks that its
+/// cookies and storage came back.
+async fn assert_state_restored(debug_url: &str, pages: &PageServer) {
+    let state = Page::open(debug_url, &format!("{}/state", pages.base))
+        .await
+        .unwrap();
+    assert_state_back(&state.eval(READ_STATE).await.unwrap());
+}
+
 fn assert_state_back(state: &Value) {
     let cookie = state["cookie"].as_str().unwrap_or_default();
     assert!(
@@ -473,11 +482,7 @@ async fn browser_a_park_that_cannot_store_its_snapshot_leaves_the_instance_runni
         page_urls(debug_port).await,
         [format!("{}/state", pages.base)]
     );
-    let state = Page::open(&debug_url, &format!("{}/state", pages.base))
-        .await
-        .unwrap();
-    assert_state_back(&state.eval(READ_STATE).await.unwrap());
-    drop(state);
+    assert_state_restored(&debug_url, &pages).await;
     serve.shutdown().await;
 }
 
@@ -526,11 +531,7 @@ async fn browser_an_unreachable_snapshot_store_leaves_instances_where_they_were(
     assert!(detail.contains("s3://flotilla-snapshots/fleet-a"), "{body}");
     assert!(detail.contains("the instance keeps running"), "{body}");
     assert_eq!(status_of().await["status"], "running");
-    let state = Page::open(&debug_url, &format!("{}/state", pages.base))
-        .await
-        .unwrap();
-    assert_state_back(&state.eval(READ_STATE).await.unwrap());
-    drop(state);
+    assert_state_restored(&debug_url, &pages).await;
 
     // Back (empty, as a restarted moto is): the park works.
     s3.restart().await.unwrap();
@@ -589,11 +590,7 @@ async fn browser_an_unreachable_snapshot_store_leaves_instances_where_they_were(
         .api
         .wait_for_status(&id, "running", BROWSER_DEADLINE)
         .await;
-    let state = Page::open(&debug_url, &format!("{}/state", pages.base))
-        .await
-        .unwrap();
-    assert_state_back(&state.eval(READ_STATE).await.unwrap());
-    drop(state);
+    assert_state_restored(&debug_url, &pages).await;
     serve.shutdown().await;
 }
 
@@ -636,11 +633,7 @@ async fn browser_snapshots_in_an_s3_compatible_bucket() {
         .api
         .wait_for_status(&id, "running", BROWSER_DEADLINE)
         .await;
-    let state = Page::open(&debug_url, &format!("{}/state", pages.base))
-        .await
-        .unwrap();
-    assert_state_back(&state.eval(READ_STATE).await.unwrap());
-    drop(state);
+    assert_state_restored(&debug_url, &pages).await;
     wait_until(
         BROWSER_DEADLINE,
         "the spent snapshot to be deleted",

@@ -301,6 +301,14 @@ async fn auth_and_rate_limit_headers_on_every_endpoint() {
         (reqwest::Method::GET, "/v2/metrics".to_owned()),
         (reqwest::Method::GET, "/v2/alerts".to_owned()),
         (reqwest::Method::POST, "/v2/tokens".to_owned()),
+        (reqwest::Method::GET, "/v2/profiles".to_owned()),
+        (reqwest::Method::POST, "/v2/profiles".to_owned()),
+        (reqwest::Method::GET, "/v2/profiles/shop".to_owned()),
+        (reqwest::Method::DELETE, "/v2/profiles/shop".to_owned()),
+        (reqwest::Method::GET, "/v2/extensions".to_owned()),
+        (reqwest::Method::POST, "/v2/extensions".to_owned()),
+        (reqwest::Method::GET, format!("/v2/extensions/{missing}")),
+        (reqwest::Method::DELETE, format!("/v2/extensions/{missing}")),
         (reqwest::Method::GET, "/v2/no-such-path".to_owned()),
     ];
     let open = [

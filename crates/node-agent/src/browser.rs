@@ -679,7 +679,7 @@ fn group_has_live_member(pgid: u32) -> bool {
     if unsafe { libc::killpg(group, 0) } != 0 {
         return false;
     }
-    crate::monitor::ProcTable::scan().group_has_live_member(pgid)
+    crate::monitor::group_has_live_member(pgid)
 }
 
 pub(crate) fn is_root() -> bool {

@@ -42,6 +42,12 @@ pub fn is_live(pid: u32) -> bool {
     read_stat(pid).is_some_and(|stat| stat.live())
 }
 
+/// Whether a process of group `pgid` is alive; stops at the first one (the
+/// stop path asks this in a loop while a browser's helpers wind down).
+pub fn group_has_live_member(pgid: u32) -> bool {
+    pids().any(|pid| read_stat(pid).is_some_and(|stat| stat.pgid == pgid && stat.live()))
+}
+
 /// The process table at one moment.
 pub struct ProcTable {
     procs: HashMap<u32, ProcStat>,
@@ -83,13 +89,6 @@ impl ProcTable {
             next += 1;
         }
         tree
-    }
-
-    /// Whether a process of group `pgid` is alive (not a zombie).
-    pub fn group_has_live_member(&self, pgid: u32) -> bool {
-        self.procs
-            .values()
-            .any(|stat| stat.pgid == pgid && stat.live())
     }
 
     /// `root`, every process in its process group, and their descendants.

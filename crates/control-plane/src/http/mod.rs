@@ -139,11 +139,11 @@ impl Modify for BearerAuth {
             for operation in operations.into_iter().flatten() {
                 // Open operations declare `security(())`; the rest inherit the
                 // global bearer requirement.
-                let open = operation.security.as_ref().is_some_and(|requirements| {
-                    requirements
-                        .iter()
-                        .all(|r| serde_json::to_value(r).is_ok_and(|v| v == serde_json::json!({})))
-                });
+                let none = utoipa::openapi::security::SecurityRequirement::default();
+                let open = operation
+                    .security
+                    .as_ref()
+                    .is_some_and(|requirements| requirements.iter().all(|r| *r == none));
                 let responses = &mut operation.responses.responses;
                 if !open {
                     responses.entry("401".into()).or_insert_with(|| {
