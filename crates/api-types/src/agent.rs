@@ -131,6 +131,10 @@ pub struct InstanceReport {
     pub reason: Option<String>,
     pub resources: InstanceResources,
     pub last_activity: DateTime<Utc>,
+    /// A parked instance's snapshot: lets a control plane that missed the
+    /// park's answer (it crashed meanwhile) record it when it reconciles.
+    #[serde(default)]
+    pub snapshot_id: Option<SnapshotId>,
 }
 
 /// Sent by an agent when it starts, and again whenever the control plane

@@ -178,6 +178,7 @@ async fn registration_reconciles_lost_and_started_instances() {
             disk_mb: 3.0,
         },
         last_activity: Utc::now(),
+        snapshot_id: None,
     };
     control_plane
         .node_register(registration("n1", vec![], vec![report]))

@@ -18,6 +18,7 @@ pub mod auth;
 pub mod config;
 pub mod http;
 pub mod limits;
+pub mod listen;
 pub mod metrics;
 pub mod peers;
 pub mod refusal;
@@ -383,7 +384,7 @@ impl Proxy {
     ) -> anyhow::Result<Proxy> {
         config.validate().map_err(anyhow::Error::msg)?;
         let bind = config.bind_address().map_err(anyhow::Error::msg)?;
-        let listener = TcpListener::bind(bind)
+        let listener = listen::bind(bind)
             .await
             .with_context(|| format!("cannot listen on {bind} (http.bind_address)"))?;
         let addr = listener.local_addr()?;

@@ -123,8 +123,10 @@ struct AgentInner {
 enum Outgoing {
     Change(InstanceStateChange),
     Event(InstanceEventReport),
-    /// Answered once everything queued before it was delivered.
-    Flush(oneshot::Sender<()>),
+    /// Answered once everything queued before it was handled: `true` when
+    /// all of it was delivered (`false` once a change was given up on at
+    /// shutdown).
+    Flush(oneshot::Sender<bool>),
 }
 
 const CDP_GRACE: Duration = Duration::from_secs(5);
@@ -1036,10 +1038,17 @@ impl Agent {
                 slot.set_phase(BrowserPhase::Ready(endpoint));
                 slot.set_status(InstanceStatus::Running, None);
                 self.send_change(&slot, InstanceStatus::Running, None);
-                // The archive is spent; the instance's next park makes a new one.
+                // The archive is spent (the instance's next park makes a new
+                // one), but only once the control plane has recorded the
+                // revive: until then a crash falls back on it.
+                let (delivered_tx, delivered) = oneshot::channel();
+                let _ = self.inner.changes.send(Outgoing::Flush(delivered_tx));
                 let snapshots = self.inner.settings.snapshots.clone();
                 let id = slot.id.clone();
                 tokio::spawn(async move {
+                    if delivered.await != Ok(true) {
+                        return;
+                    }
                     if let Err(error) = snapshots.delete(&id, &snapshot).await {
                         tracing::warn!(instance = %id, %error, "cannot delete a spent snapshot");
                     }
@@ -1309,9 +1318,10 @@ impl Agent {
     /// Delivers state changes one at a time, in order, retrying until accepted
     /// (or, after shutdown, giving up on one that fails).
     async fn send_changes(self, mut queue: mpsc::UnboundedReceiver<Outgoing>) {
+        let mut all_delivered = true;
         while let Some(item) = queue.recv().await {
             if let Outgoing::Flush(done) = item {
-                let _ = done.send(());
+                let _ = done.send(all_delivered);
                 continue;
             }
             let mut wait = Duration::from_millis(100);
@@ -1331,6 +1341,7 @@ impl Agent {
                     Ok(()) => break,
                     Err(error) if self.inner.shutdown.is_cancelled() => {
                         tracing::warn!(%error, %instance, "state change not delivered before shutdown");
+                        all_delivered = false;
                         break;
                     }
                     Err(error) => {

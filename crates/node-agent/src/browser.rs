@@ -271,10 +271,23 @@ impl BrowserProcess {
         let mut attach = plan.cgroup.map(|cgroup| cgroup.attach_hook());
         let namespace = net.as_ref().map(|net| net.raw_fd());
         let user = plan.isolation.user.clone();
-        // SAFETY: the hook makes only async-signal-safe calls: the cgroup
-        // attach (see attach_hook), setns, and the privilege drop (system calls).
+        let agent = std::process::id() as libc::pid_t;
+        // SAFETY: the hook makes only async-signal-safe calls: prctl and
+        // getppid, the cgroup attach (see attach_hook), setns, and the
+        // privilege drop (system calls).
         unsafe {
             command.pre_exec(move || {
+                // Until exec this child holds copies of all the agent's
+                // descriptors, its listening sockets too, and the cgroup
+                // attach can wait a while: if the agent dies meanwhile (kill
+                // -9), so does the child, instead of holding the ports of
+                // the agent's next start and launching a browser nobody knows.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::getppid() != agent {
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+                }
                 if let Some(attach) = attach.as_mut() {
                     attach()?;
                 }
@@ -285,6 +298,13 @@ impl BrowserProcess {
                 }
                 if let Some(user) = &user {
                     crate::sandbox::drop_privileges(user)?;
+                }
+                // The browser itself outlives the agent (its next start
+                // sweeps it), and the signal would follow the spawning
+                // thread, not the process.
+                libc::prctl(libc::PR_SET_PDEATHSIG, 0);
+                if libc::getppid() != agent {
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
                 }
                 Ok(())
             });

@@ -352,6 +352,9 @@ impl InstanceSlot {
             reason,
             resources: *self.resources.lock().expect("slot lock"),
             last_activity: self.last_activity(),
+            snapshot_id: self
+                .snapshot()
+                .filter(|_| status == InstanceStatus::Dormant),
         }
     }
 }

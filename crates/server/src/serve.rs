@@ -182,7 +182,7 @@ fn loopback_if_unspecified(addr: SocketAddr) -> SocketAddr {
 }
 
 pub(crate) async fn bind(addr: SocketAddr, key: &str) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr)
+    flotilla_event_proxy::listen::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr} ({key}); is another process using it?"))
 }

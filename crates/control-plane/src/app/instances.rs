@@ -405,11 +405,23 @@ impl ControlPlane {
                     )
                     .await?
             }
+            // A revive finished: its snapshot is spent.
+            InstanceStatus::Running if before.status == InstanceStatus::Reviving => {
+                let updated = self
+                    .store
+                    .instance_set_revived(&change.id, reason, change.at)
+                    .await?;
+                if updated.is_some() {
+                    self.revive_finished(&before, change.at);
+                    let took = (change.at - before.updated_at).to_std().unwrap_or_default();
+                    self.telemetry.revive_duration.0.observe(took);
+                }
+                updated
+            }
             // Running → running carries a note (e.g. the memory limit was hit).
             InstanceStatus::Running => {
                 let from = [
                     InstanceStatus::Creating,
-                    InstanceStatus::Reviving,
                     InstanceStatus::Idle,
                     InstanceStatus::Running,
                 ];
@@ -423,22 +435,9 @@ impl ControlPlane {
                         change.at,
                     )
                     .await?;
-                let took = |since: chrono::DateTime<chrono::Utc>| {
-                    (change.at - since).to_std().unwrap_or_default()
-                };
-                if updated.is_some() && before.status == InstanceStatus::Reviving {
-                    self.revive_finished(&before, change.at);
-                    self.telemetry
-                        .revive_duration
-                        .0
-                        .observe(took(before.updated_at));
-                    self.store.instance_clear_snapshot(&change.id).await?;
-                }
                 if updated.is_some() && before.status == InstanceStatus::Creating {
-                    self.telemetry
-                        .create_duration
-                        .0
-                        .observe(took(before.created_at));
+                    let took = (change.at - before.created_at).to_std().unwrap_or_default();
+                    self.telemetry.create_duration.0.observe(took);
                 }
                 updated
             }

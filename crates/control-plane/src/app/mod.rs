@@ -58,6 +58,9 @@ pub struct ControlPlane {
     pub(crate) create_queue: queue::CreateQueue,
     /// This control plane's name as a lease holder (random per start).
     holder: String,
+    /// The nodes (and agent generations) this process reconciled at their
+    /// registration; a heartbeat from any other is asked to register again.
+    reconciled: std::sync::Mutex<std::collections::HashSet<(NodeId, String)>>,
     /// Per node: recent instances and failures, and when they were read.
     recent_failures: tokio::sync::Mutex<Option<(std::time::Instant, RecentFailures)>>,
 }
@@ -78,6 +81,7 @@ impl ControlPlane {
             token_key: tokio::sync::OnceCell::new(),
             instance_token_key: tokio::sync::OnceCell::new(),
             public_hosts: instance_access::PublicHosts::default(),
+            reconciled: Default::default(),
             create_queue: queue::CreateQueue::default(),
             holder: uuid::Uuid::new_v4().simple().to_string(),
             recent_failures: tokio::sync::Mutex::new(None),

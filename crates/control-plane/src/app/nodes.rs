@@ -100,6 +100,17 @@ impl ControlPlane {
                         .await?;
                     tracing::info!(instance = %record.id, node = %registration.node_id, "instance adopted again");
                 }
+                // Parked while this control plane was down (the park's
+                // answer was lost): record what the node did.
+                (InstanceStatus::Running | InstanceStatus::Idle, Some(report))
+                    if report.status == InstanceStatus::Dormant
+                        && let Some(snapshot) = &report.snapshot_id =>
+                {
+                    self.store
+                        .instance_set_dormant(&record.id, snapshot, now)
+                        .await?;
+                    tracing::info!(instance = %record.id, node = %registration.node_id, "instance found parked");
+                }
                 (InstanceStatus::Creating, Some(report))
                     if report.status == InstanceStatus::Running =>
                 {
@@ -141,6 +152,10 @@ impl ControlPlane {
             &registration.public_host,
             &registration.address,
         );
+        self.reconciled.lock().expect("reconciled lock").insert((
+            registration.node_id.clone(),
+            registration.generation.clone(),
+        ));
         self.create_queue.capacity_changed();
         Ok(self.agent_ack())
     }
@@ -234,9 +249,19 @@ impl ControlPlane {
     }
 
     /// Records a heartbeat: the answer for the agent, or `None` to have it
-    /// register again (the node is unknown, or it was offline and must be
-    /// reconciled).
+    /// register again (the node is unknown, it was offline, or this control
+    /// plane process has not reconciled it yet: it may have restarted while
+    /// the node answered calls nobody received).
     pub async fn node_heartbeat(&self, heartbeat: Heartbeat) -> Result<Option<RegistrationAck>> {
+        let key = (heartbeat.node_id.clone(), heartbeat.generation.clone());
+        if !self
+            .reconciled
+            .lock()
+            .expect("reconciled lock")
+            .contains(&key)
+        {
+            return Ok(None);
+        }
         match self
             .store
             .node_heartbeat(

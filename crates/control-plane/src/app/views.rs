@@ -107,7 +107,9 @@ pub fn instance_summary(record: &InstanceRecord) -> Instance {
 }
 
 /// get: the list members plus http_port, config, activity, and urls (with the
-/// instance's token when authentication is on), image and status_reason.
+/// instance's token when authentication is on), image and status_reason; and
+/// while the instance holds a snapshot (dormant, or failed or stopped and
+/// revivable), snapshot_id and dormant_since.
 pub fn instance_detail(
     record: &InstanceRecord,
     urls: Option<InstanceUrls>,
@@ -128,6 +130,8 @@ pub fn instance_detail(
         idle_minutes: (idle_ms as f64 / 60_000.0 * 100.0).round() / 100.0,
     });
     view.status_reason = record.status_reason.clone();
+    view.snapshot_id = record.snapshot_id.clone();
+    view.dormant_since = record.dormant_since;
     view
 }
 

@@ -575,14 +575,31 @@ impl Store {
         self.instance_get(id).await
     }
 
-    /// A revived instance runs: its snapshot is spent.
-    pub async fn instance_clear_snapshot(&self, id: &InstanceId) -> Result<(), sqlx::Error> {
-        let mut conn = self.writer.acquire().await?;
-        sqlx::query("UPDATE instances SET snapshot_id = NULL, dormant_since = NULL WHERE id = $1")
-            .bind(id.as_str())
-            .execute(&mut *conn)
-            .await?;
-        self.refresh(&mut conn, id).await
+    /// Records a finished revive: `running` from `reviving`, its snapshot
+    /// spent, in one transaction (the node deletes the archive only after).
+    pub async fn instance_set_revived(
+        &self,
+        id: &InstanceId,
+        reason: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<Option<InstanceRecord>, sqlx::Error> {
+        let update = sqlx::query(
+            "UPDATE instances SET status = $2, status_reason = $3, snapshot_id = NULL, dormant_since = NULL, \
+             updated_at = $4 WHERE id = $1",
+        )
+        .bind(id.as_str())
+        .bind(InstanceStatus::Running.as_str())
+        .bind(reason.map(str::to_owned))
+        .bind(to_millis(now));
+        self.commit_transition(
+            id,
+            &[InstanceStatus::Reviving],
+            InstanceStatus::Running,
+            reason,
+            update,
+            now,
+        )
+        .await
     }
 
     /// Instances in one of `statuses`, on every node.
