@@ -187,4 +187,8 @@ pub struct InstanceStateChange {
     pub status: InstanceStatus,
     pub reason: Option<String>,
     pub at: DateTime<Utc>,
+    /// With `dormant` after a park: its snapshot. The park's own answer
+    /// records it too; this copy reaches a control plane that missed it.
+    #[serde(default)]
+    pub snapshot_id: Option<SnapshotId>,
 }

@@ -10,6 +10,7 @@
 //! - [`events`] — lifecycle event names and payloads (webhooks, event proxy).
 //! - [`credentials`] — bearer parsing, digests and constant-time comparison.
 //! - [`profiles`], [`extensions`] — saved browser profiles and uploaded extensions.
+//! - [`tasks`] — running an operation to its end whatever its caller does.
 //!
 //! Request types reject unknown fields; validation of values (ranges, catalogs)
 //! belongs to the service that owns the rule, not to these types.
@@ -29,6 +30,7 @@ pub mod metrics;
 pub mod nodes;
 pub mod profiles;
 pub mod prometheus;
+pub mod tasks;
 pub mod token_bucket;
 pub mod tokens;
 

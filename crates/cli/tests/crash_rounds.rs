@@ -71,7 +71,10 @@ impl Schedule {
 /// Where the fleet keeps its snapshots, to check that they exist.
 enum Snapshots {
     Dir(PathBuf),
-    S3 { server: S3Server, prefix: String },
+    S3 {
+        server: Box<S3Server>,
+        prefix: String,
+    },
 }
 
 impl Snapshots {
@@ -172,6 +175,8 @@ impl Fleet {
                 "FLOTILLA_NODES__HEARTBEAT_INTERVAL_SEC".into(),
                 "0.5".into(),
             ),
+            // Creates cut off by a kill fail: that must not make the node unhealthy.
+            ("FLOTILLA_NODES__MAX_FAILED_RATIO".into(), "1".into()),
             // A loaded 2-core machine: the overload guard would refuse at random.
             (
                 "FLOTILLA_SCHEDULER__MAX_UTILISATION_PERCENT".into(),
@@ -190,11 +195,9 @@ impl Fleet {
     }
 
     fn instances_dir(&self) -> PathBuf {
-        if self.clustered {
-            self.root.join("agent/instances")
-        } else {
-            self.root.join("serve/agent/instances")
-        }
+        // Both keep the agent's state under `<data_dir>/agent`.
+        let data_dir = if self.clustered { "agent" } else { "serve" };
+        self.root.join(data_dir).join("agent/instances")
     }
 
     async fn start_control(&mut self) {
@@ -254,7 +257,10 @@ impl Fleet {
             Victim::Agent => self.agent.as_mut(),
             Victim::Serve | Victim::Control => self.control.as_mut(),
         };
-        process.expect("running").stop_with(libc::SIGKILL).await;
+        let process = process.expect("running");
+        process.stop_with(libc::SIGKILL).await;
+        // What it left behind is for the next start to find.
+        process.sweep_on_drop = false;
     }
 
     async fn restart(&mut self, victim: Victim) {
@@ -331,9 +337,9 @@ fn stable_port() -> u16 {
         .expect("a free port in 12000..17000")
 }
 
-/// What the rounds learned from answers: ids answered 201, ids answered 200
-/// to a delete, and how often each operation was cut off by a kill.
-#[derive(Default)]
+/// What the rounds learned: ids answered 201, ids a delete was sent for, and
+/// how often each operation was cut off by a kill.
+#[derive(Default, Clone)]
 struct Ledger {
     created: BTreeSet<String>,
     deleted: BTreeSet<String>,
@@ -408,9 +414,9 @@ async fn run_op(
         }
         Op::Delete => {
             let id = id.expect("an instance to delete");
-            answer(try_call(&api, reqwest::Method::DELETE, &path(&id)).await?)?;
-            ledger.lock().unwrap().deleted.insert(id);
-            Ok(())
+            // Sent is enough: a delete cut off on our side may still be done.
+            ledger.lock().unwrap().deleted.insert(id.clone());
+            answer(try_call(&api, reqwest::Method::DELETE, &path(&id)).await?).map(drop)
         }
     }
 }
@@ -491,7 +497,19 @@ async fn violations(
         let browser = browser_processes(&instances_dir.join(id));
         let runs = matches!(status, "running" | "idle");
         match (runs, browser.is_empty()) {
-            (true, true) => wrong.push(format!("{id} is {status} without a browser: {record}")),
+            (true, true) => {
+                let mentioning: Vec<_> = flotilla_testkit::processes_mentioning(id)
+                    .into_iter()
+                    .map(|pid| {
+                        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                        format!(
+                            "{pid}: {}",
+                            String::from_utf8_lossy(&cmd[..cmd.len().min(300)]).replace('\0', " ")
+                        )
+                    })
+                    .collect();
+                wrong.push(format!("{id} is {status} without a browser under {}: {record}; processes naming it: {mentioning:?}", instances_dir.display()))
+            }
             (false, false) => wrong.push(format!(
                 "{id} is {status} but its browser runs: {browser:?}"
             )),
@@ -530,7 +548,13 @@ async fn violations(
 
 /// Waits (generously) until the restarted fleet is consistent; fails naming
 /// what is still wrong.
-async fn check_consistent(fleet: &Fleet, snapshots: &Snapshots, ledger: &Ledger, round: usize) {
+async fn check_consistent(
+    fleet: &Fleet,
+    snapshots: &Snapshots,
+    receiver: &EventReceiver,
+    ledger: &Ledger,
+    round: usize,
+) {
     let api = fleet.api().clone();
     let outcome = wait_until(
         Duration::from_secs(90),
@@ -547,7 +571,33 @@ async fn check_consistent(fleet: &Fleet, snapshots: &Snapshots, ledger: &Ledger,
     )
     .await;
     if let Err(error) = outcome {
-        panic!("{error}\nlogs: {}", fleet.root.display());
+        // The temp dir goes with the test: keep the processes' logs.
+        let kept = std::env::temp_dir().join(format!("crash-rounds-logs-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&kept);
+        for log in ["serve", "control", "agent"] {
+            let from = fleet.root.join(format!("{log}.stderr.log"));
+            let _ = std::fs::copy(&from, kept.join(format!("{log}.stderr.log")));
+        }
+        // Each instance the error names, with the events it went through.
+        let mut history = String::new();
+        for event in receiver.events() {
+            let data = &event.payload["data"];
+            if let Some(id) = data["instance_id"].as_str()
+                && error.to_string().contains(id)
+            {
+                history.push_str(&format!(
+                    "{id} {} {} {} {}\n",
+                    event.payload["timestamp"],
+                    event.payload["event"],
+                    data["status"],
+                    data["reason"]
+                ));
+            }
+        }
+        panic!(
+            "{error}\nlogs kept in {}\nevents:\n{history}",
+            kept.display()
+        );
     }
 }
 
@@ -629,6 +679,7 @@ fn plan(all: &BTreeMap<String, Value>) -> Vec<(Op, Option<String>)> {
 async fn crash_rounds(
     fleet: &mut Fleet,
     snapshots: &Snapshots,
+    receiver: &EventReceiver,
     victim: Victim,
     rounds: usize,
 ) -> Ledger {
@@ -661,24 +712,14 @@ async fn crash_rounds(
             task.abort();
         }
         fleet.restart(victim).await;
-        let settled = ledger.lock().unwrap().snapshot();
-        check_consistent(fleet, snapshots, &settled, round).await;
+        let settled = ledger.lock().unwrap().clone();
+        check_consistent(fleet, snapshots, receiver, &settled, round).await;
     }
     Arc::try_unwrap(ledger)
         .map_err(|_| ())
         .expect("no task holds the ledger")
         .into_inner()
         .unwrap()
-}
-
-impl Ledger {
-    fn snapshot(&self) -> Ledger {
-        Ledger {
-            created: self.created.clone(),
-            deleted: self.deleted.clone(),
-            interrupted: self.interrupted.clone(),
-        }
-    }
 }
 
 /// Deletes every instance, waits for the outbox to empty, stops the fleet,
@@ -754,7 +795,7 @@ async fn run(
 ) {
     let mut ids = BTreeSet::new();
     for &victim in victims {
-        let ledger = crash_rounds(fleet, snapshots, victim, rounds()).await;
+        let ledger = crash_rounds(fleet, snapshots, receiver, victim, rounds()).await;
         eprintln!(
             "{victim:?}: {} rounds, {} instances created, operations cut off by the kill: {:?}",
             rounds(),
@@ -793,7 +834,7 @@ async fn browser_serve_on_postgres_and_s3_survives_kill_9_at_any_moment() {
     let receiver = EventReceiver::start(SECRET).await;
     write_webhook_config(temp.path(), &receiver);
     let snapshots = Snapshots::S3 {
-        server: S3Server::start("crash-rounds").await.unwrap(),
+        server: Box::new(S3Server::start("crash-rounds").await.unwrap()),
         prefix: "fleet".into(),
     };
     let mut fleet = Fleet::start(temp.path(), false, database, snapshots.env()).await;

@@ -121,6 +121,7 @@ async fn silent_nodes_go_offline_and_their_instances_fail() {
             status: InstanceStatus::Running,
             reason: None,
             at: Utc::now(),
+            snapshot_id: None,
         })
         .await
         .unwrap();

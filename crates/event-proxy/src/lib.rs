@@ -35,7 +35,6 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use serde::Deserialize;
 use serde_json::json;
-use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 

@@ -287,7 +287,42 @@ impl Agent {
 
     /// Starts an instance: reserves its ports, starts its servers and launches
     /// the browser in the background. Idempotent for an id already here.
+    /// Like every lifecycle call below, it runs to its end even when the
+    /// caller stops waiting: a control plane that dies or a client that hangs
+    /// up mid-call must not leave a browser half-stopped or a park half-done.
     pub async fn instance_create(
+        &self,
+        request: AgentCreateInstance,
+    ) -> Result<AgentInstancePorts, AgentError> {
+        let agent = self.clone();
+        flotilla_api_types::tasks::to_completion(async move { agent.create_now(request).await })
+            .await
+    }
+
+    pub async fn instance_delete(&self, id: &InstanceId, force: bool) -> Result<(), AgentError> {
+        let (agent, id) = (self.clone(), id.clone());
+        flotilla_api_types::tasks::to_completion(async move { agent.delete_now(&id, force).await })
+            .await
+    }
+
+    pub async fn instance_dormant(
+        &self,
+        id: &InstanceId,
+    ) -> Result<AgentDormantResult, AgentError> {
+        let (agent, id) = (self.clone(), id.clone());
+        flotilla_api_types::tasks::to_completion(async move { agent.park_now(&id).await }).await
+    }
+
+    pub async fn instance_revive(
+        &self,
+        request: AgentReviveInstance,
+    ) -> Result<AgentInstancePorts, AgentError> {
+        let agent = self.clone();
+        flotilla_api_types::tasks::to_completion(async move { agent.revive_now(request).await })
+            .await
+    }
+
+    async fn create_now(
         &self,
         request: AgentCreateInstance,
     ) -> Result<AgentInstancePorts, AgentError> {
@@ -689,7 +724,7 @@ impl Agent {
 
     /// Stops an instance's browser (gracefully unless `force`) and frees
     /// everything it held. Returns once its processes are gone.
-    pub async fn instance_delete(&self, id: &InstanceId, force: bool) -> Result<(), AgentError> {
+    async fn delete_now(&self, id: &InstanceId, force: bool) -> Result<(), AgentError> {
         let slot = self.slot(id)?;
         let _operation = slot.operation.lock().await;
         if self
@@ -748,10 +783,7 @@ impl Agent {
     /// that connects wakes it. Only once the archive is stored does the instance
     /// count as dormant; if storing fails, the browser is started again on its
     /// profile and the instance keeps running.
-    pub async fn instance_dormant(
-        &self,
-        id: &InstanceId,
-    ) -> Result<AgentDormantResult, AgentError> {
+    async fn park_now(&self, id: &InstanceId) -> Result<AgentDormantResult, AgentError> {
         let slot = self.slot(id)?;
         let _operation = slot.operation.lock().await;
         let (status, _) = slot.status();
@@ -830,6 +862,9 @@ impl Agent {
         slot.set_status(InstanceStatus::Dormant, None);
         slot.set_phase(BrowserPhase::Dormant);
         slot.set_parking(false);
+        // Also as a state change: a control plane that dies before it reads
+        // this answer learns of the park when it comes back.
+        self.send_change(&slot, InstanceStatus::Dormant, None);
         tracing::info!(
             instance = %id,
             snapshot = %snapshot_id,
@@ -884,7 +919,7 @@ impl Agent {
     /// (`reviving`) and reports `running` or `failed` when done. If this agent no
     /// longer holds the instance (it restarted), it takes it back, on its old
     /// ports when they are free.
-    pub async fn instance_revive(
+    async fn revive_now(
         &self,
         request: AgentReviveInstance,
     ) -> Result<AgentInstancePorts, AgentError> {
@@ -1311,6 +1346,9 @@ impl Agent {
             status,
             reason,
             at: self.inner.settings.clock.now(),
+            snapshot_id: slot
+                .snapshot()
+                .filter(|_| status == InstanceStatus::Dormant),
         };
         let _ = self.inner.changes.send(Outgoing::Change(change));
     }

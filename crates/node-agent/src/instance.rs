@@ -344,8 +344,18 @@ impl InstanceSlot {
         *self.resources.lock().expect("slot lock") = resources;
     }
 
+    /// What the control plane is told of this instance; one being deleted
+    /// already counts as stopped (a control plane that restarts meanwhile
+    /// would otherwise keep it running in its records).
     pub fn report(&self) -> InstanceReport {
-        let (status, reason) = self.status();
+        let (status, reason) = if self.is_stopping() {
+            (
+                InstanceStatus::Stopped,
+                Some("deleted on its node".to_owned()),
+            )
+        } else {
+            self.status()
+        };
         InstanceReport {
             id: self.id.clone(),
             status,

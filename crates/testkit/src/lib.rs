@@ -500,6 +500,10 @@ pub struct ServeProcess {
     pub api: Api,
     pub data_dir: PathBuf,
     pub stderr_log: PathBuf,
+    /// Whether dropping this handle sweeps the browsers under its data
+    /// directory (off for a handle whose process was killed and started
+    /// again: the new process owns them).
+    pub sweep_on_drop: bool,
 }
 
 impl ServeProcess {
@@ -568,6 +572,7 @@ impl ServeProcess {
             api: Api::new(url),
             data_dir: data_dir.to_path_buf(),
             stderr_log,
+            sweep_on_drop: true,
         })
     }
 
@@ -605,8 +610,9 @@ impl Drop for ServeProcess {
         if let Some(mut child) = self.child.take() {
             let _ = child.start_kill();
         }
-        let instances = self.data_dir.join("agent/instances");
-        flotilla_node_agent::sweep::sweep(&instances);
+        if self.sweep_on_drop {
+            flotilla_node_agent::sweep::sweep(&self.data_dir.join("agent/instances"));
+        }
     }
 }
 

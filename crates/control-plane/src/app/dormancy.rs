@@ -86,15 +86,24 @@ impl ControlPlane {
         let started = std::time::Instant::now();
         let parked = connection.instance_dormant(id).await.map_err(Error::from)?;
         self.telemetry.dormant_duration.0.observe(started.elapsed());
-        let record = self
+        let record = match self
             .store
             .instance_set_dormant(id, &parked.snapshot_id, parked.dormant_since)
             .await?
-            .ok_or_else(|| {
-                Error::InvalidState(format!(
-                    "instance {id} changed state while it was being parked"
-                ))
-            })?;
+        {
+            Some(record) => record,
+            // The node's state change recorded this very park first.
+            None => self
+                .store
+                .instance_get(id)
+                .await?
+                .filter(|record| record.snapshot_id.as_ref() == Some(&parked.snapshot_id))
+                .ok_or_else(|| {
+                    Error::InvalidState(format!(
+                        "instance {id} changed state while it was being parked"
+                    ))
+                })?,
+        };
         tracing::info!(instance = %id, snapshot = %parked.snapshot_id, bytes = parked.snapshot_bytes, "instance dormant");
         let mut view = Instance::bare(record.id.clone(), record.status);
         view.snapshot_id = record.snapshot_id;

@@ -389,6 +389,17 @@ impl ControlPlane {
     /// A node reports that one of its instances changed state.
     pub async fn instance_state_changed(&self, change: InstanceStateChange) -> Result<()> {
         let Some(before) = self.store.instance_get(&change.id).await? else {
+            // Deleted meanwhile, yet its node runs it (a delete that did not
+            // reach the node): stop it there.
+            if change.status.occupies_slot()
+                && let Some(connection) = self.connection(&change.node_id).await?
+            {
+                let id = change.id.clone();
+                tokio::spawn(async move {
+                    tracing::warn!(instance = %id, "stopping an instance the store no longer has");
+                    let _ = connection.instance_delete(&id, true).await;
+                });
+            }
             return Ok(());
         };
         let reason = change.reason.as_deref();
@@ -409,7 +420,12 @@ impl ControlPlane {
             InstanceStatus::Running if before.status == InstanceStatus::Reviving => {
                 let updated = self
                     .store
-                    .instance_set_revived(&change.id, reason, change.at)
+                    .instance_set_revived(
+                        &change.id,
+                        &[InstanceStatus::Reviving],
+                        reason,
+                        change.at,
+                    )
                     .await?;
                 if updated.is_some() {
                     self.revive_finished(&before, change.at);
@@ -417,6 +433,25 @@ impl ControlPlane {
                     self.telemetry.revive_duration.0.observe(took);
                 }
                 updated
+            }
+            // Given up for lost (its node re-registered while the launch or
+            // revive was on its way), yet it runs: adopted again. A snapshot
+            // it held was what it revived from: spent.
+            InstanceStatus::Running
+                if matches!(
+                    before.status,
+                    InstanceStatus::Failed | InstanceStatus::Stopped
+                ) =>
+            {
+                let ended = [InstanceStatus::Failed, InstanceStatus::Stopped];
+                self.store
+                    .instance_set_revived(
+                        &change.id,
+                        &ended,
+                        Some("adopted again: its node still runs it"),
+                        change.at,
+                    )
+                    .await?
             }
             // Running → running carries a note (e.g. the memory limit was hit).
             InstanceStatus::Running => {
@@ -440,6 +475,18 @@ impl ControlPlane {
                     self.telemetry.create_duration.0.observe(took);
                 }
                 updated
+            }
+            // Parked: the park's answer records it too (whichever comes
+            // first); this copy is for a control plane that missed it.
+            InstanceStatus::Dormant
+                if matches!(
+                    before.status,
+                    InstanceStatus::Running | InstanceStatus::Idle
+                ) && let Some(snapshot) = &change.snapshot_id =>
+            {
+                self.store
+                    .instance_set_dormant(&change.id, snapshot, change.at)
+                    .await?
             }
             // A revive that could not read its snapshot (the store is
             // unreachable): the instance stays parked, to be revived again.

@@ -89,16 +89,35 @@ impl ControlPlane {
                         InstanceStatus::Running | InstanceStatus::Idle
                     ) =>
                 {
+                    // A snapshot it held was what it revived from: spent.
                     self.store
-                        .instance_transition(
+                        .instance_set_revived(
                             &record.id,
                             &[record.status],
-                            report.status,
                             Some("adopted again: its node came back and still runs it"),
                             now,
                         )
                         .await?;
                     tracing::info!(instance = %record.id, node = %registration.node_id, "instance adopted again");
+                }
+                // Ended on the node while this control plane was down
+                // (deleted or exited without a state change it received).
+                (status, Some(report))
+                    if InstanceStatus::ACTIVE.contains(&status)
+                        && matches!(
+                            report.status,
+                            InstanceStatus::Stopped | InstanceStatus::Failed
+                        ) =>
+                {
+                    self.store
+                        .instance_transition(
+                            &record.id,
+                            &[status],
+                            report.status,
+                            report.reason.as_deref(),
+                            now,
+                        )
+                        .await?;
                 }
                 // Parked while this control plane was down (the park's
                 // answer was lost): record what the node did.

@@ -1,4 +1,6 @@
-//! `/v2/instances` handlers: extract, call the domain, convert.
+//! `/v2/instances` handlers: extract, call the domain, convert. Delete, park
+//! and revive run to their end even when the client hangs up
+//! ([`to_completion`]): a half-done lifecycle step is never left behind.
 
 use std::sync::Arc;
 
@@ -10,6 +12,7 @@ use flotilla_api_types::instances::{
     CreateInstanceQuery, CreateInstanceRequest, DeleteInstanceQuery, Instance, InstanceList,
     ListInstancesQuery, ReviveRequest,
 };
+use flotilla_api_types::tasks::to_completion;
 use flotilla_api_types::{ErrorResponse, InstanceId, MessageResponse};
 
 use super::extract::{ApiJson, ApiQuery, NoBody, OptionalApiJson};
@@ -89,11 +92,10 @@ pub async fn instance_delete(
     Path(id): Path<String>,
     ApiQuery(query): ApiQuery<DeleteInstanceQuery>,
 ) -> Result<Json<MessageResponse>, Error> {
-    Ok(Json(
-        control_plane
-            .instance_delete(&InstanceId::new(id), query.force)
-            .await?,
-    ))
+    let id = InstanceId::new(id);
+    let removed =
+        to_completion(async move { control_plane.instance_delete(&id, query.force).await });
+    Ok(Json(removed.await?))
 }
 
 /// Park an instance: snapshot its state and stop its browser. Its ports stay;
@@ -112,9 +114,9 @@ pub async fn instance_dormant(
     Path(id): Path<String>,
     NoBody: NoBody,
 ) -> Result<Json<Instance>, Error> {
-    Ok(Json(
-        control_plane.instance_dormant(&InstanceId::new(id)).await?,
-    ))
+    let id = InstanceId::new(id);
+    let parked = to_completion(async move { control_plane.instance_dormant(&id).await });
+    Ok(Json(parked.await?))
 }
 
 /// Revive a dormant instance (`quick_start` by default, or `full_restore`).
@@ -133,9 +135,8 @@ pub async fn instance_revive(
     Path(id): Path<String>,
     OptionalApiJson(request): OptionalApiJson<ReviveRequest>,
 ) -> Result<Json<Instance>, Error> {
-    Ok(Json(
-        control_plane
-            .instance_revive(&InstanceId::new(id), request.method)
-            .await?,
-    ))
+    let id = InstanceId::new(id);
+    let started =
+        to_completion(async move { control_plane.instance_revive(&id, request.method).await });
+    Ok(Json(started.await?))
 }

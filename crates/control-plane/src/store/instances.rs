@@ -575,11 +575,13 @@ impl Store {
         self.instance_get(id).await
     }
 
-    /// Records a finished revive: `running` from `reviving`, its snapshot
+    /// Records a finished revive: `running` from one of `from` (`reviving`,
+    /// or an ended state when the instance is adopted again), its snapshot
     /// spent, in one transaction (the node deletes the archive only after).
     pub async fn instance_set_revived(
         &self,
         id: &InstanceId,
+        from: &[InstanceStatus],
         reason: Option<&str>,
         now: DateTime<Utc>,
     ) -> Result<Option<InstanceRecord>, sqlx::Error> {
@@ -591,15 +593,8 @@ impl Store {
         .bind(InstanceStatus::Running.as_str())
         .bind(reason.map(str::to_owned))
         .bind(to_millis(now));
-        self.commit_transition(
-            id,
-            &[InstanceStatus::Reviving],
-            InstanceStatus::Running,
-            reason,
-            update,
-            now,
-        )
-        .await
+        self.commit_transition(id, from, InstanceStatus::Running, reason, update, now)
+            .await
     }
 
     /// Instances in one of `statuses`, on every node.
