@@ -25,6 +25,8 @@ pub struct ExtensionList {
 
 /// Most extensions one instance loads.
 pub const MAX_EXTENSIONS_PER_INSTANCE: usize = 20;
+/// Largest zip accepted by `POST /v2/extensions` (larger is a 413).
+pub const MAX_ZIP_BYTES: usize = 50 * 1024 * 1024;
 
 /// Whether `id` has the form of an extension id (a hyphenated UUID), so that
 /// it can name a directory or an object without escaping.

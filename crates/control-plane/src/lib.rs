@@ -5,13 +5,16 @@
 //! - [`http`] — the axum router, thin handlers, OpenAPI and Swagger UI.
 //! - [`store`] — instance and node records in SQLite or PostgreSQL.
 //! - [`scheduler`] — placement.
-//! - [`nodes`] — connections to node agents (in-process for `serve`).
+//! - [`artifacts`] — what it needs of the store of snapshots, profiles and
+//!   extension zips (implemented by `flotilla-server`).
+//! - [`nodes`] — connections to node agents.
 //! - [`background`] — periodic reconcile tasks (node health, idle sweep,
 //!   metrics samples and alerts, event delivery).
 //! - [`telemetry`] — the control plane's own measurements for `GET /metrics`.
 //! - [`error`] — the one error type and its mapping to HTTP.
 
 pub mod app;
+pub mod artifacts;
 pub mod background;
 pub mod config;
 pub mod error;

@@ -18,8 +18,7 @@ use std::path::Path;
 use serde_json::Value;
 use zip::ZipArchive;
 
-/// Largest zip accepted (`POST /v2/extensions`).
-pub const MAX_ZIP_BYTES: usize = 50 * 1024 * 1024;
+pub use flotilla_api_types::extensions::MAX_ZIP_BYTES;
 /// Most entries in one zip.
 pub const MAX_ENTRIES: usize = 10_000;
 /// Most bytes one zip may unpack to (zip bombs stop here).

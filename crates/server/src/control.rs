@@ -38,7 +38,7 @@ impl Control {
             .context("cannot open the snapshot store")?;
         let control_plane = Arc::new(
             ControlPlane::new(store, config.control.clone(), Arc::new(SystemClock))
-                .with_snapshots(snapshots),
+                .with_snapshots(Arc::new(crate::local::Artifacts(snapshots))),
         );
         let listener = bind(config.listen_addr()?, "listen").await?;
         let addr = listener.local_addr()?;

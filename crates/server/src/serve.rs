@@ -14,7 +14,6 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use flotilla_control_plane::nodes::{LocalLink, LocalNode};
 use flotilla_control_plane::{Clock, ControlPlane, Store, SystemClock};
 use flotilla_event_proxy::Proxy;
 use flotilla_event_proxy::config::ProxyConfig;
@@ -22,6 +21,7 @@ use flotilla_node_agent::snapshot::SnapshotStore;
 use flotilla_node_agent::{Agent, AgentSettings};
 
 use crate::config::FlotillaConfig;
+use crate::local::{Artifacts, LocalLink, LocalNode};
 
 /// A running `serve`.
 pub struct Serve {
@@ -66,7 +66,7 @@ impl Serve {
         }
         let control_plane = Arc::new(
             ControlPlane::new(store, control_config, clock.clone())
-                .with_snapshots(snapshots.clone()),
+                .with_snapshots(Arc::new(Artifacts(snapshots.clone()))),
         );
 
         let agent_listener = bind_agent_listener(&config).await?;

@@ -10,7 +10,6 @@ use flotilla_api_types::MessageResponse;
 use flotilla_api_types::extensions::{
     Extension, ExtensionList, MAX_EXTENSIONS_PER_INSTANCE, is_extension_id,
 };
-use flotilla_node_agent::extension;
 
 use super::ControlPlane;
 use crate::error::{Error, Result};
@@ -30,18 +29,18 @@ impl ControlPlane {
             .acquire()
             .await
             .map_err(|e| Error::internal(format!("upload permits closed: {e}")))?;
-        let checked = zip.clone();
-        let manifest = tokio::task::spawn_blocking(move || extension::inspect(&checked))
+        let snapshots = self.snapshots.clone().ok_or_else(|| {
+            Error::InsufficientCapacity(
+                "this control plane has no snapshot store to keep extensions in".into(),
+            )
+        })?;
+        let (checker, checked) = (snapshots.clone(), zip.clone());
+        let manifest = tokio::task::spawn_blocking(move || checker.extension_inspect(&checked))
             .await
             .map_err(|e| Error::internal(format!("extension check panicked: {e}")))?
             .map_err(|refusal| {
                 Error::InvalidRequest(format!("not a loadable extension: {refusal}"))
             })?;
-        let snapshots = self.snapshots.as_ref().ok_or_else(|| {
-            Error::InsufficientCapacity(
-                "this control plane has no snapshot store to keep extensions in".into(),
-            )
-        })?;
         let extension = Extension {
             id: uuid::Uuid::now_v7().hyphenated().to_string(),
             name: manifest.name,
@@ -55,7 +54,7 @@ impl ControlPlane {
             .map_err(|e| {
                 Error::InsufficientCapacity(format!(
                     "cannot store the extension in the snapshot store ({}): {e}",
-                    snapshots.location
+                    snapshots.location()
                 ))
             })?;
         self.store.extension_insert(&extension).await?;

@@ -342,7 +342,7 @@ impl ControlPlane {
         }
         self.create_queue.capacity_changed();
         if let Some(snapshots) = &self.snapshots {
-            match snapshots.delete_all(id).await {
+            match snapshots.snapshots_delete_all(id).await {
                 Ok(0) => {}
                 Ok(count) => tracing::info!(instance = %id, count, "snapshots deleted"),
                 Err(error) => {

@@ -21,13 +21,13 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
+use crate::artifacts::ArtifactStore;
 use crate::config::ControlPlaneConfig;
 use crate::http::Guard;
 use crate::nodes::{HttpNode, NodeConnection, NodeConnections};
 use crate::store::Store;
 use crate::telemetry::Telemetry;
 use flotilla_api_types::NodeId;
-use flotilla_node_agent::snapshot::SnapshotStore;
 
 pub use door::DoorTarget;
 pub use flotilla_api_types::clock::{Clock, ManualClock, SystemClock};
@@ -44,7 +44,7 @@ pub struct ControlPlane {
     pub(crate) nodes: NodeConnections,
     pub(crate) revive_estimates: dormancy::ReviveEstimates,
     /// Where snapshots live, to delete them with their instance.
-    pub(crate) snapshots: Option<SnapshotStore>,
+    pub(crate) snapshots: Option<Arc<dyn ArtifactStore>>,
     pub(crate) telemetry: Telemetry,
     /// Authentication and rate limits of the HTTP API.
     pub(crate) guard: Guard,
@@ -89,7 +89,7 @@ impl ControlPlane {
     }
 
     /// The snapshot store, to delete the snapshots of deleted instances.
-    pub fn with_snapshots(mut self, snapshots: SnapshotStore) -> Self {
+    pub fn with_snapshots(mut self, snapshots: Arc<dyn ArtifactStore>) -> Self {
         self.snapshots = Some(snapshots);
         self
     }

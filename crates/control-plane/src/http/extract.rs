@@ -6,7 +6,7 @@ use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
-use flotilla_node_agent::extension;
+use flotilla_api_types::extensions::MAX_ZIP_BYTES;
 
 use crate::error::Error;
 
@@ -36,7 +36,7 @@ impl<S: Send + Sync> FromRequest<S> for NoBody {
 }
 
 /// A zip body (`Content-Type: application/zip`) of at most
-/// [`extension::MAX_ZIP_BYTES`]; larger is a 413.
+/// [`MAX_ZIP_BYTES`]; larger is a 413.
 pub struct ZipBody(pub Bytes);
 
 impl<S: Send + Sync> FromRequest<S> for ZipBody {
@@ -57,7 +57,7 @@ impl<S: Send + Sync> FromRequest<S> for ZipBody {
                 "the body must be a zip file sent with Content-Type: application/zip".into(),
             ));
         }
-        let limit = extension::MAX_ZIP_BYTES;
+        let limit = MAX_ZIP_BYTES;
         axum::body::to_bytes(request.into_body(), limit)
             .await
             .map(ZipBody)

@@ -1,13 +1,11 @@
 //! How the control plane reaches node agents: the [`NodeConnection`] trait, the
-//! registry of connections by node id, the in-process connection to the local
-//! agent of `flotilla serve` (with its link back, [`LocalLink`]), and
-//! [`HttpNode`] for agents elsewhere (their agent API, with the cluster token).
+//! registry of connections by node id, and [`HttpNode`] for agents elsewhere
+//! (their agent API, with the cluster token). The in-process connection of
+//! `flotilla serve` lives in `flotilla-server`, which pairs the two crates.
 
 mod http;
-mod local;
 
 pub use http::HttpNode;
-pub use local::{LocalLink, LocalNode};
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};

@@ -1,10 +1,13 @@
 //! The in-process pairing of `flotilla serve`: the control plane calls the local
 //! [`Agent`] directly ([`LocalNode`]) and the agent reports straight into the
-//! control plane ([`LocalLink`]). No HTTP, no serialisation.
+//! control plane ([`LocalLink`]). No HTTP, no serialisation. Also the control
+//! plane's view of the node side's snapshot store ([`Artifacts`]), used by
+//! `serve` and `control`.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 
 use flotilla_api_types::InstanceId;
 use flotilla_api_types::agent::{
@@ -12,10 +15,11 @@ use flotilla_api_types::agent::{
     NodeRegistration,
 };
 use flotilla_api_types::agent::{AgentDormantResult, AgentIdentity, AgentReviveInstance};
+use flotilla_control_plane::ControlPlane;
+use flotilla_control_plane::artifacts::{ArtifactStore, ExtensionManifest};
+use flotilla_control_plane::nodes::{NodeCallError, NodeConnection};
+use flotilla_node_agent::snapshot::SnapshotStore;
 use flotilla_node_agent::{Agent, AgentError, ControlPlaneLink, LinkError, RegistrationAck};
-
-use super::{NodeCallError, NodeConnection};
-use crate::app::ControlPlane;
 
 /// The local agent as a node connection.
 pub struct LocalNode(pub Agent);
@@ -69,7 +73,7 @@ impl ControlPlaneLink for LocalLink {
             .node_register(registration)
             .await
             .map_err(|error| match error {
-                crate::error::Error::InvalidState(reason) => LinkError::Refused(reason),
+                flotilla_control_plane::Error::InvalidState(reason) => LinkError::Refused(reason),
                 other => LinkError::Unreachable(other.to_string()),
             })
     }
@@ -94,5 +98,39 @@ impl ControlPlaneLink for LocalLink {
             .instance_event_reported(event)
             .await
             .map_err(|e| LinkError::Unreachable(e.to_string()))
+    }
+}
+
+/// The node agent's snapshot store, as the control plane sees it.
+pub struct Artifacts(pub SnapshotStore);
+
+#[async_trait]
+impl ArtifactStore for Artifacts {
+    fn location(&self) -> String {
+        self.0.location.clone()
+    }
+
+    async fn snapshots_delete_all(&self, instance: &InstanceId) -> anyhow::Result<usize> {
+        self.0.delete_all(instance).await
+    }
+
+    async fn profile_delete(&self, name: &str) -> anyhow::Result<()> {
+        self.0.profile_delete(name).await
+    }
+
+    async fn extension_put(&self, id: &str, zip: Bytes) -> anyhow::Result<()> {
+        self.0.extension_put(id, zip).await
+    }
+
+    async fn extension_delete(&self, id: &str) -> anyhow::Result<()> {
+        self.0.extension_delete(id).await
+    }
+
+    fn extension_inspect(&self, zip: &[u8]) -> Result<ExtensionManifest, String> {
+        let manifest = flotilla_node_agent::extension::inspect(zip)?;
+        Ok(ExtensionManifest {
+            name: manifest.name,
+            version: manifest.version,
+        })
     }
 }
