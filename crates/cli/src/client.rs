@@ -10,7 +10,18 @@ use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use flotilla_api_types::instances::{
+    CreateInstanceRequest, Instance, InstanceConfig, InstanceList, InstanceStatus, ReviveMethod,
+    ReviveRequest,
+};
+use flotilla_api_types::metrics::MetricsResponse;
+use flotilla_api_types::nodes::{Node, NodeList};
+use flotilla_api_types::tokens::{TokenRequest, TokenResponse};
+use flotilla_api_types::{MessageResponse, NodeId};
 
 /// What went wrong, and so which exit code.
 #[derive(Debug, thiserror::Error)]
@@ -92,7 +103,7 @@ pub enum InstancesCommand {
         id: String,
         /// quick_start (default) or full_restore
         #[arg(long)]
-        method: Option<String>,
+        method: Option<ReviveMethod>,
         /// Wait until it is running, showing its progress.
         #[arg(long)]
         wait: bool,
@@ -151,12 +162,14 @@ impl Client {
         }
     }
 
-    async fn call(
+    /// Calls the API and reads a success into `T`; an error answer becomes
+    /// [`ClientError::Api`] with the `{detail, code}` it carried.
+    async fn call<T: DeserializeOwned>(
         &self,
         method: reqwest::Method,
         path: &str,
-        body: Option<Value>,
-    ) -> Result<Value, ClientError> {
+        body: Option<&(impl Serialize + Sync)>,
+    ) -> Result<T, ClientError> {
         let url = format!("{}{path}", self.base);
         let mut request = self
             .http
@@ -166,31 +179,29 @@ impl Client {
             request = request.bearer_auth(key);
         }
         if let Some(body) = body {
-            request = request.json(&body);
+            request = request.json(body);
         }
         let response = request.send().await.map_err(|e| ClientError::Unreachable {
             url: self.base.clone(),
             reason: e.without_url().to_string(),
         })?;
         let status = response.status();
-        let text = response.text().await.unwrap_or_default();
-        let value: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        if status.is_success() {
-            Ok(value)
-        } else {
-            Err(ClientError::Api {
-                status: status.as_u16(),
-                detail: value["detail"].as_str().unwrap_or("(no detail)").to_owned(),
-                code: value["code"].as_str().unwrap_or("unknown").to_owned(),
-            })
+        let bytes = response.bytes().await.unwrap_or_default();
+        if !status.is_success() {
+            return Err(api_error(status.as_u16(), &bytes));
         }
+        serde_json::from_slice(&bytes).map_err(|e| ClientError::Api {
+            status: status.as_u16(),
+            detail: format!("the answer of {path} is not what this client expects: {e}"),
+            code: "unexpected_response".into(),
+        })
     }
 
-    async fn get(&self, path: &str) -> Result<Value, ClientError> {
-        self.call(reqwest::Method::GET, path, None).await
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        self.call(reqwest::Method::GET, path, None::<&()>).await
     }
 
-    fn print_json(&self, value: &Value) {
+    fn print_json(&self, value: &impl Serialize) {
         println!(
             "{}",
             serde_json::to_string_pretty(value).unwrap_or_default()
@@ -206,57 +217,18 @@ impl Client {
                 offset,
                 sort,
             } => {
-                let mut query = form_query(&[
+                let query = form_query(&[
                     ("limit", Some(limit.to_string())),
                     ("offset", Some(offset.to_string())),
-                ]);
-                query.push_str(&form_query(&[
                     ("status", status),
                     ("node_id", node),
                     ("sort", sort),
-                ]));
-                let page = self
-                    .get(&format!("/v2/instances?{}", query.trim_start_matches('&')))
-                    .await?;
-                if self.json {
-                    self.print_json(&page);
-                    return Ok(());
-                }
-                let rows: Vec<Vec<String>> = page["instances"]
-                    .as_array()
-                    .map(|items| {
-                        items
-                            .iter()
-                            .map(|i| {
-                                vec![
-                                    text(&i["id"]),
-                                    text(&i["status"]),
-                                    text(&i["node_id"]),
-                                    format!(
-                                        "{:.1}",
-                                        i["resources"]["cpu_percent"].as_f64().unwrap_or(0.0)
-                                    ),
-                                    format!(
-                                        "{:.0}",
-                                        i["resources"]["memory_mb"].as_f64().unwrap_or(0.0)
-                                    ),
-                                    text(&i["created_at"]),
-                                ]
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                print_table(
-                    &["ID", "STATUS", "NODE", "CPU %", "MEMORY MB", "CREATED"],
-                    &rows,
-                );
-                println!("{} of {} instances", rows.len(), page["total"]);
-                Ok(())
+                ]);
+                self.instance_list(&query).await
             }
             InstancesCommand::Get { id } => {
-                let instance = self
-                    .get(&format!("/v2/instances/{}", path_segment(&id)?))
-                    .await?;
+                let path = format!("/v2/instances/{}", path_segment(&id)?);
+                let instance: Instance = self.get(&path).await?;
                 self.print_instance(&instance);
                 Ok(())
             }
@@ -268,99 +240,145 @@ impl Client {
                 node,
                 wait,
             } => {
-                let mut config = serde_json::Map::new();
-                if let Some(v) = memory_gb {
-                    config.insert("memory_gb".into(), json!(v));
-                }
-                if let Some(v) = cpu_cores {
-                    config.insert("cpu_cores".into(), json!(v));
-                }
-                if let Some(v) = idle_timeout_minutes {
-                    config.insert("idle_timeout_minutes".into(), json!(v));
-                }
-                let mut body = serde_json::Map::new();
-                if let Some(image) = image {
-                    body.insert("image".into(), json!(image));
-                }
-                if !config.is_empty() {
-                    body.insert("config".into(), Value::Object(config));
-                }
-                if let Some(node) = node {
-                    body.insert("node_preference".into(), json!(node));
-                }
-                let created = self
-                    .call(
-                        reqwest::Method::POST,
-                        "/v2/instances",
-                        Some(Value::Object(body)),
-                    )
-                    .await?;
-                let id = text(&created["id"]);
-                if wait {
-                    let instance = self.wait_running(&id).await?;
-                    self.print_instance(&instance);
-                } else {
-                    self.print_instance(&created);
-                }
-                Ok(())
+                let defaults = InstanceConfig::default();
+                let config =
+                    (memory_gb.is_some() || cpu_cores.is_some() || idle_timeout_minutes.is_some())
+                        .then(|| InstanceConfig {
+                            memory_gb: memory_gb.unwrap_or(defaults.memory_gb),
+                            cpu_cores: cpu_cores.unwrap_or(defaults.cpu_cores),
+                            idle_timeout_minutes: idle_timeout_minutes
+                                .unwrap_or(defaults.idle_timeout_minutes),
+                            ..defaults
+                        });
+                let request = CreateInstanceRequest {
+                    image,
+                    config,
+                    node_preference: node.map(NodeId::new),
+                    profile: None,
+                };
+                self.instance_create(&request, wait).await
             }
             InstancesCommand::Delete { id, force } => {
                 let path = format!("/v2/instances/{}?force={force}", path_segment(&id)?);
-                let answer = self.call(reqwest::Method::DELETE, &path, None).await?;
+                let answer: MessageResponse = self
+                    .call(reqwest::Method::DELETE, &path, None::<&()>)
+                    .await?;
                 if self.json {
                     self.print_json(&answer)
                 } else {
-                    println!("{}", text(&answer["message"]))
+                    println!("{}", answer.message)
                 }
                 Ok(())
             }
             InstancesCommand::Dormant { id } => {
                 let path = format!("/v2/instances/{}/dormant", path_segment(&id)?);
-                let answer = self.call(reqwest::Method::POST, &path, None).await?;
+                let answer: Instance = self.call(reqwest::Method::POST, &path, None::<&()>).await?;
                 self.print_instance(&answer);
                 Ok(())
             }
             InstancesCommand::Revive { id, method, wait } => {
-                let path = format!("/v2/instances/{}/revive", path_segment(&id)?);
-                let body = method.map(|m| json!({ "method": m }));
-                let answer = self.call(reqwest::Method::POST, &path, body).await?;
-                if wait {
-                    let instance = self.wait_running(&id).await?;
-                    self.print_instance(&instance);
-                } else {
-                    self.print_instance(&answer);
-                }
-                Ok(())
+                self.instance_revive(&id, method, wait).await
             }
         }
     }
 
+    async fn instance_list(&self, query: &str) -> Result<(), ClientError> {
+        let page: InstanceList = self
+            .get(&format!("/v2/instances?{}", query.trim_start_matches('&')))
+            .await?;
+        if self.json {
+            self.print_json(&page);
+            return Ok(());
+        }
+        let rows: Vec<Vec<String>> = page
+            .instances
+            .iter()
+            .map(|instance| {
+                let resources = instance.resources.unwrap_or_default();
+                vec![
+                    instance.id.to_string(),
+                    instance.status.to_string(),
+                    or_dash(instance.node_id.as_ref()),
+                    format!("{:.1}", resources.cpu_percent),
+                    format!("{:.0}", resources.memory_mb),
+                    or_dash(instance.created_at.map(|at| at.to_rfc3339()).as_ref()),
+                ]
+            })
+            .collect();
+        print_table(
+            &["ID", "STATUS", "NODE", "CPU %", "MEMORY MB", "CREATED"],
+            &rows,
+        );
+        println!("{} of {} instances", rows.len(), page.total);
+        Ok(())
+    }
+
+    async fn instance_create(
+        &self,
+        request: &CreateInstanceRequest,
+        wait: bool,
+    ) -> Result<(), ClientError> {
+        let created: Instance = self
+            .call(reqwest::Method::POST, "/v2/instances", Some(request))
+            .await?;
+        if wait {
+            let instance = self.wait_running(created.id.as_str()).await?;
+            self.print_instance(&instance);
+        } else {
+            self.print_instance(&created);
+        }
+        Ok(())
+    }
+
+    async fn instance_revive(
+        &self,
+        id: &str,
+        method: Option<ReviveMethod>,
+        wait: bool,
+    ) -> Result<(), ClientError> {
+        let path = format!("/v2/instances/{}/revive", path_segment(id)?);
+        let body = method.map(|method| ReviveRequest { method });
+        let answer: Instance = self
+            .call(reqwest::Method::POST, &path, body.as_ref())
+            .await?;
+        if wait {
+            let instance = self.wait_running(id).await?;
+            self.print_instance(&instance);
+        } else {
+            self.print_instance(&answer);
+        }
+        Ok(())
+    }
+
     /// Polls until the instance runs, printing each status change on stderr.
-    async fn wait_running(&self, id: &str) -> Result<Value, ClientError> {
+    async fn wait_running(&self, id: &str) -> Result<Instance, ClientError> {
         let started = Instant::now();
-        let mut last = String::new();
+        let mut last = None;
         loop {
-            let instance = self
+            let instance: Instance = self
                 .get(&format!("/v2/instances/{}", path_segment(id)?))
                 .await?;
-            let status = text(&instance["status"]);
-            if status != last {
+            let status = instance.status;
+            if last != Some(status) {
                 eprintln!(
                     "[{:>5.1} s] {id}: {status}",
                     started.elapsed().as_secs_f64()
                 );
                 let _ = std::io::stderr().flush();
-                last = status.clone();
+                last = Some(status);
             }
-            match status.as_str() {
-                "running" => return Ok(instance),
-                "failed" | "stopped" | "dormant" if started.elapsed() > Duration::from_secs(1) => {
+            match status {
+                InstanceStatus::Running => return Ok(instance),
+                InstanceStatus::Failed | InstanceStatus::Stopped | InstanceStatus::Dormant
+                    if started.elapsed() > Duration::from_secs(1) =>
+                {
                     return Err(ClientError::Api {
                         status: 409,
                         detail: format!(
                             "instance {id} is {status}: {}",
-                            instance["status_reason"]
-                                .as_str()
+                            instance
+                                .status_reason
+                                .as_deref()
                                 .unwrap_or("no reason given")
                         ),
                         code: "invalid_state".into(),
@@ -379,12 +397,13 @@ impl Client {
         }
     }
 
-    fn print_instance(&self, instance: &Value) {
+    fn print_instance(&self, instance: &Instance) {
         if self.json {
             self.print_json(instance);
             return;
         }
         let mut rows = Vec::new();
+        let value = serde_json::to_value(instance).unwrap_or_default();
         for key in [
             "id",
             "status",
@@ -396,19 +415,27 @@ impl Client {
             "dormant_since",
             "estimated_completion",
         ] {
-            if !instance[key].is_null() {
-                rows.push(vec![key.to_owned(), text(&instance[key])]);
+            if !value[key].is_null() {
+                rows.push(vec![key.to_owned(), text(&value[key])]);
             }
         }
-        if let Some(urls) = instance["urls"].as_object() {
-            for (name, url) in urls {
-                rows.push(vec![format!("urls.{name}"), text(url)]);
-            }
+        if let Some(urls) = &instance.urls {
+            rows.push(vec!["urls.debug".into(), urls.debug.clone()]);
+            rows.push(vec!["urls.stream".into(), urls.stream.clone()]);
         }
-        if let Some(resources) = instance["resources"].as_object() {
-            for (name, value) in resources {
-                rows.push(vec![format!("resources.{name}"), text(value)]);
-            }
+        if let Some(resources) = &instance.resources {
+            rows.push(vec![
+                "resources.cpu_percent".into(),
+                resources.cpu_percent.to_string(),
+            ]);
+            rows.push(vec![
+                "resources.memory_mb".into(),
+                resources.memory_mb.to_string(),
+            ]);
+            rows.push(vec![
+                "resources.disk_mb".into(),
+                resources.disk_mb.to_string(),
+            ]);
         }
         print_table(&["FIELD", "VALUE"], &rows);
     }
@@ -416,35 +443,25 @@ impl Client {
     pub async fn nodes(&self, command: NodesCommand) -> Result<(), ClientError> {
         match command {
             NodesCommand::List => {
-                let list = self.get("/v2/nodes").await?;
+                let list: NodeList = self.get("/v2/nodes").await?;
                 if self.json {
                     self.print_json(&list);
                     return Ok(());
                 }
-                let rows: Vec<Vec<String>> = list["nodes"]
-                    .as_array()
-                    .map(|nodes| {
-                        nodes
-                            .iter()
-                            .map(|n| {
-                                vec![
-                                    text(&n["id"]),
-                                    text(&n["status"]),
-                                    format!("{}/{}", n["instances_count"], n["max_instances"]),
-                                    format!(
-                                        "{:.1}",
-                                        n["resources"]["cpu_percent"].as_f64().unwrap_or(0.0)
-                                    ),
-                                    format!(
-                                        "{:.1}",
-                                        n["resources"]["memory_percent"].as_f64().unwrap_or(0.0)
-                                    ),
-                                    text(&n["address"]),
-                                ]
-                            })
-                            .collect()
+                let rows: Vec<Vec<String>> = list
+                    .nodes
+                    .iter()
+                    .map(|node| {
+                        vec![
+                            node.id.to_string(),
+                            node.status.as_str().to_owned(),
+                            format!("{}/{}", node.instances_count, node.max_instances),
+                            format!("{:.1}", node.resources.cpu_percent),
+                            format!("{:.1}", node.resources.memory_percent),
+                            node.address.clone(),
+                        ]
                     })
-                    .unwrap_or_default();
+                    .collect();
                 print_table(
                     &["ID", "STATUS", "INSTANCES", "CPU %", "MEMORY %", "ADDRESS"],
                     &rows,
@@ -452,7 +469,7 @@ impl Client {
                 Ok(())
             }
             NodesCommand::Get { id } => {
-                let node = self
+                let node: Node = self
                     .get(&format!("/v2/nodes/{}", path_segment(&id)?))
                     .await?;
                 if self.json {
@@ -460,7 +477,11 @@ impl Client {
                     return Ok(());
                 }
                 let mut rows = Vec::new();
-                flatten("", &node, &mut rows);
+                flatten(
+                    "",
+                    &serde_json::to_value(&node).unwrap_or_default(),
+                    &mut rows,
+                );
                 print_table(&["FIELD", "VALUE"], &rows);
                 Ok(())
             }
@@ -469,7 +490,7 @@ impl Client {
 
     pub async fn metrics(&self, args: MetricsArgs) -> Result<(), ClientError> {
         let query = form_query(&[("period", args.period), ("node_id", args.node)]);
-        let metrics = self
+        let metrics: MetricsResponse = self
             .get(&format!("/v2/metrics?{}", query.trim_start_matches('&')))
             .await?;
         if self.json {
@@ -477,15 +498,15 @@ impl Client {
             return Ok(());
         }
         let mut rows = Vec::new();
-        flatten("cluster", &metrics["cluster"], &mut rows);
-        flatten("resources", &metrics["resources"], &mut rows);
-        let series = &metrics["timeseries"];
+        let value = serde_json::to_value(&metrics).unwrap_or_default();
+        flatten("cluster", &value["cluster"], &mut rows);
+        flatten("resources", &value["resources"], &mut rows);
         rows.push(vec![
             "timeseries".into(),
             format!(
                 "{} points every {}",
-                series["timestamps"].as_array().map_or(0, Vec::len),
-                text(&series["interval"])
+                metrics.timeseries.timestamps.len(),
+                metrics.timeseries.interval
             ),
         ]);
         print_table(&["METRIC", "VALUE"], &rows);
@@ -498,73 +519,67 @@ impl Client {
         let EventsCommand::Watch { topic } = command;
         let mut last_id: Option<String> = None;
         loop {
-            let token = self
-                .call(
-                    reqwest::Method::POST,
-                    "/v2/tokens",
-                    Some(json!({ "topics": [topic], "ttl_sec": 3600 })),
-                )
+            let request = TokenRequest {
+                topics: Some(vec![topic.clone()]),
+                ttl_sec: Some(3600),
+            };
+            let token: TokenResponse = self
+                .call(reqwest::Method::POST, "/v2/tokens", Some(&request))
                 .await?;
-            let events_url = token["events_url"]
-                .as_str()
-                .map(str::to_owned)
-                .ok_or_else(|| {
-                    ClientError::Usage(
-                        "this control plane publishes to no event proxy (set [events] proxy_url)"
-                            .into(),
-                    )
-                })?;
-            let mut request = self
-                .http
-                .get(format!(
-                    "{}/events/{topic}",
-                    events_url.trim_end_matches('/')
-                ))
-                .bearer_auth(text(&token["token"]));
-            if let Some(id) = &last_id {
-                request = request.header("Last-Event-ID", id);
-            }
-            let mut response = request.send().await.map_err(|e| ClientError::Unreachable {
-                url: events_url.clone(),
-                reason: e.without_url().to_string(),
+            let events_url = token.events_url.clone().ok_or_else(|| {
+                ClientError::Usage(
+                    "this control plane publishes to no event proxy (set [events] proxy_url)"
+                        .into(),
+                )
             })?;
-            if !response.status().is_success() {
-                let status = response.status().as_u16();
-                let detail = response.text().await.unwrap_or_default();
-                return Err(ClientError::Api {
-                    status,
-                    detail: detail.trim().to_owned(),
-                    code: "events".into(),
-                });
-            }
-            let mut buffer = String::new();
-            let (mut event, mut data, mut id) =
-                (String::new(), Vec::<String>::new(), None::<String>);
-            while let Ok(Some(chunk)) = response.chunk().await {
-                buffer.push_str(&String::from_utf8_lossy(&chunk));
-                while let Some(end) = buffer.find('\n') {
-                    let line: String = buffer.drain(..=end).collect();
-                    let line = line.trim_end_matches(['\n', '\r']);
-                    if line.is_empty() {
-                        if !data.is_empty() {
-                            self.print_event(&event, &data.join("\n"));
-                            if id.is_some() {
-                                last_id = id.take();
-                            }
-                        }
-                        (event, data) = (String::new(), Vec::new());
-                    } else if let Some(v) = line.strip_prefix("event:") {
-                        event = v.trim_start().to_owned();
-                    } else if let Some(v) = line.strip_prefix("data:") {
-                        data.push(v.strip_prefix(' ').unwrap_or(v).to_owned());
-                    } else if let Some(v) = line.strip_prefix("id:") {
-                        id = Some(v.trim_start().to_owned());
-                    }
-                }
-            }
+            self.follow_stream(&events_url, &topic, &token.token, &mut last_id)
+                .await?;
             eprintln!("event stream ended; reconnecting");
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
+    }
+
+    /// Prints one stream's events until it ends, keeping the last event id.
+    async fn follow_stream(
+        &self,
+        events_url: &str,
+        topic: &str,
+        token: &str,
+        last_id: &mut Option<String>,
+    ) -> Result<(), ClientError> {
+        let mut request = self
+            .http
+            .get(format!(
+                "{}/events/{topic}",
+                events_url.trim_end_matches('/')
+            ))
+            .bearer_auth(token);
+        if let Some(id) = last_id.as_ref() {
+            request = request.header("Last-Event-ID", id);
+        }
+        let mut response = request.send().await.map_err(|e| ClientError::Unreachable {
+            url: events_url.to_owned(),
+            reason: e.without_url().to_string(),
+        })?;
+        if !response.status().is_success() {
+            let status = response.status().as_u16();
+            let detail = response.text().await.unwrap_or_default();
+            return Err(ClientError::Api {
+                status,
+                detail: detail.trim().to_owned(),
+                code: "events".into(),
+            });
+        }
+        let mut parser = SseLines::default();
+        while let Ok(Some(chunk)) = response.chunk().await {
+            for (event, data, id) in parser.feed(&chunk) {
+                self.print_event(&event, &data);
+                if id.is_some() {
+                    *last_id = id;
+                }
+            }
+        }
+        Ok(())
     }
 
     fn print_event(&self, event: &str, data: &str) {
@@ -587,6 +602,61 @@ impl Client {
         }
         let _ = std::io::stdout().flush();
     }
+}
+
+/// The `{detail, code}` of an error answer, or what can be said without it.
+fn api_error(status: u16, body: &[u8]) -> ClientError {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(value) => ClientError::Api {
+            status,
+            detail: value["detail"].as_str().unwrap_or("(no detail)").to_owned(),
+            code: value["code"].as_str().unwrap_or("unknown").to_owned(),
+        },
+        Err(_) => ClientError::Api {
+            status,
+            detail: String::from_utf8_lossy(body).trim().to_owned(),
+            code: "unknown".into(),
+        },
+    }
+}
+
+/// Server-sent events read line by line (CR, LF or CRLF end a line).
+#[derive(Default)]
+struct SseLines {
+    buffer: String,
+    event: String,
+    data: Vec<String>,
+    id: Option<String>,
+}
+
+impl SseLines {
+    /// Takes a chunk and answers the events it completed: (event, data, id).
+    fn feed(&mut self, chunk: &[u8]) -> Vec<(String, String, Option<String>)> {
+        self.buffer.push_str(&String::from_utf8_lossy(chunk));
+        let mut done = Vec::new();
+        while let Some(end) = self.buffer.find('\n') {
+            let line: String = self.buffer.drain(..=end).collect();
+            let line = line.trim_end_matches(['\n', '\r']);
+            if line.is_empty() {
+                if !self.data.is_empty() {
+                    let data = std::mem::take(&mut self.data).join("\n");
+                    done.push((std::mem::take(&mut self.event), data, self.id.take()));
+                }
+                self.event.clear();
+            } else if let Some(v) = line.strip_prefix("event:") {
+                self.event = v.trim_start().to_owned();
+            } else if let Some(v) = line.strip_prefix("data:") {
+                self.data.push(v.strip_prefix(' ').unwrap_or(v).to_owned());
+            } else if let Some(v) = line.strip_prefix("id:") {
+                self.id = Some(v.trim_start().to_owned());
+            }
+        }
+        done
+    }
+}
+
+fn or_dash(value: Option<&impl std::fmt::Display>) -> String {
+    value.map_or_else(|| "-".into(), ToString::to_string)
 }
 
 fn text(value: &Value) -> String {

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use flotilla_api_types::agent::{
     AgentCreateInstance, AgentDormantResult, AgentIdentity, AgentInstancePorts,
@@ -114,8 +115,10 @@ struct AgentInner {
     /// Who may use instance ports: the control plane's policy, applied at
     /// every registration and heartbeat answer.
     access: Arc<NodeAccess>,
-    /// The warm-pool task, awaited at shutdown so pooled browsers are stopped.
-    pool_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Every task the agent starts (the warm pool, reporting, supervision of
+    /// each browser, each instance's servers, revives): shutdown closes it
+    /// and waits until they have all ended.
+    tasks: TaskTracker,
     shutdown: CancellationToken,
 }
 
@@ -127,6 +130,8 @@ enum Outgoing {
     /// all of it was delivered (`false` once a change was given up on at
     /// shutdown).
     Flush(oneshot::Sender<bool>),
+    /// A flush after which the sender ends (shutdown).
+    Close(oneshot::Sender<bool>),
 }
 
 const CDP_GRACE: Duration = Duration::from_secs(5);
@@ -164,7 +169,7 @@ impl Agent {
         let inner = Arc::new(AgentInner {
             launcher,
             access: Arc::new(NodeAccess::default()),
-            pool_task: Mutex::new(None),
+            tasks: TaskTracker::new(),
             node_id,
             generation: uuid::Uuid::new_v4().simple().to_string(),
             catalog: settings.config.image_catalog(),
@@ -179,18 +184,18 @@ impl Agent {
             shutdown: CancellationToken::new(),
         });
         let agent = Agent { inner };
-        let pool = tokio::spawn(
+        let tasks = &agent.inner.tasks;
+        tasks.spawn(
             agent
                 .inner
                 .launcher
                 .clone()
                 .keep_pool_filled(agent.inner.shutdown.clone()),
         );
-        *agent.inner.pool_task.lock().expect("pool task lock") = Some(pool);
         let ack = agent.register_until_accepted().await?;
-        tokio::spawn(agent.clone().send_changes(changes_rx));
-        tokio::spawn(agent.clone().report_loop(ack));
-        tokio::spawn(agent.clone().wake_loop(wake_rx));
+        tasks.spawn(agent.clone().send_changes(changes_rx));
+        tasks.spawn(agent.clone().report_loop(ack));
+        tasks.spawn(agent.clone().wake_loop(wake_rx));
         Ok(agent)
     }
 
@@ -381,7 +386,7 @@ impl Agent {
                 let agent = self.clone();
                 let process = warm.launched.process;
                 let watched = slot.clone();
-                tokio::spawn(async move {
+                self.inner.tasks.spawn(async move {
                     let _guard = guard;
                     watched.touch();
                     agent.watch_exit(&watched, &process).await;
@@ -389,7 +394,9 @@ impl Agent {
             }
             None => {
                 let guard = slot.begin_supervision();
-                tokio::spawn(self.clone().supervise(slot.clone(), image, limits, guard));
+                self.inner
+                    .tasks
+                    .spawn(self.clone().supervise(slot.clone(), image, limits, guard));
             }
         }
         Ok(ports_of(&slot))
@@ -440,19 +447,21 @@ impl Agent {
                         .to_string_lossy()
                         .into_owned(),
                 });
-                tokio::spawn(gateway::serve(debug, context, slot.servers.clone()));
+                self.inner
+                    .tasks
+                    .spawn(gateway::serve(debug, context, slot.servers.clone()));
                 let config = &self.inner.settings.config;
                 let settings = LiveViewSettings {
                     width: config.viewport_width,
                     height: config.viewport_height,
                     quality: config.live_view_quality,
                 };
-                tokio::spawn(live_view::serve(
+                self.inner.tasks.spawn(live_view::serve(
                     stream,
                     LiveView::new(slot.clone(), settings, ready_timeout),
                     access.clone(),
                 ));
-                tokio::spawn(instance_http::serve_api(
+                self.inner.tasks.spawn(instance_http::serve_api(
                     http,
                     slot.clone(),
                     ready_timeout,
@@ -902,7 +911,7 @@ impl Agent {
                 slot.set_phase(BrowserPhase::Ready(endpoint));
                 let agent = self.clone();
                 let watched = slot.clone();
-                tokio::spawn(async move {
+                self.inner.tasks.spawn(async move {
                     let _guard = guard;
                     agent.watch_exit(&watched, &process).await;
                 });
@@ -1002,7 +1011,9 @@ impl Agent {
             slot.set_status(InstanceStatus::Reviving, None);
         }
         slot.set_phase(BrowserPhase::Starting);
-        tokio::spawn(self.clone().revive(slot.clone(), method, snapshot, image));
+        self.inner
+            .tasks
+            .spawn(self.clone().revive(slot.clone(), method, snapshot, image));
         Ok(())
     }
 
@@ -1080,7 +1091,7 @@ impl Agent {
                 let _ = self.inner.changes.send(Outgoing::Flush(delivered_tx));
                 let snapshots = self.inner.settings.snapshots.clone();
                 let id = slot.id.clone();
-                tokio::spawn(async move {
+                self.inner.tasks.spawn(async move {
                     if delivered.await != Ok(true) {
                         return;
                     }
@@ -1323,7 +1334,9 @@ impl Agent {
                 "the profile grew to {disk_mb:.1} MB, over the disk limit of {limit_mb:.0} MB (disk_gb = {})",
                 slot.config.disk_gb
             );
-            tokio::spawn(self.clone().fail_instance(slot.clone(), reason));
+            self.inner
+                .tasks
+                .spawn(self.clone().fail_instance(slot.clone(), reason));
         }
     }
 
@@ -1358,9 +1371,16 @@ impl Agent {
     async fn send_changes(self, mut queue: mpsc::UnboundedReceiver<Outgoing>) {
         let mut all_delivered = true;
         while let Some(item) = queue.recv().await {
-            if let Outgoing::Flush(done) = item {
-                let _ = done.send(all_delivered);
-                continue;
+            match item {
+                Outgoing::Flush(done) => {
+                    let _ = done.send(all_delivered);
+                    continue;
+                }
+                Outgoing::Close(done) => {
+                    let _ = done.send(all_delivered);
+                    return;
+                }
+                Outgoing::Change(_) | Outgoing::Event(_) => {}
             }
             let mut wait = Duration::from_millis(100);
             loop {
@@ -1373,7 +1393,7 @@ impl Agent {
                         self.inner.link.instance_event(event.clone()).await,
                         &event.id,
                     ),
-                    Outgoing::Flush(_) => unreachable!("answered above"),
+                    Outgoing::Flush(_) | Outgoing::Close(_) => unreachable!("answered above"),
                 };
                 match sent {
                     Ok(()) => break,
@@ -1444,19 +1464,26 @@ impl Agent {
             self.release(slot);
         });
         futures_util::future::join_all(stops).await;
-        let pool = self.inner.pool_task.lock().expect("pool task lock").take();
-        if let Some(pool) = pool {
-            let _ = pool.await;
-        }
-        self.inner.launcher.release_cgroups();
         let (done_tx, done_rx) = oneshot::channel();
-        if self.inner.changes.send(Outgoing::Flush(done_tx)).is_ok()
+        if self.inner.changes.send(Outgoing::Close(done_tx)).is_ok()
             && tokio::time::timeout(Duration::from_secs(10), done_rx)
                 .await
                 .is_err()
         {
             tracing::warn!("state changes not all delivered within 10 s of shutdown");
         }
+        let tasks = &self.inner.tasks;
+        tasks.close();
+        if tokio::time::timeout(Duration::from_secs(10), tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                running = tasks.len(),
+                "agent tasks still running 10 s after shutdown"
+            );
+        }
+        self.inner.launcher.release_cgroups();
     }
 }
 
