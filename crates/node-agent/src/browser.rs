@@ -179,6 +179,170 @@ pub struct LaunchPlan<'a> {
     pub hostname: &'a str,
 }
 
+impl LaunchPlan<'_> {
+    fn spawn_error(&self, reason: String) -> LaunchError {
+        LaunchError::Spawn {
+            executable: self.image.executable.display().to_string(),
+            reason,
+        }
+    }
+}
+
+/// Checks the executable, creates the instance's directories (handed to the
+/// browser's user) and its log file.
+fn prepare_instance_dir(
+    plan: &LaunchPlan<'_>,
+) -> Result<(crate::sandbox::BrowserPaths, std::fs::File), LaunchError> {
+    // Checked here so that the reason is the same with and without the sandbox.
+    match std::fs::metadata(&plan.image.executable) {
+        Ok(meta) if meta.is_file() => {}
+        Ok(_) => return Err(plan.spawn_error("not a file".into())),
+        Err(error) => return Err(plan.spawn_error(error.to_string())),
+    }
+    let dirs = plan.dirs;
+    let paths = plan.isolation.browser_paths(dirs);
+    dirs.create()
+        .and_then(|()| dirs.set_default_downloads(&paths.downloads))
+        .map_err(|e| plan.spawn_error(format!("cannot create instance directory: {e}")))?;
+    plan.isolation.hand_over(dirs).map_err(|e| {
+        plan.spawn_error(format!(
+            "cannot give the instance directory to the browser user: {e}"
+        ))
+    })?;
+    let log = std::fs::File::create(dirs.log())
+        .map_err(|e| plan.spawn_error(format!("cannot create log file: {e}")))?;
+    Ok((paths, log))
+}
+
+/// The browser's command line: the image's and the plan's flags, its
+/// profile, the egress proxy and the extensions to load.
+fn chromium_command(
+    plan: &LaunchPlan<'_>,
+    paths: &crate::sandbox::BrowserPaths,
+    log: std::fs::File,
+    proxy_port: Option<u16>,
+) -> tokio::process::Command {
+    let mut command = plan
+        .isolation
+        .command(plan.dirs, &plan.image.executable, plan.hostname);
+    command
+        .args(BASE_CHROMIUM_FLAGS)
+        .args(&plan.image.args)
+        .args(plan.extra_args)
+        .arg(format!("--user-data-dir={}", paths.profile.display()))
+        .arg("--remote-debugging-port=0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log))
+        .process_group(0)
+        .kill_on_drop(false);
+    if let Some(port) = proxy_port {
+        // Everything, loopback included, goes through the egress proxy.
+        command
+            .arg(format!("--proxy-server=socks5://127.0.0.1:{port}"))
+            .arg("--proxy-bypass-list=<-loopback>");
+    }
+    if !plan.extensions.is_empty() {
+        let folders: Vec<String> = plan
+            .extensions
+            .iter()
+            .map(|id| paths.extensions.join(id).to_string_lossy().into_owned())
+            .collect();
+        let folders = folders.join(",");
+        command
+            .arg(format!("--load-extension={folders}"))
+            .arg(format!("--disable-extensions-except={folders}"));
+    }
+    if !plan.isolation.chromium_sandbox {
+        command.arg("--no-sandbox");
+    }
+    command.arg("about:blank");
+    command
+}
+
+/// What the child does between fork and exec: join the cgroup and the
+/// network namespace, drop privileges, and die with the agent until then.
+fn confine_before_exec(
+    command: &mut tokio::process::Command,
+    plan: &LaunchPlan<'_>,
+    net: Option<&NetNamespace>,
+) {
+    let mut attach = plan.cgroup.map(|cgroup| cgroup.attach_hook());
+    let namespace = net.map(|net| net.raw_fd());
+    let user = plan.isolation.user.clone();
+    let agent = std::process::id() as libc::pid_t;
+    // SAFETY: the hook makes only async-signal-safe calls: prctl and
+    // getppid, the cgroup attach (see attach_hook), setns, and the
+    // privilege drop (system calls).
+    unsafe {
+        command.pre_exec(move || {
+            // Until exec this child holds copies of all the agent's
+            // descriptors, its listening sockets too, and the cgroup
+            // attach can wait a while: if the agent dies meanwhile (kill
+            // -9), so does the child, instead of holding the ports of
+            // the agent's next start and launching a browser nobody knows.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != agent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            if let Some(attach) = attach.as_mut() {
+                attach()?;
+            }
+            if let Some(fd) = namespace
+                && libc::setns(fd, libc::CLONE_NEWNET) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            if let Some(user) = &user {
+                crate::sandbox::drop_privileges(user)?;
+            }
+            // The browser itself outlives the agent (its next start
+            // sweeps it), and the signal would follow the spawning
+            // thread, not the process.
+            libc::prctl(libc::PR_SET_PDEATHSIG, 0);
+            if libc::getppid() != agent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Waits for the browser and its helpers to be gone, then removes its
+/// cgroup, stops its egress proxy and says how it ended.
+fn reap_when_gone(
+    mut child: tokio::process::Child,
+    pid: u32,
+    plan: &LaunchPlan<'_>,
+    egress_stop: CancellationToken,
+) -> watch::Receiver<Option<String>> {
+    let (exit_tx, exit_rx) = watch::channel(None);
+    let cgroup = plan.cgroup.cloned();
+    let sandboxed = plan.isolation.filesystem_isolated();
+    tokio::spawn(async move {
+        let description = match child.wait().await {
+            Ok(status) => describe_exit(status, sandboxed),
+            Err(e) => format!("wait failed: {e}"),
+        };
+        // Helpers (zygote, renderers, GPU, network and storage services)
+        // share the group; crashpad handlers make their own groups but stay in
+        // the cgroup. After a clean exit the storage service may still be
+        // flushing localStorage to disk: give the helpers a moment to finish
+        // on their own, then kill what is left, and report the exit only once
+        // every one is gone.
+        wait_for_helpers(pid, cgroup.as_deref(), HELPER_GRACE).await;
+        kill_and_reap(pid, cgroup.as_deref(), Duration::from_secs(5)).await;
+        if let Some(cgroup) = cgroup {
+            cgroup.remove();
+        }
+        egress_stop.cancel();
+        let _ = exit_tx.send(Some(description));
+    });
+    exit_rx
+}
+
 /// A started browser (real or simulated).
 pub struct BrowserProcess {
     pid: Option<u32>,
@@ -200,152 +364,36 @@ impl BrowserProcess {
     /// Starts Chromium as `plan` says: its image, profile, confinement, network
     /// and cgroup.
     pub async fn spawn_chromium(plan: &LaunchPlan<'_>) -> Result<Self, LaunchError> {
-        let image = plan.image;
-        let dirs = plan.dirs;
-        let spawn_error = |reason: String| LaunchError::Spawn {
-            executable: image.executable.display().to_string(),
-            reason,
-        };
-        // Checked here so that the reason is the same with and without the sandbox.
-        match std::fs::metadata(&image.executable) {
-            Ok(meta) if meta.is_file() => {}
-            Ok(_) => return Err(spawn_error("not a file".into())),
-            Err(error) => return Err(spawn_error(error.to_string())),
-        }
-        let paths = plan.isolation.browser_paths(dirs);
-        dirs.create()
-            .and_then(|()| dirs.set_default_downloads(&paths.downloads))
-            .map_err(|e| spawn_error(format!("cannot create instance directory: {e}")))?;
-        plan.isolation.hand_over(dirs).map_err(|e| {
-            spawn_error(format!(
-                "cannot give the instance directory to the browser user: {e}"
-            ))
-        })?;
-        let log = std::fs::File::create(dirs.log())
-            .map_err(|e| spawn_error(format!("cannot create log file: {e}")))?;
+        let (paths, log) = prepare_instance_dir(plan)?;
         let egress_stop = CancellationToken::new();
         let (net, route, proxy_port) = if plan.egress.is_some() || plan.upstream.is_some() {
             let route = Arc::new(Route::new(plan.egress.cloned(), plan.upstream.clone()));
             let (net, port) = start_egress(route.clone(), plan.hostname, &egress_stop)
                 .await
-                .map_err(|e| spawn_error(format!("cannot set up the browser's network: {e}")))?;
+                .map_err(|e| {
+                    plan.spawn_error(format!("cannot set up the browser's network: {e}"))
+                })?;
             (net, Some(route), Some(port))
         } else {
             (None, None, None)
         };
-        let mut command = plan
-            .isolation
-            .command(dirs, &image.executable, plan.hostname);
-        command
-            .args(BASE_CHROMIUM_FLAGS)
-            .args(&image.args)
-            .args(plan.extra_args)
-            .arg(format!("--user-data-dir={}", paths.profile.display()))
-            .arg("--remote-debugging-port=0")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log))
-            .process_group(0)
-            .kill_on_drop(false);
-        if let Some(port) = proxy_port {
-            // Everything, loopback included, goes through the egress proxy.
-            command
-                .arg(format!("--proxy-server=socks5://127.0.0.1:{port}"))
-                .arg("--proxy-bypass-list=<-loopback>");
-        }
-        if !plan.extensions.is_empty() {
-            let folders: Vec<String> = plan
-                .extensions
-                .iter()
-                .map(|id| paths.extensions.join(id).to_string_lossy().into_owned())
-                .collect();
-            let folders = folders.join(",");
-            command
-                .arg(format!("--load-extension={folders}"))
-                .arg(format!("--disable-extensions-except={folders}"));
-        }
-        if !plan.isolation.chromium_sandbox {
-            command.arg("--no-sandbox");
-        }
-        command.arg("about:blank");
-        let mut attach = plan.cgroup.map(|cgroup| cgroup.attach_hook());
-        let namespace = net.as_ref().map(|net| net.raw_fd());
-        let user = plan.isolation.user.clone();
-        let agent = std::process::id() as libc::pid_t;
-        // SAFETY: the hook makes only async-signal-safe calls: prctl and
-        // getppid, the cgroup attach (see attach_hook), setns, and the
-        // privilege drop (system calls).
-        unsafe {
-            command.pre_exec(move || {
-                // Until exec this child holds copies of all the agent's
-                // descriptors, its listening sockets too, and the cgroup
-                // attach can wait a while: if the agent dies meanwhile (kill
-                // -9), so does the child, instead of holding the ports of
-                // the agent's next start and launching a browser nobody knows.
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                if libc::getppid() != agent {
-                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-                }
-                if let Some(attach) = attach.as_mut() {
-                    attach()?;
-                }
-                if let Some(fd) = namespace
-                    && libc::setns(fd, libc::CLONE_NEWNET) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                if let Some(user) = &user {
-                    crate::sandbox::drop_privileges(user)?;
-                }
-                // The browser itself outlives the agent (its next start
-                // sweeps it), and the signal would follow the spawning
-                // thread, not the process.
-                libc::prctl(libc::PR_SET_PDEATHSIG, 0);
-                if libc::getppid() != agent {
-                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-                }
-                Ok(())
-            });
-        }
-        let sandboxed = plan.isolation.filesystem_isolated();
-        let mut child = command.spawn().map_err(|e| {
+        let mut command = chromium_command(plan, &paths, log, proxy_port);
+        confine_before_exec(&mut command, plan, net.as_deref());
+        let child = command.spawn().map_err(|e| {
             egress_stop.cancel();
-            spawn_error(e.to_string())
+            plan.spawn_error(e.to_string())
         })?;
         let pid = child
             .id()
-            .ok_or_else(|| spawn_error("process vanished at once".into()))?;
-        let (exit_tx, exit_rx) = watch::channel(None);
-        let cgroup = plan.cgroup.cloned();
-        let reaper_egress = egress_stop.clone();
-        tokio::spawn(async move {
-            let description = match child.wait().await {
-                Ok(status) => describe_exit(status, sandboxed),
-                Err(e) => format!("wait failed: {e}"),
-            };
-            // Helpers (zygote, renderers, GPU, network and storage services)
-            // share the group; crashpad handlers make their own groups but stay in
-            // the cgroup. After a clean exit the storage service may still be
-            // flushing localStorage to disk: give the helpers a moment to finish
-            // on their own, then kill what is left, and report the exit only once
-            // every one is gone.
-            wait_for_helpers(pid, cgroup.as_deref(), HELPER_GRACE).await;
-            kill_and_reap(pid, cgroup.as_deref(), Duration::from_secs(5)).await;
-            if let Some(cgroup) = cgroup {
-                cgroup.remove();
-            }
-            reaper_egress.cancel();
-            let _ = exit_tx.send(Some(description));
-        });
+            .ok_or_else(|| plan.spawn_error("process vanished at once".into()))?;
+        let exit = reap_when_gone(child, pid, plan, egress_stop.clone());
         Ok(Self {
             pid: Some(pid),
-            dirs: dirs.clone(),
+            dirs: plan.dirs.clone(),
             net,
             route,
             egress_stop,
-            exit: exit_rx,
+            exit,
             sim_stop: None,
             sim_start: Duration::ZERO,
         })

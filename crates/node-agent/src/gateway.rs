@@ -286,44 +286,11 @@ async fn proxy_websocket(
     context: Arc<GatewayContext>,
     cancel: CancellationToken,
 ) -> io::Result<Response<Full<Bytes>>> {
-    let path = upstream_path(&request, endpoint);
     let mut upstream = endpoint.connect().await?;
-    let mut head = format!("GET {path} HTTP/1.1\r\nHost: {}\r\n", endpoint.authority());
-    for (name, value) in request.headers() {
-        if !forwarded(name) {
-            continue;
-        }
-        head.push_str(name.as_str());
-        head.push_str(": ");
-        head.push_str(value.to_str().map_err(io::Error::other)?);
-        head.push_str("\r\n");
-    }
-    head.push_str("\r\n");
-    upstream.write_all(head.as_bytes()).await?;
-
-    // Read the upstream's response head; anything after it is early frame data.
-    let mut buffer = Vec::with_capacity(1024);
-    let head_end = loop {
-        let mut chunk = [0u8; 1024];
-        let n = tokio::time::timeout(Duration::from_secs(10), upstream.read(&mut chunk))
-            .await
-            .map_err(|_| {
-                io::Error::new(io::ErrorKind::TimedOut, "websocket handshake timed out")
-            })??;
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "browser closed the handshake",
-            ));
-        }
-        buffer.extend_from_slice(&chunk[..n]);
-        if let Some(pos) = find_head_end(&buffer) {
-            break pos;
-        }
-        if buffer.len() > 64 * 1024 {
-            return Err(io::Error::other("handshake response head too large"));
-        }
-    };
+    upstream
+        .write_all(upgrade_head(&request, endpoint)?.as_bytes())
+        .await?;
+    let (buffer, head_end) = read_upgrade_answer(&mut upstream).await?;
     let mut headers = [httparse::EMPTY_HEADER; 32];
     let mut parsed = httparse::Response::new(&mut headers);
     parsed
@@ -342,46 +309,101 @@ async fn proxy_websocket(
     }
     let upgrade = hyper::upgrade::on(&mut request);
     tokio::spawn(async move {
-        let upgraded = match upgrade.await {
-            Ok(upgraded) => upgraded,
-            Err(error) => {
-                tracing::debug!(%error, "client upgrade failed");
-                return;
-            }
-        };
-        let slot = context.slot.clone();
-        let mut client = ActivityIo {
-            inner: TokioIo::new(upgraded),
-            slot: slot.clone(),
-        };
-        if !leftover.is_empty() && client.write_all(&leftover).await.is_err() {
-            return;
-        }
-        let downloads = context.downloads_dir.clone();
-        let (client_read, mut client_write) = tokio::io::split(client);
-        let (mut upstream_read, upstream_write) = upstream.into_split();
-        let to_browser = crate::client_frames::relay(client_read, upstream_write, &downloads);
-        let to_client = async {
-            let _ = tokio::io::copy(&mut upstream_read, &mut client_write).await;
-            let _ = client_write.shutdown().await;
-        };
-        tokio::pin!(to_browser, to_client);
-        tokio::select! {
-            _ = &mut to_client => {}
-            outcome = &mut to_browser => {
-                if let Err(error) = outcome {
-                    tracing::debug!(instance = %slot.id, %error, "CDP client connection closed");
-                }
-                // Let the browser's last frames (its close answer) through.
-                let _ = tokio::time::timeout(Duration::from_secs(2), &mut to_client).await;
-            }
-            _ = cancel.cancelled() => {}
-            _ = slot.servers.cancelled() => {}
+        match upgrade.await {
+            Ok(upgraded) => relay_upgraded(upgraded, leftover, upstream, context, cancel).await,
+            Err(error) => tracing::debug!(%error, "client upgrade failed"),
         }
     });
     response
         .body(Full::new(Bytes::new()))
         .map_err(io::Error::other)
+}
+
+/// The client's upgrade request as the browser gets it: the browser's own
+/// host, and only the headers that go through.
+fn upgrade_head(request: &Request<Incoming>, endpoint: &CdpEndpoint) -> io::Result<String> {
+    let path = upstream_path(request, endpoint);
+    let mut head = format!("GET {path} HTTP/1.1\r\nHost: {}\r\n", endpoint.authority());
+    for (name, value) in request.headers() {
+        if !forwarded(name) {
+            continue;
+        }
+        head.push_str(name.as_str());
+        head.push_str(": ");
+        head.push_str(value.to_str().map_err(io::Error::other)?);
+        head.push_str("\r\n");
+    }
+    head.push_str("\r\n");
+    Ok(head)
+}
+
+/// Reads the browser's answer to the upgrade up to the end of its head;
+/// answers the bytes read (anything after the head is early frame data) and
+/// where the head ends.
+async fn read_upgrade_answer(upstream: &mut tokio::net::TcpStream) -> io::Result<(Vec<u8>, usize)> {
+    let mut buffer = Vec::with_capacity(1024);
+    loop {
+        let mut chunk = [0u8; 1024];
+        let n = tokio::time::timeout(Duration::from_secs(10), upstream.read(&mut chunk))
+            .await
+            .map_err(|_| {
+                io::Error::new(io::ErrorKind::TimedOut, "websocket handshake timed out")
+            })??;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "browser closed the handshake",
+            ));
+        }
+        buffer.extend_from_slice(&chunk[..n]);
+        if let Some(pos) = find_head_end(&buffer) {
+            return Ok((buffer, pos));
+        }
+        if buffer.len() > 64 * 1024 {
+            return Err(io::Error::other("handshake response head too large"));
+        }
+    }
+}
+
+/// Relays an upgraded CDP connection both ways (client frames checked on
+/// their way to the browser) until either side closes or the instance's
+/// servers stop; the connection counts as activity.
+async fn relay_upgraded(
+    upgraded: hyper::upgrade::Upgraded,
+    leftover: Vec<u8>,
+    upstream: tokio::net::TcpStream,
+    context: Arc<GatewayContext>,
+    cancel: CancellationToken,
+) {
+    let slot = context.slot.clone();
+    let mut client = ActivityIo {
+        inner: TokioIo::new(upgraded),
+        slot: slot.clone(),
+    };
+    if !leftover.is_empty() && client.write_all(&leftover).await.is_err() {
+        return;
+    }
+    let (client_read, mut client_write) = tokio::io::split(client);
+    let (mut upstream_read, upstream_write) = upstream.into_split();
+    let to_browser =
+        crate::client_frames::relay(client_read, upstream_write, &context.downloads_dir);
+    let to_client = async {
+        let _ = tokio::io::copy(&mut upstream_read, &mut client_write).await;
+        let _ = client_write.shutdown().await;
+    };
+    tokio::pin!(to_browser, to_client);
+    tokio::select! {
+        _ = &mut to_client => {}
+        outcome = &mut to_browser => {
+            if let Err(error) = outcome {
+                tracing::debug!(instance = %slot.id, %error, "CDP client connection closed");
+            }
+            // Let the browser's last frames (its close answer) through.
+            let _ = tokio::time::timeout(Duration::from_secs(2), &mut to_client).await;
+        }
+        _ = cancel.cancelled() => {}
+        _ = slot.servers.cancelled() => {}
+    }
 }
 
 fn find_head_end(buffer: &[u8]) -> Option<usize> {

@@ -1,0 +1,403 @@
+//! Parking and reviving instances on the one [`Agent`]: capture the session,
+//! archive it to the snapshot store and free the browser (keeping the ports,
+//! so that a connecting client wakes the instance), and bring it back from
+//! its snapshot; a failed park resumes the browser in place.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot};
+
+use flotilla_api_types::InstanceId;
+use flotilla_api_types::agent::{AgentDormantResult, AgentInstancePorts, AgentReviveInstance};
+use flotilla_api_types::ids::SnapshotId;
+use flotilla_api_types::instances::{InstanceStatus, ReviveMethod};
+
+use crate::browser::InstanceDirs;
+use crate::browser::{BrowserProcess, CdpEndpoint};
+use crate::config::ImageConfig;
+use crate::instance::{BrowserPhase, InstanceSlot};
+use crate::snapshot::{self, CapturedState};
+
+use super::{Agent, AgentError, CDP_GRACE, Outgoing, check_extensions, ports_of, remove_dir};
+
+impl Agent {
+    /// Parks a running instance: captures its CDP state, closes the browser
+    /// (flushing cookies to disk), stores profile and state as one archive, and
+    /// frees the browser's memory and profile. Ports and servers stay: a client
+    /// that connects wakes it. Only once the archive is stored does the instance
+    /// count as dormant; if storing fails, the browser is started again on its
+    /// profile and the instance keeps running.
+    pub(super) async fn park_now(&self, id: &InstanceId) -> Result<AgentDormantResult, AgentError> {
+        let slot = self.slot(id)?;
+        let _operation = slot.operation.lock().await;
+        let (status, _) = slot.status();
+        if status != InstanceStatus::Running {
+            return Err(AgentError::InvalidState(format!(
+                "instance {id} is {status} on its node; only a running instance can be made dormant"
+            )));
+        }
+        let started = Instant::now();
+        let endpoint = slot.endpoint();
+        let state = match &endpoint {
+            Some(endpoint) => snapshot::capture(endpoint).await.map_err(|e| {
+                AgentError::Snapshot(format!("cannot read the browser's state over CDP: {e}"))
+            })?,
+            None => CapturedState::default(),
+        };
+        slot.set_parking(true);
+        slot.set_phase(BrowserPhase::Starting);
+        if let Some(process) = slot.process() {
+            process.stop(endpoint.as_ref(), true, CDP_GRACE).await;
+        }
+        slot.supervision_finished().await;
+
+        let (snapshot_id, snapshot_bytes) = match self.archive_and_store(&slot, &state).await {
+            Ok(stored) => stored,
+            Err(error) => {
+                tracing::error!(instance = %id, %error, "parking failed; starting the browser again");
+                self.resume_in_place(&slot, &state).await;
+                let detail = format!("{error}; the instance keeps running");
+                return Err(match error {
+                    AgentError::SnapshotStore(_) => {
+                        AgentError::SnapshotStore(format!("{detail}: park it again later"))
+                    }
+                    _ => AgentError::Snapshot(detail),
+                });
+            }
+        };
+        if let Some(name) = slot.persisted_profile() {
+            self.save_profile(&slot, name, state).await;
+        }
+        let profile = slot.dirs.profile();
+        let _ = tokio::task::spawn_blocking(move || remove_dir(&profile)).await;
+        slot.set_snapshot(Some(snapshot_id.clone()));
+        slot.set_status(InstanceStatus::Dormant, None);
+        slot.set_phase(BrowserPhase::Dormant);
+        slot.set_parking(false);
+        // Also as a state change: a control plane that dies before it reads
+        // this answer learns of the park when it comes back.
+        self.send_change(&slot, InstanceStatus::Dormant, None);
+        tracing::info!(
+            instance = %id,
+            snapshot = %snapshot_id,
+            bytes = snapshot_bytes,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "instance dormant"
+        );
+        Ok(AgentDormantResult {
+            snapshot_id,
+            dormant_since: self.inner.settings.clock.now(),
+            snapshot_bytes,
+        })
+    }
+
+    /// Archives a closed browser's profile, downloads and captured state, and
+    /// puts the archive in the snapshot store under a new snapshot id; answers
+    /// the id and the archive's size.
+    async fn archive_and_store(
+        &self,
+        slot: &InstanceSlot,
+        state: &CapturedState,
+    ) -> Result<(SnapshotId, u64), AgentError> {
+        let profile = slot.dirs.profile();
+        let downloads = slot.dirs.downloads();
+        std::fs::create_dir_all(&profile)
+            .map_err(|e| AgentError::Snapshot(format!("profile directory: {e}")))?;
+        let packed_state = state.clone();
+        let archive = tokio::task::spawn_blocking(move || {
+            snapshot::archive(&profile, Some(&downloads), &packed_state)
+        })
+        .await
+        .map_err(|e| AgentError::Snapshot(e.to_string()))?
+        .map_err(|e| AgentError::Snapshot(format!("cannot archive the profile: {e}")))?;
+        let snapshot_id = SnapshotId::generate();
+        let size = archive.len() as u64;
+        let snapshots = &self.inner.settings.snapshots;
+        snapshots
+            .put(&slot.id, &snapshot_id, archive)
+            .await
+            .map_err(|e| {
+                AgentError::SnapshotStore(format!(
+                    "the snapshot store {} cannot take the snapshot: {e}",
+                    snapshots.location
+                ))
+            })?;
+        Ok((snapshot_id, size))
+    }
+
+    /// After a failed park: the browser is closed but its profile is still here;
+    /// start it again and put the session cookies and the tabs back.
+    pub(super) async fn resume_in_place(&self, slot: &Arc<InstanceSlot>, state: &CapturedState) {
+        slot.set_parking(false);
+        let outcome = async {
+            let image = self.image(&slot.image).map_err(|e| e.to_string())?;
+            let limits = self.inner.launcher.limits_for(&slot.config);
+            let guard = slot.begin_supervision();
+            let (process, endpoint) = self.launch_ready(slot, &image, limits).await?;
+            if let Some(endpoint) = &endpoint {
+                // Its tabs come back too (and any storage the close lost).
+                snapshot::restore(endpoint, state, true)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok::<_, String>((process, endpoint, guard))
+        }
+        .await;
+        match outcome {
+            Ok((process, endpoint, guard)) => {
+                slot.set_phase(BrowserPhase::Ready(endpoint));
+                let agent = self.clone();
+                let watched = slot.clone();
+                self.inner.tasks.spawn(async move {
+                    let _guard = guard;
+                    agent.watch_exit(&watched, &process).await;
+                });
+            }
+            Err(reason) => self.instance_ended(
+                slot,
+                InstanceStatus::Failed,
+                format!("restart after a failed park: {reason}"),
+            ),
+        }
+    }
+
+    /// Revives a dormant instance from `request.snapshot_id`: answers at once
+    /// (`reviving`) and reports `running` or `failed` when done. If this agent no
+    /// longer holds the instance (it restarted), it takes it back, on its old
+    /// ports when they are free.
+    pub(super) async fn revive_now(
+        &self,
+        request: AgentReviveInstance,
+    ) -> Result<AgentInstancePorts, AgentError> {
+        if self.inner.shutdown.is_cancelled() {
+            return Err(AgentError::ShuttingDown);
+        }
+        let image = self.image(&request.image)?;
+        check_extensions(&request.image, &image, &request.config)?;
+        let (slot, listeners) = {
+            let mut slots = self.inner.slots.lock().expect("slots lock");
+            match slots.get(&request.id) {
+                Some(slot) => {
+                    slot.set_access_token(request.access_token.as_ref());
+                    slot.set_profile(request.profile.clone());
+                    (slot.clone(), None)
+                }
+                None => {
+                    self.check_room(&slots)?;
+                    let binds = self.binds_ports();
+                    let ports = request
+                        .ports
+                        .and_then(|wanted| self.inner.ports.reserve_exact(wanted, binds))
+                        .or_else(|| self.inner.ports.reserve(binds))
+                        .ok_or_else(|| self.ports_exhausted())?;
+                    let dirs =
+                        InstanceDirs::new(self.inner.instances_root.join(request.id.as_str()));
+                    let slot = self.new_slot(
+                        request.id.clone(),
+                        request.image.clone(),
+                        request.config.clone(),
+                        &ports,
+                        dirs,
+                        request.access_token.as_ref(),
+                    );
+                    slot.set_profile(request.profile.clone());
+                    slot.set_status(InstanceStatus::Dormant, None);
+                    slot.set_phase(BrowserPhase::Dormant);
+                    slot.set_snapshot(Some(request.snapshot_id.clone()));
+                    slots.insert(request.id.clone(), slot.clone());
+                    (slot, ports.listeners)
+                }
+            }
+        };
+        if let Some([debug, stream, http]) = listeners {
+            self.start_servers(&slot, debug, stream, http);
+        }
+        // A store that cannot be read is refused now, the instance still parked.
+        if let Err(error) = self
+            .inner
+            .settings
+            .snapshots
+            .check(&request.id, &request.snapshot_id)
+            .await
+        {
+            return Err(AgentError::SnapshotStore(format!(
+                "the snapshot store {} cannot be read: {error}; the instance stays dormant: revive it again later",
+                self.inner.settings.snapshots.location
+            )));
+        }
+        self.begin_revive(&slot, request.method, request.snapshot_id, image)?;
+        Ok(ports_of(&slot))
+    }
+
+    /// Moves `slot` from dormant to reviving and starts the revive task.
+    pub(super) fn begin_revive(
+        &self,
+        slot: &Arc<InstanceSlot>,
+        method: ReviveMethod,
+        snapshot: SnapshotId,
+        image: ImageConfig,
+    ) -> Result<(), AgentError> {
+        {
+            let (status, _) = slot.status();
+            if status != InstanceStatus::Dormant {
+                return Err(AgentError::InvalidState(format!(
+                    "instance {} is {status} on its node; only a dormant instance can be revived",
+                    slot.id
+                )));
+            }
+            slot.set_status(InstanceStatus::Reviving, None);
+        }
+        slot.set_phase(BrowserPhase::Starting);
+        self.inner
+            .tasks
+            .spawn(self.clone().revive(slot.clone(), method, snapshot, image));
+        Ok(())
+    }
+
+    pub(super) async fn revive(
+        self,
+        slot: Arc<InstanceSlot>,
+        method: ReviveMethod,
+        snapshot: SnapshotId,
+        image: ImageConfig,
+    ) {
+        let operation = slot.operation.lock().await;
+        if slot.is_stopping() {
+            return;
+        }
+        let guard = slot.begin_supervision();
+        let started = Instant::now();
+        let archive = match self.inner.settings.snapshots.get(&slot.id, &snapshot).await {
+            Ok(archive) => Ok(archive),
+            Err(error) if !snapshot::is_not_found(&error) => {
+                // The store failed, not the snapshot: stay parked.
+                let reason = format!(
+                    "revive failed: the snapshot store {} cannot be read: {error}; the instance stays dormant",
+                    self.inner.settings.snapshots.location
+                );
+                tracing::warn!(instance = %slot.id, reason, "revive postponed");
+                slot.set_status(InstanceStatus::Dormant, Some(reason.clone()));
+                slot.set_phase(BrowserPhase::Dormant);
+                self.send_change(&slot, InstanceStatus::Dormant, Some(reason));
+                return;
+            }
+            Err(error) => Err(format!("cannot read snapshot {snapshot}: {error}")),
+        };
+        let outcome = match archive {
+            Ok(archive) => {
+                self.restore_from(&slot, archive, &snapshot, method, &image)
+                    .await
+            }
+            Err(reason) => Err(reason),
+        };
+        match outcome {
+            Ok((process, endpoint)) => {
+                if slot.is_stopping() {
+                    return;
+                }
+                tracing::info!(instance = %slot.id, method = method.as_str(), elapsed_ms = started.elapsed().as_millis() as u64, "instance revived");
+                slot.set_snapshot(None);
+                slot.touch();
+                slot.set_phase(BrowserPhase::Ready(endpoint));
+                slot.set_status(InstanceStatus::Running, None);
+                self.send_change(&slot, InstanceStatus::Running, None);
+                self.delete_once_recorded(&slot.id, snapshot);
+                drop(operation);
+                let _guard = guard;
+                self.watch_exit(&slot, &process).await;
+            }
+            Err(reason) => {
+                if let Some(process) = slot.process() {
+                    process.stop(None, false, Duration::ZERO).await;
+                }
+                if !slot.is_stopping() {
+                    // The snapshot stays in the store: the instance can be revived again.
+                    self.instance_ended(
+                        &slot,
+                        InstanceStatus::Failed,
+                        format!("revive failed: {reason}"),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Unpacks a snapshot into the instance's directory, launches the browser
+    /// on it and puts the session back (and the tabs, for a full restore).
+    async fn restore_from(
+        &self,
+        slot: &Arc<InstanceSlot>,
+        archive: bytes::Bytes,
+        snapshot: &SnapshotId,
+        method: ReviveMethod,
+        image: &ImageConfig,
+    ) -> Result<(Arc<BrowserProcess>, Option<CdpEndpoint>), String> {
+        let (root, profile, downloads) = (
+            slot.dirs.root.clone(),
+            slot.dirs.profile(),
+            slot.dirs.downloads(),
+        );
+        let state = tokio::task::spawn_blocking(move || {
+            remove_dir(&profile);
+            std::fs::create_dir_all(&root)?;
+            snapshot::extract(&archive, &profile, &downloads)
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("cannot unpack snapshot {snapshot}: {e}"))?;
+        // What the snapshot brought back was announced when it finished.
+        let _ = slot.newly_completed_downloads();
+        let limits = self.inner.launcher.limits_for(&slot.config);
+        let (process, endpoint) = self.launch_ready(slot, image, limits).await?;
+        if let Some(endpoint) = &endpoint {
+            snapshot::restore(endpoint, &state, method == ReviveMethod::FullRestore)
+                .await
+                .map_err(|e| format!("cannot restore the browser's state: {e}"))?;
+        }
+        Ok((process, endpoint))
+    }
+
+    /// Deletes a revived instance's spent archive (its next park makes a new
+    /// one), but only once the control plane has recorded the revive: until
+    /// then a crash falls back on it.
+    fn delete_once_recorded(&self, id: &InstanceId, snapshot: SnapshotId) {
+        let (delivered_tx, delivered) = oneshot::channel();
+        let _ = self.inner.changes.send(Outgoing::Flush(delivered_tx));
+        let snapshots = self.inner.settings.snapshots.clone();
+        let id = id.clone();
+        self.inner.tasks.spawn(async move {
+            if delivered.await != Ok(true) {
+                return;
+            }
+            if let Err(error) = snapshots.delete(&id, &snapshot).await {
+                tracing::warn!(instance = %id, %error, "cannot delete a spent snapshot");
+            }
+        });
+    }
+
+    /// Revives dormant instances that a client connected to (quick start).
+    pub(super) async fn wake_loop(self, mut wake: mpsc::UnboundedReceiver<InstanceId>) {
+        loop {
+            let id = tokio::select! {
+                id = wake.recv() => match id { Some(id) => id, None => return },
+                _ = self.inner.shutdown.cancelled() => return,
+            };
+            let Ok(slot) = self.slot(&id) else { continue };
+            let (Some(snapshot), Ok(image)) = (slot.snapshot(), self.image(&slot.image)) else {
+                continue;
+            };
+            if self
+                .begin_revive(&slot, ReviveMethod::QuickStart, snapshot, image)
+                .is_ok()
+            {
+                tracing::info!(instance = %id, "a client connected to a dormant instance: waking it");
+                self.send_change(
+                    &slot,
+                    InstanceStatus::Reviving,
+                    Some("woken by a connecting client".into()),
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,503 @@
+//! Creating and deleting instances on the one [`Agent`]: reserve the slot and
+//! its ports, start the port servers, launch the browser (or take a warm
+//! one), unpack extensions and profiles, watch the browser until it exits,
+//! and stop it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use flotilla_api_types::InstanceId;
+use flotilla_api_types::agent::{
+    AgentCreateInstance, AgentInstancePorts, InstanceEventKind, InstanceEventReport,
+};
+use flotilla_api_types::extensions::is_extension_id;
+use flotilla_api_types::instances::InstanceStatus;
+
+use crate::browser::{BrowserProcess, CdpEndpoint, InstanceDirs, LaunchError};
+use crate::cgroups::Limits;
+use crate::config::ImageConfig;
+use crate::extension;
+use crate::gateway::{self, GatewayContext};
+use crate::instance::{BrowserPhase, InstanceSlot};
+use crate::instance_http;
+use crate::live_view::{self, LiveView, LiveViewSettings};
+use crate::snapshot::{self, CapturedState};
+
+use super::{
+    Agent, AgentError, CDP_GRACE, Outgoing, check_extensions, ports_of, remove_dir, upstream_of,
+};
+
+impl Agent {
+    pub(super) async fn create_now(
+        &self,
+        request: AgentCreateInstance,
+    ) -> Result<AgentInstancePorts, AgentError> {
+        let inner = &self.inner;
+        if inner.shutdown.is_cancelled() {
+            return Err(AgentError::ShuttingDown);
+        }
+        let image = self.image(&request.image)?;
+        check_extensions(&request.image, &image, &request.config)?;
+        let limits = inner.launcher.limits_for(&request.config);
+        let upstream = upstream_of(&request.config)?;
+        let (slot, listeners, warm) = {
+            let mut slots = inner.slots.lock().expect("slots lock");
+            if let Some(existing) = slots.get(&request.id) {
+                return Ok(ports_of(existing));
+            }
+            self.check_room(&slots)?;
+            let ports = inner
+                .ports
+                .reserve(self.binds_ports())
+                .ok_or_else(|| self.ports_exhausted())?;
+            // A pooled browser already runs on an empty profile, without extensions.
+            let warm = if request.profile.is_none() && request.config.extensions.is_empty() {
+                inner.launcher.take_warm(&request.image, limits, upstream)
+            } else {
+                None
+            };
+            let dirs = match &warm {
+                Some(warm) => warm.dirs.clone(),
+                None => InstanceDirs::new(inner.instances_root.join(request.id.as_str())),
+            };
+            let slot = self.new_slot(
+                request.id.clone(),
+                request.image.clone(),
+                request.config.clone(),
+                &ports,
+                dirs,
+                request.access_token.as_ref(),
+            );
+            slot.set_profile(request.profile.clone());
+            if let Some(warm) = &warm {
+                slot.set_process(warm.launched.clone());
+                slot.set_phase(BrowserPhase::Ready(Some(warm.endpoint.clone())));
+                slot.set_status(InstanceStatus::Running, None);
+            }
+            slots.insert(request.id.clone(), slot.clone());
+            (slot, ports.listeners, warm)
+        };
+        if let Some([debug, stream, http]) = listeners {
+            self.start_servers(&slot, debug, stream, http);
+        }
+        match warm {
+            Some(warm) => {
+                tracing::info!(instance = %slot.id, "took a warm browser");
+                let guard = slot.begin_supervision();
+                let agent = self.clone();
+                let process = warm.launched.process;
+                let watched = slot.clone();
+                self.inner.tasks.spawn(async move {
+                    let _guard = guard;
+                    watched.touch();
+                    agent.watch_exit(&watched, &process).await;
+                });
+            }
+            None => {
+                let guard = slot.begin_supervision();
+                self.inner
+                    .tasks
+                    .spawn(self.clone().supervise(slot.clone(), image, limits, guard));
+            }
+        }
+        Ok(ports_of(&slot))
+    }
+
+    pub(super) fn check_room(
+        &self,
+        slots: &HashMap<InstanceId, Arc<InstanceSlot>>,
+    ) -> Result<(), AgentError> {
+        let max = self.inner.settings.config.max_instances;
+        if slots.len() as i64 >= max {
+            return Err(AgentError::Full {
+                node: self.inner.node_id.clone(),
+                max,
+            });
+        }
+        Ok(())
+    }
+
+    pub(super) fn ports_exhausted(&self) -> AgentError {
+        AgentError::PortsExhausted {
+            range: self.inner.settings.config.port_range.to_string(),
+            node: self.inner.node_id.clone(),
+        }
+    }
+
+    pub(super) fn start_servers(
+        &self,
+        slot: &Arc<InstanceSlot>,
+        debug: std::net::TcpListener,
+        stream: std::net::TcpListener,
+        http: std::net::TcpListener,
+    ) {
+        let to_tokio = tokio::net::TcpListener::from_std;
+        // Long enough for a launch, or a wake of a dormant instance.
+        let ready_timeout = Duration::from_secs(self.inner.settings.config.launch_timeout_sec + 30);
+        match (to_tokio(debug), to_tokio(stream), to_tokio(http)) {
+            (Ok(debug), Ok(stream), Ok(http)) => {
+                let access = self.inner.access.clone();
+                let context = Arc::new(GatewayContext {
+                    slot: slot.clone(),
+                    public_host: self.inner.settings.public_host.clone(),
+                    ready_timeout,
+                    access: access.clone(),
+                    downloads_dir: self
+                        .inner
+                        .launcher
+                        .isolation()
+                        .browser_paths(&slot.dirs)
+                        .downloads
+                        .to_string_lossy()
+                        .into_owned(),
+                });
+                self.inner
+                    .tasks
+                    .spawn(gateway::serve(debug, context, slot.servers.clone()));
+                let config = &self.inner.settings.config;
+                let settings = LiveViewSettings {
+                    width: config.viewport_width,
+                    height: config.viewport_height,
+                    quality: config.live_view_quality,
+                };
+                self.inner.tasks.spawn(live_view::serve(
+                    stream,
+                    LiveView::new(slot.clone(), settings, ready_timeout),
+                    access.clone(),
+                ));
+                self.inner.tasks.spawn(instance_http::serve_api(
+                    http,
+                    slot.clone(),
+                    ready_timeout,
+                    access,
+                ));
+            }
+            _ => {
+                tracing::error!(instance = %slot.id, "cannot register instance listeners with the runtime")
+            }
+        }
+    }
+
+    /// Launches the browser of `slot` and waits until it answers CDP.
+    pub(super) async fn launch_ready(
+        &self,
+        slot: &Arc<InstanceSlot>,
+        image: &ImageConfig,
+        limits: Limits,
+    ) -> Result<(Arc<BrowserProcess>, Option<CdpEndpoint>), String> {
+        self.unpack_extensions(slot).await?;
+        let launched = self
+            .inner
+            .launcher
+            .spawn(
+                &slot.name(),
+                &slot.dirs,
+                image,
+                limits,
+                upstream_of(&slot.config).map_err(|e| e.to_string())?,
+                &slot.config.extensions,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let process = launched.process.clone();
+        slot.set_process(launched);
+        if slot.is_stopping() {
+            process.stop(None, false, Duration::ZERO).await;
+            return Err("stopped while starting".into());
+        }
+        let timeout = Duration::from_secs(self.inner.settings.config.launch_timeout_sec);
+        match process.wait_ready(timeout).await {
+            Ok(endpoint) => {
+                if let Some(endpoint) = &endpoint {
+                    self.inner
+                        .launcher
+                        .calibrate_viewport(image, endpoint)
+                        .await;
+                }
+                Ok((process, endpoint))
+            }
+            Err(error) => {
+                process.stop(None, false, Duration::ZERO).await;
+                Err(match &error {
+                    LaunchError::Timeout(_) => {
+                        format!("{error}{}", crate::browser::log_tail(&slot.dirs.log()))
+                    }
+                    _ => error.to_string(),
+                })
+            }
+        }
+    }
+
+    /// Launches a new instance's browser, then watches it until it exits.
+    pub(super) async fn supervise(
+        self,
+        slot: Arc<InstanceSlot>,
+        image: ImageConfig,
+        limits: Limits,
+        _guard: tokio_util::sync::DropGuard,
+    ) {
+        let started = Instant::now();
+        let launched = async {
+            let saved = self.unpack_profile(&slot).await?;
+            let (process, endpoint) = self.launch_ready(&slot, &image, limits).await?;
+            if let (Some((name, state)), Some(endpoint)) = (&saved, &endpoint) {
+                snapshot::restore(endpoint, state, false)
+                    .await
+                    .map_err(|e| format!("cannot restore profile {name}: {e}"))?;
+            }
+            Ok::<_, String>((process, endpoint))
+        }
+        .await;
+        match launched {
+            Ok((process, endpoint)) => {
+                if slot.is_stopping() {
+                    return;
+                }
+                tracing::info!(instance = %slot.id, elapsed_ms = started.elapsed().as_millis() as u64, "browser ready");
+                slot.touch();
+                slot.set_phase(BrowserPhase::Ready(endpoint));
+                slot.set_status(InstanceStatus::Running, None);
+                self.send_change(&slot, InstanceStatus::Running, None);
+                self.watch_exit(&slot, &process).await;
+            }
+            Err(reason) => {
+                if !slot.is_stopping() {
+                    self.instance_ended(&slot, InstanceStatus::Failed, reason);
+                }
+            }
+        }
+    }
+
+    /// Unpacks the instance's extensions from the snapshot store into its
+    /// directory, once: an unpacked folder is complete (renamed into place)
+    /// and extensions never change after their upload.
+    pub(super) async fn unpack_extensions(&self, slot: &Arc<InstanceSlot>) -> Result<(), String> {
+        for id in &slot.config.extensions {
+            if !is_extension_id(id) {
+                return Err(format!("{id:?} is not an extension id"));
+            }
+            let folder = slot.dirs.extensions().join(id);
+            if folder.is_dir() {
+                continue;
+            }
+            let zip = self
+                .inner
+                .settings
+                .snapshots
+                .extension_get(id)
+                .await
+                .map_err(|e| format!("cannot read extension {id}: {e}"))?
+                .ok_or_else(|| format!("extension {id} is not in the snapshot store"))?;
+            let partial = slot.dirs.extensions().join(format!(".{id}.partial"));
+            tokio::task::spawn_blocking(move || {
+                remove_dir(&partial);
+                std::fs::create_dir_all(partial.parent().unwrap_or(&partial))
+                    .map_err(|e| e.to_string())?;
+                let unpacked = extension::unpack(&zip, &partial)
+                    .and_then(|()| std::fs::rename(&partial, &folder).map_err(|e| e.to_string()));
+                if unpacked.is_err() {
+                    remove_dir(&partial);
+                }
+                unpacked
+            })
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("cannot unpack extension {id}: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Unpacks the saved state of the instance's profile into its profile
+    /// directory, before its first launch; `None` without a profile or before
+    /// the profile's first save (the browser starts empty).
+    pub(super) async fn unpack_profile(
+        &self,
+        slot: &Arc<InstanceSlot>,
+    ) -> Result<Option<(String, CapturedState)>, String> {
+        let Some(name) = slot.profile_name() else {
+            return Ok(None);
+        };
+        let archive = self
+            .inner
+            .settings
+            .snapshots
+            .profile_get(&name)
+            .await
+            .map_err(|e| format!("cannot read profile {name}: {e}"))?;
+        let Some(archive) = archive else {
+            return Ok(None);
+        };
+        let (root, profile, downloads) = (
+            slot.dirs.root.clone(),
+            slot.dirs.profile(),
+            slot.dirs.downloads(),
+        );
+        let state = tokio::task::spawn_blocking(move || {
+            remove_dir(&profile);
+            std::fs::create_dir_all(&root)?;
+            snapshot::extract(&archive, &profile, &downloads)
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("cannot unpack profile {name}: {e}"))?;
+        tracing::info!(instance = %slot.id, profile = name, "profile unpacked");
+        Ok(Some((name, state)))
+    }
+
+    /// Writes the closed browser's profile directory and `state` back to the
+    /// instance's persistent profile, and reports the save. Failures are
+    /// logged: the delete or park that asked goes on.
+    pub(super) async fn save_profile(
+        &self,
+        slot: &Arc<InstanceSlot>,
+        name: String,
+        state: CapturedState,
+    ) {
+        let profile = slot.dirs.profile();
+        let packed = tokio::task::spawn_blocking(move || {
+            std::fs::create_dir_all(&profile)?;
+            snapshot::archive(&profile, None, &state)
+        })
+        .await;
+        let archive = match packed {
+            Ok(Ok(archive)) => archive,
+            Ok(Err(error)) => {
+                tracing::error!(instance = %slot.id, profile = name, %error, "cannot archive the profile; it keeps its previous state");
+                return;
+            }
+            Err(error) => {
+                tracing::error!(instance = %slot.id, profile = name, %error, "cannot archive the profile; it keeps its previous state");
+                return;
+            }
+        };
+        let size_bytes = archive.len() as u64;
+        if let Err(error) = self
+            .inner
+            .settings
+            .snapshots
+            .profile_put(&name, archive)
+            .await
+        {
+            tracing::error!(instance = %slot.id, profile = name, %error, "cannot store the profile; it keeps its previous state");
+            return;
+        }
+        tracing::info!(instance = %slot.id, profile = name, bytes = size_bytes, "profile saved");
+        let _ = self
+            .inner
+            .changes
+            .send(Outgoing::Event(InstanceEventReport {
+                node_id: self.inner.node_id.clone(),
+                id: slot.id.clone(),
+                event: InstanceEventKind::ProfileSaved { name, size_bytes },
+                at: self.inner.settings.clock.now(),
+            }));
+    }
+
+    /// Waits for the browser to exit; an exit the agent did not ask for stops the instance.
+    pub(super) async fn watch_exit(&self, slot: &Arc<InstanceSlot>, process: &BrowserProcess) {
+        let exit = process.wait_exit().await;
+        if slot.is_stopping() || slot.is_parking() {
+            return;
+        }
+        let oom = slot.oom_kills_total();
+        let limit = if oom > 0 {
+            format!(
+                " after {oom} process(es) were killed for exceeding the memory limit (memory_gb = {})",
+                slot.config.memory_gb
+            )
+        } else {
+            String::new()
+        };
+        let reason = format!(
+            "browser {exit}{limit}{}",
+            crate::browser::log_tail(&slot.dirs.log())
+        );
+        self.instance_ended(slot, InstanceStatus::Stopped, reason);
+    }
+
+    /// The browser of `slot` is gone on its own (failed launch or exit): report,
+    /// then free its ports and directory. The control plane keeps the record.
+    pub(super) fn instance_ended(
+        &self,
+        slot: &Arc<InstanceSlot>,
+        status: InstanceStatus,
+        reason: String,
+    ) {
+        tracing::warn!(instance = %slot.id, %status, %reason, "instance ended");
+        slot.set_phase(BrowserPhase::Gone(reason.clone()));
+        slot.set_status(status, Some(reason.clone()));
+        self.send_change(slot, status, Some(reason));
+        let removed = self
+            .inner
+            .slots
+            .lock()
+            .expect("slots lock")
+            .remove(&slot.id);
+        if removed.is_some() {
+            self.release(slot);
+        }
+    }
+
+    pub(super) fn release(&self, slot: &InstanceSlot) {
+        slot.servers.cancel();
+        self.inner.ports.release(slot.ports);
+        let root = slot.dirs.root.clone();
+        tokio::task::spawn_blocking(move || remove_dir(&root));
+    }
+
+    /// Stops an instance's browser (gracefully unless `force`) and frees
+    /// everything it held. Returns once its processes are gone.
+    pub(super) async fn delete_now(&self, id: &InstanceId, force: bool) -> Result<(), AgentError> {
+        let slot = self.slot(id)?;
+        let _operation = slot.operation.lock().await;
+        if self
+            .inner
+            .slots
+            .lock()
+            .expect("slots lock")
+            .remove(id)
+            .is_none()
+        {
+            return Ok(());
+        }
+        // A graceful delete writes a running browser's state back to its
+        // persistent profile (a dormant one saved it when it was parked).
+        let write_back = match (force, slot.persisted_profile(), slot.endpoint()) {
+            (false, Some(name), Some(endpoint)) if slot.status().0 == InstanceStatus::Running => {
+                match snapshot::capture(&endpoint).await {
+                    Ok(state) => Some((name, state)),
+                    Err(error) => {
+                        tracing::error!(instance = %id, profile = name, %error, "cannot read the browser's state; the profile keeps its previous state");
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        self.stop_slot(&slot, force).await;
+        if let Some((name, state)) = write_back {
+            self.save_profile(&slot, name, state).await;
+        }
+        slot.servers.cancel();
+        self.inner.ports.release(slot.ports);
+        let root = slot.dirs.root.clone();
+        let _ = tokio::task::spawn_blocking(move || remove_dir(&root)).await;
+        Ok(())
+    }
+
+    pub(super) async fn stop_slot(&self, slot: &Arc<InstanceSlot>, force: bool) {
+        let endpoint = slot.endpoint();
+        slot.mark_stopping();
+        slot.set_phase(BrowserPhase::Gone("instance is being stopped".into()));
+        if let Some(process) = slot.process() {
+            process.stop(endpoint.as_ref(), !force, CDP_GRACE).await;
+        }
+        // The watcher ends once the browser is gone (or as soon as it sees
+        // `stopping` if it had not spawned yet); then nothing can be left.
+        slot.supervision_finished().await;
+        if let Some(process) = slot.process() {
+            process.stop(None, false, Duration::ZERO).await;
+        }
+    }
+}

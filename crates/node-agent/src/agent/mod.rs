@@ -1,0 +1,448 @@
+//! The node agent: owns the instances on one machine.
+//!
+//! [`Agent`] is a cheap-to-clone handle over shared state. It creates instances
+//! (reserve ports, start the port servers, launch the browser — or take one from
+//! the warm pool), parks them (snapshot, then free the browser, keeping the
+//! ports so that a connecting client wakes them), revives them, deletes them,
+//! reports to the control plane through a [`ControlPlaneLink`] (registration,
+//! periodic heartbeats, state changes in order), and on shutdown stops every
+//! browser gracefully.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use flotilla_api_types::agent::{
+    AgentCreateInstance, AgentDormantResult, AgentIdentity, AgentInstancePorts,
+    AgentReviveInstance, InstanceEventReport, InstanceStateChange,
+};
+use flotilla_api_types::clock::Clock;
+use flotilla_api_types::credentials::Secret;
+use flotilla_api_types::instances::{InstanceConfig, InstanceStatus};
+use flotilla_api_types::{InstanceId, NodeId};
+
+use crate::access::NodeAccess;
+use crate::browser::InstanceDirs;
+use crate::config::{AgentConfig, ImageConfig, RuntimeKind};
+use crate::egress::Upstream;
+use crate::instance::InstanceSlot;
+use crate::launcher::Launcher;
+use crate::link::ControlPlaneLink;
+use crate::monitor::MachineMeter;
+use crate::ports::{InstancePorts, PortAllocator};
+use crate::snapshot::SnapshotStore;
+use crate::sweep;
+
+mod dormancy;
+mod lifecycle;
+mod reporting;
+
+/// Errors of agent operations; the agent API maps them to HTTP.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("unknown image {image:?}; this node offers: {offered}")]
+    UnknownImage { image: String, offered: String },
+    #[error("node {node} is full: it holds its maximum of {max} instances (agent.max_instances)")]
+    Full { node: NodeId, max: i64 },
+    #[error("port range {range} is exhausted on node {node}; raise agent.port_range or add a node")]
+    PortsExhausted { range: String, node: NodeId },
+    #[error("instance {0} is not on this node")]
+    NotFound(InstanceId),
+    #[error("{0}")]
+    InvalidConfig(String),
+    #[error("{0}")]
+    InvalidState(String),
+    #[error("{0}")]
+    Snapshot(String),
+    /// The snapshot store failed (unreachable, timed out): nothing changed,
+    /// retry when it is back.
+    #[error("{0}")]
+    SnapshotStore(String),
+    #[error("the agent is shutting down")]
+    ShuttingDown,
+}
+
+/// Everything the agent needs to start.
+#[derive(Clone)]
+pub struct AgentSettings {
+    pub config: AgentConfig,
+    /// The agent's directory; instance profiles live under `instances/`.
+    pub data_dir: PathBuf,
+    /// Address of the agent API, `<scheme>://<host>:<port>`.
+    pub address: String,
+    /// Host clients use to reach instance ports.
+    pub public_host: String,
+    /// Address instance ports listen on.
+    pub bind_address: Ipv4Addr,
+    /// Where dormant instances' snapshots go.
+    pub snapshots: SnapshotStore,
+    /// The clock of activity times (the control plane's, so idle decisions agree).
+    pub clock: Arc<dyn Clock>,
+}
+
+#[derive(Clone)]
+pub struct Agent {
+    inner: Arc<AgentInner>,
+}
+
+struct AgentInner {
+    node_id: NodeId,
+    /// Random per process start (see `NodeRegistration::generation`).
+    generation: String,
+    settings: AgentSettings,
+    catalog: BTreeMap<String, ImageConfig>,
+    instances_root: PathBuf,
+    ports: PortAllocator,
+    /// Instances on this node. A std mutex: lookups and inserts only.
+    slots: Mutex<HashMap<InstanceId, Arc<InstanceSlot>>>,
+    link: Arc<dyn ControlPlaneLink>,
+    /// State changes, sent to the control plane in order by one task.
+    changes: mpsc::UnboundedSender<Outgoing>,
+    /// Dormant instances a client connected to.
+    wake: mpsc::UnboundedSender<InstanceId>,
+    machine: Mutex<MachineMeter>,
+    launcher: Arc<Launcher>,
+    /// Who may use instance ports: the control plane's policy, applied at
+    /// every registration and heartbeat answer.
+    access: Arc<NodeAccess>,
+    /// Every task the agent starts (the warm pool, reporting, supervision of
+    /// each browser, each instance's servers, revives): shutdown closes it
+    /// and waits until they have all ended.
+    tasks: TaskTracker,
+    shutdown: CancellationToken,
+}
+
+/// An item of the ordered queue to the control plane.
+enum Outgoing {
+    Change(InstanceStateChange),
+    Event(InstanceEventReport),
+    /// Answered once everything queued before it was handled: `true` when
+    /// all of it was delivered (`false` once a change was given up on at
+    /// shutdown).
+    Flush(oneshot::Sender<bool>),
+    /// A flush after which the sender ends (shutdown).
+    Close(oneshot::Sender<bool>),
+}
+
+const CDP_GRACE: Duration = Duration::from_secs(5);
+
+impl Agent {
+    /// Sweeps what a previous run left behind, registers with the control plane
+    /// and starts reporting.
+    pub async fn start(
+        settings: AgentSettings,
+        link: Arc<dyn ControlPlaneLink>,
+    ) -> anyhow::Result<Agent> {
+        settings.config.validate().map_err(anyhow::Error::msg)?;
+        let node_id = NodeId::new(settings.config.node_id.clone().unwrap_or_else(hostname));
+        if settings.config.runtime == RuntimeKind::Chromium {
+            crate::browser::become_subreaper();
+        }
+        let instances_root = settings.data_dir.join("instances");
+        let swept = sweep::sweep(&instances_root);
+        if swept.processes > 0 || swept.directories > 0 {
+            tracing::warn!(
+                processes = swept.processes,
+                directories = swept.directories,
+                "swept browsers and profiles left by a previous run"
+            );
+        }
+        std::fs::create_dir_all(&instances_root)?;
+        let launcher = Arc::new(Launcher::new(
+            &settings.config,
+            node_id.as_str(),
+            instances_root.clone(),
+            &settings.data_dir,
+        ));
+        let (changes_tx, changes_rx) = mpsc::unbounded_channel();
+        let (wake_tx, wake_rx) = mpsc::unbounded_channel();
+        let inner = Arc::new(AgentInner {
+            launcher,
+            access: Arc::new(NodeAccess::default()),
+            tasks: TaskTracker::new(),
+            node_id,
+            generation: uuid::Uuid::new_v4().simple().to_string(),
+            catalog: settings.config.image_catalog(),
+            ports: PortAllocator::new(settings.config.port_range, settings.bind_address),
+            machine: Mutex::new(MachineMeter::new(&settings.data_dir)),
+            instances_root,
+            settings,
+            slots: Mutex::default(),
+            link,
+            changes: changes_tx,
+            wake: wake_tx,
+            shutdown: CancellationToken::new(),
+        });
+        let agent = Agent { inner };
+        let tasks = &agent.inner.tasks;
+        tasks.spawn(
+            agent
+                .inner
+                .launcher
+                .clone()
+                .keep_pool_filled(agent.inner.shutdown.clone()),
+        );
+        let ack = agent.register_until_accepted().await?;
+        tasks.spawn(agent.clone().send_changes(changes_rx));
+        tasks.spawn(agent.clone().report_loop(ack));
+        tasks.spawn(agent.clone().wake_loop(wake_rx));
+        Ok(agent)
+    }
+
+    pub fn node_id(&self) -> &NodeId {
+        &self.inner.node_id
+    }
+
+    /// Warm-pool browsers ready to be taken now.
+    pub fn warm_pool_ready(&self) -> usize {
+        self.inner.launcher.pool_ready()
+    }
+
+    /// Why this node runs with less isolation than configured.
+    pub fn warnings(&self) -> &[String] {
+        self.inner.launcher.warnings()
+    }
+
+    pub fn address(&self) -> &str {
+        &self.inner.settings.address
+    }
+
+    /// Who this agent is: node id, process generation, address.
+    pub fn identity(&self) -> AgentIdentity {
+        AgentIdentity {
+            node_id: self.inner.node_id.clone(),
+            generation: self.inner.generation.clone(),
+            address: self.inner.settings.address.clone(),
+        }
+    }
+
+    pub fn snapshots(&self) -> &SnapshotStore {
+        &self.inner.settings.snapshots
+    }
+
+    fn image(&self, name: &str) -> Result<ImageConfig, AgentError> {
+        self.inner
+            .catalog
+            .get(name)
+            .cloned()
+            .ok_or_else(|| AgentError::UnknownImage {
+                image: name.to_owned(),
+                offered: self
+                    .inner
+                    .catalog
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
+    }
+
+    fn slot(&self, id: &InstanceId) -> Result<Arc<InstanceSlot>, AgentError> {
+        self.inner
+            .slots
+            .lock()
+            .expect("slots lock")
+            .get(id)
+            .cloned()
+            .ok_or_else(|| AgentError::NotFound(id.clone()))
+    }
+
+    fn binds_ports(&self) -> bool {
+        self.inner.settings.config.runtime == RuntimeKind::Chromium
+    }
+
+    /// Registers a new slot with `ports` (under the slots lock held by the caller).
+    fn new_slot(
+        &self,
+        id: InstanceId,
+        image: String,
+        config: InstanceConfig,
+        ports: &InstancePorts,
+        dirs: InstanceDirs,
+        access_token: Option<&Secret>,
+    ) -> Arc<InstanceSlot> {
+        let waker = self
+            .inner
+            .settings
+            .config
+            .wake_on_connect
+            .then(|| self.inner.wake.clone());
+        let slot = Arc::new(InstanceSlot::new(
+            id,
+            image,
+            config,
+            [ports.debug, ports.stream, ports.http],
+            dirs,
+            self.inner.settings.clock.clone(),
+            waker,
+        ));
+        slot.set_access_token(access_token);
+        slot
+    }
+
+    /// Starts an instance: reserves its ports, starts its servers and launches
+    /// the browser in the background. Idempotent for an id already here.
+    /// Like every lifecycle call below, it runs to its end even when the
+    /// caller stops waiting: a control plane that dies or a client that hangs
+    /// up mid-call must not leave a browser half-stopped or a park half-done.
+    pub async fn instance_create(
+        &self,
+        request: AgentCreateInstance,
+    ) -> Result<AgentInstancePorts, AgentError> {
+        let agent = self.clone();
+        flotilla_api_types::tasks::to_completion(async move { agent.create_now(request).await })
+            .await
+    }
+
+    pub async fn instance_delete(&self, id: &InstanceId, force: bool) -> Result<(), AgentError> {
+        let (agent, id) = (self.clone(), id.clone());
+        flotilla_api_types::tasks::to_completion(async move { agent.delete_now(&id, force).await })
+            .await
+    }
+
+    pub async fn instance_dormant(
+        &self,
+        id: &InstanceId,
+    ) -> Result<AgentDormantResult, AgentError> {
+        let (agent, id) = (self.clone(), id.clone());
+        flotilla_api_types::tasks::to_completion(async move { agent.park_now(&id).await }).await
+    }
+
+    pub async fn instance_revive(
+        &self,
+        request: AgentReviveInstance,
+    ) -> Result<AgentInstancePorts, AgentError> {
+        let agent = self.clone();
+        flotilla_api_types::tasks::to_completion(async move { agent.revive_now(request).await })
+            .await
+    }
+
+    /// Kills every browser at once and removes its directory, without reporting.
+    /// For `Drop` paths (a test that panicked); [`Agent::shutdown`] is the graceful way.
+    pub fn kill_all(&self) {
+        self.inner.shutdown.cancel();
+        self.inner.launcher.kill_pool();
+        let slots: Vec<_> = self
+            .inner
+            .slots
+            .lock()
+            .expect("slots lock")
+            .drain()
+            .map(|(_, s)| s)
+            .collect();
+        for slot in slots {
+            slot.mark_stopping();
+            slot.servers.cancel();
+            if let Some(pid) = slot.process().and_then(|p| p.pid()) {
+                crate::browser::kill_group(pid, libc::SIGKILL);
+            }
+            remove_dir(&slot.dirs.root);
+        }
+    }
+
+    /// Stops every browser gracefully, reports them `stopped` (waiting up to 10 s
+    /// for the reports to be delivered), and stops reporting. Dormant instances
+    /// stay dormant: their snapshots are in the store.
+    pub async fn shutdown(&self) {
+        if self.inner.shutdown.is_cancelled() {
+            return;
+        }
+        // From here on creates are refused and the report loop ends.
+        self.inner.shutdown.cancel();
+        let slots: Vec<_> = self
+            .inner
+            .slots
+            .lock()
+            .expect("slots lock")
+            .drain()
+            .map(|(_, s)| s)
+            .collect();
+        let stops = slots.iter().map(|slot| async move {
+            let _operation = slot.operation.lock().await;
+            let dormant = slot.status().0 == InstanceStatus::Dormant;
+            self.stop_slot(slot, false).await;
+            if !dormant {
+                let reason = "node agent shut down".to_owned();
+                slot.set_status(InstanceStatus::Stopped, Some(reason.clone()));
+                self.send_change(slot, InstanceStatus::Stopped, Some(reason));
+            }
+            self.release(slot);
+        });
+        futures_util::future::join_all(stops).await;
+        let (done_tx, done_rx) = oneshot::channel();
+        if self.inner.changes.send(Outgoing::Close(done_tx)).is_ok()
+            && tokio::time::timeout(Duration::from_secs(10), done_rx)
+                .await
+                .is_err()
+        {
+            tracing::warn!("state changes not all delivered within 10 s of shutdown");
+        }
+        let tasks = &self.inner.tasks;
+        tasks.close();
+        if tokio::time::timeout(Duration::from_secs(10), tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                running = tasks.len(),
+                "agent tasks still running 10 s after shutdown"
+            );
+        }
+        self.inner.launcher.release_cgroups();
+    }
+}
+
+/// Refuses `config.extensions` on an image without an extension system.
+fn check_extensions(
+    name: &str,
+    image: &ImageConfig,
+    config: &InstanceConfig,
+) -> Result<(), AgentError> {
+    if config.extensions.is_empty() || image.loads_extensions() {
+        return Ok(());
+    }
+    Err(AgentError::InvalidConfig(format!(
+        "config.extensions: image {name:?} is a headless shell, which cannot load extensions; use the \"chromium\" image"
+    )))
+}
+
+/// The instance's upstream proxy as the egress proxy uses it.
+fn upstream_of(config: &InstanceConfig) -> Result<Option<Upstream>, AgentError> {
+    config
+        .proxy
+        .as_ref()
+        .map(Upstream::from_config)
+        .transpose()
+        .map_err(AgentError::InvalidConfig)
+}
+
+fn ports_of(slot: &InstanceSlot) -> AgentInstancePorts {
+    AgentInstancePorts {
+        debug_port: slot.ports[0],
+        stream_port: slot.ports[1],
+        http_port: slot.ports[2],
+        status: slot.status().0,
+    }
+}
+
+fn remove_dir(path: &Path) {
+    if let Err(error) = std::fs::remove_dir_all(path)
+        && error.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(path = %path.display(), %error, "cannot remove instance directory");
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "node-1".into())
+}

@@ -1,0 +1,297 @@
+//! What the [`Agent`] tells the control plane: registration (and what the
+//! answer sets), heartbeats with each instance's readings, limits enforced
+//! on those readings, and state changes and events delivered one at a time,
+//! in order.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use flotilla_api_types::agent::{
+    Heartbeat, InstanceEventKind, InstanceEventReport, InstanceReport, InstanceStateChange,
+    NodeRegistration,
+};
+use flotilla_api_types::instances::InstanceStatus;
+
+use crate::instance::InstanceSlot;
+use crate::link::LinkError;
+use crate::monitor::{self, ProcTable};
+use flotilla_api_types::agent::RegistrationAck;
+
+use super::{Agent, Outgoing};
+
+impl Agent {
+    /// What the agent knows of its instances.
+    pub fn instance_reports(&self) -> Vec<InstanceReport> {
+        let slots: Vec<_> = self
+            .inner
+            .slots
+            .lock()
+            .expect("slots lock")
+            .values()
+            .cloned()
+            .collect();
+        slots.iter().map(|slot| slot.report()).collect()
+    }
+
+    pub fn registration(&self) -> NodeRegistration {
+        let machine = self.inner.machine.lock().expect("machine lock");
+        NodeRegistration {
+            node_id: self.inner.node_id.clone(),
+            generation: self.inner.generation.clone(),
+            address: self.inner.settings.address.clone(),
+            public_host: self.inner.settings.public_host.clone(),
+            max_instances: self.inner.settings.config.max_instances,
+            capabilities: machine.capabilities(),
+            images: self.inner.catalog.keys().cloned().collect(),
+            resources: flotilla_api_types::nodes::ResourceUsage::default(),
+            load: flotilla_api_types::nodes::ResourceUsage::default(),
+            instances: self.instance_reports(),
+            warnings: self.inner.launcher.warnings().to_vec(),
+        }
+    }
+
+    pub(super) async fn register_until_accepted(&self) -> anyhow::Result<RegistrationAck> {
+        let mut wait = Duration::from_millis(200);
+        loop {
+            let mut registration = self.registration();
+            let (resources, load) = self
+                .inner
+                .machine
+                .lock()
+                .expect("machine lock")
+                .sample_with_load();
+            registration.resources = resources;
+            registration.load = load;
+            match self.inner.link.register(registration).await {
+                Ok(ack) => {
+                    self.apply(&ack);
+                    return Ok(ack);
+                }
+                Err(LinkError::Refused(reason)) => {
+                    tracing::error!(%reason, "the control plane refused this agent's registration; retrying in {wait:?}");
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "registration with the control plane failed; retrying in {wait:?}");
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.inner.shutdown.cancelled() => anyhow::bail!("shut down before registration"),
+            }
+            wait = (wait * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    /// Applies what the control plane answered: who may use instance ports.
+    /// The first answer with authentication off on a node whose instance
+    /// ports face the network is logged as a warning.
+    pub(super) fn apply(&self, ack: &RegistrationAck) {
+        let was_enabled = self.inner.access.auth_enabled();
+        self.inner.access.apply(&ack.instance_access);
+        let bind = self.inner.settings.bind_address;
+        if was_enabled && !ack.instance_access.auth_enabled && !bind.is_loopback() {
+            tracing::warn!(
+                bind_address = %bind,
+                "authentication is off and instance ports listen on {bind}: anyone who reaches this node can drive its browsers; set auth_enabled = true (or agent.bind_address = \"127.0.0.1\")"
+            );
+        }
+    }
+
+    /// Samples resources and sends a heartbeat every interval.
+    pub(super) async fn report_loop(self, mut ack: RegistrationAck) {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(ack.heartbeat_interval()) => {}
+                _ = self.inner.shutdown.cancelled() => return,
+            }
+            let heartbeat = self.sample();
+            match self.inner.link.heartbeat(heartbeat).await {
+                Ok(new_ack) => {
+                    self.apply(&new_ack);
+                    ack = new_ack;
+                }
+                Err(LinkError::UnknownNode) => match self.register_until_accepted().await {
+                    Ok(new_ack) => ack = new_ack,
+                    Err(_) => return,
+                },
+                Err(error) => tracing::warn!(%error, "heartbeat failed"),
+            }
+        }
+    }
+
+    /// Takes a resource sample of the machine and every instance.
+    pub fn sample(&self) -> Heartbeat {
+        let slots: Vec<_> = self
+            .inner
+            .slots
+            .lock()
+            .expect("slots lock")
+            .values()
+            .cloned()
+            .collect();
+        if self.binds_ports() && !slots.is_empty() {
+            let table = ProcTable::scan();
+            let now = Instant::now();
+            for slot in &slots {
+                if slot.status().0 == InstanceStatus::Dormant {
+                    slot.set_resources(Default::default());
+                    continue;
+                }
+                let root = slot.process().and_then(|p| p.pid());
+                let resources = {
+                    let mut meter = slot.cpu_meter.lock().expect("meter lock");
+                    let (profile, downloads) = (slot.dirs.profile(), slot.dirs.downloads());
+                    monitor::instance_resources(
+                        &table,
+                        &mut meter,
+                        root,
+                        &[profile.as_path(), downloads.as_path()],
+                        now,
+                    )
+                };
+                slot.set_resources(resources);
+                self.check_limits(slot, resources.disk_mb);
+                self.announce_downloads(slot);
+            }
+        }
+        let (resources, load) = self
+            .inner
+            .machine
+            .lock()
+            .expect("machine lock")
+            .sample_with_load();
+        Heartbeat {
+            node_id: self.inner.node_id.clone(),
+            generation: self.inner.generation.clone(),
+            resources,
+            load,
+            instances: slots.iter().map(|slot| slot.report()).collect(),
+        }
+    }
+
+    /// Announces downloads of `slot` that finished since the last sample.
+    pub(super) fn announce_downloads(&self, slot: &InstanceSlot) {
+        let finished = slot.newly_completed_downloads();
+        for download in finished {
+            tracing::info!(instance = %slot.id, name = download.name, size = download.size_bytes, "download completed");
+            let _ = self
+                .inner
+                .changes
+                .send(Outgoing::Event(InstanceEventReport {
+                    node_id: self.inner.node_id.clone(),
+                    id: slot.id.clone(),
+                    event: InstanceEventKind::DownloadCompleted {
+                        name: download.name,
+                        size_bytes: download.size_bytes,
+                    },
+                    at: self.inner.settings.clock.now(),
+                }));
+        }
+    }
+
+    /// Reports processes killed by the memory limit, and fails an instance whose
+    /// profile outgrew `disk_gb`.
+    pub(super) fn check_limits(&self, slot: &Arc<InstanceSlot>, disk_mb: f64) {
+        if slot.is_stopping() || slot.status().0 != InstanceStatus::Running {
+            return;
+        }
+        if let Some(new_kills) = slot.new_oom_kills() {
+            let reason = format!(
+                "the memory limit (memory_gb = {}) was hit: the kernel killed {new_kills} browser process(es); a tab may have crashed",
+                slot.config.memory_gb
+            );
+            tracing::warn!(instance = %slot.id, %reason);
+            slot.set_status(InstanceStatus::Running, Some(reason.clone()));
+            self.send_change(slot, InstanceStatus::Running, Some(reason));
+        }
+        let limit_mb = slot.config.disk_gb * 1024.0;
+        if disk_mb > limit_mb {
+            let reason = format!(
+                "the profile grew to {disk_mb:.1} MB, over the disk limit of {limit_mb:.0} MB (disk_gb = {})",
+                slot.config.disk_gb
+            );
+            self.inner
+                .tasks
+                .spawn(self.clone().fail_instance(slot.clone(), reason));
+        }
+    }
+
+    /// Stops an instance on the agent's own initiative (e.g. its profile
+    /// outgrew `disk_gb`) and reports it `failed` with `reason`.
+    pub(super) async fn fail_instance(self, slot: Arc<InstanceSlot>, reason: String) {
+        if !slot.mark_stopping() {
+            return;
+        }
+        if let Some(process) = slot.process() {
+            process.stop(None, false, Duration::ZERO).await;
+        }
+        self.instance_ended(&slot, InstanceStatus::Failed, reason);
+    }
+
+    pub(super) fn send_change(
+        &self,
+        slot: &InstanceSlot,
+        status: InstanceStatus,
+        reason: Option<String>,
+    ) {
+        let change = InstanceStateChange {
+            node_id: self.inner.node_id.clone(),
+            id: slot.id.clone(),
+            status,
+            reason,
+            at: self.inner.settings.clock.now(),
+            snapshot_id: slot
+                .snapshot()
+                .filter(|_| status == InstanceStatus::Dormant),
+        };
+        let _ = self.inner.changes.send(Outgoing::Change(change));
+    }
+
+    /// Delivers state changes one at a time, in order, retrying until accepted
+    /// (or, after shutdown, giving up on one that fails).
+    pub(super) async fn send_changes(self, mut queue: mpsc::UnboundedReceiver<Outgoing>) {
+        let mut all_delivered = true;
+        while let Some(item) = queue.recv().await {
+            match item {
+                Outgoing::Flush(done) => {
+                    let _ = done.send(all_delivered);
+                    continue;
+                }
+                Outgoing::Close(done) => {
+                    let _ = done.send(all_delivered);
+                    return;
+                }
+                Outgoing::Change(_) | Outgoing::Event(_) => {}
+            }
+            let mut wait = Duration::from_millis(100);
+            loop {
+                let (sent, instance) = match &item {
+                    Outgoing::Change(change) => (
+                        self.inner.link.state_changed(change.clone()).await,
+                        &change.id,
+                    ),
+                    Outgoing::Event(event) => (
+                        self.inner.link.instance_event(event.clone()).await,
+                        &event.id,
+                    ),
+                    Outgoing::Flush(_) | Outgoing::Close(_) => unreachable!("answered above"),
+                };
+                match sent {
+                    Ok(()) => break,
+                    Err(error) if self.inner.shutdown.is_cancelled() => {
+                        tracing::warn!(%error, %instance, "state change not delivered before shutdown");
+                        all_delivered = false;
+                        break;
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, %instance, "state change not delivered; retrying in {wait:?}");
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(Duration::from_secs(5));
+                    }
+                }
+            }
+        }
+    }
+}
