@@ -3,11 +3,13 @@
 
 use std::collections::{HashMap, HashSet};
 
-use flotilla_api_types::NodeId;
-use flotilla_api_types::agent::RegistrationAck;
-use flotilla_api_types::agent::{Heartbeat, NodeRegistration};
+use chrono::{DateTime, Utc};
+
+use flotilla_api_types::agent::{Heartbeat, InstanceReport, NodeRegistration, RegistrationAck};
+use flotilla_api_types::ids::SnapshotId;
 use flotilla_api_types::instances::InstanceStatus;
 use flotilla_api_types::nodes::{Node, NodeList, NodeStatus};
+use flotilla_api_types::{InstanceId, NodeId};
 
 use std::sync::Arc;
 
@@ -16,6 +18,7 @@ use super::views;
 use crate::error::{Error, Result};
 use crate::nodes::HttpNode;
 use crate::scheduler::NodeUsage;
+use crate::store::InstanceRecord;
 
 impl ControlPlane {
     pub async fn node_list(&self) -> Result<NodeList> {
@@ -63,87 +66,10 @@ impl ControlPlane {
             .await?;
         let known_ids: HashSet<_> = known.iter().map(|r| r.id.clone()).collect();
         for record in &known {
-            let running_there = reported.get(&record.id);
-            match (record.status, running_there) {
-                (status, None) if InstanceStatus::ACTIVE.contains(&status) => {
-                    let to =
-                        if matches!(status, InstanceStatus::Creating | InstanceStatus::Reviving) {
-                            InstanceStatus::Failed
-                        } else {
-                            InstanceStatus::Stopped
-                        };
-                    let reason = format!(
-                        "node {} restarted and no longer runs this browser",
-                        registration.node_id
-                    );
-                    self.store
-                        .instance_transition(&record.id, &[status], to, Some(&reason), now)
-                        .await?;
-                    tracing::warn!(instance = %record.id, node = %registration.node_id, status = %to, "instance lost with its node");
-                }
-                // Declared lost while the node was unreachable, yet it still
-                // runs: adopted again.
-                (InstanceStatus::Failed | InstanceStatus::Stopped, Some(report))
-                    if matches!(
-                        report.status,
-                        InstanceStatus::Running | InstanceStatus::Idle
-                    ) =>
-                {
-                    // A snapshot it held was what it revived from: spent.
-                    self.store
-                        .instance_set_revived(
-                            &record.id,
-                            &[record.status],
-                            Some("adopted again: its node came back and still runs it"),
-                            now,
-                        )
-                        .await?;
-                    tracing::info!(instance = %record.id, node = %registration.node_id, "instance adopted again");
-                }
-                // Ended on the node while this control plane was down
-                // (deleted or exited without a state change it received).
-                (status, Some(report))
-                    if InstanceStatus::ACTIVE.contains(&status)
-                        && matches!(
-                            report.status,
-                            InstanceStatus::Stopped | InstanceStatus::Failed
-                        ) =>
-                {
-                    self.store
-                        .instance_transition(
-                            &record.id,
-                            &[status],
-                            report.status,
-                            report.reason.as_deref(),
-                            now,
-                        )
-                        .await?;
-                }
-                // Parked while this control plane was down (the park's
-                // answer was lost): record what the node did.
-                (InstanceStatus::Running | InstanceStatus::Idle, Some(report))
-                    if report.status == InstanceStatus::Dormant
-                        && let Some(snapshot) = &report.snapshot_id =>
-                {
-                    self.store
-                        .instance_set_dormant(&record.id, snapshot, now)
-                        .await?;
-                    tracing::info!(instance = %record.id, node = %registration.node_id, "instance found parked");
-                }
-                (InstanceStatus::Creating, Some(report))
-                    if report.status == InstanceStatus::Running =>
-                {
-                    self.store
-                        .instance_transition(
-                            &record.id,
-                            &[InstanceStatus::Creating],
-                            InstanceStatus::Running,
-                            None,
-                            now,
-                        )
-                        .await?;
-                }
-                _ => {}
+            if let Some(action) = reconcile_action(record.status, reported.get(&record.id).copied())
+            {
+                self.reconcile_instance(&registration.node_id, record, action, now)
+                    .await?;
             }
         }
         let strays: Vec<_> = registration
@@ -152,16 +78,7 @@ impl ControlPlane {
             .filter(|r| !known_ids.contains(&r.id))
             .map(|r| r.id.clone())
             .collect();
-        if !strays.is_empty()
-            && let Some(connection) = self.connection(&registration.node_id).await?
-        {
-            tokio::spawn(async move {
-                for id in strays {
-                    tracing::warn!(instance = %id, "stopping an instance the store no longer has");
-                    let _ = connection.instance_delete(&id, true).await;
-                }
-            });
-        }
+        self.stop_strays(&registration.node_id, strays).await?;
         self.store
             .instance_record_usage(&registration.node_id, &registration.instances)
             .await?;
@@ -171,12 +88,75 @@ impl ControlPlane {
             &registration.public_host,
             &registration.address,
         );
-        self.reconciled.lock().expect("reconciled lock").insert((
+        let mut reconciled = self.reconciled.lock().expect("reconciled lock");
+        // Earlier generations of this node are gone for good.
+        reconciled.retain(|(node, _)| *node != registration.node_id);
+        reconciled.insert((
             registration.node_id.clone(),
             registration.generation.clone(),
         ));
+        drop(reconciled);
         self.create_queue.capacity_changed();
         Ok(self.agent_ack())
+    }
+
+    /// Brings one instance record in line with what its node reported.
+    async fn reconcile_instance(
+        &self,
+        node: &NodeId,
+        record: &InstanceRecord,
+        action: Reconcile,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        let (id, from) = (&record.id, [record.status]);
+        match action {
+            Reconcile::Lost(to) => {
+                let reason = format!("node {node} restarted and no longer runs this browser");
+                self.store
+                    .instance_transition(id, &from, to, Some(&reason), now)
+                    .await?;
+                tracing::warn!(instance = %id, %node, status = %to, "instance lost with its node");
+            }
+            Reconcile::Adopt => {
+                // A snapshot it held was what it revived from: spent.
+                let reason = "adopted again: its node came back and still runs it";
+                self.store
+                    .instance_set_revived(id, &from, Some(reason), now)
+                    .await?;
+                tracing::info!(instance = %id, %node, "instance adopted again");
+            }
+            Reconcile::Ended(to, reason) => {
+                self.store
+                    .instance_transition(id, &from, to, reason.as_deref(), now)
+                    .await?;
+            }
+            Reconcile::Parked(snapshot) => {
+                self.store.instance_set_dormant(id, &snapshot, now).await?;
+                tracing::info!(instance = %id, %node, "instance found parked");
+            }
+            Reconcile::Started => {
+                self.store
+                    .instance_transition(id, &from, InstanceStatus::Running, None, now)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops, on their node, instances the store no longer has.
+    async fn stop_strays(&self, node: &NodeId, strays: Vec<InstanceId>) -> Result<()> {
+        if strays.is_empty() {
+            return Ok(());
+        }
+        if let Some(connection) = self.connection(node).await? {
+            tokio::spawn(async move {
+                for id in strays {
+                    tracing::warn!(instance = %id, "stopping an instance the store no longer has");
+                    let _ = connection.instance_delete(&id, true).await;
+                }
+            });
+        }
+        Ok(())
     }
 
     /// Refuses a registration when another live agent process holds its node
@@ -336,5 +316,113 @@ impl ControlPlane {
             tracing::warn!(%node, "node offline");
         }
         Ok(stale)
+    }
+}
+
+/// What a registration changes in one instance record, given what its node
+/// reports of it.
+#[derive(Debug, PartialEq)]
+enum Reconcile {
+    /// Active in the store, unknown to the node: lost (`failed` if it was
+    /// starting, else `stopped`).
+    Lost(InstanceStatus),
+    /// Given up for lost while the node was unreachable, yet it still runs.
+    Adopt,
+    /// Ended on the node while the control plane was not listening (deleted,
+    /// or exited without a state change that arrived).
+    Ended(InstanceStatus, Option<String>),
+    /// Parked while the control plane was down (the park's answer was lost).
+    Parked(SnapshotId),
+    /// A create whose answer was lost: it runs.
+    Started,
+}
+
+fn reconcile_action(status: InstanceStatus, report: Option<&InstanceReport>) -> Option<Reconcile> {
+    use InstanceStatus::*;
+    let Some(report) = report else {
+        if !InstanceStatus::ACTIVE.contains(&status) {
+            return None;
+        }
+        let starting = matches!(status, Creating | Reviving);
+        return Some(Reconcile::Lost(if starting { Failed } else { Stopped }));
+    };
+    match (status, report.status) {
+        (Failed | Stopped, Running | Idle) => Some(Reconcile::Adopt),
+        (status, Stopped | Failed) if InstanceStatus::ACTIVE.contains(&status) => {
+            Some(Reconcile::Ended(report.status, report.reason.clone()))
+        }
+        (Running | Idle, Dormant) => report.snapshot_id.clone().map(Reconcile::Parked),
+        (Creating, Running) => Some(Reconcile::Started),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use InstanceStatus::*;
+
+    fn report(status: InstanceStatus, snapshot: Option<&str>) -> InstanceReport {
+        InstanceReport {
+            id: InstanceId::new("0193d6a4-0000-7000-8000-000000000001"),
+            status,
+            reason: Some("gone".into()),
+            resources: Default::default(),
+            last_activity: Utc::now(),
+            snapshot_id: snapshot.map(SnapshotId::new),
+        }
+    }
+
+    #[test]
+    fn an_active_record_the_node_does_not_report_is_lost() {
+        assert_eq!(
+            reconcile_action(Creating, None),
+            Some(Reconcile::Lost(Failed))
+        );
+        assert_eq!(
+            reconcile_action(Reviving, None),
+            Some(Reconcile::Lost(Failed))
+        );
+        assert_eq!(
+            reconcile_action(Running, None),
+            Some(Reconcile::Lost(Stopped))
+        );
+        assert_eq!(reconcile_action(Idle, None), Some(Reconcile::Lost(Stopped)));
+        // A dormant instance lives in the snapshot store, not on the node.
+        assert_eq!(reconcile_action(Dormant, None), None);
+        assert_eq!(reconcile_action(Stopped, None), None);
+        assert_eq!(reconcile_action(Failed, None), None);
+    }
+
+    #[test]
+    fn what_the_node_reports_wins_over_a_stale_record() {
+        assert_eq!(
+            reconcile_action(Failed, Some(&report(Running, None))),
+            Some(Reconcile::Adopt)
+        );
+        assert_eq!(
+            reconcile_action(Running, Some(&report(Stopped, None))),
+            Some(Reconcile::Ended(Stopped, Some("gone".into())))
+        );
+        assert_eq!(
+            reconcile_action(Idle, Some(&report(Dormant, Some("s1")))),
+            Some(Reconcile::Parked(SnapshotId::new("s1")))
+        );
+        assert_eq!(
+            reconcile_action(Running, Some(&report(Dormant, None))),
+            None
+        );
+        assert_eq!(
+            reconcile_action(Creating, Some(&report(Running, None))),
+            Some(Reconcile::Started)
+        );
+        assert_eq!(
+            reconcile_action(Running, Some(&report(Running, None))),
+            None
+        );
+        assert_eq!(
+            reconcile_action(Stopped, Some(&report(Stopped, None))),
+            None
+        );
     }
 }
