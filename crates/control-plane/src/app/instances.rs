@@ -2,7 +2,8 @@
 //! state changes nodes report.
 
 use flotilla_api_types::agent::{
-    AgentCreateInstance, InstanceEventKind, InstanceEventReport, InstanceStateChange,
+    AgentCreateInstance, AgentInstancePorts, InstanceEventKind, InstanceEventReport,
+    InstanceStateChange,
 };
 use flotilla_api_types::credentials::Secret;
 use flotilla_api_types::events::EventName;
@@ -18,7 +19,7 @@ use super::views;
 use crate::error::{Error, Result};
 use crate::nodes::NodeCallError;
 use crate::scheduler::{self, PlacementRequest};
-use crate::store::{InstanceFilter, NewInstance, NodeRecord};
+use crate::store::{InstanceFilter, InstanceRecord, NewInstance, NodeRecord};
 
 /// Largest accepted values, to catch typos (GB, not MB) with a clear message.
 const MAX_MEMORY_GB: f64 = 1024.0;
@@ -98,21 +99,7 @@ impl ControlPlane {
     /// Places a new instance, has its node reserve ports and start the browser,
     /// and returns it (normally `creating`).
     pub async fn instance_create(&self, request: CreateInstanceRequest) -> Result<Instance> {
-        let image = request.image.unwrap_or_else(|| DEFAULT_IMAGE.to_owned());
-        validate_image(&image)?;
-        let config = request.config.unwrap_or_default();
-        validate_config(&config)?;
-        if let Some(node) = &request.node_preference
-            && node.as_str().is_empty()
-        {
-            return Err(Error::InvalidRequest(
-                "node_preference must be a node id, not empty".into(),
-            ));
-        }
-        if let Some(profile) = &request.profile {
-            self.profile_check(profile).await?;
-        }
-        self.extensions_check(&config.extensions).await?;
+        let (image, config) = self.create_checked(&request).await?;
         let nodes = self.store.node_list().await?;
         let usage = self.node_usage().await?;
         let placement = PlacementRequest {
@@ -136,66 +123,15 @@ impl ControlPlane {
                 return Err(error);
             }
         };
-
-        let connection = self.connection(&node.id).await?;
-        let access_token = Some(Secret::new(self.instance_token(&id).await?));
-        let call = match connection {
-            Some(connection) => {
-                connection
-                    .instance_create(AgentCreateInstance {
-                        id: id.clone(),
-                        image: image.clone(),
-                        config: config.clone(),
-                        access_token,
-                        profile: request.profile.clone(),
-                    })
-                    .await
-            }
-            None => Err(NodeCallError::Unreachable(format!(
-                "no connection to node {}",
-                node.id
-            ))),
+        let launch = AgentCreateInstance {
+            id: id.clone(),
+            image: image.clone(),
+            config,
+            access_token: Some(Secret::new(self.instance_token(&id).await?)),
+            profile: request.profile,
         };
-        let ports = match call {
-            Ok(ports) => ports,
-            Err(error) => {
-                self.store.instance_delete(&id, self.now()).await?;
-                return Err(match error {
-                    NodeCallError::Unreachable(detail) => Error::InsufficientCapacity(format!(
-                        "node {} did not take the instance: {detail}",
-                        node.id
-                    )),
-                    refused => refused.into(),
-                });
-            }
-        };
-        let now = self.now();
-        let recorded = self
-            .store
-            .instance_set_ports(
-                &id,
-                [ports.debug_port, ports.stream_port, ports.http_port],
-                now,
-            )
-            .await?;
-        if !recorded {
-            // Deleted while being created: make sure the node lets go of it too.
-            if let Some(connection) = self.connection(&node.id).await? {
-                let _ = connection.instance_delete(&id, true).await;
-            }
-            return Err(not_found(&id));
-        }
-        if ports.status == InstanceStatus::Running {
-            self.store
-                .instance_transition(
-                    &id,
-                    &[InstanceStatus::Creating],
-                    InstanceStatus::Running,
-                    None,
-                    now,
-                )
-                .await?;
-        }
+        let ports = self.launch_on(&node, launch).await?;
+        self.record_launch(&id, &node, &ports).await?;
         let record = self
             .store
             .instance_get(&id)
@@ -206,6 +142,101 @@ impl ControlPlane {
             .remember(&node.id, &node.public_host, &node.address);
         let urls = self.instance_urls(&record).await?;
         Ok(views::instance_created(&record, urls))
+    }
+
+    /// A create's image and configuration, once every part of the request
+    /// checked out (its profile and extensions exist).
+    async fn create_checked(
+        &self,
+        request: &CreateInstanceRequest,
+    ) -> Result<(String, InstanceConfig)> {
+        let image = request
+            .image
+            .clone()
+            .unwrap_or_else(|| DEFAULT_IMAGE.to_owned());
+        validate_image(&image)?;
+        let config = request.config.clone().unwrap_or_default();
+        validate_config(&config)?;
+        if let Some(node) = &request.node_preference
+            && node.as_str().is_empty()
+        {
+            return Err(Error::InvalidRequest(
+                "node_preference must be a node id, not empty".into(),
+            ));
+        }
+        if let Some(profile) = &request.profile {
+            self.profile_check(profile).await?;
+        }
+        self.extensions_check(&config.extensions).await?;
+        Ok((image, config))
+    }
+
+    /// Asks the chosen node to launch a recorded instance; if it does not,
+    /// the record goes (an unreachable node counts as no capacity).
+    async fn launch_on(
+        &self,
+        node: &NodeRecord,
+        launch: AgentCreateInstance,
+    ) -> Result<AgentInstancePorts> {
+        let id = launch.id.clone();
+        let call = match self.connection(&node.id).await? {
+            Some(connection) => connection.instance_create(launch).await,
+            None => Err(NodeCallError::Unreachable(format!(
+                "no connection to node {}",
+                node.id
+            ))),
+        };
+        match call {
+            Ok(ports) => Ok(ports),
+            Err(error) => {
+                self.store.instance_delete(&id, self.now()).await?;
+                Err(match error {
+                    NodeCallError::Unreachable(detail) => Error::InsufficientCapacity(format!(
+                        "node {} did not take the instance: {detail}",
+                        node.id
+                    )),
+                    refused => refused.into(),
+                })
+            }
+        }
+    }
+
+    /// Records the ports a node gave an instance (and `running` if a warm
+    /// browser made it so at once); an instance deleted meanwhile is let go
+    /// on its node too.
+    async fn record_launch(
+        &self,
+        id: &InstanceId,
+        node: &NodeRecord,
+        ports: &AgentInstancePorts,
+    ) -> Result<()> {
+        let now = self.now();
+        let recorded = self
+            .store
+            .instance_set_ports(
+                id,
+                [ports.debug_port, ports.stream_port, ports.http_port],
+                now,
+            )
+            .await?;
+        if !recorded {
+            if let Some(connection) = self.connection(&node.id).await? {
+                let _ = connection.instance_delete(id, true).await;
+            }
+            return Err(not_found(id));
+        }
+        if ports.status == InstanceStatus::Running {
+            self.store
+                .instance_transition(
+                    id,
+                    &[InstanceStatus::Creating],
+                    InstanceStatus::Running,
+                    None,
+                    now,
+                )
+                .await?;
+        }
+        Ok(())
     }
 
     /// Records the instance on the first ranked node that still has room.
@@ -386,21 +417,84 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// A node reports an instance running: a revive or a create finished, a
+    /// record given up for lost is adopted again, or a running instance
+    /// carries a note (e.g. the memory limit was hit).
+    async fn running_reported(
+        &self,
+        before: &InstanceRecord,
+        change: &InstanceStateChange,
+    ) -> Result<Option<InstanceRecord>> {
+        let reason = change.reason.as_deref();
+        match before.status {
+            // A revive finished: its snapshot is spent.
+            InstanceStatus::Reviving => {
+                let updated = self
+                    .store
+                    .instance_set_revived(
+                        &change.id,
+                        &[InstanceStatus::Reviving],
+                        reason,
+                        change.at,
+                    )
+                    .await?;
+                if updated.is_some() {
+                    self.revive_finished(before, change.at);
+                    let took = (change.at - before.updated_at).to_std().unwrap_or_default();
+                    self.telemetry.revive_duration.0.observe(took);
+                }
+                Ok(updated)
+            }
+            // Given up for lost (its node re-registered while the launch or
+            // revive was on its way), yet it runs: adopted again. A snapshot
+            // it held was what it revived from: spent.
+            InstanceStatus::Failed | InstanceStatus::Stopped => {
+                let ended = [InstanceStatus::Failed, InstanceStatus::Stopped];
+                let reason = Some("adopted again: its node still runs it");
+                Ok(self
+                    .store
+                    .instance_set_revived(&change.id, &ended, reason, change.at)
+                    .await?)
+            }
+            _ => {
+                let from = [
+                    InstanceStatus::Creating,
+                    InstanceStatus::Idle,
+                    InstanceStatus::Running,
+                ];
+                let running = InstanceStatus::Running;
+                let updated = self
+                    .store
+                    .instance_transition(&change.id, &from, running, reason, change.at)
+                    .await?;
+                if updated.is_some() && before.status == InstanceStatus::Creating {
+                    let took = (change.at - before.created_at).to_std().unwrap_or_default();
+                    self.telemetry.create_duration.0.observe(took);
+                }
+                Ok(updated)
+            }
+        }
+    }
+
+    /// A state change for an instance the store no longer has (a delete that
+    /// did not reach the node): if its node still runs it, it is stopped there.
+    async fn stop_if_still_running(&self, change: &InstanceStateChange) -> Result<()> {
+        if change.status.occupies_slot()
+            && let Some(connection) = self.connection(&change.node_id).await?
+        {
+            let id = change.id.clone();
+            tokio::spawn(async move {
+                tracing::warn!(instance = %id, "stopping an instance the store no longer has");
+                let _ = connection.instance_delete(&id, true).await;
+            });
+        }
+        Ok(())
+    }
+
     /// A node reports that one of its instances changed state.
     pub async fn instance_state_changed(&self, change: InstanceStateChange) -> Result<()> {
         let Some(before) = self.store.instance_get(&change.id).await? else {
-            // Deleted meanwhile, yet its node runs it (a delete that did not
-            // reach the node): stop it there.
-            if change.status.occupies_slot()
-                && let Some(connection) = self.connection(&change.node_id).await?
-            {
-                let id = change.id.clone();
-                tokio::spawn(async move {
-                    tracing::warn!(instance = %id, "stopping an instance the store no longer has");
-                    let _ = connection.instance_delete(&id, true).await;
-                });
-            }
-            return Ok(());
+            return self.stop_if_still_running(&change).await;
         };
         let reason = change.reason.as_deref();
         let updated = match change.status {
@@ -416,66 +510,7 @@ impl ControlPlane {
                     )
                     .await?
             }
-            // A revive finished: its snapshot is spent.
-            InstanceStatus::Running if before.status == InstanceStatus::Reviving => {
-                let updated = self
-                    .store
-                    .instance_set_revived(
-                        &change.id,
-                        &[InstanceStatus::Reviving],
-                        reason,
-                        change.at,
-                    )
-                    .await?;
-                if updated.is_some() {
-                    self.revive_finished(&before, change.at);
-                    let took = (change.at - before.updated_at).to_std().unwrap_or_default();
-                    self.telemetry.revive_duration.0.observe(took);
-                }
-                updated
-            }
-            // Given up for lost (its node re-registered while the launch or
-            // revive was on its way), yet it runs: adopted again. A snapshot
-            // it held was what it revived from: spent.
-            InstanceStatus::Running
-                if matches!(
-                    before.status,
-                    InstanceStatus::Failed | InstanceStatus::Stopped
-                ) =>
-            {
-                let ended = [InstanceStatus::Failed, InstanceStatus::Stopped];
-                self.store
-                    .instance_set_revived(
-                        &change.id,
-                        &ended,
-                        Some("adopted again: its node still runs it"),
-                        change.at,
-                    )
-                    .await?
-            }
-            // Running → running carries a note (e.g. the memory limit was hit).
-            InstanceStatus::Running => {
-                let from = [
-                    InstanceStatus::Creating,
-                    InstanceStatus::Idle,
-                    InstanceStatus::Running,
-                ];
-                let updated = self
-                    .store
-                    .instance_transition(
-                        &change.id,
-                        &from,
-                        InstanceStatus::Running,
-                        reason,
-                        change.at,
-                    )
-                    .await?;
-                if updated.is_some() && before.status == InstanceStatus::Creating {
-                    let took = (change.at - before.created_at).to_std().unwrap_or_default();
-                    self.telemetry.create_duration.0.observe(took);
-                }
-                updated
-            }
+            InstanceStatus::Running => self.running_reported(&before, &change).await?,
             // Parked: the park's answer records it too (whichever comes
             // first); this copy is for a control plane that missed it.
             InstanceStatus::Dormant
