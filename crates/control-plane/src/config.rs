@@ -244,6 +244,15 @@ pub struct EventsConfig {
 impl ControlPlaneConfig {
     /// Checks values that serde cannot; the message names the key.
     pub fn validate(&self) -> Result<(), String> {
+        self.validate_addresses()?;
+        self.validate_limits()?;
+        self.validate_webhooks()?;
+        self.validate_monitoring()?;
+        self.validate_events_and_keys()
+    }
+
+    /// `public_url`, `gateway.base_domain` and `trusted_proxies`.
+    fn validate_addresses(&self) -> Result<(), String> {
         if let Some(public_url) = &self.public_url {
             let url = url::Url::parse(public_url)
                 .map_err(|e| format!("public_url {public_url:?} is not a URL: {e}"))?;
@@ -278,6 +287,11 @@ impl ControlPlaneConfig {
                 format!("trusted_proxies: {entry:?} is not an address or a network like 10.0.0.0/8")
             })?;
         }
+        Ok(())
+    }
+
+    /// Heartbeats, the scheduler, the store and the rate limit.
+    fn validate_limits(&self) -> Result<(), String> {
         if self.nodes.heartbeat_interval_sec.is_nan() || self.nodes.heartbeat_interval_sec <= 0.0 {
             return Err("nodes.heartbeat_interval_sec must be > 0".into());
         }
@@ -298,6 +312,11 @@ impl ControlPlaneConfig {
         if self.rate_limit.enabled && self.rate_limit.requests_per_minute == 0 {
             return Err("rate_limit.requests_per_minute must be at least 1".into());
         }
+        Ok(())
+    }
+
+    /// `[[webhooks]]` and `[webhook_delivery]`.
+    fn validate_webhooks(&self) -> Result<(), String> {
         for (index, webhook) in self.webhooks.iter().enumerate() {
             let url = url::Url::parse(&webhook.url)
                 .map_err(|e| format!("webhooks[{index}].url {:?}: {e}", webhook.url))?;
@@ -320,6 +339,11 @@ impl ControlPlaneConfig {
         if delivery.concurrency == 0 {
             return Err("webhook_delivery.concurrency must be at least 1".into());
         }
+        Ok(())
+    }
+
+    /// `[monitoring]` thresholds and `[metrics]` sampling.
+    fn validate_monitoring(&self) -> Result<(), String> {
         let m = &self.monitoring;
         for (name, warning, critical) in [
             ("cpu", m.cpu_warning_threshold, m.cpu_critical_threshold),
@@ -346,6 +370,11 @@ impl ControlPlaneConfig {
                 "metrics.sample_interval_sec must be >= 1 and metrics.retention_days > 0".into(),
             );
         }
+        Ok(())
+    }
+
+    /// `[events]`, `api_keys` and `auth_enabled`.
+    fn validate_events_and_keys(&self) -> Result<(), String> {
         if let Some(url) = &self.events.proxy_url {
             url::Url::parse(url).map_err(|e| format!("events.proxy_url {url:?}: {e}"))?;
         }

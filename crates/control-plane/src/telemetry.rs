@@ -104,53 +104,16 @@ impl Telemetry {
 
     pub fn render(&self, gauges: &Gauges) -> String {
         let mut out = String::with_capacity(8192);
-        header(
-            &mut out,
-            "service_instances_total",
-            "Instances per status.",
-            "gauge",
-        );
-        for (status, count) in &gauges.instances_by_status {
-            let _ = writeln!(
-                out,
-                "service_instances_total{{status=\"{}\"}} {count}",
-                escape_label(status)
-            );
-        }
-        header(
-            &mut out,
-            "service_node_cpu_percent",
-            "CPU use of each node, percent.",
-            "gauge",
-        );
-        for (node, cpu) in &gauges.node_cpu {
-            let _ = writeln!(
-                out,
-                "service_node_cpu_percent{{node=\"{}\"}} {cpu}",
-                escape_label(node)
-            );
-        }
-        header(
-            &mut out,
-            "service_outbox_depth",
-            "Event deliveries waiting in the outbox (all targets).",
-            "gauge",
-        );
-        let _ = writeln!(out, "service_outbox_depth {}", gauges.outbox_depth);
-        header(
-            &mut out,
-            "service_create_queue_length",
-            "Creates waiting for room (POST /v2/instances?wait_sec=).",
-            "gauge",
-        );
-        let _ = writeln!(
-            out,
-            "service_create_queue_length {}",
-            gauges.create_queue_length
-        );
+        render_gauges(gauges, &mut out);
+        self.render_durations(&mut out);
+        self.render_deliveries(&mut out);
+        out
+    }
 
+    /// Request latencies and lifecycle durations (histograms).
+    fn render_durations(&self, out: &mut String) {
         header(
-            &mut out,
+            out,
             "service_http_request_duration_seconds",
             "HTTP request latency by method, route and status class.",
             "histogram",
@@ -162,33 +125,37 @@ impl Telemetry {
                 escape_label(method),
                 escape_label(route)
             );
-            histogram.render_series("service_http_request_duration_seconds", &labels, &mut out);
+            histogram.render_series("service_http_request_duration_seconds", &labels, out);
         }
         self.create_duration.0.render(
             "service_instance_create_duration_seconds",
             "From create request to running.",
-            &mut out,
+            out,
         );
         self.dormant_duration.0.render(
             "service_instance_dormant_duration_seconds",
             "Duration of parks (snapshot and stop).",
-            &mut out,
+            out,
         );
         self.revive_duration.0.render(
             "service_instance_revive_duration_seconds",
             "From revive request to running.",
-            &mut out,
+            out,
         );
         self.create_queue_wait.render(
             "service_create_queue_wait_seconds",
             "Time creates with wait_sec spent in the queue (until placed, refused or gone).",
-            &mut out,
+            out,
         );
         self.signing.render(
             "service_webhook_signing_duration_seconds",
             "Time to sign one webhook body.",
-            &mut out,
+            out,
         );
+    }
+
+    /// Webhook and proxy deliveries, per target (counters).
+    fn render_deliveries(&self, out: &mut String) {
         let deliveries = self.deliveries.lock().expect("telemetry lock");
         for (name, help, value) in [
             (
@@ -207,7 +174,7 @@ impl Telemetry {
                 |c| c.dropped.get(),
             ),
         ] {
-            header(&mut out, name, help, "counter");
+            header(out, name, help, "counter");
             for (target, counters) in deliveries.iter() {
                 let _ = writeln!(
                     out,
@@ -217,6 +184,53 @@ impl Telemetry {
                 );
             }
         }
-        out
     }
+}
+
+/// Instances per status, nodes' CPU, the outbox and the create queue.
+fn render_gauges(gauges: &Gauges, out: &mut String) {
+    header(
+        out,
+        "service_instances_total",
+        "Instances per status.",
+        "gauge",
+    );
+    for (status, count) in &gauges.instances_by_status {
+        let _ = writeln!(
+            out,
+            "service_instances_total{{status=\"{}\"}} {count}",
+            escape_label(status)
+        );
+    }
+    header(
+        out,
+        "service_node_cpu_percent",
+        "CPU use of each node, percent.",
+        "gauge",
+    );
+    for (node, cpu) in &gauges.node_cpu {
+        let _ = writeln!(
+            out,
+            "service_node_cpu_percent{{node=\"{}\"}} {cpu}",
+            escape_label(node)
+        );
+    }
+    header(
+        out,
+        "service_outbox_depth",
+        "Event deliveries waiting in the outbox (all targets).",
+        "gauge",
+    );
+    let _ = writeln!(out, "service_outbox_depth {}", gauges.outbox_depth);
+    header(
+        out,
+        "service_create_queue_length",
+        "Creates waiting for room (POST /v2/instances?wait_sec=).",
+        "gauge",
+    );
+    let _ = writeln!(
+        out,
+        "service_create_queue_length {}",
+        gauges.create_queue_length
+    );
 }

@@ -39,121 +39,124 @@ pub struct Metrics {
     pub webhook_latency: Histogram,
 }
 
+/// A reading for `/metrics`: its name, its help text and how to read it.
+type Reading<T> = (&'static str, &'static str, fn(&Metrics) -> T);
+
+const COUNTERS: &[Reading<u64>] = &[
+    (
+        "connections_total",
+        "Event streams opened since start.",
+        |m| m.connections_total.get(),
+    ),
+    ("messages_sent", "Events written to subscribers.", |m| {
+        m.messages_sent.get()
+    }),
+    (
+        "bytes_sent",
+        "Bytes written to subscribers (events and keepalives).",
+        |m| m.bytes_sent.get(),
+    ),
+    (
+        "auth_cache_hits",
+        "Subscriptions verified from the cache.",
+        |m| m.auth_cache_hits.get(),
+    ),
+    (
+        "auth_failures",
+        "Subscriptions refused: missing, malformed or invalid tokens.",
+        |m| m.auth_failures.get(),
+    ),
+    (
+        "rate_limited_requests",
+        "Requests refused by the per-IP rate limit.",
+        |m| m.rate_limited_requests.get(),
+    ),
+    ("messages_published", "Events published.", |m| {
+        m.messages_published.get()
+    }),
+    (
+        "messages_dropped",
+        "Events a subscriber's full queue dropped.",
+        |m| m.messages_dropped.get(),
+    ),
+    (
+        "subscribers_cut_off",
+        "Streams ended by the block policy.",
+        |m| m.subscribers_cut_off.get(),
+    ),
+    ("webhook_calls", "Calls to the verification webhook.", |m| {
+        m.webhook_calls.get()
+    }),
+    (
+        "webhook_failures",
+        "Webhook calls that failed (5xx, timeout, connection).",
+        |m| m.webhook_failures.get(),
+    ),
+    (
+        "peer_messages_sent",
+        "Events and publishes delivered to peers.",
+        |m| m.peer_messages_sent.get(),
+    ),
+    (
+        "peer_send_failures",
+        "Peer requests that failed (sent again while the peer lives).",
+        |m| m.peer_send_failures.get(),
+    ),
+    (
+        "peer_frames_dropped",
+        "Events dropped because a peer's link was full.",
+        |m| m.peer_frames_dropped.get(),
+    ),
+    (
+        "peer_frames_received",
+        "Events received from the owners of their topics.",
+        |m| m.peer_frames_received.get(),
+    ),
+    (
+        "peer_auth_failures",
+        "Gossip datagrams and peer requests refused: bad or missing signature.",
+        |m| m.peer_auth_failures.get(),
+    ),
+];
+
+const GAUGES: &[Reading<i64>] = &[
+    ("connections_active", "Open event streams.", |m| {
+        m.connections_active.get()
+    }),
+    (
+        "peers_connected",
+        "Live peer proxies (gossip heartbeat within peers.peer_timeout_sec).",
+        |m| m.peers_connected.get(),
+    ),
+    (
+        "topics_active",
+        "Topics with at least one subscriber.",
+        |m| m.topics_active.get(),
+    ),
+    (
+        "sync_lag",
+        "Milliseconds the oldest event not yet delivered to a peer has waited (0: every peer is current).",
+        |m| m.sync_lag.get(),
+    ),
+];
+
 impl Metrics {
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(4096);
-        let mut counter = |name: &str, help: &str, value: u64| {
+        for (name, help, value) in COUNTERS {
             let _ = writeln!(
                 out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+                value(self)
             );
-        };
-        counter(
-            "connections_total",
-            "Event streams opened since start.",
-            self.connections_total.get(),
-        );
-        counter(
-            "messages_sent",
-            "Events written to subscribers.",
-            self.messages_sent.get(),
-        );
-        counter(
-            "bytes_sent",
-            "Bytes written to subscribers (events and keepalives).",
-            self.bytes_sent.get(),
-        );
-        counter(
-            "auth_cache_hits",
-            "Subscriptions verified from the cache.",
-            self.auth_cache_hits.get(),
-        );
-        counter(
-            "auth_failures",
-            "Subscriptions refused: missing, malformed or invalid tokens.",
-            self.auth_failures.get(),
-        );
-        counter(
-            "rate_limited_requests",
-            "Requests refused by the per-IP rate limit.",
-            self.rate_limited_requests.get(),
-        );
-        counter(
-            "messages_published",
-            "Events published.",
-            self.messages_published.get(),
-        );
-        counter(
-            "messages_dropped",
-            "Events a subscriber's full queue dropped.",
-            self.messages_dropped.get(),
-        );
-        counter(
-            "subscribers_cut_off",
-            "Streams ended by the block policy.",
-            self.subscribers_cut_off.get(),
-        );
-        counter(
-            "webhook_calls",
-            "Calls to the verification webhook.",
-            self.webhook_calls.get(),
-        );
-        counter(
-            "webhook_failures",
-            "Webhook calls that failed (5xx, timeout, connection).",
-            self.webhook_failures.get(),
-        );
-        counter(
-            "peer_messages_sent",
-            "Events and publishes delivered to peers.",
-            self.peer_messages_sent.get(),
-        );
-        counter(
-            "peer_send_failures",
-            "Peer requests that failed (sent again while the peer lives).",
-            self.peer_send_failures.get(),
-        );
-        counter(
-            "peer_frames_dropped",
-            "Events dropped because a peer's link was full.",
-            self.peer_frames_dropped.get(),
-        );
-        counter(
-            "peer_frames_received",
-            "Events received from the owners of their topics.",
-            self.peer_frames_received.get(),
-        );
-        counter(
-            "peer_auth_failures",
-            "Gossip datagrams and peer requests refused: bad or missing signature.",
-            self.peer_auth_failures.get(),
-        );
-        let mut gauge = |name: &str, help: &str, value: i64| {
+        }
+        for (name, help, value) in GAUGES {
             let _ = writeln!(
                 out,
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}",
+                value(self)
             );
-        };
-        gauge(
-            "connections_active",
-            "Open event streams.",
-            self.connections_active.get(),
-        );
-        gauge(
-            "peers_connected",
-            "Live peer proxies (gossip heartbeat within peers.peer_timeout_sec).",
-            self.peers_connected.get(),
-        );
-        gauge(
-            "topics_active",
-            "Topics with at least one subscriber.",
-            self.topics_active.get(),
-        );
-        gauge(
-            "sync_lag",
-            "Milliseconds the oldest event not yet delivered to a peer has waited (0: every peer is current).",
-            self.sync_lag.get(),
-        );
+        }
         self.publish_to_write.render(
             "publish_to_write_seconds",
             "From publish to the event's write on a subscriber's socket.",

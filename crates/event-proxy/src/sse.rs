@@ -185,6 +185,73 @@ async fn stream_events(
     origin: Option<&str>,
 ) -> End {
     let http = &state.config.http;
+    let mut out = stream_head(state, origin, &replay);
+    // Events of a peer's replay may also arrive live: they are sent once.
+    let mut replayed: HashSet<EventId> = if replay.from_peer {
+        replay.frames.iter().map(|f| f.id()).collect()
+    } else {
+        HashSet::new()
+    };
+    let mut frames: Vec<Arc<Frame>> = replay.frames;
+    let (mut reader, mut writer) = stream.split();
+    let mut deadlines = Deadlines::new(http, expires_at);
+    let mut probe = [0u8; 64];
+    loop {
+        if !frames.is_empty() || !out.is_empty() {
+            if let Err(end) = write_pending(&mut writer, state, &mut out, &mut frames).await {
+                return end;
+            }
+            deadlines.wrote();
+        }
+        if subscriber.is_cut_off() {
+            let dropped = subscriber.dropped.load(Ordering::Relaxed);
+            let last = format!("event: overflow\ndata: {{\"dropped\":{dropped}}}\n\n");
+            final_write(&mut writer, last.as_bytes()).await;
+            return End::Overflow;
+        }
+        let (last, end) = tokio::select! {
+            biased;
+            _ = subscriber.ready.notified() => {
+                subscriber.drain(&mut frames);
+                skip_replayed(&mut frames, &mut replayed);
+                continue;
+            }
+            _ = tokio::time::sleep_until(deadlines.keepalive) => {
+                out.extend_from_slice(b": keepalive\n\n");
+                continue;
+            }
+            read = reader.read(&mut probe) => {
+                // A client sends nothing after its request: EOF or error is a hang-up.
+                if matches!(read, Ok(0) | Err(_)) {
+                    return End::ClientGone;
+                }
+                continue;
+            }
+            _ = revoked.cancelled() => {
+                (b"event: revoked\ndata: access was revoked\n\n".to_vec(), End::Revoked)
+            }
+            _ = tokio::time::sleep_until(deadlines.token_ends) => {
+                (b"event: expired\ndata: the token expired\n\n".to_vec(), End::TokenExpired)
+            }
+            _ = tokio::time::sleep_until(deadlines.lifetime_ends) => {
+                (format!("retry: {}\n\n", http.retry_ms).into_bytes(), End::Lifetime)
+            }
+            _ = state.shutdown.cancelled() => {
+                (format!("retry: {}\n\n", http.retry_ms).into_bytes(), End::Shutdown)
+            }
+        };
+        final_write(&mut writer, &last).await;
+        return end;
+    }
+}
+
+/// The answer's head (CORS as `http.cors_allowed_origins` says), and the
+/// `missed` event when a resume could not be served in full.
+fn stream_head(
+    state: &ProxyState,
+    origin: Option<&str>,
+    replay: &crate::topics::Replay,
+) -> Vec<u8> {
     // `http.cors_allowed_origins` holds for streams as for every answer: an
     // allowed origin is echoed (the answer then varies with `Origin`), any
     // other gets no `Access-Control-Allow-Origin`; `*` only when configured.
@@ -203,99 +270,92 @@ async fn stream_events(
         out.extend_from_slice(serde_json::to_string(missed).unwrap_or_default().as_bytes());
         out.extend_from_slice(b"\n\n");
     }
-    // Events of a peer's replay may also arrive live: they are sent once.
-    let mut replayed: HashSet<EventId> = if replay.from_peer {
-        replay.frames.iter().map(|f| f.id()).collect()
-    } else {
-        HashSet::new()
-    };
-    let mut frames: Vec<Arc<Frame>> = replay.frames;
-    let (mut reader, mut writer) = stream.split();
-    let keepalive = Duration::from_secs(http.keepalive_interval_sec);
-    let mut next_keepalive = tokio::time::Instant::now() + keepalive;
-    let lifetime =
-        (http.connection_timeout_sec > 0).then(|| Duration::from_secs(http.connection_timeout_sec));
-    let ends_at = lifetime.map(|l| tokio::time::Instant::now() + l);
-    let token_ends_at = expires_at.map(|at| {
-        let left = (at - chrono::Utc::now()).to_std().unwrap_or(Duration::ZERO);
-        tokio::time::Instant::now() + left
+    out
+}
+
+/// When a stream next sends a keepalive, and when its token and its
+/// lifetime (`connection_timeout_sec`) end it.
+struct Deadlines {
+    keepalive: tokio::time::Instant,
+    every: Duration,
+    token_ends: tokio::time::Instant,
+    lifetime_ends: tokio::time::Instant,
+}
+
+impl Deadlines {
+    fn new(
+        http: &crate::config::HttpConfig,
+        expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    ) -> Self {
+        let now = tokio::time::Instant::now();
+        let never = now + Duration::from_secs(365 * 24 * 3600);
+        let every = Duration::from_secs(http.keepalive_interval_sec);
+        let token_ends = expires_at.map_or(never, |at| {
+            now + (at - chrono::Utc::now()).to_std().unwrap_or(Duration::ZERO)
+        });
+        let lifetime_ends = if http.connection_timeout_sec > 0 {
+            now + Duration::from_secs(http.connection_timeout_sec)
+        } else {
+            never
+        };
+        Self {
+            keepalive: now + every,
+            every,
+            token_ends,
+            lifetime_ends,
+        }
+    }
+
+    /// Something was written: the next keepalive is due a full interval later.
+    fn wrote(&mut self) {
+        self.keepalive = tokio::time::Instant::now() + self.every;
+    }
+}
+
+/// Writes whatever is pending in one go. A client that does not read blocks
+/// this write (that is the backpressure); shutdown still gets through.
+async fn write_pending(
+    writer: &mut tokio::net::tcp::WriteHalf<'_>,
+    state: &ProxyState,
+    out: &mut Vec<u8>,
+    frames: &mut Vec<Arc<Frame>>,
+) -> Result<(), End> {
+    let now = std::time::Instant::now();
+    for frame in frames.iter() {
+        out.extend_from_slice(&frame.bytes);
+    }
+    tokio::select! {
+        written = writer.write_all(out) => if written.is_err() {
+            return Err(End::ClientGone);
+        },
+        _ = state.shutdown.cancelled() => return Err(End::Shutdown),
+    }
+    state.metrics.bytes_sent.add(out.len() as u64);
+    state.metrics.messages_sent.add(frames.len() as u64);
+    for frame in frames.iter() {
+        state
+            .metrics
+            .publish_to_write
+            .observe(now.duration_since(frame.published_at));
+    }
+    frames.clear();
+    out.clear();
+    Ok(())
+}
+
+/// Drops live events a peer's replay already sent. Live events arrive in
+/// order: once one is past the replay, none after it can repeat.
+fn skip_replayed(frames: &mut Vec<Arc<Frame>>, replayed: &mut HashSet<EventId>) {
+    if replayed.is_empty() {
+        return;
+    }
+    let mut past = false;
+    frames.retain(|f| {
+        past = past || !replayed.contains(&f.id());
+        past
     });
-    let far = tokio::time::Instant::now() + Duration::from_secs(365 * 24 * 3600);
-    let mut probe = [0u8; 64];
-    loop {
-        // Write whatever is pending in one go.
-        if !frames.is_empty() || !out.is_empty() {
-            let now = std::time::Instant::now();
-            for frame in &frames {
-                out.extend_from_slice(&frame.bytes);
-            }
-            // A client that does not read blocks this write (that is the
-            // backpressure); shutdown must still get through.
-            tokio::select! {
-                written = writer.write_all(&out) => if written.is_err() {
-                    return End::ClientGone;
-                },
-                _ = state.shutdown.cancelled() => return End::Shutdown,
-            }
-            state.metrics.bytes_sent.add(out.len() as u64);
-            state.metrics.messages_sent.add(frames.len() as u64);
-            for frame in &frames {
-                state
-                    .metrics
-                    .publish_to_write
-                    .observe(now.duration_since(frame.published_at));
-            }
-            frames.clear();
-            out.clear();
-            next_keepalive = tokio::time::Instant::now() + keepalive;
-        }
-        if subscriber.is_cut_off() {
-            let dropped = subscriber.dropped.load(Ordering::Relaxed);
-            let last = format!("event: overflow\ndata: {{\"dropped\":{dropped}}}\n\n");
-            final_write(&mut writer, last.as_bytes()).await;
-            return End::Overflow;
-        }
-        tokio::select! {
-            biased;
-            _ = subscriber.ready.notified() => {
-                subscriber.drain(&mut frames);
-                if !replayed.is_empty() {
-                    // Live events arrive in order: once one is past the
-                    // replay, none after it can repeat.
-                    let mut past = false;
-                    frames.retain(|f| {
-                        past = past || !replayed.contains(&f.id());
-                        past
-                    });
-                    if past {
-                        replayed.clear();
-                    }
-                }
-            }
-            _ = tokio::time::sleep_until(next_keepalive) => out.extend_from_slice(b": keepalive\n\n"),
-            read = reader.read(&mut probe) => {
-                // A client sends nothing after its request: EOF or error is a hang-up.
-                if matches!(read, Ok(0) | Err(_)) {
-                    return End::ClientGone;
-                }
-            }
-            _ = revoked.cancelled() => {
-                final_write(&mut writer, b"event: revoked\ndata: access was revoked\n\n").await;
-                return End::Revoked;
-            }
-            _ = tokio::time::sleep_until(token_ends_at.unwrap_or(far)) => {
-                final_write(&mut writer, b"event: expired\ndata: the token expired\n\n").await;
-                return End::TokenExpired;
-            }
-            _ = tokio::time::sleep_until(ends_at.unwrap_or(far)) => {
-                final_write(&mut writer, format!("retry: {}\n\n", http.retry_ms).as_bytes()).await;
-                return End::Lifetime;
-            }
-            _ = state.shutdown.cancelled() => {
-                final_write(&mut writer, format!("retry: {}\n\n", http.retry_ms).as_bytes()).await;
-                return End::Shutdown;
-            }
-        }
+    if past {
+        replayed.clear();
     }
 }
 

@@ -188,6 +188,39 @@ pub fn openapi_document(max_wait_sec: u64) -> utoipa::openapi::OpenApi {
 pub fn router(control_plane: Arc<ControlPlane>) -> Router {
     Router::new()
         .route("/health", get(health::health))
+        .merge(instance_routes())
+        .merge(door_routes())
+        .merge(resource_routes())
+        .merge(ui_routes())
+        .nest("/internal/v1", internal_routes(&control_plane))
+        .merge(SwaggerUi::new("/docs").url(
+            "/openapi.json",
+            openapi_document(control_plane.config.scheduler.max_wait_sec),
+        ))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            control_plane.clone(),
+            door::by_subdomain,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            control_plane.clone(),
+            guard::guard,
+        ))
+        // Spans name the path only: queries may carry instance tokens.
+        .layer(TraceLayer::new_for_http().make_span_with(
+            |request: &axum::http::Request<axum::body::Body>| {
+                tracing::debug_span!("request", method = %request.method(), path = %request.uri().path())
+            },
+        ))
+        .with_state(control_plane)
+}
+
+type Routes = Router<Arc<ControlPlane>>;
+
+/// The instance lifecycle: create, list, get, delete, park, revive.
+fn instance_routes() -> Routes {
+    Router::new()
         .route(
             "/v2/instances",
             axum::routing::post(instances::instance_create).get(instances::instance_list),
@@ -204,6 +237,12 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
             "/v2/instances/{instance_id}/revive",
             axum::routing::post(instances::instance_revive),
         )
+}
+
+/// The front door: an instance's CDP, live view and HTTP API under
+/// `/v2/instances/{id}/…`, passed through to its node.
+fn door_routes() -> Routes {
+    Router::new()
         .route("/v2/instances/{instance_id}/cdp", get(door::routes::cdp))
         .route(
             "/v2/instances/{instance_id}/json/version",
@@ -258,6 +297,11 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
             "/v2/instances/{instance_id}/downloads/{name}",
             get(door::routes::download).delete(door::routes::download_delete),
         )
+}
+
+/// Profiles, extensions, nodes, metrics, alerts and subscriber tokens.
+fn resource_routes() -> Routes {
+    Router::new()
         .route(
             "/v2/profiles",
             axum::routing::post(profiles::profile_create).get(profiles::profile_list),
@@ -276,12 +320,6 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
         )
         .route("/v2/nodes", get(nodes::node_list))
         .route("/v2/nodes/{node_id}", get(nodes::node_get))
-        .route("/", get(ui::root))
-        .route("/ui", get(ui::index))
-        .route("/ui/", get(ui::index))
-        .route("/ui/app.js", get(ui::app_js))
-        .route("/ui/app.css", get(ui::app_css))
-        .route("/ui/config.json", get(ui::config))
         .route("/v2/metrics", get(observability::metrics))
         .route("/metrics", get(observability::prometheus))
         .route("/v2/alerts", get(observability::alerts))
@@ -290,45 +328,36 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
             "/v2/tokens/verify",
             axum::routing::post(tokens::token_verify),
         )
-        .nest(
-            "/internal/v1",
-            Router::new()
-                .route("/nodes/register", axum::routing::post(internal::register))
-                .route("/nodes/heartbeat", axum::routing::post(internal::heartbeat))
-                .route(
-                    "/instances/state",
-                    axum::routing::post(internal::state_changed),
-                )
-                .route(
-                    "/instances/events",
-                    axum::routing::post(internal::instance_event),
-                )
-                .layer(axum::middleware::from_fn_with_state(
-                    control_plane.clone(),
-                    internal::require_cluster_token,
-                )),
+}
+
+/// The dashboard.
+fn ui_routes() -> Routes {
+    Router::new()
+        .route("/", get(ui::root))
+        .route("/ui", get(ui::index))
+        .route("/ui/", get(ui::index))
+        .route("/ui/app.js", get(ui::app_js))
+        .route("/ui/app.css", get(ui::app_css))
+        .route("/ui/config.json", get(ui::config))
+}
+
+/// The agents' API (`/internal/v1`), behind the cluster token.
+fn internal_routes(control_plane: &Arc<ControlPlane>) -> Routes {
+    Router::new()
+        .route("/nodes/register", axum::routing::post(internal::register))
+        .route("/nodes/heartbeat", axum::routing::post(internal::heartbeat))
+        .route(
+            "/instances/state",
+            axum::routing::post(internal::state_changed),
         )
-        .merge(SwaggerUi::new("/docs").url(
-            "/openapi.json",
-            openapi_document(control_plane.config.scheduler.max_wait_sec),
-        ))
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
+        .route(
+            "/instances/events",
+            axum::routing::post(internal::instance_event),
+        )
         .layer(axum::middleware::from_fn_with_state(
             control_plane.clone(),
-            door::by_subdomain,
+            internal::require_cluster_token,
         ))
-        .layer(axum::middleware::from_fn_with_state(
-            control_plane.clone(),
-            guard::guard,
-        ))
-        // Spans name the path only: queries may carry instance tokens.
-        .layer(TraceLayer::new_for_http().make_span_with(
-            |request: &axum::http::Request<axum::body::Body>| {
-                tracing::debug_span!("request", method = %request.method(), path = %request.uri().path())
-            },
-        ))
-        .with_state(control_plane)
 }
 
 async fn not_found(uri: Uri) -> Error {
