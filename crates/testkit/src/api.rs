@@ -1,0 +1,131 @@
+//! [`Api`]: calls to a control plane's HTTP API with an optional API key.
+
+use std::time::Duration;
+
+use crate::{StatusCode, wait_until};
+use serde_json::Value;
+
+/// A JSON API client for one control plane.
+#[derive(Clone)]
+pub struct Api {
+    pub base: String,
+    pub http: reqwest::Client,
+}
+
+impl Api {
+    pub fn new(base: impl Into<String>) -> Self {
+        Self {
+            base: base.into(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(120))
+                .no_proxy()
+                .build()
+                .expect("http client"),
+        }
+    }
+
+    /// A client that sends `Authorization: Bearer <key>` with every request.
+    pub fn with_key(base: impl Into<String>, key: &str) -> Self {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            reqwest::header::AUTHORIZATION,
+            format!("Bearer {key}").parse().expect("a header value"),
+        );
+        Self {
+            base: base.into(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(120))
+                .no_proxy()
+                .default_headers(headers)
+                .build()
+                .expect("http client"),
+        }
+    }
+
+    /// Any request; returns status and body as JSON (or `Value::String` for non-JSON).
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&str>,
+    ) -> (StatusCode, Value) {
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(body) = body {
+            request = request
+                .header("content-type", "application/json")
+                .body(body.to_owned());
+        }
+        Self::send(request).await
+    }
+
+    /// Sends `request`; status and body as JSON (or `Value::String`).
+    pub(super) async fn send(request: reqwest::RequestBuilder) -> (StatusCode, Value) {
+        let response = request
+            .send()
+            .await
+            .expect("request reaches the control plane");
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, value)
+    }
+
+    pub async fn get(&self, path: &str) -> (StatusCode, Value) {
+        self.call(reqwest::Method::GET, path, None).await
+    }
+
+    /// A POST of raw bytes with `content_type`; status and body as [`Api::call`].
+    pub async fn post_bytes(
+        &self,
+        path: &str,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> (StatusCode, Value) {
+        let request = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("content-type", content_type)
+            .body(body);
+        Self::send(request).await
+    }
+
+    pub async fn post(&self, path: &str, body: &str) -> (StatusCode, Value) {
+        self.call(reqwest::Method::POST, path, Some(body)).await
+    }
+
+    pub async fn delete(&self, path: &str) -> (StatusCode, Value) {
+        self.call(reqwest::Method::DELETE, path, None).await
+    }
+
+    /// Creates an instance and asserts 201.
+    pub async fn create(&self, body: &str) -> Value {
+        let (status, value) = self.post("/v2/instances", body).await;
+        assert_eq!(status, StatusCode::CREATED, "create failed: {value}");
+        value
+    }
+
+    /// Waits until the instance has `status` (fails early on failed/stopped).
+    pub async fn wait_for_status(&self, id: &str, status: &str, deadline: Duration) -> Value {
+        let path = format!("/v2/instances/{id}");
+        wait_until(
+            deadline,
+            &format!("instance {id} to be {status}"),
+            || async {
+                let (code, value) = self.get(&path).await;
+                if code != StatusCode::OK {
+                    return Err(format!("GET {path} → {code}: {value}"));
+                }
+                let now = value["status"].as_str().unwrap_or_default();
+                if now == status {
+                    return Ok(Some(value));
+                }
+                if status != now && ["failed", "stopped"].contains(&now) {
+                    panic!("instance {id} is {now} instead of {status}: {value}");
+                }
+                Err(format!("status {now}"))
+            },
+        )
+        .await
+        .unwrap()
+    }
+}

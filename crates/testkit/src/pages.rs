@@ -1,0 +1,177 @@
+//! Pages for browsers: a local web server ([`serve_page`]) and a CDP page
+//! client ([`Page`]) to drive a tab and read it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use serde_json::Value;
+
+use crate::wait_until;
+use flotilla_server::FlotillaConfig;
+
+/// A local web server serving `pages` (path → HTML) on 127.0.0.1:0.
+pub struct PageServer {
+    pub base: String,
+    /// Paths requested so far, in order.
+    requested: Arc<std::sync::Mutex<Vec<String>>>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+impl PageServer {
+    /// `127.0.0.1:<port>`: what `[agent.egress] allow` needs for browsers to
+    /// load these pages (loopback is closed to them by default).
+    pub fn authority(&self) -> String {
+        self.base.trim_start_matches("http://").to_owned()
+    }
+
+    /// Opens these pages to the browsers of `config`'s agent.
+    pub fn allow_in(&self, config: &mut FlotillaConfig) {
+        config.agent.egress.allow.push(self.authority());
+    }
+
+    /// Paths requested so far (any path, served or not), in order.
+    pub fn requested(&self) -> Vec<String> {
+        self.requested.lock().expect("requested lock").clone()
+    }
+}
+
+/// Serves `router` on a free loopback port: its base URL and the server task.
+pub(super) async fn serve_router(router: axum::Router) -> (String, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    (base, task)
+}
+
+pub async fn serve_page(pages: &[(&str, &str)]) -> PageServer {
+    let mut router = axum::Router::new();
+    for (path, html) in pages {
+        let html = html.to_string();
+        router = router.route(
+            path,
+            axum::routing::get(move || async move { axum::response::Html(html) }),
+        );
+    }
+    let requested = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = requested.clone();
+    let router = router.layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            log.lock()
+                .expect("requested lock")
+                .push(request.uri().path().to_owned());
+            next.run(request)
+        },
+    ));
+    let (base, task) = serve_router(router).await;
+    PageServer {
+        base,
+        requested,
+        _task: task,
+    }
+}
+
+/// A page opened in an instance over CDP (through its gateway), for tests that
+/// need to run script or navigate.
+pub struct Page {
+    client: flotilla_node_agent::cdp::CdpClient,
+    session: String,
+}
+
+pub(super) const CDP_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl Page {
+    /// Opens a new tab at `url` in the browser behind `debug_url` and waits for it to load.
+    pub async fn open(debug_url: &str, url: &str) -> anyhow::Result<Self> {
+        let client = flotilla_node_agent::cdp::CdpClient::connect(debug_url).await?;
+        let target = client
+            .call(
+                "Target.createTarget",
+                serde_json::json!({"url": "about:blank"}),
+                None,
+                CDP_TIMEOUT,
+            )
+            .await?;
+        let target_id = target["targetId"].as_str().context("targetId")?.to_owned();
+        let attached = client
+            .call(
+                "Target.attachToTarget",
+                serde_json::json!({"targetId": target_id, "flatten": true}),
+                None,
+                CDP_TIMEOUT,
+            )
+            .await?;
+        let session = attached["sessionId"]
+            .as_str()
+            .context("sessionId")?
+            .to_owned();
+        let page = Self { client, session };
+        page.navigate(url).await?;
+        Ok(page)
+    }
+
+    /// Navigates and waits until `document.readyState` is `complete`.
+    pub async fn navigate(&self, url: &str) -> anyhow::Result<()> {
+        self.client
+            .call(
+                "Page.navigate",
+                serde_json::json!({"url": url}),
+                Some(&self.session),
+                CDP_TIMEOUT,
+            )
+            .await?;
+        wait_until(CDP_TIMEOUT, &format!("{url} to load"), || async {
+            match self.eval("document.readyState + ' ' + location.href").await {
+                Ok(Value::String(state))
+                    if state.starts_with("complete") && !state.ends_with("about:blank") =>
+                {
+                    Ok(Some(()))
+                }
+                Ok(other) => Err(other.to_string()),
+                Err(error) => Err(error.to_string()),
+            }
+        })
+        .await
+    }
+
+    /// Evaluates `expression` (awaiting promises) and returns its value.
+    pub async fn eval(&self, expression: &str) -> anyhow::Result<Value> {
+        let result = self
+            .client
+            .call(
+                "Runtime.evaluate",
+                serde_json::json!({"expression": expression, "returnByValue": true, "awaitPromise": true}),
+                Some(&self.session),
+                CDP_TIMEOUT,
+            )
+            .await?;
+        if let Some(exception) = result.get("exceptionDetails") {
+            bail!("script threw: {exception}");
+        }
+        Ok(result["result"]["value"].clone())
+    }
+
+    /// Sends a browser-level CDP command (no session).
+    pub async fn call_browser(&self, method: &str, params: Value) -> anyhow::Result<Value> {
+        Ok(self.client.call(method, params, None, CDP_TIMEOUT).await?)
+    }
+
+    /// Starts a navigation and returns CDP's answer at once (`errorText` is set
+    /// when the page could not be loaded at all).
+    pub async fn try_navigate(&self, url: &str) -> anyhow::Result<Value> {
+        self.call("Page.navigate", serde_json::json!({"url": url}))
+            .await
+    }
+
+    /// Sends any CDP command on this page's session.
+    pub async fn call(&self, method: &str, params: Value) -> anyhow::Result<Value> {
+        Ok(self
+            .client
+            .call(method, params, Some(&self.session), CDP_TIMEOUT)
+            .await?)
+    }
+}

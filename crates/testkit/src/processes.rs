@@ -1,0 +1,59 @@
+//! The processes a test started, found through `/proc`: by command line, as
+//! a tree, and the browsers under an instance directory.
+
+use std::path::Path;
+
+/// Pids of processes whose command line mentions `needle` (e.g. an instance directory).
+pub fn processes_mentioning(needle: &str) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for pid in flotilla_node_agent::monitor::pids() {
+        if pid == std::process::id() {
+            continue;
+        }
+        if let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) {
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            // Zombies have an empty command line and are not running.
+            if cmdline.contains(needle) {
+                pids.push(pid);
+            }
+        }
+    }
+    pids
+}
+
+/// `roots` and all their living descendants.
+pub fn process_tree(roots: &[u32]) -> Vec<u32> {
+    flotilla_node_agent::monitor::ProcTable::scan().live_descendants(roots)
+}
+
+/// Every process of the browser(s) under `dir` (an instance directory, or the
+/// agent's instances root): those whose command line mentions it (the
+/// bubblewrap confining a browser names its directories; the browser itself
+/// sees them at `/instance/…`), their descendants, and anything left in an
+/// instance cgroup named after `dir`.
+pub fn browser_processes(dir: &Path) -> Vec<u32> {
+    let needle = dir.display().to_string();
+    let mut roots = processes_mentioning(&needle);
+    let table = flotilla_node_agent::monitor::ProcTable::scan();
+    if let Some(name) = dir.file_name().and_then(|n| n.to_str()) {
+        let component = format!("/{name}");
+        for pid in table.live_pids() {
+            let in_cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+                .map(|groups| groups.lines().any(|line| line.ends_with(&component)))
+                .unwrap_or(false);
+            if in_cgroup && !roots.contains(&pid) && pid != std::process::id() {
+                roots.push(pid);
+            }
+        }
+    }
+    table.live_descendants(&roots)
+}
+
+/// The browser's main process (Chromium without `--type=`) under `dir`.
+pub fn browser_main_pid(dir: &Path) -> Option<u32> {
+    browser_processes(dir).into_iter().find(|pid| {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        cmdline.contains("--user-data-dir=") && !cmdline.contains("--type=")
+    })
+}
