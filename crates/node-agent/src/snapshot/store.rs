@@ -1,0 +1,254 @@
+//! [`SnapshotStore`]: archives, saved profiles and extension zips in a
+//! directory (`file://`) or an S3-compatible bucket (`s3://`), through
+//! `object_store`. A put is atomic: an object is either complete or absent.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use object_store::ObjectStore;
+use object_store::path::Path as StorePath;
+use serde::{Deserialize, Serialize};
+
+use flotilla_api_types::InstanceId;
+use flotilla_api_types::ids::SnapshotId;
+
+/// `[snapshots]`: where dormant instances' archives go.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default)]
+pub struct SnapshotsConfig {
+    /// `file:///abs/dir` or `s3://bucket/prefix`; default `file://<data_dir>/snapshots`.
+    pub url: Option<String>,
+    /// S3 endpoint for S3-compatible servers (MinIO, Ceph, moto); default AWS.
+    pub endpoint: Option<String>,
+    pub region: Option<String>,
+    pub access_key_id: Option<String>,
+    pub secret_access_key: Option<String>,
+    /// Allow `http://` endpoints (local S3-compatible servers).
+    pub allow_http: bool,
+    /// How long one operation on an S3 store may take, retries included
+    /// (default 30): past it, a park or revive fails with the store named.
+    pub timeout_sec: Option<f64>,
+}
+
+/// Default of `[snapshots] timeout_sec`.
+pub const DEFAULT_STORE_TIMEOUT_SEC: f64 = 30.0;
+
+/// Archives of dormant instances, by instance and snapshot id, of
+/// persistent profiles, by name (`profiles/<name>.tar.zst`), and the zips of
+/// uploaded extensions, by id (`extensions/<id>.zip`).
+#[derive(Clone)]
+pub struct SnapshotStore {
+    store: Arc<dyn ObjectStore>,
+    prefix: StorePath,
+    /// Where it is, for messages.
+    pub location: String,
+}
+
+impl SnapshotStore {
+    /// Opens the store `config` names (`default_dir` when it names none).
+    pub fn open(config: &SnapshotsConfig, default_dir: &Path) -> anyhow::Result<Self> {
+        let url = match &config.url {
+            Some(url) => url.clone(),
+            None => format!("file://{}", default_dir.display()),
+        };
+        let parsed = url::Url::parse(&url)
+            .map_err(|e| anyhow::anyhow!("snapshots.url {url:?} is not a URL: {e}"))?;
+        let (store, prefix): (Arc<dyn ObjectStore>, StorePath) = match parsed.scheme() {
+            "file" => {
+                let dir = PathBuf::from(parsed.path());
+                std::fs::create_dir_all(&dir).map_err(|e| {
+                    anyhow::anyhow!(
+                        "cannot create the snapshot directory {}: {e}",
+                        dir.display()
+                    )
+                })?;
+                let local = object_store::local::LocalFileSystem::new_with_prefix(&dir)?;
+                (Arc::new(local), StorePath::default())
+            }
+            "s3" => {
+                let bucket = parsed
+                    .host_str()
+                    .ok_or_else(|| anyhow::anyhow!("snapshots.url {url:?} names no bucket"))?;
+                let timeout = config.timeout_sec.unwrap_or(DEFAULT_STORE_TIMEOUT_SEC);
+                if !(timeout.is_finite() && timeout > 0.0 && timeout <= 3600.0) {
+                    anyhow::bail!(
+                        "snapshots.timeout_sec must be greater than 0 and at most 3600 (got {timeout})"
+                    );
+                }
+                let timeout = Duration::from_secs_f64(timeout);
+                let mut builder = object_store::aws::AmazonS3Builder::from_env()
+                    .with_bucket_name(bucket)
+                    .with_client_options(
+                        object_store::ClientOptions::new()
+                            .with_allow_http(config.allow_http)
+                            .with_timeout(timeout)
+                            .with_connect_timeout(timeout.min(Duration::from_secs(5))),
+                    )
+                    .with_retry(object_store::RetryConfig {
+                        backoff: Default::default(),
+                        max_retries: 5,
+                        retry_timeout: timeout,
+                    });
+                if let Some(endpoint) = &config.endpoint {
+                    builder = builder.with_endpoint(endpoint);
+                }
+                if let Some(region) = &config.region {
+                    builder = builder.with_region(region);
+                }
+                if let Some(key) = &config.access_key_id {
+                    builder = builder.with_access_key_id(key);
+                }
+                if let Some(secret) = &config.secret_access_key {
+                    builder = builder.with_secret_access_key(secret);
+                }
+                let prefix = StorePath::from(parsed.path().trim_matches('/'));
+                (Arc::new(builder.build()?), prefix)
+            }
+            other => anyhow::bail!(
+                "snapshots.url scheme {other:?} is not supported: use file:// or s3://"
+            ),
+        };
+        Ok(Self {
+            store,
+            prefix,
+            location: url,
+        })
+    }
+
+    pub(super) fn path(&self, instance: &InstanceId, snapshot: &SnapshotId) -> StorePath {
+        self.prefix
+            .child(instance.as_str())
+            .child(format!("{snapshot}.tar.zst"))
+    }
+
+    pub async fn put(
+        &self,
+        instance: &InstanceId,
+        snapshot: &SnapshotId,
+        archive: Bytes,
+    ) -> anyhow::Result<()> {
+        self.store
+            .put(&self.path(instance, snapshot), archive.into())
+            .await?;
+        Ok(())
+    }
+
+    pub async fn get(&self, instance: &InstanceId, snapshot: &SnapshotId) -> anyhow::Result<Bytes> {
+        Ok(self
+            .store
+            .get(&self.path(instance, snapshot))
+            .await?
+            .bytes()
+            .await?)
+    }
+
+    /// Deletes every archive of `instance`.
+    pub async fn delete_all(&self, instance: &InstanceId) -> anyhow::Result<usize> {
+        use futures_util::TryStreamExt;
+        let prefix = self.prefix.child(instance.as_str());
+        let objects: Vec<_> = self.store.list(Some(&prefix)).try_collect().await?;
+        for object in &objects {
+            self.store.delete(&object.location).await?;
+        }
+        Ok(objects.len())
+    }
+
+    pub async fn delete(&self, instance: &InstanceId, snapshot: &SnapshotId) -> anyhow::Result<()> {
+        match self.store.delete(&self.path(instance, snapshot)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    pub(super) fn profile_path(&self, name: &str) -> StorePath {
+        self.prefix
+            .child("profiles")
+            .child(format!("{name}.tar.zst"))
+    }
+
+    /// Stores the saved state of profile `name`.
+    pub async fn profile_put(&self, name: &str, archive: Bytes) -> anyhow::Result<()> {
+        self.store
+            .put(&self.profile_path(name), archive.into())
+            .await?;
+        Ok(())
+    }
+
+    /// The saved state of profile `name`; `None` before its first save.
+    pub async fn profile_get(&self, name: &str) -> anyhow::Result<Option<Bytes>> {
+        match self.store.get(&self.profile_path(name)).await {
+            Ok(object) => Ok(Some(object.bytes().await?)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// The size of profile `name`'s saved state; `None` before its first save.
+    pub async fn profile_size(&self, name: &str) -> anyhow::Result<Option<u64>> {
+        match self.store.head(&self.profile_path(name)).await {
+            Ok(meta) => Ok(Some(meta.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    pub async fn profile_delete(&self, name: &str) -> anyhow::Result<()> {
+        match self.store.delete(&self.profile_path(name)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    pub(super) fn extension_path(&self, id: &str) -> StorePath {
+        self.prefix.child("extensions").child(format!("{id}.zip"))
+    }
+
+    /// Stores the zip of extension `id`.
+    pub async fn extension_put(&self, id: &str, zip: Bytes) -> anyhow::Result<()> {
+        self.store.put(&self.extension_path(id), zip.into()).await?;
+        Ok(())
+    }
+
+    /// The zip of extension `id`; `None` when it is not stored.
+    pub async fn extension_get(&self, id: &str) -> anyhow::Result<Option<Bytes>> {
+        match self.store.get(&self.extension_path(id)).await {
+            Ok(object) => Ok(Some(object.bytes().await?)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    pub async fn extension_delete(&self, id: &str) -> anyhow::Result<()> {
+        match self.store.delete(&self.extension_path(id)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Whether the store answers for this archive: `Ok` when it does
+    /// (whether or not the archive is there), the store's error otherwise.
+    pub async fn check(&self, instance: &InstanceId, snapshot: &SnapshotId) -> anyhow::Result<()> {
+        match self.store.head(&self.path(instance, snapshot)).await {
+            Ok(_) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Whether an archive exists (for tests and checks).
+    pub async fn exists(&self, instance: &InstanceId, snapshot: &SnapshotId) -> bool {
+        self.store
+            .head(&self.path(instance, snapshot))
+            .await
+            .is_ok()
+    }
+}
+
+/// Whether `error` says the object is absent (rather than the store failing).
+pub fn is_not_found(error: &anyhow::Error) -> bool {
+    matches!(
+        error.downcast_ref::<object_store::Error>(),
+        Some(object_store::Error::NotFound { .. })
+    )
+}
