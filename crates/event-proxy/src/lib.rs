@@ -124,11 +124,16 @@ impl ProxyState {
     }
 }
 
+/// What a handler answers: a response, or the refusal that becomes one.
+pub(crate) type Answer = Result<Response, Refusal>;
+
 /// Routes a request other than an event stream.
 pub async fn route(state: &Arc<ProxyState>, request: &Request, peer: IpAddr) -> Response {
     // Peers sign every request (checked first thing); many share one address.
     if request.path.starts_with("/peer/") {
-        return peers::handle(state, request).await;
+        return peers::handle(state, request)
+            .await
+            .unwrap_or_else(Response::from);
     }
     // Publishers with a key are the operator's own services (the control plane
     // publishes every lifecycle event): the per-IP limit is for everyone else.
@@ -137,69 +142,82 @@ pub async fn route(state: &Arc<ProxyState>, request: &Request, peer: IpAddr) -> 
     {
         return limited.into();
     }
-    match (request.method.as_str(), request.path.as_str()) {
-        ("OPTIONS", _) => Response {
-            status: 204,
-            headers: vec![
-                ("Access-Control-Allow-Methods", "GET, OPTIONS".into()),
-                (
-                    "Access-Control-Allow-Headers",
-                    "Authorization, Content-Type, Last-Event-ID".into(),
-                ),
-                ("Access-Control-Max-Age", "600".into()),
-            ],
-            body: Vec::new(),
-        },
-        ("GET", "/health") => health(state),
-        ("GET", "/metrics") => {
-            state
-                .metrics
-                .topics_active
-                .set(state.topics.active() as i64);
-            if let Some(cluster) = &state.peers {
-                let lag = cluster.sync_lag().as_millis();
-                state.metrics.sync_lag.set(lag.min(i64::MAX as u128) as i64);
-            }
-            Response {
-                status: 200,
-                headers: vec![(
-                    "Content-Type",
-                    "text/plain; version=0.0.4; charset=utf-8".into(),
-                )],
-                body: state.metrics.render().into_bytes(),
-            }
-        }
+    let answer = match (request.method.as_str(), request.path.as_str()) {
+        ("OPTIONS", _) => Ok(preflight()),
+        ("GET", "/health") => Ok(health(state)),
+        ("GET", "/metrics") => Ok(metrics(state)),
         ("POST", "/publish") => publish_batch(state, request).await,
         ("POST", "/admin/revoke") => revoke::revoke(state, request).await,
-        (_, "/admin/revoke") => Refusal::MethodNotAllowed.into(),
         ("POST", path) if path.starts_with("/publish/") => {
             publish_one(state, request, path.trim_start_matches("/publish/")).await
         }
-        (_, "/health" | "/metrics" | "/publish") => Refusal::MethodNotAllowed.into(),
-        (_, path) if path.starts_with("/events/") || path.starts_with("/publish/") => {
-            Refusal::MethodNotAllowed.into()
+        (_, "/health" | "/metrics" | "/publish" | "/admin/revoke") => {
+            Err(Refusal::MethodNotAllowed)
         }
-        _ => Refusal::NotFound.into(),
+        (_, path) if path.starts_with("/events/") || path.starts_with("/publish/") => {
+            Err(Refusal::MethodNotAllowed)
+        }
+        _ => Err(Refusal::NotFound),
+    };
+    answer.unwrap_or_else(Response::from)
+}
+
+/// `OPTIONS`: what a browser may send cross-origin.
+fn preflight() -> Response {
+    Response {
+        status: 204,
+        headers: vec![
+            ("Access-Control-Allow-Methods", "GET, OPTIONS".into()),
+            (
+                "Access-Control-Allow-Headers",
+                "Authorization, Content-Type, Last-Event-ID".into(),
+            ),
+            ("Access-Control-Max-Age", "600".into()),
+        ],
+        body: Vec::new(),
+    }
+}
+
+/// `GET /metrics`: the gauges read now, then every metric.
+fn metrics(state: &ProxyState) -> Response {
+    let topics = state.topics.active() as i64;
+    state.metrics.topics_active.set(topics);
+    if let Some(cluster) = &state.peers {
+        let lag = cluster.sync_lag().as_millis();
+        state.metrics.sync_lag.set(lag.min(i64::MAX as u128) as i64);
+    }
+    let content_type = "text/plain; version=0.0.4; charset=utf-8";
+    Response {
+        status: 200,
+        headers: vec![("Content-Type", content_type.into())],
+        body: state.metrics.render().into_bytes(),
     }
 }
 
 fn health(state: &ProxyState) -> Response {
-    let breaker = state.auth.breaker.view();
-    let status = if breaker.state == "open" {
-        "degraded"
-    } else {
-        "healthy"
-    };
-    let mut body = json!({
-        "status": status,
-        "connections": state.metrics.connections_active.get(),
-        "uptime_seconds": state.started.elapsed().as_secs(),
-        "circuit_breaker": breaker,
-    });
-    if let Some(cluster) = &state.peers {
-        body["peers"] = cluster.health();
+    Response::json(200, &state.health_report())
+}
+
+impl ProxyState {
+    /// `GET /health`: degraded while the verification webhook's breaker is
+    /// open; streams, uptime, the breaker and the peers.
+    fn health_report(&self) -> serde_json::Value {
+        let breaker = self.auth.breaker.view();
+        let status = match breaker.state {
+            "open" => "degraded",
+            _ => "healthy",
+        };
+        let mut body = json!({
+            "status": status,
+            "connections": self.metrics.connections_active.get(),
+            "uptime_seconds": self.started.elapsed().as_secs(),
+            "circuit_breaker": breaker,
+        });
+        if let Some(cluster) = &self.peers {
+            body["peers"] = cluster.health();
+        }
+        body
     }
-    Response::json(200, &body)
 }
 
 /// Who may publish to `topic`: a publisher key from `[publisher]`, or a token
@@ -208,45 +226,39 @@ async fn authorize_publisher(
     state: &Arc<ProxyState>,
     request: &Request,
     topic: &topics::Topic,
-) -> Option<Response> {
-    let header = request.header("authorization");
-    let keys = &state.config.publisher.api_keys;
+) -> Result<(), Refusal> {
     if state.is_publisher_key(request) {
-        return None;
+        return Ok(());
     }
     if !state.auth.enabled() {
-        return if keys.is_empty() {
-            None
-        } else {
-            Some(Refusal::Unauthenticated.into())
+        return match state.config.publisher.api_keys.is_empty() {
+            true => Ok(()),
+            false => Err(Refusal::Unauthenticated),
         };
     }
-    let presented = presented_token(header, None);
-    let presented = match presented {
-        auth::Presented::None => {
-            // A publisher always needs a credential when auth is on.
-            return Some(Refusal::Unauthenticated.into());
-        }
+    let presented = match presented_token(request.header("authorization"), None) {
+        // A publisher always needs a credential when auth is on.
+        auth::Presented::None => return Err(Refusal::Unauthenticated),
         other => other,
     };
     let decision = state
         .auth
         .authorize(presented, &topic.name, &topic.uuid_hex, Action::Write)
         .await;
-    Refusal::from_decision(decision).err().map(Response::from)
+    Refusal::from_decision(decision).map(|_| ())
 }
 
-fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Response> {
+pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Refusal> {
     if body.iter().all(u8::is_ascii_whitespace) {
-        return Err(Refusal::BadRequest("A JSON body is required".into()).into());
+        return Err(Refusal::BadRequest("A JSON body is required".into()));
     }
-    serde_json::from_slice(body).map_err(|e| Refusal::InvalidBody(e.to_string()).into())
+    serde_json::from_slice(body).map_err(|e| Refusal::InvalidBody(e.to_string()))
 }
 
 /// Why a publish has no id.
-fn owner_unavailable(reason: &str) -> Response {
+fn owner_unavailable(reason: &str) -> Refusal {
     tracing::warn!(%reason, "publish: the topic's owner did not answer");
-    Refusal::OwnerUnavailable.into()
+    Refusal::OwnerUnavailable
 }
 
 /// An event's id, or the owner's answer still to come.
@@ -256,7 +268,7 @@ enum Published {
 }
 
 impl Published {
-    async fn id(self) -> Result<String, Response> {
+    async fn id(self) -> Result<String, Refusal> {
         match self {
             Self::Here(id) => Ok(id),
             Self::AtOwner(answer) => match answer.await {
@@ -290,25 +302,15 @@ async fn publish_event(state: &ProxyState, topic: &Topic, publish: &Publish) -> 
     Published::Here(id.to_string())
 }
 
-async fn publish_one(state: &Arc<ProxyState>, request: &Request, topic_name: &str) -> Response {
-    if let Err(reason) = validate_topic(topic_name) {
-        return Refusal::BadRequest(reason).into();
-    }
-    let publish: Publish = match parse_body(&request.body) {
-        Ok(publish) => publish,
-        Err(response) => return response,
-    };
-    if let Err(reason) = publish.validate() {
-        return Refusal::InvalidBody(reason).into();
-    }
+/// `POST /publish/{topic}`.
+async fn publish_one(state: &Arc<ProxyState>, request: &Request, topic_name: &str) -> Answer {
+    validate_topic(topic_name).map_err(Refusal::BadRequest)?;
+    let publish: Publish = parse_body(&request.body)?;
+    publish.validate().map_err(Refusal::InvalidBody)?;
     let topic = state.topics.get_or_create(topic_name);
-    if let Some(refused) = authorize_publisher(state, request, &topic).await {
-        return refused;
-    }
-    match publish_event(state, &topic, &publish).await.id().await {
-        Ok(id) => Response::json(200, &json!({ "id": id })),
-        Err(response) => response,
-    }
+    authorize_publisher(state, request, &topic).await?;
+    let id = publish_event(state, &topic, &publish).await.id().await?;
+    Ok(Response::json(200, &json!({ "id": id })))
 }
 
 #[derive(Deserialize)]
@@ -328,40 +330,44 @@ struct BatchEvent {
 /// The most events one batch may carry.
 const MAX_BATCH: usize = 1000;
 
-async fn publish_batch(state: &Arc<ProxyState>, request: &Request) -> Response {
-    let batch: Batch = match parse_body(&request.body) {
-        Ok(batch) => batch,
-        Err(response) => return response,
-    };
-    if batch.events.is_empty() || batch.events.len() > MAX_BATCH {
-        return Refusal::InvalidBody(format!("events must hold 1 to {MAX_BATCH} events")).into();
-    }
-    // Check everything first: a batch is published whole or not at all.
-    let mut checked = Vec::with_capacity(batch.events.len());
-    for (index, event) in batch.events.iter().enumerate() {
-        if let Err(reason) = validate_topic(&event.topic).and_then(|()| event.publish.validate()) {
-            return Refusal::InvalidBody(format!("events[{index}]: {reason}")).into();
-        }
-        let topic = state.topics.get_or_create(&event.topic);
-        if let Some(refused) = authorize_publisher(state, request, &topic).await {
-            return refused;
-        }
-        checked.push(topic);
-    }
+/// `POST /publish`: a batch is published whole or not at all.
+async fn publish_batch(state: &Arc<ProxyState>, request: &Request) -> Answer {
+    let batch: Batch = parse_body(&request.body)?;
+    let topics = check_batch(state, request, &batch).await?;
     // Events of topics owned here are published in turn, the others queued on
     // their owner's link; then the owners' answers are awaited in order.
-    let mut pending = Vec::with_capacity(checked.len());
-    for (topic, event) in checked.iter().zip(&batch.events) {
+    let mut pending = Vec::with_capacity(topics.len());
+    for (topic, event) in topics.iter().zip(&batch.events) {
         pending.push(publish_event(state, topic, &event.publish).await);
     }
     let mut ids = Vec::with_capacity(pending.len());
     for published in pending {
-        match published.id().await {
-            Ok(id) => ids.push(id),
-            Err(response) => return response,
-        }
+        ids.push(published.id().await?);
     }
-    Response::json(200, &json!({ "ids": ids }))
+    Ok(Response::json(200, &json!({ "ids": ids })))
+}
+
+/// Checks every event of a batch (size, topic, body, the publisher's right
+/// to each topic) before any is published; answers their topics.
+async fn check_batch(
+    state: &Arc<ProxyState>,
+    request: &Request,
+    batch: &Batch,
+) -> Result<Vec<Arc<Topic>>, Refusal> {
+    if batch.events.is_empty() || batch.events.len() > MAX_BATCH {
+        let reason = format!("events must hold 1 to {MAX_BATCH} events");
+        return Err(Refusal::InvalidBody(reason));
+    }
+    let mut topics = Vec::with_capacity(batch.events.len());
+    for (index, event) in batch.events.iter().enumerate() {
+        validate_topic(&event.topic)
+            .and_then(|()| event.publish.validate())
+            .map_err(|reason| Refusal::InvalidBody(format!("events[{index}]: {reason}")))?;
+        let topic = state.topics.get_or_create(&event.topic);
+        authorize_publisher(state, request, &topic).await?;
+        topics.push(topic);
+    }
+    Ok(topics)
 }
 
 /// A running proxy.

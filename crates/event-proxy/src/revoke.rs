@@ -167,41 +167,41 @@ fn target_of(user_id: Option<String>, token_sha256: Option<String>) -> Result<Ta
 }
 
 /// `POST /admin/revoke`: this proxy, then every peer.
-pub async fn revoke(state: &Arc<ProxyState>, request: &Request) -> Response {
+pub async fn revoke(state: &Arc<ProxyState>, request: &Request) -> crate::Answer {
     if !state.is_publisher_key(request) {
-        return Refusal::Unauthenticated.into();
+        return Err(Refusal::Unauthenticated);
     }
     let target = serde_json::from_slice::<Revocation>(&request.body)
         .map_err(|e| format!("Invalid body: {e}"))
-        .and_then(|r| target_of(r.user_id, r.token_sha256));
-    let target = match target {
-        Ok(target) => target,
-        Err(reason) => return Refusal::BadRequest(reason).into(),
-    };
+        .and_then(|r| target_of(r.user_id, r.token_sha256))
+        .map_err(Refusal::BadRequest)?;
+    Ok(Response::json(
+        200,
+        &revoke_everywhere(state, &target).await,
+    ))
+}
+
+/// Revokes on this proxy, then on every peer; answers what it reached.
+async fn revoke_everywhere(state: &Arc<ProxyState>, target: &Target) -> serde_json::Value {
     let now = state.clock.now();
-    let (evicted, closed) = revoke_here(state, &target, now);
+    let (evicted, closed) = revoke_here(state, target, now);
     let mut body = json!({ "evicted": evicted, "closed": closed });
     if let Some(cluster) = &state.peers {
-        let revocation = PeerRevocation::new(&target, now);
+        let revocation = PeerRevocation::new(target, now);
         cluster.remember_revocation(&revocation).await;
         let (reached, failed) = cluster.broadcast_revoke(&revocation).await;
         body["peers_reached"] = json!(reached);
         body["peers_failed"] = json!(failed);
     }
-    Response::json(200, &body)
+    body
 }
 
 /// A revocation a peer sent (signature already checked): applied in full,
 /// unless it already was.
-pub async fn apply(state: &Arc<ProxyState>, body: &[u8]) -> Response {
-    let revocation = match serde_json::from_slice::<PeerRevocation>(body) {
-        Ok(revocation) => revocation,
-        Err(error) => return Refusal::InvalidBody(error.to_string()).into(),
-    };
-    let target = match revocation.target() {
-        Ok(target) => target,
-        Err(reason) => return Refusal::BadRequest(reason).into(),
-    };
+pub async fn apply(state: &Arc<ProxyState>, body: &[u8]) -> crate::Answer {
+    let revocation = serde_json::from_slice::<PeerRevocation>(body)
+        .map_err(|error| Refusal::InvalidBody(error.to_string()))?;
+    let target = revocation.target().map_err(Refusal::BadRequest)?;
     let (mut evicted, mut closed) = (0, 0);
     if let Some(cluster) = &state.peers
         && cluster.remember_revocation(&revocation).await
@@ -210,7 +210,10 @@ pub async fn apply(state: &Arc<ProxyState>, body: &[u8]) -> Response {
         let before = state.clock.now().max(revocation.taken_at());
         (evicted, closed) = revoke_here(state, &target, before);
     }
-    Response::json(200, &json!({ "evicted": evicted, "closed": closed }))
+    Ok(Response::json(
+        200,
+        &json!({ "evicted": evicted, "closed": closed }),
+    ))
 }
 
 /// Revocations read from the gossip state that this proxy has not applied.
@@ -341,13 +344,13 @@ mod tests {
             ..gossiped("", start - TimeDelta::seconds(100))
         };
         let body = serde_json::to_vec(&lagging).unwrap();
-        let answer = apply(state, &body).await;
+        let answer = apply(state, &body).await.expect("a well-formed revocation");
         assert_eq!(answer.status, 200);
         assert!(again.revoked.is_cancelled() && after.revoked.is_cancelled());
         assert!(state.auth.cache.is_empty());
         // A direct copy of one already applied changes nothing either.
         let last = admit(state, 5, "new", alice(clock.now()));
-        apply(state, &body).await;
+        apply(state, &body).await.expect("applied again");
         assert!(!last.revoked.is_cancelled());
         proxy.shutdown().await;
     }

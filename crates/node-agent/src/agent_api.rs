@@ -161,16 +161,19 @@ async fn instance_revive(
     Path(id): Path<String>,
     Json(request): Json<AgentReviveInstance>,
 ) -> Result<(StatusCode, Json<AgentInstancePorts>), AgentError> {
-    if request.id.as_str() != id {
-        return Err(AgentError::InvalidState(format!(
-            "path names {id} but the body names {}",
-            request.id
-        )));
+    same_instance(&id, &request.id)?;
+    let ports = state.agent.instance_revive(request).await?;
+    Ok((StatusCode::ACCEPTED, Json(ports)))
+}
+
+/// Refuses a body that names another instance than its path.
+fn same_instance(path: &str, body: &InstanceId) -> Result<(), AgentError> {
+    if body.as_str() == path {
+        return Ok(());
     }
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(state.agent.instance_revive(request).await?),
-    ))
+    Err(AgentError::InvalidState(format!(
+        "path names {path} but the body names {body}"
+    )))
 }
 
 async fn instance_list(State(state): State<ApiState>) -> Json<Vec<InstanceReport>> {

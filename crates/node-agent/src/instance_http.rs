@@ -164,95 +164,100 @@ async fn screenshot(
     query: Result<Query<ScreenshotQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|e| {
-        ApiError(
-            StatusCode::BAD_REQUEST,
-            format!("{e}; the parameters are tab=<id from /tabs> and token=<access token>"),
-        )
+        let hint = "the parameters are tab=<id from /tabs> and token=<access token>";
+        ApiError(StatusCode::BAD_REQUEST, format!("{e}; {hint}"))
     })?;
-    let endpoint = endpoint(&state).await?;
+    let png = capture_png(&state, query.tab.as_deref()).await?;
+    let headers = [
+        (header::CONTENT_TYPE, "image/png"),
+        (header::CACHE_CONTROL, "no-store"),
+    ];
+    Ok((headers, png).into_response())
+}
+
+/// A PNG of tab `tab` (default: the first tab).
+async fn capture_png(state: &ApiState, tab: Option<&str>) -> Result<Vec<u8>, ApiError> {
+    let bad_gateway = |reason: String| ApiError(StatusCode::BAD_GATEWAY, reason);
+    let not_found = |reason: String| ApiError(StatusCode::NOT_FOUND, reason);
+    let endpoint = endpoint(state).await?;
     let tabs = list_tabs(&endpoint)
         .await
-        .map_err(|e| ApiError(StatusCode::BAD_GATEWAY, format!("cannot list tabs: {e}")))?;
-    let tab = match &query.tab {
-        Some(id) => tabs.into_iter().find(|tab| &tab.id == id).ok_or_else(|| {
-            ApiError(
-                StatusCode::NOT_FOUND,
-                format!("no tab {id:?}; GET /tabs lists them"),
-            )
-        })?,
+        .map_err(|e| bad_gateway(format!("cannot list tabs: {e}")))?;
+    let tab = match tab {
+        Some(id) => tabs
+            .into_iter()
+            .find(|tab| tab.id == id)
+            .ok_or_else(|| not_found(format!("no tab {id:?}; GET /tabs lists them")))?,
         None => tabs
             .into_iter()
             .next()
-            .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, "the browser has no open tab".into()))?,
+            .ok_or_else(|| not_found("the browser has no open tab".into()))?,
     };
     let client = CdpClient::open(&endpoint, &page_path(&tab))
         .await
-        .map_err(|e| ApiError(StatusCode::BAD_GATEWAY, e.to_string()))?;
+        .map_err(|e| bad_gateway(e.to_string()))?;
+    let params = json!({"format": "png"});
     let result = client
         .call(
             "Page.captureScreenshot",
-            json!({"format": "png"}),
+            params,
             None,
             Duration::from_secs(20),
         )
         .await
-        .map_err(|e| ApiError(StatusCode::BAD_GATEWAY, e.to_string()))?;
-    let data = result
-        .get("data")
-        .and_then(|v| v.as_str())
-        .unwrap_or_default();
-    let png = base64::engine::general_purpose::STANDARD
+        .map_err(|e| bad_gateway(e.to_string()))?;
+    let data = result["data"].as_str().unwrap_or_default();
+    base64::engine::general_purpose::STANDARD
         .decode(data)
-        .map_err(|e| {
-            ApiError(
-                StatusCode::BAD_GATEWAY,
-                format!("browser sent a bad screenshot: {e}"),
-            )
-        })?;
-    Ok((
-        [
-            (header::CONTENT_TYPE, "image/png"),
-            (header::CACHE_CONTROL, "no-store"),
-        ],
-        png,
-    )
-        .into_response())
+        .map_err(|e| bad_gateway(format!("browser sent a bad screenshot: {e}")))
+}
+
+/// Runs disk work off the async threads.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+}
+
+fn no_download(name: &str) -> ApiError {
+    let reason = format!("no download {name:?}; GET /downloads lists them");
+    ApiError(StatusCode::NOT_FOUND, reason)
 }
 
 async fn downloads_list(State(state): State<ApiState>) -> Result<Response, ApiError> {
     let dir = state.slot.dirs.downloads();
-    let downloads = tokio::task::spawn_blocking(move || crate::downloads::list(&dir))
-        .await
-        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+    let downloads = blocking(move || crate::downloads::list(&dir))
+        .await?
         .map_err(|e| {
-            ApiError(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("cannot list downloads: {e}"),
-            )
+            let reason = format!("cannot list downloads: {e}");
+            ApiError(StatusCode::INTERNAL_SERVER_ERROR, reason)
         })?;
-    Ok(axum::Json(flotilla_api_types::instances::DownloadList { downloads }).into_response())
+    let list = flotilla_api_types::instances::DownloadList { downloads };
+    Ok(axum::Json(list).into_response())
 }
 
-fn download_name(name: &str) -> Result<&str, ApiError> {
-    crate::downloads::checked_name(name).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))
+fn download_name(name: &str) -> Result<String, ApiError> {
+    crate::downloads::checked_name(name)
+        .map(str::to_owned)
+        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))
 }
 
 async fn download_get(
     State(state): State<ApiState>,
     axum::extract::Path(name): axum::extract::Path<String>,
 ) -> Result<Response, ApiError> {
-    let name = download_name(&name)?.to_owned();
-    let dir = state.slot.dirs.downloads();
-    let shown = name.clone();
-    let (file, length) = tokio::task::spawn_blocking(move || crate::downloads::open(&dir, &shown))
-        .await
-        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-        .map_err(|_| {
-            ApiError(
-                StatusCode::NOT_FOUND,
-                format!("no download {name:?}; GET /downloads lists them"),
-            )
-        })?;
+    let name = download_name(&name)?;
+    let (dir, shown) = (state.slot.dirs.downloads(), name.clone());
+    let (file, length) = blocking(move || crate::downloads::open(&dir, &shown))
+        .await?
+        .map_err(|_| no_download(&name))?;
+    Ok(download_response(&name, file, length))
+}
+
+/// A download as an attachment, streamed from its file.
+fn download_response(name: &str, file: std::fs::File, length: u64) -> Response {
     let body = axum::body::Body::from_stream(tokio_util::io::ReaderStream::new(
         tokio::fs::File::from_std(file),
     ));
@@ -264,51 +269,48 @@ async fn download_get(
         "attachment; filename*=UTF-8''{}",
         url::form_urlencoded::byte_serialize(name.as_bytes()).collect::<String>()
     );
-    Ok((
-        [
-            (header::CONTENT_TYPE, mime),
-            (header::CONTENT_LENGTH, length.to_string()),
-            (header::CONTENT_DISPOSITION, disposition),
-            (header::CACHE_CONTROL, "no-store".to_owned()),
-            (header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_owned()),
-        ],
-        body,
-    )
-        .into_response())
+    let headers = [
+        (header::CONTENT_TYPE, mime),
+        (header::CONTENT_LENGTH, length.to_string()),
+        (header::CONTENT_DISPOSITION, disposition),
+        (header::CACHE_CONTROL, "no-store".to_owned()),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_owned()),
+    ];
+    (headers, body).into_response()
 }
 
 async fn download_delete(
     State(state): State<ApiState>,
     axum::extract::Path(name): axum::extract::Path<String>,
 ) -> Result<Response, ApiError> {
-    let name = download_name(&name)?.to_owned();
-    let dir = state.slot.dirs.downloads();
-    let target = name.clone();
-    let removed = tokio::task::spawn_blocking(move || crate::downloads::remove(&dir, &target))
-        .await
-        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+    let name = download_name(&name)?;
+    remove_download(&state, &name).await?;
+    let message = format!("download {name} deleted");
+    Ok(axum::Json(flotilla_api_types::MessageResponse { message }).into_response())
+}
+
+async fn remove_download(state: &ApiState, name: &str) -> Result<(), ApiError> {
+    let (dir, target) = (state.slot.dirs.downloads(), name.to_owned());
+    let removed = blocking(move || crate::downloads::remove(&dir, &target))
+        .await?
         .map_err(|e| {
-            ApiError(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("cannot remove {name:?}: {e}"),
-            )
+            let reason = format!("cannot remove {name:?}: {e}");
+            ApiError(StatusCode::INTERNAL_SERVER_ERROR, reason)
         })?;
-    if !removed {
-        return Err(ApiError(
-            StatusCode::NOT_FOUND,
-            format!("no download {name:?}; GET /downloads lists them"),
-        ));
+    match removed {
+        true => Ok(()),
+        false => Err(no_download(name)),
     }
-    Ok(axum::Json(flotilla_api_types::MessageResponse {
-        message: format!("download {name} deleted"),
-    })
-    .into_response())
 }
 
 async fn index(State(state): State<ApiState>, headers: HeaderMap) -> Html<String> {
-    // The host the client used, if it is a plain host name or address (it goes
-    // into the page's HTML).
-    let host = headers
+    Html(index_page(&state, client_host(&headers)))
+}
+
+/// The host the client used, if it is a plain host name or address (it goes
+/// into the page's HTML).
+fn client_host(headers: &HeaderMap) -> &str {
+    headers
         .get(header::HOST)
         .and_then(|v| v.to_str().ok())
         .map(|h| h.rsplit_once(':').map_or(h, |(host, _)| host))
@@ -317,7 +319,11 @@ async fn index(State(state): State<ApiState>, headers: HeaderMap) -> Html<String
                 && h.chars()
                     .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '[' | ']' | ':'))
         })
-        .unwrap_or("127.0.0.1");
+        .unwrap_or("127.0.0.1")
+}
+
+/// A page that shows the live view, with links to the tabs and a screenshot.
+fn index_page(state: &ApiState, host: &str) -> String {
     let stream_port = state.slot.ports[1];
     let id = &state.slot.id;
     // The page was shown to an admitted client; its links need the token too.
@@ -332,7 +338,7 @@ async fn index(State(state): State<ApiState>, headers: HeaderMap) -> Html<String
     let live_view = link(format!("http://{host}:{stream_port}/"));
     let tabs = link("/tabs".into());
     let screenshot = link("/screenshot".into());
-    Html(format!(
+    format!(
         r#"<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <meta name="referrer" content="no-referrer">
@@ -340,5 +346,5 @@ async fn index(State(state): State<ApiState>, headers: HeaderMap) -> Html<String
 <style>body{{margin:0;background:#111;color:#ddd;font:14px system-ui,sans-serif}}header{{padding:8px 12px}}img{{display:block;max-width:100%;margin:0 auto;background:#000}}a{{color:#8cf}}</style>
 </head><body><header>Instance <code>{id}</code> · <a href="{tabs}">tabs</a> · <a href="{screenshot}">screenshot</a></header>
 <img src="{live_view}" alt="Live view of instance {id}"></body></html>"#
-    ))
+    )
 }

@@ -269,29 +269,30 @@ pub async fn serve(listener: TcpListener, live_view: Arc<LiveView>, access: Arc<
 const BOUNDARY: &str = "flotillaframe";
 
 async fn mjpeg(State(live_view): State<Arc<LiveView>>) -> Response {
+    let content_type = format!("multipart/x-mixed-replace; boundary={BOUNDARY}");
+    Response::builder()
+        .header(header::CONTENT_TYPE, content_type)
+        .header(header::CACHE_CONTROL, "no-store")
+        .body(Body::from_stream(mjpeg_parts(live_view).await))
+        .expect("static response")
+}
+
+/// The frames as multipart parts, each as soon as it is captured, until the
+/// viewer leaves or the instance's servers stop.
+async fn mjpeg_parts(
+    live_view: Arc<LiveView>,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
     let guard = live_view.join().await;
     let frames = live_view.frames.subscribe();
-    let stream = futures_util::stream::unfold(
+    futures_util::stream::unfold(
         (frames, guard, 0u64),
         |(mut frames, guard, last_sent)| async move {
             loop {
                 let frame = frames.borrow_and_update().clone();
                 if let Some(frame) = frame.filter(|f| f.seq != last_sent) {
                     guard.0.slot.touch();
-                    // Each frame is followed at once by the next part's boundary
-                    // and headers: browsers show a part only when the next one
-                    // begins, and a still page sends no next frame.
-                    let next_part = format!("\r\n--{BOUNDARY}\r\nContent-Type: image/jpeg\r\n\r\n");
-                    let mut part = Vec::with_capacity(frame.jpeg.len() + 2 * next_part.len());
-                    if last_sent == 0 {
-                        part.extend_from_slice(&next_part.as_bytes()[2..]);
-                    }
-                    part.extend_from_slice(&frame.jpeg);
-                    part.extend_from_slice(next_part.as_bytes());
-                    return Some((
-                        Ok::<_, std::io::Error>(Bytes::from(part)),
-                        (frames, guard, frame.seq),
-                    ));
+                    let part = multipart_part(&frame.jpeg, last_sent == 0);
+                    return Some((Ok(part), (frames, guard, frame.seq)));
                 }
                 tokio::select! {
                     changed = frames.changed() => if changed.is_err() { return None },
@@ -299,15 +300,21 @@ async fn mjpeg(State(live_view): State<Arc<LiveView>>) -> Response {
                 }
             }
         },
-    );
-    Response::builder()
-        .header(
-            header::CONTENT_TYPE,
-            format!("multipart/x-mixed-replace; boundary={BOUNDARY}"),
-        )
-        .header(header::CACHE_CONTROL, "no-store")
-        .body(Body::from_stream(stream))
-        .expect("static response")
+    )
+}
+
+/// One JPEG as a part. Each frame is followed at once by the next part's
+/// boundary and headers: browsers show a part only when the next one begins,
+/// and a still page sends no next frame.
+fn multipart_part(jpeg: &[u8], first: bool) -> Bytes {
+    let next_part = format!("\r\n--{BOUNDARY}\r\nContent-Type: image/jpeg\r\n\r\n");
+    let mut part = Vec::with_capacity(jpeg.len() + 2 * next_part.len());
+    if first {
+        part.extend_from_slice(&next_part.as_bytes()[2..]);
+    }
+    part.extend_from_slice(jpeg);
+    part.extend_from_slice(next_part.as_bytes());
+    Bytes::from(part)
 }
 
 async fn websocket(State(live_view): State<Arc<LiveView>>, upgrade: WebSocketUpgrade) -> Response {
@@ -341,31 +348,29 @@ async fn ws_viewer(mut socket: WebSocket, live_view: Arc<LiveView>) {
 
 async fn latest_frame(State(live_view): State<Arc<LiveView>>) -> Response {
     let _guard = live_view.join().await;
+    let Some(jpeg) = first_frame(&live_view).await else {
+        let reason = "no frame from the browser yet\n";
+        return (StatusCode::SERVICE_UNAVAILABLE, reason).into_response();
+    };
+    let headers = [
+        (header::CONTENT_TYPE, "image/jpeg"),
+        (header::CACHE_CONTROL, "no-store"),
+    ];
+    (headers, jpeg).into_response()
+}
+
+/// The latest frame, waiting up to the ready timeout for a first one.
+async fn first_frame(live_view: &LiveView) -> Option<Bytes> {
     let mut frames = live_view.frames.subscribe();
     let wait = tokio::time::timeout(live_view.ready_timeout, async {
         loop {
             if let Some(frame) = frames.borrow_and_update().clone() {
-                return Some(frame);
+                return Some(frame.jpeg);
             }
             if frames.changed().await.is_err() {
                 return None;
             }
         }
-    })
-    .await;
-    match wait {
-        Ok(Some(frame)) => (
-            [
-                (header::CONTENT_TYPE, "image/jpeg"),
-                (header::CACHE_CONTROL, "no-store"),
-            ],
-            frame.jpeg,
-        )
-            .into_response(),
-        _ => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no frame from the browser yet\n",
-        )
-            .into_response(),
-    }
+    });
+    wait.await.ok().flatten()
 }

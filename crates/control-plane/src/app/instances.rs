@@ -130,8 +130,8 @@ impl ControlPlane {
             access_token: Some(Secret::new(self.instance_token(&id).await?)),
             profile: request.profile,
         };
-        let ports = self.launch_on(&node, launch).await?;
-        self.record_launch(&id, &node, &ports).await?;
+        let ports = self.launch_on(node, launch).await?;
+        self.record_launch(&id, node, &ports).await?;
         let record = self
             .store
             .instance_get(&id)

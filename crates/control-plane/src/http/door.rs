@@ -136,21 +136,23 @@ pub async fn by_path(
     Path(params): Path<Vec<(String, String)>>,
     request: Request,
 ) -> Response {
-    let id = params
-        .iter()
-        .find(|(name, _)| name == "instance_id")
-        .map(|(_, value)| InstanceId::new(value.clone()));
     let path = request.uri().path().to_owned();
-    let (Some(id), Some((_, rest))) = (id, split_door_path(&path)) else {
-        return Error::NotFound(format!("no such path: {path}")).into_response();
-    };
-    match route(&id, rest) {
-        Some(route) => {
+    match door_route(&params, &path) {
+        Some((id, route)) => {
             let prefix = format!("/v2/instances/{id}");
             pass(&control_plane, request, id, route, &prefix).await
         }
         None => Error::NotFound(format!("no such path: {path}")).into_response(),
     }
+}
+
+/// The instance and the route a door path names, if it names one.
+fn door_route(params: &[(String, String)], path: &str) -> Option<(InstanceId, Route)> {
+    let (_, value) = params.iter().find(|(name, _)| name == "instance_id")?;
+    let id = InstanceId::new(value.clone());
+    let (_, rest) = split_door_path(path)?;
+    let route = route(&id, rest)?;
+    Some((id, route))
 }
 
 /// Admits `request` and forwards it along `route`.

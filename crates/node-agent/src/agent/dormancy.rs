@@ -19,7 +19,9 @@ use crate::config::ImageConfig;
 use crate::instance::{BrowserPhase, InstanceSlot};
 use crate::snapshot::{self, CapturedState};
 
-use super::{Agent, AgentError, CDP_GRACE, Outgoing, check_extensions, ports_of, remove_dir};
+use super::{
+    Agent, AgentError, CDP_GRACE, Outgoing, check_extensions, ports_of, remove_dir, unpack_into,
+};
 
 impl Agent {
     /// Parks a running instance: captures its CDP state, closes the browser
@@ -333,19 +335,9 @@ impl Agent {
         method: ReviveMethod,
         image: &ImageConfig,
     ) -> Result<(Arc<BrowserProcess>, Option<CdpEndpoint>), String> {
-        let (root, profile, downloads) = (
-            slot.dirs.root.clone(),
-            slot.dirs.profile(),
-            slot.dirs.downloads(),
-        );
-        let state = tokio::task::spawn_blocking(move || {
-            remove_dir(&profile);
-            std::fs::create_dir_all(&root)?;
-            snapshot::extract(&archive, &profile, &downloads)
-        })
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("cannot unpack snapshot {snapshot}: {e}"))?;
+        let state = unpack_into(slot, archive)
+            .await
+            .map_err(|e| format!("cannot unpack snapshot {snapshot}: {e}"))?;
         // What the snapshot brought back was announced when it finished.
         let _ = slot.newly_completed_downloads();
         let limits = self.inner.launcher.limits_for(&slot.config);

@@ -25,7 +25,8 @@ use crate::live_view::{self, LiveView, LiveViewSettings};
 use crate::snapshot::{self, CapturedState};
 
 use super::{
-    Agent, AgentError, CDP_GRACE, Outgoing, check_extensions, ports_of, remove_dir, upstream_of,
+    Agent, AgentError, CDP_GRACE, Outgoing, check_extensions, ports_of, remove_dir, unpack_into,
+    upstream_of,
 };
 
 impl Agent {
@@ -328,19 +329,9 @@ impl Agent {
         let Some(archive) = archive else {
             return Ok(None);
         };
-        let (root, profile, downloads) = (
-            slot.dirs.root.clone(),
-            slot.dirs.profile(),
-            slot.dirs.downloads(),
-        );
-        let state = tokio::task::spawn_blocking(move || {
-            remove_dir(&profile);
-            std::fs::create_dir_all(&root)?;
-            snapshot::extract(&archive, &profile, &downloads)
-        })
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("cannot unpack profile {name}: {e}"))?;
+        let state = unpack_into(slot, archive)
+            .await
+            .map_err(|e| format!("cannot unpack profile {name}: {e}"))?;
         tracing::info!(instance = %slot.id, profile = name, "profile unpacked");
         Ok(Some((name, state)))
     }

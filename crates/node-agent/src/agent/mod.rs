@@ -36,7 +36,7 @@ use crate::launcher::Launcher;
 use crate::link::ControlPlaneLink;
 use crate::monitor::MachineMeter;
 use crate::ports::{InstancePorts, PortAllocator};
-use crate::snapshot::SnapshotStore;
+use crate::snapshot::{CapturedState, SnapshotStore};
 use crate::sweep;
 
 mod dormancy;
@@ -323,20 +323,24 @@ impl Agent {
             .await
     }
 
+    /// Every slot, as it is now.
+    fn all_slots(&self) -> Vec<Arc<InstanceSlot>> {
+        let slots = self.inner.slots.lock().expect("slots lock");
+        slots.values().cloned().collect()
+    }
+
+    /// Every slot, leaving the agent none (it is stopping).
+    fn take_all_slots(&self) -> Vec<Arc<InstanceSlot>> {
+        let mut slots = self.inner.slots.lock().expect("slots lock");
+        slots.drain().map(|(_, slot)| slot).collect()
+    }
+
     /// Kills every browser at once and removes its directory, without reporting.
     /// For `Drop` paths (a test that panicked); [`Agent::shutdown`] is the graceful way.
     pub fn kill_all(&self) {
         self.inner.shutdown.cancel();
         self.inner.launcher.kill_pool();
-        let slots: Vec<_> = self
-            .inner
-            .slots
-            .lock()
-            .expect("slots lock")
-            .drain()
-            .map(|(_, s)| s)
-            .collect();
-        for slot in slots {
+        for slot in self.take_all_slots() {
             slot.mark_stopping();
             slot.servers.cancel();
             if let Some(pid) = slot.process().and_then(|p| p.pid()) {
@@ -355,14 +359,7 @@ impl Agent {
         }
         // From here on creates are refused and the report loop ends.
         self.inner.shutdown.cancel();
-        let slots: Vec<_> = self
-            .inner
-            .slots
-            .lock()
-            .expect("slots lock")
-            .drain()
-            .map(|(_, s)| s)
-            .collect();
+        let slots = self.take_all_slots();
         let stops = slots.iter().map(|slot| async move {
             let _operation = slot.operation.lock().await;
             let dormant = slot.status().0 == InstanceStatus::Dormant;
@@ -429,6 +426,24 @@ fn ports_of(slot: &InstanceSlot) -> AgentInstancePorts {
         http_port: slot.ports[2],
         status: slot.status().0,
     }
+}
+
+/// Unpacks an archive (a snapshot or a saved profile) into the instance's
+/// directory, in place of its profile; answers the state it carried.
+async fn unpack_into(slot: &InstanceSlot, archive: bytes::Bytes) -> Result<CapturedState, String> {
+    let (root, profile, downloads) = (
+        slot.dirs.root.clone(),
+        slot.dirs.profile(),
+        slot.dirs.downloads(),
+    );
+    tokio::task::spawn_blocking(move || {
+        remove_dir(&profile);
+        std::fs::create_dir_all(&root)?;
+        crate::snapshot::extract(&archive, &profile, &downloads)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())
 }
 
 fn remove_dir(path: &Path) {

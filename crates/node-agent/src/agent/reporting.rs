@@ -24,14 +24,7 @@ use super::{Agent, Outgoing};
 impl Agent {
     /// What the agent knows of its instances.
     pub fn instance_reports(&self) -> Vec<InstanceReport> {
-        let slots: Vec<_> = self
-            .inner
-            .slots
-            .lock()
-            .expect("slots lock")
-            .values()
-            .cloned()
-            .collect();
+        let slots = self.all_slots();
         slots.iter().map(|slot| slot.report()).collect()
     }
 
@@ -123,14 +116,7 @@ impl Agent {
 
     /// Takes a resource sample of the machine and every instance.
     pub fn sample(&self) -> Heartbeat {
-        let slots: Vec<_> = self
-            .inner
-            .slots
-            .lock()
-            .expect("slots lock")
-            .values()
-            .cloned()
-            .collect();
+        let slots = self.all_slots();
         if self.binds_ports() && !slots.is_empty() {
             let table = ProcTable::scan();
             let now = Instant::now();

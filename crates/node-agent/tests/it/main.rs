@@ -1,0 +1,3 @@
+//! The node agent's integration tests: one binary, a module per area.
+
+mod browser_snapshot_refill;

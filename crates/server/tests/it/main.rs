@@ -1,0 +1,13 @@
+//! Tests of Flotilla's processes as `flotilla-server` assembles them
+//! (`Serve` in-process, with real Chromium or the sim runtime): one binary,
+//! a module per area.
+
+mod api_contract;
+mod browser_dashboard;
+mod browser_dormancy;
+mod browser_front_door;
+mod browser_lifecycle;
+mod browser_runtime;
+mod browser_security;
+mod browser_sessions;
+mod operations;
