@@ -1,12 +1,13 @@
 // Drives the dashboard (/ui) in headless system Chromium with Playwright:
 // API key prompt, create, live status without reloading, live view frames,
+// taking control of the live view (a click and typing reach a test page),
 // park, revive, delete; screenshots of every page (1280x800 and a phone).
-// Usage: node dashboard.mjs <control plane URL> <screenshot dir> [api key]
+// Usage: node dashboard.mjs <control plane URL> <screenshot dir> <api key> <test page URL>
 // Prints {"id": …, "errors": [console errors], "shots": [...]} as JSON.
 import { chromium } from 'playwright-core';
 import { mkdirSync } from 'node:fs';
 
-const [base, shots, apiKey] = process.argv.slice(2);
+const [base, shots, apiKey, testPage] = process.argv.slice(2);
 mkdirSync(shots, { recursive: true });
 const browser = await chromium.launch({
   executablePath: '/usr/lib/chromium/chromium',
@@ -31,6 +32,42 @@ async function liveFrames(page) {
 }
 const taken = [];
 const T = 60_000;
+let shot;
+
+// Opens the test page in the instance's tab (over CDP), takes control in the
+// dashboard, clicks the page's button and types into its input through the
+// live view, and checks that the page saw both.
+async function takeControl(page, id) {
+  const instance = await (await fetch(`${base}/v2/instances/${id}`, { headers: { Authorization: `Bearer ${apiKey}` } })).json();
+  const remote = await chromium.connectOverCDP(instance.urls.debug);
+  try {
+    const tab = remote.contexts()[0].pages()[0];
+    await tab.goto(testPage);
+    await page.locator('[data-testid="tab-switcher"] option', { hasText: 'controls' }).waitFor({ state: 'attached', timeout: T });
+    await page.selectOption('[data-testid="tab-switcher"]', { label: 'controls' });
+    await page.click('[data-testid="take-control"]');
+    await page.locator('[data-testid="control-state"].yours').waitFor({ timeout: T });
+    const target = async (selector) => {
+      const spot = await tab.evaluate((s) => {
+        const r = document.querySelector(s).getBoundingClientRect();
+        return { x: (r.x + r.width / 2) / innerWidth, y: (r.y + r.height / 2) / innerHeight };
+      }, selector);
+      const box = await page.locator('[data-testid="live-view"] img').boundingBox();
+      return [box.x + box.width * spot.x, box.y + box.height * spot.y];
+    };
+    await page.mouse.click(...(await target('#b')));
+    await tab.waitForFunction(() => window.clicks === 1, null, { timeout: T });
+    await page.mouse.click(...(await target('#i')));
+    await tab.waitForFunction(() => document.activeElement?.id === 'i', null, { timeout: T });
+    await page.keyboard.type('hello');
+    await tab.waitForFunction(() => document.querySelector('#i').value === 'hello', null, { timeout: T });
+    await shot('live-control');
+    await page.click('[data-testid="take-control"]');
+    await page.locator('[data-testid="take-control"][aria-pressed="false"]').waitFor({ timeout: T });
+  } finally {
+    await remote.close();
+  }
+}
 try {
   const context = await browser.newContext({ viewport: { width: 1280, height: 800 } });
   const page = await context.newPage();
@@ -39,7 +76,7 @@ try {
   page.on('dialog', (d) => d.accept());
   page.on('response', (r) => console.error(`response ${r.status()} ${r.url()}`));
   page.on('requestfailed', (r) => console.error(`failed ${r.url()} ${r.failure()?.errorText}`));
-  const shot = async (name) => { const path = `${shots}/${name}.png`; await page.screenshot({ path, fullPage: true }); taken.push(path); };
+  shot = async (name) => { const path = `${shots}/${name}.png`; await page.screenshot({ path, fullPage: true }); taken.push(path); };
 
   await page.goto(`${base}/ui`);
   if (apiKey) {
@@ -61,10 +98,11 @@ try {
 
   await page.click(`tr[data-id="${id}"] a`);
   await liveFrames(page);
-  const liveSrc = await page.getAttribute('#live-view', 'src');
-  if (!liveSrc.startsWith(`${base}/v2/instances/${id}/stream?token=flt_`)) {
+  const liveSrc = await page.getAttribute('#live-view', 'data-src');
+  if (!liveSrc.startsWith(`ws://${new URL(base).host}/v2/instances/${id}/stream/ws?token=flt_`)) {
     throw new Error(`the live view does not come through the front door: ${liveSrc}`);
   }
+  await takeControl(page, id);
   const snippet = await page.textContent('#snippet');
   // Through the front door of the dashboard's own origin, with the token.
   const doorUrl = `ws://${new URL(base).host}/v2/instances/${id}/cdp?token=flt_`;

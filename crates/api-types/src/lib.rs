@@ -10,6 +10,7 @@
 //! - [`events`] — lifecycle event names and payloads (webhooks, event proxy).
 //! - [`credentials`] — bearer parsing, digests and constant-time comparison.
 //! - [`profiles`], [`extensions`] — saved browser profiles and uploaded extensions.
+//! - [`live`] — shareable live links to an instance's live view.
 //! - [`tasks`] — running an operation to its end whatever its caller does.
 //!
 //! Request types reject unknown fields; validation of values (ranges, catalogs)
@@ -26,6 +27,7 @@ pub mod health;
 pub mod ids;
 pub mod instances;
 pub mod integers;
+pub mod live;
 pub mod metrics;
 pub mod nodes;
 pub mod profiles;

@@ -28,6 +28,7 @@ pub mod instance;
 pub mod instance_http;
 pub mod launcher;
 pub mod link;
+pub mod live_control;
 pub mod live_view;
 pub mod monitor;
 pub mod netns;

@@ -8,7 +8,8 @@
 //! the last one leaves.
 //!
 //! - `GET /` — MJPEG (`multipart/x-mixed-replace`), shows in an `<img>`;
-//! - `GET /ws` — a WebSocket of binary JPEG frames;
+//! - `GET /ws` — a WebSocket of binary JPEG frames, `state` messages, and
+//!   the viewer's input once it holds control (see [`crate::live_control`]);
 //! - `GET /frame.jpg` — the newest frame.
 
 use std::sync::Arc;
@@ -29,10 +30,12 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::{Mutex, watch};
 
-use crate::access::NodeAccess;
+use crate::access::{Admission, NodeAccess};
+use crate::browser::CdpEndpoint;
 use crate::cdp::CdpClient;
 use crate::instance::InstanceSlot;
-use crate::instance_http::{list_tabs, page_path};
+use crate::instance_http::{Tab, list_tabs, page_path};
+use crate::live_control::{self, ControlState, ViewerMessage, ViewerState, Viewport};
 
 /// Screencast settings (from `[agent]`).
 #[derive(Debug, Clone, Copy)]
@@ -60,6 +63,35 @@ pub struct LiveView {
     pub frames_received: AtomicU64,
     /// Held while a screencast task runs; a tokio mutex so the check-and-start is atomic.
     running: Mutex<bool>,
+    /// The screencast's page connection and frame size while one runs:
+    /// viewers' input goes over it. A std lock, never held across an await.
+    page: std::sync::Mutex<Option<ShownPage>>,
+    /// What viewers' `state` messages are made of; each viewer watches it.
+    shared: watch::Sender<Shared>,
+    /// Ids of viewers (control is held by an id).
+    next_viewer: AtomicU64,
+    /// Wakes the screencast to move to `Shared::wanted_tab`.
+    switch: tokio::sync::Notify,
+}
+
+/// The page the screencast shows.
+#[derive(Clone)]
+struct ShownPage {
+    client: Arc<CdpClient>,
+    viewport: Viewport,
+}
+
+/// Control, tabs and frame size, as every viewer sees them.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Shared {
+    /// The viewer holding control.
+    controller: Option<u64>,
+    tabs: Vec<Tab>,
+    /// The tab being shown.
+    tab: Option<String>,
+    /// The tab a viewer asked for.
+    wanted_tab: Option<String>,
+    viewport: Option<Viewport>,
 }
 
 impl LiveView {
@@ -76,6 +108,10 @@ impl LiveView {
             viewers: AtomicUsize::new(0),
             frames_received: AtomicU64::new(0),
             running: Mutex::new(false),
+            page: std::sync::Mutex::new(None),
+            shared: watch::channel(Shared::default()).0,
+            next_viewer: AtomicU64::new(0),
+            switch: tokio::sync::Notify::new(),
         })
     }
 
@@ -100,6 +136,7 @@ impl LiveView {
         let mut wake = true;
         loop {
             let attempt = self.screencast_once(&mut last_viewer_seen, wake).await;
+            *self.page.lock().expect("page lock") = None;
             wake = false;
             match attempt {
                 Ok(()) => {}
@@ -141,14 +178,19 @@ impl LiveView {
             .wait_ready_waking(self.ready_timeout, wake)
             .await?
             .ok_or("sim instance: no browser")?;
-        let tab = list_tabs(&endpoint)
-            .await?
-            .into_iter()
-            .next()
+        let tabs = list_tabs(&endpoint).await?;
+        let wanted = self.shared.borrow().wanted_tab.clone();
+        let tab = tabs
+            .iter()
+            .find(|tab| Some(&tab.id) == wanted.as_ref())
+            .or(tabs.first())
+            .cloned()
             .ok_or("the browser has no open tab")?;
-        let client = CdpClient::open(&endpoint, &page_path(&tab))
-            .await
-            .map_err(|e| e.to_string())?;
+        let client = Arc::new(
+            CdpClient::open(&endpoint, &page_path(&tab))
+                .await
+                .map_err(|e| e.to_string())?,
+        );
         let mut events = client.events();
         let timeout = Duration::from_secs(10);
         client
@@ -166,7 +208,9 @@ impl LiveView {
             )
             .await
             .map_err(|e| e.to_string())?;
+        self.show(&client, tab.id.clone(), tabs);
         let mut tick = tokio::time::interval(Duration::from_millis(500));
+        let mut ticks = 0u64;
         let frames_at_start = self.frames_received.load(Ordering::Relaxed);
         let mut seeded = false;
         loop {
@@ -182,6 +226,7 @@ impl LiveView {
                             if let Some(session) = event.params.get("sessionId").cloned() {
                                 let _ = client.send("Page.screencastFrameAck", json!({"sessionId": session})).await;
                             }
+                            self.frame_metadata(&event.params["metadata"]);
                             let data = event.params.get("data").and_then(|d| d.as_str()).unwrap_or_default();
                             if let Ok(jpeg) = base64::engine::general_purpose::STANDARD.decode(data) {
                                 let seq = self.frames_received.fetch_add(1, Ordering::Relaxed) + 1;
@@ -192,7 +237,15 @@ impl LiveView {
                         _ => {}
                     }
                 }
+                _ = self.switch.notified() => {
+                    let _ = client.call("Page.stopScreencast", json!({}), None, timeout).await;
+                    return Ok(());
+                }
                 _ = tick.tick() => {
+                    ticks += 1;
+                    if ticks.is_multiple_of(4) {
+                        self.refresh_tabs(&endpoint, &tab.id).await?;
+                    }
                     // A page that has not painted since the screencast started
                     // (a fresh about:blank) sends no frame: seed one.
                     if !seeded && self.frames_received.load(Ordering::Relaxed) == frames_at_start {
@@ -213,6 +266,74 @@ impl LiveView {
 }
 
 impl LiveView {
+    /// Records the page the screencast now shows, and tells the viewers.
+    fn show(&self, client: &Arc<CdpClient>, tab: String, tabs: Vec<Tab>) {
+        let viewport = Viewport {
+            width: f64::from(self.settings.width),
+            height: f64::from(self.settings.height),
+        };
+        let viewport = self.shared.borrow().viewport.unwrap_or(viewport);
+        *self.page.lock().expect("page lock") = Some(ShownPage {
+            client: client.clone(),
+            viewport,
+        });
+        self.shared.send_if_modified(|shared| {
+            let changed = shared.tab.as_ref() != Some(&tab) || shared.tabs != tabs;
+            shared.tab = Some(tab);
+            shared.tabs = tabs;
+            changed
+        });
+    }
+
+    /// The page being shown; while the screencast moves to another tab (or
+    /// starts), waits for it a little.
+    async fn shown_page(&self) -> Option<ShownPage> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(page) = self.page.lock().expect("page lock").clone() {
+                return Some(page);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The frame's size in CSS pixels, from a screencast frame's metadata.
+    fn frame_metadata(&self, metadata: &serde_json::Value) {
+        let (Some(width), Some(height)) = (
+            metadata["deviceWidth"].as_f64(),
+            metadata["deviceHeight"].as_f64(),
+        ) else {
+            return;
+        };
+        let viewport = Viewport { width, height };
+        if let Some(page) = self.page.lock().expect("page lock").as_mut() {
+            page.viewport = viewport;
+        }
+        self.shared.send_if_modified(|shared| {
+            let changed = shared.viewport != Some(viewport);
+            shared.viewport = Some(viewport);
+            changed
+        });
+    }
+
+    /// Reads the open tabs again (new tabs and popups appear); an error
+    /// when the tab being shown is gone, so the screencast moves on.
+    async fn refresh_tabs(&self, endpoint: &CdpEndpoint, shown: &str) -> Result<(), String> {
+        let tabs = list_tabs(endpoint).await?;
+        if !tabs.iter().any(|tab| tab.id == shown) {
+            return Err("the tab being shown was closed".into());
+        }
+        self.shared.send_if_modified(|shared| {
+            let changed = shared.tabs != tabs;
+            shared.tabs = tabs;
+            changed
+        });
+        Ok(())
+    }
+
     /// Publishes a screenshot as the current frame.
     async fn seed_frame(&self, client: &CdpClient, timeout: Duration) {
         let shot = client
@@ -317,13 +438,34 @@ fn multipart_part(jpeg: &[u8], first: bool) -> Bytes {
     Bytes::from(part)
 }
 
-async fn websocket(State(live_view): State<Arc<LiveView>>, upgrade: WebSocketUpgrade) -> Response {
-    upgrade.on_upgrade(move |socket| ws_viewer(socket, live_view))
+async fn websocket(
+    State(live_view): State<Arc<LiveView>>,
+    admission: Option<axum::Extension<Admission>>,
+    query: axum::extract::RawQuery,
+    upgrade: WebSocketUpgrade,
+) -> Response {
+    let asked_view_only = query.0.as_deref().is_some_and(|query| {
+        url::form_urlencoded::parse(query.as_bytes())
+            .any(|(name, value)| name == "mode" && value == "view")
+    });
+    let may_control = admission.is_some_and(|a| a.0.may_control()) && !asked_view_only;
+    upgrade
+        .max_message_size(live_control::MAX_MESSAGE_BYTES)
+        .on_upgrade(move |socket| ws_viewer(socket, live_view, may_control))
 }
 
-async fn ws_viewer(mut socket: WebSocket, live_view: Arc<LiveView>) {
+/// One WebSocket viewer: frames as they come, `state` whenever control,
+/// tabs or the frame size change, and its messages handled in order.
+async fn ws_viewer(mut socket: WebSocket, live_view: Arc<LiveView>, may_control: bool) {
     let _guard = live_view.join().await;
+    let viewer = Viewer {
+        id: live_view.next_viewer.fetch_add(1, Ordering::Relaxed) + 1,
+        may_control,
+        live_view: live_view.clone(),
+    };
     let mut frames = live_view.frames.subscribe();
+    let mut shared = live_view.shared.subscribe();
+    shared.mark_changed();
     let mut last_sent = 0;
     loop {
         let frame = frames.borrow_and_update().clone();
@@ -335,14 +477,146 @@ async fn ws_viewer(mut socket: WebSocket, live_view: Arc<LiveView>) {
             }
             continue;
         }
-        tokio::select! {
-            changed = frames.changed() => if changed.is_err() { return },
+        let reply = tokio::select! {
+            changed = frames.changed() => if changed.is_err() { return } else { continue },
+            changed = shared.changed() => match changed {
+                Ok(()) => viewer.state(&shared.borrow_and_update()),
+                Err(_) => return,
+            },
             incoming = socket.recv() => match incoming {
+                Some(Ok(Message::Text(text))) => match viewer.on_message(text.as_str()).await {
+                    Ok(()) => continue,
+                    Err(detail) => live_control::error_message(&detail),
+                },
+                Some(Ok(Message::Binary(_))) => live_control::error_message("viewer messages are JSON text frames"),
                 Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
-                _ => {}
+                Some(Ok(_)) => continue,
             },
             _ = live_view.slot.servers.cancelled() => return,
+        };
+        if socket.send(Message::Text(reply.into())).await.is_err() {
+            return;
         }
+    }
+}
+
+/// A WebSocket viewer: its id, whether it may take control. Gives control
+/// back when it leaves.
+struct Viewer {
+    id: u64,
+    may_control: bool,
+    live_view: Arc<LiveView>,
+}
+
+impl Drop for Viewer {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+impl Viewer {
+    fn state(&self, shared: &Shared) -> String {
+        let control = match shared.controller {
+            _ if !self.may_control => ControlState::ViewOnly,
+            Some(id) if id == self.id => ControlState::Yours,
+            Some(_) => ControlState::Taken,
+            None => ControlState::Free,
+        };
+        let state = ViewerState {
+            kind: "state",
+            control,
+            tabs: shared.tabs.clone(),
+            tab: shared.tab.clone(),
+            viewport: shared.viewport,
+        };
+        serde_json::to_string(&state).unwrap_or_default()
+    }
+
+    /// Handles one message; the error says why it did nothing.
+    async fn on_message(&self, text: &str) -> Result<(), String> {
+        let message = live_control::parse(text)?;
+        match message {
+            ViewerMessage::Control { take: true } => self.take(),
+            ViewerMessage::Control { take: false } => {
+                self.release();
+                Ok(())
+            }
+            ViewerMessage::Tab { id } => self.show_tab(id),
+            input => self.input(&input).await,
+        }
+    }
+
+    fn take(&self) -> Result<(), String> {
+        if !self.may_control {
+            return Err("this viewer may only watch".into());
+        }
+        let mut taken = Ok(());
+        self.live_view
+            .shared
+            .send_if_modified(|shared| match shared.controller {
+                None => {
+                    shared.controller = Some(self.id);
+                    true
+                }
+                Some(id) if id == self.id => false,
+                Some(_) => {
+                    taken = Err("someone else has control; wait until they release it".into());
+                    false
+                }
+            });
+        taken
+    }
+
+    fn release(&self) {
+        self.live_view.shared.send_if_modified(|shared| {
+            let mine = shared.controller == Some(self.id);
+            if mine {
+                shared.controller = None;
+            }
+            mine
+        });
+    }
+
+    fn holds_control(&self) -> Result<(), String> {
+        match self.live_view.shared.borrow().controller {
+            Some(id) if id == self.id => Ok(()),
+            _ if !self.may_control => Err("this viewer may only watch".into()),
+            Some(_) => Err("someone else has control".into()),
+            None => Err("take control first: {\"type\":\"control\",\"take\":true}".into()),
+        }
+    }
+
+    /// Shows another tab (to every viewer): for the viewer holding control,
+    /// or any that may take it while nobody holds it.
+    fn show_tab(&self, id: String) -> Result<(), String> {
+        if self.holds_control().is_err() {
+            self.take()?;
+            self.release();
+        }
+        let (mut known, mut shown) = (true, false);
+        self.live_view.shared.send_if_modified(|shared| {
+            known = shared.tabs.iter().any(|tab| tab.id == id);
+            shown = shared.tab.as_ref() == Some(&id);
+            if known {
+                shared.wanted_tab = Some(id.clone());
+            }
+            false
+        });
+        if !known {
+            return Err(format!("no tab {id:?}; state.tabs lists them"));
+        }
+        if !shown {
+            self.live_view.switch.notify_one();
+        }
+        Ok(())
+    }
+
+    async fn input(&self, message: &ViewerMessage) -> Result<(), String> {
+        self.holds_control()?;
+        let page = self.live_view.shown_page().await;
+        let page = page.ok_or("the browser is not showing a page yet")?;
+        self.live_view.slot.touch();
+        live_control::dispatch(&page.client, message, page.viewport).await
     }
 }
 

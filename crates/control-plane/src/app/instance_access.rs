@@ -111,6 +111,15 @@ impl ControlPlane {
         ))
     }
 
+    /// The signature of live link `link_id` (see [`super::live_links`]).
+    pub(crate) async fn live_link_signature(&self, link_id: &str) -> Result<String> {
+        let key = self.instance_token_key().await?;
+        let mut mac = Hmac::<Sha256>::new_from_slice(&key).expect("any key length");
+        mac.update(b"flotilla live link v1\0");
+        mac.update(link_id.as_bytes());
+        Ok(BASE64URL.encode(mac.finalize().into_bytes()))
+    }
+
     /// The token to hand out in URLs: only when authentication is on.
     pub(crate) async fn url_token(&self, id: &InstanceId) -> Result<Option<String>> {
         if self.config.auth_enabled {

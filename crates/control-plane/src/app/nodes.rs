@@ -139,6 +139,13 @@ impl ControlPlane {
                     .instance_transition(id, &from, InstanceStatus::Running, None, now)
                     .await?;
             }
+            Reconcile::ReviveUndone => {
+                let reason = "the revive did not reach its node (the control plane restarted); revive it again";
+                self.store
+                    .instance_transition(id, &from, InstanceStatus::Dormant, Some(reason), now)
+                    .await?;
+                tracing::warn!(instance = %id, %node, "revive undone: the node never got it");
+            }
         }
         Ok(())
     }
@@ -335,6 +342,9 @@ enum Reconcile {
     Parked(SnapshotId),
     /// A create whose answer was lost: it runs.
     Started,
+    /// A revive that never reached the node (the control plane died between
+    /// recording it and asking the node): dormant again, its snapshot kept.
+    ReviveUndone,
 }
 
 fn reconcile_action(status: InstanceStatus, report: Option<&InstanceReport>) -> Option<Reconcile> {
@@ -353,6 +363,7 @@ fn reconcile_action(status: InstanceStatus, report: Option<&InstanceReport>) -> 
         }
         (Running | Idle, Dormant) => report.snapshot_id.clone().map(Reconcile::Parked),
         (Creating, Running) => Some(Reconcile::Started),
+        (Reviving, Dormant) => Some(Reconcile::ReviveUndone),
         _ => None,
     }
 }
@@ -415,6 +426,10 @@ mod tests {
         assert_eq!(
             reconcile_action(Creating, Some(&report(Running, None))),
             Some(Reconcile::Started)
+        );
+        assert_eq!(
+            reconcile_action(Reviving, Some(&report(Dormant, Some("s1")))),
+            Some(Reconcile::ReviveUndone)
         );
         assert_eq!(
             reconcile_action(Running, Some(&report(Running, None))),

@@ -189,7 +189,7 @@ async fn pass(
     };
     let external = external_base(control_plane, &request);
     let outcome = if is_upgrade(request.headers()) {
-        forward_upgrade(request, &target, &route).await
+        forward_upgrade(request, &target, &route, None).await
     } else {
         forward_http(request, &target, &route, &external, prefix).await
     };
@@ -422,10 +422,40 @@ fn point_back(text: &str, internal: &str, external: &External, prefix: &str) -> 
     )
 }
 
+/// Resolves when a relayed connection must end (a live link expired or was
+/// revoked).
+pub(crate) type Ends = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// A live link's socket: to the instance's stream port at `path` (the
+/// client's path and query are not passed on), cut off when `ends` resolves.
+pub(crate) async fn forward_live(
+    mut request: Request,
+    target: &DoorTarget,
+    path: &str,
+    ends: Ends,
+) -> Response {
+    if !is_upgrade(request.headers()) {
+        return Error::InvalidRequest("a live view's socket is a WebSocket".into()).into_response();
+    }
+    *request.uri_mut() = axum::http::Uri::from_static("/");
+    let route = Route {
+        port: Port::Stream,
+        path: path.to_owned(),
+        rewrite: false,
+    };
+    forward_upgrade(request, target, &route, Some(ends))
+        .await
+        .unwrap_or_else(|error| {
+            Error::BadGateway(format!("instance {} did not answer: {error}", target.id))
+                .into_response()
+        })
+}
+
 async fn forward_upgrade(
     mut request: Request,
     target: &DoorTarget,
     route: &Route,
+    ends: Option<Ends>,
 ) -> std::io::Result<Response> {
     let (mut upstream, authority) = connect(target, route).await?;
     let mut head = format!(
@@ -468,7 +498,18 @@ async fn forward_upgrade(
         if !early.is_empty() && client.write_all(&early).await.is_err() {
             return;
         }
-        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+        let relay = tokio::io::copy_bidirectional(&mut client, &mut upstream);
+        match ends {
+            Some(ends) => {
+                tokio::select! {
+                    _ = relay => {}
+                    () = ends => tracing::debug!(%instance, "live link ended: viewer cut off"),
+                }
+            }
+            None => {
+                let _ = relay.await;
+            }
+        }
     });
     response.body(Body::empty()).map_err(std::io::Error::other)
 }

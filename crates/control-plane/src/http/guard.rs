@@ -99,6 +99,8 @@ impl Guard {
             || path.starts_with("/ui/")
             || path == "/docs"
             || path.starts_with("/docs/")
+            // A live link is its own credential (checked by its handler).
+            || path.starts_with("/live/")
             || (path == "/metrics" && !self.metrics_require_auth)
     }
 

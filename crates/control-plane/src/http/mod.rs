@@ -8,6 +8,7 @@ mod guard;
 mod health;
 mod instances;
 mod internal;
+mod live;
 mod nodes;
 mod observability;
 mod profiles;
@@ -45,6 +46,11 @@ use crate::error::Error;
         instances::instance_delete,
         instances::instance_dormant,
         instances::instance_revive,
+        live::live_link_create,
+        live::live_link_delete,
+        live::live_links_delete,
+        live::live_page,
+        live::live_socket,
         nodes::node_list,
         nodes::node_get,
         profiles::profile_create,
@@ -78,6 +84,7 @@ use crate::error::Error;
         flotilla_api_types::instances::InstanceStatus,
         flotilla_api_types::instances::InstanceSort,
         flotilla_api_types::instances::ReviveMethod,
+        flotilla_api_types::live::LiveMode,
         flotilla_api_types::ErrorCode,
         flotilla_api_types::metrics::MetricsPeriod,
         flotilla_api_types::alerts::AlertLevel,
@@ -237,6 +244,16 @@ fn instance_routes() -> Routes {
             "/v2/instances/{instance_id}/revive",
             axum::routing::post(instances::instance_revive),
         )
+        .route(
+            "/v2/instances/{instance_id}/live",
+            axum::routing::post(live::live_link_create).delete(live::live_links_delete),
+        )
+        .route(
+            "/v2/instances/{instance_id}/live/{link_id}",
+            axum::routing::delete(live::live_link_delete),
+        )
+        .route("/live/{token}", get(live::live_page))
+        .route("/live/{token}/ws", get(live::live_socket))
 }
 
 /// The front door: an instance's CDP, live view and HTTP API under

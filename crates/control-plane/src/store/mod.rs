@@ -19,6 +19,7 @@ mod events;
 mod extensions;
 mod instances;
 mod leases;
+mod live_links;
 mod metrics;
 mod nodes;
 mod profiles;
@@ -27,6 +28,7 @@ mod settings;
 pub use alerts::{AlertRecord, NewAlert};
 pub use events::{Delivery, EventRoute};
 pub use instances::{InstanceFilter, InstanceRecord, NewInstance};
+pub use live_links::LiveLinkRecord;
 pub use metrics::MetricSample;
 pub use nodes::NodeRecord;
 

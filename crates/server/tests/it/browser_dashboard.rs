@@ -1,14 +1,22 @@
 //! The dashboard in real headless Chromium (Playwright, system Chromium)
 //! against `serve` with authentication on and a real browser instance: the key
 //! prompt, create, running without reload (event stream), live view frames,
+//! taking control of the live view (a click and typing reach a test page),
 //! park, revive, delete, every page, no console errors. Screenshots are kept in
 //! `target/ui-screenshots/`.
 
-use flotilla_testkit::{run_node, spawn_serve_with, workspace_root};
+use flotilla_testkit::{run_node, serve_page, spawn_serve_with, workspace_root};
+
+const CONTROLS: &str = r#"<!doctype html><title>controls</title>
+<style>body{margin:0}#b{position:absolute;left:80px;top:80px;width:240px;height:90px}
+#i{position:absolute;left:80px;top:260px;width:300px;height:40px}</style>
+<button id="b" onclick="window.clicks=(window.clicks||0)+1">press</button><input id="i">"#;
 
 #[tokio::test]
 async fn browser_dashboard_drives_an_instance_through_its_life() {
+    let pages = serve_page(&[("/", CONTROLS)]).await;
     let serve = spawn_serve_with(|config| {
+        pages.allow_in(config);
         config.control.auth_enabled = true;
         config.control.api_keys = vec!["flt_dashboard_key".into()];
     })
@@ -20,6 +28,7 @@ async fn browser_dashboard_drives_an_instance_through_its_life() {
             &serve.api.base,
             &shots.display().to_string(),
             "flt_dashboard_key",
+            &format!("{}/", pages.base),
         ],
     )
     .await

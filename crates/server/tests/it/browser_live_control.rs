@@ -1,0 +1,445 @@
+//! Driving a real Chromium through its live view's WebSocket: a viewer takes
+//! control, clicks a button and types into an input (keys, text, Ctrl+A) on a
+//! test page, the page sees each event; a view-only viewer's input and a
+//! second controller are refused; new tabs appear in the list and the shown
+//! tab can be switched.
+
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
+
+use flotilla_testkit::{BROWSER_DEADLINE, Page, TestServe, serve_page, spawn_serve_with};
+
+const PAGE: &str = r#"<!doctype html><title>controls</title>
+<style>body{margin:0}#b{position:absolute;left:100px;top:100px;width:200px;height:80px}
+#i{position:absolute;left:100px;top:300px;width:300px;height:40px}</style>
+<button id="b" onclick="window.clicks=(window.clicks||0)+1">press</button>
+<input id="i">
+<script>window.keys=[];addEventListener('keydown',e=>keys.push(e.key+(e.ctrlKey?'+ctrl':'')));</script>"#;
+
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// A WebSocket viewer of the live view.
+struct Viewer {
+    socket: Socket,
+    /// The last `state` message.
+    state: Value,
+    frames: usize,
+}
+
+impl Viewer {
+    async fn connect(stream_url: &str, query: &str) -> Viewer {
+        let url = format!("{}ws{query}", stream_url.replacen("http://", "ws://", 1));
+        let (socket, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+        Viewer {
+            socket,
+            state: Value::Null,
+            frames: 0,
+        }
+    }
+
+    async fn send(&mut self, message: Value) {
+        self.socket
+            .send(Message::Text(message.to_string().into()))
+            .await
+            .unwrap();
+    }
+
+    /// Reads until a text message satisfies `done` (states are kept).
+    async fn until(&mut self, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let read = async {
+            loop {
+                match self.socket.next().await {
+                    Some(Ok(Message::Binary(_))) => self.frames += 1,
+                    Some(Ok(Message::Text(text))) => {
+                        let message: Value = serde_json::from_str(&text).unwrap();
+                        if message["type"] == "state" {
+                            self.state = message.clone();
+                        }
+                        if done(&message) {
+                            return message;
+                        }
+                    }
+                    Some(Ok(_)) => {}
+                    other => panic!("the live view closed while waiting for {what}: {other:?}"),
+                }
+            }
+        };
+        tokio::time::timeout(BROWSER_DEADLINE, read)
+            .await
+            .unwrap_or_else(|_| panic!("timed out waiting for {what}; last state {}", self.state))
+    }
+
+    async fn control_is(&mut self, control: &str) {
+        self.until(&format!("control {control}"), |m| {
+            m["type"] == "state" && m["control"] == control
+        })
+        .await;
+    }
+
+    async fn error(&mut self) -> String {
+        let message = self.until("an error", |m| m["type"] == "error").await;
+        message["detail"].as_str().unwrap().to_owned()
+    }
+
+    /// A left click at the centre of `rect` (CSS pixels), as fractions of the frame.
+    async fn click(&mut self, rect: &Value) {
+        let viewport = &self.state["viewport"];
+        let x = (rect["x"].as_f64().unwrap() + rect["width"].as_f64().unwrap() / 2.0)
+            / viewport["width"].as_f64().unwrap();
+        let y = (rect["y"].as_f64().unwrap() + rect["height"].as_f64().unwrap() / 2.0)
+            / viewport["height"].as_f64().unwrap();
+        self.send(json!({"type": "mouse", "event": "move", "x": x, "y": y}))
+            .await;
+        for event in ["down", "up"] {
+            let buttons = if event == "down" { 1 } else { 0 };
+            self.send(json!({"type": "mouse", "event": event, "x": x, "y": y,
+                "button": "left", "buttons": buttons, "click_count": 1}))
+                .await;
+        }
+    }
+
+    async fn key(&mut self, key: &str, code: &str, key_code: u16, modifiers: u8) {
+        let text = if key.chars().count() == 1 { key } else { "" };
+        for event in ["down", "up"] {
+            self.send(
+                json!({"type": "key", "event": event, "key": key, "code": code,
+                "key_code": key_code, "text": text, "modifiers": modifiers}),
+            )
+            .await;
+        }
+    }
+}
+
+async fn eventually(page: &Page, expression: &str, expected: Value) {
+    let deadline = tokio::time::Instant::now() + BROWSER_DEADLINE;
+    loop {
+        let value = page.eval(expression).await.unwrap();
+        if value == expected {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{expression} is {value}, expected {expected}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn rect_of(page: &Page, selector: &str) -> Value {
+    let json = page
+        .eval(&format!(
+            "JSON.stringify(document.querySelector('{selector}').getBoundingClientRect())"
+        ))
+        .await
+        .unwrap();
+    serde_json::from_str(json.as_str().unwrap()).unwrap()
+}
+
+async fn running(serve: &TestServe) -> Value {
+    let created = serve.api.create("{}").await;
+    let id = created["id"].as_str().unwrap().to_owned();
+    serve
+        .api
+        .wait_for_status(&id, "running", BROWSER_DEADLINE)
+        .await;
+    created
+}
+
+#[tokio::test]
+async fn browser_a_viewer_with_control_clicks_and_types_and_others_cannot() {
+    let pages = serve_page(&[("/", PAGE)]).await;
+    let serve = spawn_serve_with(|config| pages.allow_in(config)).await;
+    let created = running(&serve).await;
+    let stream = created["urls"]["stream"].as_str().unwrap();
+    let page_url = format!("{}/", pages.base);
+    let page = Page::open(created["urls"]["debug"].as_str().unwrap(), &page_url)
+        .await
+        .unwrap();
+
+    // The page's tab is listed; show it.
+    let mut viewer = Viewer::connect(stream, "").await;
+    let listed = viewer
+        .until("the page's tab", |m| {
+            m["type"] == "state"
+                && m["tabs"]
+                    .as_array()
+                    .is_some_and(|tabs| tabs.iter().any(|t| t["url"] == page_url.as_str()))
+        })
+        .await;
+    assert_eq!(listed["control"], "free", "{listed}");
+    let tab = listed["tabs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["url"] == page_url.as_str())
+        .unwrap()["id"]
+        .clone();
+    viewer.send(json!({"type": "tab", "id": tab})).await;
+    viewer
+        .until("the page shown", |m| {
+            m["type"] == "state" && m["tab"] == tab && !m["viewport"].is_null()
+        })
+        .await;
+
+    // Input before taking control does nothing.
+    viewer.click(&rect_of(&page, "#b").await).await;
+    assert!(viewer.error().await.contains("take control first"));
+    viewer.send(json!({"type": "control", "take": true})).await;
+    viewer.control_is("yours").await;
+
+    // A click on the button, whatever size the frame is shown at.
+    viewer.click(&rect_of(&page, "#b").await).await;
+    eventually(&page, "window.clicks", json!(1)).await;
+
+    // Typing: keys, text, then Ctrl+A and a key replace it all.
+    viewer.click(&rect_of(&page, "#i").await).await;
+    eventually(&page, "document.activeElement.id", json!("i")).await;
+    viewer.key("h", "KeyH", 72, 0).await;
+    viewer.key("i", "KeyI", 73, 0).await;
+    viewer.send(json!({"type": "text", "text": " there"})).await;
+    eventually(
+        &page,
+        "document.querySelector('#i').value",
+        json!("hi there"),
+    )
+    .await;
+    viewer.key("a", "KeyA", 65, 2).await;
+    viewer.key("x", "KeyX", 88, 0).await;
+    eventually(&page, "document.querySelector('#i').value", json!("x")).await;
+    eventually(&page, "keys.join(' ')", json!("h i a+ctrl x")).await;
+    assert!(viewer.frames > 0, "frames arrive on the same socket");
+
+    // A view-only viewer watches but its input is refused.
+    let mut watcher = Viewer::connect(stream, "?mode=view").await;
+    watcher.control_is("view_only").await;
+    watcher.send(json!({"type": "control", "take": true})).await;
+    assert!(watcher.error().await.contains("may only watch"));
+    watcher.state = viewer.state.clone();
+    watcher.click(&rect_of(&page, "#b").await).await;
+    assert!(watcher.error().await.contains("may only watch"));
+
+    // A second viewer that may control sees it taken, and free once it is.
+    let mut second = Viewer::connect(stream, "").await;
+    second.control_is("taken").await;
+    second.send(json!({"type": "control", "take": true})).await;
+    assert!(second.error().await.contains("someone else has control"));
+    second.state = viewer.state.clone();
+    second.click(&rect_of(&page, "#b").await).await;
+    assert!(second.error().await.contains("someone else has control"));
+    assert_eq!(page.eval("window.clicks").await.unwrap(), json!(1));
+
+    // A popup appears in the list.
+    let before = viewer.state["tabs"].as_array().unwrap().len();
+    page.eval("window.open('/?popup'), 1").await.unwrap();
+    viewer
+        .until("the popup listed", |m| {
+            m["type"] == "state" && m["tabs"].as_array().is_some_and(|t| t.len() > before)
+        })
+        .await;
+
+    // Hostile frames get an error, and the socket stays usable.
+    viewer
+        .send(json!({"type": "mouse", "event": "down", "x": 7, "y": 0}))
+        .await;
+    assert!(viewer.error().await.contains("fractions"));
+    viewer
+        .socket
+        .send(Message::Text("{\"type\":".into()))
+        .await
+        .unwrap();
+    assert!(viewer.error().await.contains("not a viewer message"));
+    viewer
+        .socket
+        .send(Message::Binary(vec![0u8; 16].into()))
+        .await
+        .unwrap();
+    assert!(viewer.error().await.contains("JSON text frames"));
+
+    // Leaving gives control back.
+    viewer.socket.close(None).await.unwrap();
+    second.control_is("free").await;
+    second.send(json!({"type": "control", "take": true})).await;
+    second.control_is("yours").await;
+
+    // An oversized message closes the socket.
+    let huge = format!(
+        "{{\"type\":\"text\",\"text\":\"{}\"}}",
+        "x".repeat(64 * 1024)
+    );
+    let _ = second.socket.send(Message::Text(huge.into())).await;
+    let closed = tokio::time::timeout(BROWSER_DEADLINE, async {
+        loop {
+            match second.socket.next().await {
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
+                Some(Ok(_)) => {}
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "an oversized message ends the viewer");
+    serve.shutdown().await;
+}
+
+const KEY: &str = "flt_live_links_key";
+
+async fn no_key_get(url: &str) -> (u16, String) {
+    let response = reqwest::get(url).await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap())
+}
+
+async fn closes(viewer: &mut Viewer) {
+    let closed = tokio::time::timeout(BROWSER_DEADLINE, async {
+        loop {
+            match viewer.socket.next().await {
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
+                Some(Ok(_)) => {}
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the viewer is cut off");
+}
+
+#[tokio::test]
+async fn browser_live_links_show_the_view_without_a_key_until_they_expire_or_are_revoked() {
+    let pages = serve_page(&[("/", PAGE)]).await;
+    let serve = spawn_serve_with(|config| {
+        pages.allow_in(config);
+        config.control.auth_enabled = true;
+        config.control.api_keys = vec![KEY.into()];
+    })
+    .await;
+    let api = flotilla_testkit::Api::with_key(serve.api.base.clone(), KEY);
+    let created = api.create("{}").await;
+    let id = created["id"].as_str().unwrap().to_owned();
+    api.wait_for_status(&id, "running", BROWSER_DEADLINE).await;
+    let page_url = format!("{}/", pages.base);
+    let page = Page::open(created["urls"]["debug"].as_str().unwrap(), &page_url)
+        .await
+        .unwrap();
+    let live = format!("/v2/instances/{id}/live");
+
+    // Links are made with a key only, and their bodies are checked.
+    let (status, _) = serve.api.post(&live, "{}").await;
+    assert_eq!(status.as_u16(), 401);
+    for body in [
+        r#"{"ttl_sec": 0}"#,
+        r#"{"ttl_sec": 86401}"#,
+        r#"{"mode": "admin"}"#,
+        r#"{"mode": "view", "scope": "all"}"#,
+    ] {
+        let (status, answer) = api.post(&live, body).await;
+        assert_eq!(status.as_u16(), 400, "{body}: {answer}");
+    }
+
+    // A view link: the page and its socket open without a key; input is refused.
+    let (status, view) = api.post(&live, r#"{"mode": "view", "ttl_sec": 600}"#).await;
+    assert_eq!(status.as_u16(), 201, "{view}");
+    let view_url = view["url"].as_str().unwrap().to_owned();
+    assert!(
+        view_url.starts_with(&format!("{}/live/", serve.api.base)),
+        "{view}"
+    );
+    let (status, html) = no_key_get(&view_url).await;
+    assert_eq!(status, 200, "{html}");
+    assert!(html.contains(r#"data-mode="view""#), "{html}");
+    let response = reqwest::get(&view_url).await.unwrap();
+    let policy = response.headers()["content-security-policy"]
+        .to_str()
+        .unwrap();
+    assert!(policy.contains("frame-ancestors *"), "embeddable: {policy}");
+    let mut watcher = Viewer::connect(&format!("{view_url}/"), "").await;
+    watcher.control_is("view_only").await;
+    watcher.send(json!({"type": "control", "take": true})).await;
+    assert!(watcher.error().await.contains("may only watch"));
+    // Asking the node for control through the link's own query does nothing.
+    let mut sly = Viewer::connect(&format!("{view_url}/"), "?mode=control").await;
+    sly.control_is("view_only").await;
+
+    // A tampered link is refused.
+    let mut forged = view_url.clone();
+    let last = forged.pop().unwrap();
+    forged.push(if last == 'A' { 'B' } else { 'A' });
+    assert_eq!(no_key_get(&forged).await.0, 404);
+    assert!(
+        tokio_tungstenite::connect_async(format!("{}/ws", forged.replacen("http", "ws", 1)))
+            .await
+            .is_err()
+    );
+
+    // A control link drives the browser.
+    let (status, control) = api.post(&live, r#"{"mode": "control"}"#).await;
+    assert_eq!(status.as_u16(), 201, "{control}");
+    let control_url = control["url"].as_str().unwrap().to_owned();
+    let mut driver = Viewer::connect(&format!("{control_url}/"), "").await;
+    let listed = driver
+        .until("the page's tab", |m| {
+            m["type"] == "state"
+                && m["tabs"]
+                    .as_array()
+                    .is_some_and(|tabs| tabs.iter().any(|t| t["url"] == page_url.as_str()))
+        })
+        .await;
+    let tab = listed["tabs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["url"] == page_url.as_str())
+        .unwrap()["id"]
+        .clone();
+    driver.send(json!({"type": "tab", "id": tab})).await;
+    driver
+        .until("the page shown", |m| {
+            m["type"] == "state" && m["tab"] == tab && !m["viewport"].is_null()
+        })
+        .await;
+    driver.send(json!({"type": "control", "take": true})).await;
+    driver.control_is("yours").await;
+    watcher.control_is("view_only").await;
+    driver.click(&rect_of(&page, "#b").await).await;
+    eventually(&page, "window.clicks", json!(1)).await;
+
+    // Revoked: its viewers are cut off, and it opens nothing any more.
+    let (status, answer) = api
+        .delete(&format!("{live}/{}", control["id"].as_str().unwrap()))
+        .await;
+    assert_eq!(status.as_u16(), 200, "{answer}");
+    closes(&mut driver).await;
+    let (status, answer) = no_key_get(&control_url).await;
+    assert_eq!(status, 404);
+    assert!(answer.contains("revoked"), "{answer}");
+    let (status, _) = api
+        .delete(&format!("{live}/{}", control["id"].as_str().unwrap()))
+        .await;
+    assert_eq!(status.as_u16(), 404, "revoked already");
+
+    // Expired: the same.
+    let (status, brief) = api.post(&live, r#"{"ttl_sec": 1}"#).await;
+    assert_eq!(status.as_u16(), 201, "{brief}");
+    let brief_url = brief["url"].as_str().unwrap().to_owned();
+    // (On a loaded machine the second may pass before the socket opens.)
+    let socket_url = format!("{}/ws", brief_url.replacen("http", "ws", 1));
+    if let Ok((socket, _)) = tokio_tungstenite::connect_async(&socket_url).await {
+        let mut short = Viewer {
+            socket,
+            state: Value::Null,
+            frames: 0,
+        };
+        closes(&mut short).await;
+    }
+    let (status, answer) = no_key_get(&brief_url).await;
+    assert_eq!(status, 404);
+    assert!(answer.contains("expired"), "{answer}");
+
+    // Every link of the instance at once.
+    let (status, answer) = api.delete(&live).await;
+    assert_eq!(status.as_u16(), 200, "{answer}");
+    closes(&mut watcher).await;
+    assert_eq!(no_key_get(&view_url).await.0, 404);
+    serve.shutdown().await;
+}
