@@ -128,6 +128,12 @@ pub struct InstanceConfig {
     /// headless shell) accept them; such instances never take a warm browser.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub extensions: Vec<String>,
+    /// Records the live view (the tab it shows) to video while the instance
+    /// runs: MP4/H.264, one recording per running period (`GET
+    /// /v2/instances/{id}/recordings`). Recordings count toward `disk_gb`
+    /// and are deleted with the instance.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub record: bool,
 }
 
 impl Default for InstanceConfig {
@@ -141,6 +147,7 @@ impl Default for InstanceConfig {
             proxy: None,
             max_duration_minutes: None,
             extensions: Vec::new(),
+            record: false,
         }
     }
 }
@@ -515,4 +522,24 @@ pub struct Download {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct DownloadList {
     pub downloads: Vec<Download>,
+}
+
+/// One recording of an instance's live view.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Recording {
+    pub id: String,
+    /// `video/mp4` (H.264).
+    pub content_type: String,
+    pub size_bytes: u64,
+    /// Seconds of video (so far, while it records).
+    pub duration_sec: f64,
+    pub created_at: DateTime<Utc>,
+    /// Whether it is still being written (its instance is running).
+    pub recording: bool,
+}
+
+/// `GET /v2/instances/{instance_id}/recordings`, oldest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RecordingList {
+    pub recordings: Vec<Recording>,
 }

@@ -5,7 +5,9 @@
 //! - `GET /downloads` — the instance's downloads (`{"downloads": […]}`),
 //!   `GET /downloads/{name}` one of them, `DELETE /downloads/{name}` removes it
 //!   (see [`crate::downloads`]); these read the disk and never wake a parked
-//!   instance.
+//!   instance;
+//! - `GET /recordings` — its recordings (`{"recordings": […]}`), `GET
+//!   /recordings/{id}` one of them (MP4; see [`crate::recording`]).
 //!
 //! It talks to the browser directly on its internal DevTools port.
 
@@ -32,6 +34,8 @@ struct ApiState {
     slot: Arc<InstanceSlot>,
     ready_timeout: Duration,
     access: Arc<NodeAccess>,
+    /// The instance's recordings (see [`crate::recording`]).
+    recordings: std::path::PathBuf,
 }
 
 /// One open tab.
@@ -49,6 +53,7 @@ pub async fn serve_api(
     slot: Arc<InstanceSlot>,
     ready_timeout: Duration,
     access: Arc<NodeAccess>,
+    recordings: std::path::PathBuf,
 ) {
     let cancel = slot.servers.clone();
     let guard_state = (access.clone(), slot.clone());
@@ -61,10 +66,13 @@ pub async fn serve_api(
             "/downloads/{name}",
             get(download_get).delete(download_delete),
         )
+        .route("/recordings", get(recordings_list))
+        .route("/recordings/{id}", get(recording_get))
         .with_state(ApiState {
             slot,
             ready_timeout,
             access,
+            recordings,
         })
         .layer(axum::middleware::from_fn_with_state(
             guard_state,
@@ -301,6 +309,46 @@ async fn remove_download(state: &ApiState, name: &str) -> Result<(), ApiError> {
         true => Ok(()),
         false => Err(no_download(name)),
     }
+}
+
+async fn recordings_list(State(state): State<ApiState>) -> Result<Response, ApiError> {
+    let dir = state.recordings.clone();
+    let recordings = blocking(move || crate::recording::list(&dir))
+        .await?
+        .map_err(|e| {
+            let reason = format!("cannot list recordings: {e}");
+            ApiError(StatusCode::INTERNAL_SERVER_ERROR, reason)
+        })?;
+    let list = flotilla_api_types::instances::RecordingList { recordings };
+    Ok(axum::Json(list).into_response())
+}
+
+async fn recording_get(
+    State(state): State<ApiState>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Response, ApiError> {
+    let (dir, wanted) = (state.recordings.clone(), id.clone());
+    let (file, length) = blocking(move || crate::recording::open(&dir, &wanted))
+        .await?
+        .map_err(|_| {
+            let reason = format!("no recording {id:?}; GET /recordings lists them");
+            ApiError(StatusCode::NOT_FOUND, reason)
+        })?;
+    Ok(video_response(file, length))
+}
+
+/// A recording, streamed from its file.
+fn video_response(file: std::fs::File, length: u64) -> Response {
+    let body = axum::body::Body::from_stream(tokio_util::io::ReaderStream::new(
+        tokio::fs::File::from_std(file),
+    ));
+    let headers = [
+        (header::CONTENT_TYPE, "video/mp4".to_owned()),
+        (header::CONTENT_LENGTH, length.to_string()),
+        (header::CACHE_CONTROL, "no-store".to_owned()),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_owned()),
+    ];
+    (headers, body).into_response()
 }
 
 async fn index(State(state): State<ApiState>, headers: HeaderMap) -> Html<String> {

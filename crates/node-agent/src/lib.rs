@@ -33,6 +33,7 @@ pub mod live_view;
 pub mod monitor;
 pub mod netns;
 pub mod ports;
+pub mod recording;
 pub mod sandbox;
 pub mod snapshot;
 pub mod sweep;

@@ -115,25 +115,35 @@ impl LiveView {
         })
     }
 
-    /// Registers a viewer and makes sure the screencast runs. The guard
-    /// unregisters on drop.
+    /// Registers a viewer and makes sure the screencast runs (waking a
+    /// parked instance). The guard unregisters on drop.
     async fn join(self: &Arc<Self>) -> ViewerGuard {
-        self.viewers.fetch_add(1, Ordering::SeqCst);
         self.slot.touch();
+        self.enter(true).await
+    }
+
+    /// A viewer that keeps the screencast going without counting as
+    /// activity and without waking a parked instance (the recorder).
+    pub async fn join_quietly(self: &Arc<Self>) -> ViewerGuard {
+        self.enter(false).await
+    }
+
+    async fn enter(self: &Arc<Self>, wake: bool) -> ViewerGuard {
+        self.viewers.fetch_add(1, Ordering::SeqCst);
         let mut running = self.running.lock().await;
         if !*running {
             *running = true;
-            tokio::spawn(self.clone().screencast());
+            tokio::spawn(self.clone().screencast(wake));
         }
         ViewerGuard(self.clone())
     }
 
     /// Runs the screencast while there are viewers; reconnects if the tab goes away.
-    async fn screencast(self: Arc<Self>) {
+    async fn screencast(self: Arc<Self>, wake: bool) {
         let mut last_viewer_seen = tokio::time::Instant::now();
         // A viewer connecting to a parked instance wakes it (wake on connect);
         // this loop's own retries never do.
-        let mut wake = true;
+        let mut wake = wake;
         loop {
             let attempt = self.screencast_once(&mut last_viewer_seen, wake).await;
             *self.page.lock().expect("page lock") = None;
@@ -266,6 +276,11 @@ impl LiveView {
 }
 
 impl LiveView {
+    /// The newest frame, as it changes.
+    pub fn frames(&self) -> watch::Receiver<Option<Frame>> {
+        self.frames.subscribe()
+    }
+
     /// Records the page the screencast now shows, and tells the viewers.
     fn show(&self, client: &Arc<CdpClient>, tab: String, tabs: Vec<Tab>) {
         let viewport = Viewport {
@@ -360,7 +375,8 @@ impl LiveView {
     }
 }
 
-struct ViewerGuard(Arc<LiveView>);
+/// A viewer's place: the screencast runs while any is held.
+pub struct ViewerGuard(Arc<LiveView>);
 
 impl Drop for ViewerGuard {
     fn drop(&mut self) {

@@ -75,9 +75,13 @@ fn route(id: &InstanceId, rest: &str) -> Option<Route> {
         "/stream/frame.jpg" => to(Port::Stream, "/frame.jpg", false),
         "/screenshot" => to(Port::Http, "/screenshot", false),
         "/downloads" => to(Port::Http, "/downloads", false),
+        "/recordings" => to(Port::Http, "/recordings", false),
         "/tabs" => to(Port::Http, "/tabs", false),
         _ if rest.starts_with("/json/") => to(Port::Debug, rest, true),
         _ if rest.starts_with("/devtools/") => to(Port::Debug, rest, false),
+        _ if rest.starts_with("/recordings/") && rest.len() > "/recordings/".len() => {
+            to(Port::Http, rest, false)
+        }
         _ if rest.starts_with("/downloads/") && rest.len() > "/downloads/".len() => {
             to(Port::Http, rest, false)
         }
@@ -93,7 +97,7 @@ fn split_door_path(path: &str) -> Option<(&str, &str)> {
     let kind = rest.trim_start_matches('/').split('/').next()?;
     matches!(
         kind,
-        "cdp" | "json" | "devtools" | "stream" | "screenshot" | "tabs" | "downloads"
+        "cdp" | "json" | "devtools" | "stream" | "screenshot" | "tabs" | "downloads" | "recordings"
     )
     .then_some((id, rest))
 }
@@ -793,6 +797,33 @@ pub mod routes {
             (status = 400, body = flotilla_api_types::ErrorResponse),
             (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
     pub async fn download_delete(
+        state: State<Arc<ControlPlane>>,
+        params: Params,
+        request: Request,
+    ) -> Response {
+        by_path(state, params, request).await
+    }
+
+    /// The recordings of the instance's live view (`config.record`), oldest
+    /// first; while it runs, the last one is still being written.
+    #[utoipa::path(get, path = "/v2/instances/{instance_id}/recordings", tag = "instances",
+        params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
+        responses((status = 200, body = flotilla_api_types::instances::RecordingList),
+            (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
+    pub async fn recordings(
+        state: State<Arc<ControlPlane>>,
+        params: Params,
+        request: Request,
+    ) -> Response {
+        by_path(state, params, request).await
+    }
+
+    /// One recording's video (MP4/H.264).
+    #[utoipa::path(get, path = "/v2/instances/{instance_id}/recordings/{recording_id}", tag = "instances",
+        params(("instance_id" = String, Path), ("recording_id" = String, Path, description = "An id from the listing"), ("token" = Option<String>, Query)),
+        responses((status = 200, description = "The video", content_type = "video/mp4"),
+            (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
+    pub async fn recording(
         state: State<Arc<ControlPlane>>,
         params: Params,
         request: Request,

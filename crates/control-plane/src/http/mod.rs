@@ -79,6 +79,8 @@ use crate::error::Error;
         door::routes::downloads,
         door::routes::download,
         door::routes::download_delete,
+        door::routes::recordings,
+        door::routes::recording,
     ),
     components(schemas(
         flotilla_api_types::instances::InstanceStatus,
@@ -309,6 +311,14 @@ fn door_routes() -> Routes {
         .route(
             "/v2/instances/{instance_id}/downloads",
             get(door::routes::downloads),
+        )
+        .route(
+            "/v2/instances/{instance_id}/recordings",
+            get(door::routes::recordings),
+        )
+        .route(
+            "/v2/instances/{instance_id}/recordings/{recording_id}",
+            get(door::routes::recording),
         )
         .route(
             "/v2/instances/{instance_id}/downloads/{name}",

@@ -20,7 +20,7 @@ use super::{Store, from_millis, placeholders, to_millis};
 const COLUMNS: &str = "id, node_id, status, status_reason, subdomain, image, memory_gb, cpu_cores, disk_gb, \
     idle_timeout_minutes, auto_snapshot, debug_port, stream_port, http_port, created_at, updated_at, \
     last_activity, cpu_percent, memory_mb, disk_mb, snapshot_id, dormant_since, revive_method, \
-    max_duration_minutes, proxy, profile_name, profile_persist, extensions";
+    max_duration_minutes, proxy, profile_name, profile_persist, extensions, record";
 
 /// An instance as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -107,6 +107,7 @@ fn decode(row: &AnyRow) -> Result<InstanceRecord, sqlx::Error> {
                 .transpose()
                 .map_err(|e| sqlx::Error::Decode(e.into()))?
                 .unwrap_or_default(),
+            record: row.try_get::<i64, _>("record")? != 0,
         },
         ports,
         created_at: from_millis(row.try_get("created_at")?),
@@ -305,8 +306,8 @@ impl Store {
         sqlx::query(
             "INSERT INTO instances (id, node_id, status, subdomain, image, memory_gb, cpu_cores, disk_gb, \
              idle_timeout_minutes, auto_snapshot, created_at, updated_at, last_activity, max_duration_minutes, proxy, \
-             profile_name, profile_persist, extensions) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $11, $12, $13, $14, $15, $16)",
+             profile_name, profile_persist, extensions, record) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $11, $12, $13, $14, $15, $16, $17)",
         )
         .bind(new.id.as_str())
         .bind(new.node_id.as_str())
@@ -332,6 +333,7 @@ impl Store {
             (!new.config.extensions.is_empty())
                 .then(|| serde_json::to_string(&new.config.extensions).expect("ids serialise")),
         )
+        .bind(i64::from(new.config.record))
         .execute(&mut *tx)
         .await?;
         self.instance_event(

@@ -162,22 +162,40 @@ impl Agent {
                     height: config.viewport_height,
                     quality: config.live_view_quality,
                 };
-                self.inner.tasks.spawn(live_view::serve(
-                    stream,
-                    LiveView::new(slot.clone(), settings, ready_timeout),
-                    access.clone(),
-                ));
+                let live_view = LiveView::new(slot.clone(), settings, ready_timeout);
+                let recordings = self.recordings_dir(&slot.id);
+                if slot.config.record {
+                    self.inner.tasks.spawn(crate::recording::record(
+                        slot.clone(),
+                        live_view.clone(),
+                        recordings.clone(),
+                        (settings.width, settings.height),
+                    ));
+                }
+                self.inner
+                    .tasks
+                    .spawn(live_view::serve(stream, live_view, access.clone()));
                 self.inner.tasks.spawn(instance_http::serve_api(
                     http,
                     slot.clone(),
                     ready_timeout,
                     access,
+                    recordings,
                 ));
             }
             _ => {
                 tracing::error!(instance = %slot.id, "cannot register instance listeners with the runtime")
             }
         }
+    }
+
+    /// Where the recordings of instance `id` go (outside its sandbox).
+    pub(super) fn recordings_dir(&self, id: &InstanceId) -> std::path::PathBuf {
+        self.inner
+            .settings
+            .data_dir
+            .join("recordings")
+            .join(id.as_str())
     }
 
     /// Launches the browser of `slot` and waits until it answers CDP.
@@ -472,8 +490,12 @@ impl Agent {
         }
         slot.servers.cancel();
         self.inner.ports.release(slot.ports);
-        let root = slot.dirs.root.clone();
-        let _ = tokio::task::spawn_blocking(move || remove_dir(&root)).await;
+        let (root, recordings) = (slot.dirs.root.clone(), self.recordings_dir(id));
+        let _ = tokio::task::spawn_blocking(move || {
+            remove_dir(&root);
+            remove_dir(&recordings);
+        })
+        .await;
         Ok(())
     }
 

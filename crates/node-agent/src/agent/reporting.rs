@@ -129,11 +129,12 @@ impl Agent {
                 let resources = {
                     let mut meter = slot.cpu_meter.lock().expect("meter lock");
                     let (profile, downloads) = (slot.dirs.profile(), slot.dirs.downloads());
+                    let recordings = self.recordings_dir(&slot.id);
                     monitor::instance_resources(
                         &table,
                         &mut meter,
                         root,
-                        &[profile.as_path(), downloads.as_path()],
+                        &[profile.as_path(), downloads.as_path(), recordings.as_path()],
                         now,
                     )
                 };
@@ -195,7 +196,7 @@ impl Agent {
         let limit_mb = slot.config.disk_gb * 1024.0;
         if disk_mb > limit_mb {
             let reason = format!(
-                "the profile grew to {disk_mb:.1} MB, over the disk limit of {limit_mb:.0} MB (disk_gb = {})",
+                "the profile, downloads and recordings grew to {disk_mb:.1} MB, over the disk limit of {limit_mb:.0} MB (disk_gb = {})",
                 slot.config.disk_gb
             );
             self.inner

@@ -8,6 +8,7 @@ mod browser_dormancy;
 mod browser_front_door;
 mod browser_lifecycle;
 mod browser_live_control;
+mod browser_recordings;
 mod browser_runtime;
 mod browser_security;
 mod browser_sessions;

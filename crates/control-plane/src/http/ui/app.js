@@ -358,6 +358,25 @@ function renderDetail() {
     $('#live-hint').textContent = `No live view while the instance is ${state.parking.has(instance.id) ? 'parking' : instance.status}.`;
   }
   $('#snippet').textContent = snippet(instance);
+  renderRecordings(instance).catch(showError);
+}
+
+// The recordings of an instance with config.record, played through the
+// front door (the instance's token in the URL, as for the live view). Read
+// again when the instance's status changes.
+async function renderRecordings(instance) {
+  const card = $('#recordings-card');
+  card.hidden = !instance.config?.record;
+  const seen = `${instance.id}:${instance.status}`;
+  if (card.hidden || state.recordingsSeen === seen) return;
+  state.recordingsSeen = seen;
+  const { recordings } = await api('GET', `/v2/instances/${instance.id}/recordings`);
+  const token = instance.urls?.debug?.split('?token=')[1];
+  const query = token ? `?token=${token}` : '';
+  $('#recordings').replaceChildren(...recordings.map((r) => h('li', {},
+    h('div', { class: 'meta', text: `${new Date(r.created_at).toLocaleString()} · ${r.duration_sec.toFixed(1)} s · ${(r.size_bytes / 1e6).toFixed(1)} MB${r.recording ? ' · recording…' : ''}` }),
+    h('video', { controls: '', preload: 'metadata', src: `/v2/instances/${instance.id}/recordings/${r.id}${query}` }))));
+  if (!recordings.length) $('#recordings').replaceChildren(h('li', { class: 'meta', text: 'No recording yet.' }));
 }
 
 // ---- nodes, metrics, alerts ----------------------------------------------
@@ -540,6 +559,7 @@ function wire() {
     if (number('#create-memory') !== undefined) config.memory_gb = number('#create-memory');
     if (number('#create-cpu') !== undefined) config.cpu_cores = number('#create-cpu');
     if (number('#create-idle') !== undefined) config.idle_timeout_minutes = number('#create-idle');
+    if ($('#create-record').checked) config.record = true;
     if (Object.keys(config).length) body.config = config;
     if ($('#create-node').value) body.node_preference = $('#create-node').value;
     try {
