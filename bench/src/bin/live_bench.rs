@@ -1,8 +1,10 @@
 //! Input latency through the live view (issue 19), against a release
 //! `flotilla serve` with real Chromium.
 //!
-//!   live_bench [--count 60] [--binary target/release/flotilla]
+//!   live_bench latency [--count 60] [--binary target/release/flotilla]
+//!   live_bench record [--seconds 60] [--binary target/release/flotilla]
 //!
+//! `latency`:
 //! One instance shows a page whose whole body turns black on a mouse press
 //! and white on the next. A viewer on the stream's WebSocket takes control;
 //! each round presses the mouse in the middle of the frame and times from
@@ -12,6 +14,14 @@
 //! the agent) and the baseline: the same press sent straight to the page
 //! with CDP `Input.dispatchMouseEvent` by this program, seen on the same
 //! socket. The difference is what the live view's input path adds.
+//!
+//! `record`: two instances at 1280x720 showing the same animated page (a box
+//! moving all the time, so every frame differs), one with `config.record`.
+//! For `--seconds` the CPU time of each instance's processes is read from
+//! `/proc` (the browser's tree; for the recorded one also its ffmpeg), then
+//! the recorded one is parked and its recording's size is reported per
+//! minute. The unrecorded instance is the baseline: what the page costs
+//! without a recording.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -77,6 +87,14 @@ async fn until_frame(socket: &mut Socket, dark: bool) -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    match std::env::args().nth(1).as_deref() {
+        Some("latency") => latency().await,
+        Some("record") => record().await,
+        _ => bail!("usage: live_bench latency|record [flags]"),
+    }
+}
+
+async fn latency() -> anyhow::Result<()> {
     let count = number_flag("--count", 60)?;
     let binary: PathBuf = text_flag("--binary", "target/release/flotilla")?.into();
     let dir = tempfile::tempdir()?;
@@ -177,6 +195,162 @@ async fn main() -> anyhow::Result<()> {
     }
     println!("{}", summary_row("live view input -> frame", &live));
     println!("{}", summary_row("baseline: CDP input -> frame", &direct));
+    serve.stop().await;
+    Ok(())
+}
+
+const ANIMATED: &str = "data:text/html,<title>moving</title><style>body{margin:0;background:%23123}\
+.b{width:300px;height:300px;background:%23fc0;position:absolute;animation:m 2s linear infinite alternate}\
+@keyframes m{from{left:0;top:0}to{left:900px;top:400px}}</style><div class=b></div>";
+
+/// CPU seconds (user + system) used so far by `pids`.
+fn cpu_seconds(pids: &[u32]) -> f64 {
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    pids.iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .filter_map(|stat| {
+            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            Some(fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?)
+        })
+        .sum::<f64>()
+        / ticks
+}
+
+/// Pids whose command line mentions `needle`, and their descendants.
+fn processes_of(needle: &str) -> Vec<u32> {
+    let roots: Vec<u32> = flotilla_node_agent::monitor::pids()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(needle))
+        })
+        .collect();
+    flotilla_node_agent::monitor::ProcTable::scan().live_descendants(&roots)
+}
+
+/// An instance showing the animated page in its only tab.
+async fn animated_instance(
+    http: &reqwest::Client,
+    base: &str,
+    record: bool,
+) -> anyhow::Result<(String, Value)> {
+    let created: Value = http
+        .post(format!("{base}/v2/instances"))
+        .json(&json!({"config": {"record": record}}))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let id = created["id"].as_str().context("no id")?.to_owned();
+    let detail = wait_running(http, base, &id, Duration::from_millis(50)).await?;
+    let debug = detail["urls"]["debug"].as_str().context("no debug url")?;
+    let browser = flotilla_node_agent::cdp::CdpClient::connect(debug).await?;
+    let timeout = Duration::from_secs(30);
+    let targets = browser
+        .call("Target.getTargets", json!({}), None, timeout)
+        .await?;
+    browser
+        .call(
+            "Target.createTarget",
+            json!({"url": ANIMATED}),
+            None,
+            timeout,
+        )
+        .await?;
+    for target in targets["targetInfos"].as_array().into_iter().flatten() {
+        if target["type"] == "page" {
+            browser
+                .call(
+                    "Target.closeTarget",
+                    json!({"targetId": target["targetId"]}),
+                    None,
+                    timeout,
+                )
+                .await?;
+        }
+    }
+    Ok((id, detail))
+}
+
+async fn record() -> anyhow::Result<()> {
+    let seconds = number_flag("--seconds", 60)? as u64;
+    let binary: PathBuf = text_flag("--binary", "target/release/flotilla")?.into();
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("data");
+    // Browsers launched for their instance (not taken from the warm pool),
+    // so that their processes name the instance.
+    let config = dir.path().join("bench.toml");
+    std::fs::write(&config, "[agent]\nwarm_pool_size = 0\n")?;
+    let serve = ServeProcess::start(&binary, &data, Some(&config)).await?;
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    let (recorded, _) = animated_instance(&http, &serve.url, true).await?;
+    let (plain, plain_detail) = animated_instance(&http, &serve.url, false).await?;
+    // The unrecorded instance's screencast runs too, for a viewer here.
+    let stream = plain_detail["urls"]["stream"]
+        .as_str()
+        .context("no stream url")?;
+    let (mut viewer, _) =
+        tokio_tungstenite::connect_async(format!("{}ws", stream.replacen("http", "ws", 1))).await?;
+    let frames = tokio::spawn(async move {
+        let mut count = 0u64;
+        while let Some(Ok(message)) = viewer.next().await {
+            if matches!(message, Message::Binary(_)) {
+                count += 1;
+            }
+        }
+        count
+    });
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    // An instance's processes name it: its browsers' directories, its
+    // ffmpeg's output.
+    let groups = |id: &str| {
+        let mut pids = processes_of(id);
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    };
+    let ffmpeg = || processes_of(&format!("recordings/{recorded}"));
+    eprintln!(
+        "processes: recorded {}, ffmpeg {}, plain {}",
+        groups(&recorded).len(),
+        ffmpeg().len(),
+        groups(&plain).len()
+    );
+    let (recorded_before, plain_before, ffmpeg_before) = (
+        cpu_seconds(&groups(&recorded)),
+        cpu_seconds(&groups(&plain)),
+        cpu_seconds(&ffmpeg()),
+    );
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let percent = |after: f64, before: f64| (after - before) / elapsed * 100.0;
+    let recorded_cpu = percent(cpu_seconds(&groups(&recorded)), recorded_before);
+    let plain_cpu = percent(cpu_seconds(&groups(&plain)), plain_before);
+    let ffmpeg_cpu = percent(cpu_seconds(&ffmpeg()), ffmpeg_before);
+    http.post(format!("{}/v2/instances/{recorded}/dormant", serve.url))
+        .send()
+        .await?
+        .error_for_status()?;
+    let list: Value = http
+        .get(format!("{}/v2/instances/{recorded}/recordings", serve.url))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let recording = &list["recordings"][0];
+    let size = recording["size_bytes"].as_f64().context("no recording")?;
+    let duration = recording["duration_sec"].as_f64().context("no duration")?;
+    frames.abort();
+    println!("| instance | CPU (% of one core) |");
+    println!("|---|---|");
+    println!("| recorded (browser + ffmpeg) | {recorded_cpu:.1} |");
+    println!("| of which ffmpeg | {ffmpeg_cpu:.1} |");
+    println!("| baseline: not recorded, one live viewer | {plain_cpu:.1} |");
+    println!(
+        "recording: {duration:.1} s, {:.2} MB, {:.2} MB per minute",
+        size / 1e6,
+        size / 1e6 / duration * 60.0
+    );
     serve.stop().await;
     Ok(())
 }
