@@ -1,7 +1,7 @@
 // Drives the dashboard (/ui) in headless system Chromium with Playwright:
 // API key prompt, create, live status without reloading, live view frames,
 // taking control of the live view (a click and typing reach a test page),
-// park, revive, delete; screenshots of every page (1280x800 and a phone).
+// a recorded instance's recording playing after a park, park, revive, delete; screenshots of every page (1280x800 and a phone).
 // Usage: node dashboard.mjs <control plane URL> <screenshot dir> <api key> <test page URL>
 // Prints {"id": …, "errors": [console errors], "shots": [...]} as JSON.
 import { chromium } from 'playwright-core';
@@ -88,6 +88,8 @@ try {
   await page.locator('#live.on').waitFor({ timeout: T });
   await shot('instances-empty');
 
+  // Recorded: the detail lists the recording and plays it.
+  await page.check('#create-record');
   await page.click('#create-button');
   const row = page.locator('#instances tbody tr').first();
   await row.waitFor({ timeout: T });
@@ -113,6 +115,16 @@ try {
 
   await page.click(`#detail-actions button[aria-label="Park ${id}"]`);
   await page.locator('#detail-fields [data-status="dormant"]').waitFor({ timeout: T });
+  const video = page.locator('[data-testid="recordings"] video').first();
+  await video.waitFor({ timeout: T });
+  await page.waitForFunction(() => {
+    const v = document.querySelector('[data-testid="recordings"] video');
+    return v && v.readyState >= 1 && v.duration > 0 && v.videoWidth > 0;
+  }, null, { timeout: T }).catch(async () => {
+    const seen = await page.evaluate(() => { const v = document.querySelector('[data-testid="recordings"] video');
+      return { src: v?.src, readyState: v?.readyState, error: v?.error?.message, code: v?.error?.code }; });
+    throw new Error(`the recording does not play: ${JSON.stringify(seen)}`);
+  });
   await shot('instance-dormant');
   await page.click(`#detail-actions button[aria-label="Revive ${id}"]`);
   await page.locator('#detail-fields [data-status="running"]').waitFor({ timeout: T });
