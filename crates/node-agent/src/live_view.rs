@@ -32,7 +32,10 @@ use tokio::sync::{Mutex, watch};
 
 use crate::access::{Admission, NodeAccess};
 use crate::browser::CdpEndpoint;
-use crate::cdp::CdpClient;
+use crate::cdp::{CdpClient, CdpEvent};
+
+/// How long a screencast's CDP calls may take.
+const CDP_TIMEOUT: Duration = Duration::from_secs(10);
 use crate::instance::InstanceSlot;
 use crate::instance_http::{Tab, list_tabs, page_path};
 use crate::live_control::{self, ControlState, ViewerMessage, ViewerState, Viewport};
@@ -176,8 +179,8 @@ impl LiveView {
         }
     }
 
-    /// One screencast session on the first tab. `Ok` when it ended because no
-    /// viewer was left for 5 s.
+    /// One screencast session on the chosen tab (or the first). `Ok` when it
+    /// ended because no viewer was left for 5 s, or to move to another tab.
     async fn screencast_once(
         &self,
         last_viewer_seen: &mut tokio::time::Instant,
@@ -188,7 +191,51 @@ impl LiveView {
             .wait_ready_waking(self.ready_timeout, wake)
             .await?
             .ok_or("sim instance: no browser")?;
-        let tabs = list_tabs(&endpoint).await?;
+        let (client, tab) = self.start_screencast(&endpoint).await?;
+        let mut events = client.events();
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        let mut ticks = 0u64;
+        let frames_at_start = self.frames_received.load(Ordering::Relaxed);
+        loop {
+            tokio::select! {
+                event = events.recv() => match event {
+                    Ok(event) => self.on_page_event(&client, &event).await?,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(_) => return Err("page connection closed".into()),
+                },
+                _ = self.switch.notified() => break,
+                _ = tick.tick() => {
+                    ticks += 1;
+                    if ticks.is_multiple_of(4) {
+                        self.refresh_tabs(&endpoint, &tab).await?;
+                    }
+                    // A page that has not painted since the screencast started
+                    // (a fresh about:blank) sends no frame: seed one.
+                    if ticks == 1 && self.frames_received.load(Ordering::Relaxed) == frames_at_start {
+                        self.seed_frame(&client, CDP_TIMEOUT).await;
+                    }
+                    if self.viewers.load(Ordering::SeqCst) > 0 {
+                        *last_viewer_seen = tokio::time::Instant::now();
+                    } else if last_viewer_seen.elapsed() > Duration::from_secs(5) {
+                        break;
+                    }
+                }
+                _ = self.slot.servers.cancelled() => return Ok(()),
+            }
+        }
+        let _ = client
+            .call("Page.stopScreencast", json!({}), None, CDP_TIMEOUT)
+            .await;
+        Ok(())
+    }
+
+    /// Opens the chosen tab (or the first), starts its screencast and tells
+    /// the viewers; the page connection and the tab's id.
+    async fn start_screencast(
+        &self,
+        endpoint: &CdpEndpoint,
+    ) -> Result<(Arc<CdpClient>, String), String> {
+        let tabs = list_tabs(endpoint).await?;
         let wanted = self.shared.borrow().wanted_tab.clone();
         let tab = tabs
             .iter()
@@ -197,80 +244,46 @@ impl LiveView {
             .cloned()
             .ok_or("the browser has no open tab")?;
         let client = Arc::new(
-            CdpClient::open(&endpoint, &page_path(&tab))
+            CdpClient::open(endpoint, &page_path(&tab))
                 .await
                 .map_err(|e| e.to_string())?,
         );
-        let mut events = client.events();
-        let timeout = Duration::from_secs(10);
+        let params = json!({
+            "format": "jpeg",
+            "quality": self.settings.quality,
+            "maxWidth": self.settings.width,
+            "maxHeight": self.settings.height,
+            "everyNthFrame": 1,
+        });
         client
-            .call(
-                "Page.startScreencast",
-                json!({
-                    "format": "jpeg",
-                    "quality": self.settings.quality,
-                    "maxWidth": self.settings.width,
-                    "maxHeight": self.settings.height,
-                    "everyNthFrame": 1,
-                }),
-                None,
-                timeout,
-            )
+            .call("Page.startScreencast", params, None, CDP_TIMEOUT)
             .await
             .map_err(|e| e.to_string())?;
         self.show(&client, tab.id.clone(), tabs);
-        let mut tick = tokio::time::interval(Duration::from_millis(500));
-        let mut ticks = 0u64;
-        let frames_at_start = self.frames_received.load(Ordering::Relaxed);
-        let mut seeded = false;
-        loop {
-            tokio::select! {
-                event = events.recv() => {
-                    let event = match event {
-                        Ok(event) => event,
-                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                        Err(_) => return Err("page connection closed".into()),
-                    };
-                    match event.method.as_str() {
-                        "Page.screencastFrame" => {
-                            if let Some(session) = event.params.get("sessionId").cloned() {
-                                let _ = client.send("Page.screencastFrameAck", json!({"sessionId": session})).await;
-                            }
-                            self.frame_metadata(&event.params["metadata"]);
-                            let data = event.params.get("data").and_then(|d| d.as_str()).unwrap_or_default();
-                            if let Ok(jpeg) = base64::engine::general_purpose::STANDARD.decode(data) {
-                                let seq = self.frames_received.fetch_add(1, Ordering::Relaxed) + 1;
-                                self.frames.send_replace(Some(Frame { seq, jpeg: Bytes::from(jpeg) }));
-                            }
-                        }
-                        "Inspector.detached" | "Inspector.targetCrashed" => return Err(format!("page {}", event.method)),
-                        _ => {}
-                    }
+        Ok((client, tab.id))
+    }
+
+    /// A frame (acknowledged, published to the viewers), or the page gone.
+    async fn on_page_event(&self, client: &CdpClient, event: &CdpEvent) -> Result<(), String> {
+        match event.method.as_str() {
+            "Page.screencastFrame" => {
+                if let Some(session) = event.params.get("sessionId").cloned() {
+                    let ack = json!({"sessionId": session});
+                    let _ = client.send("Page.screencastFrameAck", ack).await;
                 }
-                _ = self.switch.notified() => {
-                    let _ = client.call("Page.stopScreencast", json!({}), None, timeout).await;
-                    return Ok(());
+                self.frame_metadata(&event.params["metadata"]);
+                let data = event.params["data"].as_str().unwrap_or_default();
+                if let Ok(jpeg) = base64::engine::general_purpose::STANDARD.decode(data) {
+                    let seq = self.frames_received.fetch_add(1, Ordering::Relaxed) + 1;
+                    let jpeg = Bytes::from(jpeg);
+                    self.frames.send_replace(Some(Frame { seq, jpeg }));
                 }
-                _ = tick.tick() => {
-                    ticks += 1;
-                    if ticks.is_multiple_of(4) {
-                        self.refresh_tabs(&endpoint, &tab.id).await?;
-                    }
-                    // A page that has not painted since the screencast started
-                    // (a fresh about:blank) sends no frame: seed one.
-                    if !seeded && self.frames_received.load(Ordering::Relaxed) == frames_at_start {
-                        seeded = true;
-                        self.seed_frame(&client, timeout).await;
-                    }
-                    if self.viewers.load(Ordering::SeqCst) > 0 {
-                        *last_viewer_seen = tokio::time::Instant::now();
-                    } else if last_viewer_seen.elapsed() > Duration::from_secs(5) {
-                        let _ = client.call("Page.stopScreencast", json!({}), None, timeout).await;
-                        return Ok(());
-                    }
-                }
-                _ = self.slot.servers.cancelled() => return Ok(()),
+                Ok(())
             }
+            "Inspector.detached" | "Inspector.targetCrashed" => {
+                Err(format!("page {}", event.method))
+            }
+            _ => Ok(()),
         }
     }
 }

@@ -10,8 +10,8 @@
 //!   [`FPS`] times a second, so the video's clock is the wall clock whether
 //!   the page changes or not; frames are scaled and padded to the live
 //!   view's size.
-//! - The MP4 is fragmented: a recording cut off by a crash still plays up to
-//!   its last fragment. Beside each `<id>.mp4` a `<id>.json` says when it
+//! - The MP4 is fragmented (a fragment every 2 s): a recording cut off by a
+//!   crash still plays up to its last fragment. Beside each `<id>.mp4` a `<id>.json` says when it
 //!   started and how long it is.
 //! - Files live in `<data_dir>/recordings/<instance id>/`, outside the
 //!   browser's sandbox (the browser can neither read nor replace them), and
@@ -160,7 +160,9 @@ fn encoder(video: &Path, width: u32, height: u32) -> Result<tokio::process::Chil
         ])
         .args(["-i", "pipe:0", "-vf", &fit])
         .args(["-c:v", "libx264", "-preset", "ultrafast", "-crf", "30"])
-        .args(["-g", &(FPS * 5).to_string()])
+        // A keyframe, and so a fragment, every 2 s: an unfinished recording
+        // plays up to 2 s before its end.
+        .args(["-g", &(FPS * 2).to_string()])
         .args(["-movflags", "+frag_keyframe+empty_moov+default_base_moof"])
         .args(["-f", "mp4", "-y"])
         .arg(video)

@@ -1,8 +1,9 @@
 //! Driving a real Chromium through its live view's WebSocket: a viewer takes
 //! control, clicks a button and types into an input (keys, text, Ctrl+A) on a
-//! test page, the page sees each event; a view-only viewer's input and a
-//! second controller are refused; new tabs appear in the list and the shown
-//! tab can be switched.
+//! test page, the page sees each event, and resizes the viewport; a
+//! view-only viewer's input and a second controller are refused; new tabs
+//! appear in the list and the shown tab can be switched. Live links open the
+//! view without a key until they expire or are revoked.
 
 use std::time::Duration;
 
@@ -71,6 +72,25 @@ impl Viewer {
         tokio::time::timeout(BROWSER_DEADLINE, read)
             .await
             .unwrap_or_else(|_| panic!("timed out waiting for {what}; last state {}", self.state))
+    }
+
+    /// Waits until the tab at `url` is listed, and shows it.
+    async fn show(&mut self, url: &str) {
+        let listed = self
+            .until("the page's tab", |m| {
+                m["type"] == "state"
+                    && m["tabs"]
+                        .as_array()
+                        .is_some_and(|tabs| tabs.iter().any(|t| t["url"] == url))
+            })
+            .await;
+        let tabs = listed["tabs"].as_array().unwrap();
+        let tab = tabs.iter().find(|t| t["url"] == url).unwrap()["id"].clone();
+        self.send(json!({"type": "tab", "id": tab})).await;
+        self.until("the page shown", |m| {
+            m["type"] == "state" && m["tab"] == tab && !m["viewport"].is_null()
+        })
+        .await;
     }
 
     async fn control_is(&mut self, control: &str) {
@@ -162,28 +182,8 @@ async fn browser_a_viewer_with_control_clicks_and_types_and_others_cannot() {
 
     // The page's tab is listed; show it.
     let mut viewer = Viewer::connect(stream, "").await;
-    let listed = viewer
-        .until("the page's tab", |m| {
-            m["type"] == "state"
-                && m["tabs"]
-                    .as_array()
-                    .is_some_and(|tabs| tabs.iter().any(|t| t["url"] == page_url.as_str()))
-        })
-        .await;
-    assert_eq!(listed["control"], "free", "{listed}");
-    let tab = listed["tabs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["url"] == page_url.as_str())
-        .unwrap()["id"]
-        .clone();
-    viewer.send(json!({"type": "tab", "id": tab})).await;
-    viewer
-        .until("the page shown", |m| {
-            m["type"] == "state" && m["tab"] == tab && !m["viewport"].is_null()
-        })
-        .await;
+    viewer.show(&page_url).await;
+    assert_eq!(viewer.state["control"], "free", "{}", viewer.state);
 
     // Input before taking control does nothing.
     viewer.click(&rect_of(&page, "#b").await).await;
@@ -213,6 +213,19 @@ async fn browser_a_viewer_with_control_clicks_and_types_and_others_cannot() {
     eventually(&page, "keys.join(' ')", json!("h i a+ctrl x")).await;
     assert!(viewer.frames > 0, "frames arrive on the same socket");
 
+    // The viewport follows a resize, and so does the frame.
+    viewer
+        .send(json!({"type": "resize", "width": 800, "height": 600}))
+        .await;
+    eventually(&page, "innerWidth + 'x' + innerHeight", json!("800x600")).await;
+    viewer
+        .until("the frame resized", |m| {
+            m["type"] == "state" && m["viewport"]["width"] == 800.0
+        })
+        .await;
+    viewer.click(&rect_of(&page, "#b").await).await;
+    eventually(&page, "window.clicks", json!(2)).await;
+
     // A view-only viewer watches but its input is refused.
     let mut watcher = Viewer::connect(stream, "?mode=view").await;
     watcher.control_is("view_only").await;
@@ -230,7 +243,7 @@ async fn browser_a_viewer_with_control_clicks_and_types_and_others_cannot() {
     second.state = viewer.state.clone();
     second.click(&rect_of(&page, "#b").await).await;
     assert!(second.error().await.contains("someone else has control"));
-    assert_eq!(page.eval("window.clicks").await.unwrap(), json!(1));
+    assert_eq!(page.eval("window.clicks").await.unwrap(), json!(2));
 
     // A popup appears in the list.
     let before = viewer.state["tabs"].as_array().unwrap().len();
@@ -377,27 +390,7 @@ async fn browser_live_links_show_the_view_without_a_key_until_they_expire_or_are
     assert_eq!(status.as_u16(), 201, "{control}");
     let control_url = control["url"].as_str().unwrap().to_owned();
     let mut driver = Viewer::connect(&format!("{control_url}/"), "").await;
-    let listed = driver
-        .until("the page's tab", |m| {
-            m["type"] == "state"
-                && m["tabs"]
-                    .as_array()
-                    .is_some_and(|tabs| tabs.iter().any(|t| t["url"] == page_url.as_str()))
-        })
-        .await;
-    let tab = listed["tabs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["url"] == page_url.as_str())
-        .unwrap()["id"]
-        .clone();
-    driver.send(json!({"type": "tab", "id": tab})).await;
-    driver
-        .until("the page shown", |m| {
-            m["type"] == "state" && m["tab"] == tab && !m["viewport"].is_null()
-        })
-        .await;
+    driver.show(&page_url).await;
     driver.send(json!({"type": "control", "take": true})).await;
     driver.control_is("yours").await;
     watcher.control_is("view_only").await;

@@ -363,20 +363,30 @@ function renderDetail() {
 
 // The recordings of an instance with config.record, played through the
 // front door (the instance's token in the URL, as for the live view). Read
-// again when the instance's status changes.
-async function renderRecordings(instance) {
+// again when the instance's status changes, and every 2 s while one is
+// still being written (it plays once finished).
+async function renderRecordings(instance, again = false) {
   const card = $('#recordings-card');
   card.hidden = !instance.config?.record;
   const seen = `${instance.id}:${instance.status}`;
-  if (card.hidden || state.recordingsSeen === seen) return;
+  if (card.hidden || (state.recordingsSeen === seen && !again)) return;
   state.recordingsSeen = seen;
+  clearTimeout(state.recordingsTimer);
   const { recordings } = await api('GET', `/v2/instances/${instance.id}/recordings`);
+  if (state.detail !== instance.id) return;
   const token = instance.urls?.debug?.split('?token=')[1];
   const query = token ? `?token=${token}` : '';
-  $('#recordings').replaceChildren(...recordings.map((r) => h('li', {},
+  const item = (r) => h('li', {},
     h('div', { class: 'meta', text: `${new Date(r.created_at).toLocaleString()} · ${r.duration_sec.toFixed(1)} s · ${(r.size_bytes / 1e6).toFixed(1)} MB${r.recording ? ' · recording…' : ''}` }),
-    h('video', { controls: '', preload: 'metadata', src: `/v2/instances/${instance.id}/recordings/${r.id}${query}` }))));
+    r.recording ? null : h('video', { controls: '', preload: 'metadata', src: `/v2/instances/${instance.id}/recordings/${r.id}${query}` }));
+  $('#recordings').replaceChildren(...recordings.map(item));
   if (!recordings.length) $('#recordings').replaceChildren(h('li', { class: 'meta', text: 'No recording yet.' }));
+  if (recordings.some((r) => r.recording)) {
+    state.recordingsTimer = setTimeout(() => {
+      const current = state.instances.get(instance.id);
+      if (current && state.detail === instance.id) renderRecordings(current, true).catch(showError);
+    }, 2000);
+  }
 }
 
 // ---- nodes, metrics, alerts ----------------------------------------------
