@@ -14,6 +14,7 @@ use flotilla_api_types::instances::InstanceStatus;
 use super::ControlPlane;
 use super::instances::not_found;
 use crate::error::{Error, Result};
+use crate::store::InstanceRecord;
 
 /// The instance `host` names under `base_domain`: its first (and only
 /// extra) label is the instance's subdomain, the id without dashes.
@@ -48,6 +49,30 @@ pub struct DoorTarget {
 }
 
 impl ControlPlane {
+    /// Instance `id`'s record, unless it has ended (`failed`, `stopped`):
+    /// then a 409 that says it has `lacking`.
+    pub(crate) async fn instance_not_ended(
+        &self,
+        id: &InstanceId,
+        lacking: &str,
+    ) -> Result<InstanceRecord> {
+        let record = self
+            .store
+            .instance_get(id)
+            .await?
+            .ok_or_else(|| not_found(id))?;
+        if matches!(
+            record.status,
+            InstanceStatus::Failed | InstanceStatus::Stopped
+        ) {
+            return Err(Error::InvalidState(format!(
+                "instance {id} is {}: it has {lacking}",
+                record.status
+            )));
+        }
+        Ok(record)
+    }
+
     /// The instance a `Host` names under `gateway.base_domain`.
     pub fn door_instance_of_host(&self, host: &str) -> Option<InstanceId> {
         subdomain_instance(self.config.gateway.base_domain.as_deref()?, host)
@@ -74,20 +99,7 @@ impl ControlPlane {
                 }));
             }
         }
-        let record = self
-            .store
-            .instance_get(id)
-            .await?
-            .ok_or_else(|| not_found(id))?;
-        if matches!(
-            record.status,
-            InstanceStatus::Failed | InstanceStatus::Stopped
-        ) {
-            return Err(Error::InvalidState(format!(
-                "instance {id} is {}: it has no browser to reach",
-                record.status
-            )));
-        }
+        let record = self.instance_not_ended(id, "no browser to reach").await?;
         let ports = record.ports.ok_or_else(|| {
             Error::InsufficientCapacity(format!(
                 "instance {id} has no ports yet; retry in a moment"

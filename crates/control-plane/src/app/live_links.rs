@@ -20,7 +20,6 @@ use chrono::{DateTime, TimeDelta, Utc};
 use flotilla_api_types::InstanceId;
 use flotilla_api_types::MessageResponse;
 use flotilla_api_types::credentials::constant_time_eq;
-use flotilla_api_types::instances::InstanceStatus;
 use flotilla_api_types::live::{
     CreateLiveLinkRequest, DEFAULT_LIVE_TTL_SEC, LiveLink, LiveMode, MAX_LIVE_TTL_SEC,
 };
@@ -52,20 +51,7 @@ impl ControlPlane {
                 "ttl_sec must be 1..={MAX_LIVE_TTL_SEC} (got {ttl})"
             )));
         }
-        let record = self
-            .store
-            .instance_get(id)
-            .await?
-            .ok_or_else(|| not_found(id))?;
-        if matches!(
-            record.status,
-            InstanceStatus::Failed | InstanceStatus::Stopped
-        ) {
-            return Err(Error::InvalidState(format!(
-                "instance {id} is {}: it has no live view to share",
-                record.status
-            )));
-        }
+        self.instance_not_ended(id, "no live view to share").await?;
         let now = self.now();
         let link = LiveLinkRecord {
             id: uuid::Uuid::now_v7().simple().to_string(),
