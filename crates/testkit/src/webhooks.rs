@@ -76,6 +76,16 @@ impl WebhookFake {
         })
     }
 
+    /// Grants every token to user `u` for `ttl_sec` from now, answering
+    /// after `delay`.
+    pub fn granting(ttl_sec: i64, delay: Duration) -> WebhookBehaviour {
+        std::sync::Arc::new(move |_: &WebhookCall, _| {
+            let expires = chrono_like_now() + ttl_sec;
+            let answer = serde_json::json!({"valid": true, "user_id": "u", "expires_at": expires});
+            (200, answer, delay)
+        })
+    }
+
     pub fn set(&self, behaviour: WebhookBehaviour) {
         *self.behaviour.lock().unwrap() = behaviour;
     }

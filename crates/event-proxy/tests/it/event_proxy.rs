@@ -317,16 +317,7 @@ async fn verifications_are_cached_per_token_and_topic_with_ttl_and_lru() {
 
 #[tokio::test]
 async fn concurrent_misses_make_one_webhook_call() {
-    let webhook = WebhookFake::start(std::sync::Arc::new(
-        |_: &flotilla_testkit::WebhookCall, _| {
-            (
-                200,
-                json!({"valid": true, "user_id": "u", "expires_at": chrono_like_now() + 3600}),
-                Duration::from_millis(300),
-            )
-        },
-    ))
-    .await;
+    let webhook = WebhookFake::start(WebhookFake::granting(3600, Duration::from_millis(300))).await;
     let proxy = auth_proxy(&webhook, |_| {}).await;
     let url = proxy.url();
     let clients = futures_util::future::join_all((0..8).map(|_| {
@@ -472,16 +463,7 @@ async fn the_breaker_opens_half_opens_and_closes_and_cached_tokens_keep_working(
 
 #[tokio::test]
 async fn a_stream_closes_when_its_token_expires() {
-    let webhook = WebhookFake::start(std::sync::Arc::new(
-        |_: &flotilla_testkit::WebhookCall, _| {
-            (
-                200,
-                json!({"valid": true, "user_id": "u", "expires_at": chrono_like_now() + 2}),
-                Duration::ZERO,
-            )
-        },
-    ))
-    .await;
+    let webhook = WebhookFake::start(WebhookFake::granting(2, Duration::ZERO)).await;
     let proxy = auth_proxy(&webhook, |_| {}).await;
     let mut client = SseClient::connect(
         &proxy.url(),
