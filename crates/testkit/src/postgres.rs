@@ -108,15 +108,25 @@ impl PgServer {
         Ok(server)
     }
 
+    /// Waits until PostgreSQL answers a query: a TCP accept is not enough
+    /// (it refuses sessions with "the database system is starting up" for
+    /// a moment after it listens).
     async fn wait_accepting(&self) -> anyhow::Result<()> {
-        let port = self.port;
+        let admin = format!("postgres://postgres@127.0.0.1:{}/postgres", self.port);
+        let psql = postgres_bin("psql")?;
         wait_until(
             Duration::from_secs(60),
-            "PostgreSQL to accept connections",
+            "PostgreSQL to answer queries",
             || async {
-                match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
-                    Ok(_) => Ok(Some(())),
-                    Err(e) => Err(e.to_string()),
+                let output = tokio::process::Command::new(&psql)
+                    .args(["-d", &admin, "-c", "SELECT 1"])
+                    .output()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if output.status.success() {
+                    Ok(Some(()))
+                } else {
+                    Err(String::from_utf8_lossy(&output.stderr).into_owned())
                 }
             },
         )
