@@ -1,7 +1,8 @@
 // Drives the dashboard (/ui) in headless system Chromium with Playwright:
 // API key prompt, create, live status without reloading, live view frames,
 // taking control of the live view (a click and typing reach a test page),
-// a recorded instance's recording playing after a park, park, revive, delete; screenshots of every page (1280x800 and a phone).
+// live links (a view link cannot click, a control link can), a recorded
+// instance's recording playing after a park, park, revive, delete; screenshots of every page (1280x800 and a phone).
 // Usage: node dashboard.mjs <control plane URL> <screenshot dir> <api key> <test page URL>
 // Prints {"id": …, "errors": [console errors], "shots": [...]} as JSON.
 import { chromium } from 'playwright-core';
@@ -47,12 +48,13 @@ async function takeControl(page, id) {
     await page.selectOption('[data-testid="tab-switcher"]', { label: 'controls' });
     await page.click('[data-testid="take-control"]');
     await page.locator('[data-testid="control-state"].yours').waitFor({ timeout: T });
-    const target = async (selector) => {
+    // Where `selector` of the test page shows in `on`'s live view.
+    const target = async (selector, on = page) => {
       const spot = await tab.evaluate((s) => {
         const r = document.querySelector(s).getBoundingClientRect();
         return { x: (r.x + r.width / 2) / innerWidth, y: (r.y + r.height / 2) / innerHeight };
       }, selector);
-      const box = await page.locator('[data-testid="live-view"] img').boundingBox();
+      const box = await on.locator('[data-testid="live-view"] img').boundingBox();
       return [box.x + box.width * spot.x, box.y + box.height * spot.y];
     };
     await page.mouse.click(...(await target('#b')));
@@ -64,9 +66,46 @@ async function takeControl(page, id) {
     await shot('live-control');
     await page.click('[data-testid="take-control"]');
     await page.locator('[data-testid="take-control"][aria-pressed="false"]').waitFor({ timeout: T });
+    await liveLinks(page, id, tab, target);
   } finally {
     await remote.close();
   }
+}
+
+// Live links in their own pages (no API key): a `view` link shows the page
+// but cannot click; a `control` link takes control and clicks.
+async function liveLinks(page, id, tab, target) {
+  const link = async (mode) => {
+    const answer = await fetch(`${base}/v2/instances/${id}/live`, {
+      method: 'POST',
+      headers: { Authorization: `Bearer ${apiKey}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ mode, ttl_sec: 600 }),
+    });
+    if (answer.status !== 201) throw new Error(`live link: ${answer.status} ${await answer.text()}`);
+    return (await answer.json()).url;
+  };
+  const open = async (mode) => {
+    const viewer = await page.context().newPage();
+    viewer.on('pageerror', (e) => errors.push(String(e)));
+    viewer.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
+    await viewer.goto(await link(mode));
+    await viewer.waitForFunction(() => document.querySelector('[data-testid="live-view"] img')?.naturalWidth > 0, null, { timeout: T });
+    return viewer;
+  };
+  const watcher = await open('view');
+  await watcher.locator('[data-testid="control-state"]', { hasText: 'View only' }).waitFor({ timeout: T });
+  if (await watcher.locator('[data-testid="take-control"]').isVisible()) throw new Error('a view link offers control');
+  await watcher.mouse.click(...(await target('#b', watcher)));
+  const driver = await open('control');
+  await driver.click('[data-testid="take-control"]');
+  await driver.locator('[data-testid="control-state"].yours').waitFor({ timeout: T });
+  await driver.mouse.click(...(await target('#b', driver)));
+  await tab.waitForFunction(() => window.clicks >= 2, null, { timeout: T });
+  const clicks = await tab.evaluate(() => window.clicks);
+  if (clicks !== 2) throw new Error(`the view link clicked: ${clicks} clicks`);
+  await shot('live-link');
+  await watcher.close();
+  await driver.close();
 }
 try {
   const context = await browser.newContext({ viewport: { width: 1280, height: 800 } });

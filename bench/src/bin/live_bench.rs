@@ -205,6 +205,7 @@ const ANIMATED: &str = "data:text/html,<title>moving</title><style>body{margin:0
 
 /// CPU seconds (user + system) used so far by `pids`.
 fn cpu_seconds(pids: &[u32]) -> f64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     pids.iter()
         .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())

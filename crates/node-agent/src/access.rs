@@ -113,11 +113,7 @@ pub async fn require_credential(
 ) -> axum::response::Response {
     let token = slot.access_token();
     match access.admit(token.as_deref(), request.headers(), request.uri().query()) {
-        Ok(admission) => {
-            let mut request = request;
-            request.extensions_mut().insert(admission);
-            next.run(request).await
-        }
+        Ok(_) => next.run(request).await,
         Err(refusal) => refusal.response(),
     }
 }
@@ -140,13 +136,6 @@ pub enum Admission {
     Open,
     ApiKey,
     InstanceToken,
-}
-
-impl Admission {
-    /// Whether a live-view viewer let in this way may take control.
-    pub fn may_control(self) -> bool {
-        matches!(self, Self::Open | Self::ApiKey | Self::InstanceToken)
-    }
 }
 
 /// Why a request was refused: answered 401 before anything reaches the browser.

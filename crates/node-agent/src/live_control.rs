@@ -10,10 +10,10 @@
 //!   spot whatever size the viewer shows the frame at.
 //! - **Control** is exclusive: one viewer at a time holds it (the first that
 //!   asks while nobody does); it is free again when that viewer releases it or
-//!   leaves. A viewer admitted by an API key, the instance's own token, or with
-//!   authentication off may take it, unless it asked for `?mode=view`; a
-//!   viewer admitted by the instance's view token (a `view` live link) never
-//!   may. Input from a viewer that does not hold control is refused with an
+//!   leaves. Any viewer the stream port admitted (an API key, the instance's
+//!   own token, or authentication off) may take it, unless it connected with
+//!   `?mode=view`, as the front door always does for a `view` live link.
+//!   Input from a viewer that does not hold control is refused with an
 //!   `error` message; nothing reaches the browser.
 //! - **Dispatch**: CDP `Input.dispatchMouseEvent`, `Input.dispatchKeyEvent`,
 //!   `Input.insertText` and `Emulation.setDeviceMetricsOverride` on the tab

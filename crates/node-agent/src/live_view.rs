@@ -30,7 +30,7 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::{Mutex, watch};
 
-use crate::access::{Admission, NodeAccess};
+use crate::access::NodeAccess;
 use crate::browser::CdpEndpoint;
 use crate::cdp::{CdpClient, CdpEvent};
 
@@ -467,17 +467,19 @@ fn multipart_part(jpeg: &[u8], first: bool) -> Bytes {
     Bytes::from(part)
 }
 
+/// Every viewer the access layer let in may take control, unless it asked
+/// to watch only (`?mode=view`, which the door always adds for `view` live
+/// links).
 async fn websocket(
     State(live_view): State<Arc<LiveView>>,
-    admission: Option<axum::Extension<Admission>>,
     query: axum::extract::RawQuery,
     upgrade: WebSocketUpgrade,
 ) -> Response {
-    let asked_view_only = query.0.as_deref().is_some_and(|query| {
+    let view_only = query.0.as_deref().is_some_and(|query| {
         url::form_urlencoded::parse(query.as_bytes())
             .any(|(name, value)| name == "mode" && value == "view")
     });
-    let may_control = admission.is_some_and(|a| a.0.may_control()) && !asked_view_only;
+    let may_control = !view_only;
     upgrade
         .max_message_size(live_control::MAX_MESSAGE_BYTES)
         .on_upgrade(move |socket| ws_viewer(socket, live_view, may_control))
@@ -618,9 +620,11 @@ impl Viewer {
     /// Shows another tab (to every viewer): for the viewer holding control,
     /// or any that may take it while nobody holds it.
     fn show_tab(&self, id: String) -> Result<(), String> {
-        if self.holds_control().is_err() {
-            self.take()?;
-            self.release();
+        let controller = self.live_view.shared.borrow().controller;
+        match controller {
+            _ if !self.may_control => return Err("this viewer may only watch".into()),
+            Some(holder) if holder != self.id => return Err("someone else has control".into()),
+            _ => {}
         }
         let (mut known, mut shown) = (true, false);
         self.live_view.shared.send_if_modified(|shared| {

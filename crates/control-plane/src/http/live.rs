@@ -106,6 +106,7 @@ pub async fn live_page(
     params(("token" = String, Path)),
     responses(
         (status = 101, description = "WebSocket of the live view"),
+        (status = 400, description = "Not a WebSocket upgrade", body = ErrorResponse),
         (status = 404, description = "Not a live link, expired or revoked", body = ErrorResponse),
     ))]
 pub async fn live_socket(
@@ -135,9 +136,9 @@ fn request_host(headers: &HeaderMap) -> String {
         .to_owned()
 }
 
-/// The page may be framed anywhere; it loads nothing but its socket and
-/// the frames it turns into blob URLs.
+/// The page may be framed anywhere; it loads nothing but the live view
+/// client (`/ui/live.js`), its socket and the frames it turns into blob URLs.
 const LIVE_PAGE_POLICY: &str = "default-src 'none'; img-src blob:; connect-src 'self'; \
-     script-src 'unsafe-inline'; style-src 'unsafe-inline'; frame-ancestors *";
+     script-src 'self' 'unsafe-inline'; style-src 'unsafe-inline'; frame-ancestors *";
 
 const LIVE_PAGE: &str = include_str!("live_page.html");

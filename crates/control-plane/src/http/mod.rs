@@ -365,6 +365,7 @@ fn ui_routes() -> Routes {
         .route("/ui/", get(ui::index))
         .route("/ui/app.js", get(ui::app_js))
         .route("/ui/app.css", get(ui::app_css))
+        .route("/ui/live.js", get(ui::live_js))
         .route("/ui/config.json", get(ui::config))
 }
 

@@ -13,6 +13,8 @@ use crate::app::ControlPlane;
 const INDEX: &str = include_str!("ui/index.html");
 const APP_JS: &str = include_str!("ui/app.js");
 const APP_CSS: &str = include_str!("ui/app.css");
+/// The live view client (the dashboard's and the live-link page's).
+const LIVE_JS: &str = include_str!("ui/live.js");
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {
     (
@@ -32,6 +34,10 @@ pub async fn index() -> Response {
 
 pub async fn app_js() -> Response {
     asset("text/javascript; charset=utf-8", APP_JS)
+}
+
+pub async fn live_js() -> Response {
+    asset("text/javascript; charset=utf-8", LIVE_JS)
 }
 
 pub async fn app_css() -> Response {

@@ -2,6 +2,7 @@
 //! against `serve` with authentication on and a real browser instance: the key
 //! prompt, create, running without reload (event stream), live view frames,
 //! taking control of the live view (a click and typing reach a test page),
+//! live-link pages (a view link cannot click, a control link can),
 //! the recording of a recorded instance playing in the detail,
 //! park, revive, delete, every page, no console errors. Screenshots are kept in
 //! `target/ui-screenshots/`.

@@ -374,7 +374,19 @@ async fn browser_live_links_show_the_view_without_a_key_until_they_expire_or_are
     let mut sly = Viewer::connect(&format!("{view_url}/"), "?mode=control").await;
     sly.control_is("view_only").await;
 
-    // A tampered link is refused.
+    // The socket's path takes WebSocket upgrades only.
+    assert_eq!(no_key_get(&format!("{view_url}/ws")).await.0, 400);
+
+    // A tampered or made-up link is refused.
+    for made_up in [
+        "..%2f..%2fv2%2finstances",
+        "00000000000000000000000000000000.AAAA",
+        "x.y.z",
+        "%00",
+    ] {
+        let url = format!("{}/live/{made_up}", serve.api.base);
+        assert_eq!(no_key_get(&url).await.0, 404, "{made_up}");
+    }
     let mut forged = view_url.clone();
     let last = forged.pop().unwrap();
     forged.push(if last == 'A' { 'B' } else { 'A' });

@@ -1,6 +1,8 @@
 // Flotilla dashboard: plain JavaScript over the public API (/v2) and the event
 // proxy (lifecycle updates arrive as server-sent events; nothing polls for them).
 
+import { LiveView, renderControls } from './live.js';
+
 const $ = (selector, root = document) => root.querySelector(selector);
 const h = (tag, attrs = {}, ...children) => {
   const el = document.createElement(tag);
@@ -210,111 +212,28 @@ async function refreshInstance(id) {
 
 // ---- detail -------------------------------------------------------------
 
-// The live view is one WebSocket through the front door: JPEG frames, `state`
-// messages (control, tabs, frame size), and this viewer's input once it holds
-// control (docs/api.md, "Live view").
-const live = { socket: null, url: null, state: null, frameUrl: null };
+// The live view: one WebSocket through the front door (see live.js).
+let live = null;
 
-// Closes the live view's socket and clears the picture.
-function stopLiveView() {
-  if (live.socket) { live.socket.onclose = null; live.socket.close(); }
-  if (live.frameUrl) URL.revokeObjectURL(live.frameUrl);
-  Object.assign(live, { socket: null, url: null, state: null, frameUrl: null });
-  const img = $('#live-view');
-  img.removeAttribute('src');
-  delete img.dataset.src;
-  renderControl();
-}
+function stopLiveView() { live?.close(); }
 
-function startLiveView(url) {
-  if (live.url === url) return;
-  stopLiveView();
-  const socket = new WebSocket(url);
-  socket.binaryType = 'blob';
-  Object.assign(live, { socket, url });
-  $('#live-view').dataset.src = url;
-  socket.onmessage = (event) => {
-    if (typeof event.data !== 'string') {
-      const previous = live.frameUrl;
-      live.frameUrl = URL.createObjectURL(event.data);
-      $('#live-view').src = live.frameUrl;
-      if (previous) URL.revokeObjectURL(previous);
-      return;
-    }
-    const message = JSON.parse(event.data);
-    if (message.type === 'state') { live.state = message; renderControl(); }
-    if (message.type === 'error') toast(message.detail, true);
-  };
-  socket.onclose = () => {
-    if (live.socket !== socket) return;
-    // Reconnect while the detail still shows a live instance.
-    Object.assign(live, { socket: null, url: null, state: null });
-    renderControl();
-    setTimeout(() => { if (state.detail) renderDetail(); }, 1000);
-  };
-}
+function startLiveView(url) { live.open(url); }
 
-function sendLive(message) {
-  if (live.socket?.readyState === WebSocket.OPEN) live.socket.send(JSON.stringify(message));
-}
-
-function renderControl() {
-  const control = live.state?.control;
-  const button = $('#take-control');
-  button.disabled = !control || control === 'taken' || control === 'view_only';
-  button.textContent = control === 'yours' ? 'Release control' : 'Take control';
-  button.setAttribute('aria-pressed', String(control === 'yours'));
-  const sign = $('#control-state');
-  sign.className = control ?? '';
-  sign.textContent = { yours: 'You have control: clicks and keys go to the page',
-    taken: 'Someone else has control', view_only: 'View only', free: '' }[control] ?? '';
-  $('#live-area').classList.toggle('controlling', control === 'yours');
-  const select = $('#tab-switcher');
-  const tabs = live.state?.tabs ?? [];
-  select.replaceChildren(...tabs.map((tab) => h('option', { value: tab.id, text: tab.title || tab.url || tab.id })));
-  if (live.state?.tab) select.value = live.state.tab;
-  select.disabled = !tabs.length || control === 'taken' || control === 'view_only';
-}
-
-// Input on the picture, as fractions of the frame (the page maps them to
-// its own pixels, whatever size the picture is shown at).
-const BUTTONS = ['left', 'middle', 'right', 'back', 'forward'];
-function modifiers(e) { return (e.altKey ? 1 : 0) | (e.ctrlKey ? 2 : 0) | (e.metaKey ? 4 : 0) | (e.shiftKey ? 8 : 0); }
-function pointer(e, event) {
-  if (live.state?.control !== 'yours') return;
-  const rect = $('#live-view').getBoundingClientRect();
-  if (!rect.width || !rect.height) return;
-  const x = Math.min(1, Math.max(0, (e.clientX - rect.left) / rect.width));
-  const y = Math.min(1, Math.max(0, (e.clientY - rect.top) / rect.height));
-  e.preventDefault();
-  const message = { type: 'mouse', event, x, y, buttons: e.buttons ?? 0, modifiers: modifiers(e) };
-  if (event === 'down' || event === 'up') Object.assign(message, { button: BUTTONS[e.button] ?? 'none', click_count: e.detail || 1 });
-  if (event === 'wheel') Object.assign(message, { delta_x: e.deltaX, delta_y: e.deltaY });
-  sendLive(message);
-}
-function keyboard(e, event) {
-  if (live.state?.control !== 'yours') return;
-  e.preventDefault();
-  const text = e.key.length === 1 ? e.key : (e.key === 'Enter' ? '\r' : '');
-  sendLive({ type: 'key', event, key: e.key, code: e.code, key_code: e.keyCode, text, modifiers: modifiers(e) });
+function renderControl(liveState) {
+  renderControls({ button: $('#take-control'), select: $('#tab-switcher'), sign: $('#control-state'), area: $('#live-area') }, liveState);
 }
 
 function wireLiveView() {
-  const area = $('#live-area');
-  const img = $('#live-view');
-  img.addEventListener('mousedown', (e) => { area.focus(); pointer(e, 'down'); });
-  img.addEventListener('mouseup', (e) => pointer(e, 'up'));
-  img.addEventListener('mousemove', (e) => pointer(e, 'move'));
-  img.addEventListener('wheel', (e) => pointer(e, 'wheel'), { passive: false });
-  img.addEventListener('contextmenu', (e) => { if (live.state?.control === 'yours') e.preventDefault(); });
-  area.addEventListener('keydown', (e) => keyboard(e, 'down'));
-  area.addEventListener('keyup', (e) => keyboard(e, 'up'));
-  $('#take-control').addEventListener('click', () => {
-    const take = live.state?.control !== 'yours';
-    sendLive({ type: 'control', take });
-    if (take) area.focus();
+  live = new LiveView({
+    img: $('#live-view'),
+    area: $('#live-area'),
+    onState: renderControl,
+    onError: (detail) => toast(detail, true),
+    // Reconnect while the detail still shows a live instance.
+    onClose: () => setTimeout(() => { if (state.detail) renderDetail(); }, 1000),
   });
-  $('#tab-switcher').addEventListener('change', (e) => sendLive({ type: 'tab', id: e.target.value }));
+  $('#take-control').addEventListener('click', () => live.toggleControl());
+  $('#tab-switcher').addEventListener('change', (e) => live.showTab(e.target.value));
 }
 
 function snippet(instance) {
