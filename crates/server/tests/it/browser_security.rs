@@ -440,6 +440,11 @@ async fn browser_a_cdp_client_owns_its_browser_and_nothing_else() {
     assert!(!loads(&page, &other_debug).await);
 
     // Downloads land in the instance's own directory, wherever they are steered.
+    // The last refused load left an error page that may still be building:
+    // start from a page that has finished loading.
+    page.navigate(&format!("{}/", local_site.base))
+        .await
+        .unwrap();
     let escape = format!("flotilla-escape-{}", std::process::id());
     let downloads = dir_of(&a).join("downloads");
     for (index, steered) in [format!("/root/{escape}"), format!("/tmp/{escape}")]
