@@ -2,7 +2,8 @@
 // API key prompt, create, live status without reloading, live view frames,
 // taking control of the live view (a click and typing reach a test page),
 // live links (a view link cannot click, a control link can), a recorded
-// instance's recording playing after a park, park, revive, delete; screenshots of every page (1280x800 and a phone).
+// instance's recording playing after a park, park, revive, delete, its kept
+// recordings playing and deleted; screenshots of every page (1280x800 and a phone).
 // Usage: node dashboard.mjs <control plane URL> <screenshot dir> <api key> <test page URL>
 // Prints {"id": …, "errors": [console errors], "shots": [...]} as JSON.
 import { chromium } from 'playwright-core';
@@ -127,8 +128,9 @@ try {
   await page.locator('#live.on').waitFor({ timeout: T });
   await shot('instances-empty');
 
-  // Recorded: the detail lists the recording and plays it.
-  await page.check('#create-record');
+  // Recorded, and kept: the detail lists the recording and plays it; after
+  // the delete, the Recordings view plays and deletes what was kept.
+  await page.check('#create-keep');
   await page.click('#create-button');
   const row = page.locator('#instances tbody tr').first();
   await row.waitFor({ timeout: T });
@@ -181,6 +183,26 @@ try {
   await page.click(`tr[data-id="${id}"] button[aria-label="Delete ${id}"]`);
   await page.locator(`tr[data-id="${id}"]`).waitFor({ state: 'detached', timeout: T });
   await shot('instances-after-delete');
+
+  await page.click('nav a[data-view="recordings"]');
+  const kept = page.locator('[data-testid="kept-recordings"] li');
+  await kept.first().waitFor({ timeout: T });
+  const keptBefore = await kept.count();
+  const first = kept.first();
+  if (!(await first.textContent()).includes(id)) throw new Error(`the kept recording does not name ${id}`);
+  await first.locator('button', { hasText: 'Play' }).click();
+  await page.waitForFunction(() => {
+    const v = document.querySelector('[data-testid="kept-recordings"] video');
+    return v && v.readyState >= 1 && v.duration > 0 && v.videoWidth > 0;
+  }, null, { timeout: T }).catch(async () => {
+    const seen = await page.evaluate(() => { const v = document.querySelector('[data-testid="kept-recordings"] video');
+      return { src: v?.src, readyState: v?.readyState, error: v?.error?.message }; });
+    throw new Error(`the kept recording does not play: ${JSON.stringify(seen)}`);
+  });
+  await shot('recordings');
+  await first.locator('button', { hasText: 'Delete' }).click();
+  await page.waitForFunction((before) => document.querySelectorAll('[data-testid="kept-recordings"] li').length === before - 1,
+    keptBefore, { timeout: T });
 
   await page.setViewportSize({ width: 390, height: 844 });
   await shot('phone');

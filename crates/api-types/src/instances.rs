@@ -131,9 +131,14 @@ pub struct InstanceConfig {
     /// Records the live view (the tab it shows) to video while the instance
     /// runs: MP4/H.264, one recording per running period (`GET
     /// /v2/instances/{id}/recordings`). Recordings count toward `disk_gb`
-    /// and are deleted with the instance.
+    /// and are deleted with the instance unless `keep_recordings`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub record: bool,
+    /// With `record`: when the instance is deleted (or ends), its recordings
+    /// move to the snapshot store and are listed under `GET /v2/recordings`
+    /// until deleted there.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keep_recordings: bool,
 }
 
 impl Default for InstanceConfig {
@@ -148,6 +153,7 @@ impl Default for InstanceConfig {
             max_duration_minutes: None,
             extensions: Vec::new(),
             record: false,
+            keep_recordings: false,
         }
     }
 }
@@ -542,4 +548,33 @@ pub struct Recording {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct RecordingList {
     pub recordings: Vec<Recording>,
+}
+
+/// A recording kept after its instance was deleted (`config.keep_recordings`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct KeptRecording {
+    pub id: String,
+    /// The instance it recorded (deleted since).
+    pub instance_id: InstanceId,
+    /// `video/mp4` (H.264).
+    pub content_type: String,
+    pub size_bytes: u64,
+    pub duration_sec: f64,
+    pub created_at: DateTime<Utc>,
+    /// When it moved to the snapshot store.
+    pub kept_at: DateTime<Utc>,
+}
+
+/// `GET /v2/recordings`, oldest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct KeptRecordingList {
+    pub recordings: Vec<KeptRecording>,
+}
+
+/// Query of `GET /v2/recordings`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct KeptRecordingQuery {
+    /// Only the recordings of this instance.
+    pub instance_id: Option<InstanceId>,
 }

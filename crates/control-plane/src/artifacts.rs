@@ -1,7 +1,8 @@
 //! What the control plane needs of the store where the node side keeps its
-//! artifacts (snapshots, saved profiles, extension zips): delete them with
-//! what they belong to, keep an uploaded extension, and check that an upload
-//! is an extension the agent will be able to unpack. The control plane knows
+//! artifacts (snapshots, saved profiles, extension zips, kept recordings):
+//! delete them with what they belong to, keep an uploaded extension, check
+//! that an upload is an extension the agent will be able to unpack, and
+//! list, serve and delete the recordings agents kept there. The control plane knows
 //! the store only through this trait; `flotilla-server` implements it over
 //! the node agent's snapshot store, so the check at upload and the unpack
 //! before a launch are the same code.
@@ -10,6 +11,10 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use flotilla_api_types::InstanceId;
+use flotilla_api_types::instances::KeptRecording;
+
+/// A video, chunk by chunk.
+pub type VideoStream = futures_util::stream::BoxStream<'static, std::io::Result<Bytes>>;
 
 /// What an extension's manifest says of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,4 +35,12 @@ pub trait ArtifactStore: Send + Sync {
     /// Checks that `zip` is a loadable extension (CPU-bound: run it off the
     /// async threads); the error says why not, for the uploader.
     fn extension_inspect(&self, zip: &[u8]) -> Result<ExtensionManifest, String>;
+    /// The kept recordings, oldest first.
+    async fn recordings_kept(&self) -> anyhow::Result<Vec<KeptRecording>>;
+    /// One kept recording; `None` when there is none with that id.
+    async fn recording_kept(&self, id: &str) -> anyhow::Result<Option<KeptRecording>>;
+    /// A kept recording's video; `None` when there is none with that id.
+    async fn recording_kept_video(&self, id: &str) -> anyhow::Result<Option<VideoStream>>;
+    /// Deletes a kept recording; `false` when there was none with that id.
+    async fn recording_kept_delete(&self, id: &str) -> anyhow::Result<bool>;
 }

@@ -88,6 +88,9 @@ pub struct InstanceSlot {
     /// Asks the agent to revive this instance when it is dormant and a client
     /// connects; `None` when waking is off.
     waker: Option<mpsc::UnboundedSender<InstanceId>>,
+    /// The task recording its live view (`config.record`), to wait for the
+    /// last recording to be finished before its files are kept or removed.
+    recorder: Mutex<Option<tokio::task::JoinHandle<()>>>,
     clock: Arc<dyn Clock>,
 }
 
@@ -124,7 +127,24 @@ impl InstanceSlot {
             profile: Mutex::new(None),
             downloads_seen: Mutex::default(),
             waker,
+            recorder: Mutex::new(None),
             clock,
+        }
+    }
+
+    /// Remembers the task recording this instance.
+    pub fn set_recorder(&self, recorder: tokio::task::JoinHandle<()>) {
+        *self.recorder.lock().expect("slot lock") = Some(recorder);
+    }
+
+    /// Waits (at most `deadline`) for the recorder to finish its last
+    /// recording; call once the servers are cancelled.
+    pub async fn recorder_finished(&self, deadline: Duration) {
+        let recorder = self.recorder.lock().expect("slot lock").take();
+        if let Some(recorder) = recorder
+            && tokio::time::timeout(deadline, recorder).await.is_err()
+        {
+            tracing::warn!(instance = %self.id, "the recorder did not finish in time");
         }
     }
 

@@ -15,8 +15,9 @@ use flotilla_api_types::agent::{
     NodeRegistration,
 };
 use flotilla_api_types::agent::{AgentDormantResult, AgentIdentity, AgentReviveInstance};
+use flotilla_api_types::instances::KeptRecording;
 use flotilla_control_plane::ControlPlane;
-use flotilla_control_plane::artifacts::{ArtifactStore, ExtensionManifest};
+use flotilla_control_plane::artifacts::{ArtifactStore, ExtensionManifest, VideoStream};
 use flotilla_control_plane::nodes::{NodeCallError, NodeConnection};
 use flotilla_node_agent::snapshot::SnapshotStore;
 use flotilla_node_agent::{Agent, AgentError, ControlPlaneLink, LinkError, RegistrationAck};
@@ -132,5 +133,21 @@ impl ArtifactStore for Artifacts {
             name: manifest.name,
             version: manifest.version,
         })
+    }
+
+    async fn recordings_kept(&self) -> anyhow::Result<Vec<KeptRecording>> {
+        self.0.recordings_kept().await
+    }
+
+    async fn recording_kept(&self, id: &str) -> anyhow::Result<Option<KeptRecording>> {
+        self.0.recording_kept(id).await
+    }
+
+    async fn recording_kept_video(&self, id: &str) -> anyhow::Result<Option<VideoStream>> {
+        self.0.recording_kept_video(id).await
+    }
+
+    async fn recording_kept_delete(&self, id: &str) -> anyhow::Result<bool> {
+        self.0.recording_kept_delete(id).await
     }
 }

@@ -15,6 +15,7 @@ mod nodes;
 pub mod outbox;
 mod profiles;
 mod queue;
+mod recordings;
 mod tokens;
 mod views;
 

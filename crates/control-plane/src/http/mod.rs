@@ -12,6 +12,7 @@ mod live;
 mod nodes;
 mod observability;
 mod profiles;
+mod recordings;
 mod tokens;
 mod ui;
 
@@ -61,6 +62,9 @@ use crate::error::Error;
         extensions::extension_list,
         extensions::extension_get,
         extensions::extension_delete,
+        recordings::recordings_kept,
+        recordings::recording_kept,
+        recordings::recording_kept_delete,
         observability::metrics,
         observability::prometheus,
         observability::alerts,
@@ -99,6 +103,7 @@ use crate::error::Error;
         (name = "nodes", description = "Machines running node agents"),
         (name = "profiles", description = "Persistent browser profiles: cookies, localStorage and the profile directory, saved by name"),
         (name = "extensions", description = "Chromium extensions uploaded as zip files, loaded by instances that name them in config.extensions"),
+        (name = "recordings", description = "Recordings kept after their instance was deleted (config.keep_recordings), in the snapshot store"),
         (name = "health", description = "Service health"),
         (name = "metrics", description = "Cluster metrics, Prometheus exposition and alerts"),
         (name = "events", description = "Subscriber tokens for the event proxy"),
@@ -344,6 +349,11 @@ fn resource_routes() -> Routes {
         .route(
             "/v2/extensions/{id}",
             get(extensions::extension_get).delete(extensions::extension_delete),
+        )
+        .route("/v2/recordings", get(recordings::recordings_kept))
+        .route(
+            "/v2/recordings/{recording_id}",
+            get(recordings::recording_kept).delete(recordings::recording_kept_delete),
         )
         .route("/v2/nodes", get(nodes::node_list))
         .route("/v2/nodes/{node_id}", get(nodes::node_get))

@@ -20,7 +20,7 @@ use super::{Store, from_millis, placeholders, to_millis};
 const COLUMNS: &str = "id, node_id, status, status_reason, subdomain, image, memory_gb, cpu_cores, disk_gb, \
     idle_timeout_minutes, auto_snapshot, debug_port, stream_port, http_port, created_at, updated_at, \
     last_activity, cpu_percent, memory_mb, disk_mb, snapshot_id, dormant_since, revive_method, \
-    max_duration_minutes, proxy, profile_name, profile_persist, extensions, record";
+    max_duration_minutes, proxy, profile_name, profile_persist, extensions, record, keep_recordings";
 
 /// An instance as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -108,6 +108,7 @@ fn decode(row: &AnyRow) -> Result<InstanceRecord, sqlx::Error> {
                 .map_err(|e| sqlx::Error::Decode(e.into()))?
                 .unwrap_or_default(),
             record: row.try_get::<i64, _>("record")? != 0,
+            keep_recordings: row.try_get::<i64, _>("keep_recordings")? != 0,
         },
         ports,
         created_at: from_millis(row.try_get("created_at")?),
@@ -306,8 +307,8 @@ impl Store {
         sqlx::query(
             "INSERT INTO instances (id, node_id, status, subdomain, image, memory_gb, cpu_cores, disk_gb, \
              idle_timeout_minutes, auto_snapshot, created_at, updated_at, last_activity, max_duration_minutes, proxy, \
-             profile_name, profile_persist, extensions, record) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $11, $12, $13, $14, $15, $16, $17)",
+             profile_name, profile_persist, extensions, record, keep_recordings) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $11, $12, $13, $14, $15, $16, $17, $18)",
         )
         .bind(new.id.as_str())
         .bind(new.node_id.as_str())
@@ -334,6 +335,7 @@ impl Store {
                 .then(|| serde_json::to_string(&new.config.extensions).expect("ids serialise")),
         )
         .bind(i64::from(new.config.record))
+        .bind(i64::from(new.config.keep_recordings))
         .execute(&mut *tx)
         .await?;
         self.instance_event(

@@ -12,7 +12,7 @@ use flotilla_api_types::agent::{
     AgentCreateInstance, AgentInstancePorts, InstanceEventKind, InstanceEventReport,
 };
 use flotilla_api_types::extensions::is_extension_id;
-use flotilla_api_types::instances::InstanceStatus;
+use flotilla_api_types::instances::{InstanceStatus, KeptRecording};
 
 use crate::browser::{BrowserProcess, CdpEndpoint, InstanceDirs, LaunchError};
 use crate::cgroups::Limits;
@@ -28,6 +28,10 @@ use super::{
     Agent, AgentError, CDP_GRACE, Outgoing, check_extensions, ports_of, remove_dir, unpack_into,
     upstream_of,
 };
+
+/// How long a delete waits for the recorder to finish its last recording
+/// (ffmpeg is given 30 s to write its end).
+const RECORDER_GRACE: Duration = Duration::from_secs(40);
 
 impl Agent {
     pub(super) async fn create_now(
@@ -165,12 +169,12 @@ impl Agent {
                 let live_view = LiveView::new(slot.clone(), settings, ready_timeout);
                 let recordings = self.recordings_dir(&slot.id);
                 if slot.config.record {
-                    self.inner.tasks.spawn(crate::recording::record(
+                    slot.set_recorder(self.inner.tasks.spawn(crate::recording::record(
                         slot.clone(),
                         live_view.clone(),
                         recordings.clone(),
                         (settings.width, settings.height),
-                    ));
+                    )));
                 }
                 self.inner
                     .tasks
@@ -490,13 +494,57 @@ impl Agent {
         }
         slot.servers.cancel();
         self.inner.ports.release(slot.ports);
-        let (root, recordings) = (slot.dirs.root.clone(), self.recordings_dir(id));
+        slot.recorder_finished(RECORDER_GRACE).await;
+        let recordings = self.recordings_dir(id);
+        let kept = !slot.config.keep_recordings || self.keep_recordings(id, &recordings).await;
+        let root = slot.dirs.root.clone();
         let _ = tokio::task::spawn_blocking(move || {
             remove_dir(&root);
-            remove_dir(&recordings);
+            if kept {
+                remove_dir(&recordings);
+            }
         })
         .await;
         Ok(())
+    }
+
+    /// Moves the finished recordings in `dir` to the snapshot store
+    /// (`config.keep_recordings`); `false` if any could not be kept (then
+    /// the files stay on this node, and the error is logged with where).
+    async fn keep_recordings(&self, id: &InstanceId, dir: &std::path::Path) -> bool {
+        let listed = {
+            let dir = dir.to_owned();
+            tokio::task::spawn_blocking(move || crate::recording::list(&dir)).await
+        };
+        let recordings = match listed {
+            Ok(Ok(recordings)) => recordings,
+            other => {
+                tracing::error!(instance = %id, dir = %dir.display(), ?other, "cannot list the recordings to keep; they stay on this node");
+                return false;
+            }
+        };
+        let store = &self.inner.settings.snapshots;
+        let mut all_kept = true;
+        for recording in recordings {
+            let kept = KeptRecording {
+                instance_id: id.clone(),
+                kept_at: self.inner.settings.clock.now(),
+                id: recording.id,
+                content_type: recording.content_type,
+                size_bytes: recording.size_bytes,
+                duration_sec: recording.duration_sec,
+                created_at: recording.created_at,
+            };
+            let video = dir.join(format!("{}.mp4", kept.id));
+            match store.recording_keep(&kept, &video).await {
+                Ok(()) => tracing::info!(instance = %id, recording = kept.id, "recording kept"),
+                Err(error) => {
+                    tracing::error!(instance = %id, recording = kept.id, file = %video.display(), store = store.location, %error, "cannot keep the recording in the snapshot store; it stays on this node");
+                    all_kept = false;
+                }
+            }
+        }
+        all_kept
     }
 
     pub(super) async fn stop_slot(&self, slot: &Arc<InstanceSlot>, force: bool) {

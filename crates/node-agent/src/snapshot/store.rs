@@ -1,4 +1,4 @@
-//! [`SnapshotStore`]: archives, saved profiles and extension zips in a
+//! [`SnapshotStore`]: archives, saved profiles, extension zips and kept recordings in a
 //! directory (`file://`) or an S3-compatible bucket (`s3://`), through
 //! `object_store`. A put is atomic: an object is either complete or absent.
 
@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use flotilla_api_types::InstanceId;
 use flotilla_api_types::ids::SnapshotId;
+use flotilla_api_types::instances::KeptRecording;
 
 /// `[snapshots]`: where dormant instances' archives go.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -36,8 +37,9 @@ pub struct SnapshotsConfig {
 pub const DEFAULT_STORE_TIMEOUT_SEC: f64 = 30.0;
 
 /// Archives of dormant instances, by instance and snapshot id, of
-/// persistent profiles, by name (`profiles/<name>.tar.zst`), and the zips of
-/// uploaded extensions, by id (`extensions/<id>.zip`).
+/// persistent profiles, by name (`profiles/<name>.tar.zst`), the zips of
+/// uploaded extensions, by id (`extensions/<id>.zip`), and kept recordings,
+/// by id (`recordings/<id>.mp4` and its description `recordings/<id>.json`).
 #[derive(Clone)]
 pub struct SnapshotStore {
     store: Arc<dyn ObjectStore>,
@@ -225,6 +227,116 @@ impl SnapshotStore {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(error) => Err(error.into()),
         }
+    }
+
+    fn kept_recording_path(&self, id: &str, extension: &str) -> StorePath {
+        self.prefix
+            .child("recordings")
+            .child(format!("{id}.{extension}"))
+    }
+
+    /// Keeps a finished recording: the video from the file `video`, then its
+    /// description, so that a listed recording is always complete.
+    pub async fn recording_keep(
+        &self,
+        recording: &KeptRecording,
+        video: &Path,
+    ) -> anyhow::Result<()> {
+        use tokio::io::AsyncWriteExt as _;
+        anyhow::ensure!(
+            crate::recording::is_recording_id(&recording.id),
+            "{:?} is not a recording id",
+            recording.id
+        );
+        let mut file = tokio::fs::File::open(video).await?;
+        let mut upload = object_store::buffered::BufWriter::new(
+            self.store.clone(),
+            self.kept_recording_path(&recording.id, "mp4"),
+        );
+        tokio::io::copy(&mut file, &mut upload).await?;
+        upload.shutdown().await?;
+        let description = serde_json::to_vec(recording)?;
+        self.store
+            .put(
+                &self.kept_recording_path(&recording.id, "json"),
+                Bytes::from(description).into(),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// The kept recordings, oldest first (ids are time-ordered).
+    pub async fn recordings_kept(&self) -> anyhow::Result<Vec<KeptRecording>> {
+        use futures_util::TryStreamExt;
+        let prefix = self.prefix.child("recordings");
+        let objects: Vec<_> = self.store.list(Some(&prefix)).try_collect().await?;
+        let mut recordings = Vec::new();
+        for object in objects {
+            let Some(id) = object
+                .location
+                .filename()
+                .and_then(|name| name.strip_suffix(".json"))
+            else {
+                continue;
+            };
+            if let Some(recording) = self.recording_kept(id).await? {
+                recordings.push(recording);
+            }
+        }
+        recordings.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(recordings)
+    }
+
+    /// Kept recording `id`'s description; `None` when there is no such
+    /// recording (or `id` is not a recording id).
+    pub async fn recording_kept(&self, id: &str) -> anyhow::Result<Option<KeptRecording>> {
+        if !crate::recording::is_recording_id(id) {
+            return Ok(None);
+        }
+        match self.store.get(&self.kept_recording_path(id, "json")).await {
+            Ok(object) => Ok(serde_json::from_slice(&object.bytes().await?).ok()),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Kept recording `id`'s video, as a stream of chunks; `None` when there
+    /// is no such recording.
+    pub async fn recording_kept_video(
+        &self,
+        id: &str,
+    ) -> anyhow::Result<Option<futures_util::stream::BoxStream<'static, std::io::Result<Bytes>>>>
+    {
+        use futures_util::TryStreamExt;
+        if !crate::recording::is_recording_id(id) {
+            return Ok(None);
+        }
+        match self.store.get(&self.kept_recording_path(id, "mp4")).await {
+            Ok(object) => Ok(Some(Box::pin(
+                object.into_stream().map_err(std::io::Error::other),
+            ))),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Deletes kept recording `id` (its description first, so that it is
+    /// never listed without its video); `false` when there was none.
+    pub async fn recording_kept_delete(&self, id: &str) -> anyhow::Result<bool> {
+        if self.recording_kept(id).await?.is_none() {
+            return Ok(false);
+        }
+        for extension in ["json", "mp4"] {
+            match self
+                .store
+                .delete(&self.kept_recording_path(id, extension))
+                .await
+            {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Ok(true)
     }
 
     /// Whether the store answers for this archive: `Ok` when it does

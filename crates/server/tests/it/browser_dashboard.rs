@@ -4,7 +4,8 @@
 //! taking control of the live view (a click and typing reach a test page),
 //! live-link pages (a view link cannot click, a control link can),
 //! the recording of a recorded instance playing in the detail,
-//! park, revive, delete, every page, no console errors. Screenshots are kept in
+//! park, revive, delete, its kept recordings playing and deleted, every page,
+//! no console errors. Screenshots are kept in
 //! `target/ui-screenshots/`.
 
 use flotilla_testkit::{run_node, serve_page, spawn_serve_with, workspace_root};
@@ -40,7 +41,7 @@ async fn browser_dashboard_drives_an_instance_through_its_life() {
         serde_json::json!([]),
         "console errors: {result}"
     );
-    assert!(result["shots"].as_array().unwrap().len() >= 9, "{result}");
+    assert!(result["shots"].as_array().unwrap().len() >= 10, "{result}");
     let id = result["id"].as_str().unwrap();
     let (status, _) = serve
         .api

@@ -2,7 +2,8 @@
 //! page is recorded while the instance runs, the recording ends with a park
 //! and the next starts with the revive, each a playable MP4 (ffprobe reads
 //! its duration and frame size) served through the front door; they go with
-//! the instance.
+//! the instance, unless kept (`config.keep_recordings`): then they move to the
+//! snapshot store and are served under `/v2/recordings` until deleted.
 
 use std::time::Duration;
 
@@ -46,17 +47,19 @@ fn probe(path: &std::path::Path) -> (f64, u64, u64) {
     )
 }
 
-#[tokio::test]
-async fn browser_a_recording_of_an_animated_page_is_a_playable_video() {
-    let pages = serve_page(&[("/", ANIMATED)]).await;
-    let (width, height) = (960u32, 540u32);
-    let serve = spawn_serve_with(|config| {
-        pages.allow_in(config);
-        config.agent.viewport_width = width;
-        config.agent.viewport_height = height;
-    })
-    .await;
-    let created = serve.api.create(r#"{"config": {"record": true}}"#).await;
+/// Creates an instance with `config`, shows the animated page in its only
+/// tab and waits until `seconds` of it are recorded; the page stays open
+/// while the returned handle lives.
+async fn record_animated_page(
+    serve: &flotilla_testkit::TestServe,
+    pages: &flotilla_testkit::PageServer,
+    config: &str,
+    seconds: f64,
+) -> (String, Page) {
+    let created = serve
+        .api
+        .create(&format!(r#"{{"config": {config}}}"#))
+        .await;
     let id = created["id"].as_str().unwrap().to_owned();
     let detail = serve
         .api
@@ -85,12 +88,12 @@ async fn browser_a_recording_of_an_animated_page_is_a_playable_video() {
     }
 
     let list = format!("/v2/instances/{id}/recordings");
-    wait_until(BROWSER_DEADLINE, "4 s recorded", || async {
+    wait_until(BROWSER_DEADLINE, "the page recorded", || async {
         let (_, body) = serve.api.get(&list).await;
         let recorded = body["recordings"][0]["duration_sec"]
             .as_f64()
             .unwrap_or(0.0);
-        if recorded >= 4.0 {
+        if recorded >= seconds {
             Ok(Some(()))
         } else {
             Err(body.to_string())
@@ -98,6 +101,29 @@ async fn browser_a_recording_of_an_animated_page_is_a_playable_video() {
     })
     .await
     .unwrap();
+    (id, page)
+}
+
+/// Saves `bytes` and reads them with ffprobe: (duration, width, height).
+fn probe_bytes(bytes: &[u8]) -> (f64, u64, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("recording.mp4");
+    std::fs::write(&file, bytes).unwrap();
+    probe(&file)
+}
+
+#[tokio::test]
+async fn browser_a_recording_of_an_animated_page_is_a_playable_video() {
+    let pages = serve_page(&[("/", ANIMATED)]).await;
+    let (width, height) = (960u32, 540u32);
+    let serve = spawn_serve_with(|config| {
+        pages.allow_in(config);
+        config.agent.viewport_width = width;
+        config.agent.viewport_height = height;
+    })
+    .await;
+    let (id, _page) = record_animated_page(&serve, &pages, r#"{"record": true}"#, 4.0).await;
+    let list = format!("/v2/instances/{id}/recordings");
     let (status, parked) = serve
         .api
         .post(&format!("/v2/instances/{id}/dormant"), "")
@@ -133,10 +159,7 @@ async fn browser_a_recording_of_an_animated_page_is_a_playable_video() {
     assert_eq!(response.status().as_u16(), 200);
     assert_eq!(response.headers()["content-type"], "video/mp4");
     let bytes = response.bytes().await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("recording.mp4");
-    std::fs::write(&file, &bytes).unwrap();
-    let (duration, w, h) = probe(&file);
+    let (duration, w, h) = probe_bytes(&bytes);
     assert_eq!((w, h), (u64::from(width), u64::from(height)));
     assert!(duration >= 3.5, "ffprobe: {duration} s");
 
@@ -193,5 +216,103 @@ async fn browser_a_recording_of_an_animated_page_is_a_playable_video() {
     )
     .await
     .unwrap();
+    let (_, kept) = serve.api.get("/v2/recordings").await;
+    assert_eq!(
+        kept["recordings"],
+        json!([]),
+        "nothing kept without keep_recordings"
+    );
+    serve.shutdown().await;
+}
+
+#[tokio::test]
+async fn browser_kept_recordings_outlive_their_instance_until_deleted() {
+    let pages = serve_page(&[("/", ANIMATED)]).await;
+    let serve = spawn_serve_with(|config| pages.allow_in(config)).await;
+    let (id, page) = record_animated_page(
+        &serve,
+        &pages,
+        r#"{"record": true, "keep_recordings": true}"#,
+        3.0,
+    )
+    .await;
+    let (_, detail) = serve.api.get(&format!("/v2/instances/{id}")).await;
+    assert_eq!(detail["config"]["keep_recordings"], json!(true), "{detail}");
+    drop(page);
+
+    // Deleting the instance moves its recording to the snapshot store.
+    let (status, _) = serve.api.delete(&format!("/v2/instances/{id}")).await;
+    assert_eq!(status.as_u16(), 200);
+    let kept = wait_until(BROWSER_DEADLINE, "the recording kept", || async {
+        let (_, body) = serve.api.get("/v2/recordings").await;
+        match body["recordings"].as_array() {
+            Some(listed) if listed.len() == 1 => Ok(Some(listed[0].clone())),
+            _ => Err(body.to_string()),
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(kept["instance_id"], json!(id), "{kept}");
+    assert_eq!(kept["content_type"], "video/mp4");
+    assert!(kept["duration_sec"].as_f64().unwrap() >= 3.0, "{kept}");
+    assert!(kept["kept_at"].as_str().unwrap() >= kept["created_at"].as_str().unwrap());
+    let size = kept["size_bytes"].as_u64().unwrap();
+    assert!(size > 1000, "{kept}");
+    let recordings_dir = serve
+        .data_dir
+        .canonicalize()
+        .unwrap()
+        .join("agent/recordings")
+        .join(&id);
+    assert!(!recordings_dir.exists(), "the node keeps no copy");
+
+    // Filtered by instance; unknown query fields are refused.
+    let (_, mine) = serve
+        .api
+        .get(&format!("/v2/recordings?instance_id={id}"))
+        .await;
+    assert_eq!(mine["recordings"].as_array().unwrap().len(), 1, "{mine}");
+    let (_, others) = serve
+        .api
+        .get("/v2/recordings?instance_id=00000000-0000-7000-8000-000000000000")
+        .await;
+    assert_eq!(others["recordings"], json!([]), "{others}");
+    let (status, body) = serve.api.get("/v2/recordings?instance=x").await;
+    assert_eq!(status.as_u16(), 400, "{body}");
+
+    // The video plays, whole.
+    let rid = kept["id"].as_str().unwrap();
+    let url = format!("{}/v2/recordings/{rid}", serve.api.base);
+    let response = reqwest::get(&url).await.unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    assert_eq!(response.headers()["content-type"], "video/mp4");
+    let bytes = response.bytes().await.unwrap();
+    assert_eq!(bytes.len() as u64, size);
+    let (duration, w, h) = probe_bytes(&bytes);
+    assert!(duration >= 2.5, "ffprobe: {duration} s");
+    assert!(w > 0 && h > 0);
+
+    // Hostile ids find nothing.
+    for bad in [
+        "..%2f..%2fetc%2fpasswd",
+        "..%2fprofiles%2fx",
+        "0193d6a4e1f07000800000000000abcd",
+        &rid.to_uppercase(),
+        "x",
+    ] {
+        let (status, body) = serve.api.get(&format!("/v2/recordings/{bad}")).await;
+        assert_eq!(status.as_u16(), 404, "{bad}: {body}");
+        assert_eq!(body["code"], "not_found", "{bad}: {body}");
+    }
+
+    // Deleted, it is gone for good.
+    let (status, body) = serve.api.delete(&format!("/v2/recordings/{rid}")).await;
+    assert_eq!(status.as_u16(), 200, "{body}");
+    let (status, _) = serve.api.delete(&format!("/v2/recordings/{rid}")).await;
+    assert_eq!(status.as_u16(), 404);
+    let (status, _) = serve.api.get(&format!("/v2/recordings/{rid}")).await;
+    assert_eq!(status.as_u16(), 404);
+    let (_, listed) = serve.api.get("/v2/recordings").await;
+    assert_eq!(listed["recordings"], json!([]), "{listed}");
     serve.shutdown().await;
 }

@@ -280,6 +280,10 @@ function renderDetail() {
   renderRecordings(instance).catch(showError);
 }
 
+function sizeText(bytes) {
+  return bytes >= 1e6 ? `${(bytes / 1e6).toFixed(1)} MB` : `${Math.ceil(bytes / 1e3)} kB`;
+}
+
 // The recordings of an instance with config.record, played through the
 // front door (the instance's token in the URL, as for the live view). Read
 // again when the instance's status changes, and every 2 s while one is
@@ -296,7 +300,7 @@ async function renderRecordings(instance, again = false) {
   const token = instance.urls?.debug?.split('?token=')[1];
   const query = token ? `?token=${token}` : '';
   const item = (r) => h('li', {},
-    h('div', { class: 'meta', text: `${new Date(r.created_at).toLocaleString()} · ${r.duration_sec.toFixed(1)} s · ${(r.size_bytes / 1e6).toFixed(1)} MB${r.recording ? ' · recording…' : ''}` }),
+    h('div', { class: 'meta', text: `${new Date(r.created_at).toLocaleString()} · ${r.duration_sec.toFixed(1)} s · ${sizeText(r.size_bytes)}${r.recording ? ' · recording…' : ''}` }),
     r.recording ? null : h('video', { controls: '', preload: 'metadata', src: `/v2/instances/${instance.id}/recordings/${r.id}${query}` }));
   $('#recordings').replaceChildren(...recordings.map(item));
   if (!recordings.length) $('#recordings').replaceChildren(h('li', { class: 'meta', text: 'No recording yet.' }));
@@ -306,6 +310,38 @@ async function renderRecordings(instance, again = false) {
       if (current && state.detail === instance.id) renderRecordings(current, true).catch(showError);
     }, 2000);
   }
+}
+
+// Recordings kept after their instance was deleted (config.keep_recordings).
+// They are served under the API key, which a <video> cannot send: Play
+// fetches the file and plays it from memory.
+async function loadKeptRecordings() {
+  const { recordings } = await api('GET', '/v2/recordings');
+  const play = async (r, li, button) => {
+    button.disabled = true;
+    try {
+      const headers = state.key ? { authorization: `Bearer ${state.key}` } : {};
+      const response = await fetch(`/v2/recordings/${r.id}`, { headers });
+      if (!response.ok) throw new ApiError(response.status, `cannot load the recording (${response.status})`, 'error');
+      const src = URL.createObjectURL(await response.blob());
+      li.append(h('video', { controls: '', autoplay: '', src }));
+      button.remove();
+    } catch (error) { button.disabled = false; showError(error); }
+  };
+  const remove = async (r) => {
+    if (!confirm(`Delete the recording of ${r.instance_id}?`)) return;
+    try { await api('DELETE', `/v2/recordings/${r.id}`); toast('Recording deleted'); await loadKeptRecordings(); } catch (error) { showError(error); }
+  };
+  const item = (r) => {
+    const li = h('li', { 'data-recording': r.id },
+      h('div', { class: 'meta', text: `${r.instance_id} · ${new Date(r.created_at).toLocaleString()} · ${r.duration_sec.toFixed(1)} s · ${sizeText(r.size_bytes)}` }));
+    const playButton = h('button', { type: 'button', class: 'small', text: 'Play', onclick: () => play(r, li, playButton) });
+    li.append(h('div', { class: 'actions' }, playButton,
+      h('button', { type: 'button', class: 'small danger', text: 'Delete', onclick: () => remove(r) })));
+    return li;
+  };
+  $('#kept-recordings').replaceChildren(...recordings.map(item));
+  $('#kept-empty').hidden = recordings.length > 0;
 }
 
 // ---- nodes, metrics, alerts ----------------------------------------------
@@ -472,6 +508,7 @@ async function route() {
     if (view === 'nodes') await loadNodes();
     if (view === 'metrics') await loadMetrics();
     if (view === 'alerts') await loadAlerts();
+    if (view === 'recordings') await loadKeptRecordings();
   } catch (error) { showError(error); }
 }
 
@@ -489,6 +526,7 @@ function wire() {
     if (number('#create-cpu') !== undefined) config.cpu_cores = number('#create-cpu');
     if (number('#create-idle') !== undefined) config.idle_timeout_minutes = number('#create-idle');
     if ($('#create-record').checked) config.record = true;
+    if ($('#create-keep').checked) Object.assign(config, { record: true, keep_recordings: true });
     if (Object.keys(config).length) body.config = config;
     if ($('#create-node').value) body.node_preference = $('#create-node').value;
     try {
