@@ -16,7 +16,13 @@
 //! - Files live in `<data_dir>/recordings/<instance id>/`, outside the
 //!   browser's sandbox (the browser can neither read nor replace them), and
 //!   go with the instance. Their size counts toward `disk_gb`.
+//! - A park saves the finished recordings to the snapshot store beside the
+//!   instance's snapshots ([`save`]); a revive on a node that lacks them
+//!   brings them back ([`restore`]), so they follow the instance across
+//!   nodes. With `config.keep_recordings`, a delete moves them to the store's
+//!   kept recordings (`/v2/recordings`) instead of deleting them.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -26,10 +32,12 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
 
+use flotilla_api_types::InstanceId;
 use flotilla_api_types::instances::Recording;
 
 use crate::instance::{BrowserPhase, InstanceSlot};
 use crate::live_view::LiveView;
+use crate::snapshot::SnapshotStore;
 
 /// Frames per second written to the video.
 pub const FPS: u32 = 10;
@@ -238,6 +246,98 @@ pub fn open(dir: &Path, id: &str) -> std::io::Result<(std::fs::File, u64)> {
         return Err(std::io::ErrorKind::NotFound.into());
     }
     Ok((file, meta.len()))
+}
+
+/// Waits (at most `deadline`) until no recording in `dir` is still being
+/// written; `false` if one still is.
+pub async fn wait_finished(dir: &Path, deadline: Duration) -> bool {
+    let until = tokio::time::Instant::now() + deadline;
+    loop {
+        let listed = {
+            let dir = dir.to_owned();
+            tokio::task::spawn_blocking(move || list(&dir)).await
+        };
+        let writing =
+            matches!(listed, Ok(Ok(recordings)) if recordings.iter().any(|r| r.recording));
+        if !writing {
+            return true;
+        }
+        if tokio::time::Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Saves to the snapshot store the finished recordings in `dir` that it
+/// lacks (at a park), so that a revive on another node brings them back.
+/// The sidecar goes last: a saved sidecar means a saved video. Answers how
+/// many were saved.
+pub async fn save(
+    store: &SnapshotStore,
+    instance: &InstanceId,
+    dir: &Path,
+) -> anyhow::Result<usize> {
+    let saved: HashSet<String> = store
+        .recordings_saved(instance)
+        .await?
+        .into_iter()
+        .collect();
+    let listed = {
+        let dir = dir.to_owned();
+        tokio::task::spawn_blocking(move || list(&dir)).await??
+    };
+    let mut count = 0;
+    for recording in listed.iter().filter(|r| !r.recording) {
+        let (video, sidecar) = file_names(&recording.id);
+        if saved.contains(&sidecar) {
+            continue;
+        }
+        for name in [video, sidecar] {
+            store
+                .recording_save(instance, &name, &dir.join(&name))
+                .await?;
+        }
+        count += 1;
+    }
+    Ok(count)
+}
+
+/// Brings back into `dir` the saved recordings of `instance` that it lacks
+/// (a revive on a node that did not record them). Each file is written
+/// aside and renamed into place, the sidecar last, so that a listing never
+/// shows half a recording. Answers how many were brought back.
+pub async fn restore(
+    store: &SnapshotStore,
+    instance: &InstanceId,
+    dir: &Path,
+) -> anyhow::Result<usize> {
+    let saved = store.recordings_saved(instance).await?;
+    let ids: Vec<&str> = saved
+        .iter()
+        .filter_map(|name| name.strip_suffix(".json"))
+        .filter(|id| is_recording_id(id))
+        .collect();
+    tokio::fs::create_dir_all(dir).await?;
+    let mut count = 0;
+    for id in ids {
+        let (video, sidecar) = file_names(id);
+        if tokio::fs::try_exists(dir.join(&sidecar)).await? {
+            continue;
+        }
+        for name in [video, sidecar] {
+            let partial = dir.join(format!("{name}.partial"));
+            store.recording_fetch(instance, &name, &partial).await?;
+            tokio::fs::rename(&partial, dir.join(&name)).await?;
+        }
+        count += 1;
+    }
+    Ok(count)
+}
+
+/// The names of a recording's video and sidecar.
+fn file_names(id: &str) -> (String, String) {
+    (format!("{id}.mp4"), format!("{id}.json"))
 }
 
 /// Bytes the recordings in `dir` take.

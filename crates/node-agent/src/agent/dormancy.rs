@@ -23,6 +23,9 @@ use super::{
     Agent, AgentError, CDP_GRACE, Outgoing, check_extensions, ports_of, remove_dir, unpack_into,
 };
 
+/// How long a park waits for the recording it ended to be written.
+const RECORDING_END: Duration = Duration::from_secs(30);
+
 impl Agent {
     /// Parks a running instance: captures its CDP state, closes the browser
     /// (flushing cookies to disk), stores profile and state as one archive, and
@@ -71,6 +74,9 @@ impl Agent {
         if let Some(name) = slot.persisted_profile() {
             self.save_profile(&slot, name, state).await;
         }
+        if slot.config.record {
+            self.save_recordings(id).await;
+        }
         let profile = slot.dirs.profile();
         let _ = tokio::task::spawn_blocking(move || remove_dir(&profile)).await;
         slot.set_snapshot(Some(snapshot_id.clone()));
@@ -92,6 +98,38 @@ impl Agent {
             dormant_since: self.inner.settings.clock.now(),
             snapshot_bytes,
         })
+    }
+
+    /// Saves the instance's finished recordings to the snapshot store, once
+    /// the recording the park ended is written; a failure is logged (the
+    /// recordings stay on this node, and the park goes on).
+    async fn save_recordings(&self, id: &InstanceId) {
+        let dir = self.recordings_dir(id);
+        if !crate::recording::wait_finished(&dir, RECORDING_END).await {
+            tracing::warn!(instance = %id, "the last recording is still being written; it stays on this node");
+        }
+        let store = &self.inner.settings.snapshots;
+        match crate::recording::save(store, id, &dir).await {
+            Ok(count) => tracing::debug!(instance = %id, count, "recordings saved"),
+            Err(error) => {
+                tracing::warn!(instance = %id, store = store.location, %error, "cannot save the recordings to the snapshot store; they stay on this node")
+            }
+        }
+    }
+
+    /// Brings back the recordings an instance revived here made on another
+    /// node (saved at its park), unless it is deleted meanwhile.
+    async fn restore_recordings(self, slot: Arc<InstanceSlot>) {
+        let dir = self.recordings_dir(&slot.id);
+        let store = &self.inner.settings.snapshots;
+        tokio::select! {
+            restored = crate::recording::restore(store, &slot.id, &dir) => match restored {
+                Ok(0) => {}
+                Ok(count) => tracing::info!(instance = %slot.id, count, "recordings brought back from the snapshot store"),
+                Err(error) => tracing::warn!(instance = %slot.id, store = store.location, %error, "cannot bring back the recordings from the snapshot store"),
+            },
+            () = slot.servers.cancelled() => {}
+        }
     }
 
     /// Archives a closed browser's profile, downloads and captured state, and
@@ -214,6 +252,11 @@ impl Agent {
         };
         if let Some([debug, stream, http]) = listeners {
             self.start_servers(&slot, debug, stream, http);
+            if slot.config.record {
+                self.inner
+                    .tasks
+                    .spawn(self.clone().restore_recordings(slot.clone()));
+            }
         }
         // A store that cannot be read is refused now, the instance still parked.
         if let Err(error) = self

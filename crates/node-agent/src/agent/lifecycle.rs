@@ -462,7 +462,16 @@ impl Agent {
     /// Stops an instance's browser (gracefully unless `force`) and frees
     /// everything it held. Returns once its processes are gone.
     pub(super) async fn delete_now(&self, id: &InstanceId, force: bool) -> Result<(), AgentError> {
-        let slot = self.slot(id)?;
+        let slot = match self.slot(id) {
+            Ok(slot) => slot,
+            Err(error) => {
+                // Stopped by an earlier run of this agent: only its
+                // recordings may be left.
+                let recordings = self.recordings_dir(id);
+                let _ = tokio::task::spawn_blocking(move || remove_dir(&recordings)).await;
+                return Err(error);
+            }
+        };
         let _operation = slot.operation.lock().await;
         if self
             .inner
@@ -494,18 +503,25 @@ impl Agent {
         }
         slot.servers.cancel();
         self.inner.ports.release(slot.ports);
-        slot.recorder_finished(RECORDER_GRACE).await;
-        let recordings = self.recordings_dir(id);
-        let kept = !slot.config.keep_recordings || self.keep_recordings(id, &recordings).await;
         let root = slot.dirs.root.clone();
-        let _ = tokio::task::spawn_blocking(move || {
-            remove_dir(&root);
-            if kept {
-                remove_dir(&recordings);
-            }
-        })
-        .await;
+        let _ = tokio::task::spawn_blocking(move || remove_dir(&root)).await;
+        self.end_recordings(&slot, true).await;
         Ok(())
+    }
+
+    /// At the end of an instance whose servers are stopped: waits for its
+    /// last recording to be written, then moves its recordings to the kept
+    /// ones (`config.keep_recordings`) and, when `deleted`, removes what is
+    /// left. Recordings that could not be kept stay on this node.
+    pub(super) async fn end_recordings(&self, slot: &InstanceSlot, deleted: bool) {
+        slot.recorder_finished(RECORDER_GRACE).await;
+        let recordings = self.recordings_dir(&slot.id);
+        if slot.config.keep_recordings && !self.keep_recordings(&slot.id, &recordings).await {
+            return;
+        }
+        if deleted || slot.config.keep_recordings {
+            let _ = tokio::task::spawn_blocking(move || remove_dir(&recordings)).await;
+        }
     }
 
     /// Moves the finished recordings in `dir` to the snapshot store

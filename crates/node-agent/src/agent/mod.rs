@@ -370,6 +370,10 @@ impl Agent {
                 self.send_change(slot, InstanceStatus::Stopped, Some(reason));
             }
             self.release(slot);
+            if !dormant {
+                // It will not run again: recordings to keep are kept now.
+                self.end_recordings(slot, false).await;
+            }
         });
         futures_util::future::join_all(stops).await;
         let (done_tx, done_rx) = oneshot::channel();

@@ -36,7 +36,8 @@ pub struct SnapshotsConfig {
 /// Default of `[snapshots] timeout_sec`.
 pub const DEFAULT_STORE_TIMEOUT_SEC: f64 = 30.0;
 
-/// Archives of dormant instances, by instance and snapshot id, of
+/// Archives of dormant instances, by instance and snapshot id (with the
+/// recordings saved at a park, `<instance>/recordings/`), of
 /// persistent profiles, by name (`profiles/<name>.tar.zst`), the zips of
 /// uploaded extensions, by id (`extensions/<id>.zip`), and kept recordings,
 /// by id (`recordings/<id>.mp4` and its description `recordings/<id>.json`).
@@ -227,6 +228,65 @@ impl SnapshotStore {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(error) => Err(error.into()),
         }
+    }
+
+    fn saved_recording_path(&self, instance: &InstanceId, file_name: &str) -> StorePath {
+        self.prefix
+            .child(instance.as_str())
+            .child("recordings")
+            .child(file_name)
+    }
+
+    /// Saves a file of an instance's recordings (at a park, so that a revive
+    /// on another node finds them); it goes with the instance's snapshots.
+    pub async fn recording_save(
+        &self,
+        instance: &InstanceId,
+        file_name: &str,
+        file: &Path,
+    ) -> anyhow::Result<()> {
+        use tokio::io::AsyncWriteExt as _;
+        let mut source = tokio::fs::File::open(file).await?;
+        let mut upload = object_store::buffered::BufWriter::new(
+            self.store.clone(),
+            self.saved_recording_path(instance, file_name),
+        );
+        tokio::io::copy(&mut source, &mut upload).await?;
+        upload.shutdown().await?;
+        Ok(())
+    }
+
+    /// The names of the saved files of an instance's recordings.
+    pub async fn recordings_saved(&self, instance: &InstanceId) -> anyhow::Result<Vec<String>> {
+        use futures_util::TryStreamExt;
+        let prefix = self.prefix.child(instance.as_str()).child("recordings");
+        let objects: Vec<_> = self.store.list(Some(&prefix)).try_collect().await?;
+        Ok(objects
+            .iter()
+            .filter_map(|object| object.location.filename().map(str::to_owned))
+            .collect())
+    }
+
+    /// Writes a saved file of an instance's recordings to `file`.
+    pub async fn recording_fetch(
+        &self,
+        instance: &InstanceId,
+        file_name: &str,
+        file: &Path,
+    ) -> anyhow::Result<()> {
+        use futures_util::TryStreamExt;
+        use tokio::io::AsyncWriteExt as _;
+        let object = self
+            .store
+            .get(&self.saved_recording_path(instance, file_name))
+            .await?;
+        let mut chunks = object.into_stream();
+        let mut target = tokio::fs::File::create(file).await?;
+        while let Some(chunk) = chunks.try_next().await? {
+            target.write_all(&chunk).await?;
+        }
+        target.flush().await?;
+        Ok(())
     }
 
     fn kept_recording_path(&self, id: &str, extension: &str) -> StorePath {

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use flotilla_testkit::{BROWSER_DEADLINE, Page, serve_page, spawn_serve_with, wait_until};
+use flotilla_testkit::{
+    BROWSER_DEADLINE, Page, serve_page, spawn_serve_in, spawn_serve_with, wait_until,
+};
 
 const ANIMATED: &str = r#"<!doctype html><title>moving</title>
 <style>body{margin:0;background:#123}#box{width:200px;height:200px;background:#fc0;
@@ -314,5 +316,84 @@ async fn browser_kept_recordings_outlive_their_instance_until_deleted() {
     assert_eq!(status.as_u16(), 404);
     let (_, listed) = serve.api.get("/v2/recordings").await;
     assert_eq!(listed["recordings"], json!([]), "{listed}");
+    serve.shutdown().await;
+}
+
+#[tokio::test]
+async fn browser_recordings_follow_a_revive_onto_a_node_that_lacks_them() {
+    let pages = serve_page(&[("/", ANIMATED)]).await;
+    let data = tempfile::Builder::new()
+        .prefix("flotilla-test-")
+        .tempdir()
+        .unwrap();
+    let serve = spawn_serve_in(data.path(), |config| pages.allow_in(config)).await;
+    let (id, page) = record_animated_page(&serve, &pages, r#"{"record": true}"#, 2.0).await;
+    drop(page);
+    let (status, body) = serve
+        .api
+        .post(&format!("/v2/instances/{id}/dormant"), "")
+        .await;
+    assert_eq!(status.as_u16(), 200, "{body}");
+    let list = format!("/v2/instances/{id}/recordings");
+    let (_, before) = serve.api.get(&list).await;
+    let first = before["recordings"][0]["id"].as_str().unwrap().to_owned();
+    let root = data.path().canonicalize().unwrap();
+    let saved = root.join("snapshots").join(&id).join("recordings");
+    assert!(
+        saved.join(format!("{first}.json")).exists(),
+        "the park saved the recording to the snapshot store"
+    );
+
+    // The node restarts without the files, as another node would be: the
+    // revive brings them back from the store.
+    serve.shutdown().await;
+    std::fs::remove_dir_all(root.join("agent/recordings").join(&id)).unwrap();
+    let serve = spawn_serve_in(data.path(), |config| pages.allow_in(config)).await;
+    let (status, body) = serve
+        .api
+        .post(&format!("/v2/instances/{id}/revive"), "")
+        .await;
+    assert_eq!(status.as_u16(), 200, "{body}");
+    serve
+        .api
+        .wait_for_status(&id, "running", BROWSER_DEADLINE)
+        .await;
+    let listed = wait_until(BROWSER_DEADLINE, "the first recording back", || async {
+        let (_, body) = serve.api.get(&list).await;
+        match body["recordings"][0]["id"].as_str() {
+            Some(back) if back == first => Ok(Some(body)),
+            _ => Err(body.to_string()),
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        listed["recordings"][0]["recording"],
+        json!(false),
+        "{listed}"
+    );
+    let response = reqwest::get(format!("{}{list}/{first}", serve.api.base))
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let (duration, _, _) = probe_bytes(&response.bytes().await.unwrap());
+    assert!(duration >= 1.5, "ffprobe: {duration} s");
+
+    // The saved copies go with the instance.
+    let (status, _) = serve.api.delete(&format!("/v2/instances/{id}")).await;
+    assert_eq!(status.as_u16(), 200);
+    wait_until(
+        Duration::from_secs(30),
+        "the saved recordings deleted",
+        || async {
+            if saved.exists() && std::fs::read_dir(&saved).is_ok_and(|mut d| d.next().is_some()) {
+                Err("still there".into())
+            } else {
+                Ok(Some(()))
+            }
+        },
+    )
+    .await
+    .unwrap();
     serve.shutdown().await;
 }
