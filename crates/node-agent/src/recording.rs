@@ -10,6 +10,10 @@
 //!   [`FPS`] times a second, so the video's clock is the wall clock whether
 //!   the page changes or not; frames are scaled and padded to the live
 //!   view's size.
+//! - ffmpeg decodes what the browser made, so it runs confined like a
+//!   browser ([`Isolation::tool_command`]): as the browser user, with no
+//!   network and no writable file; it reads frames on stdin and writes the
+//!   video on stdout, which the agent writes to the file.
 //! - The MP4 is fragmented (a fragment every 2 s): a recording cut off by a
 //!   crash still plays up to its last fragment. Beside each `<id>.mp4` a `<id>.json` says when it
 //!   started and how long it is.
@@ -37,6 +41,7 @@ use flotilla_api_types::instances::Recording;
 
 use crate::instance::{BrowserPhase, InstanceSlot};
 use crate::live_view::LiveView;
+use crate::sandbox::Isolation;
 use crate::snapshot::SnapshotStore;
 
 /// Frames per second written to the video.
@@ -60,18 +65,20 @@ pub fn is_recording_id(id: &str) -> bool {
             .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
 }
 
-/// Records every running period of `slot` into `dir` until its servers stop.
+/// Records every running period of `slot` into `dir` until its servers
+/// stop, with ffmpeg confined as `isolation` says.
 pub async fn record(
     slot: Arc<InstanceSlot>,
     live_view: Arc<LiveView>,
     dir: PathBuf,
     size: (u32, u32),
+    isolation: Isolation,
 ) {
     loop {
         if !wait_running(&slot).await {
             return;
         }
-        if let Err(error) = record_once(&slot, &live_view, &dir, size).await {
+        if let Err(error) = record_once(&slot, &live_view, &dir, size, &isolation).await {
             tracing::warn!(instance = %slot.id, %error, "recording failed");
             // Do not spin on an ffmpeg that cannot start: wait for the next
             // running period.
@@ -108,14 +115,25 @@ async fn record_once(
     live_view: &Arc<LiveView>,
     dir: &Path,
     (width, height): (u32, u32),
+    isolation: &Isolation,
 ) -> Result<(), String> {
     tokio::fs::create_dir_all(dir)
         .await
         .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let id = uuid::Uuid::now_v7().simple().to_string();
     let video = dir.join(format!("{id}.mp4"));
-    let mut ffmpeg = encoder(&video, width, height)?;
+    let mut file = tokio::fs::File::create(&video)
+        .await
+        .map_err(|e| format!("cannot create {}: {e}", video.display()))?;
+    let mut ffmpeg = encoder(isolation, width, height)?;
     let mut input = ffmpeg.stdin.take().ok_or("ffmpeg has no stdin")?;
+    let mut output = ffmpeg.stdout.take().ok_or("ffmpeg has no stdout")?;
+    // ffmpeg writes nothing itself: the agent writes its output to the file.
+    let writer = tokio::spawn(async move {
+        let copied = tokio::io::copy(&mut output, &mut file).await;
+        let _ = file.flush().await;
+        copied
+    });
     let _viewer = live_view.join_quietly().await;
     let frames = live_view.frames();
     let mut sidecar = Sidecar {
@@ -144,19 +162,28 @@ async fn record_once(
     if !matches!(finished, Ok(Ok(status)) if status.success()) {
         let _ = ffmpeg.kill().await;
     }
+    if let Ok(Err(error)) = writer.await {
+        tracing::warn!(instance = %slot.id, recording = id, %error, "cannot write the recording");
+    }
     sidecar.finished = true;
     write_sidecar(dir, &id, &sidecar).await;
     tracing::info!(instance = %slot.id, recording = id, frames = sidecar.frames, "recording finished");
     Ok(())
 }
 
-/// ffmpeg reading JPEGs on stdin at [`FPS`], writing fragmented MP4/H.264.
-fn encoder(video: &Path, width: u32, height: u32) -> Result<tokio::process::Child, String> {
+/// ffmpeg reading JPEGs on stdin at [`FPS`], writing fragmented MP4/H.264
+/// to stdout, confined (it decodes what the browser made).
+fn encoder(
+    isolation: &Isolation,
+    width: u32,
+    height: u32,
+) -> Result<tokio::process::Child, String> {
     let fit = format!(
         "scale={width}:{height}:force_original_aspect_ratio=decrease,\
          pad={width}:{height}:(ow-iw)/2:(oh-ih)/2,format=yuv420p"
     );
-    tokio::process::Command::new("ffmpeg")
+    isolation
+        .tool_command(Path::new("ffmpeg"))
         .args(["-hide_banner", "-loglevel", "error", "-nostdin"])
         .args([
             "-f",
@@ -172,10 +199,9 @@ fn encoder(video: &Path, width: u32, height: u32) -> Result<tokio::process::Chil
         // plays up to 2 s before its end.
         .args(["-g", &(FPS * 2).to_string()])
         .args(["-movflags", "+frag_keyframe+empty_moov+default_base_moof"])
-        .args(["-f", "mp4", "-y"])
-        .arg(video)
+        .args(["-f", "mp4", "pipe:1"])
         .stdin(Stdio::piped())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()

@@ -300,36 +300,69 @@ impl Isolation {
         command
     }
 
-    fn bwrap_args(&self, dirs: &InstanceDirs, program: &Path, hostname: &str) -> Vec<String> {
-        let mut args: Vec<String> = Vec::new();
-        let mut push = |items: &[&str]| args.extend(items.iter().map(|s| (*s).to_owned()));
-        push(&[
-            "--unshare-user",
-            "--unshare-pid",
-            "--unshare-ipc",
-            "--unshare-uts",
-            "--unshare-cgroup-try",
-            "--hostname",
-            hostname,
-        ]);
-        for path in READ_ONLY_PATHS {
-            push(&["--ro-bind-try", path, path]);
-        }
-        for name in USR_LINKS {
-            let host = Path::new("/").join(name);
-            match std::fs::read_link(&host) {
-                Ok(target) => {
-                    let target = target.to_string_lossy().into_owned();
-                    let link = host.to_string_lossy().into_owned();
-                    push(&["--symlink", &target, &link]);
-                }
-                Err(_) if host.is_dir() => {
-                    let path = host.to_string_lossy().into_owned();
-                    push(&["--ro-bind", &path, &path]);
-                }
-                Err(_) => {}
+    /// The command that runs a helper program on input the browser made
+    /// (ffmpeg encoding its frames): as the browser user when the agent is
+    /// root, and with bubblewrap in a sandbox with no network, nothing
+    /// writable but a private `/tmp`, none of the node's files beyond the
+    /// system's read-only ones, and a fixed environment. It works on stdin
+    /// and stdout only.
+    pub fn tool_command(&self, program: &Path) -> Command {
+        let mut command = match &self.bwrap {
+            Some(bwrap) => {
+                let mut args: Vec<String> = [
+                    "--unshare-all",
+                    "--die-with-parent",
+                    "--new-session",
+                    "--hostname",
+                    "tool",
+                ]
+                .iter()
+                .map(|arg| (*arg).to_owned())
+                .collect();
+                system_binds(&mut args);
+                args.extend(
+                    ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+                        .iter()
+                        .map(|arg| (*arg).to_owned()),
+                );
+                args.extend(["--remount-ro".to_owned(), "/".to_owned()]);
+                let mut command = Command::new(bwrap);
+                command.args(args).arg("--").arg(program);
+                command
+            }
+            None => Command::new(program),
+        };
+        command
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("LANG", "C.UTF-8")
+            .current_dir("/");
+        if let Some(user) = self.user.clone() {
+            // SAFETY: drop_privileges makes only async-signal-safe calls.
+            unsafe {
+                command.pre_exec(move || drop_privileges(&user));
             }
         }
+        command
+    }
+
+    fn bwrap_args(&self, dirs: &InstanceDirs, program: &Path, hostname: &str) -> Vec<String> {
+        let mut args: Vec<String> = Vec::new();
+        args.extend(
+            [
+                "--unshare-user",
+                "--unshare-pid",
+                "--unshare-ipc",
+                "--unshare-uts",
+                "--unshare-cgroup-try",
+                "--hostname",
+                hostname,
+            ]
+            .iter()
+            .map(|arg| (*arg).to_owned()),
+        );
+        system_binds(&mut args);
+        let mut push = |items: &[&str]| args.extend(items.iter().map(|s| (*s).to_owned()));
         // A browser installed outside /usr brings its own directory.
         if let Some(dir) = program.parent()
             && !dir.starts_with("/usr")
@@ -365,6 +398,30 @@ impl Isolation {
         let home = inside.home.to_string_lossy().into_owned();
         push(&["--chdir", &home]);
         args
+    }
+}
+
+/// Adds the read-only binds of what programs need from the host (libraries,
+/// fonts, certificates, locale, time zone) and the merged-/usr links.
+fn system_binds(args: &mut Vec<String>) {
+    let mut push = |items: &[&str]| args.extend(items.iter().map(|s| (*s).to_owned()));
+    for path in READ_ONLY_PATHS {
+        push(&["--ro-bind-try", path, path]);
+    }
+    for name in USR_LINKS {
+        let host = Path::new("/").join(name);
+        match std::fs::read_link(&host) {
+            Ok(target) => {
+                let target = target.to_string_lossy().into_owned();
+                let link = host.to_string_lossy().into_owned();
+                push(&["--symlink", &target, &link]);
+            }
+            Err(_) if host.is_dir() => {
+                let path = host.to_string_lossy().into_owned();
+                push(&["--ro-bind", &path, &path]);
+            }
+            Err(_) => {}
+        }
     }
 }
 

@@ -174,6 +174,7 @@ impl Agent {
                         live_view.clone(),
                         recordings.clone(),
                         (settings.width, settings.height),
+                        self.inner.launcher.isolation().clone(),
                     )));
                 }
                 self.inner

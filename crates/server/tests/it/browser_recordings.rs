@@ -106,6 +106,39 @@ async fn record_animated_page(
     (id, page)
 }
 
+/// Every recording ffmpeg (it decodes what the browser made) runs as a user
+/// other than root and in a network namespace of its own.
+fn assert_encoders_confined() {
+    let encoders: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "ffmpeg")
+                && std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains("image2pipe"))
+        })
+        .collect();
+    assert!(!encoders.is_empty(), "no recording ffmpeg runs");
+    let own_network = std::fs::read_link("/proc/self/ns/net").unwrap();
+    for pid in encoders {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let uid = status
+            .lines()
+            .find_map(|line| line.strip_prefix("Uid:"))
+            .unwrap_or_default();
+        assert!(
+            !uid.split_whitespace().any(|id| id == "0"),
+            "ffmpeg {pid} runs as root: {uid}"
+        );
+        if let Ok(network) = std::fs::read_link(format!("/proc/{pid}/ns/net")) {
+            assert_ne!(
+                network, own_network,
+                "ffmpeg {pid} shares the host's network"
+            );
+        }
+    }
+}
+
 /// Saves `bytes` and reads them with ffprobe: (duration, width, height).
 fn probe_bytes(bytes: &[u8]) -> (f64, u64, u64) {
     let dir = tempfile::tempdir().unwrap();
@@ -126,6 +159,7 @@ async fn browser_a_recording_of_an_animated_page_is_a_playable_video() {
     .await;
     let (id, _page) = record_animated_page(&serve, &pages, r#"{"record": true}"#, 4.0).await;
     let list = format!("/v2/instances/{id}/recordings");
+    assert_encoders_confined();
     let (status, parked) = serve
         .api
         .post(&format!("/v2/instances/{id}/dormant"), "")
