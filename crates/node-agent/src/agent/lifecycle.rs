@@ -450,6 +450,13 @@ impl Agent {
             .remove(&slot.id);
         if removed.is_some() {
             self.release(slot);
+            if slot.config.keep_recordings {
+                // It will not run again: its recordings are kept now.
+                let (agent, slot) = (self.clone(), slot.clone());
+                self.inner
+                    .tasks
+                    .spawn(async move { agent.end_recordings(&slot, false).await });
+            }
         }
     }
 
