@@ -301,15 +301,18 @@ async fn record() -> anyhow::Result<()> {
         count
     });
     tokio::time::sleep(Duration::from_secs(5)).await;
-    // An instance's processes name it: its browsers' directories, its
-    // ffmpeg's output.
+    // An instance's browser processes name it (their directories); the one
+    // ffmpeg reading frames (`image2pipe`) is the recorded instance's.
+    let ffmpeg = || processes_of("image2pipe");
     let groups = |id: &str| {
         let mut pids = processes_of(id);
+        if id == recorded {
+            pids.extend(ffmpeg());
+        }
         pids.sort_unstable();
         pids.dedup();
         pids
     };
-    let ffmpeg = || processes_of(&format!("recordings/{recorded}"));
     eprintln!(
         "processes: recorded {}, ffmpeg {}, plain {}",
         groups(&recorded).len(),
