@@ -101,6 +101,24 @@ impl NodeAccess {
     }
 }
 
+/// Serves `router` on one of `slot`'s ports (live view, HTTP API) behind
+/// [`require_credential`] until the instance's servers stop.
+pub async fn serve_instance_port(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    access: Arc<NodeAccess>,
+    slot: Arc<crate::instance::InstanceSlot>,
+) {
+    let cancel = slot.servers.clone();
+    let router = router.layer(axum::middleware::from_fn_with_state(
+        (access, slot),
+        require_credential,
+    ));
+    let _ = axum::serve(listener, router)
+        .with_graceful_shutdown(async move { cancel.cancelled().await })
+        .await;
+}
+
 /// Axum middleware of the instance's own servers (live view, HTTP API):
 /// refuses a request without a credential for `slot` before any handler runs.
 pub async fn require_credential(

@@ -55,8 +55,6 @@ pub async fn serve_api(
     access: Arc<NodeAccess>,
     recordings: std::path::PathBuf,
 ) {
-    let cancel = slot.servers.clone();
-    let guard_state = (access.clone(), slot.clone());
     let router = Router::new()
         .route("/", get(index))
         .route("/tabs", get(tabs))
@@ -69,18 +67,12 @@ pub async fn serve_api(
         .route("/recordings", get(recordings_list))
         .route("/recordings/{id}", get(recording_get))
         .with_state(ApiState {
-            slot,
+            slot: slot.clone(),
             ready_timeout,
-            access,
+            access: access.clone(),
             recordings,
-        })
-        .layer(axum::middleware::from_fn_with_state(
-            guard_state,
-            crate::access::require_credential,
-        ));
-    let _ = axum::serve(listener, router)
-        .with_graceful_shutdown(async move { cancel.cancelled().await })
-        .await;
+        });
+    crate::access::serve_instance_port(listener, router, access, slot).await;
 }
 
 /// An error of the instance API: a status and the `{detail, code}` body of

@@ -400,20 +400,13 @@ impl Drop for ViewerGuard {
 /// Serves the live view until the instance's servers stop; with
 /// authentication on, every request needs a credential ([`crate::access`]).
 pub async fn serve(listener: TcpListener, live_view: Arc<LiveView>, access: Arc<NodeAccess>) {
-    let cancel = live_view.slot.servers.clone();
-    let guard_state = (access, live_view.slot.clone());
+    let slot = live_view.slot.clone();
     let router = Router::new()
         .route("/", get(mjpeg))
         .route("/ws", get(websocket))
         .route("/frame.jpg", get(latest_frame))
-        .with_state(live_view)
-        .layer(axum::middleware::from_fn_with_state(
-            guard_state,
-            crate::access::require_credential,
-        ));
-    let _ = axum::serve(listener, router)
-        .with_graceful_shutdown(async move { cancel.cancelled().await })
-        .await;
+        .with_state(live_view);
+    crate::access::serve_instance_port(listener, router, access, slot).await;
 }
 
 const BOUNDARY: &str = "flotillaframe";
