@@ -233,15 +233,7 @@ impl Agent {
                         .ok_or_else(|| self.ports_exhausted())?;
                     let dirs =
                         InstanceDirs::new(self.inner.instances_root.join(request.id.as_str()));
-                    let slot = self.new_slot(
-                        request.id.clone(),
-                        request.image.clone(),
-                        request.config.clone(),
-                        &ports,
-                        dirs,
-                        request.access_token.as_ref(),
-                    );
-                    slot.set_profile(request.profile.clone());
+                    let slot = self.new_slot(&request, &ports, dirs);
                     slot.set_status(InstanceStatus::Dormant, None);
                     slot.set_phase(BrowserPhase::Dormant);
                     slot.set_snapshot(Some(request.snapshot_id.clone()));

@@ -66,15 +66,7 @@ impl Agent {
                 Some(warm) => warm.dirs.clone(),
                 None => InstanceDirs::new(inner.instances_root.join(request.id.as_str())),
             };
-            let slot = self.new_slot(
-                request.id.clone(),
-                request.image.clone(),
-                request.config.clone(),
-                &ports,
-                dirs,
-                request.access_token.as_ref(),
-            );
-            slot.set_profile(request.profile.clone());
+            let slot = self.new_slot(&request, &ports, dirs);
             if let Some(warm) = &warm {
                 slot.set_process(warm.launched.clone());
                 slot.set_phase(BrowserPhase::Ready(Some(warm.endpoint.clone())));

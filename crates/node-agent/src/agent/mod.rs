@@ -25,6 +25,7 @@ use flotilla_api_types::agent::{
 use flotilla_api_types::clock::Clock;
 use flotilla_api_types::credentials::Secret;
 use flotilla_api_types::instances::{InstanceConfig, InstanceStatus};
+use flotilla_api_types::profiles::ProfileUse;
 use flotilla_api_types::{InstanceId, NodeId};
 
 use crate::access::NodeAccess;
@@ -257,16 +258,15 @@ impl Agent {
         self.inner.settings.config.runtime == RuntimeKind::Chromium
     }
 
-    /// Registers a new slot with `ports` (under the slots lock held by the caller).
+    /// A new slot for `order` with `ports` (the caller registers it under
+    /// the slots lock it holds).
     fn new_slot(
         &self,
-        id: InstanceId,
-        image: String,
-        config: InstanceConfig,
+        order: &impl SlotOrder,
         ports: &InstancePorts,
         dirs: InstanceDirs,
-        access_token: Option<&Secret>,
     ) -> Arc<InstanceSlot> {
+        let (id, image, config, access_token, profile) = order.parts();
         let waker = self
             .inner
             .settings
@@ -274,15 +274,16 @@ impl Agent {
             .wake_on_connect
             .then(|| self.inner.wake.clone());
         let slot = Arc::new(InstanceSlot::new(
-            id,
-            image,
-            config,
+            id.clone(),
+            image.to_owned(),
+            config.clone(),
             [ports.debug, ports.stream, ports.http],
             dirs,
             self.inner.settings.clock.clone(),
             waker,
         ));
         slot.set_access_token(access_token);
+        slot.set_profile(profile.cloned());
         slot
     }
 
@@ -464,4 +465,44 @@ fn hostname() -> String {
         .ok()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "node-1".into())
+}
+
+/// What a new slot is made of, from a create or a revive order: id, image,
+/// config, access token and profile.
+trait SlotOrder {
+    fn parts(&self) -> SlotParts<'_>;
+}
+
+type SlotParts<'a> = (
+    &'a InstanceId,
+    &'a str,
+    &'a InstanceConfig,
+    Option<&'a Secret>,
+    Option<&'a ProfileUse>,
+);
+
+impl SlotOrder for AgentCreateInstance {
+    fn parts(&self) -> SlotParts<'_> {
+        let access_token = self.access_token.as_ref();
+        (
+            &self.id,
+            &self.image,
+            &self.config,
+            access_token,
+            self.profile.as_ref(),
+        )
+    }
+}
+
+impl SlotOrder for AgentReviveInstance {
+    fn parts(&self) -> SlotParts<'_> {
+        let access_token = self.access_token.as_ref();
+        (
+            &self.id,
+            &self.image,
+            &self.config,
+            access_token,
+            self.profile.as_ref(),
+        )
+    }
 }
