@@ -8,9 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flotilla_api_types::InstanceId;
-use flotilla_api_types::agent::{
-    AgentCreateInstance, AgentInstancePorts, InstanceEventKind, InstanceEventReport,
-};
+use flotilla_api_types::agent::{AgentCreateInstance, AgentInstancePorts, InstanceEventKind};
 use flotilla_api_types::extensions::is_extension_id;
 use flotilla_api_types::instances::{InstanceStatus, KeptRecording};
 
@@ -25,8 +23,7 @@ use crate::live_view::{self, LiveView, LiveViewSettings};
 use crate::snapshot::{self, CapturedState};
 
 use super::{
-    Agent, AgentError, CDP_GRACE, Outgoing, check_extensions, ports_of, remove_dir, unpack_into,
-    upstream_of,
+    Agent, AgentError, CDP_GRACE, check_extensions, ports_of, remove_dir, unpack_into, upstream_of,
 };
 
 /// How long a delete waits for the recorder to finish its last recording
@@ -389,15 +386,7 @@ impl Agent {
             return;
         }
         tracing::info!(instance = %slot.id, profile = name, bytes = size_bytes, "profile saved");
-        let _ = self
-            .inner
-            .changes
-            .send(Outgoing::Event(InstanceEventReport {
-                node_id: self.inner.node_id.clone(),
-                id: slot.id.clone(),
-                event: InstanceEventKind::ProfileSaved { name, size_bytes },
-                at: self.inner.settings.clock.now(),
-            }));
+        self.send_event(slot, InstanceEventKind::ProfileSaved { name, size_bytes });
     }
 
     /// Waits for the browser to exit; an exit the agent did not ask for stops the instance.

@@ -45,16 +45,25 @@ impl Agent {
         }
     }
 
+    /// The node's resources and load now.
+    fn sample_machine(
+        &self,
+    ) -> (
+        flotilla_api_types::nodes::ResourceUsage,
+        flotilla_api_types::nodes::ResourceUsage,
+    ) {
+        self.inner
+            .machine
+            .lock()
+            .expect("machine lock")
+            .sample_with_load()
+    }
+
     pub(super) async fn register_until_accepted(&self) -> anyhow::Result<RegistrationAck> {
         let mut wait = Duration::from_millis(200);
         loop {
             let mut registration = self.registration();
-            let (resources, load) = self
-                .inner
-                .machine
-                .lock()
-                .expect("machine lock")
-                .sample_with_load();
+            let (resources, load) = self.sample_machine();
             registration.resources = resources;
             registration.load = load;
             match self.inner.link.register(registration).await {
@@ -143,12 +152,7 @@ impl Agent {
                 self.announce_downloads(slot);
             }
         }
-        let (resources, load) = self
-            .inner
-            .machine
-            .lock()
-            .expect("machine lock")
-            .sample_with_load();
+        let (resources, load) = self.sample_machine();
         Heartbeat {
             node_id: self.inner.node_id.clone(),
             generation: self.inner.generation.clone(),
@@ -163,18 +167,13 @@ impl Agent {
         let finished = slot.newly_completed_downloads();
         for download in finished {
             tracing::info!(instance = %slot.id, name = download.name, size = download.size_bytes, "download completed");
-            let _ = self
-                .inner
-                .changes
-                .send(Outgoing::Event(InstanceEventReport {
-                    node_id: self.inner.node_id.clone(),
-                    id: slot.id.clone(),
-                    event: InstanceEventKind::DownloadCompleted {
-                        name: download.name,
-                        size_bytes: download.size_bytes,
-                    },
-                    at: self.inner.settings.clock.now(),
-                }));
+            self.send_event(
+                slot,
+                InstanceEventKind::DownloadCompleted {
+                    name: download.name,
+                    size_bytes: download.size_bytes,
+                },
+            );
         }
     }
 
@@ -215,6 +214,18 @@ impl Agent {
             process.stop(None, false, Duration::ZERO).await;
         }
         self.instance_ended(&slot, InstanceStatus::Failed, reason);
+    }
+
+    /// Queues an event of `slot` for the control plane (in order with its
+    /// state changes).
+    pub(super) fn send_event(&self, slot: &InstanceSlot, event: InstanceEventKind) {
+        let report = InstanceEventReport {
+            node_id: self.inner.node_id.clone(),
+            id: slot.id.clone(),
+            event,
+            at: self.inner.settings.clock.now(),
+        };
+        let _ = self.inner.changes.send(Outgoing::Event(report));
     }
 
     pub(super) fn send_change(
