@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::sync::{Mutex, broadcast, oneshot};
+use tokio_tungstenite::tungstenite::Error as WsError;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
@@ -77,14 +78,9 @@ impl CdpClient {
 
     /// A DevTools WebSocket URL reachable from here (e.g. an instance's `urls.debug`).
     pub async fn connect(url: &str) -> Result<Self, CdpError> {
-        let (stream, _) =
-            tokio_tungstenite::connect_async_with_config(url, Some(Self::config()), true)
-                .await
-                .map_err(|e| CdpError::Connect {
-                    url: url.to_owned(),
-                    reason: e.to_string(),
-                })?;
-        Ok(Self::start(stream))
+        let connected =
+            tokio_tungstenite::connect_async_with_config(url, Some(Self::config()), true).await;
+        Self::started(url, connected)
     }
 
     fn config() -> WebSocketConfig {
@@ -94,13 +90,20 @@ impl CdpClient {
     }
 
     async fn handshake(url: &str, stream: MaybeTlsStream<TcpStream>) -> Result<Self, CdpError> {
-        let (stream, _) =
-            tokio_tungstenite::client_async_with_config(url, stream, Some(Self::config()))
-                .await
-                .map_err(|e| CdpError::Connect {
-                    url: url.to_owned(),
-                    reason: e.to_string(),
-                })?;
+        let connected =
+            tokio_tungstenite::client_async_with_config(url, stream, Some(Self::config())).await;
+        Self::started(url, connected)
+    }
+
+    /// The client of a WebSocket handshake's outcome.
+    fn started<R>(
+        url: &str,
+        connected: Result<(WebSocketStream<MaybeTlsStream<TcpStream>>, R), WsError>,
+    ) -> Result<Self, CdpError> {
+        let (stream, _) = connected.map_err(|e| CdpError::Connect {
+            url: url.to_owned(),
+            reason: e.to_string(),
+        })?;
         Ok(Self::start(stream))
     }
 

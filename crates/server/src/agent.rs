@@ -14,7 +14,7 @@ use flotilla_node_agent::snapshot::SnapshotStore;
 use flotilla_node_agent::{Agent, HttpLink};
 
 use crate::config::FlotillaConfig;
-use crate::serve::{agent_address, agent_settings, bind_agent_listener, public_host, spawn_http};
+use crate::serve::{agent_settings, bind_agent_listener, spawn_http};
 
 /// A running `agent`.
 pub struct AgentNode {
@@ -43,14 +43,11 @@ impl AgentNode {
         let data_dir = config.data_dir.canonicalize()?;
         let listener = bind_agent_listener(&config).await?;
         let addr = listener.local_addr()?;
-        let public_host = public_host(&config, addr.ip());
-        let address = agent_address(&config, addr, &public_host);
         let snapshots = SnapshotStore::open(&config.snapshots, &data_dir.join("snapshots"))?;
         let settings = agent_settings(
             &config,
             &data_dir,
-            address,
-            public_host,
+            (addr, addr.ip()),
             snapshots,
             Arc::new(SystemClock),
         );

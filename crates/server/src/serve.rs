@@ -71,13 +71,10 @@ impl Serve {
 
         let agent_listener = bind_agent_listener(&config).await?;
         let agent_addr = agent_listener.local_addr()?;
-        let public_host = public_host(&config, control_addr.ip());
-        let address = agent_address(&config, agent_addr, &public_host);
         let settings = agent_settings(
             &config,
             &data_dir,
-            address,
-            public_host,
+            (agent_addr, control_addr.ip()),
             snapshots,
             clock.clone(),
         );
@@ -252,17 +249,17 @@ pub fn default_public_host(listen_ip: IpAddr) -> String {
     }
 }
 
-/// Instance ports stay on loopback unless clients come from elsewhere.
-/// The node agent's settings (`serve`'s local agent and `flotilla agent`),
-/// reachable at `address`.
+/// The node agent's settings (`serve`'s local agent and `flotilla agent`):
+/// its API listens on `listen`; instance URLs default to `host_ip`'s host.
 pub(crate) fn agent_settings(
     config: &FlotillaConfig,
     data_dir: &std::path::Path,
-    address: String,
-    public_host: String,
+    (listen, host_ip): (SocketAddr, IpAddr),
     snapshots: SnapshotStore,
     clock: Arc<dyn Clock>,
 ) -> AgentSettings {
+    let public_host = public_host(config, host_ip);
+    let address = agent_address(config, listen, &public_host);
     AgentSettings {
         config: config.agent.clone(),
         data_dir: data_dir.join("agent"),
@@ -277,6 +274,7 @@ pub(crate) fn agent_settings(
     }
 }
 
+/// Instance ports stay on loopback unless clients come from elsewhere.
 pub fn default_bind_address(public_host: &str) -> Ipv4Addr {
     match public_host.parse::<IpAddr>() {
         Ok(ip) if ip.is_loopback() => Ipv4Addr::LOCALHOST,

@@ -481,28 +481,16 @@ type SlotParts<'a> = (
     Option<&'a ProfileUse>,
 );
 
-impl SlotOrder for AgentCreateInstance {
-    fn parts(&self) -> SlotParts<'_> {
-        let access_token = self.access_token.as_ref();
-        (
-            &self.id,
-            &self.image,
-            &self.config,
-            access_token,
-            self.profile.as_ref(),
-        )
-    }
+/// Both orders carry the parts under the same names.
+macro_rules! slot_order {
+    ($($order:ty),*) => {$(
+        impl SlotOrder for $order {
+            fn parts(&self) -> SlotParts<'_> {
+                let (token, profile) = (self.access_token.as_ref(), self.profile.as_ref());
+                (&self.id, &self.image, &self.config, token, profile)
+            }
+        }
+    )*};
 }
 
-impl SlotOrder for AgentReviveInstance {
-    fn parts(&self) -> SlotParts<'_> {
-        let access_token = self.access_token.as_ref();
-        (
-            &self.id,
-            &self.image,
-            &self.config,
-            access_token,
-            self.profile.as_ref(),
-        )
-    }
-}
+slot_order!(AgentCreateInstance, AgentReviveInstance);
