@@ -301,13 +301,18 @@ mod tests {
     const MANIFEST: &str = r#"{"manifest_version": 3, "name": "Marker", "version": "1.2.3"}"#;
 
     fn zip_of(entries: &[(&str, &[u8])]) -> Vec<u8> {
+        zip_with(SimpleFileOptions::default(), entries)
+    }
+
+    /// A zip of `entries` (a name ending in `/` is a folder), each written
+    /// with `options`.
+    fn zip_with(options: SimpleFileOptions, entries: &[(&str, &[u8])]) -> Vec<u8> {
         let mut zip = zip::ZipWriter::new(Cursor::new(Vec::new()));
         for (name, content) in entries {
             if name.ends_with('/') {
-                zip.add_directory(*name, SimpleFileOptions::default())
-                    .unwrap();
+                zip.add_directory(*name, options).unwrap();
             } else {
-                zip.start_file(*name, SimpleFileOptions::default()).unwrap();
+                zip.start_file(*name, options).unwrap();
                 zip.write_all(content).unwrap();
             }
         }
@@ -417,12 +422,14 @@ mod tests {
         // Deflate makes zeros tiny: the cap holds on sizes, not on the wire.
         let options =
             SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
-        let mut zip = zip::ZipWriter::new(Cursor::new(Vec::new()));
-        zip.start_file("manifest.json", options).unwrap();
-        zip.write_all(MANIFEST.as_bytes()).unwrap();
-        zip.start_file("zeros.bin", options).unwrap();
-        zip.write_all(&vec![0u8; 2 * 1024 * 1024]).unwrap();
-        let zip = zip.finish().unwrap().into_inner();
+        let zeros = vec![0u8; 2 * 1024 * 1024];
+        let zip = zip_with(
+            options,
+            &[
+                ("manifest.json", MANIFEST.as_bytes()),
+                ("zeros.bin", &zeros),
+            ],
+        );
         assert!(zip.len() < 64 * 1024, "{} bytes", zip.len());
         let limit = 1024 * 1024;
         let refusal = inspect_within(&zip, limit).unwrap_err();
@@ -436,12 +443,13 @@ mod tests {
     fn a_damaged_entry_is_refused_at_upload() {
         let stored =
             SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
-        let mut writer = zip::ZipWriter::new(Cursor::new(Vec::new()));
-        writer.start_file("manifest.json", stored).unwrap();
-        writer.write_all(MANIFEST.as_bytes()).unwrap();
-        writer.start_file("a.js", stored).unwrap();
-        writer.write_all(b"console.log(1)").unwrap();
-        let mut zip = writer.finish().unwrap().into_inner();
+        let mut zip = zip_with(
+            stored,
+            &[
+                ("manifest.json", MANIFEST.as_bytes()),
+                ("a.js", b"console.log(1)"),
+            ],
+        );
         // Flip a byte of a.js's stored data: its CRC no longer matches.
         let at = zip
             .windows(b"console.log(1)".len())
