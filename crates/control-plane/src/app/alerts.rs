@@ -214,16 +214,21 @@ impl ControlPlane {
             .alerts_active()
             .await?
             .into_iter()
-            .map(|a| ((a.scope.clone(), a.metric.clone()), a))
+            .map(|a| ((a.alert.scope.clone(), a.alert.metric.clone()), a))
             .collect();
         for ((scope, metric), reading) in readings {
             let current = active.remove(&(scope.clone(), metric.clone()));
-            if current.as_ref().map(|a| a.level) == reading.level {
+            if current.as_ref().map(|a| a.alert.level) == reading.level {
                 continue;
             }
             if let Some(alert) = &current {
                 self.store.alert_clear(alert, reading.value, now).await?;
-                tracing::info!(scope, metric, level = alert.level.as_str(), "alert cleared");
+                tracing::info!(
+                    scope,
+                    metric,
+                    level = alert.alert.level.as_str(),
+                    "alert cleared"
+                );
             }
             if let Some(level) = reading.level {
                 tracing::warn!(
@@ -304,19 +309,20 @@ impl ControlPlane {
 }
 
 fn alert_view(record: AlertRecord) -> Alert {
-    let (scope, node_id) = match record.scope.strip_prefix("node:") {
+    let alert = record.alert;
+    let (scope, node_id) = match alert.scope.strip_prefix("node:") {
         Some(node) => ("node".to_owned(), Some(node.to_owned())),
-        None => (record.scope.clone(), None),
+        None => (alert.scope.clone(), None),
     };
     Alert {
         id: record.id,
         scope,
         node_id,
-        metric: record.metric,
-        level: record.level,
-        value: record.value,
-        threshold: record.threshold,
-        message: record.message,
+        metric: alert.metric,
+        level: alert.level,
+        value: alert.value,
+        threshold: alert.threshold,
+        message: alert.message,
         raised_at: record.raised_at,
         cleared_at: record.cleared_at,
     }

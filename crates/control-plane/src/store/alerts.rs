@@ -13,17 +13,11 @@ use super::{Store, from_millis, to_millis};
 
 const COLUMNS: &str = "id, scope, metric, level, value, threshold, message, raised_at, cleared_at";
 
+/// An alert as stored: what was raised, and when.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AlertRecord {
     pub id: String,
-    /// `cluster` or `node:<id>`.
-    pub scope: String,
-    /// `cpu`, `memory`, `disk`, `offline`, `capacity`.
-    pub metric: String,
-    pub level: AlertLevel,
-    pub value: f64,
-    pub threshold: f64,
-    pub message: String,
+    pub alert: NewAlert,
     pub raised_at: DateTime<Utc>,
     pub cleared_at: Option<DateTime<Utc>>,
 }
@@ -31,7 +25,9 @@ pub struct AlertRecord {
 /// An alert about to be raised.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewAlert {
+    /// `cluster` or `node:<id>`.
     pub scope: String,
+    /// `cpu`, `memory`, `disk`, `offline`, `capacity`.
     pub metric: String,
     pub level: AlertLevel,
     pub value: f64,
@@ -43,14 +39,16 @@ fn decode(row: &AnyRow) -> Result<AlertRecord, sqlx::Error> {
     let level: String = row.try_get("level")?;
     Ok(AlertRecord {
         id: row.try_get("id")?,
-        scope: row.try_get("scope")?,
-        metric: row.try_get("metric")?,
-        level: level
-            .parse()
-            .map_err(|e: String| sqlx::Error::Decode(e.into()))?,
-        value: row.try_get("value")?,
-        threshold: row.try_get("threshold")?,
-        message: row.try_get("message")?,
+        alert: NewAlert {
+            scope: row.try_get("scope")?,
+            metric: row.try_get("metric")?,
+            level: level
+                .parse()
+                .map_err(|e: String| sqlx::Error::Decode(e.into()))?,
+            value: row.try_get("value")?,
+            threshold: row.try_get("threshold")?,
+            message: row.try_get("message")?,
+        },
         raised_at: from_millis(row.try_get("raised_at")?),
         cleared_at: row
             .try_get::<Option<i64>, _>("cleared_at")?
@@ -58,9 +56,10 @@ fn decode(row: &AnyRow) -> Result<AlertRecord, sqlx::Error> {
     })
 }
 
-fn event_data(alert: &AlertRecord) -> serde_json::Map<String, serde_json::Value> {
+fn event_data(record: &AlertRecord) -> serde_json::Map<String, serde_json::Value> {
+    let alert = &record.alert;
     let mut data = serde_json::Map::new();
-    data.insert("alert_id".into(), alert.id.as_str().into());
+    data.insert("alert_id".into(), record.id.as_str().into());
     data.insert("scope".into(), alert.scope.as_str().into());
     data.insert("metric".into(), alert.metric.as_str().into());
     data.insert("level".into(), alert.level.as_str().into());
@@ -123,12 +122,7 @@ impl Store {
     ) -> Result<AlertRecord, sqlx::Error> {
         let alert = AlertRecord {
             id: format!("alr_{}", uuid::Uuid::now_v7().simple()),
-            scope: new.scope,
-            metric: new.metric,
-            level: new.level,
-            value: new.value,
-            threshold: new.threshold,
-            message: new.message,
+            alert: new,
             // As stored: milliseconds.
             raised_at: from_millis(to_millis(now)),
             cleared_at: None,
@@ -138,12 +132,12 @@ impl Store {
             "INSERT INTO alerts ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULL)"
         ))
         .bind(alert.id.as_str())
-        .bind(alert.scope.as_str())
-        .bind(alert.metric.as_str())
-        .bind(alert.level.as_str())
-        .bind(alert.value)
-        .bind(alert.threshold)
-        .bind(alert.message.as_str())
+        .bind(alert.alert.scope.as_str())
+        .bind(alert.alert.metric.as_str())
+        .bind(alert.alert.level.as_str())
+        .bind(alert.alert.value)
+        .bind(alert.alert.threshold)
+        .bind(alert.alert.message.as_str())
         .bind(to_millis(now))
         .execute(&mut *tx)
         .await?;
@@ -171,7 +165,7 @@ impl Store {
             return Ok(false);
         }
         let mut cleared = alert.clone();
-        cleared.value = value;
+        cleared.alert.value = value;
         cleared.cleared_at = Some(now);
         self.commit_alert_event(tx, EventName::AlertCleared, &cleared, now)
             .await?;
@@ -187,7 +181,7 @@ impl Store {
         alert: &AlertRecord,
         now: DateTime<Utc>,
     ) -> Result<(), sqlx::Error> {
-        let subject = format!("alert:{}:{}", alert.scope, alert.metric);
+        let subject = format!("alert:{}:{}", alert.alert.scope, alert.alert.metric);
         self.append_event(&mut tx, name, &subject, event_data(alert), now)
             .await?;
         tx.commit().await?;
