@@ -44,13 +44,7 @@ impl Store {
     }
 
     pub async fn extension_get(&self, id: &str) -> Result<Option<Extension>, sqlx::Error> {
-        sqlx::query(&format!("SELECT {COLUMNS} FROM extensions WHERE id = $1"))
-            .bind(id)
-            .fetch_optional(&self.writer)
-            .await?
-            .as_ref()
-            .map(decode)
-            .transpose()
+        Self::row_by_id(&self.writer, ("extensions", COLUMNS), id, decode).await
     }
 
     /// Every extension, oldest first.

@@ -140,6 +140,14 @@ fn decode(row: &AnyRow) -> Result<InstanceRecord, sqlx::Error> {
     })
 }
 
+/// Puts decoded instance rows into the read model.
+fn cache_rows(cache: &super::cache::InstanceCache, rows: &[AnyRow]) -> Result<(), sqlx::Error> {
+    for row in rows {
+        cache.put(decode(row)?);
+    }
+    Ok(())
+}
+
 fn status_strings(statuses: &[InstanceStatus]) -> Vec<String> {
     statuses.iter().map(|s| s.as_str().to_owned()).collect()
 }
@@ -281,10 +289,7 @@ impl Store {
         let rows = sqlx::query(&format!("SELECT {COLUMNS} FROM instances"))
             .fetch_all(&self.writer)
             .await?;
-        for row in &rows {
-            cache.put(decode(row)?);
-        }
-        Ok(())
+        cache_rows(cache, &rows)
     }
 
     /// Inserts a `creating` instance on its node if the node has a free slot
@@ -416,13 +421,7 @@ impl Store {
         if let Some(cache) = &self.cache {
             return Ok(cache.get(id));
         }
-        sqlx::query(&format!("SELECT {COLUMNS} FROM instances WHERE id = $1"))
-            .bind(id.as_str())
-            .fetch_optional(&self.pool)
-            .await?
-            .as_ref()
-            .map(decode)
-            .transpose()
+        Self::row_by_id(&self.pool, ("instances", COLUMNS), id.as_str(), decode).await
     }
 
     /// One page of instances and the number matching the filter.
@@ -714,9 +713,7 @@ impl Store {
             .bind(node.as_str())
             .fetch_all(&mut *conn)
             .await?;
-            for row in &rows {
-                cache.put(decode(row)?);
-            }
+            cache_rows(cache, &rows)?;
         }
         Ok(())
     }

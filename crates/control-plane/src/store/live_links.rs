@@ -54,13 +54,7 @@ impl Store {
     }
 
     pub async fn live_link_get(&self, id: &str) -> Result<Option<LiveLinkRecord>, sqlx::Error> {
-        sqlx::query(&format!("SELECT {COLUMNS} FROM live_links WHERE id = $1"))
-            .bind(id)
-            .fetch_optional(&self.writer)
-            .await?
-            .as_ref()
-            .map(decode)
-            .transpose()
+        Self::row_by_id(&self.writer, ("live_links", COLUMNS), id, decode).await
     }
 
     /// Revokes one link of `instance` (`Some(id)`) or all of them; answers

@@ -205,6 +205,25 @@ fn redact_url(url: &str) -> String {
     }
 }
 
+impl Store {
+    /// The row of `table` (with `columns`) whose `id` is `id`, decoded, read
+    /// through `pool` (the writer where a caller must see its own writes).
+    pub(crate) async fn row_by_id<T>(
+        pool: &AnyPool,
+        (table, columns): (&str, &str),
+        id: &str,
+        decode: fn(&sqlx::any::AnyRow) -> Result<T, sqlx::Error>,
+    ) -> Result<Option<T>, sqlx::Error> {
+        sqlx::query(&format!("SELECT {columns} FROM {table} WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(pool)
+            .await?
+            .as_ref()
+            .map(decode)
+            .transpose()
+    }
+}
+
 pub(crate) fn to_millis(time: DateTime<Utc>) -> i64 {
     time.timestamp_millis()
 }

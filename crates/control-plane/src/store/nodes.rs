@@ -187,13 +187,7 @@ impl Store {
     }
 
     pub async fn node_get(&self, node: &NodeId) -> Result<Option<NodeRecord>, sqlx::Error> {
-        sqlx::query(&format!("SELECT {COLUMNS} FROM nodes WHERE id = $1"))
-            .bind(node.as_str())
-            .fetch_optional(&self.pool)
-            .await?
-            .as_ref()
-            .map(decode)
-            .transpose()
+        Self::row_by_id(&self.pool, ("nodes", COLUMNS), node.as_str(), decode).await
     }
 
     pub async fn node_list(&self) -> Result<Vec<NodeRecord>, sqlx::Error> {
