@@ -26,6 +26,25 @@ pub fn process_tree(roots: &[u32]) -> Vec<u32> {
     flotilla_node_agent::monitor::ProcTable::scan().live_descendants(roots)
 }
 
+/// Waits (10 s at most) until no process of the browser(s) under `dir` is
+/// left (see [`browser_processes`]).
+pub async fn wait_browser_processes_gone(dir: &Path) {
+    crate::wait_until(
+        std::time::Duration::from_secs(10),
+        &format!("the browser processes of {} to be gone", dir.display()),
+        || async {
+            let left = browser_processes(dir);
+            if left.is_empty() {
+                Ok(Some(()))
+            } else {
+                Err(format!("{left:?}"))
+            }
+        },
+    )
+    .await
+    .unwrap();
+}
+
 /// Every process of the browser(s) under `dir` (an instance directory, or the
 /// agent's instances root): those whose command line mentions it (the
 /// bubblewrap confining a browser names its directories; the browser itself

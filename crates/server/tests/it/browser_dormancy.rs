@@ -329,16 +329,10 @@ async fn browser_dormant_and_revive_refuse_other_states() {
     let creating = serve.api.create(r#"{"image": "never-ready"}"#).await;
     let failed = serve.api.create(r#"{"image": "broken"}"#).await;
     let failed_id = failed["id"].as_str().unwrap();
-    wait_until(BROWSER_DEADLINE, "the broken launch to fail", || async {
-        let (_, detail) = serve.api.get(&format!("/v2/instances/{failed_id}")).await;
-        if detail["status"] == "failed" {
-            Ok(Some(()))
-        } else {
-            Err(detail.to_string())
-        }
-    })
-    .await
-    .unwrap();
+    serve
+        .api
+        .wait_for_status(failed_id, "failed", BROWSER_DEADLINE)
+        .await;
     for instance in [&creating, &failed] {
         let id = instance["id"].as_str().unwrap();
         for operation in ["dormant", "revive"] {

@@ -9,7 +9,7 @@ use tokio_tungstenite::tungstenite::Message;
 
 use flotilla_testkit::{
     BROWSER_DEADLINE, EventReceiver, SseClient, StatusCode, browser_main_pid, browser_processes,
-    run_node, serve_page, spawn_serve, spawn_serve_with, wait_until,
+    run_node, serve_page, spawn_serve, spawn_serve_with, wait_browser_processes_gone, wait_until,
 };
 
 /// Sends one CDP command over a fresh WebSocket and returns its result.
@@ -170,20 +170,7 @@ async fn browser_create_drive_with_cdp_playwright_puppeteer_then_delete() {
     let (status, message) = serve.api.delete(&format!("/v2/instances/{id}")).await;
     assert_eq!(status, StatusCode::OK, "{message}");
     assert!(message["message"].is_string());
-    wait_until(
-        Duration::from_secs(10),
-        "browser processes to be gone",
-        || async {
-            let left = browser_processes(&instance_dir);
-            if left.is_empty() {
-                Ok(Some(()))
-            } else {
-                Err(format!("{left:?}"))
-            }
-        },
-    )
-    .await
-    .unwrap();
+    wait_browser_processes_gone(&instance_dir).await;
     assert!(!instance_dir.exists(), "profile removed");
     let (status, _) = serve.api.get(&format!("/v2/instances/{id}")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
@@ -287,16 +274,10 @@ async fn browser_launch_failure_and_crash_are_recorded_with_reasons() {
             .create(&format!(r#"{{"image": "{image}"}}"#))
             .await;
         let id = created["id"].as_str().unwrap();
-        let failed = wait_until(BROWSER_DEADLINE, "the launch to fail", || async {
-            let (_, detail) = serve.api.get(&format!("/v2/instances/{id}")).await;
-            if detail["status"] == "failed" {
-                Ok(Some(detail))
-            } else {
-                Err(detail.to_string())
-            }
-        })
-        .await
-        .unwrap();
+        let failed = serve
+            .api
+            .wait_for_status(id, "failed", BROWSER_DEADLINE)
+            .await;
         assert!(
             failed["status_reason"].as_str().unwrap().contains(reason),
             "{failed}"
@@ -314,16 +295,10 @@ async fn browser_launch_failure_and_crash_are_recorded_with_reasons() {
         browser_main_pid(&serve.instances_dir().join(&id)).expect("the browser's main process");
     // SAFETY: kill has no memory-safety preconditions.
     unsafe { libc::kill(main as i32, libc::SIGKILL) };
-    let stopped = wait_until(BROWSER_DEADLINE, "the crash to be noticed", || async {
-        let (_, detail) = serve.api.get(&format!("/v2/instances/{id}")).await;
-        if detail["status"] == "stopped" {
-            Ok(Some(detail))
-        } else {
-            Err(detail.to_string())
-        }
-    })
-    .await
-    .unwrap();
+    let stopped = serve
+        .api
+        .wait_for_status(&id, "stopped", BROWSER_DEADLINE)
+        .await;
     assert!(
         stopped["status_reason"]
             .as_str()
@@ -332,20 +307,7 @@ async fn browser_launch_failure_and_crash_are_recorded_with_reasons() {
         "{stopped}"
     );
     let instance_dir = serve.instances_dir().join(&id);
-    wait_until(
-        Duration::from_secs(10),
-        "no process of the crashed browser",
-        || async {
-            let left = browser_processes(&instance_dir);
-            if left.is_empty() {
-                Ok(Some(()))
-            } else {
-                Err(format!("{left:?}"))
-            }
-        },
-    )
-    .await
-    .unwrap();
+    wait_browser_processes_gone(&instance_dir).await;
     // The record stays until deleted; delete works on it.
     let (status, _) = serve.api.delete(&format!("/v2/instances/{id}")).await;
     assert_eq!(status, StatusCode::OK);

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use flotilla_testkit::{
     BROWSER_DEADLINE, Page, StatusCode, TestServe, browser_processes, serve_page, spawn_serve,
-    spawn_serve_with, wait_until,
+    spawn_serve_with, wait_browser_processes_gone, wait_until,
 };
 
 async fn running_instance(serve: &TestServe, body: &str) -> Value {
@@ -246,20 +246,10 @@ async fn browser_profile_over_disk_limit_fails_the_instance() {
     // A fresh Chromium profile is a few megabytes: over a 1 MB limit at once.
     let created = serve.api.create(r#"{"config": {"disk_gb": 0.001}}"#).await;
     let id = created["id"].as_str().unwrap();
-    let detail = wait_until(
-        BROWSER_DEADLINE,
-        "the disk limit to fail the instance",
-        || async {
-            let (_, detail) = serve.api.get(&format!("/v2/instances/{id}")).await;
-            if detail["status"] == "failed" {
-                Ok(Some(detail))
-            } else {
-                Err(detail.to_string())
-            }
-        },
-    )
-    .await
-    .unwrap();
+    let detail = serve
+        .api
+        .wait_for_status(id, "failed", BROWSER_DEADLINE)
+        .await;
     assert!(
         detail["status_reason"]
             .as_str()
@@ -268,19 +258,7 @@ async fn browser_profile_over_disk_limit_fails_the_instance() {
         "{detail}"
     );
     let dir = serve.instances_dir().join(id);
-    wait_until(
-        Duration::from_secs(10),
-        "its processes to be gone",
-        || async {
-            if browser_processes(&dir).is_empty() {
-                Ok(Some(()))
-            } else {
-                Err("running".into())
-            }
-        },
-    )
-    .await
-    .unwrap();
+    wait_browser_processes_gone(&dir).await;
     serve.shutdown().await;
 }
 
