@@ -104,6 +104,21 @@ impl Api {
         value
     }
 
+    /// Creates an instance with `body` and waits (a real browser's
+    /// [`crate::BROWSER_DEADLINE`]) until it runs.
+    pub async fn create_running(&self, body: &str) -> Running {
+        let created = self.create(body).await;
+        let id = created["id"].as_str().expect("an id").to_owned();
+        let detail = self
+            .wait_for_status(&id, "running", crate::BROWSER_DEADLINE)
+            .await;
+        Running {
+            id,
+            created,
+            detail,
+        }
+    }
+
     /// Waits until the instance has `status` (fails early on failed/stopped).
     pub async fn wait_for_status(&self, id: &str, status: &str, deadline: Duration) -> Value {
         let path = format!("/v2/instances/{id}");
@@ -128,4 +143,12 @@ impl Api {
         .await
         .unwrap()
     }
+}
+
+/// An instance created and seen running: its id, the create's answer (with
+/// `urls`) and the instance's detail once running.
+pub struct Running {
+    pub id: String,
+    pub created: Value,
+    pub detail: Value,
 }

@@ -8,8 +8,8 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use flotilla_testkit::{
-    Api, BROWSER_DEADLINE, StatusCode, TestServe, run_node, run_node_with, spawn_serve_with,
-    wait_until, workspace_root,
+    Api, Running, StatusCode, TestServe, run_node, run_node_with, spawn_serve_with, wait_until,
+    workspace_root,
 };
 
 const API_KEY: &str = "door-api-key-0123456789";
@@ -43,12 +43,11 @@ async fn door_serve(base_domain: Option<&str>) -> (TestServe, u16) {
 }
 
 async fn running(serve: &TestServe) -> Value {
-    let created = serve.api.create("{}").await;
-    let id = created["id"].as_str().unwrap().to_owned();
-    let instance = serve
-        .api
-        .wait_for_status(&id, "running", BROWSER_DEADLINE)
-        .await;
+    let Running {
+        created,
+        detail: instance,
+        ..
+    } = serve.api.create_running("{}").await;
     assert_eq!(instance["urls"], created["urls"]);
     instance
 }

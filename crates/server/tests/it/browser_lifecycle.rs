@@ -8,8 +8,9 @@ use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
 use flotilla_testkit::{
-    BROWSER_DEADLINE, EventReceiver, SseClient, StatusCode, browser_main_pid, browser_processes,
-    run_node, serve_page, spawn_serve, spawn_serve_with, wait_browser_processes_gone, wait_until,
+    BROWSER_DEADLINE, EventReceiver, Running, SseClient, StatusCode, browser_main_pid,
+    browser_processes, run_node, serve_page, spawn_serve, spawn_serve_with,
+    wait_browser_processes_gone, wait_until,
 };
 
 /// Sends one CDP command over a fresh WebSocket and returns its result.
@@ -218,14 +219,13 @@ async fn browser_create_drive_with_cdp_playwright_puppeteer_then_delete() {
 #[tokio::test]
 async fn browser_force_delete_and_headless_shell_image() {
     let serve = spawn_serve().await;
-    let created = serve
+    let Running {
+        id,
+        created,
+        detail,
+    } = serve
         .api
-        .create(r#"{"image": "chromium-headless-shell", "config": {"memory_gb": 1}}"#)
-        .await;
-    let id = created["id"].as_str().unwrap().to_owned();
-    let detail = serve
-        .api
-        .wait_for_status(&id, "running", BROWSER_DEADLINE)
+        .create_running(r#"{"image": "chromium-headless-shell", "config": {"memory_gb": 1}}"#)
         .await;
     assert_eq!(detail["image"], "chromium-headless-shell");
     let version = cdp_call(
@@ -285,12 +285,7 @@ async fn browser_launch_failure_and_crash_are_recorded_with_reasons() {
     }
 
     // A browser that dies on its own → stopped, with the exit reason.
-    let created = serve.api.create("{}").await;
-    let id = created["id"].as_str().unwrap().to_owned();
-    serve
-        .api
-        .wait_for_status(&id, "running", BROWSER_DEADLINE)
-        .await;
+    let Running { id, .. } = serve.api.create_running("{}").await;
     let main =
         browser_main_pid(&serve.instances_dir().join(&id)).expect("the browser's main process");
     // SAFETY: kill has no memory-safety preconditions.

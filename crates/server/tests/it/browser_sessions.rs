@@ -8,7 +8,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use flotilla_testkit::{
-    BROWSER_DEADLINE, Page, StatusCode, browser_processes, serve_page, spawn_serve_with, wait_until,
+    BROWSER_DEADLINE, Page, Running, StatusCode, browser_processes, serve_page, spawn_serve_with,
+    wait_until,
 };
 
 const PROXY_USER: &str = "flotilla";
@@ -138,14 +139,13 @@ async fn browser_an_upstream_proxy_carries_every_request_and_keeps_its_credentia
         );
     }
 
-    let created = serve
+    let Running {
+        id,
+        created,
+        detail,
+    } = serve
         .api
-        .create(&proxy_body(proxy.port, PROXY_PASSWORD))
-        .await;
-    let id = created["id"].as_str().unwrap().to_owned();
-    let detail = serve
-        .api
-        .wait_for_status(&id, "running", BROWSER_DEADLINE)
+        .create_running(&proxy_body(proxy.port, PROXY_PASSWORD))
         .await;
     assert_eq!(
         detail["config"]["proxy"]["password"], "********",
@@ -253,12 +253,7 @@ async fn browser_downloads_are_listed_served_kept_across_park_and_deleted() {
     })
     .await;
     serve.api = flotilla_testkit::Api::with_key(serve.api.base.clone(), "downloads-key");
-    let created = serve.api.create("{}").await;
-    let id = created["id"].as_str().unwrap().to_owned();
-    serve
-        .api
-        .wait_for_status(&id, "running", BROWSER_DEADLINE)
-        .await;
+    let Running { id, created, .. } = serve.api.create_running("{}").await;
     let debug = created["urls"]["debug"].as_str().unwrap();
 
     // Playwright over CDP: the download event and its name; the file itself
@@ -417,13 +412,15 @@ async fn start_on_profile(
     persist: bool,
     url: &str,
 ) -> (String, Page) {
-    let created = api
-        .create(&format!(
+    let Running {
+        id,
+        created,
+        detail: got,
+    } = api
+        .create_running(&format!(
             r#"{{"profile": {{"name": "{profile}", "persist": {persist}}}}}"#
         ))
         .await;
-    let id = created["id"].as_str().unwrap().to_owned();
-    let got = api.wait_for_status(&id, "running", BROWSER_DEADLINE).await;
     assert_eq!(got["profile"]["name"], profile, "{got}");
     assert_eq!(got["profile"]["persist"], persist, "{got}");
     let page = Page::open(created["urls"]["debug"].as_str().unwrap(), url)
