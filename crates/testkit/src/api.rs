@@ -119,6 +119,22 @@ impl Api {
         }
     }
 
+    /// Parks instance `id` (`POST …/dormant`), asserting 200; its answer.
+    pub async fn park(&self, id: &str) -> Value {
+        self.instance_action(id, "dormant").await
+    }
+
+    /// Revives instance `id` (`POST …/revive`), asserting 200; its answer.
+    pub async fn revive(&self, id: &str) -> Value {
+        self.instance_action(id, "revive").await
+    }
+
+    async fn instance_action(&self, id: &str, action: &str) -> Value {
+        let (status, body) = self.post(&format!("/v2/instances/{id}/{action}"), "").await;
+        assert_eq!(status, StatusCode::OK, "{action} of {id}: {body}");
+        body
+    }
+
     /// Waits until the instance has `status` (fails early on failed/stopped).
     pub async fn wait_for_status(&self, id: &str, status: &str, deadline: Duration) -> Value {
         let path = format!("/v2/instances/{id}");

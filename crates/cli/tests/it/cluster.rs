@@ -618,13 +618,11 @@ async fn revive_moves_to_another_node_when_its_node_is_gone() {
     let id = created["id"].as_str().unwrap().to_owned();
     api.wait_for_status(&id, "running", Duration::from_secs(60))
         .await;
-    let (status, body) = api.post(&format!("/v2/instances/{id}/dormant"), "").await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    api.park(&id).await;
 
     agents[0].stop_with(libc::SIGKILL).await;
     wait_nodes(api, &[("r1", "offline")]).await;
-    let (status, body) = api.post(&format!("/v2/instances/{id}/revive"), "").await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    api.revive(&id).await;
     let revived = api
         .wait_for_status(&id, "running", Duration::from_secs(60))
         .await;
@@ -724,12 +722,10 @@ async fn browser_clients_use_only_the_control_planes_port_across_the_cluster() {
 
     // Parked, its node gone, revived elsewhere: the same URL reaches it.
     let (id, debug) = on_d1.unwrap();
-    let (status, body) = api.post(&format!("/v2/instances/{id}/dormant"), "").await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    api.park(&id).await;
     agents[0].stop_with(libc::SIGKILL).await;
     wait_nodes(&api, &[("d1", "offline")]).await;
-    let (status, body) = api.post(&format!("/v2/instances/{id}/revive"), "").await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    api.revive(&id).await;
     let revived = api.wait_for_status(&id, "running", BROWSER_DEADLINE).await;
     assert_eq!(revived["node_id"], "d2", "{revived}");
     assert_eq!(revived["urls"]["debug"], debug.as_str(), "the URL stays");

@@ -111,15 +111,6 @@ async fn running_with_state(serve: &TestServe, pages: &PageServer) -> (String, S
     (id, debug_url)
 }
 
-async fn park(serve: &TestServe, id: &str) -> Value {
-    let (status, body) = serve
-        .api
-        .post(&format!("/v2/instances/{id}/dormant"), "")
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    body
-}
-
 async fn revive(serve: &TestServe, id: &str, body: &str) -> Value {
     let (status, reply) = serve
         .api
@@ -166,7 +157,7 @@ async fn browser_park_and_revive_keep_cookies_storage_and_tabs() {
     let instance_dir = serve.instances_dir().join(&id).display().to_string();
 
     // Park: the exact response shape, the browser gone, the snapshot stored.
-    let parked = park(&serve, &id).await;
+    let parked = serve.api.park(&id).await;
     assert_eq!(
         keys(&parked),
         ["dormant_since", "id", "snapshot_id", "status"]
@@ -267,7 +258,7 @@ async fn browser_park_and_revive_keep_cookies_storage_and_tabs() {
         .await
         .unwrap();
     drop(state);
-    park(&serve, &id).await;
+    serve.api.park(&id).await;
     revive(&serve, &id, r#"{"method": "full_restore"}"#).await;
     serve
         .api
@@ -290,7 +281,7 @@ async fn browser_park_and_revive_keep_cookies_storage_and_tabs() {
     assert_state_back(&state.eval(READ_STATE).await.unwrap());
 
     // Deleting the instance deletes its snapshots.
-    park(&serve, &id).await;
+    serve.api.park(&id).await;
     let (status, _) = serve.api.delete(&format!("/v2/instances/{id}")).await;
     assert_eq!(status, StatusCode::OK);
     let left = std::fs::read_dir(snapshot_file.parent().unwrap())
@@ -429,7 +420,7 @@ async fn browser_a_cdp_client_wakes_a_dormant_instance() {
     let pages = site().await;
     let serve = spawn_serve_with(|config| pages.allow_in(config)).await;
     let (id, debug_url) = running_with_state(&serve, &pages).await;
-    park(&serve, &id).await;
+    serve.api.park(&id).await;
 
     // Playwright connects to the dormant instance's unchanged urls.debug.
     let woken = run_node(
@@ -529,7 +520,7 @@ async fn browser_an_unreachable_snapshot_store_leaves_instances_where_they_were(
 
     // Back (empty, as a restarted moto is): the park works.
     s3.restart().await.unwrap();
-    let parked = park(&serve, &id).await;
+    let parked = serve.api.park(&id).await;
     assert_eq!(parked["status"], "dormant");
 
     // The store hangs (frozen): the revive answers 503 within the store
@@ -602,7 +593,7 @@ async fn browser_snapshots_in_an_s3_compatible_bucket() {
     .await;
     let (id, debug_url) = running_with_state(&serve, &pages).await;
 
-    let parked = park(&serve, &id).await;
+    let parked = serve.api.park(&id).await;
     let key = format!(
         "fleet-a/{id}/{}.tar.zst",
         parked["snapshot_id"].as_str().unwrap()
@@ -643,7 +634,7 @@ async fn browser_snapshots_in_an_s3_compatible_bucket() {
     .await
     .unwrap();
 
-    park(&serve, &id).await;
+    serve.api.park(&id).await;
     let (status, _) = serve.api.delete(&format!("/v2/instances/{id}")).await;
     assert_eq!(status, StatusCode::OK);
     assert!(

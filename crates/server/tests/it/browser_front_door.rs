@@ -337,11 +337,7 @@ async fn browser_a_connection_through_the_door_wakes_a_parked_instance() {
     let (serve, _) = door_serve(None).await;
     let a = running(&serve).await;
     let id = a["id"].as_str().unwrap();
-    let (status, parked) = serve
-        .api
-        .post(&format!("/v2/instances/{id}/dormant"), "")
-        .await;
-    assert_eq!(status, StatusCode::OK, "{parked}");
+    let parked = serve.api.park(id).await;
     assert_eq!(parked["status"], "dormant");
     let debug = a["urls"]["debug"].as_str().unwrap();
     let result = run_node("playwright_title.mjs", &[debug, PAGE])

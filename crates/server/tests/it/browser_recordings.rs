@@ -159,11 +159,7 @@ async fn browser_a_recording_of_an_animated_page_is_a_playable_video() {
     let (id, _page) = record_animated_page(&serve, &pages, r#"{"record": true}"#, 4.0).await;
     let list = format!("/v2/instances/{id}/recordings");
     assert_encoders_confined();
-    let (status, parked) = serve
-        .api
-        .post(&format!("/v2/instances/{id}/dormant"), "")
-        .await;
-    assert_eq!(status.as_u16(), 200, "{parked}");
+    serve.api.park(&id).await;
 
     // The park ends the recording: ffmpeg writes its last fragment.
     let body = wait_until(
@@ -209,11 +205,7 @@ async fn browser_a_recording_of_an_animated_page_is_a_playable_video() {
     }
 
     // The revive starts the next recording.
-    let (status, body) = serve
-        .api
-        .post(&format!("/v2/instances/{id}/revive"), "")
-        .await;
-    assert_eq!(status.as_u16(), 200, "{body}");
+    serve.api.revive(&id).await;
     serve
         .api
         .wait_for_status(&id, "running", BROWSER_DEADLINE)
@@ -362,11 +354,7 @@ async fn browser_recordings_follow_a_revive_onto_a_node_that_lacks_them() {
     let serve = spawn_serve_in(data.path(), |config| pages.allow_in(config)).await;
     let (id, page) = record_animated_page(&serve, &pages, r#"{"record": true}"#, 2.0).await;
     drop(page);
-    let (status, body) = serve
-        .api
-        .post(&format!("/v2/instances/{id}/dormant"), "")
-        .await;
-    assert_eq!(status.as_u16(), 200, "{body}");
+    serve.api.park(&id).await;
     let list = format!("/v2/instances/{id}/recordings");
     let (_, before) = serve.api.get(&list).await;
     let first = before["recordings"][0]["id"].as_str().unwrap().to_owned();
@@ -382,11 +370,7 @@ async fn browser_recordings_follow_a_revive_onto_a_node_that_lacks_them() {
     serve.shutdown().await;
     std::fs::remove_dir_all(root.join("agent/recordings").join(&id)).unwrap();
     let serve = spawn_serve_in(data.path(), |config| pages.allow_in(config)).await;
-    let (status, body) = serve
-        .api
-        .post(&format!("/v2/instances/{id}/revive"), "")
-        .await;
-    assert_eq!(status.as_u16(), 200, "{body}");
+    serve.api.revive(&id).await;
     serve
         .api
         .wait_for_status(&id, "running", BROWSER_DEADLINE)

@@ -346,21 +346,13 @@ async fn browser_downloads_are_listed_served_kept_across_park_and_deleted() {
     assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
 
     // Parked and revived: the download is still there.
-    let (status, body) = serve
-        .api
-        .post(&format!("/v2/instances/{id}/dormant"), "")
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    serve.api.park(&id).await;
     let (_, while_parked) = listing(serve.api.clone(), id.clone()).await;
     assert!(
         while_parked.to_string().contains("report.csv"),
         "{while_parked}"
     );
-    let (status, body) = serve
-        .api
-        .post(&format!("/v2/instances/{id}/revive"), "")
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    serve.api.revive(&id).await;
     serve
         .api
         .wait_for_status(&id, "running", BROWSER_DEADLINE)
@@ -469,8 +461,7 @@ async fn browser_a_persistent_profile_carries_cookies_and_storage_across_instanc
     )
     .await
     .unwrap();
-    let (status, body) = api.post(&format!("/v2/instances/{a}/dormant"), "").await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    api.park(&a).await;
     let parked = profile_saved_after(api, "shop", &created_at).await;
     // One writer at a time.
     let (status, body) = api
@@ -675,10 +666,7 @@ async fn browser_an_uploaded_extension_changes_pages_and_survives_park_and_reviv
     assert_eq!(got["config"]["extensions"][0], id.as_str(), "{got}");
     let debug = created["urls"]["debug"].as_str().unwrap().to_owned();
     drop(marked_page(&debug, &url).await);
-    let (status, body) = api
-        .post(&format!("/v2/instances/{instance}/dormant"), "")
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    api.park(&instance).await;
     let (status, body) = api
         .post(&format!("/v2/instances/{instance}/revive"), "")
         .await;

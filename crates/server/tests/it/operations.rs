@@ -69,14 +69,8 @@ async fn webhooks_survive_a_down_receiver_and_a_restart_in_order_per_instance() 
     let parked = create_running(api).await;
     let deleted = create_running(api).await;
     let kept = create_running(api).await;
-    let (status, body) = api
-        .post(&format!("/v2/instances/{parked}/dormant"), "")
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    let (status, body) = api
-        .post(&format!("/v2/instances/{parked}/revive"), "")
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    api.park(&parked).await;
+    api.revive(&parked).await;
     api.wait_for_status(&parked, "running", Duration::from_secs(60))
         .await;
     let (status, _) = api.delete(&format!("/v2/instances/{deleted}")).await;
