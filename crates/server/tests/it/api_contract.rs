@@ -7,9 +7,10 @@ use flotilla_node_agent::config::RuntimeKind;
 use flotilla_testkit::{StatusCode, spawn_serve_with, spawn_sim_serve, workspace_root};
 use serde_json::Value;
 
+/// Checks an answer `(status, body)` is the error `want_status` with `code`,
+/// whose detail mentions `mention`, and nothing else.
 fn assert_error(
-    status: StatusCode,
-    body: &Value,
+    (status, body): (StatusCode, Value),
     want_status: StatusCode,
     code: &str,
     mention: &str,
@@ -153,10 +154,8 @@ async fn invalid_create_bodies_are_400_naming_the_field() {
         (r#"{} {}"#, "trailing"),
     ];
     for (body, mention) in cases {
-        let (status, value) = serve.api.post("/v2/instances", body).await;
         assert_error(
-            status,
-            &value,
+            serve.api.post("/v2/instances", body).await,
             StatusCode::BAD_REQUEST,
             "invalid_request",
             mention,
@@ -169,45 +168,37 @@ async fn invalid_create_bodies_are_400_naming_the_field() {
 #[tokio::test]
 async fn full_node_gives_503_insufficient_capacity() {
     let serve = spawn_sim_serve(2).await;
-    let (status, value) = serve
-        .api
-        .post("/v2/instances", r#"{"config": {"memory_gb": 1000}}"#)
-        .await;
     assert_error(
-        status,
-        &value,
+        serve
+            .api
+            .post("/v2/instances", r#"{"config": {"memory_gb": 1000}}"#)
+            .await,
         StatusCode::SERVICE_UNAVAILABLE,
         "insufficient_capacity",
         "memory",
     );
-    let (status, value) = serve
-        .api
-        .post("/v2/instances", r#"{"config": {"cpu_cores": 256}}"#)
-        .await;
     assert_error(
-        status,
-        &value,
+        serve
+            .api
+            .post("/v2/instances", r#"{"config": {"cpu_cores": 256}}"#)
+            .await,
         StatusCode::SERVICE_UNAVAILABLE,
         "insufficient_capacity",
         "cpu_cores",
     );
     serve.api.create("{}").await;
     serve.api.create("{}").await;
-    let (status, value) = serve.api.post("/v2/instances", "{}").await;
     assert_error(
-        status,
-        &value,
+        serve.api.post("/v2/instances", "{}").await,
         StatusCode::SERVICE_UNAVAILABLE,
         "insufficient_capacity",
         "full",
     );
-    let (status, value) = serve
-        .api
-        .post("/v2/instances", r#"{"node_preference": "test-node"}"#)
-        .await;
     assert_error(
-        status,
-        &value,
+        serve
+            .api
+            .post("/v2/instances", r#"{"node_preference": "test-node"}"#)
+            .await,
         StatusCode::SERVICE_UNAVAILABLE,
         "insufficient_capacity",
         "test-node",
@@ -224,51 +215,55 @@ async fn full_node_gives_503_insufficient_capacity() {
 #[tokio::test]
 async fn unknown_ids_paths_and_methods() {
     let serve = spawn_sim_serve(2).await;
-    let (status, value) = serve.api.get("/v2/instances/nope").await;
-    assert_error(status, &value, StatusCode::NOT_FOUND, "not_found", "nope");
-    let (status, value) = serve.api.delete("/v2/instances/nope").await;
-    assert_error(status, &value, StatusCode::NOT_FOUND, "not_found", "nope");
-    let (status, value) = serve.api.get("/v2/nodes/nope").await;
-    assert_error(status, &value, StatusCode::NOT_FOUND, "not_found", "nope");
-    let (status, value) = serve.api.get("/v3/things").await;
     assert_error(
-        status,
-        &value,
+        serve.api.get("/v2/instances/nope").await,
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "nope",
+    );
+    assert_error(
+        serve.api.delete("/v2/instances/nope").await,
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "nope",
+    );
+    assert_error(
+        serve.api.get("/v2/nodes/nope").await,
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "nope",
+    );
+    assert_error(
+        serve.api.get("/v3/things").await,
         StatusCode::NOT_FOUND,
         "not_found",
         "/v3/things",
     );
-    let (status, value) = serve
-        .api
-        .call(reqwest::Method::PUT, "/v2/instances", Some("{}"))
-        .await;
     assert_error(
-        status,
-        &value,
+        serve
+            .api
+            .call(reqwest::Method::PUT, "/v2/instances", Some("{}"))
+            .await,
         StatusCode::METHOD_NOT_ALLOWED,
         "invalid_request",
         "PUT",
     );
     let created = serve.api.create("{}").await;
     let id = created["id"].as_str().unwrap();
-    let (status, value) = serve
-        .api
-        .delete(&format!("/v2/instances/{id}?force=maybe"))
-        .await;
     assert_error(
-        status,
-        &value,
+        serve
+            .api
+            .delete(&format!("/v2/instances/{id}?force=maybe"))
+            .await,
         StatusCode::BAD_REQUEST,
         "invalid_request",
         "force",
     );
-    let (status, value) = serve
-        .api
-        .delete(&format!("/v2/instances/{id}?forse=true"))
-        .await;
     assert_error(
-        status,
-        &value,
+        serve
+            .api
+            .delete(&format!("/v2/instances/{id}?forse=true"))
+            .await,
         StatusCode::BAD_REQUEST,
         "invalid_request",
         "forse",
@@ -400,10 +395,8 @@ async fn list_filters_sorts_and_pages() {
         ("sort=name_asc", "sort"),
         ("page=2", "page"),
     ] {
-        let (status, value) = serve.api.get(&format!("/v2/instances?{query}")).await;
         assert_error(
-            status,
-            &value,
+            serve.api.get(&format!("/v2/instances?{query}")).await,
             StatusCode::BAD_REQUEST,
             "invalid_request",
             mention,
@@ -586,12 +579,9 @@ async fn the_schema_and_the_validation_agree() {
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     assert_eq!(body["id"].as_str().map(str::len), Some(36));
-    let (status, body) = api
-        .post("/v2/instances", r#"{"config": {"cpu_cores": 2.5}}"#)
-        .await;
     assert_error(
-        status,
-        &body,
+        api.post("/v2/instances", r#"{"config": {"cpu_cores": 2.5}}"#)
+            .await,
         StatusCode::BAD_REQUEST,
         "invalid_request",
         "cpu_cores",
@@ -603,12 +593,9 @@ async fn the_schema_and_the_validation_agree() {
     let (status, body) = api.post("/v2/tokens", "null").await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let id = running_instance(api).await;
-    let (status, body) = api
-        .post(&format!("/v2/instances/{id}/revive"), "null")
-        .await;
     assert_error(
-        status,
-        &body,
+        api.post(&format!("/v2/instances/{id}/revive"), "null")
+            .await,
         StatusCode::CONFLICT,
         "invalid_state",
         "dormant",
@@ -616,10 +603,8 @@ async fn the_schema_and_the_validation_agree() {
 
     // Topics name instances by their hyphenated id only, as the schema says.
     let braced = format!(r#"{{"topics": ["instances.{{{id}}}"]}}"#);
-    let (status, body) = api.post("/v2/tokens", &braced).await;
     assert_error(
-        status,
-        &body,
+        api.post("/v2/tokens", &braced).await,
         StatusCode::BAD_REQUEST,
         "invalid_request",
         "topics",
