@@ -168,3 +168,15 @@ pub struct Running {
     pub created: Value,
     pub detail: Value,
 }
+
+/// The keys of JSON object `value`, sorted (to compare a response's fields).
+pub fn sorted_keys(value: &Value) -> Vec<&str> {
+    let mut keys: Vec<&str> = value
+        .as_object()
+        .expect("a JSON object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort_unstable();
+    keys
+}

@@ -4,7 +4,9 @@
 //! Chromium in `browser_*.rs`.)
 
 use flotilla_node_agent::config::RuntimeKind;
-use flotilla_testkit::{StatusCode, spawn_serve_with, spawn_sim_serve, workspace_root};
+use flotilla_testkit::{
+    StatusCode, sorted_keys, spawn_serve_with, spawn_sim_serve, workspace_root,
+};
 use serde_json::Value;
 
 /// Checks an answer `(status, body)` is the error `want_status` with `code`,
@@ -33,13 +35,7 @@ fn assert_error(
 async fn create_answers_exactly_the_create_fields_with_defaults_applied() {
     let serve = spawn_sim_serve(10).await;
     let created = serve.api.create("{}").await;
-    let mut keys: Vec<&str> = created
-        .as_object()
-        .unwrap()
-        .keys()
-        .map(String::as_str)
-        .collect();
-    keys.sort_unstable();
+    let keys = sorted_keys(&created);
     assert_eq!(
         keys,
         [
@@ -316,13 +312,7 @@ async fn list_filters_sorts_and_pages() {
     newest_first.reverse();
     assert_eq!(listed, newest_first, "default sort is created_at_desc");
     let item = &page["instances"][0];
-    let mut keys: Vec<&str> = item
-        .as_object()
-        .unwrap()
-        .keys()
-        .map(String::as_str)
-        .collect();
-    keys.sort_unstable();
+    let keys = sorted_keys(item);
     assert_eq!(
         keys,
         [

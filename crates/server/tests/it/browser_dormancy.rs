@@ -10,7 +10,7 @@ use serde_json::Value;
 use flotilla_api_types::clock::ManualClock;
 use flotilla_testkit::{
     BROWSER_DEADLINE, Page, PageServer, StatusCode, TestServe, browser_processes, run_node,
-    serve_page, spawn_serve_with, spawn_serve_with_clock, wait_until,
+    serve_page, sorted_keys, spawn_serve_with, spawn_serve_with_clock, wait_until,
 };
 
 /// A site with a page that stores state of every kind, and three tab pages.
@@ -120,17 +120,6 @@ async fn revive(serve: &TestServe, id: &str, body: &str) -> Value {
     reply
 }
 
-fn keys(value: &Value) -> Vec<&str> {
-    let mut keys: Vec<&str> = value
-        .as_object()
-        .unwrap()
-        .keys()
-        .map(String::as_str)
-        .collect();
-    keys.sort_unstable();
-    keys
-}
-
 #[tokio::test]
 async fn browser_park_and_revive_keep_cookies_storage_and_tabs() {
     let pages = site().await;
@@ -159,7 +148,7 @@ async fn browser_park_and_revive_keep_cookies_storage_and_tabs() {
     // Park: the exact response shape, the browser gone, the snapshot stored.
     let parked = serve.api.park(&id).await;
     assert_eq!(
-        keys(&parked),
+        sorted_keys(&parked),
         ["dormant_since", "id", "snapshot_id", "status"]
     );
     assert_eq!(parked["status"], "dormant");
@@ -223,7 +212,10 @@ async fn browser_park_and_revive_keep_cookies_storage_and_tabs() {
 
     // quick_start (no body: the default): state back, one blank tab.
     let reviving = revive(&serve, &id, "").await;
-    assert_eq!(keys(&reviving), ["estimated_completion", "id", "status"]);
+    assert_eq!(
+        sorted_keys(&reviving),
+        ["estimated_completion", "id", "status"]
+    );
     assert_eq!(reviving["status"], "reviving");
     let running = serve
         .api
