@@ -31,6 +31,12 @@ pub struct SseClient {
 }
 
 impl SseClient {
+    /// `GET <path>` on `addr` with `Authorization: Bearer <token>`.
+    pub async fn with_bearer(addr: &str, path: &str, token: &str) -> anyhow::Result<Self> {
+        let bearer = format!("Bearer {token}");
+        Self::connect(addr, path, &[("Authorization", &bearer)]).await
+    }
+
     /// `GET <path>` on `addr` with `headers`.
     pub async fn connect(addr: &str, path: &str, headers: &[(&str, &str)]) -> anyhow::Result<Self> {
         use tokio::io::AsyncWriteExt;

@@ -195,46 +195,30 @@ async fn authentication_answers_per_the_spec() {
         "Authentication required",
     );
     for token in ["invalid", "rejected"] {
-        let client = SseClient::connect(
-            &url,
-            "/events/news",
-            &[("Authorization", &format!("Bearer {token}"))],
-        )
-        .await
-        .unwrap();
+        let client = SseClient::with_bearer(&url, "/events/news", token)
+            .await
+            .unwrap();
         assert_refused(&client, 401, "Authentication required");
     }
-    let forbidden = SseClient::connect(
-        &url,
-        "/events/news",
-        &[("Authorization", "Bearer forbidden")],
-    )
-    .await
-    .unwrap();
+    let forbidden = SseClient::with_bearer(&url, "/events/news", "forbidden")
+        .await
+        .unwrap();
     assert_refused(&forbidden, 403, "Access denied to topic");
     let other_topic_only =
         jwt(json!({"sub": "u", "exp": chrono_like_now() + 3600, "permissions": ["sports:read"]}));
-    let client = SseClient::connect(
-        &url,
-        "/events/news",
-        &[("Authorization", &format!("Bearer {other_topic_only}"))],
-    )
-    .await
-    .unwrap();
+    let client = SseClient::with_bearer(&url, "/events/news", &other_topic_only)
+        .await
+        .unwrap();
     assert_refused(&client, 403, "Access denied to topic");
     for permissions in [json!(["news:read"]), json!(["*:read"])] {
         let token =
             jwt(json!({"sub": "u", "exp": chrono_like_now() + 3600, "permissions": permissions}));
-        let client = SseClient::connect(
-            &url,
-            "/events/news",
-            &[("Authorization", &format!("Bearer {token}"))],
-        )
-        .await
-        .unwrap();
+        let client = SseClient::with_bearer(&url, "/events/news", &token)
+            .await
+            .unwrap();
         assert_eq!(client.status, 200, "{}", client.body);
     }
-    let plain = SseClient::connect(&url, "/events/news", &[("Authorization", "Bearer good")])
+    let plain = SseClient::with_bearer(&url, "/events/news", "good")
         .await
         .unwrap();
     assert_eq!(plain.status, 200);
@@ -272,13 +256,9 @@ async fn verifications_are_cached_per_token_and_topic_with_ttl_and_lru() {
     let open = |token: &str, topic: &str| {
         let (url, token, topic) = (url.clone(), token.to_owned(), topic.to_owned());
         async move {
-            let client = SseClient::connect(
-                &url,
-                &format!("/events/{topic}"),
-                &[("Authorization", &format!("Bearer {token}"))],
-            )
-            .await
-            .unwrap();
+            let client = SseClient::with_bearer(&url, &format!("/events/{topic}"), &token)
+                .await
+                .unwrap();
             assert_eq!(client.status, 200, "{}", client.body);
         }
     };
@@ -323,7 +303,7 @@ async fn concurrent_misses_make_one_webhook_call() {
     let clients = futures_util::future::join_all((0..8).map(|_| {
         let url = url.clone();
         async move {
-            SseClient::connect(&url, "/events/news", &[("Authorization", "Bearer same")])
+            SseClient::with_bearer(&url, "/events/news", "same")
                 .await
                 .unwrap()
         }
@@ -352,13 +332,9 @@ async fn failures_are_retried_with_growing_waits() {
     ))
     .await;
     let proxy = auth_proxy(&webhook, |c| c.jwt_verifier.retry_attempts = 3).await;
-    let client = SseClient::connect(
-        &proxy.url(),
-        "/events/news",
-        &[("Authorization", "Bearer t")],
-    )
-    .await
-    .unwrap();
+    let client = SseClient::with_bearer(&proxy.url(), "/events/news", "t")
+        .await
+        .unwrap();
     assert_eq!(client.status, 200, "{}", client.body);
     let calls = webhook.calls.lock().unwrap().clone();
     assert_eq!(calls.len(), 3);
@@ -382,13 +358,9 @@ async fn the_breaker_opens_half_opens_and_closes_and_cached_tokens_keep_working(
     let subscribe = |token: &'static str| {
         let url = url.clone();
         async move {
-            SseClient::connect(
-                &url,
-                "/events/news",
-                &[("Authorization", &format!("Bearer {token}"))],
-            )
-            .await
-            .unwrap()
+            SseClient::with_bearer(&url, "/events/news", token)
+                .await
+                .unwrap()
         }
     };
     assert_eq!(subscribe("cached").await.status, 200);
@@ -465,13 +437,9 @@ async fn the_breaker_opens_half_opens_and_closes_and_cached_tokens_keep_working(
 async fn a_stream_closes_when_its_token_expires() {
     let webhook = WebhookFake::start(WebhookFake::granting(2, Duration::ZERO)).await;
     let proxy = auth_proxy(&webhook, |_| {}).await;
-    let mut client = SseClient::connect(
-        &proxy.url(),
-        "/events/news",
-        &[("Authorization", "Bearer short")],
-    )
-    .await
-    .unwrap();
+    let mut client = SseClient::with_bearer(&proxy.url(), "/events/news", "short")
+        .await
+        .unwrap();
     assert_eq!(client.status, 200);
     let last = client.next_event(Duration::from_secs(10)).await.unwrap();
     assert_eq!(last.event.as_deref(), Some("expired"));
@@ -737,13 +705,9 @@ async fn publishing_validates_bodies_and_checks_publishers() {
         assert_eq!(response.status(), expected, "token {token:?}");
     }
 
-    let mut news = SseClient::connect(
-        &proxy.url(),
-        "/events/news",
-        &[("Authorization", "Bearer sub")],
-    )
-    .await
-    .unwrap();
+    let mut news = SseClient::with_bearer(&proxy.url(), "/events/news", "sub")
+        .await
+        .unwrap();
     let batch = json!({"events": [
         {"topic": "news", "data": "one"},
         {"topic": "news", "event": "second", "data": "two", "id": "client-2"},
