@@ -105,18 +105,15 @@ impl Api {
     }
 
     /// Creates an instance with `body` and waits (a real browser's
-    /// [`crate::BROWSER_DEADLINE`]) until it runs.
-    pub async fn create_running(&self, body: &str) -> Running {
+    /// [`crate::BROWSER_DEADLINE`]) until it runs: its id, the create's
+    /// answer (with `urls`) and the instance's detail once running.
+    pub async fn create_running(&self, body: &str) -> (String, Value, Value) {
         let created = self.create(body).await;
         let id = created["id"].as_str().expect("an id").to_owned();
         let detail = self
             .wait_for_status(&id, "running", crate::BROWSER_DEADLINE)
             .await;
-        Running {
-            id,
-            created,
-            detail,
-        }
+        (id, created, detail)
     }
 
     /// Parks instance `id` (`POST …/dormant`), asserting 200; its answer.
@@ -159,14 +156,6 @@ impl Api {
         .await
         .unwrap()
     }
-}
-
-/// An instance created and seen running: its id, the create's answer (with
-/// `urls`) and the instance's detail once running.
-pub struct Running {
-    pub id: String,
-    pub created: Value,
-    pub detail: Value,
 }
 
 /// The keys of JSON object `value`, sorted (to compare a response's fields).

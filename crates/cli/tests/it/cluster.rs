@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use flotilla_testkit::{
-    Api, BROWSER_DEADLINE, EventReceiver, PgServer, Running, ServeProcess, StatusCode, wait_until,
+    Api, BROWSER_DEADLINE, EventReceiver, PgServer, ServeProcess, StatusCode, wait_until,
 };
 use serde_json::Value;
 
@@ -698,7 +698,7 @@ async fn browser_clients_use_only_the_control_planes_port_across_the_cluster() {
     let page = "data:text/html,<title>door across nodes</title>";
     let mut on_d1 = None;
     for node in ["d1", "d2"] {
-        let Running { id, created, .. } = api
+        let (id, created, _) = api
             .create_running(&format!(r#"{{"node_preference": "{node}"}}"#))
             .await;
         let debug = created["urls"]["debug"].as_str().unwrap().to_owned();

@@ -8,7 +8,7 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use flotilla_testkit::{
-    Api, Running, StatusCode, TestServe, run_node, run_node_with, spawn_serve_with, wait_until,
+    Api, StatusCode, TestServe, run_node, run_node_with, spawn_serve_with, wait_until,
     workspace_root,
 };
 
@@ -43,11 +43,7 @@ async fn door_serve(base_domain: Option<&str>) -> (TestServe, u16) {
 }
 
 async fn running(serve: &TestServe) -> Value {
-    let Running {
-        created,
-        detail: instance,
-        ..
-    } = serve.api.create_running("{}").await;
+    let (_, created, instance) = serve.api.create_running("{}").await;
     assert_eq!(instance["urls"], created["urls"]);
     instance
 }

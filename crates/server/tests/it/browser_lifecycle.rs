@@ -8,9 +8,8 @@ use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
 use flotilla_testkit::{
-    BROWSER_DEADLINE, EventReceiver, Running, SseClient, StatusCode, browser_main_pid,
-    browser_processes, run_node, serve_page, spawn_serve, spawn_serve_with,
-    wait_browser_processes_gone, wait_until,
+    BROWSER_DEADLINE, EventReceiver, SseClient, StatusCode, browser_main_pid, browser_processes,
+    run_node, serve_page, spawn_serve, spawn_serve_with, wait_browser_processes_gone, wait_until,
 };
 
 /// Sends one CDP command over a fresh WebSocket and returns its result.
@@ -219,11 +218,7 @@ async fn browser_create_drive_with_cdp_playwright_puppeteer_then_delete() {
 #[tokio::test]
 async fn browser_force_delete_and_headless_shell_image() {
     let serve = spawn_serve().await;
-    let Running {
-        id,
-        created,
-        detail,
-    } = serve
+    let (id, created, detail) = serve
         .api
         .create_running(r#"{"image": "chromium-headless-shell", "config": {"memory_gb": 1}}"#)
         .await;
@@ -285,7 +280,7 @@ async fn browser_launch_failure_and_crash_are_recorded_with_reasons() {
     }
 
     // A browser that dies on its own → stopped, with the exit reason.
-    let Running { id, .. } = serve.api.create_running("{}").await;
+    let (id, _, _) = serve.api.create_running("{}").await;
     let main =
         browser_main_pid(&serve.instances_dir().join(&id)).expect("the browser's main process");
     // SAFETY: kill has no memory-safety preconditions.

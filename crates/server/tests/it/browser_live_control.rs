@@ -11,7 +11,7 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
-use flotilla_testkit::{BROWSER_DEADLINE, Page, Running, TestServe, serve_page, spawn_serve_with};
+use flotilla_testkit::{BROWSER_DEADLINE, Page, TestServe, serve_page, spawn_serve_with};
 
 const PAGE: &str = r#"<!doctype html><title>controls</title>
 <style>body{margin:0}#b{position:absolute;left:100px;top:100px;width:200px;height:80px}
@@ -160,7 +160,7 @@ async fn rect_of(page: &Page, selector: &str) -> Value {
 }
 
 async fn running(serve: &TestServe) -> Value {
-    let Running { created, .. } = serve.api.create_running("{}").await;
+    let (_, created, _) = serve.api.create_running("{}").await;
     created
 }
 
@@ -323,7 +323,7 @@ async fn browser_live_links_show_the_view_without_a_key_until_they_expire_or_are
     })
     .await;
     let api = flotilla_testkit::Api::with_key(serve.api.base.clone(), KEY);
-    let Running { id, created, .. } = api.create_running("{}").await;
+    let (id, created, _) = api.create_running("{}").await;
     let page_url = format!("{}/", pages.base);
     let page = Page::open(created["urls"]["debug"].as_str().unwrap(), &page_url)
         .await

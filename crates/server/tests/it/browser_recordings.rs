@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use flotilla_testkit::{
-    BROWSER_DEADLINE, Page, Running, serve_page, spawn_serve_in, spawn_serve_with, wait_until,
+    BROWSER_DEADLINE, Page, serve_page, spawn_serve_in, spawn_serve_with, wait_until,
 };
 
 const ANIMATED: &str = r#"<!doctype html><title>moving</title>
@@ -58,11 +58,7 @@ async fn record_animated_page(
     config: &str,
     seconds: f64,
 ) -> (String, Page) {
-    let Running {
-        id,
-        created,
-        detail,
-    } = serve
+    let (id, created, detail) = serve
         .api
         .create_running(&format!(r#"{{"config": {config}}}"#))
         .await;

@@ -6,12 +6,12 @@ use std::time::Duration;
 use serde_json::Value;
 
 use flotilla_testkit::{
-    BROWSER_DEADLINE, Page, Running, StatusCode, TestServe, browser_processes, serve_page,
-    spawn_serve, spawn_serve_with, wait_browser_processes_gone, wait_until,
+    BROWSER_DEADLINE, Page, StatusCode, TestServe, browser_processes, serve_page, spawn_serve,
+    spawn_serve_with, wait_browser_processes_gone, wait_until,
 };
 
 async fn running_instance(serve: &TestServe, body: &str) -> Value {
-    let Running { created, .. } = serve.api.create_running(body).await;
+    let (_, created, _) = serve.api.create_running(body).await;
     created
 }
 

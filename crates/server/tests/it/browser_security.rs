@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use flotilla_testkit::{
-    Api, BROWSER_DEADLINE, Page, Running, StatusCode, TestServe, browser_processes, run_node,
-    serve_page, spawn_serve_with, wait_until,
+    Api, BROWSER_DEADLINE, Page, StatusCode, TestServe, browser_processes, run_node, serve_page,
+    spawn_serve_with, wait_until,
 };
 
 const API_KEY: &str = "test-api-key-0123456789";
@@ -34,11 +34,7 @@ async fn serve_with_auth(adjust: impl FnOnce(&mut flotilla_server::FlotillaConfi
 
 /// Creates an instance and waits until it runs; its get view.
 async fn running_instance(serve: &TestServe) -> Value {
-    let Running {
-        created,
-        detail: running,
-        ..
-    } = serve.api.create_running("{}").await;
+    let (_, created, running) = serve.api.create_running("{}").await;
     assert_eq!(
         running["urls"], created["urls"],
         "get shows the create's urls"
@@ -243,9 +239,7 @@ async fn browser_instance_ports_admit_only_an_api_key_or_their_own_token() {
 #[tokio::test]
 async fn browser_instance_ports_are_open_without_authentication() {
     let serve = spawn_serve_with(|_| {}).await;
-    let Running {
-        detail: instance, ..
-    } = serve.api.create_running("{}").await;
+    let (_, _, instance) = serve.api.create_running("{}").await;
     let debug_url = instance["urls"]["debug"].as_str().unwrap();
     assert!(!debug_url.contains("token="), "{debug_url}");
     let (status, version) = request(port(&instance, "debug_port"), "/json/version", None).await;

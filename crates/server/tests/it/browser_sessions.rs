@@ -8,8 +8,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use flotilla_testkit::{
-    BROWSER_DEADLINE, Page, Running, StatusCode, browser_processes, serve_page, spawn_serve_with,
-    wait_until,
+    BROWSER_DEADLINE, Page, StatusCode, browser_processes, serve_page, spawn_serve_with, wait_until,
 };
 
 const PROXY_USER: &str = "flotilla";
@@ -139,11 +138,7 @@ async fn browser_an_upstream_proxy_carries_every_request_and_keeps_its_credentia
         );
     }
 
-    let Running {
-        id,
-        created,
-        detail,
-    } = serve
+    let (id, created, detail) = serve
         .api
         .create_running(&proxy_body(proxy.port, PROXY_PASSWORD))
         .await;
@@ -253,7 +248,7 @@ async fn browser_downloads_are_listed_served_kept_across_park_and_deleted() {
     })
     .await;
     serve.api = flotilla_testkit::Api::with_key(serve.api.base.clone(), "downloads-key");
-    let Running { id, created, .. } = serve.api.create_running("{}").await;
+    let (id, created, _) = serve.api.create_running("{}").await;
     let debug = created["urls"]["debug"].as_str().unwrap();
 
     // Playwright over CDP: the download event and its name; the file itself
@@ -404,11 +399,7 @@ async fn start_on_profile(
     persist: bool,
     url: &str,
 ) -> (String, Page) {
-    let Running {
-        id,
-        created,
-        detail: got,
-    } = api
+    let (id, created, got) = api
         .create_running(&format!(
             r#"{{"profile": {{"name": "{profile}", "persist": {persist}}}}}"#
         ))
