@@ -45,6 +45,8 @@ struct AgentSpec<'a> {
     max_instances: &'a str,
     ports: &'a str,
     sim: bool,
+    /// More environment (e.g. a shared snapshot store).
+    env: &'a [(&'a str, &'a str)],
 }
 
 async fn agent(control_url: &str, dir: &Path, spec: &AgentSpec<'_>) -> ServeProcess {
@@ -59,6 +61,7 @@ async fn agent(control_url: &str, dir: &Path, spec: &AgentSpec<'_>) -> ServeProc
     if spec.sim {
         env.push(("FLOTILLA_AGENT__RUNTIME", "sim"));
     }
+    env.extend_from_slice(spec.env);
     ServeProcess::start_command(
         binary(),
         &["agent", "--control-plane", control_url, "--data-dir", &data],
@@ -132,6 +135,7 @@ async fn cluster_capacity_preference_node_loss_and_reconciliation() {
         max_instances: "10",
         ports,
         sim: true,
+        env: &[],
     };
     let mut n1 = agent(&url, &temp.path().join("n1"), &spec("n1", "21000-21999")).await;
     let n2_dir: PathBuf = temp.path().join("n2");
@@ -277,6 +281,7 @@ async fn a_second_agent_with_the_same_node_id_is_refused_and_a_restart_is_not() 
         max_instances: "5",
         ports,
         sim: true,
+        env: &[],
     };
     let mut first = agent(&url, &temp.path().join("first"), &spec("25000-25099")).await;
     wait_nodes(api, &[("twin", "online")]).await;
@@ -402,6 +407,7 @@ async fn browser_cluster_places_real_chromium_on_three_agents() {
             max_instances: "2",
             ports,
             sim: false,
+            env: &[],
         };
         agents.push(agent(&url, &temp.path().join(node), &spec).await);
     }
@@ -504,6 +510,7 @@ async fn two_control_planes_share_one_postgres() {
         max_instances: "10",
         ports,
         sim: true,
+        env: &[],
     };
     let _n1 = agent(
         &a.api.base,
@@ -593,25 +600,14 @@ async fn revive_moves_to_another_node_when_its_node_is_gone() {
     let api = &cp.api;
     let mut agents = Vec::new();
     for (node, ports) in [("r1", "26000-26099"), ("r2", "26100-26199")] {
-        let data = temp.path().join(node).display().to_string();
-        let env = [
-            ("FLOTILLA_CLUSTER_TOKEN", TOKEN),
-            ("FLOTILLA_AGENT__NODE_ID", node),
-            ("FLOTILLA_AGENT__PORT_RANGE", ports),
-            ("FLOTILLA_AGENT__RUNTIME", "sim"),
-            ("FLOTILLA_SNAPSHOTS__URL", snapshots_url.as_str()),
-        ];
-        agents.push(
-            ServeProcess::start_command(
-                binary(),
-                &["agent", "--control-plane", &api.base, "--data-dir", &data],
-                &temp.path().join(node),
-                &env,
-                "node agent listening on ",
-            )
-            .await
-            .unwrap(),
-        );
+        let spec = AgentSpec {
+            node,
+            max_instances: "10",
+            ports,
+            sim: true,
+            env: &[("FLOTILLA_SNAPSHOTS__URL", snapshots_url.as_str())],
+        };
+        agents.push(agent(&api.base, &temp.path().join(node), &spec).await);
     }
     wait_nodes(api, &[("r1", "online"), ("r2", "online")]).await;
     let created = api.create(r#"{"node_preference": "r1"}"#).await;
@@ -674,25 +670,14 @@ async fn browser_clients_use_only_the_control_planes_port_across_the_cluster() {
     let api = Api::with_key(cp.api.base.clone(), "door-cluster-key");
     let mut agents = Vec::new();
     for (node, ports) in [("d1", "27000-27099"), ("d2", "27100-27199")] {
-        let data = temp.path().join(node).display().to_string();
-        let env = [
-            ("FLOTILLA_CLUSTER_TOKEN", TOKEN),
-            ("FLOTILLA_AGENT__NODE_ID", node),
-            ("FLOTILLA_AGENT__PORT_RANGE", ports),
-            ("FLOTILLA_AGENT__WARM_POOL_SIZE", "0"),
-            ("FLOTILLA_SNAPSHOTS__URL", snapshots_url.as_str()),
-        ];
-        agents.push(
-            ServeProcess::start_command(
-                binary(),
-                &["agent", "--control-plane", &api.base, "--data-dir", &data],
-                &temp.path().join(node),
-                &env,
-                "node agent listening on ",
-            )
-            .await
-            .unwrap(),
-        );
+        let spec = AgentSpec {
+            node,
+            max_instances: "10",
+            ports,
+            sim: false,
+            env: &[("FLOTILLA_SNAPSHOTS__URL", snapshots_url.as_str())],
+        };
+        agents.push(agent(&api.base, &temp.path().join(node), &spec).await);
     }
     wait_nodes(&api, &[("d1", "online"), ("d2", "online")]).await;
     let page = "data:text/html,<title>door across nodes</title>";
