@@ -166,46 +166,25 @@ async fn browser_an_upstream_proxy_carries_every_request_and_keeps_its_credentia
     );
     assert!(site.requested().contains(&"/".to_owned()));
 
-    // Without the proxy the site is out of reach (egress does not open it).
-    let plain = serve.api.create("{}").await;
-    let plain_id = plain["id"].as_str().unwrap().to_owned();
-    serve
-        .api
-        .wait_for_status(&plain_id, "running", BROWSER_DEADLINE)
-        .await;
-    let other = Page::open(plain["urls"]["debug"].as_str().unwrap(), "data:text/html,x")
+    // Without the proxy the site is out of reach (egress does not open it),
+    // and with wrong credentials the page does not load.
+    for body in ["{}".to_owned(), proxy_body(proxy.port, "wrong-password")] {
+        let (_, created, _) = serve.api.create_running(&body).await;
+        let refused = Page::open(
+            created["urls"]["debug"].as_str().unwrap(),
+            "data:text/html,x",
+        )
         .await
         .unwrap();
-    let answer = other
-        .try_navigate(&format!("{}/", site.base))
-        .await
-        .unwrap();
-    assert!(
-        answer["errorText"].as_str().is_some_and(|e| !e.is_empty()),
-        "{answer}"
-    );
-
-    // Wrong credentials: the page does not load.
-    let wrong = serve
-        .api
-        .create(&proxy_body(proxy.port, "wrong-password"))
-        .await;
-    let wrong_id = wrong["id"].as_str().unwrap().to_owned();
-    serve
-        .api
-        .wait_for_status(&wrong_id, "running", BROWSER_DEADLINE)
-        .await;
-    let refused = Page::open(wrong["urls"]["debug"].as_str().unwrap(), "data:text/html,x")
-        .await
-        .unwrap();
-    let answer = refused
-        .try_navigate(&format!("{}/", site.base))
-        .await
-        .unwrap();
-    assert!(
-        answer["errorText"].as_str().is_some_and(|e| !e.is_empty()),
-        "{answer}"
-    );
+        let answer = refused
+            .try_navigate(&format!("{}/", site.base))
+            .await
+            .unwrap();
+        assert!(
+            answer["errorText"].as_str().is_some_and(|e| !e.is_empty()),
+            "{body}: {answer}"
+        );
+    }
 
     // The password is nowhere a client or the browser could read it.
     let (_, list) = serve.api.get("/v2/instances").await;
