@@ -169,3 +169,15 @@ pub fn sorted_keys(value: &Value) -> Vec<&str> {
     keys.sort_unstable();
     keys
 }
+
+/// `GET url` (no credential), its body as JSON.
+pub async fn get_json(url: &str) -> Value {
+    let response = reqwest::get(url).await.expect("GET answers");
+    response.json().await.expect("a JSON body")
+}
+
+/// `GET url` (no credential), its body as text.
+pub async fn get_text(url: &str) -> String {
+    let response = reqwest::get(url).await.expect("GET answers");
+    response.text().await.expect("a text body")
+}

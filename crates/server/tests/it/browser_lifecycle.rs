@@ -9,7 +9,8 @@ use tokio_tungstenite::tungstenite::Message;
 
 use flotilla_testkit::{
     BROWSER_DEADLINE, EventReceiver, SseClient, StatusCode, browser_main_pid, browser_processes,
-    run_node, serve_page, spawn_serve, spawn_serve_with, wait_browser_processes_gone, wait_until,
+    get_json, run_node, serve_page, spawn_serve, spawn_serve_with, wait_browser_processes_gone,
+    wait_until,
 };
 
 /// Sends one CDP command over a fresh WebSocket and returns its result.
@@ -87,28 +88,14 @@ async fn browser_create_drive_with_cdp_playwright_puppeteer_then_delete() {
     );
 
     // /json/version through the gateway shows the gateway's address.
-    let http = reqwest::Client::new();
-    let json_version: Value = http
-        .get(format!("http://127.0.0.1:{debug_port}/json/version"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let json_version: Value =
+        get_json(&format!("http://127.0.0.1:{debug_port}/json/version")).await;
     let advertised = json_version["webSocketDebuggerUrl"].as_str().unwrap();
     assert!(
         advertised.starts_with(&format!("ws://127.0.0.1:{debug_port}/devtools/browser/")),
         "{advertised}"
     );
-    let tabs: Value = http
-        .get(format!("http://127.0.0.1:{debug_port}/json/list"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let tabs: Value = get_json(&format!("http://127.0.0.1:{debug_port}/json/list")).await;
     for tab in tabs.as_array().unwrap() {
         if let Some(ws) = tab["webSocketDebuggerUrl"].as_str() {
             assert!(

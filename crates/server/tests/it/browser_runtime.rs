@@ -6,8 +6,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use flotilla_testkit::{
-    BROWSER_DEADLINE, Page, StatusCode, TestServe, browser_processes, serve_page, spawn_serve,
-    spawn_serve_with, wait_browser_processes_gone, wait_until,
+    BROWSER_DEADLINE, Page, StatusCode, TestServe, browser_processes, get_json, get_text,
+    serve_page, spawn_serve, spawn_serve_with, wait_browser_processes_gone, wait_until,
 };
 
 async fn running_instance(serve: &TestServe, body: &str) -> Value {
@@ -274,14 +274,7 @@ async fn browser_instance_api_serves_tabs_screenshot_and_page() {
     let http = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{http_port}");
 
-    let tabs: Value = http
-        .get(format!("{base}/tabs"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let tabs: Value = get_json(&format!("{base}/tabs")).await;
     let tab = tabs
         .as_array()
         .unwrap()
@@ -326,14 +319,7 @@ async fn browser_instance_api_serves_tabs_screenshot_and_page() {
         .unwrap();
     assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
 
-    let index = http
-        .get(format!("{base}/"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let index = get_text(&format!("{base}/")).await;
     assert!(
         index.contains(&format!(":{stream_port}/")),
         "the page embeds the live view: {index}"
