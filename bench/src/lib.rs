@@ -324,26 +324,7 @@ impl Tab {
     pub async fn open(debug_url: &str) -> anyhow::Result<Self> {
         use serde_json::json;
         let client = flotilla_node_agent::cdp::CdpClient::connect(debug_url).await?;
-        let target = client
-            .call(
-                "Target.createTarget",
-                json!({"url": "about:blank"}),
-                None,
-                CDP_TIMEOUT,
-            )
-            .await?;
-        let attached = client
-            .call(
-                "Target.attachToTarget",
-                json!({"targetId": target["targetId"], "flatten": true}),
-                None,
-                CDP_TIMEOUT,
-            )
-            .await?;
-        let session = attached["sessionId"]
-            .as_str()
-            .context("sessionId")?
-            .to_owned();
+        let (_, session) = client.open_tab("about:blank", CDP_TIMEOUT).await?;
         client
             .call("Page.enable", json!({}), Some(&session), CDP_TIMEOUT)
             .await?;

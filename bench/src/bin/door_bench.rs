@@ -36,23 +36,8 @@ fn rss_kib(pid: u32) -> f64 {
 
 /// A page session on `url` (a browser-target WebSocket URL).
 async fn page_session(url: &str, page: &str) -> anyhow::Result<(CdpClient, String)> {
-    let timeout = Duration::from_secs(60);
     let client = CdpClient::connect(url).await?;
-    let target = client
-        .call("Target.createTarget", json!({"url": page}), None, timeout)
-        .await?;
-    let attached = client
-        .call(
-            "Target.attachToTarget",
-            json!({"targetId": target["targetId"], "flatten": true}),
-            None,
-            timeout,
-        )
-        .await?;
-    let session = attached["sessionId"]
-        .as_str()
-        .context("session")?
-        .to_owned();
+    let (_, session) = client.open_tab(page, Duration::from_secs(60)).await?;
     Ok((client, session))
 }
 

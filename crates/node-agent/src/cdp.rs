@@ -41,6 +41,17 @@ pub enum CdpError {
     Timeout { method: String, timeout: Duration },
 }
 
+/// The string `field` of `method`'s answer.
+fn answer_field(answer: &Value, method: &str, field: &str) -> Result<String, CdpError> {
+    answer[field]
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| CdpError::Protocol {
+            method: method.to_owned(),
+            message: format!("the answer has no {field}: {answer}"),
+        })
+}
+
 /// One CDP event.
 #[derive(Debug, Clone)]
 pub struct CdpEvent {
@@ -215,6 +226,24 @@ impl CdpClient {
     }
 
     /// Sends a command and waits for its result (at most `timeout`).
+    /// Opens a new tab at `url` and attaches to it with a flat session:
+    /// `(target id, session id)`.
+    pub async fn open_tab(
+        &self,
+        url: &str,
+        timeout: Duration,
+    ) -> Result<(String, String), CdpError> {
+        let method = "Target.createTarget";
+        let target = self
+            .call(method, json!({"url": url}), None, timeout)
+            .await?;
+        let target_id = answer_field(&target, method, "targetId")?;
+        let method = "Target.attachToTarget";
+        let params = json!({"targetId": target_id, "flatten": true});
+        let attached = self.call(method, params, None, timeout).await?;
+        Ok((target_id, answer_field(&attached, method, "sessionId")?))
+    }
+
     pub async fn call(
         &self,
         method: &str,

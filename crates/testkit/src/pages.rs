@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 use serde_json::Value;
 
 use crate::wait_until;
@@ -88,27 +88,7 @@ impl Page {
     /// Opens a new tab at `url` in the browser behind `debug_url` and waits for it to load.
     pub async fn open(debug_url: &str, url: &str) -> anyhow::Result<Self> {
         let client = flotilla_node_agent::cdp::CdpClient::connect(debug_url).await?;
-        let target = client
-            .call(
-                "Target.createTarget",
-                serde_json::json!({"url": "about:blank"}),
-                None,
-                CDP_TIMEOUT,
-            )
-            .await?;
-        let target_id = target["targetId"].as_str().context("targetId")?.to_owned();
-        let attached = client
-            .call(
-                "Target.attachToTarget",
-                serde_json::json!({"targetId": target_id, "flatten": true}),
-                None,
-                CDP_TIMEOUT,
-            )
-            .await?;
-        let session = attached["sessionId"]
-            .as_str()
-            .context("sessionId")?
-            .to_owned();
+        let (_, session) = client.open_tab("about:blank", CDP_TIMEOUT).await?;
         let page = Self { client, session };
         page.navigate(url).await?;
         Ok(page)
