@@ -285,6 +285,41 @@ pub async fn open_sse_stream(port: u16, topic: &str) -> anyhow::Result<tokio::ne
     Ok(stream)
 }
 
+/// Creates an instance with `body` and waits until it runs (see
+/// [`wait_running`]); the create's answer.
+pub async fn create_running(
+    http: &reqwest::Client,
+    base: &str,
+    body: &str,
+    poll: Duration,
+) -> anyhow::Result<serde_json::Value> {
+    let created: serde_json::Value = http
+        .post(format!("{base}/v2/instances"))
+        .body(body.to_owned())
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    let id = created["id"].as_str().context("id")?;
+    wait_running(http, base, id, poll).await?;
+    Ok(created)
+}
+
+/// A client that sends `Authorization: Bearer <key>` with every request.
+pub fn client_with_key(key: &str) -> anyhow::Result<reqwest::Client> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::AUTHORIZATION,
+        format!("Bearer {key}").parse()?,
+    );
+    Ok(reqwest::Client::builder()
+        .no_proxy()
+        .default_headers(headers)
+        .timeout(Duration::from_secs(120))
+        .build()?)
+}
+
 /// Waits (120 s at most, polling every `poll`) until instance `id` is
 /// `running`; its detail. A `failed` or `stopped` instance is an error.
 pub async fn wait_running(

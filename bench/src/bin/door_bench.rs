@@ -20,7 +20,9 @@ use anyhow::{Context as _, bail};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
-use flotilla_bench::{ServeProcess, number_flag, percentile, text_flag};
+use flotilla_bench::{
+    ServeProcess, client_with_key, create_running, number_flag, percentile, text_flag,
+};
 use flotilla_node_agent::cdp::CdpClient;
 
 const KEY: &str = "door-bench-key";
@@ -116,7 +118,7 @@ async fn main() -> anyhow::Result<()> {
         .no_proxy()
         .timeout(Duration::from_secs(120))
         .build()?;
-    let (serve, created, _dir) = start_with_instance(&binary, &http).await?;
+    let (serve, created, _dir) = start_with_instance(&binary).await?;
     let id = created["id"].as_str().context("id")?.to_owned();
     let direct = created["urls"]["debug"]
         .as_str()
@@ -255,7 +257,7 @@ async fn main() -> anyhow::Result<()> {
     println!("| path | RSS growth per connection |");
     println!("|---|---|");
     for door_path in [false, true, false, true] {
-        let (serve, created, _dir) = start_with_instance(&binary, &http).await?;
+        let (serve, created, _dir) = start_with_instance(&binary).await?;
         let pid = serve.child.id().context("serve pid")?;
         let direct = created["urls"]["debug"].as_str().context("debug")?;
         let token = direct.split_once("?token=").context("token")?.1;
@@ -295,7 +297,6 @@ async fn main() -> anyhow::Result<()> {
 /// create answer).
 async fn start_with_instance(
     binary: &std::path::Path,
-    http: &reqwest::Client,
 ) -> anyhow::Result<(ServeProcess, Value, tempfile::TempDir)> {
     let dir = tempfile::Builder::new()
         .prefix("flotilla-door-bench-")
@@ -308,32 +309,7 @@ async fn start_with_instance(
         ),
     )?;
     let serve = ServeProcess::start(binary, &dir.path().join("data"), Some(&config)).await?;
-    let created: Value = http
-        .post(format!("{}/v2/instances", serve.url))
-        .bearer_auth(KEY)
-        .body("{}")
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
-        .await?;
-    let id = created["id"].as_str().context("id")?.to_owned();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let detail: Value = http
-            .get(format!("{}/v2/instances/{id}", serve.url))
-            .bearer_auth(KEY)
-            .send()
-            .await?
-            .json()
-            .await?;
-        if detail["status"] == "running" {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!("instance {id} is {}", detail["status"]);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let keyed = client_with_key(KEY)?;
+    let created = create_running(&keyed, &serve.url, "{}", Duration::from_millis(50)).await?;
     Ok((serve, created, dir))
 }

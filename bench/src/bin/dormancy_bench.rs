@@ -56,16 +56,8 @@ impl Bench {
     }
 
     async fn wait_running(&self) -> anyhow::Result<Value> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let detail = self.status().await?;
-            match detail["status"].as_str() {
-                Some("running") => return Ok(detail),
-                Some("failed" | "stopped") => bail!("instance failed: {detail}"),
-                _ if Instant::now() > deadline => bail!("not running after 60 s: {detail}"),
-                _ => tokio::time::sleep(Duration::from_millis(5)).await,
-            }
-        }
+        let poll = Duration::from_millis(5);
+        flotilla_bench::wait_running(&self.http, &self.base, &self.id, poll).await
     }
 
     async fn post(&self, path: &str, body: &str) -> anyhow::Result<Value> {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use serde_json::Value;
 
-use flotilla_bench::{ServeProcess, mem_available_mib};
+use flotilla_bench::{ServeProcess, create_running, mem_available_mib};
 
 struct Args {
     mode: String,
@@ -79,32 +79,7 @@ impl Bench {
     }
 
     async fn create(&self, body: &str) -> anyhow::Result<Value> {
-        let created: Value = self
-            .http
-            .post(format!("{}/v2/instances", self.serve.url))
-            .body(body.to_owned())
-            .send()
-            .await?
-            .error_for_status()?
-            .json()
-            .await?;
-        let id = created["id"].as_str().context("id")?.to_owned();
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let detail: Value = self
-                .http
-                .get(format!("{}/v2/instances/{id}", self.serve.url))
-                .send()
-                .await?
-                .json()
-                .await?;
-            match detail["status"].as_str() {
-                Some("running") => return Ok(created),
-                Some("failed" | "stopped") => bail!("instance failed: {detail}"),
-                _ if Instant::now() > deadline => bail!("instance not running after 120 s"),
-                _ => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
-        }
+        create_running(&self.http, &self.serve.url, body, Duration::from_millis(50)).await
     }
 
     async fn instances(&self) -> anyhow::Result<Vec<Value>> {
