@@ -73,6 +73,29 @@ async fn agent(control_url: &str, dir: &Path, spec: &AgentSpec<'_>) -> ServeProc
     .expect("agent starts")
 }
 
+/// Agents on `nodes` (id, port range) that share the snapshot store at
+/// `snapshots_url`, each with its data under `dir`.
+async fn agents_sharing(
+    control_url: &str,
+    dir: &Path,
+    nodes: [(&str, &str); 2],
+    sim: bool,
+    snapshots_url: &str,
+) -> Vec<ServeProcess> {
+    let mut agents = Vec::new();
+    for (node, ports) in nodes {
+        let spec = AgentSpec {
+            node,
+            max_instances: "10",
+            ports,
+            sim,
+            env: &[("FLOTILLA_SNAPSHOTS__URL", snapshots_url)],
+        };
+        agents.push(agent(control_url, &dir.join(node), &spec).await);
+    }
+    agents
+}
+
 async fn wait_nodes(api: &Api, want: &[(&str, &str)]) {
     wait_until(Duration::from_secs(60), "node statuses", || async {
         let (_, body) = api.get("/v2/nodes").await;
@@ -598,17 +621,8 @@ async fn revive_moves_to_another_node_when_its_node_is_gone() {
     )
     .await;
     let api = &cp.api;
-    let mut agents = Vec::new();
-    for (node, ports) in [("r1", "26000-26099"), ("r2", "26100-26199")] {
-        let spec = AgentSpec {
-            node,
-            max_instances: "10",
-            ports,
-            sim: true,
-            env: &[("FLOTILLA_SNAPSHOTS__URL", snapshots_url.as_str())],
-        };
-        agents.push(agent(&api.base, &temp.path().join(node), &spec).await);
-    }
+    let nodes = [("r1", "26000-26099"), ("r2", "26100-26199")];
+    let mut agents = agents_sharing(&api.base, temp.path(), nodes, true, &snapshots_url).await;
     wait_nodes(api, &[("r1", "online"), ("r2", "online")]).await;
     let created = api.create(r#"{"node_preference": "r1"}"#).await;
     let id = created["id"].as_str().unwrap().to_owned();
@@ -668,17 +682,8 @@ async fn browser_clients_use_only_the_control_planes_port_across_the_cluster() {
     .await
     .unwrap();
     let api = Api::with_key(cp.api.base.clone(), "door-cluster-key");
-    let mut agents = Vec::new();
-    for (node, ports) in [("d1", "27000-27099"), ("d2", "27100-27199")] {
-        let spec = AgentSpec {
-            node,
-            max_instances: "10",
-            ports,
-            sim: false,
-            env: &[("FLOTILLA_SNAPSHOTS__URL", snapshots_url.as_str())],
-        };
-        agents.push(agent(&api.base, &temp.path().join(node), &spec).await);
-    }
+    let nodes = [("d1", "27000-27099"), ("d2", "27100-27199")];
+    let mut agents = agents_sharing(&api.base, temp.path(), nodes, false, &snapshots_url).await;
     wait_nodes(&api, &[("d1", "online"), ("d2", "online")]).await;
     let page = "data:text/html,<title>door across nodes</title>";
     let mut on_d1 = None;

@@ -93,16 +93,20 @@ async fn page_urls(debug_port: u64) -> Vec<String> {
         .collect()
 }
 
+/// The test site, `serve` allowed to browse it, and a running instance
+/// with state (see [`running_with_state`]): its id and `urls.debug`.
+async fn serve_with_state() -> (PageServer, TestServe, String, String) {
+    let pages = site().await;
+    let serve = spawn_serve_with(|config| pages.allow_in(config)).await;
+    let (id, debug_url) = running_with_state(&serve, &pages).await;
+    (pages, serve, id, debug_url)
+}
+
 /// A running instance whose page at `/state` stored cookies and storage;
 /// its id and `urls.debug`.
 async fn running_with_state(serve: &TestServe, pages: &PageServer) -> (String, String) {
-    let created = serve.api.create("{}").await;
-    let id = created["id"].as_str().unwrap().to_owned();
+    let (id, created, _) = serve.api.create_running("{}").await;
     let debug_url = created["urls"]["debug"].as_str().unwrap().to_owned();
-    serve
-        .api
-        .wait_for_status(&id, "running", BROWSER_DEADLINE)
-        .await;
     let page = Page::open(&debug_url, &format!("{}/state", pages.base))
         .await
         .unwrap();
@@ -409,9 +413,7 @@ async fn browser_idle_instances_park_themselves_and_activity_wakes_idle_ones() {
 
 #[tokio::test]
 async fn browser_a_cdp_client_wakes_a_dormant_instance() {
-    let pages = site().await;
-    let serve = spawn_serve_with(|config| pages.allow_in(config)).await;
-    let (id, debug_url) = running_with_state(&serve, &pages).await;
+    let (pages, serve, id, debug_url) = serve_with_state().await;
     serve.api.park(&id).await;
 
     // Playwright connects to the dormant instance's unchanged urls.debug.
@@ -430,9 +432,7 @@ async fn browser_a_cdp_client_wakes_a_dormant_instance() {
 
 #[tokio::test]
 async fn browser_a_park_that_cannot_store_its_snapshot_leaves_the_instance_running() {
-    let pages = site().await;
-    let serve = spawn_serve_with(|config| pages.allow_in(config)).await;
-    let (id, debug_url) = running_with_state(&serve, &pages).await;
+    let (pages, serve, id, debug_url) = serve_with_state().await;
 
     // The snapshot directory becomes a file: every write into it fails.
     let snapshots = serve.data_dir.canonicalize().unwrap().join("snapshots");
