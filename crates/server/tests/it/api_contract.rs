@@ -164,41 +164,31 @@ async fn invalid_create_bodies_are_400_naming_the_field() {
 #[tokio::test]
 async fn full_node_gives_503_insufficient_capacity() {
     let serve = spawn_sim_serve(2).await;
-    assert_error(
-        serve
-            .api
-            .post("/v2/instances", r#"{"config": {"memory_gb": 1000}}"#)
-            .await,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "insufficient_capacity",
-        "memory",
-    );
-    assert_error(
-        serve
-            .api
-            .post("/v2/instances", r#"{"config": {"cpu_cores": 256}}"#)
-            .await,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "insufficient_capacity",
-        "cpu_cores",
-    );
+    let too_big = [
+        (r#"{"config": {"memory_gb": 1000}}"#, "memory"),
+        (r#"{"config": {"cpu_cores": 256}}"#, "cpu_cores"),
+    ];
+    for (body, mention) in too_big {
+        assert_error(
+            serve.api.post("/v2/instances", body).await,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "insufficient_capacity",
+            mention,
+        );
+    }
     serve.api.create("{}").await;
     serve.api.create("{}").await;
-    assert_error(
-        serve.api.post("/v2/instances", "{}").await,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "insufficient_capacity",
-        "full",
-    );
-    assert_error(
-        serve
-            .api
-            .post("/v2/instances", r#"{"node_preference": "test-node"}"#)
-            .await,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "insufficient_capacity",
-        "test-node",
-    );
+    for (body, mention) in [
+        ("{}", "full"),
+        (r#"{"node_preference": "test-node"}"#, "test-node"),
+    ] {
+        assert_error(
+            serve.api.post("/v2/instances", body).await,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "insufficient_capacity",
+            mention,
+        );
+    }
 
     // Deleting frees the slot.
     let (_, list) = serve.api.get("/v2/instances").await;
@@ -211,30 +201,20 @@ async fn full_node_gives_503_insufficient_capacity() {
 #[tokio::test]
 async fn unknown_ids_paths_and_methods() {
     let serve = spawn_sim_serve(2).await;
-    assert_error(
-        serve.api.get("/v2/instances/nope").await,
-        StatusCode::NOT_FOUND,
-        "not_found",
-        "nope",
-    );
-    assert_error(
-        serve.api.delete("/v2/instances/nope").await,
-        StatusCode::NOT_FOUND,
-        "not_found",
-        "nope",
-    );
-    assert_error(
-        serve.api.get("/v2/nodes/nope").await,
-        StatusCode::NOT_FOUND,
-        "not_found",
-        "nope",
-    );
-    assert_error(
-        serve.api.get("/v3/things").await,
-        StatusCode::NOT_FOUND,
-        "not_found",
-        "/v3/things",
-    );
+    let unknown = [
+        (reqwest::Method::GET, "/v2/instances/nope", "nope"),
+        (reqwest::Method::DELETE, "/v2/instances/nope", "nope"),
+        (reqwest::Method::GET, "/v2/nodes/nope", "nope"),
+        (reqwest::Method::GET, "/v3/things", "/v3/things"),
+    ];
+    for (method, path, mention) in unknown {
+        assert_error(
+            serve.api.call(method, path, None).await,
+            StatusCode::NOT_FOUND,
+            "not_found",
+            mention,
+        );
+    }
     assert_error(
         serve
             .api
@@ -246,24 +226,17 @@ async fn unknown_ids_paths_and_methods() {
     );
     let created = serve.api.create("{}").await;
     let id = created["id"].as_str().unwrap();
-    assert_error(
-        serve
-            .api
-            .delete(&format!("/v2/instances/{id}?force=maybe"))
-            .await,
-        StatusCode::BAD_REQUEST,
-        "invalid_request",
-        "force",
-    );
-    assert_error(
-        serve
-            .api
-            .delete(&format!("/v2/instances/{id}?forse=true"))
-            .await,
-        StatusCode::BAD_REQUEST,
-        "invalid_request",
-        "forse",
-    );
+    for (query, mention) in [("force=maybe", "force"), ("forse=true", "forse")] {
+        assert_error(
+            serve
+                .api
+                .delete(&format!("/v2/instances/{id}?{query}"))
+                .await,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            mention,
+        );
+    }
     let (status, value) = serve
         .api
         .delete(&format!("/v2/instances/{id}?force=true"))
