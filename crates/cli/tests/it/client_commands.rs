@@ -6,7 +6,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use flotilla_node_agent::RuntimeKind;
-use flotilla_testkit::{TestServe, spawn_serve_with, wait_until};
+use flotilla_testkit::{TestServe, get_json, spawn_serve_with, wait_until};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -206,12 +206,7 @@ async fn events_watch_prints_lifecycle_events_as_they_happen() {
         Duration::from_secs(30),
         "the watch to subscribe",
         || async {
-            let health: Value = reqwest::get(format!("{proxy}/health"))
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let health: Value = get_json(&format!("{proxy}/health")).await;
             Ok::<_, String>((health["connections"].as_i64() == Some(1)).then_some(()))
         },
     )

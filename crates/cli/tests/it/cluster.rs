@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use flotilla_testkit::{
-    Api, BROWSER_DEADLINE, EventReceiver, PgServer, ServeProcess, StatusCode, wait_until,
+    Api, BROWSER_DEADLINE, EventReceiver, PgServer, ServeProcess, StatusCode, get_json, wait_until,
 };
 use serde_json::Value;
 
@@ -471,12 +471,7 @@ async fn browser_cluster_places_real_chromium_on_three_agents() {
             with_key["Browser"].as_str().unwrap().contains("Chrome"),
             "{with_key}"
         );
-        let version: Value = reqwest::get(format!("{version_url}?token={token}"))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let version: Value = get_json(&format!("{version_url}?token={token}")).await;
         assert!(
             version["webSocketDebuggerUrl"]
                 .as_str()

@@ -5,6 +5,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
+use flotilla_testkit::get_json;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 fn proxy() -> tokio::process::Command {
@@ -47,12 +48,7 @@ async fn starts_open_when_told_and_stops_on_sigterm() {
         .strip_prefix("event proxy listening on ")
         .expect("the address line")
         .to_owned();
-    let health: serde_json::Value = reqwest::get(format!("{url}/health"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let health: serde_json::Value = get_json(&format!("{url}/health")).await;
     assert_eq!(health["status"], "healthy");
     // SAFETY: kill has no memory-safety preconditions.
     unsafe { libc::kill(child.id().unwrap() as i32, libc::SIGTERM) };

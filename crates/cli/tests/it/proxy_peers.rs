@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use flotilla_event_proxy::peers::{owner_among, wire};
-use flotilla_testkit::{ServeProcess, SseClient, WebhookFake, chrono_like_now, wait_until};
+use flotilla_testkit::{
+    ServeProcess, SseClient, WebhookFake, chrono_like_now, get_json, wait_until,
+};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -44,12 +46,7 @@ impl Peer {
     }
 
     async fn health(&self) -> Value {
-        reqwest::get(format!("{}/health", self.url()))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        get_json(&format!("{}/health", self.url())).await
     }
 
     async fn metric(&self, name: &str) -> f64 {

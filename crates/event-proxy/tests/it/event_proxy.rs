@@ -9,7 +9,9 @@ use serde_json::{Value, json};
 
 use flotilla_event_proxy::Proxy;
 use flotilla_event_proxy::config::BackpressurePolicy;
-use flotilla_testkit::{SseClient, WebhookFake, chrono_like_now, jwt, spawn_proxy, wait_until};
+use flotilla_testkit::{
+    SseClient, WebhookFake, chrono_like_now, get_json, jwt, spawn_proxy, wait_until,
+};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -370,12 +372,7 @@ async fn the_breaker_opens_half_opens_and_closes_and_cached_tokens_keep_working(
     for token in ["x1", "x2"] {
         assert_eq!(subscribe(token).await.status, 503, "webhook failures");
     }
-    let health: Value = reqwest::get(format!("{url}/health"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let health: Value = get_json(&format!("{url}/health")).await;
     assert_eq!(health["circuit_breaker"]["state"], "open");
     assert_eq!(health["circuit_breaker"]["consecutive_failures"], 2);
     assert!(health["circuit_breaker"]["opened_at"].is_string());
@@ -403,32 +400,17 @@ async fn the_breaker_opens_half_opens_and_closes_and_cached_tokens_keep_working(
     // Half-open after the timeout (reported before any request tries it): a
     // failing trial opens it again…
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let health: Value = reqwest::get(format!("{url}/health"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let health: Value = get_json(&format!("{url}/health")).await;
     assert_eq!(health["circuit_breaker"]["state"], "half-open");
     assert_eq!(subscribe("x4").await.status, 503);
     assert_eq!(webhook.call_count(), calls_when_open + 1, "one trial call");
-    let health: Value = reqwest::get(format!("{url}/health"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let health: Value = get_json(&format!("{url}/health")).await;
     assert_eq!(health["circuit_breaker"]["state"], "open");
     // …a successful trial closes it.
     webhook.set(WebhookFake::accept_all());
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert_eq!(subscribe("x5").await.status, 200);
-    let health: Value = reqwest::get(format!("{url}/health"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let health: Value = get_json(&format!("{url}/health")).await;
     assert_eq!(health["circuit_breaker"]["state"], "closed");
     proxy.shutdown().await;
 }
@@ -758,12 +740,7 @@ async fn health_metrics_and_graceful_shutdown() {
         .unwrap();
     publish(&proxy, "news", json!({"data": "x"})).await;
     client.next_event(WAIT).await.unwrap();
-    let health: Value = reqwest::get(format!("{}/health", proxy.url()))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let health: Value = get_json(&format!("{}/health", proxy.url())).await;
     assert_eq!(health["status"], "healthy");
     assert_eq!(health["connections"], 1);
     assert!(health["uptime_seconds"].is_number());

@@ -9,8 +9,8 @@ use serde_json::Value;
 
 use flotilla_api_types::clock::ManualClock;
 use flotilla_testkit::{
-    BROWSER_DEADLINE, Page, PageServer, StatusCode, TestServe, browser_processes, run_node,
-    serve_page, sorted_keys, spawn_serve_with, spawn_serve_with_clock, wait_until,
+    BROWSER_DEADLINE, Page, PageServer, StatusCode, TestServe, browser_processes, get_json,
+    run_node, serve_page, sorted_keys, spawn_serve_with, spawn_serve_with_clock, wait_until,
 };
 
 /// A site with a page that stores state of every kind, and three tab pages.
@@ -79,12 +79,7 @@ fn assert_state_back(state: &Value) {
 }
 
 async fn page_urls(debug_port: u64) -> Vec<String> {
-    let list: Value = reqwest::get(format!("http://127.0.0.1:{debug_port}/json/list"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let list: Value = get_json(&format!("http://127.0.0.1:{debug_port}/json/list")).await;
     list.as_array()
         .unwrap()
         .iter()

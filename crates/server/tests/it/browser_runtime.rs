@@ -367,12 +367,7 @@ async fn browser_live_view_feeds_every_viewer_and_a_stalled_one_blocks_nobody() 
     let id = created["id"].as_str().unwrap().to_owned();
     // The live view shows the first tab: load the animation there.
     let debug_port = created["debug_port"].as_u64().unwrap();
-    let list: Value = reqwest::get(format!("http://127.0.0.1:{debug_port}/json/list"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let list: Value = get_json(&format!("http://127.0.0.1:{debug_port}/json/list")).await;
     let first = list
         .as_array()
         .unwrap()
