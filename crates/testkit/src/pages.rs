@@ -155,3 +155,26 @@ impl Page {
             .await?)
     }
 }
+
+/// Sends a WebSocket upgrade for `path` to `127.0.0.1:port` (an instance
+/// port or the control plane's door): the status line of the answer.
+pub async fn upgrade_status(port: u16, path: &str) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("the port accepts");
+    let head = format!(
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = vec![0u8; 512];
+    let n = tokio::time::timeout(CDP_TIMEOUT, stream.read(&mut answer))
+        .await
+        .expect("the port answers the upgrade")
+        .unwrap();
+    String::from_utf8_lossy(&answer[..n])
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use flotilla_event_proxy::peers::{owner_among, wire};
 use flotilla_testkit::{
-    ServeProcess, SseClient, WebhookFake, chrono_like_now, get_json, wait_until,
+    ServeProcess, SseClient, WebhookFake, chrono_like_now, get_json, get_text, wait_until,
 };
 use serde_json::{Value, json};
 
@@ -50,12 +50,7 @@ impl Peer {
     }
 
     async fn metric(&self, name: &str) -> f64 {
-        let text = reqwest::get(format!("{}/metrics", self.url()))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = get_text(&format!("{}/metrics", self.url())).await;
         text.lines()
             .find_map(|l| l.strip_prefix(&format!("{name} ")))
             .and_then(|v| v.trim().parse().ok())

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use flotilla_event_proxy::Proxy;
 use flotilla_event_proxy::config::BackpressurePolicy;
 use flotilla_testkit::{
-    SseClient, WebhookFake, chrono_like_now, get_json, jwt, spawn_proxy, wait_until,
+    SseClient, WebhookFake, chrono_like_now, get_json, get_text, jwt, spawn_proxy, wait_until,
 };
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -32,12 +32,7 @@ async fn publish(proxy: &Proxy, topic: &str, body: Value) -> Value {
 }
 
 async fn metrics(proxy: &Proxy) -> String {
-    reqwest::get(format!("{}/metrics", proxy.url()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    get_text(&format!("{}/metrics", proxy.url())).await
 }
 
 fn metric(text: &str, name: &str) -> f64 {

@@ -123,14 +123,9 @@ async fn revive(serve: &TestServe, id: &str, body: &str) -> Value {
 async fn browser_park_and_revive_keep_cookies_storage_and_tabs() {
     let pages = site().await;
     let serve = spawn_serve_with(|config| pages.allow_in(config)).await;
-    let created = serve.api.create("{}").await;
-    let id = created["id"].as_str().unwrap().to_owned();
+    let (id, created, _) = serve.api.create_running("{}").await;
     let debug_url = created["urls"]["debug"].as_str().unwrap().to_owned();
     let debug_port = created["debug_port"].as_u64().unwrap();
-    serve
-        .api
-        .wait_for_status(&id, "running", BROWSER_DEADLINE)
-        .await;
 
     let state_page = Page::open(&debug_url, &format!("{}/state", pages.base))
         .await

@@ -5,11 +5,10 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use flotilla_testkit::{
-    Api, StatusCode, TestServe, run_node, run_node_with, spawn_serve_with, wait_until,
-    workspace_root,
+    Api, StatusCode, TestServe, run_node, run_node_with, spawn_serve_with, upgrade_status,
+    wait_until, workspace_root,
 };
 
 const API_KEY: &str = "door-api-key-0123456789";
@@ -64,27 +63,6 @@ async fn get(url: &str, headers: &[(&str, &str)]) -> reqwest::Response {
         request = request.header(*name, *value);
     }
     request.send().await.expect("the door answers")
-}
-
-/// The status line of a WebSocket upgrade through the door.
-async fn upgrade_status(port: u16, path: &str) -> String {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let head = format!(
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
-    );
-    stream.write_all(head.as_bytes()).await.unwrap();
-    let mut answer = vec![0u8; 512];
-    let n = tokio::time::timeout(Duration::from_secs(60), stream.read(&mut answer))
-        .await
-        .unwrap()
-        .unwrap();
-    String::from_utf8_lossy(&answer[..n])
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .to_owned()
 }
 
 #[tokio::test]

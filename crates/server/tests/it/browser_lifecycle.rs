@@ -71,14 +71,9 @@ async fn browser_create_drive_with_cdp_playwright_puppeteer_then_delete() {
     .await
     .unwrap();
     assert_eq!(events.status, 200, "{}", events.body);
-    let created = serve.api.create("{}").await;
-    let id = created["id"].as_str().unwrap().to_owned();
+    let (id, created, _) = serve.api.create_running("{}").await;
     let debug_url = created["urls"]["debug"].as_str().unwrap().to_owned();
     let debug_port = created["debug_port"].as_u64().unwrap();
-    serve
-        .api
-        .wait_for_status(&id, "running", BROWSER_DEADLINE)
-        .await;
 
     // Raw CDP through the gateway.
     let version = cdp_call(&debug_url, "Browser.getVersion", json!({})).await;

@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 use flotilla_testkit::{
     Api, BROWSER_DEADLINE, Page, StatusCode, TestServe, browser_processes, run_node, serve_page,
-    spawn_serve_with, wait_until,
+    spawn_serve_with, upgrade_status, wait_until,
 };
 
 const API_KEY: &str = "test-api-key-0123456789";
@@ -50,12 +50,12 @@ fn token_of(instance: &Value) -> String {
         .expect("urls.debug carries the token")
 }
 
-fn port(instance: &Value, kind: &str) -> u64 {
-    instance[kind].as_u64().unwrap()
+fn port(instance: &Value, kind: &str) -> u16 {
+    u16::try_from(instance[kind].as_u64().unwrap()).unwrap()
 }
 
 /// One plain request on an instance port: status and body.
-async fn request(port: u64, path: &str, authorization: Option<&str>) -> (StatusCode, String) {
+async fn request(port: u16, path: &str, authorization: Option<&str>) -> (StatusCode, String) {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(60))
         .build()
@@ -67,27 +67,6 @@ async fn request(port: u64, path: &str, authorization: Option<&str>) -> (StatusC
     let response = request.send().await.expect("the port answers");
     let status = response.status();
     (status, response.text().await.unwrap_or_default())
-}
-
-/// A WebSocket upgrade on an instance port: the status line of the answer.
-async fn upgrade_status(port: u64, path: &str) -> String {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port as u16))
-        .await
-        .unwrap();
-    let head = format!(
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
-    );
-    stream.write_all(head.as_bytes()).await.unwrap();
-    let mut answer = vec![0u8; 512];
-    let n = tokio::time::timeout(Duration::from_secs(60), stream.read(&mut answer))
-        .await
-        .expect("the port answers the upgrade")
-        .unwrap();
-    String::from_utf8_lossy(&answer[..n])
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .to_owned()
 }
 
 #[tokio::test]

@@ -11,7 +11,8 @@ use flotilla_control_plane::config::WebhookConfig;
 use flotilla_node_agent::RuntimeKind;
 use flotilla_server::FlotillaConfig;
 use flotilla_testkit::{
-    Api, EventReceiver, SseClient, StatusCode, spawn_serve_in, spawn_serve_with, wait_until,
+    Api, EventReceiver, SseClient, StatusCode, get_text, spawn_serve_in, spawn_serve_with,
+    wait_until,
 };
 use serde_json::Value;
 
@@ -486,12 +487,7 @@ async fn prometheus_exposition_parses_and_counts_instances() {
         Duration::from_secs(30),
         "proxy deliveries counted",
         || async {
-            let text = reqwest::get(format!("{}/metrics", serve.api.base))
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
+            let text = get_text(&format!("{}/metrics", serve.api.base)).await;
             Ok::<_, String>(
                 text.lines()
                     .any(|l| {
@@ -752,12 +748,7 @@ async fn creates_wait_their_turn_for_room_in_order() {
     wait_for_queue(&api, 3).await;
     gone.abort();
     wait_for_queue(&api, 2).await;
-    let metrics = reqwest::get(format!("{}/metrics", api.base))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&format!("{}/metrics", api.base)).await;
     assert!(
         metrics.contains("service_create_queue_length 2"),
         "{metrics}"
@@ -777,12 +768,7 @@ async fn creates_wait_their_turn_for_room_in_order() {
     let (status, body) = two.await.unwrap();
     assert_eq!(status, StatusCode::CREATED, "{body}");
     wait_for_queue(&api, 0).await;
-    let metrics = reqwest::get(format!("{}/metrics", api.base))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&format!("{}/metrics", api.base)).await;
     assert!(
         metrics.contains("service_create_queue_wait_seconds_count"),
         "{metrics}"
