@@ -306,6 +306,36 @@ pub async fn create_running(
     Ok(created)
 }
 
+/// Creates an instance with `body`, times the first answer of its
+/// `/json/version` through the gateway, then deletes it: milliseconds from
+/// the create to that answer.
+pub async fn create_to_cdp(http: &reqwest::Client, base: &str, body: &str) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let created: serde_json::Value = http
+        .post(format!("{base}/v2/instances"))
+        .body(body.to_owned())
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    let port = created["debug_port"].as_u64().context("debug_port")?;
+    let response = http
+        .get(format!("http://127.0.0.1:{port}/json/version"))
+        .send()
+        .await?;
+    if !response.status().is_success() {
+        bail!("gateway answered {}", response.status());
+    }
+    let elapsed = started.elapsed().as_secs_f64() * 1000.0;
+    let id = created["id"].as_str().context("id")?;
+    http.delete(format!("{base}/v2/instances/{id}?force=true"))
+        .send()
+        .await?
+        .error_for_status()?;
+    Ok(elapsed)
+}
+
 /// A client that sends `Authorization: Bearer <key>` with every request.
 pub fn client_with_key(key: &str) -> anyhow::Result<reqwest::Client> {
     let mut headers = reqwest::header::HeaderMap::new();

@@ -16,10 +16,9 @@
 //! clock; then SIGKILL its process group.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context as _, bail};
-use serde_json::Value;
+use anyhow::Context as _;
 
 use flotilla_bench::{
     ServeProcess, number_flag, percentile, raw_chromium_start, summary_row, text_flag,
@@ -44,30 +43,7 @@ fn parse_args() -> anyhow::Result<Args> {
 
 /// Flotilla: create, then the first answer of /json/version through the gateway.
 async fn flotilla_start(base: &str, image: &str, http: &reqwest::Client) -> anyhow::Result<f64> {
-    let started = Instant::now();
-    let created: Value = http
-        .post(format!("{base}/v2/instances"))
-        .body(format!(r#"{{"image": "{image}"}}"#))
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
-        .await?;
-    let port = created["debug_port"].as_u64().context("debug_port")?;
-    let response = http
-        .get(format!("http://127.0.0.1:{port}/json/version"))
-        .send()
-        .await?;
-    if !response.status().is_success() {
-        bail!("gateway answered {}", response.status());
-    }
-    let elapsed = started.elapsed().as_secs_f64() * 1000.0;
-    let id = created["id"].as_str().context("id")?;
-    http.delete(format!("{base}/v2/instances/{id}?force=true"))
-        .send()
-        .await?
-        .error_for_status()?;
-    Ok(elapsed)
+    flotilla_bench::create_to_cdp(http, base, &format!(r#"{{"image": "{image}"}}"#)).await
 }
 
 #[tokio::main]

@@ -21,7 +21,7 @@
 //! and the drop of `MemAvailable`.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use serde_json::Value;
@@ -100,23 +100,6 @@ async fn delete(base: &str, id: &str, http: &reqwest::Client) -> anyhow::Result<
         .await?
         .error_for_status()?;
     Ok(())
-}
-
-/// Create → first answer of `/json/version` through the gateway, in ms.
-async fn create_to_cdp(base: &str, http: &reqwest::Client) -> anyhow::Result<f64> {
-    let started = Instant::now();
-    let created = create(base, http).await?;
-    let port = created["debug_port"].as_u64().context("debug_port")?;
-    let response = http
-        .get(format!("http://127.0.0.1:{port}/json/version"))
-        .send()
-        .await?;
-    if !response.status().is_success() {
-        bail!("gateway answered {}", response.status());
-    }
-    let elapsed = started.elapsed().as_secs_f64() * 1000.0;
-    delete(base, created["id"].as_str().context("id")?, http).await?;
-    Ok(elapsed)
 }
 
 /// A local site: a page, its stylesheet and an image, never cached.
@@ -262,12 +245,12 @@ async fn main() -> anyhow::Result<()> {
     }
     // One throwaway create each, so that caches are warm for everyone.
     for serve in &serves {
-        create_to_cdp(&serve.serve.url, &http).await?;
+        flotilla_bench::create_to_cdp(&http, &serve.serve.url, "{}").await?;
     }
     let cold = round_robin(&serves, count, Duration::from_millis(200), |index, _| {
         let base = serves[index].serve.url.clone();
         let http = http.clone();
-        async move { create_to_cdp(&base, &http).await }
+        async move { flotilla_bench::create_to_cdp(&http, &base, "{}").await }
     })
     .await?;
     print_table(
@@ -366,7 +349,7 @@ async fn main() -> anyhow::Result<()> {
     let warm_results = round_robin(&warm, count, Duration::from_millis(1500), |index, _| {
         let base = warm[index].serve.url.clone();
         let http = http.clone();
-        async move { create_to_cdp(&base, &http).await }
+        async move { flotilla_bench::create_to_cdp(&http, &base, "{}").await }
     })
     .await?;
     print_table(

@@ -132,6 +132,21 @@ impl Api {
         body
     }
 
+    /// Waits (up to `deadline`) until the control plane's outbox is empty:
+    /// every webhook delivery has been made and recorded.
+    pub async fn wait_outbox_empty(&self, deadline: Duration) {
+        wait_until(deadline, "an empty outbox", || async {
+            let (_, text) = self.get("/metrics").await;
+            let empty = text
+                .as_str()
+                .unwrap_or_default()
+                .contains("service_outbox_depth 0");
+            Ok::<_, String>(empty.then_some(()))
+        })
+        .await
+        .unwrap();
+    }
+
     /// Waits until the instance has `status` (fails early on failed/stopped).
     pub async fn wait_for_status(&self, id: &str, status: &str, deadline: Duration) -> Value {
         let path = format!("/v2/instances/{id}");

@@ -588,16 +588,7 @@ async fn two_control_planes_share_one_postgres() {
     .await
     .unwrap();
     // Until the shared outbox is empty: every delivery has been made and recorded.
-    wait_until(Duration::from_secs(60), "an empty outbox", || async {
-        let (_, text) = a.api.get("/metrics").await;
-        let empty = text
-            .as_str()
-            .unwrap_or_default()
-            .contains("service_outbox_depth 0");
-        Ok::<_, String>(empty.then_some(()))
-    })
-    .await
-    .unwrap();
+    a.api.wait_outbox_empty(Duration::from_secs(60)).await;
     let events = receiver.events();
     let ids: std::collections::HashSet<_> = events.iter().map(|e| e.id.clone()).collect();
     assert_eq!((events.len(), ids.len()), (20, 20), "each event once");

@@ -731,16 +731,7 @@ async fn check_webhooks(fleet: &mut Fleet, receiver: &EventReceiver, ids: &BTree
         let (status, body) = api.delete(&format!("/v2/instances/{id}")).await;
         assert_eq!(status, StatusCode::OK, "{body}");
     }
-    wait_until(Duration::from_secs(120), "an empty outbox", || async {
-        let (_, text) = api.get("/metrics").await;
-        let empty = text
-            .as_str()
-            .unwrap_or_default()
-            .contains("service_outbox_depth 0");
-        Ok::<_, String>(empty.then_some(()))
-    })
-    .await
-    .unwrap();
+    api.wait_outbox_empty(Duration::from_secs(120)).await;
     fleet.stop_gracefully().await;
     assert_eq!(receiver.bad_signatures(), 0);
     let mut received: HashMap<String, Vec<Value>> = HashMap::new();

@@ -134,6 +134,12 @@ fn assert_encoders_confined() {
     }
 }
 
+/// Where the node keeps instance `id`'s recordings.
+fn recordings_dir(serve: &flotilla_testkit::TestServe, id: &str) -> std::path::PathBuf {
+    let data = serve.data_dir.canonicalize().unwrap();
+    data.join("agent/recordings").join(id)
+}
+
 /// Saves `bytes` and reads them with ffprobe: (duration, width, height).
 fn probe_bytes(bytes: &[u8]) -> (f64, u64, u64) {
     let dir = tempfile::tempdir().unwrap();
@@ -217,12 +223,7 @@ async fn browser_a_recording_of_an_animated_page_is_a_playable_video() {
     .unwrap();
 
     // They go with the instance.
-    let recordings_dir = serve
-        .data_dir
-        .canonicalize()
-        .unwrap()
-        .join("agent/recordings")
-        .join(&id);
+    let recordings_dir = recordings_dir(&serve, &id);
     assert!(recordings_dir.exists());
     let (status, _) = serve.api.delete(&format!("/v2/instances/{id}")).await;
     assert_eq!(status.as_u16(), 200);
@@ -281,12 +282,7 @@ async fn browser_kept_recordings_outlive_their_instance_until_deleted() {
     assert!(kept["kept_at"].as_str().unwrap() >= kept["created_at"].as_str().unwrap());
     let size = kept["size_bytes"].as_u64().unwrap();
     assert!(size > 1000, "{kept}");
-    let recordings_dir = serve
-        .data_dir
-        .canonicalize()
-        .unwrap()
-        .join("agent/recordings")
-        .join(&id);
+    let recordings_dir = recordings_dir(&serve, &id);
     assert!(!recordings_dir.exists(), "the node keeps no copy");
 
     // Filtered by instance; unknown query fields are refused.
