@@ -2,19 +2,16 @@
 //! and with kill -9, then started again on the same data directory.
 
 use std::path::Path;
-use std::time::Duration;
 
-use flotilla_testkit::{BROWSER_DEADLINE, ServeProcess, StatusCode, browser_processes, wait_until};
+use flotilla_testkit::{
+    BROWSER_DEADLINE, ServeProcess, StatusCode, browser_processes, wait_browser_processes_gone,
+};
 
 /// The browsers counted here are the instances'; no spare pooled browser.
 const NO_WARM_POOL: &[(&str, &str)] = &[("FLOTILLA_AGENT__WARM_POOL_SIZE", "0")];
 
 fn binary() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_flotilla"))
-}
-
-async fn browsers_under(dir: &Path) -> Vec<u32> {
-    browser_processes(dir)
 }
 
 #[tokio::test]
@@ -36,7 +33,7 @@ async fn browser_records_survive_sigterm_and_kill_9_and_orphans_are_swept() {
         .api
         .wait_for_status(&first, "running", BROWSER_DEADLINE)
         .await;
-    assert!(!browsers_under(&instances_dir).await.is_empty());
+    assert!(!browser_processes(&instances_dir).is_empty());
     let code = serve.stop_with(libc::SIGTERM).await;
     assert_eq!(
         code,
@@ -45,7 +42,7 @@ async fn browser_records_survive_sigterm_and_kill_9_and_orphans_are_swept() {
         serve.stderr_log.display()
     );
     assert!(
-        browsers_under(&instances_dir).await.is_empty(),
+        browser_processes(&instances_dir).is_empty(),
         "no Chromium left after a graceful stop"
     );
     drop(serve);
@@ -75,7 +72,7 @@ async fn browser_records_survive_sigterm_and_kill_9_and_orphans_are_swept() {
         .await;
     let mut serve = serve;
     serve.stop_with(libc::SIGKILL).await;
-    let orphans = browsers_under(&instances_dir).await;
+    let orphans = browser_processes(&instances_dir);
     assert!(
         !orphans.is_empty(),
         "kill -9 leaves the browser running (it is in its own process group)"
@@ -84,20 +81,7 @@ async fn browser_records_survive_sigterm_and_kill_9_and_orphans_are_swept() {
     let serve = ServeProcess::start(binary(), &data_dir, NO_WARM_POOL)
         .await
         .unwrap();
-    wait_until(
-        Duration::from_secs(10),
-        "orphans to be swept at start",
-        || async {
-            let left = browsers_under(&instances_dir).await;
-            if left.is_empty() {
-                Ok(Some(()))
-            } else {
-                Err(format!("{left:?}"))
-            }
-        },
-    )
-    .await
-    .unwrap();
+    wait_browser_processes_gone(&instances_dir).await;
     let (_, list) = serve.api.get("/v2/instances?sort=created_at_asc").await;
     assert_eq!(list["total"], 2, "both records are still there: {list}");
     let (_, detail) = serve.api.get(&format!("/v2/instances/{second}")).await;
@@ -128,5 +112,5 @@ async fn browser_records_survive_sigterm_and_kill_9_and_orphans_are_swept() {
         .await;
     let mut serve = serve;
     assert_eq!(serve.stop_with(libc::SIGTERM).await, Some(0));
-    assert!(browsers_under(&instances_dir).await.is_empty());
+    assert!(browser_processes(&instances_dir).is_empty());
 }
