@@ -47,16 +47,9 @@ fn inspect_within(zip: &[u8], max_unpacked: u64) -> Result<ExtensionManifest, Re
     let layout = layout(&mut archive, max_unpacked)?;
     let mut budget = max_unpacked;
     for index in 0..archive.len() {
-        let mut entry = archive
-            .by_index(index)
-            .map_err(|e| format!("cannot read entry {index}: {e}"))?;
-        let name = String::from_utf8_lossy(entry.name_raw()).into_owned();
-        let read = std::io::copy(&mut (&mut entry).take(budget + 1), &mut std::io::sink())
-            .map_err(|e| format!("entry {name:?} is damaged: {e}"))?;
-        if read > budget {
-            return Err(too_big(max_unpacked));
-        }
-        budget -= read;
+        let (mut entry, name) = entry_at(&mut archive, index)?;
+        copy_within(&mut entry, &mut std::io::sink(), &mut budget, max_unpacked)
+            .map_err(|e| e.unwrap_or_else(|e| format!("entry {name:?} is damaged: {e}")))?;
     }
     let mut manifest = archive
         .by_index(layout.manifest)
@@ -85,10 +78,7 @@ fn unpack_within(zip: &[u8], dest: &Path, max_unpacked: u64) -> Result<(), Refus
     std::fs::create_dir(dest).map_err(|e| format!("cannot create {}: {e}", dest.display()))?;
     let mut budget = max_unpacked;
     for index in 0..archive.len() {
-        let mut entry = archive
-            .by_index(index)
-            .map_err(|e| format!("cannot read entry {index}: {e}"))?;
-        let name = String::from_utf8_lossy(entry.name_raw()).into_owned();
+        let (mut entry, name) = entry_at(&mut archive, index)?;
         let Some(relative) = name.strip_prefix(&layout.prefix) else {
             continue;
         };
@@ -111,15 +101,40 @@ fn unpack_within(zip: &[u8], dest: &Path, max_unpacked: u64) -> Result<(), Refus
             .create_new(true)
             .open(&target)
             .map_err(|e| format!("cannot create {relative}: {e}"))?;
-        let written = std::io::copy(&mut (&mut entry).take(budget + 1), &mut out)
-            .map_err(|e| format!("cannot unpack {relative}: {e}"))?;
-        if written > budget {
-            return Err(too_big(max_unpacked));
-        }
-        budget -= written;
+        copy_within(&mut entry, &mut out, &mut budget, max_unpacked)
+            .map_err(|e| e.unwrap_or_else(|e| format!("cannot unpack {relative}: {e}")))?;
         out.flush()
             .map_err(|e| format!("cannot write {relative}: {e}"))?;
     }
+    Ok(())
+}
+
+/// Entry `index` of `archive` and its name.
+fn entry_at<R: Read + std::io::Seek>(
+    archive: &mut ZipArchive<R>,
+    index: usize,
+) -> Result<(zip::read::ZipFile<'_, R>, String), Refusal> {
+    let entry = archive
+        .by_index(index)
+        .map_err(|e| format!("cannot read entry {index}: {e}"))?;
+    let name = String::from_utf8_lossy(entry.name_raw()).into_owned();
+    Ok((entry, name))
+}
+
+/// Copies `entry` to `out` within what is left of the unpacked-size
+/// `budget`: the refusal when it would go over, the I/O error (for the
+/// caller to word) when reading or writing fails.
+fn copy_within(
+    entry: &mut impl Read,
+    out: &mut impl Write,
+    budget: &mut u64,
+    max_unpacked: u64,
+) -> Result<(), Result<Refusal, std::io::Error>> {
+    let copied = std::io::copy(&mut entry.take(*budget + 1), out).map_err(Err)?;
+    if copied > *budget {
+        return Err(Ok(too_big(max_unpacked)));
+    }
+    *budget -= copied;
     Ok(())
 }
 
