@@ -285,6 +285,22 @@ pub async fn open_sse_stream(port: u16, topic: &str) -> anyhow::Result<tokio::ne
     Ok(stream)
 }
 
+/// Creates an instance with `body`: the create's answer.
+pub async fn create(
+    http: &reqwest::Client,
+    base: &str,
+    body: &str,
+) -> anyhow::Result<serde_json::Value> {
+    Ok(http
+        .post(format!("{base}/v2/instances"))
+        .body(body.to_owned())
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?)
+}
+
 /// Creates an instance with `body` and waits until it runs (see
 /// [`wait_running`]); the create's answer.
 pub async fn create_running(
@@ -293,14 +309,7 @@ pub async fn create_running(
     body: &str,
     poll: Duration,
 ) -> anyhow::Result<serde_json::Value> {
-    let created: serde_json::Value = http
-        .post(format!("{base}/v2/instances"))
-        .body(body.to_owned())
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
-        .await?;
+    let created = create(http, base, body).await?;
     let id = created["id"].as_str().context("id")?;
     wait_running(http, base, id, poll).await?;
     Ok(created)
@@ -311,14 +320,7 @@ pub async fn create_running(
 /// the create to that answer.
 pub async fn create_to_cdp(http: &reqwest::Client, base: &str, body: &str) -> anyhow::Result<f64> {
     let started = Instant::now();
-    let created: serde_json::Value = http
-        .post(format!("{base}/v2/instances"))
-        .body(body.to_owned())
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
-        .await?;
+    let created = create(http, base, body).await?;
     let port = created["debug_port"].as_u64().context("debug_port")?;
     let response = http
         .get(format!("http://127.0.0.1:{port}/json/version"))
@@ -402,12 +404,7 @@ impl Tab {
         let started = Instant::now();
         let answer = self
             .client
-            .call(
-                "Page.navigate",
-                serde_json::json!({"url": url}),
-                Some(&self.session),
-                CDP_TIMEOUT,
-            )
+            .navigate(&self.session, url, CDP_TIMEOUT)
             .await?;
         if let Some(error) = answer.get("errorText").and_then(|e| e.as_str())
             && !error.is_empty()

@@ -171,12 +171,7 @@ async fn main() -> anyhow::Result<()> {
         )
         .await?;
     direct_client
-        .call(
-            "Page.navigate",
-            json!({"url": noise}),
-            Some(&direct_session),
-            timeout,
-        )
+        .navigate(&direct_session, noise, timeout)
         .await?;
     door_client
         .call("Page.close", json!({}), Some(&door_session), timeout)
@@ -221,12 +216,7 @@ async fn main() -> anyhow::Result<()> {
     let animated = "data:text/html,<body style='margin:0'><div id=d style='width:100vw;height:100vh'></div><script>\
         let n=0;(function f(){n++;d.style.background='hsl('+(n*7%360)+',80%,50%)';d.textContent=n;requestAnimationFrame(f);})();</script>";
     direct_client
-        .call(
-            "Page.navigate",
-            json!({"url": animated}),
-            Some(&direct_session),
-            timeout,
-        )
+        .navigate(&direct_session, animated, timeout)
         .await?;
     let stream_port = created["stream_port"].as_u64().context("stream_port")?;
     let direct_stream = format!("http://127.0.0.1:{stream_port}/?token={token}");

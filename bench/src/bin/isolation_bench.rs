@@ -83,17 +83,6 @@ fn http() -> reqwest::Client {
         .expect("client")
 }
 
-async fn create(base: &str, http: &reqwest::Client) -> anyhow::Result<Value> {
-    Ok(http
-        .post(format!("{base}/v2/instances"))
-        .body("{}")
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
-        .await?)
-}
-
 async fn delete(base: &str, id: &str, http: &reqwest::Client) -> anyhow::Result<()> {
     http.delete(format!("{base}/v2/instances/{id}?force=true"))
         .send()
@@ -261,7 +250,7 @@ async fn main() -> anyhow::Result<()> {
     let mut tabs = Vec::new();
     let mut page_ids = Vec::new();
     for serve in &serves {
-        let created = create(&serve.serve.url, &http).await?;
+        let created = flotilla_bench::create(&http, &serve.serve.url, "{}").await?;
         let id = created["id"].as_str().context("id")?.to_owned();
         wait_running(&http, &serve.serve.url, &id, Duration::from_millis(50)).await?;
         let debug = created["urls"]["debug"]
@@ -307,7 +296,7 @@ async fn main() -> anyhow::Result<()> {
         let (rss_before, available_before) = (rss_kib(pid) as f64 / 1024.0, mem_available_mib());
         let mut ids = Vec::new();
         for _ in 0..density {
-            let created = create(&serve.serve.url, &http).await?;
+            let created = flotilla_bench::create(&http, &serve.serve.url, "{}").await?;
             let id = created["id"].as_str().context("id")?.to_owned();
             wait_running(&http, &serve.serve.url, &id, Duration::from_millis(50)).await?;
             ids.push(id);

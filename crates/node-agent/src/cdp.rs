@@ -244,6 +244,19 @@ impl CdpClient {
         Ok((target_id, answer_field(&attached, method, "sessionId")?))
     }
 
+    /// `Page.navigate` of the page behind `session` to `url`: its answer
+    /// (`errorText` is set when the page could not be loaded at all).
+    pub async fn navigate(
+        &self,
+        session: &str,
+        url: &str,
+        timeout: Duration,
+    ) -> Result<Value, CdpError> {
+        let params = json!({"url": url});
+        self.call("Page.navigate", params, Some(session), timeout)
+            .await
+    }
+
     pub async fn call(
         &self,
         method: &str,

@@ -97,12 +97,7 @@ impl Page {
     /// Navigates and waits until `document.readyState` is `complete`.
     pub async fn navigate(&self, url: &str) -> anyhow::Result<()> {
         self.client
-            .call(
-                "Page.navigate",
-                serde_json::json!({"url": url}),
-                Some(&self.session),
-                CDP_TIMEOUT,
-            )
+            .navigate(&self.session, url, CDP_TIMEOUT)
             .await?;
         wait_until(CDP_TIMEOUT, &format!("{url} to load"), || async {
             match self.eval("document.readyState + ' ' + location.href").await {

@@ -207,12 +207,7 @@ pub(super) async fn refill_local_storage(
         }
         for origin in origins {
             let url = format!("{}/", origin.origin);
-            let navigate = browser.call(
-                "Page.navigate",
-                json!({"url": url}),
-                Some(&session),
-                CDP_TIMEOUT,
-            );
+            let navigate = browser.navigate(&session, &url, CDP_TIMEOUT);
             let answer = answer_paused_requests(browser, &mut events, &session);
             let navigated = tokio::select! {
                 navigated = navigate => navigated?,
