@@ -64,6 +64,15 @@ wait_port() {
   return 1
 }
 
+# Starts `flotilla proxy` on config $1 (listening on 18081) as the server.
+run_flotilla_proxy() {
+  RUST_LOG=warn "$BIN" proxy --config "$1" > "$work/flotilla.log" 2>&1 &
+  SERVER_PIDS=($!)
+  wait_port 18081
+  BASE=http://127.0.0.1:18081
+  RAMP=10000
+}
+
 start_flotilla() {
   cat > "$work/proxy.toml" <<EOF
 [http]
@@ -78,11 +87,8 @@ api_keys = ["bench-key"]
 [rate_limit]
 rate_limit_per_ip = 10000000
 EOF
-  RUST_LOG=warn "$BIN" proxy --config "$work/proxy.toml" > "$work/flotilla.log" 2>&1 &
-  SERVER_PIDS=($!)
-  wait_port 18081
-  BASE=http://127.0.0.1:18081 PUBLISH_BASE=http://127.0.0.1:18081
-  RAMP=10000
+  run_flotilla_proxy "$work/proxy.toml"
+  PUBLISH_BASE=$BASE
 }
 
 start_nchan() {
@@ -260,11 +266,7 @@ require_authentication = true
 [rate_limit]
 rate_limit_per_ip = 10000000
 EOF
-  RUST_LOG=warn "$BIN" proxy --config "$work/proxy-auth.toml" > "$work/flotilla.log" 2>&1 &
-  SERVER_PIDS=($!)
-  wait_port 18081
-  BASE=http://127.0.0.1:18081
-  RAMP=10000
+  run_flotilla_proxy "$work/proxy-auth.toml"
   local before
   before=$(cpu_ticks)
   TOKEN=bench-token subscribers flotilla 5000 0 "$work/auth" > "$work/auth.ready"

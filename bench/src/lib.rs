@@ -107,6 +107,24 @@ pub fn summary_row(name: &str, samples_ms: &[f64]) -> String {
     )
 }
 
+/// `| name | n | p50 | p99 | last |` with three decimals; `last` is what the
+/// table's last column shows (a mean or a maximum).
+pub fn p50_p99_row(name: &str, samples: &[f64], last: f64) -> String {
+    format!(
+        "| {name} | {} | {:.3} | {:.3} | {last:.3} |",
+        samples.len(),
+        percentile(samples, 0.5),
+        percentile(samples, 0.99),
+    )
+}
+
+/// Stops the stream readers a bench started.
+pub fn abort_all<T>(readers: Vec<tokio::task::JoinHandle<T>>) {
+    for reader in readers {
+        reader.abort();
+    }
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

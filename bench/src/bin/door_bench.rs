@@ -99,13 +99,7 @@ async fn screenshot(http: &reqwest::Client, url: &str) -> anyhow::Result<(f64, u
 }
 
 fn row(name: &str, samples: &[f64]) -> String {
-    format!(
-        "| {name} | {} | {:.3} | {:.3} | {:.3} |",
-        samples.len(),
-        percentile(samples, 0.5),
-        percentile(samples, 0.99),
-        samples.iter().sum::<f64>() / samples.len() as f64
-    )
+    flotilla_bench::p50_p99_row(name, samples, flotilla_bench::mean(samples))
 }
 
 #[tokio::main]

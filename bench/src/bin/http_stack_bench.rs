@@ -186,9 +186,7 @@ async fn measure(name: &'static str, streams: usize, messages: usize) -> anyhow:
         want as f64 / elapsed.as_secs_f64(),
         after as f64 / 1024.0
     );
-    for reader in readers {
-        reader.abort();
-    }
+    flotilla_bench::abort_all(readers);
     Ok(())
 }
 

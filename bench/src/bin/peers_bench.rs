@@ -224,13 +224,7 @@ async fn latency(
 }
 
 fn row(name: &str, samples: &[f64]) -> String {
-    format!(
-        "| {name} | {} | {:.3} | {:.3} | {:.3} |",
-        samples.len(),
-        percentile(samples, 0.5),
-        percentile(samples, 0.99),
-        percentile(samples, 1.0)
-    )
+    flotilla_bench::p50_p99_row(name, samples, percentile(samples, 1.0))
 }
 
 /// Deliveries per second with `subscribers` per topic on each of `targets`,

@@ -266,9 +266,7 @@ async fn hold() -> anyhow::Result<()> {
         received.load(Ordering::Relaxed),
         streams as u64 * 60 * minutes as u64
     );
-    for reader in readers {
-        reader.abort();
-    }
+    flotilla_bench::abort_all(readers);
     Ok(())
 }
 
