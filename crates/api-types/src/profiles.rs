@@ -29,11 +29,7 @@ pub struct ProfileList {
 #[serde(deny_unknown_fields)]
 pub struct CreateProfileRequest {
     /// 1 to 64 characters of letters, digits, `.`, `_` and `-`, not starting with `.`.
-    #[schema(
-        pattern = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$",
-        min_length = 1,
-        max_length = 64
-    )]
+    #[schema(schema_with = profile_name_schema)]
     pub name: String,
 }
 
@@ -43,11 +39,7 @@ pub struct CreateProfileRequest {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProfileUse {
-    #[schema(
-        pattern = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$",
-        min_length = 1,
-        max_length = 64
-    )]
+    #[schema(schema_with = profile_name_schema)]
     pub name: String,
     #[serde(default)]
     pub persist: bool,
@@ -68,4 +60,17 @@ pub fn check_profile_name(name: &str) -> Result<(), String> {
             "profile name {name:?} must be 1 to 64 characters of letters, digits, '.', '_' and '-', not starting with '.'"
         ))
     }
+}
+
+/// The schema of a profile name (see [`check_profile_name`]).
+fn profile_name_schema() -> utoipa::openapi::schema::Object {
+    utoipa::openapi::schema::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .pattern(Some(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$"))
+        .min_length(Some(1))
+        .max_length(Some(64))
+        .description(Some(
+            "1 to 64 characters of letters, digits, `.`, `_` and `-`, not starting with `.`.",
+        ))
+        .build()
 }
