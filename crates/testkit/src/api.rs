@@ -196,3 +196,25 @@ pub async fn get_text(url: &str) -> String {
     let response = reqwest::get(url).await.expect("GET answers");
     response.text().await.expect("a text body")
 }
+
+/// Checks an answer `(status, body)` is the error `want_status` with `code`,
+/// whose detail mentions `mention`, and nothing else.
+pub fn assert_error(
+    (status, body): (StatusCode, Value),
+    want_status: StatusCode,
+    code: &str,
+    mention: &str,
+) {
+    assert_eq!(status, want_status, "{body}");
+    assert_eq!(body["code"], code, "{body}");
+    let detail = body["detail"].as_str().expect("detail is a string");
+    assert!(
+        detail.contains(mention),
+        "detail {detail:?} should mention {mention:?}"
+    );
+    assert_eq!(
+        body.as_object().unwrap().len(),
+        2,
+        "only detail and code: {body}"
+    );
+}

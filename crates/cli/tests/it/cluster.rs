@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use flotilla_testkit::{
-    Api, BROWSER_DEADLINE, EventReceiver, PgServer, ServeProcess, StatusCode, get_json, wait_until,
+    Api, BROWSER_DEADLINE, EventReceiver, PgServer, ServeProcess, StatusCode, assert_error,
+    get_json, wait_until,
 };
 use serde_json::Value;
 
@@ -230,13 +231,12 @@ async fn cluster_capacity_preference_node_loss_and_reconciliation() {
     n1.signal(libc::SIGSTOP);
     wait_nodes(api, &[("n1", "offline")]).await;
     wait_count(api, "node_id=n1&status=failed", 10).await;
-    let (status, body) = api
-        .post("/v2/instances", r#"{"node_preference": "n1"}"#)
-        .await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-    assert!(
-        body["detail"].as_str().unwrap().contains("offline"),
-        "{body}"
+    assert_error(
+        api.post("/v2/instances", r#"{"node_preference": "n1"}"#)
+            .await,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "insufficient_capacity",
+        "offline",
     );
     let (_, on_n1) = api.get("/v2/instances?node_id=n1").await;
     let deleted_meanwhile = on_n1["instances"][0]["id"].as_str().unwrap().to_owned();
@@ -281,13 +281,12 @@ async fn cluster_capacity_preference_node_loss_and_reconciliation() {
         "lost browsers stay failed"
     );
     // All of its recent instances failed: unhealthy, no placements (spec: > 10 %).
-    let (status, body) = api
-        .post("/v2/instances", r#"{"node_preference": "n2"}"#)
-        .await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-    assert!(
-        body["detail"].as_str().unwrap().contains("unhealthy"),
-        "{body}"
+    assert_error(
+        api.post("/v2/instances", r#"{"node_preference": "n2"}"#)
+            .await,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "insufficient_capacity",
+        "unhealthy",
     );
     drop(n2);
     n1.stop_with(libc::SIGTERM).await;

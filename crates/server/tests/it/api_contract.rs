@@ -5,31 +5,8 @@
 
 use flotilla_node_agent::config::RuntimeKind;
 use flotilla_testkit::{
-    StatusCode, sorted_keys, spawn_serve_with, spawn_sim_serve, workspace_root,
+    StatusCode, assert_error, sorted_keys, spawn_serve_with, spawn_sim_serve, workspace_root,
 };
-use serde_json::Value;
-
-/// Checks an answer `(status, body)` is the error `want_status` with `code`,
-/// whose detail mentions `mention`, and nothing else.
-fn assert_error(
-    (status, body): (StatusCode, Value),
-    want_status: StatusCode,
-    code: &str,
-    mention: &str,
-) {
-    assert_eq!(status, want_status, "{body}");
-    assert_eq!(body["code"], code, "{body}");
-    let detail = body["detail"].as_str().expect("detail is a string");
-    assert!(
-        detail.contains(mention),
-        "detail {detail:?} should mention {mention:?}"
-    );
-    assert_eq!(
-        body.as_object().unwrap().len(),
-        2,
-        "only detail and code: {body}"
-    );
-}
 
 #[tokio::test]
 async fn create_answers_exactly_the_create_fields_with_defaults_applied() {
