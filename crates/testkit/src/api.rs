@@ -116,6 +116,13 @@ impl Api {
         (id, created, detail)
     }
 
+    /// Deletes instance `id`, asserting 200; its answer.
+    pub async fn delete_instance(&self, id: &str) -> Value {
+        let (status, body) = self.delete(&format!("/v2/instances/{id}")).await;
+        assert_eq!(status, StatusCode::OK, "delete of {id}: {body}");
+        body
+    }
+
     /// Parks instance `id` (`POST …/dormant`), asserting 200; its answer.
     pub async fn park(&self, id: &str) -> Value {
         self.instance_action(id, "dormant").await

@@ -75,10 +75,7 @@ impl PgServer {
             "initdb failed: {}",
             String::from_utf8_lossy(&output.stderr)
         );
-        let port = {
-            let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-            listener.local_addr()?.port()
-        };
+        let port = crate::free_port();
         let log = std::fs::File::create(dir.path().join("postgres.log"))?;
         let child = as_postgres(postgres_bin("postgres")?)
             .arg("-D")

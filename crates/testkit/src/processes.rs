@@ -76,3 +76,12 @@ pub fn browser_main_pid(dir: &Path) -> Option<u32> {
         cmdline.contains("--user-data-dir=") && !cmdline.contains("--type=")
     })
 }
+
+/// A free loopback port (for a server whose address must be known before it
+/// starts: a proxy's configuration, a control plane's public URL).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free loopback port")
+        .port()
+}

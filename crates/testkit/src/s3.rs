@@ -16,9 +16,7 @@ pub struct S3Server {
 
 impl S3Server {
     pub async fn start(bucket: &str) -> anyhow::Result<Self> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
+        let port = crate::free_port();
         let endpoint = format!("http://127.0.0.1:{port}");
         let child = Self::spawn_on(&endpoint, bucket).await?;
         Ok(Self {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use flotilla_testkit::{
     Api, BROWSER_DEADLINE, EventReceiver, PgServer, ServeProcess, StatusCode, assert_error,
-    get_json, wait_until,
+    free_port, get_json, wait_until,
 };
 use serde_json::Value;
 
@@ -218,8 +218,7 @@ async fn cluster_capacity_preference_node_loss_and_reconciliation() {
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     let (_, on_n2) = api.get("/v2/instances?node_id=n2").await;
     let first_on_n2 = on_n2["instances"][0]["id"].as_str().unwrap().to_owned();
-    let (status, _) = api.delete(&format!("/v2/instances/{first_on_n2}")).await;
-    assert_eq!(status, StatusCode::OK);
+    api.delete_instance(&first_on_n2).await;
     let (status, body) = api
         .post("/v2/instances", r#"{"node_preference": "n2"}"#)
         .await;
@@ -240,10 +239,7 @@ async fn cluster_capacity_preference_node_loss_and_reconciliation() {
     );
     let (_, on_n1) = api.get("/v2/instances?node_id=n1").await;
     let deleted_meanwhile = on_n1["instances"][0]["id"].as_str().unwrap().to_owned();
-    let (status, _) = api
-        .delete(&format!("/v2/instances/{deleted_meanwhile}"))
-        .await;
-    assert_eq!(status, StatusCode::OK);
+    api.delete_instance(&deleted_meanwhile).await;
 
     // It comes back: what it still runs is adopted, what was deleted is stopped.
     n1.signal(libc::SIGCONT);
@@ -314,11 +310,7 @@ async fn a_second_agent_with_the_same_node_id_is_refused_and_a_restart_is_not() 
 
     // Another process takes the same node id (two containers, one host name).
     // It never gets to "listening": it keeps asking to register.
-    let second_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let second_port = free_port();
     let second_base = format!("http://127.0.0.1:{second_port}");
     let second_dir = temp.path().join("second");
     std::fs::create_dir_all(&second_dir).unwrap();
@@ -566,8 +558,7 @@ async fn two_control_planes_share_one_postgres() {
     wait_count(&b.api, "node_id=p1&status=running", 10).await;
     let (_, on_p1) = b.api.get("/v2/instances?node_id=p1").await;
     let id = on_p1["instances"][0]["id"].as_str().unwrap().to_owned();
-    let (status, body) = b.api.delete(&format!("/v2/instances/{id}")).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    b.api.delete_instance(&id).await;
     wait_count(&a.api, "node_id=p1", 9).await;
     let (status, _) = a.api.get(&format!("/v2/instances/{id}")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
@@ -635,11 +626,7 @@ async fn browser_clients_use_only_the_control_planes_port_across_the_cluster() {
     let shared = temp.path().join("snapshots");
     std::fs::create_dir_all(&shared).unwrap();
     let snapshots_url = format!("file://{}", shared.display());
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let public_url = format!("http://127.0.0.1:{port}");
     let cp_dir = temp.path().join("cp");
     let cp = ServeProcess::start_command(

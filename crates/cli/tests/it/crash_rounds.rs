@@ -728,8 +728,7 @@ async fn crash_rounds(
 async fn check_webhooks(fleet: &mut Fleet, receiver: &EventReceiver, ids: &BTreeSet<String>) {
     let api = fleet.api().clone();
     for id in records(&api).await.keys() {
-        let (status, body) = api.delete(&format!("/v2/instances/{id}")).await;
-        assert_eq!(status, StatusCode::OK, "{body}");
+        api.delete_instance(id).await;
     }
     api.wait_outbox_empty(Duration::from_secs(120)).await;
     fleet.stop_gracefully().await;

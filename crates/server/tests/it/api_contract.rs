@@ -165,8 +165,7 @@ async fn full_node_gives_503_insufficient_capacity() {
     // Deleting frees the slot.
     let (_, list) = serve.api.get("/v2/instances").await;
     let id = list["instances"][0]["id"].as_str().unwrap().to_owned();
-    let (status, _) = serve.api.delete(&format!("/v2/instances/{id}")).await;
-    assert_eq!(status, StatusCode::OK);
+    serve.api.delete_instance(&id).await;
     serve.api.create("{}").await;
 }
 

@@ -270,8 +270,7 @@ async fn browser_park_and_revive_keep_cookies_storage_and_tabs() {
 
     // Deleting the instance deletes its snapshots.
     serve.api.park(&id).await;
-    let (status, _) = serve.api.delete(&format!("/v2/instances/{id}")).await;
-    assert_eq!(status, StatusCode::OK);
+    serve.api.delete_instance(&id).await;
     let left = std::fs::read_dir(snapshot_file.parent().unwrap())
         .map(|d| d.count())
         .unwrap_or(0);
@@ -615,8 +614,7 @@ async fn browser_snapshots_in_an_s3_compatible_bucket() {
     .unwrap();
 
     serve.api.park(&id).await;
-    let (status, _) = serve.api.delete(&format!("/v2/instances/{id}")).await;
-    assert_eq!(status, StatusCode::OK);
+    serve.api.delete_instance(&id).await;
     assert!(
         s3.keys("fleet-a/").await.is_empty(),
         "deleting the instance deleted its snapshot"

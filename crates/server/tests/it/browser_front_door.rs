@@ -7,23 +7,13 @@ use std::time::Duration;
 use serde_json::Value;
 
 use flotilla_testkit::{
-    Api, StatusCode, TestServe, run_node, run_node_with, spawn_serve_with, upgrade_status,
-    wait_until, workspace_root,
+    Api, StatusCode, TestServe, free_port, run_node, run_node_with, spawn_serve_with,
+    upgrade_status, wait_until, workspace_root,
 };
 
 const API_KEY: &str = "door-api-key-0123456789";
 const DOMAIN: &str = "browsers.test";
 const PAGE: &str = "data:text/html,<title>through the front door</title>";
-
-/// A free loopback port (for a control plane whose public URL must be known
-/// before it starts).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// `serve` with authentication on, listening on a known port, its public URL
 /// that port, and `base_domain` when asked.

@@ -149,8 +149,7 @@ async fn browser_create_drive_with_cdp_playwright_puppeteer_then_delete() {
         browser_main_pid(&instance_dir).is_some(),
         "the browser runs under its instance directory"
     );
-    let (status, message) = serve.api.delete(&format!("/v2/instances/{id}")).await;
-    assert_eq!(status, StatusCode::OK, "{message}");
+    let message = serve.api.delete_instance(&id).await;
     assert!(message["message"].is_string());
     wait_browser_processes_gone(&instance_dir).await;
     assert!(!instance_dir.exists(), "profile removed");
@@ -281,7 +280,6 @@ async fn browser_launch_failure_and_crash_are_recorded_with_reasons() {
     let instance_dir = serve.instances_dir().join(&id);
     wait_browser_processes_gone(&instance_dir).await;
     // The record stays until deleted; delete works on it.
-    let (status, _) = serve.api.delete(&format!("/v2/instances/{id}")).await;
-    assert_eq!(status, StatusCode::OK);
+    serve.api.delete_instance(&id).await;
     serve.shutdown().await;
 }

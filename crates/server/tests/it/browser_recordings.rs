@@ -225,8 +225,7 @@ async fn browser_a_recording_of_an_animated_page_is_a_playable_video() {
     // They go with the instance.
     let recordings_dir = recordings_dir(&serve, &id);
     assert!(recordings_dir.exists());
-    let (status, _) = serve.api.delete(&format!("/v2/instances/{id}")).await;
-    assert_eq!(status.as_u16(), 200);
+    serve.api.delete_instance(&id).await;
     wait_until(
         Duration::from_secs(30),
         "the recordings deleted",
@@ -265,8 +264,7 @@ async fn browser_kept_recordings_outlive_their_instance_until_deleted() {
     drop(page);
 
     // Deleting the instance moves its recording to the snapshot store.
-    let (status, _) = serve.api.delete(&format!("/v2/instances/{id}")).await;
-    assert_eq!(status.as_u16(), 200);
+    serve.api.delete_instance(&id).await;
     let kept = wait_until(BROWSER_DEADLINE, "the recording kept", || async {
         let (_, body) = serve.api.get("/v2/recordings").await;
         match body["recordings"].as_array() {
@@ -389,8 +387,7 @@ async fn browser_recordings_follow_a_revive_onto_a_node_that_lacks_them() {
     assert!(duration >= 1.5, "ffprobe: {duration} s");
 
     // The saved copies go with the instance.
-    let (status, _) = serve.api.delete(&format!("/v2/instances/{id}")).await;
-    assert_eq!(status.as_u16(), 200);
+    serve.api.delete_instance(&id).await;
     wait_until(
         Duration::from_secs(30),
         "the saved recordings deleted",

@@ -194,8 +194,7 @@ async fn browser_instance_ports_admit_only_an_api_key_or_their_own_token() {
     );
 
     // A deleted instance's token opens nothing, here or elsewhere.
-    let (status, _) = serve.api.delete(&format!("/v2/instances/{id_a}")).await;
-    assert_eq!(status, StatusCode::OK);
+    serve.api.delete_instance(id_a).await;
     let (status, _) = request(
         port(&b, "debug_port"),
         &format!("/json/version?token={token_a}"),

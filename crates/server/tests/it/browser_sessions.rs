@@ -8,7 +8,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use flotilla_testkit::{
-    BROWSER_DEADLINE, Page, StatusCode, browser_processes, serve_page, spawn_serve_with, wait_until,
+    BROWSER_DEADLINE, Page, StatusCode, browser_processes, free_port, serve_page, spawn_serve_with,
+    wait_until,
 };
 
 const PROXY_USER: &str = "flotilla";
@@ -31,11 +32,7 @@ impl Tinyproxy {
             std::os::unix::fs::PermissionsExt::from_mode(0o777),
         )
         .unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let log = dir.path().join("tinyproxy.log");
         let config = dir.path().join("tinyproxy.conf");
         std::fs::write(
@@ -343,8 +340,7 @@ async fn browser_downloads_are_listed_served_kept_across_park_and_deleted() {
     assert_eq!(after["downloads"], serde_json::json!([]));
     let downloads_dir = serve.instances_dir().join(&id).join("downloads");
     assert!(downloads_dir.is_dir());
-    let (status, _) = serve.api.delete(&format!("/v2/instances/{id}")).await;
-    assert_eq!(status, StatusCode::OK);
+    serve.api.delete_instance(&id).await;
     assert!(!downloads_dir.exists(), "downloads go with the instance");
     serve.shutdown().await;
 }
@@ -444,8 +440,7 @@ async fn browser_a_persistent_profile_carries_cookies_and_storage_across_instanc
     assert!(body["detail"].as_str().unwrap().contains(&a), "{body}");
     let (status, _) = api.delete("/v2/profiles/shop").await;
     assert_eq!(status, StatusCode::CONFLICT);
-    let (status, _) = api.delete(&format!("/v2/instances/{a}")).await;
-    assert_eq!(status, StatusCode::OK);
+    api.delete_instance(&a).await;
 
     // B starts where A left off, changes the cart, and a graceful delete
     // writes it back.
@@ -460,8 +455,7 @@ async fn browser_a_persistent_profile_carries_cookies_and_storage_across_instanc
         .await
         .unwrap();
     drop(page);
-    let (status, _) = api.delete(&format!("/v2/instances/{b}")).await;
-    assert_eq!(status, StatusCode::OK);
+    api.delete_instance(&b).await;
     profile_saved_after(api, "shop", parked["updated_at"].as_str().unwrap()).await;
 
     // C reads it without writing back; the profile can go meanwhile.
@@ -480,8 +474,7 @@ async fn browser_a_persistent_profile_carries_cookies_and_storage_across_instanc
     let (_, list) = api.get("/v2/profiles").await;
     assert_eq!(list["profiles"], serde_json::json!([]));
     drop(page);
-    let (status, _) = api.delete(&format!("/v2/instances/{c}")).await;
-    assert_eq!(status, StatusCode::OK);
+    api.delete_instance(&c).await;
     serve.shutdown().await;
 }
 
@@ -657,8 +650,7 @@ async fn browser_an_uploaded_extension_changes_pages_and_survives_park_and_reviv
         body["detail"].as_str().unwrap().contains(&instance),
         "{body}"
     );
-    let (status, _) = api.delete(&format!("/v2/instances/{instance}")).await;
-    assert_eq!(status, StatusCode::OK);
+    api.delete_instance(&instance).await;
     let (status, body) = api.delete(&format!("/v2/extensions/{id}")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let (status, _) = api.get(&format!("/v2/extensions/{id}")).await;

@@ -74,8 +74,7 @@ async fn webhooks_survive_a_down_receiver_and_a_restart_in_order_per_instance() 
     api.revive(&parked).await;
     api.wait_for_status(&parked, "running", Duration::from_secs(60))
         .await;
-    let (status, _) = api.delete(&format!("/v2/instances/{deleted}")).await;
-    assert_eq!(status, StatusCode::OK);
+    api.delete_instance(&deleted).await;
     wait_until(Duration::from_secs(30), "a refused delivery", || async {
         Ok::<_, String>((receiver.refused() > 0).then_some(()))
     })
@@ -755,8 +754,7 @@ async fn creates_wait_their_turn_for_room_in_order() {
     );
 
     // Room frees: the first waiter gets it, the second keeps waiting.
-    let (status, _) = api.delete(&format!("/v2/instances/{first}")).await;
-    assert_eq!(status, StatusCode::OK);
+    api.delete_instance(&first).await;
     let (status, placed) = one.await.unwrap();
     assert_eq!(status, StatusCode::CREATED, "{placed}");
     wait_for_queue(&api, 1).await;
