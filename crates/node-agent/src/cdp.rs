@@ -225,7 +225,6 @@ impl CdpClient {
         self.events.subscribe()
     }
 
-    /// Sends a command and waits for its result (at most `timeout`).
     /// Opens a new tab at `url` and attaches to it with a flat session:
     /// `(target id, session id)`.
     pub async fn open_tab(
@@ -257,6 +256,7 @@ impl CdpClient {
             .await
     }
 
+    /// Sends a command and waits for its result (at most `timeout`).
     pub async fn call(
         &self,
         method: &str,

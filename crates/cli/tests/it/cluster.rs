@@ -476,14 +476,9 @@ async fn browser_cluster_places_real_chromium_on_three_agents() {
         assert!(running.iter().any(|r| r["id"] == id), "{node} runs {id}");
     }
     for instance in [&preferred, &anywhere] {
-        let (status, _) = cp
-            .api
-            .delete(&format!(
-                "/v2/instances/{}",
-                instance["id"].as_str().unwrap()
-            ))
+        cp.api
+            .delete_instance(instance["id"].as_str().unwrap())
             .await;
-        assert_eq!(status, StatusCode::OK);
     }
     for mut agent in agents {
         assert_eq!(agent.stop_with(libc::SIGTERM).await, Some(0));

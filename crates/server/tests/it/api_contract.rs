@@ -80,13 +80,8 @@ async fn create_answers_exactly_the_create_fields_with_defaults_applied() {
         .api
         .create(r#"{"config": {"memory_gb": 1.5, "auto_snapshot": false}}"#)
         .await;
-    let (_, detail) = serve
-        .api
-        .get(&format!(
-            "/v2/instances/{}",
-            partial["id"].as_str().unwrap()
-        ))
-        .await;
+    let partial_id = partial["id"].as_str().unwrap();
+    let (_, detail) = serve.api.get(&format!("/v2/instances/{partial_id}")).await;
     assert_eq!(detail["config"]["memory_gb"], 1.5);
     assert_eq!(
         detail["config"]["cpu_cores"], 2,

@@ -98,6 +98,17 @@ async fn serve_with_state() -> (PageServer, TestServe, String, String) {
     (pages, serve, id, debug_url)
 }
 
+/// Opens a tab on each of the site's `paths`; the tabs stay while the
+/// answer lives.
+async fn open_tabs(debug_url: &str, pages: &PageServer, paths: &[&str]) -> Vec<Page> {
+    let mut tabs = Vec::new();
+    for path in paths {
+        let url = format!("{}/{path}", pages.base);
+        tabs.push(Page::open(debug_url, &url).await.unwrap());
+    }
+    tabs
+}
+
 /// A running instance whose page at `/state` stored cookies and storage;
 /// its id and `urls.debug`.
 async fn running_with_state(serve: &TestServe, pages: &PageServer) -> (String, String) {
@@ -132,12 +143,7 @@ async fn browser_park_and_revive_keep_cookies_storage_and_tabs() {
         .await
         .unwrap();
     assert_eq!(state_page.eval(STORE_STATE).await.unwrap(), true);
-    let _a = Page::open(&debug_url, &format!("{}/a", pages.base))
-        .await
-        .unwrap();
-    let _b = Page::open(&debug_url, &format!("{}/b", pages.base))
-        .await
-        .unwrap();
+    let _tabs = open_tabs(&debug_url, &pages, &["a", "b"]).await;
     let instance_dir = serve.instances_dir().join(&id).display().to_string();
 
     // Park: the exact response shape, the browser gone, the snapshot stored.
@@ -239,12 +245,7 @@ async fn browser_park_and_revive_keep_cookies_storage_and_tabs() {
     );
 
     // full_restore: every tab back at its URL, and the state too.
-    let _a = Page::open(&debug_url, &format!("{}/a", pages.base))
-        .await
-        .unwrap();
-    let _b = Page::open(&debug_url, &format!("{}/b", pages.base))
-        .await
-        .unwrap();
+    let _tabs = open_tabs(&debug_url, &pages, &["a", "b"]).await;
     drop(state);
     serve.api.park(&id).await;
     revive(&serve, &id, r#"{"method": "full_restore"}"#).await;
