@@ -42,120 +42,59 @@ pub struct Metrics {
 /// A reading for `/metrics`: its name, its help text and how to read it.
 type Reading<T> = (&'static str, &'static str, fn(&Metrics) -> T);
 
-const COUNTERS: &[Reading<u64>] = &[
-    (
-        "connections_total",
-        "Event streams opened since start.",
-        |m| m.connections_total.get(),
-    ),
-    ("messages_sent", "Events written to subscribers.", |m| {
-        m.messages_sent.get()
-    }),
-    (
-        "bytes_sent",
-        "Bytes written to subscribers (events and keepalives).",
-        |m| m.bytes_sent.get(),
-    ),
-    (
-        "auth_cache_hits",
-        "Subscriptions verified from the cache.",
-        |m| m.auth_cache_hits.get(),
-    ),
-    (
-        "auth_failures",
-        "Subscriptions refused: missing, malformed or invalid tokens.",
-        |m| m.auth_failures.get(),
-    ),
-    (
-        "rate_limited_requests",
-        "Requests refused by the per-IP rate limit.",
-        |m| m.rate_limited_requests.get(),
-    ),
-    ("messages_published", "Events published.", |m| {
-        m.messages_published.get()
-    }),
-    (
-        "messages_dropped",
-        "Events a subscriber's full queue dropped.",
-        |m| m.messages_dropped.get(),
-    ),
-    (
-        "subscribers_cut_off",
-        "Streams ended by the block policy.",
-        |m| m.subscribers_cut_off.get(),
-    ),
-    ("webhook_calls", "Calls to the verification webhook.", |m| {
-        m.webhook_calls.get()
-    }),
-    (
-        "webhook_failures",
-        "Webhook calls that failed (5xx, timeout, connection).",
-        |m| m.webhook_failures.get(),
-    ),
-    (
-        "peer_messages_sent",
-        "Events and publishes delivered to peers.",
-        |m| m.peer_messages_sent.get(),
-    ),
-    (
-        "peer_send_failures",
-        "Peer requests that failed (sent again while the peer lives).",
-        |m| m.peer_send_failures.get(),
-    ),
-    (
-        "peer_frames_dropped",
-        "Events dropped because a peer's link was full.",
-        |m| m.peer_frames_dropped.get(),
-    ),
-    (
-        "peer_frames_received",
-        "Events received from the owners of their topics.",
-        |m| m.peer_frames_received.get(),
-    ),
-    (
-        "peer_auth_failures",
-        "Gossip datagrams and peer requests refused: bad or missing signature.",
-        |m| m.peer_auth_failures.get(),
-    ),
+/// Readings of `Metrics` fields, each named after its field.
+macro_rules! readings {
+    ($($field:ident: $help:literal,)*) => {
+        [$((stringify!($field), $help, |m: &Metrics| m.$field.get())),*]
+    };
+}
+
+const COUNTERS: &[Reading<u64>] = &readings![
+    connections_total: "Event streams opened since start.",
+    messages_sent: "Events written to subscribers.",
+    bytes_sent: "Bytes written to subscribers (events and keepalives).",
+    auth_cache_hits: "Subscriptions verified from the cache.",
+    auth_failures: "Subscriptions refused: missing, malformed or invalid tokens.",
+    rate_limited_requests: "Requests refused by the per-IP rate limit.",
+    messages_published: "Events published.",
+    messages_dropped: "Events a subscriber's full queue dropped.",
+    subscribers_cut_off: "Streams ended by the block policy.",
+    webhook_calls: "Calls to the verification webhook.",
+    webhook_failures: "Webhook calls that failed (5xx, timeout, connection).",
+    peer_messages_sent: "Events and publishes delivered to peers.",
+    peer_send_failures: "Peer requests that failed (sent again while the peer lives).",
+    peer_frames_dropped: "Events dropped because a peer's link was full.",
+    peer_frames_received: "Events received from the owners of their topics.",
+    peer_auth_failures: "Gossip datagrams and peer requests refused: bad or missing signature.",
 ];
 
-const GAUGES: &[Reading<i64>] = &[
-    ("connections_active", "Open event streams.", |m| {
-        m.connections_active.get()
-    }),
-    (
-        "peers_connected",
-        "Live peer proxies (gossip heartbeat within peers.peer_timeout_sec).",
-        |m| m.peers_connected.get(),
-    ),
-    (
-        "topics_active",
-        "Topics with at least one subscriber.",
-        |m| m.topics_active.get(),
-    ),
-    (
-        "sync_lag",
-        "Milliseconds the oldest event not yet delivered to a peer has waited (0: every peer is current).",
-        |m| m.sync_lag.get(),
-    ),
+const GAUGES: &[Reading<i64>] = &readings![
+    connections_active: "Open event streams.",
+    peers_connected: "Live peer proxies (gossip heartbeat within peers.peer_timeout_sec).",
+    topics_active: "Topics with at least one subscriber.",
+    sync_lag: "Milliseconds the oldest event not yet delivered to a peer has waited (0: every peer is current).",
 ];
+
+/// One reading in the text format: its help, its type and its value.
+fn write_reading(
+    out: &mut String,
+    (name, help, kind): (&str, &str, &str),
+    value: impl std::fmt::Display,
+) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+    );
+}
 
 impl Metrics {
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(4096);
         for (name, help, value) in COUNTERS {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
-                value(self)
-            );
+            write_reading(&mut out, (name, help, "counter"), value(self));
         }
         for (name, help, value) in GAUGES {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}",
-                value(self)
-            );
+            write_reading(&mut out, (name, help, "gauge"), value(self));
         }
         self.publish_to_write.render(
             "publish_to_write_seconds",
@@ -177,26 +116,24 @@ mod tests {
     use std::time::Duration;
 
     #[test]
-    fn renders_the_spec_names() {
+    fn renders_every_reading_with_its_type() {
         let metrics = Metrics::default();
         metrics.messages_sent.add(3);
         metrics.publish_to_write.observe(Duration::from_micros(300));
         let text = metrics.render();
-        for name in [
-            "connections_active",
-            "connections_total",
+        let fields = COUNTERS.iter().map(|(name, ..)| name);
+        for name in fields.chain(GAUGES.iter().map(|(name, ..)| name)) {
+            assert!(
+                text.contains(&format!("# TYPE {name} ")),
+                "missing {name}:\n{text}"
+            );
+        }
+        for line in [
             "messages_sent 3",
-            "bytes_sent",
-            "auth_cache_hits",
-            "auth_failures",
-            "peers_connected",
-            "topics_active",
-            "sync_lag",
-            "rate_limited_requests",
             "publish_to_write_seconds_bucket{le=\"0.0005\"} 1",
             "publish_to_write_seconds_count 1",
         ] {
-            assert!(text.contains(name), "missing {name}:\n{text}");
+            assert!(text.contains(line), "missing {line}:\n{text}");
         }
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use crate::{Api, init_logging};
+use crate::{Api, PageServer, init_logging, serve_page};
 use flotilla_node_agent::RuntimeKind;
 use flotilla_server::{FlotillaConfig, Serve};
 
@@ -33,6 +33,21 @@ pub async fn spawn_serve_with(adjust: impl FnOnce(&mut FlotillaConfig)) -> TestS
         std::sync::Arc::new(flotilla_api_types::clock::SystemClock),
     )
     .await
+}
+
+/// A site serving `html` at `/` on 127.0.0.1 and `serve` (adjusted by
+/// `adjust`) whose browsers may open it.
+pub async fn spawn_serve_with_page(
+    html: &str,
+    adjust: impl FnOnce(&mut FlotillaConfig),
+) -> (PageServer, TestServe) {
+    let site = serve_page(&[("/", html)]).await;
+    let serve = spawn_serve_with(|config| {
+        adjust(config);
+        site.allow_in(config);
+    })
+    .await;
+    (site, serve)
 }
 
 /// `serve` whose lifecycle decisions (activity, idle, heartbeats) follow `clock`.

@@ -50,6 +50,19 @@ struct AgentSpec<'a> {
     env: &'a [(&'a str, &'a str)],
 }
 
+impl<'a> AgentSpec<'a> {
+    /// An agent on the sim runtime with nothing more in its environment.
+    fn sim(node: &'a str, max_instances: &'a str, ports: &'a str) -> Self {
+        AgentSpec {
+            node,
+            max_instances,
+            ports,
+            sim: true,
+            env: &[],
+        }
+    }
+}
+
 async fn agent(control_url: &str, dir: &Path, spec: &AgentSpec<'_>) -> ServeProcess {
     let data = dir.display().to_string();
     let mut env = vec![
@@ -154,13 +167,7 @@ async fn cluster_capacity_preference_node_loss_and_reconciliation() {
     let cp = control(&temp.path().join("cp"), &[]).await;
     let api = &cp.api;
     let url = api.base.clone();
-    let spec = |node, ports| AgentSpec {
-        node,
-        max_instances: "10",
-        ports,
-        sim: true,
-        env: &[],
-    };
+    let spec = |node, ports| AgentSpec::sim(node, "10", ports);
     let mut n1 = agent(&url, &temp.path().join("n1"), &spec("n1", "21000-21999")).await;
     let n2_dir: PathBuf = temp.path().join("n2");
     let mut n2 = agent(&url, &n2_dir, &spec("n2", "22000-22999")).await;
@@ -294,13 +301,7 @@ async fn a_second_agent_with_the_same_node_id_is_refused_and_a_restart_is_not() 
     let cp = control(&temp.path().join("cp"), &[]).await;
     let api = &cp.api;
     let url = api.base.clone();
-    let spec = |ports| AgentSpec {
-        node: "twin",
-        max_instances: "5",
-        ports,
-        sim: true,
-        env: &[],
-    };
+    let spec = |ports| AgentSpec::sim("twin", "5", ports);
     let mut first = agent(&url, &temp.path().join("first"), &spec("25000-25099")).await;
     wait_nodes(api, &[("twin", "online")]).await;
     let created = api.create("{}").await;
@@ -509,13 +510,7 @@ async fn two_control_planes_share_one_postgres() {
     ];
     let a = control(&temp.path().join("a"), &env).await;
     let b = control(&temp.path().join("b"), &env).await;
-    let spec = |node, ports| AgentSpec {
-        node,
-        max_instances: "10",
-        ports,
-        sim: true,
-        env: &[],
-    };
+    let spec = |node, ports| AgentSpec::sim(node, "10", ports);
     let _n1 = agent(
         &a.api.base,
         &temp.path().join("n1"),

@@ -127,11 +127,14 @@ pub async fn by_subdomain(
     let rest = request.uri().path().to_owned();
     match route(&id, &rest) {
         Some(route) => pass(&control_plane, request, id, route, "").await,
-        None => Error::NotFound(format!(
-            "no such path on an instance's subdomain: {rest}; the door serves /json/…, /devtools/…, /stream, /stream/ws, /screenshot and /tabs"
-        ))
-        .into_response(),
+        None => not_on_subdomain(&rest).into_response(),
     }
+}
+
+fn not_on_subdomain(rest: &str) -> Error {
+    Error::NotFound(format!(
+        "no such path on an instance's subdomain: {rest}; the door serves /json/…, /devtools/…, /stream, /stream/ws, /stream/frame.jpg, /screenshot, /tabs, /downloads and /recordings"
+    ))
 }
 
 /// Handler of every `/v2/instances/{instance_id}/…` door route.

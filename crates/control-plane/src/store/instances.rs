@@ -64,6 +64,39 @@ pub struct InstanceFilter {
     pub node_id: Option<NodeId>,
 }
 
+/// What a status move sets besides the status, its reason and `updated_at`.
+enum AlsoSet<'a> {
+    Nothing,
+    /// A park: the snapshot, dormant since the move, no usage any more.
+    Snapshot(&'a SnapshotId),
+    /// A revive begins, by this method.
+    ReviveMethod(ReviveMethod),
+    /// A revive ended: its snapshot is spent.
+    SnapshotSpent,
+}
+
+impl AlsoSet<'_> {
+    /// The assignments added to the UPDATE (`$5` is [`Self::value`]).
+    fn sql(&self) -> &'static str {
+        match self {
+            AlsoSet::Nothing => "",
+            AlsoSet::Snapshot(_) => {
+                ", snapshot_id = $5, dormant_since = $4, cpu_percent = 0, memory_mb = 0"
+            }
+            AlsoSet::ReviveMethod(_) => ", revive_method = $5",
+            AlsoSet::SnapshotSpent => ", snapshot_id = NULL, dormant_since = NULL",
+        }
+    }
+
+    fn value(&self) -> Option<String> {
+        match self {
+            AlsoSet::Snapshot(snapshot) => Some(snapshot.as_str().to_owned()),
+            AlsoSet::ReviveMethod(method) => Some(method.as_str().to_owned()),
+            AlsoSet::Nothing | AlsoSet::SnapshotSpent => None,
+        }
+    }
+}
+
 fn decode(row: &AnyRow) -> Result<InstanceRecord, sqlx::Error> {
     let status: String = row.try_get("status")?;
     let status = status
@@ -487,14 +520,7 @@ impl Store {
         reason: Option<&str>,
         now: DateTime<Utc>,
     ) -> Result<Option<InstanceRecord>, sqlx::Error> {
-        let update = sqlx::query(
-            "UPDATE instances SET status = $2, status_reason = $3, updated_at = $4 WHERE id = $1",
-        )
-        .bind(id.as_str())
-        .bind(to.as_str())
-        .bind(reason.map(str::to_owned))
-        .bind(to_millis(now));
-        self.commit_transition(id, from, to, reason, update, now)
+        self.move_status(id, (from, to), reason, AlsoSet::Nothing, now)
             .await
     }
 
@@ -505,23 +531,10 @@ impl Store {
         snapshot: &SnapshotId,
         since: DateTime<Utc>,
     ) -> Result<Option<InstanceRecord>, sqlx::Error> {
-        let update = sqlx::query(
-            "UPDATE instances SET status = $2, status_reason = NULL, snapshot_id = $3, dormant_since = $4, \
-             updated_at = $4, cpu_percent = 0, memory_mb = 0 WHERE id = $1",
-        )
-        .bind(id.as_str())
-        .bind(InstanceStatus::Dormant.as_str())
-        .bind(snapshot.as_str())
-        .bind(to_millis(since));
-        self.commit_transition(
-            id,
-            &[InstanceStatus::Running, InstanceStatus::Idle],
-            InstanceStatus::Dormant,
-            None,
-            update,
-            since,
-        )
-        .await
+        let from = [InstanceStatus::Running, InstanceStatus::Idle];
+        let to = InstanceStatus::Dormant;
+        self.move_status(id, (&from, to), None, AlsoSet::Snapshot(snapshot), since)
+            .await
     }
 
     /// Starts a revive: `reviving` with its method, from one of `from`.
@@ -533,31 +546,50 @@ impl Store {
         reason: Option<&str>,
         now: DateTime<Utc>,
     ) -> Result<Option<InstanceRecord>, sqlx::Error> {
-        let update = sqlx::query(
-            "UPDATE instances SET status = $2, status_reason = $3, revive_method = $4, updated_at = $5 WHERE id = $1",
-        )
-        .bind(id.as_str())
-        .bind(InstanceStatus::Reviving.as_str())
-        .bind(reason.map(str::to_owned))
-        .bind(method.as_str())
-        .bind(to_millis(now));
-        self.commit_transition(id, from, InstanceStatus::Reviving, reason, update, now)
+        let to = InstanceStatus::Reviving;
+        self.move_status(id, (from, to), reason, AlsoSet::ReviveMethod(method), now)
             .await
     }
 
-    /// Moves `id` from one of `from` to `to` with `update` (which binds the
-    /// instance id as `$1`) and appends the event the move announces, in one
-    /// transaction; the updated record, or `None` when the instance is not in
-    /// one of `from`.
-    async fn commit_transition<'q>(
+    /// Records a finished revive: `running` from one of `from` (`reviving`,
+    /// or an ended state when the instance is adopted again), its snapshot
+    /// spent, in one transaction (the node deletes the archive only after).
+    pub async fn instance_set_revived(
         &self,
         id: &InstanceId,
         from: &[InstanceStatus],
-        to: InstanceStatus,
         reason: Option<&str>,
-        update: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>,
         now: DateTime<Utc>,
     ) -> Result<Option<InstanceRecord>, sqlx::Error> {
+        let to = InstanceStatus::Running;
+        self.move_status(id, (from, to), reason, AlsoSet::SnapshotSpent, now)
+            .await
+    }
+
+    /// Moves `id` from one of `from` to `to` (with `reason` and what `also`
+    /// sets) and appends the event the move announces, in one transaction;
+    /// the updated record, or `None` when the instance is not in one of `from`.
+    async fn move_status(
+        &self,
+        id: &InstanceId,
+        (from, to): (&[InstanceStatus], InstanceStatus),
+        reason: Option<&str>,
+        also: AlsoSet<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<Option<InstanceRecord>, sqlx::Error> {
+        let sql = format!(
+            "UPDATE instances SET status = $2, status_reason = $3, updated_at = $4{} WHERE id = $1",
+            also.sql()
+        );
+        let update = sqlx::query(&sql)
+            .bind(id.as_str())
+            .bind(to.as_str())
+            .bind(reason.map(str::to_owned))
+            .bind(to_millis(now));
+        let update = match also.value() {
+            Some(value) => update.bind(value),
+            None => update,
+        };
         let mut conn = self.writer.acquire().await?;
         let mut tx = conn.begin().await?;
         let Some((current, node)) = self.lock_instance(&mut tx, id).await? else {
@@ -576,28 +608,6 @@ impl Store {
         self.refresh(&mut conn, id).await?;
         drop(conn);
         self.instance_get(id).await
-    }
-
-    /// Records a finished revive: `running` from one of `from` (`reviving`,
-    /// or an ended state when the instance is adopted again), its snapshot
-    /// spent, in one transaction (the node deletes the archive only after).
-    pub async fn instance_set_revived(
-        &self,
-        id: &InstanceId,
-        from: &[InstanceStatus],
-        reason: Option<&str>,
-        now: DateTime<Utc>,
-    ) -> Result<Option<InstanceRecord>, sqlx::Error> {
-        let update = sqlx::query(
-            "UPDATE instances SET status = $2, status_reason = $3, snapshot_id = NULL, dormant_since = NULL, \
-             updated_at = $4 WHERE id = $1",
-        )
-        .bind(id.as_str())
-        .bind(InstanceStatus::Running.as_str())
-        .bind(reason.map(str::to_owned))
-        .bind(to_millis(now));
-        self.commit_transition(id, from, InstanceStatus::Running, reason, update, now)
-            .await
     }
 
     /// Instances in one of `statuses`, on every node.

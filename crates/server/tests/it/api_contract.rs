@@ -5,7 +5,7 @@
 
 use flotilla_node_agent::config::RuntimeKind;
 use flotilla_testkit::{
-    StatusCode, assert_error, sorted_keys, spawn_serve_with, spawn_sim_serve, workspace_root,
+    Api, StatusCode, assert_error, sorted_keys, spawn_serve_with, spawn_sim_serve, workspace_root,
 };
 
 #[tokio::test]
@@ -121,16 +121,23 @@ async fn invalid_create_bodies_are_400_naming_the_field() {
         (r#"{"node_preference": "no-such-node"}"#, "node_preference"),
         (r#"{} {}"#, "trailing"),
     ];
-    for (body, mention) in cases {
-        assert_error(
-            serve.api.post("/v2/instances", body).await,
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            mention,
-        );
-    }
+    assert_creates_refused(
+        &serve.api,
+        &cases,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+    )
+    .await;
     let (_, list) = serve.api.get("/v2/instances").await;
     assert_eq!(list["total"], 0, "no rejected request left a record");
+}
+
+/// Each create body of `cases` is refused with `status` and `code`, its
+/// detail naming what the case says.
+async fn assert_creates_refused(api: &Api, cases: &[(&str, &str)], status: StatusCode, code: &str) {
+    for (body, mention) in cases {
+        assert_error(api.post("/v2/instances", body).await, status, code, mention);
+    }
 }
 
 #[tokio::test]
@@ -144,18 +151,11 @@ async fn full_node_gives_503_insufficient_capacity() {
         ("{}", "full"),
         (r#"{"node_preference": "test-node"}"#, "test-node"),
     ];
-    for (body, mention) in too_big.into_iter().chain(full) {
-        if mention == "full" {
-            serve.api.create("{}").await;
-            serve.api.create("{}").await;
-        }
-        assert_error(
-            serve.api.post("/v2/instances", body).await,
-            StatusCode::SERVICE_UNAVAILABLE,
-            "insufficient_capacity",
-            mention,
-        );
-    }
+    let refused = StatusCode::SERVICE_UNAVAILABLE;
+    assert_creates_refused(&serve.api, &too_big, refused, "insufficient_capacity").await;
+    serve.api.create("{}").await;
+    serve.api.create("{}").await;
+    assert_creates_refused(&serve.api, &full, refused, "insufficient_capacity").await;
 
     // Deleting frees the slot.
     let (_, list) = serve.api.get("/v2/instances").await;

@@ -180,14 +180,14 @@ async fn browser_park_and_revive_keep_cookies_storage_and_tabs() {
     );
 
     // Wrong states and bodies.
-    let (status, body) = serve
-        .api
-        .post(&format!("/v2/instances/{id}/dormant"), "")
-        .await;
-    assert_eq!(
-        (status, body["code"].as_str()),
-        (StatusCode::CONFLICT, Some("invalid_state")),
-        "{body}"
+    assert_error(
+        serve
+            .api
+            .post(&format!("/v2/instances/{id}/dormant"), "")
+            .await,
+        StatusCode::CONFLICT,
+        "invalid_state",
+        "only running or idle instances",
     );
     for bad in [
         r#"{"method": "warp"}"#,
@@ -195,14 +195,12 @@ async fn browser_park_and_revive_keep_cookies_storage_and_tabs() {
         "[1]",
         "{bad json",
     ] {
-        let (status, body) = serve
-            .api
-            .post(&format!("/v2/instances/{id}/revive"), bad)
-            .await;
-        assert_eq!(
-            (status, body["code"].as_str()),
-            (StatusCode::BAD_REQUEST, Some("invalid_request")),
-            "{bad}: {body}"
+        let revive = format!("/v2/instances/{id}/revive");
+        assert_error(
+            serve.api.post(&revive, bad).await,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "",
         );
     }
     let (status, body) = serve
@@ -325,13 +323,14 @@ async fn browser_dormant_and_revive_refuse_other_states() {
         }
     }
     for operation in ["dormant", "revive"] {
-        let (status, body) = serve
-            .api
-            .post(&format!("/v2/instances/nope/{operation}"), "")
-            .await;
-        assert_eq!(
-            (status, body["code"].as_str()),
-            (StatusCode::NOT_FOUND, Some("not_found"))
+        assert_error(
+            serve
+                .api
+                .post(&format!("/v2/instances/nope/{operation}"), "")
+                .await,
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "nope",
         );
     }
     serve.shutdown().await;

@@ -55,6 +55,12 @@ async fn get(url: &str, headers: &[(&str, &str)]) -> reqwest::Response {
     request.send().await.expect("the door answers")
 }
 
+/// The door's addresses an instance's record gives for CDP and the live view.
+fn assert_urls(instance: &Value, debug: String, stream: String) {
+    assert_eq!(instance["urls"]["debug"], debug);
+    assert_eq!(instance["urls"]["stream"], stream);
+}
+
 #[tokio::test]
 async fn browser_clients_reach_instances_through_the_door_by_path() {
     let (serve, port) = door_serve(None).await;
@@ -63,13 +69,10 @@ async fn browser_clients_reach_instances_through_the_door_by_path() {
     let id = a["id"].as_str().unwrap();
     let (token_a, token_b) = (token(&a), token(&b));
     let door = format!("http://127.0.0.1:{port}/v2/instances/{id}");
-    assert_eq!(
-        a["urls"]["debug"],
-        format!("ws://127.0.0.1:{port}/v2/instances/{id}/cdp?token={token_a}")
-    );
-    assert_eq!(
-        a["urls"]["stream"],
-        format!("{door}/stream?token={token_a}")
+    assert_urls(
+        &a,
+        format!("ws://127.0.0.1:{port}/v2/instances/{id}/cdp?token={token_a}"),
+        format!("{door}/stream?token={token_a}"),
     );
     // The spec's ports stay.
     assert!(a["debug_port"].as_u64().is_some() && a["stream_port"].as_u64().is_some());
@@ -227,13 +230,10 @@ async fn browser_each_instance_has_an_origin_of_its_own_by_subdomain() {
     let sub = a["subdomain"].as_str().unwrap();
     let token_a = token(&a);
     let host = format!("{sub}.{DOMAIN}:{port}");
-    assert_eq!(
-        a["urls"]["debug"],
-        format!("ws://{host}/devtools/browser/{id}?token={token_a}")
-    );
-    assert_eq!(
-        a["urls"]["stream"],
-        format!("http://{host}/stream?token={token_a}")
+    assert_urls(
+        &a,
+        format!("ws://{host}/devtools/browser/{id}?token={token_a}"),
+        format!("http://{host}/stream?token={token_a}"),
     );
 
     // The Host header routes; the answer points back at the same origin.

@@ -7,7 +7,8 @@ use serde_json::Value;
 
 use flotilla_testkit::{
     BROWSER_DEADLINE, Page, StatusCode, TestServe, browser_processes, get_json, get_text,
-    serve_page, spawn_serve, spawn_serve_with, wait_browser_processes_gone, wait_until,
+    serve_page, spawn_serve, spawn_serve_with, spawn_serve_with_page, wait_browser_processes_gone,
+    wait_until,
 };
 
 async fn running_instance(serve: &TestServe, body: &str) -> Value {
@@ -21,8 +22,7 @@ fn debug_url(created: &Value) -> &str {
 
 #[tokio::test]
 async fn browser_instances_cannot_see_each_others_processes_files_or_cookies() {
-    let pages = serve_page(&[("/", "<title>cookie jar</title>")]).await;
-    let serve = spawn_serve_with(|config| pages.allow_in(config)).await;
+    let (pages, serve) = spawn_serve_with_page("<title>cookie jar</title>", |_| {}).await;
     let agent_warnings = serve.serve().agent.warnings().to_vec();
     assert!(
         agent_warnings.iter().all(|w| !w.contains("bubblewrap")),
@@ -114,8 +114,7 @@ async fn browser_instances_cannot_see_each_others_processes_files_or_cookies() {
 
 #[tokio::test]
 async fn browser_memory_limit_kills_the_hog_and_the_rest_lives_on() {
-    let pages = serve_page(&[("/", "<title>hog</title>")]).await;
-    let serve = spawn_serve_with(|config| pages.allow_in(config)).await;
+    let (pages, serve) = spawn_serve_with_page("<title>hog</title>", |_| {}).await;
     assert!(
         serve
             .serve()
@@ -186,10 +185,8 @@ async fn browser_memory_limit_kills_the_hog_and_the_rest_lives_on() {
 
 #[tokio::test]
 async fn browser_cpu_quota_caps_a_busy_page() {
-    let pages = serve_page(&[("/", "<title>busy</title>")]).await;
-    let serve = spawn_serve_with(|config| {
+    let (pages, serve) = spawn_serve_with_page("<title>busy</title>", |config| {
         config.agent.cpu_quota_per_core = 0.5;
-        pages.allow_in(config);
     })
     .await;
     assert!(
@@ -445,11 +442,9 @@ async fn browser_live_view_feeds_every_viewer_and_a_stalled_one_blocks_nobody() 
 
 #[tokio::test]
 async fn browser_warm_pool_creates_are_running_at_once_with_fresh_profiles() {
-    let pages = serve_page(&[("/", "<title>pool</title>")]).await;
-    let serve = spawn_serve_with(|config| {
+    let (pages, serve) = spawn_serve_with_page("<title>pool</title>", |config| {
         config.agent.warm_pool_size = 2;
         config.agent.max_instances = 2;
-        pages.allow_in(config);
     })
     .await;
     let agent = serve.serve().agent.clone();

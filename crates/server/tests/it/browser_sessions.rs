@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use flotilla_testkit::{
     BROWSER_DEADLINE, Page, StatusCode, browser_processes, free_port, serve_page, spawn_serve_with,
-    wait_until,
+    spawn_serve_with_page, wait_until,
 };
 
 const PROXY_USER: &str = "flotilla";
@@ -391,8 +391,7 @@ const READ_STATE: &str = "JSON.stringify([document.cookie, localStorage.getItem(
 
 #[tokio::test]
 async fn browser_a_persistent_profile_carries_cookies_and_storage_across_instances() {
-    let site = serve_page(&[("/", "<title>shop</title>")]).await;
-    let serve = spawn_serve_with(|config| site.allow_in(config)).await;
+    let (site, serve) = spawn_serve_with_page("<title>shop</title>", |_| {}).await;
     let api = &serve.api;
     let url = format!("{}/", site.base);
 
@@ -518,8 +517,8 @@ async fn marked_page(debug_url: &str, url: &str) -> Page {
 
 #[tokio::test]
 async fn browser_an_uploaded_extension_changes_pages_and_survives_park_and_revive() {
-    let site = serve_page(&[("/", "<title>original</title><body>page</body>")]).await;
-    let serve = spawn_serve_with(|config| site.allow_in(config)).await;
+    let (site, serve) =
+        spawn_serve_with_page("<title>original</title><body>page</body>", |_| {}).await;
     let api = &serve.api;
     let url = format!("{}/", site.base);
 
