@@ -197,6 +197,24 @@ fn bind_statuses<'q>(
 }
 
 impl Store {
+    /// The rows of `sql`, whose `{in}` becomes the placeholders of `statuses`
+    /// (numbered after `node`'s `$1` when there is one).
+    async fn fetch_in_statuses(
+        &self,
+        sql: &str,
+        node: Option<&NodeId>,
+        statuses: &[InstanceStatus],
+    ) -> Result<Vec<AnyRow>, sqlx::Error> {
+        let statuses = status_strings(statuses);
+        let first = 1 + usize::from(node.is_some());
+        let sql = sql.replace("{in}", &placeholders(first, statuses.len()));
+        let query = match node {
+            Some(node) => sqlx::query(&sql).bind(node.as_str()),
+            None => sqlx::query(&sql),
+        };
+        bind_statuses(query, &statuses).fetch_all(&self.pool).await
+    }
+
     /// Re-reads `id` on the writer connection (so in commit order) into the read model.
     async fn refresh(&self, conn: &mut AnyConnection, id: &InstanceId) -> Result<(), sqlx::Error> {
         let Some(cache) = &self.cache else {
@@ -618,17 +636,9 @@ impl Store {
         if let Some(cache) = &self.cache {
             return Ok(cache.in_statuses(statuses));
         }
-        let statuses = status_strings(statuses);
-        let sql = format!(
-            "SELECT {COLUMNS} FROM instances WHERE status IN ({})",
-            placeholders(1, statuses.len())
-        );
-        bind_statuses(sqlx::query(&sql), &statuses)
-            .fetch_all(&self.pool)
-            .await?
-            .iter()
-            .map(decode)
-            .collect()
+        let sql = format!("SELECT {COLUMNS} FROM instances WHERE status IN ({{in}})");
+        let rows = self.fetch_in_statuses(&sql, None, statuses).await?;
+        rows.iter().map(decode).collect()
     }
 
     /// Removes the record, with an `instance.deleted` event carrying its last
@@ -737,17 +747,10 @@ impl Store {
         if let Some(cache) = &self.cache {
             return Ok(cache.on_node(node, statuses));
         }
-        let statuses = status_strings(statuses);
-        let sql = format!(
-            "SELECT {COLUMNS} FROM instances WHERE node_id = $1 AND status IN ({})",
-            placeholders(2, statuses.len())
-        );
-        bind_statuses(sqlx::query(&sql).bind(node.as_str()), &statuses)
-            .fetch_all(&self.pool)
-            .await?
-            .iter()
-            .map(decode)
-            .collect()
+        let sql =
+            format!("SELECT {COLUMNS} FROM instances WHERE node_id = $1 AND status IN ({{in}})");
+        let rows = self.fetch_in_statuses(&sql, Some(node), statuses).await?;
+        rows.iter().map(decode).collect()
     }
 
     /// Number of instances per status.
@@ -799,13 +802,10 @@ impl Store {
         if let Some(cache) = &self.cache {
             return Ok(cache.occupancy());
         }
-        let occupying = status_strings(&InstanceStatus::OCCUPYING);
-        let sql = format!(
-            "SELECT node_id, COUNT(*) AS n FROM instances WHERE status IN ({}) GROUP BY node_id",
-            placeholders(1, occupying.len())
-        );
-        bind_statuses(sqlx::query(&sql), &occupying)
-            .fetch_all(&self.pool)
+        let sql =
+            "SELECT node_id, COUNT(*) AS n FROM instances WHERE status IN ({in}) GROUP BY node_id";
+        let occupying = InstanceStatus::OCCUPYING;
+        self.fetch_in_statuses(sql, None, &occupying)
             .await?
             .iter()
             .map(|row| {

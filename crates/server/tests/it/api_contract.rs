@@ -300,18 +300,14 @@ async fn list_filters_sorts_and_pages() {
     assert_eq!(page["instances"].as_array().unwrap().len(), 0);
     assert_eq!(page["total"], 12);
 
-    let (_, page) = serve
-        .api
-        .get("/v2/instances?status=running&node_id=test-node&sort=memory_desc")
-        .await;
-    assert_eq!(page["total"], 12);
-    let (_, page) = serve.api.get("/v2/instances?status=dormant").await;
-    assert_eq!(page["total"], 0);
-    let (_, page) = serve
-        .api
-        .get("/v2/instances?node_id=elsewhere&sort=cpu_desc")
-        .await;
-    assert_eq!(page["total"], 0);
+    for (query, total) in [
+        ("status=running&node_id=test-node&sort=memory_desc", 12),
+        ("status=dormant", 0),
+        ("node_id=elsewhere&sort=cpu_desc", 0),
+    ] {
+        let (_, page) = serve.api.get(&format!("/v2/instances?{query}")).await;
+        assert_eq!(page["total"], total, "{query}");
+    }
 
     for (query, mention) in [
         ("limit=0", "limit"),

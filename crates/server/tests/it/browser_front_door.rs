@@ -55,6 +55,12 @@ async fn get(url: &str, headers: &[(&str, &str)]) -> reqwest::Response {
     request.send().await.expect("the door answers")
 }
 
+/// The browser's CDP address a `/json/version` answer gives.
+async fn debugger_url(url: &str, headers: &[(&str, &str)]) -> String {
+    let version: Value = get(url, headers).await.json().await.unwrap();
+    version["webSocketDebuggerUrl"].as_str().unwrap().to_owned()
+}
+
 /// The door's addresses an instance's record gives for CDP and the live view.
 fn assert_urls(instance: &Value, debug: String, stream: String) {
     assert_eq!(instance["urls"]["debug"], debug);
@@ -104,12 +110,7 @@ async fn browser_clients_reach_instances_through_the_door_by_path() {
     );
 
     // Discovery answers point back through the door, with the token.
-    let version: Value = get(&format!("{door}/json/version?token={token_a}"), &[])
-        .await
-        .json()
-        .await
-        .unwrap();
-    let ws = version["webSocketDebuggerUrl"].as_str().unwrap();
+    let ws = debugger_url(&format!("{door}/json/version?token={token_a}"), &[]).await;
     assert!(
         ws.starts_with(&format!(
             "ws://127.0.0.1:{port}/v2/instances/{id}/devtools/browser/"
@@ -118,18 +119,14 @@ async fn browser_clients_reach_instances_through_the_door_by_path() {
     );
     assert!(ws.ends_with(&format!("?token={token_a}")), "{ws}");
     // Forwarding headers count only from trusted proxies (none here).
-    let spoofed: Value = get(
+    let spoofed_ws = debugger_url(
         &format!("{door}/json/version?token={token_a}"),
         &[
             ("x-forwarded-host", "evil.example"),
             ("x-forwarded-proto", "https"),
         ],
     )
-    .await
-    .json()
-    .await
-    .unwrap();
-    let spoofed_ws = spoofed["webSocketDebuggerUrl"].as_str().unwrap();
+    .await;
     assert!(
         spoofed_ws.starts_with(&format!("ws://127.0.0.1:{port}/")),
         "{spoofed_ws}"
@@ -238,15 +235,11 @@ async fn browser_each_instance_has_an_origin_of_its_own_by_subdomain() {
 
     // The Host header routes; the answer points back at the same origin.
     let base = format!("http://127.0.0.1:{port}");
-    let version: Value = get(
+    let ws = debugger_url(
         &format!("{base}/json/version?token={token_a}"),
         &[("host", &host)],
     )
-    .await
-    .json()
-    .await
-    .unwrap();
-    let ws = version["webSocketDebuggerUrl"].as_str().unwrap();
+    .await;
     assert!(
         ws.starts_with(&format!("ws://{host}/devtools/browser/")),
         "{ws}"

@@ -20,14 +20,20 @@ fn debug_url(created: &Value) -> &str {
     created["urls"]["debug"].as_str().unwrap()
 }
 
+/// The agent started without a warning about `feature` (bubblewrap, a
+/// writable cgroup hierarchy: scripts/install-deps sets both up).
+fn assert_agent_has(serve: &TestServe, feature: &str) {
+    let warnings = serve.serve().agent.warnings();
+    assert!(
+        warnings.iter().all(|w| !w.contains(feature)),
+        "this test needs {feature} (scripts/install-deps sets it up): {warnings:?}"
+    );
+}
+
 #[tokio::test]
 async fn browser_instances_cannot_see_each_others_processes_files_or_cookies() {
     let (pages, serve) = spawn_serve_with_page("<title>cookie jar</title>", |_| {}).await;
-    let agent_warnings = serve.serve().agent.warnings().to_vec();
-    assert!(
-        agent_warnings.iter().all(|w| !w.contains("bubblewrap")),
-        "this test needs bwrap (scripts/install-deps installs it): {agent_warnings:?}"
-    );
+    assert_agent_has(&serve, "bubblewrap");
     let a = running_instance(&serve, "{}").await;
     let b = running_instance(&serve, "{}").await;
     let a_dir = serve.instances_dir().join(a["id"].as_str().unwrap());
@@ -115,15 +121,7 @@ async fn browser_instances_cannot_see_each_others_processes_files_or_cookies() {
 #[tokio::test]
 async fn browser_memory_limit_kills_the_hog_and_the_rest_lives_on() {
     let (pages, serve) = spawn_serve_with_page("<title>hog</title>", |_| {}).await;
-    assert!(
-        serve
-            .serve()
-            .agent
-            .warnings()
-            .iter()
-            .all(|w| !w.contains("cgroup")),
-        "this test needs a writable cgroup hierarchy"
-    );
+    assert_agent_has(&serve, "cgroup");
     let hog = running_instance(&serve, r#"{"config": {"memory_gb": 0.5}}"#).await;
     let bystander = running_instance(&serve, "{}").await;
     let hog_id = hog["id"].as_str().unwrap();
@@ -189,14 +187,7 @@ async fn browser_cpu_quota_caps_a_busy_page() {
         config.agent.cpu_quota_per_core = 0.5;
     })
     .await;
-    assert!(
-        serve
-            .serve()
-            .agent
-            .warnings()
-            .iter()
-            .all(|w| !w.contains("cgroup"))
-    );
+    assert_agent_has(&serve, "cgroup");
     let busy = running_instance(&serve, r#"{"config": {"cpu_cores": 1}}"#).await;
     let id = busy["id"].as_str().unwrap();
     let page = Page::open(debug_url(&busy), &format!("{}/", pages.base))
