@@ -24,28 +24,13 @@ use flotilla_testkit::{PgServer, ServeProcess};
 
 const TOKEN: &str = "bench-cluster-token";
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> anyhow::Result<()> {
-    let agents = flag("--agents", 100)?;
-    let creates = flag("--creates", 10_000)?;
-    let concurrency = flag("--concurrency", 32)?;
-    let postgres = std::env::args().any(|a| a == "--postgres");
-    let binary = Path::new("target/release/flotilla");
-    anyhow::ensure!(
-        binary.exists(),
-        "build first: cargo build --release -p flotilla"
-    );
-    let temp = tempfile::tempdir()?;
-    let pg = if postgres {
-        Some(PgServer::start().await?)
-    } else {
-        None
-    };
-    let database = match &pg {
-        Some(pg) => Some(pg.database().await?),
-        None => None,
-    };
-    let cp_dir = temp.path().join("cp");
+/// Starts the control plane (on PostgreSQL at `database` if given).
+async fn start_control(
+    binary: &Path,
+    temp: &Path,
+    database: Option<&String>,
+) -> anyhow::Result<ServeProcess> {
+    let cp_dir = temp.join("cp");
     let cp_data = cp_dir.display().to_string();
     let mut env = vec![
         ("FLOTILLA_CLUSTER_TOKEN", TOKEN.to_owned()),
@@ -55,24 +40,33 @@ async fn main() -> anyhow::Result<()> {
             "100".to_owned(),
         ),
     ];
-    if let Some(url) = &database {
+    if let Some(url) = database {
         env.push(("FLOTILLA_DATABASE_URL", url.clone()));
     }
     let env_refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let control = ServeProcess::start_command(
+    ServeProcess::start_command(
         binary,
         &["control", "--listen", "127.0.0.1:0", "--data-dir", &cp_data],
         &cp_dir,
         &env_refs,
         "control plane listening on ",
     )
-    .await?;
-    let base = control.api.base.clone();
-    let per_agent = creates.div_ceil(agents).to_string();
-    let started = Instant::now();
+    .await
+}
+
+/// Starts `agents` sim-runtime agents of the control plane at `base`, with
+/// room for `creates` instances among them (`per_agent` each).
+async fn start_agents(
+    binary: &Path,
+    temp: &Path,
+    base: &str,
+    agents: usize,
+    creates: usize,
+    per_agent: &str,
+) -> anyhow::Result<Vec<ServeProcess>> {
     let mut processes = Vec::new();
     for i in 0..agents {
-        let dir = temp.path().join(format!("a{i}"));
+        let dir = temp.join(format!("a{i}"));
         let data = dir.display().to_string();
         let node = format!("node-{i:03}");
         // Three ports per instance (sim agents reserve them without binding).
@@ -84,14 +78,14 @@ async fn main() -> anyhow::Result<()> {
             ("RUST_LOG", "warn"),
             ("FLOTILLA_AGENT__RUNTIME", "sim"),
             ("FLOTILLA_AGENT__NODE_ID", node.as_str()),
-            ("FLOTILLA_AGENT__MAX_INSTANCES", per_agent.as_str()),
+            ("FLOTILLA_AGENT__MAX_INSTANCES", per_agent),
             ("FLOTILLA_AGENT__PORT_RANGE", ports.as_str()),
             ("FLOTILLA_AGENT__WARM_POOL_SIZE", "0"),
         ];
         processes.push(
             ServeProcess::start_command(
                 binary,
-                &["agent", "--control-plane", &base, "--data-dir", &data],
+                &["agent", "--control-plane", base, "--data-dir", &data],
                 &dir,
                 &env,
                 "node agent listening on ",
@@ -99,7 +93,16 @@ async fn main() -> anyhow::Result<()> {
             .await?,
         );
     }
-    let http = reqwest::Client::builder().no_proxy().build()?;
+    Ok(processes)
+}
+
+/// Waits (300 s from `started` at most) until all `agents` are online.
+async fn wait_online(
+    http: &reqwest::Client,
+    base: &str,
+    agents: usize,
+    started: Instant,
+) -> anyhow::Result<()> {
     loop {
         let nodes: serde_json::Value = http
             .get(format!("{base}/v2/nodes"))
@@ -111,25 +114,29 @@ async fn main() -> anyhow::Result<()> {
             .as_array()
             .map_or(0, |n| n.iter().filter(|n| n["status"] == "online").count());
         if online == agents {
-            break;
+            return Ok(());
         }
         if started.elapsed() > Duration::from_secs(300) {
             bail!("only {online} of {agents} agents online");
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    println!(
-        "{agents} agents online in {:.1} s; store: {}",
-        started.elapsed().as_secs_f64(),
-        if postgres { "PostgreSQL" } else { "SQLite" }
-    );
+}
 
-    // Placement.
+/// Phase 1: `creates` concurrent creates; prints the placement row and
+/// returns how many were accepted.
+async fn measure_placement(
+    http: &reqwest::Client,
+    base: &str,
+    agents: usize,
+    creates: usize,
+    concurrency: usize,
+) -> usize {
     let latencies = Arc::new(std::sync::Mutex::new(Vec::with_capacity(creates)));
     let started = Instant::now();
     let accepted: usize = futures_util::stream::iter(0..creates)
         .map(|_| {
-            let (http, base, latencies) = (http.clone(), base.clone(), latencies.clone());
+            let (http, base, latencies) = (http.clone(), base.to_owned(), latencies.clone());
             async move {
                 let one = Instant::now();
                 let response = http
@@ -155,14 +162,17 @@ async fn main() -> anyhow::Result<()> {
         percentile(&latencies, 0.5),
         percentile(&latencies, 0.99)
     );
+    accepted
+}
 
-    // Listing.
+/// Phase 2: random pages of 100 for 10 s at concurrency 8; prints the row.
+async fn measure_listing(http: &reqwest::Client, base: &str, accepted: usize, postgres: bool) {
     let pages = (accepted / 100).max(1);
     let deadline = Instant::now() + Duration::from_secs(10);
     let samples = Arc::new(std::sync::Mutex::new(Vec::new()));
     futures_util::stream::iter(0..8)
         .for_each_concurrent(8, |_| {
-            let (http, base, samples) = (http.clone(), base.clone(), samples.clone());
+            let (http, base, samples) = (http.clone(), base.to_owned(), samples.clone());
             async move {
                 while Instant::now() < deadline {
                     let offset = rand::random_range(0..pages) * 100;
@@ -191,7 +201,43 @@ async fn main() -> anyhow::Result<()> {
         percentile(&samples, 0.5),
         percentile(&samples, 0.99)
     );
+}
 
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let agents = flag("--agents", 100)?;
+    let creates = flag("--creates", 10_000)?;
+    let concurrency = flag("--concurrency", 32)?;
+    let postgres = std::env::args().any(|a| a == "--postgres");
+    let binary = Path::new("target/release/flotilla");
+    anyhow::ensure!(
+        binary.exists(),
+        "build first: cargo build --release -p flotilla"
+    );
+    let temp = tempfile::tempdir()?;
+    let pg = if postgres {
+        Some(PgServer::start().await?)
+    } else {
+        None
+    };
+    let database = match &pg {
+        Some(pg) => Some(pg.database().await?),
+        None => None,
+    };
+    let control = start_control(binary, temp.path(), database.as_ref()).await?;
+    let base = control.api.base.clone();
+    let per_agent = creates.div_ceil(agents).to_string();
+    let started = Instant::now();
+    let processes = start_agents(binary, temp.path(), &base, agents, creates, &per_agent).await?;
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    wait_online(&http, &base, agents, started).await?;
+    println!(
+        "{agents} agents online in {:.1} s; store: {}",
+        started.elapsed().as_secs_f64(),
+        if postgres { "PostgreSQL" } else { "SQLite" }
+    );
+    let accepted = measure_placement(&http, &base, agents, creates, concurrency).await;
+    measure_listing(&http, &base, accepted, postgres).await;
     for agent in processes {
         agent.signal(libc::SIGKILL);
     }

@@ -102,6 +102,210 @@ fn row(name: &str, samples: &[f64]) -> String {
     flotilla_bench::p50_p99_row(name, samples, flotilla_bench::mean(samples))
 }
 
+/// The instance under test, reached directly and through the door.
+struct Target<'a> {
+    http: &'a reqwest::Client,
+    created: &'a Value,
+    door_base: &'a str,
+    token: &'a str,
+    direct_client: &'a CdpClient,
+    direct_session: &'a str,
+    door_client: &'a CdpClient,
+    door_session: &'a str,
+}
+
+/// CDP round trips: a warm-up, then blocks of 100 alternating between the
+/// debug port and the door until `count` each; prints the table.
+async fn measure_round_trips(target: &Target<'_>, count: usize) -> anyhow::Result<()> {
+    let (direct_client, direct_session) = (target.direct_client, target.direct_session);
+    let (door_client, door_session) = (target.door_client, target.door_session);
+    for _ in 0..200 {
+        round_trip(direct_client, direct_session).await?;
+        round_trip(door_client, door_session).await?;
+    }
+    let (mut via_port, mut via_door) = (Vec::new(), Vec::new());
+    while via_port.len() < count {
+        for _ in 0..100 {
+            via_port.push(round_trip(direct_client, direct_session).await?);
+        }
+        for _ in 0..100 {
+            via_door.push(round_trip(door_client, door_session).await?);
+        }
+    }
+    println!("\nCDP round trip (Runtime.evaluate 1+1), ms\n");
+    println!("| path | n | p50 | p99 | mean |");
+    println!("|---|---|---|---|---|");
+    println!("{}", row("instance debug port", &via_port));
+    println!("{}", row("front door", &via_door));
+    println!(
+        "\np50 added by the door: {:.3} ms",
+        percentile(&via_door, 0.5) - percentile(&via_port, 0.5)
+    );
+    Ok(())
+}
+
+/// Shows a page of random pixels filling 1600x1000 on the direct session,
+/// closes the door's page; the id of the noise tab.
+async fn open_noise_tab(target: &Target<'_>) -> anyhow::Result<String> {
+    let noise = "data:text/html,<body style='margin:0'><canvas id=c width=1600 height=1000></canvas><script>\
+        const c=document.getElementById('c').getContext('2d');const d=c.createImageData(1600,1000);\
+        for(let i=0;i<d.data.length;i++)d.data[i]=Math.random()*256;c.putImageData(d,0,0);</script>";
+    let timeout = Duration::from_secs(60);
+    target
+        .direct_client
+        .call(
+            "Emulation.setDeviceMetricsOverride",
+            json!({"width": 1600, "height": 1000, "deviceScaleFactor": 1, "mobile": false}),
+            Some(target.direct_session),
+            timeout,
+        )
+        .await?;
+    target
+        .direct_client
+        .navigate(target.direct_session, noise, timeout)
+        .await?;
+    target
+        .door_client
+        .call("Page.close", json!({}), Some(target.door_session), timeout)
+        .await
+        .ok();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (door_base, token) = (target.door_base, target.token);
+    let tabs: Value = target
+        .http
+        .get(format!("{door_base}/tabs?token={token}"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    Ok(tabs
+        .as_array()
+        .and_then(|tabs| {
+            tabs.iter()
+                .find(|t| t["url"].as_str().is_some_and(|u| u.starts_with("data:")))
+        })
+        .and_then(|t| t["id"].as_str())
+        .context("the noise tab")?
+        .to_owned())
+}
+
+/// A large screenshot (the noise tab), ten times each way; prints the table.
+async fn measure_screenshots(target: &Target<'_>) -> anyhow::Result<()> {
+    let tab = open_noise_tab(target).await?;
+    let (http, door_base, token) = (target.http, target.door_base, target.token);
+    let http_port = target.created["http_port"].as_u64().context("http_port")?;
+    let direct_shot = format!("http://127.0.0.1:{http_port}/screenshot?tab={tab}&token={token}");
+    let door_shot = format!("{door_base}/screenshot?tab={tab}&token={token}");
+    let (mut shots_port, mut shots_door, mut size) = (Vec::new(), Vec::new(), 0);
+    for _ in 0..10 {
+        let (ms, bytes) = screenshot(http, &direct_shot).await?;
+        shots_port.push(ms);
+        size = bytes;
+        shots_door.push(screenshot(http, &door_shot).await?.0);
+    }
+    println!(
+        "\nScreenshot of {:.1} MB (GET /screenshot), ms\n",
+        size as f64 / 1e6
+    );
+    println!("| path | n | p50 | p99 | mean |");
+    println!("|---|---|---|---|---|");
+    println!("{}", row("instance http port", &shots_port));
+    println!("{}", row("front door", &shots_door));
+    Ok(())
+}
+
+/// Live view of an animated page, two runs of `seconds` each way; prints the
+/// table.
+async fn measure_live_view(target: &Target<'_>, seconds: u64) -> anyhow::Result<()> {
+    let animated = "data:text/html,<body style='margin:0'><div id=d style='width:100vw;height:100vh'></div><script>\
+        let n=0;(function f(){n++;d.style.background='hsl('+(n*7%360)+',80%,50%)';d.textContent=n;requestAnimationFrame(f);})();</script>";
+    let timeout = Duration::from_secs(60);
+    target
+        .direct_client
+        .navigate(target.direct_session, animated, timeout)
+        .await?;
+    let (http, door_base, token) = (target.http, target.door_base, target.token);
+    let stream_port = target.created["stream_port"]
+        .as_u64()
+        .context("stream_port")?;
+    let direct_stream = format!("http://127.0.0.1:{stream_port}/?token={token}");
+    let door_stream = format!("{door_base}/stream?token={token}");
+    println!("\nLive view (MJPEG, animated page), frames per second over {seconds} s\n");
+    println!("| path | run 1 | run 2 |");
+    println!("|---|---|---|");
+    let mut port_fps = Vec::new();
+    let mut door_fps = Vec::new();
+    for _ in 0..2 {
+        port_fps.push(fps(http, &direct_stream, seconds).await?);
+        door_fps.push(fps(http, &door_stream, seconds).await?);
+    }
+    println!(
+        "| instance stream port | {:.1} | {:.1} |",
+        port_fps[0], port_fps[1]
+    );
+    println!("| front door | {:.1} | {:.1} |", door_fps[0], door_fps[1]);
+    Ok(())
+}
+
+/// Memory per idle CDP connection: a fresh serve for each path, twice each;
+/// prints the table.
+async fn measure_connection_memory(
+    binary: &std::path::Path,
+    connections: usize,
+) -> anyhow::Result<()> {
+    println!(
+        "\nserve RSS per open, idle CDP connection ({connections} connections, fresh serve each), KiB\n"
+    );
+    println!("| path | RSS growth per connection |");
+    println!("|---|---|");
+    for door_path in [false, true, false, true] {
+        print_connection_rss_growth(binary, door_path, connections).await?;
+    }
+    Ok(())
+}
+
+/// On a fresh serve, opens `connections` idle CDP connections through the door
+/// (`door_path`) or the debug port and prints serve's RSS growth per one.
+async fn print_connection_rss_growth(
+    binary: &std::path::Path,
+    door_path: bool,
+    connections: usize,
+) -> anyhow::Result<()> {
+    let (serve, created, _dir) = start_with_instance(binary).await?;
+    let pid = serve.child.id().context("serve pid")?;
+    let direct = created["urls"]["debug"].as_str().context("debug")?;
+    let token = direct.split_once("?token=").context("token")?.1;
+    let door = format!(
+        "{}/v2/instances/{}/cdp?token={token}",
+        serve.url.replacen("http://", "ws://", 1),
+        created["id"].as_str().context("id")?
+    );
+    let url = if door_path { door } else { direct.to_owned() };
+    // Warm the allocator and the runtime with a few connections first.
+    let mut warm = Vec::new();
+    for _ in 0..10 {
+        warm.push(tokio_tungstenite::connect_async(url.as_str()).await?.0);
+    }
+    drop(warm);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = rss_kib(pid);
+    let mut open = Vec::new();
+    for _ in 0..connections {
+        open.push(tokio_tungstenite::connect_async(url.as_str()).await?.0);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = rss_kib(pid);
+    let name = if door_path {
+        "front door"
+    } else {
+        "instance debug port"
+    };
+    println!("| {name} | {:.1} |", (after - before) / connections as f64);
+    drop(open);
+    serve.stop().await;
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let binary: std::path::PathBuf = text_flag("--binary", "target/release/flotilla")?.into();
@@ -124,156 +328,26 @@ async fn main() -> anyhow::Result<()> {
         "{}/cdp?token={token}",
         door_base.replacen("http://", "ws://", 1)
     );
-
-    // CDP round trips.
     let (direct_client, direct_session) = page_session(&direct, "about:blank").await?;
     let (door_client, door_session) = page_session(&door, "about:blank").await?;
-    for _ in 0..200 {
-        round_trip(&direct_client, &direct_session).await?;
-        round_trip(&door_client, &door_session).await?;
-    }
-    let (mut via_port, mut via_door) = (Vec::new(), Vec::new());
-    while via_port.len() < count {
-        for _ in 0..100 {
-            via_port.push(round_trip(&direct_client, &direct_session).await?);
-        }
-        for _ in 0..100 {
-            via_door.push(round_trip(&door_client, &door_session).await?);
-        }
-    }
-    println!("\nCDP round trip (Runtime.evaluate 1+1), ms\n");
-    println!("| path | n | p50 | p99 | mean |");
-    println!("|---|---|---|---|---|");
-    println!("{}", row("instance debug port", &via_port));
-    println!("{}", row("front door", &via_door));
-    println!(
-        "\np50 added by the door: {:.3} ms",
-        percentile(&via_door, 0.5) - percentile(&via_port, 0.5)
-    );
-
-    // A large screenshot: a page of random pixels filling 1600x1000.
-    let noise = "data:text/html,<body style='margin:0'><canvas id=c width=1600 height=1000></canvas><script>\
-        const c=document.getElementById('c').getContext('2d');const d=c.createImageData(1600,1000);\
-        for(let i=0;i<d.data.length;i++)d.data[i]=Math.random()*256;c.putImageData(d,0,0);</script>";
-    let timeout = Duration::from_secs(60);
-    direct_client
-        .call(
-            "Emulation.setDeviceMetricsOverride",
-            json!({"width": 1600, "height": 1000, "deviceScaleFactor": 1, "mobile": false}),
-            Some(&direct_session),
-            timeout,
-        )
-        .await?;
-    direct_client
-        .navigate(&direct_session, noise, timeout)
-        .await?;
-    door_client
-        .call("Page.close", json!({}), Some(&door_session), timeout)
-        .await
-        .ok();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let tabs: Value = http
-        .get(format!("{door_base}/tabs?token={token}"))
-        .send()
-        .await?
-        .json()
-        .await?;
-    let tab = tabs
-        .as_array()
-        .and_then(|tabs| {
-            tabs.iter()
-                .find(|t| t["url"].as_str().is_some_and(|u| u.starts_with("data:")))
-        })
-        .and_then(|t| t["id"].as_str())
-        .context("the noise tab")?
-        .to_owned();
-    let http_port = created["http_port"].as_u64().context("http_port")?;
-    let direct_shot = format!("http://127.0.0.1:{http_port}/screenshot?tab={tab}&token={token}");
-    let door_shot = format!("{door_base}/screenshot?tab={tab}&token={token}");
-    let (mut shots_port, mut shots_door, mut size) = (Vec::new(), Vec::new(), 0);
-    for _ in 0..10 {
-        let (ms, bytes) = screenshot(&http, &direct_shot).await?;
-        shots_port.push(ms);
-        size = bytes;
-        shots_door.push(screenshot(&http, &door_shot).await?.0);
-    }
-    println!(
-        "\nScreenshot of {:.1} MB (GET /screenshot), ms\n",
-        size as f64 / 1e6
-    );
-    println!("| path | n | p50 | p99 | mean |");
-    println!("|---|---|---|---|---|");
-    println!("{}", row("instance http port", &shots_port));
-    println!("{}", row("front door", &shots_door));
-
-    // Live view of an animated page.
-    let animated = "data:text/html,<body style='margin:0'><div id=d style='width:100vw;height:100vh'></div><script>\
-        let n=0;(function f(){n++;d.style.background='hsl('+(n*7%360)+',80%,50%)';d.textContent=n;requestAnimationFrame(f);})();</script>";
-    direct_client
-        .navigate(&direct_session, animated, timeout)
-        .await?;
-    let stream_port = created["stream_port"].as_u64().context("stream_port")?;
-    let direct_stream = format!("http://127.0.0.1:{stream_port}/?token={token}");
-    let door_stream = format!("{door_base}/stream?token={token}");
-    println!("\nLive view (MJPEG, animated page), frames per second over {seconds} s\n");
-    println!("| path | run 1 | run 2 |");
-    println!("|---|---|---|");
-    let mut port_fps = Vec::new();
-    let mut door_fps = Vec::new();
-    for _ in 0..2 {
-        port_fps.push(fps(&http, &direct_stream, seconds).await?);
-        door_fps.push(fps(&http, &door_stream, seconds).await?);
-    }
-    println!(
-        "| instance stream port | {:.1} | {:.1} |",
-        port_fps[0], port_fps[1]
-    );
-    println!("| front door | {:.1} | {:.1} |", door_fps[0], door_fps[1]);
+    let target = Target {
+        http: &http,
+        created: &created,
+        door_base: &door_base,
+        token: &token,
+        direct_client: &direct_client,
+        direct_session: &direct_session,
+        door_client: &door_client,
+        door_session: &door_session,
+    };
+    measure_round_trips(&target, count).await?;
+    measure_screenshots(&target).await?;
+    measure_live_view(&target, seconds).await?;
     drop(direct_client);
     drop(door_client);
 
     serve.stop().await;
-
-    // Memory per idle CDP connection: a fresh serve for each path.
-    println!(
-        "\nserve RSS per open, idle CDP connection ({connections} connections, fresh serve each), KiB\n"
-    );
-    println!("| path | RSS growth per connection |");
-    println!("|---|---|");
-    for door_path in [false, true, false, true] {
-        let (serve, created, _dir) = start_with_instance(&binary).await?;
-        let pid = serve.child.id().context("serve pid")?;
-        let direct = created["urls"]["debug"].as_str().context("debug")?;
-        let token = direct.split_once("?token=").context("token")?.1;
-        let door = format!(
-            "{}/v2/instances/{}/cdp?token={token}",
-            serve.url.replacen("http://", "ws://", 1),
-            created["id"].as_str().context("id")?
-        );
-        let url = if door_path { door } else { direct.to_owned() };
-        // Warm the allocator and the runtime with a few connections first.
-        let mut warm = Vec::new();
-        for _ in 0..10 {
-            warm.push(tokio_tungstenite::connect_async(url.as_str()).await?.0);
-        }
-        drop(warm);
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let before = rss_kib(pid);
-        let mut open = Vec::new();
-        for _ in 0..connections {
-            open.push(tokio_tungstenite::connect_async(url.as_str()).await?.0);
-        }
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let after = rss_kib(pid);
-        let name = if door_path {
-            "front door"
-        } else {
-            "instance debug port"
-        };
-        println!("| {name} | {:.1} |", (after - before) / connections as f64);
-        drop(open);
-        serve.stop().await;
-    }
+    measure_connection_memory(&binary, connections).await?;
     Ok(())
 }
 

@@ -12,7 +12,7 @@
 //!
 //! Also: archive size, and memory (PSS of the browser) freed by parking.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -110,20 +110,8 @@ impl Bench {
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let args = parse_args()?;
-    let dir = tempfile::tempdir()?;
-    let config = dir.path().join("bench.toml");
-    std::fs::write(&config, "[agent]\nwarm_pool_size = 0\n")?;
-    let data = dir.path().join("data");
-    let serve = ServeProcess::start(&args.binary, &data, Some(&config)).await?;
-    let http = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(60))
-        .build()?;
-
-    // Three local pages that store something.
+/// Serves three local pages that store cookies and localStorage; their URLs.
+async fn serve_pages() -> anyhow::Result<Vec<String>> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let site = format!("http://{}", listener.local_addr()?);
     tokio::spawn(async move {
@@ -148,13 +136,16 @@ async fn main() -> anyhow::Result<()> {
             );
         let _ = axum::serve(listener, router).await;
     });
-    let tabs: Vec<String> = ["/one", "/two", "/three"]
+    Ok(["/one", "/two", "/three"]
         .iter()
         .map(|p| format!("{site}{p}"))
-        .collect();
+        .collect())
+}
 
+/// Creates the instance under test and waits until it runs.
+async fn create_instance(http: &reqwest::Client, base: &str) -> anyhow::Result<Bench> {
     let created: Value = http
-        .post(format!("{}/v2/instances", serve.url))
+        .post(format!("{base}/v2/instances"))
         .body("{}")
         .send()
         .await?
@@ -163,7 +154,7 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     let bench = Bench {
         http: http.clone(),
-        base: serve.url.clone(),
+        base: base.to_owned(),
         id: created["id"].as_str().context("id")?.to_owned(),
         debug_url: created["urls"]["debug"]
             .as_str()
@@ -172,69 +163,103 @@ async fn main() -> anyhow::Result<()> {
         debug_port: created["debug_port"].as_u64().context("debug_port")?,
     };
     bench.wait_running().await?;
+    Ok(bench)
+}
 
-    let (
-        mut park_ms,
-        mut quick_ms,
-        mut full_ms,
-        mut sizes,
-        mut freed_pss,
-        mut freed_available,
-        mut raw_ms,
-    ) = (
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-    );
-    let snapshots = data.canonicalize()?.join("snapshots").join(&bench.id);
+/// The samples of the quick_start rounds.
+#[derive(Default)]
+struct QuickRounds {
+    park_ms: Vec<f64>,
+    quick_ms: Vec<f64>,
+    sizes: Vec<f64>,
+    freed_pss: Vec<f64>,
+    freed_available: Vec<f64>,
+    raw_ms: Vec<f64>,
+}
 
-    for _ in 0..args.count {
-        bench.open_tabs(&tabs).await?;
+/// `count` rounds of: open the tabs, park (timed), a raw Chromium start as the
+/// baseline, and a quick_start revive until CDP answers (timed).
+async fn measure_quick_start(
+    bench: &Bench,
+    tabs: &[String],
+    snapshots: &Path,
+    count: usize,
+) -> anyhow::Result<QuickRounds> {
+    let mut rounds = QuickRounds::default();
+    for _ in 0..count {
+        bench.open_tabs(tabs).await?;
         // Let a heartbeat sample the browser with its tabs.
         tokio::time::sleep(Duration::from_millis(5500)).await;
-        let pss = bench.status().await?["resources"]["memory_mb"]
-            .as_f64()
-            .unwrap_or(0.0);
-        let available = mem_available_mib();
-        let started = Instant::now();
-        let parked = bench.post("dormant", "").await?;
-        park_ms.push(started.elapsed().as_secs_f64() * 1000.0);
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        freed_pss.push(pss);
-        freed_available.push(mem_available_mib() - available);
-        let archive = snapshots.join(format!(
-            "{}.tar.zst",
-            parked["snapshot_id"].as_str().unwrap_or_default()
-        ));
-        sizes.push(
-            std::fs::metadata(&archive)
-                .map(|m| m.len() as f64 / 1024.0)
-                .unwrap_or(f64::NAN),
-        );
-
-        raw_ms.push(raw_chromium_start("/usr/lib/chromium/chromium", &[], &http).await?);
-        let started = Instant::now();
-        bench.post("revive", "").await?;
-        let answered = http
-            .get(format!(
-                "http://127.0.0.1:{}/json/version",
-                bench.debug_port
-            ))
-            .send()
-            .await?;
-        if !answered.status().is_success() {
-            bail!("CDP did not answer after revive: {}", answered.status());
-        }
-        quick_ms.push(started.elapsed().as_secs_f64() * 1000.0);
+        park_and_measure(bench, snapshots, &mut rounds).await?;
+        rounds
+            .raw_ms
+            .push(raw_chromium_start("/usr/lib/chromium/chromium", &[], &bench.http).await?);
+        rounds.quick_ms.push(quick_revive_ms(bench).await?);
         bench.wait_running().await?;
     }
+    Ok(rounds)
+}
 
-    bench.open_tabs(&tabs).await?;
-    for _ in 0..args.count {
+/// Parks the instance: records the park time, the memory it freed and the
+/// size of its archive.
+async fn park_and_measure(
+    bench: &Bench,
+    snapshots: &Path,
+    rounds: &mut QuickRounds,
+) -> anyhow::Result<()> {
+    let pss = bench.status().await?["resources"]["memory_mb"]
+        .as_f64()
+        .unwrap_or(0.0);
+    let available = mem_available_mib();
+    let started = Instant::now();
+    let parked = bench.post("dormant", "").await?;
+    rounds
+        .park_ms
+        .push(started.elapsed().as_secs_f64() * 1000.0);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    rounds.freed_pss.push(pss);
+    rounds.freed_available.push(mem_available_mib() - available);
+    let archive = snapshots.join(format!(
+        "{}.tar.zst",
+        parked["snapshot_id"].as_str().unwrap_or_default()
+    ));
+    rounds.sizes.push(
+        std::fs::metadata(&archive)
+            .map(|m| m.len() as f64 / 1024.0)
+            .unwrap_or(f64::NAN),
+    );
+    Ok(())
+}
+
+/// Milliseconds from `POST …/revive` (quick_start) until `/json/version`
+/// answers through the gateway.
+async fn quick_revive_ms(bench: &Bench) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    bench.post("revive", "").await?;
+    let answered = bench
+        .http
+        .get(format!(
+            "http://127.0.0.1:{}/json/version",
+            bench.debug_port
+        ))
+        .send()
+        .await?;
+    if !answered.status().is_success() {
+        bail!("CDP did not answer after revive: {}", answered.status());
+    }
+    Ok(started.elapsed().as_secs_f64() * 1000.0)
+}
+
+/// Opens the tabs, then `count` rounds of park and full_restore revive, timed
+/// until the instance runs with its tabs back.
+async fn measure_full_restore(
+    bench: &Bench,
+    tabs: &[String],
+    count: usize,
+) -> anyhow::Result<Vec<f64>> {
+    let mut full_ms = Vec::new();
+    bench.open_tabs(tabs).await?;
+    for _ in 0..count {
         bench.post("dormant", "").await?;
         let started = Instant::now();
         bench
@@ -254,48 +279,69 @@ async fn main() -> anyhow::Result<()> {
         }
         full_ms.push(started.elapsed().as_secs_f64() * 1000.0);
     }
-    serve.stop().await;
+    Ok(full_ms)
+}
 
-    println!(
-        "{} rounds each; one instance with cookies, localStorage and three tabs",
-        args.count
-    );
+/// Prints the results table and the archive and memory figures.
+fn print_results(count: usize, quick: &QuickRounds, full_ms: &[f64]) {
+    println!("{count} rounds each; one instance with cookies, localStorage and three tabs");
     println!("| operation | n | p50 ms | p95 ms | mean ms | min ms | max ms |");
     println!("|---|---|---|---|---|---|---|");
     println!(
         "{}",
         summary_row(
             "POST …/dormant (capture, Browser.close, archive, store)",
-            &park_ms
+            &quick.park_ms
         )
     );
     println!(
         "{}",
         summary_row(
             "baseline: Chromium started by hand → /json/version (fresh profile)",
-            &raw_ms
+            &quick.raw_ms
         )
     );
     println!(
         "{}",
         summary_row(
             "POST …/revive quick_start → CDP answers on urls.debug",
-            &quick_ms
+            &quick.quick_ms
         )
     );
     println!(
         "{}",
         summary_row(
             "POST …/revive full_restore → running with the 3 tabs back",
-            &full_ms
+            full_ms
         )
     );
     println!(
         "archive size KiB: p50 {:.1}, max {:.1}; browser PSS freed per park MiB: p50 {:.1}; MemAvailable gained MiB: p50 {:.1}",
-        percentile(&sizes, 0.5),
-        sizes.iter().copied().fold(0.0, f64::max),
-        percentile(&freed_pss, 0.5),
-        percentile(&freed_available, 0.5)
+        percentile(&quick.sizes, 0.5),
+        quick.sizes.iter().copied().fold(0.0, f64::max),
+        percentile(&quick.freed_pss, 0.5),
+        percentile(&quick.freed_available, 0.5)
     );
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = parse_args()?;
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("bench.toml");
+    std::fs::write(&config, "[agent]\nwarm_pool_size = 0\n")?;
+    let data = dir.path().join("data");
+    let serve = ServeProcess::start(&args.binary, &data, Some(&config)).await?;
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(60))
+        .build()?;
+    let tabs = serve_pages().await?;
+    let bench = create_instance(&http, &serve.url).await?;
+    let snapshots = data.canonicalize()?.join("snapshots").join(&bench.id);
+    let quick = measure_quick_start(&bench, &tabs, &snapshots, args.count).await?;
+    let full_ms = measure_full_restore(&bench, &tabs, args.count).await?;
+    serve.stop().await;
+    print_results(args.count, &quick, &full_ms);
     Ok(())
 }

@@ -191,12 +191,9 @@ where
     Ok(samples)
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let binary: PathBuf = text_flag("--binary", "target/release/flotilla")?.into();
-    let before = text_flag("--before", "")?;
-    let count = number_flag("--count", 20)?;
-    let density = number_flag("--density", 10)?;
+/// The variants to compare: `before` (when `--before` is given), `off` and
+/// `on`; an error if one of their binaries is not built.
+fn variants_to_compare(binary: PathBuf, before: String) -> anyhow::Result<Vec<Variant>> {
     let mut variants = Vec::new();
     if !before.is_empty() {
         variants.push(Variant {
@@ -223,20 +220,36 @@ async fn main() -> anyhow::Result<()> {
             bail!("{} is not built", variant.binary.display());
         }
     }
-    let site = serve_site().await?;
-    let http = http();
-    let port_ranges = ["24000-24299", "24300-24599", "24600-24899"];
+    Ok(variants)
+}
 
-    // Cold creates and page loads, then density, on serves without a pool.
+/// Starts a serve per variant, each on its own port range, with a warm pool
+/// of `warm_pool`.
+async fn start_all(
+    variants: &[Variant],
+    port_ranges: [&str; 3],
+    warm_pool: usize,
+    site: &str,
+) -> anyhow::Result<Vec<Running>> {
     let mut serves = Vec::new();
     for (variant, ports) in variants.iter().zip(port_ranges) {
-        serves.push(start(variant, ports, 0, &site).await?);
+        serves.push(start(variant, ports, warm_pool, site).await?);
     }
+    Ok(serves)
+}
+
+/// Cold creates → CDP answering, after one throwaway create each; prints the
+/// table.
+async fn measure_cold_creates(
+    serves: &[Running],
+    http: &reqwest::Client,
+    count: usize,
+) -> anyhow::Result<()> {
     // One throwaway create each, so that caches are warm for everyone.
-    for serve in &serves {
-        flotilla_bench::create_to_cdp(&http, &serve.serve.url, "{}").await?;
+    for serve in serves {
+        flotilla_bench::create_to_cdp(http, &serve.serve.url, "{}").await?;
     }
-    let cold = round_robin(&serves, count, Duration::from_millis(200), |index, _| {
+    let cold = round_robin(serves, count, Duration::from_millis(200), |index, _| {
         let base = serves[index].serve.url.clone();
         let http = http.clone();
         async move { flotilla_bench::create_to_cdp(&http, &base, "{}").await }
@@ -246,13 +259,22 @@ async fn main() -> anyhow::Result<()> {
         &format!("Create → CDP answering, cold (n = {count} per variant)"),
         &cold,
     );
+    Ok(())
+}
 
+/// One running instance per serve with a tab that has loaded the site once;
+/// the tabs and the instances' ids.
+async fn open_warmed_tabs(
+    serves: &[Running],
+    http: &reqwest::Client,
+    site: &str,
+) -> anyhow::Result<(Vec<Tab>, Vec<String>)> {
     let mut tabs = Vec::new();
     let mut page_ids = Vec::new();
-    for serve in &serves {
-        let created = flotilla_bench::create(&http, &serve.serve.url, "{}").await?;
+    for serve in serves {
+        let created = flotilla_bench::create(http, &serve.serve.url, "{}").await?;
         let id = created["id"].as_str().context("id")?.to_owned();
-        wait_running(&http, &serve.serve.url, &id, Duration::from_millis(50)).await?;
+        wait_running(http, &serve.serve.url, &id, Duration::from_millis(50)).await?;
         let debug = created["urls"]["debug"]
             .as_str()
             .context("debug")?
@@ -262,8 +284,20 @@ async fn main() -> anyhow::Result<()> {
         tabs.push(tab);
         page_ids.push(id);
     }
+    Ok((tabs, page_ids))
+}
+
+/// Loads of the small local page, round-robin; prints the table and deletes
+/// the instances.
+async fn measure_page_loads(
+    serves: &[Running],
+    http: &reqwest::Client,
+    site: &str,
+    count: usize,
+) -> anyhow::Result<()> {
+    let (tabs, page_ids) = open_warmed_tabs(serves, http, site).await?;
     let loads = round_robin(
-        &serves,
+        serves,
         count * 2,
         Duration::from_millis(50),
         |index, round| {
@@ -282,58 +316,81 @@ async fn main() -> anyhow::Result<()> {
     );
     drop(tabs);
     for (serve, id) in serves.iter().zip(&page_ids) {
-        delete(&serve.serve.url, id, &http).await?;
+        delete(&serve.serve.url, id, http).await?;
     }
+    Ok(())
+}
 
+/// Memory per idle instance: prints the table, a row per serve.
+async fn measure_idle_memory(
+    serves: &[Running],
+    http: &reqwest::Client,
+    density: usize,
+) -> anyhow::Result<()> {
     println!("\nIdle instances on about:blank, {density} per variant\n");
     println!(
         "| variant | PSS per instance MiB | serve RSS growth per instance MiB | MemAvailable drop per instance MiB |"
     );
     println!("|---|---|---|---|");
-    for serve in &serves {
-        let pid = serve.serve.child.id().context("serve pid")?;
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        let (rss_before, available_before) = (rss_kib(pid) as f64 / 1024.0, mem_available_mib());
-        let mut ids = Vec::new();
-        for _ in 0..density {
-            let created = flotilla_bench::create(&http, &serve.serve.url, "{}").await?;
-            let id = created["id"].as_str().context("id")?.to_owned();
-            wait_running(&http, &serve.serve.url, &id, Duration::from_millis(50)).await?;
-            ids.push(id);
-        }
-        // Let the browsers settle and two heartbeats sample them.
-        tokio::time::sleep(Duration::from_secs(10)).await;
-        let mut pss = Vec::new();
-        for id in &ids {
-            let instance: Value = http
-                .get(format!("{}/v2/instances/{id}", serve.serve.url))
-                .send()
-                .await?
-                .json()
-                .await?;
-            pss.push(instance["resources"]["memory_mb"].as_f64().unwrap_or(0.0));
-        }
-        let (rss_after, available_after) = (rss_kib(pid) as f64 / 1024.0, mem_available_mib());
-        println!(
-            "| {} | {:.1} | {:.2} | {:.1} |",
-            serve.name,
-            mean(&pss),
-            (rss_after - rss_before) / density as f64,
-            (available_before - available_after) / density as f64
-        );
-        for id in &ids {
-            delete(&serve.serve.url, id, &http).await?;
-        }
-    }
     for serve in serves {
-        serve.serve.stop().await;
+        print_idle_memory_row(serve, http, density).await?;
     }
+    Ok(())
+}
 
-    // Warm pools.
-    let mut warm = Vec::new();
-    for (variant, ports) in variants.iter().zip(port_ranges) {
-        warm.push(start(variant, ports, 2, &site).await?);
+/// Starts `density` idle instances on `serve`, prints their PSS, serve's RSS
+/// growth and the MemAvailable drop per instance, then deletes them.
+async fn print_idle_memory_row(
+    serve: &Running,
+    http: &reqwest::Client,
+    density: usize,
+) -> anyhow::Result<()> {
+    let pid = serve.serve.child.id().context("serve pid")?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (rss_before, available_before) = (rss_kib(pid) as f64 / 1024.0, mem_available_mib());
+    let mut ids = Vec::new();
+    for _ in 0..density {
+        let created = flotilla_bench::create(http, &serve.serve.url, "{}").await?;
+        let id = created["id"].as_str().context("id")?.to_owned();
+        wait_running(http, &serve.serve.url, &id, Duration::from_millis(50)).await?;
+        ids.push(id);
     }
+    // Let the browsers settle and two heartbeats sample them.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let mut pss = Vec::new();
+    for id in &ids {
+        let instance: Value = http
+            .get(format!("{}/v2/instances/{id}", serve.serve.url))
+            .send()
+            .await?
+            .json()
+            .await?;
+        pss.push(instance["resources"]["memory_mb"].as_f64().unwrap_or(0.0));
+    }
+    let (rss_after, available_after) = (rss_kib(pid) as f64 / 1024.0, mem_available_mib());
+    println!(
+        "| {} | {:.1} | {:.2} | {:.1} |",
+        serve.name,
+        mean(&pss),
+        (rss_after - rss_before) / density as f64,
+        (available_before - available_after) / density as f64
+    );
+    for id in &ids {
+        delete(&serve.serve.url, id, http).await?;
+    }
+    Ok(())
+}
+
+/// Fresh serves with a warm pool of 2: creates → CDP answering; prints the
+/// table and stops the serves.
+async fn measure_warm_creates(
+    variants: &[Variant],
+    port_ranges: [&str; 3],
+    site: &str,
+    http: &reqwest::Client,
+    count: usize,
+) -> anyhow::Result<()> {
+    let warm = start_all(variants, port_ranges, 2, site).await?;
     tokio::time::sleep(Duration::from_secs(10)).await;
     let warm_results = round_robin(&warm, count, Duration::from_millis(1500), |index, _| {
         let base = warm[index].serve.url.clone();
@@ -348,5 +405,29 @@ async fn main() -> anyhow::Result<()> {
     for serve in warm {
         serve.serve.stop().await;
     }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let binary: PathBuf = text_flag("--binary", "target/release/flotilla")?.into();
+    let before = text_flag("--before", "")?;
+    let count = number_flag("--count", 20)?;
+    let density = number_flag("--density", 10)?;
+    let variants = variants_to_compare(binary, before)?;
+    let site = serve_site().await?;
+    let http = http();
+    let port_ranges = ["24000-24299", "24300-24599", "24600-24899"];
+
+    // Cold creates and page loads, then density, on serves without a pool.
+    let serves = start_all(&variants, port_ranges, 0, &site).await?;
+    measure_cold_creates(&serves, &http, count).await?;
+    measure_page_loads(&serves, &http, &site, count).await?;
+    measure_idle_memory(&serves, &http, density).await?;
+    for serve in serves {
+        serve.serve.stop().await;
+    }
+
+    measure_warm_creates(&variants, port_ranges, &site, &http, count).await?;
     Ok(())
 }

@@ -32,6 +32,7 @@ use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
 use flotilla_bench::{ServeProcess, number_flag, summary_row, text_flag, wait_running};
+use flotilla_node_agent::cdp::CdpClient;
 
 type Socket =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
@@ -94,26 +95,34 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-async fn latency() -> anyhow::Result<()> {
-    let count = number_flag("--count", 60)?;
-    let binary: PathBuf = text_flag("--binary", "target/release/flotilla")?.into();
-    let dir = tempfile::tempdir()?;
-    let serve = ServeProcess::start(&binary, &dir.path().join("data"), None).await?;
-    let http = reqwest::Client::builder().no_proxy().build()?;
+/// A text message carrying `message` as JSON.
+fn text_message(message: Value) -> Message {
+    Message::Text(message.to_string().into())
+}
+
+/// Creates an instance (with `body`) and waits until it runs; its id and
+/// detail.
+async fn running_instance(
+    http: &reqwest::Client,
+    base: &str,
+    body: &Value,
+) -> anyhow::Result<(String, Value)> {
     let created: Value = http
-        .post(format!("{}/v2/instances", serve.url))
-        .json(&json!({}))
+        .post(format!("{base}/v2/instances"))
+        .json(body)
         .send()
         .await?
         .json()
         .await?;
     let id = created["id"].as_str().context("no id")?.to_owned();
-    let detail = wait_running(&http, &serve.url, &id, Duration::from_millis(50)).await?;
-    let debug = detail["urls"]["debug"].as_str().context("no debug url")?;
-    let stream = detail["urls"]["stream"].as_str().context("no stream url")?;
+    let detail = wait_running(http, base, &id, Duration::from_millis(50)).await?;
+    Ok((id, detail))
+}
 
-    // The page in a tab of its own, and a CDP session on it for the baseline.
-    let browser = flotilla_node_agent::cdp::CdpClient::connect(debug).await?;
+/// The page in a tab of its own, and a CDP session on it for the baseline:
+/// the browser client, the tab's target id and the session id.
+async fn open_page(debug: &str) -> anyhow::Result<(CdpClient, String, String)> {
+    let browser = CdpClient::connect(debug).await?;
     let timeout = Duration::from_secs(30);
     let target = browser
         .call("Target.createTarget", json!({"url": PAGE}), None, timeout)
@@ -131,25 +140,33 @@ async fn latency() -> anyhow::Result<()> {
         .as_str()
         .context("no session")?
         .to_owned();
+    Ok((browser, target_id, session))
+}
 
+/// A viewer on `stream`'s WebSocket that has taken control of tab
+/// `target_id` and seen it white; the socket and the viewport's size.
+async fn take_control(
+    stream: &str,
+    id: &str,
+    target_id: &str,
+) -> anyhow::Result<(Socket, f64, f64)> {
     let (mut socket, _) =
         tokio_tungstenite::connect_async(format!("{}ws", stream.replacen("http", "ws", 1))).await?;
     eprintln!("instance {id} running; waiting for its tab in the live view");
     until_text(&mut socket, |m| {
         m["tabs"]
             .as_array()
-            .is_some_and(|tabs| tabs.iter().any(|t| t["id"] == target_id.as_str()))
+            .is_some_and(|tabs| tabs.iter().any(|t| t["id"] == target_id))
     })
     .await?;
-    let send = |message: Value| Message::Text(message.to_string().into());
     socket
-        .send(send(json!({"type": "tab", "id": target_id})))
+        .send(text_message(json!({"type": "tab", "id": target_id})))
         .await?;
     socket
-        .send(send(json!({"type": "control", "take": true})))
+        .send(text_message(json!({"type": "control", "take": true})))
         .await?;
     let state = until_text(&mut socket, |m| {
-        m["control"] == "yours" && m["tab"] == target_id.as_str() && !m["viewport"].is_null()
+        m["control"] == "yours" && m["tab"] == target_id && !m["viewport"].is_null()
     })
     .await?;
     let (width, height) = (
@@ -158,33 +175,65 @@ async fn latency() -> anyhow::Result<()> {
     );
     eprintln!("in control of the page ({width}x{height})");
     until_frame(&mut socket, false).await?;
-    eprintln!("measuring");
+    Ok((socket, width, height))
+}
 
-    let mut dark = false;
-    let (mut live, mut direct) = (Vec::new(), Vec::new());
-    for round in 0..count * 2 {
-        let via_live_view = round % 2 == 0;
-        let started = Instant::now();
+/// Where the presses go: the live view's socket, or the page's CDP session
+/// for the baseline.
+struct Presses<'a> {
+    socket: &'a mut Socket,
+    browser: &'a CdpClient,
+    session: &'a str,
+    width: f64,
+    height: f64,
+}
+
+impl Presses<'_> {
+    /// Presses and releases the mouse in the middle of the page, as a live-view
+    /// message (`via_live_view`) or with CDP.
+    async fn click(&mut self, via_live_view: bool) -> anyhow::Result<()> {
+        let timeout = Duration::from_secs(30);
         for event in ["down", "up"] {
             if via_live_view {
                 let press = json!({"type": "mouse", "event": event, "x": 0.5, "y": 0.5,
                     "button": "left", "buttons": u8::from(event == "down"), "click_count": 1});
-                socket.send(send(press)).await?;
+                self.socket.send(text_message(press)).await?;
             } else {
                 let kind = if event == "down" {
                     "mousePressed"
                 } else {
                     "mouseReleased"
                 };
-                let press = json!({"type": kind, "x": width / 2.0, "y": height / 2.0,
+                let press = json!({"type": kind, "x": self.width / 2.0, "y": self.height / 2.0,
                     "button": "left", "buttons": u8::from(event == "down"), "clickCount": 1});
-                browser
-                    .call("Input.dispatchMouseEvent", press, Some(&session), timeout)
+                self.browser
+                    .call(
+                        "Input.dispatchMouseEvent",
+                        press,
+                        Some(self.session),
+                        timeout,
+                    )
                     .await?;
             }
         }
+        Ok(())
+    }
+}
+
+/// `count` rounds each way, alternating: click, then time until the frame
+/// shows the new colour; the samples via the live view and via CDP.
+async fn measure_clicks(
+    presses: &mut Presses<'_>,
+    count: usize,
+) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+    let mut dark = false;
+    let (mut live, mut direct) = (Vec::new(), Vec::new());
+    for round in 0..count * 2 {
+        let via_live_view = round % 2 == 0;
+        let started = Instant::now();
+        presses.click(via_live_view).await?;
         dark = !dark;
-        until_frame(&mut socket, dark).await?;
+        until_frame(presses.socket, dark).await?;
         let ms = started.elapsed().as_secs_f64() * 1000.0;
         if via_live_view {
             live.push(ms)
@@ -193,6 +242,30 @@ async fn latency() -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    Ok((live, direct))
+}
+
+/// `live_bench latency` (see the module docs).
+async fn latency() -> anyhow::Result<()> {
+    let count = number_flag("--count", 60)?;
+    let binary: PathBuf = text_flag("--binary", "target/release/flotilla")?.into();
+    let dir = tempfile::tempdir()?;
+    let serve = ServeProcess::start(&binary, &dir.path().join("data"), None).await?;
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    let (id, detail) = running_instance(&http, &serve.url, &json!({})).await?;
+    let debug = detail["urls"]["debug"].as_str().context("no debug url")?;
+    let stream = detail["urls"]["stream"].as_str().context("no stream url")?;
+    let (browser, target_id, session) = open_page(debug).await?;
+    let (mut socket, width, height) = take_control(stream, &id, &target_id).await?;
+    eprintln!("measuring");
+    let mut presses = Presses {
+        socket: &mut socket,
+        browser: &browser,
+        session: &session,
+        width,
+        height,
+    };
+    let (live, direct) = measure_clicks(&mut presses, count).await?;
     println!("{}", summary_row("live view input -> frame", &live));
     println!("{}", summary_row("baseline: CDP input -> frame", &direct));
     serve.stop().await;
@@ -234,17 +307,9 @@ async fn animated_instance(
     base: &str,
     record: bool,
 ) -> anyhow::Result<(String, Value)> {
-    let created: Value = http
-        .post(format!("{base}/v2/instances"))
-        .json(&json!({"config": {"record": record}}))
-        .send()
-        .await?
-        .json()
-        .await?;
-    let id = created["id"].as_str().context("no id")?.to_owned();
-    let detail = wait_running(http, base, &id, Duration::from_millis(50)).await?;
+    let (id, detail) = running_instance(http, base, &json!({"config": {"record": record}})).await?;
     let debug = detail["urls"]["debug"].as_str().context("no debug url")?;
-    let browser = flotilla_node_agent::cdp::CdpClient::connect(debug).await?;
+    let browser = CdpClient::connect(debug).await?;
     let timeout = Duration::from_secs(30);
     let targets = browser
         .call("Target.getTargets", json!({}), None, timeout)
@@ -272,6 +337,85 @@ async fn animated_instance(
     Ok((id, detail))
 }
 
+/// The processes of instance `id` (its browser's; for the `recorded` one
+/// also its ffmpeg), sorted.
+fn instance_processes(id: &str, recorded: &str) -> Vec<u32> {
+    let mut pids = processes_of(id);
+    if id == recorded {
+        pids.extend(processes_of("image2pipe"));
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    pids
+}
+
+/// A viewer on `stream`'s WebSocket, counting the frames it gets.
+async fn watch_frames(stream: &str) -> anyhow::Result<tokio::task::JoinHandle<u64>> {
+    let (mut viewer, _) =
+        tokio_tungstenite::connect_async(format!("{}ws", stream.replacen("http", "ws", 1))).await?;
+    Ok(tokio::spawn(async move {
+        let mut count = 0u64;
+        while let Some(Ok(message)) = viewer.next().await {
+            if matches!(message, Message::Binary(_)) {
+                count += 1;
+            }
+        }
+        count
+    }))
+}
+
+/// CPU use (% of one core) over `seconds` of the recorded instance (browser
+/// and ffmpeg), of the plain one, and of ffmpeg alone.
+async fn measure_cpu(recorded: &str, plain: &str, seconds: u64) -> (f64, f64, f64) {
+    // An instance's browser processes name it (their directories); the one
+    // ffmpeg reading frames (`image2pipe`) is the recorded instance's.
+    let ffmpeg = || processes_of("image2pipe");
+    let groups = |id: &str| instance_processes(id, recorded);
+    eprintln!(
+        "processes: recorded {}, ffmpeg {}, plain {}",
+        groups(recorded).len(),
+        ffmpeg().len(),
+        groups(plain).len()
+    );
+    let (recorded_before, plain_before, ffmpeg_before) = (
+        cpu_seconds(&groups(recorded)),
+        cpu_seconds(&groups(plain)),
+        cpu_seconds(&ffmpeg()),
+    );
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let percent = |after: f64, before: f64| (after - before) / elapsed * 100.0;
+    let recorded_cpu = percent(cpu_seconds(&groups(recorded)), recorded_before);
+    let plain_cpu = percent(cpu_seconds(&groups(plain)), plain_before);
+    let ffmpeg_cpu = percent(cpu_seconds(&ffmpeg()), ffmpeg_before);
+    (recorded_cpu, plain_cpu, ffmpeg_cpu)
+}
+
+/// Parks instance `recorded` and reads its recording: size (bytes) and
+/// duration (seconds).
+async fn park_and_read_recording(
+    http: &reqwest::Client,
+    base: &str,
+    recorded: &str,
+) -> anyhow::Result<(f64, f64)> {
+    http.post(format!("{base}/v2/instances/{recorded}/dormant"))
+        .send()
+        .await?
+        .error_for_status()?;
+    let list: Value = http
+        .get(format!("{base}/v2/instances/{recorded}/recordings"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let recording = &list["recordings"][0];
+    let size = recording["size_bytes"].as_f64().context("no recording")?;
+    let duration = recording["duration_sec"].as_f64().context("no duration")?;
+    Ok((size, duration))
+}
+
+/// `live_bench record` (see the module docs).
 async fn record() -> anyhow::Result<()> {
     let seconds = number_flag("--seconds", 60)? as u64;
     let binary: PathBuf = text_flag("--binary", "target/release/flotilla")?.into();
@@ -289,61 +433,10 @@ async fn record() -> anyhow::Result<()> {
     let stream = plain_detail["urls"]["stream"]
         .as_str()
         .context("no stream url")?;
-    let (mut viewer, _) =
-        tokio_tungstenite::connect_async(format!("{}ws", stream.replacen("http", "ws", 1))).await?;
-    let frames = tokio::spawn(async move {
-        let mut count = 0u64;
-        while let Some(Ok(message)) = viewer.next().await {
-            if matches!(message, Message::Binary(_)) {
-                count += 1;
-            }
-        }
-        count
-    });
+    let frames = watch_frames(stream).await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    // An instance's browser processes name it (their directories); the one
-    // ffmpeg reading frames (`image2pipe`) is the recorded instance's.
-    let ffmpeg = || processes_of("image2pipe");
-    let groups = |id: &str| {
-        let mut pids = processes_of(id);
-        if id == recorded {
-            pids.extend(ffmpeg());
-        }
-        pids.sort_unstable();
-        pids.dedup();
-        pids
-    };
-    eprintln!(
-        "processes: recorded {}, ffmpeg {}, plain {}",
-        groups(&recorded).len(),
-        ffmpeg().len(),
-        groups(&plain).len()
-    );
-    let (recorded_before, plain_before, ffmpeg_before) = (
-        cpu_seconds(&groups(&recorded)),
-        cpu_seconds(&groups(&plain)),
-        cpu_seconds(&ffmpeg()),
-    );
-    let started = Instant::now();
-    tokio::time::sleep(Duration::from_secs(seconds)).await;
-    let elapsed = started.elapsed().as_secs_f64();
-    let percent = |after: f64, before: f64| (after - before) / elapsed * 100.0;
-    let recorded_cpu = percent(cpu_seconds(&groups(&recorded)), recorded_before);
-    let plain_cpu = percent(cpu_seconds(&groups(&plain)), plain_before);
-    let ffmpeg_cpu = percent(cpu_seconds(&ffmpeg()), ffmpeg_before);
-    http.post(format!("{}/v2/instances/{recorded}/dormant", serve.url))
-        .send()
-        .await?
-        .error_for_status()?;
-    let list: Value = http
-        .get(format!("{}/v2/instances/{recorded}/recordings", serve.url))
-        .send()
-        .await?
-        .json()
-        .await?;
-    let recording = &list["recordings"][0];
-    let size = recording["size_bytes"].as_f64().context("no recording")?;
-    let duration = recording["duration_sec"].as_f64().context("no duration")?;
+    let (recorded_cpu, plain_cpu, ffmpeg_cpu) = measure_cpu(&recorded, &plain, seconds).await;
+    let (size, duration) = park_and_read_recording(&http, &serve.url, &recorded).await?;
     frames.abort();
     println!("| instance | CPU (% of one core) |");
     println!("|---|---|");

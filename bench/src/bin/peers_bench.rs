@@ -310,25 +310,38 @@ async fn throughput(
     ))
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> anyhow::Result<()> {
-    let events = flag("--events", 2000)?;
-    let seconds = flag("--seconds", 10)? as u64;
-    let topic_count = flag("--topics", 30)?;
-    let subscribers = flag("--subscribers", 3)?;
-    let gossip_ms = flag("--gossip-ms", 1000)?;
-    let rounds = flag("--rounds", 20)?;
-    let binary = PathBuf::from("target/release/flotilla");
-    anyhow::ensure!(
-        binary.exists(),
-        "build first: cargo build --release -p flotilla"
-    );
-    let temp = tempfile::tempdir()?;
-    let webhook = WebhookFake::start(WebhookFake::accept_all()).await;
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(64)
-        .build()?;
-    let interval = gossip_ms as f64 / 1000.0;
+/// The command-line arguments.
+struct Args {
+    events: usize,
+    seconds: u64,
+    topic_count: usize,
+    subscribers: usize,
+    gossip_ms: usize,
+    rounds: usize,
+}
+
+impl Args {
+    /// Reads the flags of the command line (see the module docs).
+    fn parse() -> anyhow::Result<Self> {
+        Ok(Self {
+            events: flag("--events", 2000)?,
+            seconds: flag("--seconds", 10)? as u64,
+            topic_count: flag("--topics", 30)?,
+            subscribers: flag("--subscribers", 3)?,
+            gossip_ms: flag("--gossip-ms", 1000)?,
+            rounds: flag("--rounds", 20)?,
+        })
+    }
+}
+
+/// Starts the three proxies joined by `[peers]`, each on its own UDP gossip
+/// address.
+async fn start_cluster(
+    binary: &Path,
+    dir: &Path,
+    webhook: &str,
+    interval: f64,
+) -> anyhow::Result<Vec<Proxy>> {
     let seeds: Vec<String> = (0..3)
         .map(|_| {
             let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
@@ -339,77 +352,90 @@ async fn main() -> anyhow::Result<()> {
     for (i, address) in seeds.iter().enumerate() {
         proxies.push(
             start_proxy(
-                &binary,
-                temp.path(),
+                binary,
+                dir,
                 &format!("p{i}"),
-                &webhook.url,
+                webhook,
                 Some((address, &seeds, interval)),
             )
             .await?,
         );
     }
-    let alone = start_proxy(&binary, temp.path(), "alone", &webhook.url, None).await?;
-    let urls: Vec<&str> = proxies.iter().map(Proxy::url).collect();
-    converged(&http, &urls, 2).await?;
-    let nodes: Vec<&str> = proxies.iter().map(|p| p.gossip.as_str()).collect();
-    let owned_by = |index: usize, prefix: &str| -> String {
-        (0..)
-            .map(|n| format!("{prefix}-{n}"))
-            .find(|t| owner_among(t, &nodes) == Some(nodes[index]))
-            .expect("some topic")
-    };
-    println!(
-        "machine: {} vCPU; gossip_interval_sec {interval}, peer_timeout_sec {}",
-        std::thread::available_parallelism()?,
-        interval * 5.0
-    );
+    Ok(proxies)
+}
 
-    // 1. Latency.
+/// The first topic `{prefix}-{n}` that the proxy at `index` of `nodes` owns.
+fn owned_by(nodes: &[&str], index: usize, prefix: &str) -> String {
+    (0..)
+        .map(|n| format!("{prefix}-{n}"))
+        .find(|t| owner_among(t, nodes) == Some(nodes[index]))
+        .expect("some topic")
+}
+
+/// Phase 1: publish → delivery latency, on the lone proxy and over 0, 1 and
+/// 2 hops of the cluster.
+async fn measure_latency(
+    http: &reqwest::Client,
+    proxies: &[Proxy],
+    alone: &Proxy,
+    events: usize,
+) -> anyhow::Result<()> {
+    let nodes: Vec<&str> = proxies.iter().map(|p| p.gossip.as_str()).collect();
     println!("\n| publish → delivery | events | p50 ms | p99 ms | max ms |\n|---|---|---|---|---|");
     let t = "lat-alone".to_owned();
     println!(
         "{}",
         row(
             "one proxy alone (baseline)",
-            &latency(&http, alone.url(), alone.url(), &t, events).await?
+            &latency(http, alone.url(), alone.url(), &t, events).await?
         )
     );
-    let t = owned_by(0, "lat-owner");
+    let t = owned_by(&nodes, 0, "lat-owner");
     println!(
         "{}",
         row(
             "cluster, all on the owner",
-            &latency(&http, proxies[0].url(), proxies[0].url(), &t, events).await?
+            &latency(http, proxies[0].url(), proxies[0].url(), &t, events).await?
         )
     );
-    let t = owned_by(0, "lat-one-hop");
+    let t = owned_by(&nodes, 0, "lat-one-hop");
     println!(
         "{}",
         row(
             "owner → subscriber's proxy (1 hop)",
-            &latency(&http, proxies[0].url(), proxies[1].url(), &t, events).await?
+            &latency(http, proxies[0].url(), proxies[1].url(), &t, events).await?
         )
     );
-    let t = owned_by(2, "lat-two-hops");
+    let t = owned_by(&nodes, 2, "lat-two-hops");
     println!(
         "{}",
         row(
             "publisher's proxy → owner → subscriber's proxy (2 hops)",
-            &latency(&http, proxies[1].url(), proxies[0].url(), &t, events).await?
+            &latency(http, proxies[1].url(), proxies[0].url(), &t, events).await?
         )
     );
+    Ok(())
+}
 
-    // 2. Throughput.
+/// Phase 2: throughput of the three proxies, then of the lone proxy with as
+/// many subscribers.
+async fn measure_throughput(
+    http: &reqwest::Client,
+    urls: &[&str],
+    alone: &Proxy,
+    args: &Args,
+) -> anyhow::Result<()> {
+    let (topic_count, subscribers, seconds) = (args.topic_count, args.subscribers, args.seconds);
     let topics: Vec<String> = (0..topic_count).map(|i| format!("tp-{i}")).collect();
     let (published, delivered, lost) =
-        throughput(&http, &urls, &topics, subscribers, seconds).await?;
+        throughput(http, urls, &topics, subscribers, seconds).await?;
     println!(
         "\nthroughput, three proxies: {} subscribers; published {published:.0}/s, delivered {delivered:.0}/s, lost {lost}",
         topics.len() * subscribers * 3
     );
     let alone_topics: Vec<String> = (0..topic_count).map(|i| format!("ta-{i}")).collect();
     let (published, delivered, lost) = throughput(
-        &http,
+        http,
         &[alone.url()],
         &alone_topics,
         subscribers * 3,
@@ -420,34 +446,44 @@ async fn main() -> anyhow::Result<()> {
         "throughput, one proxy alone: {} subscribers; published {published:.0}/s, delivered {delivered:.0}/s, lost {lost}",
         alone_topics.len() * subscribers * 3
     );
+    Ok(())
+}
 
-    // 3. Gossip convergence after a subscribe.
+/// How many topics the proxy at gossip address `watcher_node` has, as `health`
+/// (another proxy's `/health`) reports it.
+fn topics_seen_of(health: &Value, watcher_node: &str) -> u64 {
+    health["peers"]["members"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["gossip_address"] == watcher_node))
+        .and_then(|m| m["topics"].as_u64())
+        .unwrap_or(0)
+}
+
+/// Phase 3: `rounds` times, a subscribe on the first proxy at a random point
+/// of the gossip cycle until both others see it.
+async fn measure_convergence(
+    http: &reqwest::Client,
+    proxies: &[Proxy],
+    rounds: usize,
+    gossip_ms: usize,
+) -> anyhow::Result<()> {
     let mut convergence = Vec::new();
     let watcher_node = proxies[0].gossip.clone();
-    let count_on = |health: &Value| {
-        health["peers"]["members"]
-            .as_array()
-            .and_then(|m| {
-                m.iter()
-                    .find(|m| m["gossip_address"] == watcher_node.as_str())
-            })
-            .and_then(|m| m["topics"].as_u64())
-            .unwrap_or(0)
-    };
+    let count_on = |health: &Value| topics_seen_of(health, watcher_node.as_str());
     for round in 0..rounds {
         let before = [
-            count_on(&health(&http, proxies[1].url()).await?),
-            count_on(&health(&http, proxies[2].url()).await?),
+            count_on(&health(http, proxies[1].url()).await?),
+            count_on(&health(http, proxies[2].url()).await?),
         ];
         // At a random point of the gossip cycle.
         let pause = rand::random_range(0..gossip_ms as u64);
         tokio::time::sleep(Duration::from_millis(pause)).await;
         let (tx, _rx) = mpsc::unbounded_channel();
         let topic = format!("converge-{round}");
-        subscribe(&http, proxies[0].url(), &topic, tx).await?;
+        subscribe(http, proxies[0].url(), &topic, tx).await?;
         let subscribed = Instant::now();
         for (i, other) in [1, 2].into_iter().enumerate() {
-            while count_on(&health(&http, proxies[other].url()).await?) <= before[i] {
+            while count_on(&health(http, proxies[other].url()).await?) <= before[i] {
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
         }
@@ -461,17 +497,25 @@ async fn main() -> anyhow::Result<()> {
             &convergence
         )
     );
+    Ok(())
+}
 
-    // 4. Revocation, sent directly to live peers.
+/// Phase 4a: `rounds` revocations on the first proxy, sent directly to the
+/// live peers, until the user's streams on all three have ended.
+async fn measure_direct_revocation(
+    http: &reqwest::Client,
+    urls: &[&str],
+    rounds: usize,
+) -> anyhow::Result<()> {
     let mut direct = Vec::new();
     for round in 0..rounds {
         let token = format!("direct-{round}");
         let mut ended = Vec::new();
-        for url in &urls {
-            ended.push(subscribe_until_revoked(&http, url, "revocation", &token).await?);
+        for url in urls {
+            ended.push(subscribe_until_revoked(http, url, "revocation", &token).await?);
         }
         let sent = Instant::now();
-        let answer = revoke(&http, urls[0], &format!("u-{token}")).await?;
+        let answer = revoke(http, urls[0], &format!("u-{token}")).await?;
         anyhow::ensure!(
             answer["peers_reached"].as_array().map(Vec::len) == Some(2),
             "{answer}"
@@ -489,14 +533,24 @@ async fn main() -> anyhow::Result<()> {
             &direct
         )
     );
-    // Learnt by gossip: a proxy frozen at revoke time, from its thaw.
+    Ok(())
+}
+
+/// Phase 4b: revocations learnt by gossip, with the third proxy frozen at
+/// revoke time; from its thaw until its stream has ended.
+async fn measure_gossiped_revocation(
+    http: &reqwest::Client,
+    proxies: &[Proxy],
+    urls: &[&str],
+    rounds: usize,
+) -> anyhow::Result<()> {
     let mut gossiped = Vec::new();
     for round in 0..rounds.min(5) {
         let token = format!("gossip-{round}");
-        let ended = subscribe_until_revoked(&http, urls[2], "revocation", &token).await?;
+        let ended = subscribe_until_revoked(http, urls[2], "revocation", &token).await?;
         proxies[2].process.signal(libc::SIGSTOP);
-        converged(&http, &urls[..2], 1).await?;
-        let answer = revoke(&http, urls[0], &format!("u-{token}")).await?;
+        converged(http, &urls[..2], 1).await?;
+        let answer = revoke(http, urls[0], &format!("u-{token}")).await?;
         anyhow::ensure!(
             answer["peers_reached"].as_array().map(Vec::len) == Some(1),
             "{answer}"
@@ -504,7 +558,7 @@ async fn main() -> anyhow::Result<()> {
         let thawed = Instant::now();
         proxies[2].process.signal(libc::SIGCONT);
         gossiped.push(ended.await?.duration_since(thawed).as_secs_f64() * 1000.0);
-        converged(&http, &urls, 2).await?;
+        converged(http, urls, 2).await?;
     }
     println!(
         "{}",
@@ -513,13 +567,20 @@ async fn main() -> anyhow::Result<()> {
             &gossiped
         )
     );
+    Ok(())
+}
 
-    // 5. Death detection.
+/// Phase 5: SIGKILL of the last proxy until both others declare it dead.
+async fn measure_death_detection(
+    http: &reqwest::Client,
+    proxies: &mut Vec<Proxy>,
+    interval: f64,
+) -> anyhow::Result<()> {
     let mut victim = proxies.pop().expect("three");
     victim.process.signal(libc::SIGKILL);
     let killed = Instant::now();
-    for proxy in &proxies {
-        while health(&http, proxy.url()).await?["peers"]["connected"] != 1 {
+    for proxy in proxies.iter() {
+        while health(http, proxy.url()).await?["peers"]["connected"] != 1 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
@@ -529,5 +590,37 @@ async fn main() -> anyhow::Result<()> {
         interval * 5.0
     );
     let _ = victim.process.stop_with(libc::SIGKILL).await;
+    Ok(())
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse()?;
+    let binary = PathBuf::from("target/release/flotilla");
+    anyhow::ensure!(
+        binary.exists(),
+        "build first: cargo build --release -p flotilla"
+    );
+    let temp = tempfile::tempdir()?;
+    let webhook = WebhookFake::start(WebhookFake::accept_all()).await;
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(64)
+        .build()?;
+    let interval = args.gossip_ms as f64 / 1000.0;
+    let mut proxies = start_cluster(&binary, temp.path(), &webhook.url, interval).await?;
+    let alone = start_proxy(&binary, temp.path(), "alone", &webhook.url, None).await?;
+    let urls: Vec<&str> = proxies.iter().map(Proxy::url).collect();
+    converged(&http, &urls, 2).await?;
+    println!(
+        "machine: {} vCPU; gossip_interval_sec {interval}, peer_timeout_sec {}",
+        std::thread::available_parallelism()?,
+        interval * 5.0
+    );
+    measure_latency(&http, &proxies, &alone, args.events).await?;
+    measure_throughput(&http, &urls, &alone, &args).await?;
+    measure_convergence(&http, &proxies, args.rounds, args.gossip_ms).await?;
+    measure_direct_revocation(&http, &urls, args.rounds).await?;
+    measure_gossiped_revocation(&http, &proxies, &urls, args.rounds).await?;
+    measure_death_detection(&http, &mut proxies, interval).await?;
     Ok(())
 }

@@ -273,33 +273,23 @@ async fn proxy() -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn profile() -> anyhow::Result<()> {
-    let count = number_flag("--count", 15)?;
-    let mib = number_flag("--mib", 5)?;
-    let site = site().await?;
-    let site_authority = site.trim_start_matches("http://");
-    let (serve, _dir) = serve(&format!(
-        "[agent]\nwarm_pool_size = 0\n[agent.egress]\nallow = [\"{site_authority}\"]\n"
-    ))
-    .await?;
-    let http = client()?;
-    let base = &serve.url;
-    http.post(format!("{base}/v2/profiles"))
-        .json(&json!({"name": "bench"}))
-        .send()
-        .await?
-        .error_for_status()?;
-
-    // Fill the profile: random (incompressible) IndexedDB records, then a
-    // graceful delete writes it back.
+/// Creates a persistent instance of profile `bench`, fills the profile with
+/// `mib` MiB of random (incompressible) IndexedDB records and deletes the
+/// instance gracefully, which writes it back; what the page stored.
+async fn fill_profile(
+    http: &reqwest::Client,
+    base: &str,
+    site: &str,
+    mib: usize,
+) -> anyhow::Result<Value> {
     let created = create(
-        &http,
+        http,
         base,
         &json!({"profile": {"name": "bench", "persist": true}}),
     )
     .await?;
     let id = created["id"].as_str().context("id")?.to_owned();
-    wait_running(&http, base, &id, POLL).await?;
+    wait_running(http, base, &id, POLL).await?;
     let tab = Tab::open(created["urls"]["debug"].as_str().context("debug")?).await?;
     tab.load(&format!("{site}/fill")).await?;
     let stored = tab
@@ -322,9 +312,15 @@ async fn profile() -> anyhow::Result<()> {
         ))
         .await?;
     drop(tab);
-    delete(&http, base, &id).await?;
+    delete(http, base, &id).await?;
+    Ok(stored)
+}
+
+/// Waits (120 s at most) until profile `bench` has been written back; its
+/// size in bytes.
+async fn wait_profile_saved(http: &reqwest::Client, base: &str) -> anyhow::Result<u64> {
     let deadline = Instant::now() + Duration::from_secs(120);
-    let size = loop {
+    loop {
         let profile: Value = http
             .get(format!("{base}/v2/profiles/bench"))
             .send()
@@ -333,30 +329,65 @@ async fn profile() -> anyhow::Result<()> {
             .await?;
         let size = profile["size_bytes"].as_u64().unwrap_or(0);
         if size > 0 {
-            break size;
+            return Ok(size);
         }
         if Instant::now() > deadline {
             bail!("the profile was not written back: {profile}");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    println!(
-        "profile: {stored} bytes stored in IndexedDB; saved state {:.2} MiB",
-        size as f64 / (1024.0 * 1024.0)
-    );
+    }
+}
 
+/// `count` rounds of a create without and one with the profile, each timed
+/// until `running` and deleted afterwards; the samples of both.
+async fn measure_profile_creates(
+    http: &reqwest::Client,
+    base: &str,
+    count: usize,
+) -> anyhow::Result<[Vec<f64>; 2]> {
     let mut samples = [Vec::new(), Vec::new()];
     let bodies = [json!({}), json!({"profile": {"name": "bench"}})];
     for _ in 0..count {
         for (which, body) in bodies.iter().enumerate() {
             let started = Instant::now();
-            let created = create(&http, base, body).await?;
+            let created = create(http, base, body).await?;
             let id = created["id"].as_str().context("id")?.to_owned();
-            wait_running(&http, base, &id, POLL).await?;
+            wait_running(http, base, &id, POLL).await?;
             samples[which].push(started.elapsed().as_secs_f64() * 1000.0);
-            delete(&http, base, &id).await?;
+            delete(http, base, &id).await?;
         }
     }
+    Ok(samples)
+}
+
+/// `session_bench profile` (see the module docs).
+async fn profile() -> anyhow::Result<()> {
+    let count = number_flag("--count", 15)?;
+    let mib = number_flag("--mib", 5)?;
+    let site = site().await?;
+    let site_authority = site.trim_start_matches("http://");
+    let (serve, _dir) = serve(&format!(
+        "[agent]\nwarm_pool_size = 0\n[agent.egress]\nallow = [\"{site_authority}\"]\n"
+    ))
+    .await?;
+    let http = client()?;
+    let base = &serve.url;
+    http.post(format!("{base}/v2/profiles"))
+        .json(&json!({"name": "bench"}))
+        .send()
+        .await?
+        .error_for_status()?;
+
+    // Fill the profile: random (incompressible) IndexedDB records, then a
+    // graceful delete writes it back.
+    let stored = fill_profile(&http, base, &site, mib).await?;
+    let size = wait_profile_saved(&http, base).await?;
+    println!(
+        "profile: {stored} bytes stored in IndexedDB; saved state {:.2} MiB",
+        size as f64 / (1024.0 * 1024.0)
+    );
+
+    let samples = measure_profile_creates(&http, base, count).await?;
     println!("| create | n | p50 ms | p95 ms | mean ms | min ms | max ms |");
     println!("|---|---|---|---|---|---|---|");
     println!("{}", summary_row("without a profile", &samples[0]));
@@ -375,6 +406,103 @@ async fn profile() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What a waiting client reports: its index, when its create was answered,
+/// and the instance it got.
+type Answer = (usize, Instant, Option<String>);
+
+/// A waiting create by client `index`, reported on `done_tx` once answered.
+fn spawn_waiting_create(
+    http: &reqwest::Client,
+    base: &str,
+    index: usize,
+    done_tx: &tokio::sync::mpsc::UnboundedSender<Answer>,
+) {
+    let (waiter, url, done_tx) = (
+        http.clone(),
+        format!("{base}/v2/instances?wait_sec=300"),
+        done_tx.clone(),
+    );
+    tokio::spawn(async move {
+        let answer = waiter.post(url).json(&json!({})).send().await;
+        let answered = Instant::now();
+        let id = match answer {
+            Ok(response) if response.status().is_success() => response
+                .json::<Value>()
+                .await
+                .ok()
+                .and_then(|v| v["id"].as_str().map(str::to_owned)),
+            _ => None,
+        };
+        let _ = done_tx.send((index, answered, id));
+    });
+}
+
+/// Waits (30 s at most) until the server counts `index + 1` creates in its
+/// queue.
+async fn wait_queued(http: &reqwest::Client, base: &str, index: usize) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let health: Value = http
+            .get(format!("{base}/health"))
+            .send()
+            .await?
+            .json()
+            .await?;
+        if health["create_queue"]["waiting"].as_u64() == Some(index as u64 + 1) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("client {index} is not in the queue: {health}");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// The samples of the queue benchmark.
+#[derive(Default)]
+struct QueueSamples {
+    waits: Vec<f64>,
+    deletes: Vec<f64>,
+    out_of_order: usize,
+}
+
+/// One round: `clients` creates join the queue in index order, then the
+/// `running` instance is deleted `clients` times, each time timing until the
+/// next waiting create is answered (its instance is the next deleted).
+async fn queue_round(
+    http: &reqwest::Client,
+    base: &str,
+    clients: usize,
+    running: &mut String,
+    samples: &mut QueueSamples,
+) -> anyhow::Result<()> {
+    // The clients join the queue one after the other, in index order.
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
+    for index in 0..clients {
+        spawn_waiting_create(http, base, index, &done_tx);
+        // Wait until the server counts it in the queue.
+        wait_queued(http, base, index).await?;
+    }
+    for expected in 0..clients {
+        let freed = Instant::now();
+        delete(http, base, running).await?;
+        samples.deletes.push(freed.elapsed().as_secs_f64() * 1000.0);
+        let (index, answered, id) = tokio::time::timeout(Duration::from_secs(60), done_rx.recv())
+            .await
+            .context("no waiting create answered within 60 s of a freed slot")?
+            .context("clients gone")?;
+        samples
+            .waits
+            .push(answered.saturating_duration_since(freed).as_secs_f64() * 1000.0);
+        if index != expected {
+            samples.out_of_order += 1;
+        }
+        *running = id.with_context(|| format!("client {index} got no instance"))?;
+    }
+    Ok(())
+}
+
+/// `session_bench queue` (see the module docs).
 async fn queue() -> anyhow::Result<()> {
     let clients = number_flag("--clients", 50)?;
     let rounds = number_flag("--rounds", 4)?;
@@ -385,65 +513,15 @@ async fn queue() -> anyhow::Result<()> {
     let first = create(&http, &base, &json!({})).await?;
     let mut running = first["id"].as_str().context("id")?.to_owned();
     wait_running(&http, &base, &running, POLL).await?;
-    let mut waits = Vec::new();
-    let mut deletes = Vec::new();
-    let mut out_of_order = 0;
+    let mut samples = QueueSamples::default();
     for _ in 0..rounds {
-        // The clients join the queue one after the other, in index order.
-        let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
-        for index in 0..clients {
-            let (waiter, url, done_tx) = (
-                http.clone(),
-                format!("{base}/v2/instances?wait_sec=300"),
-                done_tx.clone(),
-            );
-            tokio::spawn(async move {
-                let answer = waiter.post(url).json(&json!({})).send().await;
-                let answered = Instant::now();
-                let id = match answer {
-                    Ok(response) if response.status().is_success() => response
-                        .json::<Value>()
-                        .await
-                        .ok()
-                        .and_then(|v| v["id"].as_str().map(str::to_owned)),
-                    _ => None,
-                };
-                let _ = done_tx.send((index, answered, id));
-            });
-            // Wait until the server counts it in the queue.
-            let deadline = Instant::now() + Duration::from_secs(30);
-            loop {
-                let health: Value = http
-                    .get(format!("{base}/health"))
-                    .send()
-                    .await?
-                    .json()
-                    .await?;
-                if health["create_queue"]["waiting"].as_u64() == Some(index as u64 + 1) {
-                    break;
-                }
-                if Instant::now() > deadline {
-                    bail!("client {index} is not in the queue: {health}");
-                }
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        }
-        for expected in 0..clients {
-            let freed = Instant::now();
-            delete(&http, &base, &running).await?;
-            deletes.push(freed.elapsed().as_secs_f64() * 1000.0);
-            let (index, answered, id) =
-                tokio::time::timeout(Duration::from_secs(60), done_rx.recv())
-                    .await
-                    .context("no waiting create answered within 60 s of a freed slot")?
-                    .context("clients gone")?;
-            waits.push(answered.saturating_duration_since(freed).as_secs_f64() * 1000.0);
-            if index != expected {
-                out_of_order += 1;
-            }
-            running = id.with_context(|| format!("client {index} got no instance"))?;
-        }
+        queue_round(&http, &base, clients, &mut running, &mut samples).await?;
     }
+    let QueueSamples {
+        waits,
+        deletes,
+        out_of_order,
+    } = samples;
     println!("| from `DELETE` sent | n | p50 ms | p95 ms | mean ms | min ms | max ms |");
     println!("|---|---|---|---|---|---|---|");
     println!(

@@ -146,13 +146,14 @@ async fn cycles() -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn hold() -> anyhow::Result<()> {
-    let streams = number_flag("--streams", 10_000)?;
-    let topics = number_flag("--topics", 100)?;
-    let minutes = number_flag("--minutes", 10)?;
-    let prefill = number_flag("--prefill", 1000)?;
-    let proxy = Proxy::start().await?;
-    let http = reqwest::Client::builder().no_proxy().build()?;
+/// Fills the history of each of `topics` topics with `prefill` events, 32
+/// publishers at a time.
+async fn prefill_histories(
+    proxy: &Proxy,
+    http: &reqwest::Client,
+    topics: usize,
+    prefill: usize,
+) -> anyhow::Result<()> {
     let next = Arc::new(AtomicUsize::new(0));
     let mut fillers = Vec::new();
     for _ in 0..32 {
@@ -178,64 +179,83 @@ async fn hold() -> anyhow::Result<()> {
     for filler in fillers {
         filler.await??;
     }
-    let idle = proxy.rss_kib();
-    let received = Arc::new(AtomicU64::new(0));
-    let starved = Arc::new(AtomicUsize::new(0));
-    let mut readers = Vec::new();
-    for index in 0..streams {
-        let mut stream = open_sse_stream(proxy.port, &format!("hold-{}", index % topics)).await?;
-        let (received, starved) = (received.clone(), starved.clone());
-        readers.push(tokio::spawn(async move {
-            let mut buffer = [0u8; 4096];
-            let mut last = Instant::now();
-            loop {
-                match tokio::time::timeout(Duration::from_secs(20), stream.read(&mut buffer)).await
-                {
-                    Ok(Ok(0)) | Ok(Err(_)) => return,
-                    Ok(Ok(read)) => {
-                        let events = buffer[..read].windows(6).filter(|w| w == b"data: ").count();
-                        received.fetch_add(events as u64, Ordering::Relaxed);
-                        if events > 0 {
-                            last = Instant::now();
-                        }
-                    }
-                    Err(_) => {}
-                }
-                if last.elapsed() > Duration::from_secs(20) {
-                    starved.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Reads `stream` until it ends, counting its events in `received` and, in
+/// `starved`, each 20 s it goes without one.
+async fn count_events(
+    mut stream: tokio::net::TcpStream,
+    received: Arc<AtomicU64>,
+    starved: Arc<AtomicUsize>,
+) {
+    let mut buffer = [0u8; 4096];
+    let mut last = Instant::now();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(20), stream.read(&mut buffer)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return,
+            Ok(Ok(read)) => {
+                let events = buffer[..read].windows(6).filter(|w| w == b"data: ").count();
+                received.fetch_add(events as u64, Ordering::Relaxed);
+                if events > 0 {
                     last = Instant::now();
                 }
             }
-        }));
+            Err(_) => {}
+        }
+        if last.elapsed() > Duration::from_secs(20) {
+            starved.fetch_add(1, Ordering::Relaxed);
+            last = Instant::now();
+        }
     }
-    wait_for_open(&proxy, &http, streams as u64).await?;
-    let opened = proxy.rss_kib();
-    println!(
-        "{streams} streams over {topics} topics open; proxy RSS {:.1} MiB with full histories ({prefill} events per topic), {:.1} MiB with the streams ({:.2} KiB per stream)",
-        mib(idle),
-        mib(opened),
-        (opened.saturating_sub(idle)) as f64 / streams as f64
-    );
-    let publisher = {
-        let http = http.clone();
-        let port = proxy.port;
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            let mut second = 0u64;
-            loop {
-                tick.tick().await;
-                for topic in 0..topics {
-                    let _ = http
-                        .post(format!("http://127.0.0.1:{port}/publish/hold-{topic}"))
-                        .bearer_auth(KEY)
-                        .json(&serde_json::json!({"data": format!("second {second}")}))
-                        .send()
-                        .await;
-                }
-                second += 1;
+}
+
+/// Opens `streams` streams spread over `topics` topics, each read by a task of
+/// its own (see [`count_events`]); the readers.
+async fn open_readers(
+    proxy: &Proxy,
+    streams: usize,
+    topics: usize,
+    received: &Arc<AtomicU64>,
+    starved: &Arc<AtomicUsize>,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    let mut readers = Vec::new();
+    for index in 0..streams {
+        let stream = open_sse_stream(proxy.port, &format!("hold-{}", index % topics)).await?;
+        let (received, starved) = (received.clone(), starved.clone());
+        readers.push(tokio::spawn(count_events(stream, received, starved)));
+    }
+    Ok(readers)
+}
+
+/// A task that publishes one event per topic every second.
+fn spawn_publisher(
+    http: &reqwest::Client,
+    port: u16,
+    topics: usize,
+) -> tokio::task::JoinHandle<()> {
+    let http = http.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut second = 0u64;
+        loop {
+            tick.tick().await;
+            for topic in 0..topics {
+                let _ = http
+                    .post(format!("http://127.0.0.1:{port}/publish/hold-{topic}"))
+                    .bearer_auth(KEY)
+                    .json(&serde_json::json!({"data": format!("second {second}")}))
+                    .send()
+                    .await;
             }
-        })
-    };
+            second += 1;
+        }
+    })
+}
+
+/// Samples the proxy's RSS every 30 s for `minutes`, printing a row each; the
+/// samples.
+async fn sample_rss(proxy: &Proxy, received: &AtomicU64, minutes: usize) -> Vec<u64> {
     println!("| minute | proxy RSS MiB | events received |");
     println!("|---|---|---|");
     let started = Instant::now();
@@ -251,6 +271,32 @@ async fn hold() -> anyhow::Result<()> {
             received.load(Ordering::Relaxed)
         );
     }
+    samples
+}
+
+/// The `hold` benchmark (see the module docs).
+async fn hold() -> anyhow::Result<()> {
+    let streams = number_flag("--streams", 10_000)?;
+    let topics = number_flag("--topics", 100)?;
+    let minutes = number_flag("--minutes", 10)?;
+    let prefill = number_flag("--prefill", 1000)?;
+    let proxy = Proxy::start().await?;
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    prefill_histories(&proxy, &http, topics, prefill).await?;
+    let idle = proxy.rss_kib();
+    let received = Arc::new(AtomicU64::new(0));
+    let starved = Arc::new(AtomicUsize::new(0));
+    let readers = open_readers(&proxy, streams, topics, &received, &starved).await?;
+    wait_for_open(&proxy, &http, streams as u64).await?;
+    let opened = proxy.rss_kib();
+    println!(
+        "{streams} streams over {topics} topics open; proxy RSS {:.1} MiB with full histories ({prefill} events per topic), {:.1} MiB with the streams ({:.2} KiB per stream)",
+        mib(idle),
+        mib(opened),
+        (opened.saturating_sub(idle)) as f64 / streams as f64
+    );
+    let publisher = spawn_publisher(&http, proxy.port, topics);
+    let samples = sample_rss(&proxy, &received, minutes).await;
     publisher.abort();
     let open = proxy.open_streams(&http).await?;
     let first = samples.first().copied().unwrap_or(opened);

@@ -131,30 +131,37 @@ fn subscribe_path(target: Target, topic: &str) -> String {
     }
 }
 
-async fn subscriber(
+/// Connects to `server` from `source` and sends the stream request for `path`
+/// (with `token` as a bearer token if given).
+async fn open_stream(
     server: SocketAddr,
     source: IpAddr,
-    path: String,
-    token: Option<String>,
-    shared: Arc<Shared>,
-    connected: Arc<AtomicUsize>,
-) -> anyhow::Result<()> {
+    path: &str,
+    token: Option<&str>,
+) -> anyhow::Result<tokio::net::TcpStream> {
     let socket = TcpSocket::new_v4()?;
     socket.bind(SocketAddr::new(source, 0))?;
     let mut stream = socket.connect(server).await?;
     stream.set_nodelay(true)?;
     let mut request =
         format!("GET {path} HTTP/1.1\r\nHost: {server}\r\nAccept: text/event-stream\r\n");
-    if let Some(token) = &token {
+    if let Some(token) = token {
         request.push_str(&format!("Authorization: Bearer {token}\r\n"));
     }
     request.push_str("\r\n");
     stream.write_all(request.as_bytes()).await?;
-    let mut buffer = Vec::with_capacity(4096);
-    let mut chunk = vec![0u8; 16 * 1024];
-    // Response head.
+    Ok(stream)
+}
+
+/// Reads the response head (through `chunk` into `buffer`), an error unless it
+/// is a 200; leaves what follows it in `buffer`.
+async fn read_response_head(
+    stream: &mut tokio::net::TcpStream,
+    buffer: &mut Vec<u8>,
+    chunk: &mut [u8],
+) -> anyhow::Result<()> {
     loop {
-        let n = stream.read(&mut chunk).await?;
+        let n = stream.read(chunk).await?;
         if n == 0 {
             bail!("closed during the response head");
         }
@@ -165,50 +172,81 @@ async fn subscriber(
                 bail!("refused: {}", head.lines().next().unwrap_or_default());
             }
             buffer.drain(..end + 4);
-            break;
+            return Ok(());
         }
     }
+}
+
+/// Takes the whole lines off `buffer` and adds (seq, latency µs) of each
+/// event in them to `latencies`; how many events it found.
+fn scan_data_lines(buffer: &mut Vec<u8>, latencies: &mut Vec<(u64, u64)>) -> u64 {
+    let mut received = 0;
+    // Scan whole lines; a data line is "data: <seq> <unix ns>[ padding]".
+    let mut start = 0;
+    while let Some(offset) = buffer[start..].iter().position(|b| *b == b'\n') {
+        let line = &buffer[start..start + offset];
+        start += offset + 1;
+        if let Some(data) = line.strip_prefix(b"data: ") {
+            let now = unix_nanos();
+            let text = String::from_utf8_lossy(data);
+            let mut parts = text.split(' ');
+            if let (Some(seq), Some(sent)) = (parts.next(), parts.next())
+                && let (Ok(seq), Ok(sent)) = (
+                    seq.trim_matches('"').parse::<u64>(),
+                    sent.trim_matches('"').parse::<u128>(),
+                )
+            {
+                let latency = (now.saturating_sub(sent) / 1000) as u64;
+                latencies.push((seq, latency));
+                received += 1;
+            }
+        }
+    }
+    buffer.drain(..start);
+    received
+}
+
+/// Records (and clears) `latencies` in the shared histogram and per-message
+/// table, and counts `received` events.
+fn record_deliveries(shared: &Shared, latencies: &mut Vec<(u64, u64)>, received: u64) {
+    let mut histogram = shared.histogram.lock().expect("histogram");
+    for (_, latency) in latencies.iter() {
+        let _ = histogram.record(*latency.max(&1));
+    }
+    drop(histogram);
+    let mut per_message = shared.per_message.lock().expect("per message");
+    for (seq, latency) in latencies.drain(..) {
+        let entry = per_message.entry(seq).or_insert((0, 0));
+        entry.0 += 1;
+        entry.1 = entry.1.max(latency);
+    }
+    shared
+        .events
+        .fetch_add(received as usize, Ordering::Relaxed);
+}
+
+/// One stream: opens it, counts it in `connected` once it has started, then
+/// records its deliveries in `shared` until the server closes it.
+async fn subscriber(
+    server: SocketAddr,
+    source: IpAddr,
+    path: String,
+    token: Option<String>,
+    shared: Arc<Shared>,
+    connected: Arc<AtomicUsize>,
+) -> anyhow::Result<()> {
+    let mut stream = open_stream(server, source, &path, token.as_deref()).await?;
+    let mut buffer = Vec::with_capacity(4096);
+    let mut chunk = vec![0u8; 16 * 1024];
+    // Response head.
+    read_response_head(&mut stream, &mut buffer, &mut chunk).await?;
     connected.fetch_add(1, Ordering::SeqCst);
     let mut received = 0u64;
     let mut latencies = Vec::with_capacity(64);
     loop {
-        // Scan whole lines; a data line is "data: <seq> <unix ns>[ padding]".
-        let mut start = 0;
-        while let Some(offset) = buffer[start..].iter().position(|b| *b == b'\n') {
-            let line = &buffer[start..start + offset];
-            start += offset + 1;
-            if let Some(data) = line.strip_prefix(b"data: ") {
-                let now = unix_nanos();
-                let text = String::from_utf8_lossy(data);
-                let mut parts = text.split(' ');
-                if let (Some(seq), Some(sent)) = (parts.next(), parts.next())
-                    && let (Ok(seq), Ok(sent)) = (
-                        seq.trim_matches('"').parse::<u64>(),
-                        sent.trim_matches('"').parse::<u128>(),
-                    )
-                {
-                    let latency = (now.saturating_sub(sent) / 1000) as u64;
-                    latencies.push((seq, latency));
-                    received += 1;
-                }
-            }
-        }
-        buffer.drain(..start);
+        received += scan_data_lines(&mut buffer, &mut latencies);
         if !latencies.is_empty() {
-            let mut histogram = shared.histogram.lock().expect("histogram");
-            for (_, latency) in &latencies {
-                let _ = histogram.record(*latency.max(&1));
-            }
-            drop(histogram);
-            let mut per_message = shared.per_message.lock().expect("per message");
-            for (seq, latency) in latencies.drain(..) {
-                let entry = per_message.entry(seq).or_insert((0, 0));
-                entry.0 += 1;
-                entry.1 = entry.1.max(latency);
-            }
-            shared
-                .events
-                .fetch_add(received as usize, Ordering::Relaxed);
+            record_deliveries(&shared, &mut latencies, received);
             received = 0;
         }
         let n = stream.read(&mut chunk).await?;
@@ -219,83 +257,133 @@ async fn subscriber(
     }
 }
 
-async fn subscribe(options: &Options) -> anyhow::Result<()> {
-    let target = options.target()?;
-    let base = options
-        .get("base")?
-        .trim_start_matches("http://")
-        .to_owned();
-    let server: SocketAddr = tokio::net::lookup_host(&base)
-        .await?
-        .next()
-        .context("server address")?;
-    let topic = options.get("topic")?.to_owned();
-    let connections: usize = options.number("connections", 1000)?;
-    let expect: u64 = options.number("expect", 0)?;
-    let hold: u64 = options.number("hold", 60)?;
-    let ramp: f64 = options.number("ramp", 10_000.0)?;
-    let report_path = options.get("report")?.to_owned();
-    let token = options.args.get("token").cloned();
-    let sources: Vec<IpAddr> = options
-        .args
-        .get("sources")
-        .map(|s| s.split(',').map(|ip| ip.parse()).collect::<Result<_, _>>())
-        .transpose()?
-        .unwrap_or_else(|| vec!["127.0.0.1".parse().expect("ip")]);
-    let shared = Arc::new(Shared {
-        histogram: Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 3)?),
-        per_message: Mutex::default(),
-        events: AtomicUsize::new(0),
-    });
-    let connected = Arc::new(AtomicUsize::new(0));
-    let failed = Arc::new(AtomicUsize::new(0));
-    let started = Instant::now();
-    let path = subscribe_path(target, &topic);
-    for i in 0..connections {
-        let (shared, connected, failed) = (shared.clone(), connected.clone(), failed.clone());
-        let (path, token) = (path.clone(), token.clone());
-        let source = sources[i % sources.len()];
-        tokio::spawn(async move {
-            // A server may refuse a burst (Pushpin answers 502): retry like a client would.
-            let mut attempt = 0;
-            loop {
-                match subscriber(
-                    server,
-                    source,
-                    path.clone(),
-                    token.clone(),
-                    shared.clone(),
-                    connected.clone(),
-                )
-                .await
-                {
-                    Err(error) if error.to_string().contains("502") && attempt < 30 => {
-                        attempt += 1;
-                        tokio::time::sleep(Duration::from_millis(200 * attempt.min(5))).await;
-                    }
-                    Err(error) => {
-                        if failed.fetch_add(1, Ordering::SeqCst) < 3 {
-                            eprintln!("subscriber: {error:#}");
-                        }
-                        return;
-                    }
-                    Ok(()) => return,
-                }
+/// The options of `sse_load subscribe`.
+struct SubscribeOptions {
+    target: Target,
+    server: SocketAddr,
+    topic: String,
+    connections: usize,
+    expect: u64,
+    hold: u64,
+    ramp: f64,
+    report_path: String,
+    token: Option<String>,
+    sources: Vec<IpAddr>,
+}
+
+impl SubscribeOptions {
+    /// Reads them from `options`, resolving `--base`.
+    async fn parse(options: &Options) -> anyhow::Result<Self> {
+        let target = options.target()?;
+        let base = options
+            .get("base")?
+            .trim_start_matches("http://")
+            .to_owned();
+        let server: SocketAddr = tokio::net::lookup_host(&base)
+            .await?
+            .next()
+            .context("server address")?;
+        Ok(Self {
+            target,
+            server,
+            topic: options.get("topic")?.to_owned(),
+            connections: options.number("connections", 1000)?,
+            expect: options.number("expect", 0)?,
+            hold: options.number("hold", 60)?,
+            ramp: options.number("ramp", 10_000.0)?,
+            report_path: options.get("report")?.to_owned(),
+            token: options.args.get("token").cloned(),
+            sources: options
+                .args
+                .get("sources")
+                .map(|s| s.split(',').map(|ip| ip.parse()).collect::<Result<_, _>>())
+                .transpose()?
+                .unwrap_or_else(|| vec!["127.0.0.1".parse().expect("ip")]),
+        })
+    }
+}
+
+/// Runs [`subscriber`] until it ends, retrying refused bursts (502) like a
+/// client would; counts a stream that fails for good in `failed`.
+async fn subscriber_with_retries(
+    server: SocketAddr,
+    source: IpAddr,
+    path: String,
+    token: Option<String>,
+    shared: Arc<Shared>,
+    connected: Arc<AtomicUsize>,
+    failed: Arc<AtomicUsize>,
+) {
+    // A server may refuse a burst (Pushpin answers 502): retry like a client would.
+    let mut attempt = 0;
+    loop {
+        match subscriber(
+            server,
+            source,
+            path.clone(),
+            token.clone(),
+            shared.clone(),
+            connected.clone(),
+        )
+        .await
+        {
+            Err(error) if error.to_string().contains("502") && attempt < 30 => {
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(200 * attempt.min(5))).await;
             }
-        });
-        // Ramp: some servers refuse bursts of new connections.
-        if i % 100 == 99 {
-            tokio::time::sleep(Duration::from_secs_f64(100.0 / ramp)).await;
+            Err(error) => {
+                if failed.fetch_add(1, Ordering::SeqCst) < 3 {
+                    eprintln!("subscriber: {error:#}");
+                }
+                return;
+            }
+            Ok(()) => return,
         }
     }
+}
+
+/// Spawns the `connections` subscribers, over the source addresses in turn,
+/// pausing after every 100 to keep to the ramp.
+async fn spawn_subscribers(
+    config: &SubscribeOptions,
+    shared: &Arc<Shared>,
+    connected: &Arc<AtomicUsize>,
+    failed: &Arc<AtomicUsize>,
+) {
+    let path = subscribe_path(config.target, &config.topic);
+    for i in 0..config.connections {
+        let (shared, connected, failed) = (shared.clone(), connected.clone(), failed.clone());
+        let (path, token) = (path.clone(), config.token.clone());
+        let source = config.sources[i % config.sources.len()];
+        tokio::spawn(subscriber_with_retries(
+            config.server,
+            source,
+            path,
+            token,
+            shared,
+            connected,
+            failed,
+        ));
+        // Ramp: some servers refuse bursts of new connections.
+        if i % 100 == 99 {
+            tokio::time::sleep(Duration::from_secs_f64(100.0 / config.ramp)).await;
+        }
+    }
+}
+
+/// Waits (300 s at most) until every stream has started or failed.
+async fn wait_connected(connected: &AtomicUsize, failed: &AtomicUsize, connections: usize) {
     let ramp_deadline = Instant::now() + Duration::from_secs(300);
     while connected.load(Ordering::SeqCst) + failed.load(Ordering::SeqCst) < connections
         && Instant::now() < ramp_deadline
     {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    println!("ready {}", connected.load(Ordering::SeqCst));
-    let wanted = expect as usize * connected.load(Ordering::SeqCst);
+}
+
+/// Waits until `wanted` events have arrived (when `expect` is set), the hold
+/// time has passed, or delivery has stalled.
+async fn wait_deliveries(shared: &Shared, expect: u64, wanted: usize, hold: u64) {
     let hold_deadline = Instant::now() + Duration::from_secs(hold);
     let mut last_progress = (0, Instant::now());
     loop {
@@ -314,8 +402,17 @@ async fn subscribe(options: &Options) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The report of this process's subscribers.
+fn report(
+    shared: &Shared,
+    connected: &AtomicUsize,
+    failed: &AtomicUsize,
+    started: Instant,
+) -> Report {
     let histogram = shared.histogram.lock().expect("histogram").clone();
-    let report = Report {
+    Report {
         connections: connected.load(Ordering::SeqCst),
         failed_connections: failed.load(Ordering::SeqCst),
         events: shared.events.load(Ordering::Relaxed) as u64,
@@ -326,8 +423,27 @@ async fn subscribe(options: &Options) -> anyhow::Result<()> {
         per_message: shared.per_message.lock().expect("per message").clone(),
         generator_cpu_seconds: process_cpu_seconds(),
         wall_seconds: started.elapsed().as_secs_f64(),
-    };
-    std::fs::write(&report_path, serde_json::to_vec(&report)?)?;
+    }
+}
+
+/// `sse_load subscribe` (see the module docs).
+async fn subscribe(options: &Options) -> anyhow::Result<()> {
+    let config = SubscribeOptions::parse(options).await?;
+    let shared = Arc::new(Shared {
+        histogram: Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 3)?),
+        per_message: Mutex::default(),
+        events: AtomicUsize::new(0),
+    });
+    let connected = Arc::new(AtomicUsize::new(0));
+    let failed = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    spawn_subscribers(&config, &shared, &connected, &failed).await;
+    wait_connected(&connected, &failed, config.connections).await;
+    println!("ready {}", connected.load(Ordering::SeqCst));
+    let wanted = config.expect as usize * connected.load(Ordering::SeqCst);
+    wait_deliveries(&shared, config.expect, wanted, config.hold).await;
+    let report = report(&shared, &connected, &failed, started);
+    std::fs::write(&config.report_path, serde_json::to_vec(&report)?)?;
     println!("done {}", report.events);
     std::process::exit(0);
 }
