@@ -1,13 +1,15 @@
 //! What browser isolation costs (issue 14), before and after in one run.
 //!
 //! Usage: isolation_bench [--binary target/release/flotilla]
-//!                        [--before PATH] [--count 20] [--density 10]
+//!                        [--before PATH [--before-isolated]] [--count 20] [--density 10]
 //!
 //! Variants, each a `flotilla serve` of its own, all running at once and
 //! measured round-robin so that the machine's noise hits them alike:
 //! - `before`: `--before`, a build of the commit before isolation (Chromium as
 //!   root, `--no-sandbox`, bubblewrap over a read-write `/`, host network);
-//!   left out when not given;
+//!   left out when not given; with `--before-isolated`, a build that already
+//!   isolates browsers (to compare two builds as installed, e.g. before and
+//!   after a refactoring);
 //! - `off`: this build with `agent.sandbox = false` and `agent.egress.enabled = false`
 //!   (unprivileged user and Chromium's sandbox only);
 //! - `on`: this build as installed: unprivileged user, minimal read-only
@@ -193,14 +195,17 @@ where
 
 /// The variants to compare: `before` (when `--before` is given), `off` and
 /// `on`; an error if one of their binaries is not built.
-fn variants_to_compare(binary: PathBuf, before: String) -> anyhow::Result<Vec<Variant>> {
+fn variants_to_compare(
+    binary: PathBuf,
+    (before, before_isolated): (String, bool),
+) -> anyhow::Result<Vec<Variant>> {
     let mut variants = Vec::new();
     if !before.is_empty() {
         variants.push(Variant {
             name: "before",
             binary: before.into(),
             agent: "",
-            knows_egress: false,
+            knows_egress: before_isolated,
         });
     }
     variants.push(Variant {
@@ -414,7 +419,8 @@ async fn main() -> anyhow::Result<()> {
     let before = text_flag("--before", "")?;
     let count = number_flag("--count", 20)?;
     let density = number_flag("--density", 10)?;
-    let variants = variants_to_compare(binary, before)?;
+    let before_isolated = std::env::args().any(|arg| arg == "--before-isolated");
+    let variants = variants_to_compare(binary, (before, before_isolated))?;
     let site = serve_site().await?;
     let http = http();
     let port_ranges = ["24000-24299", "24300-24599", "24600-24899"];

@@ -225,17 +225,23 @@ fn record_deliveries(shared: &Shared, latencies: &mut Vec<(u64, u64)>, received:
         .fetch_add(received as usize, Ordering::Relaxed);
 }
 
-/// One stream: opens it, counts it in `connected` once it has started, then
-/// records its deliveries in `shared` until the server closes it.
-async fn subscriber(
+/// Where one stream connects, from which address, with which credential.
+struct StreamSpec {
     server: SocketAddr,
     source: IpAddr,
     path: String,
     token: Option<String>,
+}
+
+/// One stream: opens it, counts it in `connected` once it has started, then
+/// records its deliveries in `shared` until the server closes it.
+async fn subscriber(
+    spec: &StreamSpec,
     shared: Arc<Shared>,
     connected: Arc<AtomicUsize>,
 ) -> anyhow::Result<()> {
-    let mut stream = open_stream(server, source, &path, token.as_deref()).await?;
+    let token = spec.token.as_deref();
+    let mut stream = open_stream(spec.server, spec.source, &spec.path, token).await?;
     let mut buffer = Vec::with_capacity(4096);
     let mut chunk = vec![0u8; 16 * 1024];
     // Response head.
@@ -306,10 +312,7 @@ impl SubscribeOptions {
 /// Runs [`subscriber`] until it ends, retrying refused bursts (502) like a
 /// client would; counts a stream that fails for good in `failed`.
 async fn subscriber_with_retries(
-    server: SocketAddr,
-    source: IpAddr,
-    path: String,
-    token: Option<String>,
+    spec: StreamSpec,
     shared: Arc<Shared>,
     connected: Arc<AtomicUsize>,
     failed: Arc<AtomicUsize>,
@@ -317,16 +320,7 @@ async fn subscriber_with_retries(
     // A server may refuse a burst (Pushpin answers 502): retry like a client would.
     let mut attempt = 0;
     loop {
-        match subscriber(
-            server,
-            source,
-            path.clone(),
-            token.clone(),
-            shared.clone(),
-            connected.clone(),
-        )
-        .await
-        {
+        match subscriber(&spec, shared.clone(), connected.clone()).await {
             Err(error) if error.to_string().contains("502") && attempt < 30 => {
                 attempt += 1;
                 tokio::time::sleep(Duration::from_millis(200 * attempt.min(5))).await;
@@ -353,17 +347,13 @@ async fn spawn_subscribers(
     let path = subscribe_path(config.target, &config.topic);
     for i in 0..config.connections {
         let (shared, connected, failed) = (shared.clone(), connected.clone(), failed.clone());
-        let (path, token) = (path.clone(), config.token.clone());
-        let source = config.sources[i % config.sources.len()];
-        tokio::spawn(subscriber_with_retries(
-            config.server,
-            source,
-            path,
-            token,
-            shared,
-            connected,
-            failed,
-        ));
+        let spec = StreamSpec {
+            server: config.server,
+            source: config.sources[i % config.sources.len()],
+            path: path.clone(),
+            token: config.token.clone(),
+        };
+        tokio::spawn(subscriber_with_retries(spec, shared, connected, failed));
         // Ramp: some servers refuse bursts of new connections.
         if i % 100 == 99 {
             tokio::time::sleep(Duration::from_secs_f64(100.0 / config.ramp)).await;
