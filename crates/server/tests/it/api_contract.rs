@@ -123,7 +123,7 @@ async fn invalid_create_bodies_are_400_naming_the_field() {
     ];
     assert_creates_refused(
         &serve.api,
-        &cases,
+        cases,
         StatusCode::BAD_REQUEST,
         "invalid_request",
     )
