@@ -3,6 +3,8 @@
 //! over the OpenAPI document. (Browser behaviour is covered with real
 //! Chromium in `browser_*.rs`.)
 
+use serde_json::Value;
+
 use flotilla_node_agent::config::RuntimeKind;
 use flotilla_testkit::{
     Api, StatusCode, assert_error, sorted_keys, spawn_serve_with, spawn_sim_serve, workspace_root,
@@ -140,6 +142,21 @@ async fn assert_creates_refused(api: &Api, cases: &[(&str, &str)], status: Statu
     }
 }
 
+/// The ids of a list page, in its order.
+fn listed_ids(page: &Value) -> Vec<&str> {
+    let instances = page["instances"].as_array().unwrap();
+    instances
+        .iter()
+        .map(|i| i["id"].as_str().unwrap())
+        .collect()
+}
+
+/// A list page's `total`, `limit` and `offset`.
+fn page_window(page: &Value) -> (Option<i64>, Option<i64>, Option<i64>) {
+    let number = |key: &str| page[key].as_i64();
+    (number("total"), number("limit"), number("offset"))
+}
+
 #[tokio::test]
 async fn full_node_gives_503_insufficient_capacity() {
     let serve = spawn_sim_serve(2).await;
@@ -233,20 +250,8 @@ async fn list_filters_sorts_and_pages() {
     }
     let (status, page) = serve.api.get("/v2/instances").await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(
-        (
-            page["total"].as_i64(),
-            page["limit"].as_i64(),
-            page["offset"].as_i64()
-        ),
-        (Some(12), Some(100), Some(0))
-    );
-    let listed: Vec<&str> = page["instances"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i["id"].as_str().unwrap())
-        .collect();
+    assert_eq!(page_window(&page), (Some(12), Some(100), Some(0)));
+    let listed = listed_ids(&page);
     let mut newest_first = ids.clone();
     newest_first.reverse();
     assert_eq!(listed, newest_first, "default sort is created_at_desc");
@@ -265,36 +270,21 @@ async fn list_filters_sorts_and_pages() {
             "subdomain"
         ]
     );
-    let resource_keys: Vec<&str> = item["resources"]
-        .as_object()
-        .unwrap()
-        .keys()
-        .map(String::as_str)
-        .collect();
-    assert_eq!(resource_keys, ["cpu_percent", "disk_mb", "memory_mb"]);
+    assert_eq!(
+        sorted_keys(&item["resources"]),
+        ["cpu_percent", "disk_mb", "memory_mb"]
+    );
 
     let (_, page) = serve
         .api
         .get("/v2/instances?sort=created_at_asc&limit=5&offset=5")
         .await;
-    let listed: Vec<&str> = page["instances"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i["id"].as_str().unwrap())
-        .collect();
+    let listed = listed_ids(&page);
     assert_eq!(
         listed,
         ids[5..10].iter().map(String::as_str).collect::<Vec<_>>()
     );
-    assert_eq!(
-        (
-            page["total"].as_i64(),
-            page["limit"].as_i64(),
-            page["offset"].as_i64()
-        ),
-        (Some(12), Some(5), Some(5))
-    );
+    assert_eq!(page_window(&page), (Some(12), Some(5), Some(5)));
 
     let (_, page) = serve.api.get("/v2/instances?offset=100").await;
     assert_eq!(page["instances"].as_array().unwrap().len(), 0);
