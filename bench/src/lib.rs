@@ -356,6 +356,11 @@ pub async fn create_to_cdp(http: &reqwest::Client, base: &str, body: &str) -> an
     Ok(elapsed)
 }
 
+/// `GET url` read as JSON (any status: callers look at the body).
+pub async fn get_json(http: &reqwest::Client, url: String) -> anyhow::Result<serde_json::Value> {
+    Ok(http.get(url).send().await?.json().await?)
+}
+
 /// A client that sends `Authorization: Bearer <key>` with every request.
 pub fn client_with_key(key: &str) -> anyhow::Result<reqwest::Client> {
     let mut headers = reqwest::header::HeaderMap::new();

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use futures_util::StreamExt as _;
 
-use flotilla_bench::{number_flag as flag, percentile};
+use flotilla_bench::{get_json, number_flag as flag, percentile};
 use flotilla_testkit::{PgServer, ServeProcess};
 
 const TOKEN: &str = "bench-cluster-token";
@@ -104,12 +104,7 @@ async fn wait_online(
     started: Instant,
 ) -> anyhow::Result<()> {
     loop {
-        let nodes: serde_json::Value = http
-            .get(format!("{base}/v2/nodes"))
-            .send()
-            .await?
-            .json()
-            .await?;
+        let nodes: serde_json::Value = get_json(http, format!("{base}/v2/nodes")).await?;
         let online = nodes["nodes"]
             .as_array()
             .map_or(0, |n| n.iter().filter(|n| n["status"] == "online").count());

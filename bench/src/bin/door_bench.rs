@@ -21,7 +21,7 @@ use futures_util::StreamExt;
 use serde_json::{Value, json};
 
 use flotilla_bench::{
-    ServeProcess, client_with_key, create_running, number_flag, percentile, text_flag,
+    ServeProcess, client_with_key, create_running, get_json, number_flag, percentile, text_flag,
 };
 use flotilla_node_agent::cdp::CdpClient;
 
@@ -171,13 +171,7 @@ async fn open_noise_tab(target: &Target<'_>) -> anyhow::Result<String> {
         .ok();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (door_base, token) = (target.door_base, target.token);
-    let tabs: Value = target
-        .http
-        .get(format!("{door_base}/tabs?token={token}"))
-        .send()
-        .await?
-        .json()
-        .await?;
+    let tabs: Value = get_json(target.http, format!("{door_base}/tabs?token={token}")).await?;
     Ok(tabs
         .as_array()
         .and_then(|tabs| {

@@ -19,8 +19,8 @@ use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
 
 use flotilla_bench::{
-    ServeProcess, mem_available_mib, number_flag, percentile, raw_chromium_start, summary_row,
-    text_flag,
+    ServeProcess, get_json, mem_available_mib, number_flag, percentile, raw_chromium_start,
+    summary_row, text_flag,
 };
 use flotilla_node_agent::cdp::CdpClient;
 
@@ -46,13 +46,11 @@ struct Bench {
 
 impl Bench {
     async fn status(&self) -> anyhow::Result<Value> {
-        Ok(self
-            .http
-            .get(format!("{}/v2/instances/{}", self.base, self.id))
-            .send()
-            .await?
-            .json()
-            .await?)
+        get_json(
+            &self.http,
+            format!("{}/v2/instances/{}", self.base, self.id),
+        )
+        .await
     }
 
     async fn wait_running(&self) -> anyhow::Result<Value> {
@@ -76,13 +74,11 @@ impl Bench {
     }
 
     async fn page_urls(&self) -> anyhow::Result<Vec<String>> {
-        let list: Value = self
-            .http
-            .get(format!("http://127.0.0.1:{}/json/list", self.debug_port))
-            .send()
-            .await?
-            .json()
-            .await?;
+        let list: Value = get_json(
+            &self.http,
+            format!("http://127.0.0.1:{}/json/list", self.debug_port),
+        )
+        .await?;
         let mut urls: Vec<String> = list
             .as_array()
             .into_iter()

@@ -29,8 +29,8 @@ use anyhow::{Context as _, bail};
 use serde_json::Value;
 
 use flotilla_bench::{
-    ServeProcess, Tab, mean, mem_available_mib, number_flag, percentile, rss_kib, summary_row,
-    text_flag, wait_running,
+    ServeProcess, Tab, get_json, mean, mem_available_mib, number_flag, percentile, rss_kib,
+    summary_row, text_flag, wait_running,
 };
 
 struct Variant {
@@ -364,12 +364,8 @@ async fn print_idle_memory_row(
     tokio::time::sleep(Duration::from_secs(10)).await;
     let mut pss = Vec::new();
     for id in &ids {
-        let instance: Value = http
-            .get(format!("{}/v2/instances/{id}", serve.serve.url))
-            .send()
-            .await?
-            .json()
-            .await?;
+        let instance: Value =
+            get_json(http, format!("{}/v2/instances/{id}", serve.serve.url)).await?;
         pss.push(instance["resources"]["memory_mb"].as_f64().unwrap_or(0.0));
     }
     let (rss_after, available_after) = (rss_kib(pid) as f64 / 1024.0, mem_available_mib());

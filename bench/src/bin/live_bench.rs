@@ -31,7 +31,7 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
-use flotilla_bench::{ServeProcess, number_flag, summary_row, text_flag, wait_running};
+use flotilla_bench::{ServeProcess, get_json, number_flag, summary_row, text_flag, wait_running};
 use flotilla_node_agent::cdp::CdpClient;
 
 type Socket =
@@ -403,12 +403,7 @@ async fn park_and_read_recording(
         .send()
         .await?
         .error_for_status()?;
-    let list: Value = http
-        .get(format!("{base}/v2/instances/{recorded}/recordings"))
-        .send()
-        .await?
-        .json()
-        .await?;
+    let list: Value = get_json(http, format!("{base}/v2/instances/{recorded}/recordings")).await?;
     let recording = &list["recordings"][0];
     let size = recording["size_bytes"].as_f64().context("no recording")?;
     let duration = recording["duration_sec"].as_f64().context("no duration")?;

@@ -33,7 +33,7 @@ use futures_util::StreamExt as _;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use flotilla_bench::{number_flag as flag, percentile};
+use flotilla_bench::{get_json, number_flag as flag, percentile};
 use flotilla_event_proxy::peers::owner_among;
 use flotilla_testkit::{ServeProcess, WebhookFake};
 
@@ -89,12 +89,7 @@ async fn start_proxy(
 }
 
 async fn health(http: &reqwest::Client, url: &str) -> anyhow::Result<Value> {
-    Ok(http
-        .get(format!("{url}/health"))
-        .send()
-        .await?
-        .json()
-        .await?)
+    get_json(http, format!("{url}/health")).await
 }
 
 /// Subscribes and sends every event's data (with its arrival) to `out`;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use serde_json::Value;
 
-use flotilla_bench::{ServeProcess, create_running, mem_available_mib};
+use flotilla_bench::{ServeProcess, create_running, get_json, mem_available_mib};
 
 struct Args {
     mode: String,
@@ -83,13 +83,11 @@ impl Bench {
     }
 
     async fn instances(&self) -> anyhow::Result<Vec<Value>> {
-        let list: Value = self
-            .http
-            .get(format!("{}/v2/instances?limit=1000", self.serve.url))
-            .send()
-            .await?
-            .json()
-            .await?;
+        let list: Value = get_json(
+            &self.http,
+            format!("{}/v2/instances?limit=1000", self.serve.url),
+        )
+        .await?;
         Ok(list["instances"].as_array().cloned().unwrap_or_default())
     }
 }

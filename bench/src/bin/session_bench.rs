@@ -31,7 +31,8 @@ use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
 
 use flotilla_bench::{
-    ServeProcess, Tab, free_port, number_flag, percentile, summary_row, text_flag, wait_running,
+    ServeProcess, Tab, free_port, get_json, number_flag, percentile, summary_row, text_flag,
+    wait_running,
 };
 
 /// How often a create is polled for `running` (the profile figures depend on it).
@@ -321,12 +322,7 @@ async fn fill_profile(
 async fn wait_profile_saved(http: &reqwest::Client, base: &str) -> anyhow::Result<u64> {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let profile: Value = http
-            .get(format!("{base}/v2/profiles/bench"))
-            .send()
-            .await?
-            .json()
-            .await?;
+        let profile: Value = get_json(http, format!("{base}/v2/profiles/bench")).await?;
         let size = profile["size_bytes"].as_u64().unwrap_or(0);
         if size > 0 {
             return Ok(size);
@@ -442,12 +438,7 @@ fn spawn_waiting_create(
 async fn wait_queued(http: &reqwest::Client, base: &str, index: usize) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let health: Value = http
-            .get(format!("{base}/health"))
-            .send()
-            .await?
-            .json()
-            .await?;
+        let health: Value = get_json(http, format!("{base}/health")).await?;
         if health["create_queue"]["waiting"].as_u64() == Some(index as u64 + 1) {
             return Ok(());
         }

@@ -25,7 +25,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use tokio::io::AsyncReadExt as _;
 
-use flotilla_bench::{number_flag, open_sse_stream, raise_open_files, rss_kib, start_event_proxy};
+use flotilla_bench::{
+    get_json, number_flag, open_sse_stream, raise_open_files, rss_kib, start_event_proxy,
+};
 
 const KEY: &str = "soak-key";
 
@@ -52,12 +54,8 @@ impl Proxy {
 
     /// Open streams as the proxy reports them (`/health` `connections`).
     async fn open_streams(&self, http: &reqwest::Client) -> anyhow::Result<u64> {
-        let health: serde_json::Value = http
-            .get(format!("http://127.0.0.1:{}/health", self.port))
-            .send()
-            .await?
-            .json()
-            .await?;
+        let health: serde_json::Value =
+            get_json(http, format!("http://127.0.0.1:{}/health", self.port)).await?;
         health["connections"]
             .as_u64()
             .with_context(|| format!("no connections in {health}"))

@@ -189,18 +189,18 @@ async fn browser_park_and_revive_keep_cookies_storage_and_tabs() {
         "invalid_state",
         "only running or idle instances",
     );
-    for bad in [
-        r#"{"method": "warp"}"#,
-        r#"{"methd": "quick_start"}"#,
-        "[1]",
-        "{bad json",
+    for (bad, mention) in [
+        (r#"{"method": "warp"}"#, "method"),
+        (r#"{"methd": "quick_start"}"#, "methd"),
+        ("[1]", "expected a JSON object"),
+        ("{bad json", "invalid request body"),
     ] {
         let revive = format!("/v2/instances/{id}/revive");
         assert_error(
             serve.api.post(&revive, bad).await,
             StatusCode::BAD_REQUEST,
             "invalid_request",
-            "",
+            mention,
         );
     }
     let (status, body) = serve
