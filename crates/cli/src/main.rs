@@ -335,7 +335,10 @@ async fn agent(config: FlotillaConfig) -> anyhow::Result<()> {
 }
 
 async fn proxy(config: FlotillaConfig) -> anyhow::Result<()> {
-    let proxy = Proxy::start(config.proxy)
+    flotilla_net::descriptors::raise_to_hard_limit();
+    let listeners = flotilla_net::Listeners::new(&config.listeners);
+    let clock = std::sync::Arc::new(flotilla_api_types::clock::SystemClock);
+    let proxy = Proxy::start_with(config.proxy, clock, listeners)
         .await
         .context("cannot start the event proxy")?;
     println!("event proxy listening on http://{}", proxy.addr);

@@ -26,6 +26,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
+use flotilla_net::Slot;
+
 use crate::ProxyState;
 use crate::refusal::Refusal;
 
@@ -146,10 +148,14 @@ pub async fn serve(listener: TcpListener, state: Arc<ProxyState>, shutdown: Canc
             },
             _ = shutdown.cancelled() => return,
         };
+        // The process's budget (shared with `serve`'s other listeners).
+        let Some(slot) = state.listeners.admit(&stream, peer) else {
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         state
             .connections
-            .spawn(connection(stream, peer, state.clone()));
+            .spawn(connection(stream, peer, slot, state.clone()));
     }
 }
 
@@ -159,7 +165,16 @@ enum ReadError {
     Respond(Response),
 }
 
-async fn connection(mut stream: TcpStream, peer: SocketAddr, state: Arc<ProxyState>) {
+/// One connection until it closes; evicted (while it waits for a request)
+/// when the process's budget needs its descriptor.
+async fn connection(stream: TcpStream, peer: SocketAddr, slot: Slot, state: Arc<ProxyState>) {
+    tokio::select! {
+        _ = requests(stream, peer, &slot, state) => {}
+        _ = slot.evicted().cancelled() => {}
+    }
+}
+
+async fn requests(mut stream: TcpStream, peer: SocketAddr, slot: &Slot, state: Arc<ProxyState>) {
     let mut buffer = BytesMut::with_capacity(1024);
     let mut first = true;
     loop {
@@ -192,20 +207,20 @@ async fn connection(mut stream: TcpStream, peer: SocketAddr, state: Arc<ProxySta
             _ = state.shutdown.cancelled() => return,
         };
         if request.method == "GET" && request.path.starts_with("/events/") {
+            // A stream holds its connection like an upgraded one.
+            slot.upgraded();
             drop(buffer);
             crate::sse::subscribe(stream, request, peer.ip(), state).await;
             return;
         }
         let keep_alive = request.keep_alive && !state.shutdown.is_cancelled();
         let origin = request.header("origin").map(str::to_owned);
+        slot.request_started();
         let response = crate::route(&state, &request, peer.ip()).await;
         let response = state.cors(response, origin.as_deref());
-        if stream
-            .write_all(&response.encode(keep_alive))
-            .await
-            .is_err()
-            || !keep_alive
-        {
+        let written = stream.write_all(&response.encode(keep_alive)).await;
+        slot.request_done();
+        if written.is_err() || !keep_alive {
             return;
         }
     }

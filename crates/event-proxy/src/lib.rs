@@ -18,7 +18,6 @@ pub mod auth;
 pub mod config;
 pub mod http;
 pub mod limits;
-pub mod listen;
 pub mod metrics;
 pub mod peers;
 pub mod refusal;
@@ -69,6 +68,8 @@ pub struct ProxyState {
     pub peers: Option<Arc<Cluster>>,
     /// Wall-clock time (token expiry, revocation times).
     pub clock: Arc<dyn Clock>,
+    /// The process's connection budget, shared with its other listeners.
+    pub listeners: flotilla_net::Listeners,
 }
 
 impl ProxyState {
@@ -387,9 +388,19 @@ impl Proxy {
         config: ProxyConfig,
         clock: Arc<dyn Clock>,
     ) -> anyhow::Result<Proxy> {
+        let listeners = flotilla_net::Listeners::new(&flotilla_net::ListenerLimits::default());
+        Self::start_with(config, clock, listeners).await
+    }
+
+    /// Starts with the connection budget of the process it shares (`serve`).
+    pub async fn start_with(
+        config: ProxyConfig,
+        clock: Arc<dyn Clock>,
+        listeners: flotilla_net::Listeners,
+    ) -> anyhow::Result<Proxy> {
         config.validate().map_err(anyhow::Error::msg)?;
         let bind = config.bind_address().map_err(anyhow::Error::msg)?;
-        let listener = listen::bind(bind)
+        let listener = flotilla_net::bind(bind)
             .await
             .with_context(|| format!("cannot listen on {bind} (http.bind_address)"))?;
         let addr = listener.local_addr()?;
@@ -429,6 +440,7 @@ impl Proxy {
             peers,
             clock,
             config,
+            listeners,
         });
         let mut tasks = vec![tokio::spawn(http::serve(
             listener,

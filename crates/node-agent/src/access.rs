@@ -106,7 +106,7 @@ impl NodeAccess {
 pub async fn serve_instance_port(
     listener: tokio::net::TcpListener,
     router: axum::Router,
-    access: Arc<NodeAccess>,
+    (access, listeners): (Arc<NodeAccess>, flotilla_net::Listeners),
     slot: Arc<crate::instance::InstanceSlot>,
 ) {
     let cancel = slot.servers.clone();
@@ -114,9 +114,7 @@ pub async fn serve_instance_port(
         (access, slot),
         require_credential,
     ));
-    let _ = axum::serve(listener, router)
-        .with_graceful_shutdown(async move { cancel.cancelled().await })
-        .await;
+    listeners.serve_router(listener, router, cancel).await;
 }
 
 /// Axum middleware of the instance's own servers (live view, HTTP API):

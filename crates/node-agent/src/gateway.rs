@@ -20,7 +20,6 @@
 //!   downloads in the instance's own directory; WebSocket compression is not
 //!   negotiated with Chromium, so that every command can be read.
 
-use std::convert::Infallible;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -28,8 +27,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use flotilla_net::Body;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
 use hyper::header::{CONTENT_LENGTH, HOST, HeaderValue};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
@@ -52,48 +51,39 @@ pub struct GatewayContext {
     pub ready_timeout: Duration,
     /// Who may connect.
     pub access: Arc<NodeAccess>,
+    /// The process's connection budget and slow-client limits.
+    pub listeners: flotilla_net::Listeners,
     /// The instance's downloads directory as its browser sees it.
     pub downloads_dir: String,
 }
 
-/// Serves the gateway on `listener` until `cancel` fires; open connections are
-/// closed then too.
+/// Serves the gateway on `listener` until `cancel` fires or the instance's
+/// servers stop; open connections are closed then too.
 pub async fn serve(listener: TcpListener, context: Arc<GatewayContext>, cancel: CancellationToken) {
-    loop {
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(error) => {
-                    tracing::warn!(%error, "gateway accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = cancel.cancelled() => return,
-        };
-        let _ = stream.set_nodelay(true);
-        let context = context.clone();
-        let cancel = cancel.clone();
-        tokio::spawn(async move {
-            let service_context = context.clone();
-            let service = hyper::service::service_fn(move |request| {
-                let context = service_context.clone();
-                let cancel = cancel.clone();
-                async move { Ok::<_, Infallible>(handle(request, context, cancel).await) }
-            });
-            let connection = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .with_upgrades();
-            tokio::select! {
-                _ = connection => {}
-                _ = context.slot.servers.cancelled() => {}
-            }
-        });
-    }
+    let stop = CancellationToken::new();
+    let servers = context.slot.servers.clone();
+    let stopper = stop.clone();
+    let stop_on = async move {
+        tokio::select! {
+            _ = cancel.cancelled() => {}
+            _ = servers.cancelled() => {}
+        }
+        stopper.cancel();
+    };
+    let listeners = context.listeners.clone();
+    let per_connection = {
+        let stop = stop.clone();
+        move |_peer| {
+            let context = context.clone();
+            let stop = stop.clone();
+            move |request| handle(request, context.clone(), stop.clone())
+        }
+    };
+    tokio::join!(stop_on, listeners.serve(listener, per_connection, stop));
 }
 
 async fn handle(
-    request: Request<Incoming>,
+    request: Request<Body>,
     context: Arc<GatewayContext>,
     cancel: CancellationToken,
 ) -> Response<Full<Bytes>> {
@@ -149,7 +139,7 @@ fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
 }
 
 /// The authority clients should use for this gateway.
-fn external_authority(request: &Request<Incoming>, context: &GatewayContext) -> String {
+fn external_authority(request: &Request<Body>, context: &GatewayContext) -> String {
     request
         .headers()
         .get(HOST)
@@ -161,7 +151,7 @@ fn external_authority(request: &Request<Incoming>, context: &GatewayContext) -> 
 
 /// The upstream path: any browser-target path means the current browser; the
 /// `token` parameter stays here.
-fn upstream_path(request: &Request<Incoming>, endpoint: &CdpEndpoint) -> String {
+fn upstream_path(request: &Request<Body>, endpoint: &CdpEndpoint) -> String {
     let path = request.uri().path();
     if path == "/devtools/browser" || path.starts_with("/devtools/browser/") {
         return endpoint.browser_path.clone();
@@ -229,7 +219,7 @@ fn rewrite_urls(
 }
 
 async fn proxy_http(
-    request: Request<Incoming>,
+    request: Request<Body>,
     endpoint: &CdpEndpoint,
     context: &GatewayContext,
     token: Option<&InstanceToken>,
@@ -281,7 +271,7 @@ async fn proxy_http(
 }
 
 async fn proxy_websocket(
-    mut request: Request<Incoming>,
+    mut request: Request<Body>,
     endpoint: &CdpEndpoint,
     context: Arc<GatewayContext>,
     cancel: CancellationToken,
@@ -321,7 +311,7 @@ async fn proxy_websocket(
 
 /// The client's upgrade request as the browser gets it: the browser's own
 /// host, and only the headers that go through.
-fn upgrade_head(request: &Request<Incoming>, endpoint: &CdpEndpoint) -> io::Result<String> {
+fn upgrade_head(request: &Request<Body>, endpoint: &CdpEndpoint) -> io::Result<String> {
     let path = upstream_path(request, endpoint);
     let mut head = format!("GET {path} HTTP/1.1\r\nHost: {}\r\n", endpoint.authority());
     for (name, value) in request.headers() {

@@ -52,7 +52,7 @@ pub async fn serve_api(
     listener: TcpListener,
     slot: Arc<InstanceSlot>,
     ready_timeout: Duration,
-    access: Arc<NodeAccess>,
+    (access, listeners): (Arc<NodeAccess>, flotilla_net::Listeners),
     recordings: std::path::PathBuf,
 ) {
     let router = Router::new()
@@ -72,7 +72,7 @@ pub async fn serve_api(
             access: access.clone(),
             recordings,
         });
-    crate::access::serve_instance_port(listener, router, access, slot).await;
+    crate::access::serve_instance_port(listener, router, (access, listeners), slot).await;
 }
 
 /// An error of the instance API: a status and the `{detail, code}` body of

@@ -399,14 +399,18 @@ impl Drop for ViewerGuard {
 
 /// Serves the live view until the instance's servers stop; with
 /// authentication on, every request needs a credential ([`crate::access`]).
-pub async fn serve(listener: TcpListener, live_view: Arc<LiveView>, access: Arc<NodeAccess>) {
+pub async fn serve(
+    listener: TcpListener,
+    live_view: Arc<LiveView>,
+    door: (Arc<NodeAccess>, flotilla_net::Listeners),
+) {
     let slot = live_view.slot.clone();
     let router = Router::new()
         .route("/", get(mjpeg))
         .route("/ws", get(websocket))
         .route("/frame.jpg", get(latest_frame))
         .with_state(live_view);
-    crate::access::serve_instance_port(listener, router, access, slot).await;
+    crate::access::serve_instance_port(listener, router, door, slot).await;
 }
 
 const BOUNDARY: &str = "flotillaframe";

@@ -151,6 +151,7 @@ impl PortAllocator {
 fn bind_listener(address: Ipv4Addr, port: u16) -> std::io::Result<TcpListener> {
     let listener = TcpListener::bind(SocketAddr::from((address, port)))?;
     listener.set_nonblocking(true)?;
+    flotilla_net::bind::deepen_backlog(&listener)?;
     Ok(listener)
 }
 

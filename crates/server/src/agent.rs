@@ -14,7 +14,7 @@ use flotilla_node_agent::snapshot::SnapshotStore;
 use flotilla_node_agent::{Agent, HttpLink};
 
 use crate::config::FlotillaConfig;
-use crate::serve::{agent_settings, bind_agent_listener, spawn_http};
+use crate::serve::{agent_settings, bind_agent_listener, process_listeners, spawn_http};
 
 /// A running `agent`.
 pub struct AgentNode {
@@ -41,6 +41,7 @@ impl AgentNode {
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("cannot create data_dir {}", config.data_dir.display()))?;
         let data_dir = config.data_dir.canonicalize()?;
+        let listeners = process_listeners(&config);
         let listener = bind_agent_listener(&config).await?;
         let addr = listener.local_addr()?;
         let snapshots = SnapshotStore::open(&config.snapshots, &data_dir.join("snapshots"))?;
@@ -49,7 +50,7 @@ impl AgentNode {
             &data_dir,
             (addr, addr.ip()),
             snapshots,
-            Arc::new(SystemClock),
+            (Arc::new(SystemClock), listeners.clone()),
         );
         let link = Arc::new(HttpLink::new(&control_plane_url, &token));
         let shutdown = CancellationToken::new();
@@ -59,7 +60,7 @@ impl AgentNode {
         let server = tokio::spawn(async move {
             let Ok(agent) = agent_rx.await else { return };
             let router = flotilla_node_agent::agent_api::router(agent, &token);
-            let _ = spawn_http(listener, router, router_shutdown).await;
+            let _ = spawn_http(listener, router, &listeners, router_shutdown).await;
         });
         let agent = Agent::start(settings, link).await?;
         let _ = agent_tx.send(agent.clone());

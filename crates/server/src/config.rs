@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use flotilla_control_plane::ControlPlaneConfig;
 use flotilla_control_plane::config::ApiRateLimitConfig;
 use flotilla_event_proxy::config::{ProxyConfig, RateLimitConfig};
+use flotilla_net::ListenerLimits;
 use flotilla_node_agent::AgentConfig;
 use flotilla_node_agent::snapshot::SnapshotsConfig;
 
@@ -44,6 +45,8 @@ pub struct FlotillaConfig {
     pub control: ControlPlaneConfig,
     pub agent: AgentConfig,
     pub snapshots: SnapshotsConfig,
+    /// `[listeners]`: what a client may hold on every listener of the process.
+    pub listeners: ListenerLimits,
     /// The event proxy's sections: `[http]`, `[jwt_verifier]`, `[publisher]`,
     /// `[history]` (and its `[rate_limit]` keys, below).
     #[serde(flatten)]
@@ -74,6 +77,7 @@ impl Default for FlotillaConfig {
             control: ControlPlaneConfig::default(),
             agent: AgentConfig::default(),
             snapshots: SnapshotsConfig::default(),
+            listeners: ListenerLimits::default(),
             proxy: ProxyConfig::default(),
             rate_limit: RateLimitSection::default(),
         }
@@ -137,6 +141,7 @@ impl FlotillaConfig {
         self.listen_addr()?;
         self.control.validate().map_err(anyhow::Error::msg)?;
         self.agent.validate().map_err(anyhow::Error::msg)?;
+        self.listeners.validate().map_err(anyhow::Error::msg)?;
         Ok(())
     }
 

@@ -14,7 +14,7 @@ use flotilla_control_plane::{ControlPlane, Store, SystemClock};
 use flotilla_node_agent::snapshot::SnapshotStore;
 
 use crate::config::FlotillaConfig;
-use crate::serve::{bind, spawn_http};
+use crate::serve::{bind, process_listeners, spawn_http};
 
 /// A running `control`.
 pub struct Control {
@@ -40,6 +40,7 @@ impl Control {
             ControlPlane::new(store, config.control.clone(), Arc::new(SystemClock))
                 .with_snapshots(Arc::new(crate::local::Artifacts(snapshots))),
         );
+        let listeners = process_listeners(&config);
         let listener = bind(config.listen_addr()?, "listen").await?;
         let addr = listener.local_addr()?;
         let shutdown = CancellationToken::new();
@@ -49,6 +50,7 @@ impl Control {
         tasks.push(spawn_http(
             listener,
             flotilla_control_plane::http::router(control_plane.clone()),
+            &listeners,
             shutdown.clone(),
         ));
         Ok(Control {

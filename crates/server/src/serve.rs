@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use flotilla_control_plane::{Clock, ControlPlane, Store, SystemClock};
 use flotilla_event_proxy::Proxy;
 use flotilla_event_proxy::config::ProxyConfig;
+use flotilla_net::Listeners;
 use flotilla_node_agent::snapshot::SnapshotStore;
 use flotilla_node_agent::{Agent, AgentSettings};
 
@@ -51,13 +52,14 @@ impl Serve {
         let store =
             Store::connect(&config.database_url(), config.control.store.max_connections).await?;
         let snapshots = SnapshotStore::open(&config.snapshots, &data_dir.join("snapshots"))?;
+        let listeners = process_listeners(&config);
         let control_listener = bind(config.listen_addr()?, "listen").await?;
         let control_addr = control_listener.local_addr()?;
 
         // The proxy first: the control plane publishes to it, and it verifies
         // subscribers' tokens with the control plane.
         let (proxy_config, control_config) = wire_events(&config, control_addr);
-        let proxy = Proxy::start_with_clock(proxy_config, clock.clone()).await?;
+        let proxy = Proxy::start_with(proxy_config, clock.clone(), listeners.clone()).await?;
         let proxy_addr = proxy.addr;
         let mut control_config = control_config;
         if control_config.events.proxy_url.is_none() {
@@ -76,7 +78,7 @@ impl Serve {
             &data_dir,
             (agent_addr, control_addr.ip()),
             snapshots,
-            clock.clone(),
+            (clock.clone(), listeners.clone()),
         );
         let agent = Agent::start(settings, Arc::new(LocalLink(control_plane.clone()))).await?;
         control_plane
@@ -90,6 +92,7 @@ impl Serve {
         tasks.push(spawn_http(
             control_listener,
             flotilla_control_plane::http::router(control_plane.clone()),
+            &listeners,
             shutdown.clone(),
         ));
         let cluster_token = config
@@ -100,6 +103,7 @@ impl Serve {
         tasks.push(spawn_http(
             agent_listener,
             flotilla_node_agent::agent_api::router(agent.clone(), &cluster_token),
+            &listeners,
             shutdown.clone(),
         ));
         Ok(Serve {
@@ -179,27 +183,34 @@ fn loopback_if_unspecified(addr: SocketAddr) -> SocketAddr {
 }
 
 pub(crate) async fn bind(addr: SocketAddr, key: &str) -> anyhow::Result<TcpListener> {
-    flotilla_event_proxy::listen::bind(addr)
+    flotilla_net::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr} ({key}); is another process using it?"))
 }
 
+/// Serves `router` on `listener` within the process's connection budget
+/// until `shutdown`.
 pub(crate) fn spawn_http(
     listener: TcpListener,
     router: axum::Router,
+    listeners: &Listeners,
     shutdown: CancellationToken,
 ) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let served = axum::serve(
-            listener,
-            router.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await;
-        if let Err(error) = served {
-            tracing::error!(%error, "HTTP server failed");
-        }
-    })
+    let listeners = listeners.clone();
+    tokio::spawn(async move { listeners.serve_router(listener, router, shutdown).await })
+}
+
+/// The listeners of a process starting now: its descriptor limit raised to
+/// the hard limit first, so that the budget is sized from what it may use.
+pub(crate) fn process_listeners(config: &FlotillaConfig) -> Listeners {
+    let descriptors = flotilla_net::descriptors::raise_to_hard_limit();
+    let listeners = Listeners::new(&config.listeners);
+    tracing::debug!(
+        descriptors,
+        connections = listeners.budget().total(),
+        "connection budget"
+    );
+    listeners
 }
 
 /// Binds `agent.listen` (the agent API).
@@ -256,7 +267,7 @@ pub(crate) fn agent_settings(
     data_dir: &std::path::Path,
     (listen, host_ip): (SocketAddr, IpAddr),
     snapshots: SnapshotStore,
-    clock: Arc<dyn Clock>,
+    (clock, listeners): (Arc<dyn Clock>, Listeners),
 ) -> AgentSettings {
     let public_host = public_host(config, host_ip);
     let address = agent_address(config, listen, &public_host);
@@ -271,6 +282,7 @@ pub(crate) fn agent_settings(
         public_host,
         snapshots,
         clock,
+        listeners,
     }
 }
 

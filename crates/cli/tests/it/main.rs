@@ -7,3 +7,4 @@ mod cluster;
 mod crash_rounds;
 mod proxy_command;
 mod proxy_peers;
+mod slow_clients;

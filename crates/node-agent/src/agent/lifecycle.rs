@@ -137,6 +137,7 @@ impl Agent {
                     public_host: self.inner.settings.public_host.clone(),
                     ready_timeout,
                     access: access.clone(),
+                    listeners: self.inner.settings.listeners.clone(),
                     downloads_dir: self
                         .inner
                         .launcher
@@ -166,14 +167,17 @@ impl Agent {
                         self.inner.launcher.isolation().clone(),
                     )));
                 }
-                self.inner
-                    .tasks
-                    .spawn(live_view::serve(stream, live_view, access.clone()));
+                let listeners = self.inner.settings.listeners.clone();
+                self.inner.tasks.spawn(live_view::serve(
+                    stream,
+                    live_view,
+                    (access.clone(), listeners.clone()),
+                ));
                 self.inner.tasks.spawn(instance_http::serve_api(
                     http,
                     slot.clone(),
                     ready_timeout,
-                    access,
+                    (access, listeners),
                     recordings,
                 ));
             }

@@ -85,6 +85,9 @@ pub struct AgentSettings {
     pub snapshots: SnapshotStore,
     /// The clock of activity times (the control plane's, so idle decisions agree).
     pub clock: Arc<dyn Clock>,
+    /// The process's connection budget: instance ports take their
+    /// connections from it.
+    pub listeners: flotilla_net::Listeners,
 }
 
 #[derive(Clone)]

@@ -20,7 +20,7 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     let started = Instant::now();
     let mut logged = false;
     loop {
-        match TcpListener::bind(addr).await {
+        match listen(addr) {
             Err(error)
                 if error.kind() == std::io::ErrorKind::AddrInUse
                     && started.elapsed() < IN_USE_PATIENCE =>
@@ -34,6 +34,34 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
             outcome => return outcome,
         }
     }
+}
+
+/// How many connections the kernel may hold for the accept loop: a burst of
+/// clients (a flood among them) waits there instead of having its SYNs
+/// dropped and retried a second later. The kernel caps it at `somaxconn`.
+const BACKLOG: u32 = 4096;
+
+/// Binds and listens like `TcpListener::bind` (with `SO_REUSEADDR`), with a
+/// deeper backlog.
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)
+}
+
+/// Gives a listener bound by the standard library (backlog 128) the deeper
+/// backlog: `listen` again on a listening socket only changes it.
+pub fn deepen_backlog(listener: &std::net::TcpListener) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: listen on a descriptor the listener owns.
+    if unsafe { libc::listen(listener.as_raw_fd(), BACKLOG as libc::c_int) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,0 +1,74 @@
+//! Every listening socket of Flotilla: binding it ([`bind`]), the process's
+//! connection budget ([`budget`]) and serving HTTP on it so that a slow or
+//! greedy client cannot hold the process ([`serve`]). The control plane, the
+//! agent API, every instance's ports and the event proxy all listen through
+//! here, sharing one [`Listeners`] per process.
+
+pub mod bind;
+pub mod budget;
+pub mod descriptors;
+pub mod serve;
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use bind::bind;
+pub use budget::{Budget, Refused, Slot};
+pub use serve::{Body, Listeners};
+
+/// The `[listeners]` section: what one client, and all of them, may hold.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ListenerLimits {
+    /// A request head must arrive within this many seconds of the connection
+    /// (or of the previous response, on a kept-alive connection).
+    pub header_read_timeout_sec: f64,
+    /// A request body that sends nothing, or a client that reads nothing of
+    /// a response, for this many seconds loses its connection.
+    pub idle_timeout_sec: f64,
+    /// Connections one client address may hold open at once, over all the
+    /// process's listeners.
+    pub max_connections_per_client: usize,
+    /// Connections all clients may hold open at once; 0 = half of the
+    /// process's descriptor limit.
+    pub max_connections: usize,
+}
+
+impl Default for ListenerLimits {
+    fn default() -> Self {
+        Self {
+            header_read_timeout_sec: 10.0,
+            idle_timeout_sec: 60.0,
+            max_connections_per_client: 1024,
+            max_connections: 0,
+        }
+    }
+}
+
+impl ListenerLimits {
+    pub fn header_read_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.header_read_timeout_sec)
+    }
+
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.idle_timeout_sec)
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        for (key, value) in [
+            ("header_read_timeout_sec", self.header_read_timeout_sec),
+            ("idle_timeout_sec", self.idle_timeout_sec),
+        ] {
+            if !(value.is_finite() && (0.1..=86_400.0).contains(&value)) {
+                return Err(format!(
+                    "listeners.{key} must be between 0.1 and 86400 seconds (got {value})"
+                ));
+            }
+        }
+        if self.max_connections_per_client == 0 {
+            return Err("listeners.max_connections_per_client must be at least 1".into());
+        }
+        Ok(())
+    }
+}

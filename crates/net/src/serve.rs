@@ -1,0 +1,327 @@
+//! Serving HTTP/1.1 on a listener so that a slow or greedy client cannot
+//! hold the process: every connection takes a slot of the process's
+//! [`Budget`] (or is refused with a JSON error and closed), a request head
+//! must arrive within `header_read_timeout_sec` (and the next one on a
+//! kept-alive connection within the same time), a request body or a response
+//! write that makes no progress for `idle_timeout_sec` ends the connection.
+//! WebSocket upgrades are handed to the service as hyper does; the upgraded
+//! connection keeps its slot (and the write-stall bound) until it closes.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::BodyExt as _;
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Sleep;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::ListenerLimits;
+use crate::budget::{Budget, Slot};
+
+/// A request's body as services get it: bounded in how long it may stall.
+pub type Body = tower_http::timeout::TimeoutBody<Incoming>;
+
+/// How long open requests may finish after shutdown begins.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// The listeners of one process: its connection budget and the limits every
+/// connection gets. Cheap to clone.
+#[derive(Clone)]
+pub struct Listeners {
+    budget: Arc<Budget>,
+    limits: ListenerLimits,
+}
+
+impl Listeners {
+    pub fn new(limits: &ListenerLimits) -> Self {
+        Self {
+            budget: Budget::new(limits),
+            limits: limits.clone(),
+        }
+    }
+
+    pub fn budget(&self) -> &Arc<Budget> {
+        &self.budget
+    }
+
+    pub fn limits(&self) -> &ListenerLimits {
+        &self.limits
+    }
+
+    /// Takes a slot for a connection just accepted, or refuses it: the
+    /// refusal is written to the socket (it is new, so the write does not
+    /// block) and the socket closed. For servers with their own HTTP code.
+    pub fn admit(&self, stream: &TcpStream, peer: SocketAddr) -> Option<Slot> {
+        match self.budget.admit(peer.ip()) {
+            Ok(slot) => Some(slot),
+            Err(refused) => {
+                tracing::debug!(%peer, %refused, "connection refused");
+                let _ = stream.try_write(&refused.http_response());
+                None
+            }
+        }
+    }
+
+    /// Serves `router` on `listener` until `shutdown`; handlers can read the
+    /// client's address as `ConnectInfo<SocketAddr>`.
+    pub async fn serve_router(
+        &self,
+        listener: TcpListener,
+        router: axum::Router,
+        shutdown: CancellationToken,
+    ) {
+        self.serve(
+            listener,
+            move |peer| {
+                let router = router.clone();
+                move |mut request: Request<Body>| {
+                    request
+                        .extensions_mut()
+                        .insert(axum::extract::ConnectInfo(peer));
+                    let router = router.clone();
+                    async move {
+                        use tower::ServiceExt as _;
+                        match router.oneshot(request).await {
+                            Ok(response) => response,
+                            Err(never) => match never {},
+                        }
+                    }
+                }
+            },
+            shutdown,
+        )
+        .await
+    }
+
+    /// Serves on `listener` until `shutdown`, with a service made for each
+    /// connection by `per_connection(client address)`. Returns once open
+    /// requests have finished (at most a few seconds after `shutdown`).
+    pub async fn serve<M, S, F, B>(
+        &self,
+        listener: TcpListener,
+        per_connection: M,
+        shutdown: CancellationToken,
+    ) where
+        M: Fn(SocketAddr) -> S,
+        S: Fn(Request<Body>) -> F + Send + Sync + 'static,
+        F: Future<Output = Response<B>> + Send + 'static,
+        B: hyper::body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let connections = TaskTracker::new();
+        loop {
+            let (stream, peer) = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(pair) => pair,
+                    Err(error) => {
+                        // Out of descriptors, most likely: back off briefly.
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                },
+                _ = shutdown.cancelled() => break,
+            };
+            let Some(slot) = self.admit(&stream, peer) else {
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            connections.spawn(connection(
+                stream,
+                slot,
+                per_connection(peer),
+                self.limits.clone(),
+                shutdown.clone(),
+            ));
+        }
+        connections.close();
+        connections.wait().await;
+    }
+}
+
+/// One connection, until it ends, is evicted or the server shuts down.
+async fn connection<S, F, B>(
+    stream: TcpStream,
+    slot: Slot,
+    service: S,
+    limits: ListenerLimits,
+    shutdown: CancellationToken,
+) where
+    S: Fn(Request<Body>) -> F + Send + Sync + 'static,
+    F: Future<Output = Response<B>> + Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let idle = limits.idle_timeout();
+    let io = StallBoundedIo::new(stream, slot.clone(), idle);
+    let service = Arc::new(service);
+    let request_slot = slot.clone();
+    let hyper_service = hyper::service::service_fn(move |request: Request<Incoming>| {
+        let in_flight = InFlight::begin(request_slot.clone());
+        let response = service(request.map(|body| Body::new(idle, body)));
+        async move {
+            let response = response.await;
+            if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+                in_flight.0.upgraded();
+            }
+            // The request stays in flight until its body is sent (or dropped).
+            Ok::<_, std::convert::Infallible>(response.map(move |body| {
+                body.map_frame(move |frame| {
+                    let _ = &in_flight;
+                    frame
+                })
+            }))
+        }
+    });
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout())
+        .serve_connection(TokioIo::new(io), hyper_service)
+        .with_upgrades();
+    tokio::pin!(connection);
+    tokio::select! {
+        _ = connection.as_mut() => {}
+        _ = slot.evicted().cancelled() => {}
+        _ = shutdown.cancelled() => {
+            connection.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(SHUTDOWN_GRACE, connection).await;
+        }
+    }
+}
+
+/// A request in flight on a connection; its end makes the connection wait.
+struct InFlight(Slot);
+
+impl InFlight {
+    fn begin(slot: Slot) -> Self {
+        slot.request_started();
+        Self(slot)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.request_done();
+    }
+}
+
+/// A client socket whose writes may not stall longer than `idle` (a client
+/// that stops reading cannot pin a response's buffers), holding the
+/// connection's slot until it closes (also once upgraded).
+struct StallBoundedIo {
+    inner: TcpStream,
+    idle: Duration,
+    /// Running while a write waits for the client to read.
+    stalled: Option<Pin<Box<Sleep>>>,
+    /// Told when bytes are left to write (from a short or pending write
+    /// until the next flush), so that such a connection is not evicted.
+    slot: Slot,
+}
+
+impl StallBoundedIo {
+    fn new(inner: TcpStream, slot: Slot, idle: Duration) -> Self {
+        Self {
+            inner,
+            idle,
+            stalled: None,
+            slot,
+        }
+    }
+
+    /// What a write answered, minding stalls and what is left to write.
+    fn wrote(
+        &mut self,
+        cx: &mut Context<'_>,
+        result: Poll<io::Result<usize>>,
+        offered: usize,
+    ) -> Poll<io::Result<usize>> {
+        match result {
+            Poll::Pending => {
+                self.slot.set_writing(true);
+                self.poll_stall(cx)
+            }
+            Poll::Ready(Ok(n)) => {
+                self.stalled = None;
+                if n < offered {
+                    self.slot.set_writing(true);
+                }
+                Poll::Ready(Ok(n))
+            }
+            ready => ready,
+        }
+    }
+
+    /// After a write returned pending: an error once it has been so for `idle`.
+    fn poll_stall(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        let idle = self.idle;
+        let stalled = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+        match stalled.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client read nothing for the idle timeout",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl AsyncRead for StallBoundedIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for StallBoundedIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.wrote(cx, result, buf.len())
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        let offered = bufs.iter().map(|buf| buf.len()).sum();
+        self.wrote(cx, result, offered)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let result = Pin::new(&mut self.inner).poll_flush(cx);
+        if matches!(result, Poll::Ready(Ok(()))) {
+            // hyper flushes once its buffers are written out.
+            self.slot.set_writing(false);
+        }
+        result
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
