@@ -75,10 +75,10 @@ impl Launcher {
         node_id: &str,
         instances_root: PathBuf,
         state_dir: &std::path::Path,
-    ) -> Self {
+    ) -> Result<Self, String> {
         let real = config.runtime == RuntimeKind::Chromium;
         let isolation = if real {
-            Isolation::detect(config, state_dir)
+            Isolation::detect(config, state_dir)?
         } else {
             Isolation::none()
         };
@@ -117,7 +117,7 @@ impl Launcher {
         } else {
             None
         };
-        Self {
+        Ok(Self {
             config: config.clone(),
             instances_root,
             isolation,
@@ -128,7 +128,7 @@ impl Launcher {
             pool_starting: AtomicUsize::new(0),
             pool_wanted: Notify::new(),
             window_extra: Mutex::default(),
-        }
+        })
     }
 
     pub fn warnings(&self) -> &[String] {

@@ -37,6 +37,16 @@ pub struct BrowserUser {
 }
 
 impl BrowserUser {
+    /// Whether this user may pass through a directory with `meta` (by its
+    /// mode bits; ACLs are not read).
+    fn can_traverse(&self, meta: &std::fs::Metadata) -> bool {
+        use std::os::unix::fs::MetadataExt as _;
+        let mode = meta.mode();
+        (meta.uid() == self.uid && mode & 0o100 != 0)
+            || (meta.gid() == self.gid && mode & 0o010 != 0)
+            || mode & 0o001 != 0
+    }
+
     /// The account `name`, from the system's user database.
     pub fn lookup(name: &str) -> Option<Self> {
         let c_name = CString::new(name).ok()?;
@@ -105,14 +115,20 @@ const READ_ONLY_PATHS: &[&str] = &[
     "/var/cache/fontconfig",
 ];
 
+/// Files of the sandbox's `/proc` that describe the host rather than the
+/// browser: bound over with an empty file.
+const HIDDEN_PROC_FILES: &[&str] = &["/proc/cmdline", "/proc/config.gz"];
+
 /// Top-level names that are symbolic links into `/usr` on merged-/usr systems.
 const USR_LINKS: &[&str] = &["bin", "sbin", "lib", "lib64", "lib32", "libx32"];
 
 impl Isolation {
     /// Decides the node's confinement: finds bubblewrap and the browser user,
     /// and probes what the kernel allows. `state_dir` holds the generated
-    /// `/etc` files and the probe's scratch directory.
-    pub fn detect(config: &AgentConfig, state_dir: &Path) -> Self {
+    /// `/etc` files and the probe's scratch directory; the browser user is
+    /// let through it and its parent (the process's data directory). Fails
+    /// when a directory above those keeps the browser user out.
+    pub fn detect(config: &AgentConfig, state_dir: &Path) -> Result<Self, String> {
         let mut warnings = Vec::new();
         let user = if is_root() {
             match BrowserUser::lookup(&config.browser_user) {
@@ -128,6 +144,8 @@ impl Isolation {
         } else {
             None
         };
+        let ours = state_dir.parent().unwrap_or(state_dir);
+        open_path_to(user.as_ref(), state_dir, ours)?;
         let etc_dir = state_dir.join("sandbox-etc");
         if let Err(error) = write_etc(&etc_dir, user.as_ref()) {
             warnings.push(format!(
@@ -181,7 +199,7 @@ impl Isolation {
                 "Chromium's own sandbox is off (--no-sandbox): the kernel does not let the browser user create user namespaces ({reason}); renderers are confined only by the node's sandbox"
             )),
         }
-        isolation
+        Ok(isolation)
     }
 
     /// No confinement at all (the sim runtime).
@@ -267,10 +285,22 @@ impl Isolation {
         let Some(user) = &self.user else {
             return Ok(());
         };
+        self.let_browser_traverse(&dirs.root)?;
         for dir in dirs.writable() {
             chown_tree(&dir, user.uid, user.gid)?;
         }
-        Ok(())
+        // Read-only to the browser inside the sandbox; the browser's alone
+        // outside it, like everything it may read.
+        chown_tree(&dirs.extensions(), user.uid, user.gid)
+    }
+
+    /// Lets the browser user pass through `dir` (the agent's) to its own
+    /// directories, and nothing more (see [`let_through`]).
+    pub fn let_browser_traverse(&self, dir: &Path) -> std::io::Result<()> {
+        match &self.user {
+            Some(user) => let_through(user, dir),
+            None => Ok(()),
+        }
     }
 
     /// The command that starts `program` confined for the instance in `dirs`;
@@ -381,6 +411,12 @@ impl Isolation {
         push(&[
             "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm",
         ]);
+        // What the kernel tells about the host (its boot command line, its
+        // build configuration) reads as empty.
+        let empty = self.etc_dir.join("empty").to_string_lossy().into_owned();
+        for host_fact in HIDDEN_PROC_FILES {
+            push(&["--ro-bind-try", &empty, host_fact]);
+        }
         let inside = self.browser_paths(dirs);
         for (host, inside) in
             dirs.writable()
@@ -425,6 +461,50 @@ fn system_binds(args: &mut Vec<String>) {
     }
 }
 
+/// Lets `user` pass through `dir`, and nothing more: group the user's, mode
+/// 0710 (no listing, no reading).
+fn let_through(user: &BrowserUser, dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::os::unix::fs::chown(dir, None, Some(user.gid))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o710))
+}
+
+/// Makes every directory from `/` down to `dir` passable for the browser
+/// user: those at or below `ours` (the process's data directory, created if
+/// missing) are opened with [`let_through`]; one above it that the user
+/// cannot pass is an error naming it and what to change. Nothing to do when
+/// browsers run as the agent's own user.
+fn open_path_to(user: Option<&BrowserUser>, dir: &Path, ours: &Path) -> Result<(), String> {
+    let Some(user) = user else {
+        return Ok(());
+    };
+    std::fs::create_dir_all(dir)
+        .map_err(|error| format!("cannot create {}: {error}", dir.display()))?;
+    let mut path = PathBuf::new();
+    for component in dir.components() {
+        path.push(component);
+        let meta = std::fs::metadata(&path)
+            .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
+        if path.starts_with(ours) {
+            let_through(user, &path).map_err(|error| {
+                format!(
+                    "cannot let the browser user through {}: {error}",
+                    path.display()
+                )
+            })?;
+        } else if !user.can_traverse(&meta) {
+            return Err(format!(
+                "the browser user {name} cannot pass through {path} (mode {mode:04o}), so browsers could not reach their profiles under {ours}: choose a data_dir outside {path}, or let the user through (`chmod o+x {path}`, or `chgrp {name} {path} && chmod g+x {path}`)",
+                name = user.name,
+                path = path.display(),
+                mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777,
+                ours = ours.display(),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Writes the sandbox's `/etc/passwd` and `/etc/group`: root, nobody, and the
 /// browser user, nothing of the host's accounts.
 fn write_etc(dir: &Path, user: Option<&BrowserUser>) -> std::io::Result<()> {
@@ -440,8 +520,18 @@ fn write_etc(dir: &Path, user: Option<&BrowserUser>) -> std::io::Result<()> {
         "root:x:0:0:root:/nonexistent:/usr/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n{name}:x:{uid}:{gid}:browser:/nonexistent:/usr/sbin/nologin\n"
     );
     let group = format!("root:x:0:\nnogroup:x:65534:\n{name}:x:{gid}:\n");
-    std::fs::write(dir.join("passwd"), passwd)?;
-    std::fs::write(dir.join("group"), group)?;
+    // Public facts the browser must read (who it is); nothing else is here.
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    for (name, text) in [
+        ("passwd", passwd),
+        ("group", group),
+        ("empty", String::new()),
+    ] {
+        let path = dir.join(name);
+        std::fs::write(&path, text)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
+    }
     Ok(())
 }
 

@@ -8,6 +8,7 @@
 //! periodic heartbeats, state changes in order), and on shutdown stops every
 //! browser gracefully.
 
+use anyhow::Context as _;
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -158,12 +159,18 @@ impl Agent {
             );
         }
         std::fs::create_dir_all(&instances_root)?;
-        let launcher = Arc::new(Launcher::new(
+        let launcher = Launcher::new(
             &settings.config,
             node_id.as_str(),
             instances_root.clone(),
             &settings.data_dir,
-        ));
+        )
+        .map_err(anyhow::Error::msg)?;
+        launcher
+            .isolation()
+            .let_browser_traverse(&instances_root)
+            .with_context(|| format!("cannot open {} to browsers", instances_root.display()))?;
+        let launcher = Arc::new(launcher);
         let (changes_tx, changes_rx) = mpsc::unbounded_channel();
         let (wake_tx, wake_rx) = mpsc::unbounded_channel();
         let inner = Arc::new(AgentInner {

@@ -478,7 +478,7 @@ async fn browser_a_persistent_profile_carries_cookies_and_storage_across_instanc
 }
 
 /// A zip of `entries` (name, content), as an uploader would make it.
-fn zip_of(entries: &[(&str, &str)]) -> Vec<u8> {
+pub(crate) fn zip_of(entries: &[(&str, &str)]) -> Vec<u8> {
     use std::io::Write;
     let mut zip = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
     let options = zip::write::SimpleFileOptions::default()
@@ -490,9 +490,9 @@ fn zip_of(entries: &[(&str, &str)]) -> Vec<u8> {
     zip.finish().unwrap().into_inner()
 }
 
-const MARKER_MANIFEST: &str = r#"{"manifest_version": 3, "name": "Marker", "version": "1.0",
+pub(crate) const MARKER_MANIFEST: &str = r#"{"manifest_version": 3, "name": "Marker", "version": "1.0",
   "content_scripts": [{"matches": ["<all_urls>"], "js": ["content.js"], "run_at": "document_end"}]}"#;
-const MARKER_SCRIPT: &str =
+pub(crate) const MARKER_SCRIPT: &str =
     "document.title = 'changed-by-extension'; document.body.dataset.marker = 'on';";
 const READ_MARKER: &str = "document.title + ' ' + document.body.dataset.marker";
 

@@ -5,6 +5,7 @@
 mod api_contract;
 mod browser_dashboard;
 mod browser_dormancy;
+mod browser_files;
 mod browser_front_door;
 mod browser_lifecycle;
 mod browser_live_control;
