@@ -1,17 +1,17 @@
 //! The client → browser direction of a CDP WebSocket, read frame by frame, so
-//! that the gateway can rewrite commands that would reach outside the instance.
-//!
-//! Today one rule: `Browser.setDownloadBehavior` and `Page.setDownloadBehavior`
-//! always download into the instance's own downloads directory, whatever
-//! `downloadPath` the client asked for; `default` and `allowAndName` become
-//! `allow` (files keep their names, as the downloads API lists them).
+//! that the gateway can pin commands that would reach outside the instance
+//! (see [`pin_command`]): downloads always land in the instance's own
+//! directory, extensions cannot be loaded or removed over CDP, and the same
+//! holds for commands nested in `Target.sendMessageToTarget` (flattened
+//! sessions carry `method` at the top level and are read like any other).
 //!
 //! Every data message (text or binary, fragmented or not) is collected whole,
 //! up to [`MAX_MESSAGE`], and sent on as one frame masked with a zero key (the
 //! same bytes Chromium would unmask). A message is parsed as JSON only when it
-//! could name the command: it contains `DownloadBehavior`, or a `\u` escape
-//! (which could spell it). Control frames pass through as they are, in order.
-//! The browser → client direction is never touched (the gateway copies bytes).
+//! could name a pinned command: it contains `DownloadBehavior`,
+//! `Extensions.`, or a `\u` escape (which could spell either). Control frames
+//! pass through as they are, in order. The browser → client direction is
+//! never touched (the gateway copies bytes).
 
 use std::io;
 
@@ -95,7 +95,7 @@ where
             message = Some((opcode, data));
             continue;
         }
-        let data = rewrite_downloads(data, downloads_dir)?;
+        let data = pin_message(data, downloads_dir)?;
         browser.write_all(&frame_head(opcode, data.len())).await?;
         browser.write_all(&data).await?;
         browser.flush().await?;
@@ -179,14 +179,21 @@ fn frame_head(opcode: u8, length: usize) -> Vec<u8> {
     head
 }
 
-/// The message, with a download command's path pointed at `downloads_dir`.
-/// A message that could name the command is always sent on as we parsed it
-/// (re-serialised: a duplicate `method` key cannot mean one thing here and
-/// another in Chromium); one we cannot parse is refused.
-fn rewrite_downloads(data: Vec<u8>, downloads_dir: &str) -> io::Result<Vec<u8>> {
-    let could_name_it = memchr::memmem::find(&data, b"DownloadBehavior").is_some()
-        || memchr::memmem::find(&data, b"\\u").is_some();
-    if !could_name_it {
+/// Bytes that a message must contain (literally, or spelt with a `\u`
+/// escape) to name a command the gateway pins; any other message passes as is.
+const MARKERS: &[&[u8]] = &[b"DownloadBehavior", b"Extensions.", b"\\u"];
+
+/// How deep `Target.sendMessageToTarget` messages may nest.
+const MAX_NESTING: usize = 4;
+
+/// The message as the browser gets it: pinned commands rewritten (see
+/// [`pin_command`]) at the top level and inside every nested
+/// `Target.sendMessageToTarget`. A message that could name a pinned command
+/// is sent on as parsed here (re-serialised: a duplicate `method` key cannot
+/// mean one thing here and another in Chromium); one that cannot be parsed
+/// is refused.
+fn pin_message(data: Vec<u8>, downloads_dir: &str) -> io::Result<Vec<u8>> {
+    if !could_name_a_pin(&data) {
         return Ok(data);
     }
     let mut command = serde_json::from_slice::<Value>(&data).map_err(|error| {
@@ -195,27 +202,94 @@ fn rewrite_downloads(data: Vec<u8>, downloads_dir: &str) -> io::Result<Vec<u8>> 
             format!("a client message that is not JSON: {error}"),
         )
     })?;
-    let is_download_command = matches!(
-        command.get("method").and_then(Value::as_str),
-        Some("Browser.setDownloadBehavior" | "Page.setDownloadBehavior")
-    );
-    if is_download_command
-        && let Some(params) = command.get_mut("params").and_then(Value::as_object_mut)
-    {
-        match params.get("behavior").and_then(Value::as_str) {
-            Some("deny") => {}
-            behavior => {
-                if matches!(behavior, Some("default" | "allowAndName")) {
-                    params.insert("behavior".into(), Value::String("allow".into()));
-                }
-                params.insert(
-                    "downloadPath".into(),
-                    Value::String(downloads_dir.to_owned()),
-                );
+    pin_command(&mut command, downloads_dir, 0);
+    serde_json::to_vec(&command).map_err(io::Error::other)
+}
+
+fn could_name_a_pin(data: &[u8]) -> bool {
+    MARKERS
+        .iter()
+        .any(|marker| memchr::memmem::find(data, marker).is_some())
+}
+
+/// Applies the pins to one command (a JSON object with a `method`):
+/// - `Browser.setDownloadBehavior` and `Page.setDownloadBehavior` download
+///   into the instance's directory, whatever `downloadPath` says (`default`
+///   and `allowAndName` become `allow`);
+/// - `Extensions.loadUnpacked` and `Extensions.uninstall` are refused: the
+///   instance's extensions are its configuration (`config.extensions`);
+/// - `Target.sendMessageToTarget` carries a command as a string: the same
+///   pins apply to it, and one that cannot be read is refused.
+///
+/// A refused command keeps its `id` and is renamed to a method that says
+/// why, so the browser answers the client with an error of its own
+/// (`'… is refused by Flotilla: …' wasn't found`).
+fn pin_command(command: &mut Value, downloads_dir: &str, depth: usize) {
+    let method = command.get("method").and_then(Value::as_str).unwrap_or("");
+    match method {
+        "Browser.setDownloadBehavior" | "Page.setDownloadBehavior" => {
+            if let Some(params) = command.get_mut("params").and_then(Value::as_object_mut) {
+                pin_downloads(params, downloads_dir);
             }
         }
+        "Extensions.loadUnpacked" | "Extensions.uninstall" => refuse(
+            command,
+            "the instance's extensions are set when it is created (config.extensions, uploaded with POST /v2/extensions)",
+        ),
+        "Target.sendMessageToTarget" => pin_nested(command, downloads_dir, depth),
+        _ => {}
     }
-    serde_json::to_vec(&command).map_err(io::Error::other)
+}
+
+fn pin_downloads(params: &mut serde_json::Map<String, Value>, downloads_dir: &str) {
+    match params.get("behavior").and_then(Value::as_str) {
+        Some("deny") => {}
+        behavior => {
+            if matches!(behavior, Some("default" | "allowAndName")) {
+                params.insert("behavior".into(), Value::String("allow".into()));
+            }
+            params.insert(
+                "downloadPath".into(),
+                Value::String(downloads_dir.to_owned()),
+            );
+        }
+    }
+}
+
+/// The command inside `Target.sendMessageToTarget`'s `message`.
+fn pin_nested(command: &mut Value, downloads_dir: &str, depth: usize) {
+    let Some(message) = command
+        .get("params")
+        .and_then(|params| params.get("message"))
+        .and_then(Value::as_str)
+    else {
+        return;
+    };
+    if !could_name_a_pin(message.as_bytes()) {
+        return;
+    }
+    if depth >= MAX_NESTING {
+        return refuse(command, "messages nest too deep");
+    }
+    let Ok(mut inner) = serde_json::from_str::<Value>(message) else {
+        return refuse(
+            command,
+            "its message names a command Flotilla must read, and is not JSON",
+        );
+    };
+    pin_command(&mut inner, downloads_dir, depth + 1);
+    command["params"]["message"] = Value::String(inner.to_string());
+}
+
+/// Renames `command` so that the browser refuses it, saying `why`.
+fn refuse(command: &mut Value, why: &str) {
+    let method = command
+        .get("method")
+        .and_then(Value::as_str)
+        .unwrap_or("this command")
+        .to_owned();
+    tracing::debug!(%method, "a client command was refused");
+    command["method"] = Value::String(format!("{method} is refused by Flotilla: {why}"));
 }
 
 #[cfg(test)]
@@ -341,6 +415,119 @@ mod tests {
         let broken =
             br#"{"method":"Browser.setDownloadBehavior","params":{"downloadPath":"/root",}"#;
         assert!(through(frame(true, 1, broken, [1, 2, 3, 4])).await.is_err());
+    }
+
+    /// The command inside a `Target.sendMessageToTarget`.
+    fn nested(message: &[u8]) -> Value {
+        let outer: Value = serde_json::from_slice(message).unwrap();
+        assert_eq!(outer["method"], "Target.sendMessageToTarget", "{outer}");
+        serde_json::from_str(outer["params"]["message"].as_str().unwrap()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn nested_commands_are_pinned_like_top_level_ones() {
+        let inner = r#"{"id":7,"method":"Browser.setDownloadBehavior","params":{"behavior":"allow","downloadPath":"/instance/home"}}"#;
+        let outer = serde_json::json!({
+            "id": 1,
+            "method": "Target.sendMessageToTarget",
+            "params": {"targetId": "T", "message": inner},
+        });
+        let out = through(frame(true, 1, outer.to_string().as_bytes(), [1, 2, 3, 4]))
+            .await
+            .unwrap();
+        let pinned = nested(&out[0].1);
+        assert_eq!(pinned["params"]["downloadPath"], "/data/i1/downloads");
+        assert_eq!(pinned["id"], 7);
+
+        // Twice nested, and spelt with an escape inside.
+        let deepest =
+            r#"{"id":9,"method":"Page.setDownload\u0042ehavior","params":{"behavior":"default"}}"#;
+        let middle = serde_json::json!({"id": 8, "method": "Target.sendMessageToTarget",
+            "params": {"sessionId": "S", "message": deepest}})
+        .to_string();
+        let outer = serde_json::json!({"id": 2, "method": "Target.sendMessageToTarget",
+            "params": {"sessionId": "S", "message": middle}});
+        let out = through(frame(true, 1, outer.to_string().as_bytes(), [5, 6, 7, 8]))
+            .await
+            .unwrap();
+        let pinned = nested(
+            serde_json::to_string(&nested(&out[0].1))
+                .unwrap()
+                .as_bytes(),
+        );
+        assert_eq!(pinned["params"]["downloadPath"], "/data/i1/downloads");
+        assert_eq!(pinned["params"]["behavior"], "allow");
+
+        // A flattened session's command carries its method at the top.
+        let flat = br#"{"id":3,"sessionId":"S","method":"Page.setDownloadBehavior","params":{"behavior":"allow","downloadPath":"/"}}"#;
+        let out = through(frame(true, 1, flat, [0; 4])).await.unwrap();
+        assert_eq!(download_path(&out[0].1), "/data/i1/downloads");
+    }
+
+    #[tokio::test]
+    async fn extensions_cannot_be_loaded_or_removed_over_cdp() {
+        let load = br#"{"id":4,"method":"Extensions.loadUnpacked","params":{"path":"/instance/home/evil"}}"#;
+        let out = through(frame(true, 1, load, [1, 2, 3, 4])).await.unwrap();
+        let refused: Value = serde_json::from_slice(&out[0].1).unwrap();
+        assert_eq!(refused["id"], 4, "the browser answers the same id");
+        let method = refused["method"].as_str().unwrap();
+        assert!(
+            method.starts_with("Extensions.loadUnpacked is refused by Flotilla"),
+            "{method}"
+        );
+        assert!(method.contains("config.extensions"), "{method}");
+
+        let inner = r#"{"id":5,"method":"Extensions.uninstall","params":{"id":"x"}}"#;
+        let outer = serde_json::json!({"id": 6, "method": "Target.sendMessageToTarget",
+            "params": {"targetId": "T", "message": inner}});
+        let out = through(frame(true, 1, outer.to_string().as_bytes(), [0; 4]))
+            .await
+            .unwrap();
+        let refused = nested(&out[0].1);
+        assert_eq!(refused["id"], 5);
+        assert!(
+            refused["method"]
+                .as_str()
+                .unwrap()
+                .contains("is refused by Flotilla"),
+            "{refused}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_nested_message_that_cannot_be_read_is_refused() {
+        // Names a pinned command, and is not JSON.
+        let broken =
+            r#"{"id":1,"method":"Browser.setDownloadBehavior","params":{"downloadPath":"/",}"#;
+        let outer = serde_json::json!({"id": 9, "method": "Target.sendMessageToTarget",
+            "params": {"targetId": "T", "message": broken}});
+        let out = through(frame(true, 1, outer.to_string().as_bytes(), [0; 4]))
+            .await
+            .unwrap();
+        let refused: Value = serde_json::from_slice(&out[0].1).unwrap();
+        assert!(
+            refused["method"]
+                .as_str()
+                .unwrap()
+                .starts_with("Target.sendMessageToTarget is refused by Flotilla"),
+            "{refused}"
+        );
+        // Nesting without end.
+        let mut message =
+            r#"{"id":1,"method":"Extensions.loadUnpacked","params":{"path":"/"}}"#.to_owned();
+        for id in 0..10 {
+            message = serde_json::json!({"id": id, "method": "Target.sendMessageToTarget",
+                "params": {"targetId": "T", "message": message}})
+            .to_string();
+        }
+        let out = through(frame(true, 1, message.as_bytes(), [0; 4]))
+            .await
+            .unwrap();
+        let text = String::from_utf8(out[0].1.clone()).unwrap();
+        assert!(
+            text.contains("is refused by Flotilla: messages nest too deep"),
+            "{text}"
+        );
     }
 
     #[tokio::test]

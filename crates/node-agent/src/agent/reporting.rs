@@ -137,13 +137,15 @@ impl Agent {
                 let root = slot.process().and_then(|p| p.pid());
                 let resources = {
                     let mut meter = slot.cpu_meter.lock().expect("meter lock");
-                    let (profile, downloads) = (slot.dirs.profile(), slot.dirs.downloads());
+                    // Everything the instance writes: its profile, its home
+                    // (caches, crash dumps), downloads and recordings.
+                    let [profile, home, downloads] = slot.dirs.writable();
                     let recordings = self.recordings_dir(&slot.id);
                     monitor::instance_resources(
                         &table,
                         &mut meter,
                         root,
-                        &[profile.as_path(), downloads.as_path(), recordings.as_path()],
+                        &[&profile, &home, &downloads, &recordings],
                         now,
                     )
                 };
@@ -178,7 +180,7 @@ impl Agent {
     }
 
     /// Reports processes killed by the memory limit, and fails an instance whose
-    /// profile outgrew `disk_gb`.
+    /// files outgrew `disk_gb`.
     pub(super) fn check_limits(&self, slot: &Arc<InstanceSlot>, disk_mb: f64) {
         if slot.is_stopping() || slot.status().0 != InstanceStatus::Running {
             return;
@@ -195,7 +197,7 @@ impl Agent {
         let limit_mb = slot.config.disk_gb * 1024.0;
         if disk_mb > limit_mb {
             let reason = format!(
-                "the profile, downloads and recordings grew to {disk_mb:.1} MB, over the disk limit of {limit_mb:.0} MB (disk_gb = {})",
+                "what the instance wrote (profile, home, downloads and recordings) grew to {disk_mb:.1} MB, over the disk limit of {limit_mb:.0} MB (disk_gb = {})",
                 slot.config.disk_gb
             );
             self.inner

@@ -381,6 +381,17 @@ async fn browser_a_cdp_client_owns_its_browser_and_nothing_else() {
             path.display()
         );
     }
+    // What the kernel tells of the host (its boot command line) reads as empty.
+    let host_cmdline = std::fs::read_to_string("/proc/cmdline").unwrap();
+    assert!(!host_cmdline.trim().is_empty());
+    let seen = if loads(&page, "file:///proc/cmdline").await {
+        page.eval("document.body ? document.body.innerText : ''")
+            .await
+            .unwrap()
+    } else {
+        Value::from("")
+    };
+    assert_eq!(seen, "", "the sandbox shows the host's /proc/cmdline");
 
     // Network: the allowed local site loads; the node's services, its own
     // addresses and the metadata address are out of reach.
@@ -484,5 +495,57 @@ async fn browser_a_cdp_client_owns_its_browser_and_nothing_else() {
         "no isolation warning: {health}"
     );
     drop(page);
+    serve.shutdown().await;
+}
+
+#[tokio::test]
+async fn browser_nested_cdp_commands_cannot_get_around_the_pins_and_home_counts_toward_disk() {
+    // A token holder, as in the report: small disk_gb, commands nested in
+    // Target.sendMessageToTarget.
+    let serve = serve_with_auth(|_| {}).await;
+    let (id, created, _) = serve
+        .api
+        .create_running(r#"{"config": {"disk_gb": 0.2}}"#)
+        .await;
+    let debug = created["urls"]["debug"].as_str().unwrap();
+    let answers = run_node("nested_cdp.mjs", &[debug, "nested.txt"])
+        .await
+        .unwrap();
+    // Extensions cannot be loaded over CDP, nested or not.
+    let refusal = answers["extension"]["error"]["message"]
+        .as_str()
+        .unwrap_or("");
+    assert!(
+        refusal.contains("Extensions.loadUnpacked is refused by Flotilla"),
+        "{answers}"
+    );
+    // The download steered at /instance/home lands in the downloads directory.
+    let dir = serve.instances_dir().join(&id);
+    wait_until(BROWSER_DEADLINE, "the nested download to land", || async {
+        let landed = dir.join("downloads/nested.txt");
+        match std::fs::read_to_string(&landed) {
+            Ok(text) if text == "nested" => Ok(Some(())),
+            other => Err(format!("{other:?} in {}", landed.display())),
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        !dir.join("home/nested.txt").exists(),
+        "nothing lands in home"
+    );
+
+    // What piles up in home (caches, crash dumps) counts toward disk_gb.
+    let pile = std::fs::File::create(dir.join("home/crash-dump.dmp")).unwrap();
+    pile.set_len(300 << 20).unwrap();
+    let detail = serve
+        .api
+        .wait_for_status(&id, "failed", BROWSER_DEADLINE)
+        .await;
+    let reason = detail["status_reason"].as_str().unwrap();
+    assert!(
+        reason.contains("disk limit") && reason.contains("home"),
+        "{detail}"
+    );
     serve.shutdown().await;
 }
