@@ -35,6 +35,9 @@ pub enum Error {
     /// 413: the body is larger than the operation accepts.
     #[error("{0}")]
     PayloadTooLarge(String),
+    /// 426: a WebSocket endpoint asked for without `Upgrade: websocket`.
+    #[error("{0}")]
+    UpgradeRequired(String),
     /// 500: the cause is logged; the client sees a generic message.
     #[error("internal error: {0:#}")]
     Internal(#[from] anyhow::Error),
@@ -55,6 +58,7 @@ impl Error {
             Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::BadGateway(_) => StatusCode::BAD_GATEWAY,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UpgradeRequired(_) => StatusCode::UPGRADE_REQUIRED,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -69,6 +73,7 @@ impl Error {
             Self::RateLimited { .. } => ErrorCode::RateLimited,
             Self::BadGateway(_) => ErrorCode::BadGateway,
             Self::PayloadTooLarge(_) => ErrorCode::PayloadTooLarge,
+            Self::UpgradeRequired(_) => ErrorCode::InvalidRequest,
             Self::Internal(_) => ErrorCode::Internal,
         }
     }
@@ -138,6 +143,11 @@ impl IntoResponse for Error {
                 response
                     .headers_mut()
                     .insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_sec));
+            }
+            Self::UpgradeRequired(_) => {
+                let headers = response.headers_mut();
+                headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+                headers.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
             }
             _ => {}
         }

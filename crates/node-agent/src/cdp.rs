@@ -22,6 +22,9 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use crate::browser::CdpEndpoint;
 
+/// The largest message a client takes unless told otherwise.
+const MAX_MESSAGE: usize = 256 << 20;
+
 type WsSink = SplitSink<WebSocketStream<MaybeTlsStream<TcpStream>>, Message>;
 /// Callers waiting for a response, with the session they called on.
 type Pending =
@@ -39,6 +42,8 @@ pub enum CdpError {
     Protocol { method: String, message: String },
     #[error("CDP {method} timed out after {timeout:?}")]
     Timeout { method: String, timeout: Duration },
+    #[error("the browser sent a message larger than this connection takes")]
+    MessageTooLarge,
 }
 
 /// The string `field` of `method`'s answer.
@@ -79,12 +84,32 @@ impl CdpClient {
     /// The target at `path` (`/devtools/page/<id>`, …) of `endpoint`, reached
     /// through the browser's network namespace when it has one.
     pub async fn open(endpoint: &CdpEndpoint, path: &str) -> Result<Self, CdpError> {
+        Self::open_limited(endpoint, path, MAX_MESSAGE).await
+    }
+
+    /// [`CdpClient::open`], taking messages of at most `max_message` bytes: a
+    /// larger one fails the calls waiting (with
+    /// [`CdpError::MessageTooLarge`]) before it is read whole.
+    pub async fn open_limited(
+        endpoint: &CdpEndpoint,
+        path: &str,
+        max_message: usize,
+    ) -> Result<Self, CdpError> {
         let url = format!("ws://{}{path}", endpoint.authority());
         let stream = endpoint.connect().await.map_err(|e| CdpError::Connect {
             url: url.clone(),
             reason: e.to_string(),
         })?;
-        Self::handshake(&url, MaybeTlsStream::Plain(stream)).await
+        let config = WebSocketConfig::default()
+            .max_message_size(Some(max_message))
+            .max_frame_size(Some(max_message));
+        let connected = tokio_tungstenite::client_async_with_config(
+            &url,
+            MaybeTlsStream::Plain(stream),
+            Some(config),
+        )
+        .await;
+        Self::started(&url, connected)
     }
 
     /// A DevTools WebSocket URL reachable from here (e.g. an instance's `urls.debug`).
@@ -96,14 +121,8 @@ impl CdpClient {
 
     fn config() -> WebSocketConfig {
         WebSocketConfig::default()
-            .max_message_size(Some(256 << 20))
-            .max_frame_size(Some(256 << 20))
-    }
-
-    async fn handshake(url: &str, stream: MaybeTlsStream<TcpStream>) -> Result<Self, CdpError> {
-        let connected =
-            tokio_tungstenite::client_async_with_config(url, stream, Some(Self::config())).await;
-        Self::started(url, connected)
+            .max_message_size(Some(MAX_MESSAGE))
+            .max_frame_size(Some(MAX_MESSAGE))
     }
 
     /// The client of a WebSocket handshake's outcome.
@@ -126,7 +145,22 @@ impl CdpClient {
         let reader_pending = pending.clone();
         let reader_events = events.clone();
         tokio::spawn(async move {
-            while let Some(Ok(message)) = source.next().await {
+            while let Some(read) = source.next().await {
+                let message = match read {
+                    Ok(message) => message,
+                    Err(WsError::Capacity(_)) => {
+                        let waiting: Vec<_> = reader_pending
+                            .lock()
+                            .expect("pending lock")
+                            .drain()
+                            .collect();
+                        for (_, (_, waiter)) in waiting {
+                            let _ = waiter.send(Err(CdpError::MessageTooLarge));
+                        }
+                        break;
+                    }
+                    Err(_) => break,
+                };
                 let text = match message {
                     Message::Text(text) => text,
                     Message::Close(_) => break,

@@ -193,6 +193,14 @@ pub struct AgentConfig {
     pub viewport_height: u32,
     /// JPEG quality of live-view frames, 1..=100.
     pub live_view_quality: u8,
+    /// `GET /screenshot`: the most pixels a capture may have (a larger page
+    /// is captured scaled down to fit).
+    pub screenshot_max_pixels: u64,
+    /// `GET /screenshot`: the largest PNG served (larger is refused).
+    pub screenshot_max_bytes: u64,
+    /// Screenshots the node captures at once (each instance one at a time);
+    /// more wait up to 10 s, then get 503.
+    pub max_concurrent_captures: usize,
     pub runtime: RuntimeKind,
     /// Simulated start time of a sim-runtime instance.
     pub sim_start_ms: u64,
@@ -228,6 +236,9 @@ impl Default for AgentConfig {
             viewport_width: 1280,
             viewport_height: 720,
             live_view_quality: 60,
+            screenshot_max_pixels: 4096 * 4096,
+            screenshot_max_bytes: 32 << 20,
+            max_concurrent_captures: 4,
             runtime: RuntimeKind::Chromium,
             sim_start_ms: 5,
             images: BTreeMap::new(),
@@ -311,6 +322,15 @@ impl AgentConfig {
         }
         if self.launch_timeout_sec == 0 {
             return Err("agent.launch_timeout_sec must be at least 1".into());
+        }
+        if self.screenshot_max_pixels < 640 * 480 || self.screenshot_max_bytes < 1 << 20 {
+            return Err(format!(
+                "agent.screenshot_max_pixels must be at least 307200 (640×480) and agent.screenshot_max_bytes at least 1048576 (got {} and {})",
+                self.screenshot_max_pixels, self.screenshot_max_bytes
+            ));
+        }
+        if self.max_concurrent_captures == 0 {
+            return Err("agent.max_concurrent_captures must be at least 1".into());
         }
         if !(1..=100).contains(&self.live_view_quality) {
             return Err(format!(

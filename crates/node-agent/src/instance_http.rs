@@ -19,13 +19,12 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
-use base64::Engine;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use tokio::net::TcpListener;
 
 use crate::access::{NodeAccess, with_token};
 use crate::browser::CdpEndpoint;
+use crate::capture::{CaptureError, Captures, NodeCaptures, Screenshot};
 use crate::cdp::CdpClient;
 use crate::instance::InstanceSlot;
 
@@ -36,6 +35,8 @@ struct ApiState {
     access: Arc<NodeAccess>,
     /// The instance's recordings (see [`crate::recording`]).
     recordings: std::path::PathBuf,
+    /// Screenshots, bounded in size and number (see [`crate::capture`]).
+    captures: Arc<Captures>,
 }
 
 /// One open tab.
@@ -53,7 +54,7 @@ pub async fn serve_api(
     slot: Arc<InstanceSlot>,
     ready_timeout: Duration,
     (access, listeners): (Arc<NodeAccess>, flotilla_net::Listeners),
-    recordings: std::path::PathBuf,
+    (recordings, captures): (std::path::PathBuf, Arc<NodeCaptures>),
 ) {
     let router = Router::new()
         .route("/", get(index))
@@ -71,6 +72,7 @@ pub async fn serve_api(
             ready_timeout,
             access: access.clone(),
             recordings,
+            captures: Arc::new(Captures::new(captures)),
         });
     crate::access::serve_instance_port(listener, router, (access, listeners), slot).await;
 }
@@ -87,6 +89,7 @@ impl IntoResponse for ApiError {
             StatusCode::NOT_FOUND => ErrorCode::NotFound,
             StatusCode::SERVICE_UNAVAILABLE => ErrorCode::InsufficientCapacity,
             StatusCode::BAD_GATEWAY => ErrorCode::BadGateway,
+            StatusCode::PAYLOAD_TOO_LARGE => ErrorCode::PayloadTooLarge,
             _ => ErrorCode::Internal,
         };
         (
@@ -167,16 +170,20 @@ async fn screenshot(
         let hint = "the parameters are tab=<id from /tabs> and token=<access token>";
         ApiError(StatusCode::BAD_REQUEST, format!("{e}; {hint}"))
     })?;
-    let png = capture_png(&state, query.tab.as_deref()).await?;
+    let shot = capture_png(&state, query.tab.as_deref()).await?;
     let headers = [
-        (header::CONTENT_TYPE, "image/png"),
-        (header::CACHE_CONTROL, "no-store"),
+        (header::CONTENT_TYPE, "image/png".to_owned()),
+        (header::CACHE_CONTROL, "no-store".to_owned()),
+        (
+            header::HeaderName::from_static("x-screenshot-scale"),
+            format!("{:.4}", shot.scale),
+        ),
     ];
-    Ok((headers, png).into_response())
+    Ok((headers, shot.png).into_response())
 }
 
 /// A PNG of tab `tab` (default: the first tab).
-async fn capture_png(state: &ApiState, tab: Option<&str>) -> Result<Vec<u8>, ApiError> {
+async fn capture_png(state: &ApiState, tab: Option<&str>) -> Result<Screenshot, ApiError> {
     let bad_gateway = |reason: String| ApiError(StatusCode::BAD_GATEWAY, reason);
     let not_found = |reason: String| ApiError(StatusCode::NOT_FOUND, reason);
     let endpoint = endpoint(state).await?;
@@ -193,23 +200,18 @@ async fn capture_png(state: &ApiState, tab: Option<&str>) -> Result<Vec<u8>, Api
             .next()
             .ok_or_else(|| not_found("the browser has no open tab".into()))?,
     };
-    let client = CdpClient::open(&endpoint, &page_path(&tab))
+    state
+        .captures
+        .capture(&endpoint, &page_path(&tab))
         .await
-        .map_err(|e| bad_gateway(e.to_string()))?;
-    let params = json!({"format": "png"});
-    let result = client
-        .call(
-            "Page.captureScreenshot",
-            params,
-            None,
-            Duration::from_secs(20),
-        )
-        .await
-        .map_err(|e| bad_gateway(e.to_string()))?;
-    let data = result["data"].as_str().unwrap_or_default();
-    base64::engine::general_purpose::STANDARD
-        .decode(data)
-        .map_err(|e| bad_gateway(format!("browser sent a bad screenshot: {e}")))
+        .map_err(|error| {
+            let status = match error {
+                CaptureError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
+                CaptureError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+                CaptureError::Browser(_) | CaptureError::BadData(_) => StatusCode::BAD_GATEWAY,
+            };
+            ApiError(status, error.to_string())
+        })
 }
 
 /// Runs disk work off the async threads.

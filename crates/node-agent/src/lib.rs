@@ -16,6 +16,7 @@ pub mod access;
 pub mod agent;
 pub mod agent_api;
 pub mod browser;
+pub mod capture;
 pub mod cdp;
 pub mod cgroups;
 pub mod client_frames;

@@ -73,6 +73,19 @@ impl ControlPlane {
         Ok(record)
     }
 
+    /// Any running instance, to answer what every browser of the fleet
+    /// answers alike (the DevTools protocol's description).
+    pub async fn door_any_running(&self) -> Result<DoorTarget> {
+        let running = self.store.instances_in(&[InstanceStatus::Running]).await?;
+        let Some(record) = running.into_iter().next() else {
+            return Err(Error::InsufficientCapacity(
+                "no browser is running to describe the DevTools protocol: create an instance first"
+                    .into(),
+            ));
+        };
+        self.door_open(&record.id, true, &[]).await
+    }
+
     /// The instance a `Host` names under `gateway.base_domain`.
     pub fn door_instance_of_host(&self, host: &str) -> Option<InstanceId> {
         subdomain_instance(self.config.gateway.base_domain.as_deref()?, host)

@@ -48,13 +48,15 @@ enum Port {
     Http,
 }
 
-/// Where a door path goes on the instance: port, path, and whether the
-/// answer's DevTools URLs must be pointed back through the door.
+/// Where a door path goes on the instance: port, path, whether the
+/// answer's DevTools URLs must be pointed back through the door, and
+/// whether it is a WebSocket endpoint (nothing else is served there).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Route {
     port: Port,
     path: String,
     rewrite: bool,
+    websocket: bool,
 }
 
 /// The route of `rest`, the path after the instance prefix (or the whole
@@ -65,20 +67,29 @@ fn route(id: &InstanceId, rest: &str) -> Option<Route> {
             port,
             path: path.to_owned(),
             rewrite,
+            websocket: false,
+        })
+    };
+    let socket = |port, path: &str| {
+        Some(Route {
+            port,
+            path: path.to_owned(),
+            rewrite: false,
+            websocket: true,
         })
     };
     match rest {
-        "/cdp" => to(Port::Debug, &format!("/devtools/browser/{id}"), false),
+        "/cdp" => socket(Port::Debug, &format!("/devtools/browser/{id}")),
         "/json" => to(Port::Debug, "/json", true),
         "/stream" => to(Port::Stream, "/", false),
-        "/stream/ws" => to(Port::Stream, "/ws", false),
+        "/stream/ws" => socket(Port::Stream, "/ws"),
         "/stream/frame.jpg" => to(Port::Stream, "/frame.jpg", false),
         "/screenshot" => to(Port::Http, "/screenshot", false),
         "/downloads" => to(Port::Http, "/downloads", false),
         "/recordings" => to(Port::Http, "/recordings", false),
         "/tabs" => to(Port::Http, "/tabs", false),
         _ if rest.starts_with("/json/") => to(Port::Debug, rest, true),
-        _ if rest.starts_with("/devtools/") => to(Port::Debug, rest, false),
+        _ if rest.starts_with("/devtools/") => socket(Port::Debug, rest),
         _ if rest.starts_with("/recordings/") && rest.len() > "/recordings/".len() => {
             to(Port::Http, rest, false)
         }
@@ -135,6 +146,53 @@ fn not_on_subdomain(rest: &str) -> Error {
     Error::NotFound(format!(
         "no such path on an instance's subdomain: {rest}; the door serves /json/…, /devtools/…, /stream, /stream/ws, /stream/frame.jpg, /screenshot, /tabs, /downloads and /recordings"
     ))
+}
+
+/// `/json/protocol` and `/json/version` at the door's root, where CDP
+/// clients given a door URL look for them (chrome-remote-interface fetches
+/// the protocol from the root of its WebSocket's host): the fleet's Chromium
+/// answers them, through any running instance. They describe the browser and
+/// its protocol, nothing of an instance (`webSocketDebuggerUrl` is left out:
+/// an instance's own is at `/v2/instances/{id}/json/version`), so they are
+/// open like `/openapi.json`.
+pub async fn devtools_document(
+    State(control_plane): State<Arc<ControlPlane>>,
+    uri: axum::http::Uri,
+) -> Response {
+    let path = uri.path();
+    let fetched = async {
+        let target = control_plane.door_any_running().await?;
+        let route = Route {
+            port: Port::Debug,
+            path: path.to_owned(),
+            rewrite: false,
+            websocket: false,
+        };
+        let request = Request::builder()
+            .uri(path)
+            .body(Body::empty())
+            .map_err(Error::internal)?;
+        let external = External {
+            secure: false,
+            authority: String::new(),
+        };
+        let response = forward_http(request, &target, &route, &external, "")
+            .await
+            .map_err(|error| Error::BadGateway(format!("the browser did not answer: {error}")))?;
+        let bytes = http_body_util::Limited::new(response.into_body(), MAX_REWRITTEN_BODY)
+            .collect()
+            .await
+            .map_err(|error| Error::BadGateway(format!("the browser's answer: {error}")))?
+            .to_bytes();
+        let mut document: serde_json::Value = serde_json::from_slice(&bytes).map_err(|error| {
+            Error::BadGateway(format!("the browser's answer is not JSON: {error}"))
+        })?;
+        if let Some(fields) = document.as_object_mut() {
+            fields.remove("webSocketDebuggerUrl");
+        }
+        Ok::<_, Error>(axum::Json(document))
+    };
+    fetched.await.into_response()
 }
 
 /// Handler of every `/v2/instances/{instance_id}/…` door route.
@@ -194,8 +252,16 @@ async fn pass(
         Ok(target) => target,
         Err(error) => return error.into_response(),
     };
+    let upgrade = is_upgrade(request.headers());
+    if route.websocket && !upgrade {
+        return Error::UpgradeRequired(format!(
+            "{} is a WebSocket endpoint: connect with a WebSocket client (Upgrade: websocket)",
+            route.path
+        ))
+        .into_response();
+    }
     let external = external_base(control_plane, &request);
-    let outcome = if is_upgrade(request.headers()) {
+    let outcome = if upgrade {
         forward_upgrade(request, &target, &route, None).await
     } else {
         forward_http(request, &target, &route, &external, prefix).await
@@ -442,13 +508,17 @@ pub(crate) async fn forward_live(
     ends: Ends,
 ) -> Response {
     if !is_upgrade(request.headers()) {
-        return Error::InvalidRequest("a live view's socket is a WebSocket".into()).into_response();
+        return Error::UpgradeRequired(
+            "a live view's socket is a WebSocket: connect with Upgrade: websocket".into(),
+        )
+        .into_response();
     }
     *request.uri_mut() = axum::http::Uri::from_static("/");
     let route = Route {
         port: Port::Stream,
         path: path.to_owned(),
         rewrite: false,
+        websocket: true,
     };
     forward_upgrade(request, target, &route, Some(ends))
         .await
@@ -566,32 +636,40 @@ mod tests {
     #[test]
     fn door_paths_route_to_the_right_port() {
         let id = InstanceId::new("i-1");
+        // (path, (port, upstream path, rewritten, WebSocket only))
         let cases = [
-            ("/cdp", Some((Port::Debug, "/devtools/browser/i-1", false))),
-            ("/json", Some((Port::Debug, "/json", true))),
+            (
+                "/cdp",
+                Some((Port::Debug, "/devtools/browser/i-1", false, true)),
+            ),
+            ("/json", Some((Port::Debug, "/json", true, false))),
             (
                 "/json/version/",
-                Some((Port::Debug, "/json/version/", true)),
+                Some((Port::Debug, "/json/version/", true, false)),
             ),
-            ("/json/new", Some((Port::Debug, "/json/new", true))),
+            ("/json/new", Some((Port::Debug, "/json/new", true, false))),
             (
                 "/devtools/page/AB",
-                Some((Port::Debug, "/devtools/page/AB", false)),
+                Some((Port::Debug, "/devtools/page/AB", false, true)),
             ),
-            ("/stream", Some((Port::Stream, "/", false))),
-            ("/stream/ws", Some((Port::Stream, "/ws", false))),
-            ("/screenshot", Some((Port::Http, "/screenshot", false))),
-            ("/tabs", Some((Port::Http, "/tabs", false))),
+            ("/stream", Some((Port::Stream, "/", false, false))),
+            ("/stream/ws", Some((Port::Stream, "/ws", false, true))),
+            (
+                "/screenshot",
+                Some((Port::Http, "/screenshot", false, false)),
+            ),
+            ("/tabs", Some((Port::Http, "/tabs", false, false))),
             ("/", None),
             ("/cdp/x", None),
             ("/stream/other", None),
             ("/jsonx", None),
         ];
         for (rest, expected) in cases {
-            let expected = expected.map(|(port, path, rewrite)| Route {
+            let expected = expected.map(|(port, path, rewrite, websocket)| Route {
                 port,
                 path: path.into(),
                 rewrite,
+                websocket,
             });
             assert_eq!(route(&id, rest), expected, "{rest}");
         }
@@ -642,6 +720,31 @@ pub mod routes {
 
     type Params = Path<Vec<(String, String)>>;
 
+    /// The DevTools protocol of the fleet's Chromium (what chrome-remote-interface
+    /// fetches from the root of a door URL's host). Open: it describes the
+    /// protocol, nothing of an instance.
+    #[utoipa::path(get, path = "/json/protocol", tag = "front door", security(()),
+        responses((status = 200, description = "Chromium's protocol description", content_type = "application/json"),
+            (status = 502, description = "The browser asked did not answer", body = flotilla_api_types::ErrorResponse),
+            (status = 503, description = "No browser is running to ask", body = flotilla_api_types::ErrorResponse)))]
+    pub async fn json_protocol(state: State<Arc<ControlPlane>>, uri: axum::http::Uri) -> Response {
+        devtools_document(state, uri).await
+    }
+
+    /// The fleet's Chromium version (`Browser`, `Protocol-Version`,
+    /// `User-Agent`, …; no `webSocketDebuggerUrl`: an instance's is at
+    /// `/v2/instances/{id}/json/version`). Open, like `/json/protocol`.
+    #[utoipa::path(get, path = "/json/version", tag = "front door", security(()),
+        responses((status = 200, description = "Chromium's version object", content_type = "application/json"),
+            (status = 502, description = "The browser asked did not answer", body = flotilla_api_types::ErrorResponse),
+            (status = 503, description = "No browser is running to ask", body = flotilla_api_types::ErrorResponse)))]
+    pub async fn json_version_of_the_fleet(
+        state: State<Arc<ControlPlane>>,
+        uri: axum::http::Uri,
+    ) -> Response {
+        devtools_document(state, uri).await
+    }
+
     /// The browser's CDP WebSocket (Playwright `connectOverCDP`, Puppeteer
     /// `browserWSEndpoint`): `urls.debug` when `public_url` is set.
     #[utoipa::path(get, path = "/v2/instances/{instance_id}/cdp", tag = "front door",
@@ -649,6 +752,7 @@ pub mod routes {
         responses(
             (status = 101, description = "WebSocket to the browser target"),
             (status = 401, description = "No valid API key or instance token", body = flotilla_api_types::ErrorResponse),
+            (status = 426, description = "Not a WebSocket upgrade", body = flotilla_api_types::ErrorResponse),
             (status = 404, body = flotilla_api_types::ErrorResponse),
             (status = 409, description = "The instance is stopped or failed", body = flotilla_api_types::ErrorResponse),
             (status = 502, description = "The instance's node did not answer", body = flotilla_api_types::ErrorResponse),
@@ -705,7 +809,10 @@ pub mod routes {
     #[utoipa::path(get, path = "/v2/instances/{instance_id}/devtools/page/{target}", tag = "front door",
         params(("instance_id" = String, Path), ("target" = String, Path), ("token" = Option<String>, Query)),
         responses((status = 101, description = "WebSocket to the page target"),
-            (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
+            (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse),
+            (status = 409, description = "The instance is stopped or failed", body = flotilla_api_types::ErrorResponse),
+            (status = 426, description = "Not a WebSocket upgrade", body = flotilla_api_types::ErrorResponse),
+            (status = 502, body = flotilla_api_types::ErrorResponse)))]
     pub async fn page(
         state: State<Arc<ControlPlane>>,
         params: Params,
@@ -732,7 +839,10 @@ pub mod routes {
     #[utoipa::path(get, path = "/v2/instances/{instance_id}/stream/ws", tag = "front door",
         params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
         responses((status = 101, description = "WebSocket of binary JPEG frames"),
-            (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
+            (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse),
+            (status = 409, description = "The instance is stopped or failed", body = flotilla_api_types::ErrorResponse),
+            (status = 426, description = "Not a WebSocket upgrade", body = flotilla_api_types::ErrorResponse),
+            (status = 502, body = flotilla_api_types::ErrorResponse)))]
     pub async fn stream_ws(
         state: State<Arc<ControlPlane>>,
         params: Params,
@@ -744,7 +854,10 @@ pub mod routes {
     /// The live view's newest frame.
     #[utoipa::path(get, path = "/v2/instances/{instance_id}/stream/frame.jpg", tag = "front door",
         params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
-        responses((status = 200, content_type = "image/jpeg"), (status = 401, body = flotilla_api_types::ErrorResponse)))]
+        responses((status = 200, content_type = "image/jpeg"), (status = 401, body = flotilla_api_types::ErrorResponse),
+            (status = 404, description = "No such instance, or no frame yet", body = flotilla_api_types::ErrorResponse),
+            (status = 409, description = "The instance is stopped or failed", body = flotilla_api_types::ErrorResponse),
+            (status = 502, body = flotilla_api_types::ErrorResponse)))]
     pub async fn frame(
         state: State<Arc<ControlPlane>>,
         params: Params,
@@ -756,8 +869,14 @@ pub mod routes {
     /// A PNG of a tab (`?tab=<id>`, default the first).
     #[utoipa::path(get, path = "/v2/instances/{instance_id}/screenshot", tag = "front door",
         params(("instance_id" = String, Path), ("tab" = Option<String>, Query), ("token" = Option<String>, Query)),
-        responses((status = 200, content_type = "image/png"), (status = 401, body = flotilla_api_types::ErrorResponse),
-            (status = 404, body = flotilla_api_types::ErrorResponse)))]
+        responses((status = 200, content_type = "image/png", description = "The PNG; `X-Screenshot-Scale` says how much a page over `agent.screenshot_max_pixels` was scaled down (1 when not)"),
+            (status = 400, description = "An unknown query parameter", body = flotilla_api_types::ErrorResponse),
+            (status = 401, body = flotilla_api_types::ErrorResponse),
+            (status = 404, description = "No such instance or tab", body = flotilla_api_types::ErrorResponse),
+            (status = 409, description = "The instance is stopped or failed", body = flotilla_api_types::ErrorResponse),
+            (status = 413, description = "The PNG would exceed agent.screenshot_max_bytes", body = flotilla_api_types::ErrorResponse),
+            (status = 502, body = flotilla_api_types::ErrorResponse),
+            (status = 503, description = "Too many captures at once on the node", body = flotilla_api_types::ErrorResponse)))]
     pub async fn screenshot(
         state: State<Arc<ControlPlane>>,
         params: Params,
@@ -781,7 +900,7 @@ pub mod routes {
 
     /// One download's bytes (`Content-Disposition: attachment`).
     #[utoipa::path(get, path = "/v2/instances/{instance_id}/downloads/{name}", tag = "instances",
-        params(("instance_id" = String, Path), ("name" = String, Path, description = "A name from the listing"), ("token" = Option<String>, Query)),
+        params(("instance_id" = String, Path), ("name" = String, Path, description = "A name from the listing: a plain file name", pattern = r"^[^./\\\x00-\x1f\x7f-\x9f][^/\\\x00-\x1f\x7f-\x9f]*$", min_length = 1, max_length = 63), ("token" = Option<String>, Query)),
         responses((status = 200, description = "The file", content_type = "application/octet-stream"),
             (status = 400, description = "Not a plain file name", body = flotilla_api_types::ErrorResponse),
             (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
@@ -795,7 +914,7 @@ pub mod routes {
 
     /// Removes one download.
     #[utoipa::path(delete, path = "/v2/instances/{instance_id}/downloads/{name}", tag = "instances",
-        params(("instance_id" = String, Path), ("name" = String, Path), ("token" = Option<String>, Query)),
+        params(("instance_id" = String, Path), ("name" = String, Path, description = "A name from the listing: a plain file name", pattern = r"^[^./\\\x00-\x1f\x7f-\x9f][^/\\\x00-\x1f\x7f-\x9f]*$", min_length = 1, max_length = 63), ("token" = Option<String>, Query)),
         responses((status = 200, body = flotilla_api_types::MessageResponse),
             (status = 400, body = flotilla_api_types::ErrorResponse),
             (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]

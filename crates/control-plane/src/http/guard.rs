@@ -7,7 +7,8 @@
 //! instance's subdomain, …) are rate-limited here but authenticated by the
 //! door, which also takes the instance's token.
 //!
-//! Open paths: `/health`, `/docs` and `/openapi.json`, the dashboard's assets
+//! Open paths: `/health`, `/docs` and `/openapi.json`, the DevTools protocol's
+//! description at `/json/protocol` and `/json/version`, the dashboard's assets
 //! (`/`, `/ui`; it asks for the key and sends it on every API call), the proxy's
 //! verification webhook `/v2/tokens/verify` (the token it carries is the
 //! credential), `/internal/…` (agents; the cluster token guards it), and
@@ -94,6 +95,9 @@ impl Guard {
             || path.starts_with("/internal/")
             || path == "/v2/tokens/verify"
             || path == "/openapi.json"
+            // What the fleet's browser and protocol are (no instance data).
+            || path == "/json/protocol"
+            || path == "/json/version"
             || path == "/"
             || path == "/ui"
             || path.starts_with("/ui/")

@@ -106,7 +106,7 @@ pub async fn live_page(
     params(("token" = String, Path)),
     responses(
         (status = 101, description = "WebSocket of the live view"),
-        (status = 400, description = "Not a WebSocket upgrade", body = ErrorResponse),
+        (status = 426, description = "Not a WebSocket upgrade", body = ErrorResponse),
         (status = 404, description = "Not a live link, expired or revoked", body = ErrorResponse),
     ))]
 pub async fn live_socket(

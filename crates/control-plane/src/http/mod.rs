@@ -70,6 +70,8 @@ use crate::error::Error;
         observability::alerts,
         tokens::token_create,
         tokens::token_verify,
+        door::routes::json_protocol,
+        door::routes::json_version_of_the_fleet,
         door::routes::cdp,
         door::routes::json_version,
         door::routes::json_list,
@@ -267,6 +269,11 @@ fn instance_routes() -> Routes {
 /// `/v2/instances/{id}/…`, passed through to its node.
 fn door_routes() -> Routes {
     Router::new()
+        .route("/json/protocol", get(door::routes::json_protocol))
+        .route(
+            "/json/version",
+            get(door::routes::json_version_of_the_fleet),
+        )
         .route("/v2/instances/{instance_id}/cdp", get(door::routes::cdp))
         .route(
             "/v2/instances/{instance_id}/json/version",

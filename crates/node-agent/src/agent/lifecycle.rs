@@ -178,7 +178,7 @@ impl Agent {
                     slot.clone(),
                     ready_timeout,
                     (access, listeners),
-                    recordings,
+                    (recordings, self.inner.captures.clone()),
                 ));
             }
             _ => {

@@ -104,6 +104,8 @@ struct AgentInner {
     catalog: BTreeMap<String, ImageConfig>,
     instances_root: PathBuf,
     ports: PortAllocator,
+    /// Screenshot limits shared by the node's instances.
+    captures: Arc<crate::capture::NodeCaptures>,
     /// Instances on this node. A std mutex: lookups and inserts only.
     slots: Mutex<HashMap<InstanceId, Arc<InstanceSlot>>>,
     link: Arc<dyn ControlPlaneLink>,
@@ -183,6 +185,7 @@ impl Agent {
             ports: PortAllocator::new(settings.config.port_range, settings.bind_address),
             machine: Mutex::new(MachineMeter::new(&settings.data_dir)),
             instances_root,
+            captures: crate::capture::NodeCaptures::new(&settings.config),
             settings,
             slots: Mutex::default(),
             link,

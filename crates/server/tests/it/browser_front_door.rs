@@ -160,6 +160,25 @@ async fn browser_clients_reach_instances_through_the_door_by_path() {
     .await
     .unwrap();
     assert_eq!(result["title"], "through the front door");
+    // Given urls.debug alone, chrome-remote-interface fetches the protocol
+    // from the door's root: it is there, open, for the fleet's Chromium.
+    let result = run_node("cri_ws.mjs", &[a["urls"]["debug"].as_str().unwrap()])
+        .await
+        .unwrap();
+    assert!(
+        result["product"].as_str().unwrap().contains("Chrome/"),
+        "{result}"
+    );
+    let version: Value = get(&format!("http://127.0.0.1:{port}/json/version"), &[])
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        version["Browser"].as_str().unwrap().contains("Chrom"),
+        "{version}"
+    );
+    assert!(version.get("webSocketDebuggerUrl").is_none(), "{version}");
 
     // Live view, screenshot, tabs.
     let stream = get(a["urls"]["stream"].as_str().unwrap(), &[]).await;
@@ -437,5 +456,53 @@ async fn browser_clients_reach_instances_over_tls_through_nginx() {
         .await
         .unwrap();
     assert_eq!(result["title"], "through the front door");
+    serve.shutdown().await;
+}
+
+/// schemathesis over the front door's operations with a real browser behind
+/// them (`tests/schemathesis-door.toml`): every answer is one the OpenAPI
+/// document describes, whatever the input. A fixed seed keeps it reproducible.
+#[tokio::test]
+async fn browser_the_front_door_keeps_its_openapi_contract_under_schemathesis() {
+    let (serve, _) = door_serve(None).await;
+    let instance = running(&serve).await;
+    let id = instance["id"].as_str().unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let output = tokio::process::Command::new("schemathesis")
+        .current_dir(scratch.path())
+        .env("FLOTILLA_DOOR_INSTANCE", id)
+        .arg("--config-file")
+        .arg(workspace_root().join("tests/schemathesis-door.toml"))
+        .arg("run")
+        .arg(format!("{}/openapi.json", serve.api.base))
+        .args(["-H", &format!("Authorization: Bearer {API_KEY}")])
+        .args(["--checks", "all", "--seed", "1", "--max-examples", "30"])
+        .args(["--phases", "examples,coverage,fuzzing"])
+        .args(["--request-timeout", "30", "--workers", "1", "--no-color"])
+        .output()
+        .await
+        .expect("schemathesis runs (scripts/install-deps --test installs it)");
+    let report = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "schemathesis found failures:\n{report}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let count = |label: &str| {
+        report
+            .lines()
+            .find_map(|line| line.trim().strip_prefix(label))
+            .and_then(|rest| rest.split('/').next())
+            .and_then(|n| n.trim().parse::<usize>().ok())
+            .unwrap_or_else(|| panic!("no {label:?} in the report: {report}"))
+    };
+    assert!(count("Selected:") >= 13, "every door operation: {report}");
+    assert_eq!(count("Selected:"), count("Tested:"), "{report}");
+    let (status, detail) = serve.api.get(&format!("/v2/instances/{id}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        detail["status"], "running",
+        "the instance survived: {detail}"
+    );
     serve.shutdown().await;
 }

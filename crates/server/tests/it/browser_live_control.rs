@@ -368,7 +368,7 @@ async fn browser_live_links_show_the_view_without_a_key_until_they_expire_or_are
     sly.control_is("view_only").await;
 
     // The socket's path takes WebSocket upgrades only.
-    assert_eq!(no_key_get(&format!("{view_url}/ws")).await.0, 400);
+    assert_eq!(no_key_get(&format!("{view_url}/ws")).await.0, 426);
 
     // A tampered or made-up link is refused.
     for made_up in [

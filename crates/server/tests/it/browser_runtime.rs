@@ -315,6 +315,109 @@ async fn browser_instance_api_serves_tabs_screenshot_and_page() {
     serve.shutdown().await;
 }
 
+/// The width and height in a PNG's header.
+fn png_size(png: &[u8]) -> (u64, u64) {
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "a PNG file");
+    let side = |at: usize| u64::from(u32::from_be_bytes(png[at..at + 4].try_into().unwrap()));
+    (side(16), side(20))
+}
+
+/// A page as wide as the viewport, filled with noise (no PNG compresses it).
+const NOISE: &str = "<title>noise</title><body style=margin:0><canvas id=c></canvas><script>
+const c = document.getElementById('c'); c.width = innerWidth; c.height = innerHeight;
+const g = c.getContext('2d'); const d = g.createImageData(c.width, c.height);
+crypto.getRandomValues(d.data.subarray(0, 65536));
+for (let i = 65536; i < d.data.length; i += 65536) d.data.copyWithin(i, (i * 7919) % 65536, 65536);
+for (let i = 3; i < d.data.length; i += 4) d.data[i] = 255;
+g.putImageData(d, 0, 0); document.title = 'noisy';</script>";
+
+#[tokio::test]
+async fn browser_screenshots_are_bounded_in_pixels_bytes_and_number() {
+    let pages = serve_page(&[("/plain", "<title>plain</title>"), ("/noise", NOISE)]).await;
+    let serve = spawn_serve_with(|config| {
+        pages.allow_in(config);
+        config.agent.screenshot_max_bytes = 2 << 20;
+    })
+    .await;
+    let created = running_instance(&serve, "{}").await;
+    let base = format!("http://127.0.0.1:{}", created["http_port"]);
+    let page = Page::open(debug_url(&created), &format!("{}/plain", pages.base))
+        .await
+        .unwrap();
+    // What the report used: a 6000×6000 viewport at device scale 2, 144
+    // million pixels (a 108 MB PNG buffered whole).
+    page.call(
+        "Emulation.setDeviceMetricsOverride",
+        serde_json::json!({"width": 6000, "height": 6000, "deviceScaleFactor": 2, "mobile": false}),
+    )
+    .await
+    .unwrap();
+    let tabs: Value = get_json(&format!("{base}/tabs")).await;
+    let tab = tabs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["title"] == "plain")
+        .unwrap();
+    let shot_url = format!("{base}/screenshot?tab={}", tab["id"].as_str().unwrap());
+    let http = reqwest::Client::new();
+    let response = http.get(&shot_url).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let scale: f64 = response.headers()["x-screenshot-scale"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let (width, height) = png_size(&response.bytes().await.unwrap());
+    assert!(width * height <= 4096 * 4096, "{width}×{height}");
+    assert!(
+        width > 3000 && scale < 1.0,
+        "scaled to fit: {width}×{height} at {scale}"
+    );
+
+    // Eight at once: each one answered, the image or a clear 503, never a hang.
+    let answers = futures_util::future::join_all((0..8).map(|_| http.get(&shot_url).send())).await;
+    for answer in answers {
+        let answer = answer.unwrap();
+        let status = answer.status();
+        let body = answer.bytes().await.unwrap();
+        match status {
+            StatusCode::OK => assert!(png_size(&body).0 <= 4096),
+            StatusCode::SERVICE_UNAVAILABLE => {
+                let error: Value = serde_json::from_slice(&body).unwrap();
+                assert_eq!(error["code"], "insufficient_capacity", "{error}");
+            }
+            other => panic!("{other}: {}", String::from_utf8_lossy(&body)),
+        }
+    }
+
+    // Noise does not compress: over screenshot_max_bytes, refused.
+    page.navigate(&format!("{}/noise", pages.base))
+        .await
+        .unwrap();
+    wait_until(BROWSER_DEADLINE, "the noise to be drawn", || async {
+        let title = page
+            .eval("document.title")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok::<_, String>((title == "noisy").then_some(()))
+    })
+    .await
+    .unwrap();
+    let response = http.get(&shot_url).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let error: Value = response.json().await.unwrap();
+    assert_eq!(error["code"], "payload_too_large", "{error}");
+    assert!(
+        error["detail"]
+            .as_str()
+            .unwrap()
+            .contains("screenshot_max_bytes"),
+        "{error}"
+    );
+    serve.shutdown().await;
+}
+
 /// Reads an MJPEG stream and counts the frames received until `stop`.
 async fn count_mjpeg_frames(url: String, stop: tokio_util::sync::CancellationToken) -> usize {
     let mut response = reqwest::get(&url).await.unwrap();
