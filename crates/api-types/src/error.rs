@@ -24,6 +24,9 @@ pub enum ErrorCode {
     BadGateway,
     /// 413: the request body is larger than the operation accepts.
     PayloadTooLarge,
+    /// 403: a browser page of another site asked (a WebSocket upgrade
+    /// whose `Origin` is not this server's).
+    Forbidden,
     /// 500: a fault on our side; the detail is logged, not shown.
     Internal,
 }
@@ -39,6 +42,7 @@ impl ErrorCode {
             Self::RateLimited => "rate_limited",
             Self::BadGateway => "bad_gateway",
             Self::PayloadTooLarge => "payload_too_large",
+            Self::Forbidden => "forbidden",
             Self::Internal => "internal",
         }
     }

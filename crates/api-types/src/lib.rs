@@ -9,6 +9,7 @@
 //! - [`prometheus`] — the metrics text format both services expose.
 //! - [`events`] — lifecycle event names and payloads (webhooks, event proxy).
 //! - [`credentials`] — bearer parsing, digests and constant-time comparison.
+//! - [`origin`] — whether a browser's WebSocket comes from the same origin.
 //! - [`profiles`], [`extensions`] — saved browser profiles and uploaded extensions.
 //! - [`live`] — shareable live links to an instance's live view.
 //! - [`tasks`] — running an operation to its end whatever its caller does.
@@ -30,6 +31,7 @@ pub mod integers;
 pub mod live;
 pub mod metrics;
 pub mod nodes;
+pub mod origin;
 pub mod profiles;
 pub mod prometheus;
 pub mod tasks;

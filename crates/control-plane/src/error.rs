@@ -38,6 +38,9 @@ pub enum Error {
     /// 426: a WebSocket endpoint asked for without `Upgrade: websocket`.
     #[error("{0}")]
     UpgradeRequired(String),
+    /// 403: a WebSocket upgrade from a page of another origin.
+    #[error("{0}")]
+    Forbidden(String),
     /// 500: the cause is logged; the client sees a generic message.
     #[error("internal error: {0:#}")]
     Internal(#[from] anyhow::Error),
@@ -59,6 +62,7 @@ impl Error {
             Self::BadGateway(_) => StatusCode::BAD_GATEWAY,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UpgradeRequired(_) => StatusCode::UPGRADE_REQUIRED,
+            Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -74,6 +78,7 @@ impl Error {
             Self::BadGateway(_) => ErrorCode::BadGateway,
             Self::PayloadTooLarge(_) => ErrorCode::PayloadTooLarge,
             Self::UpgradeRequired(_) => ErrorCode::InvalidRequest,
+            Self::Forbidden(_) => ErrorCode::Forbidden,
             Self::Internal(_) => ErrorCode::Internal,
         }
     }

@@ -163,7 +163,31 @@ fn open(zip: &[u8]) -> Result<ZipArchive<Cursor<&[u8]>>, Refusal> {
     if archive.len() > MAX_ENTRIES {
         return Err(format!("the zip has more than {MAX_ENTRIES} entries"));
     }
+    // The zip crate keeps one entry per name: a name listed twice would be
+    // gone before `layout` could see it. The directory's own count tells.
+    match declared_entries(zip) {
+        Some(declared) if declared == archive.len() => {}
+        Some(declared) => {
+            return Err(format!(
+                "the zip lists {declared} entries but only {} distinct names: an entry appears twice",
+                archive.len()
+            ));
+        }
+        None => return Err("the zip's end of central directory cannot be read".into()),
+    }
     Ok(archive)
+}
+
+/// The number of entries the end of central directory record declares
+/// (the last one in the zip; a zip64 count, `0xFFFF`, is more than any
+/// extension may have and is answered as such).
+fn declared_entries(zip: &[u8]) -> Option<usize> {
+    const END: &[u8] = b"PK\x05\x06";
+    // The record is 22 bytes plus a comment of at most 65535.
+    let tail_start = zip.len().saturating_sub(22 + 65_535);
+    let at = tail_start + memchr::memmem::rfind(&zip[tail_start..], END)?;
+    let total = zip.get(at + 10..at + 12)?;
+    Some(usize::from(u16::from_le_bytes([total[0], total[1]])))
 }
 
 /// Where the extension is inside a checked zip.
@@ -396,6 +420,27 @@ mod tests {
             let refusal = inspect(&zip).unwrap_err();
             assert!(refusal.contains(expected), "{refusal:?} lacks {expected:?}");
         }
+    }
+
+    #[test]
+    fn an_entry_listed_twice_is_refused() {
+        // Written with two names, then the second renamed to the first in
+        // its local header and in the central directory.
+        let mut zip = zip_of(&[
+            ("manifest.json", MANIFEST.as_bytes()),
+            ("content.js", b"first"),
+            ("content.jz", b"second"),
+        ]);
+        let mut renamed = 0;
+        while let Some(at) = memchr::memmem::find(&zip, b"content.jz") {
+            zip[at + 9] = b's';
+            renamed += 1;
+        }
+        assert_eq!(renamed, 2, "local header and central directory");
+        let refusal = inspect(&zip).unwrap_err();
+        assert!(refusal.contains("appears twice"), "{refusal}");
+        let dest = tempfile::tempdir().unwrap();
+        assert!(unpack(&zip, &dest.path().join("ext")).is_err());
     }
 
     #[test]

@@ -34,6 +34,7 @@ pub mod live_view;
 pub mod monitor;
 pub mod netns;
 pub mod ports;
+pub mod reaper;
 pub mod recording;
 pub mod sandbox;
 pub mod snapshot;

@@ -470,8 +470,12 @@ fn multipart_part(jpeg: &[u8], first: bool) -> Bytes {
 async fn websocket(
     State(live_view): State<Arc<LiveView>>,
     query: axum::extract::RawQuery,
+    headers: axum::http::HeaderMap,
     upgrade: WebSocketUpgrade,
 ) -> Response {
+    if let Some(refusal) = foreign_origin(&headers) {
+        return refusal;
+    }
     let view_only = query.0.as_deref().is_some_and(|query| {
         url::form_urlencoded::parse(query.as_bytes())
             .any(|(name, value)| name == "mode" && value == "view")
@@ -480,6 +484,28 @@ async fn websocket(
     upgrade
         .max_message_size(live_control::MAX_MESSAGE_BYTES)
         .on_upgrade(move |socket| ws_viewer(socket, live_view, may_control))
+}
+
+/// The 403 of a WebSocket that a page of another site opened (its `Origin`
+/// is not this port's host): such a page could watch, and drive, the
+/// browser in the name of whoever visits it (see
+/// [`flotilla_api_types::origin`]). Clients that are not browsers send no
+/// `Origin`; the front door checks it and does not pass it on.
+fn foreign_origin(headers: &axum::http::HeaderMap) -> Option<Response> {
+    let origin = headers.get(axum::http::header::ORIGIN)?;
+    let origin = origin.to_str().unwrap_or("null");
+    let host = headers
+        .get(axum::http::header::HOST)
+        .and_then(|host| host.to_str().ok())
+        .unwrap_or("");
+    if flotilla_api_types::origin::same_origin(origin, host) {
+        return None;
+    }
+    let body = serde_json::json!({
+        "detail": format!("a live view opened by a page of {origin} is refused: only pages of this server may open it"),
+        "code": "forbidden",
+    });
+    Some((axum::http::StatusCode::FORBIDDEN, axum::Json(body)).into_response())
 }
 
 /// One WebSocket viewer: frames as they come, `state` whenever control,

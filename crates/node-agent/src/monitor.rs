@@ -48,6 +48,13 @@ pub fn group_has_live_member(pgid: u32) -> bool {
     pids().any(|pid| read_stat(pid).is_some_and(|stat| stat.pgid == pgid && stat.live()))
 }
 
+/// The zombie children of `parent`.
+pub fn zombie_children(parent: u32) -> Vec<u32> {
+    pids()
+        .filter(|pid| read_stat(*pid).is_some_and(|stat| stat.ppid == parent && stat.state == 'Z'))
+        .collect()
+}
+
 /// The process table at one moment.
 pub struct ProcTable {
     procs: HashMap<u32, ProcStat>,

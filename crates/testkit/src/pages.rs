@@ -154,12 +154,18 @@ impl Page {
 /// Sends a WebSocket upgrade for `path` to `127.0.0.1:port` (an instance
 /// port or the control plane's door): the status line of the answer.
 pub async fn upgrade_status(port: u16, path: &str) -> String {
+    upgrade_status_with(port, path, "").await
+}
+
+/// [`upgrade_status`] with `extra` header lines (each ending in `\r\n`),
+/// such as the `Origin` a browser page sends.
+pub async fn upgrade_status_with(port: u16, path: &str, extra: &str) -> String {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .expect("the port accepts");
     let head = format!(
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n{extra}\r\n"
     );
     stream.write_all(head.as_bytes()).await.unwrap();
     let mut answer = vec![0u8; 512];

@@ -35,6 +35,7 @@ use tokio::net::TcpStream;
 
 use flotilla_api_types::InstanceId;
 use flotilla_api_types::credentials::bearer_token;
+use flotilla_api_types::origin::same_origin;
 
 use crate::app::{ControlPlane, DoorTarget};
 use crate::error::Error;
@@ -253,6 +254,9 @@ async fn pass(
         Err(error) => return error.into_response(),
     };
     let upgrade = is_upgrade(request.headers());
+    if upgrade && let Some(refusal) = foreign_origin(control_plane, &request) {
+        return refusal.into_response();
+    }
     if route.websocket && !upgrade {
         return Error::UpgradeRequired(format!(
             "{} is a WebSocket endpoint: connect with a WebSocket client (Upgrade: websocket)",
@@ -273,6 +277,30 @@ async fn pass(
             target.id
         ))
         .into_response()
+    })
+}
+
+/// The refusal of a WebSocket upgrade that a page of another site sent
+/// (its `Origin` is neither the host the client asked nor `public_url`'s):
+/// otherwise any page its user visits could open the live view, and drive
+/// the browser, in that user's name. Clients that are not browsers send no
+/// `Origin`. The door checks it here and does not pass it on.
+fn foreign_origin(control_plane: &ControlPlane, request: &Request) -> Option<Error> {
+    let origin = request.headers().get(header::ORIGIN)?;
+    let origin = origin.to_str().unwrap_or("null");
+    let external = external_base(control_plane, request);
+    let public = control_plane
+        .config()
+        .public_url
+        .as_deref()
+        .and_then(|url| url.split_once("://"))
+        .map(|(_, authority)| authority.trim_end_matches('/'));
+    let same = same_origin(origin, &external.authority)
+        || public.is_some_and(|authority| same_origin(origin, authority));
+    (!same).then(|| {
+        Error::Forbidden(format!(
+            "a WebSocket opened by a page of {origin} is refused: only pages of this server may open it"
+        ))
     })
 }
 
@@ -387,6 +415,7 @@ fn passed_on(name: &HeaderName) -> bool {
     !matches!(
         name.as_str(),
         "host"
+            | "origin"
             | "authorization"
             | "connection"
             | "keep-alive"
@@ -502,9 +531,9 @@ pub(crate) type Ends = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + 
 /// A live link's socket: to the instance's stream port at `path` (the
 /// client's path and query are not passed on), cut off when `ends` resolves.
 pub(crate) async fn forward_live(
+    control_plane: &ControlPlane,
     mut request: Request,
-    target: &DoorTarget,
-    path: &str,
+    (target, path): (&DoorTarget, &str),
     ends: Ends,
 ) -> Response {
     if !is_upgrade(request.headers()) {
@@ -512,6 +541,11 @@ pub(crate) async fn forward_live(
             "a live view's socket is a WebSocket: connect with Upgrade: websocket".into(),
         )
         .into_response();
+    }
+    // A live link's page may be embedded anywhere, but its socket is opened
+    // by that page, which is this server's.
+    if let Some(refusal) = foreign_origin(control_plane, &request) {
+        return refusal.into_response();
     }
     *request.uri_mut() = axum::http::Uri::from_static("/");
     let route = Route {

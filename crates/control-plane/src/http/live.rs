@@ -119,7 +119,7 @@ pub async fn live_socket(
     let path = live_stream_path(link.mode);
     let watcher = control_plane.clone();
     let ends = Box::pin(async move { watcher.live_link_ended(link).await });
-    Ok(super::door::forward_live(request, &target, path, ends).await)
+    Ok(super::door::forward_live(&control_plane, request, (&target, path), ends).await)
 }
 
 /// The `Host` the caller used, when it is a plain host name or address.

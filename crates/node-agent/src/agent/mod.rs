@@ -202,6 +202,9 @@ impl Agent {
                 .clone()
                 .keep_pool_filled(agent.inner.shutdown.clone()),
         );
+        if agent.inner.settings.config.runtime == RuntimeKind::Chromium {
+            tasks.spawn(crate::reaper::run(agent.inner.shutdown.clone()));
+        }
         let ack = agent.register_until_accepted().await?;
         tasks.spawn(agent.clone().send_changes(changes_rx));
         tasks.spawn(agent.clone().report_loop(ack));

@@ -549,3 +549,52 @@ async fn browser_nested_cdp_commands_cannot_get_around_the_pins_and_home_counts_
     );
     serve.shutdown().await;
 }
+
+#[tokio::test]
+async fn browser_a_page_of_another_site_cannot_open_the_live_view_even_with_authentication_off() {
+    // Authentication off: the Origin is all that stops a page its user visits.
+    let serve = spawn_serve_with(|_| {}).await;
+    let (id, created, _) = serve.api.create_running("{}").await;
+    let stream_port = port(&created, "stream_port");
+    let door_port: u16 = serve.api.base.rsplit(':').next().unwrap().parse().unwrap();
+    let (status, link) = serve
+        .api
+        .post(
+            &format!("/v2/instances/{id}/live"),
+            r#"{"mode": "control"}"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{link}");
+    let link_path = url::Url::parse(link["url"].as_str().unwrap())
+        .unwrap()
+        .path()
+        .trim_end_matches('/')
+        .to_owned();
+    let evil = "Origin: http://evil.example\r\n";
+    for (port, path) in [
+        (stream_port, "/ws".to_owned()),
+        (door_port, format!("/v2/instances/{id}/stream/ws")),
+        (door_port, format!("/v2/instances/{id}/cdp")),
+        (door_port, format!("{link_path}/ws")),
+    ] {
+        let status = flotilla_testkit::upgrade_status_with(port, &path, evil).await;
+        assert!(
+            status.contains(" 403 "),
+            "{path} from evil.example: {status}"
+        );
+        // The same page of this server's own origin, and a client that is not
+        // a browser (no Origin), are let in.
+        let own = format!("Origin: http://127.0.0.1:{port}\r\n");
+        let status = flotilla_testkit::upgrade_status_with(port, &path, &own).await;
+        assert!(
+            status.contains(" 101 "),
+            "{path} from its own origin: {status}"
+        );
+        let status = upgrade_status(port, &path).await;
+        assert!(
+            status.contains(" 101 "),
+            "{path} without an Origin: {status}"
+        );
+    }
+    serve.shutdown().await;
+}
