@@ -161,8 +161,9 @@ pub struct ServeProcess {
 }
 
 impl ServeProcess {
-    /// Starts `<binary> serve --listen 127.0.0.1:0 --data-dir <data_dir>` and
-    /// waits for its "control plane listening on" line.
+    /// Starts `<binary> serve --listen 127.0.0.1:0 --proxy-listen 127.0.0.1:0
+    /// --data-dir <data_dir>` and waits for its "control plane listening on"
+    /// line.
     pub async fn start(
         binary: &Path,
         data_dir: &Path,
@@ -171,7 +172,15 @@ impl ServeProcess {
         let data = data_dir.display().to_string();
         Self::start_command(
             binary,
-            &["serve", "--listen", "127.0.0.1:0", "--data-dir", &data],
+            &[
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--proxy-listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                &data,
+            ],
             data_dir,
             extra_env,
             "control plane listening on ",
@@ -212,9 +221,12 @@ impl ServeProcess {
                     return anyhow::Ok(url.trim().to_owned());
                 }
             }
+            let log = std::fs::read_to_string(&stderr_log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
             bail!(
-                "flotilla exited before listening; see {}",
-                stderr_log.display()
+                "flotilla exited before listening; the end of {}:\n{}",
+                stderr_log.display(),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
             )
         })
         .await

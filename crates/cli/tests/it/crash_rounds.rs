@@ -219,15 +219,17 @@ impl Fleet {
             (self.root.join("serve"), "serve")
         };
         let data = dir.display().to_string();
-        let process = ServeProcess::start_command(
-            binary(),
-            &[command, "--listen", &listen, "--data-dir", &data],
-            &dir,
-            &env,
-            "control plane listening on ",
-        )
-        .await
-        .unwrap_or_else(|error| panic!("the control plane starts: {error}\n{}", log_tail(&dir)));
+        let mut args = vec![command, "--listen", &listen, "--data-dir", &data];
+        if !self.clustered {
+            // Two fleets may run at once: their proxies take any port.
+            args.extend(["--proxy-listen", "127.0.0.1:0"]);
+        }
+        let process =
+            ServeProcess::start_command(binary(), &args, &dir, &env, "control plane listening on ")
+                .await
+                .unwrap_or_else(|error| {
+                    panic!("the control plane starts: {error}\n{}", log_tail(&dir))
+                });
         self.control = Some(process);
     }
 
