@@ -446,6 +446,18 @@ impl Tab {
         }
     }
 
+    /// Sends any CDP command on this tab's session; its result.
+    pub async fn call(
+        &self,
+        method: &str,
+        params: serde_json::Value,
+    ) -> anyhow::Result<serde_json::Value> {
+        Ok(self
+            .client
+            .call(method, params, Some(&self.session), CDP_TIMEOUT)
+            .await?)
+    }
+
     /// Evaluates `expression` (awaiting promises); its value.
     pub async fn eval(&self, expression: &str) -> anyhow::Result<serde_json::Value> {
         let result = self

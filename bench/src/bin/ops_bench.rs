@@ -72,6 +72,7 @@ fn new_instance(node: &NodeId) -> NewInstance {
         config: InstanceConfig::default(),
         created_at: chrono::Utc::now(),
         profile: None,
+        operation: flotilla_api_types::ids::OperationId::generate(),
     }
 }
 

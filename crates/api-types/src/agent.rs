@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::credentials::Secret;
-use crate::ids::{InstanceId, NodeId, SnapshotId};
+use crate::ids::{InstanceId, NodeId, OperationId, SnapshotId};
 use crate::instances::{InstanceConfig, InstanceResources, InstanceStatus, ReviveMethod};
 use crate::nodes::{Capabilities, ResourceUsage};
 use crate::profiles::ProfileUse;
@@ -27,6 +27,9 @@ pub struct AgentCreateInstance {
     /// The saved profile to start from (and to write back to with `persist`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile: Option<ProfileUse>,
+    /// This create, as the node reports its outcome.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<OperationId>,
 }
 
 /// The ports an agent reserved for an instance, and its state right after the
@@ -69,6 +72,11 @@ pub struct AgentReviveInstance {
     /// `persist` the next park or delete writes it back).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile: Option<ProfileUse>,
+    /// This revive, as the node reports its outcome. A node asked twice for
+    /// the same operation (a caller that timed out and asked again) answers
+    /// as the first time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<OperationId>,
 }
 
 /// What the control plane tells an agent when it registers, and again in the
@@ -135,6 +143,12 @@ pub struct InstanceReport {
     /// park's answer (it crashed meanwhile) record it when it reconciles.
     #[serde(default)]
     pub snapshot_id: Option<SnapshotId>,
+    /// The operation the node is carrying out on the instance (`creating`,
+    /// `reviving`), or the one that brought it to this state: a control
+    /// plane that restarted waits for an operation still in flight instead
+    /// of undoing it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<OperationId>,
 }
 
 /// Sent by an agent when it starts, and again whenever the control plane
@@ -189,6 +203,19 @@ pub struct InstanceStateChange {
     pub at: DateTime<Utc>,
     /// With `dormant` after a park: its snapshot. The park's own answer
     /// records it too; this copy reaches a control plane that missed it.
+    /// With `running` after a revive: the snapshot it revived from.
     #[serde(default)]
     pub snapshot_id: Option<SnapshotId>,
+    /// The operation whose outcome this is (a create or a revive), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<OperationId>,
+}
+
+/// The control plane's answer to a state change: whether it recorded it. A
+/// change of an operation the record has moved past (the control plane
+/// undid it, or started another) is not recorded; then the node keeps what
+/// the record may still need (the snapshot a revive came from).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateChangeAck {
+    pub applied: bool,
 }

@@ -56,6 +56,13 @@ string_id!(
     /// Identifier of a dormant instance's snapshot in the snapshot store.
     SnapshotId
 );
+string_id!(
+    /// Identifier of one operation the control plane asked a node to carry
+    /// out on an instance (a create or a revive): the node reports the
+    /// operation's outcome with it, so that a late answer can be told from
+    /// the answer to the operation in progress.
+    OperationId
+);
 
 impl InstanceId {
     /// A fresh, time-ordered instance id.
@@ -71,6 +78,12 @@ impl InstanceId {
 }
 
 impl SnapshotId {
+    pub fn generate() -> Self {
+        Self(uuid::Uuid::now_v7().to_string())
+    }
+}
+
+impl OperationId {
     pub fn generate() -> Self {
         Self(uuid::Uuid::now_v7().to_string())
     }

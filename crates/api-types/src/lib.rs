@@ -13,6 +13,7 @@
 //! - [`profiles`], [`extensions`] — saved browser profiles and uploaded extensions.
 //! - [`live`] — shareable live links to an instance's live view.
 //! - [`tasks`] — running an operation to its end whatever its caller does.
+//! - [`faults`] — fault points of the crash tests (test builds only).
 //!
 //! Request types reject unknown fields; validation of values (ranges, catalogs)
 //! belongs to the service that owns the rule, not to these types.
@@ -24,6 +25,7 @@ pub mod credentials;
 pub mod error;
 pub mod events;
 pub mod extensions;
+pub mod faults;
 pub mod health;
 pub mod ids;
 pub mod instances;

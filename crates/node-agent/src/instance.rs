@@ -19,7 +19,7 @@ use flotilla_api_types::InstanceId;
 use flotilla_api_types::agent::InstanceReport;
 use flotilla_api_types::clock::Clock;
 use flotilla_api_types::credentials::Secret;
-use flotilla_api_types::ids::SnapshotId;
+use flotilla_api_types::ids::{OperationId, SnapshotId};
 use flotilla_api_types::instances::{InstanceConfig, InstanceResources, InstanceStatus};
 use flotilla_api_types::profiles::ProfileUse;
 
@@ -74,8 +74,13 @@ pub struct InstanceSlot {
     /// Serialises dormant, revive and delete of this instance. A tokio mutex:
     /// held across the whole operation.
     pub operation: tokio::sync::Mutex<()>,
-    /// The snapshot while dormant.
+    /// The snapshot while dormant, and after a revive the one it came
+    /// from until the control plane has recorded the revive.
     snapshot: Mutex<Option<SnapshotId>>,
+    /// The operation (create, revive, wake) being carried out, or the one
+    /// that brought the instance to its state: reported with every state
+    /// change and report. A std mutex: cloned out or replaced only.
+    current_operation: Mutex<Option<OperationId>>,
     /// Complete downloads already announced. A std mutex: updated by the
     /// sampler only.
     downloads_seen: Mutex<std::collections::HashSet<String>>,
@@ -123,6 +128,7 @@ impl InstanceSlot {
             supervisor_done: Mutex::new(CancellationToken::new()),
             operation: tokio::sync::Mutex::new(()),
             snapshot: Mutex::new(None),
+            current_operation: Mutex::new(None),
             access_token: Mutex::new(None),
             profile: Mutex::new(None),
             downloads_seen: Mutex::default(),
@@ -318,6 +324,14 @@ impl InstanceSlot {
         *self.snapshot.lock().expect("slot lock") = snapshot;
     }
 
+    pub fn operation(&self) -> Option<OperationId> {
+        self.current_operation.lock().expect("slot lock").clone()
+    }
+
+    pub fn set_operation(&self, operation: Option<OperationId>) {
+        *self.current_operation.lock().expect("slot lock") = operation;
+    }
+
     /// Downloads that finished since the last call.
     pub fn newly_completed_downloads(&self) -> Vec<flotilla_api_types::instances::Download> {
         let mut seen = self.downloads_seen.lock().expect("slot lock");
@@ -382,9 +396,8 @@ impl InstanceSlot {
             reason,
             resources: *self.resources.lock().expect("slot lock"),
             last_activity: self.last_activity(),
-            snapshot_id: self
-                .snapshot()
-                .filter(|_| status == InstanceStatus::Dormant),
+            snapshot_id: self.snapshot(),
+            operation: self.operation(),
         }
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use flotilla_api_types::agent::{
     Heartbeat, InstanceEventReport, InstanceStateChange, NodeRegistration, RegistrationAck,
+    StateChangeAck,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -28,7 +29,9 @@ pub trait ControlPlaneLink: Send + Sync + 'static {
     async fn register(&self, registration: NodeRegistration) -> Result<RegistrationAck, LinkError>;
     /// Answered with the current settings (the same as at registration).
     async fn heartbeat(&self, heartbeat: Heartbeat) -> Result<RegistrationAck, LinkError>;
-    async fn state_changed(&self, change: InstanceStateChange) -> Result<(), LinkError>;
+    /// Whether the control plane recorded the change (see [`StateChangeAck`]).
+    async fn state_changed(&self, change: InstanceStateChange)
+    -> Result<StateChangeAck, LinkError>;
     async fn instance_event(&self, event: InstanceEventReport) -> Result<(), LinkError>;
 }
 
@@ -107,8 +110,20 @@ impl ControlPlaneLink for HttpLink {
             .map_err(|e| LinkError::Unreachable(format!("unreadable heartbeat answer: {e}")))
     }
 
-    async fn state_changed(&self, change: InstanceStateChange) -> Result<(), LinkError> {
-        self.post("/instances/state", &change).await.map(drop)
+    async fn state_changed(
+        &self,
+        change: InstanceStateChange,
+    ) -> Result<StateChangeAck, LinkError> {
+        let response = self.post("/instances/state", &change).await?;
+        // A control plane of the version before answers 204: it records
+        // whatever it is told.
+        if response.status() == reqwest::StatusCode::NO_CONTENT {
+            return Ok(StateChangeAck { applied: true });
+        }
+        response
+            .json()
+            .await
+            .map_err(|e| LinkError::Unreachable(format!("unreadable state change answer: {e}")))
     }
 
     async fn instance_event(&self, event: InstanceEventReport) -> Result<(), LinkError> {

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use flotilla_api_types::InstanceId;
 use flotilla_api_types::agent::{
     AgentCreateInstance, AgentInstancePorts, Heartbeat, InstanceEventReport, InstanceStateChange,
-    NodeRegistration,
+    NodeRegistration, StateChangeAck,
 };
 use flotilla_api_types::agent::{AgentDormantResult, AgentIdentity, AgentReviveInstance};
 use flotilla_api_types::instances::KeptRecording;
@@ -87,11 +87,16 @@ impl ControlPlaneLink for LocalLink {
         }
     }
 
-    async fn state_changed(&self, change: InstanceStateChange) -> Result<(), LinkError> {
-        self.0
+    async fn state_changed(
+        &self,
+        change: InstanceStateChange,
+    ) -> Result<StateChangeAck, LinkError> {
+        let applied = self
+            .0
             .instance_state_changed(change)
             .await
-            .map_err(|e| LinkError::Unreachable(e.to_string()))
+            .map_err(|e| LinkError::Unreachable(e.to_string()))?;
+        Ok(StateChangeAck { applied })
     }
 
     async fn instance_event(&self, event: InstanceEventReport) -> Result<(), LinkError> {

@@ -849,3 +849,77 @@ async fn browser_a_cluster_survives_kill_9_of_its_agent_and_of_its_control_plane
     )
     .await;
 }
+
+/// The crash of the report (a seed of the cluster's rounds), made exact with
+/// a fault point: the control plane is killed while a revive it recorded is
+/// on its node, which holds it (stalled) until the control plane has
+/// restarted and the node has registered again. Before operations had
+/// identities, the node said `dormant`, the control plane undid the revive,
+/// the node finished it anyway and deleted the snapshot: a record `dormant`
+/// with no snapshot and a browser nobody owned.
+#[cfg(feature = "fault-points")]
+#[tokio::test]
+async fn browser_a_control_plane_killed_while_its_node_revives_loses_nothing() {
+    let temp = tempfile::tempdir().unwrap();
+    let receiver = EventReceiver::start(SECRET).await;
+    write_webhook_config(temp.path(), &receiver);
+    let snapshots = Snapshots::Dir(temp.path().join("snapshots"));
+    let database = format!("sqlite://{}/store.db", temp.path().display());
+    let mut env = snapshots.env();
+    env.push((
+        "FLOTILLA_FAULTS".into(),
+        "agent-revive-received=stall:6000".into(),
+    ));
+    let mut fleet = Fleet::start(temp.path(), true, database, env).await;
+    let api = fleet.api().clone();
+    let (id, _, _) = api.create_running("{}").await;
+    api.park(&id).await;
+    let parked = api.wait_for_status(&id, "dormant", BROWSER_DEADLINE).await;
+    let snapshot = parked["snapshot_id"].as_str().unwrap().to_owned();
+
+    // The revive is recorded and reaches the node, which stalls on it.
+    let reviving = {
+        let (api, id) = (api.clone(), id.clone());
+        tokio::spawn(async move { api.post(&format!("/v2/instances/{id}/revive"), "{}").await })
+    };
+    let agent_log = temp.path().join("agent.stderr.log");
+    wait_until(BROWSER_DEADLINE, "the node to hold the revive", || async {
+        let log = std::fs::read_to_string(&agent_log).unwrap_or_default();
+        Ok::<_, String>(
+            log.contains("fault point agent-revive-received")
+                .then_some(()),
+        )
+    })
+    .await
+    .unwrap();
+    fleet.kill(Victim::Control).await;
+    let _ = reviving.await;
+    fleet.restart(Victim::Control).await;
+
+    // The node registers again while it still holds the revive, then
+    // finishes it: the instance runs, from its snapshot, owned.
+    let api = fleet.api().clone();
+    wait_running(&api, &id).await.unwrap();
+    let ledger = Ledger {
+        created: BTreeSet::from([id.clone()]),
+        ..Ledger::default()
+    };
+    wait_until(BROWSER_DEADLINE, "a whole fleet", || async {
+        let wrong = violations(&fleet, &snapshots, &ledger, &records(&api).await).await;
+        if wrong.is_empty() {
+            Ok(Some(()))
+        } else {
+            Err(wrong.join("\n"))
+        }
+    })
+    .await
+    .unwrap();
+    // The revive was recorded: its spent snapshot goes.
+    wait_until(BROWSER_DEADLINE, "the spent snapshot to go", || async {
+        let gone = !snapshots.exists(&id, &snapshot).await;
+        Ok::<_, String>(gone.then_some(()))
+    })
+    .await
+    .unwrap();
+    fleet.stop_gracefully().await;
+}

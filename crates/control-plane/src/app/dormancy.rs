@@ -1,14 +1,14 @@
 //! Dormancy: park (`dormant`), revive, the idle lifecycle, and the revive-time
 //! estimates behind `estimated_completion`.
 //!
-//! Which states allow what (DESIGN.md, Lifecycle):
-//! - dormant: from `running` or `idle`; anything else is 409.
-//! - revive: from `dormant`; also from `failed` or `stopped` when the instance
-//!   still has a snapshot (a revive or a park that failed late keeps it), so a
-//!   user can try again. Anything else is 409.
-//! - idle: a `running` instance without activity for `idle_timeout_minutes`
-//!   becomes `idle`; activity makes it `running` again; an `idle` instance with
-//!   `auto_snapshot` is parked through the same path as the endpoint.
+//! Which states allow what is the lifecycle table's ([`super::lifecycle`]):
+//! a park from `running` or `idle`; a revive from `dormant`, or from `failed`
+//! or `stopped` when the instance still has a snapshot (a revive or a park
+//! that failed late keeps it), so a user can try again; anything else is
+//! 409. A `running` instance without activity for `idle_timeout_minutes`
+//! becomes `idle`; activity makes it `running` again; an `idle` instance with
+//! `auto_snapshot` is parked through the same path as the endpoint. Every
+//! revive is an operation with its own id, which its node reports back.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -17,12 +17,13 @@ use chrono::Duration;
 
 use flotilla_api_types::InstanceId;
 use flotilla_api_types::agent::{AgentInstancePorts, AgentReviveInstance};
-use flotilla_api_types::ids::SnapshotId;
+use flotilla_api_types::ids::{OperationId, SnapshotId};
 use flotilla_api_types::instances::{Instance, InstanceStatus, ReviveMethod};
 use flotilla_api_types::nodes::NodeStatus;
 
 use super::ControlPlane;
 use super::instances::not_found;
+use super::lifecycle::{self, Event};
 use crate::error::{Error, Result};
 use crate::nodes::NodeCallError;
 use crate::scheduler::{self, PlacementRequest};
@@ -71,13 +72,11 @@ impl ControlPlane {
             .instance_get(id)
             .await?
             .ok_or_else(|| not_found(id))?;
-        if !matches!(
-            record.status,
-            InstanceStatus::Running | InstanceStatus::Idle
-        ) {
+        if lifecycle::transition(record.status, Event::Parked).is_none() {
             return Err(Error::InvalidState(format!(
-                "instance {id} is {}; only running or idle instances can be made dormant",
-                record.status
+                "instance {id} is {}; only {} instances can be made dormant",
+                record.status,
+                lifecycle::sources_text(Event::Parked)
             )));
         }
         let connection = self.connection(&record.node_id).await?.ok_or_else(|| {
@@ -88,7 +87,12 @@ impl ControlPlane {
         self.telemetry.dormant_duration.0.observe(started.elapsed());
         let record = match self
             .store
-            .instance_set_dormant(id, &parked.snapshot_id, parked.dormant_since)
+            .instance_set_dormant(
+                id,
+                &lifecycle::sources(Event::Parked),
+                &parked.snapshot_id,
+                parked.dormant_since,
+            )
             .await?
         {
             Some(record) => record,
@@ -119,15 +123,13 @@ impl ControlPlane {
             .instance_get(id)
             .await?
             .ok_or_else(|| not_found(id))?;
-        let revivable = match record.status {
-            InstanceStatus::Dormant => true,
-            InstanceStatus::Failed | InstanceStatus::Stopped => record.snapshot_id.is_some(),
-            _ => false,
-        };
+        // Failed or stopped instances too, when they kept a snapshot.
+        let revivable = lifecycle::transition(record.status, Event::Revive).is_some();
         let Some(snapshot_id) = record.snapshot_id.clone().filter(|_| revivable) else {
             return Err(Error::InvalidState(format!(
-                "instance {id} is {}; only dormant instances (or failed or stopped ones that kept a snapshot) can be revived",
-                record.status
+                "instance {id} is {}; only {} instances that hold a snapshot can be revived",
+                record.status,
+                lifecycle::sources_text(Event::Revive)
             )));
         };
         // Its own node when it can take it; otherwise (offline, unreachable,
@@ -177,9 +179,10 @@ impl ControlPlane {
                     record.node_id
                 )))
             })?;
+        let operation = OperationId::generate();
         let started = self
             .store
-            .instance_begin_revive(id, &[record.status], method, None, self.now())
+            .instance_begin_revive(id, &[record.status], (method, &operation), None, self.now())
             .await
             .map_err(|e| RevivalRefused::Other(e.into()))?
             .ok_or_else(|| {
@@ -200,15 +203,17 @@ impl ControlPlane {
                     .await
                     .map_err(RevivalRefused::Other)?,
             )),
+            operation: Some(operation),
         };
         match connection.instance_revive(request).await {
             Ok(ports) => Ok((started, ports)),
             Err(error) => {
                 // Nothing started: back to where it was.
+                let undone = Event::ReviveUndone(record.status);
                 self.store
                     .instance_transition(
                         id,
-                        &[InstanceStatus::Reviving],
+                        &lifecycle::sources(undone),
                         record.status,
                         record.status_reason.as_deref(),
                         self.now(),
@@ -293,11 +298,12 @@ impl ControlPlane {
     pub async fn instance_idle_sweep(&self) -> Result<usize> {
         let now = self.now();
         let mut changes = 0;
-        for record in self
-            .store
-            .instances_in(&[InstanceStatus::Running, InstanceStatus::Idle])
-            .await?
-        {
+        let watched = [
+            lifecycle::sources(Event::IdleTimeout),
+            lifecycle::sources(Event::Active),
+        ]
+        .concat();
+        for record in self.store.instances_in(&watched).await? {
             let timeout = record.config.idle_timeout_minutes;
             match record.status {
                 InstanceStatus::Running
@@ -308,7 +314,7 @@ impl ControlPlane {
                         .store
                         .instance_transition(
                             &record.id,
-                            &[InstanceStatus::Running],
+                            &lifecycle::sources(Event::IdleTimeout),
                             InstanceStatus::Idle,
                             Some(&reason),
                             now,
@@ -329,7 +335,7 @@ impl ControlPlane {
                             .store
                             .instance_transition(
                                 &record.id,
-                                &[InstanceStatus::Idle],
+                                &lifecycle::sources(Event::Active),
                                 InstanceStatus::Running,
                                 None,
                                 now,

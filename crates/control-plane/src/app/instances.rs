@@ -7,6 +7,7 @@ use flotilla_api_types::agent::{
 };
 use flotilla_api_types::credentials::Secret;
 use flotilla_api_types::events::EventName;
+use flotilla_api_types::ids::OperationId;
 use flotilla_api_types::instances::{
     CreateInstanceRequest, DEFAULT_IMAGE, Instance, InstanceConfig, InstanceList, InstanceStatus,
     ListInstancesQuery, ReviveMethod,
@@ -15,6 +16,7 @@ use flotilla_api_types::profiles::ProfileUse;
 use flotilla_api_types::{InstanceId, MessageResponse};
 
 use super::ControlPlane;
+use super::lifecycle::{self, Event};
 use super::views;
 use crate::error::{Error, Result};
 use crate::nodes::NodeCallError;
@@ -110,11 +112,18 @@ impl ControlPlane {
         let ranked = scheduler::rank(&nodes, &usage, &placement, self.now(), &self.config)?;
 
         let id = InstanceId::generate();
+        let operation = OperationId::generate();
         if let Some(profile) = &request.profile {
             self.profile_take(profile, &id).await?;
         }
         let placed = self
-            .instance_place(&id, &ranked, &image, &config, request.profile.as_ref())
+            .instance_place(
+                (&id, &operation),
+                &ranked,
+                &image,
+                &config,
+                request.profile.as_ref(),
+            )
             .await;
         let node = match placed {
             Ok(node) => node,
@@ -129,6 +138,7 @@ impl ControlPlane {
             config,
             access_token: Some(Secret::new(self.instance_token(&id).await?)),
             profile: request.profile,
+            operation: Some(operation),
         };
         let ports = self.launch_on(node, launch).await?;
         self.record_launch(&id, node, &ports).await?;
@@ -229,7 +239,7 @@ impl ControlPlane {
             self.store
                 .instance_transition(
                     id,
-                    &[InstanceStatus::Creating],
+                    &lifecycle::sources(Event::Started),
                     InstanceStatus::Running,
                     None,
                     now,
@@ -242,7 +252,7 @@ impl ControlPlane {
     /// Records the instance on the first ranked node that still has room.
     async fn instance_place<'n>(
         &self,
-        id: &InstanceId,
+        (id, operation): (&InstanceId, &OperationId),
         ranked: &'n [NodeRecord],
         image: &str,
         config: &InstanceConfig,
@@ -256,6 +266,7 @@ impl ControlPlane {
                 config: config.clone(),
                 created_at: self.now(),
                 profile: profile.cloned(),
+                operation: operation.clone(),
             };
             if self
                 .store
@@ -417,62 +428,84 @@ impl ControlPlane {
         Ok(())
     }
 
-    /// A node reports an instance running: a revive or a create finished, a
-    /// record given up for lost is adopted again, or a running instance
-    /// carries a note (e.g. the memory limit was hit).
+    /// A node reports an instance running: a create or a revive finished
+    /// (or one the control plane had undone or given up for lost), an idle
+    /// instance is in use, or a running one carries a note (e.g. the memory
+    /// limit was hit). The event is the table's ([`lifecycle`]).
     async fn running_reported(
         &self,
         before: &InstanceRecord,
         change: &InstanceStateChange,
     ) -> Result<Option<InstanceRecord>> {
         let reason = change.reason.as_deref();
-        match before.status {
-            // A revive finished: its snapshot is spent.
-            InstanceStatus::Reviving => {
-                let updated = self
+        let revived_from_its_snapshot =
+            change.snapshot_id.is_some() && change.snapshot_id == before.snapshot_id;
+        let event = match before.status {
+            InstanceStatus::Reviving => Event::Revived,
+            InstanceStatus::Creating => Event::Started,
+            InstanceStatus::Idle => Event::Active,
+            InstanceStatus::Failed | InstanceStatus::Stopped => Event::Adopted,
+            InstanceStatus::Dormant if revived_from_its_snapshot => Event::RevivedLate,
+            InstanceStatus::Running => {
+                // No move: the note replaces the reason.
+                return Ok(self
                     .store
-                    .instance_set_revived(
+                    .instance_transition(
                         &change.id,
-                        &[InstanceStatus::Reviving],
+                        &[before.status],
+                        before.status,
                         reason,
                         change.at,
                     )
-                    .await?;
-                if updated.is_some() {
-                    self.revive_finished(before, change.at);
-                    let took = (change.at - before.updated_at).to_std().unwrap_or_default();
-                    self.telemetry.revive_duration.0.observe(took);
-                }
-                Ok(updated)
+                    .await?);
             }
-            // Given up for lost (its node re-registered while the launch or
-            // revive was on its way), yet it runs: adopted again. A snapshot
-            // it held was what it revived from: spent.
-            InstanceStatus::Failed | InstanceStatus::Stopped => {
-                let ended = [InstanceStatus::Failed, InstanceStatus::Stopped];
-                let reason = Some("adopted again: its node still runs it");
-                Ok(self
-                    .store
-                    .instance_set_revived(&change.id, &ended, reason, change.at)
-                    .await?)
+            InstanceStatus::Dormant => return Ok(None),
+        };
+        let from = lifecycle::sources(event);
+        let updated = match event {
+            // Its snapshot is spent once it runs from it.
+            Event::Revived | Event::RevivedLate | Event::Adopted => {
+                let reason = match event {
+                    Event::Adopted => Some("adopted again: its node still runs it"),
+                    Event::RevivedLate => Some("revived after all: its node finished the revive"),
+                    _ => reason,
+                };
+                self.store
+                    .instance_set_revived(&change.id, &from, reason, change.at)
+                    .await?
             }
             _ => {
-                let from = [
-                    InstanceStatus::Creating,
-                    InstanceStatus::Idle,
-                    InstanceStatus::Running,
-                ];
                 let running = InstanceStatus::Running;
-                let updated = self
-                    .store
+                self.store
                     .instance_transition(&change.id, &from, running, reason, change.at)
-                    .await?;
-                if updated.is_some() && before.status == InstanceStatus::Creating {
-                    let took = (change.at - before.created_at).to_std().unwrap_or_default();
-                    self.telemetry.create_duration.0.observe(took);
-                }
-                Ok(updated)
+                    .await?
             }
+        };
+        if updated.is_some() {
+            self.observe_finished(before, event, change.at);
+        }
+        Ok(updated)
+    }
+
+    /// Learns how long a create or a revive took, for the metrics and the
+    /// revive estimates.
+    fn observe_finished(
+        &self,
+        before: &InstanceRecord,
+        event: Event,
+        at: chrono::DateTime<chrono::Utc>,
+    ) {
+        match event {
+            Event::Revived => {
+                self.revive_finished(before, at);
+                let took = (at - before.updated_at).to_std().unwrap_or_default();
+                self.telemetry.revive_duration.0.observe(took);
+            }
+            Event::Started => {
+                let took = (at - before.created_at).to_std().unwrap_or_default();
+                self.telemetry.create_duration.0.observe(took);
+            }
+            _ => {}
         }
     }
 
@@ -491,20 +524,33 @@ impl ControlPlane {
         Ok(())
     }
 
-    /// A node reports that one of its instances changed state.
-    pub async fn instance_state_changed(&self, change: InstanceStateChange) -> Result<()> {
+    /// A node reports that one of its instances changed state; whether the
+    /// record took it. A report of an operation the record has moved past
+    /// (another create or revive started since) is not taken: the node then
+    /// keeps what the record may still need.
+    pub async fn instance_state_changed(&self, change: InstanceStateChange) -> Result<bool> {
         let Some(before) = self.store.instance_get(&change.id).await? else {
-            return self.stop_if_still_running(&change).await;
+            self.stop_if_still_running(&change).await?;
+            return Ok(false);
         };
+        let woken = change.status == InstanceStatus::Reviving;
+        if !woken && of_another_operation(&before, &change) {
+            tracing::info!(instance = %change.id, status = %change.status, "a report of an earlier operation is not taken");
+            return Ok(false);
+        }
         let reason = change.reason.as_deref();
         let updated = match change.status {
             // A client connected to a dormant instance and its node woke it.
             InstanceStatus::Reviving => {
+                let operation = change
+                    .operation
+                    .clone()
+                    .unwrap_or_else(OperationId::generate);
                 self.store
                     .instance_begin_revive(
                         &change.id,
-                        &[InstanceStatus::Dormant],
-                        ReviveMethod::QuickStart,
+                        &lifecycle::sources(Event::Woken),
+                        (ReviveMethod::QuickStart, &operation),
                         reason,
                         change.at,
                     )
@@ -513,55 +559,107 @@ impl ControlPlane {
             InstanceStatus::Running => self.running_reported(&before, &change).await?,
             // Parked: the park's answer records it too (whichever comes
             // first); this copy is for a control plane that missed it.
-            InstanceStatus::Dormant
-                if matches!(
-                    before.status,
-                    InstanceStatus::Running | InstanceStatus::Idle
-                ) && let Some(snapshot) = &change.snapshot_id =>
-            {
-                self.store
-                    .instance_set_dormant(&change.id, snapshot, change.at)
-                    .await?
-            }
-            // A revive that could not read its snapshot (the store is
-            // unreachable): the instance stays parked, to be revived again.
-            InstanceStatus::Dormant => {
-                self.store
-                    .instance_transition(
-                        &change.id,
-                        &[InstanceStatus::Reviving],
-                        InstanceStatus::Dormant,
-                        reason,
-                        change.at,
-                    )
-                    .await?
-            }
+            InstanceStatus::Dormant => match &change.snapshot_id {
+                Some(snapshot) if lifecycle::transition(before.status, Event::Parked).is_some() => {
+                    self.store
+                        .instance_set_dormant(
+                            &change.id,
+                            &lifecycle::sources(Event::Parked),
+                            snapshot,
+                            change.at,
+                        )
+                        .await?
+                }
+                // A revive that could not read its snapshot (the store is
+                // unreachable): the instance stays parked, to be revived again.
+                _ => {
+                    let undone = Event::ReviveUndone(InstanceStatus::Dormant);
+                    self.store
+                        .instance_transition(
+                            &change.id,
+                            &lifecycle::sources(undone),
+                            InstanceStatus::Dormant,
+                            reason,
+                            change.at,
+                        )
+                        .await?
+                }
+            },
             InstanceStatus::Failed | InstanceStatus::Stopped => {
+                let ended = Event::Ended(change.status);
                 self.store
                     .instance_transition(
                         &change.id,
-                        &InstanceStatus::ACTIVE,
+                        &lifecycle::sources(ended),
                         change.status,
                         reason,
                         change.at,
                     )
                     .await?
             }
-            _ => None,
+            InstanceStatus::Creating | InstanceStatus::Idle => None,
         };
+        let applied = updated.is_some();
         if let Some(record) = updated {
             tracing::info!(instance = %record.id, status = %record.status, reason = ?record.status_reason, "instance state changed");
             if !record.status.occupies_slot() {
                 self.create_queue.capacity_changed();
             }
         }
-        Ok(())
+        Ok(applied)
     }
+}
+
+/// Whether `change` reports an operation other than the record's latest one
+/// (an answer that came too late to matter). Reports without an operation
+/// (a browser that exited on its own) always belong.
+fn of_another_operation(record: &InstanceRecord, change: &InstanceStateChange) -> bool {
+    matches!(
+        (&record.operation_id, &change.operation),
+        (Some(current), Some(reported)) if current != reported
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_state_change_of_another_operation_is_not_taken() {
+        let operation = |id: &str| Some(OperationId::new(id));
+        let record = InstanceRecord {
+            id: InstanceId::new("0193d6a4-0000-7000-8000-000000000001"),
+            node_id: flotilla_api_types::NodeId::new("n1"),
+            status: InstanceStatus::Reviving,
+            status_reason: None,
+            subdomain: String::new(),
+            image: DEFAULT_IMAGE.into(),
+            config: InstanceConfig::default(),
+            ports: None,
+            created_at: chrono::Utc::now(),
+            updated_at: chrono::Utc::now(),
+            last_activity: chrono::Utc::now(),
+            resources: Default::default(),
+            snapshot_id: None,
+            dormant_since: None,
+            revive_method: None,
+            profile: None,
+            operation_id: operation("r2"),
+        };
+        let change = |reported: Option<OperationId>| InstanceStateChange {
+            node_id: record.node_id.clone(),
+            id: record.id.clone(),
+            status: InstanceStatus::Running,
+            reason: None,
+            at: chrono::Utc::now(),
+            snapshot_id: None,
+            operation: reported,
+        };
+        assert!(of_another_operation(&record, &change(operation("r1"))));
+        assert!(!of_another_operation(&record, &change(operation("r2"))));
+        // A browser that exited on its own says no operation: it belongs.
+        assert!(!of_another_operation(&record, &change(None)));
+    }
 
     #[test]
     fn config_validation_names_the_field() {

@@ -9,6 +9,7 @@ mod extensions;
 mod health;
 mod instance_access;
 mod instances;
+pub mod lifecycle;
 pub mod live_links;
 mod metrics;
 mod nodes;

@@ -14,6 +14,7 @@ use flotilla_api_types::{InstanceId, NodeId};
 use std::sync::Arc;
 
 use super::ControlPlane;
+use super::lifecycle::{self, Event};
 use super::views;
 use crate::error::{Error, Result};
 use crate::nodes::HttpNode;
@@ -66,8 +67,7 @@ impl ControlPlane {
             .await?;
         let known_ids: HashSet<_> = known.iter().map(|r| r.id.clone()).collect();
         for record in &known {
-            if let Some(action) = reconcile_action(record.status, reported.get(&record.id).copied())
-            {
+            if let Some(action) = reconcile_action(record, reported.get(&record.id).copied()) {
                 self.reconcile_instance(&registration.node_id, record, action, now)
                     .await?;
             }
@@ -100,7 +100,9 @@ impl ControlPlane {
         Ok(self.agent_ack())
     }
 
-    /// Brings one instance record in line with what its node reported.
+    /// Brings one instance record in line with what its node reported: the
+    /// move the lifecycle table gives for the event (compare-and-set on the
+    /// status the record had when it was read).
     async fn reconcile_instance(
         &self,
         node: &NodeId,
@@ -109,43 +111,30 @@ impl ControlPlane {
         now: DateTime<Utc>,
     ) -> Result<()> {
         let (id, from) = (&record.id, [record.status]);
-        match action {
-            Reconcile::Lost(to) => {
-                let reason = format!("node {node} restarted and no longer runs this browser");
+        let Some(to) = lifecycle::transition(record.status, action.event) else {
+            return Ok(());
+        };
+        let reason = action.reason.as_deref();
+        let moved = match (action.event, &action.snapshot) {
+            (Event::Parked, Some(snapshot)) => {
                 self.store
-                    .instance_transition(id, &from, to, Some(&reason), now)
-                    .await?;
-                tracing::warn!(instance = %id, %node, status = %to, "instance lost with its node");
+                    .instance_set_dormant(id, &from, snapshot, now)
+                    .await?
             }
-            Reconcile::Adopt => {
-                // A snapshot it held was what it revived from: spent.
-                let reason = "adopted again: its node came back and still runs it";
+            // It runs from the snapshot it held: spent.
+            (Event::Adopted | Event::Revived | Event::RevivedLate, _) => {
                 self.store
-                    .instance_set_revived(id, &from, Some(reason), now)
-                    .await?;
-                tracing::info!(instance = %id, %node, "instance adopted again");
+                    .instance_set_revived(id, &from, reason, now)
+                    .await?
             }
-            Reconcile::Ended(to, reason) => {
+            _ => {
                 self.store
-                    .instance_transition(id, &from, to, reason.as_deref(), now)
-                    .await?;
+                    .instance_transition(id, &from, to, reason, now)
+                    .await?
             }
-            Reconcile::Parked(snapshot) => {
-                self.store.instance_set_dormant(id, &snapshot, now).await?;
-                tracing::info!(instance = %id, %node, "instance found parked");
-            }
-            Reconcile::Started => {
-                self.store
-                    .instance_transition(id, &from, InstanceStatus::Running, None, now)
-                    .await?;
-            }
-            Reconcile::ReviveUndone => {
-                let reason = "the revive did not reach its node (the control plane restarted); revive it again";
-                self.store
-                    .instance_transition(id, &from, InstanceStatus::Dormant, Some(reason), now)
-                    .await?;
-                tracing::warn!(instance = %id, %node, "revive undone: the node never got it");
-            }
+        };
+        if moved.is_some() {
+            tracing::warn!(instance = %id, %node, event = ?action.event, status = %to, "reconciled with its node");
         }
         Ok(())
     }
@@ -305,15 +294,12 @@ impl ControlPlane {
                 "node {node} went offline (no heartbeat for {} s)",
                 self.config.nodes.heartbeat_timeout_sec
             );
-            for record in self
-                .store
-                .instances_on_node(node, &InstanceStatus::ACTIVE)
-                .await?
-            {
+            let lost = lifecycle::sources(Event::NodeLost);
+            for record in self.store.instances_on_node(node, &lost).await? {
                 self.store
                     .instance_transition(
                         &record.id,
-                        &InstanceStatus::ACTIVE,
+                        &lost,
                         InstanceStatus::Failed,
                         Some(&reason),
                         now,
@@ -326,52 +312,109 @@ impl ControlPlane {
     }
 }
 
-/// What a registration changes in one instance record, given what its node
-/// reports of it.
+/// What a registration changes in one instance record: the lifecycle event
+/// its node's report stands for, with the reason and snapshot it brings.
 #[derive(Debug, PartialEq)]
-enum Reconcile {
-    /// Active in the store, unknown to the node: lost (`failed` if it was
-    /// starting, else `stopped`).
-    Lost(InstanceStatus),
-    /// Given up for lost while the node was unreachable, yet it still runs.
-    Adopt,
-    /// Ended on the node while the control plane was not listening (deleted,
-    /// or exited without a state change that arrived).
-    Ended(InstanceStatus, Option<String>),
-    /// Parked while the control plane was down (the park's answer was lost).
-    Parked(SnapshotId),
-    /// A create whose answer was lost: it runs.
-    Started,
-    /// A revive that never reached the node (the control plane died between
-    /// recording it and asking the node): dormant again, its snapshot kept.
-    ReviveUndone,
+struct Reconcile {
+    event: Event,
+    reason: Option<String>,
+    snapshot: Option<SnapshotId>,
 }
 
-fn reconcile_action(status: InstanceStatus, report: Option<&InstanceReport>) -> Option<Reconcile> {
+impl Reconcile {
+    fn of(event: Event, reason: impl Into<Option<String>>) -> Self {
+        Self {
+            event,
+            reason: reason.into(),
+            snapshot: None,
+        }
+    }
+}
+
+/// The event a node's report of an instance stands for, given its record;
+/// `None` when they agree, or when the node carries on the operation the
+/// record waits for (it reports `reviving`: it got the revive).
+fn reconcile_action(record: &InstanceRecord, report: Option<&InstanceReport>) -> Option<Reconcile> {
     use InstanceStatus::*;
     let Some(report) = report else {
-        if !InstanceStatus::ACTIVE.contains(&status) {
-            return None;
-        }
-        let starting = matches!(status, Creating | Reviving);
-        return Some(Reconcile::Lost(if starting { Failed } else { Stopped }));
+        // Active in the store, unknown to the node: it restarted without it.
+        return InstanceStatus::ACTIVE.contains(&record.status).then(|| {
+            let reason = format!(
+                "node {} restarted and no longer runs this browser",
+                record.node_id
+            );
+            Reconcile::of(Event::Lost, reason)
+        });
     };
-    match (status, report.status) {
-        (Failed | Stopped, Running | Idle) => Some(Reconcile::Adopt),
+    let event = match (record.status, report.status) {
+        (Failed | Stopped, Running | Idle) => Event::Adopted,
         (status, Stopped | Failed) if InstanceStatus::ACTIVE.contains(&status) => {
-            Some(Reconcile::Ended(report.status, report.reason.clone()))
+            return Some(Reconcile::of(
+                Event::Ended(report.status),
+                report.reason.clone(),
+            ));
         }
-        (Running | Idle, Dormant) => report.snapshot_id.clone().map(Reconcile::Parked),
-        (Creating, Running) => Some(Reconcile::Started),
-        (Reviving, Dormant) => Some(Reconcile::ReviveUndone),
-        _ => None,
-    }
+        // Parked while the control plane was down (the park's answer was lost).
+        (Running | Idle, Dormant) => {
+            return report.snapshot_id.clone().map(|snapshot| Reconcile {
+                snapshot: Some(snapshot),
+                ..Reconcile::of(Event::Parked, None)
+            });
+        }
+        // A create or a revive whose answer was lost: it runs.
+        (Creating, Running) => Event::Started,
+        (Reviving, Running) => Event::Revived,
+        // A revive undone too early that its node finished after all.
+        (Dormant, Running)
+            if report.snapshot_id.is_some() && report.snapshot_id == record.snapshot_id =>
+        {
+            Event::RevivedLate
+        }
+        // A revive that never reached the node (the control plane died
+        // between recording it and asking): parked again, its snapshot kept.
+        // A node that got it reports `reviving` and is waited for.
+        (Reviving, Dormant) => {
+            let reason =
+                "the revive did not reach its node (the control plane restarted); revive it again";
+            return Some(Reconcile::of(
+                Event::ReviveUndone(Dormant),
+                reason.to_owned(),
+            ));
+        }
+        _ => return None,
+    };
+    Some(Reconcile::of(event, None))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use InstanceStatus::*;
+    use flotilla_api_types::ids::OperationId;
+
+    const OPERATION: &str = "0193d6a4-0000-7000-8000-00000000000a";
+
+    fn record(status: InstanceStatus, snapshot: Option<&str>) -> InstanceRecord {
+        InstanceRecord {
+            id: InstanceId::new("0193d6a4-0000-7000-8000-000000000001"),
+            node_id: NodeId::new("n1"),
+            status,
+            status_reason: None,
+            subdomain: String::new(),
+            image: "ubuntu:22.04".into(),
+            config: Default::default(),
+            ports: None,
+            created_at: Utc::now(),
+            updated_at: Utc::now(),
+            last_activity: Utc::now(),
+            resources: Default::default(),
+            snapshot_id: snapshot.map(SnapshotId::new),
+            dormant_since: None,
+            revive_method: None,
+            profile: None,
+            operation_id: Some(OperationId::new(OPERATION)),
+        }
+    }
 
     fn report(status: InstanceStatus, snapshot: Option<&str>) -> InstanceReport {
         InstanceReport {
@@ -381,63 +424,97 @@ mod tests {
             resources: Default::default(),
             last_activity: Utc::now(),
             snapshot_id: snapshot.map(SnapshotId::new),
+            operation: Some(OperationId::new(OPERATION)),
         }
+    }
+
+    fn event(
+        status: InstanceStatus,
+        snapshot: Option<&str>,
+        reported: Option<InstanceReport>,
+    ) -> Option<Event> {
+        reconcile_action(&record(status, snapshot), reported.as_ref()).map(|r| r.event)
     }
 
     #[test]
     fn an_active_record_the_node_does_not_report_is_lost() {
-        assert_eq!(
-            reconcile_action(Creating, None),
-            Some(Reconcile::Lost(Failed))
-        );
-        assert_eq!(
-            reconcile_action(Reviving, None),
-            Some(Reconcile::Lost(Failed))
-        );
-        assert_eq!(
-            reconcile_action(Running, None),
-            Some(Reconcile::Lost(Stopped))
-        );
-        assert_eq!(reconcile_action(Idle, None), Some(Reconcile::Lost(Stopped)));
+        for status in [Creating, Reviving, Running, Idle] {
+            assert_eq!(event(status, None, None), Some(Event::Lost), "{status}");
+        }
         // A dormant instance lives in the snapshot store, not on the node.
-        assert_eq!(reconcile_action(Dormant, None), None);
-        assert_eq!(reconcile_action(Stopped, None), None);
-        assert_eq!(reconcile_action(Failed, None), None);
+        for status in [Dormant, Stopped, Failed] {
+            assert_eq!(event(status, Some("s1"), None), None, "{status}");
+        }
     }
 
     #[test]
     fn what_the_node_reports_wins_over_a_stale_record() {
         assert_eq!(
-            reconcile_action(Failed, Some(&report(Running, None))),
-            Some(Reconcile::Adopt)
+            event(Failed, None, Some(report(Running, None))),
+            Some(Event::Adopted)
         );
         assert_eq!(
-            reconcile_action(Running, Some(&report(Stopped, None))),
-            Some(Reconcile::Ended(Stopped, Some("gone".into())))
+            event(Running, None, Some(report(Stopped, None))),
+            Some(Event::Ended(Stopped))
+        );
+        let parked = reconcile_action(&record(Idle, None), Some(&report(Dormant, Some("s1"))));
+        assert_eq!(parked.as_ref().map(|r| r.event), Some(Event::Parked));
+        assert_eq!(parked.and_then(|r| r.snapshot), Some(SnapshotId::new("s1")));
+        assert_eq!(event(Running, None, Some(report(Dormant, None))), None);
+        assert_eq!(
+            event(Creating, None, Some(report(Running, None))),
+            Some(Event::Started)
         );
         assert_eq!(
-            reconcile_action(Idle, Some(&report(Dormant, Some("s1")))),
-            Some(Reconcile::Parked(SnapshotId::new("s1")))
+            event(Reviving, Some("s1"), Some(report(Running, Some("s1")))),
+            Some(Event::Revived)
         );
         assert_eq!(
-            reconcile_action(Running, Some(&report(Dormant, None))),
+            event(Reviving, Some("s1"), Some(report(Dormant, Some("s1")))),
+            Some(Event::ReviveUndone(Dormant))
+        );
+        assert_eq!(event(Running, None, Some(report(Running, None))), None);
+        assert_eq!(event(Stopped, None, Some(report(Stopped, None))), None);
+    }
+
+    /// The crash the lifecycle's operation ids are for: a control plane
+    /// restarted while a revive was on its way. A node that got it says
+    /// `reviving` and is waited for; one that finishes it after the record
+    /// was undone is taken at its word (it revived from the record's own
+    /// snapshot).
+    #[test]
+    fn a_revive_in_flight_at_a_restart_is_waited_for_and_never_undone_behind_the_node() {
+        assert_eq!(
+            event(Reviving, Some("s1"), Some(report(Reviving, None))),
             None
         );
         assert_eq!(
-            reconcile_action(Creating, Some(&report(Running, None))),
-            Some(Reconcile::Started)
+            event(Dormant, Some("s1"), Some(report(Running, Some("s1")))),
+            Some(Event::RevivedLate)
         );
         assert_eq!(
-            reconcile_action(Reviving, Some(&report(Dormant, Some("s1")))),
-            Some(Reconcile::ReviveUndone)
-        );
-        assert_eq!(
-            reconcile_action(Running, Some(&report(Running, None))),
+            event(Dormant, Some("s2"), Some(report(Running, Some("s1")))),
             None
         );
+        // A node that never got the revive reports the operation before it,
+        // and the dormant instance it still holds: the revive is undone.
+        let mut behind = report(Dormant, Some("s1"));
+        behind.operation = Some(OperationId::new("0193d6a4-0000-7000-8000-00000000000b"));
         assert_eq!(
-            reconcile_action(Stopped, Some(&report(Stopped, None))),
-            None
+            event(Reviving, Some("s1"), Some(behind)),
+            Some(Event::ReviveUndone(Dormant))
         );
+        // Every event reconciliation produces is a move of the table.
+        for (status, reported) in [
+            (Reviving, report(Running, Some("s1"))),
+            (Dormant, report(Running, Some("s1"))),
+            (Reviving, report(Dormant, None)),
+        ] {
+            let found = event(status, Some("s1"), Some(reported)).unwrap();
+            assert!(
+                lifecycle::transition(status, found).is_some(),
+                "{status} {found:?}"
+            );
+        }
     }
 }

@@ -6,7 +6,8 @@
 //! - `POST /internal/v1/nodes/heartbeat` — `Heartbeat` → 200 `RegistrationAck`
 //!   (the current settings), or 404 when the node must register again
 //!   (unknown, or declared offline meanwhile)
-//! - `POST /internal/v1/instances/state` — `InstanceStateChange` → 204
+//! - `POST /internal/v1/instances/state` — `InstanceStateChange` → `StateChangeAck`
+//!   (whether it was recorded)
 //! - `POST /internal/v1/instances/events` — `InstanceEventReport` → 204
 
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use axum::response::{IntoResponse, Response};
 
 use flotilla_api_types::agent::{
     Heartbeat, InstanceEventReport, InstanceStateChange, NodeRegistration, RegistrationAck,
+    StateChangeAck,
 };
 use flotilla_api_types::credentials::{bearer_token, constant_time_eq};
 
@@ -82,7 +84,7 @@ pub async fn instance_event(
 pub async fn state_changed(
     State(control_plane): State<Arc<ControlPlane>>,
     Json(change): Json<InstanceStateChange>,
-) -> Result<StatusCode, Error> {
-    control_plane.instance_state_changed(change).await?;
-    Ok(StatusCode::NO_CONTENT)
+) -> Result<Json<StateChangeAck>, Error> {
+    let applied = control_plane.instance_state_changed(change).await?;
+    Ok(Json(StateChangeAck { applied }))
 }

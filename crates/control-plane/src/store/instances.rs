@@ -6,7 +6,7 @@ use sqlx::{AnyConnection, Connection, Row};
 
 use flotilla_api_types::agent::InstanceReport;
 use flotilla_api_types::events::EventName;
-use flotilla_api_types::ids::SnapshotId;
+use flotilla_api_types::ids::{OperationId, SnapshotId};
 use flotilla_api_types::instances::ReviveMethod;
 use flotilla_api_types::instances::{
     InstanceConfig, InstanceResources, InstanceSort, InstanceStatus,
@@ -20,7 +20,8 @@ use super::{Store, from_millis, placeholders, to_millis};
 const COLUMNS: &str = "id, node_id, status, status_reason, subdomain, image, memory_gb, cpu_cores, disk_gb, \
     idle_timeout_minutes, auto_snapshot, debug_port, stream_port, http_port, created_at, updated_at, \
     last_activity, cpu_percent, memory_mb, disk_mb, snapshot_id, dormant_since, revive_method, \
-    max_duration_minutes, proxy, profile_name, profile_persist, extensions, record, keep_recordings";
+    max_duration_minutes, proxy, profile_name, profile_persist, extensions, record, keep_recordings, \
+    operation_id";
 
 /// An instance as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -44,6 +45,9 @@ pub struct InstanceRecord {
     pub revive_method: Option<ReviveMethod>,
     /// The profile it started from.
     pub profile: Option<ProfileUse>,
+    /// The operation last asked of its node (its create, or its latest
+    /// revive): only that operation's outcome is applied.
+    pub operation_id: Option<OperationId>,
 }
 
 /// What is known of an instance when it is placed.
@@ -55,6 +59,8 @@ pub struct NewInstance {
     pub config: InstanceConfig,
     pub created_at: DateTime<Utc>,
     pub profile: Option<ProfileUse>,
+    /// The create asked of the node.
+    pub operation: OperationId,
 }
 
 /// Filters and page of a list.
@@ -69,8 +75,8 @@ enum AlsoSet<'a> {
     Nothing,
     /// A park: the snapshot, dormant since the move, no usage any more.
     Snapshot(&'a SnapshotId),
-    /// A revive begins, by this method.
-    ReviveMethod(ReviveMethod),
+    /// A revive begins, by this method, as this operation.
+    Revive(ReviveMethod, &'a OperationId),
     /// A revive ended: its snapshot is spent.
     SnapshotSpent,
 }
@@ -83,16 +89,19 @@ impl AlsoSet<'_> {
             AlsoSet::Snapshot(_) => {
                 ", snapshot_id = $5, dormant_since = $4, cpu_percent = 0, memory_mb = 0"
             }
-            AlsoSet::ReviveMethod(_) => ", revive_method = $5",
+            AlsoSet::Revive(..) => ", revive_method = $5, operation_id = $6",
             AlsoSet::SnapshotSpent => ", snapshot_id = NULL, dormant_since = NULL",
         }
     }
 
-    fn value(&self) -> Option<String> {
+    /// The values of `$5` (and `$6`).
+    fn values(&self) -> Vec<String> {
         match self {
-            AlsoSet::Snapshot(snapshot) => Some(snapshot.as_str().to_owned()),
-            AlsoSet::ReviveMethod(method) => Some(method.as_str().to_owned()),
-            AlsoSet::Nothing | AlsoSet::SnapshotSpent => None,
+            AlsoSet::Snapshot(snapshot) => vec![snapshot.as_str().to_owned()],
+            AlsoSet::Revive(method, operation) => {
+                vec![method.as_str().to_owned(), operation.as_str().to_owned()]
+            }
+            AlsoSet::Nothing | AlsoSet::SnapshotSpent => Vec::new(),
         }
     }
 }
@@ -170,6 +179,9 @@ fn decode(row: &AnyRow) -> Result<InstanceRecord, sqlx::Error> {
                 })
             })
             .transpose()?,
+        operation_id: row
+            .try_get::<Option<String>, _>("operation_id")?
+            .map(OperationId::new),
     })
 }
 
@@ -363,8 +375,8 @@ impl Store {
         sqlx::query(
             "INSERT INTO instances (id, node_id, status, subdomain, image, memory_gb, cpu_cores, disk_gb, \
              idle_timeout_minutes, auto_snapshot, created_at, updated_at, last_activity, max_duration_minutes, proxy, \
-             profile_name, profile_persist, extensions, record, keep_recordings) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $11, $12, $13, $14, $15, $16, $17, $18)",
+             profile_name, profile_persist, extensions, record, keep_recordings, operation_id) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $11, $12, $13, $14, $15, $16, $17, $18, $19)",
         )
         .bind(new.id.as_str())
         .bind(new.node_id.as_str())
@@ -392,6 +404,7 @@ impl Store {
         )
         .bind(i64::from(new.config.record))
         .bind(i64::from(new.config.keep_recordings))
+        .bind(new.operation.as_str())
         .execute(&mut *tx)
         .await?;
         self.instance_event(
@@ -542,31 +555,33 @@ impl Store {
             .await
     }
 
-    /// Records a successful park: `dormant` with its snapshot, from running or idle.
+    /// Records a successful park: `dormant` with its snapshot, from one of
+    /// `from`.
     pub async fn instance_set_dormant(
         &self,
         id: &InstanceId,
+        from: &[InstanceStatus],
         snapshot: &SnapshotId,
         since: DateTime<Utc>,
     ) -> Result<Option<InstanceRecord>, sqlx::Error> {
-        let from = [InstanceStatus::Running, InstanceStatus::Idle];
         let to = InstanceStatus::Dormant;
-        self.move_status(id, (&from, to), None, AlsoSet::Snapshot(snapshot), since)
+        self.move_status(id, (from, to), None, AlsoSet::Snapshot(snapshot), since)
             .await
     }
 
-    /// Starts a revive: `reviving` with its method, from one of `from`.
+    /// Starts a revive: `reviving` with its method, as `operation`, from one
+    /// of `from`.
     pub async fn instance_begin_revive(
         &self,
         id: &InstanceId,
         from: &[InstanceStatus],
-        method: ReviveMethod,
+        (method, operation): (ReviveMethod, &OperationId),
         reason: Option<&str>,
         now: DateTime<Utc>,
     ) -> Result<Option<InstanceRecord>, sqlx::Error> {
         let to = InstanceStatus::Reviving;
-        self.move_status(id, (from, to), reason, AlsoSet::ReviveMethod(method), now)
-            .await
+        let also = AlsoSet::Revive(method, operation);
+        self.move_status(id, (from, to), reason, also, now).await
     }
 
     /// Records a finished revive: `running` from one of `from` (`reviving`,
@@ -604,10 +619,10 @@ impl Store {
             .bind(to.as_str())
             .bind(reason.map(str::to_owned))
             .bind(to_millis(now));
-        let update = match also.value() {
-            Some(value) => update.bind(value),
-            None => update,
-        };
+        let update = also
+            .values()
+            .into_iter()
+            .fold(update, |update, value| update.bind(value));
         let mut conn = self.writer.acquire().await?;
         let mut tx = conn.begin().await?;
         let Some((current, node)) = self.lock_instance(&mut tx, id).await? else {

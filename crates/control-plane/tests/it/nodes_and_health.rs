@@ -61,6 +61,7 @@ async fn place(control_plane: &ControlPlane, node: &str) -> InstanceId {
         config: InstanceConfig::default(),
         created_at: Utc::now(),
         profile: None,
+        operation: flotilla_api_types::ids::OperationId::generate(),
     };
     assert!(
         control_plane
@@ -122,6 +123,7 @@ async fn silent_nodes_go_offline_and_their_instances_fail() {
             reason: None,
             at: Utc::now(),
             snapshot_id: None,
+            operation: None,
         })
         .await
         .unwrap();
@@ -180,6 +182,7 @@ async fn registration_reconciles_lost_and_started_instances() {
         },
         last_activity: Utc::now(),
         snapshot_id: None,
+        operation: None,
     };
     control_plane
         .node_register(registration("n1", vec![], vec![report]))

@@ -71,6 +71,7 @@ fn new_instance(node: &str) -> NewInstance {
         config: InstanceConfig::default(),
         created_at: Utc::now(),
         profile: None,
+        operation: flotilla_api_types::ids::OperationId::generate(),
     }
 }
 
@@ -195,7 +196,12 @@ async fn transitions_and_their_events_stay_in_order(postgres: bool) {
         .unwrap();
     let snapshot = flotilla_api_types::ids::SnapshotId::generate();
     let dormant = store
-        .instance_set_dormant(&id, &snapshot, now)
+        .instance_set_dormant(
+            &id,
+            &[InstanceStatus::Running, InstanceStatus::Idle],
+            &snapshot,
+            now,
+        )
         .await
         .unwrap()
         .unwrap();
@@ -204,7 +210,10 @@ async fn transitions_and_their_events_stay_in_order(postgres: bool) {
         .instance_begin_revive(
             &id,
             &[InstanceStatus::Dormant],
-            ReviveMethod::FullRestore,
+            (
+                ReviveMethod::FullRestore,
+                &flotilla_api_types::ids::OperationId::generate(),
+            ),
             None,
             now,
         )

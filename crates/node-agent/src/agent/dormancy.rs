@@ -10,7 +10,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use flotilla_api_types::InstanceId;
 use flotilla_api_types::agent::{AgentDormantResult, AgentInstancePorts, AgentReviveInstance};
-use flotilla_api_types::ids::SnapshotId;
+use flotilla_api_types::ids::{OperationId, SnapshotId};
 use flotilla_api_types::instances::{InstanceStatus, ReviveMethod};
 
 use crate::browser::InstanceDirs;
@@ -19,9 +19,7 @@ use crate::config::ImageConfig;
 use crate::instance::{BrowserPhase, InstanceSlot};
 use crate::snapshot::{self, CapturedState};
 
-use super::{
-    Agent, AgentError, CDP_GRACE, Outgoing, check_extensions, ports_of, remove_dir, unpack_into,
-};
+use super::{Agent, AgentError, CDP_GRACE, check_extensions, ports_of, remove_dir, unpack_into};
 
 /// How long a park waits for the recording it ended to be written.
 const RECORDING_END: Duration = Duration::from_secs(30);
@@ -206,6 +204,12 @@ impl Agent {
     /// (`reviving`) and reports `running` or `failed` when done. If this agent no
     /// longer holds the instance (it restarted), it takes it back, on its old
     /// ports when they are free.
+    ///
+    /// The instance is `reviving` (with the request's operation) from the
+    /// moment the request is taken, before anything is awaited: a control
+    /// plane that restarts meanwhile learns that the node has it, and waits
+    /// instead of undoing it. The same request again (a caller that timed
+    /// out) is answered as the first one was.
     pub(super) async fn revive_now(
         &self,
         request: AgentReviveInstance,
@@ -215,33 +219,7 @@ impl Agent {
         }
         let image = self.image(&request.image)?;
         check_extensions(&request.image, &image, &request.config)?;
-        let (slot, listeners) = {
-            let mut slots = self.inner.slots.lock().expect("slots lock");
-            match slots.get(&request.id) {
-                Some(slot) => {
-                    slot.set_access_token(request.access_token.as_ref());
-                    slot.set_profile(request.profile.clone());
-                    (slot.clone(), None)
-                }
-                None => {
-                    self.check_room(&slots)?;
-                    let binds = self.binds_ports();
-                    let ports = request
-                        .ports
-                        .and_then(|wanted| self.inner.ports.reserve_exact(wanted, binds))
-                        .or_else(|| self.inner.ports.reserve(binds))
-                        .ok_or_else(|| self.ports_exhausted())?;
-                    let dirs =
-                        InstanceDirs::new(self.inner.instances_root.join(request.id.as_str()));
-                    let slot = self.new_slot(&request, &ports, dirs);
-                    slot.set_status(InstanceStatus::Dormant, None);
-                    slot.set_phase(BrowserPhase::Dormant);
-                    slot.set_snapshot(Some(request.snapshot_id.clone()));
-                    slots.insert(request.id.clone(), slot.clone());
-                    (slot, ports.listeners)
-                }
-            }
-        };
+        let (slot, listeners) = self.slot_to_revive(&request)?;
         if let Some([debug, stream, http]) = listeners {
             self.start_servers(&slot, debug, stream, http);
             if slot.config.record {
@@ -250,7 +228,17 @@ impl Agent {
                     .spawn(self.clone().restore_recordings(slot.clone()));
             }
         }
+        if request.operation.is_some() && slot.operation() == request.operation {
+            let (status, _) = slot.status();
+            if status != InstanceStatus::Dormant {
+                // Asked again: it is under way (or done) already.
+                return Ok(ports_of(&slot));
+            }
+        }
+        let previous = slot.operation();
+        self.claim_revive(&slot, request.operation.clone())?;
         // A store that cannot be read is refused now, the instance still parked.
+        flotilla_api_types::faults::point("agent-revive-received").await;
         if let Err(error) = self
             .inner
             .settings
@@ -258,38 +246,78 @@ impl Agent {
             .check(&request.id, &request.snapshot_id)
             .await
         {
+            slot.set_status(InstanceStatus::Dormant, None);
+            slot.set_phase(BrowserPhase::Dormant);
+            slot.set_operation(previous);
             return Err(AgentError::SnapshotStore(format!(
                 "the snapshot store {} cannot be read: {error}; the instance stays dormant: revive it again later",
                 self.inner.settings.snapshots.location
             )));
         }
-        self.begin_revive(&slot, request.method, request.snapshot_id, image)?;
+        self.start_revive(&slot, request.method, request.snapshot_id, image);
         Ok(ports_of(&slot))
     }
 
-    /// Moves `slot` from dormant to reviving and starts the revive task.
-    pub(super) fn begin_revive(
+    /// The slot of the instance a revive names, taken back (with its ports
+    /// reserved) when this agent does not hold it; and the listeners of
+    /// newly reserved ports.
+    fn slot_to_revive(
+        &self,
+        request: &AgentReviveInstance,
+    ) -> Result<(Arc<InstanceSlot>, Option<[std::net::TcpListener; 3]>), AgentError> {
+        let mut slots = self.inner.slots.lock().expect("slots lock");
+        if let Some(slot) = slots.get(&request.id) {
+            slot.set_access_token(request.access_token.as_ref());
+            slot.set_profile(request.profile.clone());
+            return Ok((slot.clone(), None));
+        }
+        self.check_room(&slots)?;
+        let binds = self.binds_ports();
+        let ports = request
+            .ports
+            .and_then(|wanted| self.inner.ports.reserve_exact(wanted, binds))
+            .or_else(|| self.inner.ports.reserve(binds))
+            .ok_or_else(|| self.ports_exhausted())?;
+        let dirs = InstanceDirs::new(self.inner.instances_root.join(request.id.as_str()));
+        let slot = self.new_slot(request, &ports, dirs);
+        slot.set_status(InstanceStatus::Dormant, None);
+        slot.set_phase(BrowserPhase::Dormant);
+        slot.set_snapshot(Some(request.snapshot_id.clone()));
+        slots.insert(request.id.clone(), slot.clone());
+        Ok((slot, ports.listeners))
+    }
+
+    /// Moves `slot` from dormant to reviving, as `operation`, at once (no
+    /// await: whoever asks the node from now on hears `reviving`).
+    fn claim_revive(
+        &self,
+        slot: &Arc<InstanceSlot>,
+        operation: Option<OperationId>,
+    ) -> Result<(), AgentError> {
+        let (status, _) = slot.status();
+        if status != InstanceStatus::Dormant {
+            return Err(AgentError::InvalidState(format!(
+                "instance {} is {status} on its node; only a dormant instance can be revived",
+                slot.id
+            )));
+        }
+        slot.set_status(InstanceStatus::Reviving, None);
+        slot.set_phase(BrowserPhase::Starting);
+        slot.set_operation(operation);
+        Ok(())
+    }
+
+    /// Starts the revive task of a claimed slot.
+    fn start_revive(
         &self,
         slot: &Arc<InstanceSlot>,
         method: ReviveMethod,
         snapshot: SnapshotId,
         image: ImageConfig,
-    ) -> Result<(), AgentError> {
-        {
-            let (status, _) = slot.status();
-            if status != InstanceStatus::Dormant {
-                return Err(AgentError::InvalidState(format!(
-                    "instance {} is {status} on its node; only a dormant instance can be revived",
-                    slot.id
-                )));
-            }
-            slot.set_status(InstanceStatus::Reviving, None);
-        }
-        slot.set_phase(BrowserPhase::Starting);
+    ) {
         self.inner
             .tasks
             .spawn(self.clone().revive(slot.clone(), method, snapshot, image));
-        Ok(())
     }
 
     pub(super) async fn revive(
@@ -334,12 +362,13 @@ impl Agent {
                     return;
                 }
                 tracing::info!(instance = %slot.id, method = method.as_str(), elapsed_ms = started.elapsed().as_millis() as u64, "instance revived");
-                slot.set_snapshot(None);
                 slot.touch();
                 slot.set_phase(BrowserPhase::Ready(endpoint));
                 slot.set_status(InstanceStatus::Running, None);
-                self.send_change(&slot, InstanceStatus::Running, None);
-                self.delete_once_recorded(&slot.id, snapshot);
+                // The snapshot stays with the slot (and in the report) until
+                // the control plane has recorded the revive.
+                let recorded = self.send_change_recorded(&slot, InstanceStatus::Running, None);
+                self.delete_once_recorded(&slot, snapshot, recorded);
                 drop(operation);
                 let _guard = guard;
                 self.watch_exit(&slot, &process).await;
@@ -387,18 +416,26 @@ impl Agent {
 
     /// Deletes a revived instance's spent archive (its next park makes a new
     /// one), but only once the control plane has recorded the revive: until
-    /// then a crash falls back on it.
-    fn delete_once_recorded(&self, id: &InstanceId, snapshot: SnapshotId) {
-        let (delivered_tx, delivered) = oneshot::channel();
-        let _ = self.inner.changes.send(Outgoing::Flush(delivered_tx));
+    /// then a crash falls back on it. A revive the control plane did not take
+    /// (it had moved past it) keeps its snapshot.
+    fn delete_once_recorded(
+        &self,
+        slot: &Arc<InstanceSlot>,
+        snapshot: SnapshotId,
+        recorded: oneshot::Receiver<bool>,
+    ) {
         let snapshots = self.inner.settings.snapshots.clone();
-        let id = id.clone();
+        let slot = slot.clone();
         self.inner.tasks.spawn(async move {
-            if delivered.await != Ok(true) {
+            if recorded.await != Ok(true) {
+                tracing::warn!(instance = %slot.id, %snapshot, "the control plane did not record this revive; its snapshot is kept");
                 return;
             }
-            if let Err(error) = snapshots.delete(&id, &snapshot).await {
-                tracing::warn!(instance = %id, %error, "cannot delete a spent snapshot");
+            if slot.snapshot().as_ref() == Some(&snapshot) {
+                slot.set_snapshot(None);
+            }
+            if let Err(error) = snapshots.delete(&slot.id, &snapshot).await {
+                tracing::warn!(instance = %slot.id, %error, "cannot delete a spent snapshot");
             }
         });
     }
@@ -415,9 +452,10 @@ impl Agent {
                 continue;
             };
             if self
-                .begin_revive(&slot, ReviveMethod::QuickStart, snapshot, image)
+                .claim_revive(&slot, Some(OperationId::generate()))
                 .is_ok()
             {
+                self.start_revive(&slot, ReviveMethod::QuickStart, snapshot, image);
                 tracing::info!(instance = %id, "a client connected to a dormant instance: waking it");
                 self.send_change(
                     &slot,

@@ -64,6 +64,7 @@ impl Agent {
                 None => InstanceDirs::new(inner.instances_root.join(request.id.as_str())),
             };
             let slot = self.new_slot(&request, &ports, dirs);
+            slot.set_operation(request.operation.clone());
             if let Some(warm) = &warm {
                 slot.set_process(warm.launched.clone());
                 slot.set_phase(BrowserPhase::Ready(Some(warm.endpoint.clone())));

@@ -127,13 +127,13 @@ struct AgentInner {
 
 /// An item of the ordered queue to the control plane.
 enum Outgoing {
-    Change(InstanceStateChange),
+    /// A state change, and who waits to learn whether the control plane
+    /// recorded it (`false` also when it could not be delivered).
+    Change(InstanceStateChange, Option<oneshot::Sender<bool>>),
     Event(InstanceEventReport),
     /// Answered once everything queued before it was handled: `true` when
     /// all of it was delivered (`false` once a change was given up on at
-    /// shutdown).
-    Flush(oneshot::Sender<bool>),
-    /// A flush after which the sender ends (shutdown).
+    /// shutdown); then the sender ends (shutdown).
     Close(oneshot::Sender<bool>),
 }
 

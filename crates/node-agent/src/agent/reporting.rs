@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use flotilla_api_types::agent::{
     Heartbeat, InstanceEventKind, InstanceEventReport, InstanceReport, InstanceStateChange,
@@ -236,7 +236,36 @@ impl Agent {
         status: InstanceStatus,
         reason: Option<String>,
     ) {
-        let change = InstanceStateChange {
+        let change = self.change_of(slot, status, reason);
+        let _ = self.inner.changes.send(Outgoing::Change(change, None));
+    }
+
+    /// Queues a state change and answers whether the control plane recorded
+    /// it (once it is delivered; `false` if it never is).
+    pub(super) fn send_change_recorded(
+        &self,
+        slot: &InstanceSlot,
+        status: InstanceStatus,
+        reason: Option<String>,
+    ) -> oneshot::Receiver<bool> {
+        let change = self.change_of(slot, status, reason);
+        let (recorded_tx, recorded) = oneshot::channel();
+        let _ = self
+            .inner
+            .changes
+            .send(Outgoing::Change(change, Some(recorded_tx)));
+        recorded
+    }
+
+    /// The change of `slot` to `status`, with its operation, and the snapshot
+    /// it was parked to (`dormant`) or revived from (`running`).
+    fn change_of(
+        &self,
+        slot: &InstanceSlot,
+        status: InstanceStatus,
+        reason: Option<String>,
+    ) -> InstanceStateChange {
+        InstanceStateChange {
             node_id: self.inner.node_id.clone(),
             id: slot.id.clone(),
             status,
@@ -244,9 +273,9 @@ impl Agent {
             at: self.inner.settings.clock.now(),
             snapshot_id: slot
                 .snapshot()
-                .filter(|_| status == InstanceStatus::Dormant),
-        };
-        let _ = self.inner.changes.send(Outgoing::Change(change));
+                .filter(|_| matches!(status, InstanceStatus::Dormant | InstanceStatus::Running)),
+            operation: slot.operation(),
+        }
     }
 
     /// Delivers state changes one at a time, in order, retrying until accepted
@@ -255,28 +284,28 @@ impl Agent {
         let mut all_delivered = true;
         while let Some(item) = queue.recv().await {
             match item {
-                Outgoing::Flush(done) => {
-                    let _ = done.send(all_delivered);
-                    continue;
-                }
                 Outgoing::Close(done) => {
                     let _ = done.send(all_delivered);
                     return;
                 }
-                Outgoing::Change(_) | Outgoing::Event(_) => {}
+                Outgoing::Change(..) | Outgoing::Event(_) => {}
             }
+            let mut item = item;
             let mut wait = Duration::from_millis(100);
             loop {
-                let (sent, instance) = match &item {
-                    Outgoing::Change(change) => (
-                        self.inner.link.state_changed(change.clone()).await,
-                        &change.id,
-                    ),
+                let (sent, instance) = match &mut item {
+                    Outgoing::Change(change, recorded) => {
+                        let sent = self.inner.link.state_changed(change.clone()).await;
+                        if let (Ok(ack), Some(recorded)) = (&sent, recorded.take()) {
+                            let _ = recorded.send(ack.applied);
+                        }
+                        (sent.map(drop), &change.id)
+                    }
                     Outgoing::Event(event) => (
                         self.inner.link.instance_event(event.clone()).await,
                         &event.id,
                     ),
-                    Outgoing::Flush(_) | Outgoing::Close(_) => unreachable!("answered above"),
+                    Outgoing::Close(_) => unreachable!("answered above"),
                 };
                 match sent {
                     Ok(()) => break,
