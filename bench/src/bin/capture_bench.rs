@@ -6,8 +6,8 @@
 //!
 //! For each binary (the build under test, and with `--before` the build
 //! before the capture limits, in the same run): `flotilla serve` with one
-//! instance showing a page of text and colour (what pages look like, not
-//! noise), the viewport overridden over CDP, then eight concurrent
+//! instance showing a page of text, then one of coarse noise, drawn on
+//! every device pixel of the viewport overridden over CDP; eight concurrent
 //! `GET /screenshot` on its HTTP port. Reported: the serve process's RSS
 //! before, its peak while the captures run (sampled every 20 ms), and 2 s
 //! and 10 s after; the answers' statuses and the PNG size.
@@ -20,11 +20,30 @@ use serde_json::json;
 
 use flotilla_bench::{ServeProcess, Tab, create_running, rss_kib, text_flag};
 
-const PAGE: &str = "data:text/html,<title>capture</title><style>body{margin:0;font:14px sans-serif;\
-background:linear-gradient(135deg,#fde,#def 40%,#efd)}p{margin:4px}</style><body><script>\
-for(let i=0;i<4000;i++){const p=document.createElement('p');p.textContent='Line '+i+\
-': the quick brown fox jumps over the lazy dog, '.repeat(8);p.style.color='hsl('+(i*37%360)+',60%,35%)';\
-document.body.append(p)}</script>";
+/// Two pages, each drawn on every device pixel once the viewport is
+/// overridden (`draw()`): text on a gradient (what pages look like: about
+/// 10 MB as PNG at full size), and coarse noise (the worst case: a PNG that
+/// does not compress, as the report's 108 MB screenshot).
+const PAGES: [(&str, &str); 2] = [
+    (
+        "text",
+        "data:text/html,<title>capture</title><style>body{margin:0;font:14px sans-serif;\
+background:linear-gradient(135deg,%23fde,%23def 40%25,%23efd)}p{margin:4px}</style><body><script>\
+function draw(){for(let i=0;i<4000;i++){const p=document.createElement('p');p.textContent='Line '+i+\
+': the quick brown fox jumps over the lazy dog, '.repeat(8);p.style.color='hsl('+(i*37%25360)+',60%25,35%25)';\
+document.body.append(p)}return true}</script>",
+    ),
+    (
+        "noise",
+        "data:text/html,<title>capture</title><style>body{margin:0}canvas{display:block;width:100vw;height:100vh}</style>\
+<body><canvas id=c></canvas><script>function draw(){const c=document.getElementById('c');\
+c.width=innerWidth*devicePixelRatio;c.height=innerHeight*devicePixelRatio;const g=c.getContext('2d');\
+const rows=256;const d=g.createImageData(c.width,rows);const r=new Uint8Array(65536);\
+for(let y=0;y<c.height;y+=rows){for(let i=0;i<d.data.length;i+=65536){crypto.getRandomValues(r);\
+for(let j=0;j<65536&&i+j<d.data.length;j++)d.data[i+j]=((i+j)%254==3)?255:(r[j]&0xC0)}g.putImageData(d,0,y)}\
+return true}</script>",
+    ),
+];
 
 struct Figures {
     before_mib: f64,
@@ -41,17 +60,22 @@ fn mib(kib: u64) -> f64 {
 }
 
 /// One serve of `binary`: its memory around eight maximal captures.
-async fn measure(binary: &std::path::Path) -> anyhow::Result<Figures> {
+async fn measure(binary: &std::path::Path, page: &str) -> anyhow::Result<Figures> {
     let data = tempfile::tempdir()?;
     let serve = ServeProcess::start(binary, data.path(), None).await?;
     let pid = serve.child.id().context("serve pid")?;
     let http = reqwest::Client::builder().no_proxy().build()?;
-    let created = create_running(&http, &serve.url, "{}", Duration::from_millis(50)).await?;
+    let created = create_running(
+        &http,
+        &serve.url,
+        r#"{"config": {"memory_gb": 8}}"#,
+        Duration::from_millis(50),
+    )
+    .await?;
     let debug = created["urls"]["debug"].as_str().context("urls.debug")?;
     let http_port = created["http_port"].as_u64().context("http_port")?;
     let tab = Tab::open(debug).await?;
-    tab.load(PAGE).await?;
-    tab.eval("document.title = 'capture'").await?;
+    tab.load(page).await?;
     let tabs: serde_json::Value = http
         .get(format!("http://127.0.0.1:{http_port}/tabs"))
         .send()
@@ -69,6 +93,7 @@ async fn measure(binary: &std::path::Path) -> anyhow::Result<Figures> {
         json!({"width": 6000, "height": 6000, "deviceScaleFactor": 2, "mobile": false}),
     )
     .await?;
+    tab.eval("draw()").await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let before_mib = mib(rss_kib(pid));
     let url = format!("http://127.0.0.1:{http_port}/screenshot?tab={tab_id}");
@@ -118,10 +143,10 @@ async fn measure(binary: &std::path::Path) -> anyhow::Result<Figures> {
     })
 }
 
-fn row(name: &str, figures: &Figures) -> String {
+fn row(name: &str, page: &str, figures: &Figures) -> String {
     let largest = figures.png_bytes.iter().max().copied().unwrap_or(0);
     format!(
-        "| {name} | {:.0} | {:.0} | {:.0} | {:.0} | {:?} | {:.1} | {:.1} |",
+        "| {name} | {page} | {:.0} | {:.0} | {:.0} | {:.0} | {:?} | {:.1} | {:.1} |",
         figures.before_mib,
         figures.peak_mib,
         figures.after_2s_mib,
@@ -137,14 +162,16 @@ async fn main() -> anyhow::Result<()> {
     let binary = PathBuf::from(text_flag("--binary", "target/release/flotilla")?);
     let before = text_flag("--before", "")?;
     println!(
-        "| build | RSS before MiB | peak MiB | after 2 s MiB | after 10 s MiB | statuses | largest PNG MiB | all answered in s |"
+        "| build | page | RSS before MiB | peak MiB | after 2 s MiB | after 10 s MiB | statuses | largest PNG MiB | all answered in s |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
-    if !before.is_empty() {
-        let figures = measure(&PathBuf::from(&before)).await?;
-        println!("{}", row("before (no capture limits)", &figures));
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (name, page) in PAGES {
+        if !before.is_empty() {
+            let figures = measure(std::path::Path::new(&before), page).await?;
+            println!("{}", row("before (no capture limits)", name, &figures));
+        }
+        let figures = measure(&binary, page).await?;
+        println!("{}", row("this build", name, &figures));
     }
-    let figures = measure(&binary).await?;
-    println!("{}", row("this build", &figures));
     Ok(())
 }
