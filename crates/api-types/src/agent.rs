@@ -177,6 +177,10 @@ pub struct NodeRegistration {
     /// sandbox); the node is then reported degraded.
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// The version of the node's Chromium (`156.0.8078.108`; WebDriver's
+    /// `browserVersion`), when it runs real browsers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub browser_version: Option<String>,
 }
 
 /// Periodic report of an agent.

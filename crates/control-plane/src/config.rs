@@ -46,6 +46,25 @@ pub struct ControlPlaneConfig {
     pub nodes: NodesConfig,
     pub store: StoreConfig,
     pub scheduler: SchedulerConfig,
+    /// `[webdriver]`: WebDriver sessions (Selenium, WebdriverIO).
+    pub webdriver: WebDriverConfig,
+}
+
+/// `[webdriver]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WebDriverConfig {
+    /// How long a new session waits in the create queue for room before it
+    /// is refused `session not created` (Selenium Grid's default).
+    pub session_request_timeout_sec: u64,
+}
+
+impl Default for WebDriverConfig {
+    fn default() -> Self {
+        Self {
+            session_request_timeout_sec: 300,
+        }
+    }
 }
 
 /// `[gateway]`: subdomain routing of the front door.

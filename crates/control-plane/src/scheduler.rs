@@ -193,6 +193,7 @@ mod tests {
             registered_at: Utc::now(),
             warnings: vec![],
             generation: String::new(),
+            browser_version: None,
             load: ResourceUsage {
                 cpu_percent: 10.0,
                 memory_percent,

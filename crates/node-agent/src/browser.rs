@@ -267,9 +267,49 @@ fn confine_before_exec(
     plan: &LaunchPlan<'_>,
     net: Option<&NetNamespace>,
 ) {
-    let mut attach = plan.cgroup.map(|cgroup| cgroup.attach_hook());
+    confine(command, (plan.cgroup, net, plan.isolation.user.clone()));
+}
+
+/// Starts `program` beside an instance's browser, in its confinement: its
+/// sandbox, cgroup and network namespace, as the browser user (the
+/// instance's WebDriver server). It ends with the browser (the browser's
+/// stop empties the cgroup) or when its handle is dropped; one left by an
+/// agent killed at once is swept at the next start like the browser.
+pub fn spawn_beside(
+    isolation: &Isolation,
+    dirs: &InstanceDirs,
+    (net, cgroup): (
+        Option<&NetNamespace>,
+        Option<&Arc<crate::cgroups::InstanceCgroup>>,
+    ),
+    program: &std::path::Path,
+    (args, log): (&[String], std::fs::File),
+) -> std::io::Result<tokio::process::Child> {
+    let mut command = isolation.command(dirs, program, "webdriver");
+    command
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log))
+        .process_group(0)
+        .kill_on_drop(true);
+    confine(&mut command, (cgroup, net, isolation.user.clone()));
+    command.spawn()
+}
+
+/// What a confined child does between fork and exec: join the cgroup and
+/// the network namespace, drop privileges, and die with the agent until it
+/// runs.
+fn confine(
+    command: &mut tokio::process::Command,
+    (cgroup, net, user): (
+        Option<&Arc<crate::cgroups::InstanceCgroup>>,
+        Option<&NetNamespace>,
+        Option<crate::sandbox::BrowserUser>,
+    ),
+) {
+    let mut attach = cgroup.map(|cgroup| cgroup.attach_hook());
     let namespace = net.map(|net| net.raw_fd());
-    let user = plan.isolation.user.clone();
     let agent = std::process::id() as libc::pid_t;
     // SAFETY: the hook makes only async-signal-safe calls: prctl and
     // getppid, the cgroup attach (see attach_hook), setns, and the

@@ -251,7 +251,7 @@ impl InstanceSlot {
             .map(|l| l.process.clone())
     }
 
-    fn cgroup(&self) -> Option<Arc<InstanceCgroup>> {
+    pub fn cgroup(&self) -> Option<Arc<InstanceCgroup>> {
         self.process
             .lock()
             .expect("slot lock")

@@ -7,7 +7,9 @@
 //!   (see [`crate::downloads`]); these read the disk and never wake a parked
 //!   instance;
 //! - `GET /recordings` — its recordings (`{"recordings": […]}`), `GET
-//!   /recordings/{id}` one of them (MP4; see [`crate::recording`]).
+//!   /recordings/{id}` one of them (MP4; see [`crate::recording`]);
+//! - `/webdriver/session[/{id}/…]` — its WebDriver server (see
+//!   [`crate::webdriver`]).
 //!
 //! It talks to the browser directly on its internal DevTools port.
 
@@ -55,7 +57,14 @@ pub async fn serve_api(
     ready_timeout: Duration,
     (access, listeners): (Arc<NodeAccess>, flotilla_net::Listeners),
     (recordings, captures): (std::path::PathBuf, Arc<NodeCaptures>),
+    isolation: crate::sandbox::Isolation,
 ) {
+    let webdriver = crate::webdriver::routes::router(crate::webdriver::routes::WebDriverState {
+        slot: slot.clone(),
+        webdriver: Arc::default(),
+        isolation,
+        ready_timeout,
+    });
     let router = Router::new()
         .route("/", get(index))
         .route("/tabs", get(tabs))
@@ -73,7 +82,8 @@ pub async fn serve_api(
             access: access.clone(),
             recordings,
             captures: Arc::new(Captures::new(captures)),
-        });
+        })
+        .merge(webdriver);
     crate::access::serve_instance_port(listener, router, (access, listeners), slot).await;
 }
 

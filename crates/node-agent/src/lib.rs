@@ -39,6 +39,7 @@ pub mod recording;
 pub mod sandbox;
 pub mod snapshot;
 pub mod sweep;
+pub mod webdriver;
 
 pub use agent::{Agent, AgentError, AgentSettings};
 pub use config::{AgentConfig, RuntimeKind};

@@ -1,4 +1,6 @@
-//! The Playwright and Puppeteer clients in `tests/js`, run with Node.
+//! The clients users run, driving Flotilla in the tests: the Playwright and
+//! Puppeteer scripts in `tests/js` (Node), and the Selenium ones in
+//! `tests/py` (Python).
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -24,16 +26,35 @@ pub async fn run_node_with(
     if !dir.join("node_modules").is_dir() {
         bail!("tests/js/node_modules is missing: run scripts/install-deps --test");
     }
-    let mut child = tokio::process::Command::new("node")
+    run_client("node", &dir, script, args, env).await
+}
+
+/// Runs `tests/py/<script>` with Python 3 and parses the last line of its
+/// output as JSON.
+pub async fn run_python(script: &str, args: &[&str]) -> anyhow::Result<Value> {
+    let dir = workspace_root().join("tests/py");
+    run_client("python3", &dir, script, args, &[]).await
+}
+
+/// Runs `program dir/script args…` in `dir` (120 s at most): the JSON of
+/// its last line of output.
+async fn run_client(
+    program: &str,
+    dir: &std::path::Path,
+    script: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> anyhow::Result<Value> {
+    let mut child = tokio::process::Command::new(program)
         .arg(dir.join(script))
         .args(args)
         .envs(env.iter().copied())
-        .current_dir(&dir)
+        .current_dir(dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .context("cannot start node")?;
+        .with_context(|| format!("cannot start {program}"))?;
     let output = tokio::time::timeout(Duration::from_secs(120), async {
         let mut stdout = String::new();
         let mut stderr = String::new();
@@ -53,7 +74,7 @@ pub async fn run_node_with(
         anyhow::Ok((status, stdout, stderr))
     })
     .await
-    .context("node script timed out after 120 s")??;
+    .with_context(|| format!("{script} timed out after 120 s"))??;
     let (status, stdout, stderr) = output;
     if !status.success() {
         bail!("{script} failed ({status}):\n{stderr}\n{stdout}");

@@ -645,6 +645,7 @@ mod tests {
             revive_method: None,
             profile: None,
             operation_id: operation("r2"),
+            webdriver_owner: None,
         };
         let change = |reported: Option<OperationId>| InstanceStateChange {
             node_id: record.node_id.clone(),

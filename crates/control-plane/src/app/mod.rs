@@ -19,6 +19,7 @@ mod queue;
 mod recordings;
 mod tokens;
 mod views;
+pub mod webdriver;
 
 use std::sync::Arc;
 

@@ -413,6 +413,7 @@ mod tests {
             revive_method: None,
             profile: None,
             operation_id: Some(OperationId::new(OPERATION)),
+            webdriver_owner: None,
         }
     }
 

@@ -103,6 +103,16 @@ impl ControlPlane {
                 "wait_sec must be an integer from 0 to {limit} (scheduler.max_wait_sec; got {wait_sec})"
             )));
         }
+        self.instance_create_queued(request, wait_sec).await
+    }
+
+    /// [`ControlPlane::instance_create_waiting`] without the limit of
+    /// `scheduler.max_wait_sec` (WebDriver sessions have their own).
+    pub(crate) async fn instance_create_queued(
+        &self,
+        request: CreateInstanceRequest,
+        wait_sec: u64,
+    ) -> Result<Instance> {
         if wait_sec == 0 {
             return self.instance_create(request).await;
         }

@@ -507,6 +507,27 @@ async fn forward_http(
     Ok(Response::from_parts(parts, Body::from(rewritten)))
 }
 
+/// Passes `request` on to the instance's HTTP port at `path` (the client's
+/// query kept, but for `token`), as the door passes its own requests: the
+/// answer streams back as it comes.
+pub(crate) async fn forward_to_http_port(
+    request: Request,
+    target: &DoorTarget,
+    path: String,
+) -> std::io::Result<Response> {
+    let route = Route {
+        port: Port::Http,
+        path,
+        rewrite: false,
+        websocket: false,
+    };
+    let external = External {
+        secure: false,
+        authority: String::new(),
+    };
+    forward_http(request, target, &route, &external, "").await
+}
+
 /// DevTools URLs of `internal` (the port the door called) pointed at the door.
 fn point_back(text: &str, internal: &str, external: &External, prefix: &str) -> String {
     let (ws, param) = if external.secure {

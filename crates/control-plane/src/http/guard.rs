@@ -98,6 +98,9 @@ impl Guard {
             // What the fleet's browser and protocol are (no instance data).
             || path == "/json/protocol"
             || path == "/json/version"
+            // Selenium Grid's readiness, for its tooling and health checks.
+            || path == "/status"
+            || path == "/wd/hub/status"
             || path == "/"
             || path == "/ui"
             || path.starts_with("/ui/")
@@ -110,13 +113,20 @@ impl Guard {
 
     /// The key's id when the request carries an accepted key. Every accepted
     /// key is compared, so the time does not say which one matched.
-    fn principal(&self, headers: &HeaderMap) -> Option<Principal> {
-        let presented = bearer_token(
-            headers
-                .get(axum::http::header::AUTHORIZATION)?
-                .to_str()
-                .ok()?,
-        )?;
+    fn principal(&self, headers: &HeaderMap, path: &str) -> Option<Principal> {
+        let authorization = headers
+            .get(axum::http::header::AUTHORIZATION)?
+            .to_str()
+            .ok()?;
+        // WebDriver clients carry credentials in the URL (`http://user:KEY@host`),
+        // which they send as Basic.
+        let basic = is_webdriver(path)
+            .then(|| basic_password(authorization))
+            .flatten();
+        let presented = match &basic {
+            Some(password) => password.as_str(),
+            None => bearer_token(authorization)?,
+        };
         let hash: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
         matches_any_digest(presented.as_bytes(), &self.key_hashes)
             .then(|| Principal(format!("key:{}", &hex::encode(hash)[..12])))
@@ -149,7 +159,7 @@ pub async fn guard(
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map_or(IpAddr::from([127, 0, 0, 1]), |c| c.0.ip());
-    let principal = guard.principal(request.headers());
+    let principal = guard.principal(request.headers(), request.uri().path());
     let limit_key = match &principal {
         Some(p) => p.0.clone(),
         None => format!("ip:{client}"),
@@ -183,7 +193,11 @@ pub async fn guard(
             } else {
                 "missing API key: send Authorization: Bearer <API_KEY>"
             };
-            Error::Unauthorized(detail.into()).into_response()
+            if is_webdriver(&path) {
+                webdriver_unauthorized(detail)
+            } else {
+                Error::Unauthorized(detail.into()).into_response()
+            }
         }
         _ => {
             request
@@ -206,6 +220,42 @@ pub async fn guard(
         &route,
         response.status().as_u16(),
         started.elapsed(),
+    );
+    response
+}
+
+/// Whether `path` is a WebDriver endpoint (`/session…`, `/wd/hub/…`).
+fn is_webdriver(path: &str) -> bool {
+    path == "/session" || path.starts_with("/session/") || path.starts_with("/wd/hub/")
+}
+
+/// The password of `Basic <base64 user:password>` (the user when there is
+/// no password: some clients put the key there).
+fn basic_password(authorization: &str) -> Option<String> {
+    use base64::Engine as _;
+    let (scheme, encoded) = authorization.trim().split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded.trim())
+        .ok()?;
+    let decoded = String::from_utf8(decoded).ok()?;
+    let (user, password) = decoded.split_once(':').unwrap_or((decoded.as_str(), ""));
+    Some(if password.is_empty() { user } else { password }.to_owned())
+}
+
+/// A 401 in WebDriver's shape, asking for Basic credentials (what a
+/// WebDriver client sends from `http://user:KEY@host/wd/hub`).
+fn webdriver_unauthorized(detail: &str) -> Response {
+    let message = format!(
+        "{detail}; WebDriver clients: put the API key in the URL (http://flotilla:<API_KEY>@host/wd/hub) or send Authorization: Bearer <API_KEY>"
+    );
+    let body = serde_json::json!({"value": {"error": "unknown error", "message": message, "stacktrace": ""}});
+    let mut response = (axum::http::StatusCode::UNAUTHORIZED, axum::Json(body)).into_response();
+    response.headers_mut().insert(
+        axum::http::header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Basic realm=\"flotilla\""),
     );
     response
 }

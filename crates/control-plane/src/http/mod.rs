@@ -15,6 +15,7 @@ mod profiles;
 mod recordings;
 mod tokens;
 mod ui;
+mod webdriver;
 
 pub use extract::{ApiJson, ApiQuery, NoBody, OptionalApiJson};
 pub use guard::{Guard, Principal, RateLimiter, check_api_keys};
@@ -206,6 +207,7 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
         .route("/health", get(health::health))
         .merge(instance_routes())
         .merge(door_routes())
+        .merge(webdriver_routes())
         .merge(resource_routes())
         .merge(ui_routes())
         .nest("/internal/v1", internal_routes(&control_plane))
@@ -336,6 +338,29 @@ fn door_routes() -> Routes {
             "/v2/instances/{instance_id}/downloads/{name}",
             get(door::routes::download).delete(door::routes::download_delete),
         )
+}
+
+/// WebDriver (W3C, Selenium Grid 4's endpoints), at the root and under
+/// `/wd/hub`.
+fn webdriver_routes() -> Routes {
+    let mut router = Router::new();
+    for prefix in ["", "/wd/hub"] {
+        router = router
+            .route(
+                &format!("{prefix}/session"),
+                axum::routing::post(webdriver::new_session),
+            )
+            .route(&format!("{prefix}/status"), get(webdriver::status))
+            .route(
+                &format!("{prefix}/session/{{id}}"),
+                axum::routing::any(webdriver::session),
+            )
+            .route(
+                &format!("{prefix}/session/{{id}}/{{*rest}}"),
+                axum::routing::any(webdriver::session),
+            );
+    }
+    router
 }
 
 /// Profiles, extensions, nodes, metrics, alerts and subscriber tokens.

@@ -21,7 +21,7 @@ const COLUMNS: &str = "id, node_id, status, status_reason, subdomain, image, mem
     idle_timeout_minutes, auto_snapshot, debug_port, stream_port, http_port, created_at, updated_at, \
     last_activity, cpu_percent, memory_mb, disk_mb, snapshot_id, dormant_since, revive_method, \
     max_duration_minutes, proxy, profile_name, profile_persist, extensions, record, keep_recordings, \
-    operation_id";
+    operation_id, webdriver_owner";
 
 /// An instance as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,6 +48,9 @@ pub struct InstanceRecord {
     /// The operation last asked of its node (its create, or its latest
     /// revive): only that operation's outcome is applied.
     pub operation_id: Option<OperationId>,
+    /// For a WebDriver session: who created it (`key:<id>`, or
+    /// `anonymous` with authentication off).
+    pub webdriver_owner: Option<String>,
 }
 
 /// What is known of an instance when it is placed.
@@ -182,6 +185,7 @@ fn decode(row: &AnyRow) -> Result<InstanceRecord, sqlx::Error> {
         operation_id: row
             .try_get::<Option<String>, _>("operation_id")?
             .map(OperationId::new),
+        webdriver_owner: row.try_get("webdriver_owner")?,
     })
 }
 
@@ -553,6 +557,24 @@ impl Store {
     ) -> Result<Option<InstanceRecord>, sqlx::Error> {
         self.move_status(id, (from, to), reason, AlsoSet::Nothing, now)
             .await
+    }
+
+    /// Marks instance `id` as the WebDriver session of `owner`; `false` when
+    /// it is gone.
+    pub async fn instance_set_webdriver_owner(
+        &self,
+        id: &InstanceId,
+        owner: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let mut conn = self.writer.acquire().await?;
+        let updated = sqlx::query("UPDATE instances SET webdriver_owner = $2 WHERE id = $1")
+            .bind(id.as_str())
+            .bind(owner)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+        self.refresh(&mut conn, id).await?;
+        Ok(updated > 0)
     }
 
     /// Records a successful park: `dormant` with its snapshot, from one of

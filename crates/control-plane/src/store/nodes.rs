@@ -13,7 +13,7 @@ use super::{Store, from_millis, to_millis};
 
 const COLUMNS: &str = "id, address, public_host, status, max_instances, cpu_cores, memory_gb, disk_gb, images, \
     cpu_percent, memory_percent, disk_percent, last_heartbeat, registered_at, warnings, load_cpu_percent, load_memory_percent, \
-    generation";
+    generation, browser_version";
 
 /// A node as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -34,6 +34,8 @@ pub struct NodeRecord {
     pub load: ResourceUsage,
     /// The process generation of the agent that registered it last.
     pub generation: String,
+    /// Its Chromium's version, when it runs real browsers.
+    pub browser_version: Option<String>,
 }
 
 fn decode(row: &AnyRow) -> Result<NodeRecord, sqlx::Error> {
@@ -70,6 +72,7 @@ fn decode(row: &AnyRow) -> Result<NodeRecord, sqlx::Error> {
             disk_percent: row.try_get("disk_percent")?,
         },
         generation: row.try_get("generation")?,
+        browser_version: row.try_get("browser_version")?,
     })
 }
 
@@ -115,14 +118,15 @@ impl Store {
             .await?;
         }
         sqlx::query(&format!(
-            "INSERT INTO nodes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15, $16, $17) \
+            "INSERT INTO nodes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15, $16, $17, $18) \
              ON CONFLICT (id) DO UPDATE SET address = excluded.address, public_host = excluded.public_host, \
              status = excluded.status, max_instances = excluded.max_instances, cpu_cores = excluded.cpu_cores, \
              memory_gb = excluded.memory_gb, disk_gb = excluded.disk_gb, images = excluded.images, \
              cpu_percent = excluded.cpu_percent, memory_percent = excluded.memory_percent, \
              disk_percent = excluded.disk_percent, last_heartbeat = excluded.last_heartbeat, \
              warnings = excluded.warnings, load_cpu_percent = excluded.load_cpu_percent, \
-             load_memory_percent = excluded.load_memory_percent, generation = excluded.generation"
+             load_memory_percent = excluded.load_memory_percent, generation = excluded.generation, \
+             browser_version = excluded.browser_version"
         ))
         .bind(registration.node_id.as_str())
         .bind(registration.address.as_str())
@@ -141,6 +145,7 @@ impl Store {
         .bind(registration.load.cpu_percent)
         .bind(registration.load.memory_percent)
         .bind(registration.generation.as_str())
+        .bind(registration.browser_version.clone())
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;

@@ -49,6 +49,7 @@ fn registration(
         load: ResourceUsage::default(),
         instances,
         warnings,
+        browser_version: None,
     }
 }
 

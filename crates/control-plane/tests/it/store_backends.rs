@@ -60,6 +60,7 @@ fn registration(node: &str, max_instances: i64) -> NodeRegistration {
         load: ResourceUsage::default(),
         instances: Vec::new(),
         warnings: Vec::new(),
+        browser_version: None,
     }
 }
 

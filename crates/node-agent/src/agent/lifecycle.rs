@@ -180,6 +180,7 @@ impl Agent {
                     ready_timeout,
                     (access, listeners),
                     (recordings, self.inner.captures.clone()),
+                    self.inner.launcher.isolation().clone(),
                 ));
             }
             _ => {

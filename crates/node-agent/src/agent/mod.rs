@@ -106,6 +106,8 @@ struct AgentInner {
     ports: PortAllocator,
     /// Screenshot limits shared by the node's instances.
     captures: Arc<crate::capture::NodeCaptures>,
+    /// The default image's Chromium version, read once at start.
+    browser_version: Option<String>,
     /// Instances on this node. A std mutex: lookups and inserts only.
     slots: Mutex<HashMap<InstanceId, Arc<InstanceSlot>>>,
     link: Arc<dyn ControlPlaneLink>,
@@ -186,6 +188,14 @@ impl Agent {
             machine: Mutex::new(MachineMeter::new(&settings.data_dir)),
             instances_root,
             captures: crate::capture::NodeCaptures::new(&settings.config),
+            browser_version: match settings.config.runtime {
+                RuntimeKind::Chromium => {
+                    let catalog = settings.config.image_catalog();
+                    let default = catalog.get(flotilla_api_types::instances::DEFAULT_IMAGE);
+                    default.and_then(|image| browser_version(&image.executable))
+                }
+                RuntimeKind::Sim => None,
+            },
             settings,
             slots: Mutex::default(),
             link,
@@ -447,6 +457,21 @@ fn ports_of(slot: &InstanceSlot) -> AgentInstancePorts {
         http_port: slot.ports[2],
         status: slot.status().0,
     }
+}
+
+/// The version `executable --version` prints (`Chromium 156.0.8078.108 …`).
+fn browser_version(executable: &Path) -> Option<String> {
+    let output = std::process::Command::new(executable)
+        .arg("--version")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    text.split_whitespace()
+        .find(|word| {
+            word.split('.').count() >= 2 && word.split('.').all(|part| part.parse::<u32>().is_ok())
+        })
+        .map(str::to_owned)
 }
 
 /// Unpacks an archive (a snapshot or a saved profile) into the instance's

@@ -42,6 +42,7 @@ impl Agent {
             load: flotilla_api_types::nodes::ResourceUsage::default(),
             instances: self.instance_reports(),
             warnings: self.inner.launcher.warnings().to_vec(),
+            browser_version: self.inner.browser_version.clone(),
         }
     }
 

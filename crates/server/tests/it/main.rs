@@ -13,4 +13,5 @@ mod browser_recordings;
 mod browser_runtime;
 mod browser_security;
 mod browser_sessions;
+mod browser_webdriver;
 mod operations;

@@ -1,0 +1,255 @@
+//! WebDriver's endpoints on the control plane's port, under `/` and under
+//! `/wd/hub` (Selenium Grid's prefix): `POST /session` creates an instance
+//! and attaches its node's chromedriver to its browser, `/session/{id}/…`
+//! passes every command on to that chromedriver (through the instance's
+//! HTTP port, like the front door), `DELETE /session/{id}` ends the session
+//! and deletes the instance, `GET /status` answers as Grid 4 does. Every
+//! refusal is the W3C JSON (`{"value": {"error", "message", "stacktrace"}}`).
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use http_body_util::BodyExt as _;
+use serde_json::{Value, json};
+
+use flotilla_api_types::InstanceId;
+
+use crate::app::webdriver::{NewSession, WebDriverRefusal};
+use crate::app::{ControlPlane, DoorTarget};
+use crate::http::Principal;
+
+/// The largest new-session body (capabilities with a base64 extension or
+/// profile would be larger; those are refused anyway).
+const MAX_NEW_SESSION: usize = 1 << 20;
+
+impl IntoResponse for WebDriverRefusal {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, axum::Json(self.body())).into_response()
+    }
+}
+
+fn unknown(message: impl Into<String>) -> WebDriverRefusal {
+    WebDriverRefusal {
+        status: 500,
+        code: "unknown error",
+        message: message.into(),
+    }
+}
+
+fn principal_of(request: &Request) -> String {
+    request
+        .extensions()
+        .get::<Principal>()
+        .map_or_else(|| "anonymous".into(), |p| p.0.clone())
+}
+
+/// `POST /session`, `POST /wd/hub/session`.
+pub async fn new_session(
+    State(control_plane): State<Arc<ControlPlane>>,
+    request: Request,
+) -> Response {
+    match create(&control_plane, request).await {
+        Ok(value) => axum::Json(json!({"value": value})).into_response(),
+        Err(refusal) => refusal.into_response(),
+    }
+}
+
+async fn create(
+    control_plane: &Arc<ControlPlane>,
+    request: Request,
+) -> Result<Value, WebDriverRefusal> {
+    let owner = principal_of(&request);
+    let external = door_authority(control_plane, &request);
+    let body = http_body_util::Limited::new(request.into_body(), MAX_NEW_SESSION)
+        .collect()
+        .await
+        .map_err(|_| {
+            WebDriverRefusal::invalid_argument("the new session's body is larger than 1 MiB")
+        })?
+        .to_bytes();
+    let body: Value = serde_json::from_slice(&body)
+        .map_err(|e| WebDriverRefusal::invalid_argument(format!("the body is not JSON: {e}")))?;
+    let installed = control_plane
+        .webdriver_browser_version()
+        .await
+        .map_err(|e| unknown(e.to_string()))?;
+    let session = crate::app::webdriver::new_session(&body, &installed)?;
+    let instance = control_plane
+        .webdriver_instance_create(&session, &owner)
+        .await?;
+    match attach(control_plane, &instance.id, &session, (&owner, &external)).await {
+        Ok(value) => Ok(value),
+        Err(refusal) => {
+            // Nothing is left behind a session that did not start.
+            let _ = control_plane.instance_delete(&instance.id, true).await;
+            Err(refusal)
+        }
+    }
+}
+
+/// Asks the instance's node to attach chromedriver to its browser; the
+/// new session's answer, as a client expects it.
+async fn attach(
+    control_plane: &ControlPlane,
+    id: &InstanceId,
+    session: &NewSession,
+    (owner, external): (&str, &str),
+) -> Result<Value, WebDriverRefusal> {
+    let target = control_plane.webdriver_target(id, owner).await?;
+    let body = json!({"capabilities": session.capabilities}).to_string();
+    let (status, answer) = call(&target, Method::POST, "/webdriver/session".into(), body).await?;
+    let mut value = answer.get("value").cloned().unwrap_or(Value::Null);
+    if !status.is_success() || value.get("sessionId").is_none() {
+        let message = value["message"]
+            .as_str()
+            .unwrap_or("the node did not start the session");
+        return Err(WebDriverRefusal::not_created(message.to_owned()));
+    }
+    if let Some((width, height)) = session.window_size {
+        let rect = json!({"width": width, "height": height}).to_string();
+        let path = format!("/webdriver/session/{id}/window/rect");
+        call(&target, Method::POST, path, rect).await?;
+    }
+    let capabilities = &mut value["capabilities"];
+    if let Some(chrome) = capabilities
+        .get_mut("goog:chromeOptions")
+        .and_then(Value::as_object_mut)
+    {
+        chrome.remove("debuggerAddress");
+    }
+    if let Some(fields) = capabilities.as_object_mut() {
+        fields.remove("webSocketUrl");
+    }
+    capabilities["platformName"] = json!("linux");
+    let version = capabilities["browserVersion"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let query = target
+        .token
+        .as_deref()
+        .map(|t| format!("?token={t}"))
+        .unwrap_or_default();
+    capabilities["se:cdp"] = json!(format!("{external}/v2/instances/{id}/cdp{query}"));
+    capabilities["se:cdpVersion"] = json!(version);
+    capabilities["flotilla:instance"] = json!(id);
+    value["sessionId"] = json!(id);
+    Ok(value)
+}
+
+/// `ws(s)://host[:port]` of the door, as the client reached it (or
+/// `public_url`).
+fn door_authority(control_plane: &ControlPlane, request: &Request) -> String {
+    if let Some(public) = &control_plane.config().public_url {
+        let public = public.trim_end_matches('/');
+        return public
+            .replacen("https://", "wss://", 1)
+            .replacen("http://", "ws://", 1);
+    }
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .filter(|h| {
+            h.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-.:[]".contains(&b))
+        })
+        .unwrap_or("localhost");
+    format!("ws://{host}")
+}
+
+/// A request of ours to the instance's HTTP port: its status and JSON.
+async fn call(
+    target: &DoorTarget,
+    method: Method,
+    path: String,
+    body: String,
+) -> Result<(StatusCode, Value), WebDriverRefusal> {
+    let request = Request::builder()
+        .method(method)
+        .uri(&path)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body))
+        .map_err(|e| unknown(e.to_string()))?;
+    let response = super::door::forward_to_http_port(request, target, path)
+        .await
+        .map_err(|e| unknown(format!("the instance's node did not answer: {e}")))?;
+    let status = response.status();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| unknown(format!("the instance's node did not answer: {e}")))?
+        .to_bytes();
+    let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    Ok((status, value))
+}
+
+/// `/session/{id}` and `/session/{id}/…` (and under `/wd/hub`): `DELETE`
+/// of the bare path ends the session and deletes its instance; everything
+/// else is passed on to the session's chromedriver.
+pub async fn session(
+    State(control_plane): State<Arc<ControlPlane>>,
+    Path(params): Path<Vec<(String, String)>>,
+    request: Request,
+) -> Response {
+    let value = |name: &str| {
+        params
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+    };
+    let id = InstanceId::new(value("id").unwrap_or_default());
+    let rest = value("rest")
+        .map(|rest| format!("/{rest}"))
+        .unwrap_or_default();
+    let principal = principal_of(&request);
+    let target = match control_plane.webdriver_target(&id, &principal).await {
+        Ok(target) => target,
+        Err(refusal) => return refusal.into_response(),
+    };
+    if rest.is_empty() && request.method() == Method::DELETE {
+        return end(&control_plane, &target, &id).await;
+    }
+    let path = format!("/webdriver/session/{id}{rest}");
+    match super::door::forward_to_http_port(request, &target, path).await {
+        Ok(response) => response,
+        Err(error) => {
+            unknown(format!("the instance's node did not answer: {error}")).into_response()
+        }
+    }
+}
+
+/// Ends session `id`: chromedriver lets the browser go, the instance is
+/// deleted (gracefully: a persistent profile is written back).
+async fn end(control_plane: &ControlPlane, target: &DoorTarget, id: &InstanceId) -> Response {
+    let _ = call(
+        target,
+        Method::DELETE,
+        format!("/webdriver/session/{id}"),
+        String::new(),
+    )
+    .await;
+    match control_plane.instance_delete(id, false).await {
+        Ok(_) => axum::Json(json!({"value": null})).into_response(),
+        Err(error) => unknown(error.to_string()).into_response(),
+    }
+}
+
+/// `GET /status`, `GET /wd/hub/status` (open, as Grid's).
+pub async fn status(State(control_plane): State<Arc<ControlPlane>>) -> Response {
+    match control_plane.webdriver_status().await {
+        Ok(value) => {
+            let mut response = axum::Json(value).into_response();
+            response
+                .headers_mut()
+                .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            response
+        }
+        Err(error) => unknown(error.to_string()).into_response(),
+    }
+}

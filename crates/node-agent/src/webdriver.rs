@@ -1,0 +1,484 @@
+//! The instance's WebDriver server: Debian's `chromedriver` (the same version
+//! as the node's Chromium), started for the instance's first WebDriver
+//! session in the instance's own confinement (its sandbox, its network
+//! namespace, its cgroup, as the browser user) and attached to the
+//! instance's browser (`goog:chromeOptions.debuggerAddress`). It can reach
+//! nothing but that browser, and it ends with it.
+//!
+//! The instance's HTTP port serves it at `/webdriver/…` (the control plane's
+//! front door forwards `/session/{id}/…` there). The WebDriver session id
+//! clients see is the instance's id: this module keeps chromedriver's own
+//! session id, and attaches a new chromedriver session (with the same
+//! capabilities) when the browser is not the one it was made for — after a
+//! park and revive, the next command finds the instance's new browser.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use serde_json::{Value, json};
+
+use crate::browser::{CdpEndpoint, InstanceDirs};
+use crate::instance::InstanceSlot;
+use crate::sandbox::Isolation;
+
+/// Where chromedriver is installed (Debian's `chromium-driver`).
+pub const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+
+/// chromedriver's port inside the instance's network namespace (each
+/// instance has its own, so every instance uses the same).
+const PORT_IN_NAMESPACE: u16 = 9515;
+/// How long chromedriver may take to answer its first `/status`.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// The largest answer passed on (a screenshot of a large page is big).
+const MAX_ANSWER: usize = 256 << 20;
+
+/// A W3C WebDriver error: its code, HTTP status and message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct WebDriverError {
+    pub status: u16,
+    /// The W3C error code (`invalid session id`, `session not created`, …).
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl WebDriverError {
+    pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn no_session(id: &str) -> Self {
+        Self::new(
+            404,
+            "invalid session id",
+            format!("no WebDriver session {id}: create one with POST /session"),
+        )
+    }
+
+    fn not_created(message: impl Into<String>) -> Self {
+        Self::new(500, "session not created", message)
+    }
+
+    /// The W3C body: `{"value": {"error", "message", "stacktrace"}}`.
+    pub fn body(&self) -> Value {
+        json!({"value": {"error": self.code, "message": self.message, "stacktrace": ""}})
+    }
+}
+
+/// One instance's WebDriver front: its chromedriver and session.
+#[derive(Default)]
+pub struct WebDriver {
+    /// The driver and the session; a tokio mutex: commands of one session
+    /// are answered in turn (as chromedriver does), and starting the driver
+    /// or attaching a session awaits.
+    state: tokio::sync::Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    driver: Option<Driver>,
+    session: Option<Session>,
+}
+
+/// A running chromedriver, for one browser (it lives in that browser's
+/// network namespace).
+struct Driver {
+    _child: tokio::process::Child,
+    /// How to reach it: its port, in the browser's namespace.
+    at: CdpEndpoint,
+    browser: CdpEndpoint,
+}
+
+/// The client's session, as chromedriver knows it.
+struct Session {
+    /// chromedriver's session id.
+    id: String,
+    /// The browser it is attached to.
+    browser: CdpEndpoint,
+    /// What the client asked for (to attach again after a revive).
+    capabilities: Value,
+}
+
+/// What is needed to start chromedriver beside a browser.
+pub struct Confinement<'a> {
+    pub isolation: &'a Isolation,
+    pub dirs: &'a InstanceDirs,
+    pub slot: &'a Arc<InstanceSlot>,
+}
+
+impl WebDriver {
+    /// Starts a session on `browser` with the client's W3C `capabilities`
+    /// (`alwaysMatch` merged by the control plane): chromedriver attaches to
+    /// the browser; its answer's `value` (with the session id replaced by the
+    /// instance's).
+    pub async fn new_session(
+        &self,
+        confinement: &Confinement<'_>,
+        browser: &CdpEndpoint,
+        capabilities: Value,
+    ) -> Result<Value, WebDriverError> {
+        let mut state = self.state.lock().await;
+        if state.session.is_some() {
+            return Err(WebDriverError::not_created(format!(
+                "instance {} already has a WebDriver session: delete it first, or create another instance",
+                confinement.slot.id
+            )));
+        }
+        let mut answer = attach(&mut state, confinement, browser, &capabilities).await?;
+        answer["sessionId"] = Value::String(confinement.slot.id.to_string());
+        Ok(answer)
+    }
+
+    /// Passes a command of the session on to chromedriver: `method` on
+    /// `rest` (what follows `/session/{id}`), with `body`. Answers its status
+    /// and body as they are.
+    pub async fn command(
+        &self,
+        confinement: &Confinement<'_>,
+        browser: &CdpEndpoint,
+        (method, rest, body): (hyper::Method, &str, Bytes),
+    ) -> Result<(u16, Bytes), WebDriverError> {
+        let mut state = self.state.lock().await;
+        let Some(session) = &state.session else {
+            return Err(WebDriverError::no_session(confinement.slot.id.as_str()));
+        };
+        if session.browser != *browser {
+            // A new browser (the instance was parked and revived): the same
+            // session, attached to it.
+            let capabilities = session.capabilities.clone();
+            state.session = None;
+            attach(&mut state, confinement, browser, &capabilities).await?;
+        }
+        let (Some(driver), Some(session)) = (&state.driver, &state.session) else {
+            return Err(WebDriverError::no_session(confinement.slot.id.as_str()));
+        };
+        let path = format!("/session/{}{rest}", session.id);
+        call(&driver.at, method, &path, body).await
+    }
+
+    /// Ends the session (chromedriver lets the browser be); `false` when
+    /// there was none.
+    pub async fn delete_session(&self) -> bool {
+        let mut state = self.state.lock().await;
+        let Some(session) = state.session.take() else {
+            return false;
+        };
+        if let Some(driver) = &state.driver
+            && driver.browser == session.browser
+        {
+            let path = format!("/session/{}", session.id);
+            let _ = call(&driver.at, hyper::Method::DELETE, &path, Bytes::new()).await;
+        }
+        true
+    }
+
+    /// Whether the instance has a WebDriver session.
+    pub async fn has_session(&self) -> bool {
+        self.state.lock().await.session.is_some()
+    }
+}
+
+/// A chromedriver session on `browser` with `capabilities`, the driver
+/// started (or started again, for a new browser) first.
+async fn attach(
+    state: &mut State,
+    confinement: &Confinement<'_>,
+    browser: &CdpEndpoint,
+    capabilities: &Value,
+) -> Result<Value, WebDriverError> {
+    if state.driver.as_ref().is_none_or(|d| d.browser != *browser) {
+        state.driver = Some(start_driver(confinement, browser).await?);
+    }
+    let driver = state.driver.as_ref().expect("just started");
+    let mut always = capabilities.clone();
+    if !always.is_object() {
+        always = json!({});
+    }
+    always["goog:chromeOptions"]["debuggerAddress"] = Value::String(browser.authority());
+    let request = json!({"capabilities": {"alwaysMatch": always}});
+    let (status, body) = call(
+        &driver.at,
+        hyper::Method::POST,
+        "/session",
+        Bytes::from(request.to_string()),
+    )
+    .await?;
+    let answer: Value = serde_json::from_slice(&body).map_err(|e| {
+        WebDriverError::not_created(format!("chromedriver answered what is not JSON: {e}"))
+    })?;
+    let value = answer.get("value").cloned().unwrap_or(Value::Null);
+    let Some(id) = value.get("sessionId").and_then(Value::as_str) else {
+        let message = value["message"].as_str().unwrap_or("no session id");
+        return Err(WebDriverError::not_created(format!(
+            "chromedriver refused the session ({status}): {message}"
+        )));
+    };
+    state.session = Some(Session {
+        id: id.to_owned(),
+        browser: browser.clone(),
+        capabilities: capabilities.clone(),
+    });
+    Ok(value)
+}
+
+/// Starts chromedriver beside `browser` and waits until it answers.
+async fn start_driver(
+    confinement: &Confinement<'_>,
+    browser: &CdpEndpoint,
+) -> Result<Driver, WebDriverError> {
+    let unavailable = |why: String| WebDriverError::not_created(why);
+    if !std::path::Path::new(CHROMEDRIVER).is_file() {
+        return Err(unavailable(format!(
+            "{CHROMEDRIVER} is not installed on this node (Debian's chromium-driver; scripts/install-deps installs it)"
+        )));
+    }
+    let port = match &browser.net {
+        Some(_) => PORT_IN_NAMESPACE,
+        None => free_port().map_err(|e| unavailable(format!("no free port: {e}")))?,
+    };
+    let log = std::fs::File::create(confinement.dirs.root.join("chromedriver.log"))
+        .map_err(|e| unavailable(format!("cannot create chromedriver's log: {e}")))?;
+    let args = [format!("--port={port}"), "--log-level=WARNING".to_owned()];
+    let cgroup = confinement.slot.cgroup();
+    let child = crate::browser::spawn_beside(
+        confinement.isolation,
+        confinement.dirs,
+        (browser.net.as_deref(), cgroup.as_ref()),
+        std::path::Path::new(CHROMEDRIVER),
+        (&args, log),
+    )
+    .map_err(|e| unavailable(format!("cannot start chromedriver: {e}")))?;
+    let at = CdpEndpoint {
+        port,
+        browser_path: String::new(),
+        net: browser.net.clone(),
+    };
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        match call(&at, hyper::Method::GET, "/status", Bytes::new()).await {
+            Ok((200, _)) => break,
+            _ if Instant::now() > deadline => {
+                let log = crate::browser::log_tail(&confinement.dirs.root.join("chromedriver.log"));
+                return Err(unavailable(format!(
+                    "chromedriver did not answer within {START_TIMEOUT:?}{log}"
+                )));
+            }
+            _ => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+    Ok(Driver {
+        _child: child,
+        at,
+        browser: browser.clone(),
+    })
+}
+
+/// A free port on the host's loopback (for a browser without a namespace).
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// One HTTP request to chromedriver at `at`: its status and body.
+async fn call(
+    at: &CdpEndpoint,
+    method: hyper::Method,
+    path: &str,
+    body: Bytes,
+) -> Result<(u16, Bytes), WebDriverError> {
+    let failed =
+        |why: String| WebDriverError::new(500, "unknown error", format!("chromedriver: {why}"));
+    let stream = at.connect().await.map_err(|e| failed(e.to_string()))?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+    tokio::spawn(connection);
+    let request = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header(hyper::header::HOST, at.authority())
+        .header(
+            hyper::header::CONTENT_TYPE,
+            "application/json; charset=utf-8",
+        )
+        .body(Full::new(body))
+        .map_err(|e| failed(e.to_string()))?;
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    let status = response.status().as_u16();
+    let body = Limited::new(response.into_body(), MAX_ANSWER)
+        .collect()
+        .await
+        .map_err(|e| failed(e.to_string()))?
+        .to_bytes();
+    Ok((status, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_have_the_w3c_shape() {
+        let error = WebDriverError::no_session("i-1");
+        assert_eq!(error.status, 404);
+        let body = error.body();
+        assert_eq!(body["value"]["error"], "invalid session id");
+        assert!(body["value"]["message"].as_str().unwrap().contains("i-1"));
+        assert_eq!(body["value"]["stacktrace"], "");
+    }
+}
+
+/// The `/webdriver/…` routes of the instance's HTTP port.
+pub mod routes {
+    use axum::Router;
+    use axum::body::Bytes;
+    use axum::extract::{Path, State};
+    use axum::http::{Method, StatusCode, header};
+    use axum::response::{IntoResponse, Response};
+    use axum::routing::{any, post};
+
+    use super::*;
+
+    /// What the routes share: the instance, its front and its confinement.
+    #[derive(Clone)]
+    pub struct WebDriverState {
+        pub slot: Arc<InstanceSlot>,
+        pub webdriver: Arc<WebDriver>,
+        pub isolation: Isolation,
+        /// How long a command waits for the browser (a launch, or the wake
+        /// of a parked instance).
+        pub ready_timeout: Duration,
+    }
+
+    pub fn router(state: WebDriverState) -> Router {
+        Router::new()
+            .route("/webdriver/session", post(new_session))
+            .route("/webdriver/session/{id}", any(session))
+            .route("/webdriver/session/{id}/{*rest}", any(command))
+            .with_state(state)
+    }
+
+    impl IntoResponse for WebDriverError {
+        fn into_response(self) -> Response {
+            let status =
+                StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            (status, axum::Json(self.body())).into_response()
+        }
+    }
+
+    /// The browser now (waking a parked instance), counting as activity.
+    async fn browser(state: &WebDriverState) -> Result<CdpEndpoint, WebDriverError> {
+        state.slot.touch();
+        match state.slot.wait_ready(state.ready_timeout).await {
+            Ok(Some(endpoint)) => Ok(endpoint),
+            Ok(None) => Err(WebDriverError::new(
+                500,
+                "unknown error",
+                "a sim instance has no browser",
+            )),
+            Err(reason) => Err(WebDriverError::new(500, "unknown error", reason)),
+        }
+    }
+
+    fn confinement(state: &WebDriverState) -> Confinement<'_> {
+        Confinement {
+            isolation: &state.isolation,
+            dirs: &state.slot.dirs,
+            slot: &state.slot,
+        }
+    }
+
+    async fn new_session(State(state): State<WebDriverState>, body: Bytes) -> Response {
+        let created = async {
+            let request: Value = serde_json::from_slice(&body).map_err(|e| {
+                WebDriverError::new(
+                    400,
+                    "invalid argument",
+                    format!("the body is not JSON: {e}"),
+                )
+            })?;
+            let capabilities = request.get("capabilities").cloned().unwrap_or(json!({}));
+            let endpoint = browser(&state).await?;
+            state
+                .webdriver
+                .new_session(&confinement(&state), &endpoint, capabilities)
+                .await
+        };
+        match created.await {
+            Ok(value) => axum::Json(json!({"value": value})).into_response(),
+            Err(error) => error.into_response(),
+        }
+    }
+
+    /// `DELETE /session/{id}` ends it; anything else on the bare path is a
+    /// command chromedriver answers.
+    async fn session(
+        State(state): State<WebDriverState>,
+        Path(id): Path<String>,
+        method: Method,
+        body: Bytes,
+    ) -> Response {
+        if id != state.slot.id.as_str() {
+            return WebDriverError::no_session(&id).into_response();
+        }
+        if method == Method::DELETE {
+            return if state.webdriver.delete_session().await {
+                axum::Json(json!({"value": null})).into_response()
+            } else {
+                WebDriverError::no_session(&id).into_response()
+            };
+        }
+        pass_on(&state, (method, String::new(), body)).await
+    }
+
+    async fn command(
+        State(state): State<WebDriverState>,
+        Path((id, rest)): Path<(String, String)>,
+        method: Method,
+        body: Bytes,
+    ) -> Response {
+        if id != state.slot.id.as_str() {
+            return WebDriverError::no_session(&id).into_response();
+        }
+        pass_on(&state, (method, format!("/{rest}"), body)).await
+    }
+
+    async fn pass_on(
+        state: &WebDriverState,
+        (method, rest, body): (Method, String, Bytes),
+    ) -> Response {
+        if !state.webdriver.has_session().await {
+            return WebDriverError::no_session(state.slot.id.as_str()).into_response();
+        }
+        let answered = async {
+            let endpoint = browser(state).await?;
+            state
+                .webdriver
+                .command(&confinement(state), &endpoint, (method, &rest, body))
+                .await
+        };
+        match answered.await {
+            Ok((status, body)) => {
+                let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+                (
+                    status,
+                    [(header::CONTENT_TYPE, "application/json; charset=utf-8")],
+                    body,
+                )
+                    .into_response()
+            }
+            Err(error) => error.into_response(),
+        }
+    }
+}
