@@ -723,7 +723,14 @@ mod tests {
                 "se:recordVideo": false,
             }
         }}));
-        let refused = created.unwrap_err();
+        assert!(
+            created.is_ok(),
+            "an empty extensions list is what Selenium always sends"
+        );
+        let refused = session(json!({"capabilities": {"alwaysMatch": {
+            "goog:chromeOptions": {"extensions": ["Q3J4"]}
+        }}}))
+        .unwrap_err();
         assert!(
             refused.message.contains("goog:chromeOptions.extensions"),
             "{refused}"
