@@ -71,6 +71,10 @@ use crate::error::Error;
         observability::alerts,
         tokens::token_create,
         tokens::token_verify,
+        webdriver::new_session,
+        webdriver::status,
+        webdriver::docs::session_delete,
+        webdriver::docs::session_command,
         door::routes::json_protocol,
         door::routes::json_version_of_the_fleet,
         door::routes::cdp,
@@ -110,6 +114,7 @@ use crate::error::Error;
         (name = "health", description = "Service health"),
         (name = "metrics", description = "Cluster metrics, Prometheus exposition and alerts"),
         (name = "events", description = "Subscriber tokens for the event proxy"),
+        (name = "webdriver", description = "W3C WebDriver (Selenium, WebdriverIO), also under /wd/hub: a session is an instance; commands are served by its node's chromedriver. Credential: an API key, as Bearer or as Basic credentials in the URL"),
         (name = "front door", description = "Every instance through the control plane's port: CDP, DevTools discovery, live view, screenshot, tabs. Credential: an API key, or the instance's token as Bearer or ?token="),
     )
 )]

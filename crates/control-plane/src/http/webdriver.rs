@@ -48,6 +48,14 @@ fn principal_of(request: &Request) -> String {
 }
 
 /// `POST /session`, `POST /wd/hub/session`.
+#[utoipa::path(post, path = "/session", tag = "webdriver",
+    request_body(content = Object, description = "W3C: {\"capabilities\": {\"alwaysMatch\": {…}, \"firstMatch\": [{…}]}}; also at /wd/hub/session"),
+    responses(
+        (status = 200, description = "{\"value\": {\"sessionId\", \"capabilities\"}}: the session id is its instance's id", content_type = "application/json"),
+        (status = 400, description = "W3C invalid argument (a capability of the wrong type, refused goog:chromeOptions args)", content_type = "application/json"),
+        (status = 401, description = "No valid API key (Bearer, or Basic from http://user:KEY@host)", content_type = "application/json"),
+        (status = 500, description = "W3C session not created (no room within webdriver.session_request_timeout_sec, a browser or version the fleet does not run)", content_type = "application/json"),
+    ))]
 pub async fn new_session(
     State(control_plane): State<Arc<ControlPlane>>,
     request: Request,
@@ -241,6 +249,8 @@ async fn end(control_plane: &ControlPlane, target: &DoorTarget, id: &InstanceId)
 }
 
 /// `GET /status`, `GET /wd/hub/status` (open, as Grid's).
+#[utoipa::path(get, path = "/status", tag = "webdriver", security(()),
+    responses((status = 200, description = "Grid 4's status: {\"value\": {\"ready\", \"message\", \"nodes\"}}; also at /wd/hub/status", content_type = "application/json")))]
 pub async fn status(State(control_plane): State<Arc<ControlPlane>>) -> Response {
     match control_plane.webdriver_status().await {
         Ok(value) => {
@@ -252,4 +262,27 @@ pub async fn status(State(control_plane): State<Arc<ControlPlane>>) -> Response 
         }
         Err(error) => unknown(error.to_string()).into_response(),
     }
+}
+
+/// The OpenAPI entries of the session paths ([`session`] serves them all:
+/// only the entries of these functions are used).
+#[allow(dead_code)]
+pub mod docs {
+    /// Ends the session and deletes its instance (also at /wd/hub/session/{session_id}).
+    #[utoipa::path(delete, path = "/session/{session_id}", tag = "webdriver",
+        params(("session_id" = String, Path, description = "The session's (and its instance's) id")),
+        responses((status = 200, description = "{\"value\": null}", content_type = "application/json"),
+            (status = 401, content_type = "application/json"),
+            (status = 404, description = "W3C invalid session id", content_type = "application/json")))]
+    pub async fn session_delete() {}
+
+    /// Any W3C WebDriver command of the session (`url`, `element`,
+    /// `execute/sync`, `screenshot`, `window/rect`, `goog/cdp/execute`, …;
+    /// also under /wd/hub), answered by the instance's chromedriver.
+    #[utoipa::path(post, path = "/session/{session_id}/{command}", tag = "webdriver",
+        params(("session_id" = String, Path), ("command" = String, Path, description = "The rest of the W3C command path")),
+        responses((status = 200, description = "chromedriver's answer", content_type = "application/json"),
+            (status = 401, content_type = "application/json"),
+            (status = 404, description = "W3C invalid session id, or unknown command", content_type = "application/json")))]
+    pub async fn session_command() {}
 }
