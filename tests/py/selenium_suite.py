@@ -1,11 +1,18 @@
 """A small Selenium suite, as a user's test would drive Flotilla: Selenium 4
 for Python (PyPI `selenium`), unchanged, pointed at a remote URL.
 
-Usage: python3 selenium_suite.py <remote url> <site base url>
+Usage: python3 selenium_suite.py <remote url> <site base url> [classic|bidi]
+In `bidi` mode the session asks for WebDriver BiDi (`webSocketUrl`) and
+listens to console events over it; chromedriver then answers prompts itself
+(BiDi's user prompt handling, the same with a local chromedriver), so the
+alert step is left to the classic mode.
 Prints one JSON object of what it saw; exits non-zero on the first failure.
 """
 import json
+import os
 import sys
+import tempfile
+import time
 
 from selenium import webdriver
 from selenium.webdriver.common.by import By
@@ -13,10 +20,14 @@ from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 remote, site = sys.argv[1], sys.argv[2]
+bidi = len(sys.argv) > 3 and sys.argv[3] == "bidi"
 options = webdriver.ChromeOptions()
 options.add_argument("--headless=new")
 options.add_argument("--window-size=1024,768")
 options.set_capability("flotilla:options", {"idle_timeout_minutes": 10})
+# Grid's managed downloads, and in bidi mode WebDriver BiDi (webSocketUrl).
+options.enable_downloads = True
+options.enable_bidi = bidi
 driver = webdriver.Remote(command_executor=remote, options=options)
 seen = {"session": driver.session_id, "capabilities": driver.capabilities}
 try:
@@ -31,10 +42,11 @@ try:
     seen["async_script"] = driver.execute_async_script(
         "const done = arguments[arguments.length - 1]; setTimeout(() => done('later'), 10)"
     )
-    driver.execute_script("setTimeout(() => alert('attention'), 10)")
-    alert = wait.until(EC.alert_is_present())
-    seen["alert"] = alert.text
-    alert.accept()
+    if not bidi:
+        driver.execute_script("setTimeout(() => alert('attention'), 10)")
+        alert = wait.until(EC.alert_is_present())
+        seen["alert"] = alert.text
+        alert.accept()
     driver.switch_to.frame("inner")
     seen["frame"] = driver.find_element(By.TAG_NAME, "p").text
     driver.switch_to.default_content()
@@ -56,6 +68,41 @@ try:
         "Runtime.evaluate", {"expression": "1 + 2", "returnByValue": True}
     )["result"]["value"]
     seen["url"] = driver.current_url
+
+    # A file from this machine's disk, typed into a file input.
+    with tempfile.TemporaryDirectory() as local:
+        path = os.path.join(local, "upload me.txt")
+        with open(path, "w") as f:
+            f.write("from the client's disk")
+        driver.find_element(By.ID, "file").send_keys(path)
+    seen["uploaded"] = driver.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "const file = document.getElementById('file').files[0];"
+        "file.text().then(text => done(file.name + ': ' + text))"
+    )
+
+    # A download, fetched back through Grid's managed downloads.
+    driver.find_element(By.ID, "dl").click()
+    deadline = time.time() + 30
+    while "hello.txt" not in driver.get_downloadable_files() and time.time() < deadline:
+        time.sleep(0.1)
+    seen["downloadable"] = driver.get_downloadable_files()
+    with tempfile.TemporaryDirectory() as local:
+        driver.download_file("hello.txt", local)
+        with open(os.path.join(local, "hello.txt")) as f:
+            seen["downloaded"] = f.read()
+    driver.delete_downloadable_files()
+    seen["after_delete"] = driver.get_downloadable_files()
+
+    # WebDriver BiDi through the front door: console events.
+    if bidi:
+        logs = []
+        driver.script.add_console_message_handler(logs.append)
+        driver.execute_script("console.log('over bidi')")
+        deadline = time.time() + 30
+        while not logs and time.time() < deadline:
+            time.sleep(0.1)
+        seen["bidi_console"] = [entry.text for entry in logs]
 finally:
     driver.quit()
 print(json.dumps(seen))

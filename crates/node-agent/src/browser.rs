@@ -136,6 +136,13 @@ impl InstanceDirs {
         self.root.join("extensions")
     }
 
+    /// Files WebDriver clients uploaded (`POST /session/{id}/se/file`), one
+    /// folder per upload; the agent's, read-only to the browser and its
+    /// chromedriver.
+    pub fn uploads(&self) -> PathBuf {
+        self.root.join("uploads")
+    }
+
     /// The directories the browser may write to.
     pub fn writable(&self) -> [PathBuf; 3] {
         [self.profile(), self.home(), self.downloads()]
@@ -145,7 +152,8 @@ impl InstanceDirs {
         for dir in self.writable() {
             std::fs::create_dir_all(dir)?;
         }
-        Ok(())
+        // Before the sandbox starts: it binds what exists then.
+        std::fs::create_dir_all(self.uploads())
     }
 
     /// Makes `downloads` (the downloads directory as the browser sees it) the

@@ -1,15 +1,17 @@
-//! The client → browser direction of a CDP WebSocket, read frame by frame, so
-//! that the gateway can pin commands that would reach outside the instance
-//! (see [`pin_command`]): downloads always land in the instance's own
-//! directory, extensions cannot be loaded or removed over CDP, and the same
-//! holds for commands nested in `Target.sendMessageToTarget` (flattened
-//! sessions carry `method` at the top level and are read like any other).
+//! The client → browser direction of a CDP or WebDriver BiDi WebSocket, read
+//! frame by frame, so that the gateway (CDP) and the WebDriver relay (BiDi,
+//! to chromedriver) can pin commands that would reach outside the instance
+//! (see [`pin_command`] and [`pin_bidi_command`]): downloads always land in
+//! the instance's own directory, extensions cannot be loaded or removed, and
+//! the same holds for commands nested in `Target.sendMessageToTarget`
+//! (flattened sessions carry `method` at the top level and are read like any
+//! other) and for raw CDP sent through BiDi (`goog:cdp.sendCommand`).
 //!
 //! Every data message (text or binary, fragmented or not) is collected whole,
 //! up to [`MAX_MESSAGE`], and sent on as one frame masked with a zero key (the
 //! same bytes Chromium would unmask). A message is parsed as JSON only when it
 //! could name a pinned command: it contains `DownloadBehavior`,
-//! `Extensions.`, or a `\u` escape (which could spell either). Control frames
+//! `Extensions.`, `webExtension`, or a `\u` escape (which could spell any). Control frames
 //! pass through as they are, in order. The browser → client direction is
 //! never touched (the gateway copies bytes).
 
@@ -24,9 +26,27 @@ pub const MAX_MESSAGE: usize = 256 << 20;
 const OPCODE_CONTINUATION: u8 = 0x0;
 const OPCODE_CLOSE: u8 = 0x8;
 
+/// The protocol a relayed socket speaks, and so which commands are pinned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// The DevTools protocol, to the browser.
+    Cdp,
+    /// WebDriver BiDi, to chromedriver (which speaks CDP to the browser).
+    Bidi,
+}
+
+/// What a relay pins: its protocol and the instance's downloads directory
+/// as the browser sees it.
+#[derive(Debug, Clone)]
+pub struct Pins {
+    pub protocol: Protocol,
+    pub downloads_dir: String,
+}
+
 /// Copies frames from `client` to `browser` until `client` ends, rewriting
-/// download commands so that files land in `downloads_dir`.
-pub async fn relay<R, W>(mut client: R, mut browser: W, downloads_dir: &str) -> io::Result<()>
+/// download commands so that files land in the downloads directory and
+/// refusing extension commands (see [`Pins`]).
+pub async fn relay<R, W>(mut client: R, mut browser: W, pins: &Pins) -> io::Result<()>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -95,7 +115,7 @@ where
             message = Some((opcode, data));
             continue;
         }
-        let data = pin_message(data, downloads_dir)?;
+        let data = pin_message(data, pins)?;
         browser.write_all(&frame_head(opcode, data.len())).await?;
         browser.write_all(&data).await?;
         browser.flush().await?;
@@ -180,8 +200,8 @@ fn frame_head(opcode: u8, length: usize) -> Vec<u8> {
 }
 
 /// Bytes that a message must contain (literally, or spelt with a `\u`
-/// escape) to name a command the gateway pins; any other message passes as is.
-const MARKERS: &[&[u8]] = &[b"DownloadBehavior", b"Extensions.", b"\\u"];
+/// escape) to name a command the relay pins; any other message passes as is.
+const MARKERS: &[&[u8]] = &[b"DownloadBehavior", b"Extensions.", b"webExtension", b"\\u"];
 
 /// How deep `Target.sendMessageToTarget` messages may nest.
 const MAX_NESTING: usize = 4;
@@ -192,7 +212,7 @@ const MAX_NESTING: usize = 4;
 /// is sent on as parsed here (re-serialised: a duplicate `method` key cannot
 /// mean one thing here and another in Chromium); one that cannot be parsed
 /// is refused.
-fn pin_message(data: Vec<u8>, downloads_dir: &str) -> io::Result<Vec<u8>> {
+fn pin_message(data: Vec<u8>, pins: &Pins) -> io::Result<Vec<u8>> {
     if !could_name_a_pin(&data) {
         return Ok(data);
     }
@@ -202,7 +222,10 @@ fn pin_message(data: Vec<u8>, downloads_dir: &str) -> io::Result<Vec<u8>> {
             format!("a client message that is not JSON: {error}"),
         )
     })?;
-    pin_command(&mut command, downloads_dir, 0);
+    match pins.protocol {
+        Protocol::Cdp => pin_command(&mut command, &pins.downloads_dir, 0),
+        Protocol::Bidi => pin_bidi_command(&mut command, &pins.downloads_dir),
+    }
     serde_json::to_vec(&command).map_err(io::Error::other)
 }
 
@@ -224,7 +247,7 @@ fn could_name_a_pin(data: &[u8]) -> bool {
 /// A refused command keeps its `id` and is renamed to a method that says
 /// why, so the browser answers the client with an error of its own
 /// (`'… is refused by Flotilla: …' wasn't found`).
-fn pin_command(command: &mut Value, downloads_dir: &str, depth: usize) {
+pub fn pin_command(command: &mut Value, downloads_dir: &str, depth: usize) {
     let method = command.get("method").and_then(Value::as_str).unwrap_or("");
     match method {
         "Browser.setDownloadBehavior" | "Page.setDownloadBehavior" => {
@@ -279,6 +302,55 @@ fn pin_nested(command: &mut Value, downloads_dir: &str, depth: usize) {
     };
     pin_command(&mut inner, downloads_dir, depth + 1);
     command["params"]["message"] = Value::String(inner.to_string());
+}
+
+/// Applies the pins to one WebDriver BiDi command:
+/// - `browser.setDownloadBehavior` allowing downloads saves them in the
+///   instance's directory, whatever `destinationFolder` says;
+/// - `webExtension.install` and `webExtension.uninstall` are refused (as
+///   `Extensions.*` over CDP);
+/// - raw CDP sent through BiDi (`goog:cdp.sendCommand`, `cdp.sendCommand`)
+///   gets the CDP pins ([`pin_command`]).
+///
+/// A refused command is renamed, so chromedriver answers `unknown command`
+/// with a message that says why.
+pub fn pin_bidi_command(command: &mut Value, downloads_dir: &str) {
+    let method = command.get("method").and_then(Value::as_str).unwrap_or("");
+    match method {
+        "browser.setDownloadBehavior" => {
+            if let Some(behavior) = command
+                .get_mut("params")
+                .and_then(|params| params.get_mut("downloadBehavior"))
+                .and_then(Value::as_object_mut)
+                && behavior.get("type").and_then(Value::as_str) != Some("denied")
+            {
+                behavior.insert("type".into(), Value::String("allowed".into()));
+                behavior.insert(
+                    "destinationFolder".into(),
+                    Value::String(downloads_dir.to_owned()),
+                );
+            }
+        }
+        "webExtension.install" | "webExtension.uninstall" => refuse(
+            command,
+            "the instance's extensions are set when it is created (config.extensions, uploaded with POST /v2/extensions)",
+        ),
+        "goog:cdp.sendCommand" | "cdp.sendCommand" => {
+            let Some(params) = command.get_mut("params").and_then(Value::as_object_mut) else {
+                return;
+            };
+            let mut inner = serde_json::json!({
+                "method": params.get("method").cloned().unwrap_or(Value::Null),
+                "params": params.get("params").cloned().unwrap_or(Value::Null),
+            });
+            pin_command(&mut inner, downloads_dir, 0);
+            params.insert("method".into(), inner["method"].take());
+            if !inner["params"].is_null() {
+                params.insert("params".into(), inner["params"].take());
+            }
+        }
+        _ => {}
+    }
 }
 
 /// Renames `command` so that the browser refuses it, saying `why`.
@@ -342,9 +414,90 @@ mod tests {
     }
 
     async fn through(input: Vec<u8>) -> io::Result<Vec<(u8, Vec<u8>)>> {
+        through_as(Protocol::Cdp, input).await
+    }
+
+    async fn through_as(protocol: Protocol, input: Vec<u8>) -> io::Result<Vec<(u8, Vec<u8>)>> {
         let mut output = Vec::new();
-        relay(&input[..], &mut output, "/data/i1/downloads").await?;
+        let pins = Pins {
+            protocol,
+            downloads_dir: "/data/i1/downloads".into(),
+        };
+        relay(&input[..], &mut output, &pins).await?;
         Ok(messages(&output))
+    }
+
+    async fn bidi(command: Value) -> Value {
+        let input = frame(true, 1, command.to_string().as_bytes(), [7, 1, 2, 3]);
+        let out = through_as(Protocol::Bidi, input).await.unwrap();
+        serde_json::from_slice(&out[0].1).unwrap()
+    }
+
+    #[tokio::test]
+    async fn bidi_downloads_are_pinned_and_extensions_refused() {
+        let allowed = bidi(serde_json::json!({"id": 1, "method": "browser.setDownloadBehavior",
+            "params": {"downloadBehavior": {"type": "allowed", "destinationFolder": "/instance/home"}}}))
+        .await;
+        assert_eq!(
+            allowed["params"]["downloadBehavior"]["destinationFolder"],
+            "/data/i1/downloads"
+        );
+        let denied = bidi(
+            serde_json::json!({"id": 2, "method": "browser.setDownloadBehavior",
+            "params": {"downloadBehavior": {"type": "denied"}}}),
+        )
+        .await;
+        assert_eq!(
+            denied["params"]["downloadBehavior"],
+            serde_json::json!({"type": "denied"})
+        );
+        let escaped = r#"{"id": 3, "method": "webExtension.\u0069nstall", "params": {"extensionData": {"type": "path", "path": "/tmp/x"}}}"#;
+        let input = frame(true, 1, escaped.as_bytes(), [9, 9, 9, 9]);
+        let out = through_as(Protocol::Bidi, input).await.unwrap();
+        let refused: Value = serde_json::from_slice(&out[0].1).unwrap();
+        assert!(
+            refused["method"]
+                .as_str()
+                .unwrap()
+                .contains("refused by Flotilla"),
+            "{refused}"
+        );
+        assert_eq!(refused["id"], 3);
+    }
+
+    #[tokio::test]
+    async fn raw_cdp_through_bidi_gets_the_cdp_pins() {
+        let pinned = bidi(
+            serde_json::json!({"id": 4, "method": "goog:cdp.sendCommand",
+            "params": {"method": "Browser.setDownloadBehavior",
+                "params": {"behavior": "allow", "downloadPath": "/instance/home"}}}),
+        )
+        .await;
+        assert_eq!(pinned["params"]["method"], "Browser.setDownloadBehavior");
+        assert_eq!(
+            pinned["params"]["params"]["downloadPath"],
+            "/data/i1/downloads"
+        );
+        let refused = bidi(serde_json::json!({"id": 5, "method": "cdp.sendCommand",
+            "params": {"method": "Extensions.loadUnpacked", "params": {"path": "/instance/home/x"}, "session": "s"}}))
+        .await;
+        assert!(
+            refused["params"]["method"]
+                .as_str()
+                .unwrap()
+                .contains("refused by Flotilla"),
+            "{refused}"
+        );
+        assert_eq!(refused["params"]["session"], "s");
+        // In the CDP relay the same BiDi method is nobody's business.
+        let input = frame(
+            true,
+            1,
+            br#"{"id":6,"method":"webExtension.install"}"#,
+            [1, 2, 3, 4],
+        );
+        let out = through(input).await.unwrap();
+        assert_eq!(out[0].1, br#"{"id":6,"method":"webExtension.install"}"#);
     }
 
     fn download_path(message: &[u8]) -> Value {

@@ -38,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::access::{Admission, InstanceToken, NodeAccess, query_without_token, with_token};
 use crate::browser::CdpEndpoint;
+use crate::client_frames::{Pins, Protocol};
 use crate::instance::InstanceSlot;
 
 /// Upper bound for a forwarded HTTP body (`/json/protocol` is ~1 MB).
@@ -271,14 +272,39 @@ async fn proxy_http(
 }
 
 async fn proxy_websocket(
-    mut request: Request<Body>,
+    request: Request<Body>,
     endpoint: &CdpEndpoint,
     context: Arc<GatewayContext>,
     cancel: CancellationToken,
 ) -> io::Result<Response<Full<Bytes>>> {
-    let mut upstream = endpoint.connect().await?;
+    let upstream = endpoint.connect().await?;
+    let path = upstream_path(&request, endpoint);
+    let pins = Pins {
+        protocol: Protocol::Cdp,
+        downloads_dir: context.downloads_dir.clone(),
+    };
+    relay_websocket(
+        request,
+        (upstream, &endpoint.authority(), &path),
+        (context.slot.clone(), pins),
+        cancel,
+    )
+    .await
+}
+
+/// Relays the WebSocket upgrade `request` to `upstream` (a connection to
+/// `authority`, asking for `path`): the upstream's answer to the handshake
+/// goes back to the client and, once switched, frames are relayed both ways
+/// (the client's checked against `pins`) until either side closes, `cancel`
+/// fires or the instance's servers stop. Traffic counts as activity.
+pub(crate) async fn relay_websocket<B>(
+    mut request: Request<B>,
+    (mut upstream, authority, path): (tokio::net::TcpStream, &str, &str),
+    (slot, pins): (Arc<InstanceSlot>, Pins),
+    cancel: CancellationToken,
+) -> io::Result<Response<Full<Bytes>>> {
     upstream
-        .write_all(upgrade_head(&request, endpoint)?.as_bytes())
+        .write_all(upgrade_head(request.headers(), path, authority)?.as_bytes())
         .await?;
     let (buffer, head_end) = read_upgrade_answer(&mut upstream).await?;
     let mut headers = [httparse::EMPTY_HEADER; 32];
@@ -300,7 +326,9 @@ async fn proxy_websocket(
     let upgrade = hyper::upgrade::on(&mut request);
     tokio::spawn(async move {
         match upgrade.await {
-            Ok(upgraded) => relay_upgraded(upgraded, leftover, upstream, context, cancel).await,
+            Ok(upgraded) => {
+                relay_upgraded(upgraded, leftover, upstream, (slot, pins), cancel).await
+            }
             Err(error) => tracing::debug!(%error, "client upgrade failed"),
         }
     });
@@ -309,12 +337,11 @@ async fn proxy_websocket(
         .map_err(io::Error::other)
 }
 
-/// The client's upgrade request as the browser gets it: the browser's own
-/// host, and only the headers that go through.
-fn upgrade_head(request: &Request<Body>, endpoint: &CdpEndpoint) -> io::Result<String> {
-    let path = upstream_path(request, endpoint);
-    let mut head = format!("GET {path} HTTP/1.1\r\nHost: {}\r\n", endpoint.authority());
-    for (name, value) in request.headers() {
+/// The client's upgrade request as the upstream gets it: its own host, and
+/// only the headers that go through.
+fn upgrade_head(headers: &hyper::HeaderMap, path: &str, authority: &str) -> io::Result<String> {
+    let mut head = format!("GET {path} HTTP/1.1\r\nHost: {authority}\r\n");
+    for (name, value) in headers {
         if !forwarded(name) {
             continue;
         }
@@ -362,10 +389,9 @@ async fn relay_upgraded(
     upgraded: hyper::upgrade::Upgraded,
     leftover: Vec<u8>,
     upstream: tokio::net::TcpStream,
-    context: Arc<GatewayContext>,
+    (slot, pins): (Arc<InstanceSlot>, Pins),
     cancel: CancellationToken,
 ) {
-    let slot = context.slot.clone();
     let mut client = ActivityIo {
         inner: TokioIo::new(upgraded),
         slot: slot.clone(),
@@ -375,8 +401,7 @@ async fn relay_upgraded(
     }
     let (client_read, mut client_write) = tokio::io::split(client);
     let (mut upstream_read, upstream_write) = upstream.into_split();
-    let to_browser =
-        crate::client_frames::relay(client_read, upstream_write, &context.downloads_dir);
+    let to_browser = crate::client_frames::relay(client_read, upstream_write, &pins);
     let to_client = async {
         let _ = tokio::io::copy(&mut upstream_read, &mut client_write).await;
         let _ = client_write.shutdown().await;

@@ -37,6 +37,7 @@ pub mod ports;
 pub mod reaper;
 pub mod recording;
 pub mod sandbox;
+pub mod se_files;
 pub mod snapshot;
 pub mod sweep;
 pub mod webdriver;

@@ -76,6 +76,8 @@ pub struct BrowserPaths {
     pub downloads: PathBuf,
     /// Read-only: the unpacked extensions.
     pub extensions: PathBuf,
+    /// Read-only: files WebDriver clients uploaded.
+    pub uploads: PathBuf,
 }
 
 /// Where the instance's own directories appear inside the sandbox.
@@ -227,6 +229,7 @@ impl Isolation {
                 home: inside.join("home"),
                 downloads: inside.join("downloads"),
                 extensions: inside.join("extensions"),
+                uploads: inside.join("uploads"),
             }
         } else {
             BrowserPaths {
@@ -234,6 +237,7 @@ impl Isolation {
                 home: dirs.home(),
                 downloads: dirs.downloads(),
                 extensions: dirs.extensions(),
+                uploads: dirs.uploads(),
             }
         }
     }
@@ -289,9 +293,24 @@ impl Isolation {
         for dir in dirs.writable() {
             chown_tree(&dir, user.uid, user.gid)?;
         }
+        // Uploads: the agent's folder (the browser passes through it to each
+        // upload, handed over with `give_to_browser`).
+        if dirs.uploads().is_dir() {
+            let_through(user, &dirs.uploads())?;
+        }
         // Read-only to the browser inside the sandbox; the browser's alone
         // outside it, like everything it may read.
         chown_tree(&dirs.extensions(), user.uid, user.gid)
+    }
+
+    /// Hands `path` (a file or folder the agent wrote for the browser to
+    /// read) to the browser user; nothing to do when browsers run as the
+    /// agent's own user.
+    pub fn give_to_browser(&self, path: &Path) -> std::io::Result<()> {
+        match &self.user {
+            Some(user) => chown_tree(path, user.uid, user.gid),
+            None => Ok(()),
+        }
     }
 
     /// Lets the browser user pass through `dir` (the agent's) to its own
@@ -430,6 +449,9 @@ impl Isolation {
         let extensions = dirs.extensions().to_string_lossy().into_owned();
         let inside_extensions = inside.extensions.to_string_lossy().into_owned();
         push(&["--ro-bind-try", &extensions, &inside_extensions]);
+        let uploads = dirs.uploads().to_string_lossy().into_owned();
+        let inside_uploads = inside.uploads.to_string_lossy().into_owned();
+        push(&["--ro-bind-try", &uploads, &inside_uploads]);
         push(&["--remount-ro", "/"]);
         let home = inside.home.to_string_lossy().into_owned();
         push(&["--chdir", &home]);

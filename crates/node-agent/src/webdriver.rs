@@ -145,21 +145,20 @@ impl WebDriver {
         (method, rest, body): (hyper::Method, &str, Bytes),
     ) -> Result<(u16, Bytes), WebDriverError> {
         let mut state = self.state.lock().await;
-        let Some(session) = &state.session else {
-            return Err(WebDriverError::no_session(confinement.slot.id.as_str()));
-        };
-        if session.browser != *browser {
-            // A new browser (the instance was parked and revived): the same
-            // session, attached to it.
-            let capabilities = session.capabilities.clone();
-            state.session = None;
-            attach(&mut state, confinement, browser, &capabilities).await?;
-        }
-        let (Some(driver), Some(session)) = (&state.driver, &state.session) else {
-            return Err(WebDriverError::no_session(confinement.slot.id.as_str()));
-        };
-        let path = format!("/session/{}{rest}", session.id);
-        call(&driver.at, method, &path, body).await
+        let (at, session) = attached(&mut state, confinement, browser).await?;
+        call(&at, method, &format!("/session/{session}{rest}"), body).await
+    }
+
+    /// Where the session's WebDriver BiDi socket is: chromedriver's address
+    /// and the path of the session's socket there (`/session/{its id}`).
+    pub async fn bidi_socket(
+        &self,
+        confinement: &Confinement<'_>,
+        browser: &CdpEndpoint,
+    ) -> Result<(CdpEndpoint, String), WebDriverError> {
+        let mut state = self.state.lock().await;
+        let (at, session) = attached(&mut state, confinement, browser).await?;
+        Ok((at, format!("/session/{session}")))
     }
 
     /// Ends the session (chromedriver lets the browser be); `false` when
@@ -181,6 +180,28 @@ impl WebDriver {
     /// Whether the instance has a WebDriver session.
     pub async fn has_session(&self) -> bool {
         self.state.lock().await.session.is_some()
+    }
+}
+
+/// The session's chromedriver and chromedriver's session id, attached to
+/// `browser` first when the session was made for another one (the instance
+/// was parked and revived: the same session goes on in the new browser).
+async fn attached(
+    state: &mut State,
+    confinement: &Confinement<'_>,
+    browser: &CdpEndpoint,
+) -> Result<(CdpEndpoint, String), WebDriverError> {
+    let Some(session) = &state.session else {
+        return Err(WebDriverError::no_session(confinement.slot.id.as_str()));
+    };
+    if session.browser != *browser {
+        let capabilities = session.capabilities.clone();
+        state.session = None;
+        attach(state, confinement, browser, &capabilities).await?;
+    }
+    match (&state.driver, &state.session) {
+        (Some(driver), Some(session)) => Ok((driver.at.clone(), session.id.clone())),
+        _ => Err(WebDriverError::no_session(confinement.slot.id.as_str())),
     }
 }
 
@@ -343,10 +364,10 @@ mod tests {
 pub mod routes {
     use axum::Router;
     use axum::body::Bytes;
-    use axum::extract::{Path, State};
+    use axum::extract::{DefaultBodyLimit, Path, State};
     use axum::http::{Method, StatusCode, header};
     use axum::response::{IntoResponse, Response};
-    use axum::routing::{any, post};
+    use axum::routing::{any, get, post};
 
     use super::*;
 
@@ -361,12 +382,161 @@ pub mod routes {
         pub ready_timeout: Duration,
     }
 
+    /// A request's body, or why it could not be read (too large: over the
+    /// route's limit), answered as a W3C error.
+    type Body = Result<Bytes, axum::extract::rejection::BytesRejection>;
+
+    fn read(body: Body) -> Result<Bytes, WebDriverError> {
+        body.map_err(|rejection| {
+            WebDriverError::new(
+                400,
+                "invalid argument",
+                format!(
+                    "the request's body cannot be read: {}",
+                    rejection.body_text()
+                ),
+            )
+        })
+    }
+
+    /// The largest command body (a script with its arguments, keys to type).
+    const MAX_COMMAND_BODY: usize = 16 << 20;
+
     pub fn router(state: WebDriverState) -> Router {
         Router::new()
             .route("/webdriver/session", post(new_session))
             .route("/webdriver/session/{id}", any(session))
+            .route(
+                "/webdriver/session/{id}/se/file",
+                post(upload).layer(DefaultBodyLimit::max(crate::se_files::MAX_UPLOAD_BODY)),
+            )
+            .route(
+                "/webdriver/session/{id}/se/files",
+                get(downloads_list).post(download).delete(downloads_delete),
+            )
+            .route("/webdriver/session/{id}/se/bidi", get(bidi))
             .route("/webdriver/session/{id}/{*rest}", any(command))
+            .layer(DefaultBodyLimit::max(MAX_COMMAND_BODY))
             .with_state(state)
+    }
+
+    /// The session `id` names this instance's, and it has one.
+    async fn own_session(state: &WebDriverState, id: &str) -> Result<(), WebDriverError> {
+        if id == state.slot.id.as_str() && state.webdriver.has_session().await {
+            Ok(())
+        } else {
+            Err(WebDriverError::no_session(id))
+        }
+    }
+
+    /// Runs one of [`crate::se_files`]'s file operations for session `id`
+    /// off the async threads; its value as the W3C answer.
+    async fn file_operation(
+        state: &WebDriverState,
+        id: &str,
+        operation: impl FnOnce(&InstanceDirs, &Isolation) -> Result<Value, WebDriverError>
+        + Send
+        + 'static,
+    ) -> Response {
+        if let Err(error) = own_session(state, id).await {
+            return error.into_response();
+        }
+        state.slot.touch();
+        let (dirs, isolation) = (state.slot.dirs.clone(), state.isolation.clone());
+        match tokio::task::spawn_blocking(move || operation(&dirs, &isolation)).await {
+            Ok(Ok(value)) => axum::Json(json!({"value": value})).into_response(),
+            Ok(Err(error)) => error.into_response(),
+            Err(error) => {
+                WebDriverError::new(500, "unknown error", error.to_string()).into_response()
+            }
+        }
+    }
+
+    async fn upload(
+        State(state): State<WebDriverState>,
+        Path(id): Path<String>,
+        body: Body,
+    ) -> Response {
+        let body = match read(body) {
+            Ok(body) => body,
+            Err(error) => return error.into_response(),
+        };
+        file_operation(&state, &id, move |dirs, isolation| {
+            crate::se_files::upload(dirs, isolation, &body)
+        })
+        .await
+    }
+
+    async fn downloads_list(
+        State(state): State<WebDriverState>,
+        Path(id): Path<String>,
+    ) -> Response {
+        file_operation(&state, &id, |dirs, _| crate::se_files::list(dirs)).await
+    }
+
+    async fn download(
+        State(state): State<WebDriverState>,
+        Path(id): Path<String>,
+        body: Body,
+    ) -> Response {
+        let body = match read(body) {
+            Ok(body) => body,
+            Err(error) => return error.into_response(),
+        };
+        file_operation(&state, &id, move |dirs, _| {
+            crate::se_files::download(dirs, &body)
+        })
+        .await
+    }
+
+    async fn downloads_delete(
+        State(state): State<WebDriverState>,
+        Path(id): Path<String>,
+    ) -> Response {
+        file_operation(&state, &id, |dirs, _| crate::se_files::delete_all(dirs)).await
+    }
+
+    /// The session's WebDriver BiDi socket (the session asked for
+    /// `webSocketUrl`): relayed to chromedriver's, the client's commands
+    /// checked on the way (see [`crate::client_frames::pin_bidi_command`]).
+    async fn bidi(
+        State(state): State<WebDriverState>,
+        Path(id): Path<String>,
+        request: axum::extract::Request,
+    ) -> Response {
+        let relayed = async {
+            own_session(&state, &id).await?;
+            let endpoint = browser(&state).await?;
+            let (at, path) = state
+                .webdriver
+                .bidi_socket(&confinement(&state), &endpoint)
+                .await?;
+            let unreachable = |e: std::io::Error| {
+                WebDriverError::new(500, "unknown error", format!("chromedriver: {e}"))
+            };
+            let upstream = at.connect().await.map_err(unreachable)?;
+            let pins = crate::client_frames::Pins {
+                protocol: crate::client_frames::Protocol::Bidi,
+                downloads_dir: state
+                    .isolation
+                    .browser_paths(&state.slot.dirs)
+                    .downloads
+                    .to_string_lossy()
+                    .into_owned(),
+            };
+            crate::gateway::relay_websocket(
+                request,
+                (upstream, &at.authority(), &path),
+                (state.slot.clone(), pins),
+                tokio_util::sync::CancellationToken::new(),
+            )
+            .await
+            .map_err(unreachable)
+        };
+        match relayed.await {
+            Ok(response) => response.into_response(),
+            Err(error) => error.into_response(),
+        }
     }
 
     impl IntoResponse for WebDriverError {
@@ -399,8 +569,9 @@ pub mod routes {
         }
     }
 
-    async fn new_session(State(state): State<WebDriverState>, body: Bytes) -> Response {
+    async fn new_session(State(state): State<WebDriverState>, body: Body) -> Response {
         let created = async {
+            let body = read(body)?;
             let request: Value = serde_json::from_slice(&body).map_err(|e| {
                 WebDriverError::new(
                     400,
@@ -427,7 +598,7 @@ pub mod routes {
         State(state): State<WebDriverState>,
         Path(id): Path<String>,
         method: Method,
-        body: Bytes,
+        body: Body,
     ) -> Response {
         if id != state.slot.id.as_str() {
             return WebDriverError::no_session(&id).into_response();
@@ -439,19 +610,56 @@ pub mod routes {
                 WebDriverError::no_session(&id).into_response()
             };
         }
-        pass_on(&state, (method, String::new(), body)).await
+        match read(body) {
+            Ok(body) => pass_on(&state, (method, String::new(), body)).await,
+            Err(error) => error.into_response(),
+        }
     }
 
     async fn command(
         State(state): State<WebDriverState>,
         Path((id, rest)): Path<(String, String)>,
         method: Method,
-        body: Bytes,
+        body: Body,
     ) -> Response {
         if id != state.slot.id.as_str() {
             return WebDriverError::no_session(&id).into_response();
         }
-        pass_on(&state, (method, format!("/{rest}"), body)).await
+        match read(body) {
+            Ok(body) => pass_on(&state, (method, format!("/{rest}"), body)).await,
+            Err(error) => error.into_response(),
+        }
+    }
+
+    /// chromedriver's commands that send the browser any CDP command
+    /// (`{"cmd", "params"}`): Selenium's `execute_cdp_cmd` and its older forms.
+    const RAW_CDP_COMMANDS: &[&str] = &[
+        "/goog/cdp/execute",
+        "/chromium/send_command",
+        "/chromium/send_command_and_get_result",
+    ];
+
+    /// A raw CDP command's body with the gateway's pins applied (chromedriver
+    /// reaches the browser directly, so the pins are applied here): parsed
+    /// and written again, so that chromedriver reads what was checked.
+    fn pin_raw_cdp(body: &[u8], state: &WebDriverState) -> Result<Bytes, WebDriverError> {
+        let invalid = |why: String| WebDriverError::new(400, "invalid argument", why);
+        let mut request: Value = serde_json::from_slice(body)
+            .map_err(|e| invalid(format!("the body is not JSON: {e}")))?;
+        let Some(fields) = request.as_object_mut() else {
+            return Err(invalid("the body must be {\"cmd\", \"params\"}".into()));
+        };
+        let mut command = json!({
+            "method": fields.get("cmd").cloned().unwrap_or(Value::Null),
+            "params": fields.get("params").cloned().unwrap_or(Value::Null),
+        });
+        let downloads = state.isolation.browser_paths(&state.slot.dirs).downloads;
+        crate::client_frames::pin_command(&mut command, &downloads.to_string_lossy(), 0);
+        fields.insert("cmd".into(), command["method"].take());
+        if !command["params"].is_null() {
+            fields.insert("params".into(), command["params"].take());
+        }
+        Ok(Bytes::from(request.to_string()))
     }
 
     async fn pass_on(
@@ -461,6 +669,14 @@ pub mod routes {
         if !state.webdriver.has_session().await {
             return WebDriverError::no_session(state.slot.id.as_str()).into_response();
         }
+        let body = if method == Method::POST && RAW_CDP_COMMANDS.contains(&rest.as_str()) {
+            match pin_raw_cdp(&body, state) {
+                Ok(pinned) => pinned,
+                Err(error) => return error.into_response(),
+            }
+        } else {
+            body
+        };
         let answered = async {
             let endpoint = browser(state).await?;
             state

@@ -66,6 +66,9 @@ pub struct NewSession {
     pub capabilities: Value,
     /// A window size asked with `--window-size=W,H`: set once the session runs.
     pub window_size: Option<(u64, u64)>,
+    /// Whether the client asked for Selenium Grid's managed downloads
+    /// (`se:downloadsEnabled`): the answer then says they are on.
+    pub downloads_enabled: bool,
 }
 
 /// `goog:chromeOptions.args` that would break the browser's isolation or
@@ -224,11 +227,20 @@ fn matched(
         )));
     }
     let mut forwarded = Map::new();
+    let mut downloads_enabled = false;
     for (key, value) in caps {
         match key.as_str() {
             "browserName" | "browserVersion" | "platformName" | "proxy" | "flotilla:options"
-            | "goog:chromeOptions" | "webSocketUrl" => {}
-            "acceptInsecureCerts" | "strictFileInteractability" | "setWindowRect" => {
+            | "goog:chromeOptions" => {}
+            "se:downloadsEnabled" => {
+                downloads_enabled = value.as_bool().ok_or_else(|| {
+                    WebDriverRefusal::invalid_argument("se:downloadsEnabled must be a boolean")
+                })?;
+            }
+            "acceptInsecureCerts"
+            | "strictFileInteractability"
+            | "setWindowRect"
+            | "webSocketUrl" => {
                 if !value.is_boolean() {
                     return Err(WebDriverRefusal::invalid_argument(format!(
                         "{key} must be a boolean"
@@ -285,6 +297,7 @@ fn matched(
         create,
         capabilities: Value::Object(forwarded),
         window_size,
+        downloads_enabled,
     }))
 }
 

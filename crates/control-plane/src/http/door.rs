@@ -89,6 +89,7 @@ fn route(id: &InstanceId, rest: &str) -> Option<Route> {
         "/downloads" => to(Port::Http, "/downloads", false),
         "/recordings" => to(Port::Http, "/recordings", false),
         "/tabs" => to(Port::Http, "/tabs", false),
+        "/webdriver/bidi" => socket(Port::Http, &format!("/webdriver/session/{id}/se/bidi")),
         _ if rest.starts_with("/json/") => to(Port::Debug, rest, true),
         _ if rest.starts_with("/devtools/") => socket(Port::Debug, rest),
         _ if rest.starts_with("/recordings/") && rest.len() > "/recordings/".len() => {
@@ -109,7 +110,15 @@ fn split_door_path(path: &str) -> Option<(&str, &str)> {
     let kind = rest.trim_start_matches('/').split('/').next()?;
     matches!(
         kind,
-        "cdp" | "json" | "devtools" | "stream" | "screenshot" | "tabs" | "downloads" | "recordings"
+        "cdp"
+            | "json"
+            | "devtools"
+            | "stream"
+            | "screenshot"
+            | "tabs"
+            | "downloads"
+            | "recordings"
+            | "webdriver"
     )
     .then_some((id, rest))
 }
@@ -899,6 +908,24 @@ pub mod routes {
             (status = 426, description = "Not a WebSocket upgrade", body = flotilla_api_types::ErrorResponse),
             (status = 502, body = flotilla_api_types::ErrorResponse)))]
     pub async fn stream_ws(
+        state: State<Arc<ControlPlane>>,
+        params: Params,
+        request: Request,
+    ) -> Response {
+        by_path(state, params, request).await
+    }
+
+    /// The WebDriver BiDi socket of the instance's WebDriver session (made
+    /// with `webSocketUrl: true`; the session's `webSocketUrl` capability
+    /// points here), relayed to its chromedriver.
+    #[utoipa::path(get, path = "/v2/instances/{instance_id}/webdriver/bidi", tag = "front door",
+        params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
+        responses((status = 101, description = "WebSocket of WebDriver BiDi messages"),
+            (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse),
+            (status = 409, description = "The instance is stopped or failed", body = flotilla_api_types::ErrorResponse),
+            (status = 426, description = "Not a WebSocket upgrade", body = flotilla_api_types::ErrorResponse),
+            (status = 502, body = flotilla_api_types::ErrorResponse)))]
+    pub async fn webdriver_bidi(
         state: State<Arc<ControlPlane>>,
         params: Params,
         request: Request,

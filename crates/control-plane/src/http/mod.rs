@@ -84,6 +84,7 @@ use crate::error::Error;
         door::routes::page,
         door::routes::stream,
         door::routes::stream_ws,
+        door::routes::webdriver_bidi,
         door::routes::frame,
         door::routes::screenshot,
         door::routes::tabs,
@@ -327,6 +328,10 @@ fn door_routes() -> Routes {
             get(door::routes::screenshot),
         )
         .route("/v2/instances/{instance_id}/tabs", get(door::routes::tabs))
+        .route(
+            "/v2/instances/{instance_id}/webdriver/bidi",
+            get(door::routes::webdriver_bidi),
+        )
         .route(
             "/v2/instances/{instance_id}/downloads",
             get(door::routes::downloads),

@@ -129,19 +129,29 @@ async fn attach(
     {
         chrome.remove("debuggerAddress");
     }
-    if let Some(fields) = capabilities.as_object_mut() {
-        fields.remove("webSocketUrl");
+    let query = target
+        .token
+        .as_deref()
+        .map(|t| format!("?token={t}"))
+        .unwrap_or_default();
+    // chromedriver's socket is inside the instance's network: the client
+    // gets the front door's, which relays to it.
+    if capabilities
+        .get("webSocketUrl")
+        .is_some_and(Value::is_string)
+    {
+        capabilities["webSocketUrl"] = json!(format!(
+            "{external}/v2/instances/{id}/webdriver/bidi{query}"
+        ));
+    }
+    if session.downloads_enabled {
+        capabilities["se:downloadsEnabled"] = json!(true);
     }
     capabilities["platformName"] = json!("linux");
     let version = capabilities["browserVersion"]
         .as_str()
         .unwrap_or_default()
         .to_owned();
-    let query = target
-        .token
-        .as_deref()
-        .map(|t| format!("?token={t}"))
-        .unwrap_or_default();
     capabilities["se:cdp"] = json!(format!("{external}/v2/instances/{id}/cdp{query}"));
     capabilities["se:cdpVersion"] = json!(version);
     capabilities["flotilla:instance"] = json!(id);

@@ -139,14 +139,16 @@ impl Agent {
                 let resources = {
                     let mut meter = slot.cpu_meter.lock().expect("meter lock");
                     // Everything the instance writes: its profile, its home
-                    // (caches, crash dumps), downloads and recordings.
+                    // (caches, crash dumps), downloads, recordings and
+                    // WebDriver uploads.
                     let [profile, home, downloads] = slot.dirs.writable();
                     let recordings = self.recordings_dir(&slot.id);
+                    let uploads = slot.dirs.uploads();
                     monitor::instance_resources(
                         &table,
                         &mut meter,
                         root,
-                        &[&profile, &home, &downloads, &recordings],
+                        &[&profile, &home, &downloads, &recordings, &uploads],
                         now,
                     )
                 };

@@ -15,7 +15,8 @@ const OTHER_KEY: &str = "another-webdriver-key";
 const FORM: &str = "<title>form</title><input id=name><select id=color><option value=red>red</option>\
 <option value=blue>blue</option></select><button id=go onclick=\"document.getElementById('out').textContent=\
 'Hello '+document.getElementById('name').value+' in '+document.getElementById('color').value\">go</button>\
-<p id=out></p><iframe name=inner srcdoc='<p>in the frame</p>'></iframe>";
+<p id=out></p><iframe name=inner srcdoc='<p>in the frame</p>'></iframe><input type=file id=file>\
+<a id=dl href='data:text/plain;base64,aGVsbG8gZnJvbSB0aGUgcGFnZQ==' download=hello.txt>download</a>";
 
 async fn serve() -> (PageServer, TestServe) {
     let (site, mut serve) = spawn_serve_with_page(FORM, |config| {
@@ -56,18 +57,21 @@ async fn browser_selenium_for_python_drives_an_instance_through_wd_hub() {
     let (site, serve) = serve().await;
     let port = serve.api.base.rsplit(':').next().unwrap().to_owned();
     let remote = format!("http://flotilla:{KEY}@127.0.0.1:{port}/wd/hub");
-    // Two sessions at once.
-    let args = [remote.as_str(), site.base.as_str()];
+    // Two sessions at once: classic WebDriver, and one with BiDi.
+    let classic = [remote.as_str(), site.base.as_str(), "classic"];
+    let bidi = [remote.as_str(), site.base.as_str(), "bidi"];
     let (first, second) = tokio::join!(
-        run_python("selenium_suite.py", &args),
-        run_python("selenium_suite.py", &args),
+        run_python("selenium_suite.py", &classic),
+        run_python("selenium_suite.py", &bidi),
     );
-    for seen in [first.unwrap(), second.unwrap()] {
+    for (seen, bidi) in [(first.unwrap(), false), (second.unwrap(), true)] {
         assert_eq!(seen["title"], "form", "{seen}");
         assert_eq!(seen["greeting"], "Hello Ada in blue", "{seen}");
         assert_eq!(seen["script"], 42);
         assert_eq!(seen["async_script"], "later");
-        assert_eq!(seen["alert"], "attention");
+        if !bidi {
+            assert_eq!(seen["alert"], "attention");
+        }
         assert_eq!(seen["frame"], "in the frame");
         assert_eq!(seen["windows"], 2);
         assert_eq!(seen["other_title"], "form");
@@ -76,6 +80,16 @@ async fn browser_selenium_for_python_drives_an_instance_through_wd_hub() {
         assert_eq!(seen["size"], json!({"width": 800, "height": 600}), "{seen}");
         assert_eq!(seen["initial_size"]["width"], 1024, "{seen}");
         assert_eq!(seen["cdp"], 3);
+        assert_eq!(
+            seen["uploaded"], "upload me.txt: from the client's disk",
+            "{seen}"
+        );
+        assert_eq!(seen["downloadable"], json!(["hello.txt"]), "{seen}");
+        assert_eq!(seen["downloaded"], "hello from the page", "{seen}");
+        assert_eq!(seen["after_delete"], json!([]), "{seen}");
+        if bidi {
+            assert_eq!(seen["bidi_console"], json!(["over bidi"]), "{seen}");
+        }
         let caps = &seen["capabilities"];
         assert_eq!(caps["browserName"], "chrome", "{caps}");
         assert!(
@@ -86,6 +100,18 @@ async fn browser_selenium_for_python_drives_an_instance_through_wd_hub() {
             caps["goog:chromeOptions"].get("debuggerAddress").is_none(),
             "{caps}"
         );
+        assert_eq!(caps["se:downloadsEnabled"], true, "{caps}");
+        if bidi {
+            assert!(
+                caps["webSocketUrl"]
+                    .as_str()
+                    .unwrap()
+                    .contains("/webdriver/bidi?token="),
+                "{caps}"
+            );
+        } else {
+            assert!(caps.get("webSocketUrl").is_none(), "{caps}");
+        }
         // The session was an instance; quitting deleted it.
         let id = seen["session"].as_str().unwrap();
         let (status, _) = serve.api.get(&format!("/v2/instances/{id}")).await;
@@ -203,6 +229,195 @@ async fn browser_webdriver_refusals_are_w3c_errors_and_sessions_belong_to_their_
     );
     let navigated = w3c(&serve, Some(KEY), Method::POST, &url, Some(page)).await;
     assert_eq!(navigated.0, StatusCode::OK, "{:?}", navigated.1);
+
+    // chromedriver reaches the browser directly: raw CDP through it gets the
+    // front door's pins. Downloads stay in the instance's directory...
+    let cdp = format!("/session/{id}/goog/cdp/execute");
+    let pinned = w3c(
+        &serve,
+        Some(KEY),
+        Method::POST,
+        &cdp,
+        Some(json!({"cmd": "Browser.setDownloadBehavior",
+            "params": {"behavior": "allow", "downloadPath": "/instance/home"}})),
+    )
+    .await;
+    assert_eq!(pinned.0, StatusCode::OK, "{:?}", pinned.1);
+    let link = w3c(
+        &serve,
+        Some(KEY),
+        Method::POST,
+        &format!("/session/{id}/element"),
+        Some(json!({"using": "css selector", "value": "#dl"})),
+    )
+    .await;
+    let element = link.1["value"]
+        .as_object()
+        .and_then(|e| e.values().next())
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("{:?}", link.1))
+        .to_owned();
+    let clicked = w3c(
+        &serve,
+        Some(KEY),
+        Method::POST,
+        &format!("/session/{id}/element/{element}/click"),
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(clicked.0, StatusCode::OK, "{:?}", clicked.1);
+    let deadline = std::time::Instant::now() + BROWSER_DEADLINE;
+    loop {
+        let (_, list) = serve
+            .api
+            .get(&format!("/v2/instances/{id}/downloads"))
+            .await;
+        let names: Vec<&str> = list["downloads"]
+            .as_array()
+            .map(|d| d.iter().filter_map(|d| d["name"].as_str()).collect())
+            .unwrap_or_default();
+        if names.contains(&"hello.txt") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the download did not land in the instance's downloads: {list}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    // ... and extensions cannot be loaded.
+    let refused = w3c(
+        &serve,
+        Some(KEY),
+        Method::POST,
+        &cdp,
+        Some(json!({"cmd": "Extensions.loadUnpacked", "params": {"path": "/instance/home"}})),
+    )
+    .await;
+    assert!(
+        refused.1["value"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("refused by Flotilla"),
+        "{:?}",
+        refused.1
+    );
+    // Grid's file endpoints take names and single-file zips, nothing else.
+    let files = format!("/session/{id}/se/files");
+    for name in ["../../etc/passwd", "/etc/passwd", "missing.txt"] {
+        let answer = w3c(
+            &serve,
+            Some(KEY),
+            Method::POST,
+            &files,
+            Some(json!({ "name": name })),
+        )
+        .await;
+        assert_eq!(
+            w3c_error(&answer),
+            "invalid argument",
+            "{name}: {:?}",
+            answer.1
+        );
+    }
+    let traversal_zip = {
+        use std::io::Write as _;
+        let mut zipped = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+        zipped
+            .start_file("../../escape.txt", zip::write::SimpleFileOptions::default())
+            .unwrap();
+        zipped.write_all(b"x").unwrap();
+        base64::Engine::encode(
+            &base64::engine::general_purpose::STANDARD,
+            zipped.finish().unwrap().into_inner(),
+        )
+    };
+    let upload = format!("/session/{id}/se/file");
+    for body in [
+        json!({ "file": traversal_zip }),
+        json!({"file": "%%%"}),
+        json!({"file": 7}),
+    ] {
+        let answer = w3c(&serve, Some(KEY), Method::POST, &upload, Some(body.clone())).await;
+        assert_eq!(
+            w3c_error(&answer),
+            "invalid argument",
+            "{body}: {:?}",
+            answer.1
+        );
+    }
+    let oversized = reqwest::Client::new()
+        .post(format!("{}{upload}", serve.api.base))
+        .bearer_auth(KEY)
+        .body(vec![b' '; 65 << 20])
+        .send()
+        .await
+        .unwrap();
+    let status = oversized.status();
+    let body: Value = oversized.json().await.unwrap_or(Value::Null);
+    assert_eq!(
+        body["value"]["error"], "invalid argument",
+        "{status}: {body}"
+    );
+
+    // The BiDi socket is the session's only with webSocketUrl; a BiDi
+    // extension install is refused on its way to chromedriver.
+    let bidi_session = w3c(
+        &serve,
+        Some(KEY),
+        Method::POST,
+        "/session",
+        Some(json!({"capabilities": {"alwaysMatch": {"webSocketUrl": true}}})),
+    )
+    .await;
+    assert_eq!(bidi_session.0, StatusCode::OK, "{:?}", bidi_session.1);
+    let bidi_id = bidi_session.1["value"]["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let socket_url = bidi_session.1["value"]["capabilities"]["webSocketUrl"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (mut socket, _) = tokio_tungstenite::connect_async(&socket_url).await.unwrap();
+    use futures_util::{SinkExt as _, StreamExt as _};
+    let install = json!({"id": 1, "method": "webExtension.install",
+        "params": {"extensionData": {"type": "path", "path": "/instance/home"}}});
+    socket
+        .send(tokio_tungstenite::tungstenite::Message::text(
+            install.to_string(),
+        ))
+        .await
+        .unwrap();
+    let answer = loop {
+        let message = tokio::time::timeout(BROWSER_DEADLINE, socket.next())
+            .await
+            .expect("an answer over BiDi")
+            .expect("the socket stays open")
+            .unwrap();
+        let value: Value = serde_json::from_str(message.to_text().unwrap_or("null")).unwrap();
+        if value["id"] == 1 {
+            break value;
+        }
+    };
+    assert_eq!(answer["type"], "error", "{answer}");
+    assert!(
+        answer["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("refused by Flotilla"),
+        "{answer}"
+    );
+    drop(socket);
+    let ended = w3c(
+        &serve,
+        Some(KEY),
+        Method::DELETE,
+        &format!("/session/{bidi_id}"),
+        None,
+    )
+    .await;
+    assert_eq!(ended.0, StatusCode::OK, "{:?}", ended.1);
 
     // Parked (its idle timeout, or the API): the next command revives it.
     serve.api.park(&id).await;
