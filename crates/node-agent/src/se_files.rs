@@ -1,6 +1,7 @@
 //! Selenium Grid's file endpoints of a WebDriver session, served by the
 //! agent (chromedriver never sees them):
-//! - remote upload, `POST /session/{id}/se/file` with `{"file": base64 zip}`:
+//! - remote upload, `POST /session/{id}/se/file` (or chromedriver's older
+//!   `/file`, which WebdriverIO uses) with `{"file": base64 zip}`:
 //!   the zip's one file is written to a new folder of the instance's uploads
 //!   directory (the agent's, read-only to the browser and its chromedriver)
 //!   and its path as the browser sees it is the answer, which the client then

@@ -410,6 +410,11 @@ pub mod routes {
                 "/webdriver/session/{id}/se/file",
                 post(upload).layer(DefaultBodyLimit::max(crate::se_files::MAX_UPLOAD_BODY)),
             )
+            // chromedriver's older name of the same (WebdriverIO uses it).
+            .route(
+                "/webdriver/session/{id}/file",
+                post(upload).layer(DefaultBodyLimit::max(crate::se_files::MAX_UPLOAD_BODY)),
+            )
             .route(
                 "/webdriver/session/{id}/se/files",
                 get(downloads_list).post(download).delete(downloads_delete),

@@ -6,7 +6,8 @@
 use serde_json::{Value, json};
 
 use flotilla_testkit::{
-    Api, BROWSER_DEADLINE, PageServer, StatusCode, TestServe, run_python, spawn_serve_with_page,
+    Api, BROWSER_DEADLINE, PageServer, StatusCode, TestServe, run_node, run_python,
+    spawn_serve_with_page,
 };
 
 const KEY: &str = "webdriver-key-0123456789";
@@ -65,31 +66,15 @@ async fn browser_selenium_for_python_drives_an_instance_through_wd_hub() {
         run_python("selenium_suite.py", &bidi),
     );
     for (seen, bidi) in [(first.unwrap(), false), (second.unwrap(), true)] {
-        assert_eq!(seen["title"], "form", "{seen}");
-        assert_eq!(seen["greeting"], "Hello Ada in blue", "{seen}");
-        assert_eq!(seen["script"], 42);
-        assert_eq!(seen["async_script"], "later");
+        assert_suite(&seen, bidi);
         if !bidi {
-            assert_eq!(seen["alert"], "attention");
+            assert_eq!(seen["alert"], "attention", "{seen}");
         }
-        assert_eq!(seen["frame"], "in the frame");
-        assert_eq!(seen["windows"], 2);
-        assert_eq!(seen["other_title"], "form");
-        assert_eq!(seen["cookie"], "oatmeal");
-        assert_eq!(seen["screenshot"]["png"], true);
-        assert_eq!(seen["size"], json!({"width": 800, "height": 600}), "{seen}");
+        assert_eq!(seen["async_script"], "later", "{seen}");
+        assert_eq!(seen["other_title"], "form", "{seen}");
         assert_eq!(seen["initial_size"]["width"], 1024, "{seen}");
-        assert_eq!(seen["cdp"], 3);
-        assert_eq!(
-            seen["uploaded"], "upload me.txt: from the client's disk",
-            "{seen}"
-        );
-        assert_eq!(seen["downloadable"], json!(["hello.txt"]), "{seen}");
-        assert_eq!(seen["downloaded"], "hello from the page", "{seen}");
+        assert_eq!(seen["cdp"], 3, "{seen}");
         assert_eq!(seen["after_delete"], json!([]), "{seen}");
-        if bidi {
-            assert_eq!(seen["bidi_console"], json!(["over bidi"]), "{seen}");
-        }
         let caps = &seen["capabilities"];
         assert_eq!(caps["browserName"], "chrome", "{caps}");
         assert!(
@@ -113,6 +98,54 @@ async fn browser_selenium_for_python_drives_an_instance_through_wd_hub() {
             assert!(caps.get("webSocketUrl").is_none(), "{caps}");
         }
         // The session was an instance; quitting deleted it.
+        let id = seen["session"].as_str().unwrap();
+        let (status, _) = serve.api.get(&format!("/v2/instances/{id}")).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "quit deletes the instance");
+    }
+    serve.shutdown().await;
+}
+
+/// What every suite must have seen, whatever its client.
+/// `bidi`: the session asked for WebDriver BiDi and listened to console
+/// events over it.
+fn assert_suite(seen: &Value, bidi: bool) {
+    assert_eq!(seen["title"], "form", "{seen}");
+    assert_eq!(seen["greeting"], "Hello Ada in blue", "{seen}");
+    assert_eq!(seen["script"], 42, "{seen}");
+    assert_eq!(seen["frame"], "in the frame", "{seen}");
+    assert_eq!(seen["windows"], 2, "{seen}");
+    assert_eq!(seen["cookie"], "oatmeal", "{seen}");
+    assert_eq!(seen["screenshot"], true, "{seen}");
+    assert_eq!(seen["size"]["width"], 800, "{seen}");
+    assert_eq!(seen["size"]["height"], 600, "{seen}");
+    assert_eq!(
+        seen["uploaded"], "upload me.txt: from the client's disk",
+        "{seen}"
+    );
+    assert_eq!(seen["downloadable"], json!(["hello.txt"]), "{seen}");
+    assert_eq!(seen["downloaded"], "hello from the page", "{seen}");
+    if bidi {
+        assert_eq!(seen["bidi_console"], json!(["over bidi"]), "{seen}");
+    }
+}
+
+#[tokio::test]
+async fn browser_selenium_for_javascript_and_webdriverio_drive_instances() {
+    let (site, serve) = serve().await;
+    let port = serve.api.base.rsplit(':').next().unwrap().to_owned();
+    let remote = format!("http://flotilla:{KEY}@127.0.0.1:{port}/wd/hub");
+    let selenium_args = [remote.as_str(), site.base.as_str()];
+    let wdio_args = [serve.api.base.as_str(), "/", KEY, site.base.as_str()];
+    let (selenium, wdio) = tokio::join!(
+        run_node("selenium_suite.mjs", &selenium_args),
+        run_node("wdio_suite.mjs", &wdio_args),
+    );
+    let (selenium, wdio) = (selenium.unwrap(), wdio.unwrap());
+    assert_suite(&selenium, true);
+    assert_eq!(selenium["cdp"], 3, "{selenium}");
+    assert_suite(&wdio, true);
+    assert!(wdio["bidi_loads"].as_u64().unwrap() >= 1, "{wdio}");
+    for seen in [&selenium, &wdio] {
         let id = seen["session"].as_str().unwrap();
         let (status, _) = serve.api.get(&format!("/v2/instances/{id}")).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "quit deletes the instance");
