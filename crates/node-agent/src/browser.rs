@@ -280,15 +280,17 @@ fn confine_before_exec(
 
 /// Starts `program` beside an instance's browser, in its confinement: its
 /// sandbox, cgroup and network namespace, as the browser user (the
-/// instance's WebDriver server). It ends with the browser (the browser's
-/// stop empties the cgroup) or when its handle is dropped; one left by an
+/// instance's WebDriver server), and in the browser's process group
+/// (`browser_group`, the browser's pid), so that every stop of the browser
+/// (park, delete, shutdown, a crash's clean-up) ends it too. One left by an
 /// agent killed at once is swept at the next start like the browser.
 pub fn spawn_beside(
     isolation: &Isolation,
     dirs: &InstanceDirs,
-    (net, cgroup): (
+    (net, cgroup, browser_group): (
         Option<&NetNamespace>,
         Option<&Arc<crate::cgroups::InstanceCgroup>>,
+        u32,
     ),
     program: &std::path::Path,
     (args, log): (&[String], std::fs::File),
@@ -299,7 +301,7 @@ pub fn spawn_beside(
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::from(log))
-        .process_group(0)
+        .process_group(i32::try_from(browser_group).map_err(std::io::Error::other)?)
         .kill_on_drop(true);
     confine(&mut command, (cgroup, net, isolation.user.clone()));
     command.spawn()
@@ -556,11 +558,14 @@ impl BrowserProcess {
             {
                 let _ = client.send("Browser.close", serde_json::json!({})).await;
                 if self.wait_exit_for(grace).await {
+                    // What is left of its group: the instance's chromedriver.
+                    kill_group(pid, libc::SIGKILL);
                     return;
                 }
             }
             kill_group(pid, libc::SIGTERM);
             if self.wait_exit_for(Duration::from_secs(2)).await {
+                kill_group(pid, libc::SIGKILL);
                 return;
             }
             tracing::warn!(pid, "browser ignored Browser.close and SIGTERM; killing it");

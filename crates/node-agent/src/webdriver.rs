@@ -267,10 +267,15 @@ async fn start_driver(
         .map_err(|e| unavailable(format!("cannot create chromedriver's log: {e}")))?;
     let args = [format!("--port={port}"), "--log-level=WARNING".to_owned()];
     let cgroup = confinement.slot.cgroup();
+    let group = confinement
+        .slot
+        .process()
+        .and_then(|process| process.pid())
+        .ok_or_else(|| unavailable("the browser is not running".into()))?;
     let child = crate::browser::spawn_beside(
         confinement.isolation,
         confinement.dirs,
-        (browser.net.as_deref(), cgroup.as_ref()),
+        (browser.net.as_deref(), cgroup.as_ref(), group),
         std::path::Path::new(CHROMEDRIVER),
         (&args, log),
     )

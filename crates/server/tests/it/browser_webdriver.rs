@@ -49,6 +49,55 @@ async fn w3c(
     (status, response.json().await.unwrap_or(Value::Null))
 }
 
+/// The processes of instance `id` (pid, name): those with an ancestor
+/// (its sandbox) started for the instance's directory.
+fn processes_of(id: &str) -> Vec<(u32, String)> {
+    let marker = format!("instances/{id}/");
+    let parent = |pid: u32| -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit(')')
+            .next()?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    };
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let mut ancestor = Some(pid);
+        for _ in 0..6 {
+            let Some(current) = ancestor else { break };
+            let cmdline = std::fs::read(format!("/proc/{current}/cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmdline).contains(&marker) {
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                found.push((pid, comm.trim().to_owned()));
+                break;
+            }
+            ancestor = parent(current).filter(|p| *p > 1);
+        }
+    }
+    found
+}
+
+/// One fact of process `pid`: a namespace link, its cgroups, or its uid.
+fn process_fact(pid: u32, fact: &str) -> String {
+    match fact {
+        "status_uid" => std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.starts_with("Uid:"))
+            .unwrap_or_default()
+            .to_owned(),
+        "ns/net" => std::fs::read_link(format!("/proc/{pid}/ns/net"))
+            .map(|l| l.display().to_string())
+            .unwrap_or_default(),
+        other => std::fs::read_to_string(format!("/proc/{pid}/{other}")).unwrap_or_default(),
+    }
+}
+
 fn w3c_error(answer: &(StatusCode, Value)) -> &str {
     answer.1["value"]["error"].as_str().unwrap_or("")
 }
@@ -452,12 +501,32 @@ async fn browser_webdriver_refusals_are_w3c_errors_and_sessions_belong_to_their_
     .await;
     assert_eq!(ended.0, StatusCode::OK, "{:?}", ended.1);
 
-    // Parked (its idle timeout, or the API): the next command revives it.
+    // chromedriver runs in the browser's confinement: its user, network
+    // namespace and cgroup.
+    let processes = processes_of(&id);
+    let drivers: Vec<_> = processes.iter().filter(|p| p.1 == "chromedriver").collect();
+    let browser = processes
+        .iter()
+        .find(|p| p.1 == "chromium")
+        .unwrap_or_else(|| panic!("no browser among {processes:?}"));
+    assert_eq!(drivers.len(), 1, "{processes:?}");
+    for fact in ["ns/net", "cgroup", "loginuid", "status_uid"] {
+        assert_eq!(
+            process_fact(drivers[0].0, fact),
+            process_fact(browser.0, fact),
+            "chromedriver's {fact} is the browser's"
+        );
+    }
+
+    // Parked (its idle timeout, or the API): nothing of it runs, and the
+    // next command revives it.
     serve.api.park(&id).await;
     serve
         .api
         .wait_for_status(&id, "dormant", BROWSER_DEADLINE)
         .await;
+    let left = processes_of(&id);
+    assert!(left.is_empty(), "a parked session leaves {left:?}");
     let title = w3c(
         &serve,
         Some(KEY),
@@ -472,8 +541,10 @@ async fn browser_webdriver_refusals_are_w3c_errors_and_sessions_belong_to_their_
         .wait_for_status(&id, "running", BROWSER_DEADLINE)
         .await;
 
-    // Deleting its instance ends the session.
+    // Deleting its instance ends the session, and its processes.
     serve.api.delete_instance(&id).await;
+    let left = processes_of(&id);
+    assert!(left.is_empty(), "a deleted session leaves {left:?}");
     let gone = w3c(
         &serve,
         Some(KEY),

@@ -1,0 +1,304 @@
+//! WebDriver through Flotilla against a local chromedriver, in one run:
+//!
+//! 1. **New session → first command answered.** Flotilla (`POST /session`
+//!    on the control plane with a warm pool, then `GET /session/{id}/title`)
+//!    against a local `chromedriver` launching its own Chromium (the same
+//!    executable and flags). Interleaved, one after the other.
+//! 2. **Command round trip**: `GET /session/{id}/title` on one session of
+//!    each, N times in turn.
+//! 3. **Memory of chromedriver**: PSS of Flotilla's chromedriver processes
+//!    (one per session, each in its instance's confinement) with 1 and 4
+//!    sessions, against one local chromedriver serving 1 and 4 sessions.
+//!
+//! Usage: webdriver_bench [--binary target/release/flotilla] [--count 10]
+//!                        [--round-trips 2000] [--warm-pool 2]
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use serde_json::{Value, json};
+
+use flotilla_bench::{ServeProcess, free_port, number_flag, percentile, summary_row, text_flag};
+use flotilla_node_agent::config::{AgentConfig, BASE_CHROMIUM_FLAGS};
+
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+
+struct Args {
+    binary: PathBuf,
+    count: usize,
+    round_trips: usize,
+    warm_pool: usize,
+}
+
+fn parse_args() -> anyhow::Result<Args> {
+    Ok(Args {
+        binary: text_flag("--binary", "target/release/flotilla")?.into(),
+        count: number_flag("--count", 10)?,
+        round_trips: number_flag("--round-trips", 2000)?,
+        warm_pool: number_flag("--warm-pool", 2)?,
+    })
+}
+
+/// A WebDriver endpoint: its base URL and the capabilities a new session
+/// sends.
+struct Endpoint {
+    base: String,
+    capabilities: Value,
+}
+
+impl Endpoint {
+    /// New session, then its first command answered: milliseconds, and the
+    /// session id.
+    async fn new_session(&self, http: &reqwest::Client) -> anyhow::Result<(f64, String)> {
+        let started = Instant::now();
+        let created: Value = http
+            .post(format!("{}/session", self.base))
+            .json(&json!({"capabilities": {"alwaysMatch": self.capabilities}}))
+            .send()
+            .await?
+            .json()
+            .await?;
+        let id = created["value"]["sessionId"]
+            .as_str()
+            .with_context(|| format!("no session: {created}"))?
+            .to_owned();
+        self.title(http, &id).await?;
+        Ok((started.elapsed().as_secs_f64() * 1000.0, id))
+    }
+
+    async fn title(&self, http: &reqwest::Client, id: &str) -> anyhow::Result<()> {
+        let response = http
+            .get(format!("{}/session/{id}/title", self.base))
+            .send()
+            .await?;
+        if !response.status().is_success() {
+            bail!("title: {}", response.text().await?);
+        }
+        response.bytes().await?;
+        Ok(())
+    }
+
+    async fn delete(&self, http: &reqwest::Client, id: &str) -> anyhow::Result<()> {
+        http.delete(format!("{}/session/{id}", self.base))
+            .send()
+            .await?
+            .error_for_status()?;
+        Ok(())
+    }
+}
+
+/// A local chromedriver on a free port.
+async fn local_chromedriver(
+    http: &reqwest::Client,
+) -> anyhow::Result<(tokio::process::Child, String)> {
+    let port = free_port();
+    let child = tokio::process::Command::new(CHROMEDRIVER)
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("cannot start chromedriver (Debian's chromium-driver)")?;
+    let base = format!("http://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while http.get(format!("{base}/status")).send().await.is_err() {
+        if Instant::now() > deadline {
+            bail!("chromedriver did not answer");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok((child, base))
+}
+
+/// PSS of a process in KiB (`/proc/{pid}/smaps_rollup`; 0 when gone).
+fn pss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|line| line.strip_prefix("Pss:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The processes named `chromedriver` whose parent is not `local` (the
+/// local one's pid): Flotilla's; or only `local` when given.
+fn chromedriver_pids(local: Option<u32>) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim() == "chromedriver" {
+            pids.push(pid);
+        }
+    }
+    match local {
+        Some(local) => pids.into_iter().filter(|p| *p == local).collect(),
+        None => pids,
+    }
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = parse_args()?;
+    let catalog = AgentConfig::default().image_catalog();
+    let image = catalog.get("ubuntu:22.04").context("default image")?;
+    let executable = image.executable.display().to_string();
+    let data = tempfile::tempdir()?;
+    let config = data.path().join("bench.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[agent]\nwarm_pool_size = {}\nwarm_pool_image = \"ubuntu:22.04\"\n",
+            args.warm_pool
+        ),
+    )?;
+    let serve = ServeProcess::start(&args.binary, &data.path().join("data"), Some(&config)).await?;
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(120))
+        .build()?;
+    let (local_driver, local_base) = local_chromedriver(&http).await?;
+    let local_pid = local_driver.id().context("chromedriver pid")?;
+
+    let mut chrome_args: Vec<String> = BASE_CHROMIUM_FLAGS
+        .iter()
+        .map(|f| (*f).to_owned())
+        .collect();
+    chrome_args.extend(image.args.iter().cloned());
+    chrome_args.extend(["--no-sandbox".into(), "--window-size=1280,720".into()]);
+    let local = Endpoint {
+        base: local_base,
+        capabilities: json!({"browserName": "chrome",
+            "goog:chromeOptions": {"binary": executable, "args": chrome_args}}),
+    };
+    let flotilla = Endpoint {
+        base: serve.url.clone(),
+        capabilities: json!({"browserName": "chrome"}),
+    };
+    let refill = Duration::from_millis(1500);
+
+    // Warm both paths (page cache, the pool).
+    for endpoint in [&local, &flotilla] {
+        let (_, id) = endpoint.new_session(&http).await?;
+        endpoint.delete(&http, &id).await?;
+    }
+    tokio::time::sleep(refill * 2).await;
+
+    // 1. New session → first command.
+    let (mut local_new, mut flotilla_new) = (Vec::new(), Vec::new());
+    for _ in 0..args.count {
+        let (ms, id) = local.new_session(&http).await?;
+        local_new.push(ms);
+        local.delete(&http, &id).await?;
+        let (ms, id) = flotilla.new_session(&http).await?;
+        flotilla_new.push(ms);
+        flotilla.delete(&http, &id).await?;
+        // The pool refills before the next create (its steady state).
+        tokio::time::sleep(refill).await;
+    }
+
+    // 2. Round trips, and 3. memory with one session each.
+    let (_, local_id) = local.new_session(&http).await?;
+    let (_, flotilla_id) = flotilla.new_session(&http).await?;
+    let (mut local_rt, mut flotilla_rt) = (Vec::new(), Vec::new());
+    for _ in 0..args.round_trips {
+        let started = Instant::now();
+        local.title(&http, &local_id).await?;
+        local_rt.push(started.elapsed().as_secs_f64() * 1000.0);
+        let started = Instant::now();
+        flotilla.title(&http, &flotilla_id).await?;
+        flotilla_rt.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    let flotilla_pids = |local_pid| {
+        chromedriver_pids(None)
+            .into_iter()
+            .filter(move |pid| *pid != local_pid)
+            .collect::<Vec<_>>()
+    };
+    let local_one = pss_kib(local_pid);
+    let ours_one: Vec<u64> = flotilla_pids(local_pid).into_iter().map(pss_kib).collect();
+    let mut more = Vec::new();
+    for _ in 0..3 {
+        more.push(("local", local.new_session(&http).await?.1));
+        more.push(("flotilla", flotilla.new_session(&http).await?.1));
+    }
+    let local_four = pss_kib(chromedriver_pids(Some(local_pid))[0]);
+    let ours_four: Vec<u64> = flotilla_pids(local_pid).into_iter().map(pss_kib).collect();
+
+    println!(
+        "## WebDriver: new session → first command (ms, {} rounds)\n",
+        args.count
+    );
+    println!("| path | n | p50 | p95 | mean | min | max |\n|---|---|---|---|---|---|---|");
+    println!(
+        "{}",
+        summary_row("local chromedriver launching Chromium", &local_new)
+    );
+    println!(
+        "{}",
+        summary_row(
+            &format!("Flotilla, warm pool of {}", args.warm_pool),
+            &flotilla_new
+        )
+    );
+    println!(
+        "\nratio of p50s (Flotilla / local): {:.3}\n",
+        percentile(&flotilla_new, 0.5) / percentile(&local_new, 0.5)
+    );
+    println!(
+        "## `GET /session/{{id}}/title` round trip (ms, {} each)\n",
+        args.round_trips
+    );
+    println!("| path | p50 | p90 | p99 |\n|---|---|---|---|");
+    for (name, samples) in [
+        ("local chromedriver", &local_rt),
+        (
+            "Flotilla (control plane → node → chromedriver)",
+            &flotilla_rt,
+        ),
+    ] {
+        println!(
+            "| {name} | {:.3} | {:.3} | {:.3} |",
+            percentile(samples, 0.5),
+            percentile(samples, 0.9),
+            percentile(samples, 0.99)
+        );
+    }
+    println!(
+        "\nadded at p50: {:.3} ms, at p99: {:.3} ms\n",
+        percentile(&flotilla_rt, 0.5) - percentile(&local_rt, 0.5),
+        percentile(&flotilla_rt, 0.99) - percentile(&local_rt, 0.99)
+    );
+    println!("## chromedriver's memory (PSS, MiB)\n");
+    println!(
+        "| sessions | local: one chromedriver | Flotilla: one per session (each) | Flotilla: total |\n|---|---|---|---|"
+    );
+    for (sessions, local_kib, ours) in [(1, local_one, &ours_one), (4, local_four, &ours_four)] {
+        let total: u64 = ours.iter().sum();
+        let each: Vec<String> = ours.iter().map(|k| format!("{:.1}", mib(*k))).collect();
+        println!(
+            "| {sessions} | {:.1} | {} | {:.1} |",
+            mib(local_kib),
+            each.join(", "),
+            mib(total)
+        );
+    }
+
+    for (which, id) in more {
+        let endpoint = if which == "local" { &local } else { &flotilla };
+        endpoint.delete(&http, &id).await?;
+    }
+    local.delete(&http, &local_id).await?;
+    flotilla.delete(&http, &flotilla_id).await?;
+    drop(local_driver);
+    serve.stop().await;
+    Ok(())
+}
