@@ -84,6 +84,14 @@ pub struct WebDriver {
 struct State {
     driver: Option<Driver>,
     session: Option<Session>,
+    /// The connection commands go over, kept alive between them.
+    connection: Option<Kept>,
+}
+
+/// A kept-alive HTTP connection to a chromedriver.
+struct Kept {
+    at: CdpEndpoint,
+    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
 }
 
 /// A running chromedriver, for one browser (it lives in that browser's
@@ -146,7 +154,8 @@ impl WebDriver {
     ) -> Result<(u16, Bytes), WebDriverError> {
         let mut state = self.state.lock().await;
         let (at, session) = attached(&mut state, confinement, browser).await?;
-        call(&at, method, &format!("/session/{session}{rest}"), body).await
+        let path = format!("/session/{session}{rest}");
+        call_kept(&mut state.connection, &at, (method, &path, body)).await
     }
 
     /// Where the session's WebDriver BiDi socket is: chromedriver's address
@@ -295,7 +304,7 @@ async fn start_driver(
                     "chromedriver did not answer within {START_TIMEOUT:?}{log}"
                 )));
             }
-            _ => tokio::time::sleep(Duration::from_millis(20)).await,
+            _ => tokio::time::sleep(Duration::from_millis(2)).await,
         }
     }
     Ok(Driver {
@@ -312,21 +321,66 @@ fn free_port() -> std::io::Result<u16> {
         .port())
 }
 
-/// One HTTP request to chromedriver at `at`: its status and body.
+fn chromedriver_error(why: impl std::fmt::Display) -> WebDriverError {
+    WebDriverError::new(500, "unknown error", format!("chromedriver: {why}"))
+}
+
+/// A new HTTP connection to chromedriver at `at`.
+async fn connect(
+    at: &CdpEndpoint,
+) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, WebDriverError> {
+    let stream = at.connect().await.map_err(chromedriver_error)?;
+    let (sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(chromedriver_error)?;
+    tokio::spawn(connection);
+    Ok(sender)
+}
+
+/// One HTTP request to chromedriver at `at` on a connection of its own: its
+/// status and body.
 async fn call(
     at: &CdpEndpoint,
     method: hyper::Method,
     path: &str,
     body: Bytes,
 ) -> Result<(u16, Bytes), WebDriverError> {
-    let failed =
-        |why: String| WebDriverError::new(500, "unknown error", format!("chromedriver: {why}"));
-    let stream = at.connect().await.map_err(|e| failed(e.to_string()))?;
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .map_err(|e| failed(e.to_string()))?;
-    tokio::spawn(connection);
+    let mut sender = connect(at).await?;
+    send(&mut sender, at, (method, path, body)).await
+}
+
+/// One HTTP request to chromedriver at `at` over `kept` (opened again when
+/// it is for another chromedriver or was closed; a request is never sent
+/// twice).
+async fn call_kept(
+    kept: &mut Option<Kept>,
+    at: &CdpEndpoint,
+    request: (hyper::Method, &str, Bytes),
+) -> Result<(u16, Bytes), WebDriverError> {
+    let reusable = match kept {
+        Some(open) if open.at == *at => open.sender.ready().await.is_ok(),
+        _ => false,
+    };
+    if !reusable {
+        *kept = Some(Kept {
+            at: at.clone(),
+            sender: connect(at).await?,
+        });
+    }
+    let open = kept.as_mut().expect("just opened");
+    let answer = send(&mut open.sender, at, request).await;
+    if answer.is_err() {
+        *kept = None;
+    }
+    answer
+}
+
+async fn send(
+    sender: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    at: &CdpEndpoint,
+    (method, path, body): (hyper::Method, &str, Bytes),
+) -> Result<(u16, Bytes), WebDriverError> {
     let request = hyper::Request::builder()
         .method(method)
         .uri(path)
@@ -336,16 +390,16 @@ async fn call(
             "application/json; charset=utf-8",
         )
         .body(Full::new(body))
-        .map_err(|e| failed(e.to_string()))?;
+        .map_err(chromedriver_error)?;
     let response = sender
         .send_request(request)
         .await
-        .map_err(|e| failed(e.to_string()))?;
+        .map_err(chromedriver_error)?;
     let status = response.status().as_u16();
     let body = Limited::new(response.into_body(), MAX_ANSWER)
         .collect()
         .await
-        .map_err(|e| failed(e.to_string()))?
+        .map_err(chromedriver_error)?
         .to_bytes();
     Ok((status, body))
 }

@@ -61,15 +61,7 @@ impl ControlPlane {
             .instance_get(id)
             .await?
             .ok_or_else(|| not_found(id))?;
-        if matches!(
-            record.status,
-            InstanceStatus::Failed | InstanceStatus::Stopped
-        ) {
-            return Err(Error::InvalidState(format!(
-                "instance {id} is {}: it has {lacking}",
-                record.status
-            )));
-        }
+        refuse_ended(&record, lacking)?;
         Ok(record)
     }
 
@@ -112,7 +104,19 @@ impl ControlPlane {
                 }));
             }
         }
-        let record = self.instance_not_ended(id, "no browser to reach").await?;
+        let record = self
+            .store
+            .instance_get(id)
+            .await?
+            .ok_or_else(|| not_found(id))?;
+        self.door_target_of(record).await
+    }
+
+    /// Where the door reaches instance `record` (read by the caller, who
+    /// checked who may reach it): its node's host, its ports, its token.
+    pub(crate) async fn door_target_of(&self, record: InstanceRecord) -> Result<DoorTarget> {
+        let id = &record.id;
+        refuse_ended(&record, "no browser to reach")?;
         let ports = record.ports.ok_or_else(|| {
             Error::InsufficientCapacity(format!(
                 "instance {id} has no ports yet; retry in a moment"
@@ -131,6 +135,21 @@ impl ControlPlane {
             token: self.url_token(id).await?,
         })
     }
+}
+
+/// The refusal of an instance that has ended (failed or stopped): it has
+/// `lacking`.
+fn refuse_ended(record: &InstanceRecord, lacking: &str) -> Result<()> {
+    if matches!(
+        record.status,
+        InstanceStatus::Failed | InstanceStatus::Stopped
+    ) {
+        return Err(Error::InvalidState(format!(
+            "instance {} is {}: it has {lacking}",
+            record.id, record.status
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -658,14 +658,14 @@ impl super::ControlPlane {
                 code: "unknown error",
                 message: format!("the store cannot be read: {e}"),
             })?;
-        let owned = record
-            .as_ref()
-            .and_then(|r| r.webdriver_owner.as_deref())
-            .is_some_and(|owner| !self.config.auth_enabled || owner == principal);
-        if !owned {
-            return Err(WebDriverRefusal::no_session(id.as_str()));
-        }
-        self.door_open(id, true, &[])
+        let record = record
+            .filter(|r| {
+                r.webdriver_owner
+                    .as_deref()
+                    .is_some_and(|owner| !self.config.auth_enabled || owner == principal)
+            })
+            .ok_or_else(|| WebDriverRefusal::no_session(id.as_str()))?;
+        self.door_target_of(record)
             .await
             .map_err(|error| match error {
                 crate::error::Error::NotFound(_) | crate::error::Error::InvalidState(_) => {

@@ -453,13 +453,18 @@ const MAX_REWRITTEN_BODY: usize = 32 << 20;
 /// Longest a connection to an instance port may take to open.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-async fn connect(target: &DoorTarget, route: &Route) -> std::io::Result<(TcpStream, String)> {
+/// `host:port` of the instance port a route reaches (`[host]:port` for IPv6).
+fn authority_of(target: &DoorTarget, route: &Route) -> String {
     let port = port_of(target, route);
-    let authority = if target.host.contains(':') {
+    if target.host.contains(':') {
         format!("[{}]:{port}", target.host)
     } else {
         format!("{}:{port}", target.host)
-    };
+    }
+}
+
+async fn connect(target: &DoorTarget, route: &Route) -> std::io::Result<(TcpStream, String)> {
+    let authority = authority_of(target, route);
     let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&authority))
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
@@ -479,6 +484,24 @@ async fn forward_http(
         .await
         .map_err(std::io::Error::other)?;
     tokio::spawn(connection);
+    send_upstream(
+        request,
+        (&mut sender, &authority),
+        (target, route),
+        (external, prefix),
+    )
+    .await
+}
+
+/// Sends `request` on to `target` over `sender` (a connection to
+/// `authority`): the answer, its DevTools URLs pointed back at the door when
+/// the route says so.
+async fn send_upstream(
+    request: Request,
+    (sender, authority): (&mut SendRequest, &str),
+    (target, route): (&DoorTarget, &Route),
+    (external, prefix): (&External, &str),
+) -> std::io::Result<Response> {
     let path = upstream_target(&request, route);
     let (parts, body) = request.into_parts();
     let mut upstream = hyper::Request::builder().method(parts.method).uri(path);
@@ -487,7 +510,7 @@ async fn forward_http(
             upstream = upstream.header(name, value);
         }
     }
-    upstream = upstream.header(header::HOST, &authority);
+    upstream = upstream.header(header::HOST, authority);
     if let Some(token) = &target.token {
         upstream = upstream.header(header::AUTHORIZATION, format!("Bearer {token}"));
     }
@@ -506,7 +529,7 @@ async fn forward_http(
         .map_err(|e| std::io::Error::other(e.to_string()))?
         .to_bytes();
     let rewritten = match std::str::from_utf8(&bytes) {
-        Ok(text) => point_back(text, &authority, external, prefix).into_bytes(),
+        Ok(text) => point_back(text, authority, external, prefix).into_bytes(),
         Err(_) => bytes.to_vec(),
     };
     parts.headers.remove(header::TRANSFER_ENCODING);
@@ -518,7 +541,9 @@ async fn forward_http(
 
 /// Passes `request` on to the instance's HTTP port at `path` (the client's
 /// query kept, but for `token`), as the door passes its own requests: the
-/// answer streams back as it comes.
+/// answer streams back as it comes. The connection is one kept from an
+/// earlier request when one is idle (WebDriver clients send command after
+/// command), and is kept for the next.
 pub(crate) async fn forward_to_http_port(
     request: Request,
     target: &DoorTarget,
@@ -534,7 +559,76 @@ pub(crate) async fn forward_to_http_port(
         secure: false,
         authority: String::new(),
     };
-    forward_http(request, target, &route, &external, "").await
+    let authority = authority_of(target, &route);
+    let mut sender = match KEPT.take(&authority) {
+        Some(sender) => sender,
+        None => {
+            let (stream, _) = connect(target, &route).await?;
+            let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .map_err(std::io::Error::other)?;
+            tokio::spawn(connection);
+            sender
+        }
+    };
+    let answer = send_upstream(
+        request,
+        (&mut sender, &authority),
+        (target, &route),
+        (&external, ""),
+    )
+    .await;
+    if answer.is_ok() {
+        KEPT.put(authority, sender);
+    }
+    answer
+}
+
+type SendRequest = hyper::client::conn::http1::SendRequest<Body>;
+
+/// Idle connections to instance HTTP ports, by `host:port`: reused for
+/// WebDriver commands. One kept longer than [`KEEP_IDLE`] is not used (the
+/// node closes idle connections after `listeners.idle_timeout_sec`, and a
+/// request must never race that close).
+static KEPT: std::sync::LazyLock<KeptConnections> = std::sync::LazyLock::new(Default::default);
+
+/// How long an idle connection may wait for its next request.
+const KEEP_IDLE: Duration = Duration::from_secs(5);
+/// Idle connections kept per port.
+const KEEP_PER_PORT: usize = 4;
+
+#[derive(Default)]
+struct KeptConnections {
+    idle:
+        std::sync::Mutex<std::collections::HashMap<String, Vec<(std::time::Instant, SendRequest)>>>,
+}
+
+impl KeptConnections {
+    /// An idle connection to `authority` ready for a request, if one is kept.
+    fn take(&self, authority: &str) -> Option<SendRequest> {
+        let mut idle = self.idle.lock().expect("kept connections");
+        let senders = idle.get_mut(authority)?;
+        while let Some((since, sender)) = senders.pop() {
+            if since.elapsed() < KEEP_IDLE && sender.is_ready() && !sender.is_closed() {
+                return Some(sender);
+            }
+        }
+        idle.remove(authority);
+        None
+    }
+
+    /// Keeps `sender` for the next request to `authority`.
+    fn put(&self, authority: String, sender: SendRequest) {
+        let mut idle = self.idle.lock().expect("kept connections");
+        idle.retain(|_, senders| {
+            senders.retain(|(since, sender)| since.elapsed() < KEEP_IDLE && !sender.is_closed());
+            !senders.is_empty()
+        });
+        let senders = idle.entry(authority).or_default();
+        if senders.len() < KEEP_PER_PORT {
+            senders.push((std::time::Instant::now(), sender));
+        }
+    }
 }
 
 /// DevTools URLs of `internal` (the port the door called) pointed at the door.
