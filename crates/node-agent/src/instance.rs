@@ -20,7 +20,9 @@ use flotilla_api_types::agent::InstanceReport;
 use flotilla_api_types::clock::Clock;
 use flotilla_api_types::credentials::Secret;
 use flotilla_api_types::ids::{OperationId, SnapshotId};
-use flotilla_api_types::instances::{InstanceConfig, InstanceResources, InstanceStatus};
+use flotilla_api_types::instances::{
+    InstanceConfig, InstanceResources, InstanceStatus, ReviveMethod,
+};
 use flotilla_api_types::profiles::ProfileUse;
 
 use crate::access::InstanceToken;
@@ -40,6 +42,15 @@ pub enum BrowserPhase {
     Dormant,
     /// Not running and not coming back; the text says why.
     Gone(String),
+}
+
+/// A client's request to wake a dormant instance: which, and with which
+/// revive (a WebDriver command asks for its windows back, a CDP client for a
+/// quick start).
+#[derive(Debug, Clone)]
+pub struct Wake {
+    pub id: InstanceId,
+    pub method: ReviveMethod,
 }
 
 pub struct InstanceSlot {
@@ -90,9 +101,9 @@ pub struct InstanceSlot {
     /// The saved profile it started from (create, revive). A std mutex:
     /// cloned out, never held across an await.
     profile: Mutex<Option<ProfileUse>>,
-    /// Asks the agent to revive this instance when it is dormant and a client
-    /// connects; `None` when waking is off.
-    waker: Option<mpsc::UnboundedSender<InstanceId>>,
+    /// Asks the agent to revive this instance (and how) when it is dormant
+    /// and a client connects; `None` when waking is off.
+    waker: Option<mpsc::UnboundedSender<Wake>>,
     /// The task recording its live view (`config.record`), to wait for the
     /// last recording to be finished before its files are kept or removed.
     recorder: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -107,7 +118,7 @@ impl InstanceSlot {
         ports: [u16; 3],
         dirs: InstanceDirs,
         clock: Arc<dyn Clock>,
-        waker: Option<mpsc::UnboundedSender<InstanceId>>,
+        waker: Option<mpsc::UnboundedSender<Wake>>,
     ) -> Self {
         Self {
             id,
@@ -190,7 +201,8 @@ impl InstanceSlot {
     /// Waits until the browser answers CDP (or is gone), at most `timeout`. A
     /// dormant instance is woken first when waking is on.
     pub async fn wait_ready(&self, timeout: Duration) -> Result<Option<CdpEndpoint>, String> {
-        self.wait_ready_waking(timeout, true).await
+        self.wait_ready_reviving(timeout, Some(ReviveMethod::QuickStart))
+            .await
     }
 
     /// [`InstanceSlot::wait_ready`], waking a dormant instance only if `wake`
@@ -200,7 +212,18 @@ impl InstanceSlot {
         timeout: Duration,
         wake: bool,
     ) -> Result<Option<CdpEndpoint>, String> {
-        let waker = self.waker.as_ref().filter(|_| wake);
+        let method = wake.then_some(ReviveMethod::QuickStart);
+        self.wait_ready_reviving(timeout, method).await
+    }
+
+    /// [`InstanceSlot::wait_ready`], waking a dormant instance with a revive
+    /// of `method` (`None`: a dormant instance is an error at once).
+    pub async fn wait_ready_reviving(
+        &self,
+        timeout: Duration,
+        method: Option<ReviveMethod>,
+    ) -> Result<Option<CdpEndpoint>, String> {
+        let waker = self.waker.as_ref().zip(method);
         let mut phase = self.phase.subscribe();
         let mut woken = false;
         let outcome = tokio::time::timeout(timeout, async {
@@ -211,8 +234,11 @@ impl InstanceSlot {
                         return Err(format!("instance {} is not running: {reason}", self.id));
                     }
                     BrowserPhase::Dormant => match waker {
-                        Some(waker) if !woken => {
-                            let _ = waker.send(self.id.clone());
+                        Some((waker, method)) if !woken => {
+                            let _ = waker.send(Wake {
+                                id: self.id.clone(),
+                                method,
+                            });
                             woken = true;
                         }
                         Some(_) => {}

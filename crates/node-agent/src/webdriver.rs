@@ -611,10 +611,16 @@ pub mod routes {
         }
     }
 
-    /// The browser now (waking a parked instance), counting as activity.
+    /// The browser now (waking a parked instance with its windows back: a
+    /// full restore), counting as activity.
     async fn browser(state: &WebDriverState) -> Result<CdpEndpoint, WebDriverError> {
         state.slot.touch();
-        match state.slot.wait_ready(state.ready_timeout).await {
+        let full_restore = Some(flotilla_api_types::instances::ReviveMethod::FullRestore);
+        match state
+            .slot
+            .wait_ready_reviving(state.ready_timeout, full_restore)
+            .await
+        {
             Ok(Some(endpoint)) => Ok(endpoint),
             Ok(None) => Err(WebDriverError::new(
                 500,

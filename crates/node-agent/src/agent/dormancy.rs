@@ -440,11 +440,12 @@ impl Agent {
         });
     }
 
-    /// Revives dormant instances that a client connected to (quick start).
-    pub(super) async fn wake_loop(self, mut wake: mpsc::UnboundedReceiver<InstanceId>) {
+    /// Revives dormant instances that a client connected to, with the
+    /// revive the client asked for (see [`crate::instance::Wake`]).
+    pub(super) async fn wake_loop(self, mut wake: mpsc::UnboundedReceiver<crate::instance::Wake>) {
         loop {
-            let id = tokio::select! {
-                id = wake.recv() => match id { Some(id) => id, None => return },
+            let crate::instance::Wake { id, method } = tokio::select! {
+                wake = wake.recv() => match wake { Some(wake) => wake, None => return },
                 _ = self.inner.shutdown.cancelled() => return,
             };
             let Ok(slot) = self.slot(&id) else { continue };
@@ -455,8 +456,8 @@ impl Agent {
                 .claim_revive(&slot, Some(OperationId::generate()))
                 .is_ok()
             {
-                self.start_revive(&slot, ReviveMethod::QuickStart, snapshot, image);
-                tracing::info!(instance = %id, "a client connected to a dormant instance: waking it");
+                self.start_revive(&slot, method, snapshot, image);
+                tracing::info!(instance = %id, ?method, "a client connected to a dormant instance: waking it");
                 self.send_change(
                     &slot,
                     InstanceStatus::Reviving,

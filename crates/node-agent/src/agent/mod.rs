@@ -114,7 +114,7 @@ struct AgentInner {
     /// State changes, sent to the control plane in order by one task.
     changes: mpsc::UnboundedSender<Outgoing>,
     /// Dormant instances a client connected to.
-    wake: mpsc::UnboundedSender<InstanceId>,
+    wake: mpsc::UnboundedSender<crate::instance::Wake>,
     machine: Mutex<MachineMeter>,
     launcher: Arc<Launcher>,
     /// Who may use instance ports: the control plane's policy, applied at

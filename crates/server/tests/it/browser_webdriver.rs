@@ -311,6 +311,17 @@ async fn browser_webdriver_refusals_are_w3c_errors_and_sessions_belong_to_their_
     );
     let navigated = w3c(&serve, Some(KEY), Method::POST, &url, Some(page)).await;
     assert_eq!(navigated.0, StatusCode::OK, "{:?}", navigated.1);
+    let cookie = w3c(
+        &serve,
+        Some(KEY),
+        Method::POST,
+        &format!("/session/{id}/cookie"),
+        Some(
+            json!({"cookie": {"name": "kept", "value": "across-park", "expiry": 4_000_000_000u64}}),
+        ),
+    )
+    .await;
+    assert_eq!(cookie.0, StatusCode::OK, "{:?}", cookie.1);
 
     // chromedriver reaches the browser directly: raw CDP through it gets the
     // front door's pins. Downloads stay in the instance's directory...
@@ -518,6 +529,17 @@ async fn browser_webdriver_refusals_are_w3c_errors_and_sessions_belong_to_their_
         );
     }
 
+    let handle_before_park = w3c(
+        &serve,
+        Some(KEY),
+        Method::GET,
+        &format!("/session/{id}/window"),
+        None,
+    )
+    .await
+    .1["value"]
+        .clone();
+
     // Parked (its idle timeout, or the API): nothing of it runs, and the
     // next command revives it.
     serve.api.park(&id).await;
@@ -536,6 +558,19 @@ async fn browser_webdriver_refusals_are_w3c_errors_and_sessions_belong_to_their_
     )
     .await;
     assert_eq!(title.0, StatusCode::OK, "{:?}", title.1);
+    // What the client sees: the page (its URL and title) and its cookies
+    // back, in a window of a new browser (a new handle).
+    assert_eq!(title.1["value"], "form", "{:?}", title.1);
+    let get = |what: &str| {
+        let path = format!("/session/{id}/{what}");
+        let serve = &serve;
+        async move { w3c(serve, Some(KEY), Method::GET, &path, None).await.1["value"].clone() }
+    };
+    assert_eq!(get("url").await, format!("{}/", site.base));
+    assert_eq!(get("cookie/kept").await["value"], "across-park");
+    let handles = get("window/handles").await;
+    assert_eq!(handles.as_array().map(Vec::len), Some(1), "{handles}");
+    assert_ne!(handles[0], handle_before_park, "a new browser's window");
     serve
         .api
         .wait_for_status(&id, "running", BROWSER_DEADLINE)
