@@ -282,8 +282,9 @@ fn confine_before_exec(
 /// sandbox, cgroup and network namespace, as the browser user (the
 /// instance's WebDriver server), and in the browser's process group
 /// (`browser_group`, the browser's pid), so that every stop of the browser
-/// (park, delete, shutdown, a crash's clean-up) ends it too. One left by an
-/// agent killed at once is swept at the next start like the browser.
+/// (park, delete, shutdown, a crash's clean-up) ends it too, as does
+/// dropping its handle. One left by an agent killed at once is swept at the
+/// next start like the browser.
 pub fn spawn_beside(
     isolation: &Isolation,
     dirs: &InstanceDirs,
@@ -295,7 +296,8 @@ pub fn spawn_beside(
     program: &std::path::Path,
     (args, log): (&[String], std::fs::File),
 ) -> std::io::Result<tokio::process::Child> {
-    let mut command = isolation.command(dirs, program, "webdriver");
+    // Its sandbox ends with the handle: a driver dropped ends its program.
+    let mut command = isolation.command_with(dirs, program, "webdriver", &["--die-with-parent"]);
     command
         .args(args)
         .stdin(Stdio::null())

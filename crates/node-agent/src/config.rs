@@ -167,6 +167,11 @@ pub struct AgentConfig {
     pub warm_pool_size: usize,
     /// The image the warm pool serves.
     pub warm_pool_image: String,
+    /// Start a chromedriver beside each warm browser (where Debian's
+    /// chromium-driver is installed), so that a WebDriver session taking it
+    /// does not wait for one; an instance that is not a WebDriver session
+    /// ends it within 30 s.
+    pub warm_pool_chromedriver: bool,
     /// Confine each browser with bubblewrap when `bwrap` is installed: a
     /// read-only root holding only what a browser needs, its own profile and
     /// downloads, private `/tmp` and `/dev/shm`, and its own namespaces.
@@ -225,6 +230,7 @@ impl Default for AgentConfig {
             public_host: None,
             warm_pool_size: 1,
             warm_pool_image: DEFAULT_IMAGE.to_owned(),
+            warm_pool_chromedriver: true,
             sandbox: true,
             browser_user: "flotilla-browser".into(),
             egress: crate::egress::EgressConfig::default(),

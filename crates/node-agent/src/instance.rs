@@ -107,6 +107,10 @@ pub struct InstanceSlot {
     /// The task recording its live view (`config.record`), to wait for the
     /// last recording to be finished before its files are kept or removed.
     recorder: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The chromedriver a warm browser came with, until a WebDriver session
+    /// takes it (or it is dropped, and ends, when none does at once). A std
+    /// mutex: swapped only.
+    prestarted_driver: Mutex<Option<crate::webdriver::Driver>>,
     clock: Arc<dyn Clock>,
 }
 
@@ -145,6 +149,7 @@ impl InstanceSlot {
             downloads_seen: Mutex::default(),
             waker,
             recorder: Mutex::new(None),
+            prestarted_driver: Mutex::new(None),
             clock,
         }
     }
@@ -275,6 +280,16 @@ impl InstanceSlot {
             .expect("slot lock")
             .as_ref()
             .map(|l| l.process.clone())
+    }
+
+    /// Keeps the chromedriver its warm browser came with.
+    pub fn set_prestarted_driver(&self, driver: Option<crate::webdriver::Driver>) {
+        *self.prestarted_driver.lock().expect("slot lock") = driver;
+    }
+
+    /// The chromedriver its warm browser came with, if still kept.
+    pub fn take_prestarted_driver(&self) -> Option<crate::webdriver::Driver> {
+        self.prestarted_driver.lock().expect("slot lock").take()
     }
 
     pub fn cgroup(&self) -> Option<Arc<InstanceCgroup>> {

@@ -9,7 +9,7 @@
 //! pool. A pooled browser is never handed out twice.
 
 use std::collections::{HashMap, VecDeque};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -39,6 +39,9 @@ pub struct WarmBrowser {
     pub dirs: InstanceDirs,
     pub launched: Launched,
     pub endpoint: CdpEndpoint,
+    /// A chromedriver started beside it, so that a WebDriver session does
+    /// not wait for one (`None` where chromedriver is not installed).
+    pub webdriver: Option<crate::webdriver::Driver>,
 }
 
 /// A small stable hash (FNV-1a, 32 bits) for names derived from paths.
@@ -414,10 +417,12 @@ impl Launcher {
             {
                 Ok(Some(endpoint)) => {
                     self.calibrate_viewport(&image, &endpoint).await;
+                    let webdriver = self.webdriver_beside(&dirs, &launched, &endpoint).await;
                     Ok(WarmBrowser {
                         dirs: dirs.clone(),
                         launched,
                         endpoint,
+                        webdriver,
                     })
                 }
                 Ok(None) => Err("sim browser in the pool".to_owned()),
@@ -438,6 +443,34 @@ impl Launcher {
         }
         self.pool_starting.fetch_sub(1, Ordering::SeqCst);
         self.pool_wanted.notify_one();
+    }
+
+    /// A chromedriver beside a pooled browser, when chromedriver is
+    /// installed; a failure only costs the session the start it would save.
+    async fn webdriver_beside(
+        &self,
+        dirs: &InstanceDirs,
+        launched: &Launched,
+        endpoint: &CdpEndpoint,
+    ) -> Option<crate::webdriver::Driver> {
+        if !self.config.warm_pool_chromedriver
+            || !Path::new(crate::webdriver::CHROMEDRIVER).is_file()
+        {
+            return None;
+        }
+        let beside = crate::webdriver::Beside {
+            isolation: self.isolation(),
+            dirs,
+            cgroup: launched.cgroup.as_ref(),
+            group: launched.process.pid()?,
+        };
+        match crate::webdriver::start_driver(&beside, endpoint).await {
+            Ok(driver) => Some(driver),
+            Err(error) => {
+                tracing::warn!(%error, "no chromedriver beside a warm-pool browser");
+                None
+            }
+        }
     }
 
     /// Kills pooled browsers at once (for `Drop` paths).

@@ -326,10 +326,23 @@ impl Isolation {
     /// the caller adds the program's arguments (with paths as
     /// [`Isolation::browser_paths`] says), stdio and pre-exec steps.
     pub fn command(&self, dirs: &InstanceDirs, program: &Path, hostname: &str) -> Command {
+        self.command_with(dirs, program, hostname, &[])
+    }
+
+    /// [`Isolation::command`] with `extra` options for bubblewrap
+    /// (`--die-with-parent` for a program that must end with its handle).
+    pub fn command_with(
+        &self,
+        dirs: &InstanceDirs,
+        program: &Path,
+        hostname: &str,
+        extra: &[&str],
+    ) -> Command {
         let paths = self.browser_paths(dirs);
         let mut command = match &self.bwrap {
             Some(bwrap) => {
                 let mut command = Command::new(bwrap);
+                command.args(extra);
                 command.args(self.bwrap_args(dirs, program, hostname));
                 command.arg("--").arg(program);
                 command

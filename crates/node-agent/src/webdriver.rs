@@ -95,8 +95,8 @@ struct Kept {
 }
 
 /// A running chromedriver, for one browser (it lives in that browser's
-/// network namespace).
-struct Driver {
+/// confinement); dropping it ends it.
+pub struct Driver {
     _child: tokio::process::Child,
     /// How to reach it: its port, in the browser's namespace.
     at: CdpEndpoint,
@@ -118,6 +118,15 @@ pub struct Confinement<'a> {
     pub isolation: &'a Isolation,
     pub dirs: &'a InstanceDirs,
     pub slot: &'a Arc<InstanceSlot>,
+}
+
+/// Where a chromedriver starts: beside a browser, in its confinement.
+pub struct Beside<'a> {
+    pub isolation: &'a Isolation,
+    pub dirs: &'a InstanceDirs,
+    pub cgroup: Option<&'a Arc<crate::cgroups::InstanceCgroup>>,
+    /// The browser's pid, its process group.
+    pub group: u32,
 }
 
 impl WebDriver {
@@ -223,7 +232,25 @@ async fn attach(
     capabilities: &Value,
 ) -> Result<Value, WebDriverError> {
     if state.driver.as_ref().is_none_or(|d| d.browser != *browser) {
-        state.driver = Some(start_driver(confinement, browser).await?);
+        // The one a warm browser came with, else a new one.
+        state.driver = match confinement.slot.take_prestarted_driver() {
+            Some(driver) if driver.browser == *browser => Some(driver),
+            _ => {
+                let cgroup = confinement.slot.cgroup();
+                let group = confinement
+                    .slot
+                    .process()
+                    .and_then(|process| process.pid())
+                    .ok_or_else(|| WebDriverError::not_created("the browser is not running"))?;
+                let beside = Beside {
+                    isolation: confinement.isolation,
+                    dirs: confinement.dirs,
+                    cgroup: cgroup.as_ref(),
+                    group,
+                };
+                Some(start_driver(&beside, browser).await?)
+            }
+        };
     }
     let driver = state.driver.as_ref().expect("just started");
     let mut always = capabilities.clone();
@@ -258,8 +285,8 @@ async fn attach(
 }
 
 /// Starts chromedriver beside `browser` and waits until it answers.
-async fn start_driver(
-    confinement: &Confinement<'_>,
+pub async fn start_driver(
+    beside: &Beside<'_>,
     browser: &CdpEndpoint,
 ) -> Result<Driver, WebDriverError> {
     let unavailable = |why: String| WebDriverError::not_created(why);
@@ -272,19 +299,13 @@ async fn start_driver(
         Some(_) => PORT_IN_NAMESPACE,
         None => free_port().map_err(|e| unavailable(format!("no free port: {e}")))?,
     };
-    let log = std::fs::File::create(confinement.dirs.root.join("chromedriver.log"))
+    let log = std::fs::File::create(beside.dirs.root.join("chromedriver.log"))
         .map_err(|e| unavailable(format!("cannot create chromedriver's log: {e}")))?;
     let args = [format!("--port={port}"), "--log-level=WARNING".to_owned()];
-    let cgroup = confinement.slot.cgroup();
-    let group = confinement
-        .slot
-        .process()
-        .and_then(|process| process.pid())
-        .ok_or_else(|| unavailable("the browser is not running".into()))?;
     let child = crate::browser::spawn_beside(
-        confinement.isolation,
-        confinement.dirs,
-        (browser.net.as_deref(), cgroup.as_ref(), group),
+        beside.isolation,
+        beside.dirs,
+        (browser.net.as_deref(), beside.cgroup, beside.group),
         std::path::Path::new(CHROMEDRIVER),
         (&args, log),
     )
@@ -299,7 +320,7 @@ async fn start_driver(
         match call(&at, hyper::Method::GET, "/status", Bytes::new()).await {
             Ok((200, _)) => break,
             _ if Instant::now() > deadline => {
-                let log = crate::browser::log_tail(&confinement.dirs.root.join("chromedriver.log"));
+                let log = crate::browser::log_tail(&beside.dirs.root.join("chromedriver.log"));
                 return Err(unavailable(format!(
                     "chromedriver did not answer within {START_TIMEOUT:?}{log}"
                 )));

@@ -15,6 +15,11 @@ use flotilla_api_types::instances::{InstanceStatus, KeptRecording};
 use crate::browser::{BrowserProcess, CdpEndpoint, InstanceDirs, LaunchError};
 use crate::cgroups::Limits;
 use crate::config::ImageConfig;
+
+/// How long an instance made from a warm browser keeps the chromedriver the
+/// browser came with, for a WebDriver session to take (its session attaches
+/// as soon as the create is answered).
+const PRESTARTED_DRIVER_KEPT: Duration = Duration::from_secs(30);
 use crate::extension;
 use crate::gateway::{self, GatewayContext};
 use crate::instance::{BrowserPhase, InstanceSlot};
@@ -54,7 +59,7 @@ impl Agent {
                 .reserve(self.binds_ports())
                 .ok_or_else(|| self.ports_exhausted())?;
             // A pooled browser already runs on an empty profile, without extensions.
-            let warm = if request.profile.is_none() && request.config.extensions.is_empty() {
+            let mut warm = if request.profile.is_none() && request.config.extensions.is_empty() {
                 inner.launcher.take_warm(&request.image, limits, upstream)
             } else {
                 None
@@ -65,8 +70,9 @@ impl Agent {
             };
             let slot = self.new_slot(&request, &ports, dirs);
             slot.set_operation(request.operation.clone());
-            if let Some(warm) = &warm {
+            if let Some(warm) = &mut warm {
                 slot.set_process(warm.launched.clone());
+                slot.set_prestarted_driver(warm.webdriver.take());
                 slot.set_phase(BrowserPhase::Ready(Some(warm.endpoint.clone())));
                 slot.set_status(InstanceStatus::Running, None);
             }
@@ -79,6 +85,18 @@ impl Agent {
         match warm {
             Some(warm) => {
                 tracing::info!(instance = %slot.id, "took a warm browser");
+                // A WebDriver session's instance attaches at once; any other
+                // has no use for the chromedriver its browser came with.
+                let unused = slot.clone();
+                let shutdown = self.inner.shutdown.clone();
+                self.inner.tasks.spawn(async move {
+                    tokio::select! {
+                        () = tokio::time::sleep(PRESTARTED_DRIVER_KEPT) => {}
+                        () = shutdown.cancelled() => {}
+                        () = unused.servers.cancelled() => {}
+                    }
+                    drop(unused.take_prestarted_driver());
+                });
                 let guard = slot.begin_supervision();
                 let agent = self.clone();
                 let process = warm.launched.process;

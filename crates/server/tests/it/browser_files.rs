@@ -39,8 +39,9 @@ fn opened(path: &Path) -> Option<String> {
 }
 
 /// Checks every entry under `data_dir`: owner-only, but for the directories
-/// leading the browser user to its instances (0710, its group) and the
-/// sandbox's generated `/etc` (public facts, 0755/0644).
+/// leading the browser user to its instances and to the WebDriver uploads
+/// handed to it (0710, its group) and the sandbox's generated `/etc`
+/// (public facts, 0755/0644).
 fn assert_owner_only(data_dir: &Path, browser_gid: u32) {
     let agent = data_dir.join("agent");
     let instances = agent.join("instances");
@@ -54,7 +55,9 @@ fn assert_owner_only(data_dir: &Path, browser_gid: u32) {
         let passage = path == data_dir
             || path == agent
             || path == instances
-            || path.parent() == Some(instances.as_path());
+            || path.parent() == Some(instances.as_path())
+            || (path.file_name() == Some("uploads".as_ref())
+                && path.parent().and_then(Path::parent) == Some(instances.as_path()));
         if passage {
             assert_eq!(
                 opened,
