@@ -1,9 +1,16 @@
 //! The instance's WebDriver server: Debian's `chromedriver` (the same version
-//! as the node's Chromium), started for the instance's first WebDriver
-//! session in the instance's own confinement (its sandbox, its network
-//! namespace, its cgroup, as the browser user) and attached to the
-//! instance's browser (`goog:chromeOptions.debuggerAddress`). It can reach
-//! nothing but that browser, and it ends with it.
+//! as the node's Chromium), in the instance's own confinement (its sandbox,
+//! network namespace, cgroup and the browser's process group, as the browser
+//! user; started beside a warm browser ahead of time, or for the instance's
+//! first session) and attached to the instance's browser
+//! (`goog:chromeOptions.debuggerAddress`). It can reach nothing but that
+//! browser, and it ends with it.
+//!
+//! Besides passing commands on (one kept-alive connection), the routes read
+//! what chromedriver would let reach past the instance: raw CDP commands
+//! get the gateway's pins, the BiDi socket is relayed through
+//! [`crate::client_frames`], and Grid's file commands are served by
+//! [`crate::se_files`] instead of chromedriver.
 //!
 //! The instance's HTTP port serves it at `/webdriver/…` (the control plane's
 //! front door forwards `/session/{id}/…` there). The WebDriver session id

@@ -288,11 +288,16 @@ pub mod docs {
 
     /// Any W3C WebDriver command of the session (`url`, `element`,
     /// `execute/sync`, `screenshot`, `window/rect`, `goog/cdp/execute`, …;
-    /// also under /wd/hub), answered by the instance's chromedriver.
+    /// also under /wd/hub), answered by the instance's chromedriver; and
+    /// Grid's file commands, answered by the node: `se/file` (an upload,
+    /// `{"file": base64 zip of one file}` → its path in the browser) and
+    /// `se/files` (managed downloads: GET lists, POST `{"name"}` answers a
+    /// base64 zip, DELETE removes them).
     #[utoipa::path(post, path = "/session/{session_id}/{command}", tag = "webdriver",
         params(("session_id" = String, Path), ("command" = String, Path, description = "The rest of the W3C command path")),
         responses((status = 200, description = "chromedriver's answer", content_type = "application/json"),
             (status = 401, content_type = "application/json"),
+            (status = 400, description = "W3C invalid argument (a malformed upload or download name, a body over its limit)", content_type = "application/json"),
             (status = 404, description = "W3C invalid session id, or unknown command", content_type = "application/json")))]
     pub async fn session_command() {}
 }
