@@ -279,7 +279,7 @@ async fn main() -> anyhow::Result<()> {
     );
     println!("## chromedriver's memory (PSS, MiB)\n");
     println!(
-        "| sessions | local: one chromedriver | Flotilla: one per session (each) | Flotilla: total |\n|---|---|---|---|"
+        "| sessions | local: one chromedriver | Flotilla: each chromedriver running (sessions and warm pool) | Flotilla: total |\n|---|---|---|---|"
     );
     for (sessions, local_kib, ours) in [(1, local_one, &ours_one), (4, local_four, &ours_four)] {
         let total: u64 = ours.iter().sum();
