@@ -362,7 +362,7 @@ impl Upstream {
     pub fn from_config(
         proxy: &flotilla_api_types::instances::UpstreamProxy,
     ) -> Result<Self, String> {
-        let endpoint = proxy.validate()?;
+        let endpoint = proxy.validate().map_err(|e| e.to_string())?;
         Ok(Self {
             socks5: endpoint.scheme == "socks5",
             host: endpoint.host,
