@@ -313,6 +313,7 @@ impl Agent {
                 std::fs::create_dir_all(partial.parent().unwrap_or(&partial))
                     .map_err(|e| e.to_string())?;
                 let unpacked = extension::unpack(&zip, &partial)
+                    .map_err(|e| e.to_string())
                     .and_then(|()| std::fs::rename(&partial, &folder).map_err(|e| e.to_string()));
                 if unpacked.is_err() {
                     remove_dir(&partial);
