@@ -6,6 +6,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use crate::names::UnknownName;
+
 /// Spec: alert levels info, warning and critical.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema,
@@ -28,14 +30,14 @@ impl AlertLevel {
 }
 
 impl FromStr for AlertLevel {
-    type Err = String;
+    type Err = UnknownName;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "info" => Ok(Self::Info),
             "warning" => Ok(Self::Warning),
             "critical" => Ok(Self::Critical),
-            other => Err(format!("unknown alert level {other:?}")),
+            other => Err(UnknownName::new("alert level", other)),
         }
     }
 }

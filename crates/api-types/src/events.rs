@@ -8,6 +8,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::instances::InstanceStatus;
+use crate::names::UnknownName;
 
 /// Every event the control plane emits: the spec's three and DESIGN.md's others.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -109,18 +110,13 @@ impl fmt::Display for EventName {
 }
 
 impl FromStr for EventName {
-    type Err = String;
+    type Err = UnknownName;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Self::ALL
             .into_iter()
             .find(|name| name.as_str() == s)
-            .ok_or_else(|| {
-                format!(
-                    "unknown event {s:?}; known events: {}",
-                    Self::ALL.map(EventName::as_str).join(", ")
-                )
-            })
+            .ok_or_else(|| UnknownName::new("event", s).listing(Self::ALL.map(EventName::as_str)))
     }
 }
 

@@ -28,6 +28,78 @@ pub const MAX_EXTENSIONS_PER_INSTANCE: usize = 20;
 /// Largest zip accepted by `POST /v2/extensions` (larger is a 413).
 pub const MAX_ZIP_BYTES: usize = 50 * 1024 * 1024;
 
+/// Why an uploaded zip is not a loadable extension (shown to the uploader,
+/// after "not a loadable extension: "). The node agent's checker finds
+/// them; the control plane refuses the upload with them.
+#[derive(Debug, thiserror::Error)]
+pub enum ExtensionRefusal {
+    #[error("the zip is larger than {max_mib} MiB")]
+    ZipTooLarge { max_mib: usize },
+    #[error("the zip has more than {max} entries")]
+    TooManyEntries { max: usize },
+    #[error("the body is not a zip file: {0}")]
+    NotZip(#[source] std::io::Error),
+    #[error(
+        "the zip lists {declared} entries but only {distinct} distinct names: an entry appears twice"
+    )]
+    DuplicateNames { declared: usize, distinct: usize },
+    #[error("the zip's end of central directory cannot be read")]
+    NoEndOfDirectory,
+    #[error("cannot read entry {index}: {source}")]
+    EntryUnreadable {
+        index: usize,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("entry {index} has a name that is not UTF-8")]
+    NameNotUtf8 { index: usize },
+    #[error(
+        "entry {name:?} is not a plain relative path (no leading '/', '..', '\\\\' or control characters)"
+    )]
+    NotPlainPath { name: String },
+    #[error("entry {name:?} is a link; extensions hold files only")]
+    Link { name: String },
+    #[error("entry {name:?} is encrypted")]
+    Encrypted { name: String },
+    #[error("entry {name:?} appears twice")]
+    EntryTwice { name: String },
+    /// A zip bomb, or just too much: counted as it decompresses.
+    #[error("the extension unpacks to more than {max_kib} KiB")]
+    UnpacksTooLarge { max_kib: u64 },
+    /// The entry's bytes do not decompress, or their CRC does not match.
+    #[error("entry {name:?} is damaged: {source}")]
+    Damaged {
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "the zip holds no manifest.json at its root or in its one top-level folder: it is not an unpacked extension"
+    )]
+    NoManifest,
+    #[error("cannot read manifest.json: {0}")]
+    ManifestUnreadable(#[source] std::io::Error),
+    #[error("manifest.json is larger than 1 MiB")]
+    ManifestTooLarge,
+    #[error("manifest.json is not valid JSON: {0}")]
+    ManifestNotJson(#[source] serde_json::Error),
+    #[error("manifest.json must hold a JSON object")]
+    ManifestNotObject,
+    #[error(
+        "manifest.json: manifest_version 2 is no longer loaded by Chromium; use manifest_version 3"
+    )]
+    ManifestV2,
+    #[error("manifest.json: manifest_version must be 3")]
+    ManifestVersion,
+    /// `name` or `version` missing, empty, too long or with control characters.
+    #[error("manifest.json: {field} must be a string of 1 to 200 characters")]
+    ManifestField { field: &'static str },
+    #[error(
+        "manifest.json: version {version:?} must be one to four dot-separated integers from 0 to 65535"
+    )]
+    Version { version: String },
+}
+
 /// Whether `id` has the form of an extension id (a hyphenated UUID), so that
 /// it can name a directory or an object without escaping.
 pub fn is_extension_id(id: &str) -> bool {

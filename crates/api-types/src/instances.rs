@@ -8,6 +8,7 @@ use std::str::FromStr;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::ids::{InstanceId, NodeId, SnapshotId};
+use crate::names::UnknownName;
 
 /// The image used when a create request names none.
 pub const DEFAULT_IMAGE: &str = "ubuntu:22.04";
@@ -80,13 +81,13 @@ impl fmt::Display for InstanceStatus {
 }
 
 impl FromStr for InstanceStatus {
-    type Err = String;
+    type Err = UnknownName;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Self::ALL
             .into_iter()
             .find(|status| status.as_str() == s)
-            .ok_or_else(|| format!("unknown instance status {s:?}"))
+            .ok_or_else(|| UnknownName::new("instance status", s))
     }
 }
 
@@ -167,9 +168,35 @@ pub struct ProxyEndpoint {
     pub port: u16,
 }
 
+/// Why an upstream proxy (`config.proxy`) is refused: each message names
+/// the field and what it must be.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProxyError {
+    /// `server` is not `http://host:port` or `socks5://host:port`.
+    #[error(
+        "config.proxy.server must be http://host:port or socks5://host:port, without credentials (use username and password), path or query (got {server:?})"
+    )]
+    Server { server: String },
+    #[error("config.proxy.username must be 1 to 255 characters without control characters")]
+    Username,
+    #[error("config.proxy.password needs config.proxy.username")]
+    PasswordWithoutUsername,
+    #[error("config.proxy.password must be 1 to 255 characters without control characters")]
+    Password,
+    #[error("config.proxy.bypass takes at most {max} entries")]
+    TooManyBypassEntries { max: usize },
+    #[error(
+        "config.proxy.bypass entry {entry:?} must be a host name, *.suffix, an address or a network"
+    )]
+    BypassEntry { entry: String },
+}
+
 impl UpstreamProxy {
+    /// Most entries of `bypass`.
+    pub const MAX_BYPASS_ENTRIES: usize = 100;
+
     /// Checks every field; the message names it (`config.proxy.server …`).
-    pub fn validate(&self) -> Result<ProxyEndpoint, String> {
+    pub fn validate(&self) -> Result<ProxyEndpoint, ProxyError> {
         let endpoint = self.endpoint()?;
         let text_ok = |value: &str| {
             !value.is_empty() && value.len() <= 255 && !value.chars().any(char::is_control)
@@ -177,24 +204,20 @@ impl UpstreamProxy {
         if let Some(username) = &self.username
             && !text_ok(username)
         {
-            return Err(
-                "config.proxy.username must be 1 to 255 characters without control characters"
-                    .into(),
-            );
+            return Err(ProxyError::Username);
         }
         if let Some(password) = &self.password {
             if self.username.is_none() {
-                return Err("config.proxy.password needs config.proxy.username".into());
+                return Err(ProxyError::PasswordWithoutUsername);
             }
             if !text_ok(password.expose()) {
-                return Err(
-                    "config.proxy.password must be 1 to 255 characters without control characters"
-                        .into(),
-                );
+                return Err(ProxyError::Password);
             }
         }
-        if self.bypass.len() > 100 {
-            return Err("config.proxy.bypass takes at most 100 entries".into());
+        if self.bypass.len() > Self::MAX_BYPASS_ENTRIES {
+            return Err(ProxyError::TooManyBypassEntries {
+                max: Self::MAX_BYPASS_ENTRIES,
+            });
         }
         for entry in &self.bypass {
             let pattern = entry.strip_prefix("*.").unwrap_or(entry);
@@ -204,21 +227,18 @@ impl UpstreamProxy {
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || "-.:/[]_".contains(c));
             if !valid {
-                return Err(format!(
-                    "config.proxy.bypass entry {entry:?} must be a host name, *.suffix, an address or a network"
-                ));
+                return Err(ProxyError::BypassEntry {
+                    entry: entry.clone(),
+                });
             }
         }
         Ok(endpoint)
     }
 
     /// `server` as scheme, host and port.
-    pub fn endpoint(&self) -> Result<ProxyEndpoint, String> {
-        let bad = || {
-            format!(
-                "config.proxy.server must be http://host:port or socks5://host:port, without credentials (use username and password), path or query (got {:?})",
-                self.server
-            )
+    pub fn endpoint(&self) -> Result<ProxyEndpoint, ProxyError> {
+        let bad = || ProxyError::Server {
+            server: self.server.clone(),
         };
         let (scheme, rest) = self.server.split_once("://").ok_or_else(bad)?;
         let scheme = scheme.to_ascii_lowercase();
@@ -474,13 +494,13 @@ impl ReviveMethod {
 }
 
 impl FromStr for ReviveMethod {
-    type Err = String;
+    type Err = UnknownName;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "quick_start" => Ok(Self::QuickStart),
             "full_restore" => Ok(Self::FullRestore),
-            other => Err(format!("unknown revive method {other:?}")),
+            other => Err(UnknownName::new("revive method", other)),
         }
     }
 }

@@ -12,6 +12,7 @@
 //! - [`origin`] — whether a browser's WebSocket comes from the same origin.
 //! - [`profiles`], [`extensions`] — saved browser profiles and uploaded extensions.
 //! - [`live`] — shareable live links to an instance's live view.
+//! - [`names`] — the error of a name none of a closed set's.
 //! - [`tasks`] — running an operation to its end whatever its caller does.
 //! - [`faults`] — fault points of the crash tests (test builds only).
 //!
@@ -32,6 +33,7 @@ pub mod instances;
 pub mod integers;
 pub mod live;
 pub mod metrics;
+pub mod names;
 pub mod nodes;
 pub mod origin;
 pub mod profiles;

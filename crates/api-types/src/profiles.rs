@@ -45,8 +45,17 @@ pub struct ProfileUse {
     pub persist: bool,
 }
 
-/// Whether `name` can name a profile; the message says what is accepted.
-pub fn check_profile_name(name: &str) -> Result<(), String> {
+/// A name that cannot name a profile; the message says what is accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "profile name {name:?} must be 1 to 64 characters of letters, digits, '.', '_' and '-', not starting with '.'"
+)]
+pub struct InvalidProfileName {
+    pub name: String,
+}
+
+/// Whether `name` can name a profile.
+pub fn check_profile_name(name: &str) -> Result<(), InvalidProfileName> {
     let valid = !name.is_empty()
         && name.len() <= 64
         && !name.starts_with('.')
@@ -56,9 +65,9 @@ pub fn check_profile_name(name: &str) -> Result<(), String> {
     if valid {
         Ok(())
     } else {
-        Err(format!(
-            "profile name {name:?} must be 1 to 64 characters of letters, digits, '.', '_' and '-', not starting with '.'"
-        ))
+        Err(InvalidProfileName {
+            name: name.to_owned(),
+        })
     }
 }
 

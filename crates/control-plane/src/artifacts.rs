@@ -11,6 +11,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use flotilla_api_types::InstanceId;
+use flotilla_api_types::extensions::ExtensionRefusal;
 use flotilla_api_types::instances::KeptRecording;
 
 /// A video, chunk by chunk.
@@ -34,7 +35,7 @@ pub trait ArtifactStore: Send + Sync {
     async fn extension_delete(&self, id: &str) -> anyhow::Result<()>;
     /// Checks that `zip` is a loadable extension (CPU-bound: run it off the
     /// async threads); the error says why not, for the uploader.
-    fn extension_inspect(&self, zip: &[u8]) -> Result<ExtensionManifest, String>;
+    fn extension_inspect(&self, zip: &[u8]) -> Result<ExtensionManifest, ExtensionRefusal>;
     /// The kept recordings, oldest first.
     async fn recordings_kept(&self) -> anyhow::Result<Vec<KeptRecording>>;
     /// One kept recording; `None` when there is none with that id.

@@ -260,9 +260,75 @@ pub struct EventsConfig {
     pub token_secret: Option<String>,
 }
 
+/// A configuration value the control plane refuses: each message names the
+/// key, what it must be, and what it was.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("public_url {url:?} is not a URL: {source}")]
+    PublicUrlUnparsable {
+        url: String,
+        #[source]
+        source: url::ParseError,
+    },
+    #[error("public_url must be http(s)://host[:port] without a path (got {url:?})")]
+    PublicUrlShape { url: String },
+    #[error("gateway.base_domain must be a DNS name like browsers.example.com (got {domain:?})")]
+    BaseDomain { domain: String },
+    #[error("trusted_proxies: {entry:?} is not an address or a network like 10.0.0.0/8")]
+    TrustedProxy { entry: String },
+    /// A count that must be at least 1 (`scheduler.candidates`, …).
+    #[error("{key} must be at least 1")]
+    Zero { key: &'static str },
+    #[error("nodes.heartbeat_interval_sec must be > 0")]
+    HeartbeatInterval,
+    #[error(
+        "nodes.heartbeat_timeout_sec ({timeout}) must be greater than nodes.heartbeat_interval_sec ({interval})"
+    )]
+    HeartbeatTimeout { timeout: f64, interval: f64 },
+    #[error("webhooks[{index}].url {url:?}: {source}")]
+    WebhookUrlUnparsable {
+        index: usize,
+        url: String,
+        #[source]
+        source: url::ParseError,
+    },
+    #[error("webhooks[{index}].url must be http:// or https://")]
+    WebhookUrlScheme { index: usize },
+    #[error("webhooks[{index}].secret must not be empty: receivers verify signatures with it")]
+    WebhookSecretEmpty { index: usize },
+    #[error(
+        "webhook_delivery: timeout_sec > 0, max_backoff_sec >= 1 and give_up_after_hours > 0 are required"
+    )]
+    WebhookDeliveryTimes,
+    #[error(
+        "monitoring.{metric}_warning_threshold ({warning}) and monitoring.{metric}_critical_threshold ({critical}) must be percentages with warning <= critical"
+    )]
+    Thresholds {
+        metric: &'static str,
+        warning: f64,
+        critical: f64,
+    },
+    #[error("metrics.sample_interval_sec must be >= 1 and metrics.retention_days > 0")]
+    MetricsTimes,
+    #[error("events.proxy_url {url:?}: {source}")]
+    EventsProxyUrl {
+        url: String,
+        #[source]
+        source: url::ParseError,
+    },
+    #[error("events.token_secret must be at least 16 characters")]
+    TokenSecretShort,
+    #[error(transparent)]
+    ApiKey(#[from] crate::http::ApiKeyError),
+    #[error(
+        "auth_enabled = true needs at least one entry in api_keys (create one with `flotilla keys create`)"
+    )]
+    AuthWithoutKeys,
+}
+
 impl ControlPlaneConfig {
     /// Checks values that serde cannot; the message names the key.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_addresses()?;
         self.validate_limits()?;
         self.validate_webhooks()?;
@@ -271,18 +337,21 @@ impl ControlPlaneConfig {
     }
 
     /// `public_url`, `gateway.base_domain` and `trusted_proxies`.
-    fn validate_addresses(&self) -> Result<(), String> {
+    fn validate_addresses(&self) -> Result<(), ConfigError> {
         if let Some(public_url) = &self.public_url {
-            let url = url::Url::parse(public_url)
-                .map_err(|e| format!("public_url {public_url:?} is not a URL: {e}"))?;
+            let url =
+                url::Url::parse(public_url).map_err(|source| ConfigError::PublicUrlUnparsable {
+                    url: public_url.clone(),
+                    source,
+                })?;
             if !matches!(url.scheme(), "http" | "https")
                 || url.host_str().is_none()
                 || url.path() != "/"
                 || url.query().is_some()
             {
-                return Err(format!(
-                    "public_url must be http(s)://host[:port] without a path (got {public_url:?})"
-                ));
+                return Err(ConfigError::PublicUrlShape {
+                    url: public_url.clone(),
+                });
             }
         }
         if let Some(domain) = &self.gateway.base_domain {
@@ -296,56 +365,65 @@ impl ControlPlaneConfig {
                     && !label.ends_with('-')
             };
             if domain.len() > 200 || !domain.split('.').all(valid_label) {
-                return Err(format!(
-                    "gateway.base_domain must be a DNS name like browsers.example.com (got {domain:?})"
-                ));
+                return Err(ConfigError::BaseDomain {
+                    domain: domain.clone(),
+                });
             }
         }
         for entry in &self.trusted_proxies {
-            crate::http::door::parse_network(entry).ok_or_else(|| {
-                format!("trusted_proxies: {entry:?} is not an address or a network like 10.0.0.0/8")
+            crate::http::door::parse_network(entry).ok_or_else(|| ConfigError::TrustedProxy {
+                entry: entry.clone(),
             })?;
         }
         Ok(())
     }
 
     /// Heartbeats, the scheduler, the store and the rate limit.
-    fn validate_limits(&self) -> Result<(), String> {
+    fn validate_limits(&self) -> Result<(), ConfigError> {
         if self.nodes.heartbeat_interval_sec.is_nan() || self.nodes.heartbeat_interval_sec <= 0.0 {
-            return Err("nodes.heartbeat_interval_sec must be > 0".into());
+            return Err(ConfigError::HeartbeatInterval);
         }
         if self.nodes.heartbeat_timeout_sec.is_nan()
             || self.nodes.heartbeat_timeout_sec <= self.nodes.heartbeat_interval_sec
         {
-            return Err(format!(
-                "nodes.heartbeat_timeout_sec ({}) must be greater than nodes.heartbeat_interval_sec ({})",
-                self.nodes.heartbeat_timeout_sec, self.nodes.heartbeat_interval_sec
-            ));
+            return Err(ConfigError::HeartbeatTimeout {
+                timeout: self.nodes.heartbeat_timeout_sec,
+                interval: self.nodes.heartbeat_interval_sec,
+            });
         }
         if self.scheduler.candidates == 0 {
-            return Err("scheduler.candidates must be at least 1".into());
+            return Err(ConfigError::Zero {
+                key: "scheduler.candidates",
+            });
         }
         if self.store.max_connections == 0 {
-            return Err("store.max_connections must be at least 1".into());
+            return Err(ConfigError::Zero {
+                key: "store.max_connections",
+            });
         }
         if self.rate_limit.enabled && self.rate_limit.requests_per_minute == 0 {
-            return Err("rate_limit.requests_per_minute must be at least 1".into());
+            return Err(ConfigError::Zero {
+                key: "rate_limit.requests_per_minute",
+            });
         }
         Ok(())
     }
 
     /// `[[webhooks]]` and `[webhook_delivery]`.
-    fn validate_webhooks(&self) -> Result<(), String> {
+    fn validate_webhooks(&self) -> Result<(), ConfigError> {
         for (index, webhook) in self.webhooks.iter().enumerate() {
-            let url = url::Url::parse(&webhook.url)
-                .map_err(|e| format!("webhooks[{index}].url {:?}: {e}", webhook.url))?;
+            let url = url::Url::parse(&webhook.url).map_err(|source| {
+                ConfigError::WebhookUrlUnparsable {
+                    index,
+                    url: webhook.url.clone(),
+                    source,
+                }
+            })?;
             if !matches!(url.scheme(), "http" | "https") {
-                return Err(format!("webhooks[{index}].url must be http:// or https://"));
+                return Err(ConfigError::WebhookUrlScheme { index });
             }
             if webhook.secret.is_empty() {
-                return Err(format!(
-                    "webhooks[{index}].secret must not be empty: receivers verify signatures with it"
-                ));
+                return Err(ConfigError::WebhookSecretEmpty { index });
             }
         }
         let delivery = &self.webhook_delivery;
@@ -353,18 +431,20 @@ impl ControlPlaneConfig {
             || !at_least(delivery.max_backoff_sec, 1.0)
             || !above(delivery.give_up_after_hours, 0.0)
         {
-            return Err("webhook_delivery: timeout_sec > 0, max_backoff_sec >= 1 and give_up_after_hours > 0 are required".into());
+            return Err(ConfigError::WebhookDeliveryTimes);
         }
         if delivery.concurrency == 0 {
-            return Err("webhook_delivery.concurrency must be at least 1".into());
+            return Err(ConfigError::Zero {
+                key: "webhook_delivery.concurrency",
+            });
         }
         Ok(())
     }
 
     /// `[monitoring]` thresholds and `[metrics]` sampling.
-    fn validate_monitoring(&self) -> Result<(), String> {
+    fn validate_monitoring(&self) -> Result<(), ConfigError> {
         let m = &self.monitoring;
-        for (name, warning, critical) in [
+        for (metric, warning, critical) in [
             ("cpu", m.cpu_warning_threshold, m.cpu_critical_threshold),
             (
                 "memory",
@@ -377,25 +457,28 @@ impl ControlPlaneConfig {
                 || !(0.0..=100.0).contains(&critical)
                 || warning > critical
             {
-                return Err(format!(
-                    "monitoring.{name}_warning_threshold ({warning}) and monitoring.{name}_critical_threshold ({critical}) must be percentages with warning <= critical"
-                ));
+                return Err(ConfigError::Thresholds {
+                    metric,
+                    warning,
+                    critical,
+                });
             }
         }
         if !at_least(self.metrics.sample_interval_sec, 1.0)
             || !above(self.metrics.retention_days, 0.0)
         {
-            return Err(
-                "metrics.sample_interval_sec must be >= 1 and metrics.retention_days > 0".into(),
-            );
+            return Err(ConfigError::MetricsTimes);
         }
         Ok(())
     }
 
     /// `[events]`, `api_keys` and `auth_enabled`.
-    fn validate_events_and_keys(&self) -> Result<(), String> {
+    fn validate_events_and_keys(&self) -> Result<(), ConfigError> {
         if let Some(url) = &self.events.proxy_url {
-            url::Url::parse(url).map_err(|e| format!("events.proxy_url {url:?}: {e}"))?;
+            url::Url::parse(url).map_err(|source| ConfigError::EventsProxyUrl {
+                url: url.clone(),
+                source,
+            })?;
         }
         if self
             .events
@@ -403,11 +486,11 @@ impl ControlPlaneConfig {
             .as_deref()
             .is_some_and(|s| s.len() < 16)
         {
-            return Err("events.token_secret must be at least 16 characters".into());
+            return Err(ConfigError::TokenSecretShort);
         }
         crate::http::check_api_keys(&self.api_keys)?;
         if self.auth_enabled && self.api_keys.is_empty() {
-            return Err("auth_enabled = true needs at least one entry in api_keys (create one with `flotilla keys create`)".into());
+            return Err(ConfigError::AuthWithoutKeys);
         }
         Ok(())
     }

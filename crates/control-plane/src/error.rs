@@ -115,6 +115,19 @@ impl From<crate::nodes::NodeCallError> for Error {
     }
 }
 
+/// A refused `config.proxy`: the message names the field.
+impl From<flotilla_api_types::instances::ProxyError> for Error {
+    fn from(error: flotilla_api_types::instances::ProxyError) -> Self {
+        Self::InvalidRequest(error.to_string())
+    }
+}
+
+impl From<flotilla_api_types::profiles::InvalidProfileName> for Error {
+    fn from(error: flotilla_api_types::profiles::InvalidProfileName) -> Self {
+        Self::InvalidRequest(error.to_string())
+    }
+}
+
 impl From<sqlx::Error> for Error {
     fn from(error: sqlx::Error) -> Self {
         Self::Internal(anyhow::Error::new(error).context("store query failed"))

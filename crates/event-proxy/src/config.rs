@@ -227,33 +227,27 @@ impl PeersConfig {
         self.enabled || !self.peer_addresses.is_empty()
     }
 
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if !self.active() {
             return Ok(());
         }
         if self.secret.len() < 16 {
-            return Err("peers.secret must be at least 16 characters when peers are on (every proxy of the cluster shares it)".into());
+            return Err(ConfigError::PeersSecretShort);
         }
-        self.listen_address.parse::<SocketAddr>().map_err(|_| {
-            format!(
-                "peers.listen_address must look like 127.0.0.1:7946 (got {:?})",
-                self.listen_address
-            )
-        })?;
+        address(
+            "peers.listen_address",
+            "127.0.0.1:7946",
+            &self.listen_address,
+        )?;
         if !self.advertise_address.is_empty() {
-            self.advertise_address.parse::<SocketAddr>().map_err(|_| {
-                format!(
-                    "peers.advertise_address must look like 10.0.0.5:7946 (got {:?})",
-                    self.advertise_address
-                )
-            })?;
+            address(
+                "peers.advertise_address",
+                "10.0.0.5:7946",
+                &self.advertise_address,
+            )?;
         }
         if !self.public_url.is_empty() {
-            let url = reqwest::Url::parse(&self.public_url)
-                .map_err(|e| format!("peers.public_url {:?} is not a URL: {e}", self.public_url))?;
-            if !matches!(url.scheme(), "http" | "https") {
-                return Err("peers.public_url must be an http:// or https:// URL".into());
-            }
+            http_url("peers.public_url", &self.public_url)?;
         }
         for address in &self.peer_addresses {
             if address
@@ -261,24 +255,106 @@ impl PeersConfig {
                 .and_then(|(_, port)| port.parse::<u16>().ok())
                 .is_none()
             {
-                return Err(format!(
-                    "peers.peer_addresses: {address:?} must look like <host>:<port>"
-                ));
+                return Err(ConfigError::PeerAddress {
+                    address: address.clone(),
+                });
             }
         }
         if !(self.gossip_interval_sec >= 0.01 && self.gossip_interval_sec <= 3600.0) {
-            return Err("peers.gossip_interval_sec must be between 0.01 and 3600".into());
+            return Err(ConfigError::GossipInterval);
         }
         if !(self.peer_timeout_sec >= 3.0 * self.gossip_interval_sec
             && self.peer_timeout_sec <= 86_400.0)
         {
-            return Err("peers.peer_timeout_sec must be at least 3 × peers.gossip_interval_sec (and at most 86400)".into());
+            return Err(ConfigError::PeerTimeout);
         }
         if self.message_batch_size == 0 || self.message_batch_size > 10_000 {
-            return Err("peers.message_batch_size must be between 1 and 10000".into());
+            return Err(ConfigError::MessageBatchSize);
         }
         Ok(())
     }
+}
+
+/// A configuration value the proxy refuses; each message names the key and
+/// what it must be.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(
+        "jwt_verifier.webhook_url is empty but jwt_verifier.require_authentication is true: \
+         set webhook_url to your verification webhook, or set require_authentication = false \
+         to run the proxy without authentication"
+    )]
+    AuthWithoutWebhook,
+    /// A socket address (`http.bind_address`, `peers.listen_address`, …).
+    #[error("{key} must look like {example} (got {got:?})")]
+    Address {
+        key: &'static str,
+        example: &'static str,
+        got: String,
+    },
+    #[error("{key} {url:?} is not a URL: {source}")]
+    Url {
+        key: &'static str,
+        url: String,
+        #[source]
+        source: url::ParseError,
+    },
+    #[error("{key} must be an http:// or https:// URL")]
+    UrlScheme { key: &'static str },
+    /// A count or duration that must be at least 1.
+    #[error("{key} must be at least 1")]
+    Zero { key: &'static str },
+    #[error(transparent)]
+    TrustedProxy(#[from] IpRangeError),
+    #[error(
+        "peers.secret must be at least 16 characters when peers are on (every proxy of the cluster shares it)"
+    )]
+    PeersSecretShort,
+    #[error("peers.peer_addresses: {address:?} must look like <host>:<port>")]
+    PeerAddress { address: String },
+    #[error("peers.gossip_interval_sec must be between 0.01 and 3600")]
+    GossipInterval,
+    #[error(
+        "peers.peer_timeout_sec must be at least 3 × peers.gossip_interval_sec (and at most 86400)"
+    )]
+    PeerTimeout,
+    #[error("peers.message_batch_size must be between 1 and 10000")]
+    MessageBatchSize,
+}
+
+/// `text` as the socket address of `key`.
+fn address(
+    key: &'static str,
+    example: &'static str,
+    text: &str,
+) -> Result<SocketAddr, ConfigError> {
+    text.parse().map_err(|_| ConfigError::Address {
+        key,
+        example,
+        got: text.to_owned(),
+    })
+}
+
+/// `text` as the http(s) URL of `key`.
+fn http_url(key: &'static str, text: &str) -> Result<(), ConfigError> {
+    let url = url::Url::parse(text).map_err(|source| ConfigError::Url {
+        key,
+        url: text.to_owned(),
+        source,
+    })?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(ConfigError::UrlScheme { key });
+    }
+    Ok(())
+}
+
+/// A `rate_limit.trusted_proxies` entry that is not an address or a range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IpRangeError {
+    #[error("rate_limit.trusted_proxies: {entry:?} is not an IP address or CIDR range")]
+    NotAnAddress { entry: String },
+    #[error("rate_limit.trusted_proxies: bad prefix in {entry:?}")]
+    Prefix { entry: String },
 }
 
 /// A parsed trusted-proxy entry: an address or a CIDR range.
@@ -289,14 +365,17 @@ pub struct IpRange {
 }
 
 impl IpRange {
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, IpRangeError> {
         let (address, prefix) = match text.split_once('/') {
             Some((address, prefix)) => (address, Some(prefix)),
             None => (text, None),
         };
-        let network: IpAddr = address.trim().parse().map_err(|_| {
-            format!("rate_limit.trusted_proxies: {text:?} is not an IP address or CIDR range")
-        })?;
+        let network: IpAddr = address
+            .trim()
+            .parse()
+            .map_err(|_| IpRangeError::NotAnAddress {
+                entry: text.to_owned(),
+            })?;
         let max = if network.is_ipv4() { 32 } else { 128 };
         let prefix = match prefix {
             Some(p) => p
@@ -304,7 +383,9 @@ impl IpRange {
                 .parse::<u8>()
                 .ok()
                 .filter(|p| *p <= max)
-                .ok_or_else(|| format!("rate_limit.trusted_proxies: bad prefix in {text:?}"))?,
+                .ok_or_else(|| IpRangeError::Prefix {
+                    entry: text.to_owned(),
+                })?,
             None => max,
         };
         Ok(Self { network, prefix })
@@ -340,25 +421,14 @@ impl IpRange {
 impl ProxyConfig {
     /// Checks what serde cannot, with messages that name the key. Startup is
     /// refused when authentication is required but no webhook is set.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         self.bind_address()?;
         let verifier = &self.jwt_verifier;
         if verifier.webhook_url.is_empty() && verifier.require_authentication {
-            return Err("jwt_verifier.webhook_url is empty but jwt_verifier.require_authentication is true: \
-                 set webhook_url to your verification webhook, or set require_authentication = false \
-                 to run the proxy without authentication"
-                .into());
+            return Err(ConfigError::AuthWithoutWebhook);
         }
         if !verifier.webhook_url.is_empty() {
-            let url = reqwest::Url::parse(&verifier.webhook_url).map_err(|e| {
-                format!(
-                    "jwt_verifier.webhook_url {:?} is not a URL: {e}",
-                    verifier.webhook_url
-                )
-            })?;
-            if !matches!(url.scheme(), "http" | "https") {
-                return Err("jwt_verifier.webhook_url must be an http:// or https:// URL".into());
-            }
+            http_url("jwt_verifier.webhook_url", &verifier.webhook_url)?;
         }
         let positive = [
             ("http.max_connections", self.http.max_connections as u64),
@@ -399,7 +469,7 @@ impl ProxyConfig {
         ];
         for (key, value) in positive {
             if value == 0 {
-                return Err(format!("{key} must be at least 1"));
+                return Err(ConfigError::Zero { key });
             }
         }
         for entry in &self.rate_limit.trusted_proxies {
@@ -408,13 +478,12 @@ impl ProxyConfig {
         self.peers.validate()
     }
 
-    pub fn bind_address(&self) -> Result<SocketAddr, String> {
-        self.http.bind_address.parse().map_err(|_| {
-            format!(
-                "http.bind_address must look like 127.0.0.1:8081 (got {:?})",
-                self.http.bind_address
-            )
-        })
+    pub fn bind_address(&self) -> Result<SocketAddr, ConfigError> {
+        address(
+            "http.bind_address",
+            "127.0.0.1:8081",
+            &self.http.bind_address,
+        )
     }
 
     pub fn trusted_proxies(&self) -> Vec<IpRange> {
@@ -437,6 +506,7 @@ mod tests {
             config
                 .validate()
                 .unwrap_err()
+                .to_string()
                 .contains("require_authentication")
         );
         let mut open = ProxyConfig::default();

@@ -257,7 +257,7 @@ pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<
 }
 
 /// Why a publish has no id.
-fn owner_unavailable(reason: &str) -> Refusal {
+fn owner_unavailable(reason: &peers::link::OwnerFailed) -> Refusal {
     tracing::warn!(%reason, "publish: the topic's owner did not answer");
     Refusal::OwnerUnavailable
 }
@@ -275,7 +275,7 @@ impl Published {
             Self::AtOwner(answer) => match answer.await {
                 Ok(Ok(id)) => Ok(id),
                 Ok(Err(reason)) => Err(owner_unavailable(&reason)),
-                Err(_) => Err(owner_unavailable("the link closed")),
+                Err(_) => Err(owner_unavailable(&peers::link::OwnerFailed::LinkClosed)),
             },
         }
     }
@@ -305,9 +305,11 @@ async fn publish_event(state: &ProxyState, topic: &Topic, publish: &Publish) -> 
 
 /// `POST /publish/{topic}`.
 async fn publish_one(state: &Arc<ProxyState>, request: &Request, topic_name: &str) -> Answer {
-    validate_topic(topic_name).map_err(Refusal::BadRequest)?;
+    validate_topic(topic_name).map_err(|e| Refusal::BadRequest(e.to_string()))?;
     let publish: Publish = parse_body(&request.body)?;
-    publish.validate().map_err(Refusal::InvalidBody)?;
+    publish
+        .validate()
+        .map_err(|e| Refusal::InvalidBody(e.to_string()))?;
     let topic = state.topics.get_or_create(topic_name);
     authorize_publisher(state, request, &topic).await?;
     let id = publish_event(state, &topic, &publish).await.id().await?;
@@ -361,8 +363,9 @@ async fn check_batch(
     }
     let mut topics = Vec::with_capacity(batch.events.len());
     for (index, event) in batch.events.iter().enumerate() {
-        validate_topic(&event.topic)
-            .and_then(|()| event.publish.validate())
+        event
+            .publish
+            .validate_on(&event.topic)
             .map_err(|reason| Refusal::InvalidBody(format!("events[{index}]: {reason}")))?;
         let topic = state.topics.get_or_create(&event.topic);
         authorize_publisher(state, request, &topic).await?;

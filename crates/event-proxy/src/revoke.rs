@@ -128,7 +128,7 @@ impl PeerRevocation {
         }
     }
 
-    fn target(&self) -> Result<Target, String> {
+    fn target(&self) -> Result<Target, InvalidRevocation> {
         target_of(self.user_id.clone(), self.token_sha256.clone())
     }
 
@@ -152,17 +152,31 @@ impl Target {
     }
 }
 
-fn target_of(user_id: Option<String>, token_sha256: Option<String>) -> Result<Target, String> {
+/// A revocation that does not say what to revoke (a 400, "Invalid body: …").
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidRevocation {
+    #[error("{0}")]
+    Body(#[source] serde_json::Error),
+    #[error("token_sha256 must be 64 hex characters")]
+    TokenHash,
+    #[error("give exactly one of user_id and token_sha256")]
+    NotOneTarget,
+}
+
+fn target_of(
+    user_id: Option<String>,
+    token_sha256: Option<String>,
+) -> Result<Target, InvalidRevocation> {
     match (user_id, token_sha256) {
         (Some(user), None) if !user.is_empty() => Ok(Target::User(user)),
         (None, Some(hash)) => {
             let bytes = hex::decode(&hash)
                 .ok()
                 .and_then(|b| <[u8; 32]>::try_from(b).ok())
-                .ok_or("Invalid body: token_sha256 must be 64 hex characters")?;
+                .ok_or(InvalidRevocation::TokenHash)?;
             Ok(Target::Token(bytes))
         }
-        _ => Err("Invalid body: give exactly one of user_id and token_sha256".into()),
+        _ => Err(InvalidRevocation::NotOneTarget),
     }
 }
 
@@ -172,9 +186,9 @@ pub async fn revoke(state: &Arc<ProxyState>, request: &Request) -> crate::Answer
         return Err(Refusal::Unauthenticated);
     }
     let target = serde_json::from_slice::<Revocation>(&request.body)
-        .map_err(|e| format!("Invalid body: {e}"))
+        .map_err(InvalidRevocation::Body)
         .and_then(|r| target_of(r.user_id, r.token_sha256))
-        .map_err(Refusal::BadRequest)?;
+        .map_err(|e| Refusal::InvalidBody(e.to_string()))?;
     Ok(Response::json(
         200,
         &revoke_everywhere(state, &target).await,
@@ -201,7 +215,9 @@ async fn revoke_everywhere(state: &Arc<ProxyState>, target: &Target) -> serde_js
 pub async fn apply(state: &Arc<ProxyState>, body: &[u8]) -> crate::Answer {
     let revocation = serde_json::from_slice::<PeerRevocation>(body)
         .map_err(|error| Refusal::InvalidBody(error.to_string()))?;
-    let target = revocation.target().map_err(Refusal::BadRequest)?;
+    let target = revocation
+        .target()
+        .map_err(|e| Refusal::InvalidBody(e.to_string()))?;
     let (mut evicted, mut closed) = (0, 0);
     if let Some(cluster) = &state.peers
         && cluster.remember_revocation(&revocation).await

@@ -77,13 +77,13 @@ async fn admit(
 ) -> Result<Admission, Refusal> {
     state.check_rate(request, peer)?;
     let topic_name = request.path.trim_start_matches("/events/");
-    validate_topic(topic_name).map_err(Refusal::BadRequest)?;
+    validate_topic(topic_name).map_err(|e| Refusal::BadRequest(e.to_string()))?;
     let resume = match request
         .header("last-event-id")
         .or_else(|| request.query("last_event_id"))
     {
         Some(text) if !text.is_empty() => {
-            Some(parse_last_event_id(text).map_err(Refusal::BadRequest)?)
+            Some(parse_last_event_id(text).map_err(|e| Refusal::BadRequest(e.to_string()))?)
         }
         _ => None,
     };

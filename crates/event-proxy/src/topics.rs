@@ -37,15 +37,35 @@ use crate::metrics::Metrics;
 
 pub use flotilla_api_types::tokens::{topic_namespace, topic_uuid_hex};
 
+/// A topic name outside the rule of [`validate_topic`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid topic {name:?}: 1 to 200 characters of letters, digits and . _ : @ ~ -")]
+pub struct InvalidTopic {
+    pub name: String,
+}
+
 /// Topic names: 1 to 200 characters of letters, digits and `._:@~-`.
-pub fn validate_topic(name: &str) -> Result<(), String> {
+pub fn validate_topic(name: &str) -> Result<(), InvalidTopic> {
     let valid_char = |c: char| c.is_ascii_alphanumeric() || "._:@~-".contains(c);
     if name.is_empty() || name.len() > 200 || !name.chars().all(valid_char) {
-        return Err(format!(
-            "invalid topic {name:?}: 1 to 200 characters of letters, digits and . _ : @ ~ -"
-        ));
+        return Err(InvalidTopic {
+            name: name.to_owned(),
+        });
     }
     Ok(())
+}
+
+/// An event the proxy does not publish: its topic or one of its fields.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidPublish {
+    #[error(transparent)]
+    Topic(#[from] InvalidTopic),
+    #[error("event must be 1 to 100 characters on one line")]
+    Event,
+    #[error("id must be 1 to 200 characters on one line")]
+    Id,
+    #[error("data is required")]
+    NoData,
 }
 
 /// One event as published.
@@ -67,21 +87,27 @@ pub struct Publish {
 }
 
 impl Publish {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidPublish> {
         if let Some(event) = &self.event
             && (event.is_empty() || event.len() > 100 || event.contains(['\n', '\r']))
         {
-            return Err("event must be 1 to 100 characters on one line".into());
+            return Err(InvalidPublish::Event);
         }
         if let Some(id) = &self.id
             && (id.is_empty() || id.len() > 200 || id.contains(['\n', '\r']))
         {
-            return Err("id must be 1 to 200 characters on one line".into());
+            return Err(InvalidPublish::Id);
         }
         if self.data.is_null() {
-            return Err("data is required".into());
+            return Err(InvalidPublish::NoData);
         }
         Ok(())
+    }
+
+    /// [`validate_topic`] of `topic`, then [`Publish::validate`].
+    pub fn validate_on(&self, topic: &str) -> Result<(), InvalidPublish> {
+        validate_topic(topic)?;
+        self.validate()
     }
 }
 
@@ -128,9 +154,18 @@ pub struct Resume {
     pub text: String,
 }
 
+/// A `Last-Event-ID` that no proxy sent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid Last-Event-ID {text:?}: expected an id sent by this service")]
+pub struct InvalidLastEventId {
+    pub text: String,
+}
+
 /// Parses a `Last-Event-ID`: `<term>-<seq>` or plain digits.
-pub fn parse_last_event_id(text: &str) -> Result<Resume, String> {
-    let invalid = || format!("invalid Last-Event-ID {text:?}: expected an id sent by this service");
+pub fn parse_last_event_id(text: &str) -> Result<Resume, InvalidLastEventId> {
+    let invalid = || InvalidLastEventId {
+        text: text.to_owned(),
+    };
     let trimmed = text.trim();
     let (term, seq) = match trimmed.split_once('-') {
         Some((term, seq)) => (

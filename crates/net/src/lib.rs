@@ -55,20 +55,28 @@ impl ListenerLimits {
         Duration::from_secs_f64(self.idle_timeout_sec)
     }
 
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks values that serde cannot; the message names the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         for (key, value) in [
             ("header_read_timeout_sec", self.header_read_timeout_sec),
             ("idle_timeout_sec", self.idle_timeout_sec),
         ] {
             if !(value.is_finite() && (0.1..=86_400.0).contains(&value)) {
-                return Err(format!(
-                    "listeners.{key} must be between 0.1 and 86400 seconds (got {value})"
-                ));
+                return Err(ConfigError::Timeout { key, value });
             }
         }
         if self.max_connections_per_client == 0 {
-            return Err("listeners.max_connections_per_client must be at least 1".into());
+            return Err(ConfigError::NoConnectionsPerClient);
         }
         Ok(())
     }
+}
+
+/// A `[listeners]` value out of its range.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("listeners.{key} must be between 0.1 and 86400 seconds (got {value})")]
+    Timeout { key: &'static str, value: f64 },
+    #[error("listeners.max_connections_per_client must be at least 1")]
+    NoConnectionsPerClient,
 }

@@ -67,11 +67,19 @@ fn error(status: StatusCode, code: ErrorCode, detail: String) -> Response {
 /// The HTTP status an agent error stands for.
 pub fn status_of(error: &AgentError) -> StatusCode {
     match error {
-        AgentError::UnknownImage { .. } | AgentError::InvalidConfig(_) => StatusCode::BAD_REQUEST,
+        AgentError::UnknownImage(_)
+        | AgentError::ExtensionsUnsupported { .. }
+        | AgentError::ProxyConfig(_) => StatusCode::BAD_REQUEST,
         AgentError::NotFound(_) => StatusCode::NOT_FOUND,
-        AgentError::InvalidState(_) => StatusCode::CONFLICT,
-        AgentError::Snapshot(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        AgentError::SnapshotStore(_) => StatusCode::BAD_GATEWAY,
+        AgentError::NotRunning { .. }
+        | AgentError::NotDormant { .. }
+        | AgentError::PathMismatch { .. } => StatusCode::CONFLICT,
+        AgentError::StateUnreadable(_) | AgentError::SnapshotNotMade(_) => {
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
+        AgentError::SnapshotNotStored(_) | AgentError::StoreUnreadable { .. } => {
+            StatusCode::BAD_GATEWAY
+        }
         AgentError::Full { .. } | AgentError::PortsExhausted { .. } | AgentError::ShuttingDown => {
             StatusCode::SERVICE_UNAVAILABLE
         }
@@ -171,9 +179,10 @@ fn same_instance(path: &str, body: &InstanceId) -> Result<(), AgentError> {
     if body.as_str() == path {
         return Ok(());
     }
-    Err(AgentError::InvalidState(format!(
-        "path names {path} but the body names {body}"
-    )))
+    Err(AgentError::PathMismatch {
+        path: path.to_owned(),
+        body: body.clone(),
+    })
 }
 
 async fn instance_list(State(state): State<ApiState>) -> Json<Vec<InstanceReport>> {

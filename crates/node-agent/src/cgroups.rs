@@ -40,6 +40,49 @@ pub enum Version {
     V2,
 }
 
+/// Why no cgroup hierarchy is usable: instances then run without memory,
+/// CPU and pids limits, and the node reports itself degraded.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    /// `/proc/self/mountinfo` or `/proc/self/cgroup`.
+    #[error("cannot read {what}: {source}")]
+    Read {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("no cgroup2 mount")]
+    NoCgroup2Mount,
+    #[error("no unified cgroup for this process")]
+    NoUnifiedCgroup,
+    /// Our cgroup's parent does not delegate a controller to us.
+    #[error("controller {controller} is not available at {}", .parent.display())]
+    ControllerUnavailable {
+        controller: &'static str,
+        parent: PathBuf,
+    },
+    #[error("no {controller} hierarchy mounted")]
+    NoV1Hierarchy { controller: &'static str },
+    #[error("cannot create {}: {source}", .path.display())]
+    Create {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot enable controllers in {}: {source}", .path.display())]
+    EnableControllers {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// Neither hierarchy: why not v2, and why not v1.
+    #[error("cgroup v2: {v2}; cgroup v1: {v1}")]
+    Neither {
+        v2: Box<CgroupError>,
+        v1: Box<CgroupError>,
+    },
+}
+
 /// Where this agent creates instance cgroups.
 #[derive(Debug, Clone)]
 pub struct Cgroups {
@@ -55,11 +98,18 @@ impl Cgroups {
     /// this agent's subtree and must be unique per agent on the machine (the
     /// agent uses its node id and data directory): the start-up sweep kills
     /// whatever it finds there.
-    pub fn detect(owner: &str) -> Result<Self, String> {
-        let mounts = std::fs::read_to_string("/proc/self/mountinfo")
-            .map_err(|e| format!("cannot read mountinfo: {e}"))?;
-        let own = std::fs::read_to_string("/proc/self/cgroup")
-            .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+    pub fn detect(owner: &str) -> Result<Self, CgroupError> {
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| {
+            CgroupError::Read {
+                what: "mountinfo",
+                source,
+            }
+        })?;
+        let own =
+            std::fs::read_to_string("/proc/self/cgroup").map_err(|source| CgroupError::Read {
+                what: "/proc/self/cgroup",
+                source,
+            })?;
         let leaf = format!("flotilla/{}", sanitize(owner));
         let v2_error = match Self::detect_v2(&mounts, &own, &leaf) {
             Ok(found) => return Ok(found),
@@ -67,11 +117,14 @@ impl Cgroups {
         };
         match Self::detect_v1(&mounts, &own, &leaf) {
             Ok(found) => Ok(found),
-            Err(v1_error) => Err(format!("cgroup v2: {v2_error}; cgroup v1: {v1_error}")),
+            Err(v1_error) => Err(CgroupError::Neither {
+                v2: Box::new(v2_error),
+                v1: Box::new(v1_error),
+            }),
         }
     }
 
-    fn detect_v2(mounts: &str, own: &str, leaf: &str) -> Result<Self, String> {
+    fn detect_v2(mounts: &str, own: &str, leaf: &str) -> Result<Self, CgroupError> {
         let mount = mounts
             .lines()
             .find_map(|line| {
@@ -80,41 +133,46 @@ impl Cgroups {
                     .starts_with("cgroup2 ")
                     .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
             })
-            .ok_or("no cgroup2 mount")?;
+            .ok_or(CgroupError::NoCgroup2Mount)?;
         let own_path = own
             .lines()
             .find_map(|line| line.strip_prefix("0::"))
-            .ok_or("no unified cgroup for this process")?;
+            .ok_or(CgroupError::NoUnifiedCgroup)?;
         let parent = mount.join(own_path.trim_start_matches('/'));
         let available =
             std::fs::read_to_string(parent.join("cgroup.controllers")).unwrap_or_default();
         for controller in ["memory", "cpu", "pids"] {
             if !available.split_whitespace().any(|c| c == controller) {
-                return Err(format!(
-                    "controller {controller} is not available at {}",
-                    parent.display()
-                ));
+                return Err(CgroupError::ControllerUnavailable { controller, parent });
             }
         }
         // Controllers must be enabled at every level down to the instance cgroups.
         let base = parent.join(leaf);
-        std::fs::create_dir_all(&base)
-            .map_err(|e| format!("cannot create {}: {e}", base.display()))?;
+        std::fs::create_dir_all(&base).map_err(|source| CgroupError::Create {
+            path: base.clone(),
+            source,
+        })?;
+        let enable = |level: &Path| {
+            std::fs::write(level.join("cgroup.subtree_control"), "+memory +cpu +pids").map_err(
+                |source| CgroupError::EnableControllers {
+                    path: level.to_owned(),
+                    source,
+                },
+            )
+        };
         let mut level = parent.clone();
         for part in Path::new(leaf).components() {
-            std::fs::write(level.join("cgroup.subtree_control"), "+memory +cpu +pids")
-                .map_err(|e| format!("cannot enable controllers in {}: {e}", level.display()))?;
+            enable(&level)?;
             level = level.join(part);
         }
-        std::fs::write(base.join("cgroup.subtree_control"), "+memory +cpu +pids")
-            .map_err(|e| format!("cannot enable controllers in {}: {e}", base.display()))?;
+        enable(&base)?;
         Ok(Self {
             version: Version::V2,
             bases: vec![base],
         })
     }
 
-    fn detect_v1(mounts: &str, own: &str, leaf: &str) -> Result<Self, String> {
+    fn detect_v1(mounts: &str, own: &str, leaf: &str) -> Result<Self, CgroupError> {
         let mut bases = Vec::new();
         for controller in V1_CONTROLLERS {
             let mount = mounts
@@ -131,7 +189,7 @@ impl Cgroups {
                         .any(|o| o == controller)
                         .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
                 })
-                .ok_or_else(|| format!("no {controller} hierarchy mounted"))?;
+                .ok_or(CgroupError::NoV1Hierarchy { controller })?;
             let own_path = own
                 .lines()
                 .find_map(|line| {
@@ -146,8 +204,10 @@ impl Cgroups {
                 })
                 .unwrap_or("/");
             let base = mount.join(own_path.trim_start_matches('/')).join(leaf);
-            std::fs::create_dir_all(&base)
-                .map_err(|e| format!("cannot create {}: {e}", base.display()))?;
+            std::fs::create_dir_all(&base).map_err(|source| CgroupError::Create {
+                path: base.clone(),
+                source,
+            })?;
             bases.push(base);
         }
         Ok(Self {

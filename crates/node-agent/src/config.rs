@@ -83,15 +83,18 @@ impl fmt::Display for PortRange {
     }
 }
 
+/// A port range that is not `<first>-<last>` with `1 <= first <= last`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("port range {text:?} must look like \"20000-40000\" (first <= last, both 1..=65535)")]
+pub struct InvalidPortRange {
+    pub text: String,
+}
+
 impl FromStr for PortRange {
-    type Err = String;
+    type Err = InvalidPortRange;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || {
-            format!(
-                "port range {s:?} must look like \"20000-40000\" (first <= last, both 1..=65535)"
-            )
-        };
+        let bad = || InvalidPortRange { text: s.to_owned() };
         let (first, last) = s.split_once('-').ok_or_else(bad)?;
         let first: u16 = first.trim().parse().map_err(|_| bad())?;
         let last: u16 = last.trim().parse().map_err(|_| bad())?;
@@ -274,86 +277,122 @@ impl AgentConfig {
     }
 
     /// Checks values that serde cannot; the message names the key.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_instances < 1 {
-            return Err(format!(
-                "agent.max_instances must be at least 1 (got {})",
-                self.max_instances
-            ));
+            return Err(ConfigError::MaxInstances {
+                got: self.max_instances,
+            });
         }
         let needed = usize::try_from(self.max_instances)
             .unwrap_or(usize::MAX)
             .saturating_mul(3);
         if self.port_range.len() < needed {
-            return Err(format!(
-                "agent.port_range {} has {} ports but agent.max_instances = {} needs {needed} (three per instance); widen the range",
-                self.port_range,
-                self.port_range.len(),
-                self.max_instances
-            ));
+            return Err(ConfigError::PortRangeTooSmall {
+                range: self.port_range,
+                max_instances: self.max_instances,
+                needed,
+            });
         }
         if self.cpu_quota_per_core.is_nan()
             || self.cpu_quota_per_core <= 0.0
             || self.cpu_quota_per_core > 64.0
         {
-            return Err(format!(
-                "agent.cpu_quota_per_core must be > 0 and at most 64 (got {})",
-                self.cpu_quota_per_core
-            ));
+            return Err(ConfigError::CpuQuotaPerCore {
+                got: self.cpu_quota_per_core,
+            });
         }
         if self.pids_max < 64 {
-            return Err(format!(
-                "agent.pids_max must be at least 64: Chromium needs dozens of threads (got {})",
-                self.pids_max
-            ));
+            return Err(ConfigError::PidsMax { got: self.pids_max });
         }
         if self.warm_pool_size > 64 {
-            return Err(format!(
-                "agent.warm_pool_size must be at most 64 (got {})",
-                self.warm_pool_size
-            ));
+            return Err(ConfigError::WarmPoolSize {
+                got: self.warm_pool_size,
+            });
         }
         if self.warm_pool_size > 0 && !self.image_catalog().contains_key(&self.warm_pool_image) {
-            return Err(format!(
-                "agent.warm_pool_image {:?} is not in the image catalog",
-                self.warm_pool_image
-            ));
+            return Err(ConfigError::WarmPoolImage {
+                image: self.warm_pool_image.clone(),
+            });
         }
         self.egress.validate()?;
         if self.browser_user.is_empty() || self.browser_user == "root" {
-            return Err(format!(
-                "agent.browser_user must name an unprivileged account (got {:?})",
-                self.browser_user
-            ));
+            return Err(ConfigError::BrowserUser {
+                got: self.browser_user.clone(),
+            });
         }
         if self.launch_timeout_sec == 0 {
-            return Err("agent.launch_timeout_sec must be at least 1".into());
+            return Err(ConfigError::Zero {
+                key: "agent.launch_timeout_sec",
+            });
         }
         if self.screenshot_max_pixels < 640 * 480 || self.screenshot_max_bytes < 1 << 20 {
-            return Err(format!(
-                "agent.screenshot_max_pixels must be at least 307200 (640×480) and agent.screenshot_max_bytes at least 1048576 (got {} and {})",
-                self.screenshot_max_pixels, self.screenshot_max_bytes
-            ));
+            return Err(ConfigError::ScreenshotLimits {
+                pixels: self.screenshot_max_pixels,
+                bytes: self.screenshot_max_bytes,
+            });
         }
         if self.max_concurrent_captures == 0 {
-            return Err("agent.max_concurrent_captures must be at least 1".into());
+            return Err(ConfigError::Zero {
+                key: "agent.max_concurrent_captures",
+            });
         }
         if !(1..=100).contains(&self.live_view_quality) {
-            return Err(format!(
-                "agent.live_view_quality must be 1..=100 (got {})",
-                self.live_view_quality
-            ));
+            return Err(ConfigError::LiveViewQuality {
+                got: self.live_view_quality,
+            });
         }
         if self.viewport_width < 16
             || self.viewport_height < 16
             || self.viewport_width > 7680
             || self.viewport_height > 4320
         {
-            return Err(format!(
-                "agent.viewport_width x agent.viewport_height must be between 16x16 and 7680x4320 (got {}x{})",
-                self.viewport_width, self.viewport_height
-            ));
+            return Err(ConfigError::Viewport {
+                width: self.viewport_width,
+                height: self.viewport_height,
+            });
         }
         Ok(())
     }
+}
+
+/// An `[agent]` value the agent refuses to start with; each message names
+/// the key, what it must be and what it was.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("agent.max_instances must be at least 1 (got {got})")]
+    MaxInstances { got: i64 },
+    #[error(
+        "agent.port_range {range} has {} ports but agent.max_instances = {max_instances} needs {needed} (three per instance); widen the range",
+        .range.len()
+    )]
+    PortRangeTooSmall {
+        range: PortRange,
+        max_instances: i64,
+        needed: usize,
+    },
+    #[error("agent.cpu_quota_per_core must be > 0 and at most 64 (got {got})")]
+    CpuQuotaPerCore { got: f64 },
+    #[error("agent.pids_max must be at least 64: Chromium needs dozens of threads (got {got})")]
+    PidsMax { got: u64 },
+    #[error("agent.warm_pool_size must be at most 64 (got {got})")]
+    WarmPoolSize { got: usize },
+    #[error("agent.warm_pool_image {image:?} is not in the image catalog")]
+    WarmPoolImage { image: String },
+    #[error(transparent)]
+    EgressAllow(#[from] crate::egress::InvalidAllowRule),
+    #[error("agent.browser_user must name an unprivileged account (got {got:?})")]
+    BrowserUser { got: String },
+    /// A count or duration that must be at least 1.
+    #[error("{key} must be at least 1")]
+    Zero { key: &'static str },
+    #[error(
+        "agent.screenshot_max_pixels must be at least 307200 (640×480) and agent.screenshot_max_bytes at least 1048576 (got {pixels} and {bytes})"
+    )]
+    ScreenshotLimits { pixels: u64, bytes: u64 },
+    #[error("agent.live_view_quality must be 1..=100 (got {got})")]
+    LiveViewQuality { got: u8 },
+    #[error(
+        "agent.viewport_width x agent.viewport_height must be between 16x16 and 7680x4320 (got {width}x{height})"
+    )]
+    Viewport { width: u32, height: u32 },
 }

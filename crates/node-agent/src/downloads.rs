@@ -24,8 +24,17 @@ const PARTIAL_SUFFIX: &str = ".crdownload";
 /// A partial file this long untouched is a failed download.
 const STALLED: Duration = Duration::from_secs(60);
 
+/// A name a client may not ask for: not a plain file name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{name:?} is not a download name: a plain file name from GET /downloads, without '/', '..' or a leading dot"
+)]
+pub struct InvalidName {
+    pub name: String,
+}
+
 /// `name` if it is a plain file name a client may ask for.
-pub fn checked_name(name: &str) -> Result<&str, String> {
+pub fn checked_name(name: &str) -> Result<&str, InvalidName> {
     let plain = !name.is_empty()
         && name.len() <= 255
         && !name.starts_with('.')
@@ -34,9 +43,9 @@ pub fn checked_name(name: &str) -> Result<&str, String> {
     if plain {
         Ok(name)
     } else {
-        Err(format!(
-            "{name:?} is not a download name: a plain file name from GET /downloads, without '/', '..' or a leading dot"
-        ))
+        Err(InvalidName {
+            name: name.to_owned(),
+        })
     }
 }
 

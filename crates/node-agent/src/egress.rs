@@ -58,7 +58,7 @@ impl Default for EgressConfig {
 }
 
 impl EgressConfig {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidAllowRule> {
         for entry in &self.allow {
             entry.parse::<AllowRule>()?;
         }
@@ -86,14 +86,45 @@ impl AllowRule {
     }
 }
 
+/// An `[agent.egress] allow` entry that is not an address, an address and
+/// port, or a network.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "agent.egress.allow entry {entry:?} {problem}; write an address (10.1.2.3), an address and port (10.1.2.3:8080, [fd00::1]:443) or a network (192.168.0.0/16)"
+)]
+pub struct InvalidAllowRule {
+    pub entry: String,
+    pub problem: AllowRuleProblem,
+}
+
+/// What is wrong with an `allow` entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllowRuleProblem {
+    /// Neither an address nor `<address>/<prefix>`.
+    NotValid,
+    NoValidAddress,
+    NoValidPrefix,
+    PrefixTooLong,
+}
+
+impl fmt::Display for AllowRuleProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::NotValid => "is not valid",
+            Self::NoValidAddress => "has no valid address",
+            Self::NoValidPrefix => "has no valid prefix length",
+            Self::PrefixTooLong => "has a prefix length longer than the address",
+        })
+    }
+}
+
 impl FromStr for AllowRule {
-    type Err = String;
+    type Err = InvalidAllowRule;
 
     fn from_str(entry: &str) -> Result<Self, Self::Err> {
-        let bad = |why: &str| {
-            format!(
-                "agent.egress.allow entry {entry:?} {why}; write an address (10.1.2.3), an address and port (10.1.2.3:8080, [fd00::1]:443) or a network (192.168.0.0/16)"
-            )
+        let bad = |problem| InvalidAllowRule {
+            entry: entry.to_owned(),
+            problem,
         };
         let trimmed = entry.trim();
         if let Ok(addr) = trimmed.parse::<SocketAddr>() {
@@ -112,17 +143,19 @@ impl FromStr for AllowRule {
                 port: None,
             });
         }
-        let (address, prefix) = trimmed.split_once('/').ok_or_else(|| bad("is not valid"))?;
+        let (address, prefix) = trimmed
+            .split_once('/')
+            .ok_or_else(|| bad(AllowRuleProblem::NotValid))?;
         let network = canonical(
             address
                 .parse::<IpAddr>()
-                .map_err(|_| bad("has no valid address"))?,
+                .map_err(|_| bad(AllowRuleProblem::NoValidAddress))?,
         );
         let prefix: u8 = prefix
             .parse()
-            .map_err(|_| bad("has no valid prefix length"))?;
+            .map_err(|_| bad(AllowRuleProblem::NoValidPrefix))?;
         if prefix > full_prefix(network) {
-            return Err(bad("has a prefix length longer than the address"));
+            return Err(bad(AllowRuleProblem::PrefixTooLong));
         }
         Ok(Self {
             network,
@@ -171,21 +204,76 @@ fn in_network(ip: IpAddr, network: IpAddr, prefix: u8) -> bool {
     }
 }
 
+/// The ranges denied unless an `allow` entry names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeniedRange {
+    Unspecified,
+    Loopback,
+    /// 10/8, 172.16/12, 192.168/16, fc00::/7.
+    Private,
+    /// 169.254/16 and fe80::/10: where cloud metadata services answer.
+    LinkLocal,
+    SiteLocal,
+    /// 100.64/10 (carrier-grade NAT).
+    SharedAddressSpace,
+    IetfProtocolAssignments,
+    Benchmarking,
+    Multicast,
+    Reserved,
+    Broadcast,
+}
+
+impl fmt::Display for DeniedRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Unspecified => "unspecified",
+            Self::Loopback => "loopback",
+            Self::Private => "private",
+            Self::LinkLocal => "link-local",
+            Self::SiteLocal => "site-local",
+            Self::SharedAddressSpace => "shared address space",
+            Self::IetfProtocolAssignments => "IETF protocol assignments",
+            Self::Benchmarking => "benchmarking",
+            Self::Multicast => "multicast",
+            Self::Reserved => "reserved",
+            Self::Broadcast => "broadcast",
+        })
+    }
+}
+
+/// Why the egress policy refuses a connection to an address (the SOCKS5
+/// reply is "not allowed"; the reason is logged). An `[agent.egress]
+/// allow` entry that names the address lets it through.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Denied {
+    /// In a range denied by default: loopback, private, link-local
+    /// (cloud metadata), ….
+    #[error("{addr} is a {range} address")]
+    Range {
+        addr: SocketAddr,
+        range: DeniedRange,
+    },
+    /// One of this node's own addresses.
+    #[error("{addr} is an address of this node")]
+    HostAddress { addr: SocketAddr },
+}
+
 /// Why an IPv4 address is denied by default, if it is.
-fn denied_v4(ip: Ipv4Addr) -> Option<&'static str> {
-    let ranges: [(Ipv4Addr, u8, &str); 12] = [
-        (Ipv4Addr::new(0, 0, 0, 0), 8, "unspecified"),
-        (Ipv4Addr::new(127, 0, 0, 0), 8, "loopback"),
-        (Ipv4Addr::new(10, 0, 0, 0), 8, "private"),
-        (Ipv4Addr::new(172, 16, 0, 0), 12, "private"),
-        (Ipv4Addr::new(192, 168, 0, 0), 16, "private"),
-        (Ipv4Addr::new(169, 254, 0, 0), 16, "link-local"),
-        (Ipv4Addr::new(100, 64, 0, 0), 10, "shared address space"),
-        (Ipv4Addr::new(192, 0, 0, 0), 24, "IETF protocol assignments"),
-        (Ipv4Addr::new(198, 18, 0, 0), 15, "benchmarking"),
-        (Ipv4Addr::new(224, 0, 0, 0), 4, "multicast"),
-        (Ipv4Addr::new(240, 0, 0, 0), 4, "reserved"),
-        (Ipv4Addr::new(255, 255, 255, 255), 32, "broadcast"),
+fn denied_v4(ip: Ipv4Addr) -> Option<DeniedRange> {
+    use DeniedRange::*;
+    let ranges: [(Ipv4Addr, u8, DeniedRange); 12] = [
+        (Ipv4Addr::new(0, 0, 0, 0), 8, Unspecified),
+        (Ipv4Addr::new(127, 0, 0, 0), 8, Loopback),
+        (Ipv4Addr::new(10, 0, 0, 0), 8, Private),
+        (Ipv4Addr::new(172, 16, 0, 0), 12, Private),
+        (Ipv4Addr::new(192, 168, 0, 0), 16, Private),
+        (Ipv4Addr::new(169, 254, 0, 0), 16, LinkLocal),
+        (Ipv4Addr::new(100, 64, 0, 0), 10, SharedAddressSpace),
+        (Ipv4Addr::new(192, 0, 0, 0), 24, IetfProtocolAssignments),
+        (Ipv4Addr::new(198, 18, 0, 0), 15, Benchmarking),
+        (Ipv4Addr::new(224, 0, 0, 0), 4, Multicast),
+        (Ipv4Addr::new(240, 0, 0, 0), 4, Reserved),
+        (Ipv4Addr::new(255, 255, 255, 255), 32, Broadcast),
     ];
     ranges
         .iter()
@@ -194,7 +282,7 @@ fn denied_v4(ip: Ipv4Addr) -> Option<&'static str> {
 }
 
 /// Why an address is denied by default, if it is.
-pub fn denied_by_default(ip: IpAddr) -> Option<&'static str> {
+pub fn denied_by_default(ip: IpAddr) -> Option<DeniedRange> {
     match canonical(ip) {
         IpAddr::V4(v4) => denied_v4(v4),
         IpAddr::V6(v6) => {
@@ -203,17 +291,17 @@ pub fn denied_by_default(ip: IpAddr) -> Option<&'static str> {
                 in_network(IpAddr::V6(v6), IpAddr::V6(network), prefix)
             };
             if v6.is_unspecified() {
-                Some("unspecified")
+                Some(DeniedRange::Unspecified)
             } else if v6.is_loopback() {
-                Some("loopback")
+                Some(DeniedRange::Loopback)
             } else if v6_net(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0), 10) {
-                Some("link-local")
+                Some(DeniedRange::LinkLocal)
             } else if v6_net(Ipv6Addr::new(0xfec0, 0, 0, 0, 0, 0, 0, 0), 10) {
-                Some("site-local")
+                Some(DeniedRange::SiteLocal)
             } else if v6_net(Ipv6Addr::new(0xfc00, 0, 0, 0, 0, 0, 0, 0), 7) {
-                Some("private")
+                Some(DeniedRange::Private)
             } else if v6_net(Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0), 8) {
-                Some("multicast")
+                Some(DeniedRange::Multicast)
             } else if v6_net(Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0, 0), 96)
                 || v6_net(Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 0), 96)
             {
@@ -310,20 +398,20 @@ impl EgressPolicy {
     }
 
     /// `Ok` when a page may connect to `addr`; else why not.
-    pub fn check(&self, addr: SocketAddr) -> Result<(), String> {
+    pub fn check(&self, addr: SocketAddr) -> Result<(), Denied> {
         self.check_with_host(addr, &self.host.current())
     }
 
-    fn check_with_host(&self, addr: SocketAddr, host: &[IpAddr]) -> Result<(), String> {
+    fn check_with_host(&self, addr: SocketAddr, host: &[IpAddr]) -> Result<(), Denied> {
         if self.allow.iter().any(|rule| rule.permits(addr)) {
             return Ok(());
         }
         let ip = canonical(addr.ip());
-        if let Some(why) = denied_by_default(ip) {
-            return Err(format!("{addr} is a {why} address"));
+        if let Some(range) = denied_by_default(ip) {
+            return Err(Denied::Range { addr, range });
         }
         if host.iter().any(|own| canonical(*own) == ip) {
-            return Err(format!("{addr} is an address of this node"));
+            return Err(Denied::HostAddress { addr });
         }
         Ok(())
     }
@@ -361,7 +449,7 @@ impl std::fmt::Debug for Upstream {
 impl Upstream {
     pub fn from_config(
         proxy: &flotilla_api_types::instances::UpstreamProxy,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, flotilla_api_types::instances::ProxyError> {
         let endpoint = proxy.validate()?;
         Ok(Self {
             socks5: endpoint.scheme == "socks5",
@@ -425,7 +513,7 @@ impl Route {
         self.upstream.lock().expect("route lock").clone()
     }
 
-    fn check(&self, addr: SocketAddr) -> Result<(), String> {
+    fn check(&self, addr: SocketAddr) -> Result<(), Denied> {
         match &self.policy {
             Some(policy) => policy.check(addr),
             None => Ok(()),
@@ -523,7 +611,8 @@ async fn relay(mut client: TcpStream, route: &Route) -> std::io::Result<()> {
     };
     let mut upstream = match connected {
         Ok(upstream) => upstream,
-        Err((code, why)) => {
+        Err(why) => {
+            let code = why.reply();
             if code == reply::NOT_ALLOWED {
                 route.count_refusal();
                 tracing::debug!(destination = ?destination, %why, "egress refused");
@@ -601,12 +690,85 @@ async fn handshake(client: &mut TcpStream) -> std::io::Result<Result<Destination
     Ok(Ok(destination))
 }
 
+/// Why the egress proxy made no connection; each cause has its SOCKS5 reply.
+#[derive(Debug, thiserror::Error)]
+enum Unconnected {
+    #[error("{name}: {source}")]
+    Lookup {
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{name}: lookup timed out")]
+    LookupTimeout { name: String },
+    /// Every address of the destination is denied by the policy.
+    #[error("{}", join(.0))]
+    Denied(Vec<Denied>),
+    /// The destination refused the connection.
+    #[error("{0}")]
+    Refused(#[source] std::io::Error),
+    /// The last permitted address could not be reached (or timed out).
+    #[error("{0}")]
+    Unreachable(#[source] std::io::Error),
+    /// The name resolved to no address.
+    #[error("no address")]
+    NoAddress,
+    /// The upstream proxy gave no tunnel.
+    #[error(transparent)]
+    Tunnel(#[from] TunnelError),
+}
+
+impl Unconnected {
+    /// The SOCKS5 reply that answers it.
+    fn reply(&self) -> u8 {
+        match self {
+            Self::Lookup { .. } | Self::LookupTimeout { .. } | Self::Unreachable(_) => {
+                reply::HOST_UNREACHABLE
+            }
+            Self::Denied(_) => reply::NOT_ALLOWED,
+            Self::Refused(_) => reply::REFUSED,
+            Self::NoAddress | Self::Tunnel(_) => reply::GENERAL_FAILURE,
+        }
+    }
+}
+
+fn join(denials: &[Denied]) -> String {
+    denials
+        .iter()
+        .map(Denied::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Why an upstream proxy gave no tunnel.
+#[derive(Debug, thiserror::Error)]
+enum TunnelError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("the upstream proxy did not answer in time")]
+    Timeout,
+    #[error("the upstream proxy's answer is too long")]
+    AnswerTooLong,
+    #[error("the upstream proxy closed the connection")]
+    Closed,
+    #[error("the upstream proxy answered {status} to CONNECT")]
+    ConnectStatus { status: String },
+    #[error("the upstream SOCKS5 proxy refused the authentication method")]
+    Socks5Method,
+    #[error("the upstream SOCKS5 proxy refused the credentials")]
+    Socks5Credentials,
+    #[error("the upstream SOCKS5 proxy answered {0}")]
+    Socks5Reply(u8),
+    #[error("the upstream SOCKS5 proxy sent a bad address")]
+    Socks5Address,
+}
+
 /// Resolves `destination` and connects to the first address the policy
 /// permits. A name whose addresses are all denied is refused as not allowed.
 async fn connect_permitted(
     destination: &Destination,
     route: &Route,
-) -> Result<TcpStream, (u8, String)> {
+) -> Result<TcpStream, Unconnected> {
     let candidates: Vec<SocketAddr> = match destination {
         Destination::Address(addr) => vec![*addr],
         Destination::Name(name, port) => {
@@ -617,12 +779,13 @@ async fn connect_permitted(
             .await
             {
                 Ok(Ok(found)) => found.collect(),
-                Ok(Err(error)) => {
-                    return Err((reply::HOST_UNREACHABLE, format!("{name}: {error}")));
+                Ok(Err(source)) => {
+                    return Err(Unconnected::Lookup {
+                        name: name.clone(),
+                        source,
+                    });
                 }
-                Err(_) => {
-                    return Err((reply::HOST_UNREACHABLE, format!("{name}: lookup timed out")));
-                }
+                Err(_) => return Err(Unconnected::LookupTimeout { name: name.clone() }),
             }
         }
     };
@@ -646,11 +809,11 @@ async fn connect_permitted(
     }
     match last_error {
         Some(error) if error.kind() == std::io::ErrorKind::ConnectionRefused => {
-            Err((reply::REFUSED, error.to_string()))
+            Err(Unconnected::Refused(error))
         }
-        Some(error) => Err((reply::HOST_UNREACHABLE, error.to_string())),
-        None if !refusals.is_empty() => Err((reply::NOT_ALLOWED, refusals.join("; "))),
-        None => Err((reply::GENERAL_FAILURE, "no address".into())),
+        Some(error) => Err(Unconnected::Unreachable(error)),
+        None if !refusals.is_empty() => Err(Unconnected::Denied(refusals)),
+        None => Err(Unconnected::NoAddress),
     }
 }
 
@@ -660,7 +823,7 @@ async fn through_upstream(
     upstream: &Upstream,
     destination: &Destination,
     route: &Route,
-) -> Result<TcpStream, (u8, String)> {
+) -> Result<TcpStream, Unconnected> {
     let proxy = Destination::Name(upstream.host.clone(), upstream.port);
     let proxy = match upstream.host.parse::<IpAddr>() {
         Ok(ip) => Destination::Address(SocketAddr::new(ip, upstream.port)),
@@ -679,11 +842,9 @@ async fn through_upstream(
         }
     })
     .await
-    .unwrap_or_else(|_| Err("the upstream proxy did not answer in time".into()));
-    match opened {
-        Ok(()) => Ok(stream),
-        Err(why) => Err((reply::GENERAL_FAILURE, why)),
-    }
+    .unwrap_or(Err(TunnelError::Timeout));
+    opened?;
+    Ok(stream)
 }
 
 /// `CONNECT host:port` to an HTTP proxy, with Basic credentials.
@@ -691,7 +852,7 @@ async fn http_tunnel(
     stream: &mut TcpStream,
     (host, port): &(String, u16),
     credentials: Option<&(String, String)>,
-) -> Result<(), String> {
+) -> Result<(), TunnelError> {
     use base64::Engine as _;
     let authority = if host.contains(':') {
         format!("[{host}]:{port}")
@@ -704,21 +865,18 @@ async fn http_tunnel(
         request.push_str(&format!("Proxy-Authorization: Basic {basic}\r\n"));
     }
     request.push_str("\r\n");
-    stream
-        .write_all(request.as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
+    stream.write_all(request.as_bytes()).await?;
     // The answer's head, read a byte at a time so that nothing of the tunnel
     // after it is consumed.
     let mut head = Vec::with_capacity(256);
     while !head.ends_with(b"\r\n\r\n") {
         if head.len() > 16 * 1024 {
-            return Err("the upstream proxy's answer is too long".into());
+            return Err(TunnelError::AnswerTooLong);
         }
         let mut byte = [0u8; 1];
         match stream.read(&mut byte).await {
             Ok(1) => head.push(byte[0]),
-            _ => return Err("the upstream proxy closed the connection".into()),
+            _ => return Err(TunnelError::Closed),
         }
     }
     let status_line = String::from_utf8_lossy(&head);
@@ -726,7 +884,9 @@ async fn http_tunnel(
     if status.starts_with('2') {
         Ok(())
     } else {
-        Err(format!("the upstream proxy answered {status} to CONNECT"))
+        Err(TunnelError::ConnectStatus {
+            status: status.to_owned(),
+        })
     }
 }
 
@@ -736,25 +896,24 @@ async fn socks5_tunnel(
     stream: &mut TcpStream,
     (host, port): &(String, u16),
     credentials: Option<&(String, String)>,
-) -> Result<(), String> {
-    let io = |e: std::io::Error| e.to_string();
+) -> Result<(), TunnelError> {
     let method = if credentials.is_some() { 2 } else { 0 };
-    stream.write_all(&[5, 1, method]).await.map_err(io)?;
+    stream.write_all(&[5, 1, method]).await?;
     let mut choice = [0u8; 2];
-    stream.read_exact(&mut choice).await.map_err(io)?;
+    stream.read_exact(&mut choice).await?;
     if choice != [5, method] {
-        return Err("the upstream SOCKS5 proxy refused the authentication method".into());
+        return Err(TunnelError::Socks5Method);
     }
     if let Some((user, password)) = credentials {
         let mut auth = vec![1, user.len() as u8];
         auth.extend_from_slice(user.as_bytes());
         auth.push(password.len() as u8);
         auth.extend_from_slice(password.as_bytes());
-        stream.write_all(&auth).await.map_err(io)?;
+        stream.write_all(&auth).await?;
         let mut status = [0u8; 2];
-        stream.read_exact(&mut status).await.map_err(io)?;
+        stream.read_exact(&mut status).await?;
         if status[1] != 0 {
-            return Err("the upstream SOCKS5 proxy refused the credentials".into());
+            return Err(TunnelError::Socks5Credentials);
         }
     }
     let mut request = vec![5, 1, 0];
@@ -774,24 +933,24 @@ async fn socks5_tunnel(
         }
     }
     request.extend_from_slice(&port.to_be_bytes());
-    stream.write_all(&request).await.map_err(io)?;
+    stream.write_all(&request).await?;
     let mut head = [0u8; 4];
-    stream.read_exact(&mut head).await.map_err(io)?;
+    stream.read_exact(&mut head).await?;
     if head[1] != 0 {
-        return Err(format!("the upstream SOCKS5 proxy answered {}", head[1]));
+        return Err(TunnelError::Socks5Reply(head[1]));
     }
     let rest = match head[3] {
         1 => 4 + 2,
         4 => 16 + 2,
         3 => {
             let mut len = [0u8; 1];
-            stream.read_exact(&mut len).await.map_err(io)?;
+            stream.read_exact(&mut len).await?;
             usize::from(len[0]) + 2
         }
-        _ => return Err("the upstream SOCKS5 proxy sent a bad address".into()),
+        _ => return Err(TunnelError::Socks5Address),
     };
     let mut bound = vec![0u8; rest];
-    stream.read_exact(&mut bound).await.map_err(io)?;
+    stream.read_exact(&mut bound).await?;
     Ok(())
 }
 
@@ -926,7 +1085,7 @@ mod tests {
             "fd00::/129",
             "10.0.0.0/x",
         ] {
-            let error = bad.parse::<AllowRule>().unwrap_err();
+            let error = bad.parse::<AllowRule>().unwrap_err().to_string();
             assert!(error.contains("agent.egress.allow"), "{error}");
         }
     }

@@ -13,7 +13,7 @@
 
 use std::collections::HashSet;
 use std::io::{Cursor, Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use zip::ZipArchive;
@@ -33,7 +33,47 @@ pub struct ExtensionManifest {
 }
 
 /// Why a zip is not a loadable extension (shown to the uploader).
-pub type Refusal = String;
+pub use flotilla_api_types::extensions::ExtensionRefusal as Refusal;
+
+/// Why an extension could not be unpacked into an instance's directory:
+/// the zip is refused, or the node's disk failed.
+#[derive(Debug, thiserror::Error)]
+pub enum UnpackError {
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    #[error("cannot create {}: {source}", .dest.display())]
+    CreateDestination {
+        dest: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A folder, or a file, of the extension.
+    #[error("cannot create {entry}: {source}")]
+    Create {
+        entry: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot create the folder of {entry}: {source}")]
+    CreateFolderOf {
+        entry: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Reading the entry from the zip or writing it failed.
+    #[error("cannot unpack {entry}: {source}")]
+    Unpack {
+        entry: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot write {entry}: {source}")]
+    Write {
+        entry: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
 
 /// Checks that `zip` holds an unpacked Manifest V3 extension (its
 /// `manifest.json` at the root or in the zip's one top-level folder) and
@@ -49,18 +89,18 @@ fn inspect_within(zip: &[u8], max_unpacked: u64) -> Result<ExtensionManifest, Re
     for index in 0..archive.len() {
         let (mut entry, name) = entry_at(&mut archive, index)?;
         copy_within(&mut entry, &mut std::io::sink(), &mut budget, max_unpacked)
-            .map_err(|e| e.unwrap_or_else(|e| format!("entry {name:?} is damaged: {e}")))?;
+            .map_err(|e| e.unwrap_or_else(|source| Refusal::Damaged { name, source }))?;
     }
     let mut manifest = archive
         .by_index(layout.manifest)
-        .map_err(|e| format!("cannot read manifest.json: {e}"))?;
+        .map_err(|e| Refusal::ManifestUnreadable(e.into()))?;
     let mut text = Vec::new();
     (&mut manifest)
         .take(MAX_MANIFEST_BYTES + 1)
         .read_to_end(&mut text)
-        .map_err(|e| format!("cannot read manifest.json: {e}"))?;
+        .map_err(Refusal::ManifestUnreadable)?;
     if text.len() as u64 > MAX_MANIFEST_BYTES {
-        return Err("manifest.json is larger than 1 MiB".into());
+        return Err(Refusal::ManifestTooLarge);
     }
     parse_manifest(&text)
 }
@@ -68,14 +108,17 @@ fn inspect_within(zip: &[u8], max_unpacked: u64) -> Result<ExtensionManifest, Re
 /// Unpacks the extension in `zip` into `dest` (created: it must not exist,
 /// its parent must), with the folder that holds `manifest.json` as `dest`
 /// itself.
-pub fn unpack(zip: &[u8], dest: &Path) -> Result<(), Refusal> {
+pub fn unpack(zip: &[u8], dest: &Path) -> Result<(), UnpackError> {
     unpack_within(zip, dest, MAX_UNPACKED_BYTES)
 }
 
-fn unpack_within(zip: &[u8], dest: &Path, max_unpacked: u64) -> Result<(), Refusal> {
+fn unpack_within(zip: &[u8], dest: &Path, max_unpacked: u64) -> Result<(), UnpackError> {
     let mut archive = open(zip)?;
     let layout = layout(&mut archive, max_unpacked)?;
-    std::fs::create_dir(dest).map_err(|e| format!("cannot create {}: {e}", dest.display()))?;
+    std::fs::create_dir(dest).map_err(|source| UnpackError::CreateDestination {
+        dest: dest.to_owned(),
+        source,
+    })?;
     let mut budget = max_unpacked;
     for index in 0..archive.len() {
         let (mut entry, name) = entry_at(&mut archive, index)?;
@@ -88,23 +131,37 @@ fn unpack_within(zip: &[u8], dest: &Path, max_unpacked: u64) -> Result<(), Refus
         }
         let target = dest.join(relative);
         if entry.is_dir() {
-            std::fs::create_dir_all(&target)
-                .map_err(|e| format!("cannot create {relative}: {e}"))?;
+            std::fs::create_dir_all(&target).map_err(|source| UnpackError::Create {
+                entry: relative.to_owned(),
+                source,
+            })?;
             continue;
         }
         if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent)
-                .map_err(|e| format!("cannot create the folder of {relative}: {e}"))?;
+            std::fs::create_dir_all(parent).map_err(|source| UnpackError::CreateFolderOf {
+                entry: relative.to_owned(),
+                source,
+            })?;
         }
         let mut out = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .open(&target)
-            .map_err(|e| format!("cannot create {relative}: {e}"))?;
-        copy_within(&mut entry, &mut out, &mut budget, max_unpacked)
-            .map_err(|e| e.unwrap_or_else(|e| format!("cannot unpack {relative}: {e}")))?;
-        out.flush()
-            .map_err(|e| format!("cannot write {relative}: {e}"))?;
+            .map_err(|source| UnpackError::Create {
+                entry: relative.to_owned(),
+                source,
+            })?;
+        copy_within(&mut entry, &mut out, &mut budget, max_unpacked).map_err(|e| match e {
+            Ok(refusal) => UnpackError::Refused(refusal),
+            Err(source) => UnpackError::Unpack {
+                entry: relative.to_owned(),
+                source,
+            },
+        })?;
+        out.flush().map_err(|source| UnpackError::Write {
+            entry: relative.to_owned(),
+            source,
+        })?;
     }
     Ok(())
 }
@@ -116,7 +173,10 @@ fn entry_at<R: Read + std::io::Seek>(
 ) -> Result<(zip::read::ZipFile<'_, R>, String), Refusal> {
     let entry = archive
         .by_index(index)
-        .map_err(|e| format!("cannot read entry {index}: {e}"))?;
+        .map_err(|e| Refusal::EntryUnreadable {
+            index,
+            source: e.into(),
+        })?;
     let name = String::from_utf8_lossy(entry.name_raw()).into_owned();
     Ok((entry, name))
 }
@@ -139,41 +199,39 @@ fn copy_within(
 }
 
 fn too_big(max_unpacked: u64) -> Refusal {
-    format!(
-        "the extension unpacks to more than {} KiB",
-        max_unpacked / 1024
-    )
+    Refusal::UnpacksTooLarge {
+        max_kib: max_unpacked / 1024,
+    }
 }
 
 fn open(zip: &[u8]) -> Result<ZipArchive<Cursor<&[u8]>>, Refusal> {
     if zip.len() > MAX_ZIP_BYTES {
-        return Err(format!(
-            "the zip is larger than {} MiB",
-            MAX_ZIP_BYTES / (1024 * 1024)
-        ));
+        return Err(Refusal::ZipTooLarge {
+            max_mib: MAX_ZIP_BYTES / (1024 * 1024),
+        });
     }
     // Every entry has a central directory header: more signatures than the
     // cap is refused before the directory is listed into memory.
     let headers = memchr::memmem::find_iter(zip, b"PK\x01\x02").count();
     if headers > MAX_ENTRIES {
-        return Err(format!("the zip has more than {MAX_ENTRIES} entries"));
+        return Err(Refusal::TooManyEntries { max: MAX_ENTRIES });
     }
-    let archive = ZipArchive::new(Cursor::new(zip))
-        .map_err(|e| format!("the body is not a zip file: {e}"))?;
+    let archive =
+        ZipArchive::new(Cursor::new(zip)).map_err(|e| Refusal::NotZip(std::io::Error::from(e)))?;
     if archive.len() > MAX_ENTRIES {
-        return Err(format!("the zip has more than {MAX_ENTRIES} entries"));
+        return Err(Refusal::TooManyEntries { max: MAX_ENTRIES });
     }
     // The zip crate keeps one entry per name: a name listed twice would be
     // gone before `layout` could see it. The directory's own count tells.
     match declared_entries(zip) {
         Some(declared) if declared == archive.len() => {}
         Some(declared) => {
-            return Err(format!(
-                "the zip lists {declared} entries but only {} distinct names: an entry appears twice",
-                archive.len()
-            ));
+            return Err(Refusal::DuplicateNames {
+                declared,
+                distinct: archive.len(),
+            });
         }
-        None => return Err("the zip's end of central directory cannot be read".into()),
+        None => return Err(Refusal::NoEndOfDirectory),
     }
     Ok(archive)
 }
@@ -209,21 +267,22 @@ fn layout(archive: &mut ZipArchive<Cursor<&[u8]>>, max_unpacked: u64) -> Result<
     for index in 0..archive.len() {
         let entry = archive
             .by_index_raw(index)
-            .map_err(|e| format!("cannot read entry {index}: {e}"))?;
+            .map_err(|e| Refusal::EntryUnreadable {
+                index,
+                source: e.into(),
+            })?;
         let name = std::str::from_utf8(entry.name_raw())
-            .map_err(|_| format!("entry {index} has a name that is not UTF-8"))?
+            .map_err(|_| Refusal::NameNotUtf8 { index })?
             .to_owned();
         check_entry_name(&name)?;
         if entry.is_symlink() {
-            return Err(format!(
-                "entry {name:?} is a link; extensions hold files only"
-            ));
+            return Err(Refusal::Link { name });
         }
         if entry.encrypted() {
-            return Err(format!("entry {name:?} is encrypted"));
+            return Err(Refusal::Encrypted { name });
         }
         if !seen.insert(name.trim_end_matches('/').to_owned()) {
-            return Err(format!("entry {name:?} appears twice"));
+            return Err(Refusal::EntryTwice { name });
         }
         declared = declared.saturating_add(entry.size());
         if declared > max_unpacked {
@@ -251,10 +310,7 @@ fn layout(archive: &mut ZipArchive<Cursor<&[u8]>>, max_unpacked: u64) -> Result<
             prefix: prefix.clone(),
             manifest: *manifest,
         }),
-        _ => Err(
-            "the zip holds no manifest.json at its root or in its one top-level folder: it is not an unpacked extension"
-                .into(),
-        ),
+        _ => Err(Refusal::NoManifest),
     }
 }
 
@@ -272,30 +328,24 @@ fn check_entry_name(name: &str) -> Result<(), Refusal> {
     if plain {
         Ok(())
     } else {
-        Err(format!(
-            "entry {name:?} is not a plain relative path (no leading '/', '..', '\\\\' or control characters)"
-        ))
+        Err(Refusal::NotPlainPath {
+            name: name.to_owned(),
+        })
     }
 }
 
 fn parse_manifest(text: &[u8]) -> Result<ExtensionManifest, Refusal> {
     let text = text.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(text);
-    let manifest: Value = serde_json::from_slice(text)
-        .map_err(|e| format!("manifest.json is not valid JSON: {e}"))?;
+    let manifest: Value = serde_json::from_slice(text).map_err(Refusal::ManifestNotJson)?;
     let Some(manifest) = manifest.as_object() else {
-        return Err("manifest.json must hold a JSON object".into());
+        return Err(Refusal::ManifestNotObject);
     };
     match manifest.get("manifest_version").and_then(Value::as_i64) {
         Some(3) => {}
-        Some(2) => {
-            return Err(
-                "manifest.json: manifest_version 2 is no longer loaded by Chromium; use manifest_version 3"
-                    .into(),
-            );
-        }
-        _ => return Err("manifest.json: manifest_version must be 3".into()),
+        Some(2) => return Err(Refusal::ManifestV2),
+        _ => return Err(Refusal::ManifestVersion),
     }
-    let text_field = |field: &str| -> Result<String, Refusal> {
+    let text_field = |field: &'static str| -> Result<String, Refusal> {
         match manifest.get(field).and_then(Value::as_str) {
             Some(value)
                 if !value.trim().is_empty()
@@ -304,17 +354,13 @@ fn parse_manifest(text: &[u8]) -> Result<ExtensionManifest, Refusal> {
             {
                 Ok(value.to_owned())
             }
-            _ => Err(format!(
-                "manifest.json: {field} must be a string of 1 to 200 characters"
-            )),
+            _ => Err(Refusal::ManifestField { field }),
         }
     };
     let name = text_field("name")?;
     let version = text_field("version")?;
     if !valid_version(&version) {
-        return Err(format!(
-            "manifest.json: version {version:?} must be one to four dot-separated integers from 0 to 65535"
-        ));
+        return Err(Refusal::Version { version });
     }
     Ok(ExtensionManifest { name, version })
 }
@@ -365,13 +411,13 @@ mod tests {
             version: "1.2.3".into(),
         };
         let root = zip_of(&[("manifest.json", MANIFEST.as_bytes()), ("a/b.js", b"1")]);
-        assert_eq!(inspect(&root), Ok(expected.clone()));
+        assert_eq!(inspect(&root).unwrap(), expected.clone());
         let nested = zip_of(&[
             ("marker/", b""),
             ("marker/manifest.json", MANIFEST.as_bytes()),
             ("marker/content.js", b"document.title = 'x'"),
         ]);
-        assert_eq!(inspect(&nested), Ok(expected));
+        assert_eq!(inspect(&nested).unwrap(), expected);
 
         let dest = tempfile::tempdir().unwrap();
         let target = dest.path().join("ext");
@@ -417,7 +463,7 @@ mod tests {
             ),
         ];
         for (zip, expected) in cases {
-            let refusal = inspect(&zip).unwrap_err();
+            let refusal = inspect(&zip).unwrap_err().to_string();
             assert!(refusal.contains(expected), "{refusal:?} lacks {expected:?}");
         }
     }
@@ -437,7 +483,7 @@ mod tests {
             renamed += 1;
         }
         assert_eq!(renamed, 2, "local header and central directory");
-        let refusal = inspect(&zip).unwrap_err();
+        let refusal = inspect(&zip).unwrap_err().to_string();
         assert!(refusal.contains("appears twice"), "{refusal}");
         let dest = tempfile::tempdir().unwrap();
         assert!(unpack(&zip, &dest.path().join("ext")).is_err());
@@ -455,7 +501,7 @@ mod tests {
             "a\nb.js",
         ] {
             let zip = zip_of(&[("manifest.json", MANIFEST.as_bytes()), (name, b"1")]);
-            let refusal = inspect(&zip).unwrap_err();
+            let refusal = inspect(&zip).unwrap_err().to_string();
             assert!(
                 refusal.contains("plain relative path"),
                 "{name:?}: {refusal}"
@@ -474,7 +520,7 @@ mod tests {
         zip.add_symlink("content.js", "/etc/shadow", SimpleFileOptions::default())
             .unwrap();
         let zip = zip.finish().unwrap().into_inner();
-        assert!(inspect(&zip).unwrap_err().contains("link"));
+        assert!(inspect(&zip).unwrap_err().to_string().contains("link"));
     }
 
     #[test]
@@ -492,7 +538,7 @@ mod tests {
         );
         assert!(zip.len() < 64 * 1024, "{} bytes", zip.len());
         let limit = 1024 * 1024;
-        let refusal = inspect_within(&zip, limit).unwrap_err();
+        let refusal = inspect_within(&zip, limit).unwrap_err().to_string();
         assert!(refusal.contains("more than 1024 KiB"), "{refusal}");
         let dest = tempfile::tempdir().unwrap();
         assert!(unpack_within(&zip, &dest.path().join("ext"), limit).is_err());
@@ -516,7 +562,7 @@ mod tests {
             .position(|w| w == b"console.log(1)")
             .unwrap();
         zip[at] ^= 0x20;
-        let refusal = inspect(&zip).unwrap_err();
+        let refusal = inspect(&zip).unwrap_err().to_string();
         assert!(refusal.contains("damaged"), "{refusal}");
     }
 
@@ -524,7 +570,7 @@ mod tests {
     fn too_many_entries_are_refused_before_listing_them() {
         let mut zip = zip_of(&[("manifest.json", MANIFEST.as_bytes())]);
         zip.extend(std::iter::repeat_n(b"PK\x01\x02".as_slice(), MAX_ENTRIES).flatten());
-        let refusal = inspect(&zip).unwrap_err();
+        let refusal = inspect(&zip).unwrap_err().to_string();
         assert!(refusal.contains("more than 10000 entries"), "{refusal}");
     }
 

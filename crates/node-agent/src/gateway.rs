@@ -108,7 +108,7 @@ async fn handle(
                 "this instance runs on the sim runtime and has no browser",
             );
         }
-        Err(reason) => return text(StatusCode::SERVICE_UNAVAILABLE, &reason),
+        Err(reason) => return text(StatusCode::SERVICE_UNAVAILABLE, &reason.to_string()),
     };
     let is_upgrade = request
         .headers()

@@ -30,6 +30,28 @@ use crate::browser::{BrowserProcess, CdpEndpoint, InstanceDirs};
 use crate::cgroups::InstanceCgroup;
 use crate::launcher::Launched;
 
+/// Why an instance's browser cannot be used now (its ports answer 503).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum NotReady {
+    /// It ended (failed, stopped or is being deleted); the reason says why.
+    #[error("instance {instance} is not running: {reason}")]
+    NotRunning {
+        instance: InstanceId,
+        reason: String,
+    },
+    /// Parked, and this caller does not wake it.
+    #[error("instance {instance} is dormant; revive it with POST /v2/instances/{instance}/revive")]
+    Dormant { instance: InstanceId },
+    /// Its slot is gone.
+    #[error("instance {instance} is gone")]
+    Gone { instance: InstanceId },
+    #[error("instance {instance} did not become ready within {timeout:?}")]
+    Timeout {
+        instance: InstanceId,
+        timeout: Duration,
+    },
+}
+
 /// Where the instance's browser is in its life, as the port servers see it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum BrowserPhase {
@@ -205,7 +227,7 @@ impl InstanceSlot {
 
     /// Waits until the browser answers CDP (or is gone), at most `timeout`. A
     /// dormant instance is woken first when waking is on.
-    pub async fn wait_ready(&self, timeout: Duration) -> Result<Option<CdpEndpoint>, String> {
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<Option<CdpEndpoint>, NotReady> {
         self.wait_ready_reviving(timeout, Some(ReviveMethod::QuickStart))
             .await
     }
@@ -216,7 +238,7 @@ impl InstanceSlot {
         &self,
         timeout: Duration,
         wake: bool,
-    ) -> Result<Option<CdpEndpoint>, String> {
+    ) -> Result<Option<CdpEndpoint>, NotReady> {
         let method = wake.then_some(ReviveMethod::QuickStart);
         self.wait_ready_reviving(timeout, method).await
     }
@@ -227,7 +249,7 @@ impl InstanceSlot {
         &self,
         timeout: Duration,
         method: Option<ReviveMethod>,
-    ) -> Result<Option<CdpEndpoint>, String> {
+    ) -> Result<Option<CdpEndpoint>, NotReady> {
         let waker = self.waker.as_ref().zip(method);
         let mut phase = self.phase.subscribe();
         let mut woken = false;
@@ -236,7 +258,10 @@ impl InstanceSlot {
                 match phase.borrow_and_update().clone() {
                     BrowserPhase::Ready(endpoint) => return Ok(endpoint),
                     BrowserPhase::Gone(reason) => {
-                        return Err(format!("instance {} is not running: {reason}", self.id));
+                        return Err(NotReady::NotRunning {
+                            instance: self.id.clone(),
+                            reason,
+                        });
                     }
                     BrowserPhase::Dormant => match waker {
                         Some((waker, method)) if !woken => {
@@ -248,25 +273,26 @@ impl InstanceSlot {
                         }
                         Some(_) => {}
                         None => {
-                            return Err(format!(
-                                "instance {} is dormant; revive it with POST /v2/instances/{}/revive",
-                                self.id, self.id
-                            ));
+                            return Err(NotReady::Dormant {
+                                instance: self.id.clone(),
+                            });
                         }
                     },
                     BrowserPhase::Starting => {}
                 }
                 if phase.changed().await.is_err() {
-                    return Err(format!("instance {} is gone", self.id));
+                    return Err(NotReady::Gone {
+                        instance: self.id.clone(),
+                    });
                 }
             }
         })
         .await;
         outcome.unwrap_or_else(|_| {
-            Err(format!(
-                "instance {} did not become ready within {timeout:?}",
-                self.id
-            ))
+            Err(NotReady::Timeout {
+                instance: self.id.clone(),
+                timeout,
+            })
         })
     }
 

@@ -27,7 +27,7 @@ use tokio::net::TcpListener;
 use crate::access::{NodeAccess, with_token};
 use crate::browser::CdpEndpoint;
 use crate::capture::{CaptureError, Captures, NodeCaptures, Screenshot};
-use crate::cdp::CdpClient;
+use crate::cdp::{CdpClient, CdpError};
 use crate::instance::InstanceSlot;
 
 #[derive(Clone)]
@@ -121,12 +121,25 @@ async fn endpoint(state: &ApiState) -> Result<CdpEndpoint, ApiError> {
             StatusCode::SERVICE_UNAVAILABLE,
             "sim instance: no browser".into(),
         )),
-        Err(reason) => Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, reason)),
+        Err(reason) => Err(ApiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            reason.to_string(),
+        )),
     }
 }
 
+/// Why the browser's tabs could not be listed.
+#[derive(Debug, thiserror::Error)]
+pub enum TabsError {
+    #[error("{0}")]
+    Browser(#[from] CdpError),
+    /// `/json/list` did not answer a list of targets.
+    #[error("{0}")]
+    Unreadable(#[from] serde_json::Error),
+}
+
 /// The browser's page targets (its own `browser_ui` targets are left out).
-pub async fn list_tabs(endpoint: &CdpEndpoint) -> Result<Vec<Tab>, String> {
+pub async fn list_tabs(endpoint: &CdpEndpoint) -> Result<Vec<Tab>, TabsError> {
     #[derive(Deserialize)]
     struct Target {
         id: String,
@@ -135,10 +148,8 @@ pub async fn list_tabs(endpoint: &CdpEndpoint) -> Result<Vec<Tab>, String> {
         url: String,
         title: String,
     }
-    let body = CdpClient::http_get(endpoint, "/json/list")
-        .await
-        .map_err(|e| e.to_string())?;
-    let targets: Vec<Target> = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+    let body = CdpClient::http_get(endpoint, "/json/list").await?;
+    let targets: Vec<Target> = serde_json::from_slice(&body)?;
     Ok(targets
         .into_iter()
         .filter(|t| t.kind == "page")
@@ -253,7 +264,7 @@ async fn downloads_list(State(state): State<ApiState>) -> Result<Response, ApiEr
 fn download_name(name: &str) -> Result<String, ApiError> {
     crate::downloads::checked_name(name)
         .map(str::to_owned)
-        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))
+        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))
 }
 
 async fn download_get(

@@ -22,10 +22,12 @@ use flotilla_api_types::instances::InstanceConfig;
 
 use crate::browser::{BrowserProcess, CdpEndpoint, InstanceDirs, LaunchError, LaunchPlan};
 use crate::cdp::CdpClient;
+use crate::cdp::CdpError;
 use crate::cgroups::{Cgroups, InstanceCgroup, Limits};
 use crate::config::{AgentConfig, ImageConfig, RuntimeKind};
 use crate::egress::{EgressPolicy, Upstream};
-use crate::sandbox::Isolation;
+use crate::instance_http::TabsError;
+use crate::sandbox::{Isolation, IsolationError};
 
 /// A started browser and the cgroup it runs in.
 #[derive(Clone)]
@@ -42,6 +44,22 @@ pub struct WarmBrowser {
     /// A chromedriver started beside it, so that a WebDriver session does
     /// not wait for one (`None` where chromedriver is not installed).
     pub webdriver: Option<crate::webdriver::Driver>,
+}
+
+/// Why the browser window could not be fitted to the viewport (logged; the
+/// browser runs with the window it has).
+#[derive(Debug, thiserror::Error)]
+enum CalibrationError {
+    #[error("{0}")]
+    Tabs(#[from] TabsError),
+    #[error("no tab to measure")]
+    NoTab,
+    #[error("{0}")]
+    Browser(#[from] CdpError),
+    #[error("no session")]
+    NoSession,
+    #[error("no measurement")]
+    NoMeasurement,
 }
 
 /// A small stable hash (FNV-1a, 32 bits) for names derived from paths.
@@ -78,7 +96,7 @@ impl Launcher {
         node_id: &str,
         instances_root: PathBuf,
         state_dir: &std::path::Path,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, IsolationError> {
         let real = config.runtime == RuntimeKind::Chromium;
         let isolation = if real {
             Isolation::detect(config, state_dir)?
@@ -248,16 +266,17 @@ impl Launcher {
         }
     }
 
-    async fn measure_and_fix(&self, endpoint: &CdpEndpoint) -> Result<(u32, u32), String> {
+    async fn measure_and_fix(
+        &self,
+        endpoint: &CdpEndpoint,
+    ) -> Result<(u32, u32), CalibrationError> {
         let timeout = Duration::from_secs(10);
         let tab = crate::instance_http::list_tabs(endpoint)
             .await?
             .into_iter()
             .next()
-            .ok_or("no tab to measure")?;
-        let browser = CdpClient::browser(endpoint)
-            .await
-            .map_err(|e| e.to_string())?;
+            .ok_or(CalibrationError::NoTab)?;
+        let browser = CdpClient::browser(endpoint).await?;
         let attached = browser
             .call(
                 "Target.attachToTarget",
@@ -265,11 +284,10 @@ impl Launcher {
                 None,
                 timeout,
             )
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         let session = attached["sessionId"]
             .as_str()
-            .ok_or("no session")?
+            .ok_or(CalibrationError::NoSession)?
             .to_owned();
         let measured = browser
             .call(
@@ -278,11 +296,10 @@ impl Launcher {
                 Some(&session),
                 timeout,
             )
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         let values = measured["result"]["value"]
             .as_array()
-            .ok_or("no measurement")?;
+            .ok_or(CalibrationError::NoMeasurement)?;
         let extra = |i: usize| {
             values
                 .get(i)
@@ -299,8 +316,7 @@ impl Launcher {
                     None,
                     timeout,
                 )
-                .await
-                .map_err(|e| e.to_string())?;
+                .await?;
             let bounds = json!({
                 "width": self.config.viewport_width + extra_width,
                 "height": self.config.viewport_height + extra_height,
@@ -312,8 +328,7 @@ impl Launcher {
                     None,
                     timeout,
                 )
-                .await
-                .map_err(|e| e.to_string())?;
+                .await?;
         }
         let _ = browser
             .call(

@@ -30,7 +30,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::cdp::CdpClient;
+use crate::cdp::{CdpClient, CdpError};
 use crate::instance_http::Tab;
 
 /// Largest text frame a viewer may send (bytes); larger closes the socket.
@@ -176,46 +176,91 @@ pub fn error_message(detail: &str) -> String {
     json!({"type": "error", "detail": detail}).to_string()
 }
 
+/// A viewer's message that is not one, or out of its bounds.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidMessage {
+    #[error("not a viewer message: {0}")]
+    NotJson(#[source] serde_json::Error),
+    /// A binary frame: viewers send JSON text frames.
+    #[error("viewer messages are JSON text frames")]
+    NotText,
+    #[error("x and y are fractions of the frame, from 0 to 1")]
+    Position,
+    #[error("delta_x and delta_y are finite pixel counts")]
+    WheelDelta,
+    #[error("key and code are DOM key names; text is what one key types")]
+    Key,
+    #[error("text inserts at most {max} characters at once")]
+    TextTooLong { max: usize },
+    #[error("width and height are CSS pixels from {min} to {max}")]
+    Size { min: u32, max: u32 },
+    #[error("id is a tab id from state.tabs")]
+    TabId,
+}
+
+/// Why a viewer's message did nothing: the `detail` of the `error` message
+/// it is answered with.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error(transparent)]
+    Invalid(#[from] InvalidMessage),
+    /// A view link, or `?mode=view`.
+    #[error("this viewer may only watch")]
+    ViewOnly,
+    /// A take while another viewer holds control.
+    #[error("someone else has control; wait until they release it")]
+    Taken,
+    /// Input or a tab switch while another viewer holds control.
+    #[error("someone else has control")]
+    HeldByAnother,
+    #[error("take control first: {{\"type\":\"control\",\"take\":true}}")]
+    NotHeld,
+    #[error("no tab {id:?}; state.tabs lists them")]
+    UnknownTab { id: String },
+    #[error("the browser is not showing a page yet")]
+    NoPage,
+    #[error("the browser did not take the input: {0}")]
+    NotTaken(#[source] CdpError),
+}
+
 /// Reads a viewer's text frame.
-pub fn parse(text: &str) -> Result<ViewerMessage, String> {
-    let message: ViewerMessage =
-        serde_json::from_str(text).map_err(|e| format!("not a viewer message: {e}"))?;
+pub fn parse(text: &str) -> Result<ViewerMessage, InvalidMessage> {
+    let message: ViewerMessage = serde_json::from_str(text).map_err(InvalidMessage::NotJson)?;
     check(&message)?;
     Ok(message)
 }
 
 /// Bounds serde cannot express.
-fn check(message: &ViewerMessage) -> Result<(), String> {
+fn check(message: &ViewerMessage) -> Result<(), InvalidMessage> {
     let fraction = |v: f64| v.is_finite() && (0.0..=1.0).contains(&v);
     let delta = |v: f64| v.is_finite() && v.abs() <= 100_000.0;
     let short = |s: &str| s.len() <= 32 && !s.chars().any(char::is_control);
     match message {
         ViewerMessage::Mouse(m) if !fraction(m.x) || !fraction(m.y) => {
-            Err("x and y are fractions of the frame, from 0 to 1".into())
+            Err(InvalidMessage::Position)
         }
         ViewerMessage::Mouse(m) if !delta(m.delta_x) || !delta(m.delta_y) => {
-            Err("delta_x and delta_y are finite pixel counts".into())
+            Err(InvalidMessage::WheelDelta)
         }
         ViewerMessage::Key(k)
             if !short(&k.key) || !short(&k.code) || k.text.chars().count() > 4 =>
         {
-            Err("key and code are DOM key names; text is what one key types".into())
+            Err(InvalidMessage::Key)
         }
-        ViewerMessage::Text { text } if text.chars().count() > MAX_TEXT_CHARS => Err(format!(
-            "text inserts at most {MAX_TEXT_CHARS} characters at once"
-        )),
+        ViewerMessage::Text { text } if text.chars().count() > MAX_TEXT_CHARS => {
+            Err(InvalidMessage::TextTooLong {
+                max: MAX_TEXT_CHARS,
+            })
+        }
         ViewerMessage::Resize { width, height }
             if !VIEWPORT_RANGE.contains(width) || !VIEWPORT_RANGE.contains(height) =>
         {
-            Err(format!(
-                "width and height are CSS pixels from {} to {}",
-                VIEWPORT_RANGE.start(),
-                VIEWPORT_RANGE.end()
-            ))
+            Err(InvalidMessage::Size {
+                min: *VIEWPORT_RANGE.start(),
+                max: *VIEWPORT_RANGE.end(),
+            })
         }
-        ViewerMessage::Tab { id } if id.is_empty() || id.len() > 64 => {
-            Err("id is a tab id from state.tabs".into())
-        }
+        ViewerMessage::Tab { id } if id.is_empty() || id.len() > 64 => Err(InvalidMessage::TabId),
         _ => Ok(()),
     }
 }
@@ -298,7 +343,7 @@ pub async fn dispatch(
     client: &CdpClient,
     message: &ViewerMessage,
     viewport: Viewport,
-) -> Result<(), String> {
+) -> Result<(), ControlError> {
     let Some((method, params)) = cdp_call(message, viewport) else {
         return Ok(());
     };
@@ -306,7 +351,7 @@ pub async fn dispatch(
         .call(method, params, None, INPUT_TIMEOUT)
         .await
         .map(|_| ())
-        .map_err(|e| format!("the browser did not take the input: {e}"))
+        .map_err(ControlError::NotTaken)
 }
 
 #[cfg(test)]
@@ -396,13 +441,13 @@ mod tests {
             ),
             (r#"{"type":"tab","id":""}"#, "tab id"),
         ] {
-            let error = parse(text).unwrap_err();
+            let error = parse(text).unwrap_err().to_string();
             assert!(error.contains(what), "{text}: {error}");
         }
         let long = format!(
             r#"{{"type":"text","text":"{}"}}"#,
             "x".repeat(MAX_TEXT_CHARS + 1)
         );
-        assert!(parse(&long).unwrap_err().contains("at most"));
+        assert!(parse(&long).unwrap_err().to_string().contains("at most"));
     }
 }

@@ -32,13 +32,16 @@ use tokio::sync::{Mutex, watch};
 
 use crate::access::NodeAccess;
 use crate::browser::CdpEndpoint;
-use crate::cdp::{CdpClient, CdpEvent};
+use crate::cdp::{CdpClient, CdpError, CdpEvent};
 
 /// How long a screencast's CDP calls may take.
 const CDP_TIMEOUT: Duration = Duration::from_secs(10);
 use crate::instance::InstanceSlot;
-use crate::instance_http::{Tab, list_tabs, page_path};
-use crate::live_control::{self, ControlState, ViewerMessage, ViewerState, Viewport};
+use crate::instance::NotReady;
+use crate::instance_http::{Tab, TabsError, list_tabs, page_path};
+use crate::live_control::{
+    self, ControlError, ControlState, InvalidMessage, ViewerMessage, ViewerState, Viewport,
+};
 
 /// Screencast settings (from `[agent]`).
 #[derive(Debug, Clone, Copy)]
@@ -53,6 +56,29 @@ pub struct LiveViewSettings {
 pub struct Frame {
     pub seq: u64,
     pub jpeg: Bytes,
+}
+
+/// Why a screencast session ended before its time (logged; the screencast
+/// starts again while viewers remain).
+#[derive(Debug, thiserror::Error)]
+enum ScreencastError {
+    #[error(transparent)]
+    NotReady(#[from] NotReady),
+    #[error("sim instance: no browser")]
+    NoBrowser,
+    #[error("{0}")]
+    Tabs(#[from] TabsError),
+    #[error("the browser has no open tab")]
+    NoTab,
+    #[error("{0}")]
+    Browser(#[from] CdpError),
+    #[error("page connection closed")]
+    ConnectionClosed,
+    /// The page crashed or was detached (the CDP event's method).
+    #[error("page {method}")]
+    PageGone { method: String },
+    #[error("the tab being shown was closed")]
+    TabClosed,
 }
 
 /// The shared screencast of one instance.
@@ -185,12 +211,12 @@ impl LiveView {
         &self,
         last_viewer_seen: &mut tokio::time::Instant,
         wake: bool,
-    ) -> Result<(), String> {
+    ) -> Result<(), ScreencastError> {
         let endpoint = self
             .slot
             .wait_ready_waking(self.ready_timeout, wake)
             .await?
-            .ok_or("sim instance: no browser")?;
+            .ok_or(ScreencastError::NoBrowser)?;
         let (client, tab) = self.start_screencast(&endpoint).await?;
         let mut events = client.events();
         let mut tick = tokio::time::interval(Duration::from_millis(500));
@@ -201,7 +227,7 @@ impl LiveView {
                 event = events.recv() => match event {
                     Ok(event) => self.on_page_event(&client, &event).await?,
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                    Err(_) => return Err("page connection closed".into()),
+                    Err(_) => return Err(ScreencastError::ConnectionClosed),
                 },
                 _ = self.switch.notified() => break,
                 _ = tick.tick() => {
@@ -234,7 +260,7 @@ impl LiveView {
     async fn start_screencast(
         &self,
         endpoint: &CdpEndpoint,
-    ) -> Result<(Arc<CdpClient>, String), String> {
+    ) -> Result<(Arc<CdpClient>, String), ScreencastError> {
         let tabs = list_tabs(endpoint).await?;
         let wanted = self.shared.borrow().wanted_tab.clone();
         let tab = tabs
@@ -242,12 +268,8 @@ impl LiveView {
             .find(|tab| Some(&tab.id) == wanted.as_ref())
             .or(tabs.first())
             .cloned()
-            .ok_or("the browser has no open tab")?;
-        let client = Arc::new(
-            CdpClient::open(endpoint, &page_path(&tab))
-                .await
-                .map_err(|e| e.to_string())?,
-        );
+            .ok_or(ScreencastError::NoTab)?;
+        let client = Arc::new(CdpClient::open(endpoint, &page_path(&tab)).await?);
         let params = json!({
             "format": "jpeg",
             "quality": self.settings.quality,
@@ -257,14 +279,17 @@ impl LiveView {
         });
         client
             .call("Page.startScreencast", params, None, CDP_TIMEOUT)
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         self.show(&client, tab.id.clone(), tabs);
         Ok((client, tab.id))
     }
 
     /// A frame (acknowledged, published to the viewers), or the page gone.
-    async fn on_page_event(&self, client: &CdpClient, event: &CdpEvent) -> Result<(), String> {
+    async fn on_page_event(
+        &self,
+        client: &CdpClient,
+        event: &CdpEvent,
+    ) -> Result<(), ScreencastError> {
         match event.method.as_str() {
             "Page.screencastFrame" => {
                 if let Some(session) = event.params.get("sessionId").cloned() {
@@ -280,9 +305,9 @@ impl LiveView {
                 }
                 Ok(())
             }
-            "Inspector.detached" | "Inspector.targetCrashed" => {
-                Err(format!("page {}", event.method))
-            }
+            "Inspector.detached" | "Inspector.targetCrashed" => Err(ScreencastError::PageGone {
+                method: event.method.clone(),
+            }),
             _ => Ok(()),
         }
     }
@@ -349,10 +374,14 @@ impl LiveView {
 
     /// Reads the open tabs again (new tabs and popups appear); an error
     /// when the tab being shown is gone, so the screencast moves on.
-    async fn refresh_tabs(&self, endpoint: &CdpEndpoint, shown: &str) -> Result<(), String> {
+    async fn refresh_tabs(
+        &self,
+        endpoint: &CdpEndpoint,
+        shown: &str,
+    ) -> Result<(), ScreencastError> {
         let tabs = list_tabs(endpoint).await?;
         if !tabs.iter().any(|tab| tab.id == shown) {
-            return Err("the tab being shown was closed".into());
+            return Err(ScreencastError::TabClosed);
         }
         self.shared.send_if_modified(|shared| {
             let changed = shared.tabs != tabs;
@@ -540,9 +569,9 @@ async fn ws_viewer(mut socket: WebSocket, live_view: Arc<LiveView>, may_control:
             incoming = socket.recv() => match incoming {
                 Some(Ok(Message::Text(text))) => match viewer.on_message(text.as_str()).await {
                     Ok(()) => continue,
-                    Err(detail) => live_control::error_message(&detail),
+                    Err(detail) => live_control::error_message(&detail.to_string()),
                 },
-                Some(Ok(Message::Binary(_))) => live_control::error_message("viewer messages are JSON text frames"),
+                Some(Ok(Message::Binary(_))) => live_control::error_message(&InvalidMessage::NotText.to_string()),
                 Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
                 Some(Ok(_)) => continue,
             },
@@ -587,7 +616,7 @@ impl Viewer {
     }
 
     /// Handles one message; the error says why it did nothing.
-    async fn on_message(&self, text: &str) -> Result<(), String> {
+    async fn on_message(&self, text: &str) -> Result<(), ControlError> {
         let message = live_control::parse(text)?;
         match message {
             ViewerMessage::Control { take: true } => self.take(),
@@ -600,9 +629,9 @@ impl Viewer {
         }
     }
 
-    fn take(&self) -> Result<(), String> {
+    fn take(&self) -> Result<(), ControlError> {
         if !self.may_control {
-            return Err("this viewer may only watch".into());
+            return Err(ControlError::ViewOnly);
         }
         let mut taken = Ok(());
         self.live_view
@@ -614,7 +643,7 @@ impl Viewer {
                 }
                 Some(id) if id == self.id => false,
                 Some(_) => {
-                    taken = Err("someone else has control; wait until they release it".into());
+                    taken = Err(ControlError::Taken);
                     false
                 }
             });
@@ -631,22 +660,22 @@ impl Viewer {
         });
     }
 
-    fn holds_control(&self) -> Result<(), String> {
+    fn holds_control(&self) -> Result<(), ControlError> {
         match self.live_view.shared.borrow().controller {
             Some(id) if id == self.id => Ok(()),
-            _ if !self.may_control => Err("this viewer may only watch".into()),
-            Some(_) => Err("someone else has control".into()),
-            None => Err("take control first: {\"type\":\"control\",\"take\":true}".into()),
+            _ if !self.may_control => Err(ControlError::ViewOnly),
+            Some(_) => Err(ControlError::HeldByAnother),
+            None => Err(ControlError::NotHeld),
         }
     }
 
     /// Shows another tab (to every viewer): for the viewer holding control,
     /// or any that may take it while nobody holds it.
-    fn show_tab(&self, id: String) -> Result<(), String> {
+    fn show_tab(&self, id: String) -> Result<(), ControlError> {
         let controller = self.live_view.shared.borrow().controller;
         match controller {
-            _ if !self.may_control => return Err("this viewer may only watch".into()),
-            Some(holder) if holder != self.id => return Err("someone else has control".into()),
+            _ if !self.may_control => return Err(ControlError::ViewOnly),
+            Some(holder) if holder != self.id => return Err(ControlError::HeldByAnother),
             _ => {}
         }
         let (mut known, mut shown) = (true, false);
@@ -659,7 +688,7 @@ impl Viewer {
             false
         });
         if !known {
-            return Err(format!("no tab {id:?}; state.tabs lists them"));
+            return Err(ControlError::UnknownTab { id });
         }
         if !shown {
             self.live_view.switch.notify_one();
@@ -667,10 +696,10 @@ impl Viewer {
         Ok(())
     }
 
-    async fn input(&self, message: &ViewerMessage) -> Result<(), String> {
+    async fn input(&self, message: &ViewerMessage) -> Result<(), ControlError> {
         self.holds_control()?;
         let page = self.live_view.shown_page().await;
-        let page = page.ok_or("the browser is not showing a page yet")?;
+        let page = page.ok_or(ControlError::NoPage)?;
         self.live_view.slot.touch();
         live_control::dispatch(&page.client, message, page.viewport).await
     }

@@ -109,6 +109,24 @@ async fn pause(slot: &InstanceSlot, period: Duration) -> bool {
     }
 }
 
+/// Why a recording could not start (logged; the next running period tries
+/// again).
+#[derive(Debug, thiserror::Error)]
+pub enum RecordingError {
+    /// The recordings directory or the video file.
+    #[error("cannot create {}: {source}", .path.display())]
+    Create {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot start ffmpeg (install it: scripts/install-deps): {0}")]
+    Ffmpeg(#[source] std::io::Error),
+    /// ffmpeg's stdin or stdout was not piped.
+    #[error("ffmpeg has no {0}")]
+    FfmpegPipe(&'static str),
+}
+
 /// One recording, from now until the browser stops being ready.
 async fn record_once(
     slot: &InstanceSlot,
@@ -116,18 +134,31 @@ async fn record_once(
     dir: &Path,
     (width, height): (u32, u32),
     isolation: &Isolation,
-) -> Result<(), String> {
+) -> Result<(), RecordingError> {
     tokio::fs::create_dir_all(dir)
         .await
-        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        .map_err(|source| RecordingError::Create {
+            path: dir.to_owned(),
+            source,
+        })?;
     let id = uuid::Uuid::now_v7().simple().to_string();
     let video = dir.join(format!("{id}.mp4"));
-    let mut file = tokio::fs::File::create(&video)
-        .await
-        .map_err(|e| format!("cannot create {}: {e}", video.display()))?;
+    let mut file =
+        tokio::fs::File::create(&video)
+            .await
+            .map_err(|source| RecordingError::Create {
+                path: video.clone(),
+                source,
+            })?;
     let mut ffmpeg = encoder(isolation, width, height)?;
-    let mut input = ffmpeg.stdin.take().ok_or("ffmpeg has no stdin")?;
-    let mut output = ffmpeg.stdout.take().ok_or("ffmpeg has no stdout")?;
+    let mut input = ffmpeg
+        .stdin
+        .take()
+        .ok_or(RecordingError::FfmpegPipe("stdin"))?;
+    let mut output = ffmpeg
+        .stdout
+        .take()
+        .ok_or(RecordingError::FfmpegPipe("stdout"))?;
     // ffmpeg writes nothing itself: the agent writes its output to the file.
     let writer = tokio::spawn(async move {
         let copied = tokio::io::copy(&mut output, &mut file).await;
@@ -177,7 +208,7 @@ fn encoder(
     isolation: &Isolation,
     width: u32,
     height: u32,
-) -> Result<tokio::process::Child, String> {
+) -> Result<tokio::process::Child, RecordingError> {
     let fit = format!(
         "scale={width}:{height}:force_original_aspect_ratio=decrease,\
          pad={width}:{height}:(ow-iw)/2:(oh-ih)/2,format=yuv420p"
@@ -205,7 +236,7 @@ fn encoder(
         .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| format!("cannot start ffmpeg (install it: scripts/install-deps): {e}"))
+        .map_err(RecordingError::Ffmpeg)
 }
 
 async fn write_sidecar(dir: &Path, id: &str, sidecar: &Sidecar) {

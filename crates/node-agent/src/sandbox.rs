@@ -83,6 +83,59 @@ pub struct BrowserPaths {
 /// Where the instance's own directories appear inside the sandbox.
 pub const SANDBOX_INSTANCE_DIR: &str = "/instance";
 
+/// Why browsers could not reach their directories under the data directory:
+/// the agent does not start. The message names the path and what to change.
+#[derive(Debug, thiserror::Error)]
+pub enum IsolationError {
+    #[error("cannot create {}: {source}", .dir.display())]
+    Create {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read {}: {source}", .path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot let the browser user through {}: {source}", .path.display())]
+    LetThrough {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A directory above the data directory keeps the browser user out.
+    #[error(
+        "the browser user {user} cannot pass through {path} (mode {mode:04o}), so browsers could not reach their profiles under {ours}: choose a data_dir outside {path}, or let the user through (`chmod o+x {path}`, or `chgrp {user} {path} && chmod g+x {path}`)",
+        path = .path.display(),
+        ours = .ours.display()
+    )]
+    Blocked {
+        user: String,
+        path: PathBuf,
+        mode: u32,
+        ours: PathBuf,
+    },
+}
+
+/// Why a probe of what the kernel allows failed (the node then runs with
+/// less isolation, and its warnings say why).
+#[derive(Debug, thiserror::Error)]
+enum ProbeError {
+    /// The probe's scratch directory could not be made or handed over.
+    #[error("{0}")]
+    Setup(#[source] std::io::Error),
+    #[error("{0}")]
+    Spawn(#[source] std::io::Error),
+    /// The probe ran and failed; what it wrote to stderr.
+    #[error("{stderr}")]
+    Failed {
+        status: std::process::ExitStatus,
+        stderr: String,
+    },
+}
+
 /// The confinement every browser of this node gets.
 #[derive(Debug, Clone)]
 pub struct Isolation {
@@ -130,7 +183,7 @@ impl Isolation {
     /// `/etc` files and the probe's scratch directory; the browser user is
     /// let through it and its parent (the process's data directory). Fails
     /// when a directory above those keeps the browser user out.
-    pub fn detect(config: &AgentConfig, state_dir: &Path) -> Result<Self, String> {
+    pub fn detect(config: &AgentConfig, state_dir: &Path) -> Result<Self, IsolationError> {
         let mut warnings = Vec::new();
         let user = if is_root() {
             match BrowserUser::lookup(&config.browser_user) {
@@ -244,11 +297,11 @@ impl Isolation {
 
     /// Runs a tiny confined command to learn what works: bubblewrap itself
     /// (`nested` = None), or `unshare` of the namespaces Chromium's sandbox needs.
-    fn probe(&self, state_dir: &Path, nested: Option<&Path>) -> Result<(), String> {
+    fn probe(&self, state_dir: &Path, nested: Option<&Path>) -> Result<(), ProbeError> {
         let dirs = InstanceDirs::new(state_dir.join("sandbox-probe"));
         let _ = std::fs::remove_dir_all(&dirs.root);
-        dirs.create().map_err(|e| e.to_string())?;
-        self.hand_over(&dirs).map_err(|e| e.to_string())?;
+        dirs.create().map_err(ProbeError::Setup)?;
+        self.hand_over(&dirs).map_err(ProbeError::Setup)?;
         let (program, args): (PathBuf, Vec<String>) = match nested {
             Some(unshare) => (
                 unshare.to_path_buf(),
@@ -277,8 +330,11 @@ impl Isolation {
         let _ = std::fs::remove_dir_all(&dirs.root);
         match outcome {
             Ok(output) if output.status.success() => Ok(()),
-            Ok(output) => Err(String::from_utf8_lossy(&output.stderr).trim().to_owned()),
-            Err(error) => Err(error.to_string()),
+            Ok(output) => Err(ProbeError::Failed {
+                status: output.status,
+                stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+            }),
+            Err(error) => Err(ProbeError::Spawn(error)),
         }
     }
 
@@ -509,32 +565,33 @@ fn let_through(user: &BrowserUser, dir: &Path) -> std::io::Result<()> {
 /// missing) are opened with [`let_through`]; one above it that the user
 /// cannot pass is an error naming it and what to change. Nothing to do when
 /// browsers run as the agent's own user.
-fn open_path_to(user: Option<&BrowserUser>, dir: &Path, ours: &Path) -> Result<(), String> {
+fn open_path_to(user: Option<&BrowserUser>, dir: &Path, ours: &Path) -> Result<(), IsolationError> {
     let Some(user) = user else {
         return Ok(());
     };
-    std::fs::create_dir_all(dir)
-        .map_err(|error| format!("cannot create {}: {error}", dir.display()))?;
+    std::fs::create_dir_all(dir).map_err(|source| IsolationError::Create {
+        dir: dir.to_owned(),
+        source,
+    })?;
     let mut path = PathBuf::new();
     for component in dir.components() {
         path.push(component);
-        let meta = std::fs::metadata(&path)
-            .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
+        let meta = std::fs::metadata(&path).map_err(|source| IsolationError::Read {
+            path: path.clone(),
+            source,
+        })?;
         if path.starts_with(ours) {
-            let_through(user, &path).map_err(|error| {
-                format!(
-                    "cannot let the browser user through {}: {error}",
-                    path.display()
-                )
+            let_through(user, &path).map_err(|source| IsolationError::LetThrough {
+                path: path.clone(),
+                source,
             })?;
         } else if !user.can_traverse(&meta) {
-            return Err(format!(
-                "the browser user {name} cannot pass through {path} (mode {mode:04o}), so browsers could not reach their profiles under {ours}: choose a data_dir outside {path}, or let the user through (`chmod o+x {path}`, or `chgrp {name} {path} && chmod g+x {path}`)",
-                name = user.name,
-                path = path.display(),
-                mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777,
-                ours = ours.display(),
-            ));
+            return Err(IsolationError::Blocked {
+                user: user.name.clone(),
+                path,
+                mode: std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777,
+                ours: ours.to_owned(),
+            });
         }
     }
     Ok(())

@@ -160,7 +160,7 @@ pub fn list(dirs: &InstanceDirs) -> Result<Value, WebDriverError> {
 /// holding it, base64 (`{"filename", "contents"}`).
 pub fn download(dirs: &InstanceDirs, body: &[u8]) -> Result<Value, WebDriverError> {
     let name = string_field(body, "name")?;
-    let name = crate::downloads::checked_name(&name).map_err(invalid)?;
+    let name = crate::downloads::checked_name(&name).map_err(|e| invalid(e.to_string()))?;
     let (mut file, length) = crate::downloads::open(&dirs.downloads(), name).map_err(|_| {
         invalid(format!(
             "no download {name:?}: GET /session/{{id}}/se/files lists them"

@@ -655,7 +655,11 @@ pub mod routes {
                 "unknown error",
                 "a sim instance has no browser",
             )),
-            Err(reason) => Err(WebDriverError::new(500, "unknown error", reason)),
+            Err(reason) => Err(WebDriverError::new(
+                500,
+                "unknown error",
+                reason.to_string(),
+            )),
         }
     }
 

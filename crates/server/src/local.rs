@@ -15,6 +15,7 @@ use flotilla_api_types::agent::{
     NodeRegistration, StateChangeAck,
 };
 use flotilla_api_types::agent::{AgentDormantResult, AgentIdentity, AgentReviveInstance};
+use flotilla_api_types::extensions::ExtensionRefusal;
 use flotilla_api_types::instances::KeptRecording;
 use flotilla_control_plane::ControlPlane;
 use flotilla_control_plane::artifacts::{ArtifactStore, ExtensionManifest, VideoStream};
@@ -132,7 +133,7 @@ impl ArtifactStore for Artifacts {
         self.0.extension_delete(id).await
     }
 
-    fn extension_inspect(&self, zip: &[u8]) -> Result<ExtensionManifest, String> {
+    fn extension_inspect(&self, zip: &[u8]) -> Result<ExtensionManifest, ExtensionRefusal> {
         let manifest = flotilla_node_agent::extension::inspect(zip)?;
         Ok(ExtensionManifest {
             name: manifest.name,

@@ -58,7 +58,7 @@ pub(crate) fn validate_config(config: &InstanceConfig) -> Result<()> {
         );
     }
     if let Some(proxy) = &config.proxy {
-        proxy.validate().map_err(Error::InvalidRequest)?;
+        proxy.validate()?;
     }
     if let Some(minutes) = config.max_duration_minutes
         && !(minutes > 0.0 && minutes <= MAX_DURATION_MINUTES)

@@ -160,7 +160,30 @@ struct Worker {
 /// What became of one delivery.
 enum Outcome {
     Delivered,
-    Failed(String),
+    /// Shared by the deliveries of one failed batch (the proxy's).
+    Failed(Arc<DeliveryError>),
+}
+
+/// Why a call to a target failed; stored with the delivery as its last
+/// error, and it is retried (with backoff) until `give_up_after_hours`.
+#[derive(Debug, thiserror::Error)]
+enum DeliveryError {
+    /// The webhook receiver answered but not 2xx.
+    #[error("receiver answered {0}")]
+    Receiver(reqwest::StatusCode),
+    /// The event proxy refused the batch.
+    #[error("event proxy answered {status}: {body}")]
+    Proxy {
+        status: reqwest::StatusCode,
+        body: String,
+    },
+    /// The target could not be reached (or did not answer in time).
+    #[error("{0}")]
+    Call(#[source] reqwest::Error),
+    /// The outbox holds a payload that is not JSON (it is kept as sent by
+    /// the store: this is a bug).
+    #[error("stored payload is not JSON: {0}")]
+    StoredPayload(#[source] serde_json::Error),
 }
 
 impl Worker {
@@ -233,7 +256,10 @@ impl Worker {
                     .await
             }
             Sink::Proxy { batch_url, key } => {
-                let outcome = self.publish(batch_url, key.as_deref(), due).await;
+                let outcome = self
+                    .publish(batch_url, key.as_deref(), due)
+                    .await
+                    .map_err(Arc::new);
                 due.iter()
                     .map(|_| match &outcome {
                         Ok(()) => Outcome::Delivered,
@@ -264,19 +290,24 @@ impl Worker {
             .await;
         match sent {
             Ok(response) if response.status().is_success() => Outcome::Delivered,
-            Ok(response) => Outcome::Failed(format!("receiver answered {}", response.status())),
-            Err(error) => Outcome::Failed(format!("{error}")),
+            Ok(response) => Outcome::Failed(Arc::new(DeliveryError::Receiver(response.status()))),
+            Err(error) => Outcome::Failed(Arc::new(DeliveryError::Call(error))),
         }
     }
 
     /// One batch on the proxy: each event on `instances` and on
     /// `instances.<id>` (node and alert events on `nodes` and `alerts`). The
     /// event id is the publisher id, so a retried batch is not published twice.
-    async fn publish(&self, url: &str, key: Option<&str>, due: &[Delivery]) -> Result<(), String> {
+    async fn publish(
+        &self,
+        url: &str,
+        key: Option<&str>,
+        due: &[Delivery],
+    ) -> Result<(), DeliveryError> {
         let mut events = Vec::with_capacity(due.len() * 2);
         for delivery in due {
-            let payload: serde_json::Value = serde_json::from_str(&delivery.payload)
-                .map_err(|e| format!("stored payload is not JSON: {e}"))?;
+            let payload: serde_json::Value =
+                serde_json::from_str(&delivery.payload).map_err(DeliveryError::StoredPayload)?;
             for topic in topics_of(delivery) {
                 events.push(serde_json::json!({
                     "topic": topic,
@@ -298,9 +329,12 @@ impl Worker {
             Ok(response) => {
                 let status = response.status();
                 let body = response.text().await.unwrap_or_default();
-                Err(format!("event proxy answered {status}: {}", body.trim()))
+                Err(DeliveryError::Proxy {
+                    status,
+                    body: body.trim().to_owned(),
+                })
             }
-            Err(error) => Err(format!("{error}")),
+            Err(error) => Err(DeliveryError::Call(error)),
         }
     }
 
@@ -333,7 +367,9 @@ impl Worker {
                         attempt = delivery.attempts + 1, retry_in_ms = wait.as_millis() as u64, %error,
                         "event delivery failed");
                     let next = now + chrono::Duration::from_std(wait).unwrap_or_default();
-                    store.delivery_retry_at(delivery, next, &error).await?;
+                    store
+                        .delivery_retry_at(delivery, next, &error.to_string())
+                        .await?;
                 }
             }
         }

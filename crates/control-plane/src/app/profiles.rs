@@ -19,7 +19,7 @@ fn not_found(name: &str) -> Error {
 
 impl ControlPlane {
     pub async fn profile_create(&self, request: CreateProfileRequest) -> Result<Profile> {
-        check_profile_name(&request.name).map_err(Error::InvalidRequest)?;
+        check_profile_name(&request.name)?;
         self.store
             .profile_create(&request.name, self.now())
             .await?
@@ -72,7 +72,7 @@ impl ControlPlane {
     /// Checks the `profile` of a create: a valid name of an existing profile.
     pub(crate) async fn profile_check(&self, profile: &ProfileUse) -> Result<()> {
         check_profile_name(&profile.name)
-            .map_err(|message| Error::InvalidRequest(format!("profile.name: {message}")))?;
+            .map_err(|invalid| Error::InvalidRequest(format!("profile.name: {invalid}")))?;
         if self.store.profile_get(&profile.name).await?.is_none() {
             return Err(Error::InvalidRequest(format!(
                 "profile.name: no profile named {}; create it with POST /v2/profiles",

@@ -171,7 +171,7 @@ pub fn new_session(body: &Value, installed: &str) -> Result<NewSession, WebDrive
         let merged = merge(&always, &entry)?;
         match matched(&merged, installed)? {
             Ok(session) => return Ok(session),
-            Err(reason) => reasons.push(reason),
+            Err(Mismatch(reason)) => reasons.push(reason),
         }
     }
     Err(WebDriverRefusal::not_created(format!(
@@ -198,33 +198,37 @@ fn merge(
     Ok(merged)
 }
 
+/// Why one set of merged capabilities is not this fleet's (another
+/// `firstMatch` entry may be).
+struct Mismatch(String);
+
 /// Checks the merged capabilities: `Ok(Ok(session))` when this fleet
 /// matches them, `Ok(Err(why))` when it does not (another `firstMatch`
 /// entry may), and an error for a value of the wrong type.
 fn matched(
     caps: &Map<String, Value>,
     installed: &str,
-) -> Result<Result<NewSession, String>, WebDriverRefusal> {
+) -> Result<Result<NewSession, Mismatch>, WebDriverRefusal> {
     if let Some(name) = string(caps, "browserName")?
         && !matches!(name, "chrome" | "chromium" | "")
     {
-        return Ok(Err(format!(
+        return Ok(Err(Mismatch(format!(
             "browserName {name:?} (this fleet runs chrome/chromium)"
-        )));
+        ))));
     }
     if let Some(platform) = string(caps, "platformName")?
         && !matches!(platform.to_ascii_lowercase().as_str(), "linux" | "any" | "")
     {
-        return Ok(Err(format!(
+        return Ok(Err(Mismatch(format!(
             "platformName {platform:?} (the nodes run linux)"
-        )));
+        ))));
     }
     if let Some(version) = string(caps, "browserVersion")?
         && !version_matches(version, installed)
     {
-        return Ok(Err(format!(
+        return Ok(Err(Mismatch(format!(
             "browserVersion {version:?} (the nodes run Chromium {installed})"
-        )));
+        ))));
     }
     let mut forwarded = Map::new();
     let mut downloads_enabled = false;

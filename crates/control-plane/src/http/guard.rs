@@ -48,15 +48,31 @@ pub struct Guard {
     limiter: Option<RateLimiter>,
 }
 
+/// An `api_keys` entry that is neither a raw key nor `sha256:<64 hex>`.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiKeyError {
+    #[error("api_keys: {entry:?} is not sha256:<64 hex>: {source}")]
+    NotHex {
+        entry: String,
+        #[source]
+        source: hex::FromHexError,
+    },
+    /// Hex, but not 32 bytes.
+    #[error("api_keys: {entry:?} is not sha256:<64 hex>")]
+    NotSha256 { entry: String },
+}
+
 /// `sha256:<hex>` as configured, or a raw key (hashed here, with a warning).
-fn key_hash(entry: &str) -> Result<[u8; 32], String> {
+fn key_hash(entry: &str) -> Result<[u8; 32], ApiKeyError> {
     match entry.strip_prefix("sha256:") {
         Some(hex_digest) => {
-            let bytes = hex::decode(hex_digest)
-                .map_err(|e| format!("api_keys: {entry:?} is not sha256:<64 hex>: {e}"))?;
-            bytes
-                .try_into()
-                .map_err(|_| format!("api_keys: {entry:?} is not sha256:<64 hex>"))
+            let bytes = hex::decode(hex_digest).map_err(|source| ApiKeyError::NotHex {
+                entry: entry.to_owned(),
+                source,
+            })?;
+            bytes.try_into().map_err(|_| ApiKeyError::NotSha256 {
+                entry: entry.to_owned(),
+            })
         }
         None => {
             tracing::warn!(
@@ -68,7 +84,7 @@ fn key_hash(entry: &str) -> Result<[u8; 32], String> {
 }
 
 /// Checks the `api_keys` entries (for configuration validation).
-pub fn check_api_keys(keys: &[String]) -> Result<(), String> {
+pub fn check_api_keys(keys: &[String]) -> Result<(), ApiKeyError> {
     keys.iter().try_for_each(|k| key_hash(k).map(drop))
 }
 

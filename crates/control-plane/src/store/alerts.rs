@@ -8,6 +8,7 @@ use sqlx::any::AnyRow;
 
 use flotilla_api_types::alerts::{AlertLevel, AlertState};
 use flotilla_api_types::events::EventName;
+use flotilla_api_types::names::UnknownName;
 
 use super::{Store, from_millis, to_millis};
 
@@ -44,7 +45,7 @@ fn decode(row: &AnyRow) -> Result<AlertRecord, sqlx::Error> {
             metric: row.try_get("metric")?,
             level: level
                 .parse()
-                .map_err(|e: String| sqlx::Error::Decode(e.into()))?,
+                .map_err(|e: UnknownName| sqlx::Error::Decode(e.into()))?,
             value: row.try_get("value")?,
             threshold: row.try_get("threshold")?,
             message: row.try_get("message")?,

@@ -17,6 +17,7 @@ use sqlx::{AnyConnection, Row};
 use tokio::sync::watch;
 
 use flotilla_api_types::events::{EventName, EventPayload};
+use flotilla_api_types::names::UnknownName;
 
 use super::{Store, from_millis, to_millis};
 
@@ -161,7 +162,7 @@ impl Store {
                     event_id: row.try_get("event_id")?,
                     name: name
                         .parse()
-                        .map_err(|e: String| sqlx::Error::Decode(e.into()))?,
+                        .map_err(|e: UnknownName| sqlx::Error::Decode(e.into()))?,
                     payload: row.try_get("payload")?,
                     attempts: row.try_get("attempts")?,
                     created_at: from_millis(row.try_get("created_at")?),

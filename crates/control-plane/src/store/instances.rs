@@ -11,6 +11,7 @@ use flotilla_api_types::instances::ReviveMethod;
 use flotilla_api_types::instances::{
     InstanceConfig, InstanceResources, InstanceSort, InstanceStatus,
 };
+use flotilla_api_types::names::UnknownName;
 use flotilla_api_types::{InstanceId, NodeId};
 
 use flotilla_api_types::profiles::ProfileUse;
@@ -113,7 +114,7 @@ fn decode(row: &AnyRow) -> Result<InstanceRecord, sqlx::Error> {
     let status: String = row.try_get("status")?;
     let status = status
         .parse()
-        .map_err(|e: String| sqlx::Error::Decode(e.into()))?;
+        .map_err(|e: UnknownName| sqlx::Error::Decode(e.into()))?;
     let port = |name: &str| -> Result<Option<u16>, sqlx::Error> {
         Ok(row
             .try_get::<Option<i64>, _>(name)?
@@ -293,7 +294,7 @@ impl Store {
         let status: String = row.try_get("status")?;
         let status = status
             .parse()
-            .map_err(|e: String| sqlx::Error::Decode(e.into()))?;
+            .map_err(|e: UnknownName| sqlx::Error::Decode(e.into()))?;
         Ok(Some((
             status,
             NodeId::new(row.try_get::<String, _>("node_id")?),

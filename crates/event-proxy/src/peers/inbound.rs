@@ -62,10 +62,10 @@ async fn receive_watch(
     watch: Watch,
     register: bool,
 ) -> Answer {
-    validate_topic(&watch.topic).map_err(Refusal::BadRequest)?;
+    validate_topic(&watch.topic).map_err(|e| Refusal::BadRequest(e.to_string()))?;
     let last_event_id = watch.last_event_id.as_deref();
     let resume = last_event_id.map(parse_last_event_id).transpose();
-    let resume = resume.map_err(Refusal::BadRequest)?;
+    let resume = resume.map_err(|e| Refusal::BadRequest(e.to_string()))?;
     let from = register.then_some(from);
     let reply = cluster.watch_here(state, &watch.topic, resume, from).await;
     Ok(Response::json(200, &json!(reply)))
@@ -96,9 +96,9 @@ impl Cluster {
         state: &ProxyState,
         WirePublish { topic, publish }: WirePublish,
     ) -> Result<String, Refusal> {
-        validate_topic(&topic)
-            .and_then(|()| publish.validate())
-            .map_err(Refusal::InvalidBody)?;
+        publish
+            .validate_on(&topic)
+            .map_err(|e| Refusal::InvalidBody(e.to_string()))?;
         let topic = state.topics.get_or_create(&topic);
         let forward = |frame: &_| self.forward(&topic.name, frame);
         let id = state.topics.publish(&topic, &publish, forward).await;

@@ -26,8 +26,25 @@ const MAX_QUEUED: usize = 100_000;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 pub const BATCH_PATH: &str = "/peer/v1/batch";
 
-/// Why a publish sent to its topic's owner has no id.
-pub type PublishResult = Result<String, String>;
+/// The id of a publish sent to its topic's owner, or why it has none.
+pub type PublishResult = Result<String, OwnerFailed>;
+
+/// Why a publish sent to its topic's owner has no id: the publisher gets a
+/// 503 and retries.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OwnerFailed {
+    /// The link was closed (the peer is dead or restarted) before it was sent.
+    #[error("peer {node} is gone")]
+    Gone { node: String },
+    /// The batch that carried it failed.
+    #[error("peer {node} did not answer")]
+    NoAnswer { node: String },
+    #[error("the owner returned too few ids")]
+    TooFewIds,
+    /// The link dropped the publish without an answer.
+    #[error("the link closed")]
+    LinkClosed,
+}
 
 enum Item {
     Frame(WireFrame),
@@ -107,7 +124,9 @@ impl Link {
     ) -> oneshot::Receiver<PublishResult> {
         let (reply, answer) = oneshot::channel();
         if self.closed.is_cancelled() {
-            let _ = reply.send(Err(format!("peer {} is gone", self.node_id)));
+            let _ = reply.send(Err(OwnerFailed::Gone {
+                node: self.node_id.clone(),
+            }));
         } else {
             self.push(Item::Publish(publish, reply), metrics);
         }
@@ -200,10 +219,7 @@ async fn run(link: Arc<Link>, sender: Arc<Sender>) {
                 let mut ids = reply.ids.into_iter();
                 for queued in batch {
                     if let Item::Publish(_, answer) = queued.item {
-                        let _ = answer.send(
-                            ids.next()
-                                .ok_or_else(|| "the owner returned too few ids".to_owned()),
-                        );
+                        let _ = answer.send(ids.next().ok_or(OwnerFailed::TooFewIds));
                     }
                 }
             }
@@ -229,7 +245,9 @@ async fn run(link: Arc<Link>, sender: Arc<Sender>) {
 fn fail_publishes(items: Vec<Queued>, node_id: &str) {
     for queued in items {
         if let Item::Publish(_, answer) = queued.item {
-            let _ = answer.send(Err(format!("peer {node_id} did not answer")));
+            let _ = answer.send(Err(OwnerFailed::NoAnswer {
+                node: node_id.to_owned(),
+            }));
         }
     }
 }

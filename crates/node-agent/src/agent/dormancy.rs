@@ -19,7 +19,10 @@ use crate::config::ImageConfig;
 use crate::instance::{BrowserPhase, InstanceSlot};
 use crate::snapshot::{self, CapturedState};
 
-use super::{Agent, AgentError, CDP_GRACE, check_extensions, ports_of, remove_dir, unpack_into};
+use super::{
+    Agent, AgentError, ArchiveError, CDP_GRACE, StartFailure, check_extensions, ports_of,
+    remove_dir, unpack_into,
+};
 
 /// How long a park waits for the recording it ended to be written.
 const RECORDING_END: Duration = Duration::from_secs(30);
@@ -36,16 +39,17 @@ impl Agent {
         let _operation = slot.operation.lock().await;
         let (status, _) = slot.status();
         if status != InstanceStatus::Running {
-            return Err(AgentError::InvalidState(format!(
-                "instance {id} is {status} on its node; only a running instance can be made dormant"
-            )));
+            return Err(AgentError::NotRunning {
+                instance: id.clone(),
+                status,
+            });
         }
         let started = Instant::now();
         let endpoint = slot.endpoint();
         let state = match &endpoint {
-            Some(endpoint) => snapshot::capture(endpoint).await.map_err(|e| {
-                AgentError::Snapshot(format!("cannot read the browser's state over CDP: {e}"))
-            })?,
+            Some(endpoint) => snapshot::capture(endpoint)
+                .await
+                .map_err(AgentError::StateUnreadable)?,
             None => CapturedState::default(),
         };
         slot.set_parking(true);
@@ -60,12 +64,9 @@ impl Agent {
             Err(error) => {
                 tracing::error!(instance = %id, %error, "parking failed; starting the browser again");
                 self.resume_in_place(&slot, &state).await;
-                let detail = format!("{error}; the instance keeps running");
                 return Err(match error {
-                    AgentError::SnapshotStore(_) => {
-                        AgentError::SnapshotStore(format!("{detail}: park it again later"))
-                    }
-                    _ => AgentError::Snapshot(detail),
+                    ArchiveError::Store { .. } => AgentError::SnapshotNotStored(error),
+                    _ => AgentError::SnapshotNotMade(error),
                 });
             }
         };
@@ -137,29 +138,26 @@ impl Agent {
         &self,
         slot: &InstanceSlot,
         state: &CapturedState,
-    ) -> Result<(SnapshotId, u64), AgentError> {
+    ) -> Result<(SnapshotId, u64), ArchiveError> {
         let profile = slot.dirs.profile();
         let downloads = slot.dirs.downloads();
-        std::fs::create_dir_all(&profile)
-            .map_err(|e| AgentError::Snapshot(format!("profile directory: {e}")))?;
+        std::fs::create_dir_all(&profile).map_err(ArchiveError::ProfileDirectory)?;
         let packed_state = state.clone();
         let archive = tokio::task::spawn_blocking(move || {
             snapshot::archive(&profile, Some(&downloads), &packed_state)
         })
         .await
-        .map_err(|e| AgentError::Snapshot(e.to_string()))?
-        .map_err(|e| AgentError::Snapshot(format!("cannot archive the profile: {e}")))?;
+        .map_err(ArchiveError::Panicked)?
+        .map_err(ArchiveError::Archive)?;
         let snapshot_id = SnapshotId::generate();
         let size = archive.len() as u64;
         let snapshots = &self.inner.settings.snapshots;
         snapshots
             .put(&slot.id, &snapshot_id, archive)
             .await
-            .map_err(|e| {
-                AgentError::SnapshotStore(format!(
-                    "the snapshot store {} cannot take the snapshot: {e}",
-                    snapshots.location
-                ))
+            .map_err(|source| ArchiveError::Store {
+                location: snapshots.location.clone(),
+                source,
             })?;
         Ok((snapshot_id, size))
     }
@@ -169,7 +167,7 @@ impl Agent {
     pub(super) async fn resume_in_place(&self, slot: &Arc<InstanceSlot>, state: &CapturedState) {
         slot.set_parking(false);
         let outcome = async {
-            let image = self.image(&slot.image).map_err(|e| e.to_string())?;
+            let image = self.image(&slot.image)?;
             let limits = self.inner.launcher.limits_for(&slot.config);
             let guard = slot.begin_supervision();
             let (process, endpoint) = self.launch_ready(slot, &image, limits).await?;
@@ -177,9 +175,9 @@ impl Agent {
                 // Its tabs come back too (and any storage the close lost).
                 snapshot::restore(endpoint, state, true)
                     .await
-                    .map_err(|e| e.to_string())?;
+                    .map_err(StartFailure::TabsRestore)?;
             }
-            Ok::<_, String>((process, endpoint, guard))
+            Ok::<_, StartFailure>((process, endpoint, guard))
         }
         .await;
         match outcome {
@@ -249,10 +247,10 @@ impl Agent {
             slot.set_status(InstanceStatus::Dormant, None);
             slot.set_phase(BrowserPhase::Dormant);
             slot.set_operation(previous);
-            return Err(AgentError::SnapshotStore(format!(
-                "the snapshot store {} cannot be read: {error}; the instance stays dormant: revive it again later",
-                self.inner.settings.snapshots.location
-            )));
+            return Err(AgentError::StoreUnreadable {
+                location: self.inner.settings.snapshots.location.clone(),
+                source: error,
+            });
         }
         self.start_revive(&slot, request.method, request.snapshot_id, image);
         Ok(ports_of(&slot))
@@ -296,10 +294,10 @@ impl Agent {
     ) -> Result<(), AgentError> {
         let (status, _) = slot.status();
         if status != InstanceStatus::Dormant {
-            return Err(AgentError::InvalidState(format!(
-                "instance {} is {status} on its node; only a dormant instance can be revived",
-                slot.id
-            )));
+            return Err(AgentError::NotDormant {
+                instance: slot.id.clone(),
+                status,
+            });
         }
         slot.set_status(InstanceStatus::Reviving, None);
         slot.set_phase(BrowserPhase::Starting);
@@ -347,7 +345,10 @@ impl Agent {
                 self.send_change(&slot, InstanceStatus::Dormant, Some(reason));
                 return;
             }
-            Err(error) => Err(format!("cannot read snapshot {snapshot}: {error}")),
+            Err(source) => Err(StartFailure::SnapshotUnreadable {
+                snapshot: snapshot.clone(),
+                source,
+            }),
         };
         let outcome = match archive {
             Ok(archive) => {
@@ -398,10 +399,14 @@ impl Agent {
         snapshot: &SnapshotId,
         method: ReviveMethod,
         image: &ImageConfig,
-    ) -> Result<(Arc<BrowserProcess>, Option<CdpEndpoint>), String> {
-        let state = unpack_into(slot, archive)
-            .await
-            .map_err(|e| format!("cannot unpack snapshot {snapshot}: {e}"))?;
+    ) -> Result<(Arc<BrowserProcess>, Option<CdpEndpoint>), StartFailure> {
+        let state =
+            unpack_into(slot, archive)
+                .await
+                .map_err(|source| StartFailure::SnapshotUnpack {
+                    snapshot: snapshot.clone(),
+                    source,
+                })?;
         // What the snapshot brought back was announced when it finished.
         let _ = slot.newly_completed_downloads();
         let limits = self.inner.launcher.limits_for(&slot.config);
@@ -409,7 +414,7 @@ impl Agent {
         if let Some(endpoint) = &endpoint {
             snapshot::restore(endpoint, &state, method == ReviveMethod::FullRestore)
                 .await
-                .map_err(|e| format!("cannot restore the browser's state: {e}"))?;
+                .map_err(StartFailure::StateRestore)?;
         }
         Ok((process, endpoint))
     }

@@ -28,7 +28,8 @@ use crate::live_view::{self, LiveView, LiveViewSettings};
 use crate::snapshot::{self, CapturedState};
 
 use super::{
-    Agent, AgentError, CDP_GRACE, check_extensions, ports_of, remove_dir, unpack_into, upstream_of,
+    Agent, AgentError, CDP_GRACE, StartFailure, check_extensions, ports_of, remove_dir,
+    unpack_into, upstream_of,
 };
 
 /// How long a delete waits for the recorder to finish its last recording
@@ -222,7 +223,7 @@ impl Agent {
         slot: &Arc<InstanceSlot>,
         image: &ImageConfig,
         limits: Limits,
-    ) -> Result<(Arc<BrowserProcess>, Option<CdpEndpoint>), String> {
+    ) -> Result<(Arc<BrowserProcess>, Option<CdpEndpoint>), StartFailure> {
         self.unpack_extensions(slot).await?;
         let launched = self
             .inner
@@ -232,16 +233,15 @@ impl Agent {
                 &slot.dirs,
                 image,
                 limits,
-                upstream_of(&slot.config).map_err(|e| e.to_string())?,
+                upstream_of(&slot.config)?,
                 &slot.config.extensions,
             )
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         let process = launched.process.clone();
         slot.set_process(launched);
         if slot.is_stopping() {
             process.stop(None, false, Duration::ZERO).await;
-            return Err("stopped while starting".into());
+            return Err(StartFailure::StoppedWhileStarting);
         }
         let timeout = Duration::from_secs(self.inner.settings.config.launch_timeout_sec);
         match process.wait_ready(timeout).await {
@@ -256,11 +256,12 @@ impl Agent {
             }
             Err(error) => {
                 process.stop(None, false, Duration::ZERO).await;
-                Err(match &error {
-                    LaunchError::Timeout(_) => {
-                        format!("{error}{}", crate::browser::log_tail(&slot.dirs.log()))
-                    }
-                    _ => error.to_string(),
+                Err(match error {
+                    LaunchError::Timeout(timeout) => StartFailure::ReadyTimeout {
+                        timeout,
+                        log: crate::browser::log_tail(&slot.dirs.log()),
+                    },
+                    other => StartFailure::Launch(other),
                 })
             }
         }
@@ -281,9 +282,12 @@ impl Agent {
             if let (Some((name, state)), Some(endpoint)) = (&saved, &endpoint) {
                 snapshot::restore(endpoint, state, false)
                     .await
-                    .map_err(|e| format!("cannot restore profile {name}: {e}"))?;
+                    .map_err(|source| StartFailure::ProfileRestore {
+                        name: name.clone(),
+                        source,
+                    })?;
             }
-            Ok::<_, String>((process, endpoint))
+            Ok::<_, StartFailure>((process, endpoint))
         }
         .await;
         match launched {
@@ -300,7 +304,7 @@ impl Agent {
             }
             Err(reason) => {
                 if !slot.is_stopping() {
-                    self.instance_ended(&slot, InstanceStatus::Failed, reason);
+                    self.instance_ended(&slot, InstanceStatus::Failed, reason.to_string());
                 }
             }
         }
@@ -309,10 +313,13 @@ impl Agent {
     /// Unpacks the instance's extensions from the snapshot store into its
     /// directory, once: an unpacked folder is complete (renamed into place)
     /// and extensions never change after their upload.
-    pub(super) async fn unpack_extensions(&self, slot: &Arc<InstanceSlot>) -> Result<(), String> {
+    pub(super) async fn unpack_extensions(
+        &self,
+        slot: &Arc<InstanceSlot>,
+    ) -> Result<(), StartFailure> {
         for id in &slot.config.extensions {
             if !is_extension_id(id) {
-                return Err(format!("{id:?} is not an extension id"));
+                return Err(StartFailure::NotAnExtensionId { id: id.clone() });
             }
             let folder = slot.dirs.extensions().join(id);
             if folder.is_dir() {
@@ -324,23 +331,33 @@ impl Agent {
                 .snapshots
                 .extension_get(id)
                 .await
-                .map_err(|e| format!("cannot read extension {id}: {e}"))?
-                .ok_or_else(|| format!("extension {id} is not in the snapshot store"))?;
+                .map_err(|source| StartFailure::ExtensionUnreadable {
+                    id: id.clone(),
+                    source,
+                })?
+                .ok_or_else(|| StartFailure::ExtensionMissing { id: id.clone() })?;
             let partial = slot.dirs.extensions().join(format!(".{id}.partial"));
+            let id = id.clone();
             tokio::task::spawn_blocking(move || {
                 remove_dir(&partial);
+                let folder_error = |source| StartFailure::ExtensionFolder {
+                    id: id.clone(),
+                    source,
+                };
                 std::fs::create_dir_all(partial.parent().unwrap_or(&partial))
-                    .map_err(|e| e.to_string())?;
+                    .map_err(folder_error)?;
                 let unpacked = extension::unpack(&zip, &partial)
-                    .and_then(|()| std::fs::rename(&partial, &folder).map_err(|e| e.to_string()));
+                    .map_err(|source| StartFailure::ExtensionUnpack {
+                        id: id.clone(),
+                        source,
+                    })
+                    .and_then(|()| std::fs::rename(&partial, &folder).map_err(folder_error));
                 if unpacked.is_err() {
                     remove_dir(&partial);
                 }
                 unpacked
             })
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("cannot unpack extension {id}: {e}"))?;
+            .await??;
         }
         Ok(())
     }
@@ -351,7 +368,7 @@ impl Agent {
     pub(super) async fn unpack_profile(
         &self,
         slot: &Arc<InstanceSlot>,
-    ) -> Result<Option<(String, CapturedState)>, String> {
+    ) -> Result<Option<(String, CapturedState)>, StartFailure> {
         let Some(name) = slot.profile_name() else {
             return Ok(None);
         };
@@ -361,13 +378,20 @@ impl Agent {
             .snapshots
             .profile_get(&name)
             .await
-            .map_err(|e| format!("cannot read profile {name}: {e}"))?;
+            .map_err(|source| StartFailure::ProfileUnreadable {
+                name: name.clone(),
+                source,
+            })?;
         let Some(archive) = archive else {
             return Ok(None);
         };
-        let state = unpack_into(slot, archive)
-            .await
-            .map_err(|e| format!("cannot unpack profile {name}: {e}"))?;
+        let state =
+            unpack_into(slot, archive)
+                .await
+                .map_err(|source| StartFailure::ProfileUnpack {
+                    name: name.clone(),
+                    source,
+                })?;
         tracing::info!(instance = %slot.id, profile = name, "profile unpacked");
         Ok(Some((name, state)))
     }

@@ -25,12 +25,13 @@ use flotilla_api_types::agent::{
 };
 use flotilla_api_types::clock::Clock;
 use flotilla_api_types::credentials::Secret;
-use flotilla_api_types::instances::{InstanceConfig, InstanceStatus};
+use flotilla_api_types::ids::SnapshotId;
+use flotilla_api_types::instances::{InstanceConfig, InstanceStatus, ProxyError};
 use flotilla_api_types::profiles::ProfileUse;
 use flotilla_api_types::{InstanceId, NodeId};
 
 use crate::access::NodeAccess;
-use crate::browser::InstanceDirs;
+use crate::browser::{InstanceDirs, LaunchError};
 use crate::config::{AgentConfig, ImageConfig, RuntimeKind};
 use crate::egress::Upstream;
 use crate::instance::InstanceSlot;
@@ -45,29 +46,195 @@ mod dormancy;
 mod lifecycle;
 mod reporting;
 
-/// Errors of agent operations; the agent API maps them to HTTP.
+/// Errors of agent operations; the agent API maps each to its HTTP status
+/// and code (`agent_api::status_of`), the control plane maps the code to
+/// its own errors.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
-    #[error("unknown image {image:?}; this node offers: {offered}")]
-    UnknownImage { image: String, offered: String },
+    /// 400.
+    #[error(transparent)]
+    UnknownImage(#[from] UnknownImage),
+    /// 400: `config.extensions` on an image that cannot load extensions.
+    #[error(
+        "config.extensions: image {image:?} is a headless shell, which cannot load extensions; use the \"chromium\" image"
+    )]
+    ExtensionsUnsupported { image: String },
+    /// 400: `config.proxy` is refused; the message names the field.
+    #[error(transparent)]
+    ProxyConfig(#[from] ProxyError),
+    /// 503.
     #[error("node {node} is full: it holds its maximum of {max} instances (agent.max_instances)")]
     Full { node: NodeId, max: i64 },
+    /// 503.
     #[error("port range {range} is exhausted on node {node}; raise agent.port_range or add a node")]
     PortsExhausted { range: String, node: NodeId },
+    /// 404.
     #[error("instance {0} is not on this node")]
     NotFound(InstanceId),
-    #[error("{0}")]
-    InvalidConfig(String),
-    #[error("{0}")]
-    InvalidState(String),
-    #[error("{0}")]
-    Snapshot(String),
-    /// The snapshot store failed (unreachable, timed out): nothing changed,
-    /// retry when it is back.
-    #[error("{0}")]
-    SnapshotStore(String),
+    /// 409: a park of an instance that is not running.
+    #[error(
+        "instance {instance} is {status} on its node; only a running instance can be made dormant"
+    )]
+    NotRunning {
+        instance: InstanceId,
+        status: InstanceStatus,
+    },
+    /// 409: a revive of an instance that is not dormant.
+    #[error("instance {instance} is {status} on its node; only a dormant instance can be revived")]
+    NotDormant {
+        instance: InstanceId,
+        status: InstanceStatus,
+    },
+    /// 409: a request whose body names another instance than its path.
+    #[error("path names {path} but the body names {body}")]
+    PathMismatch { path: String, body: InstanceId },
+    /// 500: a park could not read the browser's state; nothing changed.
+    #[error("cannot read the browser's state over CDP: {0}")]
+    StateUnreadable(#[source] anyhow::Error),
+    /// 500: a park could not archive the profile; the browser was started
+    /// again on it.
+    #[error("{0}; the instance keeps running")]
+    SnapshotNotMade(#[source] ArchiveError),
+    /// 502: the snapshot store did not take a park's snapshot; the browser
+    /// was started again on its profile.
+    #[error("{0}; the instance keeps running: park it again later")]
+    SnapshotNotStored(#[source] ArchiveError),
+    /// 502: the snapshot store cannot be read (unreachable, timed out): the
+    /// revive was refused, nothing changed; retry when it is back.
+    #[error(
+        "the snapshot store {location} cannot be read: {source}; the instance stays dormant: revive it again later"
+    )]
+    StoreUnreadable {
+        location: String,
+        #[source]
+        source: anyhow::Error,
+    },
+    /// 503.
     #[error("the agent is shutting down")]
     ShuttingDown,
+}
+
+/// An image name this node's catalog does not have.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown image {image:?}; this node offers: {offered}")]
+pub struct UnknownImage {
+    pub image: String,
+    /// The catalog's names, comma-separated.
+    pub offered: String,
+}
+
+/// Why a park could not put the closed browser's profile in the snapshot
+/// store.
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiveError {
+    #[error("profile directory: {0}")]
+    ProfileDirectory(#[source] std::io::Error),
+    #[error("cannot archive the profile: {0}")]
+    Archive(#[source] anyhow::Error),
+    /// The archiving task panicked.
+    #[error("{0}")]
+    Panicked(#[source] tokio::task::JoinError),
+    /// The store failed (unreachable, timed out).
+    #[error("the snapshot store {location} cannot take the snapshot: {source}")]
+    Store {
+        location: String,
+        #[source]
+        source: anyhow::Error,
+    },
+}
+
+/// Why an instance's browser did not start, or come back after a park or
+/// from a snapshot. Its text is the reason of the instance's `failed` state.
+#[derive(Debug, thiserror::Error)]
+pub enum StartFailure {
+    #[error("{id:?} is not an extension id")]
+    NotAnExtensionId { id: String },
+    #[error("cannot read extension {id}: {source}")]
+    ExtensionUnreadable {
+        id: String,
+        #[source]
+        source: anyhow::Error,
+    },
+    #[error("extension {id} is not in the snapshot store")]
+    ExtensionMissing { id: String },
+    #[error("cannot unpack extension {id}: {source}")]
+    ExtensionUnpack {
+        id: String,
+        #[source]
+        source: crate::extension::UnpackError,
+    },
+    /// The extensions' folder could not be made, or the unpacked one moved
+    /// into place.
+    #[error("cannot unpack extension {id}: {source}")]
+    ExtensionFolder {
+        id: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read profile {name}: {source}")]
+    ProfileUnreadable {
+        name: String,
+        #[source]
+        source: anyhow::Error,
+    },
+    #[error("cannot unpack profile {name}: {source}")]
+    ProfileUnpack {
+        name: String,
+        #[source]
+        source: UnpackArchiveError,
+    },
+    #[error("cannot restore profile {name}: {source}")]
+    ProfileRestore {
+        name: String,
+        #[source]
+        source: anyhow::Error,
+    },
+    /// The snapshot is not in the store (or cannot be read from it).
+    #[error("cannot read snapshot {snapshot}: {source}")]
+    SnapshotUnreadable {
+        snapshot: SnapshotId,
+        #[source]
+        source: anyhow::Error,
+    },
+    #[error("cannot unpack snapshot {snapshot}: {source}")]
+    SnapshotUnpack {
+        snapshot: SnapshotId,
+        #[source]
+        source: UnpackArchiveError,
+    },
+    /// Cookies, storage or tabs could not be put back into a revived browser.
+    #[error("cannot restore the browser's state: {0}")]
+    StateRestore(#[source] anyhow::Error),
+    /// The tabs could not be put back after a failed park.
+    #[error("{0}")]
+    TabsRestore(#[source] anyhow::Error),
+    #[error(transparent)]
+    UnknownImage(#[from] UnknownImage),
+    #[error(transparent)]
+    Proxy(#[from] ProxyError),
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
+    /// The browser did not answer CDP in time; with the end of its log.
+    #[error("browser did not answer CDP within {timeout:?}{log}")]
+    ReadyTimeout { timeout: Duration, log: String },
+    /// The instance was deleted while its browser started.
+    #[error("stopped while starting")]
+    StoppedWhileStarting,
+    /// A task unpacking extensions panicked.
+    #[error("{0}")]
+    Panicked(#[from] tokio::task::JoinError),
+}
+
+/// Why an archive (a snapshot or a saved profile) could not be unpacked into
+/// an instance's directory.
+#[derive(Debug, thiserror::Error)]
+pub enum UnpackArchiveError {
+    #[error("{0}")]
+    Directory(#[source] std::io::Error),
+    #[error("{0}")]
+    Extract(#[source] anyhow::Error),
+    #[error("{0}")]
+    Panicked(#[from] tokio::task::JoinError),
 }
 
 /// Everything the agent needs to start.
@@ -253,12 +420,12 @@ impl Agent {
         &self.inner.settings.snapshots
     }
 
-    fn image(&self, name: &str) -> Result<ImageConfig, AgentError> {
+    fn image(&self, name: &str) -> Result<ImageConfig, UnknownImage> {
         self.inner
             .catalog
             .get(name)
             .cloned()
-            .ok_or_else(|| AgentError::UnknownImage {
+            .ok_or_else(|| UnknownImage {
                 image: name.to_owned(),
                 offered: self
                     .inner
@@ -435,19 +602,14 @@ fn check_extensions(
     if config.extensions.is_empty() || image.loads_extensions() {
         return Ok(());
     }
-    Err(AgentError::InvalidConfig(format!(
-        "config.extensions: image {name:?} is a headless shell, which cannot load extensions; use the \"chromium\" image"
-    )))
+    Err(AgentError::ExtensionsUnsupported {
+        image: name.to_owned(),
+    })
 }
 
 /// The instance's upstream proxy as the egress proxy uses it.
-fn upstream_of(config: &InstanceConfig) -> Result<Option<Upstream>, AgentError> {
-    config
-        .proxy
-        .as_ref()
-        .map(Upstream::from_config)
-        .transpose()
-        .map_err(AgentError::InvalidConfig)
+fn upstream_of(config: &InstanceConfig) -> Result<Option<Upstream>, ProxyError> {
+    config.proxy.as_ref().map(Upstream::from_config).transpose()
 }
 
 fn ports_of(slot: &InstanceSlot) -> AgentInstancePorts {
@@ -476,7 +638,10 @@ fn browser_version(executable: &Path) -> Option<String> {
 
 /// Unpacks an archive (a snapshot or a saved profile) into the instance's
 /// directory, in place of its profile; answers the state it carried.
-async fn unpack_into(slot: &InstanceSlot, archive: bytes::Bytes) -> Result<CapturedState, String> {
+async fn unpack_into(
+    slot: &InstanceSlot,
+    archive: bytes::Bytes,
+) -> Result<CapturedState, UnpackArchiveError> {
     let (root, profile, downloads) = (
         slot.dirs.root.clone(),
         slot.dirs.profile(),
@@ -484,12 +649,11 @@ async fn unpack_into(slot: &InstanceSlot, archive: bytes::Bytes) -> Result<Captu
     );
     tokio::task::spawn_blocking(move || {
         remove_dir(&profile);
-        std::fs::create_dir_all(&root)?;
+        std::fs::create_dir_all(&root).map_err(UnpackArchiveError::Directory)?;
         crate::snapshot::extract(&archive, &profile, &downloads)
+            .map_err(UnpackArchiveError::Extract)
     })
-    .await
-    .map_err(|e| e.to_string())?
-    .map_err(|e| e.to_string())
+    .await?
 }
 
 fn remove_dir(path: &Path) {
