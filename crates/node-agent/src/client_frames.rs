@@ -199,9 +199,17 @@ fn frame_head(opcode: u8, length: usize) -> Vec<u8> {
     head
 }
 
-/// Bytes that a message must contain (literally, or spelt with a `\u`
-/// escape) to name a command the relay pins; any other message passes as is.
-const MARKERS: &[&[u8]] = &[b"DownloadBehavior", b"Extensions.", b"webExtension", b"\\u"];
+/// Bytes that a CDP message must contain (literally, or spelt with a `\u`
+/// or `\x` escape) to name a command the relay pins; any other message
+/// passes as is.
+const MARKERS: &[&[u8]] = &[
+    b"DownloadBehavior",
+    b"Extensions.",
+    b"webExtension",
+    b"\\u",
+    // Not JSON, but some parsers take it: such a message is refused.
+    b"\\x",
+];
 
 /// How deep `Target.sendMessageToTarget` messages may nest.
 const MAX_NESTING: usize = 4;
@@ -213,7 +221,10 @@ const MAX_NESTING: usize = 4;
 /// mean one thing here and another in Chromium); one that cannot be parsed
 /// is refused.
 fn pin_message(data: Vec<u8>, pins: &Pins) -> io::Result<Vec<u8>> {
-    if !could_name_a_pin(&data) {
+    // A BiDi message is always read here: chromedriver's parser takes more
+    // than JSON (`\xNN` escapes), so no byte marker can be trusted; BiDi
+    // traffic is commands, never bulk.
+    if pins.protocol == Protocol::Cdp && !could_name_a_pin(&data) {
         return Ok(data);
     }
     let mut command = serde_json::from_slice::<Value>(&data).map_err(|error| {
@@ -463,6 +474,42 @@ mod tests {
             "{refused}"
         );
         assert_eq!(refused["id"], 3);
+    }
+
+    #[tokio::test]
+    async fn escapes_that_are_not_json_are_refused() {
+        for (protocol, message) in [
+            (
+                Protocol::Bidi,
+                &br#"{"id":1,"method":"browser.setDownloa\x64Behavior","params":{}}"#[..],
+            ),
+            (
+                Protocol::Bidi,
+                br#"{"id":2,"method":"webE\x78tension.install","params":{}}"#,
+            ),
+            (
+                Protocol::Cdp,
+                br#"{"id":3,"method":"Browser.setDownloa\x64Behavior","params":{}}"#,
+            ),
+        ] {
+            let input = frame(true, 1, message, [3, 1, 4, 1]);
+            let error = through_as(protocol, input).await.unwrap_err();
+            assert_eq!(error.kind(), io::ErrorKind::InvalidData, "{protocol:?}");
+        }
+        // Plain BiDi messages are read and pass, re-serialised.
+        let out = through_as(
+            Protocol::Bidi,
+            frame(
+                true,
+                1,
+                br#"{"id": 4, "method": "session.status", "params": {}}"#,
+                [1, 1, 1, 1],
+            ),
+        )
+        .await
+        .unwrap();
+        let value: Value = serde_json::from_slice(&out[0].1).unwrap();
+        assert_eq!(value["method"], "session.status");
     }
 
     #[tokio::test]

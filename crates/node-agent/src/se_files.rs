@@ -25,6 +25,10 @@ use crate::browser::InstanceDirs;
 use crate::sandbox::Isolation;
 use crate::webdriver::WebDriverError;
 
+/// File operations running at once on a node (each may hold a few copies of
+/// a 64 MiB body, or a 64 MiB zip): the others wait their turn.
+pub static RUNNING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
 /// The largest upload request (base64 of the zip, in JSON).
 pub const MAX_UPLOAD_BODY: usize = 64 << 20;
 /// The largest file an upload may inflate to.

@@ -38,8 +38,9 @@ pub const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 const PORT_IN_NAMESPACE: u16 = 9515;
 /// How long chromedriver may take to answer its first `/status`.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
-/// The largest answer passed on (a screenshot of a large page is big).
-const MAX_ANSWER: usize = 256 << 20;
+/// The largest answer passed on (a screenshot is at most
+/// `agent.screenshot_max_bytes` of PNG, in base64).
+const MAX_ANSWER: usize = 64 << 20;
 
 /// A W3C WebDriver error: its code, HTTP status and message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -260,10 +261,7 @@ async fn attach(
         };
     }
     let driver = state.driver.as_ref().expect("just started");
-    let mut always = capabilities.clone();
-    if !always.is_object() {
-        always = json!({});
-    }
+    let mut always = allowed_capabilities(capabilities)?;
     always["goog:chromeOptions"]["debuggerAddress"] = Value::String(browser.authority());
     let request = json!({"capabilities": {"alwaysMatch": always}});
     let (status, body) = call(
@@ -289,6 +287,58 @@ async fn attach(
         capabilities: capabilities.clone(),
     });
     Ok(value)
+}
+
+/// The standard capabilities a session may set on an attached browser (what
+/// the control plane passes on; this port is reachable with the instance's
+/// token too, so the node checks again).
+const ALLOWED_CAPABILITIES: &[&str] = &[
+    "acceptInsecureCerts",
+    "pageLoadStrategy",
+    "setWindowRect",
+    "strictFileInteractability",
+    "timeouts",
+    "unhandledPromptBehavior",
+    "webSocketUrl",
+    "goog:chromeOptions",
+];
+
+/// `capabilities` as chromedriver gets them: only [`ALLOWED_CAPABILITIES`],
+/// and of `goog:chromeOptions` only `mobileEmulation` (arguments, `prefs`
+/// and the rest apply to a browser chromedriver launches, or reach past the
+/// instance: `prefs` can set a download directory); anything else is
+/// `invalid argument`.
+fn allowed_capabilities(capabilities: &Value) -> Result<Value, WebDriverError> {
+    let invalid = |what: String| WebDriverError::new(400, "invalid argument", what);
+    let empty = serde_json::Map::new();
+    let fields = match capabilities {
+        Value::Null => &empty,
+        Value::Object(fields) => fields,
+        _ => return Err(invalid("capabilities must be an object".into())),
+    };
+    let mut allowed = serde_json::Map::new();
+    for (key, value) in fields {
+        if !ALLOWED_CAPABILITIES.contains(&key.as_str()) {
+            return Err(invalid(format!(
+                "capability {key:?} is not taken here: create sessions with POST /session on the control plane"
+            )));
+        }
+        if key == "goog:chromeOptions" {
+            let mut chrome = serde_json::Map::new();
+            for (option, value) in value.as_object().into_iter().flatten() {
+                if option != "mobileEmulation" {
+                    return Err(invalid(format!(
+                        "goog:chromeOptions.{option} is not taken here: create sessions with POST /session on the control plane"
+                    )));
+                }
+                chrome.insert(option.clone(), value.clone());
+            }
+            allowed.insert(key.clone(), Value::Object(chrome));
+        } else {
+            allowed.insert(key.clone(), value.clone());
+        }
+    }
+    Ok(Value::Object(allowed))
 }
 
 /// Starts chromedriver beside `browser` and waits until it answers.
@@ -437,6 +487,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_session_made_on_the_node_takes_only_what_the_control_plane_passes_on() {
+        let passed = allowed_capabilities(&json!({
+            "acceptInsecureCerts": true,
+            "webSocketUrl": true,
+            "goog:chromeOptions": {"mobileEmulation": {"deviceName": "Pixel 7"}},
+        }))
+        .unwrap();
+        assert_eq!(
+            passed["goog:chromeOptions"]["mobileEmulation"]["deviceName"],
+            "Pixel 7"
+        );
+        for refused in [
+            json!({"goog:chromeOptions": {"prefs": {"download.default_directory": "/instance/home"}}}),
+            json!({"goog:chromeOptions": {"args": ["--no-sandbox"]}}),
+            json!({"goog:chromeOptions": {"binary": "/bin/sh"}}),
+            json!({"goog:loggingPrefs": {"performance": "ALL"}}),
+            json!({"browserName": "chrome"}),
+            json!("nope"),
+        ] {
+            let error = allowed_capabilities(&refused).unwrap_err();
+            assert_eq!(error.code, "invalid argument", "{refused}");
+        }
+        assert_eq!(allowed_capabilities(&Value::Null).unwrap(), json!({}));
+    }
+
+    #[test]
     fn errors_have_the_w3c_shape() {
         let error = WebDriverError::no_session("i-1");
         assert_eq!(error.status, 404);
@@ -534,6 +610,10 @@ pub mod routes {
             return error.into_response();
         }
         state.slot.touch();
+        let Ok(_turn) = crate::se_files::RUNNING.acquire().await else {
+            return WebDriverError::new(500, "unknown error", "the node is stopping")
+                .into_response();
+        };
         let (dirs, isolation) = (state.slot.dirs.clone(), state.isolation.clone());
         match tokio::task::spawn_blocking(move || operation(&dirs, &isolation)).await {
             Ok(Ok(value)) => axum::Json(json!({"value": value})).into_response(),
@@ -733,6 +813,10 @@ pub mod routes {
         }
     }
 
+    /// chromedriver's commands that send the browser any CDP command in
+    /// another shape (`{"method", "params", "id"}`): refused.
+    const REFUSED_COMMANDS: &[&str] = &["/chromium/send_command_from_websocket"];
+
     /// chromedriver's commands that send the browser any CDP command
     /// (`{"cmd", "params"}`): Selenium's `execute_cdp_cmd` and its older forms.
     const RAW_CDP_COMMANDS: &[&str] = &[
@@ -770,6 +854,25 @@ pub mod routes {
     ) -> Response {
         if !state.webdriver.has_session().await {
             return WebDriverError::no_session(state.slot.id.as_str()).into_response();
+        }
+        // WebDriver has these three; chromedriver also reads PUT as POST
+        // (and methods in any case), which would pass its raw CDP commands
+        // by the pins below.
+        if ![Method::GET, Method::POST, Method::DELETE].contains(&method) {
+            return WebDriverError::new(
+                405,
+                "unknown method",
+                format!("{method} is not a WebDriver method (GET, POST, DELETE)"),
+            )
+            .into_response();
+        }
+        if REFUSED_COMMANDS.contains(&rest.as_str()) {
+            return WebDriverError::new(
+                404,
+                "unknown command",
+                format!("{rest} is refused by Flotilla: use goog/cdp/execute (its commands get the front door's pins)"),
+            )
+            .into_response();
         }
         let body = if method == Method::POST && RAW_CDP_COMMANDS.contains(&rest.as_str()) {
             match pin_raw_cdp(&body, state) {

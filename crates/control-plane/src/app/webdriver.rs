@@ -683,7 +683,9 @@ impl super::ControlPlane {
             })
     }
 
-    /// Grid 4's `GET /status`: ready when an online node has room.
+    /// Grid 4's `GET /status`: ready when an online node has room. It is
+    /// open, so a node's address (`uri`) is shown only with authentication
+    /// off.
     pub async fn webdriver_status(&self) -> crate::error::Result<Value> {
         let nodes = self.store.node_list().await?;
         let occupancy: std::collections::HashMap<_, _> =
@@ -694,7 +696,7 @@ impl super::ControlPlane {
                 let used = occupancy.get(&node.id).copied().unwrap_or(0);
                 json!({
                     "id": node.id,
-                    "uri": node.address,
+                    "uri": (!self.config.auth_enabled).then_some(&node.address),
                     "availability": if node.status == flotilla_api_types::nodes::NodeStatus::Online { "UP" } else { "DOWN" },
                     "maxSessions": node.max_instances,
                     "sessionCount": used,

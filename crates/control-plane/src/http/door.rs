@@ -262,6 +262,18 @@ async fn pass(
         Ok(target) => target,
         Err(error) => return error.into_response(),
     };
+    // A WebDriver session's BiDi socket is its key's, as its commands are
+    // (the instance's own token opens it too).
+    if key_holder
+        && route.path.ends_with("/se/bidi")
+        && let Some(principal) = request.extensions().get::<Principal>()
+        && control_plane
+            .webdriver_target(&id, &principal.0)
+            .await
+            .is_err()
+    {
+        return Error::NotFound(format!("no WebDriver session {id} of this key")).into_response();
+    }
     let upgrade = is_upgrade(request.headers());
     if upgrade && let Some(refusal) = foreign_origin(control_plane, &request) {
         return refusal.into_response();

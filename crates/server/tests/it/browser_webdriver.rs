@@ -395,6 +395,35 @@ async fn browser_webdriver_refusals_are_w3c_errors_and_sessions_belong_to_their_
         "{:?}",
         refused.1
     );
+    // chromedriver reads PUT as POST: only WebDriver's methods pass, and
+    // its other raw CDP command is refused.
+    let put = w3c(
+        &serve,
+        Some(KEY),
+        Method::PUT,
+        &cdp,
+        Some(json!({"cmd": "Browser.setDownloadBehavior",
+            "params": {"behavior": "allow", "downloadPath": "/instance/home"}})),
+    )
+    .await;
+    assert_eq!(put.0, StatusCode::METHOD_NOT_ALLOWED, "{:?}", put.1);
+    assert_eq!(w3c_error(&put), "unknown method");
+    let websocket_form = w3c(
+        &serve,
+        Some(KEY),
+        Method::POST,
+        &format!("/session/{id}/chromium/send_command_from_websocket"),
+        Some(json!({"method": "Browser.setDownloadBehavior", "id": -1,
+            "params": {"behavior": "allow", "downloadPath": "/instance/home"}})),
+    )
+    .await;
+    assert_eq!(
+        w3c_error(&websocket_form),
+        "unknown command",
+        "{:?}",
+        websocket_form.1
+    );
+
     // Grid's file endpoints take names and single-file zips, nothing else.
     let files = format!("/session/{id}/se/files");
     for name in ["../../etc/passwd", "/etc/passwd", "missing.txt"] {
@@ -472,6 +501,22 @@ async fn browser_webdriver_refusals_are_w3c_errors_and_sessions_belong_to_their_
         .as_str()
         .unwrap()
         .to_owned();
+    // Another key cannot open it; its own URL (the instance token) can.
+    let without_token = socket_url.split('?').next().unwrap().to_owned();
+    let mut theirs =
+        tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
+            without_token.as_str(),
+        )
+        .unwrap();
+    theirs.headers_mut().insert(
+        "authorization",
+        format!("Bearer {OTHER_KEY}").parse().unwrap(),
+    );
+    let refused = tokio_tungstenite::connect_async(theirs).await;
+    assert!(
+        matches!(&refused, Err(tokio_tungstenite::tungstenite::Error::Http(r)) if r.status() == 404),
+        "another key's BiDi socket: {refused:?}"
+    );
     let (mut socket, _) = tokio_tungstenite::connect_async(&socket_url).await.unwrap();
     use futures_util::{SinkExt as _, StreamExt as _};
     let install = json!({"id": 1, "method": "webExtension.install",
