@@ -66,6 +66,10 @@ try {
     returnByValue: true,
   });
   seen.cdp = evaluated.result.value;
+  // Selenium's DevTools API, over the session's se:cdp socket.
+  const cdp = await driver.createCDPConnection('page');
+  const overSeCdp = await cdp.send('Runtime.evaluate', { expression: '2 + 3', returnByValue: true });
+  seen.se_cdp = overSeCdp.result.result.value;
 
   // A file from this machine's disk.
   const upload = path.join(local, 'upload me.txt');

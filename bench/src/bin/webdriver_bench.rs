@@ -145,12 +145,156 @@ fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
 
+/// The two endpoints: Flotilla's control plane and the local chromedriver
+/// (with the Chromium flags Flotilla's browsers have).
+fn endpoints(serve: &ServeProcess, local_base: String) -> anyhow::Result<(Endpoint, Endpoint)> {
+    let catalog = AgentConfig::default().image_catalog();
+    let image = catalog.get("ubuntu:22.04").context("default image")?;
+    let mut chrome_args: Vec<String> = BASE_CHROMIUM_FLAGS
+        .iter()
+        .map(|f| (*f).to_owned())
+        .collect();
+    chrome_args.extend(image.args.iter().cloned());
+    chrome_args.extend(["--no-sandbox".into(), "--window-size=1280,720".into()]);
+    let local = Endpoint {
+        base: local_base,
+        capabilities: json!({"browserName": "chrome",
+            "goog:chromeOptions": {"binary": image.executable, "args": chrome_args}}),
+    };
+    let flotilla = Endpoint {
+        base: serve.url.clone(),
+        capabilities: json!({"browserName": "chrome"}),
+    };
+    Ok((local, flotilla))
+}
+
+/// How long the warm pool takes to refill after a session takes a browser.
+const REFILL: Duration = Duration::from_millis(1500);
+
+/// 1. New session → first command, interleaved: milliseconds (local,
+///    Flotilla).
+async fn new_sessions(
+    http: &reqwest::Client,
+    (local, flotilla): (&Endpoint, &Endpoint),
+    count: usize,
+) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+    // Warm both paths (page cache, the pool).
+    for endpoint in [local, flotilla] {
+        let (_, id) = endpoint.new_session(http).await?;
+        endpoint.delete(http, &id).await?;
+    }
+    tokio::time::sleep(REFILL * 2).await;
+    let (mut local_new, mut flotilla_new) = (Vec::new(), Vec::new());
+    for _ in 0..count {
+        let (ms, id) = local.new_session(http).await?;
+        local_new.push(ms);
+        local.delete(http, &id).await?;
+        let (ms, id) = flotilla.new_session(http).await?;
+        flotilla_new.push(ms);
+        flotilla.delete(http, &id).await?;
+        // The pool refills before the next create (its steady state).
+        tokio::time::sleep(REFILL).await;
+    }
+    Ok((local_new, flotilla_new))
+}
+
+/// 2. `GET …/title` on one session of each, in turn: milliseconds (local,
+///    Flotilla).
+async fn round_trips(
+    http: &reqwest::Client,
+    (local, flotilla): (&Endpoint, &Endpoint),
+    (local_id, flotilla_id): (&str, &str),
+    count: usize,
+) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+    let (mut local_rt, mut flotilla_rt) = (Vec::new(), Vec::new());
+    for _ in 0..count {
+        let started = Instant::now();
+        local.title(http, local_id).await?;
+        local_rt.push(started.elapsed().as_secs_f64() * 1000.0);
+        let started = Instant::now();
+        flotilla.title(http, flotilla_id).await?;
+        flotilla_rt.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    Ok((local_rt, flotilla_rt))
+}
+
+/// PSS (KiB) of the local chromedriver, and of each of Flotilla's.
+fn chromedriver_memory(local_pid: u32) -> (u64, Vec<u64>) {
+    let ours = chromedriver_pids(None)
+        .into_iter()
+        .filter(|pid| *pid != local_pid)
+        .map(pss_kib)
+        .collect();
+    (pss_kib(local_pid), ours)
+}
+
+fn print_new_sessions((local_new, flotilla_new): &(Vec<f64>, Vec<f64>), args: &Args) {
+    println!(
+        "## WebDriver: new session → first command (ms, {} rounds)\n",
+        args.count
+    );
+    println!("| path | n | p50 | p95 | mean | min | max |\n|---|---|---|---|---|---|---|");
+    println!(
+        "{}",
+        summary_row("local chromedriver launching Chromium", local_new)
+    );
+    println!(
+        "{}",
+        summary_row(
+            &format!("Flotilla, warm pool of {}", args.warm_pool),
+            flotilla_new
+        )
+    );
+    println!(
+        "\nratio of p50s (Flotilla / local): {:.3}\n",
+        percentile(flotilla_new, 0.5) / percentile(local_new, 0.5)
+    );
+}
+
+fn print_round_trips((local_rt, flotilla_rt): &(Vec<f64>, Vec<f64>), count: usize) {
+    println!("## `GET /session/{{id}}/title` round trip (ms, {count} each)\n");
+    println!("| path | p50 | p90 | p99 |\n|---|---|---|---|");
+    for (name, samples) in [
+        ("local chromedriver", local_rt),
+        (
+            "Flotilla (control plane → node → chromedriver)",
+            flotilla_rt,
+        ),
+    ] {
+        println!(
+            "| {name} | {:.3} | {:.3} | {:.3} |",
+            percentile(samples, 0.5),
+            percentile(samples, 0.9),
+            percentile(samples, 0.99)
+        );
+    }
+    println!(
+        "\nadded at p50: {:.3} ms, at p99: {:.3} ms\n",
+        percentile(flotilla_rt, 0.5) - percentile(local_rt, 0.5),
+        percentile(flotilla_rt, 0.99) - percentile(local_rt, 0.99)
+    );
+}
+
+fn print_memory(rows: [(usize, &(u64, Vec<u64>)); 2]) {
+    println!("## chromedriver's memory (PSS, MiB)\n");
+    println!(
+        "| sessions | local: one chromedriver | Flotilla: each chromedriver running (sessions and warm pool) | Flotilla: total |\n|---|---|---|---|"
+    );
+    for (sessions, (local_kib, ours)) in rows {
+        let total: u64 = ours.iter().sum();
+        let each: Vec<String> = ours.iter().map(|k| format!("{:.1}", mib(*k))).collect();
+        println!(
+            "| {sessions} | {:.1} | {} | {:.1} |",
+            mib(*local_kib),
+            each.join(", "),
+            mib(total)
+        );
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
-    let catalog = AgentConfig::default().image_catalog();
-    let image = catalog.get("ubuntu:22.04").context("default image")?;
-    let executable = image.executable.display().to_string();
     let data = tempfile::tempdir()?;
     let config = data.path().join("bench.toml");
     std::fs::write(
@@ -167,137 +311,28 @@ async fn main() -> anyhow::Result<()> {
         .build()?;
     let (local_driver, local_base) = local_chromedriver(&http).await?;
     let local_pid = local_driver.id().context("chromedriver pid")?;
+    let (local, flotilla) = endpoints(&serve, local_base)?;
+    let both = (&local, &flotilla);
 
-    let mut chrome_args: Vec<String> = BASE_CHROMIUM_FLAGS
-        .iter()
-        .map(|f| (*f).to_owned())
-        .collect();
-    chrome_args.extend(image.args.iter().cloned());
-    chrome_args.extend(["--no-sandbox".into(), "--window-size=1280,720".into()]);
-    let local = Endpoint {
-        base: local_base,
-        capabilities: json!({"browserName": "chrome",
-            "goog:chromeOptions": {"binary": executable, "args": chrome_args}}),
-    };
-    let flotilla = Endpoint {
-        base: serve.url.clone(),
-        capabilities: json!({"browserName": "chrome"}),
-    };
-    let refill = Duration::from_millis(1500);
-
-    // Warm both paths (page cache, the pool).
-    for endpoint in [&local, &flotilla] {
-        let (_, id) = endpoint.new_session(&http).await?;
-        endpoint.delete(&http, &id).await?;
-    }
-    tokio::time::sleep(refill * 2).await;
-
-    // 1. New session → first command.
-    let (mut local_new, mut flotilla_new) = (Vec::new(), Vec::new());
-    for _ in 0..args.count {
-        let (ms, id) = local.new_session(&http).await?;
-        local_new.push(ms);
-        local.delete(&http, &id).await?;
-        let (ms, id) = flotilla.new_session(&http).await?;
-        flotilla_new.push(ms);
-        flotilla.delete(&http, &id).await?;
-        // The pool refills before the next create (its steady state).
-        tokio::time::sleep(refill).await;
-    }
-
-    // 2. Round trips, and 3. memory with one session each.
+    let created = new_sessions(&http, both, args.count).await?;
     let (_, local_id) = local.new_session(&http).await?;
     let (_, flotilla_id) = flotilla.new_session(&http).await?;
-    let (mut local_rt, mut flotilla_rt) = (Vec::new(), Vec::new());
-    for _ in 0..args.round_trips {
-        let started = Instant::now();
-        local.title(&http, &local_id).await?;
-        local_rt.push(started.elapsed().as_secs_f64() * 1000.0);
-        let started = Instant::now();
-        flotilla.title(&http, &flotilla_id).await?;
-        flotilla_rt.push(started.elapsed().as_secs_f64() * 1000.0);
-    }
-    let flotilla_pids = |local_pid| {
-        chromedriver_pids(None)
-            .into_iter()
-            .filter(move |pid| *pid != local_pid)
-            .collect::<Vec<_>>()
-    };
-    let local_one = pss_kib(local_pid);
-    let ours_one: Vec<u64> = flotilla_pids(local_pid).into_iter().map(pss_kib).collect();
-    let mut more = Vec::new();
+    let trips = round_trips(&http, both, (&local_id, &flotilla_id), args.round_trips).await?;
+    // 3. Memory with one session each, then four.
+    let one = chromedriver_memory(local_pid);
+    let mut more = vec![(&local, local_id), (&flotilla, flotilla_id)];
     for _ in 0..3 {
-        more.push(("local", local.new_session(&http).await?.1));
-        more.push(("flotilla", flotilla.new_session(&http).await?.1));
+        more.push((&local, local.new_session(&http).await?.1));
+        more.push((&flotilla, flotilla.new_session(&http).await?.1));
     }
-    let local_four = pss_kib(chromedriver_pids(Some(local_pid))[0]);
-    let ours_four: Vec<u64> = flotilla_pids(local_pid).into_iter().map(pss_kib).collect();
+    let four = chromedriver_memory(local_pid);
 
-    println!(
-        "## WebDriver: new session → first command (ms, {} rounds)\n",
-        args.count
-    );
-    println!("| path | n | p50 | p95 | mean | min | max |\n|---|---|---|---|---|---|---|");
-    println!(
-        "{}",
-        summary_row("local chromedriver launching Chromium", &local_new)
-    );
-    println!(
-        "{}",
-        summary_row(
-            &format!("Flotilla, warm pool of {}", args.warm_pool),
-            &flotilla_new
-        )
-    );
-    println!(
-        "\nratio of p50s (Flotilla / local): {:.3}\n",
-        percentile(&flotilla_new, 0.5) / percentile(&local_new, 0.5)
-    );
-    println!(
-        "## `GET /session/{{id}}/title` round trip (ms, {} each)\n",
-        args.round_trips
-    );
-    println!("| path | p50 | p90 | p99 |\n|---|---|---|---|");
-    for (name, samples) in [
-        ("local chromedriver", &local_rt),
-        (
-            "Flotilla (control plane → node → chromedriver)",
-            &flotilla_rt,
-        ),
-    ] {
-        println!(
-            "| {name} | {:.3} | {:.3} | {:.3} |",
-            percentile(samples, 0.5),
-            percentile(samples, 0.9),
-            percentile(samples, 0.99)
-        );
-    }
-    println!(
-        "\nadded at p50: {:.3} ms, at p99: {:.3} ms\n",
-        percentile(&flotilla_rt, 0.5) - percentile(&local_rt, 0.5),
-        percentile(&flotilla_rt, 0.99) - percentile(&local_rt, 0.99)
-    );
-    println!("## chromedriver's memory (PSS, MiB)\n");
-    println!(
-        "| sessions | local: one chromedriver | Flotilla: each chromedriver running (sessions and warm pool) | Flotilla: total |\n|---|---|---|---|"
-    );
-    for (sessions, local_kib, ours) in [(1, local_one, &ours_one), (4, local_four, &ours_four)] {
-        let total: u64 = ours.iter().sum();
-        let each: Vec<String> = ours.iter().map(|k| format!("{:.1}", mib(*k))).collect();
-        println!(
-            "| {sessions} | {:.1} | {} | {:.1} |",
-            mib(local_kib),
-            each.join(", "),
-            mib(total)
-        );
-    }
-
-    for (which, id) in more {
-        let endpoint = if which == "local" { &local } else { &flotilla };
+    print_new_sessions(&created, &args);
+    print_round_trips(&trips, args.round_trips);
+    print_memory([(1, &one), (4, &four)]);
+    for (endpoint, id) in more {
         endpoint.delete(&http, &id).await?;
     }
-    local.delete(&http, &local_id).await?;
-    flotilla.delete(&http, &flotilla_id).await?;
     drop(local_driver);
     serve.stop().await;
     Ok(())

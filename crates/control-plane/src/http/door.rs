@@ -80,7 +80,10 @@ fn route(id: &InstanceId, rest: &str) -> Option<Route> {
         })
     };
     match rest {
-        "/cdp" => socket(Port::Debug, &format!("/devtools/browser/{id}")),
+        // `/se/cdp`: the same, where Selenium's clients look for it (a
+        // session's `se:cdp`; selenium-webdriver uses any URL with this
+        // path as it is).
+        "/cdp" | "/se/cdp" => socket(Port::Debug, &format!("/devtools/browser/{id}")),
         "/json" => to(Port::Debug, "/json", true),
         "/stream" => to(Port::Stream, "/", false),
         "/stream/ws" => socket(Port::Stream, "/ws"),
@@ -119,6 +122,7 @@ fn split_door_path(path: &str) -> Option<(&str, &str)> {
             | "downloads"
             | "recordings"
             | "webdriver"
+            | "se"
     )
     .then_some((id, rest))
 }
@@ -928,6 +932,26 @@ pub mod routes {
             (status = 502, description = "The instance's node did not answer", body = flotilla_api_types::ErrorResponse),
         ))]
     pub async fn cdp(
+        state: State<Arc<ControlPlane>>,
+        params: Params,
+        request: Request,
+    ) -> Response {
+        by_path(state, params, request).await
+    }
+
+    /// The same browser CDP WebSocket, where Selenium's clients look for it
+    /// (a WebDriver session's `se:cdp` capability).
+    #[utoipa::path(get, path = "/v2/instances/{instance_id}/se/cdp", tag = "front door",
+        params(("instance_id" = String, Path), ("token" = Option<String>, Query, description = "The instance's access token (or send an API key or the token as Authorization: Bearer)")),
+        responses(
+            (status = 101, description = "WebSocket to the browser target"),
+            (status = 401, description = "No valid API key or instance token", body = flotilla_api_types::ErrorResponse),
+            (status = 426, description = "Not a WebSocket upgrade", body = flotilla_api_types::ErrorResponse),
+            (status = 404, body = flotilla_api_types::ErrorResponse),
+            (status = 409, description = "The instance is stopped or failed", body = flotilla_api_types::ErrorResponse),
+            (status = 502, description = "The instance's node did not answer", body = flotilla_api_types::ErrorResponse),
+        ))]
+    pub async fn se_cdp(
         state: State<Arc<ControlPlane>>,
         params: Params,
         request: Request,

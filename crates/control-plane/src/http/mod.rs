@@ -78,6 +78,7 @@ use crate::error::Error;
         door::routes::json_protocol,
         door::routes::json_version_of_the_fleet,
         door::routes::cdp,
+        door::routes::se_cdp,
         door::routes::json_version,
         door::routes::json_list,
         door::routes::json_new,
@@ -283,6 +284,10 @@ fn door_routes() -> Routes {
             get(door::routes::json_version_of_the_fleet),
         )
         .route("/v2/instances/{instance_id}/cdp", get(door::routes::cdp))
+        .route(
+            "/v2/instances/{instance_id}/se/cdp",
+            get(door::routes::se_cdp),
+        )
         .route(
             "/v2/instances/{instance_id}/json/version",
             get(door::routes::json_version),

@@ -152,7 +152,7 @@ async fn attach(
         .as_str()
         .unwrap_or_default()
         .to_owned();
-    capabilities["se:cdp"] = json!(format!("{external}/v2/instances/{id}/cdp{query}"));
+    capabilities["se:cdp"] = json!(format!("{external}/v2/instances/{id}/se/cdp{query}"));
     capabilities["se:cdpVersion"] = json!(version);
     capabilities["flotilla:instance"] = json!(id);
     value["sessionId"] = json!(id);

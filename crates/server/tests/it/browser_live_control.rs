@@ -86,6 +86,11 @@ impl Viewer {
             .await;
         let tabs = listed["tabs"].as_array().unwrap();
         let tab = tabs.iter().find(|t| t["url"] == url).unwrap()["id"].clone();
+        // Already shown: switching to the tab in view changes nothing, so
+        // no new state would come.
+        if listed["tab"] == tab && !listed["viewport"].is_null() {
+            return;
+        }
         self.send(json!({"type": "tab", "id": tab})).await;
         self.until("the page shown", |m| {
             m["type"] == "state" && m["tab"] == tab && !m["viewport"].is_null()

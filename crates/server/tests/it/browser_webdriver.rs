@@ -127,7 +127,7 @@ async fn browser_selenium_for_python_drives_an_instance_through_wd_hub() {
         let caps = &seen["capabilities"];
         assert_eq!(caps["browserName"], "chrome", "{caps}");
         assert!(
-            caps["se:cdp"].as_str().unwrap().contains("/cdp?token="),
+            caps["se:cdp"].as_str().unwrap().contains("/se/cdp?token="),
             "{caps}"
         );
         assert!(
@@ -192,6 +192,7 @@ async fn browser_selenium_for_javascript_and_webdriverio_drive_instances() {
     let (selenium, wdio) = (selenium.unwrap(), wdio.unwrap());
     assert_suite(&selenium, true);
     assert_eq!(selenium["cdp"], 3, "{selenium}");
+    assert_eq!(selenium["se_cdp"], 5, "{selenium}");
     assert_suite(&wdio, true);
     assert!(wdio["bidi_loads"].as_u64().unwrap() >= 1, "{wdio}");
     for seen in [&selenium, &wdio] {
