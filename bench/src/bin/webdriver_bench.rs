@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 
 use flotilla_bench::{ServeProcess, free_port, number_flag, percentile, summary_row, text_flag};
 use flotilla_node_agent::config::{AgentConfig, BASE_CHROMIUM_FLAGS};
+use flotilla_node_agent::monitor::pss_kib;
 
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 
@@ -110,16 +111,6 @@ async fn local_chromedriver(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     Ok((child, base))
-}
-
-/// PSS of a process in KiB (`/proc/{pid}/smaps_rollup`; 0 when gone).
-fn pss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|line| line.strip_prefix("Pss:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
 }
 
 /// The processes named `chromedriver` whose parent is not `local` (the
