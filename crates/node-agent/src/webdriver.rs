@@ -624,19 +624,32 @@ pub mod routes {
         }
     }
 
+    /// [`file_operation`] on the request's `body`.
+    async fn file_operation_on(
+        state: &WebDriverState,
+        id: &str,
+        body: Body,
+        operation: impl FnOnce(&InstanceDirs, &Isolation, &[u8]) -> Result<Value, WebDriverError>
+        + Send
+        + 'static,
+    ) -> Response {
+        match read(body) {
+            Ok(body) => {
+                file_operation(state, id, move |dirs, isolation| {
+                    operation(dirs, isolation, &body)
+                })
+                .await
+            }
+            Err(error) => error.into_response(),
+        }
+    }
+
     async fn upload(
         State(state): State<WebDriverState>,
         Path(id): Path<String>,
         body: Body,
     ) -> Response {
-        let body = match read(body) {
-            Ok(body) => body,
-            Err(error) => return error.into_response(),
-        };
-        file_operation(&state, &id, move |dirs, isolation| {
-            crate::se_files::upload(dirs, isolation, &body)
-        })
-        .await
+        file_operation_on(&state, &id, body, crate::se_files::upload).await
     }
 
     async fn downloads_list(
@@ -651,12 +664,8 @@ pub mod routes {
         Path(id): Path<String>,
         body: Body,
     ) -> Response {
-        let body = match read(body) {
-            Ok(body) => body,
-            Err(error) => return error.into_response(),
-        };
-        file_operation(&state, &id, move |dirs, _| {
-            crate::se_files::download(dirs, &body)
+        file_operation_on(&state, &id, body, |dirs, _, body| {
+            crate::se_files::download(dirs, body)
         })
         .await
     }

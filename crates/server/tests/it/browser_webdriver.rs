@@ -1,8 +1,11 @@
 //! WebDriver with the clients users run, unchanged: Selenium 4 for Python
-//! against `/wd/hub` (the API key in the URL, as Selenium carries it), and
-//! the W3C wire itself for what a client library hides (errors, ownership,
-//! a session whose instance is parked and revived by its next command).
+//! and for JavaScript against `/wd/hub` (the API key in the URL, as Selenium
+//! carries it) and WebdriverIO 9 (BiDi by default); and the W3C wire itself
+//! for what a client library hides: errors and ownership, the pins on raw
+//! CDP and BiDi, Grid's file endpoints under hostile input, chromedriver's
+//! confinement, and a session parked and revived by its next command.
 
+use reqwest::Method;
 use serde_json::{Value, json};
 
 use flotilla_testkit::{
@@ -33,7 +36,7 @@ async fn serve() -> (PageServer, TestServe) {
 async fn w3c(
     serve: &TestServe,
     key: Option<&str>,
-    method: reqwest::Method,
+    method: Method,
     path: &str,
     body: Option<Value>,
 ) -> (StatusCode, Value) {
@@ -203,10 +206,47 @@ async fn browser_selenium_for_javascript_and_webdriverio_drive_instances() {
     serve.shutdown().await;
 }
 
+/// A WebDriver session of `KEY`, driven over the W3C wire.
+struct Session<'a> {
+    serve: &'a TestServe,
+    id: String,
+    /// The new session's answer's `value` (`sessionId`, `capabilities`).
+    created: Value,
+}
+
+impl<'a> Session<'a> {
+    /// A new session with `always` as its `alwaysMatch` capabilities.
+    async fn start(serve: &'a TestServe, always: Value) -> Session<'a> {
+        let body = json!({ "capabilities": { "alwaysMatch": always } });
+        let (status, answer) = w3c(serve, Some(KEY), Method::POST, "/session", Some(body)).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        let created = answer["value"].clone();
+        let id = created["sessionId"].as_str().unwrap().to_owned();
+        Session { serve, id, created }
+    }
+
+    /// `method` on `/session/{id}{rest}`, with `KEY`.
+    async fn call(&self, method: Method, rest: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let path = format!("/session/{}{rest}", self.id);
+        w3c(self.serve, Some(KEY), method, &path, body).await
+    }
+
+    /// The `value` of `GET /session/{id}{rest}`.
+    async fn get(&self, rest: &str) -> Value {
+        self.call(Method::GET, rest, None).await.1["value"].clone()
+    }
+
+    /// Navigates to `site`'s form.
+    async fn open(&self, site: &PageServer) {
+        let page = json!({"url": format!("{}/", site.base)});
+        let navigated = self.call(Method::POST, "/url", Some(page)).await;
+        assert_eq!(navigated.0, StatusCode::OK, "{:?}", navigated.1);
+    }
+}
+
 #[tokio::test]
 async fn browser_webdriver_refusals_are_w3c_errors_and_sessions_belong_to_their_key() {
     let (site, serve) = serve().await;
-    use reqwest::Method;
     // No credential: 401 in WebDriver's shape, asking for Basic.
     let refused = w3c(
         &serve,
@@ -263,24 +303,14 @@ async fn browser_webdriver_refusals_are_w3c_errors_and_sessions_belong_to_their_
     );
 
     // A session; another key's request about it is an unknown session.
-    let created = w3c(
-        &serve,
-        Some(KEY),
-        Method::POST,
-        "/session",
-        Some(json!({"capabilities": {}})),
-    )
-    .await;
-    assert_eq!(created.0, StatusCode::OK, "{:?}", created.1);
-    let id = created.1["value"]["sessionId"].as_str().unwrap().to_owned();
-    let url = format!("/session/{id}/url");
+    let session = Session::start(&serve, json!({})).await;
     let page = json!({"url": format!("{}/", site.base)});
     let theirs = w3c(
         &serve,
         Some(OTHER_KEY),
         Method::POST,
-        &url,
-        Some(page.clone()),
+        &format!("/session/{}/url", session.id),
+        Some(page),
     )
     .await;
     assert_eq!(w3c_error(&theirs), "invalid session id", "{:?}", theirs.1);
@@ -296,75 +326,69 @@ async fn browser_webdriver_refusals_are_w3c_errors_and_sessions_belong_to_their_
     assert_eq!(w3c_error(&made_up), "invalid session id");
     // A path that tries to climb out reaches only chromedriver, which knows
     // no such command.
-    let traversal = w3c(
-        &serve,
-        Some(KEY),
-        Method::GET,
-        &format!("/session/{id}/..%2f..%2fv2%2finstances"),
-        None,
-    )
-    .await;
+    let traversal = session
+        .call(Method::GET, "/..%2f..%2fv2%2finstances", None)
+        .await;
     assert_eq!(
         w3c_error(&traversal),
         "unknown command",
         "{:?}",
         traversal.1
     );
-    let navigated = w3c(&serve, Some(KEY), Method::POST, &url, Some(page)).await;
-    assert_eq!(navigated.0, StatusCode::OK, "{:?}", navigated.1);
-    let cookie = w3c(
-        &serve,
-        Some(KEY),
-        Method::POST,
-        &format!("/session/{id}/cookie"),
-        Some(
-            json!({"cookie": {"name": "kept", "value": "across-park", "expiry": 4_000_000_000u64}}),
-        ),
-    )
-    .await;
-    assert_eq!(cookie.0, StatusCode::OK, "{:?}", cookie.1);
+    session.open(&site).await;
 
+    // Grid's status, open.
+    let status = w3c(&serve, None, Method::GET, "/wd/hub/status", None).await;
+    assert_eq!(status.0, StatusCode::OK);
+    assert_eq!(status.1["value"]["ready"], true, "{:?}", status.1);
+    serve.shutdown().await;
+}
+
+/// A CDP command (as chromedriver's `goog/cdp/execute` takes it) that would
+/// download into the browser's home.
+fn download_into_home() -> Value {
+    json!({"cmd": "Browser.setDownloadBehavior",
+        "params": {"behavior": "allow", "downloadPath": "/instance/home"}})
+}
+
+#[tokio::test]
+async fn browser_raw_cdp_through_chromedriver_gets_the_front_doors_pins() {
+    let (site, serve) = serve().await;
+    let session = Session::start(&serve, json!({})).await;
+    session.open(&site).await;
     // chromedriver reaches the browser directly: raw CDP through it gets the
     // front door's pins. Downloads stay in the instance's directory...
-    let cdp = format!("/session/{id}/goog/cdp/execute");
-    let pinned = w3c(
-        &serve,
-        Some(KEY),
-        Method::POST,
-        &cdp,
-        Some(json!({"cmd": "Browser.setDownloadBehavior",
-            "params": {"behavior": "allow", "downloadPath": "/instance/home"}})),
-    )
-    .await;
+    let cdp = "/goog/cdp/execute";
+    let pinned = session
+        .call(Method::POST, cdp, Some(download_into_home()))
+        .await;
     assert_eq!(pinned.0, StatusCode::OK, "{:?}", pinned.1);
-    let link = w3c(
-        &serve,
-        Some(KEY),
-        Method::POST,
-        &format!("/session/{id}/element"),
-        Some(json!({"using": "css selector", "value": "#dl"})),
-    )
-    .await;
+    let link = session
+        .call(
+            Method::POST,
+            "/element",
+            Some(json!({"using": "css selector", "value": "#dl"})),
+        )
+        .await;
     let element = link.1["value"]
         .as_object()
         .and_then(|e| e.values().next())
         .and_then(Value::as_str)
         .unwrap_or_else(|| panic!("{:?}", link.1))
         .to_owned();
-    let clicked = w3c(
-        &serve,
-        Some(KEY),
-        Method::POST,
-        &format!("/session/{id}/element/{element}/click"),
-        Some(json!({})),
-    )
-    .await;
+    let clicked = session
+        .call(
+            Method::POST,
+            &format!("/element/{element}/click"),
+            Some(json!({})),
+        )
+        .await;
     assert_eq!(clicked.0, StatusCode::OK, "{:?}", clicked.1);
     let deadline = std::time::Instant::now() + BROWSER_DEADLINE;
     loop {
         let (_, list) = serve
             .api
-            .get(&format!("/v2/instances/{id}/downloads"))
+            .get(&format!("/v2/instances/{}/downloads", session.id))
             .await;
         let names: Vec<&str> = list["downloads"]
             .as_array()
@@ -380,14 +404,13 @@ async fn browser_webdriver_refusals_are_w3c_errors_and_sessions_belong_to_their_
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     // ... and extensions cannot be loaded.
-    let refused = w3c(
-        &serve,
-        Some(KEY),
-        Method::POST,
-        &cdp,
-        Some(json!({"cmd": "Extensions.loadUnpacked", "params": {"path": "/instance/home"}})),
-    )
-    .await;
+    let refused = session
+        .call(
+            Method::POST,
+            cdp,
+            Some(json!({"cmd": "Extensions.loadUnpacked", "params": {"path": "/instance/home"}})),
+        )
+        .await;
     assert!(
         refused.1["value"]["message"]
             .as_str()
@@ -398,44 +421,36 @@ async fn browser_webdriver_refusals_are_w3c_errors_and_sessions_belong_to_their_
     );
     // chromedriver reads PUT as POST: only WebDriver's methods pass, and
     // its other raw CDP command is refused.
-    let put = w3c(
-        &serve,
-        Some(KEY),
-        Method::PUT,
-        &cdp,
-        Some(json!({"cmd": "Browser.setDownloadBehavior",
-            "params": {"behavior": "allow", "downloadPath": "/instance/home"}})),
-    )
-    .await;
+    let put = session
+        .call(Method::PUT, cdp, Some(download_into_home()))
+        .await;
     assert_eq!(put.0, StatusCode::METHOD_NOT_ALLOWED, "{:?}", put.1);
     assert_eq!(w3c_error(&put), "unknown method");
-    let websocket_form = w3c(
-        &serve,
-        Some(KEY),
-        Method::POST,
-        &format!("/session/{id}/chromium/send_command_from_websocket"),
-        Some(json!({"method": "Browser.setDownloadBehavior", "id": -1,
-            "params": {"behavior": "allow", "downloadPath": "/instance/home"}})),
-    )
-    .await;
+    let websocket_form = session
+        .call(
+            Method::POST,
+            "/chromium/send_command_from_websocket",
+            Some(json!({"method": "Browser.setDownloadBehavior", "id": -1,
+                "params": {"behavior": "allow", "downloadPath": "/instance/home"}})),
+        )
+        .await;
     assert_eq!(
         w3c_error(&websocket_form),
         "unknown command",
         "{:?}",
         websocket_form.1
     );
+    serve.shutdown().await;
+}
 
-    // Grid's file endpoints take names and single-file zips, nothing else.
-    let files = format!("/session/{id}/se/files");
+#[tokio::test]
+async fn browser_grid_file_endpoints_take_names_and_single_file_zips_only() {
+    let (_site, serve) = serve().await;
+    let session = Session::start(&serve, json!({"se:downloadsEnabled": true})).await;
     for name in ["../../etc/passwd", "/etc/passwd", "missing.txt"] {
-        let answer = w3c(
-            &serve,
-            Some(KEY),
-            Method::POST,
-            &files,
-            Some(json!({ "name": name })),
-        )
-        .await;
+        let answer = session
+            .call(Method::POST, "/se/files", Some(json!({ "name": name })))
+            .await;
         assert_eq!(
             w3c_error(&answer),
             "invalid argument",
@@ -455,13 +470,14 @@ async fn browser_webdriver_refusals_are_w3c_errors_and_sessions_belong_to_their_
             zipped.finish().unwrap().into_inner(),
         )
     };
-    let upload = format!("/session/{id}/se/file");
     for body in [
         json!({ "file": traversal_zip }),
         json!({"file": "%%%"}),
         json!({"file": 7}),
     ] {
-        let answer = w3c(&serve, Some(KEY), Method::POST, &upload, Some(body.clone())).await;
+        let answer = session
+            .call(Method::POST, "/se/file", Some(body.clone()))
+            .await;
         assert_eq!(
             w3c_error(&answer),
             "invalid argument",
@@ -470,7 +486,7 @@ async fn browser_webdriver_refusals_are_w3c_errors_and_sessions_belong_to_their_
         );
     }
     let oversized = reqwest::Client::new()
-        .post(format!("{}{upload}", serve.api.base))
+        .post(format!("{}/session/{}/se/file", serve.api.base, session.id))
         .bearer_auth(KEY)
         .body(vec![b' '; 65 << 20])
         .send()
@@ -482,28 +498,25 @@ async fn browser_webdriver_refusals_are_w3c_errors_and_sessions_belong_to_their_
         body["value"]["error"], "invalid argument",
         "{status}: {body}"
     );
+    serve.shutdown().await;
+}
 
-    // The BiDi socket is the session's only with webSocketUrl; a BiDi
-    // extension install is refused on its way to chromedriver.
-    let bidi_session = w3c(
-        &serve,
-        Some(KEY),
-        Method::POST,
-        "/session",
-        Some(json!({"capabilities": {"alwaysMatch": {"webSocketUrl": true}}})),
-    )
-    .await;
-    assert_eq!(bidi_session.0, StatusCode::OK, "{:?}", bidi_session.1);
-    let bidi_id = bidi_session.1["value"]["sessionId"]
+#[tokio::test]
+async fn browser_the_bidi_socket_is_its_sessions_and_its_commands_are_pinned() {
+    let (_site, serve) = serve().await;
+    let session = Session::start(&serve, json!({"webSocketUrl": true})).await;
+    let socket_url = session.created["capabilities"]["webSocketUrl"]
         .as_str()
-        .unwrap()
+        .unwrap_or_else(|| panic!("{}", session.created))
         .to_owned();
-    let socket_url = bidi_session.1["value"]["capabilities"]["webSocketUrl"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    // Another key cannot open it; its own URL (the instance token) can.
+    // No credential: refused; another key: no such session; its own URL
+    // (the instance token) opens it.
     let without_token = socket_url.split('?').next().unwrap().to_owned();
+    let refused = tokio_tungstenite::connect_async(without_token.as_str()).await;
+    assert!(
+        matches!(&refused, Err(tokio_tungstenite::tungstenite::Error::Http(r)) if r.status() == 401),
+        "a BiDi socket without a credential: {refused:?}"
+    );
     let mut theirs =
         tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
             without_token.as_str(),
@@ -519,6 +532,7 @@ async fn browser_webdriver_refusals_are_w3c_errors_and_sessions_belong_to_their_
         "another key's BiDi socket: {refused:?}"
     );
     let (mut socket, _) = tokio_tungstenite::connect_async(&socket_url).await.unwrap();
+    // An extension install is refused on its way to chromedriver.
     use futures_util::{SinkExt as _, StreamExt as _};
     let install = json!({"id": 1, "method": "webExtension.install",
         "params": {"extensionData": {"type": "path", "path": "/instance/home"}}});
@@ -548,15 +562,25 @@ async fn browser_webdriver_refusals_are_w3c_errors_and_sessions_belong_to_their_
         "{answer}"
     );
     drop(socket);
-    let ended = w3c(
-        &serve,
-        Some(KEY),
-        Method::DELETE,
-        &format!("/session/{bidi_id}"),
-        None,
-    )
-    .await;
+    let ended = session.call(Method::DELETE, "", None).await;
     assert_eq!(ended.0, StatusCode::OK, "{:?}", ended.1);
+    serve.shutdown().await;
+}
+
+#[tokio::test]
+async fn browser_a_session_is_confined_and_comes_back_from_a_park_as_it_was() {
+    let (site, serve) = serve().await;
+    let session = Session::start(&serve, json!({})).await;
+    let id = session.id.clone();
+    session.open(&site).await;
+    let cookie = session
+        .call(
+            Method::POST,
+            "/cookie",
+            Some(json!({"cookie": {"name": "kept", "value": "across-park", "expiry": 4_000_000_000u64}})),
+        )
+        .await;
+    assert_eq!(cookie.0, StatusCode::OK, "{:?}", cookie.1);
 
     // chromedriver runs in the browser's confinement: its user, network
     // namespace and cgroup.
@@ -574,17 +598,7 @@ async fn browser_webdriver_refusals_are_w3c_errors_and_sessions_belong_to_their_
             "chromedriver's {fact} is the browser's"
         );
     }
-
-    let handle_before_park = w3c(
-        &serve,
-        Some(KEY),
-        Method::GET,
-        &format!("/session/{id}/window"),
-        None,
-    )
-    .await
-    .1["value"]
-        .clone();
+    let handle_before_park = session.get("/window").await;
 
     // Parked (its idle timeout, or the API): nothing of it runs, and the
     // next command revives it.
@@ -595,26 +609,14 @@ async fn browser_webdriver_refusals_are_w3c_errors_and_sessions_belong_to_their_
         .await;
     let left = processes_of(&id);
     assert!(left.is_empty(), "a parked session leaves {left:?}");
-    let title = w3c(
-        &serve,
-        Some(KEY),
-        Method::GET,
-        &format!("/session/{id}/title"),
-        None,
-    )
-    .await;
+    let title = session.call(Method::GET, "/title", None).await;
     assert_eq!(title.0, StatusCode::OK, "{:?}", title.1);
     // What the client sees: the page (its URL and title) and its cookies
     // back, in a window of a new browser (a new handle).
     assert_eq!(title.1["value"], "form", "{:?}", title.1);
-    let get = |what: &str| {
-        let path = format!("/session/{id}/{what}");
-        let serve = &serve;
-        async move { w3c(serve, Some(KEY), Method::GET, &path, None).await.1["value"].clone() }
-    };
-    assert_eq!(get("url").await, format!("{}/", site.base));
-    assert_eq!(get("cookie/kept").await["value"], "across-park");
-    let handles = get("window/handles").await;
+    assert_eq!(session.get("/url").await, format!("{}/", site.base));
+    assert_eq!(session.get("/cookie/kept").await["value"], "across-park");
+    let handles = session.get("/window/handles").await;
     assert_eq!(handles.as_array().map(Vec::len), Some(1), "{handles}");
     assert_ne!(handles[0], handle_before_park, "a new browser's window");
     serve
@@ -626,19 +628,7 @@ async fn browser_webdriver_refusals_are_w3c_errors_and_sessions_belong_to_their_
     serve.api.delete_instance(&id).await;
     let left = processes_of(&id);
     assert!(left.is_empty(), "a deleted session leaves {left:?}");
-    let gone = w3c(
-        &serve,
-        Some(KEY),
-        Method::GET,
-        &format!("/session/{id}/title"),
-        None,
-    )
-    .await;
+    let gone = session.call(Method::GET, "/title", None).await;
     assert_eq!(w3c_error(&gone), "invalid session id");
-
-    // Grid's status, open.
-    let status = w3c(&serve, None, Method::GET, "/wd/hub/status", None).await;
-    assert_eq!(status.0, StatusCode::OK);
-    assert_eq!(status.1["value"]["ready"], true, "{:?}", status.1);
     serve.shutdown().await;
 }
