@@ -9,8 +9,8 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use flotilla_testkit::{
-    Api, BROWSER_DEADLINE, PageServer, StatusCode, TestServe, run_node, run_python,
-    spawn_serve_with_page,
+    Api, BROWSER_DEADLINE, PageServer, StatusCode, TestServe, browser_main_pid, browser_processes,
+    run_node, run_python, spawn_serve_with_page,
 };
 
 const KEY: &str = "webdriver-key-0123456789";
@@ -52,37 +52,16 @@ async fn w3c(
     (status, response.json().await.unwrap_or(Value::Null))
 }
 
-/// The processes of instance `id` (pid, name): those with an ancestor
-/// (its sandbox) started for the instance's directory.
-fn processes_of(id: &str) -> Vec<(u32, String)> {
-    let marker = format!("instances/{id}/");
-    let parent = |pid: u32| -> Option<u32> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        stat.rsplit(')')
-            .next()?
-            .split_whitespace()
-            .nth(1)?
-            .parse()
-            .ok()
-    };
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let mut ancestor = Some(pid);
-        for _ in 0..6 {
-            let Some(current) = ancestor else { break };
-            let cmdline = std::fs::read(format!("/proc/{current}/cmdline")).unwrap_or_default();
-            if String::from_utf8_lossy(&cmdline).contains(&marker) {
-                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-                found.push((pid, comm.trim().to_owned()));
-                break;
-            }
-            ancestor = parent(current).filter(|p| *p > 1);
-        }
-    }
-    found
+/// The processes of instance `id` of `serve` (pid, name): the testkit's
+/// [`browser_processes`] (its sandboxes and all below them), named.
+fn processes_of(serve: &TestServe, id: &str) -> Vec<(u32, String)> {
+    browser_processes(&serve.instances_dir().join(id))
+        .into_iter()
+        .map(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            (pid, comm.trim().to_owned())
+        })
+        .collect()
 }
 
 /// One fact of process `pid`: a namespace link, its cgroups, or its uid.
@@ -584,17 +563,15 @@ async fn browser_a_session_is_confined_and_comes_back_from_a_park_as_it_was() {
 
     // chromedriver runs in the browser's confinement: its user, network
     // namespace and cgroup.
-    let processes = processes_of(&id);
+    let processes = processes_of(&serve, &id);
     let drivers: Vec<_> = processes.iter().filter(|p| p.1 == "chromedriver").collect();
-    let browser = processes
-        .iter()
-        .find(|p| p.1 == "chromium")
+    let browser = browser_main_pid(&serve.instances_dir().join(&id))
         .unwrap_or_else(|| panic!("no browser among {processes:?}"));
     assert_eq!(drivers.len(), 1, "{processes:?}");
     for fact in ["ns/net", "cgroup", "loginuid", "status_uid"] {
         assert_eq!(
             process_fact(drivers[0].0, fact),
-            process_fact(browser.0, fact),
+            process_fact(browser, fact),
             "chromedriver's {fact} is the browser's"
         );
     }
@@ -607,7 +584,7 @@ async fn browser_a_session_is_confined_and_comes_back_from_a_park_as_it_was() {
         .api
         .wait_for_status(&id, "dormant", BROWSER_DEADLINE)
         .await;
-    let left = processes_of(&id);
+    let left = processes_of(&serve, &id);
     assert!(left.is_empty(), "a parked session leaves {left:?}");
     let title = session.call(Method::GET, "/title", None).await;
     assert_eq!(title.0, StatusCode::OK, "{:?}", title.1);
@@ -626,9 +603,120 @@ async fn browser_a_session_is_confined_and_comes_back_from_a_park_as_it_was() {
 
     // Deleting its instance ends the session, and its processes.
     serve.api.delete_instance(&id).await;
-    let left = processes_of(&id);
+    let left = processes_of(&serve, &id);
     assert!(left.is_empty(), "a deleted session leaves {left:?}");
     let gone = session.call(Method::GET, "/title", None).await;
     assert_eq!(w3c_error(&gone), "invalid session id");
+    serve.shutdown().await;
+}
+
+/// The chromedrivers running under `serve`'s instances (pids).
+fn chromedrivers(serve: &TestServe) -> Vec<u32> {
+    processes_of(serve, "")
+        .into_iter()
+        .filter(|(_, name)| name == "chromedriver")
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+/// Waits until the warm pool's chromedriver runs, then answers its pid.
+async fn warm_chromedriver(serve: &TestServe, not: &[u32]) -> u32 {
+    let what = format!("a warm browser's chromedriver other than {not:?}");
+    flotilla_testkit::wait_until(BROWSER_DEADLINE, &what, || {
+        let running = chromedrivers(serve);
+        let found = running.iter().copied().find(|pid| !not.contains(pid));
+        async move {
+            match found {
+                Some(pid) => Ok(Some(pid)),
+                None => Err(format!("chromedrivers running: {running:?}")),
+            }
+        }
+    })
+    .await
+    .unwrap()
+}
+
+/// Whether instance `id` started a browser of its own (it has its own
+/// directory) rather than taking a warm one (which lives in the pooled
+/// browser's).
+fn has_own_browser(serve: &TestServe, id: &str) -> bool {
+    serve.instances_dir().join(id).exists()
+}
+
+#[tokio::test]
+async fn browser_warm_browsers_come_with_a_chromedriver_that_only_a_session_keeps() {
+    let (site, mut serve) = spawn_serve_with_page(FORM, |config| {
+        config.control.auth_enabled = true;
+        config.control.api_keys = vec![KEY.into()];
+        config.agent.warm_pool_size = 1;
+    })
+    .await;
+    serve.api = Api::with_key(serve.api.base.clone(), KEY);
+    // An instance that is not a session takes the warm browser; its
+    // chromedriver ends with it.
+    let first = warm_chromedriver(&serve, &[]).await;
+    // (The chromedriver shows before its warm browser joins the pool: a
+    // create in between starts a browser of its own, and is made again.)
+    let deadline = std::time::Instant::now() + BROWSER_DEADLINE;
+    let id = loop {
+        let (id, _, _) = serve.api.create_running("{}").await;
+        if !has_own_browser(&serve, &id) {
+            break id;
+        }
+        serve.api.delete_instance(&id).await;
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no create took the warm browser"
+        );
+    };
+    let second = warm_chromedriver(&serve, &[first]).await;
+    serve.api.delete_instance(&id).await;
+    flotilla_testkit::wait_until(
+        BROWSER_DEADLINE,
+        "the taken browser's chromedriver to end",
+        || {
+            let alive = chromedrivers(&serve).contains(&first);
+            async move { Ok::<_, String>((!alive).then_some(())) }
+        },
+    )
+    .await
+    .unwrap();
+    // A session takes the next warm browser with its chromedriver: that
+    // chromedriver serves it.
+    let deadline = std::time::Instant::now() + BROWSER_DEADLINE;
+    let session = loop {
+        let session = Session::start(&serve, json!({})).await;
+        if !has_own_browser(&serve, &session.id) {
+            break session;
+        }
+        let ended = session.call(Method::DELETE, "", None).await;
+        assert_eq!(ended.0, StatusCode::OK, "{:?}", ended.1);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no session took the warm browser"
+        );
+    };
+    session.open(&site).await;
+    assert_eq!(session.get("/title").await, "form");
+    // Once the pool has refilled: the session's chromedriver (the one its
+    // warm browser came with, no second one) and the new warm browser's.
+    let refilled = warm_chromedriver(&serve, &[first, second]).await;
+    let running = chromedrivers(&serve);
+    assert!(
+        running.contains(&second) && running.contains(&refilled) && running.len() == 2,
+        "the session keeps the chromedriver its warm browser came with: {running:?} (it came with {second})"
+    );
+    let ended = session.call(Method::DELETE, "", None).await;
+    assert_eq!(ended.0, StatusCode::OK, "{:?}", ended.1);
+    flotilla_testkit::wait_until(
+        BROWSER_DEADLINE,
+        "the session's chromedriver to end",
+        || {
+            let alive = chromedrivers(&serve).contains(&second);
+            async move { Ok::<_, String>((!alive).then_some(())) }
+        },
+    )
+    .await
+    .unwrap();
     serve.shutdown().await;
 }
