@@ -2,7 +2,8 @@
 for Python (PyPI `selenium`), unchanged, pointed at a remote URL.
 
 Usage: python3 selenium_suite.py <remote url> <site base url> [classic|bidi]
-In `bidi` mode the session asks for WebDriver BiDi (`webSocketUrl`) and
+In `classic` mode the session sets `goog:chromeOptions.prefs`; in `bidi` mode
+it asks for WebDriver BiDi (`webSocketUrl`) and
 listens to console events over it; chromedriver then answers prompts itself
 (BiDi's user prompt handling, the same with a local chromedriver), so the
 alert step is left to the classic mode.
@@ -28,12 +29,20 @@ options.set_capability("flotilla:options", {"idle_timeout_minutes": 10})
 # Grid's managed downloads, and in bidi mode WebDriver BiDi (webSocketUrl).
 options.enable_downloads = True
 options.enable_bidi = bidi
+if not bidi:
+    # Preferences, as suites set them: a language, and a download folder on
+    # the client's machine (Flotilla's downloads stay the instance's).
+    options.add_experimental_option(
+        "prefs",
+        {"intl.accept_languages": "fr-FR,fr", "download.default_directory": "/home/tester/Downloads"},
+    )
 driver = webdriver.Remote(command_executor=remote, options=options)
 seen = {"session": driver.session_id, "capabilities": driver.capabilities}
 try:
     wait = WebDriverWait(driver, 30)
     driver.get(f"{site}/")
     seen["title"] = driver.title
+    seen["languages"] = driver.execute_script("return navigator.languages")
     driver.find_element(By.ID, "name").send_keys("Ada")
     Select(driver.find_element(By.ID, "color")).select_by_value("blue")
     driver.find_element(By.ID, "go").click()

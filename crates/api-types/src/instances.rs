@@ -140,6 +140,14 @@ pub struct InstanceConfig {
     /// until deleted there.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub keep_recordings: bool,
+    /// Chromium preferences written into the profile before the browser
+    /// starts (what chromedriver's `goog:chromeOptions.prefs` does): dotted
+    /// names (`"intl.accept_languages": "fr-FR"`) or nested objects, at most
+    /// 64 KiB. The download folders, `proxy.*` and `extensions.*` are
+    /// refused. Such instances never take a warm browser.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub prefs: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 impl Default for InstanceConfig {
@@ -155,6 +163,7 @@ impl Default for InstanceConfig {
             extensions: Vec::new(),
             record: false,
             keep_recordings: false,
+            prefs: None,
         }
     }
 }

@@ -11,6 +11,7 @@
 //! - [`credentials`] — bearer parsing, digests and constant-time comparison.
 //! - [`origin`] — whether a browser's WebSocket comes from the same origin.
 //! - [`profiles`], [`extensions`] — saved browser profiles and uploaded extensions.
+//! - [`prefs`] — the Chromium preferences an instance starts with.
 //! - [`live`] — shareable live links to an instance's live view.
 //! - [`names`] — the error of a name none of a closed set's.
 //! - [`tasks`] — running an operation to its end whatever its caller does.
@@ -36,6 +37,7 @@ pub mod metrics;
 pub mod names;
 pub mod nodes;
 pub mod origin;
+pub mod prefs;
 pub mod profiles;
 pub mod prometheus;
 pub mod tasks;

@@ -122,6 +122,13 @@ impl From<flotilla_api_types::instances::ProxyError> for Error {
     }
 }
 
+/// Refused `config.prefs`: the message names the key.
+impl From<flotilla_api_types::prefs::PrefsError> for Error {
+    fn from(error: flotilla_api_types::prefs::PrefsError) -> Self {
+        Self::InvalidRequest(error.to_string())
+    }
+}
+
 impl From<flotilla_api_types::profiles::InvalidProfileName> for Error {
     fn from(error: flotilla_api_types::profiles::InvalidProfileName) -> Self {
         Self::InvalidRequest(error.to_string())

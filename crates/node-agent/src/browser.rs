@@ -168,6 +168,25 @@ impl InstanceDirs {
     }
 }
 
+/// What an instance's configuration asks of its browser's start (a warm
+/// browser: nothing).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BrowserSetup<'a> {
+    /// Ids of the extensions unpacked under `dirs.extensions()` to load.
+    pub extensions: &'a [String],
+    /// Preferences written into the profile first (`config.prefs`).
+    pub prefs: Option<&'a serde_json::Map<String, serde_json::Value>>,
+}
+
+impl<'a> BrowserSetup<'a> {
+    pub fn of(config: &'a flotilla_api_types::instances::InstanceConfig) -> Self {
+        Self {
+            extensions: &config.extensions,
+            prefs: config.prefs.as_ref(),
+        }
+    }
+}
+
 /// How to start one browser.
 pub struct LaunchPlan<'a> {
     pub image: &'a ImageConfig,
@@ -179,8 +198,8 @@ pub struct LaunchPlan<'a> {
     pub egress: Option<&'a Arc<EgressPolicy>>,
     /// The instance's upstream proxy (`config.proxy`), if any.
     pub upstream: Option<Upstream>,
-    /// Ids of the extensions unpacked under `dirs.extensions()` to load.
-    pub extensions: &'a [String],
+    /// What the instance's configuration asks of the start.
+    pub setup: BrowserSetup<'a>,
     /// The cgroup the browser joins before it runs.
     pub cgroup: Option<&'a std::sync::Arc<crate::cgroups::InstanceCgroup>>,
     /// Host name inside the sandbox's UTS namespace.
@@ -212,6 +231,11 @@ fn prepare_instance_dir(
     dirs.create()
         .and_then(|()| dirs.set_default_downloads(&paths.downloads))
         .map_err(|e| plan.spawn_error(format!("cannot create instance directory: {e}")))?;
+    if let Some(prefs) = plan.setup.prefs {
+        crate::profile_prefs::write(&dirs.profile(), prefs).map_err(|e| {
+            plan.spawn_error(format!("cannot write the profile's preferences: {e}"))
+        })?;
+    }
     plan.isolation.hand_over(dirs).map_err(|e| {
         plan.spawn_error(format!(
             "cannot give the instance directory to the browser user: {e}"
@@ -250,8 +274,9 @@ fn chromium_command(
             .arg(format!("--proxy-server=socks5://127.0.0.1:{port}"))
             .arg("--proxy-bypass-list=<-loopback>");
     }
-    if !plan.extensions.is_empty() {
+    if !plan.setup.extensions.is_empty() {
         let folders: Vec<String> = plan
+            .setup
             .extensions
             .iter()
             .map(|id| paths.extensions.join(id).to_string_lossy().into_owned())

@@ -20,7 +20,9 @@ use tokio_util::sync::CancellationToken;
 
 use flotilla_api_types::instances::InstanceConfig;
 
-use crate::browser::{BrowserProcess, CdpEndpoint, InstanceDirs, LaunchError, LaunchPlan};
+use crate::browser::{
+    BrowserProcess, BrowserSetup, CdpEndpoint, InstanceDirs, LaunchError, LaunchPlan,
+};
 use crate::cdp::CdpClient;
 use crate::cdp::CdpError;
 use crate::cgroups::{Cgroups, InstanceCgroup, Limits};
@@ -175,8 +177,8 @@ impl Launcher {
     }
 
     /// Starts a browser for `image` in `dirs`, in cgroup `name` with `limits`,
-    /// its traffic through `upstream` when given, loading the `extensions`
-    /// unpacked in `dirs`.
+    /// its traffic through `upstream` when given, set up as `setup` asks
+    /// (extensions unpacked in `dirs`, preferences).
     pub async fn spawn(
         &self,
         name: &str,
@@ -184,7 +186,7 @@ impl Launcher {
         image: &ImageConfig,
         limits: Limits,
         upstream: Option<Upstream>,
-        extensions: &[String],
+        setup: BrowserSetup<'_>,
     ) -> Result<Launched, LaunchError> {
         if self.config.runtime == RuntimeKind::Sim {
             let start = Duration::from_millis(self.config.sim_start_ms);
@@ -221,7 +223,7 @@ impl Launcher {
             isolation: &self.isolation,
             egress: self.egress.as_ref(),
             upstream,
-            extensions,
+            setup,
             cgroup: cgroup.as_ref(),
             hostname: name,
         };
@@ -424,7 +426,10 @@ impl Launcher {
         let name = format!("pool-{}", uuid::Uuid::now_v7());
         let dirs = InstanceDirs::new(self.instances_root.join(&name));
         let limits = self.limits_for(&InstanceConfig::default());
-        let outcome = match self.spawn(&name, &dirs, &image, limits, None, &[]).await {
+        let outcome = match self
+            .spawn(&name, &dirs, &image, limits, None, BrowserSetup::default())
+            .await
+        {
             Ok(launched) => match launched
                 .process
                 .wait_ready(Duration::from_secs(self.config.launch_timeout_sec))

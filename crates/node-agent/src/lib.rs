@@ -2,7 +2,8 @@
 //! control plane.
 //!
 //! - [`agent`] — the [`Agent`] handle (create, delete, report, shutdown).
-//! - [`browser`] — one browser process tree (launch, readiness, stop).
+//! - [`browser`] — one browser process tree (launch, readiness, stop);
+//!   [`profile_prefs`] writes the preferences it starts with.
 //! - [`gateway`], [`live_view`], [`instance_http`]: the servers on an instance's
 //!   debug, stream and HTTP ports; [`access`] decides who may use them, and
 //!   [`client_frames`] reads what CDP clients send.
@@ -34,6 +35,7 @@ pub mod live_view;
 pub mod monitor;
 pub mod netns;
 pub mod ports;
+pub mod profile_prefs;
 pub mod reaper;
 pub mod recording;
 pub mod sandbox;

@@ -60,6 +60,9 @@ pub(crate) fn validate_config(config: &InstanceConfig) -> Result<()> {
     if let Some(proxy) = &config.proxy {
         proxy.validate()?;
     }
+    if let Some(prefs) = &config.prefs {
+        flotilla_api_types::prefs::expand(prefs)?;
+    }
     if let Some(minutes) = config.max_duration_minutes
         && !(minutes > 0.0 && minutes <= MAX_DURATION_MINUTES)
     {

@@ -288,11 +288,18 @@ fn matched(
             }
         }
     }
-    let (chrome, window_size) = chrome_options(caps.get("goog:chromeOptions"))?;
-    if !chrome.is_empty() {
-        forwarded.insert("goog:chromeOptions".into(), Value::Object(chrome));
+    let chrome = chrome_options(caps.get("goog:chromeOptions"))?;
+    if !chrome.kept.is_empty() {
+        forwarded.insert("goog:chromeOptions".into(), Value::Object(chrome.kept));
     }
+    let window_size = chrome.window_size;
     let mut create = flotilla_options(caps.get("flotilla:options"))?;
+    if let Some(prefs) = chrome.prefs {
+        create
+            .config
+            .get_or_insert_with(InstanceConfig::default)
+            .prefs = Some(prefs);
+    }
     if let Some(proxy) = caps.get("proxy") {
         let config = create.config.get_or_insert_with(InstanceConfig::default);
         config.proxy = proxy_of(proxy)?;
@@ -351,17 +358,25 @@ fn check_timeouts(value: &Value) -> Result<(), WebDriverRefusal> {
     Ok(())
 }
 
-/// What of `goog:chromeOptions` is kept for chromedriver, and the window
-/// size `--window-size` asks for.
-type ChromeOptions = (Map<String, Value>, Option<(u64, u64)>);
+/// What Flotilla makes of `goog:chromeOptions`.
+#[derive(Default)]
+struct ChromeOptions {
+    /// What is kept for chromedriver.
+    kept: Map<String, Value>,
+    /// The window size `--window-size` asks for.
+    window_size: Option<(u64, u64)>,
+    /// `prefs`, for the instance's `config.prefs` (the browser starts with
+    /// them), without the download folders.
+    prefs: Option<Map<String, Value>>,
+}
 
 /// `goog:chromeOptions`: what chromedriver may apply to a running browser
-/// (`mobileEmulation`), the window size of `--window-size`, and the
-/// refusals (what names a host path or another browser; what Flotilla does
-/// not support, such as `prefs`, which a running browser cannot take).
+/// (`mobileEmulation`), the window size of `--window-size`, the preferences
+/// the instance's browser starts with, and the refusals (what names a host
+/// path or another browser).
 fn chrome_options(value: Option<&Value>) -> Result<ChromeOptions, WebDriverRefusal> {
     let options = match value {
-        None | Some(Value::Null) => return Ok((Map::new(), None)),
+        None | Some(Value::Null) => return Ok(ChromeOptions::default()),
         Some(Value::Object(options)) => options,
         Some(_) => {
             return Err(WebDriverRefusal::invalid_argument(
@@ -369,18 +384,18 @@ fn chrome_options(value: Option<&Value>) -> Result<ChromeOptions, WebDriverRefus
             ));
         }
     };
-    let mut kept = Map::new();
-    let mut window_size = None;
+    let mut chrome = ChromeOptions::default();
     for (key, value) in options {
         match key.as_str() {
-            "args" => window_size = chrome_args(value)?,
+            "args" => chrome.window_size = chrome_args(value)?,
+            "prefs" => chrome.prefs = chrome_prefs(value)?,
             "mobileEmulation" => {
                 if !value.is_object() {
                     return Err(WebDriverRefusal::invalid_argument(
                         "goog:chromeOptions.mobileEmulation must be an object",
                     ));
                 }
-                kept.insert(key.clone(), value.clone());
+                chrome.kept.insert(key.clone(), value.clone());
             }
             // The browser's own switches are Flotilla's; nothing to leave out.
             "excludeSwitches" => {
@@ -403,12 +418,28 @@ fn chrome_options(value: Option<&Value>) -> Result<ChromeOptions, WebDriverRefus
             }
             other => {
                 return Err(WebDriverRefusal::invalid_argument(format!(
-                    "goog:chromeOptions.{other} is not supported by Flotilla (supported: args, mobileEmulation, excludeSwitches)"
+                    "goog:chromeOptions.{other} is not supported by Flotilla (supported: args, prefs, mobileEmulation, excludeSwitches)"
                 )));
             }
         }
     }
-    Ok((kept, window_size))
+    Ok(chrome)
+}
+
+/// `goog:chromeOptions.prefs`, checked as `config.prefs` is, without the
+/// download folders Selenium suites set (the session's downloads are the
+/// instance's, as with Grid's managed downloads); none when nothing is left.
+fn chrome_prefs(value: &Value) -> Result<Option<Map<String, Value>>, WebDriverRefusal> {
+    let Some(prefs) = value.as_object() else {
+        return Err(WebDriverRefusal::invalid_argument(
+            "goog:chromeOptions.prefs must be an object",
+        ));
+    };
+    let prefs = flotilla_api_types::prefs::without_download_folders(prefs);
+    flotilla_api_types::prefs::expand(&prefs).map_err(|error| {
+        WebDriverRefusal::invalid_argument(format!("goog:chromeOptions.prefs: {error}"))
+    })?;
+    Ok((!prefs.is_empty()).then_some(prefs))
 }
 
 /// `goog:chromeOptions.args`: each refused one named; `--window-size`
@@ -859,6 +890,49 @@ mod tests {
         }
         for asked in ["15", "157", "156.1", "156.0.8078.10"] {
             assert!(!version_matches(asked, INSTALLED), "{asked}");
+        }
+    }
+
+    #[test]
+    fn prefs_become_the_instances_prefs_without_the_download_folders() {
+        let created = session(json!({"capabilities": {"alwaysMatch": {
+            "goog:chromeOptions": {"prefs": {
+                "intl.accept_languages": "fr-FR,fr",
+                "download.default_directory": "/home/tester/Downloads",
+                "download": {"prompt_for_download": false},
+            }},
+        }}}))
+        .unwrap();
+        assert_eq!(
+            Value::Object(created.create.config.unwrap().prefs.unwrap()),
+            json!({"intl.accept_languages": "fr-FR,fr", "download": {"prompt_for_download": false}})
+        );
+        assert!(
+            created.capabilities.get("goog:chromeOptions").is_none(),
+            "chromedriver never sees them"
+        );
+        // Only download folders: nothing left, so no prefs (a warm browser fits).
+        let created = session(json!({"capabilities": {"alwaysMatch": {
+            "goog:chromeOptions": {"prefs": {"download.default_directory": "/tmp"}},
+        }}}))
+        .unwrap();
+        assert!(created.create.config.is_none());
+        for (prefs, named) in [
+            (json!({"proxy.mode": "fixed_servers"}), "proxy"),
+            (json!({"extensions": {"ui": {}}}), "extensions"),
+            (json!({"a": 1, "a.b": 2}), "\"a\""),
+            (json!("intl.accept_languages=de"), "must be an object"),
+        ] {
+            let refused = session(json!({"capabilities": {"alwaysMatch": {
+                "goog:chromeOptions": {"prefs": prefs},
+            }}}))
+            .unwrap_err();
+            assert_eq!(refused.code, "invalid argument");
+            assert!(
+                refused.message.contains("goog:chromeOptions.prefs")
+                    && refused.message.contains(named),
+                "{refused}"
+            );
         }
     }
 }

@@ -22,7 +22,7 @@ const COLUMNS: &str = "id, node_id, status, status_reason, subdomain, image, mem
     idle_timeout_minutes, auto_snapshot, debug_port, stream_port, http_port, created_at, updated_at, \
     last_activity, cpu_percent, memory_mb, disk_mb, snapshot_id, dormant_since, revive_method, \
     max_duration_minutes, proxy, profile_name, profile_persist, extensions, record, keep_recordings, \
-    operation_id, webdriver_owner";
+    operation_id, webdriver_owner, prefs";
 
 /// An instance as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -155,6 +155,11 @@ fn decode(row: &AnyRow) -> Result<InstanceRecord, sqlx::Error> {
                 .unwrap_or_default(),
             record: row.try_get::<i64, _>("record")? != 0,
             keep_recordings: row.try_get::<i64, _>("keep_recordings")? != 0,
+            prefs: row
+                .try_get::<Option<String>, _>("prefs")?
+                .map(|json| serde_json::from_str(&json))
+                .transpose()
+                .map_err(|e| sqlx::Error::Decode(e.into()))?,
         },
         ports,
         created_at: from_millis(row.try_get("created_at")?),
@@ -380,8 +385,8 @@ impl Store {
         sqlx::query(
             "INSERT INTO instances (id, node_id, status, subdomain, image, memory_gb, cpu_cores, disk_gb, \
              idle_timeout_minutes, auto_snapshot, created_at, updated_at, last_activity, max_duration_minutes, proxy, \
-             profile_name, profile_persist, extensions, record, keep_recordings, operation_id) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $11, $12, $13, $14, $15, $16, $17, $18, $19)",
+             profile_name, profile_persist, extensions, record, keep_recordings, operation_id, prefs) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)",
         )
         .bind(new.id.as_str())
         .bind(new.node_id.as_str())
@@ -410,6 +415,12 @@ impl Store {
         .bind(i64::from(new.config.record))
         .bind(i64::from(new.config.keep_recordings))
         .bind(new.operation.as_str())
+        .bind(
+            new.config
+                .prefs
+                .as_ref()
+                .map(|prefs| serde_json::to_string(prefs).expect("JSON serialises")),
+        )
         .execute(&mut *tx)
         .await?;
         self.instance_event(

@@ -12,7 +12,7 @@ use flotilla_api_types::agent::{AgentCreateInstance, AgentInstancePorts, Instanc
 use flotilla_api_types::extensions::is_extension_id;
 use flotilla_api_types::instances::{InstanceStatus, KeptRecording};
 
-use crate::browser::{BrowserProcess, CdpEndpoint, InstanceDirs, LaunchError};
+use crate::browser::{BrowserProcess, BrowserSetup, CdpEndpoint, InstanceDirs, LaunchError};
 use crate::cgroups::Limits;
 use crate::config::ImageConfig;
 
@@ -59,8 +59,12 @@ impl Agent {
                 .ports
                 .reserve(self.binds_ports())
                 .ok_or_else(|| self.ports_exhausted())?;
-            // A pooled browser already runs on an empty profile, without extensions.
-            let mut warm = if request.profile.is_none() && request.config.extensions.is_empty() {
+            // A pooled browser already runs on an empty profile, without
+            // extensions or preferences.
+            let mut warm = if request.profile.is_none()
+                && request.config.extensions.is_empty()
+                && request.config.prefs.is_none()
+            {
                 inner.launcher.take_warm(&request.image, limits, upstream)
             } else {
                 None
@@ -234,7 +238,7 @@ impl Agent {
                 image,
                 limits,
                 upstream_of(&slot.config)?,
-                &slot.config.extensions,
+                BrowserSetup::of(&slot.config),
             )
             .await?;
         let process = launched.process.clone();

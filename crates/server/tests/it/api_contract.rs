@@ -3,7 +3,7 @@
 //! over the OpenAPI document. (Browser behaviour is covered with real
 //! Chromium in `browser_*.rs`.)
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use flotilla_node_agent::config::RuntimeKind;
 use flotilla_testkit::{
@@ -90,6 +90,19 @@ async fn create_answers_exactly_the_create_fields_with_defaults_applied() {
         "unspecified members take the spec's defaults"
     );
     assert_eq!(detail["config"]["auto_snapshot"], false);
+    assert!(detail["config"].get("prefs").is_none());
+
+    // Preferences are kept as given and shown back.
+    let with_prefs = serve
+        .api
+        .create(r#"{"config": {"prefs": {"intl.accept_languages": "de", "profile": {"exit_type": "Normal"}}}}"#)
+        .await;
+    let id = with_prefs["id"].as_str().unwrap();
+    let (_, detail) = serve.api.get(&format!("/v2/instances/{id}")).await;
+    assert_eq!(
+        detail["config"]["prefs"],
+        json!({"intl.accept_languages": "de", "profile": {"exit_type": "Normal"}})
+    );
 }
 
 #[tokio::test]
@@ -118,6 +131,20 @@ async fn invalid_create_bodies_are_400_naming_the_field() {
             "config.auto_snapshot",
         ),
         (r#"{"config": {"gpu": true}}"#, "gpu"),
+        (r#"{"config": {"prefs": ["a"]}}"#, "config.prefs"),
+        (
+            r#"{"config": {"prefs": {"download.default_directory": "/etc"}}}"#,
+            "config.prefs.download.default_directory",
+        ),
+        (
+            r#"{"config": {"prefs": {"proxy": {"mode": "direct"}}}}"#,
+            "config.prefs.proxy",
+        ),
+        (r#"{"config": {"prefs": {"a..b": 1}}}"#, "config.prefs key"),
+        (
+            r#"{"config": {"prefs": {"a": 1, "a.b": 1}}}"#,
+            "config.prefs",
+        ),
         (r#"{"image": "windows:11"}"#, "image"),
         (r#"{"image": ""}"#, "image"),
         (r#"{"node_preference": "no-such-node"}"#, "node_preference"),

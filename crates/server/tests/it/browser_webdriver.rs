@@ -100,6 +100,11 @@ async fn browser_selenium_for_python_drives_an_instance_through_wd_hub() {
         assert_suite(&seen, bidi);
         if !bidi {
             assert_eq!(seen["alert"], "attention", "{seen}");
+            // goog:chromeOptions.prefs: the browser started with them (and
+            // the download above still reached the instance's downloads).
+            assert_eq!(seen["languages"], json!(["fr-FR", "fr"]), "{seen}");
+        } else {
+            assert_ne!(seen["languages"], json!(["fr-FR", "fr"]), "{seen}");
         }
         assert_eq!(seen["async_script"], "later", "{seen}");
         assert_eq!(seen["other_title"], "form", "{seen}");
