@@ -22,9 +22,20 @@ impl ServeProcess {
         data_dir: &Path,
         config: Option<&Path>,
     ) -> anyhow::Result<Self> {
+        Self::start_listening(binary, data_dir, config, "127.0.0.1:0").await
+    }
+
+    /// [`ServeProcess::start`] with the control plane on `listen` (for a
+    /// `public_url` known before the start).
+    pub async fn start_listening(
+        binary: &Path,
+        data_dir: &Path,
+        config: Option<&Path>,
+        listen: &str,
+    ) -> anyhow::Result<Self> {
         let mut command = tokio::process::Command::new(binary);
         command
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .args(["serve", "--listen", listen, "--data-dir"])
             .arg(data_dir)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())

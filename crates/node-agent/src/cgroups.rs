@@ -20,9 +20,17 @@ pub struct Limits {
     /// CPU time per 100 ms period, in microseconds.
     pub cpu_quota_us: u64,
     pub pids_max: u64,
+    /// Runs only on CPU time nobody else wants (a warm-pool browser while it
+    /// starts and waits: its refill after a take must not slow the instance
+    /// that took the previous one). Cleared when an instance takes it.
+    pub background: bool,
 }
 
 pub const CPU_PERIOD_US: u64 = 100_000;
+/// `cpu.weight` (v2) and `cpu.shares` (v1): an instance's, and a
+/// background browser's (the smallest each accepts).
+const CPU_WEIGHT: (u64, u64) = (100, 1);
+const CPU_SHARES: (u64, u64) = (1024, 2);
 
 impl Limits {
     pub fn new(memory_gb: f64, cpu_cores: f64, pids_max: u64) -> Self {
@@ -30,6 +38,15 @@ impl Limits {
             memory_bytes: (memory_gb * 1024.0 * 1024.0 * 1024.0) as u64,
             cpu_quota_us: ((cpu_cores * CPU_PERIOD_US as f64) as u64).max(1000),
             pids_max,
+            background: false,
+        }
+    }
+
+    /// These limits, for a browser that runs only on idle CPU time.
+    pub fn in_background(self) -> Self {
+        Self {
+            background: true,
+            ..self
         }
     }
 }
@@ -304,6 +321,13 @@ impl InstanceCgroup {
                     format!("{} {CPU_PERIOD_US}", limits.cpu_quota_us),
                 )?;
                 std::fs::write(dir.join("pids.max"), limits.pids_max.to_string())?;
+                let (normal, background) = CPU_WEIGHT;
+                let weight = if limits.background {
+                    background
+                } else {
+                    normal
+                };
+                std::fs::write(dir.join("cpu.weight"), weight.to_string())?;
             }
             Version::V1 => {
                 let [memory, cpu, pids] = [&self.dirs[0], &self.dirs[1], &self.dirs[2]];
@@ -318,6 +342,13 @@ impl InstanceCgroup {
                     limits.cpu_quota_us.to_string(),
                 )?;
                 std::fs::write(pids.join("pids.max"), limits.pids_max.to_string())?;
+                let (normal, background) = CPU_SHARES;
+                let shares = if limits.background {
+                    background
+                } else {
+                    normal
+                };
+                std::fs::write(cpu.join("cpu.shares"), shares.to_string())?;
             }
         }
         Ok(())

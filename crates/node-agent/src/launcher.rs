@@ -425,7 +425,9 @@ impl Launcher {
     async fn start_pooled(self: Arc<Self>, image: ImageConfig) {
         let name = format!("pool-{}", uuid::Uuid::now_v7());
         let dirs = InstanceDirs::new(self.instances_root.join(&name));
-        let limits = self.limits_for(&InstanceConfig::default());
+        // On idle CPU only until an instance takes it (`take_warm` applies
+        // the instance's limits): a refill never slows a running instance.
+        let limits = self.limits_for(&InstanceConfig::default()).in_background();
         let outcome = match self
             .spawn(&name, &dirs, &image, limits, None, BrowserSetup::default())
             .await

@@ -77,6 +77,39 @@ pub fn browser_main_pid(dir: &Path) -> Option<u32> {
     })
 }
 
+/// The CPU weight of process `pid`'s cgroup, as `(weight, normal)`:
+/// `cpu.weight` of cgroup v2 (normal 100) or `cpu.shares` of v1 (normal
+/// 1024); `None` when it runs in no cgroup with a CPU controller.
+pub fn cpu_weight_of(pid: u32) -> Option<(u64, u64)> {
+    let groups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    for line in groups.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+        let read = |file: String| -> Option<u64> {
+            std::fs::read_to_string(file).ok()?.trim().parse().ok()
+        };
+        if controllers.is_empty() {
+            for root in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
+                if let Some(weight) = read(format!("{root}{path}/cpu.weight")) {
+                    return Some((weight, 100));
+                }
+            }
+        } else if controllers.split(',').any(|c| c == "cpu") {
+            let mount = format!("/sys/fs/cgroup/{controllers}");
+            for root in [
+                mount.as_str(),
+                "/sys/fs/cgroup/cpu",
+                "/sys/fs/cgroup/cpu,cpuacct",
+            ] {
+                if let Some(shares) = read(format!("{root}{path}/cpu.shares")) {
+                    return Some((shares, 1024));
+                }
+            }
+        }
+    }
+    None
+}
+
 /// A free loopback port (for a server whose address must be known before it
 /// starts: a proxy's configuration, a control plane's public URL).
 pub fn free_port() -> u16 {

@@ -6,9 +6,9 @@ use std::time::Duration;
 use serde_json::Value;
 
 use flotilla_testkit::{
-    BROWSER_DEADLINE, Page, StatusCode, TestServe, browser_processes, get_json, get_text,
-    serve_page, spawn_serve, spawn_serve_with, spawn_serve_with_page, wait_browser_processes_gone,
-    wait_until,
+    BROWSER_DEADLINE, Page, StatusCode, TestServe, browser_main_pid, browser_processes,
+    cpu_weight_of, get_json, get_text, serve_page, spawn_serve, spawn_serve_with,
+    spawn_serve_with_page, wait_browser_processes_gone, wait_until,
 };
 
 async fn running_instance(serve: &TestServe, body: &str) -> Value {
@@ -552,6 +552,26 @@ async fn browser_warm_pool_creates_are_running_at_once_with_fresh_profiles() {
     wait_until(BROWSER_DEADLINE, "the warm pool to fill", pool_full)
         .await
         .unwrap();
+    // Pooled browsers run on idle CPU only (their refill after a take must
+    // not slow the instance that took one); a taken one is an instance's.
+    let weights = || -> Vec<(u64, u64)> {
+        std::fs::read_dir(serve.instances_dir())
+            .unwrap()
+            .flatten()
+            .filter(|entry| entry.file_name().to_string_lossy().starts_with("pool-"))
+            .filter_map(|entry| browser_main_pid(&entry.path()))
+            .filter_map(cpu_weight_of)
+            .collect()
+    };
+    let in_cgroups = !agent.warnings().iter().any(|w| w.contains("cgroup"));
+    if in_cgroups {
+        let pooled = weights();
+        assert_eq!(pooled.len(), 2, "{pooled:?}");
+        assert!(
+            pooled.iter().all(|(weight, normal)| weight < normal),
+            "{pooled:?}"
+        );
+    }
 
     let first = serve.api.create("{}").await;
     assert_eq!(
@@ -569,6 +589,22 @@ async fn browser_warm_pool_creates_are_running_at_once_with_fresh_profiles() {
         .get(&format!("/v2/instances/{}", first["id"].as_str().unwrap()))
         .await;
     assert_eq!(detail["config"]["memory_gb"], 2.0);
+    if in_cgroups {
+        wait_until(BROWSER_DEADLINE, "the pool to refill", pool_full)
+            .await
+            .unwrap();
+        let mut all = weights();
+        all.sort();
+        let normal = all
+            .iter()
+            .filter(|(weight, normal)| weight == normal)
+            .count();
+        assert_eq!(
+            (all.len(), normal),
+            (3, 1),
+            "the taken browser at an instance's weight, two pooled in the background: {all:?}"
+        );
+    }
 
     // Pooled browsers do not take slots: max_instances = 2 still allows a second instance…
     let second = serve.api.create(r#"{"config": {"memory_gb": 1}}"#).await;
