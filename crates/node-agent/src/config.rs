@@ -170,6 +170,11 @@ pub struct AgentConfig {
     pub warm_pool_size: usize,
     /// The image the warm pool serves.
     pub warm_pool_image: String,
+    /// How long after a take the pool waits before it starts the browser
+    /// that replaces the one taken, in milliseconds: the client that took it
+    /// gets the node's CPU for its first page (a refill starting at once
+    /// costs it about 20 % of a ready page; `bench/RESULTS.md`).
+    pub warm_pool_refill_delay_ms: u64,
     /// Start a chromedriver beside each warm browser (where Debian's
     /// chromium-driver is installed), so that a WebDriver session taking it
     /// does not wait for one; an instance that is not a WebDriver session
@@ -233,6 +238,7 @@ impl Default for AgentConfig {
             public_host: None,
             warm_pool_size: 1,
             warm_pool_image: DEFAULT_IMAGE.to_owned(),
+            warm_pool_refill_delay_ms: 500,
             warm_pool_chromedriver: true,
             sandbox: true,
             browser_user: "flotilla-browser".into(),
@@ -309,6 +315,11 @@ impl AgentConfig {
                 got: self.warm_pool_size,
             });
         }
+        if self.warm_pool_refill_delay_ms > 60_000 {
+            return Err(ConfigError::WarmPoolRefillDelay {
+                got: self.warm_pool_refill_delay_ms,
+            });
+        }
         if self.warm_pool_size > 0 && !self.image_catalog().contains_key(&self.warm_pool_image) {
             return Err(ConfigError::WarmPoolImage {
                 image: self.warm_pool_image.clone(),
@@ -376,6 +387,8 @@ pub enum ConfigError {
     PidsMax { got: u64 },
     #[error("agent.warm_pool_size must be at most 64 (got {got})")]
     WarmPoolSize { got: usize },
+    #[error("agent.warm_pool_refill_delay_ms must be at most 60000 (got {got})")]
+    WarmPoolRefillDelay { got: u64 },
     #[error("agent.warm_pool_image {image:?} is not in the image catalog")]
     WarmPoolImage { image: String },
     #[error(transparent)]

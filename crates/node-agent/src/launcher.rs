@@ -86,6 +86,9 @@ pub struct Launcher {
     pool_starting: AtomicUsize,
     /// Wakes the refill task.
     pool_wanted: Notify,
+    /// When an instance last took a pooled browser (the refill waits
+    /// `warm_pool_refill_delay_ms` after it).
+    last_take: Mutex<Option<std::time::Instant>>,
     /// Per executable: how much larger than the viewport the window must be
     /// (new-headless Chromium lays out an invisible 87 px toolbar; the headless
     /// shell none). Measured on the first browser of each executable.
@@ -150,6 +153,7 @@ impl Launcher {
             pool: Mutex::default(),
             pool_starting: AtomicUsize::new(0),
             pool_wanted: Notify::new(),
+            last_take: Mutex::new(None),
             window_extra: Mutex::default(),
         })
     }
@@ -365,6 +369,7 @@ impl Launcher {
                 break candidate;
             }
         };
+        *self.last_take.lock().expect("take lock") = Some(std::time::Instant::now());
         self.pool_wanted.notify_one();
         if let Some(cgroup) = &taken.launched.cgroup
             && let Err(error) = cgroup.apply(limits)
@@ -399,6 +404,20 @@ impl Launcher {
             let ready = self.pool.lock().expect("pool lock").len();
             let starting = self.pool_starting.load(Ordering::SeqCst);
             if ready + starting < self.config.warm_pool_size {
+                // The client that just took one gets the CPU for its first page.
+                let quiet_at =
+                    self.last_take.lock().expect("take lock").map(|at| {
+                        at + Duration::from_millis(self.config.warm_pool_refill_delay_ms)
+                    });
+                if let Some(quiet_at) = quiet_at
+                    && quiet_at > std::time::Instant::now()
+                {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(quiet_at.into()) => {}
+                        () = shutdown.cancelled() => break,
+                    }
+                    continue;
+                }
                 self.pool_starting.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(self.clone().start_pooled(image.clone()));
                 continue;
