@@ -8,7 +8,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use flotilla_api_types::instances::DEFAULT_IMAGE;
+use flotilla_api_types::instances::{DEFAULT_IMAGE, ReviveMethod};
 
 /// Flags every image gets: headless, no network chatter on a closed network,
 /// and Puppeteer's default set (measured here: a ready page ~65 ms sooner).
@@ -189,9 +189,12 @@ pub struct AgentConfig {
     pub browser_user: String,
     /// What pages may reach on the network (`[agent.egress]`).
     pub egress: crate::egress::EgressConfig,
-    /// A client connecting to a dormant instance's ports wakes it (quick start)
+    /// A client connecting to a dormant instance's ports wakes it
     /// and is served once the browser is up.
     pub wake_on_connect: bool,
+    /// How such a client wakes it: `full_restore` (its tabs come back, the
+    /// default) or `quick_start` (cookies and storage only, a little faster).
+    pub wake_on_connect_method: ReviveMethod,
     /// CPU quota per requested core: an instance gets `cpu_cores × cpu_quota_per_core`
     /// cores of CPU time (e.g. 0.5 to pack two instances per core).
     pub cpu_quota_per_core: f64,
@@ -244,6 +247,7 @@ impl Default for AgentConfig {
             browser_user: "flotilla-browser".into(),
             egress: crate::egress::EgressConfig::default(),
             wake_on_connect: true,
+            wake_on_connect_method: ReviveMethod::FullRestore,
             cpu_quota_per_core: 1.0,
             pids_max: 2048,
             launch_timeout_sec: 30,

@@ -67,12 +67,20 @@ pub enum BrowserPhase {
 }
 
 /// A client's request to wake a dormant instance: which, and with which
-/// revive (a WebDriver command asks for its windows back, a CDP client for a
-/// quick start).
+/// revive (a WebDriver command asks for its windows back; a client of the
+/// instance's ports gets `agent.wake_on_connect_method`).
 #[derive(Debug, Clone)]
 pub struct Wake {
     pub id: InstanceId,
     pub method: ReviveMethod,
+}
+
+/// Where a slot sends its [`Wake`]s, and the revive a client of its ports
+/// wakes it with (`agent.wake_on_connect_method`).
+#[derive(Debug, Clone)]
+pub struct Waker {
+    pub sender: mpsc::UnboundedSender<Wake>,
+    pub on_connect: ReviveMethod,
 }
 
 pub struct InstanceSlot {
@@ -125,7 +133,7 @@ pub struct InstanceSlot {
     profile: Mutex<Option<ProfileUse>>,
     /// Asks the agent to revive this instance (and how) when it is dormant
     /// and a client connects; `None` when waking is off.
-    waker: Option<mpsc::UnboundedSender<Wake>>,
+    waker: Option<Waker>,
     /// The task recording its live view (`config.record`), to wait for the
     /// last recording to be finished before its files are kept or removed.
     recorder: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -144,7 +152,7 @@ impl InstanceSlot {
         ports: [u16; 3],
         dirs: InstanceDirs,
         clock: Arc<dyn Clock>,
-        waker: Option<mpsc::UnboundedSender<Wake>>,
+        waker: Option<Waker>,
     ) -> Self {
         Self {
             id,
@@ -228,8 +236,7 @@ impl InstanceSlot {
     /// Waits until the browser answers CDP (or is gone), at most `timeout`. A
     /// dormant instance is woken first when waking is on.
     pub async fn wait_ready(&self, timeout: Duration) -> Result<Option<CdpEndpoint>, NotReady> {
-        self.wait_ready_reviving(timeout, Some(ReviveMethod::QuickStart))
-            .await
+        self.wait_ready_waking(timeout, true).await
     }
 
     /// [`InstanceSlot::wait_ready`], waking a dormant instance only if `wake`
@@ -239,7 +246,11 @@ impl InstanceSlot {
         timeout: Duration,
         wake: bool,
     ) -> Result<Option<CdpEndpoint>, NotReady> {
-        let method = wake.then_some(ReviveMethod::QuickStart);
+        let method = self
+            .waker
+            .as_ref()
+            .filter(|_| wake)
+            .map(|waker| waker.on_connect);
         self.wait_ready_reviving(timeout, method).await
     }
 
@@ -265,7 +276,7 @@ impl InstanceSlot {
                     }
                     BrowserPhase::Dormant => match waker {
                         Some((waker, method)) if !woken => {
-                            let _ = waker.send(Wake {
+                            let _ = waker.sender.send(Wake {
                                 id: self.id.clone(),
                                 method,
                             });

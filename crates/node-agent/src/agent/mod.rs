@@ -465,7 +465,10 @@ impl Agent {
             .settings
             .config
             .wake_on_connect
-            .then(|| self.inner.wake.clone());
+            .then(|| crate::instance::Waker {
+                sender: self.inner.wake.clone(),
+                on_connect: self.inner.settings.config.wake_on_connect_method,
+            });
         let slot = Arc::new(InstanceSlot::new(
             id.clone(),
             image.to_owned(),

@@ -401,7 +401,9 @@ async fn browser_idle_instances_park_themselves_and_activity_wakes_idle_ones() {
 #[tokio::test]
 async fn browser_a_cdp_client_wakes_a_dormant_instance() {
     let (pages, serve, id, debug_url) = serve_with_state().await;
+    let tabs = open_tabs(&debug_url, &pages, &["a", "b"]).await;
     serve.api.park(&id).await;
+    drop(tabs);
 
     // Playwright connects to the dormant instance's unchanged urls.debug.
     let woken = run_node(
@@ -414,6 +416,13 @@ async fn browser_a_cdp_client_wakes_a_dormant_instance() {
     assert_state_back(&woken["value"]);
     let (_, detail) = serve.api.get(&format!("/v2/instances/{id}")).await;
     assert_eq!(detail["status"], "running", "{detail}");
+    // Woken with agent.wake_on_connect_method, full_restore by default: the
+    // client finds its tabs.
+    let urls = page_urls(detail["debug_port"].as_u64().unwrap()).await;
+    for path in ["/a", "/b"] {
+        let url = format!("{}{path}", pages.base);
+        assert!(urls.contains(&url), "{url} reopened: {urls:?}");
+    }
     serve.shutdown().await;
 }
 
