@@ -1,6 +1,7 @@
 //! Dormancy benchmarks of issue 4 against a release `flotilla serve`.
 //!
 //! Usage: dormancy_bench [--binary target/release/flotilla] [--count 20]
+//!                       [--baseline path/to/an/older/flotilla]
 //!
 //! One instance holds cookies, localStorage and three tabs at local pages.
 //! - quick_start rounds: open the three tabs, `POST …/dormant` (timed), then
@@ -10,7 +11,14 @@
 //!   `{"method":"full_restore"}`, timed until the instance is `running` and its
 //!   three tabs are back at their URLs.
 //!
+//! - wake-on-connect rounds: open the three tabs, park, then connect a CDP
+//!   client to `urls.debug` (timed until its WebSocket handshake is
+//!   answered) and read its tabs (`Target.getTargets`, timed until the three
+//!   are listed, for at most 2 s: a quick_start wake brings none back).
+//!
 //! Also: archive size, and memory (PSS of the browser) freed by parking.
+//! With `--baseline OLDER_BINARY`, every measure runs on that build first,
+//! then on this one, in the same run.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -26,12 +34,15 @@ use flotilla_node_agent::cdp::CdpClient;
 
 struct Args {
     binary: PathBuf,
+    baseline: Option<PathBuf>,
     count: usize,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
+    let baseline = text_flag("--baseline", "")?;
     Ok(Args {
         binary: text_flag("--binary", "target/release/flotilla")?.into(),
+        baseline: (!baseline.is_empty()).then(|| baseline.into()),
         count: number_flag("--count", 20)?,
     })
 }
@@ -278,8 +289,70 @@ async fn measure_full_restore(
     Ok(full_ms)
 }
 
+/// The samples of the wake-on-connect rounds.
+#[derive(Default)]
+struct WakeRounds {
+    handshake_ms: Vec<f64>,
+    tabs_ms: Vec<f64>,
+    without_tabs: usize,
+}
+
+/// `count` rounds of: open the tabs, park, connect a CDP client to
+/// `urls.debug` (timed to its handshake) and wait for the tabs in its
+/// `Target.getTargets` (timed; at most 2 s).
+async fn measure_wake_on_connect(
+    bench: &Bench,
+    tabs: &[String],
+    count: usize,
+) -> anyhow::Result<WakeRounds> {
+    let mut rounds = WakeRounds::default();
+    for _ in 0..count {
+        // The tabs a quick_start wake did not bring back.
+        let open = bench.page_urls().await?;
+        let missing: Vec<String> = tabs.iter().filter(|t| !open.contains(t)).cloned().collect();
+        bench.open_tabs(&missing).await?;
+        bench.post("dormant", "").await?;
+        let started = Instant::now();
+        let client = CdpClient::connect(&bench.debug_url).await?;
+        rounds
+            .handshake_ms
+            .push(started.elapsed().as_secs_f64() * 1000.0);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            let targets = client
+                .call(
+                    "Target.getTargets",
+                    json!({}),
+                    None,
+                    Duration::from_secs(30),
+                )
+                .await?;
+            let listed: Vec<&str> = targets["targetInfos"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|t| t["url"].as_str())
+                .collect();
+            if tabs.iter().all(|t| listed.contains(&t.as_str())) {
+                rounds
+                    .tabs_ms
+                    .push(started.elapsed().as_secs_f64() * 1000.0);
+                break;
+            }
+            if Instant::now() > deadline {
+                rounds.without_tabs += 1;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        drop(client);
+        bench.wait_running().await?;
+    }
+    Ok(rounds)
+}
+
 /// Prints the results table and the archive and memory figures.
-fn print_results(count: usize, quick: &QuickRounds, full_ms: &[f64]) {
+fn print_results(count: usize, quick: &QuickRounds, full_ms: &[f64], wake: &WakeRounds) {
     println!("{count} rounds each; one instance with cookies, localStorage and three tabs");
     println!("| operation | n | p50 ms | p95 ms | mean ms | min ms | max ms |");
     println!("|---|---|---|---|---|---|---|");
@@ -312,6 +385,24 @@ fn print_results(count: usize, quick: &QuickRounds, full_ms: &[f64]) {
         )
     );
     println!(
+        "{}",
+        summary_row(
+            "wake on connect: CDP connect to urls.debug → handshake answered",
+            &wake.handshake_ms
+        )
+    );
+    println!(
+        "{}",
+        summary_row(
+            "wake on connect: connect → the client lists its 3 tabs",
+            &wake.tabs_ms
+        )
+    );
+    println!(
+        "wake on connect: {} of {count} rounds found no tabs within 2 s",
+        wake.without_tabs
+    );
+    println!(
         "archive size KiB: p50 {:.1}, max {:.1}; browser PSS freed per park MiB: p50 {:.1}; MemAvailable gained MiB: p50 {:.1}",
         percentile(&quick.sizes, 0.5),
         quick.sizes.iter().copied().fold(0.0, f64::max),
@@ -323,23 +414,49 @@ fn print_results(count: usize, quick: &QuickRounds, full_ms: &[f64]) {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
+    let tabs = serve_pages().await?;
+    let builds: Vec<(&str, &Path)> = args
+        .baseline
+        .as_deref()
+        .map(|baseline| ("baseline", baseline))
+        .into_iter()
+        .chain([("this build", args.binary.as_path())])
+        .collect();
+    for (name, binary) in builds {
+        println!("\n### {name} ({})\n", binary.display());
+        run_build(binary, &tabs, args.count).await?;
+    }
+    Ok(())
+}
+
+/// Every measure against one release `serve` of `binary`.
+async fn run_build(binary: &Path, tabs: &[String], count: usize) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let config = dir.path().join("bench.toml");
-    std::fs::write(&config, "[agent]\nwarm_pool_size = 0\n")?;
+    // The pages' site is allowed out of the browsers' network.
+    let site = tabs[0]
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    std::fs::write(
+        &config,
+        format!("[agent]\nwarm_pool_size = 0\n[agent.egress]\nallow = [\"{site}\"]\n"),
+    )?;
     let data = dir.path().join("data");
-    let serve = ServeProcess::start(&args.binary, &data, Some(&config)).await?;
+    let serve = ServeProcess::start(binary, &data, Some(&config)).await?;
     let http = reqwest::Client::builder()
         .no_proxy()
         .timeout(Duration::from_secs(60))
         .build()?;
-    let tabs = serve_pages().await?;
     let bench = create_instance(&http, &serve.url).await?;
     let snapshots = data.canonicalize()?.join("snapshots").join(&bench.id);
-    let quick = measure_quick_start(&bench, &tabs, &snapshots, args.count).await?;
+    let quick = measure_quick_start(&bench, tabs, &snapshots, count).await?;
     // A build whose full restore loses the tabs still reports the rest.
-    let full = measure_full_restore(&bench, &tabs, args.count).await;
+    let full = measure_full_restore(&bench, tabs, count).await;
+    let wake = measure_wake_on_connect(&bench, tabs, count).await?;
     serve.stop().await;
-    print_results(args.count, &quick, full.as_deref().unwrap_or(&[]));
+    print_results(count, &quick, full.as_deref().unwrap_or(&[]), &wake);
     if let Err(error) = full {
         println!("full_restore: {error}");
     }
