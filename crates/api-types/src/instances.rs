@@ -143,8 +143,9 @@ pub struct InstanceConfig {
     /// Chromium preferences written into the profile before the browser
     /// starts (what chromedriver's `goog:chromeOptions.prefs` does): dotted
     /// names (`"intl.accept_languages": "fr-FR"`) or nested objects, at most
-    /// 64 KiB. The download folders, `proxy.*` and `extensions.*` are
-    /// refused. Such instances never take a warm browser.
+    /// 64 KiB. The download folders, `proxy.*`, `extensions.*`,
+    /// `devtools.*`, `protocol_handler.*` and what opens downloads outside
+    /// the browser are refused. Such instances never take a warm browser.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub prefs: Option<serde_json::Map<String, serde_json::Value>>,

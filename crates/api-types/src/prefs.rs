@@ -6,8 +6,13 @@
 //! Keys are dotted paths (`intl.accept_languages`) or nested objects, as
 //! chromedriver takes them; [`expand`] turns both into Chromium's nested
 //! form. Refused: what would take a download or the browser's network out
-//! of Flotilla's hands (the download folders, proxy settings) and extension
-//! settings (extensions are `config.extensions`).
+//! of Flotilla's hands (the download folders, proxy settings), extension
+//! settings (extensions are `config.extensions`), DevTools settings (the
+//! protocol is how the agent runs the browser) and what opens programs
+//! outside the browser (protocol handlers, downloads opened by type).
+//! Preferences are not the confinement (the browser can write its own
+//! profile; the sandbox, its network namespace and the CDP pins are): these
+//! refusals keep a create from turning off what Flotilla relies on.
 
 use serde_json::{Map, Value};
 
@@ -33,6 +38,22 @@ const REFUSED: &[(&str, &str)] = &[
     (
         "extensions",
         "extensions are config.extensions, uploaded with POST /v2/extensions",
+    ),
+    (
+        "devtools",
+        "the DevTools protocol is how Flotilla runs the browser (live view, snapshots, WebDriver)",
+    ),
+    (
+        "protocol_handler",
+        "pages must not open programs outside the browser",
+    ),
+    (
+        "download.extensions_to_open",
+        "downloads are never opened by programs outside the browser",
+    ),
+    (
+        "download.open_pdf_in_system_reader",
+        "downloads are never opened by programs outside the browser",
     ),
 ];
 
@@ -275,6 +296,19 @@ mod tests {
             ),
             (json!({"proxy.mode": "direct"}), "proxy"),
             (json!({"extensions": {"settings": {}}}), "extensions"),
+            (json!({"devtools.availability": 2}), "devtools"),
+            (
+                json!({"protocol_handler": {"allowed_origin_protocol_pairs": {}}}),
+                "protocol_handler",
+            ),
+            (
+                json!({"download.extensions_to_open": "pdf"}),
+                "download.extensions_to_open",
+            ),
+            (
+                json!({"download": {"open_pdf_in_system_reader": true}}),
+                "download.open_pdf_in_system_reader",
+            ),
         ] {
             let error = expand(&map(prefs.clone())).unwrap_err();
             assert_eq!(

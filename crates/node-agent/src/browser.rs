@@ -158,13 +158,15 @@ impl InstanceDirs {
 
     /// Makes `downloads` (the downloads directory as the browser sees it) the
     /// browser's default download folder: XDG user dirs, which Chromium reads.
+    /// The home is the browser's: written by handle, never through a link it
+    /// left there (see [`crate::browser_files`]).
     pub fn set_default_downloads(&self, downloads: &Path) -> std::io::Result<()> {
-        let config = self.home().join(".config");
-        std::fs::create_dir_all(&config)?;
-        std::fs::write(
-            config.join("user-dirs.dirs"),
-            format!("XDG_DOWNLOAD_DIR=\"{}\"\n", downloads.display()),
-        )
+        crate::browser_files::BrowserFolder::open(&self.home())?
+            .folder(".config")?
+            .replace(
+                "user-dirs.dirs",
+                format!("XDG_DOWNLOAD_DIR=\"{}\"\n", downloads.display()).as_bytes(),
+            )
     }
 }
 
@@ -833,4 +835,47 @@ fn group_has_live_member(pgid: u32) -> bool {
 pub(crate) fn is_root() -> bool {
     // SAFETY: geteuid cannot fail and touches no memory.
     unsafe { libc::geteuid() == 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+    use std::os::unix::fs::symlink;
+
+    use super::*;
+
+    #[test]
+    fn the_download_folder_setting_is_never_written_through_a_link_in_the_home() {
+        let outside = tempfile::tempdir().unwrap();
+        let passwd = outside.path().join("passwd");
+        fs::write(&passwd, "root:x:0:0").unwrap();
+        let dirs = InstanceDirs::new(tempfile::tempdir().unwrap().keep());
+        dirs.create().unwrap();
+        // The browser left its settings file a link to a host file…
+        fs::create_dir(dirs.home().join(".config")).unwrap();
+        symlink(&passwd, dirs.home().join(".config/user-dirs.dirs")).unwrap();
+        dirs.set_default_downloads(Path::new("/instance/downloads"))
+            .unwrap();
+        assert_eq!(fs::read_to_string(&passwd).unwrap(), "root:x:0:0");
+        assert_eq!(
+            fs::read_to_string(dirs.home().join(".config/user-dirs.dirs")).unwrap(),
+            "XDG_DOWNLOAD_DIR=\"/instance/downloads\"\n"
+        );
+        // …or its .config a link to a host folder.
+        fs::remove_dir_all(dirs.home().join(".config")).unwrap();
+        symlink(outside.path(), dirs.home().join(".config")).unwrap();
+        dirs.set_default_downloads(Path::new("/instance/downloads"))
+            .unwrap();
+        assert_eq!(
+            fs::read_dir(outside.path()).unwrap().count(),
+            1,
+            "only passwd"
+        );
+        assert!(
+            fs::symlink_metadata(dirs.home().join(".config"))
+                .unwrap()
+                .is_dir()
+        );
+        fs::remove_dir_all(&dirs.root).unwrap();
+    }
 }

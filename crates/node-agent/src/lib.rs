@@ -3,7 +3,8 @@
 //!
 //! - [`agent`] — the [`Agent`] handle (create, delete, report, shutdown).
 //! - [`browser`] — one browser process tree (launch, readiness, stop);
-//!   [`profile_prefs`] writes the preferences it starts with.
+//!   [`profile_prefs`] writes the preferences it starts with, and
+//!   [`browser_files`] how the agent writes in folders the browser owns.
 //! - [`gateway`], [`live_view`], [`instance_http`]: the servers on an instance's
 //!   debug, stream and HTTP ports; [`access`] decides who may use them, and
 //!   [`client_frames`] reads what CDP clients send.
@@ -17,6 +18,7 @@ pub mod access;
 pub mod agent;
 pub mod agent_api;
 pub mod browser;
+pub mod browser_files;
 pub mod capture;
 pub mod cdp;
 pub mod cgroups;

@@ -4,19 +4,17 @@
 //! revived or saved profile keeps everything else).
 //!
 //! The profile is the browser's to write, so what lies in it is hostile: the
-//! agent (often root) never follows a link there. A `Default` that is not a
-//! directory is replaced; `Preferences` is read without following a link and
-//! replaced by a rename, which replaces a link rather than writing through it.
-//! Nothing of the instance runs while this happens (the browser is stopped).
+//! agent (often root) reads and writes there only through
+//! [`BrowserFolder`], which never follows a link.
 
-use std::fs::{self, OpenOptions};
-use std::io::{self, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io;
 use std::path::Path;
 
 use serde_json::{Map, Value};
 
 use flotilla_api_types::prefs;
+
+use crate::browser_files::BrowserFolder;
 
 /// Largest `Preferences` read back; a larger (or unreadable) one is started
 /// over with only the instance's preferences, as Chromium itself does with a
@@ -28,66 +26,23 @@ const MAX_EXISTING_BYTES: u64 = 16 * 1024 * 1024;
 pub fn write(profile: &Path, asked: &Map<String, Value>) -> io::Result<()> {
     let nested =
         prefs::expand(asked).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    let default = profile.join("Default");
-    match fs::symlink_metadata(&default) {
-        Ok(meta) if meta.is_dir() => {}
-        Ok(meta) if meta.is_symlink() || meta.is_file() => {
-            fs::remove_file(&default)?;
-            fs::create_dir(&default)?;
-        }
-        Ok(_) => {
-            return Err(io::Error::other(
-                "the profile's Default is neither a folder nor a file",
-            ));
-        }
-        Err(error) if error.kind() == io::ErrorKind::NotFound => fs::create_dir(&default)?,
-        Err(error) => return Err(error),
-    }
-    let path = default.join("Preferences");
-    let mut merged = read_existing(&path).unwrap_or_default();
+    let default = BrowserFolder::open(profile)?.folder("Default")?;
+    let mut merged = default
+        .read("Preferences", MAX_EXISTING_BYTES)
+        .and_then(|text| match serde_json::from_slice(&text) {
+            Ok(Value::Object(fields)) => Some(fields),
+            _ => None,
+        })
+        .unwrap_or_default();
     prefs::merge_into(&mut merged, &nested);
-    let partial = default.join(".Preferences.flotilla");
-    match fs::remove_file(&partial) {
-        Ok(()) => {}
-        Err(error) if error.kind() == io::ErrorKind::NotFound => {}
-        Err(error) => return Err(error),
-    }
-    // create_new: a link planted under this name fails the open.
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&partial)?;
-    file.write_all(&serde_json::to_vec(&Value::Object(merged)).map_err(io::Error::other)?)?;
-    file.sync_all()?;
-    fs::rename(&partial, &path)
-}
-
-/// The profile's preferences, if it has readable ones (a link is not read).
-fn read_existing(path: &Path) -> Option<Map<String, Value>> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .ok()?;
-    if !file.metadata().ok()?.is_file() {
-        return None;
-    }
-    let mut text = Vec::new();
-    file.take(MAX_EXISTING_BYTES + 1)
-        .read_to_end(&mut text)
-        .ok()?;
-    if text.len() as u64 > MAX_EXISTING_BYTES {
-        return None;
-    }
-    match serde_json::from_slice(&text).ok()? {
-        Value::Object(fields) => Some(fields),
-        _ => None,
-    }
+    let text = serde_json::to_vec(&Value::Object(merged)).map_err(io::Error::other)?;
+    default.replace("Preferences", &text)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+
     use serde_json::json;
 
     use super::*;
@@ -189,9 +144,11 @@ mod tests {
     fn a_fifo_is_not_waited_on() {
         let profile = tempfile::tempdir().unwrap();
         fs::create_dir(profile.path().join("Default")).unwrap();
-        let fifo = profile.path().join("Default/Preferences");
-        let name = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
-        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+        let made = std::process::Command::new("mkfifo")
+            .arg(profile.path().join("Default/Preferences"))
+            .status()
+            .unwrap();
+        assert!(made.success());
         write(profile.path(), &asked(json!({"y": true}))).unwrap();
         assert_eq!(written(profile.path()), json!({"y": true}));
     }

@@ -641,6 +641,11 @@ fn chown_tree(path: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(error) => return Err(error),
     };
+    // A file with another name elsewhere (a hard link) could be one the
+    // browser user must not own: left as it is.
+    if !meta.is_dir() && std::os::unix::fs::MetadataExt::nlink(&meta) > 1 {
+        return Ok(());
+    }
     std::os::unix::fs::lchown(path, Some(uid), Some(gid))?;
     if meta.is_dir() {
         for entry in std::fs::read_dir(path)? {
