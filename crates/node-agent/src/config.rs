@@ -10,8 +10,10 @@ use std::str::FromStr;
 
 use flotilla_api_types::instances::{DEFAULT_IMAGE, ReviveMethod};
 
-/// Flags every image gets: headless, no network chatter on a closed network,
-/// and Puppeteer's default set (measured here: a ready page ~65 ms sooner).
+/// Flags every image gets: headless, no network traffic of the browser's own
+/// (what Playwright and Puppeteer turn off, and what was still seen going
+/// out), and Puppeteer's default set (measured here: a ready page ~65 ms
+/// sooner).
 pub const BASE_CHROMIUM_FLAGS: &[&str] = &[
     "--headless",
     "--disable-gpu",
@@ -34,7 +36,17 @@ pub const BASE_CHROMIUM_FLAGS: &[&str] = &[
     "--disable-prompt-on-repost",
     "--disable-client-side-phishing-detection",
     "--disable-domain-reliability",
-    "--disable-features=Translate,OptimizationHints,MediaRouter,DialMediaRouteProvider,AcceptCHFrame,CalculateNativeWinOcclusion,InterestFeedContentSuggestions,CertificateTransparencyComponentUpdater,AutofillServerCommunication,PrivacySandboxSettings4",
+    "--disable-field-trial-config",
+    "--no-service-autorun",
+    "--disable-search-engine-choice-screen",
+    "--disable-features=Translate,OptimizationHints,MediaRouter,DialMediaRouteProvider,AcceptCHFrame,CalculateNativeWinOcclusion,InterestFeedContentSuggestions,CertificateTransparencyComponentUpdater,AutofillServerCommunication,PrivacySandboxSettings4,NetworkTimeServiceQuerying,AimEnabled,PreconnectToSearch",
+    // What the flags above leave going out at every start (seen through an
+    // upstream proxy, Chromium 156): an on-demand component (the
+    // optimization guide's model manifest) asked of update.googleapis.com,
+    // and accounts.google.com. Their servers point at a closed port on the
+    // browser's own loopback; pages browse Google's sites as any other.
+    "--component-updater=url-source=http://127.0.0.1:9/",
+    "--gaia-url=http://127.0.0.1:9/",
     "--enable-features=NetworkServiceInProcess2",
     "--password-store=basic",
     "--use-mock-keychain",

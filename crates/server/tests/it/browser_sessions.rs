@@ -135,6 +135,7 @@ async fn browser_an_upstream_proxy_carries_every_request_and_keeps_its_credentia
         );
     }
 
+    let launched = std::time::Instant::now();
     let (id, created, detail) = serve
         .api
         .create_running(&proxy_body(proxy.port, PROXY_PASSWORD))
@@ -205,7 +206,40 @@ async fn browser_an_upstream_proxy_carries_every_request_and_keeps_its_credentia
     }
     let log = std::fs::read_to_string(instance_dir.join("browser.log")).unwrap_or_default();
     assert!(!log.contains(PROXY_PASSWORD));
+
+    // The browser sends nothing of its own through the proxy: Chromium asks
+    // its update, time and account servers within seconds of its start
+    // unless told not to. An absence, so observed over a window: the first
+    // ten seconds of the browsers above.
+    tokio::time::sleep_until((launched + Duration::from_secs(10)).into()).await;
+    let hosts = requested_hosts(&proxy.logged());
+    assert!(!hosts.is_empty(), "{}", proxy.logged());
+    assert!(
+        hosts.iter().all(|host| host == "127.0.0.1"),
+        "only the site went through the proxy: {hosts:?}"
+    );
     serve.shutdown().await;
+}
+
+/// The host of every request tinyproxy logged (`Request (file descriptor
+/// N): CONNECT host:port HTTP/1.1`, or a full URL).
+fn requested_hosts(log: &str) -> Vec<String> {
+    log.lines()
+        .filter_map(|line| {
+            line.split_once("Request (file descriptor")
+                .map(|(_, rest)| rest)
+        })
+        .filter_map(|rest| rest.split_once("): ").map(|(_, request)| request))
+        .filter_map(|request| request.split_whitespace().nth(1))
+        .map(|target| {
+            let target = target.split_once("://").map_or(target, |(_, rest)| rest);
+            let authority = target.split('/').next().unwrap_or_default();
+            authority
+                .rsplit_once(':')
+                .map_or(authority, |(host, _)| host)
+                .to_owned()
+        })
+        .collect()
 }
 
 #[tokio::test]
