@@ -195,6 +195,22 @@ pub struct Heartbeat {
     #[serde(default)]
     pub load: ResourceUsage,
     pub instances: Vec<InstanceReport>,
+    /// The node's warm pool, when it keeps one (an older agent sends none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_pool: Option<WarmPoolReport>,
+}
+
+/// A node's warm pool as its agent counts it: browsers ready now, and how
+/// many creates took one (hits) or launched a browser of their own (misses:
+/// the pool was empty, or the create's shape is not the pool's: another
+/// image, a profile, extensions, preferences).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WarmPoolReport {
+    /// The image the pool serves.
+    pub image: String,
+    pub ready: u64,
+    pub hits: u64,
+    pub misses: u64,
 }
 
 /// An instance changed state on its node (sent as it happens).

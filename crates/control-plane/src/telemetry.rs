@@ -63,6 +63,8 @@ pub struct DeliveryCounters {
 pub struct Gauges {
     pub instances_by_status: Vec<(String, i64)>,
     pub node_cpu: Vec<(String, f64)>,
+    /// Per node, its warm pool as last reported.
+    pub warm_pools: Vec<(String, flotilla_api_types::agent::WarmPoolReport)>,
     pub outbox_depth: i64,
     /// Creates waiting in the queue now.
     pub create_queue_length: usize,
@@ -214,6 +216,36 @@ fn render_gauges(gauges: &Gauges, out: &mut String) {
             "service_node_cpu_percent{{node=\"{}\"}} {cpu}",
             escape_label(node)
         );
+    }
+    header(
+        out,
+        "service_warm_pool_ready",
+        "Warm browsers ready on each node, by the image its pool serves.",
+        "gauge",
+    );
+    for (node, pool) in &gauges.warm_pools {
+        let _ = writeln!(
+            out,
+            "service_warm_pool_ready{{node=\"{}\",image=\"{}\"}} {}",
+            escape_label(node),
+            escape_label(&pool.image),
+            pool.ready
+        );
+    }
+    header(
+        out,
+        "service_warm_pool_creates_total",
+        "Creates on each node since its agent started: hit (took a warm browser) or miss (launched its own).",
+        "counter",
+    );
+    for (node, pool) in &gauges.warm_pools {
+        for (outcome, count) in [("hit", pool.hits), ("miss", pool.misses)] {
+            let _ = writeln!(
+                out,
+                "service_warm_pool_creates_total{{node=\"{}\",outcome=\"{outcome}\"}} {count}",
+                escape_label(node)
+            );
+        }
     }
     header(
         out,

@@ -10,7 +10,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -89,6 +89,9 @@ pub struct Launcher {
     /// When an instance last took a pooled browser (the refill waits
     /// `warm_pool_refill_delay_ms` after it).
     last_take: Mutex<Option<std::time::Instant>>,
+    /// Creates that took a pooled browser, and creates that launched their own.
+    pool_hits: AtomicU64,
+    pool_misses: AtomicU64,
     /// Per executable: how much larger than the viewport the window must be
     /// (new-headless Chromium lays out an invisible 87 px toolbar; the headless
     /// shell none). Measured on the first browser of each executable.
@@ -154,6 +157,8 @@ impl Launcher {
             pool_starting: AtomicUsize::new(0),
             pool_wanted: Notify::new(),
             last_take: Mutex::new(None),
+            pool_hits: AtomicU64::new(0),
+            pool_misses: AtomicU64::new(0),
             window_extra: Mutex::default(),
         })
     }
@@ -534,5 +539,32 @@ impl Launcher {
     /// Pooled browsers ready now.
     pub fn pool_ready(&self) -> usize {
         self.pool.lock().expect("pool lock").len()
+    }
+
+    /// Counts a create as a hit (it took a pooled browser) or a miss; only
+    /// on a node that keeps a pool.
+    pub fn count_take(&self, hit: bool) {
+        if self.config.warm_pool_size == 0 || self.config.runtime == RuntimeKind::Sim {
+            return;
+        }
+        let counter = if hit {
+            &self.pool_hits
+        } else {
+            &self.pool_misses
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The pool for the node's report; `None` when it keeps none.
+    pub fn pool_report(&self) -> Option<flotilla_api_types::agent::WarmPoolReport> {
+        if self.config.warm_pool_size == 0 || self.config.runtime == RuntimeKind::Sim {
+            return None;
+        }
+        Some(flotilla_api_types::agent::WarmPoolReport {
+            image: self.config.warm_pool_image.clone(),
+            ready: self.pool_ready() as u64,
+            hits: self.pool_hits.load(Ordering::Relaxed),
+            misses: self.pool_misses.load(Ordering::Relaxed),
+        })
     }
 }

@@ -162,9 +162,17 @@ impl ControlPlane {
             .into_iter()
             .map(|n| (n.id.as_str().to_owned(), n.resources.cpu_percent))
             .collect();
+        let warm_pools = self
+            .warm_pools
+            .lock()
+            .expect("warm pools lock")
+            .iter()
+            .map(|(node, pool)| (node.as_str().to_owned(), pool.clone()))
+            .collect();
         Ok(Gauges {
             instances_by_status,
             node_cpu,
+            warm_pools,
             outbox_depth: self.store.outbox_depth().await?,
             create_queue_length: self.create_queue.snapshot().0,
         })

@@ -65,6 +65,11 @@ pub struct ControlPlane {
     /// The nodes (and agent generations) this process reconciled at their
     /// registration; a heartbeat from any other is asked to register again.
     reconciled: std::sync::Mutex<std::collections::HashSet<(NodeId, String)>>,
+    /// Per node: its warm pool as its last heartbeat to this process told
+    /// (for `/metrics`).
+    warm_pools: std::sync::Mutex<
+        std::collections::BTreeMap<NodeId, flotilla_api_types::agent::WarmPoolReport>,
+    >,
     /// Per node: recent instances and failures, and when they were read.
     recent_failures: tokio::sync::Mutex<Option<(std::time::Instant, RecentFailures)>>,
 }
@@ -86,6 +91,7 @@ impl ControlPlane {
             instance_token_key: tokio::sync::OnceCell::new(),
             public_hosts: instance_access::PublicHosts::default(),
             reconciled: Default::default(),
+            warm_pools: Default::default(),
             create_queue: queue::CreateQueue::default(),
             holder: uuid::Uuid::new_v4().simple().to_string(),
             recent_failures: tokio::sync::Mutex::new(None),

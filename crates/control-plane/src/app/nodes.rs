@@ -273,6 +273,12 @@ impl ControlPlane {
                 self.store
                     .instance_record_usage(&heartbeat.node_id, &heartbeat.instances)
                     .await?;
+                let mut pools = self.warm_pools.lock().expect("warm pools lock");
+                match heartbeat.warm_pool {
+                    Some(pool) => pools.insert(heartbeat.node_id.clone(), pool),
+                    None => pools.remove(&heartbeat.node_id),
+                };
+                drop(pools);
                 Ok(Some(self.agent_ack()))
             }
         }

@@ -152,6 +152,7 @@ async fn silent_nodes_go_offline_and_their_instances_fail() {
         resources: ResourceUsage::default(),
         load: ResourceUsage::default(),
         instances: vec![],
+        warm_pool: None,
     };
     assert!(
         control_plane

@@ -164,6 +164,7 @@ impl Agent {
             resources,
             load,
             instances: slots.iter().map(|slot| slot.report()).collect(),
+            warm_pool: self.inner.launcher.pool_report(),
         }
     }
 

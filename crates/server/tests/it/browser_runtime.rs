@@ -632,5 +632,32 @@ async fn browser_warm_pool_creates_are_running_at_once_with_fresh_profiles() {
         "",
         "a fresh profile"
     );
+
+    // A create of another shape (preferences) launches its own browser: a
+    // miss. /metrics counts both, as the node's heartbeat reports them.
+    drop(fresh);
+    serve
+        .api
+        .delete_instance(third["id"].as_str().unwrap())
+        .await;
+    let shaped = serve
+        .api
+        .create(r#"{"config": {"prefs": {"intl.accept_languages": "de"}}}"#)
+        .await;
+    assert_eq!(shaped["status"], "creating", "{shaped}");
+    let metrics_url = format!("{}/metrics", serve.api.base);
+    wait_until(
+        BROWSER_DEADLINE,
+        "/metrics to count 3 hits and 1 miss",
+        || async {
+            let metrics = get_text(&metrics_url).await;
+            let counted = metrics.contains("outcome=\"hit\"} 3")
+                && metrics.contains("outcome=\"miss\"} 1")
+                && metrics.contains("service_warm_pool_ready{");
+            if counted { Ok(Some(())) } else { Err(metrics) }
+        },
+    )
+    .await
+    .unwrap();
     serve.shutdown().await;
 }
