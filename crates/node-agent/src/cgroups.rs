@@ -42,6 +42,11 @@ impl Limits {
         }
     }
 
+    /// Of `(normal, background)`, the CPU weight these limits take.
+    fn weight(&self, (normal, background): (u64, u64)) -> String {
+        if self.background { background } else { normal }.to_string()
+    }
+
     /// These limits, for a browser that runs only on idle CPU time.
     pub fn in_background(self) -> Self {
         Self {
@@ -321,13 +326,7 @@ impl InstanceCgroup {
                     format!("{} {CPU_PERIOD_US}", limits.cpu_quota_us),
                 )?;
                 std::fs::write(dir.join("pids.max"), limits.pids_max.to_string())?;
-                let (normal, background) = CPU_WEIGHT;
-                let weight = if limits.background {
-                    background
-                } else {
-                    normal
-                };
-                std::fs::write(dir.join("cpu.weight"), weight.to_string())?;
+                std::fs::write(dir.join("cpu.weight"), limits.weight(CPU_WEIGHT))?;
             }
             Version::V1 => {
                 let [memory, cpu, pids] = [&self.dirs[0], &self.dirs[1], &self.dirs[2]];
@@ -342,13 +341,7 @@ impl InstanceCgroup {
                     limits.cpu_quota_us.to_string(),
                 )?;
                 std::fs::write(pids.join("pids.max"), limits.pids_max.to_string())?;
-                let (normal, background) = CPU_SHARES;
-                let shares = if limits.background {
-                    background
-                } else {
-                    normal
-                };
-                std::fs::write(cpu.join("cpu.shares"), shares.to_string())?;
+                std::fs::write(cpu.join("cpu.shares"), limits.weight(CPU_SHARES))?;
             }
         }
         Ok(())

@@ -155,20 +155,20 @@ impl ControlPlane {
                 (status.as_str().to_owned(), n)
             })
             .collect();
-        let node_cpu = self
-            .store
-            .node_list()
-            .await?
-            .into_iter()
+        let nodes = self.store.node_list().await?;
+        let node_cpu = nodes
+            .iter()
             .map(|n| (n.id.as_str().to_owned(), n.resources.cpu_percent))
             .collect();
-        let warm_pools = self
-            .warm_pools
-            .lock()
-            .expect("warm pools lock")
-            .iter()
-            .map(|(node, pool)| (node.as_str().to_owned(), pool.clone()))
-            .collect();
+        // Only nodes online now: an offline node's pool is gone with it.
+        let warm_pools = {
+            let pools = self.warm_pools.lock().expect("warm pools lock");
+            nodes
+                .iter()
+                .filter(|n| n.status == NodeStatus::Online)
+                .filter_map(|n| Some((n.id.as_str().to_owned(), pools.get(&n.id)?.clone())))
+                .collect()
+        };
         Ok(Gauges {
             instances_by_status,
             node_cpu,

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use chrono::Utc;
 
-use flotilla_api_types::agent::{Heartbeat, InstanceReport, InstanceStateChange, NodeRegistration};
+use flotilla_api_types::agent::{
+    Heartbeat, InstanceReport, InstanceStateChange, NodeRegistration, WarmPoolReport,
+};
 use flotilla_api_types::health::HealthStatus;
 use flotilla_api_types::instances::{InstanceConfig, InstanceResources, InstanceStatus};
 use flotilla_api_types::nodes::{Capabilities, NodeStatus, ResourceUsage};
@@ -116,6 +118,27 @@ async fn silent_nodes_go_offline_and_their_instances_fail() {
         .await
         .unwrap();
     let id = place(&control_plane, "n1").await;
+    // Its warm pool, as its heartbeat reports it, is in /metrics while it is online.
+    let pool = WarmPoolReport {
+        image: "ubuntu:22.04".into(),
+        ready: 1,
+        hits: 2,
+        misses: 1,
+    };
+    control_plane
+        .node_heartbeat(Heartbeat {
+            node_id: NodeId::new("n1"),
+            generation: "g1".into(),
+            resources: ResourceUsage::default(),
+            load: ResourceUsage::default(),
+            instances: vec![],
+            warm_pool: Some(pool.clone()),
+        })
+        .await
+        .unwrap()
+        .expect("an online node's heartbeat is taken");
+    let gauges = control_plane.prometheus_gauges().await.unwrap();
+    assert_eq!(gauges.warm_pools, vec![("n1".to_owned(), pool)]);
     control_plane
         .instance_state_changed(InstanceStateChange {
             node_id: NodeId::new("n1"),
@@ -141,6 +164,11 @@ async fn silent_nodes_go_offline_and_their_instances_fail() {
     );
     let node = control_plane.node_get(&NodeId::new("n1")).await.unwrap();
     assert_eq!(node.status, NodeStatus::Offline);
+    let gauges = control_plane.prometheus_gauges().await.unwrap();
+    assert!(
+        gauges.warm_pools.is_empty(),
+        "an offline node's pool is gone"
+    );
     let instance = control_plane.instance_get(&id).await.unwrap();
     assert_eq!(instance.status, InstanceStatus::Failed);
     assert!(instance.status_reason.unwrap().contains("went offline"));
