@@ -849,7 +849,8 @@ mod tests {
         let outside = tempfile::tempdir().unwrap();
         let passwd = outside.path().join("passwd");
         fs::write(&passwd, "root:x:0:0").unwrap();
-        let dirs = InstanceDirs::new(tempfile::tempdir().unwrap().keep());
+        let root = tempfile::tempdir().unwrap();
+        let dirs = InstanceDirs::new(root.path().join("instance"));
         dirs.create().unwrap();
         // The browser left its settings file a link to a host file…
         fs::create_dir(dirs.home().join(".config")).unwrap();
@@ -876,6 +877,5 @@ mod tests {
                 .unwrap()
                 .is_dir()
         );
-        fs::remove_dir_all(&dirs.root).unwrap();
     }
 }
