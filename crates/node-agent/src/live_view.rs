@@ -7,6 +7,14 @@
 //! The screencast starts with the first viewer and stops a few seconds after
 //! the last one leaves.
 //!
+//! Chromium sometimes starts a screencast that never sends a frame, though
+//! the page paints (seen about once in twenty starts on a loaded machine,
+//! Chromium 156: `Page.captureScreenshot` works, the page animates, no
+//! `Page.screencastFrame` comes). A screencast silent while viewers watch is
+//! started again on a fresh connection, after [`SILENCE_FIRST`], then after
+//! twice as long each time it stays silent (a still page is silent too),
+//! up to [`SILENCE_MAX`]; a frame brings the wait back to the first.
+//!
 //! - `GET /` — MJPEG (`multipart/x-mixed-replace`), shows in an `<img>`;
 //! - `GET /ws` — a WebSocket of binary JPEG frames, `state` messages, and
 //!   the viewer's input once it holds control (see [`crate::live_control`]);
@@ -36,12 +44,56 @@ use crate::cdp::{CdpClient, CdpError, CdpEvent};
 
 /// How long a screencast's CDP calls may take.
 const CDP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a screencast may send nothing, while viewers watch, before it
+/// is started again; doubled after each silent start, up to [`SILENCE_MAX`].
+const SILENCE_FIRST: Duration = Duration::from_secs(3);
+const SILENCE_MAX: Duration = Duration::from_secs(48);
+
+/// When a screencast has been silent too long (see the module's docs).
+#[derive(Debug, Clone, Copy)]
+struct SilenceWatch {
+    limit: Duration,
+    last_frame: tokio::time::Instant,
+}
+
+impl SilenceWatch {
+    fn new(now: tokio::time::Instant) -> Self {
+        Self {
+            limit: SILENCE_FIRST,
+            last_frame: now,
+        }
+    }
+
+    /// A screencast session starts (again): silence counts from now.
+    fn session_started(&mut self, now: tokio::time::Instant) {
+        self.last_frame = now;
+    }
+
+    fn frame(&mut self, now: tokio::time::Instant) {
+        self.last_frame = now;
+        self.limit = SILENCE_FIRST;
+    }
+
+    /// How long it has been silent, when that is too long; the next
+    /// session may then be silent twice as long.
+    fn too_long(&mut self, now: tokio::time::Instant) -> Option<Duration> {
+        let silent = now.saturating_duration_since(self.last_frame);
+        if silent < self.limit {
+            return None;
+        }
+        self.limit = (self.limit * 2).min(SILENCE_MAX);
+        Some(silent)
+    }
+}
 use crate::instance::InstanceSlot;
 use crate::instance::NotReady;
 use crate::instance_http::{Tab, TabsError, list_tabs, page_path};
 use crate::live_control::{
     self, ControlError, ControlState, InvalidMessage, ViewerMessage, ViewerState, Viewport,
 };
+
+/// How often a screencast looks at its viewers, tabs and silence.
+const TICK: Duration = Duration::from_millis(500);
 
 /// Screencast settings (from `[agent]`).
 #[derive(Debug, Clone, Copy)]
@@ -79,6 +131,8 @@ enum ScreencastError {
     PageGone { method: String },
     #[error("the tab being shown was closed")]
     TabClosed,
+    #[error("no frame for {0:?} while viewers watch")]
+    Silent(Duration),
 }
 
 /// The shared screencast of one instance.
@@ -173,12 +227,18 @@ impl LiveView {
         // A viewer connecting to a parked instance wakes it (wake on connect);
         // this loop's own retries never do.
         let mut wake = wake;
+        let mut silence = SilenceWatch::new(last_viewer_seen);
         loop {
-            let attempt = self.screencast_once(&mut last_viewer_seen, wake).await;
+            let attempt = self
+                .screencast_once(&mut last_viewer_seen, wake, &mut silence)
+                .await;
             *self.page.lock().expect("page lock") = None;
             wake = false;
             match attempt {
                 Ok(()) => {}
+                Err(ScreencastError::Silent(waited)) => {
+                    tracing::debug!(instance = %self.slot.id, ?waited, "screencast silent: starting it again");
+                }
                 Err(error) => {
                     tracing::debug!(instance = %self.slot.id, %error, "screencast interrupted");
                     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -206,11 +266,14 @@ impl LiveView {
     }
 
     /// One screencast session on the chosen tab (or the first). `Ok` when it
-    /// ended because no viewer was left for 5 s, or to move to another tab.
+    /// ended because no viewer was left for 5 s, or to move to another tab;
+    /// [`ScreencastError::Silent`] when `silence` finds it silent too long
+    /// while viewers watch.
     async fn screencast_once(
         &self,
         last_viewer_seen: &mut tokio::time::Instant,
         wake: bool,
+        silence: &mut SilenceWatch,
     ) -> Result<(), ScreencastError> {
         let endpoint = self
             .slot
@@ -219,13 +282,20 @@ impl LiveView {
             .ok_or(ScreencastError::NoBrowser)?;
         let (client, tab) = self.start_screencast(&endpoint).await?;
         let mut events = client.events();
-        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        let started = tokio::time::Instant::now();
+        let mut tick = tokio::time::interval_at(started + TICK, TICK);
         let mut ticks = 0u64;
-        let frames_at_start = self.frames_received.load(Ordering::Relaxed);
+        let mut frames_in_session = 0u64;
+        silence.session_started(started);
         loop {
             tokio::select! {
                 event = events.recv() => match event {
-                    Ok(event) => self.on_page_event(&client, &event).await?,
+                    Ok(event) => {
+                        if self.on_page_event(&client, &event).await? {
+                            frames_in_session += 1;
+                            silence.frame(tokio::time::Instant::now());
+                        }
+                    }
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
                     Err(_) => return Err(ScreencastError::ConnectionClosed),
                 },
@@ -237,11 +307,17 @@ impl LiveView {
                     }
                     // A page that has not painted since the screencast started
                     // (a fresh about:blank) sends no frame: seed one.
-                    if ticks == 1 && self.frames_received.load(Ordering::Relaxed) == frames_at_start {
+                    if ticks == 1 && frames_in_session == 0 {
                         self.seed_frame(&client, CDP_TIMEOUT).await;
                     }
                     if self.viewers.load(Ordering::SeqCst) > 0 {
                         *last_viewer_seen = tokio::time::Instant::now();
+                        if let Some(silent) = silence.too_long(tokio::time::Instant::now()) {
+                            let _ = client
+                                .call("Page.stopScreencast", json!({}), None, CDP_TIMEOUT)
+                                .await;
+                            return Err(ScreencastError::Silent(silent));
+                        }
                     } else if last_viewer_seen.elapsed() > Duration::from_secs(5) {
                         break;
                     }
@@ -284,12 +360,13 @@ impl LiveView {
         Ok((client, tab.id))
     }
 
-    /// A frame (acknowledged, published to the viewers), or the page gone.
+    /// A frame (acknowledged, published to the viewers: `true`), or the
+    /// page gone.
     async fn on_page_event(
         &self,
         client: &CdpClient,
         event: &CdpEvent,
-    ) -> Result<(), ScreencastError> {
+    ) -> Result<bool, ScreencastError> {
         match event.method.as_str() {
             "Page.screencastFrame" => {
                 if let Some(session) = event.params.get("sessionId").cloned() {
@@ -303,12 +380,12 @@ impl LiveView {
                     let jpeg = Bytes::from(jpeg);
                     self.frames.send_replace(Some(Frame { seq, jpeg }));
                 }
-                Ok(())
+                Ok(true)
             }
             "Inspector.detached" | "Inspector.targetCrashed" => Err(ScreencastError::PageGone {
                 method: event.method.clone(),
             }),
-            _ => Ok(()),
+            _ => Ok(false),
         }
     }
 }
@@ -732,4 +809,31 @@ async fn first_frame(live_view: &LiveView) -> Option<Bytes> {
         }
     });
     wait.await.ok().flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_silent_screencast_waits_twice_as_long_each_time_until_a_frame() {
+        let start = tokio::time::Instant::now();
+        let at = |secs: u64| start + Duration::from_secs(secs);
+        let mut watch = SilenceWatch::new(start);
+        assert_eq!(watch.too_long(at(2)), None);
+        assert_eq!(watch.too_long(at(3)), Some(Duration::from_secs(3)));
+        // Started again: 6 s this time, then 12, 24, 48, and no more.
+        let mut now = 3;
+        for limit in [6, 12, 24, 48, 48] {
+            watch.session_started(at(now));
+            assert_eq!(watch.too_long(at(now + limit - 1)), None, "{limit}");
+            now += limit;
+            assert_eq!(watch.too_long(at(now)), Some(Duration::from_secs(limit)));
+        }
+        // A frame: silence counts from it, and the wait is back to 3 s.
+        watch.session_started(at(now));
+        watch.frame(at(now + 1));
+        assert_eq!(watch.too_long(at(now + 3)), None);
+        assert_eq!(watch.too_long(at(now + 4)), Some(Duration::from_secs(3)));
+    }
 }
