@@ -32,6 +32,23 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// The code of an HTTP answer that carries no readable `{detail, code}`
+    /// body (a proxy's page, a cut body), from its status.
+    pub fn of_status(status: u16) -> Self {
+        match status {
+            400 => Self::InvalidRequest,
+            401 => Self::Unauthorized,
+            403 => Self::Forbidden,
+            404 => Self::NotFound,
+            409 => Self::InvalidState,
+            413 => Self::PayloadTooLarge,
+            429 => Self::RateLimited,
+            502 => Self::BadGateway,
+            503 => Self::InsufficientCapacity,
+            _ => Self::Internal,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::InvalidRequest => "invalid_request",

@@ -9,6 +9,7 @@ use flotilla_api_types::agent::{
     Heartbeat, InstanceEventReport, InstanceStateChange, NodeRegistration, RegistrationAck,
     StateChangeAck,
 };
+use flotilla_api_types::{ErrorCode, ErrorResponse};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
@@ -16,8 +17,15 @@ pub enum LinkError {
     /// the agent registers again.
     #[error("the control plane does not know this node")]
     UnknownNode,
+    /// The call did not get through (refused, timed out, cut).
     #[error("control plane unreachable: {0}")]
     Unreachable(String),
+    /// The control plane answered with an error (its code and detail).
+    #[error("the control plane answered {}: {detail}", code.as_str())]
+    Rejected { code: ErrorCode, detail: String },
+    /// The control plane answered, but not with what the call expects.
+    #[error("unreadable answer to {call}: {reason}")]
+    Unreadable { call: &'static str, reason: String },
     /// The control plane will not take this agent as it is (another live
     /// agent holds its node id); the text says what to change.
     #[error("{0}")]
@@ -59,7 +67,7 @@ impl HttpLink {
 
     async fn post<T: serde::Serialize>(
         &self,
-        path: &str,
+        path: &'static str,
         body: &T,
     ) -> Result<reqwest::Response, LinkError> {
         let response = self
@@ -74,59 +82,162 @@ impl HttpLink {
             status if status.is_success() => Ok(response),
             reqwest::StatusCode::NOT_FOUND => Err(LinkError::UnknownNode),
             reqwest::StatusCode::CONFLICT => {
-                let body: flotilla_api_types::ErrorResponse =
-                    response.json().await.map_err(|e| {
-                        LinkError::Unreachable(format!("{}: unreadable refusal: {e}", self.base))
+                let body: ErrorResponse =
+                    response.json().await.map_err(|e| LinkError::Unreadable {
+                        call: path,
+                        reason: format!("a refusal without its detail: {e}"),
                     })?;
                 Err(LinkError::Refused(body.detail))
             }
             status => {
-                let body = response.text().await.unwrap_or_default();
-                Err(LinkError::Unreachable(format!(
-                    "{} answered {status}: {}",
-                    self.base,
-                    body.trim()
-                )))
+                let body = response.bytes().await.unwrap_or_default();
+                Err(match serde_json::from_slice::<ErrorResponse>(&body) {
+                    Ok(error) => LinkError::Rejected {
+                        code: error.code,
+                        detail: error.detail,
+                    },
+                    Err(_) => LinkError::Rejected {
+                        code: ErrorCode::of_status(status.as_u16()),
+                        detail: format!(
+                            "{status}: {}",
+                            String::from_utf8_lossy(&body[..body.len().min(512)]).trim()
+                        ),
+                    },
+                })
             }
         }
+    }
+
+    /// Posts and reads the answer as `T`.
+    async fn call<T: serde::de::DeserializeOwned, B: serde::Serialize>(
+        &self,
+        path: &'static str,
+        body: &B,
+    ) -> Result<T, LinkError> {
+        let answer = self.post(path, body).await?;
+        answer.json().await.map_err(unreadable(path))
+    }
+}
+
+/// The error of an answer that is not the JSON the call expects.
+fn unreadable(call: &'static str) -> impl FnOnce(reqwest::Error) -> LinkError {
+    move |error| LinkError::Unreadable {
+        call,
+        reason: error.to_string(),
     }
 }
 
 #[async_trait]
 impl ControlPlaneLink for HttpLink {
     async fn register(&self, registration: NodeRegistration) -> Result<RegistrationAck, LinkError> {
-        self.post("/nodes/register", &registration)
-            .await?
-            .json()
-            .await
-            .map_err(|e| LinkError::Unreachable(format!("unreadable registration answer: {e}")))
+        self.call("/nodes/register", &registration).await
     }
 
     async fn heartbeat(&self, heartbeat: Heartbeat) -> Result<RegistrationAck, LinkError> {
-        self.post("/nodes/heartbeat", &heartbeat)
-            .await?
-            .json()
-            .await
-            .map_err(|e| LinkError::Unreachable(format!("unreadable heartbeat answer: {e}")))
+        self.call("/nodes/heartbeat", &heartbeat).await
     }
 
     async fn state_changed(
         &self,
         change: InstanceStateChange,
     ) -> Result<StateChangeAck, LinkError> {
-        let response = self.post("/instances/state", &change).await?;
+        let call = "/instances/state";
+        let response = self.post(call, &change).await?;
         // A control plane of the version before answers 204: it records
         // whatever it is told.
         if response.status() == reqwest::StatusCode::NO_CONTENT {
             return Ok(StateChangeAck { applied: true });
         }
-        response
-            .json()
-            .await
-            .map_err(|e| LinkError::Unreachable(format!("unreadable state change answer: {e}")))
+        response.json().await.map_err(unreadable(call))
     }
 
     async fn instance_event(&self, event: InstanceEventReport) -> Result<(), LinkError> {
         self.post("/instances/events", &event).await.map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::StatusCode;
+    use axum::response::{IntoResponse, Response};
+
+    /// A control plane that answers its first call with `answer`.
+    async fn control_plane(answer: Response) -> HttpLink {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let answer = std::sync::Arc::new(std::sync::Mutex::new(Some(answer)));
+        let router = axum::Router::new().fallback(move || {
+            let answer = answer.lock().unwrap().take();
+            async move { answer.unwrap_or_else(|| StatusCode::GONE.into_response()) }
+        });
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        HttpLink::new(&format!("http://{address}"), "token")
+    }
+
+    fn json(status: StatusCode, body: &str) -> Response {
+        let content = [("content-type", "application/json")];
+        (status, content, body.to_owned()).into_response()
+    }
+
+    async fn state_change(link: &HttpLink) -> Result<StateChangeAck, LinkError> {
+        link.call("/instances/state", &()).await
+    }
+
+    #[tokio::test]
+    async fn each_failure_of_the_http_link_keeps_its_cause() {
+        let store_down = json(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            r#"{"detail":"the store is down","code":"internal"}"#,
+        );
+        let error = state_change(&control_plane(store_down).await).await;
+        assert!(
+            matches!(&error, Err(LinkError::Rejected { code: ErrorCode::Internal, detail }) if detail == "the store is down"),
+            "{error:?}"
+        );
+
+        // A proxy's page in front of the control plane: its status says it.
+        let page = (StatusCode::BAD_GATEWAY, "<html>bad gateway</html>").into_response();
+        let error = state_change(&control_plane(page).await).await;
+        assert!(
+            matches!(&error, Err(LinkError::Rejected { code: ErrorCode::BadGateway, detail }) if detail.contains("<html>bad gateway")),
+            "{error:?}"
+        );
+
+        let refusal = json(
+            StatusCode::CONFLICT,
+            r#"{"detail":"another agent holds node-a","code":"invalid_state"}"#,
+        );
+        let error = state_change(&control_plane(refusal).await).await;
+        assert!(
+            matches!(&error, Err(LinkError::Refused(reason)) if reason == "another agent holds node-a"),
+            "{error:?}"
+        );
+
+        let forgotten = StatusCode::NOT_FOUND.into_response();
+        let error = state_change(&control_plane(forgotten).await).await;
+        assert!(matches!(error, Err(LinkError::UnknownNode)), "{error:?}");
+
+        // A success whose body is not what the call reads.
+        let cut = json(StatusCode::OK, r#"{"applied": "#);
+        let error = state_change(&control_plane(cut).await).await;
+        assert!(
+            matches!(
+                error,
+                Err(LinkError::Unreadable {
+                    call: "/instances/state",
+                    ..
+                })
+            ),
+            "{error:?}"
+        );
+
+        // Nobody listens.
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = closed.local_addr().unwrap();
+        drop(closed);
+        let link = HttpLink::new(&format!("http://{address}"), "token");
+        let error = state_change(&link).await;
+        assert!(matches!(error, Err(LinkError::Unreachable(_))), "{error:?}");
     }
 }

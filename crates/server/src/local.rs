@@ -76,7 +76,7 @@ impl ControlPlaneLink for LocalLink {
             .await
             .map_err(|error| match error {
                 flotilla_control_plane::Error::InvalidState(reason) => LinkError::Refused(reason),
-                other => LinkError::Unreachable(other.to_string()),
+                other => rejected(other),
             })
     }
 
@@ -84,7 +84,7 @@ impl ControlPlaneLink for LocalLink {
         match self.0.node_heartbeat(heartbeat).await {
             Ok(Some(ack)) => Ok(ack),
             Ok(None) => Err(LinkError::UnknownNode),
-            Err(error) => Err(LinkError::Unreachable(error.to_string())),
+            Err(error) => Err(rejected(error)),
         }
     }
 
@@ -96,7 +96,7 @@ impl ControlPlaneLink for LocalLink {
             .0
             .instance_state_changed(change)
             .await
-            .map_err(|e| LinkError::Unreachable(e.to_string()))?;
+            .map_err(rejected)?;
         Ok(StateChangeAck { applied })
     }
 
@@ -104,7 +104,17 @@ impl ControlPlaneLink for LocalLink {
         self.0
             .instance_event_reported(event)
             .await
-            .map_err(|e| LinkError::Unreachable(e.to_string()))
+            .map_err(rejected)
+    }
+}
+
+/// What the control plane answered, as the HTTP link would see it: its
+/// error's code and message (a store fault is `internal`, a refused state
+/// `invalid_state`), not "unreachable".
+fn rejected(error: flotilla_control_plane::Error) -> LinkError {
+    LinkError::Rejected {
+        code: error.code(),
+        detail: error.to_string(),
     }
 }
 

@@ -66,7 +66,7 @@ impl HttpNode {
                 detail: error.detail,
             },
             Err(_) => NodeCallError::Rejected {
-                code: code_of_status(status),
+                code: ErrorCode::of_status(status.as_u16()),
                 detail: format!("the agent answered {status}"),
             },
         })
@@ -74,18 +74,6 @@ impl HttpNode {
 
     fn url(&self, path: &str) -> String {
         format!("{}/agent/v1/instances{path}", self.address)
-    }
-}
-
-/// The code of an agent answer without a readable `{detail, code}` body.
-fn code_of_status(status: reqwest::StatusCode) -> ErrorCode {
-    match status.as_u16() {
-        400 => ErrorCode::InvalidRequest,
-        404 => ErrorCode::NotFound,
-        409 => ErrorCode::InvalidState,
-        502 => ErrorCode::BadGateway,
-        503 => ErrorCode::InsufficientCapacity,
-        _ => ErrorCode::Internal,
     }
 }
 
