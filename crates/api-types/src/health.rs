@@ -1,5 +1,6 @@
 //! The control plane's `GET /health` response.
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -48,6 +49,42 @@ pub struct Health {
     /// What makes the service `degraded` (absent when healthy).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// The control plane's background work: its timed sweeps and the work
+    /// requests left running (absent before any has run).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub background: Vec<BackgroundTaskHealth>,
+}
+
+/// One background task in `/health`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct BackgroundTaskHealth {
+    /// `node offline sweep`, `idle sweep`, `lifetime sweep`, `metrics
+    /// sample`; `node strays` (stopping instances a node runs and the store
+    /// does not have), `door relay` (WebSocket connections through the
+    /// front door).
+    pub name: String,
+    /// Runs that ended (for work, each piece that finished).
+    pub runs: u64,
+    /// Runs that failed.
+    pub failures: u64,
+    /// Timed runs left to another control plane of the cluster (which
+    /// holds the task's lease).
+    pub skipped: u64,
+    /// Pieces of work running now.
+    pub running: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_run_at: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_success_at: Option<DateTime<Utc>>,
+    /// The last run failed.
+    pub failing: bool,
+    /// When the last run failed, while no run has succeeded since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error_at: Option<DateTime<Utc>>,
+    /// Its error; shown only to a caller with an API key (or with
+    /// authentication off), as it may name internal addresses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
 }
 
 /// The create queue in `/health`.

@@ -2,13 +2,15 @@
 //! it changed; all stop when the shutdown token fires: node offline sweep, idle
 //! sweep, lifetime sweep (max_duration_minutes), metrics samples with alert evaluation and event-log pruning, and one
 //! event delivery task per outbox target. Each runs in one control plane of a
-//! cluster at a time, the holder of its lease in the store.
+//! cluster at a time, the holder of its lease in the store. Each timed run is
+//! recorded in [`crate::app::tasks`] (`/health`, `/metrics`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::app::tasks::RunOutcome;
 use crate::app::{ControlPlane, outbox};
 
 /// How long delivered events stay in the event log.
@@ -82,15 +84,23 @@ where
         let control_plane = control_plane.clone();
         let run = task(control_plane.clone());
         async move {
-            match control_plane.hold_lease(name, lease).await {
-                Ok(true) => {
-                    if let Err(error) = run.await {
+            let outcome = match control_plane.hold_lease(name, lease).await {
+                Ok(true) => match run.await {
+                    Ok(()) => RunOutcome::Done,
+                    Err(error) => {
                         tracing::warn!(%error, task = name, "background task failed");
+                        RunOutcome::Failed(error.to_string())
                     }
+                },
+                Ok(false) => RunOutcome::LeaseHeldElsewhere,
+                Err(error) => {
+                    tracing::warn!(%error, task = name, "cannot take the task's lease");
+                    RunOutcome::Failed(format!("cannot take the task's lease: {error}"))
                 }
-                Ok(false) => {}
-                Err(error) => tracing::warn!(%error, task = name, "cannot take the task's lease"),
-            }
+            };
+            control_plane
+                .tasks()
+                .record(name, control_plane.now(), outcome);
         }
     }))
 }

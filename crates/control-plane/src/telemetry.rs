@@ -68,6 +68,8 @@ pub struct Gauges {
     pub outbox_depth: i64,
     /// Creates waiting in the queue now.
     pub create_queue_length: usize,
+    /// The background tasks' records.
+    pub background: Vec<flotilla_api_types::health::BackgroundTaskHealth>,
 }
 
 /// 2xx, 4xx, 5xx …
@@ -265,4 +267,60 @@ fn render_gauges(gauges: &Gauges, out: &mut String) {
         "service_create_queue_length {}",
         gauges.create_queue_length
     );
+    render_background(&gauges.background, out);
+}
+
+/// Runs per background task and outcome, work running now, and each
+/// task's last run.
+fn render_background(tasks: &[flotilla_api_types::health::BackgroundTaskHealth], out: &mut String) {
+    header(
+        out,
+        "service_background_runs_total",
+        "Runs of each background task: ok, failed, or skipped (another control plane holds its lease).",
+        "counter",
+    );
+    for task in tasks {
+        let name = escape_label(&task.name);
+        let ok = task.runs - task.failures;
+        for (outcome, count) in [
+            ("ok", ok),
+            ("failed", task.failures),
+            ("skipped", task.skipped),
+        ] {
+            let _ = writeln!(
+                out,
+                "service_background_runs_total{{task=\"{name}\",outcome=\"{outcome}\"}} {count}"
+            );
+        }
+    }
+    header(
+        out,
+        "service_background_running",
+        "Pieces of background work running now, per task.",
+        "gauge",
+    );
+    for task in tasks {
+        let _ = writeln!(
+            out,
+            "service_background_running{{task=\"{}\"}} {}",
+            escape_label(&task.name),
+            task.running
+        );
+    }
+    header(
+        out,
+        "service_background_last_run_timestamp_seconds",
+        "When each timed background task last ran (Unix seconds).",
+        "gauge",
+    );
+    for task in tasks {
+        if let Some(at) = task.last_run_at {
+            let _ = writeln!(
+                out,
+                "service_background_last_run_timestamp_seconds{{task=\"{}\"}} {}",
+                escape_label(&task.name),
+                at.timestamp()
+            );
+        }
+    }
 }

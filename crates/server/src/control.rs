@@ -16,6 +16,10 @@ use flotilla_node_agent::snapshot::SnapshotStore;
 use crate::config::FlotillaConfig;
 use crate::serve::{bind, process_listeners, spawn_http};
 
+/// How long shutdown waits for the control plane's background work (a
+/// node's strays being stopped) once relays are told to end.
+pub(crate) const BACKGROUND_WORK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A running `control`.
 pub struct Control {
     pub addr: SocketAddr,
@@ -67,6 +71,10 @@ impl Control {
         for task in self.tasks {
             let _ = task.await;
         }
+        self.control_plane
+            .tasks()
+            .stop(BACKGROUND_WORK_DEADLINE)
+            .await;
         self.control_plane.store().close().await;
     }
 }

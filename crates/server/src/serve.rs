@@ -134,6 +134,11 @@ impl Serve {
         for task in self.tasks {
             let _ = task.await;
         }
+        // Relays end; strays are stopped while the agent still runs.
+        self.control_plane
+            .tasks()
+            .stop(crate::control::BACKGROUND_WORK_DEADLINE)
+            .await;
         self.agent.shutdown().await;
         // The local pairing references both ways; detaching ends the cycle.
         self.control_plane

@@ -850,76 +850,270 @@ async fn browser_a_cluster_survives_kill_9_of_its_agent_and_of_its_control_plane
     .await;
 }
 
-/// The crash of the report (a seed of the cluster's rounds), made exact with
-/// a fault point: the control plane is killed while a revive it recorded is
-/// on its node, which holds it (stalled) until the control plane has
-/// restarted and the node has registered again. Before operations had
-/// identities, the node said `dormant`, the control plane undid the revive,
-/// the node finished it anyway and deleted the snapshot: a record `dormant`
-/// with no snapshot and a browser nobody owned.
-#[cfg(feature = "fault-points")]
-#[tokio::test]
-async fn browser_a_control_plane_killed_while_its_node_revives_loses_nothing() {
+/// An exact crash: the fault point a process reaches during one operation
+/// (`crates/api-types/src/faults.rs`), and what happens there.
+#[derive(Clone, Copy, Debug)]
+struct Fault {
+    op: Op,
+    point: &'static str,
+    /// The process that reaches the point.
+    at: Victim,
+    crash: Crash,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Crash {
+    /// The process holds at the point while the control plane is killed,
+    /// and goes on once it has started again.
+    ControlKilledMeanwhile,
+    /// The process dies at the point, as `kill -9` would leave it.
+    DiesThere,
+}
+
+const fn fault(op: Op, point: &'static str, at: Victim, crash: Crash) -> Fault {
+    Fault {
+        op,
+        point,
+        at,
+        crash,
+    }
+}
+
+/// The node holds each operation while the control plane that sent it is
+/// killed and started again. The revive is the crash of the report (a seed
+/// of the cluster's rounds): before operations had identities, the node
+/// said `dormant`, the control plane undid the revive, the node finished it
+/// anyway and deleted the snapshot: a record `dormant` with no snapshot and
+/// a browser nobody owned.
+const NODE_HOLDS_WHILE_THE_CONTROL_PLANE_DIES: [Fault; 4] = [
+    fault(
+        Op::Create,
+        "agent-create-received",
+        Victim::Agent,
+        Crash::ControlKilledMeanwhile,
+    ),
+    fault(
+        Op::Park,
+        "agent-park-received",
+        Victim::Agent,
+        Crash::ControlKilledMeanwhile,
+    ),
+    fault(
+        Op::Revive,
+        "agent-revive-received",
+        Victim::Agent,
+        Crash::ControlKilledMeanwhile,
+    ),
+    fault(
+        Op::Delete,
+        "agent-delete-received",
+        Victim::Agent,
+        Crash::ControlKilledMeanwhile,
+    ),
+];
+
+/// The control plane dies between its record and the node's answer (create,
+/// revive), or between the node's answer and its record (park, delete).
+const THE_CONTROL_PLANE_DIES_MID_OPERATION: [Fault; 4] = [
+    fault(
+        Op::Create,
+        "control-create-recorded",
+        Victim::Control,
+        Crash::DiesThere,
+    ),
+    fault(
+        Op::Park,
+        "control-park-answered",
+        Victim::Control,
+        Crash::DiesThere,
+    ),
+    fault(
+        Op::Revive,
+        "control-revive-recorded",
+        Victim::Control,
+        Crash::DiesThere,
+    ),
+    fault(
+        Op::Delete,
+        "control-delete-answered",
+        Victim::Control,
+        Crash::DiesThere,
+    ),
+];
+
+/// The node's agent dies as each operation reaches it.
+const THE_AGENT_DIES_AS_AN_OPERATION_ARRIVES: [Fault; 4] = [
+    fault(
+        Op::Create,
+        "agent-create-received",
+        Victim::Agent,
+        Crash::DiesThere,
+    ),
+    fault(
+        Op::Park,
+        "agent-park-received",
+        Victim::Agent,
+        Crash::DiesThere,
+    ),
+    fault(
+        Op::Revive,
+        "agent-revive-received",
+        Victim::Agent,
+        Crash::DiesThere,
+    ),
+    fault(
+        Op::Delete,
+        "agent-delete-received",
+        Victim::Agent,
+        Crash::DiesThere,
+    ),
+];
+
+/// Runs `fault` on a fresh cluster: prepares the instance the operation
+/// works on, runs the operation into the fault, starts the dead process
+/// again (without the fault), and checks that the fleet is whole and that
+/// every instance can still be revived and deleted, the delete retried.
+async fn crash_exactly(fault: Fault) {
+    eprintln!("crash: {fault:?}");
+    let started = Instant::now();
     let temp = tempfile::tempdir().unwrap();
     let receiver = EventReceiver::start(SECRET).await;
     write_webhook_config(temp.path(), &receiver);
     let snapshots = Snapshots::Dir(temp.path().join("snapshots"));
     let database = format!("sqlite://{}/store.db", temp.path().display());
+    let action = match fault.crash {
+        Crash::ControlKilledMeanwhile => "stall:6000",
+        Crash::DiesThere => "exit",
+    };
     let mut env = snapshots.env();
     env.push((
         "FLOTILLA_FAULTS".into(),
-        "agent-revive-received=stall:6000".into(),
+        format!("{}={action}", fault.point),
     ));
     let mut fleet = Fleet::start(temp.path(), true, database, env).await;
     let api = fleet.api().clone();
-    let (id, _, _) = api.create_running("{}").await;
-    api.park(&id).await;
-    let parked = api.wait_for_status(&id, "dormant", BROWSER_DEADLINE).await;
-    let snapshot = parked["snapshot_id"].as_str().unwrap().to_owned();
-
-    // The revive is recorded and reaches the node, which stalls on it.
-    let reviving = {
-        let (api, id) = (api.clone(), id.clone());
-        tokio::spawn(async move { api.post(&format!("/v2/instances/{id}/revive"), "{}").await })
+    let ledger = Arc::new(Mutex::new(Ledger::default()));
+    let target = match fault.op {
+        Op::Create => None,
+        Op::Park | Op::Revive | Op::Delete => {
+            let (id, _, _) = api.create_running("{}").await;
+            ledger.lock().unwrap().created.insert(id.clone());
+            if matches!(fault.op, Op::Revive) {
+                api.park(&id).await;
+                api.wait_for_status(&id, "dormant", BROWSER_DEADLINE).await;
+            }
+            Some(id)
+        }
     };
-    let agent_log = temp.path().join("agent.stderr.log");
-    wait_until(BROWSER_DEADLINE, "the node to hold the revive", || async {
-        let log = std::fs::read_to_string(&agent_log).unwrap_or_default();
-        Ok::<_, String>(
-            log.contains("fault point agent-revive-received")
-                .then_some(()),
-        )
+    let operation = tokio::spawn(run_op(api.clone(), fault.op, target, ledger.clone()));
+    let log = temp.path().join(match fault.at {
+        Victim::Agent => "agent.stderr.log",
+        Victim::Serve | Victim::Control => "control.stderr.log",
+    });
+    let reached = format!("fault point {}", fault.point);
+    wait_until(BROWSER_DEADLINE, &reached, || async {
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        Ok::<_, String>(log.contains(&reached).then_some(()))
     })
     .await
     .unwrap();
-    fleet.kill(Victim::Control).await;
-    let _ = reviving.await;
-    fleet.restart(Victim::Control).await;
-
-    // The node registers again while it still holds the revive, then
-    // finishes it: the instance runs, from its snapshot, owned.
-    let api = fleet.api().clone();
-    wait_running(&api, &id).await.unwrap();
-    let ledger = Ledger {
-        created: BTreeSet::from([id.clone()]),
-        ..Ledger::default()
+    let victim = match fault.crash {
+        Crash::ControlKilledMeanwhile => Victim::Control,
+        Crash::DiesThere => fault.at,
     };
-    wait_until(BROWSER_DEADLINE, "a whole fleet", || async {
-        let wrong = violations(&fleet, &snapshots, &ledger, &records(&api).await).await;
-        if wrong.is_empty() {
+    fleet.kill(victim).await;
+    fleet.env.retain(|(name, _)| name != "FLOTILLA_FAULTS");
+    fleet.restart(victim).await;
+    // The caller's answer, whatever it was (an error when the control
+    // plane died under it).
+    let _ = tokio::time::timeout(BROWSER_DEADLINE, operation).await;
+
+    let api = fleet.api().clone();
+    let ledger = ledger.lock().unwrap().clone();
+    let whole = |ledger: Ledger| {
+        let (fleet, snapshots, api) = (&fleet, &snapshots, &api);
+        async move {
+            let wrong = violations(fleet, snapshots, &ledger, &records(api).await).await;
+            if wrong.is_empty() {
+                Ok(Some(()))
+            } else {
+                Err(wrong.join("\n"))
+            }
+        }
+    };
+    let checked = format!("a whole fleet after {fault:?}");
+    wait_until(BROWSER_DEADLINE, &checked, || whole(ledger.clone()))
+        .await
+        .unwrap_or_else(|error| panic!("{error}\n{}", log_tail(&temp.path().join("control"))));
+
+    // Nothing is torn: every instance left can still be revived (its
+    // snapshot works), and deleted, twice.
+    for (id, record) in records(&api).await {
+        if record["snapshot_id"].is_string() && status_of(&record) != "running" {
+            run_op(api.clone(), Op::Revive, Some(id.clone()), Arc::default())
+                .await
+                .unwrap_or_else(|error| panic!("{id} revives after {fault:?}: {error}"));
+        }
+        for attempt in 0..2 {
+            let (status, body) = api.delete(&format!("/v2/instances/{id}")).await;
+            assert!(
+                status == StatusCode::OK || (attempt == 1 && status == StatusCode::NOT_FOUND),
+                "delete {attempt} of {id} after {fault:?}: {status} {body}"
+            );
+        }
+    }
+    let nothing_left = Ledger::default();
+    wait_until(BROWSER_DEADLINE, "no record and no browser", || async {
+        let left = records(&api).await;
+        let mut wrong = violations(&fleet, &snapshots, &nothing_left, &left).await;
+        wrong.extend(snapshot_files(&temp.path().join("snapshots")));
+        if left.is_empty() && wrong.is_empty() {
             Ok(Some(()))
         } else {
-            Err(wrong.join("\n"))
+            Err(format!("{left:?} {wrong:?}"))
         }
     })
     .await
     .unwrap();
-    // The revive was recorded: its spent snapshot goes.
-    wait_until(BROWSER_DEADLINE, "the spent snapshot to go", || async {
-        let gone = !snapshots.exists(&id, &snapshot).await;
-        Ok::<_, String>(gone.then_some(()))
-    })
-    .await
-    .unwrap();
     fleet.stop_gracefully().await;
+    eprintln!("crash: {fault:?}: whole in {:?}", started.elapsed());
+}
+
+/// Snapshot files under `dir` (none once every instance is deleted).
+fn snapshot_files(dir: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    for instance in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        for file in std::fs::read_dir(instance.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            found.push(format!("snapshot left: {}", file.path().display()));
+        }
+    }
+    found
+}
+
+#[cfg(feature = "fault-points")]
+#[tokio::test]
+async fn browser_a_control_plane_killed_while_its_node_works_loses_nothing() {
+    for fault in NODE_HOLDS_WHILE_THE_CONTROL_PLANE_DIES {
+        crash_exactly(fault).await;
+    }
+}
+
+#[cfg(feature = "fault-points")]
+#[tokio::test]
+async fn browser_a_control_plane_dying_mid_operation_loses_nothing() {
+    for fault in THE_CONTROL_PLANE_DIES_MID_OPERATION {
+        crash_exactly(fault).await;
+    }
+}
+
+#[cfg(feature = "fault-points")]
+#[tokio::test]
+async fn browser_an_agent_dying_as_an_operation_arrives_loses_nothing() {
+    for fault in THE_AGENT_DIES_AS_AN_OPERATION_ARRIVES {
+        crash_exactly(fault).await;
+    }
 }

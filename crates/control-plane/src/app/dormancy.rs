@@ -10,6 +10,7 @@
 //! `auto_snapshot` is parked through the same path as the endpoint. Every
 //! revive is an operation with its own id, which its node reports back.
 
+use flotilla_api_types::faults;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -84,6 +85,7 @@ impl ControlPlane {
         })?;
         let started = std::time::Instant::now();
         let parked = connection.instance_dormant(id).await.map_err(Error::from)?;
+        faults::point("control-park-answered").await;
         self.telemetry.dormant_duration.0.observe(started.elapsed());
         let record = match self
             .store
@@ -205,6 +207,7 @@ impl ControlPlane {
             )),
             operation: Some(operation),
         };
+        faults::point("control-revive-recorded").await;
         match connection.instance_revive(request).await {
             Ok(ports) => Ok((started, ports)),
             Err(error) => {

@@ -12,7 +12,9 @@ use super::ControlPlane;
 use super::outbox::PROXY_TARGET;
 
 impl ControlPlane {
-    pub async fn health(&self) -> Health {
+    /// The service's health; `trusted` callers also see the background
+    /// tasks' last errors.
+    pub async fn health(&self, trusted: bool) -> Health {
         let counts = self.store.instance_counts().await;
         let storage = if counts.is_ok() {
             ComponentStatus::Up
@@ -62,6 +64,13 @@ impl ControlPlane {
         if scheduler == ComponentStatus::Down {
             warnings.push("no node is online: instances cannot be placed".into());
         }
+        let background = self.tasks.report(trusted);
+        warnings.extend(
+            background
+                .iter()
+                .filter(|task| task.failing)
+                .map(|task| format!("background task {} failed its last run", task.name)),
+        );
         let status = if storage == ComponentStatus::Down {
             HealthStatus::Unhealthy
         } else if !warnings.is_empty() || messaging == ComponentStatus::Down {
@@ -87,6 +96,7 @@ impl ControlPlane {
                 }),
             },
             warnings,
+            background,
         }
     }
 }

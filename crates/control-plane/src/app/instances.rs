@@ -7,6 +7,7 @@ use flotilla_api_types::agent::{
 };
 use flotilla_api_types::credentials::Secret;
 use flotilla_api_types::events::EventName;
+use flotilla_api_types::faults;
 use flotilla_api_types::ids::OperationId;
 use flotilla_api_types::instances::{
     CreateInstanceRequest, DEFAULT_IMAGE, Instance, InstanceConfig, InstanceList, InstanceStatus,
@@ -192,6 +193,7 @@ impl ControlPlane {
         launch: AgentCreateInstance,
     ) -> Result<AgentInstancePorts> {
         let id = launch.id.clone();
+        faults::point("control-create-recorded").await;
         let call = match self.connection(&node.id).await? {
             Some(connection) => connection.instance_create(launch).await,
             None => Err(NodeCallError::Unreachable(format!(
@@ -377,6 +379,7 @@ impl ControlPlane {
                 }
             }
         }
+        faults::point("control-delete-answered").await;
         let removed = if expired {
             self.store.instance_expire(id, self.now()).await?
         } else {
@@ -519,7 +522,7 @@ impl ControlPlane {
             && let Some(connection) = self.connection(&change.node_id).await?
         {
             let id = change.id.clone();
-            tokio::spawn(async move {
+            self.tasks.spawn("node strays", async move {
                 tracing::warn!(instance = %id, "stopping an instance the store no longer has");
                 let _ = connection.instance_delete(&id, true).await;
             });

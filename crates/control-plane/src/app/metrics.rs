@@ -175,6 +175,7 @@ impl ControlPlane {
             warm_pools,
             outbox_depth: self.store.outbox_depth().await?,
             create_queue_length: self.create_queue.snapshot().0,
+            background: self.tasks.report(false),
         })
     }
 }

@@ -17,6 +17,7 @@ pub mod outbox;
 mod profiles;
 mod queue;
 mod recordings;
+pub mod tasks;
 mod tokens;
 mod views;
 pub mod webdriver;
@@ -72,6 +73,8 @@ pub struct ControlPlane {
     >,
     /// Per node: recent instances and failures, and when they were read.
     recent_failures: tokio::sync::Mutex<Option<(std::time::Instant, RecentFailures)>>,
+    /// Background work: the sweeps' records, and work spawned by requests.
+    tasks: Arc<tasks::BackgroundTasks>,
 }
 
 impl ControlPlane {
@@ -95,7 +98,13 @@ impl ControlPlane {
             create_queue: queue::CreateQueue::default(),
             holder: uuid::Uuid::new_v4().simple().to_string(),
             recent_failures: tokio::sync::Mutex::new(None),
+            tasks: Arc::default(),
         }
+    }
+
+    /// The background work's records, and where work is spawned.
+    pub fn tasks(&self) -> &Arc<tasks::BackgroundTasks> {
+        &self.tasks
     }
 
     /// The snapshot store, to delete the snapshots of deleted instances.

@@ -145,7 +145,7 @@ impl ControlPlane {
             return Ok(());
         }
         if let Some(connection) = self.connection(node).await? {
-            tokio::spawn(async move {
+            self.tasks.spawn("node strays", async move {
                 for id in strays {
                     tracing::warn!(instance = %id, "stopping an instance the store no longer has");
                     let _ = connection.instance_delete(&id, true).await;

@@ -291,7 +291,7 @@ async fn pass(
     }
     let external = external_base(control_plane, &request);
     let outcome = if upgrade {
-        forward_upgrade(request, &target, &route, None).await
+        forward_upgrade(control_plane, request, &target, &route, None).await
     } else {
         forward_http(request, &target, &route, &external, prefix).await
     };
@@ -694,7 +694,7 @@ pub(crate) async fn forward_live(
         rewrite: false,
         websocket: true,
     };
-    forward_upgrade(request, target, &route, Some(ends))
+    forward_upgrade(control_plane, request, target, &route, Some(ends))
         .await
         .unwrap_or_else(|error| {
             Error::BadGateway(format!("instance {} did not answer: {error}", target.id))
@@ -702,7 +702,11 @@ pub(crate) async fn forward_live(
         })
 }
 
+/// Relays a WebSocket (or other upgrade) to the instance; the relay runs
+/// as the control plane's background work ("door relay") and ends at
+/// shutdown, or when `ends` resolves.
 async fn forward_upgrade(
+    control_plane: &ControlPlane,
     mut request: Request,
     target: &DoorTarget,
     route: &Route,
@@ -737,7 +741,8 @@ async fn forward_upgrade(
     }
     let upgrade = hyper::upgrade::on(&mut request);
     let instance = target.id.clone();
-    tokio::spawn(async move {
+    let stopping = control_plane.tasks().stopping();
+    control_plane.tasks().spawn("door relay", async move {
         let upgraded = match upgrade.await {
             Ok(upgraded) => upgraded,
             Err(error) => {
@@ -750,16 +755,11 @@ async fn forward_upgrade(
             return;
         }
         let relay = tokio::io::copy_bidirectional(&mut client, &mut upstream);
-        match ends {
-            Some(ends) => {
-                tokio::select! {
-                    _ = relay => {}
-                    () = ends => tracing::debug!(%instance, "live link ended: viewer cut off"),
-                }
-            }
-            None => {
-                let _ = relay.await;
-            }
+        let ends = ends.unwrap_or_else(|| Box::pin(std::future::pending()));
+        tokio::select! {
+            _ = relay => {}
+            () = ends => tracing::debug!(%instance, "live link ended: viewer cut off"),
+            () = stopping.cancelled() => {}
         }
     });
     response.body(Body::empty()).map_err(std::io::Error::other)

@@ -40,6 +40,13 @@ use crate::error::Error;
 #[derive(Debug, Clone)]
 pub struct Principal(pub String);
 
+impl Principal {
+    /// The request carried an accepted API key.
+    pub fn is_key(&self) -> bool {
+        self.0.starts_with("key:")
+    }
+}
+
 /// Accepted API keys (SHA-256) and the rate limiter.
 pub struct Guard {
     auth_enabled: bool,

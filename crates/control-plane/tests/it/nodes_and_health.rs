@@ -80,14 +80,17 @@ async fn place(control_plane: &ControlPlane, node: &str) -> InstanceId {
 async fn a_node_without_limits_makes_the_service_degraded() {
     let dir = tempfile::tempdir().unwrap();
     let (control_plane, _) = control_plane(&dir).await;
-    let health = control_plane.health().await;
+    let health = control_plane.health(true).await;
     assert_eq!(health.status, HealthStatus::Degraded, "no node online yet");
 
     control_plane
         .node_register(registration("n1", vec![], vec![]))
         .await
         .unwrap();
-    assert_eq!(control_plane.health().await.status, HealthStatus::Healthy);
+    assert_eq!(
+        control_plane.health(true).await.status,
+        HealthStatus::Healthy
+    );
 
     let warning = "no writable cgroup hierarchy: instances run without memory, CPU and pids limits"
         .to_owned();
@@ -95,7 +98,7 @@ async fn a_node_without_limits_makes_the_service_degraded() {
         .node_register(registration("n1", vec![warning.clone()], vec![]))
         .await
         .unwrap();
-    let health = control_plane.health().await;
+    let health = control_plane.health(true).await;
     assert_eq!(health.status, HealthStatus::Degraded);
     assert!(
         health

@@ -44,6 +44,7 @@ impl Agent {
                 status,
             });
         }
+        flotilla_api_types::faults::point("agent-park-received").await;
         let started = Instant::now();
         let endpoint = slot.endpoint();
         let state = match &endpoint {

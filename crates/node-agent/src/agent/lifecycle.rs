@@ -85,6 +85,7 @@ impl Agent {
             slots.insert(request.id.clone(), slot.clone());
             (slot, ports.listeners, warm)
         };
+        flotilla_api_types::faults::point("agent-create-received").await;
         if let Some([debug, stream, http]) = listeners {
             self.start_servers(&slot, debug, stream, http);
         }
@@ -525,6 +526,7 @@ impl Agent {
         {
             return Ok(());
         }
+        flotilla_api_types::faults::point("agent-delete-received").await;
         // A graceful delete writes a running browser's state back to its
         // persistent profile (a dormant one saved it when it was parked).
         let write_back = match (force, slot.persisted_profile(), slot.endpoint()) {

@@ -773,3 +773,115 @@ async fn creates_wait_their_turn_for_room_in_order() {
     );
     serve.shutdown().await;
 }
+
+/// The sweeps show in `/health` and `/metrics`; a sweep that fails (its
+/// store table gone) makes the service degraded, naming the task, and its
+/// error is shown only to a caller with a key; a good run clears it.
+#[tokio::test]
+async fn background_tasks_show_their_runs_and_failures_in_health_and_metrics() {
+    let key = "flt_health_key";
+    let serve = spawn_serve_with(move |config| {
+        sim(config, 2);
+        config.control.auth_enabled = true;
+        config.control.api_keys = vec![format!("sha256:{}", sha256_hex(key))];
+    })
+    .await;
+    let http = reqwest::Client::new();
+    let health = |with_key: bool| {
+        let mut request = http.get(format!("{}/health", serve.api.base));
+        if with_key {
+            request = request.bearer_auth(key);
+        }
+        async move { request.send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    let task = |health: &Value, name: &str| {
+        health["background"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|task| task["name"] == name)
+            .cloned()
+    };
+    wait_until(Duration::from_secs(30), "the idle sweep to run", || async {
+        let health = health(false).await;
+        Ok::<_, String>(task(&health, "idle sweep").filter(|t| t["runs"].as_u64() >= Some(1)))
+    })
+    .await
+    .unwrap();
+    let healthy = health(false).await;
+    assert_eq!(healthy["status"], "healthy", "{healthy}");
+    let sweep = task(&healthy, "idle sweep").unwrap();
+    assert_eq!(sweep["failing"], false, "{sweep}");
+    assert!(sweep["last_run_at"].is_string(), "{sweep}");
+
+    // Take the leases table away from under the running service.
+    let database = format!("sqlite://{}/flotilla.db", serve.data_dir.display());
+    let mut store = <sqlx::SqliteConnection as sqlx::Connection>::connect(&database)
+        .await
+        .unwrap();
+    sqlx::query("ALTER TABLE leases RENAME TO leases_away")
+        .execute(&mut store)
+        .await
+        .unwrap();
+    let failing = wait_until(Duration::from_secs(30), "the sweep to fail", || async {
+        let health = health(true).await;
+        let failing = task(&health, "idle sweep").is_some_and(|t| t["failing"] == true);
+        Ok::<_, String>(failing.then_some(health))
+    })
+    .await
+    .unwrap();
+    assert_eq!(failing["status"], "degraded", "{failing}");
+    let warnings = failing["warnings"].to_string();
+    assert!(
+        warnings.contains("background task idle sweep failed"),
+        "{warnings}"
+    );
+    let sweep = task(&failing, "idle sweep").unwrap();
+    assert!(
+        sweep["last_error"].as_str().unwrap().contains("leases"),
+        "{sweep}"
+    );
+    assert!(sweep["failures"].as_u64() >= Some(1), "{sweep}");
+    let anonymous = health(false).await;
+    let sweep = task(&anonymous, "idle sweep").unwrap();
+    assert!(
+        sweep.get("last_error").is_none(),
+        "no error text without a key: {sweep}"
+    );
+    assert!(sweep["last_error_at"].is_string(), "{sweep}");
+
+    let metrics = http
+        .get(format!("{}/metrics", serve.api.base))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let scrape =
+        prometheus_parse::Scrape::parse(metrics.lines().map(|l| Ok(l.to_owned()))).unwrap();
+    let failed = scrape.samples.iter().find(|s| {
+        s.metric == "service_background_runs_total"
+            && s.labels.get("task") == Some("idle sweep")
+            && s.labels.get("outcome") == Some("failed")
+    });
+    assert!(
+        matches!(failed.map(|s| &s.value), Some(prometheus_parse::Value::Counter(n)) if *n >= 1.0),
+        "{metrics}"
+    );
+
+    // The table back: the next run succeeds and the warning goes.
+    sqlx::query("ALTER TABLE leases_away RENAME TO leases")
+        .execute(&mut store)
+        .await
+        .unwrap();
+    wait_until(Duration::from_secs(30), "the sweep to recover", || async {
+        let health = health(true).await;
+        let recovered = task(&health, "idle sweep").is_some_and(|t| t["failing"] == false);
+        Ok::<_, String>(recovered.then_some(()))
+    })
+    .await
+    .unwrap();
+    serve.shutdown().await;
+}

@@ -1,0 +1,201 @@
+//! The control plane's background work, visible and stoppable: the sweeps
+//! that run on a timer (see [`crate::background`]) record each run here, and
+//! work started in the background by a request or a report (stopping a
+//! node's strays, a WebSocket relay through the front door) is spawned here,
+//! so that shutdown waits for it. `/health` and `/metrics` show what each
+//! did: runs, failures, the last run and, to a caller with a key, the last
+//! error.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use flotilla_api_types::health::BackgroundTaskHealth;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// How a timed task's run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunOutcome {
+    Done,
+    Failed(String),
+    /// Another control plane of the cluster holds the task's lease.
+    LeaseHeldElsewhere,
+}
+
+#[derive(Debug, Default, Clone)]
+struct TaskStats {
+    runs: u64,
+    failures: u64,
+    skipped: u64,
+    last_run_at: Option<DateTime<Utc>>,
+    last_success_at: Option<DateTime<Utc>>,
+    /// The last failure, while no run has succeeded since.
+    last_error: Option<(DateTime<Utc>, String)>,
+    /// Spawned and not yet finished (background work, not timed tasks).
+    running: u64,
+}
+
+/// The registry and the tracker of spawned work.
+#[derive(Default)]
+pub struct BackgroundTasks {
+    stats: Mutex<BTreeMap<&'static str, TaskStats>>,
+    tracker: TaskTracker,
+    /// Cancelled at shutdown: work that would run on (a relay) ends.
+    stopping: CancellationToken,
+}
+
+impl BackgroundTasks {
+    /// Records one run of the timed task `name`.
+    pub fn record(&self, name: &'static str, at: DateTime<Utc>, outcome: RunOutcome) {
+        let mut stats = self.stats.lock().expect("tasks lock");
+        let task = stats.entry(name).or_default();
+        match outcome {
+            RunOutcome::Done => {
+                task.runs += 1;
+                task.last_run_at = Some(at);
+                task.last_success_at = Some(at);
+                task.last_error = None;
+            }
+            RunOutcome::Failed(error) => {
+                task.runs += 1;
+                task.failures += 1;
+                task.last_run_at = Some(at);
+                task.last_error = Some((at, error));
+            }
+            RunOutcome::LeaseHeldElsewhere => task.skipped += 1,
+        }
+    }
+
+    /// Runs `work` in the background as `name`, counted while it runs and
+    /// waited for at shutdown.
+    pub fn spawn<F>(self: &std::sync::Arc<Self>, name: &'static str, work: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.stats
+            .lock()
+            .expect("tasks lock")
+            .entry(name)
+            .or_default()
+            .running += 1;
+        let tasks = self.clone();
+        self.tracker.spawn(async move {
+            work.await;
+            let mut stats = tasks.stats.lock().expect("tasks lock");
+            let task = stats.entry(name).or_default();
+            task.running -= 1;
+            task.runs += 1;
+        });
+    }
+
+    /// Cancelled when shutdown begins: work that would otherwise run on
+    /// (a relayed connection) watches it and ends.
+    pub fn stopping(&self) -> CancellationToken {
+        self.stopping.clone()
+    }
+
+    /// Tells the spawned work to end ([`Self::stopping`]) and waits for it,
+    /// up to `deadline`; answers how many pieces were still running.
+    pub async fn stop(&self, deadline: Duration) -> usize {
+        self.stopping.cancel();
+        self.tracker.close();
+        if tokio::time::timeout(deadline, self.tracker.wait())
+            .await
+            .is_err()
+        {
+            let left = self.tracker.len();
+            tracing::warn!(left, "background work still running at shutdown");
+            return left;
+        }
+        0
+    }
+
+    /// Each task as `/health` shows it; the error text only when
+    /// `with_errors` (it may name internal addresses).
+    pub fn report(&self, with_errors: bool) -> Vec<BackgroundTaskHealth> {
+        let stats = self.stats.lock().expect("tasks lock");
+        stats
+            .iter()
+            .map(|(name, task)| BackgroundTaskHealth {
+                name: (*name).to_owned(),
+                runs: task.runs,
+                failures: task.failures,
+                skipped: task.skipped,
+                running: task.running,
+                last_run_at: task.last_run_at,
+                last_success_at: task.last_success_at,
+                failing: task.last_error.is_some(),
+                last_error_at: task.last_error.as_ref().map(|(at, _)| *at),
+                last_error: task
+                    .last_error
+                    .as_ref()
+                    .filter(|_| with_errors)
+                    .map(|(_, error)| error.clone()),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn a_task_is_failing_from_a_failed_run_until_one_succeeds() {
+        let tasks = BackgroundTasks::default();
+        let at = |s: i64| DateTime::<Utc>::from_timestamp(s, 0).unwrap();
+        tasks.record("idle sweep", at(1), RunOutcome::Done);
+        tasks.record("idle sweep", at(2), RunOutcome::Failed("store down".into()));
+        tasks.record("idle sweep", at(3), RunOutcome::LeaseHeldElsewhere);
+        let [report] = &tasks.report(true)[..] else {
+            panic!("one task")
+        };
+        assert_eq!((report.runs, report.failures, report.skipped), (2, 1, 1));
+        assert!(report.failing);
+        assert_eq!(report.last_run_at, Some(at(2)));
+        assert_eq!(report.last_success_at, Some(at(1)));
+        assert_eq!(report.last_error.as_deref(), Some("store down"));
+        assert_eq!(
+            tasks.report(false)[0].last_error,
+            None,
+            "no text without a key"
+        );
+        assert_eq!(tasks.report(false)[0].last_error_at, Some(at(2)));
+
+        tasks.record("idle sweep", at(4), RunOutcome::Done);
+        let report = &tasks.report(true)[0];
+        assert!(!report.failing);
+        assert_eq!(report.last_error, None);
+    }
+
+    #[tokio::test]
+    async fn work_that_watches_stopping_ends_at_shutdown() {
+        let tasks = Arc::new(BackgroundTasks::default());
+        let stopping = tasks.stopping();
+        tasks.spawn("door relay", async move { stopping.cancelled().await });
+        assert_eq!(tasks.stop(Duration::from_secs(30)).await, 0);
+    }
+
+    #[tokio::test]
+    async fn spawned_work_is_counted_while_it_runs_and_waited_for() {
+        let tasks = Arc::new(BackgroundTasks::default());
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        tasks.spawn("node strays", async move {
+            let _ = released.await;
+        });
+        assert_eq!(tasks.report(false)[0].running, 1);
+        assert_eq!(
+            tasks.stop(Duration::from_millis(50)).await,
+            1,
+            "still running"
+        );
+        release.send(()).unwrap();
+        assert_eq!(tasks.stop(Duration::from_secs(30)).await, 0);
+        let report = &tasks.report(false)[0];
+        assert_eq!((report.running, report.runs), (0, 1));
+    }
+}
