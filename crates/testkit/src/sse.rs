@@ -177,13 +177,26 @@ pub fn jwt(claims: Value) -> String {
 pub async fn spawn_proxy(
     adjust: impl FnOnce(&mut flotilla_event_proxy::config::ProxyConfig),
 ) -> flotilla_event_proxy::Proxy {
+    spawn_proxy_with_clock(
+        std::sync::Arc::new(flotilla_api_types::clock::SystemClock),
+        adjust,
+    )
+    .await
+}
+
+/// A proxy whose time is `clock` (token cache, breaker, revocations): a
+/// test moves a `ManualClock` on instead of sleeping.
+pub async fn spawn_proxy_with_clock(
+    clock: std::sync::Arc<dyn flotilla_api_types::clock::Clock>,
+    adjust: impl FnOnce(&mut flotilla_event_proxy::config::ProxyConfig),
+) -> flotilla_event_proxy::Proxy {
     init_logging();
     let mut config = flotilla_event_proxy::config::ProxyConfig::default();
     config.http.bind_address = "127.0.0.1:0".into();
     config.jwt_verifier.require_authentication = false;
     config.publisher.api_keys = vec!["test-publisher".into()];
     adjust(&mut config);
-    flotilla_event_proxy::Proxy::start(config)
+    flotilla_event_proxy::Proxy::start_with_clock(config, clock)
         .await
         .expect("proxy starts")
 }

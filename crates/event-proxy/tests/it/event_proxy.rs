@@ -3,14 +3,17 @@
 //! webhook (cache, TTL, LRU, single flight, retries, circuit breaker, token
 //! expiry, permissions), backpressure, CORS, limits, publishing.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use flotilla_api_types::clock::{Clock, ManualClock, SystemClock};
 use flotilla_event_proxy::Proxy;
 use flotilla_event_proxy::config::BackpressurePolicy;
 use flotilla_testkit::{
-    SseClient, WebhookFake, chrono_like_now, get_json, get_text, jwt, spawn_proxy, wait_until,
+    SseClient, WebhookFake, chrono_like_now, get_json, get_text, jwt, spawn_proxy,
+    spawn_proxy_with_clock, wait_until,
 };
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -156,8 +159,17 @@ async fn auth_proxy(
     webhook: &WebhookFake,
     adjust: impl FnOnce(&mut flotilla_event_proxy::config::ProxyConfig),
 ) -> Proxy {
+    auth_proxy_with_clock(webhook, Arc::new(SystemClock), adjust).await
+}
+
+/// The same, on `clock` (tests move a `ManualClock` on instead of sleeping).
+async fn auth_proxy_with_clock(
+    webhook: &WebhookFake,
+    clock: Arc<dyn Clock>,
+    adjust: impl FnOnce(&mut flotilla_event_proxy::config::ProxyConfig),
+) -> Proxy {
     let url = webhook.url.clone();
-    spawn_proxy(move |c| {
+    spawn_proxy_with_clock(clock, move |c| {
         c.jwt_verifier.webhook_url = url;
         c.jwt_verifier.require_authentication = true;
         adjust(c);
@@ -244,7 +256,8 @@ async fn authentication_answers_per_the_spec() {
 #[tokio::test]
 async fn verifications_are_cached_per_token_and_topic_with_ttl_and_lru() {
     let webhook = WebhookFake::start(WebhookFake::accept_all()).await;
-    let proxy = auth_proxy(&webhook, |c| {
+    let clock = Arc::new(ManualClock::new(chrono::Utc::now()));
+    let proxy = auth_proxy_with_clock(&webhook, clock.clone(), |c| {
         c.jwt_verifier.cache_ttl_sec = 1;
         c.jwt_verifier.cache_max_size = 2;
     })
@@ -282,7 +295,10 @@ async fn verifications_are_cached_per_token_and_topic_with_ttl_and_lru() {
     assert_eq!(webhook.call_count(), 4, "least recently used: evicted");
     // TTL of one second.
     let before = webhook.call_count();
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    clock.advance(chrono::Duration::milliseconds(999));
+    open("a", "sports").await;
+    assert_eq!(webhook.call_count(), before, "still cached");
+    clock.advance(chrono::Duration::milliseconds(2));
     open("a", "sports").await;
     assert_eq!(
         webhook.call_count(),
@@ -345,7 +361,8 @@ async fn failures_are_retried_with_growing_waits() {
 #[tokio::test]
 async fn the_breaker_opens_half_opens_and_closes_and_cached_tokens_keep_working() {
     let webhook = WebhookFake::start(WebhookFake::accept_all()).await;
-    let proxy = auth_proxy(&webhook, |c| {
+    let clock = Arc::new(ManualClock::new(chrono::Utc::now()));
+    let proxy = auth_proxy_with_clock(&webhook, clock.clone(), |c| {
         c.jwt_verifier.retry_attempts = 0;
         c.jwt_verifier.circuit_breaker_threshold = 2;
         c.jwt_verifier.circuit_breaker_timeout_sec = 1;
@@ -394,7 +411,7 @@ async fn the_breaker_opens_half_opens_and_closes_and_cached_tokens_keep_working(
 
     // Half-open after the timeout (reported before any request tries it): a
     // failing trial opens it again…
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    clock.advance(chrono::Duration::milliseconds(1100));
     let health: Value = get_json(&format!("{url}/health")).await;
     assert_eq!(health["circuit_breaker"]["state"], "half-open");
     assert_eq!(subscribe("x4").await.status, 503);
@@ -403,7 +420,7 @@ async fn the_breaker_opens_half_opens_and_closes_and_cached_tokens_keep_working(
     assert_eq!(health["circuit_breaker"]["state"], "open");
     // …a successful trial closes it.
     webhook.set(WebhookFake::accept_all());
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    clock.advance(chrono::Duration::milliseconds(1100));
     assert_eq!(subscribe("x5").await.status, 200);
     let health: Value = get_json(&format!("{url}/health")).await;
     assert_eq!(health["circuit_breaker"]["state"], "closed");
