@@ -1,7 +1,9 @@
 //! Fault points for the crash tests: named places where a test build can be
 //! told, through `FLOTILLA_FAULTS="name=stall:4000,other=exit"`, to stall
-//! (milliseconds) or to die at once (as a `kill -9` would leave things), so
-//! that a crash between two steps is reproduced exactly instead of by luck.
+//! (milliseconds), to hold until a file exists (`until:/path`: the test
+//! decides when it goes on), or to die at once (as a `kill -9` would leave
+//! things), so that a crash between two steps is reproduced exactly instead
+//! of by luck.
 //! Compiled only with the `fault-points` feature (the test suite's build,
 //! `scripts/test`); otherwise every point is an empty function.
 
@@ -25,6 +27,12 @@ async fn act(name: &str, action: &str) {
         let millis = millis.parse().unwrap_or(0);
         eprintln!("fault point {name}: stalling {millis} ms");
         tokio::time::sleep(std::time::Duration::from_millis(millis)).await;
+    } else if let Some(path) = action.strip_prefix("until:") {
+        eprintln!("fault point {name}: holding until {path} exists");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+        while !std::path::Path::new(path).exists() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
     } else if action == "exit" {
         eprintln!("fault point {name}: exiting at once");
         // SAFETY: _exit ends the process at once, as a crash would: no

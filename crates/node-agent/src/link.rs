@@ -232,11 +232,9 @@ mod tests {
             "{error:?}"
         );
 
-        // Nobody listens.
-        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = closed.local_addr().unwrap();
-        drop(closed);
-        let link = HttpLink::new(&format!("http://{address}"), "token");
+        // Nobody listens (the discard port, closed on loopback; the
+        // browsers' unwanted services are pointed at it too).
+        let link = HttpLink::new("http://127.0.0.1:9", "token");
         let error = state_change(&link).await;
         assert!(matches!(error, Err(LinkError::Unreachable(_))), "{error:?}");
     }

@@ -10,10 +10,12 @@
 //! Chromium sometimes starts a screencast that never sends a frame, though
 //! the page paints (seen about once in twenty starts on a loaded machine,
 //! Chromium 156: `Page.captureScreenshot` works, the page animates, no
-//! `Page.screencastFrame` comes). A screencast silent while viewers watch is
-//! started again on a fresh connection, after [`SILENCE_FIRST`], then after
-//! twice as long each time it stays silent (a still page is silent too),
-//! up to [`SILENCE_MAX`]; a frame brings the wait back to the first.
+//! `Page.screencastFrame` comes). A screencast that has sent no frame since
+//! it started, while viewers watch, is started again on a fresh connection
+//! after [`SILENCE_FIRST`], then after twice as long each time it stays
+//! silent (a page that never paints is silent too), up to [`SILENCE_MAX`].
+//! Once a screencast has sent a frame it is left alone (a still page sends
+//! none), and the next one waits [`SILENCE_FIRST`] again.
 //!
 //! - `GET /` — MJPEG (`multipart/x-mixed-replace`), shows in an `<img>`;
 //! - `GET /ws` — a WebSocket of binary JPEG frames, `state` messages, and
@@ -53,32 +55,42 @@ const SILENCE_MAX: Duration = Duration::from_secs(48);
 #[derive(Debug, Clone, Copy)]
 struct SilenceWatch {
     limit: Duration,
-    last_frame: tokio::time::Instant,
+    session_start: tokio::time::Instant,
+    /// The session has sent a frame.
+    framed: bool,
 }
 
 impl SilenceWatch {
     fn new(now: tokio::time::Instant) -> Self {
         Self {
             limit: SILENCE_FIRST,
-            last_frame: now,
+            session_start: now,
+            framed: false,
         }
     }
 
     /// A screencast session starts (again): silence counts from now.
     fn session_started(&mut self, now: tokio::time::Instant) {
-        self.last_frame = now;
+        self.session_start = now;
+        self.framed = false;
     }
 
-    fn frame(&mut self, now: tokio::time::Instant) {
-        self.last_frame = now;
+    fn frame(&mut self) {
+        self.framed = true;
         self.limit = SILENCE_FIRST;
     }
 
-    /// How long it has been silent, when that is too long; the next
-    /// session may then be silent twice as long.
+    /// The next session waits the first wait (another tab is shown).
+    fn reset(&mut self) {
+        self.limit = SILENCE_FIRST;
+    }
+
+    /// How long the session has been silent, when it has sent no frame
+    /// and that is too long; the next session may then be silent twice as
+    /// long.
     fn too_long(&mut self, now: tokio::time::Instant) -> Option<Duration> {
-        let silent = now.saturating_duration_since(self.last_frame);
-        if silent < self.limit {
+        let silent = now.saturating_duration_since(self.session_start);
+        if self.framed || silent < self.limit {
             return None;
         }
         self.limit = (self.limit * 2).min(SILENCE_MAX);
@@ -91,6 +103,18 @@ use crate::instance_http::{Tab, TabsError, list_tabs, page_path};
 use crate::live_control::{
     self, ControlError, ControlState, InvalidMessage, ViewerMessage, ViewerState, Viewport,
 };
+
+/// An event already received, if any (a closed connection is left to the
+/// screencast's `recv`).
+fn pending(events: &mut tokio::sync::broadcast::Receiver<CdpEvent>) -> Option<CdpEvent> {
+    loop {
+        match events.try_recv() {
+            Ok(event) => return Some(event),
+            Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) => continue,
+            Err(_) => return None,
+        }
+    }
+}
 
 /// How often a screencast looks at its viewers, tabs and silence.
 const TICK: Duration = Duration::from_millis(500);
@@ -235,7 +259,7 @@ impl LiveView {
             *self.page.lock().expect("page lock") = None;
             wake = false;
             match attempt {
-                Ok(()) => {}
+                Ok(()) => silence.reset(),
                 Err(ScreencastError::Silent(waited)) => {
                     tracing::debug!(instance = %self.slot.id, ?waited, "screencast silent: starting it again");
                 }
@@ -285,15 +309,13 @@ impl LiveView {
         let started = tokio::time::Instant::now();
         let mut tick = tokio::time::interval_at(started + TICK, TICK);
         let mut ticks = 0u64;
-        let mut frames_in_session = 0u64;
         silence.session_started(started);
         loop {
             tokio::select! {
                 event = events.recv() => match event {
                     Ok(event) => {
                         if self.on_page_event(&client, &event).await? {
-                            frames_in_session += 1;
-                            silence.frame(tokio::time::Instant::now());
+                            silence.frame();
                         }
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
@@ -307,11 +329,17 @@ impl LiveView {
                     }
                     // A page that has not painted since the screencast started
                     // (a fresh about:blank) sends no frame: seed one.
-                    if ticks == 1 && frames_in_session == 0 {
+                    if ticks == 1 && self.frames.borrow().is_none() {
                         self.seed_frame(&client, CDP_TIMEOUT).await;
                     }
                     if self.viewers.load(Ordering::SeqCst) > 0 {
                         *last_viewer_seen = tokio::time::Instant::now();
+                        // Frames that came while the calls above ran count.
+                        while let Some(event) = pending(&mut events) {
+                            if self.on_page_event(&client, &event).await? {
+                                silence.frame();
+                            }
+                        }
                         if let Some(silent) = silence.too_long(tokio::time::Instant::now()) {
                             let _ = client
                                 .call("Page.stopScreencast", json!({}), None, CDP_TIMEOUT)
@@ -468,7 +496,7 @@ impl LiveView {
         Ok(())
     }
 
-    /// Publishes a screenshot as the current frame.
+    /// Publishes a screenshot as the current frame (none has come yet).
     async fn seed_frame(&self, client: &CdpClient, timeout: Duration) {
         let shot = client
             .call(
@@ -830,10 +858,19 @@ mod tests {
             now += limit;
             assert_eq!(watch.too_long(at(now)), Some(Duration::from_secs(limit)));
         }
-        // A frame: silence counts from it, and the wait is back to 3 s.
+        // A session that sent a frame is never silent (a still page sends
+        // nothing more), and the next one waits 3 s again.
         watch.session_started(at(now));
-        watch.frame(at(now + 1));
-        assert_eq!(watch.too_long(at(now + 3)), None);
-        assert_eq!(watch.too_long(at(now + 4)), Some(Duration::from_secs(3)));
+        watch.frame();
+        assert_eq!(watch.too_long(at(now + 600)), None);
+        watch.session_started(at(now + 600));
+        assert_eq!(watch.too_long(at(now + 602)), None);
+        assert_eq!(watch.too_long(at(now + 603)), Some(Duration::from_secs(3)));
+        // Another tab: the first wait again.
+        watch.session_started(at(now + 603));
+        assert_eq!(watch.too_long(at(now + 609)), Some(Duration::from_secs(6)));
+        watch.reset();
+        watch.session_started(at(now + 609));
+        assert_eq!(watch.too_long(at(now + 612)), Some(Duration::from_secs(3)));
     }
 }

@@ -864,7 +864,8 @@ struct Fault {
 #[derive(Clone, Copy, Debug)]
 enum Crash {
     /// The process holds at the point while the control plane is killed,
-    /// and goes on once it has started again.
+    /// and goes on once it has started again and the node has registered
+    /// with it.
     ControlKilledMeanwhile,
     /// The process dies at the point, as `kill -9` would leave it.
     DiesThere,
@@ -981,9 +982,10 @@ async fn crash_exactly(fault: Fault) {
     write_webhook_config(temp.path(), &receiver);
     let snapshots = Snapshots::Dir(temp.path().join("snapshots"));
     let database = format!("sqlite://{}/store.db", temp.path().display());
+    let release = temp.path().join("release");
     let action = match fault.crash {
-        Crash::ControlKilledMeanwhile => "stall:6000",
-        Crash::DiesThere => "exit",
+        Crash::ControlKilledMeanwhile => format!("until:{}", release.display()),
+        Crash::DiesThere => "exit".to_owned(),
     };
     let mut env = snapshots.env();
     env.push((
@@ -1021,12 +1023,36 @@ async fn crash_exactly(fault: Fault) {
         Crash::ControlKilledMeanwhile => Victim::Control,
         Crash::DiesThere => fault.at,
     };
+    let control_log = temp.path().join("control.stderr.log");
+    let registrations = || {
+        std::fs::read_to_string(&control_log)
+            .unwrap_or_default()
+            .matches("node registered")
+            .count()
+    };
+    let registered_before = registrations();
     fleet.kill(victim).await;
     fleet.env.retain(|(name, _)| name != "FLOTILLA_FAULTS");
     fleet.restart(victim).await;
+    if matches!(fault.crash, Crash::ControlKilledMeanwhile) {
+        // The node registers with the new control plane while it still
+        // holds the operation; then it goes on.
+        wait_until(BROWSER_DEADLINE, "the node to register again", || async {
+            Ok::<_, String>((registrations() > registered_before).then_some(()))
+        })
+        .await
+        .unwrap();
+        std::fs::write(&release, b"").unwrap();
+    }
     // The caller's answer, whatever it was (an error when the control
-    // plane died under it).
-    let _ = tokio::time::timeout(BROWSER_DEADLINE, operation).await;
+    // plane died under it); given up after the deadline.
+    let operation = operation.abort_handle();
+    let answered = wait_until(BROWSER_DEADLINE, "the operation's caller", || async {
+        Ok::<_, String>(operation.is_finished().then_some(()))
+    });
+    if answered.await.is_err() {
+        operation.abort();
+    }
 
     let api = fleet.api().clone();
     let ledger = ledger.lock().unwrap().clone();

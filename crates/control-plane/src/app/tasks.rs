@@ -65,7 +65,12 @@ impl BackgroundTasks {
                 task.last_run_at = Some(at);
                 task.last_error = Some((at, error));
             }
-            RunOutcome::LeaseHeldElsewhere => task.skipped += 1,
+            // Another control plane runs it now: an error of this one's
+            // last run is no longer news.
+            RunOutcome::LeaseHeldElsewhere => {
+                task.skipped += 1;
+                task.last_error = None;
+            }
         }
     }
 
@@ -81,13 +86,13 @@ impl BackgroundTasks {
             .entry(name)
             .or_default()
             .running += 1;
-        let tasks = self.clone();
+        let finished = Finished {
+            tasks: self.clone(),
+            name,
+        };
         self.tracker.spawn(async move {
+            let _finished = finished;
             work.await;
-            let mut stats = tasks.stats.lock().expect("tasks lock");
-            let task = stats.entry(name).or_default();
-            task.running -= 1;
-            task.runs += 1;
         });
     }
 
@@ -139,6 +144,22 @@ impl BackgroundTasks {
     }
 }
 
+/// Counts a piece of work as finished when it ends, however it ends (a
+/// panic included).
+struct Finished {
+    tasks: std::sync::Arc<BackgroundTasks>,
+    name: &'static str,
+}
+
+impl Drop for Finished {
+    fn drop(&mut self) {
+        let mut stats = self.tasks.stats.lock().expect("tasks lock");
+        let task = stats.entry(self.name).or_default();
+        task.running = task.running.saturating_sub(1);
+        task.runs += 1;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,11 +171,10 @@ mod tests {
         let at = |s: i64| DateTime::<Utc>::from_timestamp(s, 0).unwrap();
         tasks.record("idle sweep", at(1), RunOutcome::Done);
         tasks.record("idle sweep", at(2), RunOutcome::Failed("store down".into()));
-        tasks.record("idle sweep", at(3), RunOutcome::LeaseHeldElsewhere);
         let [report] = &tasks.report(true)[..] else {
             panic!("one task")
         };
-        assert_eq!((report.runs, report.failures, report.skipped), (2, 1, 1));
+        assert_eq!((report.runs, report.failures, report.skipped), (2, 1, 0));
         assert!(report.failing);
         assert_eq!(report.last_run_at, Some(at(2)));
         assert_eq!(report.last_success_at, Some(at(1)));
@@ -170,6 +190,22 @@ mod tests {
         let report = &tasks.report(true)[0];
         assert!(!report.failing);
         assert_eq!(report.last_error, None);
+
+        // Failed here, then another control plane took the task over.
+        tasks.record("idle sweep", at(5), RunOutcome::Failed("store down".into()));
+        tasks.record("idle sweep", at(6), RunOutcome::LeaseHeldElsewhere);
+        let report = &tasks.report(true)[0];
+        assert!(!report.failing);
+        assert_eq!((report.runs, report.failures, report.skipped), (4, 2, 1));
+    }
+
+    #[tokio::test]
+    async fn work_that_panics_is_counted_as_finished() {
+        let tasks = Arc::new(BackgroundTasks::default());
+        tasks.spawn("node strays", async { panic!("a bug in the work") });
+        assert_eq!(tasks.stop(Duration::from_secs(30)).await, 0);
+        let report = &tasks.report(false)[0];
+        assert_eq!((report.running, report.runs), (0, 1));
     }
 
     #[tokio::test]

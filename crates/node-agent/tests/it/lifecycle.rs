@@ -1,0 +1,217 @@
+//! The agent's lifecycle on its own, without a control plane or a browser:
+//! the sim runtime and a fake control plane that records what the agent
+//! reports. Create, park, revive and delete in order, each asked twice (a
+//! caller that timed out asks again), and the refusals of the states that
+//! do not allow them.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use flotilla_api_types::InstanceId;
+use flotilla_api_types::agent::{
+    AgentCreateInstance, AgentReviveInstance, Heartbeat, InstanceEventReport, InstanceStateChange,
+    NodeRegistration, RegistrationAck, StateChangeAck,
+};
+use flotilla_api_types::clock::SystemClock;
+use flotilla_api_types::ids::{OperationId, SnapshotId};
+use flotilla_api_types::instances::{InstanceConfig, InstanceStatus, ReviveMethod};
+use flotilla_node_agent::snapshot::{SnapshotStore, SnapshotsConfig};
+use flotilla_node_agent::{
+    Agent, AgentConfig, AgentError, AgentSettings, ControlPlaneLink, LinkError, RuntimeKind,
+};
+use flotilla_testkit::wait_until;
+
+/// Takes every registration and records every state change.
+#[derive(Default)]
+struct FakeControlPlane {
+    changes: Mutex<Vec<InstanceStateChange>>,
+}
+
+fn ack() -> RegistrationAck {
+    RegistrationAck {
+        heartbeat_interval_sec: 0.2,
+        instance_access: Default::default(),
+    }
+}
+
+#[async_trait]
+impl ControlPlaneLink for FakeControlPlane {
+    async fn register(&self, _: NodeRegistration) -> Result<RegistrationAck, LinkError> {
+        Ok(ack())
+    }
+
+    async fn heartbeat(&self, _: Heartbeat) -> Result<RegistrationAck, LinkError> {
+        Ok(ack())
+    }
+
+    async fn state_changed(
+        &self,
+        change: InstanceStateChange,
+    ) -> Result<StateChangeAck, LinkError> {
+        self.changes.lock().unwrap().push(change);
+        Ok(StateChangeAck { applied: true })
+    }
+
+    async fn instance_event(&self, _: InstanceEventReport) -> Result<(), LinkError> {
+        Ok(())
+    }
+}
+
+impl FakeControlPlane {
+    /// Waits for the agent to report `status` for `id` (of `operation`,
+    /// when given); the change.
+    async fn reported(
+        &self,
+        id: &InstanceId,
+        status: InstanceStatus,
+        operation: Option<&OperationId>,
+    ) -> InstanceStateChange {
+        let what = format!("{id} reported {status}");
+        wait_until(Duration::from_secs(30), &what, || async {
+            let changes = self.changes.lock().unwrap();
+            let found = changes.iter().find(|change| {
+                &change.id == id
+                    && change.status == status
+                    && operation
+                        .is_none_or(|operation| change.operation.as_ref() == Some(operation))
+            });
+            Ok::<_, String>(found.cloned())
+        })
+        .await
+        .unwrap()
+    }
+
+    fn count(&self, id: &InstanceId, status: InstanceStatus) -> usize {
+        let changes = self.changes.lock().unwrap();
+        changes
+            .iter()
+            .filter(|change| &change.id == id && change.status == status)
+            .count()
+    }
+}
+
+async fn sim_agent(dir: &std::path::Path, link: Arc<FakeControlPlane>) -> Agent {
+    let config = AgentConfig {
+        runtime: RuntimeKind::Sim,
+        node_id: Some("sim-node".into()),
+        max_instances: 4,
+        warm_pool_size: 0,
+        sim_start_ms: 20,
+        ..AgentConfig::default()
+    };
+    let settings = AgentSettings {
+        config,
+        data_dir: dir.join("agent"),
+        address: "http://127.0.0.1:9".into(),
+        public_host: "127.0.0.1".into(),
+        bind_address: std::net::Ipv4Addr::LOCALHOST,
+        snapshots: SnapshotStore::open(&SnapshotsConfig::default(), &dir.join("snapshots"))
+            .unwrap(),
+        clock: Arc::new(SystemClock),
+        listeners: flotilla_net::Listeners::new(&flotilla_net::ListenerLimits::default()),
+    };
+    Agent::start(settings, link).await.unwrap()
+}
+
+#[tokio::test]
+async fn an_instance_goes_through_its_life_and_each_request_may_come_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let control_plane = Arc::new(FakeControlPlane::default());
+    let agent = sim_agent(dir.path(), control_plane.clone()).await;
+    let id = InstanceId::generate();
+
+    // Create, twice: the second answers the first's ports and starts nothing.
+    let created = OperationId::generate();
+    let create = AgentCreateInstance {
+        id: id.clone(),
+        image: "ubuntu:22.04".into(),
+        config: InstanceConfig::default(),
+        access_token: None,
+        profile: None,
+        operation: Some(created.clone()),
+    };
+    let ports = agent.instance_create(create.clone()).await.unwrap();
+    assert_eq!(agent.instance_create(create).await.unwrap(), ports);
+    control_plane
+        .reported(&id, InstanceStatus::Running, Some(&created))
+        .await;
+    assert_eq!(control_plane.count(&id, InstanceStatus::Running), 1);
+
+    // Park; a second park finds it dormant and is refused, naming why.
+    let parked = agent.instance_dormant(&id).await.unwrap();
+    let change = control_plane
+        .reported(&id, InstanceStatus::Dormant, None)
+        .await;
+    assert_eq!(change.snapshot_id.as_ref(), Some(&parked.snapshot_id));
+    let again = agent.instance_dormant(&id).await;
+    assert!(
+        matches!(
+            again,
+            Err(AgentError::NotRunning {
+                status: InstanceStatus::Dormant,
+                ..
+            })
+        ),
+        "{again:?}"
+    );
+
+    // Revive, twice with the same operation: one revive, one answer.
+    let revived = OperationId::generate();
+    let revive = |operation: &OperationId, snapshot: &SnapshotId| AgentReviveInstance {
+        id: id.clone(),
+        method: ReviveMethod::QuickStart,
+        snapshot_id: snapshot.clone(),
+        image: "ubuntu:22.04".into(),
+        config: InstanceConfig::default(),
+        ports: Some([ports.debug_port, ports.stream_port, ports.http_port]),
+        access_token: None,
+        profile: None,
+        operation: Some(operation.clone()),
+    };
+    let first = agent
+        .instance_revive(revive(&revived, &parked.snapshot_id))
+        .await
+        .unwrap();
+    let second = agent
+        .instance_revive(revive(&revived, &parked.snapshot_id))
+        .await
+        .unwrap();
+    assert_eq!(
+        (first.debug_port, first.stream_port, first.http_port),
+        (second.debug_port, second.stream_port, second.http_port)
+    );
+    let change = control_plane
+        .reported(&id, InstanceStatus::Running, Some(&revived))
+        .await;
+    assert_eq!(change.snapshot_id.as_ref(), Some(&parked.snapshot_id));
+    assert_eq!(control_plane.count(&id, InstanceStatus::Running), 2);
+
+    // Another revive of a running instance is refused.
+    let refused = agent
+        .instance_revive(revive(&OperationId::generate(), &parked.snapshot_id))
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(AgentError::NotDormant {
+                status: InstanceStatus::Running,
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+
+    // Delete, twice: the second finds nothing.
+    agent.instance_delete(&id, false).await.unwrap();
+    let gone = agent.instance_delete(&id, false).await;
+    assert!(matches!(gone, Err(AgentError::NotFound(_))), "{gone:?}");
+    assert!(
+        !dir.path()
+            .join("agent/instances")
+            .join(id.as_str())
+            .exists(),
+        "its directory goes"
+    );
+    agent.shutdown().await;
+}
