@@ -61,7 +61,8 @@ pub struct BackgroundTaskHealth {
     /// `node offline sweep`, `idle sweep`, `lifetime sweep`, `metrics
     /// sample`; `node strays` (stopping instances a node runs and the store
     /// does not have), `door relay` (WebSocket connections through the
-    /// front door).
+    /// front door), `park`, `revive`, `delete` (those requests, which run to
+    /// their end whether their client waits or not).
     pub name: String,
     /// Runs that ended (for work, each piece that finished).
     pub runs: u64,

@@ -604,6 +604,7 @@ pub struct KeptRecordingList {
 /// Query of `GET /v2/recordings`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct KeptRecordingQuery {
     /// Only the recordings of this instance.
     pub instance_id: Option<InstanceId>,

@@ -1,8 +1,9 @@
 //! The control plane's background work, visible and stoppable: the sweeps
 //! that run on a timer (see [`crate::background`]) record each run here, and
 //! work started in the background by a request or a report (stopping a
-//! node's strays, a WebSocket relay through the front door) is spawned here,
-//! so that shutdown waits for it. `/health` and `/metrics` show what each
+//! node's strays, a WebSocket relay through the front door, a park, revive
+//! or delete that runs to its end whether its client waits or not) is
+//! spawned here, so that shutdown waits for it. `/health` and `/metrics` show what each
 //! did: runs, failures, the last run and, to a caller with a key, the last
 //! error.
 
@@ -80,20 +81,49 @@ impl BackgroundTasks {
     where
         F: Future<Output = ()> + Send + 'static,
     {
+        let finished = self.started(name);
+        self.tracker.spawn(async move {
+            let _finished = finished;
+            work.await;
+        });
+    }
+
+    /// Runs `operation` as the work `name` and waits for it: a caller that
+    /// goes away (an HTTP client that hangs up) does not cut it short, and
+    /// shutdown waits for it (see [`flotilla_api_types::tasks::to_completion`],
+    /// which this tracks). A panic in it is raised again here.
+    pub async fn to_completion<T, F>(
+        self: &std::sync::Arc<Self>,
+        name: &'static str,
+        operation: F,
+    ) -> T
+    where
+        T: Send + 'static,
+        F: Future<Output = T> + Send + 'static,
+    {
+        let finished = self.started(name);
+        let handle = self.tracker.spawn(async move {
+            let _finished = finished;
+            operation.await
+        });
+        match handle.await {
+            Ok(outcome) => outcome,
+            Err(error) => std::panic::resume_unwind(error.into_panic()),
+        }
+    }
+
+    /// Counts a piece of work `name` as running until the guard drops.
+    fn started(self: &std::sync::Arc<Self>, name: &'static str) -> Finished {
         self.stats
             .lock()
             .expect("tasks lock")
             .entry(name)
             .or_default()
             .running += 1;
-        let finished = Finished {
+        Finished {
             tasks: self.clone(),
             name,
-        };
-        self.tracker.spawn(async move {
-            let _finished = finished;
-            work.await;
-        });
+        }
     }
 
     /// Cancelled when shutdown begins: work that would otherwise run on
@@ -197,6 +227,31 @@ mod tests {
         let report = &tasks.report(true)[0];
         assert!(!report.failing);
         assert_eq!((report.runs, report.failures, report.skipped), (4, 2, 1));
+    }
+
+    #[tokio::test]
+    async fn an_operation_runs_to_its_end_when_its_caller_goes_away() {
+        let tasks = Arc::new(BackgroundTasks::default());
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        let caller = tokio::spawn({
+            let tasks = tasks.clone();
+            async move {
+                tasks
+                    .to_completion("park", async move {
+                        let _ = released.await;
+                        7
+                    })
+                    .await
+            }
+        });
+        tokio::task::yield_now().await;
+        caller.abort();
+        assert_eq!(tasks.report(false)[0].running, 1, "still parking");
+        release.send(()).unwrap();
+        assert_eq!(tasks.stop(Duration::from_secs(30)).await, 0);
+        assert_eq!(tasks.report(false)[0].runs, 1);
+        let answer = tasks.to_completion("park", async { 8 }).await;
+        assert_eq!(answer, 8);
     }
 
     #[tokio::test]

@@ -1,6 +1,7 @@
 //! `/v2/instances` handlers: extract, call the domain, convert. Delete, park
-//! and revive run to their end even when the client hangs up
-//! ([`to_completion`]): a half-done lifecycle step is never left behind.
+//! and revive run to their end even when the client hangs up, and shutdown
+//! waits for them ([`crate::app::tasks::BackgroundTasks::to_completion`]): a
+//! half-done lifecycle step is never left behind.
 
 use std::sync::Arc;
 
@@ -12,7 +13,6 @@ use flotilla_api_types::instances::{
     CreateInstanceQuery, CreateInstanceRequest, DeleteInstanceQuery, Instance, InstanceList,
     ListInstancesQuery, ReviveRequest,
 };
-use flotilla_api_types::tasks::to_completion;
 use flotilla_api_types::{ErrorResponse, InstanceId, MessageResponse};
 
 use super::extract::{ApiJson, ApiQuery, NoBody, OptionalApiJson};
@@ -93,8 +93,10 @@ pub async fn instance_delete(
     ApiQuery(query): ApiQuery<DeleteInstanceQuery>,
 ) -> Result<Json<MessageResponse>, Error> {
     let id = InstanceId::new(id);
-    let removed =
-        to_completion(async move { control_plane.instance_delete(&id, query.force).await });
+    let tasks = control_plane.tasks().clone();
+    let removed = tasks.to_completion("delete", async move {
+        control_plane.instance_delete(&id, query.force).await
+    });
     Ok(Json(removed.await?))
 }
 
@@ -115,7 +117,11 @@ pub async fn instance_dormant(
     NoBody: NoBody,
 ) -> Result<Json<Instance>, Error> {
     let id = InstanceId::new(id);
-    let parked = to_completion(async move { control_plane.instance_dormant(&id).await });
+    let tasks = control_plane.tasks().clone();
+    let parked = tasks.to_completion(
+        "park",
+        async move { control_plane.instance_dormant(&id).await },
+    );
     Ok(Json(parked.await?))
 }
 
@@ -136,7 +142,9 @@ pub async fn instance_revive(
     OptionalApiJson(request): OptionalApiJson<ReviveRequest>,
 ) -> Result<Json<Instance>, Error> {
     let id = InstanceId::new(id);
-    let started =
-        to_completion(async move { control_plane.instance_revive(&id, request.method).await });
+    let tasks = control_plane.tasks().clone();
+    let started = tasks.to_completion("revive", async move {
+        control_plane.instance_revive(&id, request.method).await
+    });
     Ok(Json(started.await?))
 }

@@ -416,6 +416,22 @@ async fn openapi_document_and_swagger_ui_are_served_offline() {
     ] {
         assert!(doc["paths"].get(path).is_some(), "missing {path}");
     }
+    // A path parameter is in its path's template (one declared `in: path`
+    // that is not there can never be sent: `GET /v2/recordings` had its
+    // `instance_id` query so).
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            for parameter in operation["parameters"].as_array().into_iter().flatten() {
+                if parameter["in"] == "path" {
+                    let name = parameter["name"].as_str().unwrap();
+                    assert!(
+                        path.contains(&format!("{{{name}}}")),
+                        "{method} {path}: path parameter {name} is not in the path"
+                    );
+                }
+            }
+        }
+    }
     let create = &doc["paths"]["/v2/instances"]["post"]["responses"];
     for code in ["201", "400", "503"] {
         assert!(create.get(code).is_some(), "create lacks {code}");
