@@ -406,6 +406,20 @@ fn sha256_hex(text: &str) -> String {
         .collect()
 }
 
+/// The sample of `name` with every label of `labels`, from a scrape.
+fn sample<'a>(
+    scrape: &'a prometheus_parse::Scrape,
+    name: &str,
+    labels: &[(&str, &str)],
+) -> Option<&'a prometheus_parse::Sample> {
+    scrape.samples.iter().find(|s| {
+        s.metric == name
+            && labels
+                .iter()
+                .all(|(label, value)| s.labels.get(label) == Some(*value))
+    })
+}
+
 #[tokio::test]
 async fn prometheus_exposition_parses_and_counts_instances() {
     let serve = spawn_serve_with(|config| sim(config, 10)).await;
@@ -427,16 +441,12 @@ async fn prometheus_exposition_parses_and_counts_instances() {
     let lines = text.lines().map(|l| Ok(l.to_owned()));
     let scrape = prometheus_parse::Scrape::parse(lines).expect("Prometheus text parses");
     let value = |name: &str, label: (&str, &str)| {
-        scrape
-            .samples
-            .iter()
-            .find(|s| s.metric == name && s.labels.get(label.0) == Some(label.1))
-            .map(|s| match s.value {
-                prometheus_parse::Value::Gauge(v)
-                | prometheus_parse::Value::Counter(v)
-                | prometheus_parse::Value::Untyped(v) => v,
-                _ => f64::NAN,
-            })
+        sample(&scrape, name, &[label]).map(|s| match s.value {
+            prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => f64::NAN,
+        })
     };
     assert_eq!(
         value("service_instances_total", ("status", "running")),
@@ -861,11 +871,11 @@ async fn background_tasks_show_their_runs_and_failures_in_health_and_metrics() {
         .unwrap();
     let scrape =
         prometheus_parse::Scrape::parse(metrics.lines().map(|l| Ok(l.to_owned()))).unwrap();
-    let failed = scrape.samples.iter().find(|s| {
-        s.metric == "service_background_runs_total"
-            && s.labels.get("task") == Some("idle sweep")
-            && s.labels.get("outcome") == Some("failed")
-    });
+    let failed = sample(
+        &scrape,
+        "service_background_runs_total",
+        &[("task", "idle sweep"), ("outcome", "failed")],
+    );
     assert!(
         matches!(failed.map(|s| &s.value), Some(prometheus_parse::Value::Counter(n)) if *n >= 1.0),
         "{metrics}"
