@@ -1,13 +1,14 @@
 //! The agent's record of one instance ([`InstanceSlot`]): its ports, directories,
-//! browser process and phase, activity clock, snapshot and last resource sample.
+//! browser process and lifecycle state, activity clock, snapshot and last resource sample.
 //!
 //! The slot is shared (`Arc`) by the task that launches and watches the browser,
 //! the port servers (CDP gateway, live view, instance HTTP API) and the agent's
 //! delete, dormant, revive and report paths. Operations that change the browser
-//! (dormant, revive, delete) take [`InstanceSlot::operation`] so they never
-//! interleave.
+//! (park, revive, delete) go to one task per instance ([`InstanceSlot::send`]),
+//! so they never interleave; its state changes only through the lifecycle
+//! table ([`InstanceSlot::apply`]).
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,8 +27,10 @@ use flotilla_api_types::instances::{
 use flotilla_api_types::profiles::ProfileUse;
 
 use crate::access::InstanceToken;
+use crate::agent::operations::{REQUESTS_QUEUED, Request};
 use crate::browser::{BrowserProcess, CdpEndpoint, InstanceDirs};
 use crate::cgroups::InstanceCgroup;
+use crate::instance_state::{Effect, Event, Lifecycle, State, transition};
 use crate::launcher::Launched;
 
 /// Why an instance's browser cannot be used now (its ports answer 503).
@@ -50,20 +53,6 @@ pub enum NotReady {
         instance: InstanceId,
         timeout: Duration,
     },
-}
-
-/// Where the instance's browser is in its life, as the port servers see it.
-#[derive(Debug, Clone, PartialEq)]
-pub enum BrowserPhase {
-    /// Launching (or reviving, or being parked); servers wait for the next phase.
-    Starting,
-    /// Answering CDP at this endpoint (`None` for a sim browser).
-    Ready(Option<CdpEndpoint>),
-    /// Parked: no browser, its snapshot in the store. A request that arrives now
-    /// wakes it (when `agent.wake_on_connect` is on) and waits for it.
-    Dormant,
-    /// Not running and not coming back; the text says why.
-    Gone(String),
 }
 
 /// A client's request to wake a dormant instance: which, and with which
@@ -90,38 +79,27 @@ pub struct InstanceSlot {
     /// debug, stream, http.
     pub ports: [u16; 3],
     pub dirs: InstanceDirs,
-    phase: watch::Sender<BrowserPhase>,
+    /// Its state, changed only through [`InstanceSlot::apply`] (the table of
+    /// [`crate::instance_state::transition`]); the port servers, reports and
+    /// live view read it here.
+    lifecycle: watch::Sender<Lifecycle>,
     /// The browser once spawned, with its cgroup. A std mutex: only swapped or
     /// cloned, never held across an await.
     process: Mutex<Option<Launched>>,
     /// Memory-limit kills already reported.
     oom_reported: AtomicU64,
-    /// Status and reason as the agent reports them.
-    status: Mutex<(InstanceStatus, Option<String>)>,
     /// Milliseconds since the epoch of the last CDP or viewer activity.
     last_activity_ms: AtomicI64,
     resources: Mutex<InstanceResources>,
     pub cpu_meter: Mutex<crate::monitor::CpuMeter>,
-    /// Set once the agent has decided to stop this browser for good (delete,
-    /// shutdown, limits), so that its exit is not reported as a crash.
-    stopping: AtomicBool,
-    /// Set while the agent parks the browser (its exit is not a crash either).
-    parking: AtomicBool,
     /// Stops the instance's port servers.
     pub servers: CancellationToken,
     /// Cancelled when the task watching the current browser has finished; a new
     /// token per browser (create, each revive). A std mutex: swapped or cloned only.
     supervisor_done: Mutex<CancellationToken>,
-    /// Serialises dormant, revive and delete of this instance. A tokio mutex:
-    /// held across the whole operation.
-    pub operation: tokio::sync::Mutex<()>,
-    /// The snapshot while dormant, and after a revive the one it came
-    /// from until the control plane has recorded the revive.
-    snapshot: Mutex<Option<SnapshotId>>,
-    /// The operation (create, revive, wake) being carried out, or the one
-    /// that brought the instance to its state: reported with every state
-    /// change and report. A std mutex: cloned out or replaced only.
-    current_operation: Mutex<Option<OperationId>>,
+    /// Where its operations (park, revive, delete, shutdown) go: the one
+    /// task that carries them out, in order (`agent::operations`).
+    requests: mpsc::Sender<Request>,
     /// Complete downloads already announced. A std mutex: updated by the
     /// sampler only.
     downloads_seen: Mutex<std::collections::HashSet<String>>,
@@ -144,36 +122,51 @@ pub struct InstanceSlot {
     clock: Arc<dyn Clock>,
 }
 
+/// What a new [`InstanceSlot`] is made of.
+pub struct SlotSetup {
+    pub id: InstanceId,
+    pub image: String,
+    pub config: InstanceConfig,
+    /// debug, stream, http.
+    pub ports: [u16; 3],
+    pub dirs: InstanceDirs,
+    pub clock: Arc<dyn Clock>,
+    pub waker: Option<Waker>,
+    /// Where it starts: launching, running (a warm browser) or dormant
+    /// (taken back to be revived).
+    pub lifecycle: Lifecycle,
+}
+
 impl InstanceSlot {
-    pub fn new(
-        id: InstanceId,
-        image: String,
-        config: InstanceConfig,
-        ports: [u16; 3],
-        dirs: InstanceDirs,
-        clock: Arc<dyn Clock>,
-        waker: Option<Waker>,
-    ) -> Self {
-        Self {
+    /// A new slot, and the receiving end of its operations, for the task
+    /// that carries them out.
+    pub fn new(setup: SlotSetup) -> (Self, mpsc::Receiver<Request>) {
+        let SlotSetup {
             id,
             image,
             config,
             ports,
             dirs,
-            phase: watch::channel(BrowserPhase::Starting).0,
+            clock,
+            waker,
+            lifecycle,
+        } = setup;
+        let (requests, received) = mpsc::channel(REQUESTS_QUEUED);
+        let slot = Self {
+            id,
+            image,
+            config,
+            ports,
+            dirs,
+            lifecycle: watch::channel(lifecycle).0,
             process: Mutex::new(None),
             oom_reported: AtomicU64::new(0),
-            status: Mutex::new((InstanceStatus::Creating, None)),
             last_activity_ms: AtomicI64::new(clock.now().timestamp_millis()),
             resources: Mutex::new(InstanceResources::default()),
             cpu_meter: Mutex::default(),
-            stopping: AtomicBool::new(false),
-            parking: AtomicBool::new(false),
             servers: CancellationToken::new(),
             supervisor_done: Mutex::new(CancellationToken::new()),
-            operation: tokio::sync::Mutex::new(()),
-            snapshot: Mutex::new(None),
-            current_operation: Mutex::new(None),
+            requests,
             access_token: Mutex::new(None),
             profile: Mutex::new(None),
             downloads_seen: Mutex::default(),
@@ -181,7 +174,18 @@ impl InstanceSlot {
             recorder: Mutex::new(None),
             prestarted_driver: Mutex::new(None),
             clock,
-        }
+        };
+        (slot, received)
+    }
+
+    /// Hands `request` to the task that carries out its operations, waiting
+    /// while its queue is full; gives it back when that task has ended (the
+    /// instance was deleted or ended).
+    pub async fn send(&self, request: Request) -> Result<(), Request> {
+        self.requests
+            .send(request)
+            .await
+            .map_err(|refused| refused.0)
     }
 
     /// Remembers the task recording this instance.
@@ -225,12 +229,32 @@ impl InstanceSlot {
             .unwrap_or_else(Utc::now)
     }
 
-    pub fn phase(&self) -> BrowserPhase {
-        self.phase.borrow().clone()
+    /// Its state and operation now.
+    pub fn lifecycle(&self) -> Lifecycle {
+        self.lifecycle.borrow().clone()
     }
 
-    pub fn set_phase(&self, phase: BrowserPhase) {
-        self.phase.send_replace(phase);
+    /// Its state now.
+    pub fn state(&self) -> State {
+        self.lifecycle.borrow().state.clone()
+    }
+
+    /// Moves it on `event` by the lifecycle table, at once for every reader;
+    /// answers what the agent must do, or `None` when the event does not
+    /// apply in its state (nothing changed).
+    pub fn apply(&self, event: Event) -> Option<Vec<Effect>> {
+        let mut effects = None;
+        self.lifecycle
+            .send_if_modified(|current| match transition(current, event) {
+                Some((next, done)) => {
+                    tracing::debug!(instance = %self.id, from = ?current.state, to = ?next.state, "instance state");
+                    *current = next;
+                    effects = Some(done);
+                    true
+                }
+                None => false,
+            });
+        effects
     }
 
     /// Waits until the browser answers CDP (or is gone), at most `timeout`. A
@@ -262,19 +286,26 @@ impl InstanceSlot {
         method: Option<ReviveMethod>,
     ) -> Result<Option<CdpEndpoint>, NotReady> {
         let waker = self.waker.as_ref().zip(method);
-        let mut phase = self.phase.subscribe();
+        let mut lifecycle = self.lifecycle.subscribe();
         let mut woken = false;
         let outcome = tokio::time::timeout(timeout, async {
             loop {
-                match phase.borrow_and_update().clone() {
-                    BrowserPhase::Ready(endpoint) => return Ok(endpoint),
-                    BrowserPhase::Gone(reason) => {
+                let state = lifecycle.borrow_and_update().state.clone();
+                match state {
+                    State::Running { endpoint, .. } => return Ok(endpoint),
+                    State::Ended { reason, .. } => {
                         return Err(NotReady::NotRunning {
                             instance: self.id.clone(),
                             reason,
                         });
                     }
-                    BrowserPhase::Dormant => match waker {
+                    State::Stopping { .. } => {
+                        return Err(NotReady::NotRunning {
+                            instance: self.id.clone(),
+                            reason: "instance is being stopped".to_owned(),
+                        });
+                    }
+                    State::Dormant { .. } => match waker {
                         Some((waker, method)) if !woken => {
                             let _ = waker.sender.send(Wake {
                                 id: self.id.clone(),
@@ -289,9 +320,9 @@ impl InstanceSlot {
                             });
                         }
                     },
-                    BrowserPhase::Starting => {}
+                    State::Starting | State::Parking | State::Reviving { .. } => {}
                 }
-                if phase.changed().await.is_err() {
+                if lifecycle.changed().await.is_err() {
                     return Err(NotReady::Gone {
                         instance: self.id.clone(),
                     });
@@ -349,19 +380,17 @@ impl InstanceSlot {
         (total > reported).then(|| total - reported)
     }
 
+    /// Where its browser answers CDP, while it runs.
     pub fn endpoint(&self) -> Option<CdpEndpoint> {
-        match &*self.phase.borrow() {
-            BrowserPhase::Ready(endpoint) => endpoint.clone(),
+        match &self.lifecycle.borrow().state {
+            State::Running { endpoint, .. } => endpoint.clone(),
             _ => None,
         }
     }
 
+    /// The status and reason the control plane is told.
     pub fn status(&self) -> (InstanceStatus, Option<String>) {
-        self.status.lock().expect("slot lock").clone()
-    }
-
-    pub fn set_status(&self, status: InstanceStatus, reason: Option<String>) {
-        *self.status.lock().expect("slot lock") = (status, reason);
+        self.lifecycle.borrow().status()
     }
 
     /// A fresh "supervisor finished" token for a new browser; dropping the
@@ -378,36 +407,21 @@ impl InstanceSlot {
         token.cancelled().await;
     }
 
-    pub fn mark_stopping(&self) -> bool {
-        !self.stopping.swap(true, Ordering::SeqCst)
-    }
-
+    /// Whether the agent is stopping it for good (a delete, its shutdown).
     pub fn is_stopping(&self) -> bool {
-        self.stopping.load(Ordering::SeqCst)
+        matches!(self.lifecycle.borrow().state, State::Stopping { .. })
     }
 
-    pub fn set_parking(&self, parking: bool) {
-        self.parking.store(parking, Ordering::SeqCst);
-    }
-
-    pub fn is_parking(&self) -> bool {
-        self.parking.load(Ordering::SeqCst)
-    }
-
+    /// The snapshot it is parked in, being revived from, or was revived
+    /// from until the control plane recorded that.
     pub fn snapshot(&self) -> Option<SnapshotId> {
-        self.snapshot.lock().expect("slot lock").clone()
+        self.lifecycle.borrow().snapshot().cloned()
     }
 
-    pub fn set_snapshot(&self, snapshot: Option<SnapshotId>) {
-        *self.snapshot.lock().expect("slot lock") = snapshot;
-    }
-
+    /// The operation (create, revive, wake) under way, or the one that
+    /// brought it to its state.
     pub fn operation(&self) -> Option<OperationId> {
-        self.current_operation.lock().expect("slot lock").clone()
-    }
-
-    pub fn set_operation(&self, operation: Option<OperationId>) {
-        *self.current_operation.lock().expect("slot lock") = operation;
+        self.lifecycle.borrow().operation.clone()
     }
 
     /// Downloads that finished since the last call.
@@ -456,26 +470,18 @@ impl InstanceSlot {
         *self.resources.lock().expect("slot lock") = resources;
     }
 
-    /// What the control plane is told of this instance; one being deleted
-    /// already counts as stopped (a control plane that restarts meanwhile
-    /// would otherwise keep it running in its records).
+    /// What the control plane is told of this instance.
     pub fn report(&self) -> InstanceReport {
-        let (status, reason) = if self.is_stopping() {
-            (
-                InstanceStatus::Stopped,
-                Some("deleted on its node".to_owned()),
-            )
-        } else {
-            self.status()
-        };
+        let lifecycle = self.lifecycle();
+        let (status, reason) = lifecycle.status();
         InstanceReport {
             id: self.id.clone(),
             status,
             reason,
             resources: *self.resources.lock().expect("slot lock"),
             last_activity: self.last_activity(),
-            snapshot_id: self.snapshot(),
-            operation: self.operation(),
+            snapshot_id: lifecycle.snapshot().cloned(),
+            operation: lifecycle.operation,
         }
     }
 }

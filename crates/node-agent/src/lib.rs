@@ -30,6 +30,7 @@ pub mod extension;
 pub mod gateway;
 pub mod instance;
 pub mod instance_http;
+pub mod instance_state;
 pub mod launcher;
 pub mod link;
 pub mod live_control;

@@ -26,7 +26,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::instance::BrowserPhase;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
@@ -280,7 +279,10 @@ impl LiveView {
                     return;
                 }
                 drop(running);
-                if !matches!(self.slot.phase(), BrowserPhase::Dormant) {
+                if !matches!(
+                    self.slot.state(),
+                    crate::instance_state::State::Dormant { .. }
+                ) {
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(500)).await;

@@ -39,7 +39,8 @@ use tokio::io::AsyncWriteExt;
 use flotilla_api_types::InstanceId;
 use flotilla_api_types::instances::Recording;
 
-use crate::instance::{BrowserPhase, InstanceSlot};
+use crate::instance::InstanceSlot;
+use crate::instance_state::State;
 use crate::live_view::LiveView;
 use crate::sandbox::Isolation;
 use crate::snapshot::SnapshotStore;
@@ -82,7 +83,7 @@ pub async fn record(
             tracing::warn!(instance = %slot.id, %error, "recording failed");
             // Do not spin on an ffmpeg that cannot start: wait for the next
             // running period.
-            while matches!(slot.phase(), BrowserPhase::Ready(_)) {
+            while matches!(slot.state(), State::Running { .. }) {
                 if !pause(&slot, Duration::from_millis(500)).await {
                     return;
                 }
@@ -93,7 +94,7 @@ pub async fn record(
 
 /// Waits until the browser is ready; `false` once the servers stop.
 async fn wait_running(slot: &InstanceSlot) -> bool {
-    while !matches!(slot.phase(), BrowserPhase::Ready(Some(_))) {
+    while slot.endpoint().is_none() {
         if !pause(slot, Duration::from_millis(200)).await {
             return false;
         }
@@ -175,7 +176,7 @@ async fn record_once(
     tracing::info!(instance = %slot.id, recording = id, "recording started");
     let mut tick = tokio::time::interval(Duration::from_secs(1) / FPS);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    while matches!(slot.phase(), BrowserPhase::Ready(_)) && !slot.servers.is_cancelled() {
+    while matches!(slot.state(), State::Running { .. }) && !slot.servers.is_cancelled() {
         tick.tick().await;
         let Some(frame) = frames.borrow().clone() else {
             continue;

@@ -16,9 +16,11 @@ use flotilla_api_types::instances::{InstanceStatus, ReviveMethod};
 use crate::browser::InstanceDirs;
 use crate::browser::{BrowserProcess, CdpEndpoint};
 use crate::config::ImageConfig;
-use crate::instance::{BrowserPhase, InstanceSlot};
+use crate::instance::InstanceSlot;
+use crate::instance_state::{Effect, Event, Lifecycle, State};
 use crate::snapshot::{self, CapturedState};
 
+use super::operations::Request;
 use super::{
     Agent, AgentError, ArchiveError, CDP_GRACE, StartFailure, check_extensions, ports_of,
     remove_dir, unpack_into,
@@ -36,13 +38,27 @@ impl Agent {
     /// profile and the instance keeps running.
     pub(super) async fn park_now(&self, id: &InstanceId) -> Result<AgentDormantResult, AgentError> {
         let slot = self.slot(id)?;
-        let _operation = slot.operation.lock().await;
-        let (status, _) = slot.status();
-        if status != InstanceStatus::Running {
-            return Err(AgentError::NotRunning {
-                instance: id.clone(),
-                status,
-            });
+        let (reply, answer) = oneshot::channel();
+        let gone = || AgentError::NotFound(id.clone());
+        slot.send(Request::Park { reply })
+            .await
+            .map_err(|_| gone())?;
+        answer.await.unwrap_or_else(|_| Err(gone()))
+    }
+
+    /// The park of [`Agent::park_now`], in the task of the instance's
+    /// operations.
+    pub(super) async fn park(
+        &self,
+        slot: &Arc<InstanceSlot>,
+    ) -> Result<AgentDormantResult, AgentError> {
+        let id = &slot.id;
+        let not_running = |slot: &InstanceSlot| AgentError::NotRunning {
+            instance: slot.id.clone(),
+            status: slot.status().0,
+        };
+        if !matches!(slot.state(), State::Running { .. }) {
+            return Err(not_running(slot));
         }
         flotilla_api_types::faults::point("agent-park-received").await;
         let started = Instant::now();
@@ -53,18 +69,20 @@ impl Agent {
                 .map_err(AgentError::StateUnreadable)?,
             None => CapturedState::default(),
         };
-        slot.set_parking(true);
-        slot.set_phase(BrowserPhase::Starting);
+        // From here its browser's exit is expected, and clients wait.
+        if slot.apply(Event::Park).is_none() {
+            return Err(not_running(slot));
+        }
         if let Some(process) = slot.process() {
             process.stop(endpoint.as_ref(), true, CDP_GRACE).await;
         }
         slot.supervision_finished().await;
 
-        let (snapshot_id, snapshot_bytes) = match self.archive_and_store(&slot, &state).await {
+        let (snapshot_id, snapshot_bytes) = match self.archive_and_store(slot, &state).await {
             Ok(stored) => stored,
             Err(error) => {
                 tracing::error!(instance = %id, %error, "parking failed; starting the browser again");
-                self.resume_in_place(&slot, &state).await;
+                self.resume_in_place(slot, &state).await;
                 return Err(match error {
                     ArchiveError::Store { .. } => AgentError::SnapshotNotStored(error),
                     _ => AgentError::SnapshotNotMade(error),
@@ -72,20 +90,23 @@ impl Agent {
             }
         };
         if let Some(name) = slot.persisted_profile() {
-            self.save_profile(&slot, name, state).await;
+            self.save_profile(slot, name, state).await;
         }
         if slot.config.record {
             self.save_recordings(id).await;
         }
         let profile = slot.dirs.profile();
         let _ = tokio::task::spawn_blocking(move || remove_dir(&profile)).await;
-        slot.set_snapshot(Some(snapshot_id.clone()));
-        slot.set_status(InstanceStatus::Dormant, None);
-        slot.set_phase(BrowserPhase::Dormant);
-        slot.set_parking(false);
         // Also as a state change: a control plane that dies before it reads
         // this answer learns of the park when it comes back.
-        self.send_change(&slot, InstanceStatus::Dormant, None);
+        let parked = Event::Parked {
+            snapshot: snapshot_id.clone(),
+        };
+        let Some(effects) = slot.apply(parked) else {
+            // Stopped meanwhile (the agent is shutting down).
+            return Err(AgentError::ShuttingDown);
+        };
+        self.carry_out(slot, effects);
         tracing::info!(
             instance = %id,
             snapshot = %snapshot_id,
@@ -166,7 +187,6 @@ impl Agent {
     /// After a failed park: the browser is closed but its profile is still here;
     /// start it again and put the session cookies and the tabs back.
     pub(super) async fn resume_in_place(&self, slot: &Arc<InstanceSlot>, state: &CapturedState) {
-        slot.set_parking(false);
         let outcome = async {
             let image = self.image(&slot.image)?;
             let limits = self.inner.launcher.limits_for(&slot.config);
@@ -183,7 +203,7 @@ impl Agent {
         .await;
         match outcome {
             Ok((process, endpoint, guard)) => {
-                slot.set_phase(BrowserPhase::Ready(endpoint));
+                slot.apply(Event::Ready { endpoint });
                 let agent = self.clone();
                 let watched = slot.clone();
                 self.inner.tasks.spawn(async move {
@@ -191,11 +211,14 @@ impl Agent {
                     agent.watch_exit(&watched, &process).await;
                 });
             }
-            Err(reason) => self.instance_ended(
-                slot,
-                InstanceStatus::Failed,
-                format!("restart after a failed park: {reason}"),
-            ),
+            Err(reason) => {
+                let failed = Event::LaunchFailed {
+                    reason: format!("restart after a failed park: {reason}"),
+                };
+                if let Some(effects) = slot.apply(failed) {
+                    self.carry_out(slot, effects);
+                }
+            }
         }
     }
 
@@ -235,7 +258,7 @@ impl Agent {
             }
         }
         let previous = slot.operation();
-        self.claim_revive(&slot, request.operation.clone())?;
+        self.claim_revive(&slot, request.operation.clone(), false)?;
         // A store that cannot be read is refused now, the instance still parked.
         flotilla_api_types::faults::point("agent-revive-received").await;
         if let Err(error) = self
@@ -245,15 +268,19 @@ impl Agent {
             .check(&request.id, &request.snapshot_id)
             .await
         {
-            slot.set_status(InstanceStatus::Dormant, None);
-            slot.set_phase(BrowserPhase::Dormant);
-            slot.set_operation(previous);
+            slot.apply(Event::ReviveRefused { previous });
             return Err(AgentError::StoreUnreadable {
                 location: self.inner.settings.snapshots.location.clone(),
                 source: error,
             });
         }
-        self.start_revive(&slot, request.method, request.snapshot_id, image);
+        let revive = Request::Revive {
+            method: request.method,
+            snapshot: request.snapshot_id,
+            image,
+        };
+        // A task already gone: the instance was deleted meanwhile.
+        let _ = slot.send(revive).await;
         Ok(ports_of(&slot))
     }
 
@@ -278,56 +305,40 @@ impl Agent {
             .or_else(|| self.inner.ports.reserve(binds))
             .ok_or_else(|| self.ports_exhausted())?;
         let dirs = InstanceDirs::new(self.inner.instances_root.join(request.id.as_str()));
-        let slot = self.new_slot(request, &ports, dirs);
-        slot.set_status(InstanceStatus::Dormant, None);
-        slot.set_phase(BrowserPhase::Dormant);
-        slot.set_snapshot(Some(request.snapshot_id.clone()));
+        let taken_back = Lifecycle::taken_back(request.snapshot_id.clone());
+        let slot = self.new_slot(request, &ports, dirs, taken_back);
         slots.insert(request.id.clone(), slot.clone());
         Ok((slot, ports.listeners))
     }
 
     /// Moves `slot` from dormant to reviving, as `operation`, at once (no
-    /// await: whoever asks the node from now on hears `reviving`).
+    /// await: whoever asks the node from now on hears `reviving`); answers
+    /// what to report (a revive a client `woken` is news to the control
+    /// plane).
     fn claim_revive(
         &self,
         slot: &Arc<InstanceSlot>,
         operation: Option<OperationId>,
-    ) -> Result<(), AgentError> {
-        let (status, _) = slot.status();
-        if status != InstanceStatus::Dormant {
-            return Err(AgentError::NotDormant {
+        woken: bool,
+    ) -> Result<Vec<Effect>, AgentError> {
+        slot.apply(Event::Revive { operation, woken })
+            .ok_or_else(|| AgentError::NotDormant {
                 instance: slot.id.clone(),
-                status,
-            });
-        }
-        slot.set_status(InstanceStatus::Reviving, None);
-        slot.set_phase(BrowserPhase::Starting);
-        slot.set_operation(operation);
-        Ok(())
+                status: slot.status().0,
+            })
     }
 
-    /// Starts the revive task of a claimed slot.
-    fn start_revive(
+    /// Revives a claimed slot from `snapshot`, in the task of its
+    /// operations; reports `running`, `failed`, or `dormant` again when the
+    /// store cannot be read.
+    pub(super) async fn revive(
         &self,
         slot: &Arc<InstanceSlot>,
         method: ReviveMethod,
         snapshot: SnapshotId,
         image: ImageConfig,
     ) {
-        self.inner
-            .tasks
-            .spawn(self.clone().revive(slot.clone(), method, snapshot, image));
-    }
-
-    pub(super) async fn revive(
-        self,
-        slot: Arc<InstanceSlot>,
-        method: ReviveMethod,
-        snapshot: SnapshotId,
-        image: ImageConfig,
-    ) {
-        let operation = slot.operation.lock().await;
-        if slot.is_stopping() {
+        if !matches!(slot.state(), State::Reviving { .. }) {
             return;
         }
         let guard = slot.begin_supervision();
@@ -341,9 +352,9 @@ impl Agent {
                     self.inner.settings.snapshots.location
                 );
                 tracing::warn!(instance = %slot.id, reason, "revive postponed");
-                slot.set_status(InstanceStatus::Dormant, Some(reason.clone()));
-                slot.set_phase(BrowserPhase::Dormant);
-                self.send_change(&slot, InstanceStatus::Dormant, Some(reason));
+                if let Some(effects) = slot.apply(Event::RevivePostponed { reason }) {
+                    self.carry_out(slot, effects);
+                }
                 return;
             }
             Err(source) => Err(StartFailure::SnapshotUnreadable {
@@ -353,39 +364,38 @@ impl Agent {
         };
         let outcome = match archive {
             Ok(archive) => {
-                self.restore_from(&slot, archive, &snapshot, method, &image)
+                self.restore_from(slot, archive, &snapshot, method, &image)
                     .await
             }
             Err(reason) => Err(reason),
         };
         match outcome {
             Ok((process, endpoint)) => {
-                if slot.is_stopping() {
-                    return;
-                }
-                tracing::info!(instance = %slot.id, method = method.as_str(), elapsed_ms = started.elapsed().as_millis() as u64, "instance revived");
                 slot.touch();
-                slot.set_phase(BrowserPhase::Ready(endpoint));
-                slot.set_status(InstanceStatus::Running, None);
                 // The snapshot stays with the slot (and in the report) until
-                // the control plane has recorded the revive.
-                let recorded = self.send_change_recorded(&slot, InstanceStatus::Running, None);
-                self.delete_once_recorded(&slot, snapshot, recorded);
-                drop(operation);
-                let _guard = guard;
-                self.watch_exit(&slot, &process).await;
+                // the control plane has recorded the revive; a revive of an
+                // instance stopped meanwhile (the agent's kill) is dropped.
+                let Some(effects) = slot.apply(Event::Ready { endpoint }) else {
+                    return;
+                };
+                tracing::info!(instance = %slot.id, method = method.as_str(), elapsed_ms = started.elapsed().as_millis() as u64, "instance revived");
+                self.carry_out(slot, effects);
+                let (agent, watched) = (self.clone(), slot.clone());
+                self.inner.tasks.spawn(async move {
+                    let _guard = guard;
+                    agent.watch_exit(&watched, &process).await;
+                });
             }
             Err(reason) => {
                 if let Some(process) = slot.process() {
                     process.stop(None, false, Duration::ZERO).await;
                 }
-                if !slot.is_stopping() {
-                    // The snapshot stays in the store: the instance can be revived again.
-                    self.instance_ended(
-                        &slot,
-                        InstanceStatus::Failed,
-                        format!("revive failed: {reason}"),
-                    );
+                // The snapshot stays in the store: the instance can be revived again.
+                let failed = Event::LaunchFailed {
+                    reason: format!("revive failed: {reason}"),
+                };
+                if let Some(effects) = slot.apply(failed) {
+                    self.carry_out(slot, effects);
                 }
             }
         }
@@ -424,7 +434,7 @@ impl Agent {
     /// one), but only once the control plane has recorded the revive: until
     /// then a crash falls back on it. A revive the control plane did not take
     /// (it had moved past it) keeps its snapshot.
-    fn delete_once_recorded(
+    pub(super) fn delete_once_recorded(
         &self,
         slot: &Arc<InstanceSlot>,
         snapshot: SnapshotId,
@@ -437,9 +447,9 @@ impl Agent {
                 tracing::warn!(instance = %slot.id, %snapshot, "the control plane did not record this revive; its snapshot is kept");
                 return;
             }
-            if slot.snapshot().as_ref() == Some(&snapshot) {
-                slot.set_snapshot(None);
-            }
+            slot.apply(Event::ReviveRecorded {
+                snapshot: snapshot.clone(),
+            });
             if let Err(error) = snapshots.delete(&slot.id, &snapshot).await {
                 tracing::warn!(instance = %slot.id, %error, "cannot delete a spent snapshot");
             }
@@ -458,17 +468,15 @@ impl Agent {
             let (Some(snapshot), Ok(image)) = (slot.snapshot(), self.image(&slot.image)) else {
                 continue;
             };
-            if self
-                .claim_revive(&slot, Some(OperationId::generate()))
-                .is_ok()
-            {
-                self.start_revive(&slot, method, snapshot, image);
+            if let Ok(effects) = self.claim_revive(&slot, Some(OperationId::generate()), true) {
                 tracing::info!(instance = %id, ?method, "a client connected to a dormant instance: waking it");
-                self.send_change(
-                    &slot,
-                    InstanceStatus::Reviving,
-                    Some("woken by a connecting client".into()),
-                );
+                self.carry_out(&slot, effects);
+                let revive = Request::Revive {
+                    method,
+                    snapshot,
+                    image,
+                };
+                let _ = slot.send(revive).await;
             }
         }
     }

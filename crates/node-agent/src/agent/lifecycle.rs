@@ -7,10 +7,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::sync::oneshot;
+
 use flotilla_api_types::InstanceId;
-use flotilla_api_types::agent::{AgentCreateInstance, AgentInstancePorts, InstanceEventKind};
+use flotilla_api_types::agent::{
+    AgentCreateInstance, AgentInstancePorts, InstanceEventKind, InstanceStateChange,
+};
 use flotilla_api_types::extensions::is_extension_id;
-use flotilla_api_types::instances::{InstanceStatus, KeptRecording};
+use flotilla_api_types::instances::KeptRecording;
 
 use crate::browser::{BrowserProcess, BrowserSetup, CdpEndpoint, InstanceDirs, LaunchError};
 use crate::cgroups::Limits;
@@ -22,11 +26,13 @@ use crate::config::ImageConfig;
 const PRESTARTED_DRIVER_KEPT: Duration = Duration::from_secs(30);
 use crate::extension;
 use crate::gateway::{self, GatewayContext};
-use crate::instance::{BrowserPhase, InstanceSlot};
+use crate::instance::InstanceSlot;
 use crate::instance_http;
+use crate::instance_state::{Effect, Event, Lifecycle, State};
 use crate::live_view::{self, LiveView, LiveViewSettings};
 use crate::snapshot::{self, CapturedState};
 
+use super::operations::Request;
 use super::{
     Agent, AgentError, CDP_GRACE, StartFailure, check_extensions, ports_of, remove_dir,
     unpack_into, upstream_of,
@@ -74,13 +80,15 @@ impl Agent {
                 Some(warm) => warm.dirs.clone(),
                 None => InstanceDirs::new(inner.instances_root.join(request.id.as_str())),
             };
-            let slot = self.new_slot(&request, &ports, dirs);
-            slot.set_operation(request.operation.clone());
+            let operation = request.operation.clone();
+            let lifecycle = match &warm {
+                Some(warm) => Lifecycle::running(Some(warm.endpoint.clone()), operation),
+                None => Lifecycle::starting(operation),
+            };
+            let slot = self.new_slot(&request, &ports, dirs, lifecycle);
             if let Some(warm) = &mut warm {
                 slot.set_process(warm.launched.clone());
                 slot.set_prestarted_driver(warm.webdriver.take());
-                slot.set_phase(BrowserPhase::Ready(Some(warm.endpoint.clone())));
-                slot.set_status(InstanceStatus::Running, None);
             }
             slots.insert(request.id.clone(), slot.clone());
             (slot, ports.listeners, warm)
@@ -298,19 +306,22 @@ impl Agent {
         .await;
         match launched {
             Ok((process, endpoint)) => {
-                if slot.is_stopping() {
-                    return;
-                }
-                tracing::info!(instance = %slot.id, elapsed_ms = started.elapsed().as_millis() as u64, "browser ready");
                 slot.touch();
-                slot.set_phase(BrowserPhase::Ready(endpoint));
-                slot.set_status(InstanceStatus::Running, None);
-                self.send_change(&slot, InstanceStatus::Running, None);
+                // A launch that a delete overtook is dropped: the delete
+                // stops its browser.
+                let Some(effects) = slot.apply(Event::Ready { endpoint }) else {
+                    return;
+                };
+                tracing::info!(instance = %slot.id, elapsed_ms = started.elapsed().as_millis() as u64, "browser ready");
+                self.carry_out(&slot, effects);
                 self.watch_exit(&slot, &process).await;
             }
             Err(reason) => {
-                if !slot.is_stopping() {
-                    self.instance_ended(&slot, InstanceStatus::Failed, reason.to_string());
+                let failed = Event::LaunchFailed {
+                    reason: reason.to_string(),
+                };
+                if let Some(effects) = slot.apply(failed) {
+                    self.carry_out(&slot, effects);
                 }
             }
         }
@@ -446,7 +457,8 @@ impl Agent {
     /// Waits for the browser to exit; an exit the agent did not ask for stops the instance.
     pub(super) async fn watch_exit(&self, slot: &Arc<InstanceSlot>, process: &BrowserProcess) {
         let exit = process.wait_exit().await;
-        if slot.is_stopping() || slot.is_parking() {
+        // The exit of a browser being parked or stopped is expected.
+        if !matches!(slot.state(), State::Running { .. }) {
             return;
         }
         let oom = slot.oom_kills_total();
@@ -462,21 +474,44 @@ impl Agent {
             "browser {exit}{limit}{}",
             crate::browser::log_tail(&slot.dirs.log())
         );
-        self.instance_ended(slot, InstanceStatus::Stopped, reason);
+        if let Some(effects) = slot.apply(Event::Exited { reason }) {
+            self.carry_out(slot, effects);
+        }
     }
 
-    /// The browser of `slot` is gone on its own (failed launch or exit): report,
-    /// then free its ports and directory. The control plane keeps the record.
-    pub(super) fn instance_ended(
-        &self,
-        slot: &Arc<InstanceSlot>,
-        status: InstanceStatus,
-        reason: String,
-    ) {
-        tracing::warn!(instance = %slot.id, %status, %reason, "instance ended");
-        slot.set_phase(BrowserPhase::Gone(reason.clone()));
-        slot.set_status(status, Some(reason.clone()));
-        self.send_change(slot, status, Some(reason));
+    /// Carries out what a transition of `slot` asks: reports to the control
+    /// plane (in order), and the release of an instance that ended.
+    pub(super) fn carry_out(&self, slot: &Arc<InstanceSlot>, effects: Vec<Effect>) {
+        for effect in effects {
+            match effect {
+                Effect::Report {
+                    status,
+                    reason,
+                    snapshot,
+                    operation,
+                    confirm,
+                } => {
+                    let change = InstanceStateChange {
+                        node_id: self.inner.node_id.clone(),
+                        id: slot.id.clone(),
+                        status,
+                        reason,
+                        at: self.inner.settings.clock.now(),
+                        snapshot_id: snapshot,
+                        operation,
+                    };
+                    self.send_change(change, confirm.map(|spent| (slot, spent)));
+                }
+                Effect::Release => self.release_ended(slot),
+            }
+        }
+    }
+
+    /// `slot` ended (failed launch, exit, a limit): free its ports and
+    /// directory. The control plane keeps the record.
+    fn release_ended(&self, slot: &Arc<InstanceSlot>) {
+        let (status, reason) = slot.status();
+        tracing::warn!(instance = %slot.id, %status, reason = reason.unwrap_or_default(), "instance ended");
         let removed = self
             .inner
             .slots
@@ -502,8 +537,10 @@ impl Agent {
         tokio::task::spawn_blocking(move || remove_dir(&root));
     }
 
-    /// Stops an instance's browser (gracefully unless `force`) and frees
-    /// everything it held. Returns once its processes are gone.
+    /// Deletes an instance: hands the delete to the task that carries out
+    /// its operations (after a park or revive under way) and returns once
+    /// its processes are gone. A delete of an instance being deleted
+    /// returns when that one is done.
     pub(super) async fn delete_now(&self, id: &InstanceId, force: bool) -> Result<(), AgentError> {
         let slot = match self.slot(id) {
             Ok(slot) => slot,
@@ -515,7 +552,18 @@ impl Agent {
                 return Err(error);
             }
         };
-        let _operation = slot.operation.lock().await;
+        let (reply, done) = oneshot::channel();
+        if slot.send(Request::Delete { force, reply }).await.is_ok() {
+            let _ = done.await;
+        }
+        Ok(())
+    }
+
+    /// Stops an instance's browser (gracefully unless `force`) and frees
+    /// everything it held, unless it is no longer this agent's (deleted or
+    /// ended meanwhile). Returns once its processes are gone.
+    pub(super) async fn delete(&self, slot: &Arc<InstanceSlot>, force: bool) {
+        let id = &slot.id;
         if self
             .inner
             .slots
@@ -524,33 +572,30 @@ impl Agent {
             .remove(id)
             .is_none()
         {
-            return Ok(());
+            return;
         }
         flotilla_api_types::faults::point("agent-delete-received").await;
         // A graceful delete writes a running browser's state back to its
         // persistent profile (a dormant one saved it when it was parked).
         let write_back = match (force, slot.persisted_profile(), slot.endpoint()) {
-            (false, Some(name), Some(endpoint)) if slot.status().0 == InstanceStatus::Running => {
-                match snapshot::capture(&endpoint).await {
-                    Ok(state) => Some((name, state)),
-                    Err(error) => {
-                        tracing::error!(instance = %id, profile = name, %error, "cannot read the browser's state; the profile keeps its previous state");
-                        None
-                    }
+            (false, Some(name), Some(endpoint)) => match snapshot::capture(&endpoint).await {
+                Ok(state) => Some((name, state)),
+                Err(error) => {
+                    tracing::error!(instance = %id, profile = name, %error, "cannot read the browser's state; the profile keeps its previous state");
+                    None
                 }
-            }
+            },
             _ => None,
         };
-        self.stop_slot(&slot, force).await;
+        self.stop_slot(slot, force).await;
         if let Some((name, state)) = write_back {
-            self.save_profile(&slot, name, state).await;
+            self.save_profile(slot, name, state).await;
         }
         slot.servers.cancel();
         self.inner.ports.release(slot.ports);
         let root = slot.dirs.root.clone();
         let _ = tokio::task::spawn_blocking(move || remove_dir(&root)).await;
-        self.end_recordings(&slot, true).await;
-        Ok(())
+        self.end_recordings(slot, true).await;
     }
 
     /// At the end of an instance whose servers are stopped: waits for its
@@ -609,8 +654,7 @@ impl Agent {
 
     pub(super) async fn stop_slot(&self, slot: &Arc<InstanceSlot>, force: bool) {
         let endpoint = slot.endpoint();
-        slot.mark_stopping();
-        slot.set_phase(BrowserPhase::Gone("instance is being stopped".into()));
+        slot.apply(Event::Stop);
         if let Some(process) = slot.process() {
             process.stop(endpoint.as_ref(), !force, CDP_GRACE).await;
         }

@@ -34,7 +34,8 @@ use crate::access::NodeAccess;
 use crate::browser::{InstanceDirs, LaunchError};
 use crate::config::{AgentConfig, ImageConfig, RuntimeKind};
 use crate::egress::Upstream;
-use crate::instance::InstanceSlot;
+use crate::instance::{InstanceSlot, SlotSetup};
+use crate::instance_state::{Event, Lifecycle};
 use crate::launcher::Launcher;
 use crate::link::ControlPlaneLink;
 use crate::monitor::MachineMeter;
@@ -44,6 +45,9 @@ use crate::sweep;
 
 mod dormancy;
 mod lifecycle;
+pub(crate) mod operations;
+
+use operations::Request;
 mod reporting;
 
 /// Errors of agent operations; the agent API maps each to its HTTP status
@@ -451,13 +455,14 @@ impl Agent {
         self.inner.settings.config.runtime == RuntimeKind::Chromium
     }
 
-    /// A new slot for `order` with `ports` (the caller registers it under
-    /// the slots lock it holds).
+    /// A new slot for `order` with `ports`, and the task that carries out its
+    /// operations (the caller registers it under the slots lock it holds).
     fn new_slot(
         &self,
         order: &impl SlotOrder,
         ports: &InstancePorts,
         dirs: InstanceDirs,
+        lifecycle: Lifecycle,
     ) -> Arc<InstanceSlot> {
         let (id, image, config, access_token, profile) = order.parts();
         let waker = self
@@ -469,17 +474,20 @@ impl Agent {
                 sender: self.inner.wake.clone(),
                 on_connect: self.inner.settings.config.wake_on_connect_method,
             });
-        let slot = Arc::new(InstanceSlot::new(
-            id.clone(),
-            image.to_owned(),
-            config.clone(),
-            [ports.debug, ports.stream, ports.http],
+        let (slot, requests) = InstanceSlot::new(SlotSetup {
+            id: id.clone(),
+            image: image.to_owned(),
+            config: config.clone(),
+            ports: [ports.debug, ports.stream, ports.http],
             dirs,
-            self.inner.settings.clock.clone(),
+            clock: self.inner.settings.clock.clone(),
             waker,
-        ));
+            lifecycle,
+        });
+        let slot = Arc::new(slot);
         slot.set_access_token(access_token);
         slot.set_profile(profile.cloned());
+        self.start_operations(&slot, requests);
         slot
     }
 
@@ -538,12 +546,26 @@ impl Agent {
         self.inner.shutdown.cancel();
         self.inner.launcher.kill_pool();
         for slot in self.take_all_slots() {
-            slot.mark_stopping();
+            slot.apply(Event::Stop);
             slot.servers.cancel();
             if let Some(pid) = slot.process().and_then(|p| p.pid()) {
                 crate::browser::kill_group(pid, libc::SIGKILL);
             }
             remove_dir(&slot.dirs.root);
+        }
+    }
+
+    /// Stops the browser of `slot` for the agent's shutdown and reports it
+    /// `stopped`; a dormant instance stays dormant (nothing to report).
+    pub(super) async fn shut_down_instance(&self, slot: &Arc<InstanceSlot>) {
+        self.stop_slot(slot, false).await;
+        let ended = slot.apply(Event::ShutDown);
+        let dormant = ended.is_none();
+        self.carry_out(slot, ended.unwrap_or_default());
+        self.release(slot);
+        if !dormant {
+            // It will not run again: recordings to keep are kept now.
+            self.end_recordings(slot, false).await;
         }
     }
 
@@ -558,18 +580,10 @@ impl Agent {
         self.inner.shutdown.cancel();
         let slots = self.take_all_slots();
         let stops = slots.iter().map(|slot| async move {
-            let _operation = slot.operation.lock().await;
-            let dormant = slot.status().0 == InstanceStatus::Dormant;
-            self.stop_slot(slot, false).await;
-            if !dormant {
-                let reason = "node agent shut down".to_owned();
-                slot.set_status(InstanceStatus::Stopped, Some(reason.clone()));
-                self.send_change(slot, InstanceStatus::Stopped, Some(reason));
-            }
-            self.release(slot);
-            if !dormant {
-                // It will not run again: recordings to keep are kept now.
-                self.end_recordings(slot, false).await;
+            let (reply, done) = oneshot::channel();
+            // A task already gone had nothing left to stop.
+            if slot.send(Request::ShutDown { reply }).await.is_ok() {
+                let _ = done.await;
             }
         });
         futures_util::future::join_all(stops).await;

@@ -12,9 +12,11 @@ use flotilla_api_types::agent::{
     Heartbeat, InstanceEventKind, InstanceEventReport, InstanceReport, InstanceStateChange,
     NodeRegistration,
 };
+use flotilla_api_types::ids::SnapshotId;
 use flotilla_api_types::instances::InstanceStatus;
 
 use crate::instance::InstanceSlot;
+use crate::instance_state::{Event, State};
 use crate::link::LinkError;
 use crate::monitor::{self, ProcTable};
 use flotilla_api_types::agent::RegistrationAck;
@@ -186,7 +188,7 @@ impl Agent {
     /// Reports processes killed by the memory limit, and fails an instance whose
     /// files outgrew `disk_gb`.
     pub(super) fn check_limits(&self, slot: &Arc<InstanceSlot>, disk_mb: f64) {
-        if slot.is_stopping() || slot.status().0 != InstanceStatus::Running {
+        if !matches!(slot.state(), State::Running { .. }) {
             return;
         }
         if let Some(new_kills) = slot.new_oom_kills() {
@@ -195,8 +197,9 @@ impl Agent {
                 slot.config.memory_gb
             );
             tracing::warn!(instance = %slot.id, %reason);
-            slot.set_status(InstanceStatus::Running, Some(reason.clone()));
-            self.send_change(slot, InstanceStatus::Running, Some(reason));
+            if let Some(effects) = slot.apply(Event::Warned { reason }) {
+                self.carry_out(slot, effects);
+            }
         }
         let limit_mb = slot.config.disk_gb * 1024.0;
         if disk_mb > limit_mb {
@@ -213,13 +216,13 @@ impl Agent {
     /// Stops an instance on the agent's own initiative (e.g. its profile
     /// outgrew `disk_gb`) and reports it `failed` with `reason`.
     pub(super) async fn fail_instance(self, slot: Arc<InstanceSlot>, reason: String) {
-        if !slot.mark_stopping() {
+        let Some(effects) = slot.apply(Event::Failed { reason }) else {
             return;
-        }
+        };
         if let Some(process) = slot.process() {
             process.stop(None, false, Duration::ZERO).await;
         }
-        self.instance_ended(&slot, InstanceStatus::Failed, reason);
+        self.carry_out(&slot, effects);
     }
 
     /// Queues an event of `slot` for the control plane (in order with its
@@ -234,51 +237,26 @@ impl Agent {
         let _ = self.inner.changes.send(Outgoing::Event(report));
     }
 
+    /// Queues a state change for the control plane (in order with the
+    /// other changes and events). With `confirm`, the spent snapshot of a
+    /// revive is deleted once the control plane has recorded the change.
     pub(super) fn send_change(
         &self,
-        slot: &InstanceSlot,
-        status: InstanceStatus,
-        reason: Option<String>,
+        change: InstanceStateChange,
+        confirm: Option<(&Arc<InstanceSlot>, SnapshotId)>,
     ) {
-        let change = self.change_of(slot, status, reason);
-        let _ = self.inner.changes.send(Outgoing::Change(change, None));
-    }
-
-    /// Queues a state change and answers whether the control plane recorded
-    /// it (once it is delivered; `false` if it never is).
-    pub(super) fn send_change_recorded(
-        &self,
-        slot: &InstanceSlot,
-        status: InstanceStatus,
-        reason: Option<String>,
-    ) -> oneshot::Receiver<bool> {
-        let change = self.change_of(slot, status, reason);
-        let (recorded_tx, recorded) = oneshot::channel();
-        let _ = self
-            .inner
-            .changes
-            .send(Outgoing::Change(change, Some(recorded_tx)));
-        recorded
-    }
-
-    /// The change of `slot` to `status`, with its operation, and the snapshot
-    /// it was parked to (`dormant`) or revived from (`running`).
-    fn change_of(
-        &self,
-        slot: &InstanceSlot,
-        status: InstanceStatus,
-        reason: Option<String>,
-    ) -> InstanceStateChange {
-        InstanceStateChange {
-            node_id: self.inner.node_id.clone(),
-            id: slot.id.clone(),
-            status,
-            reason,
-            at: self.inner.settings.clock.now(),
-            snapshot_id: slot
-                .snapshot()
-                .filter(|_| matches!(status, InstanceStatus::Dormant | InstanceStatus::Running)),
-            operation: slot.operation(),
+        match confirm {
+            None => {
+                let _ = self.inner.changes.send(Outgoing::Change(change, None));
+            }
+            Some((slot, spent)) => {
+                let (recorded_tx, recorded) = oneshot::channel();
+                let _ = self
+                    .inner
+                    .changes
+                    .send(Outgoing::Change(change, Some(recorded_tx)));
+                self.delete_once_recorded(slot, spent, recorded);
+            }
         }
     }
 

@@ -215,3 +215,98 @@ async fn an_instance_goes_through_its_life_and_each_request_may_come_twice() {
     );
     agent.shutdown().await;
 }
+
+/// Requests that arrive together are carried out one at a time by the
+/// instance's task: of two parks at once one parks and the other finds it
+/// dormant, and a delete among them ends it whatever its turn, leaving no
+/// slot or file behind.
+#[tokio::test]
+async fn operations_that_arrive_together_are_carried_out_one_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let control_plane = Arc::new(FakeControlPlane::default());
+    let agent = sim_agent(dir.path(), control_plane.clone()).await;
+    for round in 0..10 {
+        let id = InstanceId::generate();
+        let create = AgentCreateInstance {
+            id: id.clone(),
+            image: "ubuntu:22.04".into(),
+            config: InstanceConfig::default(),
+            access_token: None,
+            profile: None,
+            operation: Some(OperationId::generate()),
+        };
+        agent.instance_create(create).await.unwrap();
+        control_plane
+            .reported(&id, InstanceStatus::Running, None)
+            .await;
+
+        let (first, second) =
+            tokio::join!(agent.instance_dormant(&id), agent.instance_dormant(&id));
+        let parked = [&first, &second].iter().filter(|park| park.is_ok()).count();
+        assert_eq!(parked, 1, "round {round}: {first:?} {second:?}");
+        let refused = if first.is_ok() { &second } else { &first };
+        assert!(
+            matches!(
+                refused,
+                Err(AgentError::NotRunning {
+                    status: InstanceStatus::Dormant,
+                    ..
+                })
+            ),
+            "round {round}: {refused:?}"
+        );
+        assert_eq!(control_plane.count(&id, InstanceStatus::Dormant), 1);
+
+        // Revive, then a park and a delete at once: the park waits for the
+        // revive (or finds it gone), and the delete ends it.
+        let snapshot = first
+            .as_ref()
+            .or(second.as_ref())
+            .unwrap()
+            .snapshot_id
+            .clone();
+        let revive = AgentReviveInstance {
+            id: id.clone(),
+            method: ReviveMethod::QuickStart,
+            snapshot_id: snapshot,
+            image: "ubuntu:22.04".into(),
+            config: InstanceConfig::default(),
+            ports: None,
+            access_token: None,
+            profile: None,
+            operation: Some(OperationId::generate()),
+        };
+        agent.instance_revive(revive).await.unwrap();
+        let (park, delete) = tokio::join!(
+            agent.instance_dormant(&id),
+            agent.instance_delete(&id, true)
+        );
+        delete.unwrap();
+        assert!(
+            matches!(
+                park,
+                Ok(_)
+                    | Err(AgentError::NotFound(_))
+                    | Err(AgentError::NotRunning {
+                        status: InstanceStatus::Reviving | InstanceStatus::Stopped,
+                        ..
+                    })
+            ),
+            "round {round}: {park:?}"
+        );
+        assert!(
+            agent
+                .instance_reports()
+                .iter()
+                .all(|report| report.id != id)
+        );
+        assert!(
+            !dir.path()
+                .join("agent/instances")
+                .join(id.as_str())
+                .exists(),
+            "round {round}: its directory goes"
+        );
+    }
+    agent.shutdown().await;
+}
