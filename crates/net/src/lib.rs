@@ -1,6 +1,7 @@
 //! Every listening socket of Flotilla: binding it ([`bind`]), the process's
 //! connection budget ([`budget`]) and serving HTTP on it so that a slow or
-//! greedy client cannot hold the process ([`serve`]). The control plane, the
+//! greedy client cannot hold the process ([`serve`]); relaying a WebSocket
+//! upgrade to an upstream ([`upgrade`]). The control plane, the
 //! agent API, every instance's ports and the event proxy all listen through
 //! here, sharing one [`Listeners`] per process.
 
@@ -8,6 +9,7 @@ pub mod bind;
 pub mod budget;
 pub mod descriptors;
 pub mod serve;
+pub mod upgrade;
 
 use std::time::Duration;
 

@@ -28,11 +28,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use flotilla_net::Body;
+use flotilla_net::upgrade;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::header::{CONTENT_LENGTH, HOST, HeaderValue};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -292,6 +293,10 @@ async fn proxy_websocket(
     .await
 }
 
+/// How long the gateway waits for each read of the browser's answer to an
+/// upgrade.
+const BROWSER_ANSWER: Duration = Duration::from_secs(10);
+
 /// Relays the WebSocket upgrade `request` to `upstream` (a connection to
 /// `authority`, asking for `path`): the upstream's answer to the handshake
 /// goes back to the client and, once switched, frames are relayed both ways
@@ -303,33 +308,18 @@ pub(crate) async fn relay_websocket<B>(
     (slot, pins): (Arc<InstanceSlot>, Pins),
     cancel: CancellationToken,
 ) -> io::Result<Response<Full<Bytes>>> {
-    upstream
-        .write_all(upgrade_head(request.headers(), path, authority)?.as_bytes())
-        .await?;
-    let (buffer, head_end) = read_upgrade_answer(&mut upstream).await?;
-    let mut headers = [httparse::EMPTY_HEADER; 32];
-    let mut parsed = httparse::Response::new(&mut headers);
-    parsed
-        .parse(&buffer[..head_end])
-        .map_err(io::Error::other)?;
-    let status = StatusCode::from_u16(parsed.code.unwrap_or(502)).map_err(io::Error::other)?;
-    let mut response = Response::builder().status(status);
-    for header in parsed.headers.iter() {
-        response = response.header(header.name, header.value);
-    }
-    let leftover = buffer[head_end..].to_vec();
-    if status != StatusCode::SWITCHING_PROTOCOLS {
+    let head = upgrade::request_head(path, authority, request.headers(), forwarded, &[]);
+    let mut answer = upgrade::handshake(&mut upstream, &head, BROWSER_ANSWER).await?;
+    let response = answer.response();
+    if !answer.switched() {
         return response
-            .body(Full::new(Bytes::from(leftover)))
+            .body(Full::new(Bytes::from(answer.early)))
             .map_err(io::Error::other);
     }
-    let upgrade = hyper::upgrade::on(&mut request);
+    let switched = upgrade::Switched::of(&mut request, &mut answer);
     tokio::spawn(async move {
-        match upgrade.await {
-            Ok(upgraded) => {
-                relay_upgraded(upgraded, leftover, upstream, (slot, pins), cancel).await
-            }
-            Err(error) => tracing::debug!(%error, "client upgrade failed"),
+        if let Some(client) = switched.client().await {
+            relay_upgraded(client, upstream, (slot, pins), cancel).await
         }
     });
     response
@@ -337,68 +327,19 @@ pub(crate) async fn relay_websocket<B>(
         .map_err(io::Error::other)
 }
 
-/// The client's upgrade request as the upstream gets it: its own host, and
-/// only the headers that go through.
-fn upgrade_head(headers: &hyper::HeaderMap, path: &str, authority: &str) -> io::Result<String> {
-    let mut head = format!("GET {path} HTTP/1.1\r\nHost: {authority}\r\n");
-    for (name, value) in headers {
-        if !forwarded(name) {
-            continue;
-        }
-        head.push_str(name.as_str());
-        head.push_str(": ");
-        head.push_str(value.to_str().map_err(io::Error::other)?);
-        head.push_str("\r\n");
-    }
-    head.push_str("\r\n");
-    Ok(head)
-}
-
-/// Reads the browser's answer to the upgrade up to the end of its head;
-/// answers the bytes read (anything after the head is early frame data) and
-/// where the head ends.
-async fn read_upgrade_answer(upstream: &mut tokio::net::TcpStream) -> io::Result<(Vec<u8>, usize)> {
-    let mut buffer = Vec::with_capacity(1024);
-    loop {
-        let mut chunk = [0u8; 1024];
-        let n = tokio::time::timeout(Duration::from_secs(10), upstream.read(&mut chunk))
-            .await
-            .map_err(|_| {
-                io::Error::new(io::ErrorKind::TimedOut, "websocket handshake timed out")
-            })??;
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "browser closed the handshake",
-            ));
-        }
-        buffer.extend_from_slice(&chunk[..n]);
-        if let Some(pos) = find_head_end(&buffer) {
-            return Ok((buffer, pos));
-        }
-        if buffer.len() > 64 * 1024 {
-            return Err(io::Error::other("handshake response head too large"));
-        }
-    }
-}
-
 /// Relays an upgraded CDP connection both ways (client frames checked on
 /// their way to the browser) until either side closes or the instance's
 /// servers stop; the connection counts as activity.
 async fn relay_upgraded(
-    upgraded: hyper::upgrade::Upgraded,
-    leftover: Vec<u8>,
+    client: TokioIo<hyper::upgrade::Upgraded>,
     upstream: tokio::net::TcpStream,
     (slot, pins): (Arc<InstanceSlot>, Pins),
     cancel: CancellationToken,
 ) {
-    let mut client = ActivityIo {
-        inner: TokioIo::new(upgraded),
+    let client = ActivityIo {
+        inner: client,
         slot: slot.clone(),
     };
-    if !leftover.is_empty() && client.write_all(&leftover).await.is_err() {
-        return;
-    }
     let (client_read, mut client_write) = tokio::io::split(client);
     let (mut upstream_read, upstream_write) = upstream.into_split();
     let to_browser = crate::client_frames::relay(client_read, upstream_write, &pins);
@@ -419,13 +360,6 @@ async fn relay_upgraded(
         _ = cancel.cancelled() => {}
         _ = slot.servers.cancelled() => {}
     }
-}
-
-fn find_head_end(buffer: &[u8]) -> Option<usize> {
-    buffer
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map(|pos| pos + 4)
 }
 
 /// A byte stream that records activity on the instance whenever data moves.

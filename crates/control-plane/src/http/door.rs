@@ -25,17 +25,18 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Path, Request, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
 use tokio::net::TcpStream;
 
 use flotilla_api_types::InstanceId;
 use flotilla_api_types::credentials::bearer_token;
 use flotilla_api_types::origin::same_origin;
+use flotilla_net::upgrade;
 
 use crate::app::{ControlPlane, DoorTarget};
 use crate::error::Error;
@@ -49,6 +50,255 @@ enum Port {
     Http,
 }
 
+/// Who a door route belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// At the door's root, describing the fleet's browser (no instance
+    /// data): open without a credential.
+    Fleet,
+    /// Under `/v2/instances/{instance_id}` (or on an instance's subdomain):
+    /// admitted by an API key or the instance's token.
+    Instance,
+}
+
+/// One route of the front door.
+pub struct DoorRoute {
+    pub scope: Scope,
+    /// The path after `/v2/instances/{instance_id}` (or the whole path on
+    /// an instance's subdomain, or at the root for the fleet), in the
+    /// router's syntax: `{name}` is one segment, `{*rest}` one or more.
+    pub path: &'static str,
+    pub methods: &'static [Method],
+    port: Port,
+    /// The path on the instance's port, `{id}` standing for the instance;
+    /// `None`: the path as it came.
+    to: Option<&'static str>,
+    /// Its answer's DevTools URLs are pointed back through the door.
+    rewrite: bool,
+    /// A WebSocket endpoint: a plain request is refused (426).
+    websocket: bool,
+    /// Adds its operations to the OpenAPI document ([`super::door_docs`]);
+    /// none for a catch-all that the routes before it describe.
+    pub docs: &'static [fn(&mut utoipa::openapi::OpenApi)],
+}
+
+/// Adds the operation that `#[utoipa::path]` generated as `P`, with its
+/// tags (which utoipa's `OpenApi` derive reads through the same trait).
+fn doc<P: utoipa::Path + for<'t> utoipa::__dev::Tags<'t>>(openapi: &mut utoipa::openapi::OpenApi) {
+    let mut operation = P::operation();
+    operation.tags = Some(P::tags().into_iter().map(str::to_owned).collect());
+    openapi
+        .paths
+        .add_path_operation(P::path(), P::methods(), operation);
+}
+
+const GET: &[Method] = &[Method::GET];
+
+/// An instance route at `path`, answering GET, reaching `port` at the same
+/// path; the fields below change what differs.
+const fn instance(path: &'static str, port: Port) -> DoorRoute {
+    DoorRoute {
+        scope: Scope::Instance,
+        path,
+        methods: GET,
+        port,
+        to: None,
+        rewrite: false,
+        websocket: false,
+        docs: &[],
+    }
+}
+
+/// Every route of the front door, in one table: it makes the router's
+/// routes ([`router`]), the door's reading of a path or a subdomain's
+/// ([`route`], [`is_door_request`]), the paths the guard leaves open
+/// ([`is_open`]) and the door's entries in the OpenAPI document
+/// ([`document`]). The first route whose path matches is taken (a route's
+/// path before the catch-all it narrows).
+pub static ROUTES: &[DoorRoute] = {
+    use super::door_docs as d;
+    use Port::{Debug, Http, Stream};
+    &[
+        DoorRoute {
+            scope: Scope::Fleet,
+            docs: &[doc::<d::__path_json_protocol>],
+            ..instance("/json/protocol", Debug)
+        },
+        DoorRoute {
+            scope: Scope::Fleet,
+            docs: &[doc::<d::__path_json_version_of_the_fleet>],
+            ..instance("/json/version", Debug)
+        },
+        // The browser's CDP socket.
+        DoorRoute {
+            to: Some("/devtools/browser/{id}"),
+            websocket: true,
+            docs: &[doc::<d::__path_cdp>],
+            ..instance("/cdp", Debug)
+        },
+        // The same, where Selenium's clients look for it (a session's
+        // `se:cdp`; selenium-webdriver uses any URL with this path as it is).
+        DoorRoute {
+            to: Some("/devtools/browser/{id}"),
+            websocket: true,
+            docs: &[doc::<d::__path_se_cdp>],
+            ..instance("/se/cdp", Debug)
+        },
+        DoorRoute {
+            methods: &[Method::GET, Method::PUT],
+            rewrite: true,
+            ..instance("/json", Debug)
+        },
+        DoorRoute {
+            rewrite: true,
+            docs: &[doc::<d::__path_json_version>],
+            ..instance("/json/version", Debug)
+        },
+        DoorRoute {
+            rewrite: true,
+            docs: &[doc::<d::__path_json_list>],
+            ..instance("/json/list", Debug)
+        },
+        DoorRoute {
+            methods: &[Method::PUT],
+            rewrite: true,
+            docs: &[doc::<d::__path_json_new>],
+            ..instance("/json/new", Debug)
+        },
+        DoorRoute {
+            methods: &[Method::GET, Method::PUT],
+            rewrite: true,
+            ..instance("/json/{*rest}", Debug)
+        },
+        DoorRoute {
+            websocket: true,
+            docs: &[doc::<d::__path_page>],
+            ..instance("/devtools/page/{target}", Debug)
+        },
+        DoorRoute {
+            websocket: true,
+            ..instance("/devtools/{*rest}", Debug)
+        },
+        DoorRoute {
+            to: Some("/"),
+            docs: &[doc::<d::__path_stream>],
+            ..instance("/stream", Stream)
+        },
+        DoorRoute {
+            to: Some("/ws"),
+            websocket: true,
+            docs: &[doc::<d::__path_stream_ws>],
+            ..instance("/stream/ws", Stream)
+        },
+        DoorRoute {
+            to: Some("/frame.jpg"),
+            docs: &[doc::<d::__path_frame>],
+            ..instance("/stream/frame.jpg", Stream)
+        },
+        DoorRoute {
+            docs: &[doc::<d::__path_screenshot>],
+            ..instance("/screenshot", Http)
+        },
+        DoorRoute {
+            docs: &[doc::<d::__path_tabs>],
+            ..instance("/tabs", Http)
+        },
+        DoorRoute {
+            to: Some("/webdriver/session/{id}/se/bidi"),
+            websocket: true,
+            docs: &[doc::<d::__path_webdriver_bidi>],
+            ..instance("/webdriver/bidi", Http)
+        },
+        DoorRoute {
+            docs: &[doc::<d::__path_downloads>],
+            ..instance("/downloads", Http)
+        },
+        DoorRoute {
+            methods: &[Method::GET, Method::DELETE],
+            docs: &[doc::<d::__path_download>, doc::<d::__path_download_delete>],
+            ..instance("/downloads/{name}", Http)
+        },
+        DoorRoute {
+            docs: &[doc::<d::__path_recordings>],
+            ..instance("/recordings", Http)
+        },
+        DoorRoute {
+            docs: &[doc::<d::__path_recording>],
+            ..instance("/recordings/{recording_id}", Http)
+        },
+    ]
+};
+
+/// The prefix of an instance's routes by path.
+const INSTANCE_PREFIX: &str = "/v2/instances/{instance_id}";
+
+/// The door's routes: every route of [`ROUTES`] with its methods, to the
+/// door's handlers.
+pub fn router() -> axum::Router<Arc<ControlPlane>> {
+    use axum::routing::{MethodFilter, on};
+    let mut router = axum::Router::new();
+    for route in ROUTES {
+        let filter = route
+            .methods
+            .iter()
+            .filter_map(|method| MethodFilter::try_from(method.clone()).ok())
+            .reduce(MethodFilter::or)
+            .expect("a door route answers some method");
+        router = match route.scope {
+            Scope::Fleet => router.route(route.path, on(filter, devtools_document)),
+            Scope::Instance => router.route(
+                &format!("{INSTANCE_PREFIX}{}", route.path),
+                on(filter, by_path),
+            ),
+        };
+    }
+    router
+}
+
+/// Adds the door's operations to the OpenAPI document.
+pub fn document(openapi: &mut utoipa::openapi::OpenApi) {
+    for add in ROUTES.iter().flat_map(|route| route.docs) {
+        add(openapi);
+    }
+}
+
+/// Whether `path` is a route of the fleet's (open without a credential).
+pub fn is_open(path: &str) -> bool {
+    ROUTES
+        .iter()
+        .any(|route| route.scope == Scope::Fleet && route.path == path)
+}
+
+/// Whether `path` has the shape of `pattern`: literal segments equal,
+/// `{name}` one non-empty segment, `{*rest}` whatever follows, not empty.
+fn shaped_like(pattern: &str, path: &str) -> bool {
+    let mut wanted = pattern.split('/');
+    let mut given = path.split('/');
+    loop {
+        match (wanted.next(), given.next()) {
+            (None, None) => return true,
+            (Some(w), Some(g)) if w.starts_with("{*") => {
+                return !g.is_empty() || given.next().is_some();
+            }
+            (Some(w), Some(g)) if w.starts_with('{') => {
+                if g.is_empty() {
+                    return false;
+                }
+            }
+            (Some(w), Some(g)) if w == g => {}
+            _ => return false,
+        }
+    }
+}
+
+/// The instance route whose path `rest` has (the path after the instance
+/// prefix, or the whole path on a subdomain).
+fn instance_route(rest: &str) -> Option<&'static DoorRoute> {
+    ROUTES
+        .iter()
+        .find(|route| route.scope == Scope::Instance && shaped_like(route.path, rest))
+}
+
 /// Where a door path goes on the instance: port, path, whether the
 /// answer's DevTools URLs must be pointed back through the door, and
 /// whether it is a WebSocket endpoint (nothing else is served there).
@@ -60,71 +310,38 @@ struct Route {
     websocket: bool,
 }
 
-/// The route of `rest`, the path after the instance prefix (or the whole
-/// path on a subdomain); `None` when the door has nothing there.
-fn route(id: &InstanceId, rest: &str) -> Option<Route> {
-    let to = |port, path: &str, rewrite| {
-        Some(Route {
-            port,
-            path: path.to_owned(),
-            rewrite,
-            websocket: false,
-        })
-    };
-    let socket = |port, path: &str| {
-        Some(Route {
-            port,
-            path: path.to_owned(),
-            rewrite: false,
-            websocket: true,
-        })
-    };
-    match rest {
-        // `/se/cdp`: the same, where Selenium's clients look for it (a
-        // session's `se:cdp`; selenium-webdriver uses any URL with this
-        // path as it is).
-        "/cdp" | "/se/cdp" => socket(Port::Debug, &format!("/devtools/browser/{id}")),
-        "/json" => to(Port::Debug, "/json", true),
-        "/stream" => to(Port::Stream, "/", false),
-        "/stream/ws" => socket(Port::Stream, "/ws"),
-        "/stream/frame.jpg" => to(Port::Stream, "/frame.jpg", false),
-        "/screenshot" => to(Port::Http, "/screenshot", false),
-        "/downloads" => to(Port::Http, "/downloads", false),
-        "/recordings" => to(Port::Http, "/recordings", false),
-        "/tabs" => to(Port::Http, "/tabs", false),
-        "/webdriver/bidi" => socket(Port::Http, &format!("/webdriver/session/{id}/se/bidi")),
-        _ if rest.starts_with("/json/") => to(Port::Debug, rest, true),
-        _ if rest.starts_with("/devtools/") => socket(Port::Debug, rest),
-        _ if rest.starts_with("/recordings/") && rest.len() > "/recordings/".len() => {
-            to(Port::Http, rest, false)
-        }
-        _ if rest.starts_with("/downloads/") && rest.len() > "/downloads/".len() => {
-            to(Port::Http, rest, false)
-        }
-        _ => None,
-    }
+/// Why the door has no route for a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum NoRoute {
+    NoSuchPath,
+    /// The path is a route, which does not answer this method.
+    Method(&'static [Method]),
 }
 
-/// The instance and the rest of a `/v2/instances/{id}/…` door path.
+/// The route of `method` on `rest` of instance `id`.
+fn route(id: &InstanceId, method: &Method, rest: &str) -> Result<Route, NoRoute> {
+    let found = instance_route(rest).ok_or(NoRoute::NoSuchPath)?;
+    if !found.methods.contains(method) {
+        return Err(NoRoute::Method(found.methods));
+    }
+    Ok(Route {
+        port: found.port,
+        path: match found.to {
+            Some(to) => to.replace("{id}", id.as_str()),
+            None => rest.to_owned(),
+        },
+        rewrite: found.rewrite,
+        websocket: found.websocket,
+    })
+}
+
+/// The instance and the rest of a `/v2/instances/{id}/…` path of a door
+/// route.
 fn split_door_path(path: &str) -> Option<(&str, &str)> {
     let after = path.strip_prefix("/v2/instances/")?;
     let id = after.split_once('/')?.0;
     let rest = &after[id.len()..];
-    let kind = rest.trim_start_matches('/').split('/').next()?;
-    matches!(
-        kind,
-        "cdp"
-            | "json"
-            | "devtools"
-            | "stream"
-            | "screenshot"
-            | "tabs"
-            | "downloads"
-            | "recordings"
-            | "webdriver"
-            | "se"
-    )
-    .then_some((id, rest))
+    instance_route(rest).map(|_| (id, rest))
 }
 
 /// Whether the guard should leave authentication of `request` to the door
@@ -132,6 +349,36 @@ fn split_door_path(path: &str) -> Option<(&str, &str)> {
 pub fn is_door_request(control_plane: &ControlPlane, request: &Request) -> bool {
     split_door_path(request.uri().path()).is_some()
         || subdomain_of(control_plane, request).is_some()
+}
+
+/// The answer to a request the door has no route for.
+fn no_route(method: &Method, path: &str, why: NoRoute) -> Response {
+    match why {
+        NoRoute::NoSuchPath => {
+            let served: Vec<&str> = ROUTES
+                .iter()
+                .filter(|route| route.scope == Scope::Instance)
+                .map(|route| route.path)
+                .collect();
+            Error::NotFound(format!(
+                "no such path on an instance: {path}; the door serves {}",
+                served.join(", ")
+            ))
+            .into_response()
+        }
+        NoRoute::Method(allowed) => {
+            let allowed: Vec<&str> = allowed.iter().map(Method::as_str).collect();
+            let mut response = (
+                StatusCode::METHOD_NOT_ALLOWED,
+                Error::InvalidRequest(format!("method {method} is not allowed on {path}")),
+            )
+                .into_response();
+            if let Ok(value) = HeaderValue::from_str(&allowed.join(", ")) {
+                response.headers_mut().insert(header::ALLOW, value);
+            }
+            response
+        }
+    }
 }
 
 fn subdomain_of(control_plane: &ControlPlane, request: &Request) -> Option<InstanceId> {
@@ -150,16 +397,10 @@ pub async fn by_subdomain(
         return next.run(request).await;
     };
     let rest = request.uri().path().to_owned();
-    match route(&id, &rest) {
-        Some(route) => pass(&control_plane, request, id, route, "").await,
-        None => not_on_subdomain(&rest).into_response(),
+    match route(&id, request.method(), &rest) {
+        Ok(route) => pass(&control_plane, request, id, route, "").await,
+        Err(why) => no_route(request.method(), &rest, why),
     }
-}
-
-fn not_on_subdomain(rest: &str) -> Error {
-    Error::NotFound(format!(
-        "no such path on an instance's subdomain: {rest}; the door serves /json/…, /devtools/…, /stream, /stream/ws, /stream/frame.jpg, /screenshot, /tabs, /downloads and /recordings"
-    ))
 }
 
 /// `/json/protocol` and `/json/version` at the door's root, where CDP
@@ -216,22 +457,20 @@ pub async fn by_path(
     request: Request,
 ) -> Response {
     let path = request.uri().path().to_owned();
-    match door_route(&params, &path) {
-        Some((id, route)) => {
+    let Some((_, value)) = params.iter().find(|(name, _)| name == "instance_id") else {
+        return no_route(request.method(), &path, NoRoute::NoSuchPath);
+    };
+    let id = InstanceId::new(value.clone());
+    let Some((_, rest)) = split_door_path(&path) else {
+        return no_route(request.method(), &path, NoRoute::NoSuchPath);
+    };
+    match route(&id, request.method(), rest) {
+        Ok(route) => {
             let prefix = format!("/v2/instances/{id}");
             pass(&control_plane, request, id, route, &prefix).await
         }
-        None => Error::NotFound(format!("no such path: {path}")).into_response(),
+        Err(why) => no_route(request.method(), &path, why),
     }
-}
-
-/// The instance and the route a door path names, if it names one.
-fn door_route(params: &[(String, String)], path: &str) -> Option<(InstanceId, Route)> {
-    let (_, value) = params.iter().find(|(name, _)| name == "instance_id")?;
-    let id = InstanceId::new(value.clone());
-    let (_, rest) = split_door_path(path)?;
-    let route = route(&id, rest)?;
-    Some((id, route))
 }
 
 /// Admits `request` and forwards it along `route`.
@@ -702,6 +941,10 @@ pub(crate) async fn forward_live(
         })
 }
 
+/// How long the door waits for each read of an instance's answer to an
+/// upgrade (a dormant instance is woken first).
+const UPSTREAM_ANSWER: Duration = Duration::from_secs(60);
+
 /// Relays a WebSocket (or other upgrade) to the instance; the relay runs
 /// as the control plane's background work ("door relay") and ends at
 /// shutdown, or when `ends` resolves.
@@ -713,47 +956,39 @@ async fn forward_upgrade(
     ends: Option<Ends>,
 ) -> std::io::Result<Response> {
     let (mut upstream, authority) = connect(target, route).await?;
-    let mut head = format!(
-        "GET {} HTTP/1.1\r\nHost: {authority}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n",
-        upstream_target(&request, route)
-    );
-    for (name, value) in request.headers() {
-        if passed_on(name)
-            && let Ok(value) = value.to_str()
-        {
-            head.push_str(&format!("{name}: {value}\r\n"));
-        }
-    }
+    let mut extra = vec![
+        "Connection: Upgrade".to_owned(),
+        "Upgrade: websocket".to_owned(),
+    ];
     if let Some(token) = &target.token {
-        head.push_str(&format!("Authorization: Bearer {token}\r\n"));
+        extra.push(format!("Authorization: Bearer {token}"));
     }
-    head.push_str("\r\n");
-    upstream.write_all(head.as_bytes()).await?;
-    let (status, headers, early) = read_response_head(&mut upstream).await?;
-    let mut response = Response::builder().status(status);
-    for (name, value) in &headers {
-        response = response.header(name.as_str(), value.as_slice());
-    }
-    if status != StatusCode::SWITCHING_PROTOCOLS {
+    let head = upgrade::request_head(
+        &upstream_target(&request, route),
+        &authority,
+        request.headers(),
+        passed_on,
+        &extra,
+    );
+    let mut answer = upgrade::handshake(&mut upstream, &head, UPSTREAM_ANSWER).await?;
+    let response = answer.response();
+    if !answer.switched() {
         return response
-            .body(Body::from(early))
+            .body(Body::from(answer.early))
             .map_err(std::io::Error::other);
     }
-    let upgrade = hyper::upgrade::on(&mut request);
+    let switched = upgrade::Switched::of(&mut request, &mut answer);
     let instance = target.id.clone();
     let stopping = control_plane.tasks().stopping();
     control_plane.tasks().spawn("door relay", async move {
-        let upgraded = match upgrade.await {
-            Ok(upgraded) => upgraded,
-            Err(error) => {
-                tracing::debug!(%instance, %error, "client upgrade failed");
-                return;
-            }
+        // A client that never completes its upgrade holds no shutdown.
+        let client = tokio::select! {
+            client = switched.client() => client,
+            () = stopping.cancelled() => None,
         };
-        let mut client = TokioIo::new(upgraded);
-        if !early.is_empty() && client.write_all(&early).await.is_err() {
+        let Some(mut client) = client else {
             return;
-        }
+        };
         let relay = tokio::io::copy_bidirectional(&mut client, &mut upstream);
         let ends = ends.unwrap_or_else(|| Box::pin(std::future::pending()));
         tokio::select! {
@@ -765,44 +1000,6 @@ async fn forward_upgrade(
     response.body(Body::empty()).map_err(std::io::Error::other)
 }
 
-/// Reads an HTTP response head: status, headers, and bytes that came after it.
-async fn read_response_head(
-    stream: &mut TcpStream,
-) -> std::io::Result<(StatusCode, Vec<(String, Vec<u8>)>, Vec<u8>)> {
-    let mut buffer = Vec::with_capacity(1024);
-    let head_end = loop {
-        let mut chunk = [0u8; 2048];
-        let n = tokio::time::timeout(Duration::from_secs(60), stream.read(&mut chunk))
-            .await
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer"))??;
-        if n == 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "the instance closed the connection",
-            ));
-        }
-        buffer.extend_from_slice(&chunk[..n]);
-        if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
-            break end + 4;
-        }
-        if buffer.len() > 64 * 1024 {
-            return Err(std::io::Error::other("answer head too large"));
-        }
-    };
-    let mut parsed_headers = [httparse::EMPTY_HEADER; 64];
-    let mut parsed = httparse::Response::new(&mut parsed_headers);
-    parsed
-        .parse(&buffer[..head_end])
-        .map_err(std::io::Error::other)?;
-    let status = StatusCode::from_u16(parsed.code.unwrap_or(502)).map_err(std::io::Error::other)?;
-    let headers = parsed
-        .headers
-        .iter()
-        .map(|h| (h.name.to_owned(), h.value.to_vec()))
-        .collect();
-    Ok((status, headers, buffer[head_end..].to_vec()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -810,42 +1007,72 @@ mod tests {
     #[test]
     fn door_paths_route_to_the_right_port() {
         let id = InstanceId::new("i-1");
-        // (path, (port, upstream path, rewritten, WebSocket only))
+        // (method, path, (port, upstream path, rewritten, WebSocket only))
+        let get = Method::GET;
         let cases = [
             (
+                &get,
                 "/cdp",
                 Some((Port::Debug, "/devtools/browser/i-1", false, true)),
             ),
-            ("/json", Some((Port::Debug, "/json", true, false))),
             (
+                &get,
+                "/se/cdp",
+                Some((Port::Debug, "/devtools/browser/i-1", false, true)),
+            ),
+            (&get, "/json", Some((Port::Debug, "/json", true, false))),
+            (
+                &get,
                 "/json/version/",
                 Some((Port::Debug, "/json/version/", true, false)),
             ),
-            ("/json/new", Some((Port::Debug, "/json/new", true, false))),
             (
+                &Method::PUT,
+                "/json/new",
+                Some((Port::Debug, "/json/new", true, false)),
+            ),
+            (
+                &get,
                 "/devtools/page/AB",
                 Some((Port::Debug, "/devtools/page/AB", false, true)),
             ),
-            ("/stream", Some((Port::Stream, "/", false, false))),
-            ("/stream/ws", Some((Port::Stream, "/ws", false, true))),
+            (&get, "/stream", Some((Port::Stream, "/", false, false))),
+            (&get, "/stream/ws", Some((Port::Stream, "/ws", false, true))),
             (
+                &get,
                 "/screenshot",
                 Some((Port::Http, "/screenshot", false, false)),
             ),
-            ("/tabs", Some((Port::Http, "/tabs", false, false))),
-            ("/", None),
-            ("/cdp/x", None),
-            ("/stream/other", None),
-            ("/jsonx", None),
+            (&get, "/tabs", Some((Port::Http, "/tabs", false, false))),
+            (
+                &get,
+                "/webdriver/bidi",
+                Some((Port::Http, "/webdriver/session/i-1/se/bidi", false, true)),
+            ),
+            (
+                &Method::DELETE,
+                "/downloads/a.pdf",
+                Some((Port::Http, "/downloads/a.pdf", false, false)),
+            ),
+            (&get, "/", None),
+            (&get, "/cdp/x", None),
+            (&get, "/stream/other", None),
+            (&get, "/jsonx", None),
+            (&get, "/json/", None),
+            (&get, "/downloads/", None),
+            (&get, "/downloads/a/b", None),
+            (&get, "/recordings/", None),
         ];
-        for (rest, expected) in cases {
-            let expected = expected.map(|(port, path, rewrite, websocket)| Route {
-                port,
-                path: path.into(),
-                rewrite,
-                websocket,
-            });
-            assert_eq!(route(&id, rest), expected, "{rest}");
+        for (method, rest, expected) in cases {
+            let expected = expected
+                .map(|(port, path, rewrite, websocket)| Route {
+                    port,
+                    path: path.into(),
+                    rewrite,
+                    websocket,
+                })
+                .ok_or(NoRoute::NoSuchPath);
+            assert_eq!(route(&id, method, rest), expected, "{method} {rest}");
         }
         assert_eq!(
             split_door_path("/v2/instances/abc/json/version"),
@@ -853,6 +1080,96 @@ mod tests {
         );
         assert_eq!(split_door_path("/v2/instances/abc/dormant"), None);
         assert_eq!(split_door_path("/v2/instances/abc"), None);
+        assert_eq!(split_door_path("/v2/instances/abc/stream/other"), None);
+    }
+
+    /// A path of the table answers only its methods, by path and on a
+    /// subdomain alike.
+    #[test]
+    fn a_route_answers_only_its_methods() {
+        let id = InstanceId::new("i-1");
+        assert_eq!(
+            route(&id, &Method::GET, "/json/new"),
+            Err(NoRoute::Method(&[Method::PUT]))
+        );
+        assert_eq!(
+            route(&id, &Method::POST, "/downloads/a.pdf"),
+            Err(NoRoute::Method(&[Method::GET, Method::DELETE]))
+        );
+        let refused = no_route(
+            &Method::POST,
+            "/downloads/a.pdf",
+            NoRoute::Method(&[Method::GET, Method::DELETE]),
+        );
+        assert_eq!(refused.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(refused.headers()[header::ALLOW], "GET, DELETE");
+    }
+
+    /// The table is whole: each documented operation is at its route's
+    /// path with one of its methods, each route with a parameter or a
+    /// single method is documented or narrowed by the routes before it,
+    /// and only the fleet's routes are open.
+    #[test]
+    fn the_route_table_and_the_openapi_document_agree() {
+        let mut openapi = utoipa::openapi::OpenApiBuilder::new().build();
+        for route in ROUTES {
+            let full = match route.scope {
+                Scope::Fleet => route.path.to_owned(),
+                Scope::Instance => format!("{INSTANCE_PREFIX}{}", route.path),
+            };
+            for add in route.docs {
+                let mut one = utoipa::openapi::OpenApiBuilder::new().build();
+                add(&mut one);
+                let (path, item) = one.paths.paths.into_iter().next().expect("an operation");
+                assert_eq!(path, full, "the documented path of {}", route.path);
+                let documented = [
+                    (Method::GET, item.get.is_some()),
+                    (Method::PUT, item.put.is_some()),
+                    (Method::DELETE, item.delete.is_some()),
+                ];
+                for (method, present) in documented {
+                    assert!(
+                        !present || route.methods.contains(&method),
+                        "{full}: {method} is documented but not routed"
+                    );
+                }
+            }
+            let open = is_open(&full);
+            assert_eq!(open, route.scope == Scope::Fleet, "{full}");
+            if route.docs.is_empty() {
+                assert!(
+                    route.path.contains("{*") || route.path == "/json",
+                    "{} is undocumented",
+                    route.path
+                );
+            }
+        }
+        document(&mut openapi);
+        assert_eq!(
+            openapi.paths.paths.len(),
+            ROUTES.iter().filter(|route| !route.docs.is_empty()).count()
+        );
+        // Every route is reached by its own path, and by no route before it.
+        let id = InstanceId::new("i");
+        for (index, door_route) in ROUTES.iter().enumerate() {
+            if door_route.scope == Scope::Fleet {
+                continue;
+            }
+            let sample = door_route
+                .path
+                .replace("{*rest}", "x/y")
+                .replace("{target}", "T")
+                .replace("{name}", "n")
+                .replace("{recording_id}", "r");
+            let found = instance_route(&sample).expect("a route");
+            assert!(
+                std::ptr::eq(found, &ROUTES[index]),
+                "{sample} is taken by {} before {}",
+                found.path,
+                door_route.path
+            );
+            assert!(route(&id, &door_route.methods[0], &sample).is_ok());
+        }
     }
 
     #[test]
@@ -884,297 +1201,5 @@ mod tests {
         assert!(!is_trusted(&[], "127.0.0.1".parse().unwrap()));
         assert!(parse_network("10.0.0.0/33").is_none());
         assert!(parse_network("example.com").is_none());
-    }
-}
-
-/// The routes of the door, one handler each so that the OpenAPI document
-/// lists them; all go through [`by_path`].
-pub mod routes {
-    use super::*;
-
-    type Params = Path<Vec<(String, String)>>;
-
-    /// The DevTools protocol of the fleet's Chromium (what chrome-remote-interface
-    /// fetches from the root of a door URL's host). Open: it describes the
-    /// protocol, nothing of an instance.
-    #[utoipa::path(get, path = "/json/protocol", tag = "front door", security(()),
-        responses((status = 200, description = "Chromium's protocol description", content_type = "application/json"),
-            (status = 502, description = "The browser asked did not answer", body = flotilla_api_types::ErrorResponse),
-            (status = 503, description = "No browser is running to ask", body = flotilla_api_types::ErrorResponse)))]
-    pub async fn json_protocol(state: State<Arc<ControlPlane>>, uri: axum::http::Uri) -> Response {
-        devtools_document(state, uri).await
-    }
-
-    /// The fleet's Chromium version (`Browser`, `Protocol-Version`,
-    /// `User-Agent`, …; no `webSocketDebuggerUrl`: an instance's is at
-    /// `/v2/instances/{id}/json/version`). Open, like `/json/protocol`.
-    #[utoipa::path(get, path = "/json/version", tag = "front door", security(()),
-        responses((status = 200, description = "Chromium's version object", content_type = "application/json"),
-            (status = 502, description = "The browser asked did not answer", body = flotilla_api_types::ErrorResponse),
-            (status = 503, description = "No browser is running to ask", body = flotilla_api_types::ErrorResponse)))]
-    pub async fn json_version_of_the_fleet(
-        state: State<Arc<ControlPlane>>,
-        uri: axum::http::Uri,
-    ) -> Response {
-        devtools_document(state, uri).await
-    }
-
-    /// The browser's CDP WebSocket (Playwright `connectOverCDP`, Puppeteer
-    /// `browserWSEndpoint`): `urls.debug` when `public_url` is set.
-    #[utoipa::path(get, path = "/v2/instances/{instance_id}/cdp", tag = "front door",
-        params(("instance_id" = String, Path), ("token" = Option<String>, Query, description = "The instance's access token (or send an API key or the token as Authorization: Bearer)")),
-        responses(
-            (status = 101, description = "WebSocket to the browser target"),
-            (status = 401, description = "No valid API key or instance token", body = flotilla_api_types::ErrorResponse),
-            (status = 426, description = "Not a WebSocket upgrade", body = flotilla_api_types::ErrorResponse),
-            (status = 404, body = flotilla_api_types::ErrorResponse),
-            (status = 409, description = "The instance is stopped or failed", body = flotilla_api_types::ErrorResponse),
-            (status = 502, description = "The instance's node did not answer", body = flotilla_api_types::ErrorResponse),
-        ))]
-    pub async fn cdp(
-        state: State<Arc<ControlPlane>>,
-        params: Params,
-        request: Request,
-    ) -> Response {
-        by_path(state, params, request).await
-    }
-
-    /// The same browser CDP WebSocket, where Selenium's clients look for it
-    /// (a WebDriver session's `se:cdp` capability).
-    #[utoipa::path(get, path = "/v2/instances/{instance_id}/se/cdp", tag = "front door",
-        params(("instance_id" = String, Path), ("token" = Option<String>, Query, description = "The instance's access token (or send an API key or the token as Authorization: Bearer)")),
-        responses(
-            (status = 101, description = "WebSocket to the browser target"),
-            (status = 401, description = "No valid API key or instance token", body = flotilla_api_types::ErrorResponse),
-            (status = 426, description = "Not a WebSocket upgrade", body = flotilla_api_types::ErrorResponse),
-            (status = 404, body = flotilla_api_types::ErrorResponse),
-            (status = 409, description = "The instance is stopped or failed", body = flotilla_api_types::ErrorResponse),
-            (status = 502, description = "The instance's node did not answer", body = flotilla_api_types::ErrorResponse),
-        ))]
-    pub async fn se_cdp(
-        state: State<Arc<ControlPlane>>,
-        params: Params,
-        request: Request,
-    ) -> Response {
-        by_path(state, params, request).await
-    }
-
-    /// DevTools `/json/version`; its `webSocketDebuggerUrl` points back
-    /// through the door (with the token). A trailing slash is accepted.
-    #[utoipa::path(get, path = "/v2/instances/{instance_id}/json/version", tag = "front door",
-        params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
-        responses((status = 200, description = "Chromium's version object", content_type = "application/json"),
-            (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
-    pub async fn json_version(
-        state: State<Arc<ControlPlane>>,
-        params: Params,
-        request: Request,
-    ) -> Response {
-        by_path(state, params, request).await
-    }
-
-    /// DevTools `/json/list`: the targets, their URLs through the door.
-    #[utoipa::path(get, path = "/v2/instances/{instance_id}/json/list", tag = "front door",
-        params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
-        responses((status = 200, description = "Chromium's target list", content_type = "application/json"),
-            (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
-    pub async fn json_list(
-        state: State<Arc<ControlPlane>>,
-        params: Params,
-        request: Request,
-    ) -> Response {
-        by_path(state, params, request).await
-    }
-
-    /// DevTools `/json/new?<url>` (PUT, as Chromium requires): a new tab.
-    #[utoipa::path(put, path = "/v2/instances/{instance_id}/json/new", tag = "front door",
-        params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
-        responses((status = 200, description = "The new target", content_type = "application/json"),
-            (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
-    pub async fn json_new(
-        state: State<Arc<ControlPlane>>,
-        params: Params,
-        request: Request,
-    ) -> Response {
-        by_path(state, params, request).await
-    }
-
-    /// A page target's CDP WebSocket.
-    #[utoipa::path(get, path = "/v2/instances/{instance_id}/devtools/page/{target}", tag = "front door",
-        params(("instance_id" = String, Path), ("target" = String, Path), ("token" = Option<String>, Query)),
-        responses((status = 101, description = "WebSocket to the page target"),
-            (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse),
-            (status = 409, description = "The instance is stopped or failed", body = flotilla_api_types::ErrorResponse),
-            (status = 426, description = "Not a WebSocket upgrade", body = flotilla_api_types::ErrorResponse),
-            (status = 502, body = flotilla_api_types::ErrorResponse)))]
-    pub async fn page(
-        state: State<Arc<ControlPlane>>,
-        params: Params,
-        request: Request,
-    ) -> Response {
-        by_path(state, params, request).await
-    }
-
-    /// The live view as MJPEG (shows in an `<img>`): `urls.stream` when
-    /// `public_url` is set.
-    #[utoipa::path(get, path = "/v2/instances/{instance_id}/stream", tag = "front door",
-        params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
-        responses((status = 200, description = "multipart/x-mixed-replace JPEG frames", content_type = "multipart/x-mixed-replace"),
-            (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
-    pub async fn stream(
-        state: State<Arc<ControlPlane>>,
-        params: Params,
-        request: Request,
-    ) -> Response {
-        by_path(state, params, request).await
-    }
-
-    /// The live view as a WebSocket of binary JPEG frames.
-    #[utoipa::path(get, path = "/v2/instances/{instance_id}/stream/ws", tag = "front door",
-        params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
-        responses((status = 101, description = "WebSocket of binary JPEG frames"),
-            (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse),
-            (status = 409, description = "The instance is stopped or failed", body = flotilla_api_types::ErrorResponse),
-            (status = 426, description = "Not a WebSocket upgrade", body = flotilla_api_types::ErrorResponse),
-            (status = 502, body = flotilla_api_types::ErrorResponse)))]
-    pub async fn stream_ws(
-        state: State<Arc<ControlPlane>>,
-        params: Params,
-        request: Request,
-    ) -> Response {
-        by_path(state, params, request).await
-    }
-
-    /// The WebDriver BiDi socket of the instance's WebDriver session (made
-    /// with `webSocketUrl: true`; the session's `webSocketUrl` capability
-    /// points here), relayed to its chromedriver.
-    #[utoipa::path(get, path = "/v2/instances/{instance_id}/webdriver/bidi", tag = "front door",
-        params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
-        responses((status = 101, description = "WebSocket of WebDriver BiDi messages"),
-            (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse),
-            (status = 409, description = "The instance is stopped or failed", body = flotilla_api_types::ErrorResponse),
-            (status = 426, description = "Not a WebSocket upgrade", body = flotilla_api_types::ErrorResponse),
-            (status = 502, body = flotilla_api_types::ErrorResponse)))]
-    pub async fn webdriver_bidi(
-        state: State<Arc<ControlPlane>>,
-        params: Params,
-        request: Request,
-    ) -> Response {
-        by_path(state, params, request).await
-    }
-
-    /// The live view's newest frame.
-    #[utoipa::path(get, path = "/v2/instances/{instance_id}/stream/frame.jpg", tag = "front door",
-        params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
-        responses((status = 200, content_type = "image/jpeg"), (status = 401, body = flotilla_api_types::ErrorResponse),
-            (status = 404, description = "No such instance, or no frame yet", body = flotilla_api_types::ErrorResponse),
-            (status = 409, description = "The instance is stopped or failed", body = flotilla_api_types::ErrorResponse),
-            (status = 502, body = flotilla_api_types::ErrorResponse)))]
-    pub async fn frame(
-        state: State<Arc<ControlPlane>>,
-        params: Params,
-        request: Request,
-    ) -> Response {
-        by_path(state, params, request).await
-    }
-
-    /// A PNG of a tab (`?tab=<id>`, default the first).
-    #[utoipa::path(get, path = "/v2/instances/{instance_id}/screenshot", tag = "front door",
-        params(("instance_id" = String, Path), ("tab" = Option<String>, Query), ("token" = Option<String>, Query)),
-        responses((status = 200, content_type = "image/png", description = "The PNG; `X-Screenshot-Scale` says how much a page over `agent.screenshot_max_pixels` was scaled down (1 when not)"),
-            (status = 400, description = "An unknown query parameter", body = flotilla_api_types::ErrorResponse),
-            (status = 401, body = flotilla_api_types::ErrorResponse),
-            (status = 404, description = "No such instance or tab", body = flotilla_api_types::ErrorResponse),
-            (status = 409, description = "The instance is stopped or failed", body = flotilla_api_types::ErrorResponse),
-            (status = 413, description = "The PNG would exceed agent.screenshot_max_bytes", body = flotilla_api_types::ErrorResponse),
-            (status = 502, body = flotilla_api_types::ErrorResponse),
-            (status = 503, description = "Too many captures at once on the node", body = flotilla_api_types::ErrorResponse)))]
-    pub async fn screenshot(
-        state: State<Arc<ControlPlane>>,
-        params: Params,
-        request: Request,
-    ) -> Response {
-        by_path(state, params, request).await
-    }
-
-    /// The files the instance's pages downloaded (newest first).
-    #[utoipa::path(get, path = "/v2/instances/{instance_id}/downloads", tag = "instances",
-        params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
-        responses((status = 200, body = flotilla_api_types::instances::DownloadList),
-            (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
-    pub async fn downloads(
-        state: State<Arc<ControlPlane>>,
-        params: Params,
-        request: Request,
-    ) -> Response {
-        by_path(state, params, request).await
-    }
-
-    /// One download's bytes (`Content-Disposition: attachment`).
-    #[utoipa::path(get, path = "/v2/instances/{instance_id}/downloads/{name}", tag = "instances",
-        params(("instance_id" = String, Path), ("name" = String, Path, description = "A name from the listing: a plain file name", pattern = r"^[^./\\\x00-\x1f\x7f-\x9f][^/\\\x00-\x1f\x7f-\x9f]*$", min_length = 1, max_length = 63), ("token" = Option<String>, Query)),
-        responses((status = 200, description = "The file", content_type = "application/octet-stream"),
-            (status = 400, description = "Not a plain file name", body = flotilla_api_types::ErrorResponse),
-            (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
-    pub async fn download(
-        state: State<Arc<ControlPlane>>,
-        params: Params,
-        request: Request,
-    ) -> Response {
-        by_path(state, params, request).await
-    }
-
-    /// Removes one download.
-    #[utoipa::path(delete, path = "/v2/instances/{instance_id}/downloads/{name}", tag = "instances",
-        params(("instance_id" = String, Path), ("name" = String, Path, description = "A name from the listing: a plain file name", pattern = r"^[^./\\\x00-\x1f\x7f-\x9f][^/\\\x00-\x1f\x7f-\x9f]*$", min_length = 1, max_length = 63), ("token" = Option<String>, Query)),
-        responses((status = 200, body = flotilla_api_types::MessageResponse),
-            (status = 400, body = flotilla_api_types::ErrorResponse),
-            (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
-    pub async fn download_delete(
-        state: State<Arc<ControlPlane>>,
-        params: Params,
-        request: Request,
-    ) -> Response {
-        by_path(state, params, request).await
-    }
-
-    /// The recordings of the instance's live view (`config.record`), oldest
-    /// first; while it runs, the last one is still being written.
-    #[utoipa::path(get, path = "/v2/instances/{instance_id}/recordings", tag = "instances",
-        params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
-        responses((status = 200, body = flotilla_api_types::instances::RecordingList),
-            (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
-    pub async fn recordings(
-        state: State<Arc<ControlPlane>>,
-        params: Params,
-        request: Request,
-    ) -> Response {
-        by_path(state, params, request).await
-    }
-
-    /// One recording's video (MP4/H.264).
-    #[utoipa::path(get, path = "/v2/instances/{instance_id}/recordings/{recording_id}", tag = "instances",
-        params(("instance_id" = String, Path), ("recording_id" = String, Path, description = "An id from the listing"), ("token" = Option<String>, Query)),
-        responses((status = 200, description = "The video", content_type = "video/mp4"),
-            (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse)))]
-    pub async fn recording(
-        state: State<Arc<ControlPlane>>,
-        params: Params,
-        request: Request,
-    ) -> Response {
-        by_path(state, params, request).await
-    }
-
-    /// The open tabs: `[{id, url, title}]`.
-    #[utoipa::path(get, path = "/v2/instances/{instance_id}/tabs", tag = "front door",
-        params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
-        responses((status = 200, content_type = "application/json"), (status = 401, body = flotilla_api_types::ErrorResponse),
-            (status = 404, body = flotilla_api_types::ErrorResponse)))]
-    pub async fn tabs(
-        state: State<Arc<ControlPlane>>,
-        params: Params,
-        request: Request,
-    ) -> Response {
-        by_path(state, params, request).await
     }
 }

@@ -2,6 +2,8 @@
 //! Swagger UI. Handlers are thin: extract, call `app`, convert the error.
 
 pub mod door;
+#[allow(dead_code)] // only the OpenAPI entries of its functions are used
+mod door_docs;
 mod extensions;
 mod extract;
 mod guard;
@@ -75,25 +77,6 @@ use crate::error::Error;
         webdriver::status,
         webdriver::docs::session_delete,
         webdriver::docs::session_command,
-        door::routes::json_protocol,
-        door::routes::json_version_of_the_fleet,
-        door::routes::cdp,
-        door::routes::se_cdp,
-        door::routes::json_version,
-        door::routes::json_list,
-        door::routes::json_new,
-        door::routes::page,
-        door::routes::stream,
-        door::routes::stream_ws,
-        door::routes::webdriver_bidi,
-        door::routes::frame,
-        door::routes::screenshot,
-        door::routes::tabs,
-        door::routes::downloads,
-        door::routes::download,
-        door::routes::download_delete,
-        door::routes::recordings,
-        door::routes::recording,
     ),
     components(schemas(
         flotilla_api_types::instances::InstanceStatus,
@@ -104,8 +87,11 @@ use crate::error::Error;
         flotilla_api_types::metrics::MetricsPeriod,
         flotilla_api_types::alerts::AlertLevel,
         flotilla_api_types::alerts::AlertState,
+        // Answers of the door's routes (added by `DoorDocs`).
+        flotilla_api_types::instances::DownloadList,
+        flotilla_api_types::instances::RecordingList,
     )),
-    modifiers(&BearerAuth),
+    modifiers(&DoorDocs, &BearerAuth),
     security(("bearer" = [])),
     tags(
         (name = "instances", description = "Browser instances"),
@@ -121,6 +107,15 @@ use crate::error::Error;
     )
 )]
 pub struct ApiDoc;
+
+/// The front door's operations, from its route table (`door::ROUTES`).
+struct DoorDocs;
+
+impl Modify for DoorDocs {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        door::document(openapi);
+    }
+}
 
 /// Declares the HTTP bearer scheme (spec: a global requirement), and the
 /// answers every operation may give: 401 where a credential is required (with
@@ -213,7 +208,7 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
     Router::new()
         .route("/health", get(health::health))
         .merge(instance_routes())
-        .merge(door_routes())
+        .merge(door::router())
         .merge(webdriver_routes())
         .merge(resource_routes())
         .merge(ui_routes())
@@ -272,87 +267,6 @@ fn instance_routes() -> Routes {
         )
         .route("/live/{token}", get(live::live_page))
         .route("/live/{token}/ws", get(live::live_socket))
-}
-
-/// The front door: an instance's CDP, live view and HTTP API under
-/// `/v2/instances/{id}/…`, passed through to its node.
-fn door_routes() -> Routes {
-    Router::new()
-        .route("/json/protocol", get(door::routes::json_protocol))
-        .route(
-            "/json/version",
-            get(door::routes::json_version_of_the_fleet),
-        )
-        .route("/v2/instances/{instance_id}/cdp", get(door::routes::cdp))
-        .route(
-            "/v2/instances/{instance_id}/se/cdp",
-            get(door::routes::se_cdp),
-        )
-        .route(
-            "/v2/instances/{instance_id}/json/version",
-            get(door::routes::json_version),
-        )
-        .route(
-            "/v2/instances/{instance_id}/json/list",
-            get(door::routes::json_list),
-        )
-        .route(
-            "/v2/instances/{instance_id}/json/new",
-            axum::routing::put(door::routes::json_new),
-        )
-        .route(
-            "/v2/instances/{instance_id}/json",
-            get(door::by_path).put(door::by_path),
-        )
-        .route(
-            "/v2/instances/{instance_id}/json/{*rest}",
-            get(door::by_path).put(door::by_path),
-        )
-        .route(
-            "/v2/instances/{instance_id}/devtools/page/{target}",
-            get(door::routes::page),
-        )
-        .route(
-            "/v2/instances/{instance_id}/devtools/{*rest}",
-            get(door::by_path),
-        )
-        .route(
-            "/v2/instances/{instance_id}/stream",
-            get(door::routes::stream),
-        )
-        .route(
-            "/v2/instances/{instance_id}/stream/ws",
-            get(door::routes::stream_ws),
-        )
-        .route(
-            "/v2/instances/{instance_id}/stream/frame.jpg",
-            get(door::routes::frame),
-        )
-        .route(
-            "/v2/instances/{instance_id}/screenshot",
-            get(door::routes::screenshot),
-        )
-        .route("/v2/instances/{instance_id}/tabs", get(door::routes::tabs))
-        .route(
-            "/v2/instances/{instance_id}/webdriver/bidi",
-            get(door::routes::webdriver_bidi),
-        )
-        .route(
-            "/v2/instances/{instance_id}/downloads",
-            get(door::routes::downloads),
-        )
-        .route(
-            "/v2/instances/{instance_id}/recordings",
-            get(door::routes::recordings),
-        )
-        .route(
-            "/v2/instances/{instance_id}/recordings/{recording_id}",
-            get(door::routes::recording),
-        )
-        .route(
-            "/v2/instances/{instance_id}/downloads/{name}",
-            get(door::routes::download).delete(door::routes::download_delete),
-        )
 }
 
 /// WebDriver (W3C, Selenium Grid 4's endpoints), at the root and under
