@@ -130,6 +130,19 @@ impl Page {
         Ok(result["result"]["value"].clone())
     }
 
+    /// Makes this tab the one in front (the most recently used).
+    pub async fn bring_to_front(&self) -> anyhow::Result<()> {
+        self.client
+            .call(
+                "Page.bringToFront",
+                serde_json::json!({}),
+                Some(&self.session),
+                CDP_TIMEOUT,
+            )
+            .await?;
+        Ok(())
+    }
+
     /// Sends a browser-level CDP command (no session).
     pub async fn call_browser(&self, method: &str, params: Value) -> anyhow::Result<Value> {
         Ok(self.client.call(method, params, None, CDP_TIMEOUT).await?)

@@ -35,6 +35,7 @@ pub async fn capture(endpoint: &CdpEndpoint) -> anyhow::Result<CapturedState> {
             )
         })
         .collect();
+    let pages = in_use_order(endpoint, pages).await;
     let mut local_storage: Vec<OriginStorage> = Vec::new();
     for (target_id, tab) in &pages {
         if !(tab.url.starts_with("http://") || tab.url.starts_with("https://")) {
@@ -66,10 +67,34 @@ pub async fn capture(endpoint: &CdpEndpoint) -> anyhow::Result<CapturedState> {
     })
 }
 
+/// `pages` (by target id) in the order a client sees them: the browser's
+/// `/json/list`, most recently used first (`Target.getTargets` keeps no
+/// order a client knows). As they are when that list cannot be read.
+async fn in_use_order(
+    endpoint: &CdpEndpoint,
+    mut pages: Vec<(String, CapturedTab)>,
+) -> Vec<(String, CapturedTab)> {
+    let listed = match CdpClient::http_get(endpoint, "/json/list").await {
+        Ok(body) => serde_json::from_slice::<Vec<Value>>(&body).unwrap_or_default(),
+        Err(error) => {
+            tracing::debug!(%error, "cannot read the order of the tabs");
+            return pages;
+        }
+    };
+    let rank = |id: &str| {
+        listed
+            .iter()
+            .position(|target| target["id"] == id)
+            .unwrap_or(usize::MAX)
+    };
+    pages.sort_by_key(|(id, _)| rank(id));
+    pages
+}
+
 /// Puts the captured state back into a freshly started browser: every cookie
 /// (session cookies are not in the profile), the captured `localStorage`
-/// (before any tab loads), and for a full restore every tab at its URL (the
-/// initial blank tab is closed then).
+/// (before any tab loads), and for a full restore every tab at its URL, in
+/// its order (the initial blank tab is closed then).
 pub async fn restore(
     endpoint: &CdpEndpoint,
     state: &CapturedState,
@@ -100,8 +125,10 @@ pub async fn restore(
             .filter(|u| !u.is_empty() && *u != "about:blank")
             .collect();
         if !urls.is_empty() {
+            // The tab opened last is the most recently used: the captured
+            // order (most recently used first) is opened from its end.
             let mut reopened = Vec::with_capacity(urls.len());
-            for url in &urls {
+            for url in urls.iter().rev() {
                 let created = browser
                     .call(
                         "Target.createTarget",

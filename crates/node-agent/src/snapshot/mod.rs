@@ -29,6 +29,7 @@ pub use store::{DEFAULT_STORE_TIMEOUT_SEC, SnapshotStore, SnapshotsConfig, is_no
 pub struct CapturedState {
     /// `Network.Cookie` objects, session cookies included.
     pub cookies: Vec<Value>,
+    /// The open tabs, most recently used first (as DevTools lists them).
     pub tabs: Vec<CapturedTab>,
     pub local_storage: Vec<OriginStorage>,
 }

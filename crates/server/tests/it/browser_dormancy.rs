@@ -242,25 +242,36 @@ async fn browser_park_and_revive_keep_cookies_storage_and_tabs() {
         "dormant",
     );
 
-    // full_restore: every tab back at its URL, and the state too.
+    // full_restore: every tab back at its URL, in its order (DevTools
+    // lists the most recently used first: the first tab opened, brought to
+    // the front, is first), and the state too.
     let _tabs = open_tabs(&debug_url, &pages, &["a", "b"]).await;
+    state.bring_to_front().await.unwrap();
     drop(state);
+    // A blank tab is not reopened.
+    let before: Vec<String> = page_urls(debug_port)
+        .await
+        .into_iter()
+        .filter(|url| url != "about:blank")
+        .collect();
+    let mut expected: Vec<String> = ["/a", "/b", "/state"]
+        .iter()
+        .map(|p| format!("{}{p}", pages.base))
+        .collect();
+    let mut sorted = before.clone();
+    sorted.sort();
+    expected.sort();
+    assert_eq!(sorted, expected, "the tabs parked");
     serve.api.park(&id).await;
     revive(&serve, &id, r#"{"method": "full_restore"}"#).await;
     serve
         .api
         .wait_for_status(&id, "running", BROWSER_DEADLINE)
         .await;
-    let mut urls = page_urls(debug_port).await;
-    urls.sort();
-    let mut expected: Vec<String> = ["/a", "/b", "/state"]
-        .iter()
-        .map(|p| format!("{}{p}", pages.base))
-        .collect();
-    expected.sort();
     assert_eq!(
-        urls, expected,
-        "every tab reopened at its URL, the blank one closed"
+        page_urls(debug_port).await,
+        before,
+        "every tab reopened at its URL and in its order, the blank one closed"
     );
     let state = Page::open(&debug_url, &format!("{}/state", pages.base))
         .await
