@@ -195,15 +195,31 @@ pub struct Heartbeat {
     #[serde(default)]
     pub load: ResourceUsage,
     pub instances: Vec<InstanceReport>,
-    /// The node's warm pool, when it keeps one (an older agent sends none).
+    /// The node's first warm pool, for a control plane that reads only one
+    /// (an older agent sends none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm_pool: Option<WarmPoolReport>,
+    /// Every warm pool of the node, one per image (an older agent sends
+    /// only `warm_pool`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warm_pools: Vec<WarmPoolReport>,
 }
 
-/// A node's warm pool as its agent counts it: browsers ready now, and how
-/// many creates took one (hits) or launched a browser of their own (misses:
-/// the pool was empty, or the create's shape is not the pool's: another
-/// image, a profile, extensions, preferences).
+impl Heartbeat {
+    /// The node's warm pools, from an agent of this version or an older one.
+    pub fn reported_pools(&self) -> Vec<WarmPoolReport> {
+        if self.warm_pools.is_empty() {
+            self.warm_pool.iter().cloned().collect()
+        } else {
+            self.warm_pools.clone()
+        }
+    }
+}
+
+/// A node's warm pool of one image as its agent counts it: browsers ready
+/// now, and how many creates for that image took one (hits) or launched a
+/// browser of their own (misses: the pool was empty, or the create's shape
+/// is not the pool's: a profile, extensions, preferences).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WarmPoolReport {
     /// The image the pool serves.

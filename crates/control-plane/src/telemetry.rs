@@ -63,7 +63,7 @@ pub struct DeliveryCounters {
 pub struct Gauges {
     pub instances_by_status: Vec<(String, i64)>,
     pub node_cpu: Vec<(String, f64)>,
-    /// Per node, its warm pool as last reported.
+    /// Per node, its warm pools (one per image) as last reported.
     pub warm_pools: Vec<(String, flotilla_api_types::agent::WarmPoolReport)>,
     pub outbox_depth: i64,
     /// Creates waiting in the queue now.
@@ -237,15 +237,16 @@ fn render_gauges(gauges: &Gauges, out: &mut String) {
     header(
         out,
         "service_warm_pool_creates_total",
-        "Creates on each node since its agent started: hit (took a warm browser) or miss (launched its own).",
+        "Creates on each node since its agent started, by the image of its warm pool: hit (took a warm browser) or miss (launched its own).",
         "counter",
     );
     for (node, pool) in &gauges.warm_pools {
         for (outcome, count) in [("hit", pool.hits), ("miss", pool.misses)] {
             let _ = writeln!(
                 out,
-                "service_warm_pool_creates_total{{node=\"{}\",outcome=\"{outcome}\"}} {count}",
-                escape_label(node)
+                "service_warm_pool_creates_total{{node=\"{}\",image=\"{}\",outcome=\"{outcome}\"}} {count}",
+                escape_label(node),
+                escape_label(&pool.image)
             );
         }
     }

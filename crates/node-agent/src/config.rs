@@ -182,6 +182,9 @@ pub struct AgentConfig {
     pub warm_pool_size: usize,
     /// The image the warm pool serves.
     pub warm_pool_image: String,
+    /// More warm pools: image name → browsers kept started for it (an entry
+    /// for `warm_pool_image` replaces `warm_pool_size`).
+    pub warm_pools: BTreeMap<String, usize>,
     /// How long after a take the pool waits before it starts the browser
     /// that replaces the one taken, in milliseconds: the client that took it
     /// gets the node's CPU for its first page (a refill starting at once
@@ -253,6 +256,7 @@ impl Default for AgentConfig {
             public_host: None,
             warm_pool_size: 1,
             warm_pool_image: DEFAULT_IMAGE.to_owned(),
+            warm_pools: BTreeMap::new(),
             warm_pool_refill_delay_ms: 500,
             warm_pool_chromedriver: true,
             sandbox: true,
@@ -278,6 +282,18 @@ impl Default for AgentConfig {
 }
 
 impl AgentConfig {
+    /// Every warm pool: image → browsers kept started for it (`warm_pools`,
+    /// and `warm_pool_size` browsers of `warm_pool_image` unless
+    /// `warm_pools` names it); pools of size 0 left out.
+    pub fn warm_pool_sizes(&self) -> BTreeMap<String, usize> {
+        let mut sizes = self.warm_pools.clone();
+        sizes
+            .entry(self.warm_pool_image.clone())
+            .or_insert(self.warm_pool_size);
+        sizes.retain(|_, size| *size > 0);
+        sizes
+    }
+
     /// The catalog: built-in images, overridden or extended by `images`.
     pub fn image_catalog(&self) -> BTreeMap<String, ImageConfig> {
         let mut catalog = BTreeMap::new();
@@ -326,19 +342,17 @@ impl AgentConfig {
         if self.pids_max < 64 {
             return Err(ConfigError::PidsMax { got: self.pids_max });
         }
-        if self.warm_pool_size > 64 {
-            return Err(ConfigError::WarmPoolSize {
-                got: self.warm_pool_size,
-            });
+        for (image, size) in self.warm_pool_sizes() {
+            if size > 64 {
+                return Err(ConfigError::WarmPoolSize { image, got: size });
+            }
+            if !self.image_catalog().contains_key(&image) {
+                return Err(ConfigError::WarmPoolImage { image });
+            }
         }
         if self.warm_pool_refill_delay_ms > 60_000 {
             return Err(ConfigError::WarmPoolRefillDelay {
                 got: self.warm_pool_refill_delay_ms,
-            });
-        }
-        if self.warm_pool_size > 0 && !self.image_catalog().contains_key(&self.warm_pool_image) {
-            return Err(ConfigError::WarmPoolImage {
-                image: self.warm_pool_image.clone(),
             });
         }
         self.egress.validate()?;
@@ -401,11 +415,15 @@ pub enum ConfigError {
     CpuQuotaPerCore { got: f64 },
     #[error("agent.pids_max must be at least 64: Chromium needs dozens of threads (got {got})")]
     PidsMax { got: u64 },
-    #[error("agent.warm_pool_size must be at most 64 (got {got})")]
-    WarmPoolSize { got: usize },
+    #[error(
+        "the warm pool of image {image:?} (agent.warm_pool_size or agent.warm_pools) must be at most 64 (got {got})"
+    )]
+    WarmPoolSize { image: String, got: usize },
     #[error("agent.warm_pool_refill_delay_ms must be at most 60000 (got {got})")]
     WarmPoolRefillDelay { got: u64 },
-    #[error("agent.warm_pool_image {image:?} is not in the image catalog")]
+    #[error(
+        "warm pool image {image:?} (agent.warm_pool_image or agent.warm_pools) is not in the image catalog"
+    )]
     WarmPoolImage { image: String },
     #[error(transparent)]
     EgressAllow(#[from] crate::egress::InvalidAllowRule),

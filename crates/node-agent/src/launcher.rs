@@ -2,11 +2,13 @@
 //! bubblewrap, network namespace and egress policy), the cgroup with the
 //! instance's limits, the launch flags, and the warm pool.
 //!
-//! The warm pool keeps `agent.warm_pool_size` browsers of `agent.warm_pool_image`
+//! The warm pools keep browsers of each image they serve
+//! (`agent.warm_pool_size` of `agent.warm_pool_image`, and `agent.warm_pools`)
 //! started and answering CDP, each in a fresh profile directory of its own. A
-//! create for that image takes one (its cgroup limits are then set to the
-//! instance's config) and is `running` at once; a background task refills the
-//! pool. A pooled browser is never handed out twice.
+//! create for such an image takes one (its cgroup limits are then set to the
+//! instance's config, its upstream proxy chained in its egress proxy) and is
+//! `running` at once; a background task refills the pools. A pooled browser
+//! is never handed out twice.
 
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -64,6 +66,43 @@ enum CalibrationError {
     NoMeasurement,
 }
 
+/// The warm browsers of one image, and how creates for it fared.
+struct WarmPool {
+    image: String,
+    size: usize,
+    /// Ready pooled browsers. A std mutex: push and pop only.
+    ready: Mutex<VecDeque<WarmBrowser>>,
+    /// Pooled browsers being started right now.
+    starting: AtomicUsize,
+    /// Creates for this image that took a pooled browser, and creates that
+    /// launched their own (the pool was empty, or their shape is not the
+    /// pool's: a profile, extensions, preferences).
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+impl WarmPool {
+    fn new(image: String, size: usize) -> Self {
+        Self {
+            image,
+            size,
+            ready: Mutex::default(),
+            starting: AtomicUsize::new(0),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        }
+    }
+
+    fn ready(&self) -> usize {
+        self.ready.lock().expect("pool lock").len()
+    }
+
+    /// Its browsers, all at once (shutdown).
+    fn drain(&self) -> Vec<WarmBrowser> {
+        self.ready.lock().expect("pool lock").drain(..).collect()
+    }
+}
+
 /// A small stable hash (FNV-1a, 32 bits) for names derived from paths.
 fn fnv1a(bytes: &[u8]) -> u32 {
     bytes.iter().fold(0x811c_9dc5u32, |hash, byte| {
@@ -80,18 +119,13 @@ pub struct Launcher {
     cgroups: Option<Cgroups>,
     /// Why the node runs with less isolation than configured (shown in health).
     warnings: Vec<String>,
-    /// Ready pooled browsers. A std mutex: push and pop only.
-    pool: Mutex<VecDeque<WarmBrowser>>,
-    /// Pooled browsers being started right now.
-    pool_starting: AtomicUsize,
+    /// One per image with a warm pool (none on the sim runtime).
+    pools: Vec<WarmPool>,
     /// Wakes the refill task.
     pool_wanted: Notify,
     /// When an instance last took a pooled browser (the refill waits
     /// `warm_pool_refill_delay_ms` after it).
     last_take: Mutex<Option<std::time::Instant>>,
-    /// Creates that took a pooled browser, and creates that launched their own.
-    pool_hits: AtomicU64,
-    pool_misses: AtomicU64,
     /// Per executable: how much larger than the viewport the window must be
     /// (new-headless Chromium lays out an invisible 87 px toolbar; the headless
     /// shell none). Measured on the first browser of each executable.
@@ -153,12 +187,17 @@ impl Launcher {
             egress,
             cgroups,
             warnings,
-            pool: Mutex::default(),
-            pool_starting: AtomicUsize::new(0),
+            pools: if real {
+                config
+                    .warm_pool_sizes()
+                    .into_iter()
+                    .map(|(image, size)| WarmPool::new(image, size))
+                    .collect()
+            } else {
+                Vec::new()
+            },
             pool_wanted: Notify::new(),
             last_take: Mutex::new(None),
-            pool_hits: AtomicU64::new(0),
-            pool_misses: AtomicU64::new(0),
             window_extra: Mutex::default(),
         })
     }
@@ -365,11 +404,9 @@ impl Launcher {
             // Pooled browsers of a node without egress have no proxy to route through.
             return None;
         }
-        if image != self.config.warm_pool_image || self.config.warm_pool_size == 0 {
-            return None;
-        }
+        let pool = self.pools.iter().find(|pool| pool.image == image)?;
         let taken = loop {
-            let candidate = self.pool.lock().expect("pool lock").pop_front()?;
+            let candidate = pool.ready.lock().expect("pool lock").pop_front()?;
             if candidate.launched.process.exit_status().is_none() {
                 break candidate;
             }
@@ -388,27 +425,34 @@ impl Launcher {
         Some(taken)
     }
 
-    /// Keeps the pool filled until `shutdown`; then stops the pooled browsers.
+    /// Keeps the pools filled until `shutdown`; then stops the pooled
+    /// browsers.
     pub async fn keep_pool_filled(self: Arc<Self>, shutdown: CancellationToken) {
-        if self.config.warm_pool_size == 0 || self.config.runtime == RuntimeKind::Sim {
+        let catalog = self.config.image_catalog();
+        let pools: Vec<(usize, ImageConfig)> = self
+            .pools
+            .iter()
+            .enumerate()
+            .filter_map(|(index, pool)| match catalog.get(&pool.image) {
+                Some(image) => Some((index, image.clone())),
+                None => {
+                    tracing::warn!(
+                        image = pool.image,
+                        "a warm pool's image is not in the catalog; no warm pool for it"
+                    );
+                    None
+                }
+            })
+            .collect();
+        if pools.is_empty() {
             return;
         }
-        let Some(image) = self
-            .config
-            .image_catalog()
-            .get(&self.config.warm_pool_image)
-            .cloned()
-        else {
-            tracing::warn!(
-                image = self.config.warm_pool_image,
-                "agent.warm_pool_image is not in the catalog; no warm pool"
-            );
-            return;
-        };
-        loop {
-            let ready = self.pool.lock().expect("pool lock").len();
-            let starting = self.pool_starting.load(Ordering::SeqCst);
-            if ready + starting < self.config.warm_pool_size {
+        'refill: loop {
+            for (index, image) in &pools {
+                let pool = &self.pools[*index];
+                if pool.ready() + pool.starting.load(Ordering::SeqCst) >= pool.size {
+                    continue;
+                }
                 // The client that just took one gets the CPU for its first page.
                 let quiet_at =
                     self.last_take.lock().expect("take lock").map(|at| {
@@ -419,25 +463,26 @@ impl Launcher {
                 {
                     tokio::select! {
                         () = tokio::time::sleep_until(quiet_at.into()) => {}
-                        () = shutdown.cancelled() => break,
+                        () = shutdown.cancelled() => break 'refill,
                     }
-                    continue;
+                    continue 'refill;
                 }
-                self.pool_starting.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(self.clone().start_pooled(image.clone()));
-                continue;
+                pool.starting.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(self.clone().start_pooled(*index, image.clone()));
+                continue 'refill;
             }
             tokio::select! {
                 _ = self.pool_wanted.notified() => {}
                 // Also notice pooled browsers that died on their own.
                 _ = tokio::time::sleep(Duration::from_secs(2)) => {
-                    self.pool.lock().expect("pool lock").retain(|warm| warm.launched.process.exit_status().is_none());
+                    for pool in &self.pools {
+                        pool.ready.lock().expect("pool lock").retain(|warm| warm.launched.process.exit_status().is_none());
+                    }
                 }
                 _ = shutdown.cancelled() => break,
             }
         }
-        let drained: Vec<WarmBrowser> = self.pool.lock().expect("pool lock").drain(..).collect();
-        for warm in drained {
+        for warm in self.pools.iter().flat_map(WarmPool::drain) {
             warm.launched
                 .process
                 .stop(None, false, Duration::ZERO)
@@ -446,7 +491,8 @@ impl Launcher {
         }
     }
 
-    async fn start_pooled(self: Arc<Self>, image: ImageConfig) {
+    async fn start_pooled(self: Arc<Self>, index: usize, image: ImageConfig) {
+        let pool = &self.pools[index];
         let name = format!("pool-{}", uuid::Uuid::now_v7());
         let dirs = InstanceDirs::new(self.instances_root.join(&name));
         // On idle CPU only until an instance takes it (`take_warm` applies
@@ -480,14 +526,14 @@ impl Launcher {
             Err(error) => Err(error.to_string()),
         };
         match outcome {
-            Ok(warm) => self.pool.lock().expect("pool lock").push_back(warm),
+            Ok(warm) => pool.ready.lock().expect("pool lock").push_back(warm),
             Err(error) => {
                 tracing::warn!(%error, "a warm-pool browser did not start; retrying in 5 s");
                 let _ = std::fs::remove_dir_all(&dirs.root);
                 tokio::time::sleep(Duration::from_secs(5)).await;
             }
         }
-        self.pool_starting.fetch_sub(1, Ordering::SeqCst);
+        pool.starting.fetch_sub(1, Ordering::SeqCst);
         self.pool_wanted.notify_one();
     }
 
@@ -521,7 +567,7 @@ impl Launcher {
 
     /// Kills pooled browsers at once (for `Drop` paths).
     pub fn kill_pool(&self) {
-        for warm in self.pool.lock().expect("pool lock").drain(..) {
+        for warm in self.pools.iter().flat_map(WarmPool::drain) {
             if let Some(pid) = warm.launched.process.pid() {
                 crate::browser::kill_group(pid, libc::SIGKILL);
             }
@@ -536,35 +582,31 @@ impl Launcher {
         }
     }
 
-    /// Pooled browsers ready now.
+    /// Pooled browsers ready now, in every pool.
     pub fn pool_ready(&self) -> usize {
-        self.pool.lock().expect("pool lock").len()
+        self.pools.iter().map(WarmPool::ready).sum()
     }
 
-    /// Counts a create as a hit (it took a pooled browser) or a miss; only
-    /// on a node that keeps a pool.
-    pub fn count_take(&self, hit: bool) {
-        if self.config.warm_pool_size == 0 || self.config.runtime == RuntimeKind::Sim {
+    /// Counts a create for `image` as a hit (it took a pooled browser) or a
+    /// miss, when that image has a pool.
+    pub fn count_take(&self, image: &str, hit: bool) {
+        let Some(pool) = self.pools.iter().find(|pool| pool.image == image) else {
             return;
-        }
-        let counter = if hit {
-            &self.pool_hits
-        } else {
-            &self.pool_misses
         };
+        let counter = if hit { &pool.hits } else { &pool.misses };
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The pool for the node's report; `None` when it keeps none.
-    pub fn pool_report(&self) -> Option<flotilla_api_types::agent::WarmPoolReport> {
-        if self.config.warm_pool_size == 0 || self.config.runtime == RuntimeKind::Sim {
-            return None;
-        }
-        Some(flotilla_api_types::agent::WarmPoolReport {
-            image: self.config.warm_pool_image.clone(),
-            ready: self.pool_ready() as u64,
-            hits: self.pool_hits.load(Ordering::Relaxed),
-            misses: self.pool_misses.load(Ordering::Relaxed),
-        })
+    /// The pools for the node's report (none on the sim runtime).
+    pub fn pool_reports(&self) -> Vec<flotilla_api_types::agent::WarmPoolReport> {
+        self.pools
+            .iter()
+            .map(|pool| flotilla_api_types::agent::WarmPoolReport {
+                image: pool.image.clone(),
+                ready: pool.ready() as u64,
+                hits: pool.hits.load(Ordering::Relaxed),
+                misses: pool.misses.load(Ordering::Relaxed),
+            })
+            .collect()
     }
 }

@@ -375,5 +375,30 @@ mod tests {
             FlotillaConfig::load(Some(file.path()), &[]).unwrap_err()
         );
         assert!(error.contains("agent.max_instances"), "{error}");
+        for (pools, mention) in [
+            ("{ \"no-such-image\" = 1 }", "\"no-such-image\""),
+            ("{ \"chromium\" = 65 }", "at most 64"),
+            ("{ \"chromium\" = -1 }", "agent.warm_pools"),
+        ] {
+            let file = write(&format!("[agent]\nwarm_pools = {pools}\n"));
+            let error = format!(
+                "{:#}",
+                FlotillaConfig::load(Some(file.path()), &[]).unwrap_err()
+            );
+            assert!(error.contains(mention), "{pools}: {error}");
+        }
+        let file = write("[agent]\nwarm_pools = { \"chromium-headless-shell\" = 2 }\n");
+        let config = FlotillaConfig::load(Some(file.path()), &[]).unwrap();
+        assert_eq!(
+            config
+                .agent
+                .warm_pool_sizes()
+                .into_iter()
+                .collect::<Vec<_>>(),
+            [
+                ("chromium-headless-shell".to_owned(), 2),
+                ("ubuntu:22.04".to_owned(), 1)
+            ]
+        );
     }
 }

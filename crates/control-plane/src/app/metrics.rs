@@ -166,7 +166,12 @@ impl ControlPlane {
             nodes
                 .iter()
                 .filter(|n| n.status == NodeStatus::Online)
-                .filter_map(|n| Some((n.id.as_str().to_owned(), pools.get(&n.id)?.clone())))
+                .filter_map(|n| Some((n, pools.get(&n.id)?)))
+                .flat_map(|(n, reported)| {
+                    reported
+                        .iter()
+                        .map(|pool| (n.id.as_str().to_owned(), pool.clone()))
+                })
                 .collect()
         };
         Ok(Gauges {

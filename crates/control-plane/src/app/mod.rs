@@ -66,10 +66,10 @@ pub struct ControlPlane {
     /// The nodes (and agent generations) this process reconciled at their
     /// registration; a heartbeat from any other is asked to register again.
     reconciled: std::sync::Mutex<std::collections::HashSet<(NodeId, String)>>,
-    /// Per node: its warm pool as its last heartbeat to this process told
+    /// Per node: its warm pools as its last heartbeat to this process told
     /// (for `/metrics`).
     warm_pools: std::sync::Mutex<
-        std::collections::BTreeMap<NodeId, flotilla_api_types::agent::WarmPoolReport>,
+        std::collections::BTreeMap<NodeId, Vec<flotilla_api_types::agent::WarmPoolReport>>,
     >,
     /// Per node: recent instances and failures, and when they were read.
     recent_failures: tokio::sync::Mutex<Option<(std::time::Instant, RecentFailures)>>,

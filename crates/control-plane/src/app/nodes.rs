@@ -273,11 +273,13 @@ impl ControlPlane {
                 self.store
                     .instance_record_usage(&heartbeat.node_id, &heartbeat.instances)
                     .await?;
+                let reported = heartbeat.reported_pools();
                 let mut pools = self.warm_pools.lock().expect("warm pools lock");
-                match heartbeat.warm_pool {
-                    Some(pool) => pools.insert(heartbeat.node_id.clone(), pool),
-                    None => pools.remove(&heartbeat.node_id),
-                };
+                if reported.is_empty() {
+                    pools.remove(&heartbeat.node_id);
+                } else {
+                    pools.insert(heartbeat.node_id.clone(), reported);
+                }
                 drop(pools);
                 Ok(Some(self.agent_ack()))
             }

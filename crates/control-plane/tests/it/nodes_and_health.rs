@@ -121,27 +121,51 @@ async fn silent_nodes_go_offline_and_their_instances_fail() {
         .await
         .unwrap();
     let id = place(&control_plane, "n1").await;
-    // Its warm pool, as its heartbeat reports it, is in /metrics while it is online.
+    // Its warm pools, as its heartbeat reports them, are in /metrics while
+    // it is online: one of an older agent (`warm_pool` alone), then one per
+    // image.
     let pool = WarmPoolReport {
         image: "ubuntu:22.04".into(),
         ready: 1,
         hits: 2,
         misses: 1,
     };
-    control_plane
-        .node_heartbeat(Heartbeat {
+    let shell = WarmPoolReport {
+        image: "chromium-headless-shell".into(),
+        ready: 2,
+        hits: 0,
+        misses: 3,
+    };
+    let heartbeat =
+        |warm_pool: Option<WarmPoolReport>, warm_pools: Vec<WarmPoolReport>| Heartbeat {
             node_id: NodeId::new("n1"),
             generation: "g1".into(),
             resources: ResourceUsage::default(),
             load: ResourceUsage::default(),
             instances: vec![],
-            warm_pool: Some(pool.clone()),
-        })
+            warm_pool,
+            warm_pools,
+        };
+    control_plane
+        .node_heartbeat(heartbeat(Some(pool.clone()), vec![]))
         .await
         .unwrap()
         .expect("an online node's heartbeat is taken");
     let gauges = control_plane.prometheus_gauges().await.unwrap();
-    assert_eq!(gauges.warm_pools, vec![("n1".to_owned(), pool)]);
+    assert_eq!(gauges.warm_pools, vec![("n1".to_owned(), pool.clone())]);
+    control_plane
+        .node_heartbeat(heartbeat(
+            Some(pool.clone()),
+            vec![pool.clone(), shell.clone()],
+        ))
+        .await
+        .unwrap()
+        .expect("an online node's heartbeat is taken");
+    let gauges = control_plane.prometheus_gauges().await.unwrap();
+    assert_eq!(
+        gauges.warm_pools,
+        vec![("n1".to_owned(), pool), ("n1".to_owned(), shell)]
+    );
     control_plane
         .instance_state_changed(InstanceStateChange {
             node_id: NodeId::new("n1"),
@@ -184,6 +208,7 @@ async fn silent_nodes_go_offline_and_their_instances_fail() {
         load: ResourceUsage::default(),
         instances: vec![],
         warm_pool: None,
+        warm_pools: vec![],
     };
     assert!(
         control_plane

@@ -75,7 +75,7 @@ impl Agent {
             } else {
                 None
             };
-            inner.launcher.count_take(warm.is_some());
+            inner.launcher.count_take(&request.image, warm.is_some());
             let dirs = match &warm {
                 Some(warm) => warm.dirs.clone(),
                 None => InstanceDirs::new(inner.instances_root.join(request.id.as_str())),

@@ -160,13 +160,15 @@ impl Agent {
             }
         }
         let (resources, load) = self.sample_machine();
+        let warm_pools = self.inner.launcher.pool_reports();
         Heartbeat {
             node_id: self.inner.node_id.clone(),
             generation: self.inner.generation.clone(),
             resources,
             load,
             instances: slots.iter().map(|slot| slot.report()).collect(),
-            warm_pool: self.inner.launcher.pool_report(),
+            warm_pool: warm_pools.first().cloned(),
+            warm_pools,
         }
     }
 

@@ -661,3 +661,58 @@ async fn browser_warm_pool_creates_are_running_at_once_with_fresh_profiles() {
     .unwrap();
     serve.shutdown().await;
 }
+
+/// Each image with a pool of its own (`agent.warm_pools`) gets a warm
+/// browser of that image, and /metrics counts each pool apart.
+#[tokio::test]
+async fn browser_each_image_has_its_own_warm_pool() {
+    let serve = spawn_serve_with(|config| {
+        config.agent.warm_pool_size = 1;
+        config
+            .agent
+            .warm_pools
+            .insert("chromium-headless-shell".into(), 1);
+        config.agent.max_instances = 2;
+    })
+    .await;
+    let agent = serve.serve().agent.clone();
+    wait_until(BROWSER_DEADLINE, "both warm pools to fill", || async {
+        match agent.warm_pool_ready() {
+            2 => Ok(Some(())),
+            ready => Err(format!("{ready} ready")),
+        }
+    })
+    .await
+    .unwrap();
+
+    let shell = serve
+        .api
+        .create(r#"{"image": "chromium-headless-shell"}"#)
+        .await;
+    assert_eq!(shell["status"], "running", "a warm create: {shell}");
+    let default = serve.api.create("{}").await;
+    assert_eq!(default["status"], "running", "a warm create: {default}");
+
+    let metrics_url = format!("{}/metrics", serve.api.base);
+    // A hit of each pool: the headless shell's create took the shell's.
+    wait_until(
+        BROWSER_DEADLINE,
+        "/metrics to count one hit per pool",
+        || async {
+            let metrics = get_text(&metrics_url).await;
+            let counted = ["chromium-headless-shell", "ubuntu:22.04"]
+                .iter()
+                .all(|image| {
+                    metrics.lines().any(|line| {
+                        line.starts_with("service_warm_pool_creates_total{")
+                            && line.contains(&format!("image=\"{image}\""))
+                            && line.ends_with("outcome=\"hit\"} 1")
+                    })
+                });
+            if counted { Ok(Some(())) } else { Err(metrics) }
+        },
+    )
+    .await
+    .unwrap();
+    serve.shutdown().await;
+}
