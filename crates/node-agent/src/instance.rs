@@ -165,7 +165,13 @@ impl InstanceSlot {
             resources: Mutex::new(InstanceResources::default()),
             cpu_meter: Mutex::default(),
             servers: CancellationToken::new(),
-            supervisor_done: Mutex::new(CancellationToken::new()),
+            // No browser watched yet (a slot taken back to be revived has
+            // none until its revive begins): nothing to wait for.
+            supervisor_done: Mutex::new({
+                let none = CancellationToken::new();
+                none.cancel();
+                none
+            }),
             requests,
             access_token: Mutex::new(None),
             profile: Mutex::new(None),

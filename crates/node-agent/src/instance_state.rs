@@ -82,10 +82,12 @@ pub enum Event {
     /// A park stored its snapshot.
     Parked { snapshot: SnapshotId },
     /// A revive (by the control plane, or `woken` by a connecting client)
-    /// is taken, as `operation`.
+    /// is taken, as `operation`, from snapshot `from` (the control plane's
+    /// word; `None`: the one it is parked in).
     Revive {
         operation: Option<OperationId>,
         woken: bool,
+        from: Option<SnapshotId>,
     },
     /// The snapshot store could not be read when a revive was taken: it is
     /// refused, and the operation before it stands again.
@@ -273,10 +275,17 @@ pub fn transition(lifecycle: &Lifecycle, event: Event) -> Option<(Lifecycle, Vec
             snapshot,
             note: None,
         })),
-        (Dormant { snapshot, .. }, Event::Revive { operation, woken }) => {
+        (
+            Dormant { snapshot, .. },
+            Event::Revive {
+                operation,
+                woken,
+                from,
+            },
+        ) => {
             let next = Lifecycle {
                 state: Reviving {
-                    snapshot: snapshot.clone(),
+                    snapshot: from.unwrap_or_else(|| snapshot.clone()),
                 },
                 operation,
             };
@@ -320,7 +329,9 @@ pub fn transition(lifecycle: &Lifecycle, event: Event) -> Option<(Lifecycle, Vec
             }),
             vec![],
         )),
-        (Stopping { .. }, Event::Stop) => None,
+        // Once over, or already stopping, it is not stopped again (an
+        // instance that failed stays failed in the reports).
+        (Stopping { .. } | Ended { .. }, Event::Stop) => None,
         (state, Event::Stop) => {
             let parked = match state {
                 Dormant { snapshot, .. } => Some(snapshot.clone()),
@@ -500,9 +511,23 @@ mod tests {
                 Event::Revive {
                     operation: op(1),
                     woken: false,
+                    from: None,
                 },
                 State::Reviving {
                     snapshot: snapshot(1),
+                },
+                vec![],
+            ),
+            // The control plane names the snapshot: that one is revived.
+            (
+                dormant(1),
+                Event::Revive {
+                    operation: op(1),
+                    woken: false,
+                    from: Some(snapshot(5)),
+                },
+                State::Reviving {
+                    snapshot: snapshot(5),
                 },
                 vec![],
             ),
@@ -511,6 +536,7 @@ mod tests {
                 Event::Revive {
                     operation: op(1),
                     woken: true,
+                    from: None,
                 },
                 State::Reviving {
                     snapshot: snapshot(1),
@@ -629,6 +655,7 @@ mod tests {
             Event::Revive {
                 operation: op(2),
                 woken: false,
+                from: None,
             },
             Event::ReviveRefused { previous: op(3) },
             Event::RevivePostponed { reason: "x".into() },
@@ -653,7 +680,7 @@ mod tests {
                 }
                 (Dormant { .. }, E::Revive { .. }) => true,
                 (Stopping { parked: None }, E::ShutDown) => true,
-                (Stopping { .. }, _) => false,
+                (Stopping { .. } | Ended { .. }, _) => false,
                 (_, E::Stop) => true,
                 _ => false,
             }
@@ -688,6 +715,7 @@ mod tests {
         let again = Event::Revive {
             operation: op(2),
             woken: false,
+            from: None,
         };
         assert!(transition(&reviving, again).is_none());
         // An agent that restarted takes a parked instance back, and revives it.
@@ -696,6 +724,7 @@ mod tests {
             Event::Revive {
                 operation: op(5),
                 woken: false,
+                from: None,
             },
         )
         .expect("taken back, then revived");

@@ -321,7 +321,13 @@ enum NoRoute {
 /// The route of `method` on `rest` of instance `id`.
 fn route(id: &InstanceId, method: &Method, rest: &str) -> Result<Route, NoRoute> {
     let found = instance_route(rest).ok_or(NoRoute::NoSuchPath)?;
-    if !found.methods.contains(method) {
+    // HEAD wherever GET (as the router does).
+    let asked = if *method == Method::HEAD {
+        &Method::GET
+    } else {
+        method
+    };
+    if !found.methods.contains(asked) {
         return Err(NoRoute::Method(found.methods));
     }
     Ok(Route {
@@ -1096,6 +1102,10 @@ mod tests {
             route(&id, &Method::POST, "/downloads/a.pdf"),
             Err(NoRoute::Method(&[Method::GET, Method::DELETE]))
         );
+        // HEAD wherever GET: a client probes a download before fetching it.
+        assert!(route(&id, &Method::HEAD, "/downloads/a.pdf").is_ok());
+        assert!(route(&id, &Method::HEAD, "/stream/frame.jpg").is_ok());
+        assert!(route(&id, &Method::HEAD, "/json/new").is_err());
         let refused = no_route(
             &Method::POST,
             "/downloads/a.pdf",

@@ -258,7 +258,8 @@ impl Agent {
             }
         }
         let previous = slot.operation();
-        self.claim_revive(&slot, request.operation.clone(), false)?;
+        let from = Some(request.snapshot_id.clone());
+        self.claim_revive(&slot, request.operation.clone(), false, from)?;
         // A store that cannot be read is refused now, the instance still parked.
         flotilla_api_types::faults::point("agent-revive-received").await;
         if let Err(error) = self
@@ -311,21 +312,26 @@ impl Agent {
         Ok((slot, ports.listeners))
     }
 
-    /// Moves `slot` from dormant to reviving, as `operation`, at once (no
-    /// await: whoever asks the node from now on hears `reviving`); answers
-    /// what to report (a revive a client `woken` is news to the control
-    /// plane).
+    /// Moves `slot` from dormant to reviving from snapshot `from` (`None`:
+    /// the one it is parked in), as `operation`, at once (no await: whoever
+    /// asks the node from now on hears `reviving`); answers what to report
+    /// (a revive a client `woken` is news to the control plane).
     fn claim_revive(
         &self,
         slot: &Arc<InstanceSlot>,
         operation: Option<OperationId>,
         woken: bool,
+        from: Option<SnapshotId>,
     ) -> Result<Vec<Effect>, AgentError> {
-        slot.apply(Event::Revive { operation, woken })
-            .ok_or_else(|| AgentError::NotDormant {
-                instance: slot.id.clone(),
-                status: slot.status().0,
-            })
+        slot.apply(Event::Revive {
+            operation,
+            woken,
+            from,
+        })
+        .ok_or_else(|| AgentError::NotDormant {
+            instance: slot.id.clone(),
+            status: slot.status().0,
+        })
     }
 
     /// Revives a claimed slot from `snapshot`, in the task of its
@@ -468,7 +474,8 @@ impl Agent {
             let (Some(snapshot), Ok(image)) = (slot.snapshot(), self.image(&slot.image)) else {
                 continue;
             };
-            if let Ok(effects) = self.claim_revive(&slot, Some(OperationId::generate()), true) {
+            let operation = Some(OperationId::generate());
+            if let Ok(effects) = self.claim_revive(&slot, operation, true, None) {
                 tracing::info!(instance = %id, ?method, "a client connected to a dormant instance: waking it");
                 self.carry_out(&slot, effects);
                 let revive = Request::Revive {
@@ -476,7 +483,11 @@ impl Agent {
                     snapshot,
                     image,
                 };
-                let _ = slot.send(revive).await;
+                // Not awaited here: one instance's busy queue must not hold
+                // the wakes of the others.
+                self.inner.tasks.spawn(async move {
+                    let _ = slot.send(revive).await;
+                });
             }
         }
     }

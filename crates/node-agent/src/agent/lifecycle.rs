@@ -55,7 +55,7 @@ impl Agent {
         check_extensions(&request.image, &image, &request.config)?;
         let limits = inner.launcher.limits_for(&request.config);
         let upstream = upstream_of(&request.config)?;
-        let (slot, listeners, warm) = {
+        let (slot, listeners, warm, guard) = {
             let mut slots = inner.slots.lock().expect("slots lock");
             if let Some(existing) = slots.get(&request.id) {
                 return Ok(ports_of(existing));
@@ -90,8 +90,11 @@ impl Agent {
                 slot.set_process(warm.launched.clone());
                 slot.set_prestarted_driver(warm.webdriver.take());
             }
+            // Watched from the moment it is the agent's: a delete that comes
+            // before its launch starts waits for the launch to see it.
+            let guard = slot.begin_supervision();
             slots.insert(request.id.clone(), slot.clone());
-            (slot, ports.listeners, warm)
+            (slot, ports.listeners, warm, guard)
         };
         flotilla_api_types::faults::point("agent-create-received").await;
         if let Some([debug, stream, http]) = listeners {
@@ -112,7 +115,6 @@ impl Agent {
                     }
                     drop(unused.take_prestarted_driver());
                 });
-                let guard = slot.begin_supervision();
                 let agent = self.clone();
                 let process = warm.launched.process;
                 let watched = slot.clone();
@@ -123,7 +125,6 @@ impl Agent {
                 });
             }
             None => {
-                let guard = slot.begin_supervision();
                 self.inner
                     .tasks
                     .spawn(self.clone().supervise(slot.clone(), image, limits, guard));
@@ -560,9 +561,10 @@ impl Agent {
     }
 
     /// Stops an instance's browser (gracefully unless `force`) and frees
-    /// everything it held, unless it is no longer this agent's (deleted or
-    /// ended meanwhile). Returns once its processes are gone.
-    pub(super) async fn delete(&self, slot: &Arc<InstanceSlot>, force: bool) {
+    /// everything it held, unless it is no longer this agent's (ended
+    /// meanwhile, or taken by the agent's shutdown): then `false`. Returns
+    /// once its processes are gone.
+    pub(super) async fn delete(&self, slot: &Arc<InstanceSlot>, force: bool) -> bool {
         let id = &slot.id;
         if self
             .inner
@@ -572,7 +574,7 @@ impl Agent {
             .remove(id)
             .is_none()
         {
-            return;
+            return false;
         }
         flotilla_api_types::faults::point("agent-delete-received").await;
         // A graceful delete writes a running browser's state back to its
@@ -596,6 +598,7 @@ impl Agent {
         let root = slot.dirs.root.clone();
         let _ = tokio::task::spawn_blocking(move || remove_dir(&root)).await;
         self.end_recordings(slot, true).await;
+        true
     }
 
     /// At the end of an instance whose servers are stopped: waits for its

@@ -43,7 +43,8 @@ pub enum Request {
         image: ImageConfig,
     },
     /// Delete it (gracefully unless `force`); answered once its processes
-    /// and files are gone. The task ends with it.
+    /// and files are gone. The task ends with it (unless the agent's
+    /// shutdown took the instance first: that shutdown's request follows).
     Delete {
         force: bool,
         reply: oneshot::Sender<()>,
@@ -88,9 +89,13 @@ impl Agent {
                     image,
                 } => self.revive(&slot, method, snapshot, image).await,
                 Request::Delete { force, reply } => {
-                    self.delete(&slot, force).await;
+                    let deleted = self.delete(&slot, force).await;
                     let _ = reply.send(());
-                    return;
+                    // One that found it no longer the agent's (the agent's
+                    // shutdown took it) leaves the shutdown queued after it.
+                    if deleted {
+                        return;
+                    }
                 }
                 Request::ShutDown { reply } => {
                     self.shut_down_instance(&slot).await;

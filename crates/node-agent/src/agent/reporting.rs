@@ -167,7 +167,12 @@ impl Agent {
             resources,
             load,
             instances: slots.iter().map(|slot| slot.report()).collect(),
-            warm_pool: warm_pools.first().cloned(),
+            // For a control plane that reads one: `warm_pool_image`'s.
+            warm_pool: warm_pools
+                .iter()
+                .find(|pool| pool.image == self.inner.settings.config.warm_pool_image)
+                .or(warm_pools.first())
+                .cloned(),
             warm_pools,
         }
     }

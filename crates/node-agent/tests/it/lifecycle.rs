@@ -310,3 +310,57 @@ async fn operations_that_arrive_together_are_carried_out_one_at_a_time() {
     }
     agent.shutdown().await;
 }
+
+/// A parked instance the agent takes back to revive (it restarted, or the
+/// instance was parked elsewhere) whose revive is refused because the
+/// snapshot store cannot be read stays dormant, and a delete of it then
+/// returns: it had no browser to wait for (it waited forever before).
+#[tokio::test]
+async fn a_taken_back_instance_whose_revive_was_refused_can_be_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let control_plane = Arc::new(FakeControlPlane::default());
+    let agent = sim_agent(dir.path(), control_plane.clone()).await;
+    let id = InstanceId::generate();
+    // Where its snapshots would be is a file: the store fails to read it
+    // (not "not found").
+    std::fs::create_dir_all(dir.path().join("snapshots")).unwrap();
+    std::fs::write(
+        dir.path().join("snapshots").join(id.as_str()),
+        b"not a folder",
+    )
+    .unwrap();
+    let revive = AgentReviveInstance {
+        id: id.clone(),
+        method: ReviveMethod::QuickStart,
+        snapshot_id: SnapshotId::generate(),
+        image: "ubuntu:22.04".into(),
+        config: InstanceConfig::default(),
+        ports: None,
+        access_token: None,
+        profile: None,
+        operation: Some(OperationId::generate()),
+    };
+    let refused = agent.instance_revive(revive).await;
+    assert!(
+        matches!(refused, Err(AgentError::StoreUnreadable { .. })),
+        "{refused:?}"
+    );
+    assert!(
+        agent
+            .instance_reports()
+            .iter()
+            .any(|report| report.id == id && report.status == InstanceStatus::Dormant),
+        "it stays dormant on the node"
+    );
+    tokio::time::timeout(Duration::from_secs(30), agent.instance_delete(&id, false))
+        .await
+        .expect("the delete returns")
+        .unwrap();
+    assert!(
+        agent
+            .instance_reports()
+            .iter()
+            .all(|report| report.id != id)
+    );
+    agent.shutdown().await;
+}
