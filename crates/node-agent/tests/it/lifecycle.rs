@@ -114,6 +114,38 @@ async fn sim_agent(dir: &std::path::Path, link: Arc<FakeControlPlane>) -> Agent 
     Agent::start(settings, link).await.unwrap()
 }
 
+/// A create of `id` on the default image, as `operation`.
+fn create_request(id: &InstanceId, operation: &OperationId) -> AgentCreateInstance {
+    AgentCreateInstance {
+        id: id.clone(),
+        image: "ubuntu:22.04".into(),
+        config: InstanceConfig::default(),
+        access_token: None,
+        profile: None,
+        operation: Some(operation.clone()),
+    }
+}
+
+/// A `quick_start` revive of `id` from `snapshot`, as `operation`, on any
+/// free ports.
+fn revive_request(
+    id: &InstanceId,
+    snapshot: &SnapshotId,
+    operation: &OperationId,
+) -> AgentReviveInstance {
+    AgentReviveInstance {
+        id: id.clone(),
+        method: ReviveMethod::QuickStart,
+        snapshot_id: snapshot.clone(),
+        image: "ubuntu:22.04".into(),
+        config: InstanceConfig::default(),
+        ports: None,
+        access_token: None,
+        profile: None,
+        operation: Some(operation.clone()),
+    }
+}
+
 #[tokio::test]
 async fn an_instance_goes_through_its_life_and_each_request_may_come_twice() {
     let dir = tempfile::tempdir().unwrap();
@@ -123,14 +155,7 @@ async fn an_instance_goes_through_its_life_and_each_request_may_come_twice() {
 
     // Create, twice: the second answers the first's ports and starts nothing.
     let created = OperationId::generate();
-    let create = AgentCreateInstance {
-        id: id.clone(),
-        image: "ubuntu:22.04".into(),
-        config: InstanceConfig::default(),
-        access_token: None,
-        profile: None,
-        operation: Some(created.clone()),
-    };
+    let create = create_request(&id, &created);
     let ports = agent.instance_create(create.clone()).await.unwrap();
     assert_eq!(agent.instance_create(create).await.unwrap(), ports);
     control_plane
@@ -159,15 +184,8 @@ async fn an_instance_goes_through_its_life_and_each_request_may_come_twice() {
     // Revive, twice with the same operation: one revive, one answer.
     let revived = OperationId::generate();
     let revive = |operation: &OperationId, snapshot: &SnapshotId| AgentReviveInstance {
-        id: id.clone(),
-        method: ReviveMethod::QuickStart,
-        snapshot_id: snapshot.clone(),
-        image: "ubuntu:22.04".into(),
-        config: InstanceConfig::default(),
         ports: Some([ports.debug_port, ports.stream_port, ports.http_port]),
-        access_token: None,
-        profile: None,
-        operation: Some(operation.clone()),
+        ..revive_request(&id, snapshot, operation)
     };
     let first = agent
         .instance_revive(revive(&revived, &parked.snapshot_id))
@@ -227,14 +245,7 @@ async fn operations_that_arrive_together_are_carried_out_one_at_a_time() {
     let agent = sim_agent(dir.path(), control_plane.clone()).await;
     for round in 0..10 {
         let id = InstanceId::generate();
-        let create = AgentCreateInstance {
-            id: id.clone(),
-            image: "ubuntu:22.04".into(),
-            config: InstanceConfig::default(),
-            access_token: None,
-            profile: None,
-            operation: Some(OperationId::generate()),
-        };
+        let create = create_request(&id, &OperationId::generate());
         agent.instance_create(create).await.unwrap();
         control_plane
             .reported(&id, InstanceStatus::Running, None)
@@ -265,17 +276,7 @@ async fn operations_that_arrive_together_are_carried_out_one_at_a_time() {
             .unwrap()
             .snapshot_id
             .clone();
-        let revive = AgentReviveInstance {
-            id: id.clone(),
-            method: ReviveMethod::QuickStart,
-            snapshot_id: snapshot,
-            image: "ubuntu:22.04".into(),
-            config: InstanceConfig::default(),
-            ports: None,
-            access_token: None,
-            profile: None,
-            operation: Some(OperationId::generate()),
-        };
+        let revive = revive_request(&id, &snapshot, &OperationId::generate());
         agent.instance_revive(revive).await.unwrap();
         let (park, delete) = tokio::join!(
             agent.instance_dormant(&id),
@@ -329,17 +330,7 @@ async fn a_taken_back_instance_whose_revive_was_refused_can_be_deleted() {
         b"not a folder",
     )
     .unwrap();
-    let revive = AgentReviveInstance {
-        id: id.clone(),
-        method: ReviveMethod::QuickStart,
-        snapshot_id: SnapshotId::generate(),
-        image: "ubuntu:22.04".into(),
-        config: InstanceConfig::default(),
-        ports: None,
-        access_token: None,
-        profile: None,
-        operation: Some(OperationId::generate()),
-    };
+    let revive = revive_request(&id, &SnapshotId::generate(), &OperationId::generate());
     let refused = agent.instance_revive(revive).await;
     assert!(
         matches!(refused, Err(AgentError::StoreUnreadable { .. })),
