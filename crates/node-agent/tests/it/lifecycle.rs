@@ -114,6 +114,22 @@ async fn sim_agent(dir: &std::path::Path, link: Arc<FakeControlPlane>) -> Agent 
     Agent::start(settings, link).await.unwrap()
 }
 
+/// Asserts that the agent holds nothing of `id` any more: no slot (no
+/// report), no directory.
+fn assert_gone(agent: &Agent, dir: &std::path::Path, id: &InstanceId, when: &str) {
+    assert!(
+        agent
+            .instance_reports()
+            .iter()
+            .all(|report| &report.id != id),
+        "{when}: the agent still reports {id}"
+    );
+    assert!(
+        !dir.join("agent/instances").join(id.as_str()).exists(),
+        "{when}: its directory goes"
+    );
+}
+
 /// A create of `id` on the default image, as `operation`.
 fn create_request(id: &InstanceId, operation: &OperationId) -> AgentCreateInstance {
     AgentCreateInstance {
@@ -222,15 +238,9 @@ async fn an_instance_goes_through_its_life_and_each_request_may_come_twice() {
 
     // Delete, twice: the second finds nothing.
     agent.instance_delete(&id, false).await.unwrap();
-    let gone = agent.instance_delete(&id, false).await;
-    assert!(matches!(gone, Err(AgentError::NotFound(_))), "{gone:?}");
-    assert!(
-        !dir.path()
-            .join("agent/instances")
-            .join(id.as_str())
-            .exists(),
-        "its directory goes"
-    );
+    let again = agent.instance_delete(&id, false).await;
+    assert!(matches!(again, Err(AgentError::NotFound(_))), "{again:?}");
+    assert_gone(&agent, dir.path(), &id, "deleted");
     agent.shutdown().await;
 }
 
@@ -295,19 +305,7 @@ async fn operations_that_arrive_together_are_carried_out_one_at_a_time() {
             ),
             "round {round}: {park:?}"
         );
-        assert!(
-            agent
-                .instance_reports()
-                .iter()
-                .all(|report| report.id != id)
-        );
-        assert!(
-            !dir.path()
-                .join("agent/instances")
-                .join(id.as_str())
-                .exists(),
-            "round {round}: its directory goes"
-        );
+        assert_gone(&agent, dir.path(), &id, &format!("round {round}"));
     }
     agent.shutdown().await;
 }
@@ -347,11 +345,6 @@ async fn a_taken_back_instance_whose_revive_was_refused_can_be_deleted() {
         .await
         .expect("the delete returns")
         .unwrap();
-    assert!(
-        agent
-            .instance_reports()
-            .iter()
-            .all(|report| report.id != id)
-    );
+    assert_gone(&agent, dir.path(), &id, "deleted while dormant");
     agent.shutdown().await;
 }

@@ -11,6 +11,8 @@ use flotilla_testkit::{
     spawn_serve_with_page, wait_browser_processes_gone, wait_until,
 };
 
+use crate::operations::sample_value;
+
 async fn running_instance(serve: &TestServe, body: &str) -> Value {
     let (_, created, _) = serve.api.create_running(body).await;
     created
@@ -534,6 +536,21 @@ async fn browser_live_view_feeds_every_viewer_and_a_stalled_one_blocks_nobody() 
     serve.shutdown().await;
 }
 
+/// Waits until `serve`'s `/metrics` satisfies `counted` (`what` it waits for).
+async fn wait_for_metrics(serve: &TestServe, what: &str, counted: impl Fn(&str) -> bool) {
+    let url = format!("{}/metrics", serve.api.base);
+    wait_until(BROWSER_DEADLINE, what, || async {
+        let metrics = get_text(&url).await;
+        if counted(&metrics) {
+            Ok(Some(()))
+        } else {
+            Err(metrics)
+        }
+    })
+    .await
+    .unwrap();
+}
+
 #[tokio::test]
 async fn browser_warm_pool_creates_are_running_at_once_with_fresh_profiles() {
     let (pages, serve) = spawn_serve_with_page("<title>pool</title>", |config| {
@@ -645,20 +662,17 @@ async fn browser_warm_pool_creates_are_running_at_once_with_fresh_profiles() {
         .create(r#"{"config": {"prefs": {"intl.accept_languages": "de"}}}"#)
         .await;
     assert_eq!(shaped["status"], "creating", "{shaped}");
-    let metrics_url = format!("{}/metrics", serve.api.base);
-    wait_until(
-        BROWSER_DEADLINE,
-        "/metrics to count 3 hits and 1 miss",
-        || async {
-            let metrics = get_text(&metrics_url).await;
-            let counted = metrics.contains("outcome=\"hit\"} 3")
-                && metrics.contains("outcome=\"miss\"} 1")
-                && metrics.contains("service_warm_pool_ready{");
-            if counted { Ok(Some(())) } else { Err(metrics) }
-        },
-    )
-    .await
-    .unwrap();
+    wait_for_metrics(&serve, "/metrics to count 3 hits and 1 miss", |metrics| {
+        let pool = |name, outcome: &'static str| {
+            let mut labels = vec![("image", "ubuntu:22.04")];
+            labels.extend((!outcome.is_empty()).then_some(("outcome", outcome)));
+            sample_value(metrics, name, &labels)
+        };
+        pool("service_warm_pool_creates_total", "hit") == Some(3.0)
+            && pool("service_warm_pool_creates_total", "miss") == Some(1.0)
+            && pool("service_warm_pool_ready", "").is_some()
+    })
+    .await;
     serve.shutdown().await;
 }
 
@@ -693,26 +707,15 @@ async fn browser_each_image_has_its_own_warm_pool() {
     let default = serve.api.create("{}").await;
     assert_eq!(default["status"], "running", "a warm create: {default}");
 
-    let metrics_url = format!("{}/metrics", serve.api.base);
     // A hit of each pool: the headless shell's create took the shell's.
-    wait_until(
-        BROWSER_DEADLINE,
-        "/metrics to count one hit per pool",
-        || async {
-            let metrics = get_text(&metrics_url).await;
-            let counted = ["chromium-headless-shell", "ubuntu:22.04"]
-                .iter()
-                .all(|image| {
-                    metrics.lines().any(|line| {
-                        line.starts_with("service_warm_pool_creates_total{")
-                            && line.contains(&format!("image=\"{image}\""))
-                            && line.ends_with("outcome=\"hit\"} 1")
-                    })
-                });
-            if counted { Ok(Some(())) } else { Err(metrics) }
-        },
-    )
-    .await
-    .unwrap();
+    wait_for_metrics(&serve, "/metrics to count one hit per pool", |metrics| {
+        ["chromium-headless-shell", "ubuntu:22.04"]
+            .iter()
+            .all(|image| {
+                let labels = [("image", *image), ("outcome", "hit")];
+                sample_value(metrics, "service_warm_pool_creates_total", &labels) == Some(1.0)
+            })
+    })
+    .await;
     serve.shutdown().await;
 }

@@ -406,6 +406,22 @@ fn sha256_hex(text: &str) -> String {
         .collect()
 }
 
+/// The value of the sample of `name` with every label of `labels` in the
+/// Prometheus text `scrape` (`None`: no such sample, or no valid text).
+pub(crate) fn sample_value(scrape: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let scrape = prometheus_parse::Scrape::parse(scrape.lines().map(|l| Ok(l.to_owned()))).ok()?;
+    sample(&scrape, name, labels).map(|s| value_of(&s.value))
+}
+
+fn value_of(value: &prometheus_parse::Value) -> f64 {
+    match value {
+        prometheus_parse::Value::Gauge(v)
+        | prometheus_parse::Value::Counter(v)
+        | prometheus_parse::Value::Untyped(v) => *v,
+        _ => f64::NAN,
+    }
+}
+
 /// The sample of `name` with every label of `labels`, from a scrape.
 fn sample<'a>(
     scrape: &'a prometheus_parse::Scrape,
@@ -441,12 +457,7 @@ async fn prometheus_exposition_parses_and_counts_instances() {
     let lines = text.lines().map(|l| Ok(l.to_owned()));
     let scrape = prometheus_parse::Scrape::parse(lines).expect("Prometheus text parses");
     let value = |name: &str, label: (&str, &str)| {
-        sample(&scrape, name, &[label]).map(|s| match s.value {
-            prometheus_parse::Value::Gauge(v)
-            | prometheus_parse::Value::Counter(v)
-            | prometheus_parse::Value::Untyped(v) => v,
-            _ => f64::NAN,
-        })
+        sample(&scrape, name, &[label]).map(|s| value_of(&s.value))
     };
     assert_eq!(
         value("service_instances_total", ("status", "running")),
