@@ -29,6 +29,8 @@ pub enum ErrorCode {
     Forbidden,
     /// 500: a fault on our side; the detail is logged, not shown.
     Internal,
+    /// 504: the page of a REST action did not finish within its `timeout_ms`.
+    Timeout,
 }
 
 impl ErrorCode {
@@ -45,6 +47,7 @@ impl ErrorCode {
             429 => Self::RateLimited,
             502 => Self::BadGateway,
             503 => Self::InsufficientCapacity,
+            504 => Self::Timeout,
             _ => Self::Internal,
         }
     }
@@ -61,6 +64,7 @@ impl ErrorCode {
             Self::PayloadTooLarge => "payload_too_large",
             Self::Forbidden => "forbidden",
             Self::Internal => "internal",
+            Self::Timeout => "timeout",
         }
     }
 }

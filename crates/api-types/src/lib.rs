@@ -20,6 +20,7 @@
 //! Request types reject unknown fields; validation of values (ranges, catalogs)
 //! belongs to the service that owns the rule, not to these types.
 
+pub mod actions;
 pub mod agent;
 pub mod alerts;
 pub mod clock;

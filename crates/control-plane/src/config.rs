@@ -48,6 +48,40 @@ pub struct ControlPlaneConfig {
     pub scheduler: SchedulerConfig,
     /// `[webdriver]`: WebDriver sessions (Selenium, WebdriverIO).
     pub webdriver: WebDriverConfig,
+    /// `[actions]`: REST actions (`POST /v2/actions/…`).
+    pub actions: ActionsConfig,
+}
+
+/// `[actions]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ActionsConfig {
+    /// How long an action waits in the create queue for room before it is
+    /// refused with 503.
+    pub queue_wait_sec: u64,
+    /// The largest `html` an action renders, in bytes.
+    pub max_html_bytes: usize,
+    /// The largest `timeout_ms` an action may ask for.
+    pub max_timeout_ms: u64,
+}
+
+impl Default for ActionsConfig {
+    fn default() -> Self {
+        Self {
+            queue_wait_sec: 60,
+            max_html_bytes: 5 << 20,
+            max_timeout_ms: 120_000,
+        }
+    }
+}
+
+impl ActionsConfig {
+    pub fn limits(&self) -> flotilla_api_types::actions::ActionLimits {
+        flotilla_api_types::actions::ActionLimits {
+            max_html_bytes: self.max_html_bytes,
+            max_timeout_ms: self.max_timeout_ms,
+        }
+    }
 }
 
 /// `[webdriver]`.
@@ -404,6 +438,16 @@ impl ControlPlaneConfig {
         if self.rate_limit.enabled && self.rate_limit.requests_per_minute == 0 {
             return Err(ConfigError::Zero {
                 key: "rate_limit.requests_per_minute",
+            });
+        }
+        if self.actions.max_html_bytes == 0 {
+            return Err(ConfigError::Zero {
+                key: "actions.max_html_bytes",
+            });
+        }
+        if self.actions.max_timeout_ms == 0 {
+            return Err(ConfigError::Zero {
+                key: "actions.max_timeout_ms",
             });
         }
         Ok(())

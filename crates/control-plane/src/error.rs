@@ -41,6 +41,9 @@ pub enum Error {
     /// 403: a WebSocket upgrade from a page of another origin.
     #[error("{0}")]
     Forbidden(String),
+    /// 504: a REST action's page did not finish within its `timeout_ms`.
+    #[error("{0}")]
+    Timeout(String),
     /// 500: the cause is logged; the client sees a generic message.
     #[error("internal error: {0:#}")]
     Internal(#[from] anyhow::Error),
@@ -63,6 +66,7 @@ impl Error {
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UpgradeRequired(_) => StatusCode::UPGRADE_REQUIRED,
             Self::Forbidden(_) => StatusCode::FORBIDDEN,
+            Self::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -79,6 +83,7 @@ impl Error {
             Self::PayloadTooLarge(_) => ErrorCode::PayloadTooLarge,
             Self::UpgradeRequired(_) => ErrorCode::InvalidRequest,
             Self::Forbidden(_) => ErrorCode::Forbidden,
+            Self::Timeout(_) => ErrorCode::Timeout,
             Self::Internal(_) => ErrorCode::Internal,
         }
     }

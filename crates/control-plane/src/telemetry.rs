@@ -25,6 +25,10 @@ pub struct Telemetry {
     pub signing: Histogram,
     /// How long creates with `wait_sec` spent in the queue.
     pub create_queue_wait: Histogram,
+    /// REST actions: per action and outcome, how many ended so.
+    actions: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+    /// REST actions: per action, request to answer (queue wait included).
+    action_duration: Mutex<BTreeMap<&'static str, std::sync::Arc<Histogram>>>,
 }
 
 impl Default for Telemetry {
@@ -37,6 +41,8 @@ impl Default for Telemetry {
             deliveries: Mutex::default(),
             signing: Histogram::default(),
             create_queue_wait: Histogram::with_bounds(OPERATION_BOUNDS),
+            actions: Mutex::default(),
+            action_duration: Mutex::default(),
         }
     }
 }
@@ -96,6 +102,24 @@ impl Telemetry {
         histogram.observe(took);
     }
 
+    /// One REST action that ended with `outcome` after `took`.
+    pub fn observe_action(&self, action: &'static str, outcome: &'static str, took: Duration) {
+        *self
+            .actions
+            .lock()
+            .expect("telemetry lock")
+            .entry((action, outcome))
+            .or_default() += 1;
+        let histogram = self
+            .action_duration
+            .lock()
+            .expect("telemetry lock")
+            .entry(action)
+            .or_insert_with(|| std::sync::Arc::new(Histogram::with_bounds(OPERATION_BOUNDS)))
+            .clone();
+        histogram.observe(took);
+    }
+
     /// The delivery counters of `target` (a webhook URL or `proxy`).
     pub fn deliveries(&self, target: &str) -> std::sync::Arc<DeliveryCounters> {
         self.deliveries
@@ -111,7 +135,37 @@ impl Telemetry {
         render_gauges(gauges, &mut out);
         self.render_durations(&mut out);
         self.render_deliveries(&mut out);
+        self.render_actions(&mut out);
         out
+    }
+
+    /// REST actions: outcomes (counter) and durations (histogram), per action.
+    fn render_actions(&self, out: &mut String) {
+        header(
+            out,
+            "service_actions_total",
+            "REST actions that ended, per action and outcome.",
+            "counter",
+        );
+        for ((action, outcome), count) in self.actions.lock().expect("telemetry lock").iter() {
+            let _ = writeln!(
+                out,
+                "service_actions_total{{action=\"{action}\",outcome=\"{outcome}\"}} {count}"
+            );
+        }
+        header(
+            out,
+            "service_action_duration_seconds",
+            "REST actions, from request to answer (waiting for room included), per action.",
+            "histogram",
+        );
+        for (action, histogram) in self.action_duration.lock().expect("telemetry lock").iter() {
+            histogram.render_series(
+                "service_action_duration_seconds",
+                &format!("action=\"{action}\""),
+                out,
+            );
+        }
     }
 
     /// Request latencies and lifecycle durations (histograms).

@@ -5,6 +5,7 @@
 //! - `DELETE /agent/v1/instances/{id}`  — `?force=true|false` → 204
 //! - `POST   /agent/v1/instances/{id}/dormant` — park → 200 [`AgentDormantResult`]
 //! - `POST   /agent/v1/instances/{id}/revive`  — [`AgentReviveInstance`] → 202 [`AgentInstancePorts`]
+//! - `POST   /agent/v1/instances/{id}/action`  — [`AgentAction`] → 200, the result itself
 //! - `GET    /agent/v1/instances`       — the agent's [`InstanceReport`]s
 //! - `GET    /agent/v1/identity`        — [`AgentIdentity`]: node id, process generation, address
 //!
@@ -21,6 +22,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use serde::Deserialize;
 
+use flotilla_api_types::actions::AgentAction;
 use flotilla_api_types::agent::{
     AgentCreateInstance, AgentDormantResult, AgentIdentity, AgentInstancePorts,
     AgentReviveInstance, InstanceReport,
@@ -49,6 +51,10 @@ pub fn router(agent: Agent, cluster_token: &str) -> Router {
         .route("/agent/v1/instances/{id}", delete(instance_delete))
         .route("/agent/v1/instances/{id}/dormant", post(instance_dormant))
         .route("/agent/v1/instances/{id}/revive", post(instance_revive))
+        .route(
+            "/agent/v1/instances/{id}/action",
+            post(instance_action).layer(axum::extract::DefaultBodyLimit::max(ACTION_BODY_LIMIT)),
+        )
         .route("/agent/v1/identity", get(identity))
         .layer(middleware::from_fn_with_state(state.clone(), require_token))
         .with_state(state)
@@ -64,9 +70,23 @@ fn error(status: StatusCode, code: ErrorCode, detail: String) -> Response {
     (status, Json(ErrorResponse { detail, code })).into_response()
 }
 
+/// The largest action request the agent reads (the control plane bounds
+/// `html` by `actions.max_html_bytes`; JSON may escape it up to six times).
+const ACTION_BODY_LIMIT: usize = 256 << 20;
+
 /// The HTTP status an agent error stands for.
 pub fn status_of(error: &AgentError) -> StatusCode {
+    use crate::actions::ActionError;
     match error {
+        AgentError::Action(action) => match action {
+            ActionError::BadSelector { .. } | ActionError::NoElement { .. } => {
+                StatusCode::BAD_REQUEST
+            }
+            ActionError::Navigation { .. } | ActionError::Browser(_) => StatusCode::BAD_GATEWAY,
+            ActionError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ActionError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ActionError::NoBrowser(_) => StatusCode::CONFLICT,
+        },
         AgentError::UnknownImage(_)
         | AgentError::ExtensionsUnsupported { .. }
         | AgentError::ProxyConfig(_) => StatusCode::BAD_REQUEST,
@@ -94,6 +114,8 @@ pub fn code_of(error: &AgentError) -> ErrorCode {
         StatusCode::CONFLICT => ErrorCode::InvalidState,
         StatusCode::INTERNAL_SERVER_ERROR => ErrorCode::Internal,
         StatusCode::BAD_GATEWAY => ErrorCode::BadGateway,
+        StatusCode::GATEWAY_TIMEOUT => ErrorCode::Timeout,
+        StatusCode::PAYLOAD_TOO_LARGE => ErrorCode::PayloadTooLarge,
         _ => ErrorCode::InsufficientCapacity,
     }
 }
@@ -124,6 +146,15 @@ async fn require_token(
             "the agent API needs Authorization: Bearer <cluster_token>".into(),
         ),
     }
+}
+
+async fn instance_action(
+    State(state): State<ApiState>,
+    Path(id): Path<InstanceId>,
+    Json(action): Json<AgentAction>,
+) -> Result<Response, AgentError> {
+    let output = state.agent.instance_action(&id, &action).await?;
+    Ok(([(header::CONTENT_TYPE, output.content_type)], output.body).into_response())
 }
 
 async fn instance_create(

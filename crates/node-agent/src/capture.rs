@@ -166,7 +166,7 @@ impl Captures {
 }
 
 /// The scale (at most 1) that brings `pixels` within `max_pixels`.
-fn fitting_scale(pixels: f64, max_pixels: u64) -> f64 {
+pub(crate) fn fitting_scale(pixels: f64, max_pixels: u64) -> f64 {
     if pixels <= max_pixels as f64 || pixels <= 0.0 {
         return 1.0;
     }

@@ -24,6 +24,8 @@ use crate::browser::CdpEndpoint;
 
 /// The largest message a client takes unless told otherwise.
 const MAX_MESSAGE: usize = 256 << 20;
+/// Events kept for a slow reader unless told otherwise.
+const EVENTS_QUEUED: usize = 256;
 
 type WsSink = SplitSink<WebSocketStream<MaybeTlsStream<TcpStream>>, Message>;
 /// Callers waiting for a response, with the session they called on.
@@ -95,6 +97,17 @@ impl CdpClient {
         path: &str,
         max_message: usize,
     ) -> Result<Self, CdpError> {
+        Self::open_with_events(endpoint, path, max_message, EVENTS_QUEUED).await
+    }
+
+    /// [`CdpClient::open_limited`], keeping up to `events_queued` events for
+    /// a slow reader (more are dropped, and the reader told it lagged).
+    pub async fn open_with_events(
+        endpoint: &CdpEndpoint,
+        path: &str,
+        max_message: usize,
+        events_queued: usize,
+    ) -> Result<Self, CdpError> {
         let url = format!("ws://{}{path}", endpoint.authority());
         let stream = endpoint.connect().await.map_err(|e| CdpError::Connect {
             url: url.clone(),
@@ -109,14 +122,14 @@ impl CdpClient {
             Some(config),
         )
         .await;
-        Self::started(&url, connected)
+        Self::started(&url, connected, events_queued)
     }
 
     /// A DevTools WebSocket URL reachable from here (e.g. an instance's `urls.debug`).
     pub async fn connect(url: &str) -> Result<Self, CdpError> {
         let connected =
             tokio_tungstenite::connect_async_with_config(url, Some(Self::config()), true).await;
-        Self::started(url, connected)
+        Self::started(url, connected, EVENTS_QUEUED)
     }
 
     fn config() -> WebSocketConfig {
@@ -129,19 +142,20 @@ impl CdpClient {
     fn started<R>(
         url: &str,
         connected: Result<(WebSocketStream<MaybeTlsStream<TcpStream>>, R), WsError>,
+        events_queued: usize,
     ) -> Result<Self, CdpError> {
         let (stream, _) = connected.map_err(|e| CdpError::Connect {
             url: url.to_owned(),
             reason: e.to_string(),
         })?;
-        Ok(Self::start(stream))
+        Ok(Self::start(stream, events_queued))
     }
 
     /// Starts the reader task of a connected WebSocket.
-    fn start(stream: WebSocketStream<MaybeTlsStream<TcpStream>>) -> Self {
+    fn start(stream: WebSocketStream<MaybeTlsStream<TcpStream>>, events_queued: usize) -> Self {
         let (sink, mut source) = stream.split();
         let pending: Pending = Arc::default();
-        let (events, _) = broadcast::channel(256);
+        let (events, _) = broadcast::channel(events_queued);
         let reader_pending = pending.clone();
         let reader_events = events.clone();
         tokio::spawn(async move {

@@ -235,6 +235,9 @@ pub struct AgentConfig {
     /// Screenshots the node captures at once (each instance one at a time);
     /// more wait up to 10 s, then get 503.
     pub max_concurrent_captures: usize,
+    /// REST actions: the largest result (image, PDF, HTML, scrape JSON) a
+    /// job on this node returns; larger is refused with 413.
+    pub action_max_output_bytes: u64,
     pub runtime: RuntimeKind,
     /// Simulated start time of a sim-runtime instance.
     pub sim_start_ms: u64,
@@ -277,6 +280,7 @@ impl Default for AgentConfig {
             screenshot_max_pixels: 4096 * 4096,
             screenshot_max_bytes: 32 << 20,
             max_concurrent_captures: 4,
+            action_max_output_bytes: 64 << 20,
             runtime: RuntimeKind::Chromium,
             sim_start_ms: 5,
             images: BTreeMap::new(),
@@ -378,6 +382,11 @@ impl AgentConfig {
         if self.max_concurrent_captures == 0 {
             return Err(ConfigError::Zero {
                 key: "agent.max_concurrent_captures",
+            });
+        }
+        if self.action_max_output_bytes == 0 {
+            return Err(ConfigError::Zero {
+                key: "agent.action_max_output_bytes",
             });
         }
         if !(1..=100).contains(&self.live_view_quality) {

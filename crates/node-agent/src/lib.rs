@@ -15,6 +15,7 @@
 //! - [`ports`], [`sweep`], [`config`], [`link`].
 
 pub mod access;
+pub mod actions;
 pub mod agent;
 pub mod agent_api;
 pub mod browser;

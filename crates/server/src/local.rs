@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use flotilla_api_types::InstanceId;
+use flotilla_api_types::actions::AgentAction;
 use flotilla_api_types::agent::{
     AgentCreateInstance, AgentInstancePorts, Heartbeat, InstanceEventReport, InstanceStateChange,
     NodeRegistration, StateChangeAck,
@@ -19,7 +20,7 @@ use flotilla_api_types::extensions::ExtensionRefusal;
 use flotilla_api_types::instances::KeptRecording;
 use flotilla_control_plane::ControlPlane;
 use flotilla_control_plane::artifacts::{ArtifactStore, ExtensionManifest, VideoStream};
-use flotilla_control_plane::nodes::{NodeCallError, NodeConnection};
+use flotilla_control_plane::nodes::{ActionResult, NodeCallError, NodeConnection};
 use flotilla_node_agent::snapshot::SnapshotStore;
 use flotilla_node_agent::{Agent, AgentError, ControlPlaneLink, LinkError, RegistrationAck};
 
@@ -48,6 +49,22 @@ impl NodeConnection for LocalNode {
 
     async fn identity(&self) -> Result<AgentIdentity, NodeCallError> {
         Ok(self.0.identity())
+    }
+
+    async fn instance_action(
+        &self,
+        id: &InstanceId,
+        action: &AgentAction,
+    ) -> Result<ActionResult, NodeCallError> {
+        let output = self
+            .0
+            .instance_action(id, action)
+            .await
+            .map_err(agent_error)?;
+        Ok(ActionResult {
+            content_type: output.content_type.to_owned(),
+            body: Bytes::from(output.body),
+        })
     }
 
     async fn instance_delete(&self, id: &InstanceId, force: bool) -> Result<(), NodeCallError> {

@@ -2,6 +2,7 @@
 //! functions and nothing else; agents' reports (in-process or over the agent API)
 //! arrive here too.
 
+mod actions;
 mod alerts;
 mod door;
 mod dormancy;

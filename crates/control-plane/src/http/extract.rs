@@ -112,9 +112,13 @@ fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
 }
 
 async fn body_bytes<S: Send + Sync>(request: Request, state: &S) -> Result<Bytes, Error> {
-    Bytes::from_request(request, state)
-        .await
-        .map_err(|e| Error::InvalidRequest(format!("cannot read the request body: {e}")))
+    Bytes::from_request(request, state).await.map_err(|e| {
+        if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            Error::PayloadTooLarge(format!("the request body is too large: {e}"))
+        } else {
+            Error::InvalidRequest(format!("cannot read the request body: {e}"))
+        }
+    })
 }
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {

@@ -1,6 +1,7 @@
 //! The HTTP surface of the control plane: the router, the OpenAPI document and
 //! Swagger UI. Handlers are thin: extract, call `app`, convert the error.
 
+mod actions;
 pub mod door;
 #[allow(dead_code)] // only the OpenAPI entries of its functions are used
 mod door_docs;
@@ -77,6 +78,10 @@ use crate::error::Error;
         webdriver::status,
         webdriver::docs::session_delete,
         webdriver::docs::session_command,
+        actions::screenshot,
+        actions::pdf,
+        actions::content,
+        actions::scrape,
     ),
     components(schemas(
         flotilla_api_types::instances::InstanceStatus,
@@ -103,6 +108,7 @@ use crate::error::Error;
         (name = "metrics", description = "Cluster metrics, Prometheus exposition and alerts"),
         (name = "events", description = "Subscriber tokens for the event proxy"),
         (name = "webdriver", description = "W3C WebDriver (Selenium, WebdriverIO), also under /wd/hub: a session is an instance; commands are served by its node's chromedriver. Credential: an API key, as Bearer or as Basic credentials in the URL"),
+        (name = "actions", description = "One page rendered in a browser borrowed for the job (a screenshot, a PDF, the rendered HTML, scraped elements), answered with the result itself; the browser is deleted afterwards"),
         (name = "front door", description = "Every instance through the control plane's port: CDP, DevTools discovery, live view, screenshot, tabs. Credential: an API key, or the instance's token as Bearer or ?token="),
     )
 )]
@@ -211,6 +217,7 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
         .merge(door::router())
         .merge(webdriver_routes())
         .merge(resource_routes())
+        .merge(action_routes(&control_plane))
         .merge(ui_routes())
         .nest("/internal/v1", internal_routes(&control_plane))
         .merge(SwaggerUi::new("/docs").url(
@@ -290,6 +297,26 @@ fn webdriver_routes() -> Routes {
             );
     }
     router
+}
+
+/// REST actions. Bodies may carry an `html` of `actions.max_html_bytes`,
+/// which JSON may escape up to six times.
+fn action_routes(control_plane: &ControlPlane) -> Routes {
+    let limit = control_plane
+        .config
+        .actions
+        .max_html_bytes
+        .saturating_mul(6)
+        .saturating_add(1 << 20);
+    Router::new()
+        .route(
+            "/v2/actions/screenshot",
+            axum::routing::post(actions::screenshot),
+        )
+        .route("/v2/actions/pdf", axum::routing::post(actions::pdf))
+        .route("/v2/actions/content", axum::routing::post(actions::content))
+        .route("/v2/actions/scrape", axum::routing::post(actions::scrape))
+        .layer(axum::extract::DefaultBodyLimit::max(limit))
 }
 
 /// Profiles, extensions, nodes, metrics, alerts and subscriber tokens.

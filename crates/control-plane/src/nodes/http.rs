@@ -11,7 +11,8 @@ use flotilla_api_types::agent::{
 };
 use flotilla_api_types::{ErrorCode, ErrorResponse, InstanceId};
 
-use super::{NodeCallError, NodeConnection};
+use super::{ActionResult, NodeCallError, NodeConnection};
+use flotilla_api_types::actions::AgentAction;
 
 /// Longest a create or revive call may take (the agent answers once ports are
 /// reserved and the launch has begun).
@@ -40,11 +41,12 @@ impl HttpNode {
         }
     }
 
-    async fn call<T: DeserializeOwned>(
+    /// Sends `request`; a refusal's `{detail, code}` as the error.
+    async fn send(
         &self,
         request: reqwest::RequestBuilder,
         timeout: Duration,
-    ) -> Result<Option<T>, NodeCallError> {
+    ) -> Result<reqwest::Response, NodeCallError> {
         let response = request
             .bearer_auth(&self.token)
             .timeout(timeout)
@@ -53,12 +55,7 @@ impl HttpNode {
             .map_err(|e| NodeCallError::Unreachable(format!("{}: {e}", self.address)))?;
         let status = response.status();
         if status.is_success() {
-            if status == reqwest::StatusCode::NO_CONTENT {
-                return Ok(None);
-            }
-            return response.json().await.map(Some).map_err(|e| {
-                NodeCallError::Unreachable(format!("{}: unreadable answer: {e}", self.address))
-            });
+            return Ok(response);
         }
         Err(match response.json::<ErrorResponse>().await {
             Ok(error) => NodeCallError::Rejected {
@@ -69,6 +66,20 @@ impl HttpNode {
                 code: ErrorCode::of_status(status.as_u16()),
                 detail: format!("the agent answered {status}"),
             },
+        })
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        request: reqwest::RequestBuilder,
+        timeout: Duration,
+    ) -> Result<Option<T>, NodeCallError> {
+        let response = self.send(request, timeout).await?;
+        if response.status() == reqwest::StatusCode::NO_CONTENT {
+            return Ok(None);
+        }
+        response.json().await.map(Some).map_err(|e| {
+            NodeCallError::Unreachable(format!("{}: unreadable answer: {e}", self.address))
         })
     }
 
@@ -121,6 +132,31 @@ impl NodeConnection for HttpNode {
             .post(self.url(&format!("/{}/revive", request.id)))
             .json(&request);
         expect_body(self.call(call, CALL_TIMEOUT).await?)
+    }
+
+    async fn instance_action(
+        &self,
+        id: &InstanceId,
+        action: &AgentAction,
+    ) -> Result<ActionResult, NodeCallError> {
+        // The agent waits for the browser's launch, then runs the job within
+        // its timeout_ms.
+        let timeout = CALL_TIMEOUT + Duration::from_millis(action.request.timeout_ms());
+        let request = self
+            .client
+            .post(self.url(&format!("/{id}/action")))
+            .json(action);
+        let response = self.send(request, timeout).await?;
+        let content_type = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or("application/octet-stream")
+            .to_owned();
+        let body = response.bytes().await.map_err(|e| {
+            NodeCallError::Unreachable(format!("{}: the result was cut: {e}", self.address))
+        })?;
+        Ok(ActionResult { content_type, body })
     }
 
     async fn identity(&self) -> Result<AgentIdentity, NodeCallError> {

@@ -12,10 +12,18 @@ use std::sync::{Arc, RwLock};
 
 use async_trait::async_trait;
 
+use flotilla_api_types::actions::AgentAction;
 use flotilla_api_types::agent::{
     AgentCreateInstance, AgentDormantResult, AgentIdentity, AgentInstancePorts, AgentReviveInstance,
 };
 use flotilla_api_types::{ErrorCode, InstanceId, NodeId};
+
+/// A REST action's result from its node.
+#[derive(Debug)]
+pub struct ActionResult {
+    pub content_type: String,
+    pub body: bytes::Bytes,
+}
 
 /// A failed call to a node agent. The one conversion into the control
 /// plane's [`Error`](crate::error::Error) is in `error.rs`.
@@ -64,6 +72,13 @@ pub trait NodeConnection: Send + Sync {
         &self,
         request: AgentReviveInstance,
     ) -> Result<AgentInstancePorts, NodeCallError>;
+    /// Runs a REST action's job on an instance's browser: the result's
+    /// content type and bytes.
+    async fn instance_action(
+        &self,
+        id: &InstanceId,
+        action: &AgentAction,
+    ) -> Result<ActionResult, NodeCallError>;
     /// Who answers at the agent's address (node id and process generation).
     async fn identity(&self) -> Result<AgentIdentity, NodeCallError>;
     /// The agent API's address; `None` for the in-process agent.

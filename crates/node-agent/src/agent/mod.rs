@@ -116,6 +116,9 @@ pub enum AgentError {
     /// 503.
     #[error("the agent is shutting down")]
     ShuttingDown,
+    /// A REST action's job failed; its status is the action error's.
+    #[error(transparent)]
+    Action(#[from] crate::actions::ActionError),
 }
 
 /// An image name this node's catalog does not have.
@@ -509,6 +512,32 @@ impl Agent {
         let (agent, id) = (self.clone(), id.clone());
         flotilla_api_types::tasks::to_completion(async move { agent.delete_now(&id, force).await })
             .await
+    }
+
+    /// Runs a REST action's job on an instance's browser (waiting for its
+    /// launch first), within the job's `timeout_ms`.
+    pub async fn instance_action(
+        &self,
+        id: &InstanceId,
+        action: &flotilla_api_types::actions::AgentAction,
+    ) -> Result<crate::actions::ActionOutput, AgentError> {
+        use crate::actions::{ActionBounds, ActionError};
+        let slot = self.slot(id)?;
+        let config = &self.inner.settings.config;
+        let launch_wait = Duration::from_secs(config.launch_timeout_sec);
+        let endpoint = slot
+            .wait_ready_waking(launch_wait, false)
+            .await
+            .map_err(|e| ActionError::NoBrowser(e.to_string()))?
+            .ok_or_else(|| {
+                ActionError::NoBrowser("this node's runtime has no real browser".into())
+            })?;
+        slot.touch();
+        let bounds = ActionBounds {
+            max_output_bytes: config.action_max_output_bytes,
+            max_pixels: config.screenshot_max_pixels,
+        };
+        Ok(crate::actions::run(&endpoint, action, bounds).await?)
     }
 
     pub async fn instance_dormant(

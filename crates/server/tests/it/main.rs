@@ -3,6 +3,7 @@
 //! a module per area.
 
 mod api_contract;
+mod browser_actions;
 mod browser_dashboard;
 mod browser_dormancy;
 mod browser_files;
