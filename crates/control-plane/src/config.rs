@@ -63,6 +63,9 @@ pub struct ActionsConfig {
     pub max_html_bytes: usize,
     /// The largest `timeout_ms` an action may ask for.
     pub max_timeout_ms: u64,
+    /// Actions this control plane holds at once (waiting for room or
+    /// running); more are refused with 503 at once.
+    pub max_pending: usize,
 }
 
 impl Default for ActionsConfig {
@@ -71,6 +74,7 @@ impl Default for ActionsConfig {
             queue_wait_sec: 60,
             max_html_bytes: 5 << 20,
             max_timeout_ms: 120_000,
+            max_pending: 256,
         }
     }
 }
@@ -443,6 +447,11 @@ impl ControlPlaneConfig {
         if self.actions.max_html_bytes == 0 {
             return Err(ConfigError::Zero {
                 key: "actions.max_html_bytes",
+            });
+        }
+        if self.actions.max_pending == 0 {
+            return Err(ConfigError::Zero {
+                key: "actions.max_pending",
             });
         }
         if self.actions.max_timeout_ms == 0 {

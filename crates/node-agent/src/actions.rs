@@ -13,7 +13,7 @@
 //! Everything runs within the request's `timeout_ms`; a result larger than
 //! `agent.action_max_output_bytes` is refused while it arrives.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -67,12 +67,26 @@ pub enum ActionError {
         "the result is larger than agent.action_max_output_bytes ({0} bytes): use a smaller viewport or page"
     )]
     TooLarge(u64),
-    /// 409: the instance has no browser to run the job in.
-    #[error("the instance has no browser to run the action in: {0}")]
-    NoBrowser(String),
+    /// 400: Chromium refused the request's `cookies`.
+    #[error("cookies: the browser refused them: {0}")]
+    BadCookies(String),
+    /// 409: the node runs no real browser (the sim runtime).
+    #[error("this node's runtime has no real browser to run the action in")]
+    NoBrowser,
+    /// 502: the instance's browser did not start (or ended).
+    #[error("the browser for the action did not start: {0}")]
+    NotStarted(String),
     /// 502: the browser failed the job.
-    #[error("the browser failed the action: {0}")]
+    #[error("the browser failed the action: {}", describe(.0))]
     Browser(CdpError),
+}
+
+/// A CDP failure in words fit for a client: no addresses or paths.
+fn describe(error: &CdpError) -> String {
+    match error {
+        CdpError::Connect { .. } => "the agent cannot reach the browser".into(),
+        other => other.to_string(),
+    }
 }
 
 impl From<CdpError> for ActionError {
@@ -121,7 +135,7 @@ struct Job<'a> {
 
 /// The page a job drives: its connection and flat session.
 struct Page {
-    client: CdpClient,
+    client: Arc<CdpClient>,
     session: String,
 }
 
@@ -188,12 +202,18 @@ impl Job<'_> {
             .as_str()
             .unwrap_or_default()
             .to_owned();
-        let page = Page { client, session };
+        let page = Page {
+            client: Arc::new(client),
+            session,
+        };
+        // Selectors are parsed on the blank page, before anything of the
+        // site runs (a page's script cannot change the verdict).
+        self.check_selectors(&page, kind).await?;
         let _interceptor = self.intercept(endpoint, &target).await?;
+        let _dialogs = dismiss_dialogs(&page);
         self.prepare(&page).await?;
         self.at("loading the page");
         self.load(&page).await?;
-        self.check_selectors(&page, kind).await?;
         if let Some(selector) = &self.request.wait_for_selector {
             self.at("waiting for wait_for_selector");
             page.evaluate(&wait_for_selector_script(selector), self)
@@ -260,7 +280,11 @@ impl Job<'_> {
                 })
                 .collect();
             page.call("Network.setCookies", json!({"cookies": cookies}), self)
-                .await?;
+                .await
+                .map_err(|error| match error {
+                    CdpError::Protocol { message, .. } => ActionError::BadCookies(message),
+                    other => ActionError::Browser(other),
+                })?;
         }
         Ok(())
     }
@@ -283,11 +307,14 @@ impl Job<'_> {
                 reason: reason.to_owned(),
             });
         }
-        let Some(loader) = navigated["loaderId"].as_str() else {
+        let Some(first_loader) = navigated["loaderId"].as_str() else {
             // A navigation within the same document: nothing more loads.
             return Ok(());
         };
         let frame = navigated["frameId"].as_str().unwrap_or_default();
+        // A page that navigates itself before it loads (a script or a meta
+        // refresh) starts a new document: its events are the ones awaited.
+        let mut loader = first_loader.to_owned();
         loop {
             let event = match events.recv().await {
                 Ok(event) => event,
@@ -296,10 +323,23 @@ impl Job<'_> {
                     return Err(ActionError::Browser(CdpError::Closed));
                 }
             };
+            if event.method == "Target.detachedFromTarget"
+                && event.params["sessionId"] == page.session.as_str()
+            {
+                return Err(ActionError::Browser(CdpError::TargetGone(
+                    "loading the page (it closed itself)".into(),
+                )));
+            }
             if event.session_id.as_deref() != Some(page.session.as_str()) {
                 continue;
             }
-            if is_lifecycle(&event, frame, loader, awaited) {
+            if is_lifecycle(&event, frame, None, "init") {
+                if let Some(newer) = event.params["loaderId"].as_str() {
+                    loader = newer.to_owned();
+                }
+                continue;
+            }
+            if is_lifecycle(&event, frame, Some(&loader), awaited) {
                 return Ok(());
             }
             if event.method == "Inspector.targetCrashed" {
@@ -531,14 +571,10 @@ impl Job<'_> {
         if rules.patterns.is_empty() {
             return Ok(None);
         }
-        let client = CdpClient::open_with_events(
-            endpoint,
-            &endpoint.browser_path,
-            // The html document travels base64 in a command.
-            self.request.html.as_ref().map_or(0, String::len) * 2 + (1 << 20),
-            4096,
-        )
-        .await?;
+        // It reads only paused requests (each with its headers); the html
+        // document goes the other way, in a command.
+        let client =
+            CdpClient::open_with_events(endpoint, &endpoint.browser_path, 4 << 20, 1024).await?;
         let attached = client
             .call(
                 "Target.attachToTarget",
@@ -601,11 +637,42 @@ async fn page_target(client: &CdpClient, job: &Job<'_>) -> Result<String, Action
     Ok(created["targetId"].as_str().unwrap_or_default().to_owned())
 }
 
-fn is_lifecycle(event: &CdpEvent, frame: &str, loader: &str, name: &str) -> bool {
+/// Whether `event` is lifecycle event `name` of `frame` (and of `loader`'s
+/// document, when given).
+fn is_lifecycle(event: &CdpEvent, frame: &str, loader: Option<&str>, name: &str) -> bool {
     event.method == "Page.lifecycleEvent"
         && event.params["frameId"] == frame
-        && event.params["loaderId"] == loader
+        && loader.is_none_or(|loader| event.params["loaderId"] == loader)
         && event.params["name"] == name
+}
+
+/// Dismisses every dialog the page opens (`alert`, `confirm`, `prompt`,
+/// `beforeunload`), which would otherwise hold its load and scripts until
+/// the deadline; until the returned guard drops.
+fn dismiss_dialogs(page: &Page) -> AbortOnDrop {
+    let client = page.client.clone();
+    let session = page.session.clone();
+    let mut events = client.events();
+    AbortOnDrop(tokio::spawn(async move {
+        loop {
+            match events.recv().await {
+                Ok(event)
+                    if event.method == "Page.javascriptDialogOpening"
+                        && event.session_id.as_deref() == Some(session.as_str()) =>
+                {
+                    let _ = client
+                        .send_in(
+                            "Page.handleJavaScriptDialog",
+                            json!({"accept": false}),
+                            Some(&session),
+                        )
+                        .await;
+                }
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    }))
 }
 
 /// A promise that settles when an element matches `selector`.
@@ -691,10 +758,16 @@ impl Interception {
             if event.method != "Fetch.requestPaused" {
                 continue;
             }
+            // Sent without waiting for the answer: one slow answer holds up
+            // no other request.
             let (method, params) = self.decide(&event.params);
-            let _ = client
-                .call(method, params, Some(&session), Duration::from_secs(10))
-                .await;
+            if client
+                .send_in(method, params, Some(&session))
+                .await
+                .is_err()
+            {
+                return;
+            }
         }
     }
 

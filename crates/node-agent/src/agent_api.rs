@@ -79,13 +79,15 @@ pub fn status_of(error: &AgentError) -> StatusCode {
     use crate::actions::ActionError;
     match error {
         AgentError::Action(action) => match action {
-            ActionError::BadSelector { .. } | ActionError::NoElement { .. } => {
-                StatusCode::BAD_REQUEST
-            }
-            ActionError::Navigation { .. } | ActionError::Browser(_) => StatusCode::BAD_GATEWAY,
+            ActionError::BadSelector { .. }
+            | ActionError::NoElement { .. }
+            | ActionError::BadCookies(_) => StatusCode::BAD_REQUEST,
+            ActionError::Navigation { .. }
+            | ActionError::NotStarted(_)
+            | ActionError::Browser(_) => StatusCode::BAD_GATEWAY,
             ActionError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ActionError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            ActionError::NoBrowser(_) => StatusCode::CONFLICT,
+            ActionError::NoBrowser => StatusCode::CONFLICT,
         },
         AgentError::UnknownImage(_)
         | AgentError::ExtensionsUnsupported { .. }

@@ -353,8 +353,21 @@ impl CdpClient {
     /// Sends a command without waiting for its result (e.g. `Browser.close`,
     /// whose answer may never come because the browser exits).
     pub async fn send(&self, method: &str, params: Value) -> Result<(), CdpError> {
+        self.send_in(method, params, None).await
+    }
+
+    /// [`CdpClient::send`] on a flat session, or on the browser with `None`.
+    pub async fn send_in(
+        &self,
+        method: &str,
+        params: Value,
+        session_id: Option<&str>,
+    ) -> Result<(), CdpError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let message = json!({"id": id, "method": method, "params": params});
+        let mut message = json!({"id": id, "method": method, "params": params});
+        if let Some(session_id) = session_id {
+            message["sessionId"] = Value::String(session_id.to_owned());
+        }
         self.sink
             .lock()
             .await

@@ -4,13 +4,21 @@
 //! The browser is an instance like any other (the same placement, create
 //! queue, warm pool, isolation and egress policy), created for the job and
 //! deleted once it ends, however it ends: an answer, an error, a page that
-//! hangs past `timeout_ms`, or a client that goes away mid-job (the request's
-//! future is dropped, and the [`ActionRun`] guard deletes the instance). Its
+//! hangs past `timeout_ms`, or a client that goes away mid-job.
+//!
+//! Each action runs in a task of its own, which the request only waits on:
+//! a client that leaves cancels the job, but never a create halfway (a
+//! create runs to its end, and what it made is deleted). The instance's
 //! `config.max_duration_minutes` also bounds it, so a control plane that dies
-//! mid-job leaves nothing behind for longer than that either.
+//! mid-job leaves nothing behind for longer than that either. At most
+//! `actions.max_pending` actions are held at once (waiting for room or
+//! running); more are refused at once with 503.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
+
+use tokio_util::sync::CancellationToken;
 
 use flotilla_api_types::actions::{ActionKind, ActionRequest, AgentAction};
 use flotilla_api_types::instances::{CreateInstanceRequest, InstanceConfig};
@@ -25,6 +33,38 @@ use crate::nodes::{ActionResult, NodeCallError};
 /// browser's launch) before the lifetime sweep deletes it.
 const LIFETIME_MARGIN_MINUTES: f64 = 2.0;
 
+/// Actions held by this control plane now (waiting for room or running).
+#[derive(Default)]
+pub struct ActionsInProgress(Arc<AtomicUsize>);
+
+/// One held action; dropping it frees its place.
+struct Held(Arc<AtomicUsize>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl ActionsInProgress {
+    /// A place, if fewer than `max` are held.
+    fn hold(&self, max: usize) -> Option<Held> {
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                (held < max).then_some(held + 1)
+            })
+            .ok()
+            .map(|_| Held(self.0.clone()))
+    }
+}
+
+/// Why an action ended without a result, for its `outcome` label.
+enum Ended {
+    Failed(Error),
+    /// Its client went away.
+    Abandoned,
+}
+
 impl ControlPlane {
     /// Runs action `kind` on a borrowed instance; the result's type and bytes.
     pub async fn action_run(
@@ -32,41 +72,67 @@ impl ControlPlane {
         kind: ActionKind,
         request: ActionRequest,
     ) -> Result<ActionResult> {
-        let mut run = ActionRun {
-            control_plane: self.clone(),
-            kind,
-            started: Instant::now(),
-            instance: None,
-            outcome: None,
+        let started = Instant::now();
+        let settings = &self.config.actions;
+        let checked = request
+            .validate(kind, &settings.limits())
+            .map_err(Error::InvalidRequest);
+        if let Err(error) = checked {
+            self.telemetry
+                .observe_action(kind.as_str(), "invalid_request", started.elapsed());
+            return Err(error);
+        }
+        let Some(held) = self.actions_in_progress.hold(settings.max_pending) else {
+            self.telemetry
+                .observe_action(kind.as_str(), "no_capacity", started.elapsed());
+            return Err(Error::InsufficientCapacity(format!(
+                "{} actions are in progress, the most this control plane holds (actions.max_pending): retry shortly",
+                settings.max_pending
+            )));
         };
-        let result = run.carry_out(request).await;
-        run.outcome = Some(match &result {
-            Ok(_) => "ok",
-            Err(error) => outcome_of(error),
+        // The client leaving drops this future, and with it the guard that
+        // cancels the job.
+        let client_gone = CancellationToken::new();
+        let _cancel_when_dropped = client_gone.clone().drop_guard();
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let control_plane = self.clone();
+        tokio::spawn(async move {
+            let _held = held;
+            let mut instance = None;
+            let ended = control_plane
+                .action_steps(kind, request, &mut instance, &client_gone)
+                .await;
+            let outcome = match &ended {
+                Ok(_) => "ok",
+                Err(Ended::Abandoned) => "abandoned",
+                Err(Ended::Failed(error)) => outcome_of(error),
+            };
+            control_plane
+                .telemetry
+                .observe_action(kind.as_str(), outcome, started.elapsed());
+            let _ = answer.send(ended.map_err(|ended| match ended {
+                Ended::Failed(error) => error,
+                Ended::Abandoned => Error::internal("the action's client went away"),
+            }));
+            if let Some(id) = instance {
+                control_plane.action_instance_delete(&id).await;
+            }
         });
-        result
+        answered
+            .await
+            .unwrap_or_else(|_| Err(Error::internal("the action's task ended without an answer")))
     }
-}
 
-/// One action in progress. When it drops (the action ended, or its client
-/// went away) its instance is deleted and its outcome counted.
-struct ActionRun {
-    control_plane: Arc<ControlPlane>,
-    kind: ActionKind,
-    started: Instant,
-    /// The borrowed instance, once created.
-    instance: Option<InstanceId>,
-    /// How it ended; `None` while it runs (dropped then: `abandoned`).
-    outcome: Option<&'static str>,
-}
-
-impl ActionRun {
-    async fn carry_out(&mut self, request: ActionRequest) -> Result<ActionResult> {
-        let control_plane = self.control_plane.clone();
-        let settings = &control_plane.config.actions;
-        request
-            .validate(self.kind, &settings.limits())
-            .map_err(Error::InvalidRequest)?;
+    /// Creates the action's instance (recorded in `instance` as soon as it
+    /// exists) and runs the job on it, unless `client_gone` first.
+    async fn action_steps(
+        &self,
+        kind: ActionKind,
+        request: ActionRequest,
+        instance: &mut Option<InstanceId>,
+        client_gone: &CancellationToken,
+    ) -> std::result::Result<ActionResult, Ended> {
+        let settings = &self.config.actions;
         let lifetime = request.timeout_ms() as f64 / 60_000.0 + LIFETIME_MARGIN_MINUTES;
         let create = CreateInstanceRequest {
             image: None,
@@ -82,52 +148,65 @@ impl ActionRun {
                 persist: false,
             }),
         };
-        let instance = control_plane
+        // Not cancelled halfway: a create dropped between its record and
+        // its answer would leave an instance nobody knows to delete.
+        let created = self
             .instance_create_queued(create, settings.queue_wait_sec)
-            .await?;
-        self.instance = Some(instance.id.clone());
-        let node = instance
-            .node_id
-            .ok_or_else(|| Error::internal("a created instance has no node"))?;
-        let connection = control_plane.connection(&node).await?.ok_or_else(|| {
-            Error::InsufficientCapacity(format!("node {node} went away; retry the action"))
-        })?;
-        let action = AgentAction {
-            kind: self.kind,
-            request,
-        };
-        connection
-            .instance_action(&instance.id, &action)
             .await
-            .map_err(refusal)
-    }
-}
-
-impl Drop for ActionRun {
-    fn drop(&mut self) {
-        let outcome = self.outcome.unwrap_or("abandoned");
-        self.control_plane.telemetry.observe_action(
-            self.kind.as_str(),
-            outcome,
-            self.started.elapsed(),
-        );
-        let Some(id) = self.instance.take() else {
-            return;
-        };
-        let control_plane = self.control_plane.clone();
-        tokio::spawn(async move {
-            match control_plane.instance_delete(&id, true).await {
-                Ok(_) | Err(Error::NotFound(_)) => {}
-                Err(error) => {
-                    tracing::warn!(instance = %id, %error, "an action's instance could not be deleted; its max_duration_minutes will end it");
-                }
+            .map_err(|error| Ended::Failed(named_for_actions(error)))?;
+        *instance = Some(created.id.clone());
+        if client_gone.is_cancelled() {
+            return Err(Ended::Abandoned);
+        }
+        let node = created
+            .node_id
+            .ok_or_else(|| Ended::Failed(Error::internal("a created instance has no node")))?;
+        let connection = self
+            .connection(&node)
+            .await
+            .map_err(Ended::Failed)?
+            .ok_or_else(|| {
+                Ended::Failed(Error::InsufficientCapacity(format!(
+                    "node {node} went away; retry the action"
+                )))
+            })?;
+        let action = AgentAction { kind, request };
+        tokio::select! {
+            done = connection.instance_action(&created.id, &action) => {
+                done.map_err(|error| Ended::Failed(refusal(&node, error)))
             }
-        });
+            _ = client_gone.cancelled() => Err(Ended::Abandoned),
+        }
+    }
+
+    /// Deletes an action's instance; one that cannot be deleted now is left
+    /// to its `max_duration_minutes`.
+    async fn action_instance_delete(&self, id: &InstanceId) {
+        match self.instance_delete(id, true).await {
+            Ok(_) | Err(Error::NotFound(_)) => {}
+            Err(error) => {
+                tracing::warn!(instance = %id, %error, "an action's instance could not be deleted; its max_duration_minutes will end it");
+            }
+        }
     }
 }
 
-/// What the node's refusal of a job means to the action's client.
-fn refusal(error: NodeCallError) -> Error {
+/// A create's refusal in an action's words (`profile`, not `profile.name`;
+/// `proxy`, not `config.proxy`).
+fn named_for_actions(error: Error) -> Error {
+    match error {
+        Error::InvalidRequest(detail) => Error::InvalidRequest(
+            detail
+                .replacen("profile.name:", "profile:", 1)
+                .replacen("config.proxy", "proxy", 1),
+        ),
+        other => other,
+    }
+}
+
+/// What the node's refusal of a job means to the action's client. A node
+/// that cannot be reached is logged with its address, not shown.
+fn refusal(node: &flotilla_api_types::NodeId, error: NodeCallError) -> Error {
     match error {
         NodeCallError::Rejected { code, detail } => match code {
             ErrorCode::InvalidRequest => Error::InvalidRequest(detail),
@@ -142,7 +221,8 @@ fn refusal(error: NodeCallError) -> Error {
             .into(),
         },
         NodeCallError::Unreachable(detail) => {
-            Error::BadGateway(format!("the instance's node did not answer: {detail}"))
+            tracing::warn!(%node, detail, "an action's node did not answer");
+            Error::BadGateway(format!("node {node} did not answer the action; retry it"))
         }
     }
 }

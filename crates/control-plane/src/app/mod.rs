@@ -62,6 +62,8 @@ pub struct ControlPlane {
     pub(crate) public_hosts: instance_access::PublicHosts,
     /// Creates waiting for room (`?wait_sec=`).
     pub(crate) create_queue: queue::CreateQueue,
+    /// REST actions held now (`actions.max_pending`).
+    pub(crate) actions_in_progress: actions::ActionsInProgress,
     /// This control plane's name as a lease holder (random per start).
     holder: String,
     /// The nodes (and agent generations) this process reconciled at their
@@ -97,6 +99,7 @@ impl ControlPlane {
             reconciled: Default::default(),
             warm_pools: Default::default(),
             create_queue: queue::CreateQueue::default(),
+            actions_in_progress: actions::ActionsInProgress::default(),
             holder: uuid::Uuid::new_v4().simple().to_string(),
             recent_failures: tokio::sync::Mutex::new(None),
             tasks: Arc::default(),

@@ -31,12 +31,11 @@ async fn run(
     request_body = ActionRequest,
     responses(
         (status = 200, description = "The image (`image/png`, `image/jpeg` or `image/webp` per `format`); a page over `agent.screenshot_max_pixels` is captured scaled down to fit", content_type = "image/png"),
-        (status = 400, description = "A field is missing, out of range or of another action; a URL that is not http(s); a selector that does not parse or matches nothing", body = ErrorResponse),
-        (status = 404, description = "The `profile` does not exist", body = ErrorResponse),
+        (status = 400, description = "A field is missing, out of range or of another action; a URL that is not http(s); a selector that does not parse or matches nothing; an unknown profile", body = ErrorResponse),
         (status = 409, description = "The node that took the job runs no real browser (the sim runtime)", body = ErrorResponse),
         (status = 413, description = "The body or the image is over its limit", body = ErrorResponse),
-        (status = 502, description = "The page could not be loaded (the reason is Chromium's, e.g. net::ERR_NAME_NOT_RESOLVED)", body = ErrorResponse),
-        (status = 503, description = "No room within actions.queue_wait_sec", body = ErrorResponse),
+        (status = 502, description = "The page could not be loaded (the reason is Chromium's, e.g. net::ERR_NAME_NOT_RESOLVED), or the browser did not start", body = ErrorResponse),
+        (status = 503, description = "No room within actions.queue_wait_sec, or actions.max_pending actions held", body = ErrorResponse),
         (status = 504, description = "The page did not finish within timeout_ms; the detail names what it waited for", body = ErrorResponse),
     ))]
 pub async fn screenshot(
@@ -53,7 +52,6 @@ pub async fn screenshot(
     responses(
         (status = 200, description = "The PDF", content_type = "application/pdf"),
         (status = 400, body = ErrorResponse),
-        (status = 404, description = "The `profile` does not exist", body = ErrorResponse),
         (status = 409, description = "The node that took the job runs no real browser (the sim runtime)", body = ErrorResponse),
         (status = 413, body = ErrorResponse),
         (status = 502, body = ErrorResponse),
@@ -73,7 +71,6 @@ pub async fn pdf(
     responses(
         (status = 200, description = "The document", content_type = "text/html"),
         (status = 400, body = ErrorResponse),
-        (status = 404, description = "The `profile` does not exist", body = ErrorResponse),
         (status = 409, description = "The node that took the job runs no real browser (the sim runtime)", body = ErrorResponse),
         (status = 413, body = ErrorResponse),
         (status = 502, body = ErrorResponse),
@@ -94,7 +91,6 @@ pub async fn content(
     responses(
         (status = 200, body = ScrapeResponse),
         (status = 400, body = ErrorResponse),
-        (status = 404, description = "The `profile` does not exist", body = ErrorResponse),
         (status = 409, description = "The node that took the job runs no real browser (the sim runtime)", body = ErrorResponse),
         (status = 413, body = ErrorResponse),
         (status = 502, body = ErrorResponse),

@@ -528,10 +528,8 @@ impl Agent {
         let endpoint = slot
             .wait_ready_waking(launch_wait, false)
             .await
-            .map_err(|e| ActionError::NoBrowser(e.to_string()))?
-            .ok_or_else(|| {
-                ActionError::NoBrowser("this node's runtime has no real browser".into())
-            })?;
+            .map_err(|e| ActionError::NotStarted(e.to_string()))?
+            .ok_or(ActionError::NoBrowser)?;
         slot.touch();
         let bounds = ActionBounds {
             max_output_bytes: config.action_max_output_bytes,

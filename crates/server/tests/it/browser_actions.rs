@@ -44,6 +44,11 @@ const HOME: &str = r#"<!doctype html><html><head><title>Action test</title></hea
 const TALL: &str = r#"<!doctype html><html><body style="margin:0">
 <div style="height:3000px;background:linear-gradient(#fff,#000)"></div></body></html>"#;
 
+/// Opens a dialog, then leaves for `/` before it loads (its image never
+/// comes).
+const MOVES: &str =
+    r#"<!doctype html><img src="/hang"><script>alert('one'); location.replace('/')</script>"#;
+
 const PAGES: &str = r#"<!doctype html><html><body>
 <section style="break-after:page">first</section>
 <section style="break-after:page">second</section>
@@ -60,6 +65,7 @@ impl Site {
             .route("/", html(HOME))
             .route("/tall", html(TALL))
             .route("/pages", html(PAGES))
+            .route("/moves", html(MOVES))
             .route(
                 "/hang",
                 axum::routing::get(std::future::pending::<&'static str>),
@@ -358,6 +364,17 @@ async fn browser_actions_render_screenshots_pdfs_content_and_scrapes() {
         site.paths()
     );
 
+    // A page that opens a dialog and leaves for another before it loads:
+    // the dialog is dismissed, and the page it went to is the one awaited.
+    let html = ok(
+        &api,
+        "content",
+        json!({"url": format!("{}/moves", site.base)}),
+        "text/html",
+    )
+    .await;
+    assert!(String::from_utf8(html).unwrap().contains("Static title"));
+
     // A document given as html, rendered by its own script.
     let html = ok(
         &api,
@@ -651,5 +668,88 @@ async fn actions_refuse_bad_input_naming_the_field() {
     // Nothing was created for any of them.
     let (_, list) = api.get("/v2/instances").await;
     assert_eq!(list["instances"], json!([]), "{list}");
+    serve.shutdown().await;
+}
+
+/// The control plane holds at most `actions.max_pending` actions: more are
+/// refused at once. An action whose client leaves while it waits for room
+/// leaves nothing behind once room comes (its create runs to its end, and
+/// what it made is deleted).
+#[tokio::test]
+async fn actions_beyond_max_pending_are_refused_and_a_client_that_leaves_the_queue_leaves_nothing()
+{
+    let serve = spawn_serve_with(|config| {
+        config.agent.runtime = flotilla_node_agent::RuntimeKind::Sim;
+        config.agent.max_instances = 1;
+        config.control.actions.max_pending = 2;
+        config.control.actions.queue_wait_sec = 120;
+    })
+    .await;
+    let api = serve.api.clone();
+    let occupant = api.create("{}").await;
+    let occupant = occupant["id"].as_str().unwrap().to_owned();
+    let body = json!({"url": "http://a.test/"});
+    let waiting: Vec<_> = (0..2)
+        .map(|_| {
+            let (api, body) = (api.clone(), body.clone());
+            tokio::spawn(async move { action(&api, "content", body).await })
+        })
+        .collect();
+    wait_until(BROWSER_DEADLINE, "two actions waiting for room", || async {
+        let metrics = api
+            .http
+            .get(format!("{}/metrics", api.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let queued = metrics
+            .lines()
+            .find_map(|line| line.strip_prefix("service_create_queue_length "))
+            .map_or(0.0, |v| v.parse::<f64>().unwrap());
+        if queued >= 2.0 {
+            Ok(Some(()))
+        } else {
+            Err(format!("{queued} in the create queue"))
+        }
+    })
+    .await
+    .unwrap();
+    let detail = refused(
+        &api,
+        "content",
+        body.clone(),
+        StatusCode::SERVICE_UNAVAILABLE,
+    )
+    .await;
+    assert!(detail.contains("actions.max_pending"), "{detail}");
+    // Both clients leave; then room comes.
+    for job in &waiting {
+        job.abort();
+    }
+    for job in waiting {
+        let _ = job.await;
+    }
+    api.delete_instance(&occupant).await;
+    assert_no_instance_left(&api).await;
+    wait_until(
+        BROWSER_DEADLINE,
+        "both actions counted as abandoned",
+        || async {
+            match actions_counted(&api, "content", "abandoned").await {
+                2 => Ok(Some(())),
+                other => Err(format!("{other}")),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(actions_counted(&api, "content", "no_capacity").await, 1);
+    // With room, an action on the sim runtime gets as far as the node: 409.
+    let detail = refused(&api, "content", body, StatusCode::CONFLICT).await;
+    assert!(detail.contains("no real browser"), "{detail}");
+    assert_no_instance_left(&api).await;
     serve.shutdown().await;
 }
