@@ -38,6 +38,7 @@ pub mod metrics;
 pub mod names;
 pub mod nodes;
 pub mod origin;
+pub mod page;
 pub mod prefs;
 pub mod profiles;
 pub mod prometheus;

@@ -50,6 +50,39 @@ pub struct ControlPlaneConfig {
     pub webdriver: WebDriverConfig,
     /// `[actions]`: REST actions (`POST /v2/actions/…`).
     pub actions: ActionsConfig,
+    /// `[mcp]`: the MCP server at `/mcp`.
+    pub mcp: McpConfig,
+}
+
+/// `[mcp]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct McpConfig {
+    /// What becomes of the instances an MCP session created when it ends.
+    pub on_session_end: SessionEnd,
+    /// How long `browser_create` waits in the create queue for room.
+    pub queue_wait_sec: u64,
+    /// The longest one page step may take (a navigation, a wait, …).
+    pub step_timeout_ms: u64,
+}
+
+impl Default for McpConfig {
+    fn default() -> Self {
+        Self {
+            on_session_end: SessionEnd::Delete,
+            queue_wait_sec: 60,
+            step_timeout_ms: 60_000,
+        }
+    }
+}
+
+/// `mcp.on_session_end`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionEnd {
+    Delete,
+    Park,
+    Keep,
 }
 
 /// `[actions]`.
@@ -447,6 +480,11 @@ impl ControlPlaneConfig {
         if self.actions.max_html_bytes == 0 {
             return Err(ConfigError::Zero {
                 key: "actions.max_html_bytes",
+            });
+        }
+        if self.mcp.step_timeout_ms == 0 {
+            return Err(ConfigError::Zero {
+                key: "mcp.step_timeout_ms",
             });
         }
         if self.actions.max_pending == 0 {

@@ -120,6 +120,37 @@ impl From<crate::nodes::NodeCallError> for Error {
     }
 }
 
+impl Error {
+    /// What a node's refusal of a job on a page (a REST action, an MCP
+    /// step) means to its client: the node's status kept. A node that
+    /// cannot be reached is logged with its address, not shown.
+    pub fn of_page_job(
+        node: &flotilla_api_types::NodeId,
+        error: crate::nodes::NodeCallError,
+    ) -> Self {
+        use crate::nodes::NodeCallError::{Rejected, Unreachable};
+        match error {
+            Rejected { code, detail } => match code {
+                ErrorCode::InvalidRequest => Self::InvalidRequest(detail),
+                ErrorCode::NotFound => Self::NotFound(detail),
+                ErrorCode::Timeout => Self::Timeout(detail),
+                ErrorCode::BadGateway => Self::BadGateway(detail),
+                ErrorCode::PayloadTooLarge => Self::PayloadTooLarge(detail),
+                ErrorCode::InvalidState => Self::InvalidState(detail),
+                other => Rejected {
+                    code: other,
+                    detail,
+                }
+                .into(),
+            },
+            Unreachable(detail) => {
+                tracing::warn!(%node, detail, "a node did not answer a job on a page");
+                Self::BadGateway(format!("node {node} did not answer; retry"))
+            }
+        }
+    }
+}
+
 /// A refused `config.proxy`: the message names the field.
 impl From<flotilla_api_types::instances::ProxyError> for Error {
     fn from(error: flotilla_api_types::instances::ProxyError) -> Self {

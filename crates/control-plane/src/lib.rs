@@ -19,6 +19,7 @@ pub mod background;
 pub mod config;
 pub mod error;
 pub mod http;
+pub mod mcp;
 pub mod nodes;
 pub mod scheduler;
 pub mod store;

@@ -307,47 +307,8 @@ impl Job<'_> {
                 reason: reason.to_owned(),
             });
         }
-        let Some(first_loader) = navigated["loaderId"].as_str() else {
-            // A navigation within the same document: nothing more loads.
-            return Ok(());
-        };
-        let frame = navigated["frameId"].as_str().unwrap_or_default();
-        // A page that navigates itself before it loads (a script or a meta
-        // refresh) starts a new document: its events are the ones awaited.
-        let mut loader = first_loader.to_owned();
-        loop {
-            let event = match events.recv().await {
-                Ok(event) => event,
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => {
-                    return Err(ActionError::Browser(CdpError::Closed));
-                }
-            };
-            if event.method == "Target.detachedFromTarget"
-                && event.params["sessionId"] == page.session.as_str()
-            {
-                return Err(ActionError::Browser(CdpError::TargetGone(
-                    "loading the page (it closed itself)".into(),
-                )));
-            }
-            if event.session_id.as_deref() != Some(page.session.as_str()) {
-                continue;
-            }
-            if is_lifecycle(&event, frame, None, "init") {
-                if let Some(newer) = event.params["loaderId"].as_str() {
-                    loader = newer.to_owned();
-                }
-                continue;
-            }
-            if is_lifecycle(&event, frame, Some(&loader), awaited) {
-                return Ok(());
-            }
-            if event.method == "Inspector.targetCrashed" {
-                return Err(ActionError::Browser(CdpError::TargetGone(
-                    "loading the page".into(),
-                )));
-            }
-        }
+        crate::page_ops::wait_loaded(&mut events, &page.session, &navigated, awaited).await?;
+        Ok(())
     }
 
     /// Every selector of the request, parsed by the page itself: a refusal
@@ -635,15 +596,6 @@ async fn page_target(client: &CdpClient, job: &Job<'_>) -> Result<String, Action
         )
         .await?;
     Ok(created["targetId"].as_str().unwrap_or_default().to_owned())
-}
-
-/// Whether `event` is lifecycle event `name` of `frame` (and of `loader`'s
-/// document, when given).
-fn is_lifecycle(event: &CdpEvent, frame: &str, loader: Option<&str>, name: &str) -> bool {
-    event.method == "Page.lifecycleEvent"
-        && event.params["frameId"] == frame
-        && loader.is_none_or(|loader| event.params["loaderId"] == loader)
-        && event.params["name"] == name
 }
 
 /// Dismisses every dialog the page opens (`alert`, `confirm`, `prompt`,

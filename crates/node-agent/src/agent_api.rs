@@ -6,6 +6,7 @@
 //! - `POST   /agent/v1/instances/{id}/dormant` — park → 200 [`AgentDormantResult`]
 //! - `POST   /agent/v1/instances/{id}/revive`  — [`AgentReviveInstance`] → 202 [`AgentInstancePorts`]
 //! - `POST   /agent/v1/instances/{id}/action`  — [`AgentAction`] → 200, the result itself
+//! - `POST   /agent/v1/instances/{id}/page`    — [`AgentPageRequest`] → 200 [`PageAnswer`]
 //! - `GET    /agent/v1/instances`       — the agent's [`InstanceReport`]s
 //! - `GET    /agent/v1/identity`        — [`AgentIdentity`]: node id, process generation, address
 //!
@@ -28,6 +29,7 @@ use flotilla_api_types::agent::{
     AgentReviveInstance, InstanceReport,
 };
 use flotilla_api_types::credentials::{bearer_token, constant_time_eq};
+use flotilla_api_types::page::{AgentPageRequest, PageAnswer};
 use flotilla_api_types::{ErrorCode, ErrorResponse, InstanceId};
 
 use crate::agent::{Agent, AgentError};
@@ -51,6 +53,7 @@ pub fn router(agent: Agent, cluster_token: &str) -> Router {
         .route("/agent/v1/instances/{id}", delete(instance_delete))
         .route("/agent/v1/instances/{id}/dormant", post(instance_dormant))
         .route("/agent/v1/instances/{id}/revive", post(instance_revive))
+        .route("/agent/v1/instances/{id}/page", post(instance_page))
         .route(
             "/agent/v1/instances/{id}/action",
             post(instance_action).layer(axum::extract::DefaultBodyLimit::max(ACTION_BODY_LIMIT)),
@@ -78,6 +81,18 @@ const ACTION_BODY_LIMIT: usize = 256 << 20;
 pub fn status_of(error: &AgentError) -> StatusCode {
     use crate::actions::ActionError;
     match error {
+        AgentError::Page(page) => {
+            use crate::page_ops::PageError;
+            match page {
+                PageError::BadInput(_) | PageError::StaleElement(_) => StatusCode::BAD_REQUEST,
+                PageError::NoTab(_) => StatusCode::NOT_FOUND,
+                PageError::Navigation { .. } | PageError::NotStarted(_) | PageError::Browser(_) => {
+                    StatusCode::BAD_GATEWAY
+                }
+                PageError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+                PageError::NoBrowser => StatusCode::CONFLICT,
+            }
+        }
         AgentError::Action(action) => match action {
             ActionError::BadSelector { .. }
             | ActionError::NoElement { .. }
@@ -148,6 +163,14 @@ async fn require_token(
             "the agent API needs Authorization: Bearer <cluster_token>".into(),
         ),
     }
+}
+
+async fn instance_page(
+    State(state): State<ApiState>,
+    Path(id): Path<InstanceId>,
+    Json(request): Json<AgentPageRequest>,
+) -> Result<Json<PageAnswer>, AgentError> {
+    Ok(Json(state.agent.instance_page(&id, &request).await?))
 }
 
 async fn instance_action(

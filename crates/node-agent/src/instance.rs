@@ -119,6 +119,8 @@ pub struct InstanceSlot {
     /// takes it (or it is dropped, and ends, when none does at once). A std
     /// mutex: swapped only.
     prestarted_driver: Mutex<Option<crate::webdriver::Driver>>,
+    /// Console messages of its pages, for MCP steps (followed from the first).
+    pub console: Arc<crate::page_ops::ConsoleLog>,
     clock: Arc<dyn Clock>,
 }
 
@@ -179,6 +181,7 @@ impl InstanceSlot {
             waker,
             recorder: Mutex::new(None),
             prestarted_driver: Mutex::new(None),
+            console: Arc::default(),
             clock,
         };
         (slot, received)

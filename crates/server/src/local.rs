@@ -18,6 +18,7 @@ use flotilla_api_types::agent::{
 use flotilla_api_types::agent::{AgentDormantResult, AgentIdentity, AgentReviveInstance};
 use flotilla_api_types::extensions::ExtensionRefusal;
 use flotilla_api_types::instances::KeptRecording;
+use flotilla_api_types::page::{AgentPageRequest, PageAnswer};
 use flotilla_control_plane::ControlPlane;
 use flotilla_control_plane::artifacts::{ArtifactStore, ExtensionManifest, VideoStream};
 use flotilla_control_plane::nodes::{ActionResult, NodeCallError, NodeConnection};
@@ -49,6 +50,14 @@ impl NodeConnection for LocalNode {
 
     async fn identity(&self) -> Result<AgentIdentity, NodeCallError> {
         Ok(self.0.identity())
+    }
+
+    async fn instance_page(
+        &self,
+        id: &InstanceId,
+        request: &AgentPageRequest,
+    ) -> Result<PageAnswer, NodeCallError> {
+        self.0.instance_page(id, request).await.map_err(agent_error)
     }
 
     async fn instance_action(

@@ -20,14 +20,14 @@ use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
+use flotilla_api_types::InstanceId;
 use flotilla_api_types::actions::{ActionKind, ActionRequest, AgentAction};
 use flotilla_api_types::instances::{CreateInstanceRequest, InstanceConfig};
 use flotilla_api_types::profiles::ProfileUse;
-use flotilla_api_types::{ErrorCode, InstanceId};
 
 use super::ControlPlane;
 use crate::error::{Error, Result};
-use crate::nodes::{ActionResult, NodeCallError};
+use crate::nodes::ActionResult;
 
 /// Minutes an action's instance may live beyond its `timeout_ms` (the
 /// browser's launch) before the lifetime sweep deletes it.
@@ -173,10 +173,33 @@ impl ControlPlane {
         let action = AgentAction { kind, request };
         tokio::select! {
             done = connection.instance_action(&created.id, &action) => {
-                done.map_err(|error| Ended::Failed(refusal(&node, error)))
+                done.map_err(|error| Ended::Failed(Error::of_page_job(&node, error)))
             }
             _ = client_gone.cancelled() => Err(Ended::Abandoned),
         }
+    }
+
+    /// Carries out an MCP step on an instance's page, on its node.
+    pub async fn instance_page(
+        &self,
+        id: &InstanceId,
+        request: &flotilla_api_types::page::AgentPageRequest,
+    ) -> Result<flotilla_api_types::page::PageAnswer> {
+        let record = self
+            .store
+            .instance_get(id)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("no instance {id}")))?;
+        let connection = self.connection(&record.node_id).await?.ok_or_else(|| {
+            Error::BadGateway(format!(
+                "node {} of instance {id} is not reachable",
+                record.node_id
+            ))
+        })?;
+        connection
+            .instance_page(id, request)
+            .await
+            .map_err(|error| Error::of_page_job(&record.node_id, error))
     }
 
     /// Deletes an action's instance; one that cannot be deleted now is left
@@ -201,29 +224,6 @@ fn named_for_actions(error: Error) -> Error {
                 .replacen("config.proxy", "proxy", 1),
         ),
         other => other,
-    }
-}
-
-/// What the node's refusal of a job means to the action's client. A node
-/// that cannot be reached is logged with its address, not shown.
-fn refusal(node: &flotilla_api_types::NodeId, error: NodeCallError) -> Error {
-    match error {
-        NodeCallError::Rejected { code, detail } => match code {
-            ErrorCode::InvalidRequest => Error::InvalidRequest(detail),
-            ErrorCode::Timeout => Error::Timeout(detail),
-            ErrorCode::BadGateway => Error::BadGateway(detail),
-            ErrorCode::PayloadTooLarge => Error::PayloadTooLarge(detail),
-            ErrorCode::InvalidState => Error::InvalidState(detail),
-            other => NodeCallError::Rejected {
-                code: other,
-                detail,
-            }
-            .into(),
-        },
-        NodeCallError::Unreachable(detail) => {
-            tracing::warn!(%node, detail, "an action's node did not answer");
-            Error::BadGateway(format!("node {node} did not answer the action; retry it"))
-        }
     }
 }
 

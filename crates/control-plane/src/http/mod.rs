@@ -12,6 +12,8 @@ mod health;
 mod instances;
 mod internal;
 mod live;
+#[allow(dead_code)] // only the OpenAPI entries of its functions are used
+mod mcp_docs;
 mod nodes;
 mod observability;
 mod profiles;
@@ -82,6 +84,9 @@ use crate::error::Error;
         actions::pdf,
         actions::content,
         actions::scrape,
+        mcp_docs::mcp_post,
+        mcp_docs::mcp_stream,
+        mcp_docs::mcp_end,
     ),
     components(schemas(
         flotilla_api_types::instances::InstanceStatus,
@@ -109,6 +114,7 @@ use crate::error::Error;
         (name = "events", description = "Subscriber tokens for the event proxy"),
         (name = "webdriver", description = "W3C WebDriver (Selenium, WebdriverIO), also under /wd/hub: a session is an instance; commands are served by its node's chromedriver. Credential: an API key, as Bearer or as Basic credentials in the URL"),
         (name = "actions", description = "One page rendered in a browser borrowed for the job (a screenshot, a PDF, the rendered HTML, scraped elements), answered with the result itself; the browser is deleted afterwards"),
+        (name = "mcp", description = "The Model Context Protocol for AI agents (Streamable HTTP): browser_* tools over the fleet. Credential: an API key"),
         (name = "front door", description = "Every instance through the control plane's port: CDP, DevTools discovery, live view, screenshot, tabs. Credential: an API key, or the instance's token as Bearer or ?token="),
     )
 )]
@@ -218,6 +224,7 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
         .merge(webdriver_routes())
         .merge(resource_routes())
         .merge(action_routes(&control_plane))
+        .route_service("/mcp", crate::mcp::service(control_plane.clone()))
         .merge(ui_routes())
         .nest("/internal/v1", internal_routes(&control_plane))
         .merge(SwaggerUi::new("/docs").url(

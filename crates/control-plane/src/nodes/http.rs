@@ -13,6 +13,7 @@ use flotilla_api_types::{ErrorCode, ErrorResponse, InstanceId};
 
 use super::{ActionResult, NodeCallError, NodeConnection};
 use flotilla_api_types::actions::AgentAction;
+use flotilla_api_types::page::{AgentPageRequest, PageAnswer};
 
 /// Longest a create or revive call may take (the agent answers once ports are
 /// reserved and the launch has begun).
@@ -157,6 +158,19 @@ impl NodeConnection for HttpNode {
             NodeCallError::Unreachable(format!("{}: the result was cut: {e}", self.address))
         })?;
         Ok(ActionResult { content_type, body })
+    }
+
+    async fn instance_page(
+        &self,
+        id: &InstanceId,
+        request: &AgentPageRequest,
+    ) -> Result<PageAnswer, NodeCallError> {
+        let timeout = CALL_TIMEOUT + Duration::from_millis(request.timeout_ms);
+        let call = self
+            .client
+            .post(self.url(&format!("/{id}/page")))
+            .json(request);
+        expect_body(self.call(call, timeout).await?)
     }
 
     async fn identity(&self) -> Result<AgentIdentity, NodeCallError> {

@@ -16,6 +16,7 @@ use flotilla_api_types::actions::AgentAction;
 use flotilla_api_types::agent::{
     AgentCreateInstance, AgentDormantResult, AgentIdentity, AgentInstancePorts, AgentReviveInstance,
 };
+use flotilla_api_types::page::{AgentPageRequest, PageAnswer};
 use flotilla_api_types::{ErrorCode, InstanceId, NodeId};
 
 /// A REST action's result from its node.
@@ -79,6 +80,12 @@ pub trait NodeConnection: Send + Sync {
         id: &InstanceId,
         action: &AgentAction,
     ) -> Result<ActionResult, NodeCallError>;
+    /// Carries out an MCP step on an instance's page.
+    async fn instance_page(
+        &self,
+        id: &InstanceId,
+        request: &AgentPageRequest,
+    ) -> Result<PageAnswer, NodeCallError>;
     /// Who answers at the agent's address (node id and process generation).
     async fn identity(&self) -> Result<AgentIdentity, NodeCallError>;
     /// The agent API's address; `None` for the in-process agent.

@@ -119,6 +119,9 @@ pub enum AgentError {
     /// A REST action's job failed; its status is the action error's.
     #[error(transparent)]
     Action(#[from] crate::actions::ActionError),
+    /// An MCP step failed; its status is the step error's.
+    #[error(transparent)]
+    Page(#[from] crate::page_ops::PageError),
 }
 
 /// An image name this node's catalog does not have.
@@ -536,6 +539,26 @@ impl Agent {
             max_pixels: config.screenshot_max_pixels,
         };
         Ok(crate::actions::run(&endpoint, action, bounds).await?)
+    }
+
+    /// Carries out an MCP step on an instance's page (waking it when it is
+    /// dormant and waking is on), within the step's `timeout_ms`.
+    pub async fn instance_page(
+        &self,
+        id: &InstanceId,
+        request: &flotilla_api_types::page::AgentPageRequest,
+    ) -> Result<flotilla_api_types::page::PageAnswer, AgentError> {
+        use crate::page_ops::PageError;
+        let slot = self.slot(id)?;
+        let launch_wait = Duration::from_secs(self.inner.settings.config.launch_timeout_sec);
+        let endpoint = slot
+            .wait_ready(launch_wait)
+            .await
+            .map_err(|e| PageError::NotStarted(e.to_string()))?
+            .ok_or(PageError::NoBrowser)?;
+        slot.touch();
+        slot.console.follow(&endpoint).await;
+        Ok(crate::page_ops::run(&endpoint, request, &slot.console).await?)
     }
 
     pub async fn instance_dormant(

@@ -1,0 +1,737 @@
+//! The MCP server at `/mcp` (Streamable HTTP, served by the official Rust
+//! SDK `rmcp`): tools that let an AI agent do a whole browser task without
+//! any other API. Lifecycle tools call the control plane's domain directly;
+//! page tools become steps on the instance's node
+//! (`flotilla_api_types::page`), which reads the page as an accessibility
+//! snapshot whose references the action tools take.
+//!
+//! A session (protocol versions with `initialize`, up to 2025-11-25)
+//! remembers its current instance and tab, so tools may leave
+//! `instance_id` out, and ends the instances it created when it ends
+//! (`[mcp] on_session_end`: delete, park or keep). Clients of the stateless
+//! protocol name the instance on every call, and close what they create.
+//!
+//! Failures of a tool are tool errors (`isError`) with a message an agent
+//! can act on, never protocol errors.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{
+    CallToolResult, ContentBlock, Implementation, InitializeRequestParams, InitializeResult,
+    ServerCapabilities, ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler, schemars, tool, tool_handler, tool_router};
+use serde::Deserialize;
+
+use flotilla_api_types::InstanceId;
+use flotilla_api_types::instances::{
+    CreateInstanceRequest, InstanceConfig, ListInstancesQuery, ReviveMethod, UpstreamProxy,
+};
+use flotilla_api_types::live::{CreateLiveLinkRequest, LiveMode};
+use flotilla_api_types::page::{AgentPageRequest, PageOp};
+use flotilla_api_types::profiles::ProfileUse;
+
+use crate::app::ControlPlane;
+use crate::config::SessionEnd;
+use crate::error::Error;
+
+/// The `/mcp` endpoint as a tower service for the router.
+pub fn service(
+    control_plane: Arc<ControlPlane>,
+) -> rmcp::transport::streamable_http_server::StreamableHttpService<
+    McpSession,
+    rmcp::transport::streamable_http_server::session::local::LocalSessionManager,
+> {
+    use rmcp::transport::streamable_http_server::{
+        StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
+    };
+    // The guard in front checks the API key; hosts are whatever the
+    // operator serves the control plane as.
+    let config = StreamableHttpServerConfig::default().disable_allowed_hosts();
+    StreamableHttpService::new(
+        move || Ok(McpSession::new(control_plane.clone())),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    )
+}
+
+/// One MCP session's state and tools.
+pub struct McpSession {
+    control_plane: Arc<ControlPlane>,
+    /// The instance and tab tools act on when they name none.
+    current: Mutex<Current>,
+    /// Instances this session created (ended with it).
+    created: Mutex<Vec<InstanceId>>,
+    /// Whether this is a session (it began with `initialize`), not one
+    /// request of the stateless protocol.
+    in_session: AtomicBool,
+}
+
+#[derive(Default)]
+struct Current {
+    instance: Option<InstanceId>,
+    tab: Option<String>,
+}
+
+/// A tool error an agent reads.
+fn failed(message: impl Into<String>) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(message.into())])
+}
+
+fn done(text: impl Into<String>) -> CallToolResult {
+    CallToolResult::success(vec![ContentBlock::text(text.into())])
+}
+
+fn failed_with(error: Error) -> CallToolResult {
+    match error {
+        Error::Internal(cause) => {
+            tracing::error!(error = format!("{cause:#}"), "an MCP tool failed");
+            failed("internal error; the cause is in the control plane's log")
+        }
+        other => failed(other.to_string()),
+    }
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema, Default)]
+pub struct InstanceParam {
+    /// The instance; the session's current one when left out.
+    #[serde(default)]
+    pub instance_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema, Default)]
+pub struct CreateParams {
+    /// Image from the nodes' catalogs (default `ubuntu:22.04`, the system
+    /// Chromium; `chromium-headless-shell` for a lighter one).
+    #[serde(default)]
+    pub image: Option<String>,
+    /// Start from this saved profile.
+    #[serde(default)]
+    pub profile: Option<String>,
+    /// Write the profile back when the instance ends.
+    #[serde(default)]
+    pub persist_profile: bool,
+    /// An upstream proxy: `http://host:port` or `socks5://host:port`.
+    #[serde(default)]
+    pub proxy: Option<String>,
+    #[serde(default)]
+    pub proxy_username: Option<String>,
+    #[serde(default)]
+    pub proxy_password: Option<String>,
+    /// Ids of uploaded extensions to load.
+    #[serde(default)]
+    pub extensions: Vec<String>,
+    /// Record the session's video.
+    #[serde(default)]
+    pub record: bool,
+    /// Open this URL once the browser is ready.
+    #[serde(default)]
+    pub url: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema, Default)]
+pub struct ReviveParams {
+    #[serde(default)]
+    pub instance_id: Option<String>,
+    /// Reopen every tab (default true), or only restore cookies and storage.
+    #[serde(default)]
+    pub restore_tabs: Option<bool>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema, Default)]
+pub struct NavigateParams {
+    #[serde(default)]
+    pub instance_id: Option<String>,
+    /// An http or https URL.
+    pub url: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema, Default)]
+pub struct ElementParams {
+    #[serde(default)]
+    pub instance_id: Option<String>,
+    /// What the element is, in words (for the record).
+    #[serde(default)]
+    pub element: Option<String>,
+    /// The element's reference from the latest snapshot (`e42`).
+    #[serde(rename = "ref")]
+    pub reference: String,
+    /// Click twice.
+    #[serde(default)]
+    pub double_click: bool,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema, Default)]
+pub struct DragParams {
+    #[serde(default)]
+    pub instance_id: Option<String>,
+    /// Reference of the element to drag.
+    pub start_ref: String,
+    /// Reference of the element to drop onto.
+    pub end_ref: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema, Default)]
+pub struct TypeParams {
+    #[serde(default)]
+    pub instance_id: Option<String>,
+    #[serde(default)]
+    pub element: Option<String>,
+    /// Reference of the field (`e42`).
+    #[serde(rename = "ref")]
+    pub reference: String,
+    /// Text to type; replaces what the field holds.
+    pub text: String,
+    /// Press Enter afterwards.
+    #[serde(default)]
+    pub submit: bool,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema, Default)]
+pub struct KeyParams {
+    #[serde(default)]
+    pub instance_id: Option<String>,
+    /// `Enter`, `Tab`, `Escape`, `Backspace`, `ArrowDown`, … or one character.
+    pub key: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema, Default)]
+pub struct SelectParams {
+    #[serde(default)]
+    pub instance_id: Option<String>,
+    #[serde(default)]
+    pub element: Option<String>,
+    /// Reference of the select (`e42`).
+    #[serde(rename = "ref")]
+    pub reference: String,
+    /// Values or labels of the options to select.
+    pub values: Vec<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema, Default)]
+pub struct WaitParams {
+    #[serde(default)]
+    pub instance_id: Option<String>,
+    /// Wait until this text is on the page.
+    #[serde(default)]
+    pub text: Option<String>,
+    /// Wait until this text is no longer on the page.
+    #[serde(default)]
+    pub text_gone: Option<String>,
+    /// Wait this many seconds (at most 60).
+    #[serde(default)]
+    pub time: Option<f64>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema, Default)]
+pub struct EvaluateParams {
+    #[serde(default)]
+    pub instance_id: Option<String>,
+    /// A JavaScript expression (a promise is awaited); its value as JSON.
+    pub expression: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema, Default)]
+pub struct TabsParams {
+    #[serde(default)]
+    pub instance_id: Option<String>,
+    /// `list`, `new`, `select` or `close`.
+    pub action: String,
+    /// The tab for `select` and `close` (its id from `list`).
+    #[serde(default)]
+    pub tab: Option<String>,
+    /// The URL for `new`.
+    #[serde(default)]
+    pub url: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema, Default)]
+pub struct HandoffParams {
+    #[serde(default)]
+    pub instance_id: Option<String>,
+    /// How long the link works, in seconds (default 1800).
+    #[serde(default)]
+    pub ttl_sec: Option<u64>,
+}
+
+impl McpSession {
+    fn new(control_plane: Arc<ControlPlane>) -> Self {
+        Self {
+            control_plane,
+            current: Mutex::default(),
+            created: Mutex::default(),
+            in_session: AtomicBool::new(false),
+        }
+    }
+
+    /// The instance a tool acts on: the one named, else the current one.
+    fn instance(&self, named: &Option<String>) -> Result<InstanceId, CallToolResult> {
+        if let Some(id) = named.as_deref().filter(|id| !id.is_empty()) {
+            return Ok(InstanceId::new(id));
+        }
+        self.current
+            .lock()
+            .expect("mcp lock")
+            .instance
+            .clone()
+            .ok_or_else(|| {
+                failed(
+                    "no instance: create one with browser_create, or give instance_id (browser_list lists them)",
+                )
+            })
+    }
+
+    fn make_current(&self, id: &InstanceId, tab: Option<String>) {
+        let mut current = self.current.lock().expect("mcp lock");
+        if current.instance.as_ref() != Some(id) {
+            current.tab = None;
+        }
+        current.instance = Some(id.clone());
+        if tab.is_some() {
+            current.tab = tab;
+        }
+    }
+
+    /// Carries out `op` on the page of the named (or current) instance.
+    async fn step(&self, named: &Option<String>, op: PageOp) -> CallToolResult {
+        let id = match self.instance(named) {
+            Ok(id) => id,
+            Err(refusal) => return refusal,
+        };
+        let tab = {
+            let current = self.current.lock().expect("mcp lock");
+            (current.instance.as_ref() == Some(&id))
+                .then(|| current.tab.clone())
+                .flatten()
+        };
+        let request = AgentPageRequest {
+            tab,
+            op,
+            timeout_ms: self.control_plane.config.mcp.step_timeout_ms,
+        };
+        match self.control_plane.instance_page(&id, &request).await {
+            Ok(answer) => {
+                self.make_current(&id, Some(answer.tab.clone()));
+                let mut content = vec![ContentBlock::text(answer.text)];
+                if let Some(png) = answer.png_base64 {
+                    content.push(ContentBlock::image(png, "image/png"));
+                }
+                CallToolResult::success(content)
+            }
+            Err(error) => failed_with(error),
+        }
+    }
+}
+
+#[tool_router]
+impl McpSession {
+    #[tool(
+        description = "Create a browser (a real, isolated Chromium) and make it the current one. Returns its id. Options: image, a saved profile, an upstream proxy, extensions, recording, and a URL to open."
+    )]
+    async fn browser_create(&self, Parameters(params): Parameters<CreateParams>) -> CallToolResult {
+        let proxy = params.proxy.map(|server| UpstreamProxy {
+            server,
+            username: params.proxy_username,
+            password: params
+                .proxy_password
+                .map(flotilla_api_types::credentials::Secret::new),
+            bypass: Vec::new(),
+        });
+        let request = CreateInstanceRequest {
+            image: params.image,
+            config: Some(InstanceConfig {
+                proxy,
+                extensions: params.extensions,
+                record: params.record,
+                ..InstanceConfig::default()
+            }),
+            node_preference: None,
+            profile: params.profile.map(|name| ProfileUse {
+                name,
+                persist: params.persist_profile,
+            }),
+        };
+        let wait = self.control_plane.config.mcp.queue_wait_sec;
+        let instance = match self
+            .control_plane
+            .instance_create_queued(request, wait)
+            .await
+        {
+            Ok(instance) => instance,
+            Err(error) => return failed_with(error),
+        };
+        self.created
+            .lock()
+            .expect("mcp lock")
+            .push(instance.id.clone());
+        self.make_current(&instance.id, None);
+        let mut text = format!("Created browser {} (now the current one).\n", instance.id);
+        if let Some(url) = params.url {
+            let opened = self
+                .step(&Some(instance.id.to_string()), PageOp::Navigate { url })
+                .await;
+            if opened.is_error == Some(true) {
+                return opened;
+            }
+            for block in opened.content {
+                if let Some(part) = block.as_text() {
+                    text.push_str(&part.text);
+                }
+            }
+        }
+        done(text)
+    }
+
+    #[tool(description = "List the fleet's browsers: id, status, node and creation time.")]
+    async fn browser_list(&self) -> CallToolResult {
+        let current = self.current.lock().expect("mcp lock").instance.clone();
+        match self
+            .control_plane
+            .instance_list(ListInstancesQuery::default())
+            .await
+        {
+            Ok(list) => {
+                let mut text = format!("{} browser(s):\n", list.instances.len());
+                for instance in list.instances {
+                    let mark = if current.as_ref() == Some(&instance.id) {
+                        " (current)"
+                    } else {
+                        ""
+                    };
+                    text.push_str(&format!("- {} {}{mark}\n", instance.id, instance.status));
+                }
+                done(text)
+            }
+            Err(error) => failed_with(error),
+        }
+    }
+
+    #[tool(description = "Close (delete) a browser.")]
+    async fn browser_close(&self, Parameters(params): Parameters<InstanceParam>) -> CallToolResult {
+        let id = match self.instance(&params.instance_id) {
+            Ok(id) => id,
+            Err(refusal) => return refusal,
+        };
+        match self.control_plane.instance_delete(&id, false).await {
+            Ok(_) => {
+                self.created.lock().expect("mcp lock").retain(|c| c != &id);
+                let mut current = self.current.lock().expect("mcp lock");
+                if current.instance.as_ref() == Some(&id) {
+                    *current = Current::default();
+                }
+                done(format!("Closed browser {id}."))
+            }
+            Err(error) => failed_with(error),
+        }
+    }
+
+    #[tool(
+        description = "Park a browser: its cookies, storage and tabs are saved and the browser stops, using no memory until revived."
+    )]
+    async fn browser_park(&self, Parameters(params): Parameters<InstanceParam>) -> CallToolResult {
+        let id = match self.instance(&params.instance_id) {
+            Ok(id) => id,
+            Err(refusal) => return refusal,
+        };
+        match self.control_plane.instance_dormant(&id).await {
+            Ok(instance) => done(format!("Browser {id} is {}.", instance.status)),
+            Err(error) => failed_with(error),
+        }
+    }
+
+    #[tool(
+        description = "Revive a parked browser with its cookies, storage and (by default) its tabs."
+    )]
+    async fn browser_revive(&self, Parameters(params): Parameters<ReviveParams>) -> CallToolResult {
+        let id = match self.instance(&params.instance_id) {
+            Ok(id) => id,
+            Err(refusal) => return refusal,
+        };
+        let method = if params.restore_tabs.unwrap_or(true) {
+            ReviveMethod::FullRestore
+        } else {
+            ReviveMethod::QuickStart
+        };
+        match self.control_plane.instance_revive(&id, method).await {
+            Ok(instance) => {
+                self.make_current(&id, None);
+                done(format!(
+                    "Browser {id} is {} (page tools wait until it runs).",
+                    instance.status
+                ))
+            }
+            Err(error) => failed_with(error),
+        }
+    }
+
+    #[tool(description = "Open a URL in the current tab and wait for it to load.")]
+    async fn browser_navigate(
+        &self,
+        Parameters(params): Parameters<NavigateParams>,
+    ) -> CallToolResult {
+        self.step(&params.instance_id, PageOp::Navigate { url: params.url })
+            .await
+    }
+
+    #[tool(description = "Go back to the previous page of the current tab.")]
+    async fn browser_back(&self, Parameters(params): Parameters<InstanceParam>) -> CallToolResult {
+        self.step(&params.instance_id, PageOp::Back).await
+    }
+
+    #[tool(
+        description = "Read the current page as an accessibility tree: one line per element, each actionable one with a reference ([ref=e42]) that the other tools take. Take a new one after the page changes."
+    )]
+    async fn browser_snapshot(
+        &self,
+        Parameters(params): Parameters<InstanceParam>,
+    ) -> CallToolResult {
+        self.step(&params.instance_id, PageOp::Snapshot).await
+    }
+
+    #[tool(description = "Click an element by its reference from the snapshot.")]
+    async fn browser_click(&self, Parameters(params): Parameters<ElementParams>) -> CallToolResult {
+        let op = PageOp::Click {
+            element: params.reference,
+            double: params.double_click,
+        };
+        self.step(&params.instance_id, op).await
+    }
+
+    #[tool(description = "Move the mouse over an element by its reference.")]
+    async fn browser_hover(&self, Parameters(params): Parameters<ElementParams>) -> CallToolResult {
+        let op = PageOp::Hover {
+            element: params.reference,
+        };
+        self.step(&params.instance_id, op).await
+    }
+
+    #[tool(description = "Drag one element onto another, by their references.")]
+    async fn browser_drag(&self, Parameters(params): Parameters<DragParams>) -> CallToolResult {
+        let op = PageOp::Drag {
+            from: params.start_ref,
+            to: params.end_ref,
+        };
+        self.step(&params.instance_id, op).await
+    }
+
+    #[tool(
+        description = "Type text into a field by its reference (replacing what it holds), optionally pressing Enter."
+    )]
+    async fn browser_type(&self, Parameters(params): Parameters<TypeParams>) -> CallToolResult {
+        let op = PageOp::Type {
+            element: params.reference,
+            text: params.text,
+            submit: params.submit,
+        };
+        self.step(&params.instance_id, op).await
+    }
+
+    #[tool(
+        description = "Press a key in the current tab (Enter, Tab, Escape, an arrow, a character)."
+    )]
+    async fn browser_press_key(&self, Parameters(params): Parameters<KeyParams>) -> CallToolResult {
+        self.step(&params.instance_id, PageOp::PressKey { key: params.key })
+            .await
+    }
+
+    #[tool(description = "Select options of a drop-down list by their values or labels.")]
+    async fn browser_select_option(
+        &self,
+        Parameters(params): Parameters<SelectParams>,
+    ) -> CallToolResult {
+        let op = PageOp::SelectOption {
+            element: params.reference,
+            values: params.values,
+        };
+        self.step(&params.instance_id, op).await
+    }
+
+    #[tool(
+        description = "Wait until a text appears on the page, or goes, or for a number of seconds."
+    )]
+    async fn browser_wait_for(&self, Parameters(params): Parameters<WaitParams>) -> CallToolResult {
+        if params.text.is_none() && params.text_gone.is_none() && params.time.is_none() {
+            return failed("give text, text_gone or time");
+        }
+        let time_ms = params
+            .time
+            .filter(|t| t.is_finite() && *t >= 0.0)
+            .map(|t| (t.min(60.0) * 1000.0) as u64);
+        let op = PageOp::WaitFor {
+            text: params.text,
+            text_gone: params.text_gone,
+            time_ms,
+        };
+        self.step(&params.instance_id, op).await
+    }
+
+    #[tool(
+        description = "Evaluate a JavaScript expression in the current page; its value as JSON."
+    )]
+    async fn browser_evaluate(
+        &self,
+        Parameters(params): Parameters<EvaluateParams>,
+    ) -> CallToolResult {
+        let op = PageOp::Evaluate {
+            expression: params.expression,
+        };
+        self.step(&params.instance_id, op).await
+    }
+
+    #[tool(description = "Take a screenshot of the current tab (a PNG image).")]
+    async fn browser_screenshot(
+        &self,
+        Parameters(params): Parameters<InstanceParam>,
+    ) -> CallToolResult {
+        self.step(&params.instance_id, PageOp::Screenshot).await
+    }
+
+    #[tool(
+        description = "Tabs of the browser: action list, new (with an optional url), select or close (with the tab's id)."
+    )]
+    async fn browser_tabs(&self, Parameters(params): Parameters<TabsParams>) -> CallToolResult {
+        let tab = || {
+            params
+                .tab
+                .clone()
+                .ok_or_else(|| failed("give tab (its id from list)"))
+        };
+        let op = match params.action.as_str() {
+            "list" => PageOp::TabList,
+            "new" => PageOp::TabNew {
+                url: params.url.clone(),
+            },
+            "select" => match tab() {
+                Ok(tab) => PageOp::TabSelect { tab },
+                Err(refusal) => return refusal,
+            },
+            "close" => match tab() {
+                Ok(tab) => PageOp::TabClose { tab },
+                Err(refusal) => return refusal,
+            },
+            other => {
+                return failed(format!(
+                    "unknown action {other:?}: use list, new, select or close"
+                ));
+            }
+        };
+        self.step(&params.instance_id, op).await
+    }
+
+    #[tool(
+        description = "Console messages and uncaught errors of the browser's pages, from the first browser_ step on it."
+    )]
+    async fn browser_console_messages(
+        &self,
+        Parameters(params): Parameters<InstanceParam>,
+    ) -> CallToolResult {
+        self.step(&params.instance_id, PageOp::ConsoleMessages)
+            .await
+    }
+
+    #[tool(description = "Requests the current page made since it loaded: status, kind and URL.")]
+    async fn browser_network_requests(
+        &self,
+        Parameters(params): Parameters<InstanceParam>,
+    ) -> CallToolResult {
+        self.step(&params.instance_id, PageOp::NetworkRequests)
+            .await
+    }
+
+    #[tool(
+        description = "Hand the browser to a person: makes a live link with control (a page that shows the browser and lets them drive it, e.g. to solve a login or a CAPTCHA) and returns its URL to give them. Continue once they say they are done."
+    )]
+    async fn browser_handoff(
+        &self,
+        Parameters(params): Parameters<HandoffParams>,
+        context: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let id = match self.instance(&params.instance_id) {
+            Ok(id) => id,
+            Err(refusal) => return refusal,
+        };
+        let base = match self.control_plane.config.public_url.clone() {
+            Some(url) => url.trim_end_matches('/').to_owned(),
+            None => {
+                let host = context
+                    .extensions
+                    .get::<axum::http::request::Parts>()
+                    .and_then(|parts| parts.headers.get(axum::http::header::HOST))
+                    .and_then(|host| host.to_str().ok())
+                    .unwrap_or("localhost")
+                    .to_owned();
+                format!("http://{host}")
+            }
+        };
+        let request = CreateLiveLinkRequest {
+            mode: LiveMode::Control,
+            ttl_sec: Some(params.ttl_sec.unwrap_or(1800)),
+        };
+        match self
+            .control_plane
+            .live_link_create(&id, request, &base)
+            .await
+        {
+            Ok(link) => done(format!(
+                "Give this link to the person: {}\nIt shows browser {id} and lets them drive it until {}. Wait until they say they are done, then take a new snapshot.",
+                link.url, link.expires_at
+            )),
+            Err(error) => failed_with(error),
+        }
+    }
+}
+
+#[tool_handler]
+impl ServerHandler for McpSession {
+    fn get_info(&self) -> ServerConfig {
+        InitializeResult::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("flotilla", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "Real browsers on demand. browser_create makes one; browser_navigate opens a page; browser_snapshot reads it with element references that browser_click, browser_type and the others take; browser_close ends it.",
+            )
+    }
+
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        self.in_session.store(true, Ordering::Release);
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
+    }
+}
+
+impl Drop for McpSession {
+    fn drop(&mut self) {
+        if !self.in_session.load(Ordering::Acquire) {
+            return;
+        }
+        let created = std::mem::take(&mut *self.created.lock().expect("mcp lock"));
+        if created.is_empty() {
+            return;
+        }
+        let ending = self.control_plane.config.mcp.on_session_end;
+        if ending == SessionEnd::Keep {
+            return;
+        }
+        let control_plane = self.control_plane.clone();
+        tokio::spawn(async move {
+            for id in created {
+                let outcome = match ending {
+                    SessionEnd::Park => control_plane.instance_dormant(&id).await.map(drop),
+                    _ => control_plane.instance_delete(&id, false).await.map(drop),
+                };
+                match outcome {
+                    Ok(()) | Err(Error::NotFound(_)) | Err(Error::InvalidState(_)) => {}
+                    Err(error) => {
+                        tracing::warn!(instance = %id, %error, "cannot end an instance of an ended MCP session");
+                    }
+                }
+            }
+        });
+    }
+}

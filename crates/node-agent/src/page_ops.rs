@@ -1,0 +1,1111 @@
+//! Steps on an instance's page for the control plane's MCP server: navigate,
+//! read the page as an accessibility snapshot, act on its elements by the
+//! snapshot's references, wait, evaluate, capture, and manage tabs.
+//!
+//! A reference is `e<backend node id>`: Chromium's id of the DOM node, the
+//! same across DevTools connections for as long as the node is in its
+//! document, so the node keeps no state between steps. Each step opens its
+//! own connection to the browser (over its network namespace, like the
+//! agent's other DevTools work), within the step's `timeout_ms`.
+//!
+//! Console messages are read from a [`ConsoleLog`] that follows every page
+//! of the browser from the first step on.
+
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+
+use flotilla_api_types::page::{AgentPageRequest, PageAnswer, PageOp, TabInfo};
+
+use crate::browser::CdpEndpoint;
+use crate::cdp::{CdpClient, CdpError, CdpEvent};
+
+/// Largest message a step reads (a screenshot, a snapshot).
+const MAX_MESSAGE: usize = 48 << 20;
+/// Longest snapshot or evaluation result given back, in bytes.
+const MAX_TEXT: usize = 256 * 1024;
+/// Console messages kept per browser.
+const CONSOLE_KEPT: usize = 500;
+/// Longest `wait_for` time.
+const MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// Why a step failed; the message says what the agent can do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum PageError {
+    /// 400.
+    #[error("{0}")]
+    BadInput(String),
+    /// 400: a reference to an element no longer in the page.
+    #[error(
+        "element {0} is not in the page any more (the page changed): take a new snapshot and use its references"
+    )]
+    StaleElement(String),
+    /// 404.
+    #[error("no tab {0}: list the tabs with browser_tabs")]
+    NoTab(String),
+    /// 502.
+    #[error("the page at {url} could not be loaded: {reason}")]
+    Navigation { url: String, reason: String },
+    /// 504.
+    #[error("{0} did not finish within the step's time")]
+    Timeout(&'static str),
+    /// 409: the node runs no real browser (the sim runtime).
+    #[error("this node's runtime has no real browser")]
+    NoBrowser,
+    /// 502.
+    #[error("the browser is not ready: {0}")]
+    NotStarted(String),
+    /// 502.
+    #[error("the browser failed the step: {}", describe(.0))]
+    Browser(CdpError),
+}
+
+impl From<CdpError> for PageError {
+    fn from(error: CdpError) -> Self {
+        match error {
+            CdpError::Timeout { .. } => Self::Timeout("the step"),
+            other => Self::Browser(other),
+        }
+    }
+}
+
+/// A CDP failure in words fit for a client: no addresses or paths.
+fn describe(error: &CdpError) -> String {
+    match error {
+        CdpError::Connect { .. } => "the agent cannot reach the browser".into(),
+        other => other.to_string(),
+    }
+}
+
+/// Runs `request` on the browser at `endpoint`.
+pub async fn run(
+    endpoint: &CdpEndpoint,
+    request: &AgentPageRequest,
+    console: &ConsoleLog,
+) -> Result<PageAnswer, PageError> {
+    let deadline = Instant::now() + Duration::from_millis(request.timeout_ms.max(1));
+    let step = async {
+        let client = CdpClient::open_limited(endpoint, &endpoint.browser_path, MAX_MESSAGE).await?;
+        let step = Step { client, deadline };
+        step.run(request, console).await
+    };
+    tokio::time::timeout_at(deadline, step)
+        .await
+        .unwrap_or(Err(PageError::Timeout("the step")))
+}
+
+struct Step {
+    client: CdpClient,
+    deadline: Instant,
+}
+
+/// A tab the step acts on: its target and flat session.
+struct Tab {
+    id: String,
+    session: String,
+}
+
+impl Step {
+    fn remaining(&self) -> Duration {
+        self.deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1))
+    }
+
+    async fn browser(&self, method: &str, params: Value) -> Result<Value, CdpError> {
+        self.client
+            .call(method, params, None, self.remaining())
+            .await
+    }
+
+    async fn on(&self, tab: &Tab, method: &str, params: Value) -> Result<Value, CdpError> {
+        self.client
+            .call(method, params, Some(&tab.session), self.remaining())
+            .await
+    }
+
+    async fn run(
+        &self,
+        request: &AgentPageRequest,
+        console: &ConsoleLog,
+    ) -> Result<PageAnswer, PageError> {
+        match &request.op {
+            PageOp::TabList => {
+                let tabs = self.tabs().await?;
+                let current = request
+                    .tab
+                    .clone()
+                    .or_else(|| tabs.first().map(|t| t.id.clone()))
+                    .unwrap_or_default();
+                return Ok(answer(list_tabs(&tabs, &current), &current));
+            }
+            PageOp::TabNew { url } => {
+                if let Some(url) = url {
+                    check_url(url)?;
+                }
+                let created = self
+                    .browser("Target.createTarget", json!({"url": "about:blank"}))
+                    .await?;
+                let id = created["targetId"].as_str().unwrap_or_default().to_owned();
+                let tab = self.attach(&id).await?;
+                if let Some(url) = url {
+                    self.navigate(&tab, url).await?;
+                }
+                return Ok(answer(self.describe_page(&tab).await?, &id));
+            }
+            PageOp::TabClose { tab } => {
+                self.find_tab(tab).await?;
+                self.browser("Target.closeTarget", json!({"targetId": tab}))
+                    .await?;
+                let tabs = self.tabs().await?;
+                let current = tabs.first().map(|t| t.id.clone()).unwrap_or_default();
+                return Ok(answer(
+                    format!("Closed tab {tab}.\n{}", list_tabs(&tabs, &current)),
+                    &current,
+                ));
+            }
+            PageOp::ConsoleMessages => {
+                let current = self.current_tab(request.tab.as_deref()).await?;
+                return Ok(answer(console.render(), &current));
+            }
+            _ => {}
+        }
+        let id = match &request.op {
+            PageOp::TabSelect { tab } => {
+                self.find_tab(tab).await?;
+                self.browser("Target.activateTarget", json!({"targetId": tab}))
+                    .await?;
+                tab.clone()
+            }
+            _ => self.current_tab(request.tab.as_deref()).await?,
+        };
+        let tab = self.attach(&id).await?;
+        let text = match &request.op {
+            PageOp::Navigate { url } => {
+                check_url(url)?;
+                self.navigate(&tab, url).await?;
+                self.describe_page(&tab).await?
+            }
+            PageOp::Back => {
+                self.back(&tab).await?;
+                self.describe_page(&tab).await?
+            }
+            PageOp::Snapshot | PageOp::TabSelect { .. } => self.snapshot(&tab).await?,
+            PageOp::Click { element, double } => {
+                let (x, y) = self.center_of(&tab, element).await?;
+                self.click(&tab, x, y, if *double { 2 } else { 1 }).await?;
+                self.settle(&tab).await;
+                format!("Clicked {element}.\n{}", self.describe_page(&tab).await?)
+            }
+            PageOp::Hover { element } => {
+                let (x, y) = self.center_of(&tab, element).await?;
+                self.mouse(&tab, "mouseMoved", x, y, 0).await?;
+                format!("Hovering over {element}.")
+            }
+            PageOp::Drag { from, to } => {
+                let (x0, y0) = self.center_of(&tab, from).await?;
+                let (x1, y1) = self.center_of(&tab, to).await?;
+                self.mouse(&tab, "mouseMoved", x0, y0, 0).await?;
+                self.mouse(&tab, "mousePressed", x0, y0, 1).await?;
+                for step in 1..=5 {
+                    let f = f64::from(step) / 5.0;
+                    self.mouse(
+                        &tab,
+                        "mouseMoved",
+                        x0 + (x1 - x0) * f,
+                        y0 + (y1 - y0) * f,
+                        1,
+                    )
+                    .await?;
+                }
+                self.mouse(&tab, "mouseReleased", x1, y1, 1).await?;
+                self.settle(&tab).await;
+                format!("Dragged {from} onto {to}.")
+            }
+            PageOp::Type {
+                element,
+                text,
+                submit,
+            } => {
+                self.type_into(&tab, element, text).await?;
+                if *submit {
+                    self.press(&tab, "Enter").await?;
+                    self.settle(&tab).await;
+                }
+                format!("Typed into {element}.\n{}", self.describe_page(&tab).await?)
+            }
+            PageOp::PressKey { key } => {
+                self.press(&tab, key).await?;
+                self.settle(&tab).await;
+                format!("Pressed {key}.\n{}", self.describe_page(&tab).await?)
+            }
+            PageOp::SelectOption { element, values } => {
+                self.select(&tab, element, values).await?;
+                format!("Selected {values:?} in {element}.")
+            }
+            PageOp::WaitFor {
+                text,
+                text_gone,
+                time_ms,
+            } => self.wait_for(&tab, text, text_gone, *time_ms).await?,
+            PageOp::Evaluate { expression } => self.evaluate_text(&tab, expression).await?,
+            PageOp::Screenshot => {
+                let shot = self
+                    .on(&tab, "Page.captureScreenshot", json!({"format": "png"}))
+                    .await?;
+                let data = shot["data"].as_str().unwrap_or_default().to_owned();
+                return Ok(PageAnswer {
+                    text: self.describe_page(&tab).await?,
+                    png_base64: Some(data),
+                    tab: id,
+                });
+            }
+            PageOp::NetworkRequests => self.network_requests(&tab).await?,
+            PageOp::TabList
+            | PageOp::TabNew { .. }
+            | PageOp::TabClose { .. }
+            | PageOp::ConsoleMessages => unreachable!("answered above"),
+        };
+        Ok(answer(text, &id))
+    }
+
+    /// The browser's page tabs, most recently used first.
+    async fn tabs(&self) -> Result<Vec<TabInfo>, PageError> {
+        let targets = self.browser("Target.getTargets", json!({})).await?;
+        Ok(targets["targetInfos"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|info| info["type"] == "page")
+            .map(|info| TabInfo {
+                id: info["targetId"].as_str().unwrap_or_default().to_owned(),
+                url: info["url"].as_str().unwrap_or_default().to_owned(),
+                title: info["title"].as_str().unwrap_or_default().to_owned(),
+            })
+            .collect())
+    }
+
+    async fn find_tab(&self, id: &str) -> Result<TabInfo, PageError> {
+        self.tabs()
+            .await?
+            .into_iter()
+            .find(|tab| tab.id == id)
+            .ok_or_else(|| PageError::NoTab(id.to_owned()))
+    }
+
+    /// `wanted` if it is still open, else the first tab (a new one when the
+    /// browser has none).
+    async fn current_tab(&self, wanted: Option<&str>) -> Result<String, PageError> {
+        let tabs = self.tabs().await?;
+        if let Some(wanted) = wanted
+            && tabs.iter().any(|tab| tab.id == wanted)
+        {
+            return Ok(wanted.to_owned());
+        }
+        if let Some(first) = tabs.first() {
+            return Ok(first.id.clone());
+        }
+        let created = self
+            .browser("Target.createTarget", json!({"url": "about:blank"}))
+            .await?;
+        Ok(created["targetId"].as_str().unwrap_or_default().to_owned())
+    }
+
+    async fn attach(&self, id: &str) -> Result<Tab, PageError> {
+        let attached = self
+            .browser(
+                "Target.attachToTarget",
+                json!({"targetId": id, "flatten": true}),
+            )
+            .await?;
+        Ok(Tab {
+            id: id.to_owned(),
+            session: attached["sessionId"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        })
+    }
+
+    async fn navigate(&self, tab: &Tab, url: &str) -> Result<(), PageError> {
+        self.on(tab, "Page.enable", json!({})).await?;
+        self.on(
+            tab,
+            "Page.setLifecycleEventsEnabled",
+            json!({"enabled": true}),
+        )
+        .await?;
+        let mut events = self.client.events();
+        let navigated = self.on(tab, "Page.navigate", json!({"url": url})).await?;
+        if let Some(reason) = navigated["errorText"].as_str().filter(|t| !t.is_empty()) {
+            return Err(PageError::Navigation {
+                url: url.to_owned(),
+                reason: reason.to_owned(),
+            });
+        }
+        wait_loaded(&mut events, &tab.session, &navigated, "load").await?;
+        Ok(())
+    }
+
+    async fn back(&self, tab: &Tab) -> Result<(), PageError> {
+        let history = self.on(tab, "Page.getNavigationHistory", json!({})).await?;
+        let index = history["currentIndex"].as_i64().unwrap_or(0);
+        if index < 1 {
+            return Err(PageError::BadInput(
+                "the tab has no earlier page to go back to".into(),
+            ));
+        }
+        let entry = &history["entries"][(index - 1) as usize];
+        self.on(tab, "Page.enable", json!({})).await?;
+        self.on(
+            tab,
+            "Page.navigateToHistoryEntry",
+            json!({"entryId": entry["id"]}),
+        )
+        .await?;
+        self.settle(tab).await;
+        Ok(())
+    }
+
+    /// Waits (briefly, never failing) for what an action started: a
+    /// navigation to commit and its document to load.
+    async fn settle(&self, tab: &Tab) {
+        for _ in 0..3 {
+            let loaded = self
+                .client
+                .call(
+                    "Runtime.evaluate",
+                    json!({
+                        "expression": "new Promise((r) => { if (document.readyState === 'complete') setTimeout(r, 100); else addEventListener('load', () => r(), {once: true}); })",
+                        "awaitPromise": true,
+                    }),
+                    Some(&tab.session),
+                    self.remaining().min(Duration::from_secs(10)),
+                )
+                .await;
+            if loaded.is_ok_and(|answer| answer.get("exceptionDetails").is_none()) {
+                return;
+            }
+        }
+    }
+
+    /// URL and title of the tab.
+    async fn describe_page(&self, tab: &Tab) -> Result<String, PageError> {
+        let info = self
+            .browser("Target.getTargetInfo", json!({"targetId": tab.id}))
+            .await?;
+        Ok(format!(
+            "- Page URL: {}\n- Page title: {}\n- Tab: {}\n",
+            info["targetInfo"]["url"].as_str().unwrap_or_default(),
+            info["targetInfo"]["title"].as_str().unwrap_or_default(),
+            tab.id
+        ))
+    }
+
+    /// The page as an accessibility tree, one line per node that matters,
+    /// each actionable one with its reference.
+    async fn snapshot(&self, tab: &Tab) -> Result<String, PageError> {
+        let tree = self
+            .on(tab, "Accessibility.getFullAXTree", json!({}))
+            .await?;
+        let mut text = self.describe_page(tab).await?;
+        text.push_str("- Page snapshot:\n");
+        text.push_str(&render_tree(
+            tree["nodes"].as_array().map_or(&[][..], Vec::as_slice),
+        ));
+        Ok(bounded_text(text))
+    }
+
+    /// The middle of `element`'s first box, scrolled into view.
+    async fn center_of(&self, tab: &Tab, element: &str) -> Result<(f64, f64), PageError> {
+        let node = node_of(element)?;
+        let stale = |_| PageError::StaleElement(element.to_owned());
+        self.on(
+            tab,
+            "DOM.scrollIntoViewIfNeeded",
+            json!({"backendNodeId": node}),
+        )
+        .await
+        .map_err(stale)?;
+        let quads = self
+            .on(tab, "DOM.getContentQuads", json!({"backendNodeId": node}))
+            .await
+            .map_err(stale)?;
+        let quad = quads["quads"][0].as_array().cloned().unwrap_or_default();
+        if quad.len() < 8 {
+            return Err(PageError::BadInput(format!(
+                "element {element} is not visible (it has no box on the page)"
+            )));
+        }
+        let number = |i: usize| quad[i].as_f64().unwrap_or(0.0);
+        let x = (number(0) + number(2) + number(4) + number(6)) / 4.0;
+        let y = (number(1) + number(3) + number(5) + number(7)) / 4.0;
+        Ok((x, y))
+    }
+
+    async fn mouse(
+        &self,
+        tab: &Tab,
+        kind: &str,
+        x: f64,
+        y: f64,
+        clicks: u32,
+    ) -> Result<(), PageError> {
+        let mut params = json!({"type": kind, "x": x, "y": y});
+        if kind != "mouseMoved" {
+            params["button"] = json!("left");
+            params["clickCount"] = json!(clicks);
+        } else if clicks > 0 {
+            params["buttons"] = json!(1);
+        }
+        self.on(tab, "Input.dispatchMouseEvent", params).await?;
+        Ok(())
+    }
+
+    async fn click(&self, tab: &Tab, x: f64, y: f64, clicks: u32) -> Result<(), PageError> {
+        self.mouse(tab, "mouseMoved", x, y, 0).await?;
+        for count in 1..=clicks {
+            self.mouse(tab, "mousePressed", x, y, count).await?;
+            self.mouse(tab, "mouseReleased", x, y, count).await?;
+        }
+        Ok(())
+    }
+
+    /// The page's JavaScript object of `element`.
+    async fn object_of(&self, tab: &Tab, element: &str) -> Result<String, PageError> {
+        let node = node_of(element)?;
+        let resolved = self
+            .on(tab, "DOM.resolveNode", json!({"backendNodeId": node}))
+            .await
+            .map_err(|_| PageError::StaleElement(element.to_owned()))?;
+        Ok(resolved["object"]["objectId"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned())
+    }
+
+    async fn call_on(
+        &self,
+        tab: &Tab,
+        object: &str,
+        function: &str,
+        arguments: Value,
+    ) -> Result<Value, PageError> {
+        let answer = self
+            .on(
+                tab,
+                "Runtime.callFunctionOn",
+                json!({
+                    "objectId": object,
+                    "functionDeclaration": function,
+                    "arguments": arguments,
+                    "returnByValue": true,
+                    "awaitPromise": true,
+                }),
+            )
+            .await?;
+        if let Some(details) = answer.get("exceptionDetails") {
+            return Err(PageError::BadInput(exception_text(details)));
+        }
+        Ok(answer["result"]["value"].clone())
+    }
+
+    async fn type_into(&self, tab: &Tab, element: &str, text: &str) -> Result<(), PageError> {
+        let object = self.object_of(tab, element).await?;
+        let editable = self
+            .call_on(
+                tab,
+                &object,
+                "function() { this.focus(); if ('value' in this && typeof this.select === 'function') { this.select(); } return this.isContentEditable || 'value' in this; }",
+                json!([]),
+            )
+            .await?;
+        if editable != Value::Bool(true) {
+            return Err(PageError::BadInput(format!(
+                "element {element} does not take text (it is not an input, text area or editable element)"
+            )));
+        }
+        self.on(tab, "Input.insertText", json!({"text": text}))
+            .await?;
+        Ok(())
+    }
+
+    async fn press(&self, tab: &Tab, key: &str) -> Result<(), PageError> {
+        let (code, key_code, text) = key_definition(key).ok_or_else(|| {
+            PageError::BadInput(format!(
+                "unknown key {key:?}: use a single character or Enter, Tab, Escape, Backspace, Delete, Space, ArrowUp, ArrowDown, ArrowLeft, ArrowRight, Home, End, PageUp, PageDown"
+            ))
+        })?;
+        let mut down = json!({
+            "type": if text.is_empty() { "rawKeyDown" } else { "keyDown" },
+            "key": key, "code": code, "windowsVirtualKeyCode": key_code,
+        });
+        if !text.is_empty() {
+            down["text"] = json!(text);
+        }
+        self.on(tab, "Input.dispatchKeyEvent", down).await?;
+        self.on(
+            tab,
+            "Input.dispatchKeyEvent",
+            json!({"type": "keyUp", "key": key, "code": code, "windowsVirtualKeyCode": key_code}),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn select(&self, tab: &Tab, element: &str, values: &[String]) -> Result<(), PageError> {
+        let object = self.object_of(tab, element).await?;
+        let chosen = self
+            .call_on(
+                tab,
+                &object,
+                "function(values) { if (!(this instanceof HTMLSelectElement)) return -1; let n = 0; for (const o of this.options) { o.selected = values.includes(o.value) || values.includes(o.label); if (o.selected) n++; } this.dispatchEvent(new Event('input', {bubbles: true})); this.dispatchEvent(new Event('change', {bubbles: true})); return n; }",
+                json!([{"value": values}]),
+            )
+            .await?;
+        match chosen.as_i64() {
+            Some(-1) => Err(PageError::BadInput(format!(
+                "element {element} is not a select (a drop-down list)"
+            ))),
+            Some(0) => Err(PageError::BadInput(format!(
+                "element {element} has no option with a value or label among {values:?}"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    async fn wait_for(
+        &self,
+        tab: &Tab,
+        text: &Option<String>,
+        text_gone: &Option<String>,
+        time_ms: Option<u64>,
+    ) -> Result<String, PageError> {
+        if let Some(time_ms) = time_ms {
+            let wait = Duration::from_millis(time_ms).min(MAX_WAIT);
+            tokio::time::sleep(wait.min(self.remaining())).await;
+        }
+        for (wanted, present) in [(text, true), (text_gone, false)] {
+            let Some(wanted) = wanted else { continue };
+            let script = format!(
+                "((t, present) => new Promise((resolve) => {{
+                    const done = () => ((document.body ? document.body.innerText : '').includes(t)) === present;
+                    if (done()) return resolve(true);
+                    const observer = new MutationObserver(() => {{ if (done()) {{ observer.disconnect(); resolve(true); }} }});
+                    observer.observe(document, {{ childList: true, subtree: true, characterData: true, attributes: true }});
+                }}))({}, {present})",
+                json!(wanted)
+            );
+            self.on(
+                tab,
+                "Runtime.evaluate",
+                json!({"expression": script, "awaitPromise": true}),
+            )
+            .await
+            .map_err(|error| match error {
+                CdpError::Timeout { .. } => PageError::Timeout(if present {
+                    "waiting for the text to appear"
+                } else {
+                    "waiting for the text to go"
+                }),
+                other => PageError::Browser(other),
+            })?;
+        }
+        Ok(format!("Waited.\n{}", self.describe_page(tab).await?))
+    }
+
+    async fn evaluate_text(&self, tab: &Tab, expression: &str) -> Result<String, PageError> {
+        let answer = self
+            .on(
+                tab,
+                "Runtime.evaluate",
+                json!({"expression": expression, "returnByValue": true, "awaitPromise": true}),
+            )
+            .await?;
+        if let Some(details) = answer.get("exceptionDetails") {
+            return Err(PageError::BadInput(format!(
+                "the expression threw: {}",
+                exception_text(details)
+            )));
+        }
+        let result = &answer["result"];
+        let text = match result.get("value") {
+            Some(value) => serde_json::to_string_pretty(value).unwrap_or_default(),
+            None => result["description"]
+                .as_str()
+                .unwrap_or("undefined")
+                .to_owned(),
+        };
+        Ok(bounded_text(text))
+    }
+
+    async fn network_requests(&self, tab: &Tab) -> Result<String, PageError> {
+        let entries = self
+            .evaluate_text(
+                tab,
+                "performance.getEntriesByType('navigation').concat(performance.getEntriesByType('resource')).map((e) => `${e.responseStatus || '-'} ${e.initiatorType} ${e.name} (${Math.round(e.duration)} ms, ${e.transferSize} bytes)`).join('\\n')",
+            )
+            .await?;
+        let list: String = serde_json::from_str::<String>(&entries).unwrap_or(entries);
+        Ok(format!(
+            "Requests of the page since it loaded (status, kind, URL):\n{list}"
+        ))
+    }
+}
+
+/// Waits for lifecycle event `awaited` of the document a `Page.navigate`
+/// answer (`navigated`) started on `session`; a page that moves on before it
+/// loads (a script, a meta refresh) is followed to where it went.
+pub(crate) async fn wait_loaded(
+    events: &mut broadcast::Receiver<CdpEvent>,
+    session: &str,
+    navigated: &Value,
+    awaited: &str,
+) -> Result<(), CdpError> {
+    let Some(first_loader) = navigated["loaderId"].as_str() else {
+        // A navigation within the same document: nothing more loads.
+        return Ok(());
+    };
+    let frame = navigated["frameId"].as_str().unwrap_or_default();
+    let mut loader = first_loader.to_owned();
+    loop {
+        let event = match events.recv().await {
+            Ok(event) => event,
+            Err(broadcast::error::RecvError::Lagged(_)) => continue,
+            Err(broadcast::error::RecvError::Closed) => return Err(CdpError::Closed),
+        };
+        if event.method == "Target.detachedFromTarget" && event.params["sessionId"] == session {
+            return Err(CdpError::TargetGone("loading the page (it closed)".into()));
+        }
+        if event.session_id.as_deref() != Some(session) {
+            continue;
+        }
+        if event.method == "Inspector.targetCrashed" {
+            return Err(CdpError::TargetGone("loading the page".into()));
+        }
+        if event.method != "Page.lifecycleEvent" || event.params["frameId"] != frame {
+            continue;
+        }
+        let name = event.params["name"].as_str().unwrap_or_default();
+        if name == "init" {
+            if let Some(newer) = event.params["loaderId"].as_str() {
+                loader = newer.to_owned();
+            }
+        } else if name == awaited && event.params["loaderId"] == loader.as_str() {
+            return Ok(());
+        }
+    }
+}
+
+fn answer(text: String, tab: &str) -> PageAnswer {
+    PageAnswer {
+        text,
+        png_base64: None,
+        tab: tab.to_owned(),
+    }
+}
+
+fn list_tabs(tabs: &[TabInfo], current: &str) -> String {
+    let mut text = String::from("Tabs:\n");
+    for (index, tab) in tabs.iter().enumerate() {
+        let mark = if tab.id == current { " (current)" } else { "" };
+        let _ = writeln!(
+            text,
+            "- {index}: [{}] {}{mark}\n  id: {}",
+            tab.title, tab.url, tab.id
+        );
+    }
+    text
+}
+
+/// Only `http` and `https` pages, and `about:blank`.
+fn check_url(url: &str) -> Result<(), PageError> {
+    if url == "about:blank" {
+        return Ok(());
+    }
+    let parsed = url::Url::parse(url)
+        .map_err(|e| PageError::BadInput(format!("url {url:?} is not a URL: {e}")))?;
+    if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
+        return Err(PageError::BadInput(format!(
+            "url must be an http or https URL (got a {}: URL)",
+            parsed.scheme()
+        )));
+    }
+    Ok(())
+}
+
+/// The backend node id of reference `element` (`e123`).
+fn node_of(element: &str) -> Result<i64, PageError> {
+    element
+        .strip_prefix('e')
+        .and_then(|id| id.parse::<i64>().ok())
+        .filter(|id| *id > 0)
+        .ok_or_else(|| {
+            PageError::BadInput(format!(
+                "element {element:?} is not a reference from a snapshot (they look like e42)"
+            ))
+        })
+}
+
+fn exception_text(details: &Value) -> String {
+    details["exception"]["description"]
+        .as_str()
+        .or_else(|| details["text"].as_str())
+        .unwrap_or("the script threw")
+        .to_owned()
+}
+
+fn bounded_text(mut text: String) -> String {
+    if text.len() > MAX_TEXT {
+        let mut cut = MAX_TEXT;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push_str("\n… (cut: the rest is longer than 256 KiB)\n");
+    }
+    text
+}
+
+/// `(code, windows key code, text)` of a key name or single character.
+fn key_definition(key: &str) -> Option<(String, i64, String)> {
+    let named = match key {
+        "Enter" => ("Enter", 13, "\r"),
+        "Tab" => ("Tab", 9, ""),
+        "Escape" => ("Escape", 27, ""),
+        "Backspace" => ("Backspace", 8, ""),
+        "Delete" => ("Delete", 46, ""),
+        "Space" | " " => ("Space", 32, " "),
+        "ArrowLeft" => ("ArrowLeft", 37, ""),
+        "ArrowUp" => ("ArrowUp", 38, ""),
+        "ArrowRight" => ("ArrowRight", 39, ""),
+        "ArrowDown" => ("ArrowDown", 40, ""),
+        "Home" => ("Home", 36, ""),
+        "End" => ("End", 35, ""),
+        "PageUp" => ("PageUp", 33, ""),
+        "PageDown" => ("PageDown", 34, ""),
+        _ => {
+            let mut chars = key.chars();
+            let (Some(c), None) = (chars.next(), chars.next()) else {
+                return None;
+            };
+            let upper = c.to_ascii_uppercase();
+            let code = if c.is_ascii_alphabetic() {
+                format!("Key{upper}")
+            } else if c.is_ascii_digit() {
+                format!("Digit{c}")
+            } else {
+                String::new()
+            };
+            let key_code = if c.is_ascii_alphanumeric() {
+                upper as i64
+            } else {
+                0
+            };
+            return Some((code, key_code, c.to_string()));
+        }
+    };
+    Some((named.0.to_owned(), named.1, named.2.to_owned()))
+}
+
+/// Roles that only group others: their children are shown in their place.
+const PASS_THROUGH: [&str; 6] = [
+    "RootWebArea",
+    "generic",
+    "none",
+    "InlineTextBox",
+    "LineBreak",
+    "LayoutTableCell",
+];
+
+/// Renders `Accessibility.getFullAXTree`'s nodes as indented lines:
+/// `- role "name" [property] [ref=e<backend id>]`, text as `- text: …`.
+pub fn render_tree(nodes: &[Value]) -> String {
+    let by_id: std::collections::HashMap<&str, &Value> = nodes
+        .iter()
+        .filter_map(|node| node["nodeId"].as_str().map(|id| (id, node)))
+        .collect();
+    let Some(root) = nodes.iter().find(|node| node.get("parentId").is_none()) else {
+        return String::new();
+    };
+    let mut out = String::new();
+    let mut stack = vec![(root, 0usize, String::new())];
+    while let Some((node, depth, parent_name)) = stack.pop() {
+        if out.len() > MAX_TEXT {
+            break;
+        }
+        let role = node["role"]["value"].as_str().unwrap_or_default();
+        let name = node["name"]["value"]
+            .as_str()
+            .unwrap_or_default()
+            .trim()
+            .to_owned();
+        let ignored = node["ignored"].as_bool().unwrap_or(false);
+        let shown = !ignored && !PASS_THROUGH.contains(&role);
+        let mut child_depth = depth;
+        if shown {
+            let indent = "  ".repeat(depth);
+            if role == "StaticText" {
+                if !name.is_empty() && name != parent_name {
+                    let _ = writeln!(out, "{indent}- text: {}", json!(name));
+                }
+            } else {
+                let mut line = format!("{indent}- {role}");
+                if !name.is_empty() {
+                    let _ = write!(line, " {}", json!(name));
+                }
+                for property in node["properties"].as_array().into_iter().flatten() {
+                    let key = property["name"].as_str().unwrap_or_default();
+                    let value = &property["value"]["value"];
+                    match key {
+                        "level" => {
+                            let _ = write!(line, " [level={value}]");
+                        }
+                        "checked" | "pressed" | "expanded" | "selected" | "disabled"
+                            if value != &json!(false) && value != &json!("false") =>
+                        {
+                            let _ = write!(line, " [{key}]");
+                        }
+                        _ => {}
+                    }
+                }
+                if let Some(value) = node["value"]["value"].as_str().filter(|v| !v.is_empty()) {
+                    let _ = write!(line, " [value={}]", json!(value));
+                }
+                if let Some(backend) = node["backendDOMNodeId"].as_i64() {
+                    let _ = write!(line, " [ref=e{backend}]");
+                }
+                let _ = writeln!(out, "{line}");
+                child_depth = depth + 1;
+            }
+        }
+        let name_for_children = if shown && role != "StaticText" {
+            name.clone()
+        } else {
+            parent_name
+        };
+        let children: Vec<&Value> = node["childIds"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|id| id.as_str().and_then(|id| by_id.get(id).copied()))
+            .collect();
+        for child in children.into_iter().rev() {
+            stack.push((child, child_depth, name_for_children.clone()));
+        }
+    }
+    out
+}
+
+/// The console messages and uncaught errors of every page of one browser,
+/// from when the log started (the first MCP step on the instance); the
+/// newest [`CONSOLE_KEPT`].
+#[derive(Default)]
+pub struct ConsoleLog {
+    messages: Mutex<VecDeque<String>>,
+    /// The follower task, while it runs.
+    follower: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl ConsoleLog {
+    /// Starts following the browser at `endpoint` unless already following it.
+    pub async fn follow(self: &Arc<Self>, endpoint: &CdpEndpoint) {
+        {
+            let follower = self.follower.lock().expect("console lock");
+            if follower.as_ref().is_some_and(|task| !task.is_finished()) {
+                return;
+            }
+        }
+        let Ok(client) =
+            CdpClient::open_with_events(endpoint, &endpoint.browser_path, 4 << 20, 1024).await
+        else {
+            return;
+        };
+        let log = Arc::downgrade(self);
+        let task = tokio::spawn(async move {
+            let mut events = client.events();
+            let attach =
+                json!({"autoAttach": true, "waitForDebuggerOnStart": false, "flatten": true});
+            if client
+                .call(
+                    "Target.setDiscoverTargets",
+                    json!({"discover": true}),
+                    None,
+                    Duration::from_secs(10),
+                )
+                .await
+                .is_err()
+            {
+                return;
+            }
+            let _ = client
+                .call(
+                    "Target.setAutoAttach",
+                    attach,
+                    None,
+                    Duration::from_secs(10),
+                )
+                .await;
+            // Pages open already: attach to each.
+            if let Ok(targets) = client
+                .call(
+                    "Target.getTargets",
+                    json!({}),
+                    None,
+                    Duration::from_secs(10),
+                )
+                .await
+            {
+                for info in targets["targetInfos"].as_array().into_iter().flatten() {
+                    if info["type"] == "page" {
+                        let _ = client
+                            .send(
+                                "Target.attachToTarget",
+                                json!({"targetId": info["targetId"], "flatten": true}),
+                            )
+                            .await;
+                    }
+                }
+            }
+            loop {
+                let event = match events.recv().await {
+                    Ok(event) => event,
+                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(broadcast::error::RecvError::Closed) => return,
+                };
+                match event.method.as_str() {
+                    "Target.targetCreated" if event.params["targetInfo"]["type"] == "page" => {
+                        let id = event.params["targetInfo"]["targetId"].clone();
+                        let _ = client
+                            .send(
+                                "Target.attachToTarget",
+                                json!({"targetId": id, "flatten": true}),
+                            )
+                            .await;
+                    }
+                    "Target.attachedToTarget" => {
+                        let session = event.params["sessionId"].as_str().unwrap_or_default();
+                        let _ = client
+                            .send_in("Runtime.enable", json!({}), Some(session))
+                            .await;
+                    }
+                    "Runtime.consoleAPICalled" | "Runtime.exceptionThrown" => {
+                        let Some(log) = log.upgrade() else { return };
+                        log.record(&event);
+                    }
+                    _ => {}
+                }
+            }
+        });
+        *self.follower.lock().expect("console lock") = Some(task);
+    }
+
+    fn record(&self, event: &CdpEvent) {
+        let line = if event.method == "Runtime.exceptionThrown" {
+            format!(
+                "[error] uncaught: {}",
+                exception_text(&event.params["exceptionDetails"])
+            )
+        } else {
+            let kind = event.params["type"].as_str().unwrap_or("log");
+            let parts: Vec<String> = event.params["args"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|arg| match arg.get("value") {
+                    Some(Value::String(text)) => text.clone(),
+                    Some(other) => other.to_string(),
+                    None => arg["description"]
+                        .as_str()
+                        .unwrap_or("undefined")
+                        .to_owned(),
+                })
+                .collect();
+            format!("[{kind}] {}", parts.join(" "))
+        };
+        let mut line = line;
+        if line.len() > 4096 {
+            let mut cut = 4096;
+            while !line.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            line.truncate(cut);
+            line.push('…');
+        }
+        let mut messages = self.messages.lock().expect("console lock");
+        if messages.len() == CONSOLE_KEPT {
+            messages.pop_front();
+        }
+        messages.push_back(line);
+    }
+
+    fn render(&self) -> String {
+        let messages = self.messages.lock().expect("console lock");
+        if messages.is_empty() {
+            return "No console messages yet (they are kept from the first browser_ step on this instance).".into();
+        }
+        let mut text = format!("{} console message(s), oldest first:\n", messages.len());
+        for message in messages.iter() {
+            let _ = writeln!(text, "{message}");
+        }
+        text
+    }
+}
+
+impl Drop for ConsoleLog {
+    fn drop(&mut self) {
+        if let Some(task) = self.follower.lock().expect("console lock").take() {
+            task.abort();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tree_renders_roles_names_and_references() {
+        let nodes: Vec<Value> = serde_json::from_value(json!([
+            {"nodeId": "1", "role": {"value": "RootWebArea"}, "name": {"value": "Form"}, "childIds": ["2", "5"], "backendDOMNodeId": 1},
+            {"nodeId": "2", "parentId": "1", "role": {"value": "heading"}, "name": {"value": "Sign in"}, "properties": [{"name": "level", "value": {"value": 1}}], "childIds": ["3"], "backendDOMNodeId": 7},
+            {"nodeId": "3", "parentId": "2", "role": {"value": "StaticText"}, "name": {"value": "Sign in"}, "childIds": []},
+            {"nodeId": "5", "parentId": "1", "role": {"value": "generic"}, "ignored": false, "childIds": ["6", "7"]},
+            {"nodeId": "6", "parentId": "5", "role": {"value": "textbox"}, "name": {"value": "Name"}, "value": {"value": "Ada"}, "childIds": [], "backendDOMNodeId": 9},
+            {"nodeId": "7", "parentId": "5", "role": {"value": "button"}, "name": {"value": "Go"}, "properties": [{"name": "disabled", "value": {"value": true}}], "childIds": [], "backendDOMNodeId": 11}
+        ]))
+        .unwrap();
+        assert_eq!(
+            render_tree(&nodes),
+            "- heading \"Sign in\" [level=1] [ref=e7]\n- textbox \"Name\" [value=\"Ada\"] [ref=e9]\n- button \"Go\" [disabled] [ref=e11]\n"
+        );
+    }
+
+    #[test]
+    fn references_keys_and_urls_are_checked() {
+        assert_eq!(node_of("e42").unwrap(), 42);
+        for bad in ["42", "e", "e-1", "ref=e4", "e0"] {
+            assert!(node_of(bad).is_err(), "{bad}");
+        }
+        assert_eq!(key_definition("Enter").unwrap().1, 13);
+        assert_eq!(
+            key_definition("a").unwrap(),
+            ("KeyA".into(), 65, "a".into())
+        );
+        assert!(key_definition("Ctrl+A").is_none());
+        for bad in [
+            "file:///etc/passwd",
+            "chrome://settings",
+            "javascript:alert(1)",
+        ] {
+            assert!(check_url(bad).is_err(), "{bad}");
+        }
+        check_url("https://example.com/").unwrap();
+        check_url("about:blank").unwrap();
+    }
+}

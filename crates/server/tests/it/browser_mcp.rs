@@ -1,0 +1,146 @@
+//! The MCP server at `/mcp` with real Chromium, driven by the official
+//! clients: the Python SDK (`mcp`) and the TypeScript one
+//! (`@modelcontextprotocol/sdk`), each a scripted agent doing a task on a
+//! local form by the snapshot's references; the session's end deleting the
+//! instance it created; the API key asked for.
+
+use serde_json::{Value, json};
+
+use flotilla_testkit::{
+    Api, BROWSER_DEADLINE, StatusCode, run_node, run_python, serve_page, spawn_serve_with,
+    wait_until,
+};
+
+const KEY: &str = "flt_mcp_test_key";
+
+const FORM: &str = r#"<!doctype html><title>Sign up</title><h1>Sign up</h1>
+<label>Name <input id="name"></label>
+<label>Colour <select id="colour"><option value="red">Red</option><option value="blue">Blue</option></select></label>
+<button id="send">Send</button>
+<p id="out"></p>
+<script>
+document.getElementById('send').addEventListener('click', () => {
+  const name = document.getElementById('name').value;
+  const colour = document.getElementById('colour').value;
+  console.log('form sent', name, colour);
+  setTimeout(() => { document.getElementById('out').textContent = `Hello, ${name} (${colour})`; }, 300);
+});
+</script>"#;
+
+const TOOLS: [&str; 21] = [
+    "browser_back",
+    "browser_click",
+    "browser_close",
+    "browser_console_messages",
+    "browser_create",
+    "browser_drag",
+    "browser_evaluate",
+    "browser_handoff",
+    "browser_hover",
+    "browser_list",
+    "browser_navigate",
+    "browser_network_requests",
+    "browser_park",
+    "browser_press_key",
+    "browser_revive",
+    "browser_screenshot",
+    "browser_select_option",
+    "browser_snapshot",
+    "browser_tabs",
+    "browser_type",
+    "browser_wait_for",
+];
+
+fn assert_the_task_was_done(seen: &Value, client: &str) {
+    let tools: Vec<&str> = seen["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    for tool in TOOLS {
+        assert!(tools.contains(&tool), "{client}: no {tool} in {tools:?}");
+    }
+    let snapshot = seen["snapshot"].as_str().unwrap();
+    assert!(
+        snapshot.contains("- heading \"Sign up\" [level=1] [ref=e"),
+        "{client}: {snapshot}"
+    );
+    assert_eq!(seen["image_type"], "image/png", "{client}");
+    assert_eq!(seen["png"], "89504e470d0a1a0a", "{client}");
+    let console = seen["console"].as_str().unwrap();
+    assert!(
+        console.contains("[log] form sent Ada blue"),
+        "{client}: {console}"
+    );
+    assert_eq!(seen["evaluated"], "\"Hello, Ada (blue)\"", "{client}");
+    assert_eq!(seen["wrong_ref"]["is_error"], true, "{client}");
+    let wrong = seen["wrong_ref"]["text"].as_str().unwrap();
+    assert!(wrong.contains("take a new snapshot"), "{client}: {wrong}");
+}
+
+async fn assert_gone(api: &Api, id: &str) {
+    wait_until(
+        BROWSER_DEADLINE,
+        "the session's instance to be deleted",
+        || async {
+            let (status, body) = api.get(&format!("/v2/instances/{id}")).await;
+            match status {
+                StatusCode::NOT_FOUND => Ok(Some(())),
+                _ => Err(format!("{status} {body}")),
+            }
+        },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn browser_mcp_agents_do_a_task_with_the_official_clients_and_their_session_ends_it() {
+    let site = serve_page(&[("/form", FORM)]).await;
+    let serve = spawn_serve_with(|config| {
+        config.control.auth_enabled = true;
+        config.control.api_keys = vec![KEY.into()];
+        site.allow_in(config);
+    })
+    .await;
+    let api = Api::with_key(serve.api.base.clone(), KEY);
+    let form = format!("{}/form", site.base);
+
+    let seen = run_python("mcp_agent.py", &[&serve.api.base, KEY, &form])
+        .await
+        .expect("the Python agent finishes its task");
+    assert_the_task_was_done(&seen, "python");
+    assert_eq!(seen["file_url"]["is_error"], true);
+    let refused = seen["file_url"]["text"].as_str().unwrap();
+    assert!(refused.contains("http or https"), "{refused}");
+    assert!(
+        seen["tabs"].as_str().unwrap().contains("(current)"),
+        "{seen}"
+    );
+    assert_gone(&api, seen["instance"].as_str().unwrap()).await;
+
+    let seen = run_node("mcp_agent.mjs", &[&serve.api.base, KEY, &form])
+        .await
+        .expect("the TypeScript agent finishes its task");
+    assert_the_task_was_done(&seen, "typescript");
+    assert_gone(&api, seen["instance"].as_str().unwrap()).await;
+
+    // The door is the API key's, like every other.
+    let initialize = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    });
+    for key in [None, Some("flt_wrong_key")] {
+        let mut request = reqwest::Client::new()
+            .post(format!("{}/mcp", serve.api.base))
+            .header("accept", "application/json, text/event-stream")
+            .json(&initialize);
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{key:?}");
+    }
+    serve.shutdown().await;
+}

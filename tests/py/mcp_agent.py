@@ -1,0 +1,73 @@
+"""A scripted AI agent on Flotilla's MCP server with the official Python SDK
+(`mcp`): open a local form, read the snapshot, fill and send it by
+references, wait for the answer, take a screenshot, read the console.
+
+Usage: python3 mcp_agent.py <control plane URL> <API key> <form URL>
+Prints one JSON object of what it saw.
+"""
+
+import asyncio
+import base64
+import json
+import re
+import sys
+
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+
+
+def text_of(result):
+    return "\n".join(block.text for block in result.content if getattr(block, "type", "") == "text")
+
+
+def ref(snapshot, pattern):
+    match = re.search(pattern + r'.*\[ref=(e\d+)\]', snapshot)
+    if not match:
+        raise SystemExit(f"no {pattern} in the snapshot:\n{snapshot}")
+    return match.group(1)
+
+
+async def main(base, key, form):
+    seen = {}
+    client = create_mcp_http_client(headers={"Authorization": f"Bearer {key}"})
+    async with client:
+        async with streamable_http_client(f"{base}/mcp", http_client=client) as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+
+                async def call(name, **arguments):
+                    result = await session.call_tool(name, arguments)
+                    if result.is_error:
+                        raise SystemExit(f"{name} failed: {text_of(result)}")
+                    return result
+
+                tools = await session.list_tools()
+                seen["tools"] = sorted(tool.name for tool in tools.tools)
+                created = text_of(await call("browser_create", url=form))
+                seen["instance"] = re.search(r"Created browser (\S+) ", created).group(1)
+                snapshot = text_of(await call("browser_snapshot"))
+                seen["snapshot"] = snapshot
+                name = ref(snapshot, r'textbox "Name"')
+                colour = ref(snapshot, r'combobox "Colour"')
+                send = ref(snapshot, r'button "Send"')
+                await call("browser_type", ref=name, text="Ada", element="the name field")
+                await call("browser_select_option", ref=colour, values=["Blue"])
+                await call("browser_click", ref=send, element="the Send button")
+                await call("browser_wait_for", text="Hello, Ada (blue)")
+                shot = await call("browser_screenshot")
+                images = [block for block in shot.content if getattr(block, "type", "") == "image"]
+                seen["image_type"] = images[0].mime_type
+                seen["png"] = base64.b64decode(images[0].data)[:8].hex()
+                seen["console"] = text_of(await call("browser_console_messages"))
+                seen["evaluated"] = text_of(
+                    await call("browser_evaluate", expression="document.getElementById('out').textContent")
+                )
+                wrong = await session.call_tool("browser_click", {"ref": "e999999999"})
+                seen["wrong_ref"] = {"is_error": wrong.is_error, "text": text_of(wrong)}
+                unknown = await session.call_tool("browser_navigate", {"url": "file:///etc/passwd"})
+                seen["file_url"] = {"is_error": unknown.is_error, "text": text_of(unknown)}
+                seen["tabs"] = text_of(await call("browser_tabs", action="list"))
+    print(json.dumps(seen))
+
+
+asyncio.run(main(*sys.argv[1:4]))
