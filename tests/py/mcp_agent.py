@@ -11,6 +11,7 @@ import base64
 import json
 import re
 import sys
+import time
 
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
@@ -67,6 +68,22 @@ async def main(base, key, form):
                 unknown = await session.call_tool("browser_navigate", {"url": "file:///etc/passwd"})
                 seen["file_url"] = {"is_error": unknown.is_error, "text": text_of(unknown)}
                 seen["tabs"] = text_of(await call("browser_tabs", action="list"))
+                photo = ref(snapshot, r'button "Photo"')
+                content = base64.b64encode(b"\x89PNG!").decode()
+                await call("browser_file_upload", ref=photo, files=[{"name": "photo.png", "content_base64": content}])
+                seen["uploaded"] = text_of(await call(
+                    "browser_evaluate",
+                    expression="(() => { const f = document.getElementById('photo').files[0]; return f.name + ':' + f.size; })()",
+                ))
+                await call("browser_click", ref=ref(snapshot, r'link "Get the report"'))
+                deadline = time.monotonic() + 60
+                while True:
+                    downloads = text_of(await call("browser_downloads"))
+                    if "report.txt (10 bytes" in downloads and "Complete" in downloads or time.monotonic() > deadline:
+                        break
+                    await call("browser_wait_for", time=0.2)
+                seen["downloads"] = downloads
+                seen["handoff"] = text_of(await call("browser_handoff", ttl_sec=60))
     print(json.dumps(seen))
 
 

@@ -64,6 +64,22 @@ pub enum PageOp {
     },
     ConsoleMessages,
     NetworkRequests,
+    /// Sets a file input's files (`files` are written on the node first).
+    FileUpload {
+        element: String,
+        files: Vec<UploadFile>,
+    },
+    /// The instance's downloads.
+    Downloads,
+}
+
+/// A file from the agent's side for a file input.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UploadFile {
+    /// A plain file name (no folders).
+    pub name: String,
+    /// Its bytes, base64.
+    pub content_base64: String,
 }
 
 /// A step on `tab` (the browser's first page when `None`), within

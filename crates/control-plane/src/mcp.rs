@@ -249,6 +249,23 @@ pub struct TabsParams {
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema, Default)]
+pub struct UploadParams {
+    #[serde(default)]
+    pub instance_id: Option<String>,
+    /// Reference of the file input (`e42`).
+    #[serde(rename = "ref")]
+    pub reference: String,
+    /// The files: a plain name and the bytes in base64 each.
+    pub files: Vec<UploadFileParam>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema, Default)]
+pub struct UploadFileParam {
+    pub name: String,
+    pub content_base64: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema, Default)]
 pub struct HandoffParams {
     #[serde(default)]
     pub instance_id: Option<String>,
@@ -639,6 +656,36 @@ impl McpSession {
     ) -> CallToolResult {
         self.step(&params.instance_id, PageOp::NetworkRequests)
             .await
+    }
+
+    #[tool(
+        description = "Set the files of a file input (by its reference) to files given here (name and base64 content each)."
+    )]
+    async fn browser_file_upload(
+        &self,
+        Parameters(params): Parameters<UploadParams>,
+    ) -> CallToolResult {
+        let files = params
+            .files
+            .into_iter()
+            .map(|file| flotilla_api_types::page::UploadFile {
+                name: file.name,
+                content_base64: file.content_base64,
+            })
+            .collect();
+        let op = PageOp::FileUpload {
+            element: params.reference,
+            files,
+        };
+        self.step(&params.instance_id, op).await
+    }
+
+    #[tool(description = "Files the browser downloaded: name, size, type and state.")]
+    async fn browser_downloads(
+        &self,
+        Parameters(params): Parameters<InstanceParam>,
+    ) -> CallToolResult {
+        self.step(&params.instance_id, PageOp::Downloads).await
     }
 
     #[tool(

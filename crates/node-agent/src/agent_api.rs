@@ -53,7 +53,10 @@ pub fn router(agent: Agent, cluster_token: &str) -> Router {
         .route("/agent/v1/instances/{id}", delete(instance_delete))
         .route("/agent/v1/instances/{id}/dormant", post(instance_dormant))
         .route("/agent/v1/instances/{id}/revive", post(instance_revive))
-        .route("/agent/v1/instances/{id}/page", post(instance_page))
+        .route(
+            "/agent/v1/instances/{id}/page",
+            post(instance_page).layer(axum::extract::DefaultBodyLimit::max(ACTION_BODY_LIMIT)),
+        )
         .route(
             "/agent/v1/instances/{id}/action",
             post(instance_action).layer(axum::extract::DefaultBodyLimit::max(ACTION_BODY_LIMIT)),

@@ -82,17 +82,25 @@ fn describe(error: &CdpError) -> String {
     }
 }
 
+/// What a step may touch of its instance besides the browser: its console
+/// log, and its folders (uploads go in, downloads are listed).
+pub struct StepContext<'a> {
+    pub console: &'a ConsoleLog,
+    pub dirs: &'a crate::browser::InstanceDirs,
+    pub isolation: &'a crate::sandbox::Isolation,
+}
+
 /// Runs `request` on the browser at `endpoint`.
 pub async fn run(
     endpoint: &CdpEndpoint,
     request: &AgentPageRequest,
-    console: &ConsoleLog,
+    context: StepContext<'_>,
 ) -> Result<PageAnswer, PageError> {
     let deadline = Instant::now() + Duration::from_millis(request.timeout_ms.max(1));
     let step = async {
         let client = CdpClient::open_limited(endpoint, &endpoint.browser_path, MAX_MESSAGE).await?;
         let step = Step { client, deadline };
-        step.run(request, console).await
+        step.run(request, &context).await
     };
     tokio::time::timeout_at(deadline, step)
         .await
@@ -132,7 +140,7 @@ impl Step {
     async fn run(
         &self,
         request: &AgentPageRequest,
-        console: &ConsoleLog,
+        context: &StepContext<'_>,
     ) -> Result<PageAnswer, PageError> {
         match &request.op {
             PageOp::TabList => {
@@ -171,7 +179,11 @@ impl Step {
             }
             PageOp::ConsoleMessages => {
                 let current = self.current_tab(request.tab.as_deref()).await?;
-                return Ok(answer(console.render(), &current));
+                return Ok(answer(context.console.render(), &current));
+            }
+            PageOp::Downloads => {
+                let current = self.current_tab(request.tab.as_deref()).await?;
+                return Ok(answer(downloads_text(context.dirs)?, &current));
             }
             _ => {}
         }
@@ -266,10 +278,28 @@ impl Step {
                 });
             }
             PageOp::NetworkRequests => self.network_requests(&tab).await?,
+            PageOp::FileUpload { element, files } => {
+                let paths = place_uploads(context, files)?;
+                let node = node_of(element)?;
+                self.on(
+                    &tab,
+                    "DOM.setFileInputFiles",
+                    json!({"files": paths, "backendNodeId": node}),
+                )
+                .await
+                .map_err(|error| match error {
+                    CdpError::Protocol { message, .. } => PageError::BadInput(format!(
+                        "element {element} takes no files: {message} (use a file input's reference)"
+                    )),
+                    other => PageError::Browser(other),
+                })?;
+                format!("Set {} file(s) on {element}.", files.len())
+            }
             PageOp::TabList
             | PageOp::TabNew { .. }
             | PageOp::TabClose { .. }
-            | PageOp::ConsoleMessages => unreachable!("answered above"),
+            | PageOp::ConsoleMessages
+            | PageOp::Downloads => unreachable!("answered above"),
         };
         Ok(answer(text, &id))
     }
@@ -700,6 +730,60 @@ pub(crate) async fn wait_loaded(
             return Ok(());
         }
     }
+}
+
+/// Most files one upload step takes.
+const MAX_UPLOAD_FILES: usize = 20;
+
+/// Writes `files` into the instance's uploads folder: their paths as the
+/// browser sees them.
+fn place_uploads(
+    context: &StepContext<'_>,
+    files: &[flotilla_api_types::page::UploadFile],
+) -> Result<Vec<String>, PageError> {
+    use base64::Engine as _;
+    if files.is_empty() || files.len() > MAX_UPLOAD_FILES {
+        return Err(PageError::BadInput(format!(
+            "give 1 to {MAX_UPLOAD_FILES} files"
+        )));
+    }
+    files
+        .iter()
+        .map(|file| {
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(file.content_base64.trim())
+                .map_err(|e| {
+                    PageError::BadInput(format!("{}: content_base64 is not base64: {e}", file.name))
+                })?;
+            crate::se_files::place_upload(
+                context.dirs,
+                context.isolation,
+                &file.name,
+                &mut bytes.as_slice(),
+            )
+            .map(|path| path.to_string_lossy().into_owned())
+            .map_err(|error| PageError::BadInput(error.message))
+        })
+        .collect()
+}
+
+/// The instance's downloads, for the agent.
+fn downloads_text(dirs: &crate::browser::InstanceDirs) -> Result<String, PageError> {
+    let downloads = crate::downloads::list(&dirs.downloads())
+        .map_err(|e| PageError::BadInput(format!("cannot list the downloads: {e}")))?;
+    if downloads.is_empty() {
+        return Ok("No downloads yet.".into());
+    }
+    let mut text =
+        String::from("Downloads (fetch one with GET /v2/instances/{id}/downloads/{name}):\n");
+    for download in downloads {
+        let _ = writeln!(
+            text,
+            "- {} ({} bytes, {}, {:?})",
+            download.name, download.size_bytes, download.mime_type, download.state
+        );
+    }
+    Ok(text)
 }
 
 fn answer(text: String, tab: &str) -> PageAnswer {

@@ -96,20 +96,38 @@ pub fn upload(
         .map_err(|e| invalid(format!("the zip's entry cannot be read: {e}")))?;
     let name = String::from_utf8(entry.name_raw().to_vec())
         .map_err(|_| invalid("the zipped file's name is not UTF-8"))?;
-    if !entry.is_file() || !plain_file_name(&name) {
+    if !entry.is_file() {
         return Err(invalid(format!(
-            "the zip's entry {name:?} is not a plain file name (no folders, '/', '..' or control characters)"
+            "the zip's entry {name:?} is not a plain file"
         )));
     }
     if entry.size() > MAX_UPLOAD_FILE {
         return Err(too_large_upload());
+    }
+    let seen = place_upload(dirs, isolation, &name, &mut entry)?;
+    Ok(json!(seen.to_string_lossy()))
+}
+
+/// Writes the file `name` read from `content` (at most [`MAX_UPLOAD_FILE`]
+/// bytes, whatever it claims) into a new folder of `dirs.uploads()`, hands
+/// it to the browser, and answers its path as the browser sees it.
+pub fn place_upload(
+    dirs: &InstanceDirs,
+    isolation: &Isolation,
+    name: &str,
+    content: &mut impl Read,
+) -> Result<std::path::PathBuf, WebDriverError> {
+    if !plain_file_name(name) {
+        return Err(invalid(format!(
+            "{name:?} is not a plain file name (no folders, '/', '..' or control characters)"
+        )));
     }
     let folder_name = uuid::Uuid::new_v4().simple().to_string();
     let folder = dirs.uploads().join(&folder_name);
     std::fs::create_dir_all(dirs.uploads())
         .and_then(|()| std::fs::create_dir(&folder))
         .map_err(|e| failed(format!("cannot make the upload's folder: {e}")))?;
-    let written = write_bounded(&mut entry, &folder.join(&name));
+    let written = write_bounded(content, &folder.join(name));
     if let Err(error) = written {
         let _ = std::fs::remove_dir_all(&folder);
         return Err(error);
@@ -117,12 +135,11 @@ pub fn upload(
     isolation
         .give_to_browser(&folder)
         .map_err(|e| failed(format!("cannot hand the upload to the browser: {e}")))?;
-    let seen = isolation
+    Ok(isolation
         .browser_paths(dirs)
         .uploads
         .join(folder_name)
-        .join(name);
-    Ok(json!(seen.to_string_lossy()))
+        .join(name))
 }
 
 fn too_large_upload() -> WebDriverError {

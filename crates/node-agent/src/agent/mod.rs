@@ -558,7 +558,12 @@ impl Agent {
             .ok_or(PageError::NoBrowser)?;
         slot.touch();
         slot.console.follow(&endpoint).await;
-        Ok(crate::page_ops::run(&endpoint, request, &slot.console).await?)
+        let context = crate::page_ops::StepContext {
+            console: &slot.console,
+            dirs: &slot.dirs,
+            isolation: self.inner.launcher.isolation(),
+        };
+        Ok(crate::page_ops::run(&endpoint, request, context).await?)
     }
 
     pub async fn instance_dormant(

@@ -16,6 +16,8 @@ const KEY: &str = "flt_mcp_test_key";
 const FORM: &str = r#"<!doctype html><title>Sign up</title><h1>Sign up</h1>
 <label>Name <input id="name"></label>
 <label>Colour <select id="colour"><option value="red">Red</option><option value="blue">Blue</option></select></label>
+<label>Photo <input type="file" id="photo"></label>
+<a href="/report.txt" download="report.txt">Get the report</a>
 <button id="send">Send</button>
 <p id="out"></p>
 <script>
@@ -27,14 +29,16 @@ document.getElementById('send').addEventListener('click', () => {
 });
 </script>"#;
 
-const TOOLS: [&str; 21] = [
+const TOOLS: [&str; 23] = [
     "browser_back",
     "browser_click",
     "browser_close",
     "browser_console_messages",
     "browser_create",
+    "browser_downloads",
     "browser_drag",
     "browser_evaluate",
+    "browser_file_upload",
     "browser_handoff",
     "browser_hover",
     "browser_list",
@@ -97,7 +101,7 @@ async fn assert_gone(api: &Api, id: &str) {
 
 #[tokio::test]
 async fn browser_mcp_agents_do_a_task_with_the_official_clients_and_their_session_ends_it() {
-    let site = serve_page(&[("/form", FORM)]).await;
+    let site = serve_page(&[("/form", FORM), ("/report.txt", "the report")]).await;
     let serve = spawn_serve_with(|config| {
         config.control.auth_enabled = true;
         config.control.api_keys = vec![KEY.into()];
