@@ -64,6 +64,11 @@ pub struct McpConfig {
     pub queue_wait_sec: u64,
     /// The longest one page step may take (a navigation, a wait, …).
     pub step_timeout_ms: u64,
+    /// A session with no request for this long ends (and its instances
+    /// with it, per `on_session_end`).
+    pub session_idle_timeout_sec: u64,
+    /// Sessions this control plane holds at once; a new one past it is 503.
+    pub max_sessions: usize,
 }
 
 impl Default for McpConfig {
@@ -72,6 +77,8 @@ impl Default for McpConfig {
             on_session_end: SessionEnd::Delete,
             queue_wait_sec: 60,
             step_timeout_ms: 60_000,
+            session_idle_timeout_sec: 3600,
+            max_sessions: 1000,
         }
     }
 }
@@ -480,6 +487,11 @@ impl ControlPlaneConfig {
         if self.actions.max_html_bytes == 0 {
             return Err(ConfigError::Zero {
                 key: "actions.max_html_bytes",
+            });
+        }
+        if self.mcp.session_idle_timeout_sec == 0 || self.mcp.max_sessions == 0 {
+            return Err(ConfigError::Zero {
+                key: "mcp.session_idle_timeout_sec and mcp.max_sessions",
             });
         }
         if self.mcp.step_timeout_ms == 0 {

@@ -38,24 +38,53 @@ use crate::app::ControlPlane;
 use crate::config::SessionEnd;
 use crate::error::Error;
 
-/// The `/mcp` endpoint as a tower service for the router.
-pub fn service(
-    control_plane: Arc<ControlPlane>,
-) -> rmcp::transport::streamable_http_server::StreamableHttpService<
-    McpSession,
-    rmcp::transport::streamable_http_server::session::local::LocalSessionManager,
-> {
-    use rmcp::transport::streamable_http_server::{
-        StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
-    };
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+
+/// The `/mcp` endpoint for the router: rmcp's service, behind a cap on
+/// sessions (`mcp.max_sessions`; a new one past it is 503).
+pub fn router(control_plane: Arc<ControlPlane>) -> axum::Router<Arc<ControlPlane>> {
+    let settings = &control_plane.config.mcp;
+    let mut manager = LocalSessionManager::default();
+    // A session lives while its agent works, or a person drives its browser
+    // through a handoff link; an idle one ends (and its instances with it).
+    manager.session_config.keep_alive = Some(std::time::Duration::from_secs(
+        settings.session_idle_timeout_sec,
+    ));
+    // Answers kept for a client that resumes a stream (screenshots too).
+    manager.session_config.completed_cache_ttl = std::time::Duration::from_secs(10);
+    let manager = Arc::new(manager);
     // The guard in front checks the API key; hosts are whatever the
     // operator serves the control plane as.
     let config = StreamableHttpServerConfig::default().disable_allowed_hosts();
-    StreamableHttpService::new(
-        move || Ok(McpSession::new(control_plane.clone())),
-        Arc::new(LocalSessionManager::default()),
-        config,
-    )
+    let service = {
+        let control_plane = control_plane.clone();
+        StreamableHttpService::new(
+            move || Ok(McpSession::new(control_plane.clone())),
+            manager.clone(),
+            config,
+        )
+    };
+    let max_sessions = settings.max_sessions;
+    axum::Router::new()
+        .route_service("/mcp", service)
+        .layer(axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| {
+                let manager = manager.clone();
+                async move {
+                    let opens_a_session = request.method() == axum::http::Method::POST
+                        && !request.headers().contains_key("mcp-session-id");
+                    if opens_a_session && manager.sessions.read().await.len() >= max_sessions {
+                        return axum::response::IntoResponse::into_response(
+                            Error::InsufficientCapacity(format!(
+                                "{max_sessions} MCP sessions are open, the most this control plane holds (mcp.max_sessions): end one, or retry later"
+                            )),
+                        );
+                    }
+                    next.run(request).await
+                }
+            },
+        ))
 }
 
 /// One MCP session's state and tools.
@@ -102,7 +131,7 @@ pub struct InstanceParam {
     pub instance_id: Option<String>,
 }
 
-#[derive(Debug, Deserialize, schemars::JsonSchema, Default)]
+#[derive(Deserialize, schemars::JsonSchema, Default)]
 pub struct CreateParams {
     /// Image from the nodes' catalogs (default `ubuntu:22.04`, the system
     /// Chromium; `chromium-headless-shell` for a lighter one).
@@ -130,6 +159,18 @@ pub struct CreateParams {
     /// Open this URL once the browser is ready.
     #[serde(default)]
     pub url: Option<String>,
+}
+
+/// Everything but the proxy's password (rmcp logs requests at debug level).
+impl std::fmt::Debug for CreateParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CreateParams")
+            .field("image", &self.image)
+            .field("profile", &self.profile)
+            .field("proxy", &self.proxy)
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema, Default)]
@@ -391,7 +432,9 @@ impl McpSession {
                 .step(&Some(instance.id.to_string()), PageOp::Navigate { url })
                 .await;
             if opened.is_error == Some(true) {
-                return opened;
+                let mut content = vec![ContentBlock::text(text)];
+                content.extend(opened.content);
+                return CallToolResult::error(content);
             }
             for block in opened.content {
                 if let Some(part) = block.as_text() {

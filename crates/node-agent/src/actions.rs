@@ -26,6 +26,7 @@ use flotilla_api_types::actions::{
 
 use crate::browser::CdpEndpoint;
 use crate::cdp::{CdpClient, CdpError, CdpEvent};
+use crate::page_ops::{AbortOnDrop, dismiss_dialogs};
 
 /// A job's result: the body of the answer and its type.
 #[derive(Debug)]
@@ -210,7 +211,7 @@ impl Job<'_> {
         // site runs (a page's script cannot change the verdict).
         self.check_selectors(&page, kind).await?;
         let _interceptor = self.intercept(endpoint, &target).await?;
-        let _dialogs = dismiss_dialogs(&page);
+        let _dialogs = dismiss_dialogs(page.client.clone(), page.session.clone());
         self.prepare(&page).await?;
         self.at("loading the page");
         self.load(&page).await?;
@@ -562,15 +563,6 @@ impl Job<'_> {
     }
 }
 
-/// A task that ends when this is dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// The page target a job uses: the browser's first page (a warm browser
 /// has one open), or a new one.
 async fn page_target(client: &CdpClient, job: &Job<'_>) -> Result<String, ActionError> {
@@ -596,35 +588,6 @@ async fn page_target(client: &CdpClient, job: &Job<'_>) -> Result<String, Action
         )
         .await?;
     Ok(created["targetId"].as_str().unwrap_or_default().to_owned())
-}
-
-/// Dismisses every dialog the page opens (`alert`, `confirm`, `prompt`,
-/// `beforeunload`), which would otherwise hold its load and scripts until
-/// the deadline; until the returned guard drops.
-fn dismiss_dialogs(page: &Page) -> AbortOnDrop {
-    let client = page.client.clone();
-    let session = page.session.clone();
-    let mut events = client.events();
-    AbortOnDrop(tokio::spawn(async move {
-        loop {
-            match events.recv().await {
-                Ok(event)
-                    if event.method == "Page.javascriptDialogOpening"
-                        && event.session_id.as_deref() == Some(session.as_str()) =>
-                {
-                    let _ = client
-                        .send_in(
-                            "Page.handleJavaScriptDialog",
-                            json!({"accept": false}),
-                            Some(&session),
-                        )
-                        .await;
-                }
-                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-            }
-        }
-    }))
 }
 
 /// A promise that settles when an element matches `selector`.

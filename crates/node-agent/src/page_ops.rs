@@ -99,7 +99,11 @@ pub async fn run(
     let deadline = Instant::now() + Duration::from_millis(request.timeout_ms.max(1));
     let step = async {
         let client = CdpClient::open_limited(endpoint, &endpoint.browser_path, MAX_MESSAGE).await?;
-        let step = Step { client, deadline };
+        let step = Step {
+            client: Arc::new(client),
+            deadline,
+            dialogs: Mutex::default(),
+        };
         step.run(request, &context).await
     };
     tokio::time::timeout_at(deadline, step)
@@ -108,8 +112,10 @@ pub async fn run(
 }
 
 struct Step {
-    client: CdpClient,
+    client: Arc<CdpClient>,
     deadline: Instant,
+    /// Dismissing the dialogs of the tabs this step attached to.
+    dialogs: Mutex<Vec<AbortOnDrop>>,
 }
 
 /// A tab the step acts on: its target and flat session.
@@ -353,12 +359,20 @@ impl Step {
                 json!({"targetId": id, "flatten": true}),
             )
             .await?;
+        let session = attached["sessionId"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        // A dialog the page opened (now or before this step) would hold
+        // every script and load: Page.enable reports an open one.
+        let dismisser = dismiss_dialogs(self.client.clone(), session.clone());
+        self.dialogs.lock().expect("dialogs lock").push(dismisser);
+        self.client
+            .call("Page.enable", json!({}), Some(&session), self.remaining())
+            .await?;
         Ok(Tab {
             id: id.to_owned(),
-            session: attached["sessionId"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned(),
+            session,
         })
     }
 
@@ -454,7 +468,10 @@ impl Step {
     /// The middle of `element`'s first box, scrolled into view.
     async fn center_of(&self, tab: &Tab, element: &str) -> Result<(f64, f64), PageError> {
         let node = node_of(element)?;
-        let stale = |_| PageError::StaleElement(element.to_owned());
+        let stale = |error: CdpError| match error {
+            CdpError::Protocol { .. } => PageError::StaleElement(element.to_owned()),
+            other => PageError::from(other),
+        };
         self.on(
             tab,
             "DOM.scrollIntoViewIfNeeded",
@@ -512,7 +529,10 @@ impl Step {
         let resolved = self
             .on(tab, "DOM.resolveNode", json!({"backendNodeId": node}))
             .await
-            .map_err(|_| PageError::StaleElement(element.to_owned()))?;
+            .map_err(|error| match error {
+                CdpError::Protocol { .. } => PageError::StaleElement(element.to_owned()),
+                other => PageError::from(other),
+            })?;
         Ok(resolved["object"]["objectId"]
             .as_str()
             .unwrap_or_default()
@@ -566,6 +586,7 @@ impl Step {
     }
 
     async fn press(&self, tab: &Tab, key: &str) -> Result<(), PageError> {
+        let key = if key == "Space" { " " } else { key };
         let (code, key_code, text) = key_definition(key).ok_or_else(|| {
             PageError::BadInput(format!(
                 "unknown key {key:?}: use a single character or Enter, Tab, Escape, Backspace, Delete, Space, ArrowUp, ArrowDown, ArrowLeft, ArrowRight, Home, End, PageUp, PageDown"
@@ -617,8 +638,10 @@ impl Step {
         time_ms: Option<u64>,
     ) -> Result<String, PageError> {
         if let Some(time_ms) = time_ms {
-            let wait = Duration::from_millis(time_ms).min(MAX_WAIT);
-            tokio::time::sleep(wait.min(self.remaining())).await;
+            // What is left of the step after the wait tells the page's state.
+            let room = self.remaining().saturating_sub(Duration::from_secs(5));
+            let wait = Duration::from_millis(time_ms).min(MAX_WAIT).min(room);
+            tokio::time::sleep(wait).await;
         }
         for (wanted, present) in [(text, true), (text_gone, false)] {
             let Some(wanted) = wanted else { continue };
@@ -786,6 +809,42 @@ fn downloads_text(dirs: &crate::browser::InstanceDirs) -> Result<String, PageErr
     Ok(text)
 }
 
+/// A task that ends when this is dropped.
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Dismisses every dialog the page behind `session` opens (`alert`,
+/// `confirm`, `prompt`, `beforeunload`), which would otherwise hold its
+/// load and scripts until the deadline; until the returned guard drops.
+pub(crate) fn dismiss_dialogs(client: Arc<CdpClient>, session: String) -> AbortOnDrop {
+    let mut events = client.events();
+    AbortOnDrop(tokio::spawn(async move {
+        loop {
+            match events.recv().await {
+                Ok(event)
+                    if event.method == "Page.javascriptDialogOpening"
+                        && event.session_id.as_deref() == Some(session.as_str()) =>
+                {
+                    let _ = client
+                        .send_in(
+                            "Page.handleJavaScriptDialog",
+                            json!({"accept": false}),
+                            Some(&session),
+                        )
+                        .await;
+                }
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    }))
+}
+
 fn answer(text: String, tab: &str) -> PageAnswer {
     PageAnswer {
         text,
@@ -907,83 +966,102 @@ const PASS_THROUGH: [&str; 6] = [
     "LayoutTableCell",
 ];
 
+/// Most nodes of a snapshot (a larger page is cut).
+const MAX_NODES: usize = 20_000;
+
 /// Renders `Accessibility.getFullAXTree`'s nodes as indented lines:
 /// `- role "name" [property] [ref=e<backend id>]`, text as `- text: …`.
+/// Each node is visited once (a node listed twice, or a cycle, is not
+/// followed again), at most [`MAX_NODES`] of them.
 pub fn render_tree(nodes: &[Value]) -> String {
-    let by_id: std::collections::HashMap<&str, &Value> = nodes
+    let by_id: std::collections::HashMap<&str, usize> = nodes
         .iter()
-        .filter_map(|node| node["nodeId"].as_str().map(|id| (id, node)))
+        .enumerate()
+        .filter_map(|(index, node)| node["nodeId"].as_str().map(|id| (id, index)))
         .collect();
-    let Some(root) = nodes.iter().find(|node| node.get("parentId").is_none()) else {
+    let Some(root) = nodes.iter().position(|node| node.get("parentId").is_none()) else {
         return String::new();
     };
-    let mut out = String::new();
-    let mut stack = vec![(root, 0usize, String::new())];
-    while let Some((node, depth, parent_name)) = stack.pop() {
-        if out.len() > MAX_TEXT {
-            break;
-        }
-        let role = node["role"]["value"].as_str().unwrap_or_default();
-        let name = node["name"]["value"]
+    let name_of = |index: usize| {
+        nodes[index]["name"]["value"]
             .as_str()
             .unwrap_or_default()
             .trim()
-            .to_owned();
+    };
+    let mut visited = vec![false; nodes.len()];
+    let mut out = String::new();
+    // (node, depth, the nearest shown ancestor, whose name its text may repeat)
+    let mut stack: Vec<(usize, usize, Option<usize>)> = vec![(root, 0, None)];
+    let mut rendered = 0;
+    while let Some((index, depth, named_parent)) = stack.pop() {
+        if visited[index] {
+            continue;
+        }
+        visited[index] = true;
+        rendered += 1;
+        if out.len() > MAX_TEXT || rendered > MAX_NODES {
+            out.push_str("… (cut: the page is larger than a snapshot holds)\n");
+            break;
+        }
+        let node = &nodes[index];
+        let role = node["role"]["value"].as_str().unwrap_or_default();
+        let name = name_of(index);
         let ignored = node["ignored"].as_bool().unwrap_or(false);
         let shown = !ignored && !PASS_THROUGH.contains(&role);
         let mut child_depth = depth;
+        let mut child_parent = named_parent;
         if shown {
-            let indent = "  ".repeat(depth);
+            let indent = "  ".repeat(depth.min(40));
             if role == "StaticText" {
-                if !name.is_empty() && name != parent_name {
+                if !name.is_empty() && named_parent.is_none_or(|parent| name_of(parent) != name) {
                     let _ = writeln!(out, "{indent}- text: {}", json!(name));
                 }
             } else {
-                let mut line = format!("{indent}- {role}");
-                if !name.is_empty() {
-                    let _ = write!(line, " {}", json!(name));
-                }
-                for property in node["properties"].as_array().into_iter().flatten() {
-                    let key = property["name"].as_str().unwrap_or_default();
-                    let value = &property["value"]["value"];
-                    match key {
-                        "level" => {
-                            let _ = write!(line, " [level={value}]");
-                        }
-                        "checked" | "pressed" | "expanded" | "selected" | "disabled"
-                            if value != &json!(false) && value != &json!("false") =>
-                        {
-                            let _ = write!(line, " [{key}]");
-                        }
-                        _ => {}
-                    }
-                }
-                if let Some(value) = node["value"]["value"].as_str().filter(|v| !v.is_empty()) {
-                    let _ = write!(line, " [value={}]", json!(value));
-                }
-                if let Some(backend) = node["backendDOMNodeId"].as_i64() {
-                    let _ = write!(line, " [ref=e{backend}]");
-                }
-                let _ = writeln!(out, "{line}");
+                let _ = writeln!(out, "{indent}{}", node_line(node, role, name));
                 child_depth = depth + 1;
+                child_parent = Some(index);
             }
         }
-        let name_for_children = if shown && role != "StaticText" {
-            name.clone()
-        } else {
-            parent_name
-        };
-        let children: Vec<&Value> = node["childIds"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|id| id.as_str().and_then(|id| by_id.get(id).copied()))
-            .collect();
-        for child in children.into_iter().rev() {
-            stack.push((child, child_depth, name_for_children.clone()));
+        let children = node["childIds"].as_array().map_or(&[][..], Vec::as_slice);
+        for child in children.iter().rev() {
+            if let Some(&child) = child.as_str().and_then(|id| by_id.get(id))
+                && !visited[child]
+            {
+                stack.push((child, child_depth, child_parent));
+            }
         }
     }
     out
+}
+
+/// `- role "name" [properties] [ref=e…]` of one shown node.
+fn node_line(node: &Value, role: &str, name: &str) -> String {
+    let mut line = format!("- {role}");
+    if !name.is_empty() {
+        let _ = write!(line, " {}", json!(name));
+    }
+    for property in node["properties"].as_array().into_iter().flatten() {
+        let key = property["name"].as_str().unwrap_or_default();
+        let value = &property["value"]["value"];
+        match key {
+            "level" => {
+                let _ = write!(line, " [level={value}]");
+            }
+            "checked" | "pressed" | "expanded" | "selected" | "disabled"
+                if value != &json!(false) && value != &json!("false") =>
+            {
+                let _ = write!(line, " [{key}]");
+            }
+            _ => {}
+        }
+    }
+    if let Some(value) = node["value"]["value"].as_str().filter(|v| !v.is_empty()) {
+        let _ = write!(line, " [value={}]", json!(value));
+    }
+    if let Some(backend) = node["backendDOMNodeId"].as_i64() {
+        let _ = write!(line, " [ref=e{backend}]");
+    }
+    line
 }
 
 /// The console messages and uncaught errors of every page of one browser,
@@ -992,33 +1070,37 @@ pub fn render_tree(nodes: &[Value]) -> String {
 #[derive(Default)]
 pub struct ConsoleLog {
     messages: Mutex<VecDeque<String>>,
-    /// The follower task, while it runs.
-    follower: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The follower task, while it runs (a tokio mutex: held while a new
+    /// one connects, so two steps never start two).
+    follower: tokio::sync::Mutex<Option<AbortOnDrop>>,
 }
 
 impl ConsoleLog {
-    /// Starts following the browser at `endpoint` unless already following it.
+    /// Starts following the browser at `endpoint` unless already following
+    /// it (a revived instance has a new browser: the old follower ended with
+    /// the old one). Every page is attached by the browser's auto-attach.
     pub async fn follow(self: &Arc<Self>, endpoint: &CdpEndpoint) {
-        {
-            let follower = self.follower.lock().expect("console lock");
-            if follower.as_ref().is_some_and(|task| !task.is_finished()) {
-                return;
-            }
+        let mut follower = self.follower.lock().await;
+        if follower.as_ref().is_some_and(|task| !task.0.is_finished()) {
+            return;
         }
-        let Ok(client) =
-            CdpClient::open_with_events(endpoint, &endpoint.browser_path, 4 << 20, 1024).await
-        else {
+        let connected = tokio::time::timeout(
+            Duration::from_secs(10),
+            CdpClient::open_with_events(endpoint, &endpoint.browser_path, 4 << 20, 1024),
+        )
+        .await;
+        let Ok(Ok(client)) = connected else {
             return;
         };
         let log = Arc::downgrade(self);
-        let task = tokio::spawn(async move {
+        *follower = Some(AbortOnDrop(tokio::spawn(async move {
             let mut events = client.events();
             let attach =
                 json!({"autoAttach": true, "waitForDebuggerOnStart": false, "flatten": true});
             if client
                 .call(
-                    "Target.setDiscoverTargets",
-                    json!({"discover": true}),
+                    "Target.setAutoAttach",
+                    attach,
                     None,
                     Duration::from_secs(10),
                 )
@@ -1027,35 +1109,6 @@ impl ConsoleLog {
             {
                 return;
             }
-            let _ = client
-                .call(
-                    "Target.setAutoAttach",
-                    attach,
-                    None,
-                    Duration::from_secs(10),
-                )
-                .await;
-            // Pages open already: attach to each.
-            if let Ok(targets) = client
-                .call(
-                    "Target.getTargets",
-                    json!({}),
-                    None,
-                    Duration::from_secs(10),
-                )
-                .await
-            {
-                for info in targets["targetInfos"].as_array().into_iter().flatten() {
-                    if info["type"] == "page" {
-                        let _ = client
-                            .send(
-                                "Target.attachToTarget",
-                                json!({"targetId": info["targetId"], "flatten": true}),
-                            )
-                            .await;
-                    }
-                }
-            }
             loop {
                 let event = match events.recv().await {
                     Ok(event) => event,
@@ -1063,15 +1116,6 @@ impl ConsoleLog {
                     Err(broadcast::error::RecvError::Closed) => return,
                 };
                 match event.method.as_str() {
-                    "Target.targetCreated" if event.params["targetInfo"]["type"] == "page" => {
-                        let id = event.params["targetInfo"]["targetId"].clone();
-                        let _ = client
-                            .send(
-                                "Target.attachToTarget",
-                                json!({"targetId": id, "flatten": true}),
-                            )
-                            .await;
-                    }
                     "Target.attachedToTarget" => {
                         let session = event.params["sessionId"].as_str().unwrap_or_default();
                         let _ = client
@@ -1085,8 +1129,7 @@ impl ConsoleLog {
                     _ => {}
                 }
             }
-        });
-        *self.follower.lock().expect("console lock") = Some(task);
+        })));
     }
 
     fn record(&self, event: &CdpEvent) {
@@ -1141,14 +1184,6 @@ impl ConsoleLog {
     }
 }
 
-impl Drop for ConsoleLog {
-    fn drop(&mut self) {
-        if let Some(task) = self.follower.lock().expect("console lock").take() {
-            task.abort();
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1168,6 +1203,16 @@ mod tests {
             render_tree(&nodes),
             "- heading \"Sign in\" [level=1] [ref=e7]\n- textbox \"Name\" [value=\"Ada\"] [ref=e9]\n- button \"Go\" [disabled] [ref=e11]\n"
         );
+    }
+
+    #[test]
+    fn a_tree_that_lists_a_node_twice_or_loops_is_rendered_once() {
+        let nodes: Vec<Value> = serde_json::from_value(json!([
+            {"nodeId": "1", "role": {"value": "RootWebArea"}, "childIds": ["2", "2"]},
+            {"nodeId": "2", "parentId": "1", "role": {"value": "button"}, "name": {"value": "Loop"}, "childIds": ["1", "2"], "backendDOMNodeId": 3}
+        ]))
+        .unwrap();
+        assert_eq!(render_tree(&nodes), "- button \"Loop\" [ref=e3]\n");
     }
 
     #[test]

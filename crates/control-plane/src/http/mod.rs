@@ -224,7 +224,7 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
         .merge(webdriver_routes())
         .merge(resource_routes())
         .merge(action_routes(&control_plane))
-        .route_service("/mcp", crate::mcp::service(control_plane.clone()))
+        .merge(crate::mcp::router(control_plane.clone()))
         .merge(ui_routes())
         .nest("/internal/v1", internal_routes(&control_plane))
         .merge(SwaggerUi::new("/docs").url(

@@ -24,6 +24,7 @@ const FORM: &str = r#"<!doctype html><title>Sign up</title><h1>Sign up</h1>
 document.getElementById('send').addEventListener('click', () => {
   const name = document.getElementById('name').value;
   const colour = document.getElementById('colour').value;
+  alert('Sent!');
   console.log('form sent', name, colour);
   setTimeout(() => { document.getElementById('out').textContent = `Hello, ${name} (${colour})`; }, 300);
 });
@@ -146,5 +147,61 @@ async fn browser_mcp_agents_do_a_task_with_the_official_clients_and_their_sessio
         let response = request.send().await.unwrap();
         assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{key:?}");
     }
+    serve.shutdown().await;
+}
+
+/// `mcp.max_sessions` bounds the sessions a control plane holds: one past it
+/// is refused until another ends.
+#[tokio::test]
+async fn mcp_sessions_are_bounded() {
+    let serve = spawn_serve_with(|config| {
+        config.agent.runtime = flotilla_node_agent::RuntimeKind::Sim;
+        config.control.mcp.max_sessions = 1;
+    })
+    .await;
+    let http = reqwest::Client::new();
+    let url = format!("{}/mcp", serve.api.base);
+    let initialize = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    });
+    let open = || {
+        http.post(&url)
+            .header("accept", "application/json, text/event-stream")
+            .json(&initialize)
+            .send()
+    };
+    let first = open().await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let session = first.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let refused = open().await.unwrap();
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let detail: Value = refused.json().await.unwrap();
+    assert!(
+        detail["detail"]
+            .as_str()
+            .unwrap()
+            .contains("mcp.max_sessions"),
+        "{detail}"
+    );
+    let ended = http
+        .delete(&url)
+        .header("mcp-session-id", &session)
+        .send()
+        .await
+        .unwrap();
+    assert!(ended.status().is_success(), "{}", ended.status());
+    wait_until(BROWSER_DEADLINE, "room for a new session", || async {
+        let answer = open().await.map_err(|e| e.to_string())?;
+        match answer.status() {
+            StatusCode::OK => Ok(Some(())),
+            other => Err(other.to_string()),
+        }
+    })
+    .await
+    .unwrap();
     serve.shutdown().await;
 }
