@@ -83,7 +83,25 @@ async def main(base, key, form):
                         break
                     await call("browser_wait_for", time=0.2)
                 seen["downloads"] = downloads
-                seen["handoff"] = text_of(await call("browser_handoff", ttl_sec=60))
+                handoff = text_of(await call("browser_handoff", ttl_sec=60))
+                seen["handoff"] = handoff
+                link_url = re.search(r"person: (\S+)", handoff).group(1)
+                link_id = re.search(r"Link id: (\S+)", handoff).group(1)
+
+                async def person():
+                    # Whoever has the link: no API key.
+                    async with create_mcp_http_client() as browser:
+                        page = await browser.get(link_url)
+                        seen["page_has_button"] = 'data-testid="hand-back"' in page.text
+                        done = await browser.post(f"{link_url}/done")
+                        seen["done_status"] = done.status_code
+                        again = await browser.post(f"{link_url}/done")
+                        seen["again_status"] = again.status_code
+
+                waited, _ = await asyncio.gather(
+                    call("browser_handoff", wait_for_link=link_id, timeout_sec=60), person()
+                )
+                seen["handed_back"] = text_of(waited)
     print(json.dumps(seen))
 
 

@@ -313,6 +313,13 @@ pub struct HandoffParams {
     /// How long the link works, in seconds (default 1800).
     #[serde(default)]
     pub ttl_sec: Option<u64>,
+    /// Instead of making a link: wait until the person of this link (its
+    /// id, from an earlier browser_handoff) hands the browser back.
+    #[serde(default)]
+    pub wait_for_link: Option<String>,
+    /// How long to wait, in seconds (default 300, at most 3600).
+    #[serde(default)]
+    pub timeout_sec: Option<u64>,
 }
 
 impl McpSession {
@@ -732,7 +739,7 @@ impl McpSession {
     }
 
     #[tool(
-        description = "Hand the browser to a person: makes a live link with control (a page that shows the browser and lets them drive it, e.g. to solve a login or a CAPTCHA) and returns its URL to give them. Continue once they say they are done."
+        description = "Hand the browser to a person: makes a live link with control (a page that shows the browser and lets them drive it, e.g. to solve a login or a CAPTCHA) and returns its URL and id. Give them the URL, then call browser_handoff again with wait_for_link set to the id: it answers when they press \"Done, hand back\" on the page (or after timeout_sec)."
     )]
     async fn browser_handoff(
         &self,
@@ -743,6 +750,26 @@ impl McpSession {
             Ok(id) => id,
             Err(refusal) => return refusal,
         };
+        if let Some(link) = params.wait_for_link {
+            let wait = std::time::Duration::from_secs(params.timeout_sec.unwrap_or(300).min(3600));
+            return match self
+                .control_plane
+                .live_link_handed_back(&id, &link, wait)
+                .await
+            {
+                Ok(true) => done(format!(
+                    "The person handed browser {id} back. Take a new snapshot: the page may have changed."
+                )),
+                Ok(false) => failed(format!(
+                    "not handed back within {} s; the link still works: wait again, or go on without it",
+                    wait.as_secs()
+                )),
+                Err(Error::NotFound(detail)) => failed(format!(
+                    "{detail}; it was not handed back (make a new link with browser_handoff)"
+                )),
+                Err(error) => failed_with(error),
+            };
+        }
         let base = match self.control_plane.config.public_url.clone() {
             Some(url) => url.trim_end_matches('/').to_owned(),
             None => {
@@ -766,8 +793,8 @@ impl McpSession {
             .await
         {
             Ok(link) => done(format!(
-                "Give this link to the person: {}\nIt shows browser {id} and lets them drive it until {}. Wait until they say they are done, then take a new snapshot.",
-                link.url, link.expires_at
+                "Give this link to the person: {}\nLink id: {}\nIt shows browser {id} and lets them drive it until {}. Then call browser_handoff with wait_for_link \"{}\" to wait until they hand it back.",
+                link.url, link.id, link.expires_at, link.id
             )),
             Err(error) => failed_with(error),
         }

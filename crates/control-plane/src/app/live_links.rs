@@ -60,6 +60,7 @@ impl ControlPlane {
             created_at: now,
             expires_at: now + TimeDelta::seconds(ttl as i64),
             revoked_at: None,
+            handed_back_at: None,
         };
         self.store.live_link_insert(&link).await?;
         let signature = self.live_link_signature(&link.id).await?;
@@ -135,6 +136,56 @@ impl ControlPlane {
             )));
         }
         Ok(())
+    }
+
+    /// The person of a `control` link hands the browser back: the link ends,
+    /// and an agent waiting on it ([`ControlPlane::live_link_handed_back`])
+    /// goes on.
+    pub async fn live_link_hand_back(&self, token: &str) -> Result<MessageResponse> {
+        let link = self.live_link_check(token).await?;
+        if link.mode != LiveMode::Control {
+            return Err(Error::InvalidState(
+                "only a control link hands a browser back".into(),
+            ));
+        }
+        self.store.live_link_hand_back(&link.id, self.now()).await?;
+        tracing::info!(instance = %link.instance_id, link = link.id, "live link handed back");
+        Ok(MessageResponse {
+            message: "handed back: the link has ended".into(),
+        })
+    }
+
+    /// Waits (checking the store every half second, on whichever control
+    /// plane the person used) until link `id` of `instance` is handed back
+    /// (`Ok(true)`), ends otherwise, or `wait` passes (`Ok(false)`).
+    pub async fn live_link_handed_back(
+        &self,
+        instance: &InstanceId,
+        id: &str,
+        wait: Duration,
+    ) -> Result<bool> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let link = self
+                .store
+                .live_link_get(id)
+                .await?
+                .filter(|link| &link.instance_id == instance)
+                .ok_or_else(|| {
+                    Error::NotFound(format!("no live link {id} of instance {instance}"))
+                })?;
+            if link.handed_back_at.is_some() {
+                return Ok(true);
+            }
+            self.live_link_holds(&link, self.now())?;
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep_until(
+                deadline.min(tokio::time::Instant::now() + Duration::from_millis(500)),
+            )
+            .await;
+        }
     }
 
     /// Where a live link's socket goes: the instance's stream port.

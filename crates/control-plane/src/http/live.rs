@@ -100,6 +100,23 @@ pub async fn live_page(
     Ok((headers, Html(page)).into_response())
 }
 
+/// The person of a `control` link is done ("Done, hand back" on its page):
+/// the link ends, and an agent waiting on the handoff goes on.
+#[utoipa::path(post, path = "/live/{token}/done", tag = "instances", security(()),
+    params(("token" = String, Path)),
+    responses(
+        (status = 200, body = MessageResponse),
+        (status = 404, description = "Not a live link, expired or revoked", body = ErrorResponse),
+        (status = 409, description = "A view link: only a control link hands back", body = ErrorResponse),
+    ))]
+pub async fn live_hand_back(
+    State(control_plane): State<Arc<ControlPlane>>,
+    Path(token): Path<String>,
+    _: NoBody,
+) -> Result<Json<MessageResponse>, Error> {
+    Ok(Json(control_plane.live_link_hand_back(&token).await?))
+}
+
 /// A live link's WebSocket: the instance's live view (see the agent's
 /// `live_control` for its messages); `view` links cannot take control.
 #[utoipa::path(get, path = "/live/{token}/ws", tag = "instances", security(()),

@@ -58,6 +58,7 @@ use crate::error::Error;
         live::live_links_delete,
         live::live_page,
         live::live_socket,
+        live::live_hand_back,
         nodes::node_list,
         nodes::node_get,
         profiles::profile_create,
@@ -281,6 +282,10 @@ fn instance_routes() -> Routes {
         )
         .route("/live/{token}", get(live::live_page))
         .route("/live/{token}/ws", get(live::live_socket))
+        .route(
+            "/live/{token}/done",
+            axum::routing::post(live::live_hand_back),
+        )
 }
 
 /// WebDriver (W3C, Selenium Grid 4's endpoints), at the root and under

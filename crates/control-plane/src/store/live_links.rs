@@ -10,7 +10,7 @@ use flotilla_api_types::live::LiveMode;
 
 use super::{Store, from_millis, to_millis};
 
-const COLUMNS: &str = "id, instance_id, mode, created_at, expires_at, revoked_at";
+const COLUMNS: &str = "id, instance_id, mode, created_at, expires_at, revoked_at, handed_back_at";
 
 /// A live link as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -21,6 +21,8 @@ pub struct LiveLinkRecord {
     pub created_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
     pub revoked_at: Option<DateTime<Utc>>,
+    /// When its person handed the browser back (control links).
+    pub handed_back_at: Option<DateTime<Utc>>,
 }
 
 fn decode(row: &AnyRow) -> Result<LiveLinkRecord, sqlx::Error> {
@@ -33,6 +35,9 @@ fn decode(row: &AnyRow) -> Result<LiveLinkRecord, sqlx::Error> {
         expires_at: from_millis(row.try_get("expires_at")?),
         revoked_at: row
             .try_get::<Option<i64>, _>("revoked_at")?
+            .map(from_millis),
+        handed_back_at: row
+            .try_get::<Option<i64>, _>("handed_back_at")?
             .map(from_millis),
     })
 }
@@ -55,6 +60,24 @@ impl Store {
 
     pub async fn live_link_get(&self, id: &str) -> Result<Option<LiveLinkRecord>, sqlx::Error> {
         Self::row_by_id(&self.writer, ("live_links", COLUMNS), id, decode).await
+    }
+
+    /// Records that link `id`'s person handed the browser back, and ends the
+    /// link; answers whether it was still in force.
+    pub async fn live_link_hand_back(
+        &self,
+        id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(
+            "UPDATE live_links SET handed_back_at = $1, revoked_at = $1 \
+             WHERE id = $2 AND revoked_at IS NULL",
+        )
+        .bind(to_millis(now))
+        .bind(id)
+        .execute(&self.writer)
+        .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     /// Revokes one link of `instance` (`Some(id)`) or all of them; answers

@@ -123,6 +123,19 @@ async fn browser_mcp_agents_do_a_task_with_the_official_clients_and_their_sessio
         seen["tabs"].as_str().unwrap().contains("(current)"),
         "{seen}"
     );
+    assert_eq!(seen["uploaded"], "\"photo.png:5\"", "{seen}");
+    let downloads = seen["downloads"].as_str().unwrap();
+    assert!(downloads.contains("- report.txt (10 bytes"), "{downloads}");
+    let handoff = seen["handoff"].as_str().unwrap();
+    assert!(handoff.contains("/live/"), "{handoff}");
+    assert_eq!(seen["page_has_button"], true, "{seen}");
+    assert_eq!(seen["done_status"], 200, "{seen}");
+    assert_eq!(
+        seen["again_status"], 404,
+        "the link ended with the hand-back"
+    );
+    let handed = seen["handed_back"].as_str().unwrap();
+    assert!(handed.contains("handed browser"), "{handed}");
     assert_gone(&api, seen["instance"].as_str().unwrap()).await;
 
     let seen = run_node("mcp_agent.mjs", &[&serve.api.base, KEY, &form])
@@ -203,5 +216,47 @@ async fn mcp_sessions_are_bounded() {
     })
     .await
     .unwrap();
+    serve.shutdown().await;
+}
+
+/// `POST /live/{token}/done` takes only a valid control link, once.
+#[tokio::test]
+async fn only_a_control_link_hands_back_and_only_once() {
+    let serve = spawn_serve_with(|config| {
+        config.agent.runtime = flotilla_node_agent::RuntimeKind::Sim;
+    })
+    .await;
+    let api = serve.api.clone();
+    let instance = api.create("{}").await;
+    let id = instance["id"].as_str().unwrap().to_owned();
+    let link = |mode: &'static str| {
+        let api = api.clone();
+        let path = format!("/v2/instances/{id}/live");
+        async move {
+            let (status, link) = api.post(&path, &format!(r#"{{"mode": "{mode}"}}"#)).await;
+            assert_eq!(status, StatusCode::CREATED, "{link}");
+            let url = link["url"].as_str().unwrap().to_owned();
+            url[url.find("/live/").unwrap()..].to_owned()
+        }
+    };
+    let view = link("view").await;
+    let control = link("control").await;
+    let done = |path: String| {
+        let api = api.clone();
+        async move { api.post(&format!("{path}/done"), "").await }
+    };
+    let (status, body) = done(view).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let (status, body) = done(format!("{control}x")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    let (status, body) = done("/live/not-a-token".into()).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    let (status, body) = done(control.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = done(control.clone()).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    // The link's page is gone with it.
+    let (status, _) = api.get(&control).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
     serve.shutdown().await;
 }
