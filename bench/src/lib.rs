@@ -486,3 +486,39 @@ impl Tab {
         Ok(result["result"]["value"].clone())
     }
 }
+
+/// Serves `html` at `/` on a loopback port: its base URL.
+pub async fn serve_html(html: String) -> anyhow::Result<String> {
+    let router = axum::Router::new().route(
+        "/",
+        axum::routing::get(move || async move { axum::response::Html(html) }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    Ok(base)
+}
+
+/// Runs `bench/js/<script>` with Node, `options` as its one argument: the
+/// JSON it prints (its progress goes to this process's stderr).
+pub async fn run_node_script(
+    script: &str,
+    options: &serde_json::Value,
+) -> anyhow::Result<serde_json::Value> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("js")
+        .join(script);
+    let output = tokio::process::Command::new("node")
+        .arg(&path)
+        .arg(options.to_string())
+        .stderr(Stdio::inherit())
+        .output()
+        .await
+        .context("node runs (scripts/install-deps --test installs it)")?;
+    if !output.status.success() {
+        bail!("{script} failed");
+    }
+    Ok(serde_json::from_slice(&output.stdout)?)
+}

@@ -12,31 +12,19 @@
 //! Flotilla runs with authentication on and a warm pool of `--warm`; the
 //! page is served on 127.0.0.1 and opened in the agent's egress policy.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use serde_json::{Value, json};
 
-use flotilla_bench::{ServeProcess, number_flag, percentile, text_flag};
+use flotilla_bench::{
+    ServeProcess, number_flag, percentile, run_node_script, serve_html, text_flag,
+};
 
 const KEY: &str = "actions-bench-key";
 const PAGE: &str = "<!doctype html><title>bench</title><h1>A page to capture</h1>\
     <p style=\"font:20px serif\">Some text, a box and a gradient.</p>\
     <div style=\"width:600px;height:300px;background:linear-gradient(#08f,#f80)\"></div>";
-
-/// The page on a loopback port: its base URL.
-async fn serve_page() -> anyhow::Result<String> {
-    let router = axum::Router::new().route(
-        "/",
-        axum::routing::get(|| async { axum::response::Html(PAGE) }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let base = format!("http://{}", listener.local_addr()?);
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, router).await;
-    });
-    Ok(base)
-}
 
 fn row(label: &str, samples: &[f64]) -> String {
     format!(
@@ -63,7 +51,7 @@ async fn main() -> anyhow::Result<()> {
     let warm = number_flag("--warm", 2)?;
     let chromium = text_flag("--chromium", "/usr/lib/chromium/chromium")?;
 
-    let site = serve_page().await?;
+    let site = serve_html(PAGE.to_owned()).await?;
     let dir = tempfile::Builder::new()
         .prefix("flotilla-actions-bench-")
         .tempdir()?;
@@ -80,7 +68,6 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("starting {}", binary.display()))?;
 
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("js/action_screenshot.mjs");
     let options = json!({
         "api": serve.url,
         "key": KEY,
@@ -90,18 +77,9 @@ async fn main() -> anyhow::Result<()> {
         "concurrency": concurrency,
         "jobs": jobs,
     });
-    let output = tokio::process::Command::new("node")
-        .arg(&script)
-        .arg(options.to_string())
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .await
-        .context("node runs (scripts/install-deps --test installs it)")?;
+    let results = run_node_script("action_screenshot.mjs", &options).await;
     serve.stop().await;
-    if !output.status.success() {
-        bail!("action_screenshot.mjs failed");
-    }
-    let results: Value = serde_json::from_slice(&output.stdout)?;
+    let results = results?;
     let action = numbers(&results["action"]);
     let launch = numbers(&results["launch"]);
     println!("one screenshot, request to PNG, {rounds} rounds (ms)\n");

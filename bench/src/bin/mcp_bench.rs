@@ -16,7 +16,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
 
-use flotilla_bench::{ServeProcess, client_with_key, number_flag, percentile, text_flag};
+use flotilla_bench::{
+    ServeProcess, client_with_key, number_flag, percentile, run_node_script, serve_html, text_flag,
+};
 
 const KEY: &str = "mcp-bench-key";
 
@@ -34,20 +36,6 @@ fn page() -> String {
     }
     html.push_str("</ul>");
     html
-}
-
-async fn serve_page() -> anyhow::Result<String> {
-    let html = page();
-    let router = axum::Router::new().route(
-        "/",
-        axum::routing::get(move || async move { axum::response::Html(html) }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let base = format!("http://{}", listener.local_addr()?);
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, router).await;
-    });
-    Ok(base)
 }
 
 fn series(results: &Value, way: &str, field: &str) -> Vec<f64> {
@@ -70,7 +58,7 @@ async fn main() -> anyhow::Result<()> {
             "{playwright_mcp} is missing: npm install --prefix target/bench-npm @playwright/mcp@0.0.83"
         );
     }
-    let site = serve_page().await?;
+    let site = serve_html(page()).await?;
     let dir = tempfile::Builder::new()
         .prefix("flotilla-mcp-bench-")
         .tempdir()?;
@@ -111,19 +99,9 @@ async fn main() -> anyhow::Result<()> {
         "rounds": rounds,
         "playwright_mcp": std::fs::canonicalize(&playwright_mcp)?,
     });
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("js/mcp_roundtrip.mjs");
-    let output = tokio::process::Command::new("node")
-        .arg(&script)
-        .arg(options.to_string())
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .await
-        .context("node runs")?;
+    let results = run_node_script("mcp_roundtrip.mjs", &options).await;
     serve.stop().await;
-    if !output.status.success() {
-        bail!("mcp_roundtrip.mjs failed");
-    }
-    let results: Value = serde_json::from_slice(&output.stdout)?;
+    let results = results?;
     println!("browser_navigate + browser_snapshot, {rounds} rounds, one instance\n");
     println!("| | p50 ms | p90 ms | snapshot bytes |");
     println!("|---|---|---|---|");

@@ -16,10 +16,12 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use serde_json::{Value, json};
 
-use flotilla_bench::{ServeProcess, free_port, number_flag, percentile, text_flag};
+use flotilla_bench::{
+    ServeProcess, free_port, number_flag, percentile, run_node_script, text_flag,
+};
 use flotilla_node_agent::config::BASE_CHROMIUM_FLAGS;
 
 const KEY: &str = "ready-page-bench-key";
@@ -61,7 +63,6 @@ async fn start(name: &str, binary: &Path) -> anyhow::Result<Build> {
 
 /// Runs `bench/js/ready_page.mjs` over `builds`: its JSON.
 async fn run_script(builds: &[Build], chromium: &str, rounds: usize) -> anyhow::Result<Value> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("js/ready_page.mjs");
     let listed: Vec<Value> = builds
         .iter()
         .map(|b| json!({"name": b.name, "api": b.serve.url}))
@@ -73,17 +74,7 @@ async fn run_script(builds: &[Build], chromium: &str, rounds: usize) -> anyhow::
         "chromium": chromium,
         "flags": BASE_CHROMIUM_FLAGS,
     });
-    let output = tokio::process::Command::new("node")
-        .arg(&script)
-        .arg(options.to_string())
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .await
-        .context("node runs (scripts/install-deps --test installs it)")?;
-    if !output.status.success() {
-        bail!("ready_page.mjs failed");
-    }
-    Ok(serde_json::from_slice(&output.stdout)?)
+    run_node_script("ready_page.mjs", &options).await
 }
 
 /// Medians of `steps` over `samples` (objects of milliseconds), and of

@@ -191,18 +191,7 @@ impl Job<'_> {
         let client = CdpClient::open_limited(endpoint, &endpoint.browser_path, max_message).await?;
         self.at("opening the page");
         let target = page_target(&client, self).await?;
-        let attached = client
-            .call(
-                "Target.attachToTarget",
-                json!({"targetId": target, "flatten": true}),
-                None,
-                self.remaining(),
-            )
-            .await?;
-        let session = attached["sessionId"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
+        let session = client.attach(&target, self.remaining()).await?;
         let page = Page {
             client: Arc::new(client),
             session,
@@ -537,18 +526,7 @@ impl Job<'_> {
         // document goes the other way, in a command.
         let client =
             CdpClient::open_with_events(endpoint, &endpoint.browser_path, 4 << 20, 1024).await?;
-        let attached = client
-            .call(
-                "Target.attachToTarget",
-                json!({"targetId": target, "flatten": true}),
-                None,
-                self.remaining(),
-            )
-            .await?;
-        let session = attached["sessionId"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
+        let session = client.attach(target, self.remaining()).await?;
         let events = client.events();
         client
             .call(

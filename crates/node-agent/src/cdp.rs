@@ -285,10 +285,16 @@ impl CdpClient {
             .call(method, json!({"url": url}), None, timeout)
             .await?;
         let target_id = answer_field(&target, method, "targetId")?;
+        let session = self.attach(&target_id, timeout).await?;
+        Ok((target_id, session))
+    }
+
+    /// Attaches to `target` with a flat session: its id.
+    pub async fn attach(&self, target: &str, timeout: Duration) -> Result<String, CdpError> {
         let method = "Target.attachToTarget";
-        let params = json!({"targetId": target_id, "flatten": true});
+        let params = json!({"targetId": target, "flatten": true});
         let attached = self.call(method, params, None, timeout).await?;
-        Ok((target_id, answer_field(&attached, method, "sessionId")?))
+        answer_field(&attached, method, "sessionId")
     }
 
     /// `Page.navigate` of the page behind `session` to `url`: its answer

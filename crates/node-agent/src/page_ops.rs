@@ -353,16 +353,7 @@ impl Step {
     }
 
     async fn attach(&self, id: &str) -> Result<Tab, PageError> {
-        let attached = self
-            .browser(
-                "Target.attachToTarget",
-                json!({"targetId": id, "flatten": true}),
-            )
-            .await?;
-        let session = attached["sessionId"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
+        let session = self.client.attach(id, self.remaining()).await?;
         // A dialog the page opened (now or before this step) would hold
         // every script and load: Page.enable reports an open one.
         let dismisser = dismiss_dialogs(self.client.clone(), session.clone());
