@@ -43,6 +43,8 @@ seen.console = textOf(await call('browser_console_messages'));
 seen.evaluated = textOf(await call('browser_evaluate', { expression: "document.getElementById('out').textContent" }));
 const wrong = await client.callTool({ name: 'browser_click', arguments: { ref: 'e999999999' } });
 seen.wrong_ref = { is_error: wrong.isError === true, text: textOf(wrong) };
+const missing = await client.callTool({ name: 'browser_click', arguments: {} });
+seen.missing_ref = { is_error: missing.isError === true, text: textOf(missing) };
 await transport.terminateSession();
 await client.close();
 console.log(JSON.stringify(seen));

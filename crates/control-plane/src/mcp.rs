@@ -811,6 +811,30 @@ impl ServerHandler for McpSession {
             )
     }
 
+    /// Calls a tool; arguments that do not fit its schema are a tool error
+    /// an agent reads and corrects, like every other failure of a tool (an
+    /// unknown tool stays the protocol's error).
+    async fn call_tool(
+        &self,
+        request: rmcp::model::CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, ErrorData> {
+        let router = Self::tool_router();
+        let known = router.has_route(&request.name);
+        let name = request.name.clone();
+        let call = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
+        match router.call(call).await {
+            Err(error) if known && error.code == rmcp::model::ErrorCode::INVALID_PARAMS => {
+                Ok(failed(format!(
+                    "{name}: {} (see the tool's input schema)",
+                    error.message
+                ))
+                .into())
+            }
+            other => other,
+        }
+    }
+
     async fn initialize(
         &self,
         request: InitializeRequestParams,

@@ -142,6 +142,10 @@ async fn browser_mcp_agents_do_a_task_with_the_official_clients_and_their_sessio
         .await
         .expect("the TypeScript agent finishes its task");
     assert_the_task_was_done(&seen, "typescript");
+    // Arguments that miss a field are a tool error too, naming it.
+    assert_eq!(seen["missing_ref"]["is_error"], true, "{seen}");
+    let missing = seen["missing_ref"]["text"].as_str().unwrap();
+    assert!(missing.contains("ref"), "{missing}");
     assert_gone(&api, seen["instance"].as_str().unwrap()).await;
 
     // The door is the API key's, like every other.
