@@ -7,6 +7,9 @@
 // url, rounds, playwright_mcp} (the path of @playwright/mcp's cli.js).
 // Prints one JSON object: per-round milliseconds and snapshot sizes.
 import { createRequire } from 'node:module';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 
 const require = createRequire(new URL('../../tests/js/package.json', import.meta.url));
 const { Client } = require('@modelcontextprotocol/sdk/client/index.js');
@@ -26,9 +29,12 @@ async function connect(transport) {
 const flotilla = await connect(new StreamableHTTPClientTransport(new URL(`${options.api}/mcp`), {
   requestInit: { headers: { Authorization: `Bearer ${options.key}` } },
 }));
+// @playwright/mcp writes snapshots and logs where it runs: a temp folder.
+const scratch = mkdtempSync(join(tmpdir(), 'playwright-mcp-'));
 const playwright = await connect(new StdioClientTransport({
   command: process.execPath,
   args: [options.playwright_mcp, '--cdp-endpoint', options.debug],
+  cwd: scratch,
   stderr: 'ignore',
 }));
 
@@ -53,4 +59,5 @@ for (let round = 0; round < options.rounds; round++) {
 }
 await flotilla.close();
 await playwright.close();
+rmSync(scratch, { recursive: true, force: true });
 console.log(JSON.stringify(results));

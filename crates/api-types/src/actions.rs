@@ -5,13 +5,11 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::instances::UpstreamProxy;
-use crate::names::UnknownName;
 
 /// What an action makes of the page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
@@ -24,8 +22,6 @@ pub enum ActionKind {
 }
 
 impl ActionKind {
-    pub const ALL: [ActionKind; 4] = [Self::Screenshot, Self::Pdf, Self::Content, Self::Scrape];
-
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Screenshot => "screenshot",
@@ -39,17 +35,6 @@ impl ActionKind {
 impl fmt::Display for ActionKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for ActionKind {
-    type Err = UnknownName;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL
-            .into_iter()
-            .find(|kind| kind.as_str() == s)
-            .ok_or_else(|| UnknownName::new("action", s))
     }
 }
 

@@ -5,6 +5,8 @@
 //! - [`instances`], [`nodes`], [`health`]: the public `/v2` REST API of
 //!   `spec/instance-service-api.md`, with `utoipa` schemas for the OpenAPI document.
 //! - [`agent`] — the internal API between the control plane and node agents.
+//! - [`actions`] — REST actions' bodies and checks; [`page`] — MCP's page
+//!   steps as the control plane asks them of a node.
 //! - [`error`] — the `{detail, code}` error body and its codes.
 //! - [`prometheus`] — the metrics text format both services expose.
 //! - [`events`] — lifecycle event names and payloads (webhooks, event proxy).

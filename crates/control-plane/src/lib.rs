@@ -12,6 +12,7 @@
 //!   metrics samples and alerts, event delivery).
 //! - [`telemetry`] — the control plane's own measurements for `GET /metrics`.
 //! - [`error`] — the one error type and its mapping to HTTP.
+//! - [`mcp`] — the MCP server at `/mcp` (tools for AI agents over the fleet).
 
 pub mod app;
 pub mod artifacts;

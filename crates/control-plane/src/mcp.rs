@@ -11,8 +11,9 @@
 //! (`[mcp] on_session_end`: delete, park or keep). Clients of the stateless
 //! protocol name the instance on every call, and close what they create.
 //!
-//! Failures of a tool are tool errors (`isError`) with a message an agent
-//! can act on, never protocol errors.
+//! Failures of a tool, bad arguments included, are tool errors (`isError`)
+//! with a message an agent can act on; only an unknown tool is a protocol
+//! error.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -72,8 +73,16 @@ pub fn router(control_plane: Arc<ControlPlane>) -> axum::Router<Arc<ControlPlane
             move |request: axum::extract::Request, next: axum::middleware::Next| {
                 let manager = manager.clone();
                 async move {
+                    // Clients of the stateless protocol (2026-07-28 on) send
+                    // its version on every request and open no session.
+                    let stateless = request
+                        .headers()
+                        .get("mcp-protocol-version")
+                        .and_then(|v| v.to_str().ok())
+                        .is_some_and(|version| version >= "2026-07-28");
                     let opens_a_session = request.method() == axum::http::Method::POST
-                        && !request.headers().contains_key("mcp-session-id");
+                        && !request.headers().contains_key("mcp-session-id")
+                        && !stateless;
                     if opens_a_session && manager.sessions.read().await.len() >= max_sessions {
                         return axum::response::IntoResponse::into_response(
                             Error::InsufficientCapacity(format!(

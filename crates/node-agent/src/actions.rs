@@ -78,16 +78,8 @@ pub enum ActionError {
     #[error("the browser for the action did not start: {0}")]
     NotStarted(String),
     /// 502: the browser failed the job.
-    #[error("the browser failed the action: {}", describe(.0))]
+    #[error("the browser failed the action: {}", crate::page_ops::describe(.0))]
     Browser(CdpError),
-}
-
-/// A CDP failure in words fit for a client: no addresses or paths.
-fn describe(error: &CdpError) -> String {
-    match error {
-        CdpError::Connect { .. } => "the agent cannot reach the browser".into(),
-        other => other.to_string(),
-    }
 }
 
 impl From<CdpError> for ActionError {
@@ -157,13 +149,9 @@ impl Page {
             )
             .await?;
         if let Some(details) = answer.get("exceptionDetails") {
-            let message = details["exception"]["description"]
-                .as_str()
-                .or_else(|| details["text"].as_str())
-                .unwrap_or("the script threw");
             return Err(ActionError::Browser(CdpError::Protocol {
                 method: "Runtime.evaluate".into(),
-                message: message.to_owned(),
+                message: crate::page_ops::exception_text(details),
             }));
         }
         Ok(answer["result"]["value"].clone())

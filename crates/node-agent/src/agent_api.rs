@@ -76,8 +76,9 @@ fn error(status: StatusCode, code: ErrorCode, detail: String) -> Response {
     (status, Json(ErrorResponse { detail, code })).into_response()
 }
 
-/// The largest action request the agent reads (the control plane bounds
-/// `html` by `actions.max_html_bytes`; JSON may escape it up to six times).
+/// The largest action or page-step request the agent reads (the control
+/// plane bounds an action's `html` by `actions.max_html_bytes`, which JSON
+/// may escape up to six times; an MCP request is at most 4 MiB).
 const ACTION_BODY_LIMIT: usize = 256 << 20;
 
 /// The HTTP status an agent error stands for.

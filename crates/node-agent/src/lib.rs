@@ -11,6 +11,8 @@
 //! - [`sandbox`], [`netns`], [`egress`]: how a browser is confined (user,
 //!   filesystem, Chromium's sandbox, its own network behind the egress proxy).
 //! - [`cdp`] — a small DevTools protocol client for the agent's own needs.
+//! - [`actions`] — REST actions' jobs on a page; [`page_ops`] — MCP's steps
+//!   on a page (snapshot, references, input, tabs, console).
 //! - [`monitor`] — resource sampling from `/proc`.
 //! - [`ports`], [`sweep`], [`config`], [`link`].
 

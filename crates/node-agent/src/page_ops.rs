@@ -10,6 +10,10 @@
 //!
 //! Console messages are read from a [`ConsoleLog`] that follows every page
 //! of the browser from the first step on.
+//!
+//! Also what the REST actions (`crate::actions`) share with the steps: the
+//! wait for a navigation's load ([`wait_loaded`]), dismissing dialogs, and a
+//! CDP failure in words fit for a client.
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
@@ -75,7 +79,7 @@ impl From<CdpError> for PageError {
 }
 
 /// A CDP failure in words fit for a client: no addresses or paths.
-fn describe(error: &CdpError) -> String {
+pub(crate) fn describe(error: &CdpError) -> String {
     match error {
         CdpError::Connect { .. } => "the agent cannot reach the browser".into(),
         other => other.to_string(),
@@ -368,7 +372,6 @@ impl Step {
     }
 
     async fn navigate(&self, tab: &Tab, url: &str) -> Result<(), PageError> {
-        self.on(tab, "Page.enable", json!({})).await?;
         self.on(
             tab,
             "Page.setLifecycleEventsEnabled",
@@ -396,7 +399,6 @@ impl Step {
             ));
         }
         let entry = &history["entries"][(index - 1) as usize];
-        self.on(tab, "Page.enable", json!({})).await?;
         self.on(
             tab,
             "Page.navigateToHistoryEntry",
@@ -886,7 +888,8 @@ fn node_of(element: &str) -> Result<i64, PageError> {
         })
 }
 
-fn exception_text(details: &Value) -> String {
+/// The message of a script's exception (`exceptionDetails`).
+pub(crate) fn exception_text(details: &Value) -> String {
     details["exception"]["description"]
         .as_str()
         .or_else(|| details["text"].as_str())

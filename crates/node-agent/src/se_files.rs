@@ -1,5 +1,6 @@
 //! Selenium Grid's file endpoints of a WebDriver session, served by the
-//! agent (chromedriver never sees them):
+//! agent (chromedriver never sees them), and the upload folder they share
+//! with MCP's `browser_file_upload` ([`place_upload`]):
 //! - remote upload, `POST /session/{id}/se/file` (or chromedriver's older
 //!   `/file`, which WebdriverIO uses) with `{"file": base64 zip}`:
 //!   the zip's one file is written to a new folder of the instance's uploads

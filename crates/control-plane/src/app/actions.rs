@@ -1,5 +1,7 @@
 //! REST actions (`POST /v2/actions/{action}`): a screenshot, a PDF, the
 //! rendered HTML or scraped elements of one page, in a borrowed browser.
+//! Also the MCP server's page steps on an instance's node
+//! ([`ControlPlane::instance_page`]), the other job on a page.
 //!
 //! The browser is an instance like any other (the same placement, create
 //! queue, warm pool, isolation and egress policy), created for the job and

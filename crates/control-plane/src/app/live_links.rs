@@ -4,6 +4,10 @@
 //! revoked (`DELETE /v2/instances/{id}/live/{link_id}`, or every link of the
 //! instance with `DELETE /v2/instances/{id}/live`).
 //!
+//! A `control` link's person hands the browser back with "Done, hand back"
+//! (`POST /live/{token}/done`): recorded on the link, which ends; an agent
+//! waiting on the handoff (MCP `browser_handoff`) reads it from the store.
+//!
 //! The signature (HMAC of the link id with the key instance tokens derive
 //! from) makes the URL unguessable; the record says what it opens and until
 //! when, and is checked when the page or its socket opens (404 once the
@@ -148,7 +152,10 @@ impl ControlPlane {
                 "only a control link hands a browser back".into(),
             ));
         }
-        self.store.live_link_hand_back(&link.id, self.now()).await?;
+        if !self.store.live_link_hand_back(&link.id, self.now()).await? {
+            // Revoked, or handed back by another press, since the check.
+            return Err(Error::NotFound("this live link has ended".into()));
+        }
         tracing::info!(instance = %link.instance_id, link = link.id, "live link handed back");
         Ok(MessageResponse {
             message: "handed back: the link has ended".into(),

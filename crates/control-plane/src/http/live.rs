@@ -2,7 +2,8 @@
 //! the instance's token) and what a link opens without any key:
 //! `GET /live/{token}` (a standalone page, embeddable in an iframe) and
 //! `GET /live/{token}/ws` (its WebSocket, relayed to the instance's live
-//! view). See `app::live_links`.
+//! view) and `POST /live/{token}/done` (a control link's person hands the
+//! browser back). See `app::live_links`.
 
 use std::sync::Arc;
 

@@ -1,5 +1,5 @@
 //! Live link records: which instance a link opens, in which mode, until when,
-//! and whether it was revoked.
+//! whether it was revoked, and whether its person handed the browser back.
 
 use chrono::{DateTime, Utc};
 use sqlx::Row;

@@ -1,8 +1,10 @@
 //! The MCP server at `/mcp` with real Chromium, driven by the official
 //! clients: the Python SDK (`mcp`) and the TypeScript one
 //! (`@modelcontextprotocol/sdk`), each a scripted agent doing a task on a
-//! local form by the snapshot's references; the session's end deleting the
-//! instance it created; the API key asked for.
+//! local form by the snapshot's references (with an upload, a download and
+//! a handoff that a person hands back); the session's end deleting the
+//! instance it created; the API key asked for; the cap on sessions; the
+//! hand-back's refusals.
 
 use serde_json::{Value, json};
 
@@ -145,7 +147,7 @@ async fn browser_mcp_agents_do_a_task_with_the_official_clients_and_their_sessio
     // Arguments that miss a field are a tool error too, naming it.
     assert_eq!(seen["missing_ref"]["is_error"], true, "{seen}");
     let missing = seen["missing_ref"]["text"].as_str().unwrap();
-    assert!(missing.contains("ref"), "{missing}");
+    assert!(missing.contains("missing field `ref`"), "{missing}");
     assert_gone(&api, seen["instance"].as_str().unwrap()).await;
 
     // The door is the API key's, like every other.
