@@ -782,6 +782,34 @@ mod tests {
     }
 
     #[test]
+    fn only_what_the_rules_act_on_is_paused() {
+        let parse =
+            |body: serde_json::Value| -> ActionRequest { serde_json::from_value(body).unwrap() };
+        let nothing = Interception::of(&parse(json!({"url": "http://a.test/"})));
+        assert!(nothing.patterns.is_empty(), "no interceptor without rules");
+        let rules = Interception::of(&parse(json!({
+            "html": "<p>",
+            "block": ["image", "*://ads.test/*"],
+        })));
+        assert_eq!(
+            rules.patterns,
+            vec![
+                json!({"urlPattern": "*://ads.test/*", "requestStage": "Request"}),
+                json!({"urlPattern": "*", "resourceType": "Image", "requestStage": "Request"}),
+                json!({"urlPattern": format!("{HTML_URL}*"), "requestStage": "Request"}),
+            ]
+        );
+        // Extra headers go on every request: everything is paused.
+        let headers = Interception::of(&parse(
+            json!({"url": "http://a.test/", "headers": {"x-a": "1"}}),
+        ));
+        assert_eq!(
+            headers.patterns,
+            vec![json!({"urlPattern": "*", "requestStage": "Request"})]
+        );
+    }
+
+    #[test]
     fn paused_requests_are_served_blocked_or_given_headers() {
         let request: ActionRequest = serde_json::from_value(json!({
             "html": "<p>hi</p>",

@@ -474,7 +474,10 @@ async fn browser_actions_render_screenshots_pdfs_content_and_scrapes() {
 #[tokio::test]
 async fn browser_an_action_whose_page_hangs_or_whose_client_leaves_leaves_no_instance() {
     let site = Site::start().await;
-    let (serve, api) = serve_for(&site, |_| {}).await;
+    let (serve, api) = serve_for(&site, |config| {
+        config.agent.action_max_output_bytes = 200_000
+    })
+    .await;
     let hang = format!("{}/hang", site.base);
 
     // The page never answers: 504 naming what the job waited for.
@@ -531,6 +534,20 @@ async fn browser_an_action_whose_page_hangs_or_whose_client_leaves_leaves_no_ins
     .await
     .unwrap();
     assert_eq!(actions_counted(&api, "screenshot", "timeout").await, 1);
+
+    // A result over agent.action_max_output_bytes is refused, not sent.
+    let detail = refused(
+        &api,
+        "content",
+        json!({"html": format!("<p>{}</p>", "x".repeat(300_000))}),
+        StatusCode::PAYLOAD_TOO_LARGE,
+    )
+    .await;
+    assert!(
+        detail.contains("agent.action_max_output_bytes (200000 bytes)"),
+        "{detail}"
+    );
+    assert_no_instance_left(&api).await;
     serve.shutdown().await;
 }
 
