@@ -1,7 +1,7 @@
 // Drives the dashboard (/ui) in headless system Chromium with Playwright:
 // API key prompt, create, live status without reloading, live view frames,
 // taking control of the live view (a click and typing reach a test page),
-// live links (a view link cannot click, a control link can), a recorded
+// live links (a view link cannot click, a control link can and hands back), a recorded
 // instance's recording playing after a park, park, revive, delete, its kept
 // recordings playing and deleted; screenshots of every page (1280x800 and a phone).
 // Usage: node dashboard.mjs <control plane URL> <screenshot dir> <api key> <test page URL>
@@ -105,6 +105,12 @@ async function liveLinks(page, id, tab, target) {
   const clicks = await tab.evaluate(() => window.clicks);
   if (clicks !== 2) throw new Error(`the view link clicked: ${clicks} clicks`);
   await shot('live-link');
+  // Done: the control link's person hands the browser back, and the link ends.
+  if (await watcher.locator('[data-testid="hand-back"]').isVisible()) throw new Error('a view link offers to hand back');
+  await driver.click('[data-testid="hand-back"]');
+  await driver.locator('[data-testid="control-state"]', { hasText: 'Handed back' }).waitFor({ timeout: T });
+  const ended = await fetch(driver.url());
+  if (ended.status !== 404) throw new Error(`a handed-back link still answers ${ended.status}`);
   await watcher.close();
   await driver.close();
 }
