@@ -71,6 +71,16 @@ async def main(base, key, form):
                 photo = ref(snapshot, r'button "Photo"')
                 content = base64.b64encode(b"\x89PNG!").decode()
                 await call("browser_file_upload", ref=photo, files=[{"name": "photo.png", "content_base64": content}])
+                hostile = {}
+                for label, files in [
+                    ("traversal", [{"name": "../../etc/cron.d/x", "content_base64": content}]),
+                    ("folder", [{"name": "a/b.png", "content_base64": content}]),
+                    ("bad_base64", [{"name": "x.png", "content_base64": "%%% not base64"}]),
+                    ("none", []),
+                ]:
+                    refused = await session.call_tool("browser_file_upload", {"ref": photo, "files": files})
+                    hostile[label] = {"is_error": refused.is_error, "text": text_of(refused)}
+                seen["hostile_uploads"] = hostile
                 seen["uploaded"] = text_of(await call(
                     "browser_evaluate",
                     expression="(() => { const f = document.getElementById('photo').files[0]; return f.name + ':' + f.size; })()",
@@ -102,6 +112,9 @@ async def main(base, key, form):
                     call("browser_handoff", wait_for_link=link_id, timeout_sec=60), person()
                 )
                 seen["handed_back"] = text_of(waited)
+                # Last: the browser reaches the control plane no more through MCP.
+                closed = await session.call_tool("browser_navigate", {"url": f"{base}/health"})
+                seen["control_plane_url"] = {"is_error": closed.is_error, "text": text_of(closed)}
     print(json.dumps(seen))
 
 

@@ -12,6 +12,8 @@ use flotilla_testkit::{
     Api, BROWSER_DEADLINE, StatusCode, TestServe, spawn_serve_with, wait_until,
 };
 
+use crate::operations::sample_value;
+
 const KEY: &str = "flt_actions_test_key";
 
 /// Requests a site received: path, and headers (lower-case names).
@@ -232,7 +234,14 @@ async fn assert_no_instance_left(api: &Api) {
 
 /// `service_actions_total{action,outcome}` from `/metrics`.
 async fn actions_counted(api: &Api, action: &str, outcome: &str) -> u64 {
-    let text = api
+    let labels = [("action", action), ("outcome", outcome)];
+    metric(api, "service_actions_total", &labels).await as u64
+}
+
+/// A sample of `/metrics` (0 when it is not there yet); the scrape must
+/// parse as Prometheus text.
+async fn metric(api: &Api, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let scrape = api
         .http
         .get(format!("{}/metrics", api.base))
         .send()
@@ -241,10 +250,7 @@ async fn actions_counted(api: &Api, action: &str, outcome: &str) -> u64 {
         .text()
         .await
         .unwrap();
-    let series = format!("service_actions_total{{action=\"{action}\",outcome=\"{outcome}\"}} ");
-    text.lines()
-        .find_map(|line| line.strip_prefix(&series))
-        .map_or(0, |count| count.parse().unwrap())
+    sample_value(&scrape, name, labels).unwrap_or(0.0)
 }
 
 #[tokio::test]
@@ -422,36 +428,27 @@ async fn browser_actions_render_screenshots_pdfs_content_and_scrapes() {
     assert_eq!(elements[3]["matches"], json!([]));
 
     // Selectors the browser does not parse, and one that matches nothing.
-    let detail = refused(
-        &api,
-        "scrape",
-        json!({"url": home, "elements": [{"selector": "li"}, {"selector": "li[["}]}),
-        StatusCode::BAD_REQUEST,
-    )
-    .await;
-    assert!(
-        detail.starts_with("elements[1].selector is not a valid CSS selector"),
-        "{detail}"
-    );
-    let detail = refused(
-        &api,
-        "screenshot",
-        json!({"url": home, "wait_for_selector": "#a:nope("}),
-        StatusCode::BAD_REQUEST,
-    )
-    .await;
-    assert!(
-        detail.starts_with("wait_for_selector is not a valid"),
-        "{detail}"
-    );
-    let detail = refused(
-        &api,
-        "screenshot",
-        json!({"url": home, "selector": "#missing"}),
-        StatusCode::BAD_REQUEST,
-    )
-    .await;
-    assert!(detail.contains("#missing"), "{detail}");
+    let cases = [
+        (
+            "scrape",
+            json!({"url": home, "elements": [{"selector": "li"}, {"selector": "li[["}]}),
+            "elements[1].selector is not a valid CSS selector",
+        ),
+        (
+            "screenshot",
+            json!({"url": home, "wait_for_selector": "#a:nope("}),
+            "wait_for_selector is not a valid",
+        ),
+        (
+            "screenshot",
+            json!({"url": home, "selector": "#missing"}),
+            "selector \"#missing\" matches no element",
+        ),
+    ];
+    for (name, body, expected) in cases {
+        let detail = refused(&api, name, body, StatusCode::BAD_REQUEST).await;
+        assert!(detail.starts_with(expected), "{detail}");
+    }
     // The control plane itself is closed to browsers: the browser's reason,
     // as a 502.
     let detail = refused(
@@ -713,19 +710,7 @@ async fn actions_beyond_max_pending_are_refused_and_a_client_that_leaves_the_que
         })
         .collect();
     wait_until(BROWSER_DEADLINE, "two actions waiting for room", || async {
-        let metrics = api
-            .http
-            .get(format!("{}/metrics", api.base))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let queued = metrics
-            .lines()
-            .find_map(|line| line.strip_prefix("service_create_queue_length "))
-            .map_or(0.0, |v| v.parse::<f64>().unwrap());
+        let queued = metric(&api, "service_create_queue_length", &[]).await;
         if queued >= 2.0 {
             Ok(Some(()))
         } else {

@@ -126,6 +126,22 @@ async fn browser_mcp_agents_do_a_task_with_the_official_clients_and_their_sessio
         "{seen}"
     );
     assert_eq!(seen["uploaded"], "\"photo.png:5\"", "{seen}");
+    // Files named as paths, bad encodings and empty lists are refused; the
+    // browser reaches the control plane no more through MCP than otherwise.
+    for (label, expected) in [
+        ("traversal", "is not a plain file name"),
+        ("folder", "is not a plain file name"),
+        ("bad_base64", "content_base64 is not base64"),
+        ("none", "give 1 to 20 files"),
+    ] {
+        let refused = &seen["hostile_uploads"][label];
+        assert_eq!(refused["is_error"], true, "{label}: {refused}");
+        let text = refused["text"].as_str().unwrap();
+        assert!(text.contains(expected), "{label}: {text}");
+    }
+    assert_eq!(seen["control_plane_url"]["is_error"], true, "{seen}");
+    let closed = seen["control_plane_url"]["text"].as_str().unwrap();
+    assert!(closed.contains("could not be loaded"), "{closed}");
     let downloads = seen["downloads"].as_str().unwrap();
     assert!(downloads.contains("- report.txt (10 bytes"), "{downloads}");
     let handoff = seen["handoff"].as_str().unwrap();
@@ -190,6 +206,32 @@ async fn mcp_sessions_are_bounded() {
             .json(&initialize)
             .send()
     };
+    // Hostile framing first: not JSON, not JSON-RPC, over 4 MiB, no Accept.
+    // Each is refused before any session or tool, never a server error.
+    for (body, accept) in [
+        ("{not json".to_owned(), true),
+        ("[]".to_owned(), true),
+        (
+            r#"{"jsonrpc": "1.0", "id": 1, "method": 7}"#.to_owned(),
+            true,
+        ),
+        (format!(r#"{{"pad": "{}"}}"#, "x".repeat(5 << 20)), true),
+        (initialize.to_string(), false),
+    ] {
+        let mut request = http
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(body.clone());
+        if accept {
+            request = request.header("accept", "application/json, text/event-stream");
+        }
+        let status = request.send().await.unwrap().status();
+        assert!(
+            status.is_client_error(),
+            "{status} for {}",
+            &body[..body.len().min(60)]
+        );
+    }
     let first = open().await.unwrap();
     assert_eq!(first.status(), StatusCode::OK);
     let session = first.headers()["mcp-session-id"]
