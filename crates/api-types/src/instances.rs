@@ -365,6 +365,9 @@ pub struct InstanceUrls {
     pub debug: String,
     /// Live view (MJPEG; shows in an `<img>`).
     pub stream: String,
+    /// Playwright's own protocol, for `chromium.connect()` (a server of
+    /// the client's version drives the instance's browser).
+    pub playwright: String,
 }
 
 /// Instance. Which members appear depends on the operation (spec: "Response

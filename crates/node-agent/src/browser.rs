@@ -306,8 +306,9 @@ fn confine_before_exec(
 }
 
 /// Starts `program` beside an instance's browser, in its confinement: its
-/// sandbox, cgroup and network namespace, as the browser user (the
-/// instance's WebDriver server), and in the browser's process group
+/// sandbox (`name` its host name), cgroup and network namespace, as the
+/// browser user (the instance's WebDriver and Playwright servers), and in
+/// the browser's process group
 /// (`browser_group`, the browser's pid), so that every stop of the browser
 /// (park, delete, shutdown, a crash's clean-up) ends it too, as does
 /// dropping its handle. One left by an agent killed at once is swept at the
@@ -321,13 +322,13 @@ pub fn spawn_beside(
         u32,
     ),
     program: &std::path::Path,
-    (args, log): (&[String], std::fs::File),
+    (name, args, log, stdin): (&str, &[String], std::fs::File, Stdio),
 ) -> std::io::Result<tokio::process::Child> {
     // Its sandbox ends with the handle: a driver dropped ends its program.
-    let mut command = isolation.command_with(dirs, program, "webdriver", &["--die-with-parent"]);
+    let mut command = isolation.command_with(dirs, program, name, &["--die-with-parent"]);
     command
         .args(args)
-        .stdin(Stdio::null())
+        .stdin(stdin)
         .stdout(Stdio::null())
         .stderr(Stdio::from(log))
         .process_group(i32::try_from(browser_group).map_err(std::io::Error::other)?)

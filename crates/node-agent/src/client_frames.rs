@@ -1,6 +1,7 @@
-//! The client → browser direction of a CDP or WebDriver BiDi WebSocket, read
-//! frame by frame, so that the gateway (CDP) and the WebDriver relay (BiDi,
-//! to chromedriver) can pin commands that would reach outside the instance
+//! The client → browser direction of a CDP, WebDriver BiDi or Playwright
+//! WebSocket, read frame by frame, so that the gateway (CDP), the WebDriver
+//! relay (BiDi, to chromedriver) and the Playwright relay (to its server,
+//! [`crate::playwright`]) can pin commands that would reach outside the instance
 //! (see [`pin_command`] and [`pin_bidi_command`]): downloads always land in
 //! the instance's own directory, extensions cannot be loaded or removed, and
 //! the same holds for commands nested in `Target.sendMessageToTarget`
@@ -33,6 +34,10 @@ pub enum Protocol {
     Cdp,
     /// WebDriver BiDi, to chromedriver (which speaks CDP to the browser).
     Bidi,
+    /// Playwright's protocol, to a Playwright server beside the browser
+    /// ([`crate::playwright`]): raw CDP a client sends through a
+    /// `CDPSession` gets the CDP pins.
+    Playwright,
 }
 
 /// What a relay pins: its protocol and the instance's downloads directory
@@ -224,7 +229,7 @@ fn pin_message(data: Vec<u8>, pins: &Pins) -> io::Result<Vec<u8>> {
     // A BiDi message is always read here: chromedriver's parser takes more
     // than JSON (`\xNN` escapes), so no byte marker can be trusted; BiDi
     // traffic is commands, never bulk.
-    if pins.protocol == Protocol::Cdp && !could_name_a_pin(&data) {
+    if pins.protocol != Protocol::Bidi && !could_name_a_pin(&data) {
         return Ok(data);
     }
     let mut command = serde_json::from_slice::<Value>(&data).map_err(|error| {
@@ -236,6 +241,7 @@ fn pin_message(data: Vec<u8>, pins: &Pins) -> io::Result<Vec<u8>> {
     match pins.protocol {
         Protocol::Cdp => pin_command(&mut command, &pins.downloads_dir, 0),
         Protocol::Bidi => pin_bidi_command(&mut command, &pins.downloads_dir),
+        Protocol::Playwright => pin_playwright_command(&mut command, &pins.downloads_dir),
     }
     serde_json::to_vec(&command).map_err(io::Error::other)
 }
@@ -346,21 +352,37 @@ pub fn pin_bidi_command(command: &mut Value, downloads_dir: &str) {
             command,
             "the instance's extensions are set when it is created (config.extensions, uploaded with POST /v2/extensions)",
         ),
-        "goog:cdp.sendCommand" | "cdp.sendCommand" => {
-            let Some(params) = command.get_mut("params").and_then(Value::as_object_mut) else {
-                return;
-            };
-            let mut inner = serde_json::json!({
-                "method": params.get("method").cloned().unwrap_or(Value::Null),
-                "params": params.get("params").cloned().unwrap_or(Value::Null),
-            });
-            pin_command(&mut inner, downloads_dir, 0);
-            params.insert("method".into(), inner["method"].take());
-            if !inner["params"].is_null() {
-                params.insert("params".into(), inner["params"].take());
-            }
-        }
+        "goog:cdp.sendCommand" | "cdp.sendCommand" => pin_carried_cdp(command, downloads_dir),
         _ => {}
+    }
+}
+
+/// Applies the pins to one Playwright message: raw CDP sent through a
+/// `CDPSession` (`{"method": "send", "params": {"method", "params"}}`)
+/// gets the CDP pins ([`pin_command`]). Playwright's other messages are
+/// its own API, which the server carries out on the instance's browser.
+pub fn pin_playwright_command(command: &mut Value, downloads_dir: &str) {
+    if command.get("method").and_then(Value::as_str) == Some("send")
+        && command["params"]["method"].is_string()
+    {
+        pin_carried_cdp(command, downloads_dir);
+    }
+}
+
+/// The CDP pins on a CDP command carried in `params` (`method` and
+/// `params`) of another protocol's message.
+fn pin_carried_cdp(command: &mut Value, downloads_dir: &str) {
+    let Some(params) = command.get_mut("params").and_then(Value::as_object_mut) else {
+        return;
+    };
+    let mut inner = serde_json::json!({
+        "method": params.get("method").cloned().unwrap_or(Value::Null),
+        "params": params.get("params").cloned().unwrap_or(Value::Null),
+    });
+    pin_command(&mut inner, downloads_dir, 0);
+    params.insert("method".into(), inner["method"].take());
+    if !inner["params"].is_null() {
+        params.insert("params".into(), inner["params"].take());
     }
 }
 

@@ -238,6 +238,15 @@ pub struct AgentConfig {
     /// REST actions: the largest result (image, PDF, HTML, scrape JSON) a
     /// job on this node returns; larger is refused with 413.
     pub action_max_output_bytes: u64,
+    /// Where versions of playwright-core are installed, one folder each
+    /// (`<dir>/<version>/node_modules/playwright-core`): every version
+    /// found there is served to `chromium.connect()` clients of its minor
+    /// version. Under `/usr` when browsers are sandboxed (the sandbox sees
+    /// `/usr` only).
+    pub playwright_dir: PathBuf,
+    /// The versions `scripts/install-deps` installs into `playwright_dir`
+    /// (a node may add more there); the last six minor releases by default.
+    pub playwright_versions: Vec<String>,
     pub runtime: RuntimeKind,
     /// Simulated start time of a sim-runtime instance.
     pub sim_start_ms: u64,
@@ -245,6 +254,13 @@ pub struct AgentConfig {
     /// replace) the built-in `ubuntu:22.04` and `chromium-headless-shell`.
     pub images: BTreeMap<String, ImageConfig>,
 }
+
+/// `agent.playwright_dir`'s default.
+pub const DEFAULT_PLAYWRIGHT_DIR: &str = "/usr/local/lib/flotilla/playwright";
+/// `agent.playwright_versions`' default: the newest patch of the last six
+/// minor releases (`scripts/install-deps` installs the same list).
+pub const DEFAULT_PLAYWRIGHT_VERSIONS: &[&str] =
+    &["1.60.0", "1.61.1", "1.62.1", "1.63.0", "1.64.1", "1.65.1"];
 
 impl Default for AgentConfig {
     fn default() -> Self {
@@ -281,6 +297,11 @@ impl Default for AgentConfig {
             screenshot_max_bytes: 32 << 20,
             max_concurrent_captures: 4,
             action_max_output_bytes: 64 << 20,
+            playwright_dir: PathBuf::from(DEFAULT_PLAYWRIGHT_DIR),
+            playwright_versions: DEFAULT_PLAYWRIGHT_VERSIONS
+                .iter()
+                .map(|version| (*version).to_owned())
+                .collect(),
             runtime: RuntimeKind::Chromium,
             sim_start_ms: 5,
             images: BTreeMap::new(),

@@ -164,13 +164,15 @@ fn upstream_path(request: &Request<Body>, endpoint: &CdpEndpoint) -> String {
     }
 }
 
-/// Headers never passed on to Chromium: the host (set to what Chromium
-/// answers to), the client's credential, and WebSocket extensions (frames
-/// must stay readable, see [`crate::client_frames`]).
+/// Headers never passed on to Chromium (or a server beside it): the host
+/// (set to what Chromium answers to), the client's credential, WebSocket
+/// extensions (frames must stay readable, see [`crate::client_frames`]),
+/// and the agent's own `x-flotilla-…` headers (only the agent sets them).
 fn forwarded(name: &hyper::header::HeaderName) -> bool {
     name != HOST
         && name != hyper::header::AUTHORIZATION
         && name != hyper::header::SEC_WEBSOCKET_EXTENSIONS
+        && !name.as_str().starts_with("x-flotilla-")
 }
 
 /// Points the URLs in a DevTools answer at the gateway (`external`) instead of
@@ -303,12 +305,28 @@ const BROWSER_ANSWER: Duration = Duration::from_secs(10);
 /// (the client's checked against `pins`) until either side closes, `cancel`
 /// fires or the instance's servers stop. Traffic counts as activity.
 pub(crate) async fn relay_websocket<B>(
-    mut request: Request<B>,
-    (mut upstream, authority, path): (tokio::net::TcpStream, &str, &str),
+    request: Request<B>,
+    (upstream, authority, path): (tokio::net::TcpStream, &str, &str),
     (slot, pins): (Arc<InstanceSlot>, Pins),
     cancel: CancellationToken,
 ) -> io::Result<Response<Full<Bytes>>> {
-    let head = upgrade::request_head(path, authority, request.headers(), forwarded, &[]);
+    relay_websocket_with(
+        request,
+        (upstream, authority, path, &[]),
+        (slot, pins),
+        cancel,
+    )
+    .await
+}
+
+/// [`relay_websocket`], adding the header lines `extra` to the handshake.
+pub(crate) async fn relay_websocket_with<B>(
+    mut request: Request<B>,
+    (mut upstream, authority, path, extra): (tokio::net::TcpStream, &str, &str, &[String]),
+    (slot, pins): (Arc<InstanceSlot>, Pins),
+    cancel: CancellationToken,
+) -> io::Result<Response<Full<Bytes>>> {
+    let head = upgrade::request_head(path, authority, request.headers(), forwarded, extra);
     let mut answer = upgrade::handshake(&mut upstream, &head, BROWSER_ANSWER).await?;
     let response = answer.response();
     if !answer.switched() {

@@ -9,7 +9,9 @@
 //! - `GET /recordings` — its recordings (`{"recordings": […]}`), `GET
 //!   /recordings/{id}` one of them (MP4; see [`crate::recording`]);
 //! - `/webdriver/session[/{id}/…]` — its WebDriver server (see
-//!   [`crate::webdriver`]).
+//!   [`crate::webdriver`]);
+//! - `/playwright` — its Playwright server, for `chromium.connect()` (see
+//!   [`crate::playwright`]).
 //!
 //! It talks to the browser directly on its internal DevTools port.
 
@@ -57,14 +59,22 @@ pub async fn serve_api(
     ready_timeout: Duration,
     (access, listeners): (Arc<NodeAccess>, flotilla_net::Listeners),
     (recordings, captures): (std::path::PathBuf, Arc<NodeCaptures>),
-    isolation: crate::sandbox::Isolation,
+    (isolation, playwright_dir): (crate::sandbox::Isolation, std::path::PathBuf),
 ) {
     let webdriver = crate::webdriver::routes::router(crate::webdriver::routes::WebDriverState {
         slot: slot.clone(),
         webdriver: Arc::default(),
-        isolation,
+        isolation: isolation.clone(),
         ready_timeout,
     });
+    let playwright =
+        crate::playwright::routes::router(crate::playwright::routes::PlaywrightState {
+            slot: slot.clone(),
+            servers: Arc::default(),
+            isolation,
+            ready_timeout,
+            dir: playwright_dir,
+        });
     let router = Router::new()
         .route("/", get(index))
         .route("/tabs", get(tabs))
@@ -83,7 +93,8 @@ pub async fn serve_api(
             recordings,
             captures: Arc::new(Captures::new(captures)),
         })
-        .merge(webdriver);
+        .merge(webdriver)
+        .merge(playwright);
     crate::access::serve_instance_port(listener, router, (access, listeners), slot).await;
 }
 

@@ -41,6 +41,7 @@ pub mod live_view;
 pub mod monitor;
 pub mod netns;
 pub mod page_ops;
+pub mod playwright;
 pub mod ports;
 pub mod profile_prefs;
 pub mod reaper;

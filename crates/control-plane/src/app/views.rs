@@ -24,12 +24,13 @@ pub fn instance_urls(
     public_host: &str,
     token: Option<&str>,
 ) -> Option<InstanceUrls> {
-    let [debug, stream, _] = record.ports?;
+    let [debug, stream, http] = record.ports?;
     let host = url_host(public_host);
     let query = token.map(|t| format!("?token={t}")).unwrap_or_default();
     Some(InstanceUrls {
         debug: format!("ws://{host}:{debug}/devtools/browser/{}{query}", record.id),
         stream: format!("http://{host}:{stream}/{query}"),
+        playwright: format!("ws://{host}:{http}/playwright{query}"),
     })
 }
 
@@ -65,11 +66,13 @@ pub fn door_urls(
             InstanceUrls {
                 debug: format!("{ws}://{host}/devtools/browser/{id}{query}"),
                 stream: format!("{http}://{host}/stream{query}"),
+                playwright: format!("{ws}://{host}/playwright{query}"),
             }
         }
         None => InstanceUrls {
             debug: format!("{ws}://{authority}/v2/instances/{id}/cdp{query}"),
             stream: format!("{http}://{authority}/v2/instances/{id}/stream{query}"),
+            playwright: format!("{ws}://{authority}/v2/instances/{id}/playwright{query}"),
         },
     }
 }

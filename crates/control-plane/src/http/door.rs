@@ -210,6 +210,11 @@ pub static ROUTES: &[DoorRoute] = {
             ..instance("/webdriver/bidi", Http)
         },
         DoorRoute {
+            websocket: true,
+            docs: &[doc::<d::__path_playwright>],
+            ..instance("/playwright", Http)
+        },
+        DoorRoute {
             docs: &[doc::<d::__path_downloads>],
             ..instance("/downloads", Http)
         },
@@ -536,7 +541,7 @@ async fn pass(
     }
     let external = external_base(control_plane, &request);
     let outcome = if upgrade {
-        forward_upgrade(control_plane, request, &target, &route, None).await
+        forward_upgrade(control_plane, request, &target, &route, (None, None)).await
     } else {
         forward_http(request, &target, &route, &external, prefix).await
     };
@@ -939,7 +944,7 @@ pub(crate) async fn forward_live(
         rewrite: false,
         websocket: true,
     };
-    forward_upgrade(control_plane, request, target, &route, Some(ends))
+    forward_upgrade(control_plane, request, target, &route, (Some(ends), None))
         .await
         .unwrap_or_else(|error| {
             Error::BadGateway(format!("instance {} did not answer: {error}", target.id))
@@ -951,15 +956,54 @@ pub(crate) async fn forward_live(
 /// upgrade (a dormant instance is woken first).
 const UPSTREAM_ANSWER: Duration = Duration::from_secs(60);
 
+/// A Playwright connection to a new instance (`GET /v2/playwright`): to
+/// the instance's `/playwright` route; `closed` is dropped when the
+/// connection ends (at once when it was not upgraded).
+pub(crate) async fn forward_playwright(
+    control_plane: &ControlPlane,
+    request: Request,
+    target: &DoorTarget,
+    closed: tokio::sync::oneshot::Sender<()>,
+) -> Response {
+    let route = Route {
+        port: Port::Http,
+        path: "/playwright".to_owned(),
+        rewrite: false,
+        websocket: true,
+    };
+    forward_upgrade(control_plane, request, target, &route, (None, Some(closed)))
+        .await
+        .unwrap_or_else(|error| {
+            Error::BadGateway(format!("instance {} did not answer: {error}", target.id))
+                .into_response()
+        })
+}
+
+/// Refuses a request to the WebSocket endpoint `path` that is not an
+/// upgrade (426), or whose `Origin` is another site's.
+pub(crate) fn check_upgrade(
+    control_plane: &ControlPlane,
+    request: &Request,
+    path: &str,
+) -> Result<(), Error> {
+    if !is_upgrade(request.headers()) {
+        return Err(Error::UpgradeRequired(format!(
+            "{path} is a WebSocket endpoint: connect with a WebSocket client (Upgrade: websocket)"
+        )));
+    }
+    foreign_origin(control_plane, request).map_or(Ok(()), Err)
+}
+
 /// Relays a WebSocket (or other upgrade) to the instance; the relay runs
 /// as the control plane's background work ("door relay") and ends at
-/// shutdown, or when `ends` resolves.
+/// shutdown, or when `ends` resolves. `closed` is dropped when the relay
+/// ends (or at once, when the instance did not switch protocols).
 async fn forward_upgrade(
     control_plane: &ControlPlane,
     mut request: Request,
     target: &DoorTarget,
     route: &Route,
-    ends: Option<Ends>,
+    (ends, closed): (Option<Ends>, Option<tokio::sync::oneshot::Sender<()>>),
 ) -> std::io::Result<Response> {
     let (mut upstream, authority) = connect(target, route).await?;
     let mut extra = vec![
@@ -1002,6 +1046,7 @@ async fn forward_upgrade(
             () = ends => tracing::debug!(%instance, "live link ended: viewer cut off"),
             () = stopping.cancelled() => {}
         }
+        drop(closed);
     });
     response.body(Body::empty()).map_err(std::io::Error::other)
 }

@@ -111,6 +111,19 @@ pub fn stream_ws() {}
         (status = 502, body = flotilla_api_types::ErrorResponse)))]
 pub fn webdriver_bidi() {}
 
+/// Playwright's own protocol (`chromium.connect(url, {headers})`): a
+/// Playwright server of the client's minor version (read from its
+/// `User-Agent`), beside the instance's browser, drives that browser.
+#[utoipa::path(get, path = "/v2/instances/{instance_id}/playwright", tag = "front door",
+    params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
+    responses((status = 101, description = "WebSocket of Playwright's protocol"),
+        (status = 401, body = flotilla_api_types::ErrorResponse), (status = 404, body = flotilla_api_types::ErrorResponse),
+        (status = 409, description = "The instance is stopped or failed", body = flotilla_api_types::ErrorResponse),
+        (status = 426, description = "Not a WebSocket upgrade", body = flotilla_api_types::ErrorResponse),
+        (status = 428, description = "The client's Playwright version is not installed on the instance's node; the text names those that are", content_type = "text/plain"),
+        (status = 502, body = flotilla_api_types::ErrorResponse)))]
+pub fn playwright() {}
+
 /// The live view's newest frame.
 #[utoipa::path(get, path = "/v2/instances/{instance_id}/stream/frame.jpg", tag = "front door",
     params(("instance_id" = String, Path), ("token" = Option<String>, Query)),

@@ -135,11 +135,15 @@ impl Guard {
 
     /// The key's id when the request carries an accepted key. Every accepted
     /// key is compared, so the time does not say which one matched.
-    fn principal(&self, headers: &HeaderMap, path: &str) -> Option<Principal> {
-        let authorization = headers
-            .get(axum::http::header::AUTHORIZATION)?
-            .to_str()
-            .ok()?;
+    fn principal(&self, headers: &HeaderMap, path: &str, query: Option<&str>) -> Option<Principal> {
+        let Some(authorization) = headers.get(axum::http::header::AUTHORIZATION) else {
+            // Playwright clients may carry the key in the URL they connect to.
+            let key = (path == super::playwright::PATH)
+                .then(|| query_token(query?))
+                .flatten()?;
+            return self.principal_of_key(&key);
+        };
+        let authorization = authorization.to_str().ok()?;
         // WebDriver clients carry credentials in the URL (`http://user:KEY@host`),
         // which they send as Basic.
         let basic = is_webdriver(path)
@@ -149,6 +153,11 @@ impl Guard {
             Some(password) => password.as_str(),
             None => bearer_token(authorization)?,
         };
+        self.principal_of_key(presented)
+    }
+
+    /// The key's id when `presented` is an accepted key.
+    fn principal_of_key(&self, presented: &str) -> Option<Principal> {
         let hash: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
         matches_any_digest(presented.as_bytes(), &self.key_hashes)
             .then(|| Principal(format!("key:{}", &hex::encode(hash)[..12])))
@@ -161,6 +170,13 @@ impl Guard {
             api_key_sha256: self.key_hashes.iter().map(hex::encode).collect(),
         }
     }
+}
+
+/// The `token` parameter of `query`.
+fn query_token(query: &str) -> Option<String> {
+    form_urlencoded::parse(query.as_bytes())
+        .find(|(name, _)| name == "token")
+        .map(|(_, value)| value.into_owned())
 }
 
 /// The middleware.
@@ -181,7 +197,11 @@ pub async fn guard(
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map_or(IpAddr::from([127, 0, 0, 1]), |c| c.0.ip());
-    let principal = guard.principal(request.headers(), request.uri().path());
+    let principal = guard.principal(
+        request.headers(),
+        request.uri().path(),
+        request.uri().query(),
+    );
     let limit_key = match &principal {
         Some(p) => p.0.clone(),
         None => format!("ip:{client}"),

@@ -16,6 +16,7 @@ mod live;
 mod mcp_docs;
 mod nodes;
 mod observability;
+mod playwright;
 mod profiles;
 mod recordings;
 mod tokens;
@@ -88,6 +89,7 @@ use crate::error::Error;
         mcp_docs::mcp_post,
         mcp_docs::mcp_stream,
         mcp_docs::mcp_end,
+        playwright::connect,
     ),
     components(schemas(
         flotilla_api_types::instances::InstanceStatus,
@@ -115,6 +117,7 @@ use crate::error::Error;
         (name = "events", description = "Subscriber tokens for the event proxy"),
         (name = "webdriver", description = "W3C WebDriver (Selenium, WebdriverIO), also under /wd/hub: a session is an instance; commands are served by its node's chromedriver. Credential: an API key, as Bearer or as Basic credentials in the URL"),
         (name = "actions", description = "One page rendered in a browser borrowed for the job (a screenshot, a PDF, the rendered HTML, scraped elements), answered with the result itself; the browser is deleted afterwards"),
+        (name = "playwright", description = "Playwright's own protocol (chromium.connect()) to a new instance for the connection, deleted when it ends; an existing instance's is urls.playwright. Served by a Playwright server of the client's version. Credential: an API key, as Bearer or ?token="),
         (name = "mcp", description = "The Model Context Protocol for AI agents (Streamable HTTP): browser_* tools over the fleet. Credential: an API key"),
         (name = "front door", description = "Every instance through the control plane's port: CDP, DevTools discovery, live view, screenshot, tabs. Credential: an API key, or the instance's token as Bearer or ?token="),
     )
@@ -355,6 +358,7 @@ fn resource_routes() -> Routes {
             "/v2/recordings/{recording_id}",
             get(recordings::recording_kept).delete(recordings::recording_kept_delete),
         )
+        .route(playwright::PATH, get(playwright::connect))
         .route("/v2/nodes", get(nodes::node_list))
         .route("/v2/nodes/{node_id}", get(nodes::node_get))
         .route("/v2/metrics", get(observability::metrics))

@@ -214,7 +214,10 @@ impl Agent {
                     ready_timeout,
                     (access, listeners),
                     (recordings, self.inner.captures.clone()),
-                    self.inner.launcher.isolation().clone(),
+                    (
+                        self.inner.launcher.isolation().clone(),
+                        self.inner.settings.config.playwright_dir.clone(),
+                    ),
                 ));
             }
             _ => {

@@ -11,6 +11,7 @@ mod browser_front_door;
 mod browser_lifecycle;
 mod browser_live_control;
 mod browser_mcp;
+mod browser_playwright;
 mod browser_recordings;
 mod browser_runtime;
 mod browser_security;

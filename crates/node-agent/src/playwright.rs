@@ -1,0 +1,542 @@
+//! The instance's Playwright server: playwright-core's own server (the one
+//! `npx playwright run-server` starts, see `playwright_server.cjs`) of the
+//! client's minor version, serving each connection the instance's running
+//! browser (`chromium.connect()`), never a browser of its own.
+//!
+//! - **Versions.** A client and a server of different minor versions refuse
+//!   each other, so every version installed under `agent.playwright_dir`
+//!   (`<dir>/<version>/node_modules/playwright-core`; `scripts/install-deps`
+//!   installs `agent.playwright_versions`, and a node may add more) is
+//!   served: the client's version is read from the `User-Agent` of its
+//!   handshake (`Playwright/1.65.1 …`), and a version not installed gets 428
+//!   naming those that are, as Playwright's own server answers.
+//! - **Confinement.** It runs beside the browser, as chromedriver does
+//!   ([`crate::browser::spawn_beside`]): the instance's sandbox, network
+//!   namespace, cgroup (its memory counts) and the browser's process group,
+//!   as the browser user. So it sees what the browser sees at the same paths
+//!   (downloads land in the instance's downloads folder, files a client sends
+//!   for `setInputFiles` in a folder of its home), and reaches nothing but the
+//!   browser. It is started at the first connection of its version, ends
+//!   with the browser (a revived instance gets a new one) and when the agent
+//!   ends (its stdin closes), and a new one starts if it died.
+//! - **The relay.** Clients reach it through the instance's HTTP port
+//!   (`/playwright`; the front door's `/v2/instances/{id}/playwright`),
+//!   checked by [`crate::access`] there; frames are relayed by
+//!   [`crate::gateway::relay_websocket_with`], with the CDP pins applied to
+//!   raw CDP a client sends through a `CDPSession`
+//!   ([`crate::client_frames::Protocol::Playwright`]). The server itself
+//!   admits only the agent: a secret, sent on its stdin, in every handshake.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncWriteExt;
+
+use crate::browser::{CdpEndpoint, InstanceDirs};
+use crate::sandbox::Isolation;
+
+/// Node.js, which runs playwright-core (Debian's `nodejs`).
+pub const NODE: &str = "/usr/bin/node";
+/// The server's program (see the file).
+const SERVER_SCRIPT: &str = include_str!("playwright_server.cjs");
+/// The server's path, on its port.
+const SERVER_PATH: &str = "/playwright";
+/// The first port of the servers inside a browser's network namespace; a
+/// version's is this plus its minor version.
+const PORT_BASE_IN_NAMESPACE: u16 = 9600;
+/// How long a server may take to listen.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A version of playwright-core installed on the node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Install {
+    /// Its full version (`1.65.1`).
+    pub version: String,
+    /// Major and minor: what a client must match.
+    pub minor: (u32, u32),
+    /// The `playwright-core` package's folder.
+    pub package: PathBuf,
+}
+
+/// Why a Playwright client is not served.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlaywrightError {
+    /// The client's version is not installed (HTTP 428, as Playwright's
+    /// own server answers a version mismatch).
+    #[error("{0}")]
+    Version(String),
+    /// The server could not be started or reached (HTTP 502).
+    #[error("the Playwright server: {0}")]
+    Server(String),
+    /// The instance has no browser to serve (HTTP 503).
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// Every version installed under `dir`, the newest patch of each minor,
+/// oldest first.
+pub fn installed(dir: &Path) -> Vec<Install> {
+    let mut by_minor: std::collections::BTreeMap<(u32, u32), Install> = Default::default();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    for entry in entries.flatten() {
+        let package = entry.path().join("node_modules").join("playwright-core");
+        let Some(version) = package_version(&package) else {
+            continue;
+        };
+        let Some((minor, patch)) = parse_version(&version) else {
+            continue;
+        };
+        let newer = by_minor
+            .get(&minor)
+            .is_none_or(|known| parse_version(&known.version).is_none_or(|(_, p)| p < patch));
+        if newer {
+            by_minor.insert(
+                minor,
+                Install {
+                    version,
+                    minor,
+                    package,
+                },
+            );
+        }
+    }
+    by_minor.into_values().collect()
+}
+
+fn package_version(package: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(package.join("package.json")).ok()?;
+    let json: serde_json::Value = serde_json::from_str(&text).ok()?;
+    (json["name"] == "playwright-core" && package.join("lib/coreBundle.js").is_file())
+        .then(|| json["version"].as_str().map(str::to_owned))
+        .flatten()
+}
+
+/// `(major, minor)` and patch of `1.65.1` (pre-release suffixes ignored).
+fn parse_version(version: &str) -> Option<((u32, u32), u32)> {
+    let mut parts = version.split(['.', '-']);
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    let patch = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    Some(((major, minor), patch))
+}
+
+/// The client's major and minor version, from its handshake's
+/// `User-Agent` (`Playwright/1.65.1 (x64; debian 12) node/20.19`).
+pub fn client_version(user_agent: &str) -> Option<(u32, u32)> {
+    let start = user_agent.find("Playwright/")? + "Playwright/".len();
+    let version = user_agent[start..].split_whitespace().next()?;
+    parse_version(version).map(|(minor, _)| minor)
+}
+
+/// The installed version a client of `user_agent` needs, or the 428's
+/// message naming those there are.
+pub fn version_for<'a>(
+    installs: &'a [Install],
+    user_agent: Option<&str>,
+) -> Result<&'a Install, PlaywrightError> {
+    let served = if installs.is_empty() {
+        "none (scripts/install-deps installs agent.playwright_versions)".to_owned()
+    } else {
+        installs
+            .iter()
+            .map(|install| format!("{}.{}", install.minor.0, install.minor.1))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let Some(wanted) = user_agent.and_then(client_version) else {
+        return Err(PlaywrightError::Version(format!(
+            "not a Playwright client (its User-Agent names no Playwright version): connect with Playwright's chromium.connect(); this node serves Playwright {served}"
+        )));
+    };
+    installs
+        .iter()
+        .find(|install| install.minor == wanted)
+        .ok_or_else(|| {
+            PlaywrightError::Version(format!(
+                "Playwright {}.{} is not served on this node; it serves Playwright {served}: use a client of one of these versions",
+                wanted.0, wanted.1
+            ))
+        })
+}
+
+/// A running server, for one browser and version; dropping it ends it.
+struct Server {
+    child: tokio::process::Child,
+    /// Its stdin: the server ends when it closes.
+    _stdin: tokio::process::ChildStdin,
+    /// How to reach it: its port, in the browser's namespace.
+    at: CdpEndpoint,
+    browser: CdpEndpoint,
+    secret: String,
+}
+
+/// Where a connection goes: the server, and what the agent tells it.
+pub struct Upstream {
+    pub at: CdpEndpoint,
+    pub path: &'static str,
+    /// Header lines of the handshake: the agent's secret and the browser.
+    pub headers: Vec<String>,
+}
+
+/// What is needed to start a server beside a browser.
+pub struct Beside<'a> {
+    pub isolation: &'a Isolation,
+    pub dirs: &'a InstanceDirs,
+    pub cgroup: Option<&'a Arc<crate::cgroups::InstanceCgroup>>,
+    /// The browser's pid, its process group.
+    pub group: u32,
+}
+
+/// The instance's servers, one per version in use.
+#[derive(Default)]
+pub struct Servers {
+    running: tokio::sync::Mutex<HashMap<(u32, u32), Server>>,
+}
+
+impl Servers {
+    /// Where a client of `install`'s version connects to reach `browser`:
+    /// the running server when it serves that browser, else a new one.
+    pub async fn upstream(
+        &self,
+        install: &Install,
+        beside: &Beside<'_>,
+        browser: &CdpEndpoint,
+    ) -> Result<Upstream, PlaywrightError> {
+        let mut running = self.running.lock().await;
+        let alive = running.get_mut(&install.minor).is_some_and(|server| {
+            server.browser == *browser && matches!(server.child.try_wait(), Ok(None))
+        });
+        if !alive {
+            running.remove(&install.minor);
+            let server = start(install, beside, browser).await?;
+            running.insert(install.minor, server);
+        }
+        let server = &running[&install.minor];
+        Ok(Upstream {
+            at: server.at.clone(),
+            path: SERVER_PATH,
+            headers: vec![
+                format!("x-flotilla-secret: {}", server.secret),
+                format!("x-flotilla-cdp: {}", browser.browser_ws_url()),
+            ],
+        })
+    }
+
+    /// Ends every server (the browser ended).
+    pub async fn stop(&self) {
+        self.running.lock().await.clear();
+    }
+}
+
+/// Starts a server of `install`'s version beside `browser` and waits until
+/// it listens.
+async fn start(
+    install: &Install,
+    beside: &Beside<'_>,
+    browser: &CdpEndpoint,
+) -> Result<Server, PlaywrightError> {
+    let failed = |why: String| PlaywrightError::Server(why);
+    if !Path::new(NODE).is_file() {
+        return Err(failed(format!(
+            "{NODE} is not installed on this node (Debian's nodejs; scripts/install-deps installs it)"
+        )));
+    }
+    let port = match &browser.net {
+        Some(_) => PORT_BASE_IN_NAMESPACE.saturating_add(install.minor.1 as u16),
+        None => std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map(|addr| addr.port())
+            .map_err(|e| failed(format!("no free port: {e}")))?,
+    };
+    // Files the server hands the browser (a client's uploads) and its
+    // artifacts: in the instance's home, which both see at the same path.
+    let tmp = beside.dirs.home().join(".playwright");
+    std::fs::create_dir_all(&tmp)
+        .and_then(|()| beside.isolation.give_to_browser(&tmp))
+        .map_err(|e| failed(format!("cannot create {}: {e}", tmp.display())))?;
+    let paths = beside.isolation.browser_paths(beside.dirs);
+    let tools = install
+        .package
+        .parent()
+        .and_then(Path::parent)
+        .and_then(Path::parent)
+        .map(|dir| dir.join("tools"))
+        .unwrap_or_default();
+    let log_path = beside.dirs.root.join(format!(
+        "playwright-{}.{}.log",
+        install.minor.0, install.minor.1
+    ));
+    let log = std::fs::File::create(&log_path)
+        .map_err(|e| failed(format!("cannot create its log: {e}")))?;
+    let args = [
+        "-e".to_owned(),
+        SERVER_SCRIPT.to_owned(),
+        "--".to_owned(),
+        install.package.to_string_lossy().into_owned(),
+        port.to_string(),
+        paths
+            .home
+            .join(".playwright")
+            .to_string_lossy()
+            .into_owned(),
+        tools.to_string_lossy().into_owned(),
+        paths.downloads.to_string_lossy().into_owned(),
+    ];
+    let mut child = crate::browser::spawn_beside(
+        beside.isolation,
+        beside.dirs,
+        (browser.net.as_deref(), beside.cgroup, beside.group),
+        Path::new(NODE),
+        ("playwright", &args, log, Stdio::piped()),
+    )
+    .map_err(|e| failed(format!("cannot start it: {e}")))?;
+    let mut stdin = child.stdin.take().expect("stdin is piped");
+    // 244 random bits; the server compares it in constant time.
+    let secret = format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    );
+    stdin
+        .write_all(format!("{secret}\n").as_bytes())
+        .await
+        .map_err(|e| failed(format!("cannot hand it its secret: {e}")))?;
+    let at = CdpEndpoint {
+        port,
+        browser_path: String::new(),
+        net: browser.net.clone(),
+    };
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        if at.connect().await.is_ok() {
+            break;
+        }
+        let ended = matches!(child.try_wait(), Ok(Some(_)));
+        if ended || Instant::now() > deadline {
+            let log = crate::browser::log_tail(&log_path);
+            return Err(failed(if ended {
+                format!("it ended at start{log}")
+            } else {
+                format!("it did not listen within {START_TIMEOUT:?}{log}")
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tracing::debug!(version = %install.version, "Playwright server started");
+    Ok(Server {
+        child,
+        _stdin: stdin,
+        at,
+        browser: browser.clone(),
+        secret,
+    })
+}
+
+/// The instance port's `/playwright` route.
+pub mod routes {
+    use axum::Router;
+    use axum::extract::State;
+    use axum::http::{StatusCode, header};
+    use axum::response::{IntoResponse, Response};
+    use axum::routing::get;
+
+    use super::*;
+    use crate::instance::InstanceSlot;
+
+    /// What the route needs: the instance, its servers, its confinement and
+    /// where versions are installed.
+    #[derive(Clone)]
+    pub struct PlaywrightState {
+        pub slot: Arc<InstanceSlot>,
+        pub servers: Arc<Servers>,
+        pub isolation: Isolation,
+        /// How long a connection waits for the browser (a launch, or the
+        /// wake of a parked instance).
+        pub ready_timeout: Duration,
+        /// `agent.playwright_dir`.
+        pub dir: PathBuf,
+    }
+
+    pub fn router(state: PlaywrightState) -> Router {
+        Router::new()
+            .route(SERVER_PATH, get(connect))
+            .with_state(state)
+    }
+
+    impl IntoResponse for PlaywrightError {
+        fn into_response(self) -> Response {
+            let status = match &self {
+                PlaywrightError::Version(_) => StatusCode::PRECONDITION_REQUIRED,
+                PlaywrightError::Server(_) => StatusCode::BAD_GATEWAY,
+                PlaywrightError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            };
+            (status, format!("{self}\n")).into_response()
+        }
+    }
+
+    /// A Playwright client's connection: relayed to the server of its
+    /// version beside the instance's browser (started first if needed; a
+    /// parked instance is woken with its tabs).
+    async fn connect(
+        State(state): State<PlaywrightState>,
+        request: axum::extract::Request,
+    ) -> Response {
+        let relayed = async {
+            let installs = installed(&state.dir);
+            let user_agent = request
+                .headers()
+                .get(header::USER_AGENT)
+                .and_then(|value| value.to_str().ok());
+            let install = version_for(&installs, user_agent)?.clone();
+            let is_upgrade = request
+                .headers()
+                .get(header::UPGRADE)
+                .and_then(|value| value.to_str().ok())
+                .is_some_and(|value| value.eq_ignore_ascii_case("websocket"));
+            if !is_upgrade {
+                return Ok((
+                    StatusCode::UPGRADE_REQUIRED,
+                    "/playwright is a WebSocket endpoint: connect with Playwright's chromium.connect()\n",
+                )
+                    .into_response());
+            }
+            state.slot.touch();
+            let full_restore = Some(flotilla_api_types::instances::ReviveMethod::FullRestore);
+            let browser = match state
+                .slot
+                .wait_ready_reviving(state.ready_timeout, full_restore)
+                .await
+            {
+                Ok(Some(endpoint)) => endpoint,
+                Ok(None) => {
+                    return Err(PlaywrightError::Unavailable(
+                        "this instance runs on the sim runtime and has no browser".into(),
+                    ));
+                }
+                Err(reason) => return Err(PlaywrightError::Unavailable(reason.to_string())),
+            };
+            let cgroup = state.slot.cgroup();
+            let group = state
+                .slot
+                .process()
+                .and_then(|process| process.pid())
+                .ok_or_else(|| PlaywrightError::Unavailable("the browser is not running".into()))?;
+            let beside = Beside {
+                isolation: &state.isolation,
+                dirs: &state.slot.dirs,
+                cgroup: cgroup.as_ref(),
+                group,
+            };
+            let upstream = state.servers.upstream(&install, &beside, &browser).await?;
+            let unreachable = |e: std::io::Error| PlaywrightError::Server(e.to_string());
+            let stream = upstream.at.connect().await.map_err(unreachable)?;
+            let pins = crate::client_frames::Pins {
+                protocol: crate::client_frames::Protocol::Playwright,
+                downloads_dir: state
+                    .isolation
+                    .browser_paths(&state.slot.dirs)
+                    .downloads
+                    .to_string_lossy()
+                    .into_owned(),
+            };
+            let response = crate::gateway::relay_websocket_with(
+                request,
+                (
+                    stream,
+                    &upstream.at.authority(),
+                    upstream.path,
+                    &upstream.headers,
+                ),
+                (state.slot.clone(), pins),
+                tokio_util::sync::CancellationToken::new(),
+            )
+            .await
+            .map_err(unreachable)?;
+            Ok(response.into_response())
+        };
+        relayed.await.unwrap_or_else(PlaywrightError::into_response)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_versions_are_read_from_the_user_agent() {
+        let node = "Playwright/1.65.1 (x64; debian 12) node/20.19";
+        assert_eq!(client_version(node), Some((1, 65)));
+        let python = "Playwright/1.64.0-beta-1 (x64; debian 12) python/3.11";
+        assert_eq!(client_version(python), Some((1, 64)));
+        assert_eq!(client_version("Mozilla/5.0 Chrome/156"), None);
+        assert_eq!(client_version("Playwright/"), None);
+        assert_eq!(client_version("Playwright/x.y"), None);
+        assert_eq!(client_version("Playwright/1"), None);
+    }
+
+    fn install_at(dir: &Path, folder: &str, version: &str) {
+        let package = dir.join(folder).join("node_modules/playwright-core");
+        std::fs::create_dir_all(package.join("lib")).unwrap();
+        std::fs::write(package.join("lib/coreBundle.js"), "").unwrap();
+        std::fs::write(
+            package.join("package.json"),
+            format!(r#"{{"name": "playwright-core", "version": "{version}"}}"#),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn installs_are_found_by_their_package_and_the_newest_patch_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        install_at(dir.path(), "1.65.0", "1.65.0");
+        install_at(dir.path(), "a-later-patch", "1.65.1");
+        install_at(dir.path(), "1.60.0", "1.60.0");
+        // Not playwright-core, or not a bundle of this shape: left out.
+        let other = dir.path().join("other/node_modules/playwright-core");
+        std::fs::create_dir_all(&other).unwrap();
+        std::fs::write(
+            other.join("package.json"),
+            r#"{"name": "playwright", "version": "1.61.0"}"#,
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("tools"), "").unwrap();
+        let found = installed(dir.path());
+        let versions: Vec<&str> = found.iter().map(|i| i.version.as_str()).collect();
+        assert_eq!(versions, ["1.60.0", "1.65.1"]);
+        assert!(installed(&dir.path().join("missing")).is_empty());
+    }
+
+    #[test]
+    fn a_version_not_installed_is_refused_naming_those_that_are() {
+        let dir = tempfile::tempdir().unwrap();
+        install_at(dir.path(), "1.64.1", "1.64.1");
+        install_at(dir.path(), "1.65.1", "1.65.1");
+        let installs = installed(dir.path());
+        let found = version_for(&installs, Some("Playwright/1.64.0 (x64) node/20")).unwrap();
+        assert_eq!(found.version, "1.64.1");
+        let Err(PlaywrightError::Version(message)) =
+            version_for(&installs, Some("Playwright/1.59.1 (x64) node/20"))
+        else {
+            panic!("1.59 is not installed");
+        };
+        assert!(
+            message.contains("1.59") && message.contains("1.64, 1.65"),
+            "{message}"
+        );
+        let Err(PlaywrightError::Version(message)) = version_for(&installs, None) else {
+            panic!("no User-Agent");
+        };
+        assert!(message.contains("not a Playwright client"), "{message}");
+        let Err(PlaywrightError::Version(message)) =
+            version_for(&[], Some("Playwright/1.65.1 (x64) node/20"))
+        else {
+            panic!("nothing installed");
+        };
+        assert!(message.contains("install-deps"), "{message}");
+    }
+}
