@@ -314,17 +314,19 @@ pub(crate) async fn relay_websocket<B>(
         request,
         (upstream, authority, path, &[]),
         (slot, pins),
-        cancel,
+        (cancel, ()),
     )
     .await
 }
 
-/// [`relay_websocket`], adding the header lines `extra` to the handshake.
-pub(crate) async fn relay_websocket_with<B>(
+/// [`relay_websocket`], adding the header lines `extra` to the handshake;
+/// `held` is dropped when the relay ends (at once when the upstream did not
+/// switch protocols).
+pub(crate) async fn relay_websocket_with<B, H: Send + 'static>(
     mut request: Request<B>,
     (mut upstream, authority, path, extra): (tokio::net::TcpStream, &str, &str, &[String]),
     (slot, pins): (Arc<InstanceSlot>, Pins),
-    cancel: CancellationToken,
+    (cancel, held): (CancellationToken, H),
 ) -> io::Result<Response<Full<Bytes>>> {
     let head = upgrade::request_head(path, authority, request.headers(), forwarded, extra);
     let mut answer = upgrade::handshake(&mut upstream, &head, BROWSER_ANSWER).await?;
@@ -339,6 +341,7 @@ pub(crate) async fn relay_websocket_with<B>(
         if let Some(client) = switched.client().await {
             relay_upgraded(client, upstream, (slot, pins), cancel).await
         }
+        drop(held);
     });
     response
         .body(Full::new(Bytes::new()))

@@ -16,9 +16,13 @@
 //!   as the browser user. So it sees what the browser sees at the same paths
 //!   (downloads land in the instance's downloads folder, files a client sends
 //!   for `setInputFiles` in a folder of its home), and reaches nothing but the
-//!   browser. It is started at the first connection of its version, ends
-//!   with the browser (a revived instance gets a new one) and when the agent
-//!   ends (its stdin closes), and a new one starts if it died.
+//!   browser. It is started at the first connection of its version and
+//!   stopped [`IDLE_STOP`] after its last client left; it ends with the
+//!   browser (a revived instance gets a new one) and when the agent ends
+//!   (its stdin closes), and a new one starts if it died. One server per
+//!   instance rather than per node: a server shared by instances would see
+//!   every instance's files and browser, so a client of one could reach the
+//!   others through it; its memory is spent only while clients use it.
 //! - **The relay.** Clients reach it through the instance's HTTP port
 //!   (`/playwright`; the front door's `/v2/instances/{id}/playwright`),
 //!   checked by [`crate::access`] there; frames are relayed by
@@ -49,6 +53,8 @@ const SERVER_PATH: &str = "/playwright";
 const PORT_BASE_IN_NAMESPACE: u16 = 9600;
 /// How long a server may take to listen.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a server without clients is kept for the next one.
+const IDLE_STOP: Duration = Duration::from_secs(30);
 
 /// A version of playwright-core installed on the node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -173,6 +179,8 @@ struct Server {
     at: CdpEndpoint,
     browser: CdpEndpoint,
     secret: String,
+    /// Its connected clients (one [`Client`] each).
+    clients: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// Where a connection goes: the server, and what the agent tells it.
@@ -181,6 +189,43 @@ pub struct Upstream {
     pub path: &'static str,
     /// Header lines of the handshake: the agent's secret and the browser.
     pub headers: Vec<String>,
+    /// Held while the client is connected: the last one to leave stops the
+    /// server after [`IDLE_STOP`] without a new one.
+    pub client: Client,
+}
+
+/// One connected client of a server.
+pub struct Client {
+    servers: std::sync::Weak<Servers>,
+    minor: (u32, u32),
+    clients: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering;
+        if self.clients.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        let (servers, minor, clients) = (self.servers.clone(), self.minor, self.clients.clone());
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            tokio::time::sleep(IDLE_STOP).await;
+            let Some(servers) = servers.upgrade() else {
+                return;
+            };
+            let mut running = servers.running.lock().await;
+            // The same server, still without clients.
+            if running.get(&minor).is_some_and(|server| {
+                Arc::ptr_eq(&server.clients, &clients) && clients.load(Ordering::Acquire) == 0
+            }) {
+                running.remove(&minor);
+                tracing::debug!(?minor, "Playwright server stopped: no clients");
+            }
+        });
+    }
 }
 
 /// What is needed to start a server beside a browser.
@@ -202,7 +247,7 @@ impl Servers {
     /// Where a client of `install`'s version connects to reach `browser`:
     /// the running server when it serves that browser, else a new one.
     pub async fn upstream(
-        &self,
+        self: &Arc<Self>,
         install: &Install,
         beside: &Beside<'_>,
         browser: &CdpEndpoint,
@@ -217,7 +262,15 @@ impl Servers {
             running.insert(install.minor, server);
         }
         let server = &running[&install.minor];
+        server
+            .clients
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         Ok(Upstream {
+            client: Client {
+                servers: Arc::downgrade(self),
+                minor: install.minor,
+                clients: server.clients.clone(),
+            },
             at: server.at.clone(),
             path: SERVER_PATH,
             headers: vec![
@@ -225,11 +278,6 @@ impl Servers {
                 format!("x-flotilla-cdp: {}", browser.browser_ws_url()),
             ],
         })
-    }
-
-    /// Ends every server (the browser ended).
-    pub async fn stop(&self) {
-        self.running.lock().await.clear();
     }
 }
 
@@ -334,6 +382,7 @@ async fn start(
         at,
         browser: browser.clone(),
         secret,
+        clients: Arc::default(),
     })
 }
 
@@ -453,7 +502,7 @@ pub mod routes {
                     &upstream.headers,
                 ),
                 (state.slot.clone(), pins),
-                tokio_util::sync::CancellationToken::new(),
+                (tokio_util::sync::CancellationToken::new(), upstream.client),
             )
             .await
             .map_err(unreachable)?;

@@ -183,17 +183,120 @@ async fn browser_playwright_clients_of_two_versions_drive_the_instance_with_ever
     assert_eq!(seen["title"], "Reached over Playwright", "{seen}");
     assert_eq!(seen["saved"], "bytes of the download", "{seen}");
 
-    // The downloads also show in the instance's downloads.
-    let (status, downloads) = serve
-        .api
-        .get(&format!("/v2/instances/{id}/downloads"))
-        .await;
-    assert_eq!(status, StatusCode::OK, "{downloads}");
+    // The servers run confined: as the browser user, in the browser's
+    // network namespace, never the agent's.
+    let servers = playwright_servers();
+    assert_eq!(servers.len(), 2, "one per version in use: {servers:?}");
+    let own_network = std::fs::read_link("/proc/self/ns/net").unwrap();
+    for pid in servers {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+        if is_root() {
+            assert!(!uid.split_whitespace().skip(1).any(|id| id == "0"), "{uid}");
+            let network = std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap();
+            assert_ne!(network, own_network, "the server has the host's network");
+        }
+    }
+
+    // A hostile client: the server has no network of its own, and raw CDP
+    // gets the pins.
+    let health = format!("{}/health", serve.api.base);
+    let seen = run_node("playwright_hostile.mjs", &[&base, &headers, &health])
+        .await
+        .expect("the hostile client runs");
+    if is_root() {
+        let api_request = seen["api_request"].as_str().unwrap();
+        assert!(api_request.starts_with("error:"), "{seen}");
+    }
     assert!(
-        !downloads["downloads"].as_array().unwrap().is_empty(),
-        "{downloads}"
+        seen["extension"]
+            .as_str()
+            .unwrap()
+            .contains("refused by Flotilla"),
+        "{seen}"
     );
+    // Downloads land in the instance's downloads, the hostile one too.
+    wait_until(BROWSER_DEADLINE, "the hostile download", || async {
+        let (status, downloads) = serve
+            .api
+            .get(&format!("/v2/instances/{id}/downloads"))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{downloads}");
+        let names: Vec<&str> = downloads["downloads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|d| d["name"].as_str())
+            .collect();
+        match names.contains(&"hostile.txt") {
+            true => Ok(Some(())),
+            false => Err(downloads.to_string()),
+        }
+    })
+    .await
+    .unwrap();
     serve.api.delete_instance(&id).await;
+    // The servers end with the instance.
+    wait_until(BROWSER_DEADLINE, "the servers to end", || async {
+        let left = playwright_servers();
+        if left.is_empty() {
+            Ok(Some(()))
+        } else {
+            Err(format!("{left:?}"))
+        }
+    })
+    .await
+    .unwrap();
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Pids of the Playwright servers of this test's agent (Node, carrying
+/// their program, with its `x-flotilla-cdp`, on the command line).
+fn playwright_servers() -> Vec<u32> {
+    let mine = std::process::id().to_string();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            // Node itself, not the bubblewrap around it.
+            let is_server = cmdline
+                .split('\0')
+                .next()
+                .is_some_and(|p| p.ends_with("node"))
+                && cmdline.contains("x-flotilla-cdp");
+            is_server && descends_from(*pid, &mine)
+        })
+        .collect()
+}
+
+/// Whether `pid` is a descendant of process `ancestor`.
+fn descends_from(mut pid: u32, ancestor: &str) -> bool {
+    for _ in 0..16 {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return false;
+        };
+        let Some(parent) = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+        else {
+            return false;
+        };
+        if parent == ancestor {
+            return true;
+        }
+        match parent.parse() {
+            Ok(next) if next > 1 => pid = next,
+            _ => return false,
+        }
+    }
+    false
 }
 
 #[tokio::test]
