@@ -517,6 +517,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn install_deps_installs_the_configured_versions_where_the_node_looks() {
+        let script =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/install-deps");
+        let script = std::fs::read_to_string(script).unwrap();
+        let versions = crate::config::DEFAULT_PLAYWRIGHT_VERSIONS.join(" ");
+        assert!(
+            script.contains(&format!("FLOTILLA_PLAYWRIGHT_VERSIONS:-\"{versions}\"")),
+            "install-deps installs another list than agent.playwright_versions ({versions})"
+        );
+        let dir = crate::config::DEFAULT_PLAYWRIGHT_DIR;
+        assert!(script.contains(&format!("playwright_dir={dir}\n")), "{dir}");
+    }
+
+    #[test]
     fn client_versions_are_read_from_the_user_agent() {
         let node = "Playwright/1.65.1 (x64; debian 12) node/20.19";
         assert_eq!(client_version(node), Some((1, 65)));
