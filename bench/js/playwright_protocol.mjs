@@ -5,7 +5,8 @@
 // Playwright server with 1 and with 10 connected clients.
 //
 // Usage: node playwright_protocol.mjs '<json>' with {playwright, debug, url,
-// rounds, evaluations}. Prints one JSON object.
+// rounds, evaluations, raw: {playwright, headers, debug}}. Prints one JSON
+// object.
 import { createRequire } from 'node:module';
 import fs from 'node:fs';
 
@@ -17,6 +18,10 @@ const now = () => performance.now();
 const ways = {
   connect: () => chromium.connect(options.playwright, { timeout: 60_000 }),
   cdp: () => chromium.connectOverCDP(options.debug, { timeout: 60_000 }),
+  // The baseline: the same server program beside a Chromium started by
+  // hand, each reached directly (no Flotilla in the way).
+  raw_connect: () => chromium.connect(options.raw.playwright, { headers: options.raw.headers, timeout: 60_000 }),
+  raw_cdp: () => chromium.connectOverCDP(options.raw.debug, { timeout: 60_000 }),
 };
 
 async function round(way) {
@@ -58,7 +63,9 @@ function serverMemory() {
     let cmdline;
     try { cmdline = fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8'); } catch { continue; }
     const program = cmdline.split('\0')[0];
+    // Node running the server program; not this client, not the baseline's.
     if (!program.endsWith('node') || !cmdline.includes('x-flotilla-cdp')) continue;
+    if (Number(pid) === process.pid || Number(pid) === options.raw.server_pid) continue;
     const field = (text, name) => Number((text.match(new RegExp(`^${name}:\\s+(\\d+)`, 'm')) || [0, 0])[1]) / 1024;
     try {
       servers.push({
@@ -79,7 +86,8 @@ await round('cdp');
 for (let i = 0; i < options.rounds; i++) {
   for (const way of i % 2 ? ['cdp', 'connect'] : ['connect', 'cdp']) results[way].push(await round(way));
 }
-results.evaluate = { connect: await evaluations('connect'), cdp: await evaluations('cdp') };
+results.evaluate = {};
+for (const way of ['connect', 'cdp', 'raw_connect', 'raw_cdp']) results.evaluate[way] = await evaluations(way);
 
 const held = [await ways.connect()];
 await (await held[0].contexts()[0].newPage()).goto(options.url);

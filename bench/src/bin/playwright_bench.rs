@@ -4,8 +4,10 @@
 //! `chromium.connectOverCDP(urls.debug)` on the same instance, in one Node
 //! process (`bench/js/playwright_protocol.mjs`), interleaved: connect →
 //! `newPage` → `goto` a local page → `title`; a `page.evaluate` round trip
-//! on an open connection each way; the memory of the instance's Playwright
-//! server with 1 and with 10 clients connected.
+//! on an open connection each way, and the same for the baseline: the same
+//! server program beside a Chromium started by hand, reached directly; the
+//! memory of the instance's Playwright server with 1 and with 10 clients
+//! connected.
 //!
 //! Usage: playwright_bench [--binary target/release/flotilla] [--rounds 20]
 //!                         [--evaluations 500]
@@ -55,6 +57,95 @@ fn memory(servers: &Value) -> String {
         .unwrap_or_default()
 }
 
+const RAW_SECRET: &str = "bench-secret";
+
+/// The baseline: Chromium started by hand (the same executable and base
+/// flags as Flotilla's) and Flotilla's Playwright server program beside it,
+/// unconfined, each reached directly.
+struct RawServer {
+    browser: tokio::process::Child,
+    server: tokio::process::Child,
+    /// Kept open: the server ends when it closes.
+    _stdin: tokio::process::ChildStdin,
+    server_port: u16,
+    browser_ws: String,
+    _profile: tempfile::TempDir,
+}
+
+impl RawServer {
+    async fn start() -> anyhow::Result<Self> {
+        use tokio::io::AsyncWriteExt as _;
+        let profile = tempfile::tempdir()?;
+        let port = free_port();
+        let browser = tokio::process::Command::new("/usr/lib/chromium/chromium")
+            .args(flotilla_node_agent::config::BASE_CHROMIUM_FLAGS)
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg(format!("--remote-debugging-port={port}"))
+            .args(["--no-sandbox", "about:blank"])
+            .env("HOME", profile.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()?;
+        let http = reqwest::Client::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let browser_ws = loop {
+            if let Ok(response) = http
+                .get(format!("http://127.0.0.1:{port}/json/version"))
+                .send()
+                .await
+                && let Ok(version) = response.json::<Value>().await
+                && let Some(ws) = version["webSocketDebuggerUrl"].as_str()
+            {
+                break ws.to_owned();
+            }
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "Chromium did not answer"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        };
+        let package = flotilla_node_agent::playwright::installed(std::path::Path::new(
+            flotilla_node_agent::config::DEFAULT_PLAYWRIGHT_DIR,
+        ))
+        .into_iter()
+        .find(|install| install.minor == (1, 65))
+        .context("playwright-core 1.65 is not installed (scripts/install-deps)")?
+        .package;
+        let server_port = free_port();
+        let dir = profile.path().to_string_lossy().into_owned();
+        let mut server = tokio::process::Command::new("node")
+            .arg("-e")
+            .arg(flotilla_node_agent::playwright::SERVER_SCRIPT)
+            .arg("--")
+            .arg(&package)
+            .arg(server_port.to_string())
+            .args([&dir, &dir, &dir])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()?;
+        let mut stdin = server.stdin.take().context("stdin")?;
+        stdin
+            .write_all(format!("{RAW_SECRET}\n").as_bytes())
+            .await?;
+        flotilla_bench::wait_listening(server_port, "the baseline's Playwright server").await?;
+        Ok(Self {
+            browser,
+            server,
+            _stdin: stdin,
+            server_port,
+            browser_ws,
+            _profile: profile,
+        })
+    }
+
+    async fn stop(mut self) {
+        let _ = self.server.kill().await;
+        let _ = self.browser.kill().await;
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let binary = PathBuf::from(text_flag("--binary", "target/release/flotilla")?);
@@ -98,14 +189,22 @@ async fn main() -> anyhow::Result<()> {
         std::time::Duration::from_millis(50),
     )
     .await?;
+    let raw = RawServer::start().await?;
     let options = json!({
         "playwright": created["urls"]["playwright"],
         "debug": created["urls"]["debug"],
         "url": format!("{site}/"),
         "rounds": rounds,
         "evaluations": evaluations,
+        "raw": {
+            "playwright": format!("ws://127.0.0.1:{}/playwright", raw.server_port),
+            "headers": {"x-flotilla-secret": RAW_SECRET, "x-flotilla-cdp": raw.browser_ws},
+            "debug": raw.browser_ws,
+            "server_pid": raw.server.id(),
+        },
     });
     let results = run_node_script("playwright_protocol.mjs", &options).await;
+    raw.stop().await;
     serve.stop().await;
     let results = results?;
     println!(
@@ -128,7 +227,12 @@ async fn main() -> anyhow::Result<()> {
     println!("\npage.evaluate round trip, {evaluations} calls on one open connection each way\n");
     println!("| | p50 ms | p90 ms | p99 ms |");
     println!("|---|---|---|---|");
-    for (way, label) in [("connect", "connect()"), ("cdp", "connectOverCDP")] {
+    for (way, label) in [
+        ("connect", "Flotilla: connect()"),
+        ("cdp", "Flotilla: connectOverCDP"),
+        ("raw_connect", "baseline: connect() to the server by hand"),
+        ("raw_cdp", "baseline: connectOverCDP to Chromium by hand"),
+    ] {
         let samples = numbers(&results["evaluate"][way]);
         println!(
             "| {label} | {:.3} | {:.3} | {:.3} |",

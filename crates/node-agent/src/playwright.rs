@@ -45,7 +45,7 @@ use crate::sandbox::Isolation;
 /// Node.js, which runs playwright-core (Debian's `nodejs`).
 pub const NODE: &str = "/usr/bin/node";
 /// The server's program (see the file).
-const SERVER_SCRIPT: &str = include_str!("playwright_server.cjs");
+pub const SERVER_SCRIPT: &str = include_str!("playwright_server.cjs");
 /// The server's path, on its port.
 const SERVER_PATH: &str = "/playwright";
 /// The first port of the servers inside a browser's network namespace; a
@@ -179,8 +179,16 @@ struct Server {
     at: CdpEndpoint,
     browser: CdpEndpoint,
     secret: String,
-    /// Its connected clients (one [`Client`] each).
-    clients: Arc<std::sync::atomic::AtomicUsize>,
+    /// Its clients (one [`Client`] each).
+    clients: Arc<ClientCount>,
+}
+
+/// The clients of a server: connected now, and ever (so that a stop
+/// planned when the last one left is called off by any that came since).
+#[derive(Default)]
+struct ClientCount {
+    connected: std::sync::atomic::AtomicUsize,
+    ever: std::sync::atomic::AtomicU64,
 }
 
 /// Where a connection goes: the server, and what the agent tells it.
@@ -198,16 +206,17 @@ pub struct Upstream {
 pub struct Client {
     servers: std::sync::Weak<Servers>,
     minor: (u32, u32),
-    clients: Arc<std::sync::atomic::AtomicUsize>,
+    clients: Arc<ClientCount>,
 }
 
 impl Drop for Client {
     fn drop(&mut self) {
         use std::sync::atomic::Ordering;
-        if self.clients.fetch_sub(1, Ordering::AcqRel) != 1 {
+        if self.clients.connected.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
         let (servers, minor, clients) = (self.servers.clone(), self.minor, self.clients.clone());
+        let ever = clients.ever.load(Ordering::Acquire);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -217,9 +226,11 @@ impl Drop for Client {
                 return;
             };
             let mut running = servers.running.lock().await;
-            // The same server, still without clients.
+            // The same server, and no client came since.
             if running.get(&minor).is_some_and(|server| {
-                Arc::ptr_eq(&server.clients, &clients) && clients.load(Ordering::Acquire) == 0
+                Arc::ptr_eq(&server.clients, &clients)
+                    && clients.connected.load(Ordering::Acquire) == 0
+                    && clients.ever.load(Ordering::Acquire) == ever
             }) {
                 running.remove(&minor);
                 tracing::debug!(?minor, "Playwright server stopped: no clients");
@@ -262,9 +273,9 @@ impl Servers {
             running.insert(install.minor, server);
         }
         let server = &running[&install.minor];
-        server
-            .clients
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        use std::sync::atomic::Ordering;
+        server.clients.connected.fetch_add(1, Ordering::AcqRel);
+        server.clients.ever.fetch_add(1, Ordering::AcqRel);
         Ok(Upstream {
             client: Client {
                 servers: Arc::downgrade(self),
