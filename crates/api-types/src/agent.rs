@@ -121,6 +121,10 @@ pub enum InstanceEventKind {
     /// The instance's state was written back to its persistent profile
     /// (graceful delete or park with `profile.persist`).
     ProfileSaved { name: String, size_bytes: u64 },
+    /// The instance's Playwright server of `version` ended on its own while
+    /// its browser ran (`reason`: its exit and last log lines); the next
+    /// connection starts a new one.
+    PlaywrightServerExited { version: String, reason: String },
 }
 
 /// Who answers at an agent's address (`GET /agent/v1/identity`).

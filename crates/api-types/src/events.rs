@@ -35,6 +35,10 @@ pub enum EventName {
     /// `config.max_duration_minutes` was reached (an `instance.deleted` follows).
     #[serde(rename = "instance.expired")]
     InstanceExpired,
+    /// The instance's Playwright server ended on its own (`data.version`,
+    /// `data.reason`); the next `chromium.connect()` starts a new one.
+    #[serde(rename = "instance.playwright_server_exited")]
+    InstancePlaywrightServerExited,
     #[serde(rename = "node.offline")]
     NodeOffline,
     #[serde(rename = "node.online")]
@@ -46,7 +50,7 @@ pub enum EventName {
 }
 
 impl EventName {
-    pub const ALL: [EventName; 14] = [
+    pub const ALL: [EventName; 15] = [
         Self::InstanceCreated,
         Self::InstanceDeleted,
         Self::InstanceDormant,
@@ -57,6 +61,7 @@ impl EventName {
         Self::InstanceStopped,
         Self::InstanceExpired,
         Self::InstanceDownloadCompleted,
+        Self::InstancePlaywrightServerExited,
         Self::NodeOffline,
         Self::NodeOnline,
         Self::AlertRaised,
@@ -75,6 +80,7 @@ impl EventName {
             Self::InstanceStopped => "instance.stopped",
             Self::InstanceExpired => "instance.expired",
             Self::InstanceDownloadCompleted => "instance.download_completed",
+            Self::InstancePlaywrightServerExited => "instance.playwright_server_exited",
             Self::NodeOffline => "node.offline",
             Self::NodeOnline => "node.online",
             Self::AlertRaised => "alert.raised",

@@ -59,7 +59,11 @@ pub async fn serve_api(
     ready_timeout: Duration,
     (access, listeners): (Arc<NodeAccess>, flotilla_net::Listeners),
     (recordings, captures): (std::path::PathBuf, Arc<NodeCaptures>),
-    (isolation, playwright_dir): (crate::sandbox::Isolation, std::path::PathBuf),
+    (isolation, playwright_dir, playwright_exits): (
+        crate::sandbox::Isolation,
+        std::path::PathBuf,
+        crate::playwright::ExitReport,
+    ),
 ) {
     let webdriver = crate::webdriver::routes::router(crate::webdriver::routes::WebDriverState {
         slot: slot.clone(),
@@ -70,7 +74,7 @@ pub async fn serve_api(
     let playwright =
         crate::playwright::routes::router(crate::playwright::routes::PlaywrightState {
             slot: slot.clone(),
-            servers: Arc::default(),
+            servers: Arc::new(crate::playwright::Servers::new(playwright_exits)),
             isolation,
             ready_timeout,
             dir: playwright_dir,

@@ -19,7 +19,9 @@
 //!   browser. It is started at the first connection of its version and
 //!   stopped [`IDLE_STOP`] after its last client left; it ends with the
 //!   browser (a revived instance gets a new one) and when the agent ends
-//!   (its stdin closes), and a new one starts if it died. One server per
+//!   (its stdin closes). One that ends on its own while its browser runs is
+//!   reported (`instance.playwright_server_exited`), and the next connection
+//!   starts a new one. One server per
 //!   instance rather than per node: a server shared by instances would see
 //!   every instance's files and browser, so a client of one could reach the
 //!   others through it; its memory is spent only while clients use it.
@@ -38,6 +40,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::io::AsyncWriteExt;
+
+use flotilla_api_types::agent::InstanceEventKind;
 
 use crate::browser::{CdpEndpoint, InstanceDirs};
 use crate::sandbox::Isolation;
@@ -170,11 +174,17 @@ pub fn version_for<'a>(
         })
 }
 
+/// Told when a server ended on its own, not stopped by the agent: the pid
+/// of the browser it was started beside (its process group), and the event
+/// to report if that browser still runs.
+pub type ExitReport = Arc<dyn Fn(u32, InstanceEventKind) + Send + Sync>;
+
 /// A running server, for one browser and version; dropping it ends it.
 struct Server {
-    child: tokio::process::Child,
-    /// Its stdin: the server ends when it closes.
-    _stdin: tokio::process::ChildStdin,
+    /// Dropped to stop it: its watcher ends it ([`watch`]).
+    _stop: tokio::sync::oneshot::Sender<()>,
+    /// Set by its watcher when it has ended.
+    ended: Arc<std::sync::atomic::AtomicBool>,
     /// How to reach it: its port, in the browser's namespace.
     at: CdpEndpoint,
     browser: CdpEndpoint,
@@ -252,9 +262,18 @@ pub struct Beside<'a> {
 #[derive(Default)]
 pub struct Servers {
     running: tokio::sync::Mutex<HashMap<(u32, u32), Server>>,
+    report: Option<ExitReport>,
 }
 
 impl Servers {
+    /// Servers whose unplanned ends are told to `report`.
+    pub fn new(report: ExitReport) -> Self {
+        Self {
+            running: Default::default(),
+            report: Some(report),
+        }
+    }
+
     /// Where a client of `install`'s version connects to reach `browser`:
     /// the running server when it serves that browser, else a new one.
     pub async fn upstream(
@@ -264,12 +283,12 @@ impl Servers {
         browser: &CdpEndpoint,
     ) -> Result<Upstream, PlaywrightError> {
         let mut running = self.running.lock().await;
-        let alive = running.get_mut(&install.minor).is_some_and(|server| {
-            server.browser == *browser && matches!(server.child.try_wait(), Ok(None))
+        let alive = running.get(&install.minor).is_some_and(|server| {
+            server.browser == *browser && !server.ended.load(std::sync::atomic::Ordering::Acquire)
         });
         if !alive {
             running.remove(&install.minor);
-            let server = start(install, beside, browser).await?;
+            let server = start(install, beside, browser, self.report.clone()).await?;
             running.insert(install.minor, server);
         }
         let server = &running[&install.minor];
@@ -298,6 +317,7 @@ async fn start(
     install: &Install,
     beside: &Beside<'_>,
     browser: &CdpEndpoint,
+    report: Option<ExitReport>,
 ) -> Result<Server, PlaywrightError> {
     let failed = |why: String| PlaywrightError::Server(why);
     if !Path::new(NODE).is_file() {
@@ -387,9 +407,17 @@ async fn start(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     tracing::debug!(version = %install.version, "Playwright server started");
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    tokio::spawn(watch(
+        (child, stdin),
+        stopped,
+        ended.clone(),
+        (install.version.clone(), log_path, beside.group, report),
+    ));
     Ok(Server {
-        child,
-        _stdin: stdin,
+        _stop: stop,
+        ended,
         at,
         browser: browser.clone(),
         secret,
@@ -520,6 +548,32 @@ pub mod routes {
             Ok(response.into_response())
         };
         relayed.await.unwrap_or_else(PlaywrightError::into_response)
+    }
+}
+
+/// Holds a server until it is stopped (`stopped` fires or is dropped: it is
+/// killed) or ends on its own: then `ended` is set and the end reported.
+async fn watch(
+    (mut child, stdin): (tokio::process::Child, tokio::process::ChildStdin),
+    stopped: tokio::sync::oneshot::Receiver<()>,
+    ended: Arc<std::sync::atomic::AtomicBool>,
+    (version, log_path, group, report): (String, PathBuf, u32, Option<ExitReport>),
+) {
+    tokio::select! {
+        _ = stopped => {
+            drop(stdin);
+            let _ = child.kill().await;
+            ended.store(true, std::sync::atomic::Ordering::Release);
+        }
+        status = child.wait() => {
+            ended.store(true, std::sync::atomic::Ordering::Release);
+            let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
+            let reason = format!("{status}{}", crate::browser::log_tail(&log_path));
+            tracing::warn!(%version, %reason, "a Playwright server ended on its own");
+            if let Some(report) = report {
+                report(group, InstanceEventKind::PlaywrightServerExited { version, reason });
+            }
+        }
     }
 }
 

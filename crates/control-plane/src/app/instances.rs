@@ -417,6 +417,19 @@ impl ControlPlane {
                     .profile_saved(&name, size_bytes, report.at)
                     .await?;
             }
+            InstanceEventKind::PlaywrightServerExited { version, reason } => {
+                let mut data = serde_json::Map::new();
+                data.insert("version".into(), version.into());
+                data.insert("reason".into(), reason.into());
+                self.store
+                    .instance_note(
+                        &report.id,
+                        EventName::InstancePlaywrightServerExited,
+                        data,
+                        report.at,
+                    )
+                    .await?;
+            }
             InstanceEventKind::DownloadCompleted { name, size_bytes } => {
                 let mut data = serde_json::Map::new();
                 data.insert("name".into(), name.into());

@@ -208,6 +208,18 @@ impl Agent {
                     live_view,
                     (access.clone(), listeners.clone()),
                 ));
+                // A Playwright server's end is news only while the browser
+                // it served runs (a park or a crash ends both).
+                let playwright_exits: crate::playwright::ExitReport = {
+                    let (agent, slot) = (self.clone(), slot.clone());
+                    Arc::new(move |group, event| {
+                        let same_browser =
+                            slot.process().and_then(|process| process.pid()) == Some(group);
+                        if same_browser && matches!(slot.state(), State::Running { .. }) {
+                            agent.send_event(&slot, event);
+                        }
+                    })
+                };
                 self.inner.tasks.spawn(instance_http::serve_api(
                     http,
                     slot.clone(),
@@ -217,6 +229,7 @@ impl Agent {
                     (
                         self.inner.launcher.isolation().clone(),
                         self.inner.settings.config.playwright_dir.clone(),
+                        playwright_exits,
                     ),
                 ));
             }

@@ -19,11 +19,20 @@ use flotilla_testkit::{
 };
 
 const KEY: &str = "flt_playwright_test_key";
+const WEBHOOK_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const PAGE: &str = "<!doctype html><title>Reached over Playwright</title><h1>hello</h1>";
 
 /// `serve` with authentication on, its public URL the door's port (so
 /// `urls.playwright` goes through the door), browsers allowed to open `site`.
 async fn door_serve(site: &flotilla_testkit::PageServer) -> TestServe {
+    door_serve_with(site, |_| {}).await
+}
+
+/// [`door_serve`], adjusted by `adjust`.
+async fn door_serve_with(
+    site: &flotilla_testkit::PageServer,
+    adjust: impl FnOnce(&mut flotilla_server::FlotillaConfig),
+) -> TestServe {
     let port = free_port();
     let mut serve = spawn_serve_with(|config| {
         config.listen = format!("127.0.0.1:{port}");
@@ -31,6 +40,7 @@ async fn door_serve(site: &flotilla_testkit::PageServer) -> TestServe {
         config.control.api_keys = vec![KEY.into()];
         config.control.public_url = Some(format!("http://127.0.0.1:{port}"));
         site.allow_in(config);
+        adjust(config);
     })
     .await;
     serve.api = Api::with_key(serve.api.base.clone(), KEY);
@@ -98,7 +108,15 @@ fn zip_names(path: &std::path::Path) -> Vec<String> {
 #[tokio::test]
 async fn browser_playwright_clients_of_two_versions_drive_the_instance_with_every_artifact() {
     let site = serve_page(&[("/page", PAGE)]).await;
-    let serve = door_serve(&site).await;
+    let receiver = flotilla_testkit::EventReceiver::start(WEBHOOK_SECRET).await;
+    let serve = door_serve_with(&site, |config| {
+        config.control.webhooks = vec![flotilla_control_plane::config::WebhookConfig {
+            url: receiver.url.clone(),
+            events: vec![flotilla_api_types::events::EventName::InstancePlaywrightServerExited],
+            secret: WEBHOOK_SECRET.into(),
+        }];
+    })
+    .await;
     let (id, _, instance) = serve.api.create_running("{}").await;
     let url = instance["urls"]["playwright"].as_str().unwrap();
     assert!(
@@ -215,6 +233,47 @@ async fn browser_playwright_clients_of_two_versions_drive_the_instance_with_ever
             .contains("refused by Flotilla"),
         "{seen}"
     );
+    // A server that dies is reported, and the next client gets a new one.
+    let newest = playwright_servers()
+        .into_iter()
+        .find(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&cmdline).contains("/1.65.1/")
+        })
+        .expect("the server of 1.65");
+    // SAFETY: kill has no memory-safety preconditions; the pid is our
+    // agent's child.
+    unsafe { libc::kill(newest as i32, libc::SIGKILL) };
+    wait_until(
+        BROWSER_DEADLINE,
+        "instance.playwright_server_exited",
+        || async {
+            let found = receiver.events().into_iter().any(|e| {
+                e.payload["event"] == "instance.playwright_server_exited"
+                    && e.payload["data"]["instance_id"] == id.as_str()
+                    && e.payload["data"]["version"] == "1.65.1"
+            });
+            Ok::<_, String>(found.then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+    let again_dir = out.path().join("again").to_string_lossy().into_owned();
+    let seen = run_node(
+        "playwright_connect.mjs",
+        &[
+            "playwright-core",
+            &base,
+            &headers,
+            &page,
+            &again_dir,
+            "basic",
+        ],
+    )
+    .await
+    .expect("a client after the server died");
+    assert_eq!(seen["title"], "Reached over Playwright", "{seen}");
+
     // Downloads land in the instance's downloads, the hostile one too.
     wait_until(BROWSER_DEADLINE, "the hostile download", || async {
         let (status, downloads) = serve
@@ -391,7 +450,18 @@ async fn browser_playwright_refuses_versions_not_installed_and_clients_without_a
 async fn browser_playwright_wakes_a_parked_instance_with_its_tabs_and_makes_instances_for_connections()
  {
     let site = serve_page(&[("/page", PAGE)]).await;
-    let serve = door_serve(&site).await;
+    let receiver = flotilla_testkit::EventReceiver::start(WEBHOOK_SECRET).await;
+    let serve = door_serve_with(&site, |config| {
+        config.control.webhooks = vec![flotilla_control_plane::config::WebhookConfig {
+            url: receiver.url.clone(),
+            events: vec![
+                flotilla_api_types::events::EventName::InstancePlaywrightServerExited,
+                flotilla_api_types::events::EventName::InstanceDeleted,
+            ],
+            secret: WEBHOOK_SECRET.into(),
+        }];
+    })
+    .await;
     let page = format!("{}/page", site.base);
     let out = tempfile::tempdir().unwrap();
     let out_arg = out.path().to_string_lossy().into_owned();
@@ -416,6 +486,24 @@ async fn browser_playwright_wakes_a_parked_instance_with_its_tabs_and_makes_inst
     let (_, detail) = serve.api.get(&format!("/v2/instances/{id}")).await;
     assert_eq!(detail["status"], "running", "{detail}");
     serve.api.delete_instance(&id).await;
+    // The park and the delete ended its server with the browser: no server
+    // ended on its own (the delete's event comes after the park's).
+    wait_until(BROWSER_DEADLINE, "instance.deleted", || async {
+        let deleted = receiver.events().into_iter().any(|e| {
+            e.payload["event"] == "instance.deleted"
+                && e.payload["data"]["instance_id"] == id.as_str()
+        });
+        Ok::<_, String>(deleted.then_some(()))
+    })
+    .await
+    .unwrap();
+    let exits: Vec<_> = receiver
+        .events()
+        .into_iter()
+        .filter(|e| e.payload["event"] == "instance.playwright_server_exited")
+        .map(|e| e.payload)
+        .collect();
+    assert!(exits.is_empty(), "{exits:?}");
 
     // Python's Playwright, on an instance made for its connection (the key
     // in the URL): deleted when it disconnects.
