@@ -24,7 +24,13 @@ try {
   seen.download_behavior = await outcome(() =>
     session.send('Browser.setDownloadBehavior', { behavior: 'allow', downloadPath: '/instance/profile' }));
   await page.setContent('<a id=get href="data:text/plain,elsewhere" download="hostile.txt">get</a>');
-  await page.click('#get');
+  const [download] = await Promise.all([page.waitForEvent('download'), page.click('#get')]);
+  await download.path().catch(() => {});
+  // The raw protocol, as a client of this library would not send it: save
+  // the download at a path on the server's side; a trace named into
+  // another folder.
+  seen.save_on_server = await outcome(() => download._artifact._channel.saveAs({ path: '/instance/profile/planted.txt' }));
+  seen.trace_name = await outcome(() => context.tracing._channel.tracingStart({ name: '../../planted', snapshots: false, screenshots: false, live: false }));
   await page.close();
 } finally {
   await browser.close();

@@ -41,6 +41,7 @@ pub mod names;
 pub mod nodes;
 pub mod origin;
 pub mod page;
+pub mod playwright;
 pub mod prefs;
 pub mod profiles;
 pub mod prometheus;

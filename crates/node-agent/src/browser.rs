@@ -322,14 +322,14 @@ pub fn spawn_beside(
         u32,
     ),
     program: &std::path::Path,
-    (name, args, log, stdin): (&str, &[String], std::fs::File, Stdio),
+    (name, args, log, (stdin, stdout)): (&str, &[String], std::fs::File, (Stdio, Stdio)),
 ) -> std::io::Result<tokio::process::Child> {
     // Its sandbox ends with the handle: a driver dropped ends its program.
     let mut command = isolation.command_with(dirs, program, name, &["--die-with-parent"]);
     command
         .args(args)
         .stdin(stdin)
-        .stdout(Stdio::null())
+        .stdout(stdout)
         .stderr(Stdio::from(log))
         .process_group(i32::try_from(browser_group).map_err(std::io::Error::other)?)
         .kill_on_drop(true);

@@ -37,11 +37,12 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 
 use flotilla_api_types::agent::InstanceEventKind;
+use flotilla_api_types::playwright::{client_version, parse_version};
 
 use crate::browser::{CdpEndpoint, InstanceDirs};
 use crate::sandbox::Isolation;
@@ -52,9 +53,6 @@ pub const NODE: &str = "/usr/bin/node";
 pub const SERVER_SCRIPT: &str = include_str!("playwright_server.cjs");
 /// The server's path, on its port.
 const SERVER_PATH: &str = "/playwright";
-/// The first port of the servers inside a browser's network namespace; a
-/// version's is this plus its minor version.
-const PORT_BASE_IN_NAMESPACE: u16 = 9600;
 /// How long a server may take to listen.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a server without clients is kept for the next one.
@@ -124,23 +122,6 @@ fn package_version(package: &Path) -> Option<String> {
     (json["name"] == "playwright-core" && package.join("lib/coreBundle.js").is_file())
         .then(|| json["version"].as_str().map(str::to_owned))
         .flatten()
-}
-
-/// `(major, minor)` and patch of `1.65.1` (pre-release suffixes ignored).
-fn parse_version(version: &str) -> Option<((u32, u32), u32)> {
-    let mut parts = version.split(['.', '-']);
-    let major = parts.next()?.parse().ok()?;
-    let minor = parts.next()?.parse().ok()?;
-    let patch = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-    Some(((major, minor), patch))
-}
-
-/// The client's major and minor version, from its handshake's
-/// `User-Agent` (`Playwright/1.65.1 (x64; debian 12) node/20.19`).
-pub fn client_version(user_agent: &str) -> Option<(u32, u32)> {
-    let start = user_agent.find("Playwright/")? + "Playwright/".len();
-    let version = user_agent[start..].split_whitespace().next()?;
-    parse_version(version).map(|(minor, _)| minor)
 }
 
 /// The installed version a client of `user_agent` needs, or the 428's
@@ -325,13 +306,6 @@ async fn start(
             "{NODE} is not installed on this node (Debian's nodejs; scripts/install-deps installs it)"
         )));
     }
-    let port = match &browser.net {
-        Some(_) => PORT_BASE_IN_NAMESPACE.saturating_add(install.minor.1 as u16),
-        None => std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .map(|addr| addr.port())
-            .map_err(|e| failed(format!("no free port: {e}")))?,
-    };
     // Files the server hands the browser (a client's uploads) and its
     // artifacts: in the instance's home, which both see at the same path.
     let tmp = beside.dirs.home().join(".playwright");
@@ -357,7 +331,8 @@ async fn start(
         SERVER_SCRIPT.to_owned(),
         "--".to_owned(),
         install.package.to_string_lossy().into_owned(),
-        port.to_string(),
+        // Any free port: it says which on its stdout.
+        "0".to_owned(),
         paths
             .home
             .join(".playwright")
@@ -371,7 +346,7 @@ async fn start(
         beside.dirs,
         (browser.net.as_deref(), beside.cgroup, beside.group),
         Path::new(NODE),
-        ("playwright", &args, log, Stdio::piped()),
+        ("playwright", &args, log, (Stdio::piped(), Stdio::piped())),
     )
     .map_err(|e| failed(format!("cannot start it: {e}")))?;
     let mut stdin = child.stdin.take().expect("stdin is piped");
@@ -385,32 +360,32 @@ async fn start(
         .write_all(format!("{secret}\n").as_bytes())
         .await
         .map_err(|e| failed(format!("cannot hand it its secret: {e}")))?;
+    // The port it listens on, from its own word (a port that merely
+    // accepts could be anyone's).
+    let mut stdout = tokio::io::BufReader::new(child.stdout.take().expect("stdout is piped"));
+    let port = match tokio::time::timeout(START_TIMEOUT, listening_port(&mut stdout)).await {
+        Ok(Some(port)) => port,
+        Ok(None) => {
+            let log = crate::browser::log_tail(&log_path);
+            return Err(failed(format!("it ended at start{log}")));
+        }
+        Err(_) => {
+            let log = crate::browser::log_tail(&log_path);
+            return Err(failed(format!(
+                "it did not listen within {START_TIMEOUT:?}{log}"
+            )));
+        }
+    };
     let at = CdpEndpoint {
         port,
         browser_path: String::new(),
         net: browser.net.clone(),
     };
-    let deadline = Instant::now() + START_TIMEOUT;
-    loop {
-        if at.connect().await.is_ok() {
-            break;
-        }
-        let ended = matches!(child.try_wait(), Ok(Some(_)));
-        if ended || Instant::now() > deadline {
-            let log = crate::browser::log_tail(&log_path);
-            return Err(failed(if ended {
-                format!("it ended at start{log}")
-            } else {
-                format!("it did not listen within {START_TIMEOUT:?}{log}")
-            }));
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
     tracing::debug!(version = %install.version, "Playwright server started");
     let (stop, stopped) = tokio::sync::oneshot::channel();
     let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
     tokio::spawn(watch(
-        (child, stdin),
+        (child, stdin, stdout),
         stopped,
         ended.clone(),
         (install.version.clone(), log_path, beside.group, report),
@@ -554,12 +529,23 @@ pub mod routes {
 /// Holds a server until it is stopped (`stopped` fires or is dropped: it is
 /// killed) or ends on its own: then `ended` is set and the end reported.
 async fn watch(
-    (mut child, stdin): (tokio::process::Child, tokio::process::ChildStdin),
+    (mut child, stdin, stdout): (
+        tokio::process::Child,
+        tokio::process::ChildStdin,
+        tokio::io::BufReader<tokio::process::ChildStdout>,
+    ),
     stopped: tokio::sync::oneshot::Receiver<()>,
     ended: Arc<std::sync::atomic::AtomicBool>,
     (version, log_path, group, report): (String, PathBuf, u32, Option<ExitReport>),
 ) {
+    // Whatever else it prints is read and dropped (a full pipe would stall it).
+    let drain = async {
+        let mut stdout = stdout;
+        let _ = tokio::io::copy(&mut stdout, &mut tokio::io::sink()).await;
+        std::future::pending::<()>().await
+    };
     tokio::select! {
+        () = drain => {}
         _ = stopped => {
             drop(stdin);
             let _ = child.kill().await;
@@ -575,6 +561,31 @@ async fn watch(
             }
         }
     }
+}
+
+/// Reads the server's stdout up to its `listening ws://127.0.0.1:<port>/…`
+/// line: the port; `None` when it ended first.
+async fn listening_port(
+    stdout: &mut tokio::io::BufReader<tokio::process::ChildStdout>,
+) -> Option<u16> {
+    use tokio::io::AsyncBufReadExt as _;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if stdout.read_line(&mut line).await.ok()? == 0 {
+            return None;
+        }
+        if let Some(port) = port_of_listening_line(&line) {
+            return Some(port);
+        }
+    }
+}
+
+/// The port in the server's `listening ws://127.0.0.1:<port>/playwright`.
+fn port_of_listening_line(line: &str) -> Option<u16> {
+    let rest = line.trim().strip_prefix("listening ws://127.0.0.1:")?;
+    let port = rest.split('/').next()?.parse().ok()?;
+    (port != 0).then_some(port)
 }
 
 #[cfg(test)]
@@ -596,15 +607,18 @@ mod tests {
     }
 
     #[test]
-    fn client_versions_are_read_from_the_user_agent() {
-        let node = "Playwright/1.65.1 (x64; debian 12) node/20.19";
-        assert_eq!(client_version(node), Some((1, 65)));
-        let python = "Playwright/1.64.0-beta-1 (x64; debian 12) python/3.11";
-        assert_eq!(client_version(python), Some((1, 64)));
-        assert_eq!(client_version("Mozilla/5.0 Chrome/156"), None);
-        assert_eq!(client_version("Playwright/"), None);
-        assert_eq!(client_version("Playwright/x.y"), None);
-        assert_eq!(client_version("Playwright/1"), None);
+    fn the_port_is_read_from_the_servers_word() {
+        let line = "listening ws://127.0.0.1:40123/playwright\n";
+        assert_eq!(port_of_listening_line(line), Some(40123));
+        for other in [
+            "listening ws://127.0.0.1:0/playwright",
+            "listening ws://10.0.0.1:40123/playwright",
+            "listening ws://127.0.0.1:99999/playwright",
+            "cannot listen: EADDRINUSE",
+            "",
+        ] {
+            assert_eq!(port_of_listening_line(other), None, "{other}");
+        }
     }
 
     fn install_at(dir: &Path, folder: &str, version: &str) {

@@ -364,7 +364,12 @@ pub async fn start_driver(
         beside.dirs,
         (browser.net.as_deref(), beside.cgroup, beside.group),
         std::path::Path::new(CHROMEDRIVER),
-        ("webdriver", &args, log, std::process::Stdio::null()),
+        (
+            "webdriver",
+            &args,
+            log,
+            (std::process::Stdio::null(), std::process::Stdio::null()),
+        ),
     )
     .map_err(|e| unavailable(format!("cannot start chromedriver: {e}")))?;
     let at = CdpEndpoint {

@@ -15,19 +15,23 @@
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::HeaderValue;
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value};
 
+use flotilla_api_types::InstanceId;
 use flotilla_api_types::instances::CreateInstanceRequest;
+use flotilla_api_types::playwright::client_version;
 
 use crate::app::ControlPlane;
 use crate::error::{Error, Result};
 
 /// The path, which the guard also reads `?token=` on.
 pub const PATH: &str = "/v2/playwright";
-/// The largest `flotilla-options` header.
+/// The largest `flotilla-options` header, and the longest query.
 const MAX_OPTIONS: usize = 64 << 10;
+/// The deepest dotted name (`config.proxy.server` is three).
+const MAX_NAME_DEPTH: usize = 4;
 
 /// What a connection asks for.
 #[derive(Debug, Clone)]
@@ -62,8 +66,12 @@ impl ConnectOptions {
             },
             None => Map::new(),
         };
+        let query = query.unwrap_or("");
+        if query.len() > MAX_OPTIONS {
+            return Err(invalid(format!("the query is over {MAX_OPTIONS} bytes")));
+        }
         let (mut keep, mut wait_sec) = (false, 0);
-        for (name, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+        for (name, value) in form_urlencoded::parse(query.as_bytes()) {
             match name.as_ref() {
                 "token" => {}
                 "keep" => {
@@ -93,6 +101,11 @@ impl ConnectOptions {
 /// create body to `value`, read as JSON where it parses, else as a string.
 fn set_option(body: &mut Map<String, Value>, name: &str, value: &str) -> Result<()> {
     let invalid = |why: String| Error::InvalidRequest(why);
+    if name.split('.').count() > MAX_NAME_DEPTH {
+        return Err(invalid(format!(
+            "{name:?} is not an option (at most {MAX_NAME_DEPTH} names deep)"
+        )));
+    }
     let parsed = serde_json::from_str(value).unwrap_or_else(|_| Value::String(value.to_owned()));
     let mut keys = name.split('.').peekable();
     let mut at = body;
@@ -139,7 +152,7 @@ pub async fn connect(State(control_plane): State<Arc<ControlPlane>>, request: Re
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn connect_new(control_plane: &Arc<ControlPlane>, mut request: Request) -> Result<Response> {
+async fn connect_new(control_plane: &Arc<ControlPlane>, request: Request) -> Result<Response> {
     super::door::check_upgrade(control_plane, &request, PATH)?;
     let options = ConnectOptions::read(
         request
@@ -148,10 +161,65 @@ async fn connect_new(control_plane: &Arc<ControlPlane>, mut request: Request) ->
             .map(HeaderValue::as_bytes),
         request.uri().query(),
     )?;
+    // Not a Playwright client: refused before an instance is made for it
+    // (the node answers a version it does not serve the same way).
+    let user_agent = request
+        .headers()
+        .get(axum::http::header::USER_AGENT)
+        .and_then(|value| value.to_str().ok());
+    if user_agent.and_then(client_version).is_none() {
+        return Ok((
+            StatusCode::PRECONDITION_REQUIRED,
+            "not a Playwright client (its User-Agent names no Playwright version): connect with Playwright's chromium.connect()\n",
+        )
+            .into_response());
+    }
+    // The instance is made, reached and deleted by a task of its own: a
+    // client that leaves while it is made (the request's future dropped)
+    // leaves no instance behind.
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    let connection = control_plane.clone();
+    control_plane
+        .tasks()
+        .spawn("playwright connection", async move {
+            let made = open(&connection, request, &options).await;
+            let (id, response, on_close) = match made {
+                Ok(made) => made,
+                Err(error) => {
+                    let _ = answer.send(Err(error));
+                    return;
+                }
+            };
+            let switched = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+            let delivered = answer.send(Ok(response)).is_ok();
+            if delivered && switched {
+                if options.keep {
+                    return;
+                }
+                // Sent never: resolves when the relay ends.
+                let _ = on_close.await;
+            }
+            if let Err(error) = connection.instance_delete(&id, true).await {
+                tracing::warn!(instance = %id, %error, "cannot delete a Playwright connection's instance");
+            }
+        });
+    answered
+        .await
+        .map_err(|_| Error::InsufficientCapacity("the control plane is stopping".into()))?
+}
+
+/// Makes the connection's instance and forwards `request` to it: the
+/// instance, the answer, and what resolves when the connection ends (at
+/// once when it was not upgraded).
+async fn open(
+    control_plane: &ControlPlane,
+    mut request: Request,
+    options: &ConnectOptions,
+) -> Result<(InstanceId, Response, tokio::sync::oneshot::Receiver<()>)> {
     let instance = control_plane
-        .instance_create_waiting(options.create, options.wait_sec)
+        .instance_create_waiting(options.create.clone(), options.wait_sec)
         .await?;
-    let id = instance.id.clone();
+    let id = instance.id;
     let target = match control_plane.door_open(&id, true, &[]).await {
         Ok(target) => target,
         Err(error) => {
@@ -167,19 +235,7 @@ async fn connect_new(control_plane: &Arc<ControlPlane>, mut request: Request) ->
     if let Ok(value) = HeaderValue::from_str(id.as_str()) {
         response.headers_mut().insert("flotilla-instance-id", value);
     }
-    let switched = response.status() == axum::http::StatusCode::SWITCHING_PROTOCOLS;
-    if !options.keep || !switched {
-        let control_plane = control_plane.clone();
-        control_plane.clone().tasks().spawn("playwright connection", async move {
-            // Sent never: resolves when the relay ends, or at once when the
-            // upgrade failed.
-            let _ = on_close.await;
-            if let Err(error) = control_plane.instance_delete(&id, true).await {
-                tracing::warn!(instance = %id, %error, "cannot delete a Playwright connection's instance");
-            }
-        });
-    }
-    Ok(response)
+    Ok((id, response, on_close))
 }
 
 #[cfg(test)]
@@ -224,5 +280,11 @@ mod tests {
         assert!(refused(Some(b"[1]"), "").contains("JSON object"));
         assert!(refused(Some(b"{"), "").contains("not JSON"));
         assert!(refused(Some(&vec![b' '; MAX_OPTIONS + 1]), "").contains("over"));
+        assert!(refused(None, &"a=".repeat(MAX_OPTIONS)).contains("over"));
+        // A name deep enough to nest thousands of objects (whose drop would
+        // recurse as deep) is refused before anything is built.
+        let deep = format!("{}=1", vec!["a"; 30_000].join("."));
+        assert!(refused(None, &deep).contains("deep"));
+        assert!(refused(None, "config.proxy.server.x.y=1").contains("deep"));
     }
 }

@@ -226,12 +226,20 @@ async fn browser_playwright_clients_of_two_versions_drive_the_instance_with_ever
         let api_request = seen["api_request"].as_str().unwrap();
         assert!(api_request.starts_with("error:"), "{seen}");
     }
+    for attempt in ["extension", "save_on_server", "trace_name"] {
+        assert!(
+            seen[attempt]
+                .as_str()
+                .unwrap()
+                .contains("refused by Flotilla"),
+            "{attempt}: {seen}"
+        );
+    }
     assert!(
-        seen["extension"]
-            .as_str()
-            .unwrap()
-            .contains("refused by Flotilla"),
-        "{seen}"
+        !serve
+            .data_dir
+            .join(format!("agent/instances/{id}/profile/planted.txt"))
+            .exists()
     );
     // A server that dies is reported, and the next client gets a new one.
     let newest = playwright_servers()
@@ -306,6 +314,16 @@ async fn browser_playwright_clients_of_two_versions_drive_the_instance_with_ever
     })
     .await
     .unwrap();
+}
+
+/// The payloads of the events named `name` the receiver got, in order.
+fn events_named(receiver: &flotilla_testkit::EventReceiver, name: &str) -> Vec<Value> {
+    receiver
+        .events()
+        .into_iter()
+        .filter(|event| event.payload["event"] == name)
+        .map(|event| event.payload)
+        .collect()
 }
 
 fn is_root() -> bool {
@@ -434,6 +452,10 @@ async fn browser_playwright_refuses_versions_not_installed_and_clients_without_a
     .await;
     assert!(status.contains(" 400 "), "{status}");
     assert!(body.contains("colour"), "{body}");
+    // Not a Playwright client: 428 before an instance is made for it.
+    let (status, body) = upgrade(port, &format!("/v2/playwright?token={KEY}"), "").await;
+    assert!(status.contains(" 428 "), "{status}");
+    assert!(body.contains("not a Playwright client"), "{body}");
     // A plain request to a WebSocket endpoint: 426.
     let (status, _) = serve
         .api
@@ -456,6 +478,7 @@ async fn browser_playwright_wakes_a_parked_instance_with_its_tabs_and_makes_inst
             url: receiver.url.clone(),
             events: vec![
                 flotilla_api_types::events::EventName::InstancePlaywrightServerExited,
+                flotilla_api_types::events::EventName::InstanceCreated,
                 flotilla_api_types::events::EventName::InstanceDeleted,
             ],
             secret: WEBHOOK_SECRET.into(),
@@ -529,6 +552,49 @@ async fn browser_playwright_wakes_a_parked_instance_with_its_tabs_and_makes_inst
                 Some(0) => Ok(Some(())),
                 _ => Err(list.to_string()),
             }
+        },
+    )
+    .await
+    .unwrap();
+
+    // A client that leaves while its instance is made leaves nothing: the
+    // instance made for it is deleted.
+    let created_before = events_named(&receiver, "instance.created").len();
+    {
+        use tokio::io::AsyncWriteExt as _;
+        let port = door_port(&serve);
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let head = format!(
+            "GET /v2/playwright?token={KEY} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nUser-Agent: Playwright/1.65.1 (x64; debian 12) node/20.19\r\n\r\n"
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        // Gone before the answer.
+    }
+    let left_behind = wait_until(
+        BROWSER_DEADLINE,
+        "the abandoned connection's instance",
+        || async {
+            let created = events_named(&receiver, "instance.created");
+            match created.get(created_before) {
+                Some(event) => Ok(Some(
+                    event["data"]["instance_id"].as_str().unwrap().to_owned(),
+                )),
+                None => Err(format!("{} created", created.len())),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    wait_until(
+        BROWSER_DEADLINE,
+        "the abandoned connection's instance to be deleted",
+        || async {
+            let deleted = events_named(&receiver, "instance.deleted")
+                .iter()
+                .any(|event| event["data"]["instance_id"] == left_behind.as_str());
+            Ok::<_, String>(deleted.then_some(()))
         },
     )
     .await
