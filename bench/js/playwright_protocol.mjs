@@ -5,7 +5,8 @@
 // Playwright server with 1 and with 10 connected clients.
 //
 // Usage: node playwright_protocol.mjs '<json>' with {playwright, debug, url,
-// rounds, evaluations, raw: {playwright, headers, debug}}. Prints one JSON
+// rounds, evaluations, direct: {playwright, debug}, raw: {playwright,
+// headers, debug, server_pid}}. Prints one JSON
 // object.
 import { createRequire } from 'node:module';
 import fs from 'node:fs';
@@ -18,6 +19,9 @@ const now = () => performance.now();
 const ways = {
   connect: () => chromium.connect(options.playwright, { timeout: 60_000 }),
   cdp: () => chromium.connectOverCDP(options.debug, { timeout: 60_000 }),
+  // The instance's own ports, past the front door.
+  port_connect: () => chromium.connect(options.direct.playwright, { timeout: 60_000 }),
+  port_cdp: () => chromium.connectOverCDP(options.direct.debug, { timeout: 60_000 }),
   // The baseline: the same server program beside a Chromium started by
   // hand, each reached directly (no Flotilla in the way).
   raw_connect: () => chromium.connect(options.raw.playwright, { headers: options.raw.headers, timeout: 60_000 }),
@@ -87,7 +91,7 @@ for (let i = 0; i < options.rounds; i++) {
   for (const way of i % 2 ? ['cdp', 'connect'] : ['connect', 'cdp']) results[way].push(await round(way));
 }
 results.evaluate = {};
-for (const way of ['connect', 'cdp', 'raw_connect', 'raw_cdp']) results.evaluate[way] = await evaluations(way);
+for (const way of ['connect', 'cdp', 'port_connect', 'port_cdp', 'raw_connect', 'raw_cdp']) results.evaluate[way] = await evaluations(way);
 
 const held = [await ways.connect()];
 await (await held[0].contexts()[0].newPage()).goto(options.url);

@@ -10,7 +10,7 @@
 //! connected.
 //!
 //! Usage: playwright_bench [--binary target/release/flotilla] [--rounds 20]
-//!                         [--evaluations 500]
+//!                         [--evaluations 500] [--isolation full|no-netns|none]
 
 use std::path::PathBuf;
 
@@ -151,6 +151,15 @@ async fn main() -> anyhow::Result<()> {
     let binary = PathBuf::from(text_flag("--binary", "target/release/flotilla")?);
     let rounds = number_flag("--rounds", 20)?;
     let evaluations = number_flag("--evaluations", 500)?;
+    // How the instance is confined: `full` (the default: sandbox and its own
+    // network namespace), `no-netns` (the sandbox on the host's network),
+    // `none` (neither), to see what each costs.
+    let (sandbox, egress) = match text_flag("--isolation", "full")?.as_str() {
+        "full" => ("", ""),
+        "no-netns" => ("", "enabled = false\n"),
+        "none" => ("sandbox = false\n", "enabled = false\n"),
+        other => anyhow::bail!("--isolation {other}: full, no-netns or none"),
+    };
     let site = serve_html("<!doctype html><title>bench</title><h1>hello</h1>".into()).await?;
     let dir = tempfile::Builder::new()
         .prefix("flotilla-playwright-bench-")
@@ -161,7 +170,7 @@ async fn main() -> anyhow::Result<()> {
         &config,
         format!(
             "auth_enabled = true\napi_keys = [\"{KEY}\"]\npublic_url = \"http://127.0.0.1:{port}\"\n\
-             [agent]\nwarm_pool_size = 1\n[agent.egress]\nallow = [\"{}\"]\n",
+             [agent]\nwarm_pool_size = 1\n{sandbox}[agent.egress]\n{egress}allow = [\"{}\"]\n",
             site.trim_start_matches("http://")
         ),
     )?;
@@ -190,12 +199,21 @@ async fn main() -> anyhow::Result<()> {
     )
     .await?;
     let raw = RawServer::start().await?;
+    let token = created["urls"]["debug"]
+        .as_str()
+        .and_then(|url| url.split_once("?token="))
+        .map(|(_, token)| token.to_owned())
+        .context("a token in urls.debug")?;
     let options = json!({
         "playwright": created["urls"]["playwright"],
         "debug": created["urls"]["debug"],
         "url": format!("{site}/"),
         "rounds": rounds,
         "evaluations": evaluations,
+        "direct": {
+            "playwright": format!("ws://127.0.0.1:{}/playwright?token={token}", created["http_port"]),
+            "debug": format!("ws://127.0.0.1:{}/devtools/browser/{instance}?token={token}", created["debug_port"]),
+        },
         "raw": {
             "playwright": format!("ws://127.0.0.1:{}/playwright", raw.server_port),
             "headers": {"x-flotilla-secret": RAW_SECRET, "x-flotilla-cdp": raw.browser_ws},
@@ -230,6 +248,8 @@ async fn main() -> anyhow::Result<()> {
     for (way, label) in [
         ("connect", "Flotilla: connect()"),
         ("cdp", "Flotilla: connectOverCDP"),
+        ("port_connect", "Flotilla, the instance's port: connect()"),
+        ("port_cdp", "Flotilla, the instance's port: connectOverCDP"),
         ("raw_connect", "baseline: connect() to the server by hand"),
         ("raw_cdp", "baseline: connectOverCDP to Chromium by hand"),
     ] {
