@@ -86,6 +86,46 @@ pub struct RegistrationAck {
     pub heartbeat_interval_sec: f64,
     #[serde(default)]
     pub instance_access: InstanceAccessPolicy,
+    /// The control plane's [`PROTOCOL_VERSION`] (absent: [`PROTOCOL_VERSION_BEFORE`]).
+    #[serde(default)]
+    pub protocol_version: String,
+}
+
+/// The version of the protocol between node agents and control planes this
+/// build speaks, `major.minor`. Sides one minor apart work together (a field
+/// one side does not know is ignored, one it does not send is defaulted); a
+/// different major is refused at registration, by both sides.
+pub const PROTOCOL_VERSION: &str = "1.1";
+/// What a side that sends no version speaks: builds from before the field.
+pub const PROTOCOL_VERSION_BEFORE: &str = "1.0";
+
+/// The version a registration or an answer named (`""`: before the field).
+pub fn protocol_version_or_before(version: &str) -> &str {
+    if version.is_empty() {
+        PROTOCOL_VERSION_BEFORE
+    } else {
+        version
+    }
+}
+
+/// Whether a side speaking `ours` may work with one speaking `theirs`: the
+/// same major version. The error says what to do.
+pub fn protocols_meet(ours: &str, theirs: &str) -> Result<(), String> {
+    let major = |version: &str| -> Option<u32> {
+        let (major, minor) = version.split_once('.')?;
+        minor.parse::<u32>().ok()?;
+        major.parse().ok()
+    };
+    let theirs = protocol_version_or_before(theirs);
+    match (major(ours), major(theirs)) {
+        (Some(a), Some(b)) if a == b => Ok(()),
+        (_, None) => Err(format!(
+            "protocol version {theirs:?} is not major.minor (this side speaks {ours})"
+        )),
+        _ => Err(format!(
+            "protocol {theirs} cannot work with protocol {ours} (a major version apart): upgrade the older side first; agents and control planes one minor version apart work together"
+        )),
+    }
 }
 
 impl RegistrationAck {
@@ -185,6 +225,9 @@ pub struct NodeRegistration {
     /// `browserVersion`), when it runs real browsers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub browser_version: Option<String>,
+    /// The agent's [`PROTOCOL_VERSION`] (absent: [`PROTOCOL_VERSION_BEFORE`]).
+    #[serde(default)]
+    pub protocol_version: String,
 }
 
 /// Periodic report of an agent.
@@ -258,4 +301,27 @@ pub struct InstanceStateChange {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StateChangeAck {
     pub applied: bool,
+}
+
+#[cfg(test)]
+mod protocol_tests {
+    use super::*;
+
+    #[test]
+    fn sides_of_one_major_version_meet() {
+        assert_eq!(protocols_meet("1.1", "1.0"), Ok(()));
+        assert_eq!(protocols_meet("1.1", "1.9"), Ok(()));
+        assert_eq!(protocols_meet("1.1", ""), Ok(()), "before the field: 1.0");
+        let apart = protocols_meet("1.1", "2.0").unwrap_err();
+        assert!(
+            apart.contains("protocol 2.0") && apart.contains("1.1"),
+            "{apart}"
+        );
+        assert!(protocols_meet("2.0", "1.1").is_err());
+        for garbled in ["1", "x.y", "1.x", "1.1.1", " 1.1"] {
+            assert!(protocols_meet("1.1", garbled).is_err(), "{garbled}");
+        }
+        assert_eq!(protocol_version_or_before(""), PROTOCOL_VERSION_BEFORE);
+        assert_eq!(protocol_version_or_before("1.3"), "1.3");
+    }
 }

@@ -61,10 +61,31 @@ pub struct Node {
     /// cgroup hierarchy (node detail only; absent when there is nothing to say).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warnings: Option<Vec<String>>,
+    /// The agent↔control plane protocol its agent speaks (`major.minor`;
+    /// `1.0` for agents from before versions were exchanged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol_version: Option<String>,
 }
 
 /// NodeList.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct NodeList {
     pub nodes: Vec<Node>,
+    /// Agents whose registration this control plane refused, and why (a
+    /// protocol a major version apart); absent when there are none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<RefusedAgent>,
+}
+
+/// An agent whose registration was refused.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RefusedAgent {
+    pub node_id: NodeId,
+    /// The agent API's address it gave.
+    pub address: String,
+    /// The protocol version it speaks.
+    pub protocol_version: String,
+    pub reason: String,
+    /// Its latest attempt.
+    pub at: DateTime<Utc>,
 }

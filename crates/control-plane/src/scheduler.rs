@@ -194,6 +194,7 @@ mod tests {
             warnings: vec![],
             generation: String::new(),
             browser_version: None,
+            protocol_version: String::new(),
             load: ResourceUsage {
                 cpu_percent: 10.0,
                 memory_percent,

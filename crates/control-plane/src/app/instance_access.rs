@@ -174,6 +174,7 @@ impl ControlPlane {
         RegistrationAck {
             heartbeat_interval_sec: self.config.nodes.heartbeat_interval_sec,
             instance_access: self.guard.instance_access_policy(),
+            protocol_version: flotilla_api_types::agent::PROTOCOL_VERSION.to_owned(),
         }
     }
 }

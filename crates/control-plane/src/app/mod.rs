@@ -69,6 +69,11 @@ pub struct ControlPlane {
     /// The nodes (and agent generations) this process reconciled at their
     /// registration; a heartbeat from any other is asked to register again.
     reconciled: std::sync::Mutex<std::collections::HashSet<(NodeId, String)>>,
+    /// Agents whose registration this process refused (`/v2/nodes` shows
+    /// them until they register).
+    refused_agents: std::sync::Mutex<
+        std::collections::BTreeMap<NodeId, flotilla_api_types::nodes::RefusedAgent>,
+    >,
     /// Per node: its warm pools as its last heartbeat to this process told
     /// (for `/metrics`).
     warm_pools: std::sync::Mutex<
@@ -97,6 +102,7 @@ impl ControlPlane {
             instance_token_key: tokio::sync::OnceCell::new(),
             public_hosts: instance_access::PublicHosts::default(),
             reconciled: Default::default(),
+            refused_agents: Default::default(),
             warm_pools: Default::default(),
             create_queue: queue::CreateQueue::default(),
             actions_in_progress: actions::ActionsInProgress::default(),

@@ -21,15 +21,26 @@ use crate::nodes::HttpNode;
 use crate::scheduler::NodeUsage;
 use crate::store::InstanceRecord;
 
+/// The most refused agents `/v2/nodes` lists.
+const MAX_REFUSED_AGENTS: usize = 100;
+
 impl ControlPlane {
     pub async fn node_list(&self) -> Result<NodeList> {
         let occupancy: HashMap<_, _> = self.store.node_occupancy().await?.into_iter().collect();
         let nodes = self.store.node_list().await?;
+        let refused = self
+            .refused_agents
+            .lock()
+            .expect("refused agents lock")
+            .values()
+            .cloned()
+            .collect();
         Ok(NodeList {
             nodes: nodes
                 .iter()
                 .map(|n| views::node_view(n, occupancy.get(&n.id).copied().unwrap_or(0), false))
                 .collect(),
+            refused,
         })
     }
 
@@ -52,6 +63,7 @@ impl ControlPlane {
     /// does not run were lost (`stopped`, or `failed` if they were starting);
     /// instances the node runs but the store no longer has are stopped on it.
     pub async fn node_register(&self, registration: NodeRegistration) -> Result<RegistrationAck> {
+        self.refuse_another_protocol(&registration)?;
         self.refuse_a_second_agent(&registration).await?;
         let now = self.now();
         self.store.node_upsert(&registration, now).await?;
@@ -159,6 +171,49 @@ impl ControlPlane {
     /// id: the node is online under another generation, and the agent at its
     /// address still answers with that generation. A restart (the old
     /// process silent, or the new one answering at the same address) passes.
+    /// Refuses an agent whose protocol is a major version apart (409, the
+    /// reason naming both versions), and remembers it for `/v2/nodes`.
+    fn refuse_another_protocol(&self, registration: &NodeRegistration) -> Result<()> {
+        use flotilla_api_types::agent::{
+            PROTOCOL_VERSION, protocol_version_or_before, protocols_meet,
+        };
+        let mut refused = self.refused_agents.lock().expect("refused agents lock");
+        let Err(why) = protocols_meet(PROTOCOL_VERSION, &registration.protocol_version) else {
+            refused.remove(&registration.node_id);
+            return Ok(());
+        };
+        let reason = format!(
+            "agent {} at {}: {why}",
+            registration.node_id, registration.address
+        );
+        tracing::error!(node = %registration.node_id, %reason, "refused an agent's registration");
+        // Bounded: the oldest names go first.
+        while refused.len() >= MAX_REFUSED_AGENTS {
+            let oldest = refused
+                .values()
+                .min_by_key(|agent| agent.at)
+                .map(|agent| agent.node_id.clone());
+            match oldest {
+                Some(node) => refused.remove(&node),
+                None => break,
+            };
+        }
+        refused.insert(
+            registration.node_id.clone(),
+            flotilla_api_types::nodes::RefusedAgent {
+                node_id: registration.node_id.clone(),
+                address: registration.address.clone(),
+                protocol_version: protocol_version_or_before(&registration.protocol_version)
+                    .to_owned(),
+                reason: reason.clone(),
+                at: self.now(),
+            },
+        );
+        Err(Error::InvalidState(format!(
+            "registration refused: {reason}"
+        )))
+    }
+
     async fn refuse_a_second_agent(&self, registration: &NodeRegistration) -> Result<()> {
         let Some(existing) = self.store.node_get(&registration.node_id).await? else {
             return Ok(());

@@ -150,5 +150,9 @@ pub fn node_view(record: &NodeRecord, instances_count: i64, detail: bool) -> Nod
         capabilities: detail.then_some(record.capabilities),
         images: detail.then(|| record.images.clone()),
         warnings: (detail && !record.warnings.is_empty()).then(|| record.warnings.clone()),
+        protocol_version: Some(
+            flotilla_api_types::agent::protocol_version_or_before(&record.protocol_version)
+                .to_owned(),
+        ),
     }
 }

@@ -265,3 +265,57 @@ mod tests {
         assert!(prepare_sqlite_url("sqlite::memory:").is_err());
     }
 }
+
+#[cfg(test)]
+mod migration_tests {
+    /// Every migration only adds (tables, indexes, columns that have a
+    /// default or may be NULL), so that a control plane of the version
+    /// before keeps working on a store a newer one migrated, during a
+    /// rolling upgrade. A migration that drops, renames, rewrites or
+    /// changes what is there fails here.
+    #[test]
+    fn migrations_only_add() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|entry| entry.path())
+            .collect();
+        files.sort();
+        assert!(files.len() >= 19, "{files:?}");
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap();
+            let code: String = text
+                .lines()
+                .map(|line| line.split("--").next().unwrap_or(""))
+                .collect::<Vec<_>>()
+                .join(" ");
+            for statement in code.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+                let words: Vec<String> = statement
+                    .split_whitespace()
+                    .map(str::to_ascii_uppercase)
+                    .collect();
+                let starts = |prefix: &[&str]| {
+                    words.len() >= prefix.len() && words.iter().zip(prefix).all(|(w, p)| w == p)
+                };
+                let adds_a_column = starts(&["ALTER", "TABLE"])
+                    && words.len() > 4
+                    && words[3] == "ADD"
+                    && words[4] == "COLUMN";
+                let additive = starts(&["CREATE", "TABLE"])
+                    || starts(&["CREATE", "INDEX"])
+                    || starts(&["CREATE", "UNIQUE", "INDEX"])
+                    || adds_a_column;
+                assert!(additive, "{}: not additive: {statement}", file.display());
+                if adds_a_column {
+                    let joined = words.join(" ");
+                    assert!(
+                        !joined.contains("NOT NULL") || joined.contains("DEFAULT"),
+                        "{}: a NOT NULL column without a default breaks the version before's inserts: {statement}",
+                        file.display()
+                    );
+                }
+            }
+        }
+    }
+}

@@ -13,7 +13,7 @@ use super::{Store, from_millis, to_millis};
 
 const COLUMNS: &str = "id, address, public_host, status, max_instances, cpu_cores, memory_gb, disk_gb, images, \
     cpu_percent, memory_percent, disk_percent, last_heartbeat, registered_at, warnings, load_cpu_percent, load_memory_percent, \
-    generation, browser_version";
+    generation, browser_version, protocol_version";
 
 /// A node as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,6 +36,8 @@ pub struct NodeRecord {
     pub generation: String,
     /// Its Chromium's version, when it runs real browsers.
     pub browser_version: Option<String>,
+    /// The protocol version its agent speaks (`""`: from before the field).
+    pub protocol_version: String,
 }
 
 fn decode(row: &AnyRow) -> Result<NodeRecord, sqlx::Error> {
@@ -73,6 +75,7 @@ fn decode(row: &AnyRow) -> Result<NodeRecord, sqlx::Error> {
         },
         generation: row.try_get("generation")?,
         browser_version: row.try_get("browser_version")?,
+        protocol_version: row.try_get("protocol_version")?,
     })
 }
 
@@ -118,7 +121,7 @@ impl Store {
             .await?;
         }
         sqlx::query(&format!(
-            "INSERT INTO nodes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15, $16, $17, $18) \
+            "INSERT INTO nodes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15, $16, $17, $18, $19) \
              ON CONFLICT (id) DO UPDATE SET address = excluded.address, public_host = excluded.public_host, \
              status = excluded.status, max_instances = excluded.max_instances, cpu_cores = excluded.cpu_cores, \
              memory_gb = excluded.memory_gb, disk_gb = excluded.disk_gb, images = excluded.images, \
@@ -126,7 +129,7 @@ impl Store {
              disk_percent = excluded.disk_percent, last_heartbeat = excluded.last_heartbeat, \
              warnings = excluded.warnings, load_cpu_percent = excluded.load_cpu_percent, \
              load_memory_percent = excluded.load_memory_percent, generation = excluded.generation, \
-             browser_version = excluded.browser_version"
+             browser_version = excluded.browser_version, protocol_version = excluded.protocol_version"
         ))
         .bind(registration.node_id.as_str())
         .bind(registration.address.as_str())
@@ -146,6 +149,7 @@ impl Store {
         .bind(registration.load.memory_percent)
         .bind(registration.generation.as_str())
         .bind(registration.browser_version.clone())
+        .bind(registration.protocol_version.as_str())
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;

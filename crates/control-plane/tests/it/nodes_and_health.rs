@@ -52,6 +52,7 @@ fn registration(
         instances,
         warnings,
         browser_version: None,
+        protocol_version: flotilla_api_types::agent::PROTOCOL_VERSION.into(),
     }
 }
 
@@ -255,4 +256,100 @@ async fn registration_reconciles_lost_and_started_instances() {
     let started = control_plane.instance_get(&started).await.unwrap();
     assert_eq!(started.status, InstanceStatus::Running);
     assert_eq!(started.resources.unwrap().memory_mb, 150.0);
+}
+
+#[tokio::test]
+async fn agents_a_minor_version_apart_register_and_a_major_apart_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (control_plane, _) = control_plane(&dir).await;
+    // One minor apart, either way, and an agent from before versions were
+    // exchanged (it sends none: 1.0).
+    for (node, version) in [("older", "1.0"), ("newer", "1.9"), ("unversioned", "")] {
+        let mut agent = registration(node, vec![], vec![]);
+        agent.protocol_version = version.into();
+        let ack = control_plane.node_register(agent).await.unwrap();
+        assert_eq!(
+            ack.protocol_version,
+            flotilla_api_types::agent::PROTOCOL_VERSION
+        );
+    }
+    let list = control_plane.node_list().await.unwrap();
+    let versions: Vec<(String, Option<String>)> = list
+        .nodes
+        .iter()
+        .map(|n| (n.id.to_string(), n.protocol_version.clone()))
+        .collect();
+    for (node, version) in [("older", "1.0"), ("newer", "1.9"), ("unversioned", "1.0")] {
+        assert!(
+            versions.contains(&(node.to_owned(), Some(version.to_owned()))),
+            "{node} {version}: {versions:?}"
+        );
+    }
+    assert!(list.refused.is_empty());
+
+    // A major apart: refused, saying why, and listed with the reason.
+    let mut future = registration("future", vec![], vec![]);
+    future.protocol_version = "2.0".into();
+    let refused = control_plane
+        .node_register(future.clone())
+        .await
+        .unwrap_err();
+    let message = refused.to_string();
+    assert!(
+        message.contains("protocol 2.0") && message.contains("a major version apart"),
+        "{message}"
+    );
+    let list = control_plane.node_list().await.unwrap();
+    assert!(list.nodes.iter().all(|n| n.id.as_str() != "future"));
+    assert_eq!(list.refused.len(), 1);
+    assert_eq!(list.refused[0].node_id.as_str(), "future");
+    assert_eq!(list.refused[0].protocol_version, "2.0");
+    assert!(
+        list.refused[0]
+            .reason
+            .contains("upgrade the older side first")
+    );
+    // Not a version at all: refused too.
+    let mut garbled = registration("garbled", vec![], vec![]);
+    garbled.protocol_version = "one".into();
+    assert!(control_plane.node_register(garbled).await.is_err());
+
+    // Upgraded, it registers and leaves the list.
+    future.protocol_version = flotilla_api_types::agent::PROTOCOL_VERSION.into();
+    control_plane.node_register(future).await.unwrap();
+    let list = control_plane.node_list().await.unwrap();
+    assert!(list.refused.iter().all(|a| a.node_id.as_str() != "future"));
+    assert!(list.nodes.iter().any(|n| n.id.as_str() == "future"));
+}
+
+#[test]
+fn a_registration_from_another_minor_version_reads_with_fields_unknown_and_missing() {
+    // A newer agent's registration: a field this side does not know; an
+    // older one's: no protocol_version (nor the other defaulted fields).
+    let mut newer = serde_json::to_value(registration("n1", vec![], vec![])).unwrap();
+    newer["protocol_version"] = "1.2".into();
+    newer["a_field_from_the_future"] = serde_json::json!({"nested": [1, 2]});
+    let read: NodeRegistration = serde_json::from_value(newer).unwrap();
+    assert_eq!(read.protocol_version, "1.2");
+    let mut older = serde_json::to_value(registration("n1", vec![], vec![])).unwrap();
+    let fields = older.as_object_mut().unwrap();
+    for field in [
+        "protocol_version",
+        "generation",
+        "load",
+        "warnings",
+        "browser_version",
+    ] {
+        fields.remove(field);
+    }
+    let read: NodeRegistration = serde_json::from_value(older).unwrap();
+    assert_eq!(read.protocol_version, "");
+    // And the answer an older control plane gives.
+    let ack: flotilla_api_types::agent::RegistrationAck =
+        serde_json::from_str(r#"{"heartbeat_interval_sec": 5, "a_field_from_the_future": true}"#)
+            .unwrap();
+    assert_eq!(
+        flotilla_api_types::agent::protocol_version_or_before(&ack.protocol_version),
+        "1.0"
+    );
 }

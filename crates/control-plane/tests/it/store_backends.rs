@@ -61,6 +61,7 @@ fn registration(node: &str, max_instances: i64) -> NodeRegistration {
         instances: Vec::new(),
         warnings: Vec::new(),
         browser_version: None,
+        protocol_version: flotilla_api_types::agent::PROTOCOL_VERSION.into(),
     }
 }
 
@@ -119,7 +120,81 @@ on_both_backends!(
     alerts_raise_and_clear,
     metric_samples_and_settings,
     leases_pass_only_when_they_lapse,
+    the_previous_versions_node_queries_work_on_a_migrated_store,
 );
+
+/// The columns of `nodes` the version before 0019 reads and writes.
+const PREVIOUS_NODE_COLUMNS: &str = "id, address, public_host, status, max_instances, cpu_cores, memory_gb, disk_gb, images, \
+    cpu_percent, memory_percent, disk_percent, last_heartbeat, registered_at, warnings, load_cpu_percent, load_memory_percent, \
+    generation, browser_version";
+
+/// A rolling upgrade: a control plane of the version before keeps working
+/// on a store this version migrated (migrations only add: a column it does
+/// not know has a default). Its node upsert and select, as it sends them.
+async fn the_previous_versions_node_queries_work_on_a_migrated_store(postgres: bool) {
+    let (url, _guard) = if postgres {
+        let server = PgServer::start().await.expect("PostgreSQL starts");
+        let url = server.database().await.expect("a database");
+        (url, Backend::Postgres(server))
+    } else {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/store.db", dir.path().display());
+        (url, Backend::Sqlite(dir))
+    };
+    // Migrated by this version.
+    drop(Store::connect(&url, 2).await.expect("store"));
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(&url).await.unwrap();
+    let upsert = format!(
+        "INSERT INTO nodes ({PREVIOUS_NODE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15, $16, $17, $18) \
+         ON CONFLICT (id) DO UPDATE SET address = excluded.address, last_heartbeat = excluded.last_heartbeat"
+    );
+    for _ in 0..2 {
+        sqlx::query(&upsert)
+            .bind("old-node")
+            .bind("http://old.invalid:1")
+            .bind("127.0.0.1")
+            .bind("online")
+            .bind(5_i64)
+            .bind(2_i64)
+            .bind(4.0_f64)
+            .bind(20.0_f64)
+            .bind("[\"chromium\"]")
+            .bind(0.0_f64)
+            .bind(0.0_f64)
+            .bind(0.0_f64)
+            .bind(Utc::now().timestamp_millis())
+            .bind("[]")
+            .bind(0.0_f64)
+            .bind(0.0_f64)
+            .bind("old-generation")
+            .bind(None::<String>)
+            .execute(&pool)
+            .await
+            .expect("the previous version's upsert");
+    }
+    let row = sqlx::query(&format!(
+        "SELECT {PREVIOUS_NODE_COLUMNS} FROM nodes WHERE id = $1"
+    ))
+    .bind("old-node")
+    .fetch_one(&pool)
+    .await
+    .expect("the previous version's select");
+    use sqlx::Row as _;
+    assert_eq!(
+        row.try_get::<String, _>("generation").unwrap(),
+        "old-generation"
+    );
+    pool.close().await;
+    // And this version reads what the previous one wrote.
+    let store = Store::connect(&url, 2).await.unwrap();
+    let node = store
+        .node_get(&NodeId::new("old-node"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(node.protocol_version, "");
+}
 
 async fn capacity_holds_under_concurrent_placements(postgres: bool) {
     let (store, _guard) = open(postgres).await;

@@ -45,6 +45,7 @@ impl Agent {
             instances: self.instance_reports(),
             warnings: self.inner.launcher.warnings().to_vec(),
             browser_version: self.inner.browser_version.clone(),
+            protocol_version: flotilla_api_types::agent::PROTOCOL_VERSION.to_owned(),
         }
     }
 
@@ -70,10 +71,18 @@ impl Agent {
             registration.resources = resources;
             registration.load = load;
             match self.inner.link.register(registration).await {
-                Ok(ack) => {
-                    self.apply(&ack);
-                    return Ok(ack);
-                }
+                Ok(ack) => match flotilla_api_types::agent::protocols_meet(
+                    flotilla_api_types::agent::PROTOCOL_VERSION,
+                    &ack.protocol_version,
+                ) {
+                    Ok(()) => {
+                        self.apply(&ack);
+                        return Ok(ack);
+                    }
+                    Err(why) => {
+                        tracing::error!(%why, "this agent refuses the control plane; retrying in {wait:?}");
+                    }
+                },
                 Err(LinkError::Refused(reason)) => {
                     tracing::error!(%reason, "the control plane refused this agent's registration; retrying in {wait:?}");
                 }

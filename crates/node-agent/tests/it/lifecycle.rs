@@ -32,6 +32,7 @@ fn ack() -> RegistrationAck {
     RegistrationAck {
         heartbeat_interval_sec: 0.2,
         instance_access: Default::default(),
+        protocol_version: flotilla_api_types::agent::PROTOCOL_VERSION.into(),
     }
 }
 
