@@ -17,4 +17,5 @@ mod browser_runtime;
 mod browser_security;
 mod browser_sessions;
 mod browser_webdriver;
+mod deploy_manifests;
 mod operations;
