@@ -39,6 +39,10 @@ pub enum EventName {
     /// `data.reason`); the next `chromium.connect()` starts a new one.
     #[serde(rename = "instance.playwright_server_exited")]
     InstancePlaywrightServerExited,
+    /// A drain moved the instance to another node (`data.from_node`,
+    /// `data.to_node`).
+    #[serde(rename = "instance.moved")]
+    InstanceMoved,
     #[serde(rename = "node.offline")]
     NodeOffline,
     #[serde(rename = "node.online")]
@@ -50,7 +54,7 @@ pub enum EventName {
 }
 
 impl EventName {
-    pub const ALL: [EventName; 15] = [
+    pub const ALL: [EventName; 16] = [
         Self::InstanceCreated,
         Self::InstanceDeleted,
         Self::InstanceDormant,
@@ -62,6 +66,7 @@ impl EventName {
         Self::InstanceExpired,
         Self::InstanceDownloadCompleted,
         Self::InstancePlaywrightServerExited,
+        Self::InstanceMoved,
         Self::NodeOffline,
         Self::NodeOnline,
         Self::AlertRaised,
@@ -81,6 +86,7 @@ impl EventName {
             Self::InstanceExpired => "instance.expired",
             Self::InstanceDownloadCompleted => "instance.download_completed",
             Self::InstancePlaywrightServerExited => "instance.playwright_server_exited",
+            Self::InstanceMoved => "instance.moved",
             Self::NodeOffline => "node.offline",
             Self::NodeOnline => "node.online",
             Self::AlertRaised => "alert.raised",

@@ -12,6 +12,9 @@ use crate::ids::NodeId;
 pub enum NodeStatus {
     Online,
     Offline,
+    /// Online, and being drained: it takes no new instance and its
+    /// instances move to other nodes (shown by the API; stored as online).
+    Draining,
 }
 
 impl NodeStatus {
@@ -19,6 +22,7 @@ impl NodeStatus {
         match self {
             Self::Online => "online",
             Self::Offline => "offline",
+            Self::Draining => "draining",
         }
     }
 }
@@ -65,6 +69,39 @@ pub struct Node {
     /// `1.0` for agents from before versions were exchanged).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol_version: Option<String>,
+    /// The node's latest drain, as this control plane ran it (node detail
+    /// only; absent when none ran).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<DrainReport>,
+}
+
+/// A drain of a node (`POST /v2/nodes/{id}/drain`): its instances move, one
+/// at a time, to other nodes (parked to the shared snapshot store, revived
+/// elsewhere with `full_restore`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct DrainReport {
+    pub node_id: NodeId,
+    pub started_at: DateTime<Utc>,
+    /// Every instance has moved or stayed (or the drain was ended).
+    pub finished: bool,
+    /// Instances now running on another node.
+    pub moved: Vec<MovedInstance>,
+    /// Instances still to move, in order.
+    pub moving: Vec<crate::ids::InstanceId>,
+    /// Instances that could not move, and why.
+    pub stayed: Vec<StayedInstance>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct MovedInstance {
+    pub instance_id: crate::ids::InstanceId,
+    pub to_node: NodeId,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct StayedInstance {
+    pub instance_id: crate::ids::InstanceId,
+    pub reason: String,
 }
 
 /// NodeList.

@@ -116,6 +116,17 @@ pub enum NodesCommand {
     List,
     /// Show one node.
     Get { id: String },
+    /// Drain a node: it takes no new instance and its instances move to
+    /// other nodes (parked and revived there with their tabs).
+    Drain {
+        id: String,
+        /// Wait until every instance has moved or stayed, then print the
+        /// report.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// End a node's drain: it takes new instances again.
+    Uncordon { id: String },
 }
 
 #[derive(Subcommand, Clone)]
@@ -483,6 +494,58 @@ impl Client {
                     &mut rows,
                 );
                 print_table(&["FIELD", "VALUE"], &rows);
+                Ok(())
+            }
+            NodesCommand::Drain { id, wait } => {
+                let segment = path_segment(&id)?;
+                let mut report: flotilla_api_types::nodes::DrainReport = self
+                    .call(
+                        reqwest::Method::POST,
+                        &format!("/v2/nodes/{segment}/drain"),
+                        None::<&()>,
+                    )
+                    .await?;
+                while wait && !report.finished {
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                    let node: Node = self.get(&format!("/v2/nodes/{segment}")).await?;
+                    report = node.drain.unwrap_or(report);
+                }
+                if self.json {
+                    self.print_json(&report);
+                    return Ok(());
+                }
+                let mut rows: Vec<Vec<String>> = Vec::new();
+                for moved in &report.moved {
+                    rows.push(vec![
+                        moved.instance_id.to_string(),
+                        format!("moved to {}", moved.to_node),
+                    ]);
+                }
+                for id in &report.moving {
+                    rows.push(vec![id.to_string(), "moving".to_owned()]);
+                }
+                for stayed in &report.stayed {
+                    rows.push(vec![
+                        stayed.instance_id.to_string(),
+                        format!("stayed: {}", stayed.reason),
+                    ]);
+                }
+                print_table(&["INSTANCE", "OUTCOME"], &rows);
+                Ok(())
+            }
+            NodesCommand::Uncordon { id } => {
+                let node: Node = self
+                    .call(
+                        reqwest::Method::POST,
+                        &format!("/v2/nodes/{}/uncordon", path_segment(&id)?),
+                        None::<&()>,
+                    )
+                    .await?;
+                if self.json {
+                    self.print_json(&node);
+                } else {
+                    println!("{} is {}", node.id, node.status.as_str());
+                }
                 Ok(())
             }
         }

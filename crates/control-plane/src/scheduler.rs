@@ -54,6 +54,8 @@ fn ineligibility(
     let limit = config.scheduler.max_utilisation_percent;
     if node.status == NodeStatus::Offline || heartbeat_age > config.nodes.heartbeat_timeout_sec {
         Some("offline".into())
+    } else if node.draining {
+        Some("draining (POST /v2/nodes/{id}/uncordon ends it)".into())
     } else if !node.images.iter().any(|i| i == request.image) {
         Some(format!("does not offer image {:?}", request.image))
     } else if occupied >= node.max_instances {
@@ -195,6 +197,7 @@ mod tests {
             generation: String::new(),
             browser_version: None,
             protocol_version: String::new(),
+            draining: false,
             load: ResourceUsage {
                 cpu_percent: 10.0,
                 memory_percent,

@@ -689,3 +689,125 @@ async fn browser_clients_use_only_the_control_planes_port_across_the_cluster() {
         assert_eq!(agent.stop_with(libc::SIGTERM).await, Some(0));
     }
 }
+
+/// The tabs of instance `id`, through the door: their URLs.
+async fn door_tab_urls(api: &Api, id: &str) -> Vec<String> {
+    let (status, tabs) = api.get(&format!("/v2/instances/{id}/tabs")).await;
+    assert_eq!(status, StatusCode::OK, "{tabs}");
+    tabs.as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|tab| tab["url"].as_str().map(str::to_owned))
+        .collect()
+}
+
+async fn drain_report(api: &Api, node: &str) -> Value {
+    wait_until(Duration::from_secs(240), "the drain to finish", || async {
+        let (_, detail) = api.get(&format!("/v2/nodes/{node}")).await;
+        match detail["drain"]["finished"].as_bool() {
+            Some(true) => Ok(Some(detail["drain"].clone())),
+            _ => Err(detail.to_string()),
+        }
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn browser_a_drained_node_moves_its_instances_with_their_tabs_and_keeps_what_cannot_move() {
+    let temp = tempfile::tempdir().unwrap();
+    let shared = temp.path().join("snapshots");
+    std::fs::create_dir_all(&shared).unwrap();
+    let snapshots_url = format!("file://{}", shared.display());
+    let cp = control(
+        &temp.path().join("cp"),
+        &[("FLOTILLA_SNAPSHOTS__URL", &snapshots_url)],
+    )
+    .await;
+    let api = &cp.api;
+    let nodes = [("m1", "28000-28099"), ("m2", "28100-28199")];
+    let _agents = agents_sharing(&api.base, temp.path(), nodes, false, &snapshots_url).await;
+    wait_nodes(api, &[("m1", "online"), ("m2", "online")]).await;
+
+    // Three instances on m1, each with two tabs of its own.
+    let mut instances = Vec::new();
+    for n in 0..3 {
+        let (id, _, _) = api.create_running(r#"{"node_preference": "m1"}"#).await;
+        let mut pages = Vec::new();
+        for tab in 0..2 {
+            let page = format!("data:text/html,<title>instance {n} tab {tab}</title>");
+            let (status, body) = api
+                .call(
+                    reqwest::Method::PUT,
+                    &format!("/v2/instances/{id}/json/new?{page}"),
+                    None,
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            pages.push(page);
+        }
+        let urls = door_tab_urls(api, &id).await;
+        for page in &pages {
+            assert!(urls.contains(page), "{urls:?}");
+        }
+        instances.push((id, pages));
+    }
+
+    // Drain m1: it takes no new instance, and everything moves to m2.
+    let (status, report) = api.post("/v2/nodes/m1/drain", "").await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{report}");
+    assert_eq!(report["moving"].as_array().unwrap().len(), 3, "{report}");
+    wait_nodes(api, &[("m1", "draining")]).await;
+    let (status, refused) = api
+        .post("/v2/instances", r#"{"node_preference": "m1"}"#)
+        .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{refused}");
+    assert!(
+        refused["detail"].as_str().unwrap().contains("draining"),
+        "{refused}"
+    );
+    let report = drain_report(api, "m1").await;
+    assert_eq!(report["moved"].as_array().unwrap().len(), 3, "{report}");
+    assert!(report["stayed"].as_array().unwrap().is_empty(), "{report}");
+    for (id, pages) in &instances {
+        let (_, detail) = api.get(&format!("/v2/instances/{id}")).await;
+        assert_eq!(detail["node_id"], "m2", "{detail}");
+        assert_eq!(detail["status"], "running", "{detail}");
+        // Its tabs came along, and its door URLs still reach it.
+        let urls = door_tab_urls(api, id).await;
+        for page in pages {
+            assert!(urls.contains(page), "{id}: {urls:?}");
+        }
+        let (status, version) = api.get(&format!("/v2/instances/{id}/json/version")).await;
+        assert_eq!(status, StatusCode::OK, "{version}");
+    }
+
+    // Draining m2 too: no node has room for its instances, which stay,
+    // running, each with the reason.
+    let (status, _) = api.post("/v2/nodes/m2/drain", "").await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let report = drain_report(api, "m2").await;
+    let stayed = report["stayed"].as_array().unwrap();
+    assert_eq!(stayed.len(), 3, "{report}");
+    for entry in stayed {
+        assert!(
+            entry["reason"]
+                .as_str()
+                .unwrap()
+                .contains("no other node can take it"),
+            "{entry}"
+        );
+    }
+    for (id, _) in &instances {
+        let (_, detail) = api.get(&format!("/v2/instances/{id}")).await;
+        assert_eq!(detail["status"], "running", "{detail}");
+        assert_eq!(detail["node_id"], "m2", "{detail}");
+    }
+
+    // Uncordoned, m1 takes instances again.
+    let (status, node) = api.post("/v2/nodes/m1/uncordon", "").await;
+    assert_eq!(status, StatusCode::OK, "{node}");
+    assert_eq!(node["status"], "online", "{node}");
+    let (status, body) = api.post("/v2/nodes/nowhere/drain", "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+}

@@ -138,7 +138,7 @@ impl ControlPlane {
         // full) another one: the snapshot comes from the shared store.
         let mut record = record;
         let original = self.store.node_get(&record.node_id).await?;
-        if original.is_none_or(|node| node.status != NodeStatus::Online) {
+        if original.is_none_or(|node| node.status != NodeStatus::Online || node.draining) {
             record = self.relocate(&record).await?;
         }
         let (started, ports) = match self.revive_on_node(&record, method, &snapshot_id).await {

@@ -6,6 +6,7 @@ mod actions;
 mod alerts;
 mod door;
 mod dormancy;
+mod drain;
 mod extensions;
 mod health;
 mod instance_access;
@@ -71,6 +72,8 @@ pub struct ControlPlane {
     reconciled: std::sync::Mutex<std::collections::HashSet<(NodeId, String)>>,
     /// Agents whose registration this process refused (`/v2/nodes` shows
     /// them until they register).
+    /// The drains this process ran, by node (`app::drain`).
+    drains: std::sync::Mutex<std::collections::HashMap<NodeId, drain::Drain>>,
     refused_agents: std::sync::Mutex<
         std::collections::BTreeMap<NodeId, flotilla_api_types::nodes::RefusedAgent>,
     >,
@@ -103,6 +106,7 @@ impl ControlPlane {
             public_hosts: instance_access::PublicHosts::default(),
             reconciled: Default::default(),
             refused_agents: Default::default(),
+            drains: Default::default(),
             warm_pools: Default::default(),
             create_queue: queue::CreateQueue::default(),
             actions_in_progress: actions::ActionsInProgress::default(),

@@ -51,11 +51,9 @@ impl ControlPlane {
             .await?
             .ok_or_else(|| Error::NotFound(format!("node {id} not found")))?;
         let occupancy: HashMap<_, _> = self.store.node_occupancy().await?.into_iter().collect();
-        Ok(views::node_view(
-            &node,
-            occupancy.get(id).copied().unwrap_or(0),
-            true,
-        ))
+        let mut view = views::node_view(&node, occupancy.get(id).copied().unwrap_or(0), true);
+        view.drain = self.drain_report(id);
+        Ok(view)
     }
 
     /// A node agent (re)registers: record it online, then reconcile what it runs
@@ -324,7 +322,7 @@ impl ControlPlane {
             .await?
         {
             None | Some(NodeStatus::Offline) => Ok(None),
-            Some(NodeStatus::Online) => {
+            Some(NodeStatus::Online | NodeStatus::Draining) => {
                 self.store
                     .instance_record_usage(&heartbeat.node_id, &heartbeat.instances)
                     .await?;

@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 
 use flotilla_api_types::instances::{Activity, Instance, InstanceUrls};
-use flotilla_api_types::nodes::Node;
+use flotilla_api_types::nodes::{Node, NodeStatus};
 
 use crate::store::{InstanceRecord, NodeRecord};
 
@@ -141,7 +141,10 @@ pub fn instance_detail(
 pub fn node_view(record: &NodeRecord, instances_count: i64, detail: bool) -> Node {
     Node {
         id: record.id.clone(),
-        status: record.status,
+        status: match record.status {
+            NodeStatus::Online if record.draining => NodeStatus::Draining,
+            status => status,
+        },
         address: record.address.clone(),
         instances_count,
         max_instances: record.max_instances,
@@ -154,5 +157,6 @@ pub fn node_view(record: &NodeRecord, instances_count: i64, detail: bool) -> Nod
             flotilla_api_types::agent::protocol_version_or_before(&record.protocol_version)
                 .to_owned(),
         ),
+        drain: None,
     }
 }

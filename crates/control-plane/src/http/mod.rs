@@ -62,6 +62,8 @@ use crate::error::Error;
         live::live_hand_back,
         nodes::node_list,
         nodes::node_get,
+        nodes::node_drain,
+        nodes::node_uncordon,
         profiles::profile_create,
         profiles::profile_list,
         profiles::profile_get,
@@ -361,6 +363,14 @@ fn resource_routes() -> Routes {
         .route(playwright::PATH, get(playwright::connect))
         .route("/v2/nodes", get(nodes::node_list))
         .route("/v2/nodes/{node_id}", get(nodes::node_get))
+        .route(
+            "/v2/nodes/{node_id}/drain",
+            axum::routing::post(nodes::node_drain),
+        )
+        .route(
+            "/v2/nodes/{node_id}/uncordon",
+            axum::routing::post(nodes::node_uncordon),
+        )
         .route("/v2/metrics", get(observability::metrics))
         .route("/metrics", get(observability::prometheus))
         .route("/v2/alerts", get(observability::alerts))

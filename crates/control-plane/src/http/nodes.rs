@@ -5,7 +5,9 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::{Path, State};
 
-use flotilla_api_types::nodes::{Node, NodeList};
+use axum::http::StatusCode;
+
+use flotilla_api_types::nodes::{DrainReport, Node, NodeList};
 use flotilla_api_types::{ErrorResponse, NodeId};
 
 use crate::app::ControlPlane;
@@ -28,4 +30,36 @@ pub async fn node_get(
     Path(id): Path<String>,
 ) -> Result<Json<Node>, Error> {
     Ok(Json(control_plane.node_get(&NodeId::new(id)).await?))
+}
+
+/// Drain a node: it takes no new instance, and each of its running or idle
+/// instances moves to another node (parked to the shared snapshot store,
+/// revived there with its tabs, cookies and storage; its URLs stay), one at
+/// a time, in the background. Instances no other node can take stay, with
+/// the reason. `GET /v2/nodes/{node_id}` shows the progress (`drain`).
+#[utoipa::path(post, path = "/v2/nodes/{node_id}/drain", tag = "nodes",
+    params(("node_id" = String, Path)),
+    responses(
+        (status = 202, body = DrainReport, description = "Draining: the instances that will move"),
+        (status = 404, body = ErrorResponse),
+        (status = 409, body = ErrorResponse, description = "The node is offline"),
+    ))]
+pub async fn node_drain(
+    State(control_plane): State<Arc<ControlPlane>>,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<DrainReport>), Error> {
+    let report = control_plane.node_drain(&NodeId::new(id)).await?;
+    Ok((StatusCode::ACCEPTED, Json(report)))
+}
+
+/// End a node's drain: it takes new instances again (instances still to
+/// move stay).
+#[utoipa::path(post, path = "/v2/nodes/{node_id}/uncordon", tag = "nodes",
+    params(("node_id" = String, Path)),
+    responses((status = 200, body = Node), (status = 404, body = ErrorResponse)))]
+pub async fn node_uncordon(
+    State(control_plane): State<Arc<ControlPlane>>,
+    Path(id): Path<String>,
+) -> Result<Json<Node>, Error> {
+    Ok(Json(control_plane.node_uncordon(&NodeId::new(id)).await?))
 }

@@ -13,7 +13,7 @@ use super::{Store, from_millis, to_millis};
 
 const COLUMNS: &str = "id, address, public_host, status, max_instances, cpu_cores, memory_gb, disk_gb, images, \
     cpu_percent, memory_percent, disk_percent, last_heartbeat, registered_at, warnings, load_cpu_percent, load_memory_percent, \
-    generation, browser_version, protocol_version";
+    generation, browser_version, protocol_version, draining";
 
 /// A node as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,6 +38,8 @@ pub struct NodeRecord {
     pub browser_version: Option<String>,
     /// The protocol version its agent speaks (`""`: from before the field).
     pub protocol_version: String,
+    /// Being drained: it takes no new instance (`POST /v2/nodes/{id}/drain`).
+    pub draining: bool,
 }
 
 fn decode(row: &AnyRow) -> Result<NodeRecord, sqlx::Error> {
@@ -76,6 +78,7 @@ fn decode(row: &AnyRow) -> Result<NodeRecord, sqlx::Error> {
         generation: row.try_get("generation")?,
         browser_version: row.try_get("browser_version")?,
         protocol_version: row.try_get("protocol_version")?,
+        draining: row.try_get::<i64, _>("draining")? != 0,
     })
 }
 
@@ -121,7 +124,7 @@ impl Store {
             .await?;
         }
         sqlx::query(&format!(
-            "INSERT INTO nodes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15, $16, $17, $18, $19) \
+            "INSERT INTO nodes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15, $16, $17, $18, $19, 0) \
              ON CONFLICT (id) DO UPDATE SET address = excluded.address, public_host = excluded.public_host, \
              status = excluded.status, max_instances = excluded.max_instances, cpu_cores = excluded.cpu_cores, \
              memory_gb = excluded.memory_gb, disk_gb = excluded.disk_gb, images = excluded.images, \
@@ -155,6 +158,17 @@ impl Store {
         tx.commit().await?;
         self.events_committed();
         Ok(())
+    }
+
+    /// Marks node `id` draining (it takes no new instance) or not; `false`
+    /// when there is no such node. Registrations leave the mark as it is.
+    pub async fn node_set_draining(&self, id: &NodeId, draining: bool) -> sqlx::Result<bool> {
+        let done = sqlx::query("UPDATE nodes SET draining = $1 WHERE id = $2")
+            .bind(i64::from(draining))
+            .bind(id.as_str())
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
     }
 
     /// Records a heartbeat of the agent of `generation`. Returns the node's

@@ -1,0 +1,215 @@
+//! Draining a node (`POST /v2/nodes/{id}/drain`): it takes no new instance
+//! (the store's `draining` mark, which placement reads), and each of its
+//! running or idle instances moves, one at a time, to another node: parked
+//! to the shared snapshot store (`full` state: tabs, cookies, storage) and
+//! revived elsewhere with `full_restore`, so that clients reconnect through
+//! the same front-door URL. An instance moves only when another node has
+//! room for it first; one that cannot stays, with the reason in the report.
+//! `instance.moved` tells each move. `POST /v2/nodes/{id}/uncordon` ends it
+//! (the instance moving then finishes; the others stay).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use flotilla_api_types::events::EventName;
+use flotilla_api_types::instances::{InstanceStatus, ReviveMethod};
+use flotilla_api_types::nodes::{DrainReport, MovedInstance, Node, StayedInstance};
+use flotilla_api_types::{InstanceId, NodeId};
+use tokio_util::sync::CancellationToken;
+
+use super::ControlPlane;
+use crate::error::{Error, Result};
+use crate::scheduler::{self, PlacementRequest};
+use crate::store::InstanceRecord;
+
+/// How long a moved instance may take to run again on its new node.
+const REVIVE_DEADLINE: Duration = Duration::from_secs(120);
+
+/// A drain this process runs or ran: its report, and what ends it.
+pub(crate) struct Drain {
+    report: DrainReport,
+    ended: CancellationToken,
+}
+
+impl ControlPlane {
+    /// Starts draining node `id`: marks it, and moves its instances in the
+    /// background; the report as it starts.
+    pub async fn node_drain(self: &Arc<Self>, id: &NodeId) -> Result<DrainReport> {
+        let node = self
+            .store
+            .node_get(id)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("node {id} not found")))?;
+        if node.status != flotilla_api_types::nodes::NodeStatus::Online {
+            return Err(Error::InvalidState(format!(
+                "node {id} is {}: only an online node can be drained",
+                node.status.as_str()
+            )));
+        }
+        let running = self
+            .store
+            .instances_on_node(id, &[InstanceStatus::Running, InstanceStatus::Idle])
+            .await?;
+        let ended = CancellationToken::new();
+        let report = DrainReport {
+            node_id: id.clone(),
+            started_at: self.now(),
+            finished: running.is_empty(),
+            moved: Vec::new(),
+            moving: running.iter().map(|r| r.id.clone()).collect(),
+            stayed: Vec::new(),
+        };
+        if let Some(report) = self.drain_report(id).filter(|report| !report.finished) {
+            return Ok(report);
+        }
+        self.store.node_set_draining(id, true).await?;
+        {
+            let mut drains = self.drains.lock().expect("drains lock");
+            if let Some(drain) = drains.get(id)
+                && !drain.report.finished
+            {
+                return Ok(drain.report.clone());
+            }
+            if let Some(previous) = drains.insert(
+                id.clone(),
+                Drain {
+                    report: report.clone(),
+                    ended: ended.clone(),
+                },
+            ) {
+                previous.ended.cancel();
+            }
+        }
+        tracing::info!(node = %id, instances = running.len(), "node draining");
+        let control_plane = self.clone();
+        let node = id.clone();
+        self.tasks().spawn("node drain", async move {
+            for record in running {
+                let outcome = tokio::select! {
+                    () = ended.cancelled() => Err("the drain was ended (uncordon) before it moved".to_owned()),
+                    outcome = control_plane.move_instance(&record) => outcome,
+                };
+                control_plane.drain_progress(&node, &record.id, outcome);
+            }
+            control_plane.drain_progress_finished(&node);
+        });
+        Ok(report)
+    }
+
+    /// Ends node `id`'s drain: it takes new instances again.
+    pub async fn node_uncordon(&self, id: &NodeId) -> Result<Node> {
+        if !self.store.node_set_draining(id, false).await? {
+            return Err(Error::NotFound(format!("node {id} not found")));
+        }
+        if let Some(drain) = self.drains.lock().expect("drains lock").get(id) {
+            drain.ended.cancel();
+        }
+        self.create_queue.capacity_changed();
+        tracing::info!(node = %id, "node uncordoned");
+        self.node_get(id).await
+    }
+
+    /// The latest drain of node `id` this process ran.
+    pub(crate) fn drain_report(&self, id: &NodeId) -> Option<DrainReport> {
+        let drains = self.drains.lock().expect("drains lock");
+        drains.get(id).map(|drain| drain.report.clone())
+    }
+
+    fn drain_progress(&self, node: &NodeId, id: &InstanceId, outcome: Result<NodeId, String>) {
+        let mut drains = self.drains.lock().expect("drains lock");
+        let Some(drain) = drains.get_mut(node) else {
+            return;
+        };
+        drain.report.moving.retain(|moving| moving != id);
+        match outcome {
+            Ok(to_node) => drain.report.moved.push(MovedInstance {
+                instance_id: id.clone(),
+                to_node,
+            }),
+            Err(reason) => {
+                tracing::warn!(instance = %id, %node, %reason, "an instance stayed on its draining node");
+                drain.report.stayed.push(StayedInstance {
+                    instance_id: id.clone(),
+                    reason,
+                });
+            }
+        }
+    }
+
+    fn drain_progress_finished(&self, node: &NodeId) {
+        if let Some(drain) = self.drains.lock().expect("drains lock").get_mut(node) {
+            drain.report.finished = true;
+            tracing::info!(%node, moved = drain.report.moved.len(), stayed = drain.report.stayed.len(), "node drained");
+        }
+    }
+
+    /// Moves one instance off its draining node: the node it runs on now,
+    /// or why it stayed.
+    async fn move_instance(&self, record: &InstanceRecord) -> Result<NodeId, String> {
+        let id = &record.id;
+        let from = &record.node_id;
+        // Room elsewhere first: nothing is parked that cannot move.
+        let others: Vec<_> = self
+            .store
+            .node_list()
+            .await
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter(|node| &node.id != from)
+            .collect();
+        let usage = self.node_usage().await.map_err(|e| e.to_string())?;
+        let placement = PlacementRequest {
+            image: &record.image,
+            config: &record.config,
+            preference: None,
+        };
+        scheduler::rank(&others, &usage, &placement, self.now(), &self.config).map_err(
+            |error| match error {
+                Error::InsufficientCapacity(detail) | Error::InvalidRequest(detail) => {
+                    format!("no other node can take it: {detail}")
+                }
+                other => other.to_string(),
+            },
+        )?;
+        self.instance_dormant(id)
+            .await
+            .map_err(|e| format!("it could not be parked, and runs on: {e}"))?;
+        if let Err(error) = self.instance_revive(id, ReviveMethod::FullRestore).await {
+            return Err(format!(
+                "it was parked but no other node revived it ({error}); it is dormant: revive it later with POST /v2/instances/{id}/revive"
+            ));
+        }
+        let deadline = tokio::time::Instant::now() + REVIVE_DEADLINE;
+        let revived = loop {
+            let now = self
+                .store
+                .instance_get(id)
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| "it was deleted while it moved".to_owned())?;
+            match now.status {
+                InstanceStatus::Running | InstanceStatus::Idle => break now,
+                InstanceStatus::Reviving if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                other => {
+                    return Err(format!(
+                        "its revive on node {} ended {other}: {}",
+                        now.node_id,
+                        now.status_reason.unwrap_or_default()
+                    ));
+                }
+            }
+        };
+        let to = revived.node_id.clone();
+        let mut data = serde_json::Map::new();
+        data.insert("from_node".into(), from.as_str().into());
+        data.insert("to_node".into(), to.as_str().into());
+        self.store
+            .instance_note(id, EventName::InstanceMoved, data, self.now())
+            .await
+            .map_err(|e| e.to_string())?;
+        tracing::info!(instance = %id, %from, %to, "instance moved");
+        Ok(to)
+    }
+}
