@@ -124,6 +124,13 @@ pub enum NodesCommand {
         /// report.
         #[arg(long)]
         wait: bool,
+        /// With --wait: give up waiting after this many seconds.
+        #[arg(long, default_value_t = 900)]
+        timeout_sec: u64,
+        /// End the drain when the node's agent restarts (a new process
+        /// registers), as an agent draining itself before it stops wants.
+        #[arg(long)]
+        until_restart: bool,
     },
     /// End a node's drain: it takes new instances again.
     Uncordon { id: String },
@@ -496,16 +503,23 @@ impl Client {
                 print_table(&["FIELD", "VALUE"], &rows);
                 Ok(())
             }
-            NodesCommand::Drain { id, wait } => {
+            NodesCommand::Drain {
+                id,
+                wait,
+                timeout_sec,
+                until_restart,
+            } => {
                 let segment = path_segment(&id)?;
                 let mut report: flotilla_api_types::nodes::DrainReport = self
                     .call(
                         reqwest::Method::POST,
-                        &format!("/v2/nodes/{segment}/drain"),
+                        &format!("/v2/nodes/{segment}/drain?until_restart={until_restart}"),
                         None::<&()>,
                     )
                     .await?;
-                while wait && !report.finished {
+                let deadline =
+                    std::time::Instant::now() + std::time::Duration::from_secs(timeout_sec);
+                while wait && !report.finished && std::time::Instant::now() < deadline {
                     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
                     let node: Node = self.get(&format!("/v2/nodes/{segment}")).await?;
                     report = node.drain.unwrap_or(report);

@@ -55,7 +55,10 @@ fn ineligibility(
     if node.status == NodeStatus::Offline || heartbeat_age > config.nodes.heartbeat_timeout_sec {
         Some("offline".into())
     } else if node.draining {
-        Some("draining (POST /v2/nodes/{id}/uncordon ends it)".into())
+        Some(format!(
+            "draining (POST /v2/nodes/{}/uncordon ends it)",
+            node.id
+        ))
     } else if !node.images.iter().any(|i| i == request.image) {
         Some(format!("does not offer image {:?}", request.image))
     } else if occupied >= node.max_instances {
@@ -139,6 +142,13 @@ pub fn rank(
                 "node_preference: unknown node \"{preferred}\"; GET /v2/nodes lists the nodes"
             ))
         })?;
+        if node.draining {
+            // Not room that may come: waiting in the create queue for it
+            // would hold up every create behind.
+            return Err(Error::InvalidState(format!(
+                "preferred node {preferred} is draining: prefer another node, or uncordon it (POST /v2/nodes/{preferred}/uncordon)"
+            )));
+        }
         return match ineligibility(node, usage_of(node), request, now, config) {
             None => Ok(vec![node.clone()]),
             Some(reason) => Err(Error::InsufficientCapacity(format!(

@@ -761,7 +761,7 @@ async fn browser_a_drained_node_moves_its_instances_with_their_tabs_and_keeps_wh
     let (status, refused) = api
         .post("/v2/instances", r#"{"node_preference": "m1"}"#)
         .await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{refused}");
+    assert_eq!(status, StatusCode::CONFLICT, "{refused}");
     assert!(
         refused["detail"].as_str().unwrap().contains("draining"),
         "{refused}"

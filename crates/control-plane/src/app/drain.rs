@@ -5,8 +5,11 @@
 //! revived elsewhere with `full_restore`, so that clients reconnect through
 //! the same front-door URL. An instance moves only when another node has
 //! room for it first; one that cannot stays, with the reason in the report.
-//! `instance.moved` tells each move. `POST /v2/nodes/{id}/uncordon` ends it
-//! (the instance moving then finishes; the others stay).
+//! `instance.moved` tells each move. Instances that were being created or
+//! revived when the drain began are waited for and moved in turn. `POST /v2/nodes/{id}/uncordon` ends it (the instance moving then
+//! finishes; the others stay); a drain `until_restart` also ends when an
+//! agent of another process generation registers for the node (the agent
+//! that drained itself before it stopped came back).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +27,11 @@ use crate::store::InstanceRecord;
 
 /// How long a moved instance may take to run again on its new node.
 const REVIVE_DEADLINE: Duration = Duration::from_secs(120);
+/// How many times the drain looks again for instances left on the node
+/// (ones that were being created, revived or parked), a second apart.
+const SETTLE_ROUNDS: usize = 30;
+/// The states an instance passes through on its way to running.
+const TRANSITIONAL: [InstanceStatus; 2] = [InstanceStatus::Creating, InstanceStatus::Reviving];
 
 /// A drain this process runs or ran: its report, and what ends it.
 pub(crate) struct Drain {
@@ -34,7 +42,11 @@ pub(crate) struct Drain {
 impl ControlPlane {
     /// Starts draining node `id`: marks it, and moves its instances in the
     /// background; the report as it starts.
-    pub async fn node_drain(self: &Arc<Self>, id: &NodeId) -> Result<DrainReport> {
+    pub async fn node_drain(
+        self: &Arc<Self>,
+        id: &NodeId,
+        until_restart: bool,
+    ) -> Result<DrainReport> {
         let node = self
             .store
             .node_get(id)
@@ -62,7 +74,9 @@ impl ControlPlane {
         if let Some(report) = self.drain_report(id).filter(|report| !report.finished) {
             return Ok(report);
         }
-        self.store.node_set_draining(id, true).await?;
+        self.store
+            .node_set_draining(id, true, until_restart)
+            .await?;
         {
             let mut drains = self.drains.lock().expect("drains lock");
             if let Some(drain) = drains.get(id)
@@ -83,13 +97,51 @@ impl ControlPlane {
         tracing::info!(node = %id, instances = running.len(), "node draining");
         let control_plane = self.clone();
         let node = id.clone();
+        let stopping = self.tasks().stopping();
         self.tasks().spawn("node drain", async move {
-            for record in running {
-                let outcome = tokio::select! {
-                    () = ended.cancelled() => Err("the drain was ended (uncordon) before it moved".to_owned()),
-                    outcome = control_plane.move_instance(&record) => outcome,
-                };
-                control_plane.drain_progress(&node, &record.id, outcome);
+            let mut tried = std::collections::HashSet::new();
+            let mut queue: Vec<InstanceId> = running.into_iter().map(|r| r.id).collect();
+            let mut rounds = 0;
+            loop {
+                for id in std::mem::take(&mut queue) {
+                    // A move once begun runs to its end; an end of the
+                    // drain (or of this process) is heeded between moves.
+                    let outcome = if ended.is_cancelled() || stopping.is_cancelled() {
+                        Err("the drain was ended (uncordon, or its control plane stopped) before it moved".to_owned())
+                    } else {
+                        control_plane.move_instance(&node, &id).await
+                    };
+                    tried.insert(id.clone());
+                    control_plane.drain_progress(&node, &id, outcome);
+                }
+                // Instances that were on their way (creating, reviving) when
+                // the drain began: their turn once they run.
+                let left = control_plane.instances_left(&node, &tried).await;
+                let waiting = left.iter().any(|r| TRANSITIONAL.contains(&r.status));
+                queue = left
+                    .iter()
+                    .filter(|r| matches!(r.status, InstanceStatus::Running | InstanceStatus::Idle))
+                    .map(|r| r.id.clone())
+                    .collect();
+                control_plane.drain_moving(&node, &queue);
+                if queue.is_empty() && (!waiting || rounds >= SETTLE_ROUNDS) {
+                    for record in left.iter().filter(|r| TRANSITIONAL.contains(&r.status)) {
+                        control_plane.drain_progress(
+                            &node,
+                            &record.id,
+                            Err(format!("it was {} throughout the drain", record.status)),
+                        );
+                    }
+                    break;
+                }
+                if queue.is_empty() {
+                    rounds += 1;
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        () = ended.cancelled() => {}
+                        () = stopping.cancelled() => {}
+                    }
+                }
             }
             control_plane.drain_progress_finished(&node);
         });
@@ -98,7 +150,7 @@ impl ControlPlane {
 
     /// Ends node `id`'s drain: it takes new instances again.
     pub async fn node_uncordon(&self, id: &NodeId) -> Result<Node> {
-        if !self.store.node_set_draining(id, false).await? {
+        if !self.store.node_set_draining(id, false, false).await? {
             return Err(Error::NotFound(format!("node {id} not found")));
         }
         if let Some(drain) = self.drains.lock().expect("drains lock").get(id) {
@@ -136,6 +188,42 @@ impl ControlPlane {
         }
     }
 
+    /// The instances on `node` the drain has not tried yet, running or on
+    /// their way to it.
+    async fn instances_left(
+        &self,
+        node: &NodeId,
+        tried: &std::collections::HashSet<InstanceId>,
+    ) -> Vec<InstanceRecord> {
+        let states = [
+            InstanceStatus::Running,
+            InstanceStatus::Idle,
+            InstanceStatus::Creating,
+            InstanceStatus::Reviving,
+        ];
+        match self.store.instances_on_node(node, &states).await {
+            Ok(records) => records
+                .into_iter()
+                .filter(|r| !tried.contains(&r.id))
+                .collect(),
+            Err(error) => {
+                tracing::warn!(%node, %error, "a drain cannot read its node's instances");
+                Vec::new()
+            }
+        }
+    }
+
+    /// The instances still to move.
+    fn drain_moving(&self, node: &NodeId, moving: &[InstanceId]) {
+        if let Some(drain) = self.drains.lock().expect("drains lock").get_mut(node) {
+            for id in moving {
+                if !drain.report.moving.contains(id) {
+                    drain.report.moving.push(id.clone());
+                }
+            }
+        }
+    }
+
     fn drain_progress_finished(&self, node: &NodeId) {
         if let Some(drain) = self.drains.lock().expect("drains lock").get_mut(node) {
             drain.report.finished = true;
@@ -143,11 +231,25 @@ impl ControlPlane {
         }
     }
 
-    /// Moves one instance off its draining node: the node it runs on now,
-    /// or why it stayed.
-    async fn move_instance(&self, record: &InstanceRecord) -> Result<NodeId, String> {
-        let id = &record.id;
-        let from = &record.node_id;
+    /// Moves instance `id` off its draining node `from`: the node it runs
+    /// on now, or why it stayed.
+    async fn move_instance(&self, from: &NodeId, id: &InstanceId) -> Result<NodeId, String> {
+        // As it is now: it may have moved, been parked or deleted meanwhile.
+        let record = self
+            .store
+            .instance_get(id)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "it was deleted before its turn".to_owned())?;
+        if &record.node_id != from {
+            return Err(format!("it had moved to node {} meanwhile", record.node_id));
+        }
+        if !matches!(
+            record.status,
+            InstanceStatus::Running | InstanceStatus::Idle
+        ) {
+            return Err(format!("it was {} at its turn", record.status));
+        }
         // Room elsewhere first: nothing is parked that cannot move.
         let others: Vec<_> = self
             .store
@@ -173,11 +275,19 @@ impl ControlPlane {
         )?;
         self.instance_dormant(id)
             .await
-            .map_err(|e| format!("it could not be parked, and runs on: {e}"))?;
+            .map_err(|e| format!("it could not be parked: {e}"))?;
         if let Err(error) = self.instance_revive(id, ReviveMethod::FullRestore).await {
-            return Err(format!(
-                "it was parked but no other node revived it ({error}); it is dormant: revive it later with POST /v2/instances/{id}/revive"
-            ));
+            let now = self.store.instance_get(id).await.ok().flatten();
+            return Err(match now {
+                Some(now) if now.status == InstanceStatus::Dormant => format!(
+                    "it was parked but no other node revived it ({error}); it is dormant: revive it later with POST /v2/instances/{id}/revive"
+                ),
+                Some(now) => format!(
+                    "it was parked, then was {} on node {} before the drain revived it ({error})",
+                    now.status, now.node_id
+                ),
+                None => "it was deleted while it moved".to_owned(),
+            });
         }
         let deadline = tokio::time::Instant::now() + REVIVE_DEADLINE;
         let revived = loop {
@@ -192,6 +302,12 @@ impl ControlPlane {
                 InstanceStatus::Reviving if tokio::time::Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
+                InstanceStatus::Reviving => {
+                    return Err(format!(
+                        "its revive on node {} had not finished after {REVIVE_DEADLINE:?}",
+                        now.node_id
+                    ));
+                }
                 other => {
                     return Err(format!(
                         "its revive on node {} ended {other}: {}",
@@ -202,6 +318,9 @@ impl ControlPlane {
             }
         };
         let to = revived.node_id.clone();
+        if &to == from {
+            return Err("it was revived on this node (a client woke it as it moved)".to_owned());
+        }
         let mut data = serde_json::Map::new();
         data.insert("from_node".into(), from.as_str().into());
         data.insert("to_node".into(), to.as_str().into());

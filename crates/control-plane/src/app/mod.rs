@@ -70,10 +70,10 @@ pub struct ControlPlane {
     /// The nodes (and agent generations) this process reconciled at their
     /// registration; a heartbeat from any other is asked to register again.
     reconciled: std::sync::Mutex<std::collections::HashSet<(NodeId, String)>>,
-    /// Agents whose registration this process refused (`/v2/nodes` shows
-    /// them until they register).
     /// The drains this process ran, by node (`app::drain`).
     drains: std::sync::Mutex<std::collections::HashMap<NodeId, drain::Drain>>,
+    /// Agents whose registration this process refused (`/v2/nodes` shows
+    /// them until they register).
     refused_agents: std::sync::Mutex<
         std::collections::BTreeMap<NodeId, flotilla_api_types::nodes::RefusedAgent>,
     >,

@@ -165,10 +165,6 @@ impl ControlPlane {
         Ok(())
     }
 
-    /// Refuses a registration when another live agent process holds its node
-    /// id: the node is online under another generation, and the agent at its
-    /// address still answers with that generation. A restart (the old
-    /// process silent, or the new one answering at the same address) passes.
     /// Refuses an agent whose protocol is a major version apart (409, the
     /// reason naming both versions), and remembers it for `/v2/nodes`.
     fn refuse_another_protocol(&self, registration: &NodeRegistration) -> Result<()> {
@@ -212,6 +208,10 @@ impl ControlPlane {
         )))
     }
 
+    /// Refuses a registration when another live agent process holds its node
+    /// id: the node is online under another generation, and the agent at its
+    /// address still answers with that generation. A restart (the old
+    /// process silent, or the new one answering at the same address) passes.
     async fn refuse_a_second_agent(&self, registration: &NodeRegistration) -> Result<()> {
         let Some(existing) = self.store.node_get(&registration.node_id).await? else {
             return Ok(());

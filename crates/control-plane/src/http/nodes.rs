@@ -38,7 +38,7 @@ pub async fn node_get(
 /// a time, in the background. Instances no other node can take stay, with
 /// the reason. `GET /v2/nodes/{node_id}` shows the progress (`drain`).
 #[utoipa::path(post, path = "/v2/nodes/{node_id}/drain", tag = "nodes",
-    params(("node_id" = String, Path)),
+    params(("node_id" = String, Path), DrainQuery),
     responses(
         (status = 202, body = DrainReport, description = "Draining: the instances that will move"),
         (status = 404, body = ErrorResponse),
@@ -47,8 +47,12 @@ pub async fn node_get(
 pub async fn node_drain(
     State(control_plane): State<Arc<ControlPlane>>,
     Path(id): Path<String>,
+    crate::http::ApiQuery(query): crate::http::ApiQuery<DrainQuery>,
 ) -> Result<(StatusCode, Json<DrainReport>), Error> {
-    let report = control_plane.node_drain(&NodeId::new(id)).await?;
+    let until_restart = query.until_restart.unwrap_or(false);
+    let report = control_plane
+        .node_drain(&NodeId::new(id), until_restart)
+        .await?;
     Ok((StatusCode::ACCEPTED, Json(report)))
 }
 
@@ -62,4 +66,15 @@ pub async fn node_uncordon(
     Path(id): Path<String>,
 ) -> Result<Json<Node>, Error> {
     Ok(Json(control_plane.node_uncordon(&NodeId::new(id)).await?))
+}
+
+/// Query of `POST /v2/nodes/{node_id}/drain`.
+#[derive(Debug, Clone, Default, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct DrainQuery {
+    /// End the drain when an agent of another process generation registers
+    /// for the node (the agent that drained its node before it stopped came
+    /// back); default false: until uncordoned.
+    pub until_restart: Option<bool>,
 }

@@ -41,8 +41,6 @@ use chrono::{DateTime, TimeZone, Utc};
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{AnyPool, Executor};
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     Sqlite,
@@ -110,7 +108,12 @@ impl Store {
                 .await
                 .with_context(open_error)?,
         };
-        MIGRATOR
+        // Migrations of a newer version are left alone: during a rolling
+        // upgrade (or a rollback) this version works on a store a newer one
+        // migrated, since migrations only add.
+        let mut migrator = sqlx::migrate!("./migrations");
+        migrator.set_ignore_missing(true);
+        migrator
             .run(&writer)
             .await
             .context("cannot apply store migrations")?;

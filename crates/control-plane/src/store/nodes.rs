@@ -132,7 +132,11 @@ impl Store {
              disk_percent = excluded.disk_percent, last_heartbeat = excluded.last_heartbeat, \
              warnings = excluded.warnings, load_cpu_percent = excluded.load_cpu_percent, \
              load_memory_percent = excluded.load_memory_percent, generation = excluded.generation, \
-             browser_version = excluded.browser_version, protocol_version = excluded.protocol_version"
+             browser_version = excluded.browser_version, protocol_version = excluded.protocol_version, \
+             draining = CASE WHEN nodes.drain_ends_with_generation NOT IN ('', excluded.generation) \
+                 THEN 0 ELSE nodes.draining END, \
+             drain_ends_with_generation = CASE WHEN nodes.drain_ends_with_generation NOT IN ('', excluded.generation) \
+                 THEN '' ELSE nodes.drain_ends_with_generation END"
         ))
         .bind(registration.node_id.as_str())
         .bind(registration.address.as_str())
@@ -161,11 +165,22 @@ impl Store {
     }
 
     /// Marks node `id` draining (it takes no new instance) or not; `false`
-    /// when there is no such node. Registrations leave the mark as it is.
-    pub async fn node_set_draining(&self, id: &NodeId, draining: bool) -> sqlx::Result<bool> {
-        let done = sqlx::query("UPDATE nodes SET draining = $1 WHERE id = $2")
-            .bind(i64::from(draining))
-            .bind(id.as_str())
+    /// when there is no such node. A registration leaves the mark as it is,
+    /// unless `until_restart`: then the first agent of another generation
+    /// than the one registered now (a restarted agent) clears it.
+    pub async fn node_set_draining(
+        &self,
+        id: &NodeId,
+        draining: bool,
+        until_restart: bool,
+    ) -> sqlx::Result<bool> {
+        let done = sqlx::query(
+            "UPDATE nodes SET draining = $1, \
+             drain_ends_with_generation = CASE WHEN $2 = 1 THEN generation ELSE '' END WHERE id = $3",
+        )
+        .bind(i64::from(draining))
+        .bind(i64::from(draining && until_restart))
+        .bind(id.as_str())
             .execute(&self.pool)
             .await?;
         Ok(done.rows_affected() > 0)

@@ -353,3 +353,52 @@ fn a_registration_from_another_minor_version_reads_with_fields_unknown_and_missi
         "1.0"
     );
 }
+
+#[tokio::test]
+async fn a_drain_until_restart_ends_when_another_agent_process_registers() {
+    use flotilla_api_types::nodes::NodeStatus;
+    let dir = tempfile::tempdir().unwrap();
+    let (control_plane, _) = control_plane(&dir).await;
+    control_plane
+        .node_register(registration("n1", vec![], vec![]))
+        .await
+        .unwrap();
+    let node = NodeId::new("n1");
+    let status = |control_plane: Arc<ControlPlane>| async move {
+        control_plane
+            .node_get(&NodeId::new("n1"))
+            .await
+            .unwrap()
+            .status
+    };
+
+    // Until restart: the same process registering again keeps it; the next
+    // process (another generation) ends it.
+    let report = control_plane.node_drain(&node, true).await.unwrap();
+    assert!(report.moving.is_empty());
+    assert_eq!(status(control_plane.clone()).await, NodeStatus::Draining);
+    control_plane
+        .node_register(registration("n1", vec![], vec![]))
+        .await
+        .unwrap();
+    assert_eq!(status(control_plane.clone()).await, NodeStatus::Draining);
+    let mut restarted = registration("n1", vec![], vec![]);
+    restarted.generation = "g2".into();
+    control_plane.node_register(restarted).await.unwrap();
+    assert_eq!(status(control_plane.clone()).await, NodeStatus::Online);
+
+    // A plain drain lasts across restarts, until uncordoned.
+    control_plane.node_drain(&node, false).await.unwrap();
+    let mut again = registration("n1", vec![], vec![]);
+    again.generation = "g3".into();
+    control_plane.node_register(again).await.unwrap();
+    assert_eq!(status(control_plane.clone()).await, NodeStatus::Draining);
+    let uncordoned = control_plane.node_uncordon(&node).await.unwrap();
+    assert_eq!(uncordoned.status, NodeStatus::Online);
+    assert!(
+        control_plane
+            .node_uncordon(&NodeId::new("nowhere"))
+            .await
+            .is_err()
+    );
+}

@@ -194,6 +194,33 @@ async fn the_previous_versions_node_queries_work_on_a_migrated_store(postgres: b
         .unwrap()
         .unwrap();
     assert_eq!(node.protocol_version, "");
+    drop(store);
+    // A newer version's migration in the store (a rollback, or this version
+    // restarting during a rolling upgrade) does not stop this one.
+    let pool = sqlx::AnyPool::connect(&url).await.unwrap();
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(99_999_i64)
+    .bind("a newer version's migration")
+    .bind(true)
+    .bind(vec![0_u8; 48])
+    .bind(1_i64)
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    let store = Store::connect(&url, 2)
+        .await
+        .expect("a store a newer version migrated opens");
+    assert!(
+        store
+            .node_get(&NodeId::new("old-node"))
+            .await
+            .unwrap()
+            .is_some()
+    );
 }
 
 async fn capacity_holds_under_concurrent_placements(postgres: bool) {
