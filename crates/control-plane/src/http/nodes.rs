@@ -41,6 +41,7 @@ pub async fn node_get(
     params(("node_id" = String, Path), DrainQuery),
     responses(
         (status = 202, body = DrainReport, description = "Draining: the instances that will move"),
+        (status = 400, body = ErrorResponse, description = "An invalid query (until_restart not true or false, an unknown parameter)"),
         (status = 404, body = ErrorResponse),
         (status = 409, body = ErrorResponse, description = "The node is offline"),
     ))]
