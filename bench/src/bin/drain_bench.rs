@@ -106,12 +106,19 @@ async fn round(
     for n in 0..count {
         let created: Value = http
             .post(format!("{base}/v2/instances"))
-            .json(&serde_json::json!({"node_preference": "drain-a"}))
+            .json(&serde_json::json!({
+                "node_preference": "drain-a",
+                // Ten on one node of this machine's memory.
+                "config": {"memory_gb": 1},
+            }))
             .send()
             .await?
             .json()
             .await?;
-        let id = created["id"].as_str().context("an id")?.to_owned();
+        let id = created["id"]
+            .as_str()
+            .with_context(|| format!("a create on drain-a: {created}"))?
+            .to_owned();
         wait_status(http, base, &id, "running").await?;
         for tab in 0..2 {
             let page = format!("data:text/html,<title>instance {n} tab {tab}</title>");
