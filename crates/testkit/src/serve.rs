@@ -97,6 +97,16 @@ pub(super) async fn start_serve_in(
     // Tests share two cores with other browser tests: the overload guard would
     // refuse placements at random. Scheduler unit tests cover the guard.
     config.control.scheduler.max_utilisation_percent = 100.0;
+    // The sim and real agents report the host's own CPU, memory and disk,
+    // which no test controls (CI's disk was at 80 %): resource alerts would
+    // come and go at random. The alert unit tests cover the thresholds.
+    let monitoring = &mut config.control.monitoring;
+    monitoring.cpu_warning_threshold = 100.0;
+    monitoring.cpu_critical_threshold = 100.0;
+    monitoring.memory_warning_threshold = 100.0;
+    monitoring.memory_critical_threshold = 100.0;
+    monitoring.disk_warning_threshold = 100.0;
+    monitoring.disk_critical_threshold = 100.0;
     adjust(&mut config);
     let serve = Serve::start_with_clock(config, clock)
         .await

@@ -558,7 +558,8 @@ async fn metrics_history_and_capacity_alerts() {
     let alerts = wait_until(Duration::from_secs(30), "capacity alerts", || async {
         let (_, body) = api.get("/v2/alerts").await;
         let alerts = body["alerts"].as_array().cloned().unwrap_or_default();
-        Ok::<_, String>((alerts.len() >= 2).then_some(alerts))
+        let capacity = alerts.iter().filter(|a| a["metric"] == "capacity").count();
+        Ok::<_, String>((capacity >= 2).then_some(alerts))
     })
     .await
     .unwrap();
