@@ -167,6 +167,15 @@ pub enum InstanceEventKind {
     PlaywrightServerExited { version: String, reason: String },
 }
 
+/// An agent's request about its own node's drain (`drain_on_shutdown`):
+/// `POST /internal/v1/nodes/drain` starts it, `POST
+/// /internal/v1/nodes/drain/report` reads it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeDrainRequest {
+    pub node_id: NodeId,
+}
+
 /// Who answers at an agent's address (`GET /agent/v1/identity`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentIdentity {

@@ -5,6 +5,7 @@
 //! - `DELETE /agent/v1/instances/{id}`  — `?force=true|false` → 204
 //! - `POST   /agent/v1/instances/{id}/dormant` — park → 200 [`AgentDormantResult`]
 //! - `POST   /agent/v1/instances/{id}/revive`  — [`AgentReviveInstance`] → 202 [`AgentInstancePorts`]
+//! - `POST   /agent/v1/instances/{id}/forget`  — drop a dormant instance revived on another node → 204
 //! - `POST   /agent/v1/instances/{id}/action`  — [`AgentAction`] → 200, the result itself
 //! - `POST   /agent/v1/instances/{id}/page`    — [`AgentPageRequest`] → 200 [`PageAnswer`]
 //! - `GET    /agent/v1/instances`       — the agent's [`InstanceReport`]s
@@ -53,6 +54,7 @@ pub fn router(agent: Agent, cluster_token: &str) -> Router {
         .route("/agent/v1/instances/{id}", delete(instance_delete))
         .route("/agent/v1/instances/{id}/dormant", post(instance_dormant))
         .route("/agent/v1/instances/{id}/revive", post(instance_revive))
+        .route("/agent/v1/instances/{id}/forget", post(instance_forget))
         .route(
             "/agent/v1/instances/{id}/page",
             post(instance_page).layer(axum::extract::DefaultBodyLimit::max(ACTION_BODY_LIMIT)),
@@ -222,6 +224,14 @@ async fn instance_dormant(
     Ok(Json(
         state.agent.instance_dormant(&InstanceId::new(id)).await?,
     ))
+}
+
+async fn instance_forget(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, AgentError> {
+    state.agent.instance_forget(&InstanceId::new(id)).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 async fn instance_revive(

@@ -222,6 +222,13 @@ pub struct AgentConfig {
     pub launch_timeout_sec: u64,
     /// Seconds a graceful stop (CDP `Browser.close`, then SIGTERM) may take before SIGKILL.
     pub stop_timeout_sec: u64,
+    /// On SIGTERM (or any graceful stop) a standalone agent first asks its
+    /// control plane to drain its node until it comes back: its instances
+    /// move to other nodes (or are parked when none has room), then it exits.
+    pub drain_on_shutdown: bool,
+    /// The longest that drain may take; whatever has not moved by then is
+    /// stopped as on any shutdown.
+    pub drain_timeout_sec: u64,
     /// Browser window (and live view) size in pixels.
     pub viewport_width: u32,
     pub viewport_height: u32,
@@ -290,6 +297,8 @@ impl Default for AgentConfig {
             pids_max: 2048,
             launch_timeout_sec: 30,
             stop_timeout_sec: 5,
+            drain_on_shutdown: false,
+            drain_timeout_sec: 120,
             viewport_width: 1280,
             viewport_height: 720,
             live_view_quality: 60,
@@ -392,6 +401,11 @@ impl AgentConfig {
         if self.launch_timeout_sec == 0 {
             return Err(ConfigError::Zero {
                 key: "agent.launch_timeout_sec",
+            });
+        }
+        if self.drain_on_shutdown && self.drain_timeout_sec == 0 {
+            return Err(ConfigError::Zero {
+                key: "agent.drain_timeout_sec",
             });
         }
         if self.screenshot_max_pixels < 640 * 480 || self.screenshot_max_bytes < 1 << 20 {

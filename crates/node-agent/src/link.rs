@@ -5,10 +5,12 @@
 use async_trait::async_trait;
 use std::time::Duration;
 
+use flotilla_api_types::NodeId;
 use flotilla_api_types::agent::{
-    Heartbeat, InstanceEventReport, InstanceStateChange, NodeRegistration, RegistrationAck,
-    StateChangeAck,
+    Heartbeat, InstanceEventReport, InstanceStateChange, NodeDrainRequest, NodeRegistration,
+    RegistrationAck, StateChangeAck,
 };
+use flotilla_api_types::nodes::DrainReport;
 use flotilla_api_types::{ErrorCode, ErrorResponse};
 
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +43,13 @@ pub trait ControlPlaneLink: Send + Sync + 'static {
     async fn state_changed(&self, change: InstanceStateChange)
     -> Result<StateChangeAck, LinkError>;
     async fn instance_event(&self, event: InstanceEventReport) -> Result<(), LinkError>;
+    /// Drains node `node` until its agent registers again (the agent's
+    /// `drain_on_shutdown`): the drain's report as it starts, or as it is
+    /// when one was already under way.
+    async fn drain(&self, node: &NodeId) -> Result<DrainReport, LinkError>;
+    /// Node `node`'s drain as it is now; `None` when this control plane
+    /// does not run it (another one of the cluster may).
+    async fn drain_report(&self, node: &NodeId) -> Result<Option<DrainReport>, LinkError>;
 }
 
 /// The link of a separate `flotilla agent`: the control plane's internal API
@@ -153,6 +162,20 @@ impl ControlPlaneLink for HttpLink {
 
     async fn instance_event(&self, event: InstanceEventReport) -> Result<(), LinkError> {
         self.post("/instances/events", &event).await.map(drop)
+    }
+
+    async fn drain(&self, node: &NodeId) -> Result<DrainReport, LinkError> {
+        let request = NodeDrainRequest {
+            node_id: node.clone(),
+        };
+        self.call("/nodes/drain", &request).await
+    }
+
+    async fn drain_report(&self, node: &NodeId) -> Result<Option<DrainReport>, LinkError> {
+        let request = NodeDrainRequest {
+            node_id: node.clone(),
+        };
+        self.call("/nodes/drain/report", &request).await
     }
 }
 

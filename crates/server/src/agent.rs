@@ -73,8 +73,10 @@ impl AgentNode {
         })
     }
 
-    /// Stops serving, then stops every browser gracefully.
+    /// Drains the node first when `agent.drain_on_shutdown` is on; then
+    /// stops serving, and stops every browser gracefully.
     pub async fn shutdown(self) {
+        self.agent.drain_before_shutdown().await;
         self.shutdown.cancel();
         for task in self.tasks {
             let _ = task.await;

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use flotilla_api_types::InstanceId;
 use flotilla_api_types::actions::AgentAction;
 use flotilla_api_types::agent::{
     AgentCreateInstance, AgentInstancePorts, Heartbeat, InstanceEventReport, InstanceStateChange,
@@ -18,7 +17,9 @@ use flotilla_api_types::agent::{
 use flotilla_api_types::agent::{AgentDormantResult, AgentIdentity, AgentReviveInstance};
 use flotilla_api_types::extensions::ExtensionRefusal;
 use flotilla_api_types::instances::KeptRecording;
+use flotilla_api_types::nodes::DrainReport;
 use flotilla_api_types::page::{AgentPageRequest, PageAnswer};
+use flotilla_api_types::{InstanceId, NodeId};
 use flotilla_control_plane::ControlPlane;
 use flotilla_control_plane::artifacts::{ArtifactStore, ExtensionManifest, VideoStream};
 use flotilla_control_plane::nodes::{ActionResult, NodeCallError, NodeConnection};
@@ -46,6 +47,13 @@ impl NodeConnection for LocalNode {
         request: AgentReviveInstance,
     ) -> Result<AgentInstancePorts, NodeCallError> {
         self.0.instance_revive(request).await.map_err(agent_error)
+    }
+
+    async fn instance_forget(&self, id: &InstanceId) -> Result<(), NodeCallError> {
+        match self.0.instance_forget(id).await {
+            Ok(()) | Err(AgentError::NotFound(_)) => Ok(()),
+            Err(error) => Err(agent_error(error)),
+        }
     }
 
     async fn identity(&self) -> Result<AgentIdentity, NodeCallError> {
@@ -131,6 +139,14 @@ impl ControlPlaneLink for LocalLink {
             .instance_event_reported(event)
             .await
             .map_err(rejected)
+    }
+
+    async fn drain(&self, node: &NodeId) -> Result<DrainReport, LinkError> {
+        self.0.node_drain(node, true).await.map_err(rejected)
+    }
+
+    async fn drain_report(&self, node: &NodeId) -> Result<Option<DrainReport>, LinkError> {
+        Ok(self.0.node_drain_report(node))
     }
 }
 

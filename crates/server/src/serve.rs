@@ -127,8 +127,11 @@ impl Serve {
         format!("http://{}", self.proxy_addr)
     }
 
-    /// Graceful shutdown: no new requests, every browser closed and recorded.
+    /// Graceful shutdown: the node drained first when
+    /// `agent.drain_on_shutdown` is on (to the cluster's other agents, or
+    /// parked); then no new requests, every browser closed and recorded.
     pub async fn shutdown(self) {
+        self.agent.drain_before_shutdown().await;
         self.proxy.shutdown().await;
         self.shutdown.cancel();
         for task in self.tasks {

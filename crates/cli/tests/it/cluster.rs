@@ -726,7 +726,7 @@ async fn browser_a_drained_node_moves_its_instances_with_their_tabs_and_keeps_wh
     .await;
     let api = &cp.api;
     let nodes = [("m1", "28000-28099"), ("m2", "28100-28199")];
-    let _agents = agents_sharing(&api.base, temp.path(), nodes, false, &snapshots_url).await;
+    let agents = agents_sharing(&api.base, temp.path(), nodes, false, &snapshots_url).await;
     wait_nodes(api, &[("m1", "online"), ("m2", "online")]).await;
 
     // Three instances on m1, each with two tabs of its own.
@@ -781,6 +781,22 @@ async fn browser_a_drained_node_moves_its_instances_with_their_tabs_and_keeps_wh
         let (status, version) = api.get(&format!("/v2/instances/{id}/json/version")).await;
         assert_eq!(status, StatusCode::OK, "{version}");
     }
+    // m1 let go of what moved: no dormant slot is left to hold its room or
+    // to be woken there by a client of its old ports.
+    wait_until(
+        Duration::from_secs(30),
+        "m1 to release the moved instances",
+        || async {
+            let left = agent_instances(&agents[0]).await;
+            if left.is_empty() {
+                Ok(Some(()))
+            } else {
+                Err(format!("{left:?}"))
+            }
+        },
+    )
+    .await
+    .unwrap();
 
     // Draining m2 too: no node has room for its instances, which stay,
     // running, each with the reason.
@@ -810,4 +826,139 @@ async fn browser_a_drained_node_moves_its_instances_with_their_tabs_and_keeps_wh
     assert_eq!(node["status"], "online", "{node}");
     let (status, body) = api.post("/v2/nodes/nowhere/drain", "").await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+}
+
+#[tokio::test]
+async fn an_agent_stopped_with_drain_on_shutdown_moves_its_instances_first() {
+    let temp = tempfile::tempdir().unwrap();
+    let shared = temp.path().join("snapshots");
+    std::fs::create_dir_all(&shared).unwrap();
+    let snapshots_url = format!("file://{}", shared.display());
+    let cp = control(
+        &temp.path().join("cp"),
+        &[("FLOTILLA_SNAPSHOTS__URL", &snapshots_url)],
+    )
+    .await;
+    let api = &cp.api;
+    let leaving_env = [
+        ("FLOTILLA_SNAPSHOTS__URL", snapshots_url.as_str()),
+        ("FLOTILLA_AGENT__DRAIN_ON_SHUTDOWN", "true"),
+        ("FLOTILLA_AGENT__DRAIN_TIMEOUT_SEC", "40"),
+    ];
+    let leaving = AgentSpec {
+        env: &leaving_env,
+        ..AgentSpec::sim("s1", "10", "26200-26299")
+    };
+    // The other node has room for two of the three.
+    let staying_env = [("FLOTILLA_SNAPSHOTS__URL", snapshots_url.as_str())];
+    let staying = AgentSpec {
+        env: &staying_env,
+        ..AgentSpec::sim("s2", "2", "26300-26399")
+    };
+    let mut s1 = agent(&api.base, &temp.path().join("s1"), &leaving).await;
+    let s2 = agent(&api.base, &temp.path().join("s2"), &staying).await;
+    wait_nodes(api, &[("s1", "online"), ("s2", "online")]).await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let (id, _, _) = api.create_running(r#"{"node_preference": "s1"}"#).await;
+        ids.push(id);
+    }
+
+    // The doors this adds refuse what is not theirs to take.
+    let client = reqwest::Client::new();
+    let running_on_s1 = &ids[0];
+    let forget = |base: &str, id: &str| format!("{base}/agent/v1/instances/{id}/forget");
+    for token in [None, Some("wrong")] {
+        let mut request = client.post(forget(&s1.api.base, running_on_s1));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let status = request.send().await.unwrap().status();
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{token:?}");
+    }
+    for (id, want) in [
+        // Running here: a forget must not drop it.
+        (running_on_s1.as_str(), StatusCode::CONFLICT),
+        ("nowhere", StatusCode::NOT_FOUND),
+        ("..%2F..%2Fetc", StatusCode::NOT_FOUND),
+    ] {
+        let answer = client
+            .post(forget(&s1.api.base, id))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), want, "{id}");
+    }
+    api.wait_for_status(running_on_s1, "running", Duration::from_secs(10))
+        .await;
+    let internal = |path: &str| format!("{}/internal/v1/nodes/{path}", api.base);
+    for path in ["drain", "drain/report"] {
+        let refused = client
+            .post(internal(path))
+            .json(&serde_json::json!({"node_id": "s1"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused.status(), StatusCode::UNAUTHORIZED, "{path}");
+    }
+    let unknown = client
+        .post(internal("drain"))
+        .bearer_auth(TOKEN)
+        .json(&serde_json::json!({"node_id": "nowhere"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), StatusCode::NOT_FOUND);
+    let none: Value = client
+        .post(internal("drain/report"))
+        .bearer_auth(TOKEN)
+        .json(&serde_json::json!({"node_id": "s1"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(none, Value::Null, "no drain of s1 yet");
+
+    // SIGTERM: the agent drains its node, then exits cleanly.
+    assert_eq!(s1.stop_with(libc::SIGTERM).await, Some(0));
+    let (_, node) = api.get("/v2/nodes/s1").await;
+    let report = &node["drain"];
+    assert_eq!(report["finished"], true, "{node}");
+    assert_eq!(report["moved"].as_array().unwrap().len(), 2, "{node}");
+    let stayed = report["stayed"].as_array().unwrap();
+    assert_eq!(stayed.len(), 1, "{node}");
+    assert!(
+        stayed[0]["reason"].as_str().unwrap().contains("was parked"),
+        "{node}"
+    );
+    let mut on_s2 = 0;
+    for id in &ids {
+        let (_, detail) = api.get(&format!("/v2/instances/{id}")).await;
+        match detail["status"].as_str() {
+            Some("running") => {
+                assert_eq!(detail["node_id"], "s2", "{detail}");
+                on_s2 += 1;
+            }
+            // The one no node had room for was parked, not stopped.
+            Some("dormant") => assert_eq!(detail["node_id"], "s1", "{detail}"),
+            _ => panic!("{detail}"),
+        }
+    }
+    assert_eq!(on_s2, 2);
+    assert_eq!(agent_instances(&s2).await.len(), 2);
+    let parked = &stayed[0]["instance_id"];
+
+    // The agent back (a new process): the drain ends, and what was parked
+    // revives on its node.
+    let _s1 = agent(&api.base, &temp.path().join("s1"), &leaving).await;
+    wait_nodes(api, &[("s1", "online")]).await;
+    let parked = parked.as_str().unwrap();
+    api.revive(parked).await;
+    let revived = api
+        .wait_for_status(parked, "running", Duration::from_secs(60))
+        .await;
+    assert_eq!(revived["node_id"], "s1", "{revived}");
 }

@@ -16,11 +16,11 @@ use std::sync::Mutex;
 
 use chrono::Duration;
 
-use flotilla_api_types::InstanceId;
 use flotilla_api_types::agent::{AgentInstancePorts, AgentReviveInstance};
 use flotilla_api_types::ids::{OperationId, SnapshotId};
 use flotilla_api_types::instances::{Instance, InstanceStatus, ReviveMethod};
 use flotilla_api_types::nodes::NodeStatus;
+use flotilla_api_types::{InstanceId, NodeId};
 
 use super::ControlPlane;
 use super::instances::not_found;
@@ -137,6 +137,7 @@ impl ControlPlane {
         // Its own node when it can take it; otherwise (offline, unreachable,
         // full) another one: the snapshot comes from the shared store.
         let mut record = record;
+        let parked_on = record.node_id.clone();
         let original = self.store.node_get(&record.node_id).await?;
         if original.is_none_or(|node| node.status != NodeStatus::Online || node.draining) {
             record = self.relocate(&record).await?;
@@ -152,6 +153,9 @@ impl ControlPlane {
             }
             Err(other) => return Err(other.into_error()),
         };
+        if record.node_id != parked_on {
+            self.forget_on(&parked_on, id).await;
+        }
         let ports = [ports.debug_port, ports.stream_port, ports.http_port];
         if record.ports != Some(ports) {
             self.store.instance_set_ports(id, ports, self.now()).await?;
@@ -160,6 +164,27 @@ impl ControlPlane {
         view.estimated_completion =
             Some(started.updated_at + self.revive_estimates.estimate(method));
         Ok(view)
+    }
+
+    /// Tells node `node`, where instance `id` was parked, that it was revived
+    /// elsewhere: the node drops its dormant slot (its ports close, its room
+    /// frees). In the background: a node that is gone or does not answer
+    /// loses the slot when its agent restarts.
+    async fn forget_on(&self, node: &NodeId, id: &InstanceId) {
+        let connection = match self.connection(node).await {
+            Ok(Some(connection)) => connection,
+            Ok(None) => return,
+            Err(error) => {
+                tracing::warn!(instance = %id, %node, %error, "cannot reach the node it was parked on to release it");
+                return;
+            }
+        };
+        let (id, node) = (id.clone(), node.clone());
+        self.tasks().spawn("release a moved instance", async move {
+            if let Err(error) = connection.instance_forget(&id).await {
+                tracing::warn!(instance = %id, %node, %error, "the node it was parked on kept its dormant slot");
+            }
+        });
     }
 
     /// Starts the revive on the record's node; rolls the status back when the

@@ -71,7 +71,7 @@ impl ControlPlane {
             moving: running.iter().map(|r| r.id.clone()).collect(),
             stayed: Vec::new(),
         };
-        if let Some(report) = self.drain_report(id).filter(|report| !report.finished) {
+        if let Some(report) = self.node_drain_report(id).filter(|report| !report.finished) {
             return Ok(report);
         }
         self.store
@@ -109,7 +109,7 @@ impl ControlPlane {
                     let outcome = if ended.is_cancelled() || stopping.is_cancelled() {
                         Err("the drain was ended (uncordon, or its control plane stopped) before it moved".to_owned())
                     } else {
-                        control_plane.move_instance(&node, &id).await
+                        control_plane.move_instance(&node, &id, until_restart).await
                     };
                     tried.insert(id.clone());
                     control_plane.drain_progress(&node, &id, outcome);
@@ -162,7 +162,7 @@ impl ControlPlane {
     }
 
     /// The latest drain of node `id` this process ran.
-    pub(crate) fn drain_report(&self, id: &NodeId) -> Option<DrainReport> {
+    pub fn node_drain_report(&self, id: &NodeId) -> Option<DrainReport> {
         let drains = self.drains.lock().expect("drains lock");
         drains.get(id).map(|drain| drain.report.clone())
     }
@@ -232,8 +232,15 @@ impl ControlPlane {
     }
 
     /// Moves instance `id` off its draining node `from`: the node it runs
-    /// on now, or why it stayed.
-    async fn move_instance(&self, from: &NodeId, id: &InstanceId) -> Result<NodeId, String> {
+    /// on now, or why it stayed. When no other node has room and the node
+    /// is going away (`park_when_stuck`: a drain until its agent restarts),
+    /// the instance is parked where it is instead of left to be stopped.
+    async fn move_instance(
+        &self,
+        from: &NodeId,
+        id: &InstanceId,
+        park_when_stuck: bool,
+    ) -> Result<NodeId, String> {
         // As it is now: it may have moved, been parked or deleted meanwhile.
         let record = self
             .store
@@ -265,14 +272,24 @@ impl ControlPlane {
             config: &record.config,
             preference: None,
         };
-        scheduler::rank(&others, &usage, &placement, self.now(), &self.config).map_err(
-            |error| match error {
+        let ranked = scheduler::rank(&others, &usage, &placement, self.now(), &self.config);
+        if let Err(error) = ranked {
+            let reason = match error {
                 Error::InsufficientCapacity(detail) | Error::InvalidRequest(detail) => {
                     format!("no other node can take it: {detail}")
                 }
                 other => other.to_string(),
-            },
-        )?;
+            };
+            if !park_when_stuck {
+                return Err(reason);
+            }
+            return Err(match self.instance_dormant(id).await {
+                Ok(_) => format!(
+                    "{reason}; its node is stopping, so it was parked: revive it with POST /v2/instances/{id}/revive"
+                ),
+                Err(error) => format!("{reason}; it could not be parked either: {error}"),
+            });
+        }
         self.instance_dormant(id)
             .await
             .map_err(|e| format!("it could not be parked: {e}"))?;

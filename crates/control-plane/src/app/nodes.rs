@@ -52,7 +52,7 @@ impl ControlPlane {
             .ok_or_else(|| Error::NotFound(format!("node {id} not found")))?;
         let occupancy: HashMap<_, _> = self.store.node_occupancy().await?.into_iter().collect();
         let mut view = views::node_view(&node, occupancy.get(id).copied().unwrap_or(0), true);
-        view.drain = self.drain_report(id);
+        view.drain = self.node_drain_report(id);
         Ok(view)
     }
 

@@ -9,6 +9,11 @@
 //! - `POST /internal/v1/instances/state` — `InstanceStateChange` → `StateChangeAck`
 //!   (whether it was recorded)
 //! - `POST /internal/v1/instances/events` — `InstanceEventReport` → 204
+//! - `POST /internal/v1/nodes/drain` — `NodeDrainRequest` → 200 `DrainReport`:
+//!   an agent stopping with `drain_on_shutdown` drains its node until it
+//!   registers again
+//! - `POST /internal/v1/nodes/drain/report` — `NodeDrainRequest` → 200 the
+//!   `DrainReport` this control plane runs for the node, or `null`
 
 use std::sync::Arc;
 
@@ -19,10 +24,11 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use flotilla_api_types::agent::{
-    Heartbeat, InstanceEventReport, InstanceStateChange, NodeRegistration, RegistrationAck,
-    StateChangeAck,
+    Heartbeat, InstanceEventReport, InstanceStateChange, NodeDrainRequest, NodeRegistration,
+    RegistrationAck, StateChangeAck,
 };
 use flotilla_api_types::credentials::{bearer_token, constant_time_eq};
+use flotilla_api_types::nodes::DrainReport;
 
 use crate::app::ControlPlane;
 use crate::error::Error;
@@ -87,4 +93,20 @@ pub async fn state_changed(
 ) -> Result<Json<StateChangeAck>, Error> {
     let applied = control_plane.instance_state_changed(change).await?;
     Ok(Json(StateChangeAck { applied }))
+}
+
+pub async fn drain(
+    State(control_plane): State<Arc<ControlPlane>>,
+    Json(request): Json<NodeDrainRequest>,
+) -> Result<Json<DrainReport>, Error> {
+    Ok(Json(
+        control_plane.node_drain(&request.node_id, true).await?,
+    ))
+}
+
+pub async fn drain_report(
+    State(control_plane): State<Arc<ControlPlane>>,
+    Json(request): Json<NodeDrainRequest>,
+) -> Json<Option<DrainReport>> {
+    Json(control_plane.node_drain_report(&request.node_id))
 }

@@ -406,6 +406,11 @@ fn internal_routes(control_plane: &Arc<ControlPlane>) -> Routes {
             "/instances/events",
             axum::routing::post(internal::instance_event),
         )
+        .route("/nodes/drain", axum::routing::post(internal::drain))
+        .route(
+            "/nodes/drain/report",
+            axum::routing::post(internal::drain_report),
+        )
         .layer(axum::middleware::from_fn_with_state(
             control_plane.clone(),
             internal::require_cluster_token,

@@ -124,6 +124,18 @@ impl NodeConnection for HttpNode {
         expect_body(self.call(request, DORMANT_TIMEOUT).await?)
     }
 
+    async fn instance_forget(&self, id: &InstanceId) -> Result<(), NodeCallError> {
+        let request = self.client.post(self.url(&format!("/{id}/forget")));
+        match self.call::<serde_json::Value>(request, CALL_TIMEOUT).await {
+            Ok(_)
+            | Err(NodeCallError::Rejected {
+                code: ErrorCode::NotFound,
+                ..
+            }) => Ok(()),
+            Err(error) => Err(error),
+        }
+    }
+
     async fn instance_revive(
         &self,
         request: AgentReviveInstance,

@@ -73,6 +73,9 @@ pub trait NodeConnection: Send + Sync {
         &self,
         request: AgentReviveInstance,
     ) -> Result<AgentInstancePorts, NodeCallError>;
+    /// Drops a dormant instance that was revived on another node (its
+    /// snapshot stays in the store); `Ok` also when the agent does not have it.
+    async fn instance_forget(&self, id: &InstanceId) -> Result<(), NodeCallError>;
     /// Runs a REST action's job on an instance's browser: the result's
     /// content type and bytes.
     async fn instance_action(

@@ -14,7 +14,7 @@ use flotilla_api_types::agent::{
     AgentCreateInstance, AgentInstancePorts, InstanceEventKind, InstanceStateChange,
 };
 use flotilla_api_types::extensions::is_extension_id;
-use flotilla_api_types::instances::KeptRecording;
+use flotilla_api_types::instances::{InstanceStatus, KeptRecording};
 
 use crate::browser::{BrowserProcess, BrowserSetup, CdpEndpoint, InstanceDirs, LaunchError};
 use crate::cgroups::Limits;
@@ -615,6 +615,36 @@ impl Agent {
         let _ = tokio::task::spawn_blocking(move || remove_dir(&root)).await;
         self.end_recordings(slot, true).await;
         true
+    }
+
+    /// Drops a dormant instance that now lives on another node: `Ok(false)`
+    /// when it was no longer this agent's, 409 when it is not dormant here
+    /// (a client woke it on this node meanwhile: it stays).
+    pub(super) async fn forget(&self, slot: &Arc<InstanceSlot>) -> Result<bool, AgentError> {
+        let (status, _) = slot.status();
+        if status != InstanceStatus::Dormant {
+            return Err(AgentError::NotDormant {
+                instance: slot.id.clone(),
+                status,
+            });
+        }
+        let removed = self
+            .inner
+            .slots
+            .lock()
+            .expect("slots lock")
+            .remove(&slot.id)
+            .is_some();
+        if !removed {
+            return Ok(false);
+        }
+        slot.servers.cancel();
+        self.inner.ports.release(slot.ports);
+        let root = slot.dirs.root.clone();
+        let _ = tokio::task::spawn_blocking(move || remove_dir(&root)).await;
+        self.end_recordings(slot, false).await;
+        tracing::info!(instance = %slot.id, "dormant instance forgotten: it runs on another node now");
+        Ok(true)
     }
 
     /// At the end of an instance whose servers are stopped: waits for its

@@ -566,6 +566,24 @@ impl Agent {
         Ok(crate::page_ops::run(&endpoint, request, context).await?)
     }
 
+    /// Drops dormant instance `id`, revived on another node (see
+    /// [`operations::Request::Forget`]).
+    pub async fn instance_forget(&self, id: &InstanceId) -> Result<(), AgentError> {
+        let slot = self.slot(id)?;
+        flotilla_api_types::tasks::to_completion(async move {
+            let (reply, done) = oneshot::channel();
+            if slot
+                .send(operations::Request::Forget { reply })
+                .await
+                .is_err()
+            {
+                return Ok(());
+            }
+            done.await.unwrap_or(Ok(()))
+        })
+        .await
+    }
+
     pub async fn instance_dormant(
         &self,
         id: &InstanceId,
@@ -587,6 +605,68 @@ impl Agent {
     fn all_slots(&self) -> Vec<Arc<InstanceSlot>> {
         let slots = self.inner.slots.lock().expect("slots lock");
         slots.values().cloned().collect()
+    }
+
+    /// `drain_on_shutdown`: asks the control plane to drain this node until
+    /// its agent registers again, then waits, serving and reporting as
+    /// usual, until the drain has finished (or, when another control plane
+    /// of the cluster runs it, until nothing runs here any more), for
+    /// `drain_timeout_sec` at most. Call it before [`Agent::shutdown`].
+    pub async fn drain_before_shutdown(&self) {
+        let config = &self.inner.settings.config;
+        if !config.drain_on_shutdown || self.inner.shutdown.is_cancelled() {
+            return;
+        }
+        let node = &self.inner.node_id;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(config.drain_timeout_sec);
+        let mut report = match self.inner.link.drain(node).await {
+            Ok(report) => {
+                tracing::info!(%node, instances = report.moving.len(), "draining the node before stopping");
+                Some(report)
+            }
+            Err(error) => {
+                tracing::warn!(%node, %error, "the node could not be drained before stopping; its browsers stop with it");
+                return;
+            }
+        };
+        loop {
+            match &report {
+                Some(report) if report.finished => {
+                    tracing::info!(%node, moved = report.moved.len(), stayed = report.stayed.len(), "node drained; stopping");
+                    return;
+                }
+                None if !self.runs_anything() => {
+                    tracing::info!(%node, "nothing runs on the node any more; stopping");
+                    return;
+                }
+                _ => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(%node, timeout_sec = config.drain_timeout_sec, "the drain did not finish within drain_timeout_sec; what is left stops with the agent");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            report = match self.inner.link.drain_report(node).await {
+                Ok(report) => report,
+                Err(error) => {
+                    tracing::warn!(%node, %error, "cannot read the drain's progress");
+                    None
+                }
+            };
+        }
+    }
+
+    /// Whether an instance runs, or is on its way to, on this node.
+    fn runs_anything(&self) -> bool {
+        self.all_slots().iter().any(|slot| {
+            matches!(
+                slot.status().0,
+                InstanceStatus::Running
+                    | InstanceStatus::Idle
+                    | InstanceStatus::Creating
+                    | InstanceStatus::Reviving
+            )
+        })
     }
 
     /// Every slot, leaving the agent none (it is stopping).

@@ -52,6 +52,14 @@ pub enum Request {
     /// The agent shuts down: stop its browser and report it; answered once
     /// done. The task ends with it.
     ShutDown { reply: oneshot::Sender<()> },
+    /// It was revived on another node from the shared snapshot store: drop
+    /// it if it is still dormant here (its ports close, so no client wakes
+    /// it here again). Its snapshot stays in the store; its recordings stay
+    /// on this node, or go to the store when it keeps them. The task ends
+    /// with it.
+    Forget {
+        reply: oneshot::Sender<Result<(), AgentError>>,
+    },
 }
 
 impl Agent {
@@ -101,6 +109,14 @@ impl Agent {
                     self.shut_down_instance(&slot).await;
                     let _ = reply.send(());
                     return;
+                }
+                Request::Forget { reply } => {
+                    let forgotten = self.forget(&slot).await;
+                    let ended = matches!(forgotten, Ok(true));
+                    let _ = reply.send(forgotten.map(|_| ()));
+                    if ended {
+                        return;
+                    }
                 }
             }
         }

@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use flotilla_api_types::InstanceId;
 use flotilla_api_types::agent::{
     AgentCreateInstance, AgentReviveInstance, Heartbeat, InstanceEventReport, InstanceStateChange,
     NodeRegistration, RegistrationAck, StateChangeAck,
@@ -16,6 +15,8 @@ use flotilla_api_types::agent::{
 use flotilla_api_types::clock::SystemClock;
 use flotilla_api_types::ids::{OperationId, SnapshotId};
 use flotilla_api_types::instances::{InstanceConfig, InstanceStatus, ReviveMethod};
+use flotilla_api_types::nodes::DrainReport;
+use flotilla_api_types::{InstanceId, NodeId};
 use flotilla_node_agent::snapshot::{SnapshotStore, SnapshotsConfig};
 use flotilla_node_agent::{
     Agent, AgentConfig, AgentError, AgentSettings, ControlPlaneLink, LinkError, RuntimeKind,
@@ -56,6 +57,16 @@ impl ControlPlaneLink for FakeControlPlane {
 
     async fn instance_event(&self, _: InstanceEventReport) -> Result<(), LinkError> {
         Ok(())
+    }
+
+    async fn drain(&self, _: &NodeId) -> Result<DrainReport, LinkError> {
+        Err(LinkError::Refused(
+            "this test's control plane drains nothing".into(),
+        ))
+    }
+
+    async fn drain_report(&self, _: &NodeId) -> Result<Option<DrainReport>, LinkError> {
+        Ok(None)
     }
 }
 
