@@ -153,14 +153,6 @@ fn main() -> std::process::ExitCode {
             }
         };
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new("info,tower_http=warn,sqlx=warn")
-            }),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
@@ -216,7 +208,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 args.data_dir.map(|d| d.display().to_string()),
             );
             let config = FlotillaConfig::load(args.config.as_deref(), &overrides)?;
-            runtime(0)?.block_on(serve(config))
+            with_telemetry(&config, "serve", || {
+                runtime(0)?.block_on(serve(config.clone()))
+            })
         }
         Command::Control(args) => {
             let mut overrides = Vec::new();
@@ -228,7 +222,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 args.data_dir.map(|d| d.display().to_string()),
             );
             let config = FlotillaConfig::load(args.config.as_deref(), &overrides)?;
-            runtime(0)?.block_on(control(config))
+            with_telemetry(&config, "control", || {
+                runtime(0)?.block_on(control(config.clone()))
+            })
         }
         Command::Agent(args) => {
             let mut overrides = Vec::new();
@@ -245,7 +241,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 args.data_dir.map(|d| d.display().to_string()),
             );
             let config = FlotillaConfig::load(args.config.as_deref(), &overrides)?;
-            runtime(0)?.block_on(agent(config))
+            with_telemetry(&config, "agent", || {
+                runtime(0)?.block_on(agent(config.clone()))
+            })
         }
         Command::Keys(KeysCommand::Create) => {
             let key = format!("flt_{}", hex_encode(&rand_bytes()));
@@ -259,9 +257,27 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             push(&mut overrides, "http.bind_address", args.listen);
             let config = FlotillaConfig::load(args.config.as_deref(), &overrides)?;
             config.proxy.validate().map_err(anyhow::Error::msg)?;
-            runtime(config.proxy.http.thread_pool_size)?.block_on(proxy(config))
+            with_telemetry(&config, "proxy", || {
+                runtime(config.proxy.http.thread_pool_size)?.block_on(proxy(config.clone()))
+            })
         }
     }
+}
+
+/// Runs a server command with the process's logs (stderr, `RUST_LOG`) and,
+/// with `[telemetry] otlp_endpoint`, its spans exported; the spans still
+/// buffered are sent once it has stopped.
+fn with_telemetry(
+    config: &FlotillaConfig,
+    role: &str,
+    run: impl FnOnce() -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let logs = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tower_http=warn,sqlx=warn"));
+    let telemetry = flotilla_telemetry::init(&config.telemetry, role, logs)?;
+    let result = run();
+    telemetry.shutdown();
+    result
 }
 
 fn rand_bytes() -> [u8; 32] {

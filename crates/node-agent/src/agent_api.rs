@@ -65,6 +65,8 @@ pub fn router(agent: Agent, cluster_token: &str) -> Router {
         )
         .route("/agent/v1/identity", get(identity))
         .layer(middleware::from_fn_with_state(state.clone(), require_token))
+        // Continues the control plane's trace (`traceparent`).
+        .layer(middleware::from_fn(flotilla_telemetry::http_span))
         .with_state(state)
 }
 

@@ -47,6 +47,8 @@ pub struct FlotillaConfig {
     pub snapshots: SnapshotsConfig,
     /// `[listeners]`: what a client may hold on every listener of the process.
     pub listeners: ListenerLimits,
+    /// `[telemetry]`: OpenTelemetry spans over OTLP/HTTP (off by default).
+    pub telemetry: flotilla_telemetry::TelemetryConfig,
     /// The event proxy's sections: `[http]`, `[jwt_verifier]`, `[publisher]`,
     /// `[history]` (and its `[rate_limit]` keys, below).
     #[serde(flatten)]
@@ -78,6 +80,7 @@ impl Default for FlotillaConfig {
             agent: AgentConfig::default(),
             snapshots: SnapshotsConfig::default(),
             listeners: ListenerLimits::default(),
+            telemetry: flotilla_telemetry::TelemetryConfig::default(),
             proxy: ProxyConfig::default(),
             rate_limit: RateLimitSection::default(),
         }
@@ -142,6 +145,7 @@ impl FlotillaConfig {
         self.control.validate().map_err(anyhow::Error::msg)?;
         self.agent.validate().map_err(anyhow::Error::msg)?;
         self.listeners.validate().map_err(anyhow::Error::msg)?;
+        self.telemetry.validate().map_err(anyhow::Error::msg)?;
         Ok(())
     }
 

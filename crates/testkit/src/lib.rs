@@ -4,6 +4,7 @@
 //! - [`ServeProcess`]: the real `flotilla` binary as a child process;
 //! - [`serve_page`]: a local web server for pages the browsers load;
 //! - [`run_node`]: the Playwright / Puppeteer clients in `tests/js`;
+//! - [`OtlpReceiver`]: an OpenTelemetry collector's OTLP/HTTP traces door;
 //! - [`wait_until`]: polling a condition with a generous deadline (never a fixed sleep).
 //!
 //! Cleanup happens on drop too, so a failing test leaves no browser behind.
@@ -18,6 +19,7 @@ pub use reqwest::StatusCode;
 
 mod api;
 mod node_clients;
+mod otlp;
 mod pages;
 mod postgres;
 mod processes;
@@ -28,6 +30,7 @@ mod webhooks;
 
 pub use api::*;
 pub use node_clients::*;
+pub use otlp::*;
 pub use pages::*;
 pub use postgres::*;
 pub use processes::*;
@@ -42,11 +45,11 @@ pub const BROWSER_DEADLINE: Duration = Duration::from_secs(60);
 /// Sends test logs to the test's output (shown for failing tests).
 pub fn init_logging() {
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(
+        .with_env_filter(flotilla_telemetry::quiet(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
                 tracing_subscriber::EnvFilter::new("info,tower_http=warn,sqlx=warn")
             }),
-        )
+        ))
         .with_test_writer()
         .try_init();
 }

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use flotilla_testkit::{
-    Api, BROWSER_DEADLINE, EventReceiver, PgServer, ServeProcess, StatusCode, assert_error,
-    free_port, get_json, wait_until,
+    Api, BROWSER_DEADLINE, EventReceiver, OtlpReceiver, PgServer, ReceivedSpan, ServeProcess,
+    StatusCode, assert_error, free_port, get_json, wait_until,
 };
 use serde_json::Value;
 
@@ -961,4 +961,152 @@ async fn an_agent_stopped_with_drain_on_shutdown_moves_its_instances_first() {
         .wait_for_status(parked, "running", Duration::from_secs(60))
         .await;
     assert_eq!(revived["node_id"], "s1", "{revived}");
+}
+
+/// The spans of `receiver` once `done` holds for them (30 s at most).
+async fn spans_when(
+    receiver: &OtlpReceiver,
+    what: &str,
+    done: impl Fn(&[ReceivedSpan]) -> bool,
+) -> Vec<ReceivedSpan> {
+    wait_until(Duration::from_secs(30), what, || async {
+        let spans = receiver.spans();
+        if done(&spans) {
+            Ok(Some(spans))
+        } else {
+            let names: Vec<String> = spans
+                .iter()
+                .map(|s| format!("{}:{}", s.role, s.name))
+                .collect();
+            Err(format!("{names:?}"))
+        }
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_create_is_one_trace_across_the_control_plane_and_the_agent() {
+    let temp = tempfile::tempdir().unwrap();
+    let receiver = OtlpReceiver::start().await;
+    let telemetry = [
+        ("FLOTILLA_TELEMETRY__OTLP_ENDPOINT", receiver.url.as_str()),
+        // Export every 200 ms rather than every 5 s.
+        ("OTEL_BSP_SCHEDULE_DELAY", "200"),
+    ];
+    let cp = control(&temp.path().join("cp"), &telemetry).await;
+    let api = &cp.api;
+    let spec = AgentSpec {
+        env: &telemetry,
+        ..AgentSpec::sim("t1", "10", "26400-26499")
+    };
+    let _agent = agent(&api.base, &temp.path().join("t1"), &spec).await;
+    wait_nodes(api, &[("t1", "online")]).await;
+
+    let (id, _, _) = api.create_running("{}").await;
+    let create_spans = |spans: &[ReceivedSpan]| {
+        let create = spans.iter().find(|s| {
+            s.name == "instance.create" && s.attributes.get("instance.id") == Some(&id)
+        })?;
+        let trace: Vec<ReceivedSpan> = spans
+            .iter()
+            .filter(|s| s.trace_id == create.trace_id)
+            .cloned()
+            .collect();
+        let names: Vec<&str> = trace.iter().map(|s| s.name.as_str()).collect();
+        [
+            "POST /v2/instances",
+            "POST /agent/v1/instances",
+            "agent.instance.create",
+        ]
+        .iter()
+        .all(|name| names.contains(name))
+        .then_some(trace)
+    };
+    let spans = spans_when(
+        &receiver,
+        "the create's spans from both processes",
+        |spans| create_spans(spans).is_some(),
+    )
+    .await;
+    let trace = create_spans(&spans).unwrap();
+    let span = |name: &str| trace.iter().find(|s| s.name == name).unwrap().clone();
+    let request = span("POST /v2/instances");
+    let create = span("instance.create");
+    let agent_request = span("POST /agent/v1/instances");
+    let agent_create = span("agent.instance.create");
+    // One trace: the request, its operation, and the agent's part under it.
+    assert_eq!(request.role, "control");
+    assert_eq!(
+        request.parent_span_id, "",
+        "the client sent no trace context"
+    );
+    assert_eq!(request.attributes["http.response.status_code"], "201");
+    assert_eq!(create.role, "control");
+    assert_eq!(create.parent_span_id, request.span_id);
+    assert_eq!(create.attributes["node.id"], "t1");
+    assert_eq!(create.attributes["outcome"], "ok");
+    assert_eq!(agent_request.role, "agent");
+    let control_span_ids: Vec<&str> = trace
+        .iter()
+        .filter(|s| s.role == "control")
+        .map(|s| s.span_id.as_str())
+        .collect();
+    assert!(
+        control_span_ids.contains(&agent_request.parent_span_id.as_str()),
+        "the agent's request continues the control plane's span: {trace:?}"
+    );
+    assert_eq!(agent_create.parent_span_id, agent_request.span_id);
+    assert_eq!(agent_create.attributes["instance.id"], id);
+    assert_eq!(agent_create.attributes["node.id"], "t1");
+    assert_eq!(request.service_name, "flotilla");
+
+    // A client's trace context is continued; a failed operation says so;
+    // span names are routes, never the raw path.
+    let client_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let answer = reqwest::Client::new()
+        .post(format!("{}/v2/instances/{id}/revive", api.base))
+        .header(
+            "traceparent",
+            format!("00-{client_trace}-00f067aa0ba902b7-01"),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::CONFLICT, "a running instance");
+    api.park(&id).await;
+    let spans = spans_when(&receiver, "the revive's and the park's spans", |spans| {
+        let named = |name: &str| {
+            spans
+                .iter()
+                .any(|s| s.name == name && s.attributes.get("instance.id") == Some(&id))
+        };
+        named("instance.revive") && named("instance.park") && named("agent.instance.park")
+    })
+    .await;
+    let revive = spans.iter().find(|s| s.name == "instance.revive").unwrap();
+    assert_eq!(revive.trace_id, client_trace, "{spans:#?}");
+    assert_eq!(revive.attributes["outcome"], "error");
+    assert_eq!(revive.status_code, 2, "{revive:?}");
+    assert!(
+        revive.attributes["error.message"].contains("running"),
+        "{revive:?}"
+    );
+    let revive_request = spans
+        .iter()
+        .find(|s| s.span_id == revive.parent_span_id)
+        .unwrap();
+    assert_eq!(
+        revive_request.name,
+        "POST /v2/instances/{instance_id}/revive"
+    );
+    assert_eq!(revive_request.parent_span_id, "00f067aa0ba902b7");
+    assert_eq!(
+        revive_request.attributes["http.response.status_code"],
+        "409"
+    );
+    for span in &spans {
+        assert!(!span.name.contains(&id), "{span:?}");
+    }
+    assert_eq!(receiver.malformed(), 0);
 }

@@ -68,11 +68,17 @@ impl ReviveEstimates {
 impl ControlPlane {
     /// Parks a running or idle instance; answers once its snapshot is stored.
     pub async fn instance_dormant(&self, id: &InstanceId) -> Result<Instance> {
+        let span = flotilla_telemetry::operation("instance.park", Some(id.as_str()));
+        flotilla_telemetry::traced(span, self.park_now(id)).await
+    }
+
+    async fn park_now(&self, id: &InstanceId) -> Result<Instance> {
         let record = self
             .store
             .instance_get(id)
             .await?
             .ok_or_else(|| not_found(id))?;
+        flotilla_telemetry::record("node.id", record.node_id.as_str());
         if lifecycle::transition(record.status, Event::Parked).is_none() {
             return Err(Error::InvalidState(format!(
                 "instance {id} is {}; only {} instances can be made dormant",
@@ -120,6 +126,11 @@ impl ControlPlane {
     /// Starts reviving a dormant instance; answers `reviving` with the expected
     /// completion time, and the instance becomes `running` when its browser is up.
     pub async fn instance_revive(&self, id: &InstanceId, method: ReviveMethod) -> Result<Instance> {
+        let span = flotilla_telemetry::operation("instance.revive", Some(id.as_str()));
+        flotilla_telemetry::traced(span, self.revive_now(id, method)).await
+    }
+
+    async fn revive_now(&self, id: &InstanceId, method: ReviveMethod) -> Result<Instance> {
         let record = self
             .store
             .instance_get(id)
@@ -153,6 +164,7 @@ impl ControlPlane {
             }
             Err(other) => return Err(other.into_error()),
         };
+        flotilla_telemetry::record("node.id", record.node_id.as_str());
         if record.node_id != parked_on {
             self.forget_on(&parked_on, id).await;
         }

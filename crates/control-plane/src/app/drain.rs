@@ -109,7 +109,8 @@ impl ControlPlane {
                     let outcome = if ended.is_cancelled() || stopping.is_cancelled() {
                         Err("the drain was ended (uncordon, or its control plane stopped) before it moved".to_owned())
                     } else {
-                        control_plane.move_instance(&node, &id, until_restart).await
+                        let span = flotilla_telemetry::operation("instance.move", Some(id.as_str()));
+                        flotilla_telemetry::traced(span, control_plane.move_instance(&node, &id, until_restart)).await
                     };
                     tried.insert(id.clone());
                     control_plane.drain_progress(&node, &id, outcome);
@@ -241,6 +242,7 @@ impl ControlPlane {
         id: &InstanceId,
         park_when_stuck: bool,
     ) -> Result<NodeId, String> {
+        flotilla_telemetry::record("node.id", from.as_str());
         // As it is now: it may have moved, been parked or deleted meanwhile.
         let record = self
             .store

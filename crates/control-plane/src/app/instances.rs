@@ -105,6 +105,11 @@ impl ControlPlane {
     /// Places a new instance, has its node reserve ports and start the browser,
     /// and returns it (normally `creating`).
     pub async fn instance_create(&self, request: CreateInstanceRequest) -> Result<Instance> {
+        let span = flotilla_telemetry::operation("instance.create", None);
+        flotilla_telemetry::traced(span, self.create_now(request)).await
+    }
+
+    async fn create_now(&self, request: CreateInstanceRequest) -> Result<Instance> {
         let (image, config) = self.create_checked(&request).await?;
         let nodes = self.store.node_list().await?;
         let usage = self.node_usage().await?;
@@ -116,6 +121,7 @@ impl ControlPlane {
         let ranked = scheduler::rank(&nodes, &usage, &placement, self.now(), &self.config)?;
 
         let id = InstanceId::generate();
+        flotilla_telemetry::record("instance.id", id.as_str());
         let operation = OperationId::generate();
         if let Some(profile) = &request.profile {
             self.profile_take(profile, &id).await?;
@@ -136,6 +142,7 @@ impl ControlPlane {
                 return Err(error);
             }
         };
+        flotilla_telemetry::record("node.id", node.id.as_str());
         let launch = AgentCreateInstance {
             id: id.clone(),
             image: image.clone(),
@@ -360,11 +367,22 @@ impl ControlPlane {
         force: bool,
         expired: bool,
     ) -> Result<MessageResponse> {
+        let span = flotilla_telemetry::operation("instance.delete", Some(id.as_str()));
+        flotilla_telemetry::traced(span, self.remove_now(id, force, expired)).await
+    }
+
+    async fn remove_now(
+        &self,
+        id: &InstanceId,
+        force: bool,
+        expired: bool,
+    ) -> Result<MessageResponse> {
         let record = self
             .store
             .instance_get(id)
             .await?
             .ok_or_else(|| not_found(id))?;
+        flotilla_telemetry::record("node.id", record.node_id.as_str());
         if record.status.occupies_slot() {
             match self.connection(&record.node_id).await? {
                 Some(connection) => {

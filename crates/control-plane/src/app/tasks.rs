@@ -91,7 +91,8 @@ impl BackgroundTasks {
     /// Runs `operation` as the work `name` and waits for it: a caller that
     /// goes away (an HTTP client that hangs up) does not cut it short, and
     /// shutdown waits for it (see [`flotilla_api_types::tasks::to_completion`],
-    /// which this tracks). A panic in it is raised again here.
+    /// which this tracks). A panic in it is raised again here. It runs in
+    /// the caller's span (its trace, when telemetry is on).
     pub async fn to_completion<T, F>(
         self: &std::sync::Arc<Self>,
         name: &'static str,
@@ -101,11 +102,15 @@ impl BackgroundTasks {
         T: Send + 'static,
         F: Future<Output = T> + Send + 'static,
     {
+        use tracing::Instrument as _;
         let finished = self.started(name);
-        let handle = self.tracker.spawn(async move {
-            let _finished = finished;
-            operation.await
-        });
+        let handle = self.tracker.spawn(
+            async move {
+                let _finished = finished;
+                operation.await
+            }
+            .in_current_span(),
+        );
         match handle.await {
             Ok(outcome) => outcome,
             Err(error) => std::panic::resume_unwind(error.into_panic()),

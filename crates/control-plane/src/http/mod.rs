@@ -253,6 +253,9 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
                 tracing::debug_span!("request", method = %request.method(), path = %request.uri().path())
             },
         ))
+        // OpenTelemetry: one span per request, named by its route (off
+        // unless [telemetry] otlp_endpoint is set).
+        .layer(axum::middleware::from_fn(flotilla_telemetry::http_span))
         .with_state(control_plane)
 }
 

@@ -50,6 +50,7 @@ impl HttpNode {
     ) -> Result<reqwest::Response, NodeCallError> {
         let response = request
             .bearer_auth(&self.token)
+            .headers(flotilla_telemetry::trace_headers())
             .timeout(timeout)
             .send()
             .await

@@ -507,14 +507,20 @@ impl Agent {
         request: AgentCreateInstance,
     ) -> Result<AgentInstancePorts, AgentError> {
         let agent = self.clone();
-        flotilla_api_types::tasks::to_completion(async move { agent.create_now(request).await })
-            .await
+        let span = operation("agent.instance.create", &request.id, &self.inner.node_id);
+        flotilla_api_types::tasks::to_completion(flotilla_telemetry::traced(span, async move {
+            agent.create_now(request).await
+        }))
+        .await
     }
 
     pub async fn instance_delete(&self, id: &InstanceId, force: bool) -> Result<(), AgentError> {
+        let span = operation("agent.instance.delete", id, &self.inner.node_id);
         let (agent, id) = (self.clone(), id.clone());
-        flotilla_api_types::tasks::to_completion(async move { agent.delete_now(&id, force).await })
-            .await
+        flotilla_api_types::tasks::to_completion(flotilla_telemetry::traced(span, async move {
+            agent.delete_now(&id, force).await
+        }))
+        .await
     }
 
     /// Runs a REST action's job on an instance's browser (waiting for its
@@ -588,8 +594,12 @@ impl Agent {
         &self,
         id: &InstanceId,
     ) -> Result<AgentDormantResult, AgentError> {
+        let span = operation("agent.instance.park", id, &self.inner.node_id);
         let (agent, id) = (self.clone(), id.clone());
-        flotilla_api_types::tasks::to_completion(async move { agent.park_now(&id).await }).await
+        flotilla_api_types::tasks::to_completion(flotilla_telemetry::traced(span, async move {
+            agent.park_now(&id).await
+        }))
+        .await
     }
 
     pub async fn instance_revive(
@@ -597,8 +607,11 @@ impl Agent {
         request: AgentReviveInstance,
     ) -> Result<AgentInstancePorts, AgentError> {
         let agent = self.clone();
-        flotilla_api_types::tasks::to_completion(async move { agent.revive_now(request).await })
-            .await
+        let span = operation("agent.instance.revive", &request.id, &self.inner.node_id);
+        flotilla_api_types::tasks::to_completion(flotilla_telemetry::traced(span, async move {
+            agent.revive_now(request).await
+        }))
+        .await
     }
 
     /// Every slot, as it is now.
@@ -743,6 +756,14 @@ impl Agent {
         }
         self.inner.launcher.release_cgroups();
     }
+}
+
+/// The span of the agent's part of an instance operation (see
+/// `flotilla_telemetry`), a child of the control plane's call.
+fn operation(name: &'static str, id: &InstanceId, node: &NodeId) -> tracing::Span {
+    let span = flotilla_telemetry::operation(name, Some(id.as_str()));
+    span.record("node.id", node.as_str());
+    span
 }
 
 /// Refuses `config.extensions` on an image without an extension system.
