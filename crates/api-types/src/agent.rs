@@ -95,7 +95,10 @@ pub struct RegistrationAck {
 /// build speaks, `major.minor`. Sides one minor apart work together (a field
 /// one side does not know is ignored, one it does not send is defaulted); a
 /// different major is refused at registration, by both sides.
-pub const PROTOCOL_VERSION: &str = "1.1";
+/// 1.1: the version exchange; 1.2: an agent drains its own node
+/// (`/internal/v1/nodes/drain`) and drops instances revived elsewhere
+/// (`/agent/v1/instances/{id}/forget`).
+pub const PROTOCOL_VERSION: &str = "1.2";
 /// What a side that sends no version speaks: builds from before the field.
 pub const PROTOCOL_VERSION_BEFORE: &str = "1.0";
 

@@ -169,6 +169,19 @@ impl Default for InstanceConfig {
     }
 }
 
+/// `server` with whatever sits between `scheme://` and an `@` (a user and
+/// password written into the URL) replaced by `***`.
+pub fn without_credentials(server: &str) -> String {
+    let start = server.find("://").map_or(0, |i| i + 3);
+    let authority_end = server[start..]
+        .find(['/', '?', '#'])
+        .map_or(server.len(), |i| start + i);
+    match server[start..authority_end].rfind('@') {
+        Some(at) => format!("{}***{}", &server[..start], &server[start + at..]),
+        None => server.to_owned(),
+    }
+}
+
 /// The parts of `UpstreamProxy::server`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProxyEndpoint {
@@ -183,8 +196,10 @@ pub struct ProxyEndpoint {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProxyError {
     /// `server` is not `http://host:port` or `socks5://host:port`.
+    /// The message never repeats credentials written into the URL.
     #[error(
-        "config.proxy.server must be http://host:port or socks5://host:port, without credentials (use username and password), path or query (got {server:?})"
+        "config.proxy.server must be http://host:port or socks5://host:port, without credentials (use username and password), path or query (got {:?})",
+        without_credentials(.server)
     )]
     Server { server: String },
     #[error("config.proxy.username must be 1 to 255 characters without control characters")]
@@ -611,4 +626,34 @@ pub struct KeptRecordingList {
 pub struct KeptRecordingQuery {
     /// Only the recordings of this instance.
     pub instance_id: Option<InstanceId>,
+}
+
+#[cfg(test)]
+mod credential_tests {
+    use super::*;
+
+    #[test]
+    fn a_proxy_refusal_never_repeats_a_password_in_the_url() {
+        assert_eq!(
+            without_credentials("http://user:secret@proxy:3128"),
+            "http://***@proxy:3128"
+        );
+        assert_eq!(
+            without_credentials("socks5://a@b@proxy:1080/x@y"),
+            "socks5://***@proxy:1080/x@y"
+        );
+        assert_eq!(
+            without_credentials("http://proxy:3128"),
+            "http://proxy:3128"
+        );
+        assert_eq!(without_credentials("user:pw@proxy"), "***@proxy");
+        let message = ProxyError::Server {
+            server: "http://user:secret@proxy:3128".into(),
+        }
+        .to_string();
+        assert!(
+            !message.contains("secret") && message.contains("***@proxy"),
+            "{message}"
+        );
+    }
 }

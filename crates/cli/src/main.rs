@@ -323,6 +323,7 @@ async fn serve(config: FlotillaConfig) -> anyhow::Result<()> {
     println!("event proxy listening on http://{}", serve.proxy_addr);
     println!("node agent listening on http://{}", serve.agent_addr);
     wait_for_signal().await?;
+    drain_unless_signalled(&serve.agent).await?;
     tracing::info!("shutting down: closing every stream and browser");
     serve.shutdown().await;
     Ok(())
@@ -345,6 +346,7 @@ async fn agent(config: FlotillaConfig) -> anyhow::Result<()> {
         .context("cannot start flotilla agent")?;
     println!("node agent listening on http://{}", node.addr);
     wait_for_signal().await?;
+    drain_unless_signalled(&node.agent).await?;
     tracing::info!("shutting down: closing every browser");
     node.shutdown().await;
     Ok(())
@@ -361,6 +363,19 @@ async fn proxy(config: FlotillaConfig) -> anyhow::Result<()> {
     wait_for_signal().await?;
     tracing::info!("shutting down: closing every stream");
     proxy.shutdown().await;
+    Ok(())
+}
+
+/// With `agent.drain_on_shutdown`, drains the node before the agent stops;
+/// a second SIGTERM or SIGINT cuts the drain short.
+async fn drain_unless_signalled(agent: &flotilla_node_agent::Agent) -> anyhow::Result<()> {
+    tokio::select! {
+        () = agent.drain_before_shutdown() => {}
+        signalled = wait_for_signal() => {
+            signalled?;
+            tracing::warn!("a second signal: stopping without finishing the drain");
+        }
+    }
     Ok(())
 }
 

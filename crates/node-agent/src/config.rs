@@ -298,7 +298,7 @@ impl Default for AgentConfig {
             launch_timeout_sec: 30,
             stop_timeout_sec: 5,
             drain_on_shutdown: false,
-            drain_timeout_sec: 120,
+            drain_timeout_sec: 300,
             viewport_width: 1280,
             viewport_height: 720,
             live_view_quality: 60,

@@ -70,6 +70,8 @@ pub struct Wake {
 pub struct Waker {
     pub sender: mpsc::UnboundedSender<Wake>,
     pub on_connect: ReviveMethod,
+    /// Set while the agent drains its node before stopping: no wake then.
+    pub node_leaving: Arc<std::sync::atomic::AtomicBool>,
 }
 
 pub struct InstanceSlot {
@@ -294,7 +296,11 @@ impl InstanceSlot {
         timeout: Duration,
         method: Option<ReviveMethod>,
     ) -> Result<Option<CdpEndpoint>, NotReady> {
-        let waker = self.waker.as_ref().zip(method);
+        let waker = self
+            .waker
+            .as_ref()
+            .filter(|waker| !waker.node_leaving.load(std::sync::atomic::Ordering::SeqCst))
+            .zip(method);
         let mut lifecycle = self.lifecycle.subscribe();
         let mut woken = false;
         let outcome = tokio::time::timeout(timeout, async {

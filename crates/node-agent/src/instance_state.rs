@@ -99,6 +99,9 @@ pub enum Event {
     ReviveRecorded { snapshot: SnapshotId },
     /// The agent stops it for good (a delete, its shutdown, a crashed test).
     Stop,
+    /// It was revived on another node: a dormant one is let go here
+    /// (nothing to report; a revive can no longer take it).
+    Forget,
     /// The agent shut down and its browser is gone.
     ShutDown,
 }
@@ -326,6 +329,12 @@ pub fn transition(lifecycle: &Lifecycle, event: Event) -> Option<(Lifecycle, Vec
                 endpoint: endpoint.clone(),
                 spent: None,
                 note: note.clone(),
+            }),
+            vec![],
+        )),
+        (Dormant { snapshot, .. }, Event::Forget) => Some((
+            lifecycle.with(Stopping {
+                parked: Some(snapshot.clone()),
             }),
             vec![],
         )),

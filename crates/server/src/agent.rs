@@ -73,10 +73,10 @@ impl AgentNode {
         })
     }
 
-    /// Drains the node first when `agent.drain_on_shutdown` is on; then
-    /// stops serving, and stops every browser gracefully.
+    /// Stops serving, then stops every browser gracefully (call
+    /// [`flotilla_node_agent::Agent::drain_before_shutdown`] first to move
+    /// them elsewhere).
     pub async fn shutdown(self) {
-        self.agent.drain_before_shutdown().await;
         self.shutdown.cancel();
         for task in self.tasks {
             let _ = task.await;

@@ -127,11 +127,10 @@ impl Serve {
         format!("http://{}", self.proxy_addr)
     }
 
-    /// Graceful shutdown: the node drained first when
-    /// `agent.drain_on_shutdown` is on (to the cluster's other agents, or
-    /// parked); then no new requests, every browser closed and recorded.
+    /// Graceful shutdown: no new requests, every browser closed and
+    /// recorded (call [`flotilla_node_agent::Agent::drain_before_shutdown`]
+    /// first to move them elsewhere).
     pub async fn shutdown(self) {
-        self.agent.drain_before_shutdown().await;
         self.proxy.shutdown().await;
         self.shutdown.cancel();
         for task in self.tasks {

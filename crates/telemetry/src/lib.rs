@@ -31,7 +31,7 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
+use opentelemetry_sdk::trace::{ParentBasedSampler, Sampler, SdkTracerProvider, ShouldSample};
 use serde::{Deserialize, Serialize};
 use tracing::Instrument as _;
 use tracing::field::Empty;
@@ -60,8 +60,8 @@ pub struct TelemetryConfig {
     /// `service.name` of the spans; each process adds its role as
     /// `flotilla.role` (`serve`, `control`, `agent`, `proxy`).
     pub service_name: String,
-    /// The share of new traces kept, 0..=1; a request that carries a
-    /// sampled trace context is kept whatever this says.
+    /// The share of traces kept, 0..=1, by trace id: also of traces a
+    /// caller began, whatever its `traceparent` says.
     pub sample_ratio: f64,
 }
 
@@ -194,6 +194,18 @@ impl opentelemetry_http::HttpClient for ExportClient {
     }
 }
 
+/// `sample_ratio` of new traces by trace id, and of traces a caller began
+/// (whatever its `traceparent` says: a client cannot make every one of its
+/// requests exported, nor hide them). A span under a span of this process
+/// follows its parent. The decision by trace id is the same in every
+/// Flotilla process, so a trace is kept whole or not at all.
+fn sampler(ratio: f64) -> ParentBasedSampler {
+    let by_trace_id = || Box::new(Sampler::TraceIdRatioBased(ratio)) as Box<dyn ShouldSample>;
+    ParentBasedSampler::new(by_trace_id())
+        .with_remote_parent_sampled(by_trace_id())
+        .with_remote_parent_not_sampled(by_trace_id())
+}
+
 /// Installs the process's subscriber: logs filtered by `log_filter` (this
 /// crate's spans never among them) and, with `config.otlp_endpoint`, the
 /// OTLP exporter of spans whose resource says `role`.
@@ -224,9 +236,7 @@ pub fn init(
         .build();
     let provider = SdkTracerProvider::builder()
         .with_batch_exporter(exporter)
-        .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
-            config.sample_ratio,
-        ))))
+        .with_sampler(sampler(config.sample_ratio))
         .with_resource(resource)
         .build();
     let spans = tracing_opentelemetry::layer()
@@ -262,7 +272,20 @@ pub async fn http_span(request: Request, next: Next) -> Response {
     if !enabled() {
         return next.run(request).await;
     }
-    let method = request.method().as_str().to_owned();
+    // A method HTTP does not define is `_OTHER`: a client cannot mint span
+    // names.
+    let method = match *request.method() {
+        http::Method::GET
+        | http::Method::HEAD
+        | http::Method::POST
+        | http::Method::PUT
+        | http::Method::DELETE
+        | http::Method::PATCH
+        | http::Method::OPTIONS
+        | http::Method::CONNECT
+        | http::Method::TRACE => request.method().as_str().to_owned(),
+        _ => "_OTHER".to_owned(),
+    };
     let route = request
         .extensions()
         .get::<MatchedPath>()
@@ -440,6 +463,42 @@ mod tests {
         assert!(
             !shown.contains("s3cret") && shown.contains("x-api-key"),
             "{shown}"
+        );
+    }
+
+    #[test]
+    fn a_caller_can_neither_force_nor_hide_sampling() {
+        use opentelemetry::Context;
+        use opentelemetry::trace::{
+            SpanContext, SpanId, SpanKind, TraceContextExt as _, TraceFlags, TraceId, TraceState,
+        };
+        use opentelemetry_sdk::trace::SamplingDecision;
+        let trace_id = TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap();
+        let from_caller = |flags| {
+            Context::new().with_remote_span_context(SpanContext::new(
+                trace_id,
+                SpanId::from_hex("00f067aa0ba902b7").unwrap(),
+                flags,
+                true,
+                TraceState::default(),
+            ))
+        };
+        let decide = |ratio: f64, flags| {
+            sampler(ratio)
+                .should_sample(
+                    Some(&from_caller(flags)),
+                    trace_id,
+                    "GET /v2/instances",
+                    &SpanKind::Server,
+                    &[],
+                    &[],
+                )
+                .decision
+        };
+        assert_eq!(decide(0.0, TraceFlags::SAMPLED), SamplingDecision::Drop);
+        assert_eq!(
+            decide(1.0, TraceFlags::default()),
+            SamplingDecision::RecordAndSample
         );
     }
 

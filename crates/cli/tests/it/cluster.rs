@@ -1108,5 +1108,38 @@ async fn a_create_is_one_trace_across_the_control_plane_and_the_agent() {
     for span in &spans {
         assert!(!span.name.contains(&id), "{span:?}");
     }
+
+    // A trace context that is not one (bad hex, all zeros, 8 KiB) is
+    // ignored: the request is answered, and its span starts a trace.
+    let oversized = "0".repeat(8000);
+    let bad_contexts = [
+        "00-zzzzf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "00-00000000000000000000000000000000-0000000000000000-01",
+        oversized.as_str(),
+    ];
+    for bad in bad_contexts {
+        let answer = reqwest::Client::new()
+            .get(format!("{}/v2/instances/{id}", api.base))
+            .header("traceparent", bad)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), StatusCode::OK, "{}", &bad[..20]);
+    }
+    let spans = spans_when(&receiver, "the gets' spans", |spans| {
+        spans
+            .iter()
+            .filter(|s| s.name == "GET /v2/instances/{instance_id}")
+            .count()
+            >= bad_contexts.len()
+    })
+    .await;
+    for get in spans
+        .iter()
+        .filter(|s| s.name == "GET /v2/instances/{instance_id}")
+    {
+        assert_eq!(get.parent_span_id, "", "{get:?}");
+        assert_ne!(get.trace_id, "00000000000000000000000000000000");
+    }
     assert_eq!(receiver.malformed(), 0);
 }

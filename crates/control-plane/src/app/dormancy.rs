@@ -193,8 +193,22 @@ impl ControlPlane {
         };
         let (id, node) = (id.clone(), node.clone());
         self.tasks().spawn("release a moved instance", async move {
-            if let Err(error) = connection.instance_forget(&id).await {
-                tracing::warn!(instance = %id, %node, %error, "the node it was parked on kept its dormant slot");
+            match connection.instance_forget(&id).await {
+                Ok(()) => {}
+                // A client woke it there meanwhile: that copy is not the
+                // instance any more (its record names the other node).
+                Err(NodeCallError::Rejected {
+                    code: flotilla_api_types::ErrorCode::InvalidState,
+                    ..
+                }) => {
+                    tracing::warn!(instance = %id, %node, "a client woke it on the node it left; stopping that copy");
+                    if let Err(error) = connection.instance_delete(&id, true).await {
+                        tracing::warn!(instance = %id, %node, %error, "the copy on the node it left could not be stopped");
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(instance = %id, %node, %error, "the node it was parked on kept its dormant slot");
+                }
             }
         });
     }

@@ -66,7 +66,9 @@ impl ControlPlane {
         let report = DrainReport {
             node_id: id.clone(),
             started_at: self.now(),
-            finished: running.is_empty(),
+            // Set by the drain's task once it is done, even with nothing to
+            // move: instances on their way (creating, reviving) are waited for.
+            finished: false,
             moved: Vec::new(),
             moving: running.iter().map(|r| r.id.clone()).collect(),
             stayed: Vec::new(),

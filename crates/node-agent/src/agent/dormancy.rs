@@ -471,6 +471,10 @@ impl Agent {
                 _ = self.inner.shutdown.cancelled() => return,
             };
             let Ok(slot) = self.slot(&id) else { continue };
+            if self.inner.leaving.load(std::sync::atomic::Ordering::SeqCst) {
+                tracing::info!(instance = %id, "not woken: the node is being drained before its agent stops");
+                continue;
+            }
             let (Some(snapshot), Ok(image)) = (slot.snapshot(), self.image(&slot.image)) else {
                 continue;
             };

@@ -14,7 +14,7 @@ use flotilla_api_types::agent::{
     AgentCreateInstance, AgentInstancePorts, InstanceEventKind, InstanceStateChange,
 };
 use flotilla_api_types::extensions::is_extension_id;
-use flotilla_api_types::instances::{InstanceStatus, KeptRecording};
+use flotilla_api_types::instances::KeptRecording;
 
 use crate::browser::{BrowserProcess, BrowserSetup, CdpEndpoint, InstanceDirs, LaunchError};
 use crate::cgroups::Limits;
@@ -619,13 +619,15 @@ impl Agent {
 
     /// Drops a dormant instance that now lives on another node: `Ok(false)`
     /// when it was no longer this agent's, 409 when it is not dormant here
-    /// (a client woke it on this node meanwhile: it stays).
+    /// (a client woke it on this node meanwhile; the control plane then
+    /// deletes that copy).
     pub(super) async fn forget(&self, slot: &Arc<InstanceSlot>) -> Result<bool, AgentError> {
-        let (status, _) = slot.status();
-        if status != InstanceStatus::Dormant {
+        // At once for every reader: a wake or a revive that comes after
+        // finds it gone, one that came before keeps it here.
+        if slot.apply(Event::Forget).is_none() {
             return Err(AgentError::NotDormant {
                 instance: slot.id.clone(),
-                status,
+                status: slot.status().0,
             });
         }
         let removed = self
@@ -642,7 +644,9 @@ impl Agent {
         self.inner.ports.release(slot.ports);
         let root = slot.dirs.root.clone();
         let _ = tokio::task::spawn_blocking(move || remove_dir(&root)).await;
-        self.end_recordings(slot, false).await;
+        // Its recordings here could no longer be reached (the control plane
+        // asks the node it runs on): kept ones go to the store, the rest go.
+        self.end_recordings(slot, true).await;
         tracing::info!(instance = %slot.id, "dormant instance forgotten: it runs on another node now");
         Ok(true)
     }

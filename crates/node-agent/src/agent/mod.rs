@@ -292,6 +292,10 @@ struct AgentInner {
     changes: mpsc::UnboundedSender<Outgoing>,
     /// Dormant instances a client connected to.
     wake: mpsc::UnboundedSender<crate::instance::Wake>,
+    /// Set once the agent drains its node before stopping: a client that
+    /// connects to a dormant instance then gets 503 at once instead of
+    /// waking it here, where it would be stopped with the agent.
+    leaving: Arc<std::sync::atomic::AtomicBool>,
     machine: Mutex<MachineMeter>,
     launcher: Arc<Launcher>,
     /// Who may use instance ports: the control plane's policy, applied at
@@ -378,6 +382,7 @@ impl Agent {
             link,
             changes: changes_tx,
             wake: wake_tx,
+            leaving: Arc::default(),
             shutdown: CancellationToken::new(),
         });
         let agent = Agent { inner };
@@ -479,6 +484,7 @@ impl Agent {
             .then(|| crate::instance::Waker {
                 sender: self.inner.wake.clone(),
                 on_connect: self.inner.settings.config.wake_on_connect_method,
+                node_leaving: self.inner.leaving.clone(),
             });
         let (slot, requests) = InstanceSlot::new(SlotSetup {
             id: id.clone(),
@@ -622,45 +628,84 @@ impl Agent {
 
     /// `drain_on_shutdown`: asks the control plane to drain this node until
     /// its agent registers again, then waits, serving and reporting as
-    /// usual, until the drain has finished (or, when another control plane
-    /// of the cluster runs it, until nothing runs here any more), for
-    /// `drain_timeout_sec` at most. Call it before [`Agent::shutdown`].
+    /// usual, until the drain has finished and nothing runs here any more,
+    /// for `drain_timeout_sec` at most. From the start no client wakes a
+    /// dormant instance here; one that was woken before is moved by a
+    /// further round. A report is taken only from the drain this agent
+    /// started (another control plane of the cluster may hold an older
+    /// one); without it, the agent goes by what still runs here. Call it
+    /// before [`Agent::shutdown`].
     pub async fn drain_before_shutdown(&self) {
         let config = &self.inner.settings.config;
         if !config.drain_on_shutdown || self.inner.shutdown.is_cancelled() {
             return;
         }
+        self.inner
+            .leaving
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         let node = &self.inner.node_id;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(config.drain_timeout_sec);
-        let mut report = match self.inner.link.drain(node).await {
-            Ok(report) => {
-                tracing::info!(%node, instances = report.moving.len(), "draining the node before stopping");
-                Some(report)
-            }
-            Err(error) => {
-                tracing::warn!(%node, %error, "the node could not be drained before stopping; its browsers stop with it");
-                return;
-            }
-        };
+        let mut rounds = 0;
         loop {
-            match &report {
-                Some(report) if report.finished => {
-                    tracing::info!(%node, moved = report.moved.len(), stayed = report.stayed.len(), "node drained; stopping");
+            let started = match self.inner.link.drain(node).await {
+                Ok(report) => report,
+                Err(error) => {
+                    tracing::warn!(%node, %error, "the node could not be drained before stopping; what runs on it stops with it");
                     return;
                 }
-                None if !self.runs_anything() => {
-                    tracing::info!(%node, "nothing runs on the node any more; stopping");
-                    return;
-                }
-                _ => {}
+            };
+            rounds += 1;
+            tracing::info!(%node, instances = started.moving.len(), round = rounds, "draining the node before stopping");
+            let finished = self.drain_finished(&started, deadline).await;
+            if !self.runs_anything() {
+                tracing::info!(%node, "node drained; stopping");
+                return;
             }
             if tokio::time::Instant::now() >= deadline {
                 tracing::warn!(%node, timeout_sec = config.drain_timeout_sec, "the drain did not finish within drain_timeout_sec; what is left stops with the agent");
                 return;
             }
+            match finished {
+                // Finished with instances still here: those that stayed
+                // (they could not be parked either), or ones woken before
+                // the drain began. Another round, after a breath.
+                Some(report) if rounds < DRAIN_ROUNDS => {
+                    tracing::info!(%node, stayed = report.stayed.len(), "instances still run here after the drain; draining again");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Some(_) => {
+                    tracing::warn!(%node, rounds, "instances still run here after every drain round; they stop with the agent");
+                    return;
+                }
+                None => return,
+            }
+        }
+    }
+
+    /// Waits for the drain `started` to finish (its report, `None` at the
+    /// deadline), or, while its control plane's reports cannot be read,
+    /// until nothing runs here any more.
+    async fn drain_finished(
+        &self,
+        started: &flotilla_api_types::nodes::DrainReport,
+        deadline: tokio::time::Instant,
+    ) -> Option<flotilla_api_types::nodes::DrainReport> {
+        let node = &self.inner.node_id;
+        let mut report = Some(started.clone());
+        loop {
+            match &report {
+                Some(report) if report.finished => return Some(report.clone()),
+                None if !self.runs_anything() => return None,
+                _ => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
             tokio::time::sleep(Duration::from_millis(250)).await;
             report = match self.inner.link.drain_report(node).await {
-                Ok(report) => report,
+                // Only this drain's report: another control plane may hold
+                // an older, finished one.
+                Ok(report) => report.filter(|r| r.started_at == started.started_at),
                 Err(error) => {
                     tracing::warn!(%node, %error, "cannot read the drain's progress");
                     None
@@ -757,6 +802,10 @@ impl Agent {
         self.inner.launcher.release_cgroups();
     }
 }
+
+/// How many drains an agent stopping with `drain_on_shutdown` asks for at
+/// most (a further round moves instances woken before the first began).
+const DRAIN_ROUNDS: usize = 3;
 
 /// The span of the agent's part of an instance operation (see
 /// `flotilla_telemetry`), a child of the control plane's call.

@@ -360,3 +360,37 @@ async fn a_taken_back_instance_whose_revive_was_refused_can_be_deleted() {
     assert_gone(&agent, dir.path(), &id, "deleted while dormant");
     agent.shutdown().await;
 }
+
+#[tokio::test]
+async fn only_a_dormant_instance_revived_elsewhere_is_forgotten() {
+    let dir = tempfile::tempdir().unwrap();
+    let control_plane = Arc::new(FakeControlPlane::default());
+    let agent = sim_agent(dir.path(), control_plane.clone()).await;
+    let id = InstanceId::generate();
+    let created = OperationId::generate();
+    agent
+        .instance_create(create_request(&id, &created))
+        .await
+        .unwrap();
+    control_plane
+        .reported(&id, InstanceStatus::Running, Some(&created))
+        .await;
+    // Running here: it stays.
+    let refused = agent.instance_forget(&id).await;
+    assert!(
+        matches!(refused, Err(AgentError::NotDormant { .. })),
+        "{refused:?}"
+    );
+    assert!(agent.instance_reports().iter().any(|r| r.id == id));
+
+    agent.instance_dormant(&id).await.unwrap();
+    agent.instance_forget(&id).await.unwrap();
+    assert_gone(&agent, dir.path(), &id, "forgotten");
+    // Nothing to report: it lives elsewhere.
+    assert_eq!(control_plane.count(&id, InstanceStatus::Stopped), 0);
+    assert!(matches!(
+        agent.instance_forget(&id).await,
+        Err(AgentError::NotFound(_))
+    ));
+    agent.shutdown().await;
+}

@@ -641,3 +641,28 @@ async fn browser_snapshots_in_an_s3_compatible_bucket() {
     );
     serve.shutdown().await;
 }
+
+#[tokio::test]
+async fn browser_an_agent_draining_its_node_to_stop_wakes_nothing_there() {
+    let serve = spawn_serve_with(|config| config.agent.drain_on_shutdown = true).await;
+    let (id, _, detail) = serve.api.create_running("{}").await;
+    let debug_port = detail["debug_port"].as_u64().unwrap();
+    serve.api.park(&id).await;
+    serve
+        .api
+        .wait_for_status(&id, "dormant", BROWSER_DEADLINE)
+        .await;
+
+    // The node's only instance is parked and no other node can take
+    // anything: the drain is over at once. From its start a client of the
+    // dormant instance is refused at once rather than waking it on a node
+    // whose agent is about to stop.
+    serve.serve().agent.drain_before_shutdown().await;
+    let answer = reqwest::get(format!("http://127.0.0.1:{debug_port}/json/version"))
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let (_, detail) = serve.api.get(&format!("/v2/instances/{id}")).await;
+    assert_eq!(detail["status"], "dormant", "{detail}");
+    serve.shutdown().await;
+}

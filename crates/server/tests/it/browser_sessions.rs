@@ -133,6 +133,9 @@ async fn browser_an_upstream_proxy_carries_every_request_and_keeps_its_credentia
             answer["detail"].as_str().unwrap().contains(field),
             "{body}: {answer}"
         );
+        // A password written into the URL is not repeated (the message
+        // reaches logs and traces).
+        assert!(!answer.to_string().contains("user:pw"), "{answer}");
     }
 
     let launched = std::time::Instant::now();

@@ -1,0 +1,147 @@
+//! What traces cost (issue 31): two release `flotilla serve` on the sim
+//! runtime side by side, one without `[telemetry]` (the default) and one
+//! exporting every span to an OTLP/HTTP collector on this machine
+//! (`flotilla_testkit::OtlpReceiver`). Interleaved, on each: `GET
+//! /v2/instances/{id}` round trips, and create → delete rounds (each one a
+//! request span and an operation span, the create's with the agent's part).
+//!
+//! Usage: telemetry_bench [--binary target/release/flotilla] [--gets 3000] [--rounds 300]
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+
+use flotilla_bench::{number_flag, p50_p99_row, text_flag};
+use flotilla_testkit::{OtlpReceiver, ServeProcess};
+
+async fn start(binary: &Path, dir: &Path, otlp: Option<&str>) -> anyhow::Result<ServeProcess> {
+    let mut env = vec![
+        ("RUST_LOG", "warn"),
+        ("FLOTILLA_AGENT__RUNTIME", "sim"),
+        ("FLOTILLA_AGENT__MAX_INSTANCES", "100"),
+        ("FLOTILLA_AGENT__WARM_POOL_SIZE", "0"),
+        ("FLOTILLA_SCHEDULER__MAX_UTILISATION_PERCENT", "100"),
+        ("FLOTILLA_RATE_LIMIT__ENABLED", "false"),
+    ];
+    if let Some(url) = otlp {
+        env.push(("FLOTILLA_TELEMETRY__OTLP_ENDPOINT", url));
+    }
+    ServeProcess::start(binary, dir, &env).await
+}
+
+/// Milliseconds of one `GET` of `url`.
+async fn get_ms(http: &reqwest::Client, url: &str) -> anyhow::Result<f64> {
+    let start = Instant::now();
+    http.get(url)
+        .send()
+        .await?
+        .error_for_status()?
+        .bytes()
+        .await?;
+    Ok(start.elapsed().as_secs_f64() * 1000.0)
+}
+
+/// Milliseconds of a create and its delete (sim: no browser).
+async fn round_ms(http: &reqwest::Client, base: &str) -> anyhow::Result<f64> {
+    let start = Instant::now();
+    let created: serde_json::Value = http
+        .post(format!("{base}/v2/instances"))
+        .body("{}")
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    let id = created["id"].as_str().context("an id")?;
+    http.delete(format!("{base}/v2/instances/{id}"))
+        .send()
+        .await?
+        .error_for_status()?;
+    Ok(start.elapsed().as_secs_f64() * 1000.0)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let binary = std::path::PathBuf::from(text_flag("--binary", "target/release/flotilla")?);
+    let gets = number_flag("--gets", 3000)?;
+    let rounds = number_flag("--rounds", 300)?;
+    let temp = tempfile::Builder::new()
+        .prefix("flotilla-telemetry-bench-")
+        .tempdir()?;
+    let collector = OtlpReceiver::start().await;
+    let mut off = start(&binary, &temp.path().join("off"), None).await?;
+    let mut on = start(&binary, &temp.path().join("on"), Some(&collector.url)).await?;
+    let http = reqwest::Client::new();
+    let servers = [("off (default)", &off), ("on, every span exported", &on)];
+
+    let mut instance_urls = Vec::new();
+    for (_, serve) in servers {
+        let created: serde_json::Value = http
+            .post(format!("{}/v2/instances", serve.api.base))
+            .body("{}")
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        let id = created["id"].as_str().context("an id")?;
+        instance_urls.push(format!("{}/v2/instances/{id}", serve.api.base));
+    }
+    // Warm both up (connections, caches) before measuring.
+    for url in &instance_urls {
+        for _ in 0..200 {
+            get_ms(&http, url).await?;
+        }
+    }
+    let mut get_samples = [Vec::new(), Vec::new()];
+    for _ in 0..gets {
+        for (side, url) in instance_urls.iter().enumerate() {
+            get_samples[side].push(get_ms(&http, url).await?);
+        }
+    }
+    let mut round_samples = [Vec::new(), Vec::new()];
+    for _ in 0..rounds {
+        for (side, (_, serve)) in servers.iter().enumerate() {
+            round_samples[side].push(round_ms(&http, &serve.api.base).await?);
+        }
+    }
+    // Spans are batched: let the last batch arrive before counting.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let expected = gets + 2 * rounds;
+    while collector.spans().len() < expected && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    println!("| telemetry | request | n | p50 ms | p99 ms | mean ms |");
+    println!("|---|---|---|---|---|---|");
+    for (side, (name, _)) in servers.iter().enumerate() {
+        let mean = |samples: &[f64]| samples.iter().sum::<f64>() / samples.len() as f64;
+        let gets = &get_samples[side];
+        let rounds = &round_samples[side];
+        println!(
+            "{}",
+            p50_p99_row(
+                &format!("{name} | GET /v2/instances/{{id}}"),
+                gets,
+                mean(gets)
+            )
+        );
+        println!(
+            "{}",
+            p50_p99_row(
+                &format!("{name} | create + delete (sim)"),
+                rounds,
+                mean(rounds)
+            )
+        );
+    }
+    println!(
+        "spans received by the collector: {} (malformed exports: {})",
+        collector.spans().len(),
+        collector.malformed()
+    );
+    off.stop_with(libc::SIGTERM).await;
+    on.stop_with(libc::SIGTERM).await;
+    Ok(())
+}
