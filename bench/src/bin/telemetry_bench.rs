@@ -1,11 +1,13 @@
-//! What traces cost (issue 31): two release `flotilla serve` on the sim
-//! runtime side by side, one without `[telemetry]` (the default) and one
-//! exporting every span to an OTLP/HTTP collector on this machine
-//! (`flotilla_testkit::OtlpReceiver`). Interleaved, on each: `GET
-//! /v2/instances/{id}` round trips, and create → delete rounds (each one a
+//! What traces cost (issue 31): release `flotilla serve`s on the sim
+//! runtime side by side: this build without `[telemetry]` (the default),
+//! this build exporting every span to an OTLP/HTTP collector on this
+//! machine (`flotilla_testkit::OtlpReceiver`), and with `--before`, the
+//! build before traces (the baseline). Interleaved, on each: `GET
+//! /v2/instances/{id}` round trips, and create → delete rounds (each a
 //! request span and an operation span, the create's with the agent's part).
 //!
-//! Usage: telemetry_bench [--binary target/release/flotilla] [--gets 3000] [--rounds 300]
+//! Usage: telemetry_bench [--binary target/release/flotilla] [--before PATH]
+//! [--gets 3000] [--rounds 300]
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -70,13 +72,26 @@ async fn main() -> anyhow::Result<()> {
         .prefix("flotilla-telemetry-bench-")
         .tempdir()?;
     let collector = OtlpReceiver::start().await;
-    let mut off = start(&binary, &temp.path().join("off"), None).await?;
-    let mut on = start(&binary, &temp.path().join("on"), Some(&collector.url)).await?;
+    let before = text_flag("--before", "")?;
+    let mut running = Vec::new();
+    if !before.is_empty() {
+        let serve = start(Path::new(&before), &temp.path().join("before"), None).await?;
+        running.push(("the build before traces", serve));
+    }
+    running.push((
+        "off (default)",
+        start(&binary, &temp.path().join("off"), None).await?,
+    ));
+    running.push((
+        "on, every span exported",
+        start(&binary, &temp.path().join("on"), Some(&collector.url)).await?,
+    ));
     let http = reqwest::Client::new();
-    let servers = [("off (default)", &off), ("on, every span exported", &on)];
+    let servers: Vec<(&str, &ServeProcess)> =
+        running.iter().map(|(name, serve)| (*name, serve)).collect();
 
     let mut instance_urls = Vec::new();
-    for (_, serve) in servers {
+    for (_, serve) in &servers {
         let created: serde_json::Value = http
             .post(format!("{}/v2/instances", serve.api.base))
             .body("{}")
@@ -94,13 +109,13 @@ async fn main() -> anyhow::Result<()> {
             get_ms(&http, url).await?;
         }
     }
-    let mut get_samples = [Vec::new(), Vec::new()];
+    let mut get_samples = vec![Vec::new(); servers.len()];
     for _ in 0..gets {
         for (side, url) in instance_urls.iter().enumerate() {
             get_samples[side].push(get_ms(&http, url).await?);
         }
     }
-    let mut round_samples = [Vec::new(), Vec::new()];
+    let mut round_samples = vec![Vec::new(); servers.len()];
     for _ in 0..rounds {
         for (side, (_, serve)) in servers.iter().enumerate() {
             round_samples[side].push(round_ms(&http, &serve.api.base).await?);
@@ -141,7 +156,8 @@ async fn main() -> anyhow::Result<()> {
         collector.spans().len(),
         collector.malformed()
     );
-    off.stop_with(libc::SIGTERM).await;
-    on.stop_with(libc::SIGTERM).await;
+    for (_, mut serve) in running {
+        serve.stop_with(libc::SIGTERM).await;
+    }
     Ok(())
 }

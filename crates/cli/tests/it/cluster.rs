@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use flotilla_testkit::{
-    Api, BROWSER_DEADLINE, EventReceiver, OtlpReceiver, PgServer, ReceivedSpan, ServeProcess,
-    StatusCode, assert_error, free_port, get_json, wait_until,
+    Api, BROWSER_DEADLINE, EventReceiver, OtlpReceiver, PgServer, ReceivedSpan, S3Server,
+    ServeProcess, StatusCode, assert_error, free_port, get_json, wait_until,
 };
 use serde_json::Value;
 
@@ -715,18 +715,38 @@ async fn drain_report(api: &Api, node: &str) -> Value {
 
 #[tokio::test]
 async fn browser_a_drained_node_moves_its_instances_with_their_tabs_and_keeps_what_cannot_move() {
+    // As in production: the store on PostgreSQL, snapshots in S3 (moto).
+    let postgres = PgServer::start().await.unwrap();
+    let database = postgres.database().await.unwrap();
+    let s3 = S3Server::start("drain").await.unwrap();
+    let snapshots = [
+        ("FLOTILLA_SNAPSHOTS__URL", format!("s3://{}/fleet", s3.bucket)),
+        ("FLOTILLA_SNAPSHOTS__ENDPOINT", s3.endpoint.clone()),
+        ("FLOTILLA_SNAPSHOTS__ALLOW_HTTP", "true".into()),
+        ("FLOTILLA_SNAPSHOTS__REGION", "us-east-1".into()),
+        ("FLOTILLA_SNAPSHOTS__ACCESS_KEY_ID", "test".into()),
+        ("FLOTILLA_SNAPSHOTS__SECRET_ACCESS_KEY", "test".into()),
+    ];
+    let snapshot_env: Vec<(&str, &str)> = snapshots
+        .iter()
+        .map(|(key, value)| (*key, value.as_str()))
+        .collect();
     let temp = tempfile::tempdir().unwrap();
-    let shared = temp.path().join("snapshots");
-    std::fs::create_dir_all(&shared).unwrap();
-    let snapshots_url = format!("file://{}", shared.display());
-    let cp = control(
-        &temp.path().join("cp"),
-        &[("FLOTILLA_SNAPSHOTS__URL", &snapshots_url)],
-    )
-    .await;
+    let mut control_env = snapshot_env.clone();
+    control_env.push(("FLOTILLA_DATABASE_URL", &database));
+    let cp = control(&temp.path().join("cp"), &control_env).await;
     let api = &cp.api;
-    let nodes = [("m1", "28000-28099"), ("m2", "28100-28199")];
-    let agents = agents_sharing(&api.base, temp.path(), nodes, false, &snapshots_url).await;
+    let mut agents = Vec::new();
+    for (node, ports) in [("m1", "28000-28099"), ("m2", "28100-28199")] {
+        let spec = AgentSpec {
+            node,
+            max_instances: "10",
+            ports,
+            sim: false,
+            env: &snapshot_env,
+        };
+        agents.push(agent(&api.base, &temp.path().join(node), &spec).await);
+    }
     wait_nodes(api, &[("m1", "online"), ("m2", "online")]).await;
 
     // Three instances on m1, each with two tabs of its own.
