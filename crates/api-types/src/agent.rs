@@ -179,6 +179,13 @@ pub struct NodeDrainRequest {
     pub node_id: NodeId,
 }
 
+/// Whether nodes whose agents name snapshot stores `a` and `b` share one
+/// (an agent from before the field names none: it is given the benefit of
+/// the doubt).
+pub fn snapshot_stores_shared(a: &str, b: &str) -> bool {
+    a.is_empty() || b.is_empty() || a == b
+}
+
 /// Who answers at an agent's address (`GET /agent/v1/identity`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentIdentity {
@@ -240,6 +247,13 @@ pub struct NodeRegistration {
     /// The agent's [`PROTOCOL_VERSION`] (absent: [`PROTOCOL_VERSION_BEFORE`]).
     #[serde(default)]
     pub protocol_version: String,
+    /// The snapshot store its agent parks instances in:
+    /// `file://<host><path>` or `s3://<bucket>/<prefix>[@<endpoint>]`
+    /// (`""`: from before the field).
+    /// An instance parked on one node revives on another only when both
+    /// name the same store.
+    #[serde(default)]
+    pub snapshot_store: String,
 }
 
 /// Periodic report of an agent.

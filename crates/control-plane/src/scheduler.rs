@@ -208,6 +208,7 @@ mod tests {
             browser_version: None,
             protocol_version: String::new(),
             draining: false,
+            snapshot_store: String::new(),
             load: ResourceUsage {
                 cpu_percent: 10.0,
                 memory_percent,

@@ -720,7 +720,10 @@ async fn browser_a_drained_node_moves_its_instances_with_their_tabs_and_keeps_wh
     let database = postgres.database().await.unwrap();
     let s3 = S3Server::start("drain").await.unwrap();
     let snapshots = [
-        ("FLOTILLA_SNAPSHOTS__URL", format!("s3://{}/fleet", s3.bucket)),
+        (
+            "FLOTILLA_SNAPSHOTS__URL",
+            format!("s3://{}/fleet", s3.bucket),
+        ),
         ("FLOTILLA_SNAPSHOTS__ENDPOINT", s3.endpoint.clone()),
         ("FLOTILLA_SNAPSHOTS__ALLOW_HTTP", "true".into()),
         ("FLOTILLA_SNAPSHOTS__REGION", "us-east-1".into()),
@@ -1162,4 +1165,57 @@ async fn a_create_is_one_trace_across_the_control_plane_and_the_agent() {
         assert_ne!(get.trace_id, "00000000000000000000000000000000");
     }
     assert_eq!(receiver.malformed(), 0);
+}
+
+#[tokio::test]
+async fn nothing_moves_to_a_node_that_does_not_share_the_snapshot_store() {
+    let temp = tempfile::tempdir().unwrap();
+    let cp = control(&temp.path().join("cp"), &[]).await;
+    let api = &cp.api;
+    // Each agent keeps snapshots in its own data directory.
+    let mut u1 = agent(
+        &api.base,
+        &temp.path().join("u1"),
+        &AgentSpec::sim("u1", "10", "26500-26599"),
+    )
+    .await;
+    let _u2 = agent(
+        &api.base,
+        &temp.path().join("u2"),
+        &AgentSpec::sim("u2", "10", "26600-26699"),
+    )
+    .await;
+    wait_nodes(api, &[("u1", "online"), ("u2", "online")]).await;
+    let (id, _, _) = api.create_running(r#"{"node_preference": "u1"}"#).await;
+
+    // A drain: u2 has room but not u1's snapshots; the instance stays,
+    // running, and the report says why.
+    let (status, _) = api.post("/v2/nodes/u1/drain", "").await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let report = drain_report(api, "u1").await;
+    let stayed = report["stayed"].as_array().unwrap();
+    assert_eq!(stayed.len(), 1, "{report}");
+    let reason = stayed[0]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("does not use") && reason.contains("u2"),
+        "{reason}"
+    );
+    let (_, detail) = api.get(&format!("/v2/instances/{id}")).await;
+    assert_eq!(detail["status"], "running", "{detail}");
+    assert_eq!(detail["node_id"], "u1", "{detail}");
+
+    // Parked, with its node gone: no other node can revive it.
+    let (status, _) = api.post("/v2/nodes/u1/uncordon", "").await;
+    assert_eq!(status, StatusCode::OK);
+    api.park(&id).await;
+    u1.stop_with(libc::SIGKILL).await;
+    wait_nodes(api, &[("u1", "offline")]).await;
+    let (status, refused) = api.post(&format!("/v2/instances/{id}/revive"), "").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{refused}");
+    assert!(
+        refused["detail"].as_str().unwrap().contains("does not use"),
+        "{refused}"
+    );
+    let (_, detail) = api.get(&format!("/v2/instances/{id}")).await;
+    assert_eq!(detail["status"], "dormant", "{detail}");
 }

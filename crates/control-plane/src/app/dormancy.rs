@@ -285,13 +285,14 @@ impl ControlPlane {
     /// Moves a parked instance to another node that can take it (best-of-K
     /// like a create); 503 when none can.
     async fn relocate(&self, record: &InstanceRecord) -> Result<InstanceRecord> {
-        let nodes: Vec<_> = self
-            .store
-            .node_list()
-            .await?
-            .into_iter()
-            .filter(|n| n.id != record.node_id)
-            .collect();
+        let all = self.store.node_list().await?;
+        let (nodes, unshared) = nodes_sharing_the_store(all, &record.node_id);
+        if nodes.is_empty() && !unshared.is_empty() {
+            return Err(Error::InsufficientCapacity(format!(
+                "node {} cannot revive instance {} and no other node can: {unshared}",
+                record.node_id, record.id
+            )));
+        }
         let usage = self.node_usage().await?;
         let placement = PlacementRequest {
             image: &record.image,
@@ -460,4 +461,34 @@ mod tests {
             Duration::milliseconds(1500)
         );
     }
+}
+
+/// The nodes other than `from` whose agents use `from`'s snapshot store (a
+/// parked instance of `from` can revive only there), and, when some use
+/// another store, the reason they cannot take it.
+pub(crate) fn nodes_sharing_the_store(
+    nodes: Vec<crate::store::NodeRecord>,
+    from: &NodeId,
+) -> (Vec<crate::store::NodeRecord>, String) {
+    let store = nodes
+        .iter()
+        .find(|node| &node.id == from)
+        .map(|node| node.snapshot_store.clone())
+        .unwrap_or_default();
+    let (sharing, unshared): (Vec<_>, Vec<_>) = nodes
+        .into_iter()
+        .filter(|node| &node.id != from)
+        .partition(|node| {
+            flotilla_api_types::agent::snapshot_stores_shared(&store, &node.snapshot_store)
+        });
+    let reason = if unshared.is_empty() {
+        String::new()
+    } else {
+        let names: Vec<&str> = unshared.iter().map(|node| node.id.as_str()).collect();
+        format!(
+            "its snapshots are in {store}, which node {} does not use (a move needs one store for both nodes: S3, or one directory on one machine)",
+            names.join(", ")
+        )
+    };
+    (sharing, reason)
 }

@@ -262,21 +262,19 @@ impl ControlPlane {
             return Err(format!("it was {} at its turn", record.status));
         }
         // Room elsewhere first: nothing is parked that cannot move.
-        let others: Vec<_> = self
-            .store
-            .node_list()
-            .await
-            .map_err(|e| e.to_string())?
-            .into_iter()
-            .filter(|node| &node.id != from)
-            .collect();
+        let all = self.store.node_list().await.map_err(|e| e.to_string())?;
+        let (others, unshared) = super::dormancy::nodes_sharing_the_store(all, from);
         let usage = self.node_usage().await.map_err(|e| e.to_string())?;
         let placement = PlacementRequest {
             image: &record.image,
             config: &record.config,
             preference: None,
         };
-        let ranked = scheduler::rank(&others, &usage, &placement, self.now(), &self.config);
+        let ranked = if others.is_empty() && !unshared.is_empty() {
+            Err(Error::InsufficientCapacity(unshared))
+        } else {
+            scheduler::rank(&others, &usage, &placement, self.now(), &self.config).map(drop)
+        };
         if let Err(error) = ranked {
             let reason = match error {
                 Error::InsufficientCapacity(detail) | Error::InvalidRequest(detail) => {

@@ -13,7 +13,7 @@ use super::{Store, from_millis, to_millis};
 
 const COLUMNS: &str = "id, address, public_host, status, max_instances, cpu_cores, memory_gb, disk_gb, images, \
     cpu_percent, memory_percent, disk_percent, last_heartbeat, registered_at, warnings, load_cpu_percent, load_memory_percent, \
-    generation, browser_version, protocol_version, draining";
+    generation, browser_version, protocol_version, draining, snapshot_store";
 
 /// A node as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,6 +40,8 @@ pub struct NodeRecord {
     pub protocol_version: String,
     /// Being drained: it takes no new instance (`POST /v2/nodes/{id}/drain`).
     pub draining: bool,
+    /// Its agent's snapshot store (see `NodeRegistration::snapshot_store`).
+    pub snapshot_store: String,
 }
 
 fn decode(row: &AnyRow) -> Result<NodeRecord, sqlx::Error> {
@@ -79,6 +81,7 @@ fn decode(row: &AnyRow) -> Result<NodeRecord, sqlx::Error> {
         browser_version: row.try_get("browser_version")?,
         protocol_version: row.try_get("protocol_version")?,
         draining: row.try_get::<i64, _>("draining")? != 0,
+        snapshot_store: row.try_get("snapshot_store")?,
     })
 }
 
@@ -124,7 +127,7 @@ impl Store {
             .await?;
         }
         sqlx::query(&format!(
-            "INSERT INTO nodes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15, $16, $17, $18, $19, 0) \
+            "INSERT INTO nodes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15, $16, $17, $18, $19, 0, $20) \
              ON CONFLICT (id) DO UPDATE SET address = excluded.address, public_host = excluded.public_host, \
              status = excluded.status, max_instances = excluded.max_instances, cpu_cores = excluded.cpu_cores, \
              memory_gb = excluded.memory_gb, disk_gb = excluded.disk_gb, images = excluded.images, \
@@ -133,6 +136,7 @@ impl Store {
              warnings = excluded.warnings, load_cpu_percent = excluded.load_cpu_percent, \
              load_memory_percent = excluded.load_memory_percent, generation = excluded.generation, \
              browser_version = excluded.browser_version, protocol_version = excluded.protocol_version, \
+             snapshot_store = excluded.snapshot_store, \
              draining = CASE WHEN nodes.drain_ends_with_generation NOT IN ('', excluded.generation) \
                  THEN 0 ELSE nodes.draining END, \
              drain_ends_with_generation = CASE WHEN nodes.drain_ends_with_generation NOT IN ('', excluded.generation) \
@@ -157,6 +161,7 @@ impl Store {
         .bind(registration.generation.as_str())
         .bind(registration.browser_version.clone())
         .bind(registration.protocol_version.as_str())
+        .bind(registration.snapshot_store.as_str())
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;

@@ -53,6 +53,7 @@ fn registration(
         warnings,
         browser_version: None,
         protocol_version: flotilla_api_types::agent::PROTOCOL_VERSION.into(),
+        snapshot_store: String::new(),
     }
 }
 

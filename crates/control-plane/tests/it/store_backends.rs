@@ -62,6 +62,7 @@ fn registration(node: &str, max_instances: i64) -> NodeRegistration {
         warnings: Vec::new(),
         browser_version: None,
         protocol_version: flotilla_api_types::agent::PROTOCOL_VERSION.into(),
+        snapshot_store: String::new(),
     }
 }
 

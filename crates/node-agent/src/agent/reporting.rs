@@ -46,6 +46,7 @@ impl Agent {
             warnings: self.inner.launcher.warnings().to_vec(),
             browser_version: self.inner.browser_version.clone(),
             protocol_version: flotilla_api_types::agent::PROTOCOL_VERSION.to_owned(),
+            snapshot_store: self.inner.settings.snapshots.identity.clone(),
         }
     }
 

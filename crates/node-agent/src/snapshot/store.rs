@@ -47,6 +47,10 @@ pub struct SnapshotStore {
     prefix: StorePath,
     /// Where it is, for messages.
     pub location: String,
+    /// Which store it is, the same for every agent that shares it:
+    /// `file://<host><path>` (a directory is shared only on one machine)
+    /// or `s3://<bucket>/<prefix>[@<endpoint>]`. Never a credential.
+    pub identity: String,
 }
 
 impl SnapshotStore {
@@ -58,6 +62,7 @@ impl SnapshotStore {
         };
         let parsed = url::Url::parse(&url)
             .map_err(|e| anyhow::anyhow!("snapshots.url {url:?} is not a URL: {e}"))?;
+        let identity;
         let (store, prefix): (Arc<dyn ObjectStore>, StorePath) = match parsed.scheme() {
             "file" => {
                 let dir = PathBuf::from(parsed.path());
@@ -68,6 +73,8 @@ impl SnapshotStore {
                     )
                 })?;
                 let local = object_store::local::LocalFileSystem::new_with_prefix(&dir)?;
+                let dir = dir.canonicalize().unwrap_or(dir);
+                identity = format!("file://{}{}", crate::agent::hostname(), dir.display());
                 (Arc::new(local), StorePath::default())
             }
             "s3" => {
@@ -107,6 +114,13 @@ impl SnapshotStore {
                     builder = builder.with_secret_access_key(secret);
                 }
                 let prefix = StorePath::from(parsed.path().trim_matches('/'));
+                identity = match &config.endpoint {
+                    Some(endpoint) => format!(
+                        "s3://{bucket}/{prefix}@{}",
+                        flotilla_api_types::instances::without_credentials(endpoint)
+                    ),
+                    None => format!("s3://{bucket}/{prefix}"),
+                };
                 (Arc::new(builder.build()?), prefix)
             }
             other => anyhow::bail!(
@@ -117,6 +131,7 @@ impl SnapshotStore {
             store,
             prefix,
             location: url,
+            identity,
         })
     }
 
