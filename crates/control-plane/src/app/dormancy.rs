@@ -438,31 +438,6 @@ impl RevivalRefused {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn estimates_follow_measurements() {
-        let estimates = ReviveEstimates::default();
-        assert_eq!(
-            estimates.estimate(ReviveMethod::QuickStart),
-            Duration::milliseconds(400)
-        );
-        for _ in 0..30 {
-            estimates.record(ReviveMethod::QuickStart, Duration::milliseconds(250));
-        }
-        let learned = estimates
-            .estimate(ReviveMethod::QuickStart)
-            .num_milliseconds();
-        assert!((249..=252).contains(&learned), "{learned}");
-        assert_eq!(
-            estimates.estimate(ReviveMethod::FullRestore),
-            Duration::milliseconds(1500)
-        );
-    }
-}
-
 /// The nodes other than `from` whose agents use `from`'s snapshot store (a
 /// parked instance of `from` can revive only there), and, when some use
 /// another store, the reason they cannot take it.
@@ -491,4 +466,29 @@ pub(crate) fn nodes_sharing_the_store(
         )
     };
     (sharing, reason)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn estimates_follow_measurements() {
+        let estimates = ReviveEstimates::default();
+        assert_eq!(
+            estimates.estimate(ReviveMethod::QuickStart),
+            Duration::milliseconds(400)
+        );
+        for _ in 0..30 {
+            estimates.record(ReviveMethod::QuickStart, Duration::milliseconds(250));
+        }
+        let learned = estimates
+            .estimate(ReviveMethod::QuickStart)
+            .num_milliseconds();
+        assert!((249..=252).contains(&learned), "{learned}");
+        assert_eq!(
+            estimates.estimate(ReviveMethod::FullRestore),
+            Duration::milliseconds(1500)
+        );
+    }
 }
