@@ -570,6 +570,13 @@ impl ControlPlane {
             self.stop_if_still_running(&change).await?;
             return Ok(false);
         };
+        // The node it left (revived elsewhere, or moved by a drain) speaks
+        // for it no more: a client that woke it there in the moment of the
+        // move must not make the record follow that copy.
+        if before.node_id != change.node_id {
+            tracing::info!(instance = %change.id, node = %change.node_id, on = %before.node_id, status = %change.status, "a report from a node the instance is not on is not taken");
+            return Ok(false);
+        }
         let woken = change.status == InstanceStatus::Reviving;
         if !woken && of_another_operation(&before, &change) {
             tracing::info!(instance = %change.id, status = %change.status, "a report of an earlier operation is not taken");

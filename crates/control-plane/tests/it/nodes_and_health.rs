@@ -168,16 +168,30 @@ async fn silent_nodes_go_offline_and_their_instances_fail() {
         gauges.warm_pools,
         vec![("n1".to_owned(), pool), ("n1".to_owned(), shell)]
     );
+    // A report from a node the instance is not on (one it was moved away
+    // from) is not taken.
+    let report_from = |node: &str| InstanceStateChange {
+        node_id: NodeId::new(node),
+        id: id.clone(),
+        status: InstanceStatus::Running,
+        reason: None,
+        at: Utc::now(),
+        snapshot_id: None,
+        operation: None,
+    };
+    let before = control_plane.instance_get(&id).await.unwrap().status;
+    assert!(
+        !control_plane
+            .instance_state_changed(report_from("n2"))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        control_plane.instance_get(&id).await.unwrap().status,
+        before
+    );
     control_plane
-        .instance_state_changed(InstanceStateChange {
-            node_id: NodeId::new("n1"),
-            id: id.clone(),
-            status: InstanceStatus::Running,
-            reason: None,
-            at: Utc::now(),
-            snapshot_id: None,
-            operation: None,
-        })
+        .instance_state_changed(report_from("n1"))
         .await
         .unwrap();
 
