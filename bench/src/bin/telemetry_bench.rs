@@ -44,9 +44,8 @@ async fn get_ms(http: &reqwest::Client, url: &str) -> anyhow::Result<f64> {
     Ok(start.elapsed().as_secs_f64() * 1000.0)
 }
 
-/// Milliseconds of a create and its delete (sim: no browser).
-async fn round_ms(http: &reqwest::Client, base: &str) -> anyhow::Result<f64> {
-    let start = Instant::now();
+/// Creates an instance (sim: no browser); its id.
+async fn create(http: &reqwest::Client, base: &str) -> anyhow::Result<String> {
     let created: serde_json::Value = http
         .post(format!("{base}/v2/instances"))
         .body("{}")
@@ -55,7 +54,13 @@ async fn round_ms(http: &reqwest::Client, base: &str) -> anyhow::Result<f64> {
         .error_for_status()?
         .json()
         .await?;
-    let id = created["id"].as_str().context("an id")?;
+    Ok(created["id"].as_str().context("an id")?.to_owned())
+}
+
+/// Milliseconds of a create and its delete.
+async fn round_ms(http: &reqwest::Client, base: &str) -> anyhow::Result<f64> {
+    let start = Instant::now();
+    let id = create(http, base).await?;
     http.delete(format!("{base}/v2/instances/{id}"))
         .send()
         .await?
@@ -92,15 +97,7 @@ async fn main() -> anyhow::Result<()> {
 
     let mut instance_urls = Vec::new();
     for (_, serve) in &servers {
-        let created: serde_json::Value = http
-            .post(format!("{}/v2/instances", serve.api.base))
-            .body("{}")
-            .send()
-            .await?
-            .error_for_status()?
-            .json()
-            .await?;
-        let id = created["id"].as_str().context("an id")?;
+        let id = create(&http, &serve.api.base).await?;
         instance_urls.push(format!("{}/v2/instances/{id}", serve.api.base));
     }
     // Warm both up (connections, caches) before measuring.

@@ -87,6 +87,20 @@ async fn agent(control_url: &str, dir: &Path, spec: &AgentSpec<'_>) -> ServeProc
     .expect("agent starts")
 }
 
+/// A control plane whose agents are to share the snapshot directory
+/// `dir/snapshots`; its `file://` URL.
+async fn control_sharing_snapshots(dir: &Path) -> (ServeProcess, String) {
+    let shared = dir.join("snapshots");
+    std::fs::create_dir_all(&shared).unwrap();
+    let snapshots_url = format!("file://{}", shared.display());
+    let cp = control(
+        &dir.join("cp"),
+        &[("FLOTILLA_SNAPSHOTS__URL", &snapshots_url)],
+    )
+    .await;
+    (cp, snapshots_url)
+}
+
 /// Agents on `nodes` (id, port range) that share the snapshot store at
 /// `snapshots_url`, each with its data under `dir`.
 async fn agents_sharing(
@@ -578,14 +592,7 @@ async fn two_control_planes_share_one_postgres() {
 #[tokio::test]
 async fn revive_moves_to_another_node_when_its_node_is_gone() {
     let temp = tempfile::tempdir().unwrap();
-    let shared = temp.path().join("snapshots");
-    std::fs::create_dir_all(&shared).unwrap();
-    let snapshots_url = format!("file://{}", shared.display());
-    let cp = control(
-        &temp.path().join("cp"),
-        &[("FLOTILLA_SNAPSHOTS__URL", &snapshots_url)],
-    )
-    .await;
+    let (cp, snapshots_url) = control_sharing_snapshots(temp.path()).await;
     let api = &cp.api;
     let nodes = [("r1", "26000-26099"), ("r2", "26100-26199")];
     let mut agents = agents_sharing(&api.base, temp.path(), nodes, true, &snapshots_url).await;
@@ -854,14 +861,7 @@ async fn browser_a_drained_node_moves_its_instances_with_their_tabs_and_keeps_wh
 #[tokio::test]
 async fn an_agent_stopped_with_drain_on_shutdown_moves_its_instances_first() {
     let temp = tempfile::tempdir().unwrap();
-    let shared = temp.path().join("snapshots");
-    std::fs::create_dir_all(&shared).unwrap();
-    let snapshots_url = format!("file://{}", shared.display());
-    let cp = control(
-        &temp.path().join("cp"),
-        &[("FLOTILLA_SNAPSHOTS__URL", &snapshots_url)],
-    )
-    .await;
+    let (cp, snapshots_url) = control_sharing_snapshots(temp.path()).await;
     let api = &cp.api;
     let leaving_env = [
         ("FLOTILLA_SNAPSHOTS__URL", snapshots_url.as_str()),

@@ -85,6 +85,22 @@ impl HttpNode {
         })
     }
 
+    /// A call whose work is done when the agent no longer has the instance
+    /// (404 is `Ok`).
+    async fn call_unless_gone(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> Result<(), NodeCallError> {
+        match self.call::<serde_json::Value>(request, CALL_TIMEOUT).await {
+            Ok(_)
+            | Err(NodeCallError::Rejected {
+                code: ErrorCode::NotFound,
+                ..
+            }) => Ok(()),
+            Err(error) => Err(error),
+        }
+    }
+
     fn url(&self, path: &str) -> String {
         format!("{}/agent/v1/instances{path}", self.address)
     }
@@ -110,14 +126,7 @@ impl NodeConnection for HttpNode {
         let request = self
             .client
             .delete(self.url(&format!("/{id}?force={force}")));
-        match self.call::<serde_json::Value>(request, CALL_TIMEOUT).await {
-            Ok(_)
-            | Err(NodeCallError::Rejected {
-                code: ErrorCode::NotFound,
-                ..
-            }) => Ok(()),
-            Err(error) => Err(error),
-        }
+        self.call_unless_gone(request).await
     }
 
     async fn instance_dormant(&self, id: &InstanceId) -> Result<AgentDormantResult, NodeCallError> {
@@ -127,14 +136,7 @@ impl NodeConnection for HttpNode {
 
     async fn instance_forget(&self, id: &InstanceId) -> Result<(), NodeCallError> {
         let request = self.client.post(self.url(&format!("/{id}/forget")));
-        match self.call::<serde_json::Value>(request, CALL_TIMEOUT).await {
-            Ok(_)
-            | Err(NodeCallError::Rejected {
-                code: ErrorCode::NotFound,
-                ..
-            }) => Ok(()),
-            Err(error) => Err(error),
-        }
+        self.call_unless_gone(request).await
     }
 
     async fn instance_revive(
