@@ -1197,8 +1197,12 @@ async fn nothing_moves_to_a_node_that_does_not_share_the_snapshot_store() {
     assert_eq!(stayed.len(), 1, "{report}");
     let reason = stayed[0]["reason"].as_str().unwrap();
     assert!(
-        reason.contains("does not use") && reason.contains("u2"),
+        reason.contains("snapshot store") && reason.contains("u2"),
         "{reason}"
+    );
+    assert!(
+        !reason.contains(temp.path().to_str().unwrap()),
+        "no path: {reason}"
     );
     let (_, detail) = api.get(&format!("/v2/instances/{id}")).await;
     assert_eq!(detail["status"], "running", "{detail}");
@@ -1213,7 +1217,10 @@ async fn nothing_moves_to_a_node_that_does_not_share_the_snapshot_store() {
     let (status, refused) = api.post(&format!("/v2/instances/{id}/revive"), "").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{refused}");
     assert!(
-        refused["detail"].as_str().unwrap().contains("does not use"),
+        refused["detail"]
+            .as_str()
+            .unwrap()
+            .contains("snapshot store"),
         "{refused}"
     );
     let (_, detail) = api.get(&format!("/v2/instances/{id}")).await;

@@ -148,7 +148,6 @@ impl ControlPlane {
         // Its own node when it can take it; otherwise (offline, unreachable,
         // full) another one: the snapshot comes from the shared store.
         let mut record = record;
-        let parked_on = record.node_id.clone();
         let original = self.store.node_get(&record.node_id).await?;
         if original.is_none_or(|node| node.status != NodeStatus::Online || node.draining) {
             record = self.relocate(&record).await?;
@@ -165,9 +164,6 @@ impl ControlPlane {
             Err(other) => return Err(other.into_error()),
         };
         flotilla_telemetry::record("node.id", record.node_id.as_str());
-        if record.node_id != parked_on {
-            self.forget_on(&parked_on, id).await;
-        }
         let ports = [ports.debug_port, ports.stream_port, ports.http_port];
         if record.ports != Some(ports) {
             self.store.instance_set_ports(id, ports, self.now()).await?;
@@ -322,6 +318,9 @@ impl ControlPlane {
                 .await?
             {
                 tracing::info!(instance = %record.id, from = %record.node_id, to = %node.id, "instance moves to revive");
+                // Its record names the other node from now on, whatever the
+                // revive there does: the node it leaves lets it go.
+                self.forget_on(&record.node_id, &record.id).await;
                 return self
                     .store
                     .instance_get(&record.id)
@@ -460,9 +459,12 @@ pub(crate) fn nodes_sharing_the_store(
         String::new()
     } else {
         let names: Vec<&str> = unshared.iter().map(|node| node.id.as_str()).collect();
+        let names = names.join(", ");
+        // The store's name (a host and path, a bucket) is the operator's,
+        // not the API client's: logged, not answered.
+        tracing::info!(node = %from, %store, others = %names, "nodes that use another snapshot store cannot take its instances");
         format!(
-            "its snapshots are in {store}, which node {} does not use (a move needs one store for both nodes: S3, or one directory on one machine)",
-            names.join(", ")
+            "its node's snapshot store is not the one node {names} uses (a move needs one store for both nodes: S3, one directory on one machine, or [snapshots] store_id)"
         )
     };
     (sharing, reason)

@@ -429,6 +429,16 @@ impl ControlPlane {
     /// event goes to webhooks and the event proxy. Unknown instances are
     /// ignored (deleted meanwhile).
     pub async fn instance_event_reported(&self, report: InstanceEventReport) -> Result<()> {
+        // Only the node the instance is on speaks for it (see
+        // `instance_state_changed`); a profile save is the node's own.
+        let on_its_node = match self.store.instance_get(&report.id).await? {
+            Some(record) => record.node_id == report.node_id,
+            None => true,
+        };
+        if !on_its_node && !matches!(report.event, InstanceEventKind::ProfileSaved { .. }) {
+            tracing::info!(instance = %report.id, node = %report.node_id, "an event from a node the instance is not on is not taken");
+            return Ok(());
+        }
         match report.event {
             InstanceEventKind::ProfileSaved { name, size_bytes } => {
                 self.store
@@ -546,15 +556,17 @@ impl ControlPlane {
         }
     }
 
-    /// A state change for an instance the store no longer has (a delete that
-    /// did not reach the node): if its node still runs it, it is stopped there.
+    /// A state change for an instance the store does not have on the
+    /// reporting node (no record: a delete that did not reach the node; or
+    /// a record on another node: a copy woken where it was moved from): if
+    /// that node still runs it, it is stopped there.
     async fn stop_if_still_running(&self, change: &InstanceStateChange) -> Result<()> {
         if change.status.occupies_slot()
             && let Some(connection) = self.connection(&change.node_id).await?
         {
             let id = change.id.clone();
             self.tasks.spawn("node strays", async move {
-                tracing::warn!(instance = %id, "stopping an instance the store no longer has");
+                tracing::warn!(instance = %id, "stopping a copy of an instance the store does not have on its node");
                 let _ = connection.instance_delete(&id, true).await;
             });
         }
@@ -575,6 +587,8 @@ impl ControlPlane {
         // move must not make the record follow that copy.
         if before.node_id != change.node_id {
             tracing::info!(instance = %change.id, node = %change.node_id, on = %before.node_id, status = %change.status, "a report from a node the instance is not on is not taken");
+            // Nor may that copy go on running there unseen.
+            self.stop_if_still_running(&change).await?;
             return Ok(false);
         }
         let woken = change.status == InstanceStatus::Reviving;

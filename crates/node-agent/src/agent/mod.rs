@@ -886,7 +886,7 @@ fn remove_dir(path: &Path) {
     }
 }
 
-pub(crate) fn hostname() -> String {
+fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_owned())
         .ok()

@@ -31,6 +31,22 @@ pub struct SnapshotsConfig {
     /// How long one operation on an S3 store may take, retries included
     /// (default 30): past it, a park or revive fails with the store named.
     pub timeout_sec: Option<f64>,
+    /// Names the store for agents on several machines that share one
+    /// directory (an NFS mount): agents with the same `store_id` count as
+    /// sharing it. Unset: a `file://` store is shared only on one machine,
+    /// an S3 store by its bucket, prefix and endpoint.
+    pub store_id: Option<String>,
+}
+
+/// This machine's name, for a directory store's identity; a name of this
+/// process alone when it cannot be read (then the directory is shared with
+/// nobody, rather than with every machine that cannot read its name).
+fn machine_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| format!("unnamed-{}", uuid::Uuid::new_v4()))
 }
 
 /// Default of `[snapshots] timeout_sec`.
@@ -62,7 +78,7 @@ impl SnapshotStore {
         };
         let parsed = url::Url::parse(&url)
             .map_err(|e| anyhow::anyhow!("snapshots.url {url:?} is not a URL: {e}"))?;
-        let identity;
+        let mut identity;
         let (store, prefix): (Arc<dyn ObjectStore>, StorePath) = match parsed.scheme() {
             "file" => {
                 let dir = PathBuf::from(parsed.path());
@@ -74,7 +90,7 @@ impl SnapshotStore {
                 })?;
                 let local = object_store::local::LocalFileSystem::new_with_prefix(&dir)?;
                 let dir = dir.canonicalize().unwrap_or(dir);
-                identity = format!("file://{}{}", crate::agent::hostname(), dir.display());
+                identity = format!("file://{}{}", machine_name(), dir.display());
                 (Arc::new(local), StorePath::default())
             }
             "s3" => {
@@ -114,10 +130,18 @@ impl SnapshotStore {
                     builder = builder.with_secret_access_key(secret);
                 }
                 let prefix = StorePath::from(parsed.path().trim_matches('/'));
-                identity = match &config.endpoint {
+                // The endpoint as the client will use it (`snapshots.endpoint`,
+                // or AWS_ENDPOINT from the environment), in one spelling.
+                let endpoint = builder
+                    .get_config_value(&object_store::aws::AmazonS3ConfigKey::Endpoint)
+                    .map(|endpoint| match url::Url::parse(&endpoint) {
+                        Ok(url) => url.as_str().trim_end_matches('/').to_owned(),
+                        Err(_) => endpoint.trim_end_matches('/').to_owned(),
+                    });
+                identity = match endpoint {
                     Some(endpoint) => format!(
                         "s3://{bucket}/{prefix}@{}",
-                        flotilla_api_types::instances::without_credentials(endpoint)
+                        flotilla_api_types::instances::without_credentials(&endpoint)
                     ),
                     None => format!("s3://{bucket}/{prefix}"),
                 };
@@ -127,6 +151,9 @@ impl SnapshotStore {
                 "snapshots.url scheme {other:?} is not supported: use file:// or s3://"
             ),
         };
+        if let Some(id) = &config.store_id {
+            identity = format!("id:{id}");
+        }
         Ok(Self {
             store,
             prefix,
@@ -438,4 +465,42 @@ pub fn is_not_found(error: &anyhow::Error) -> bool {
         error.downcast_ref::<object_store::Error>(),
         Some(object_store::Error::NotFound { .. })
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s3(endpoint: Option<&str>, store_id: Option<&str>) -> SnapshotsConfig {
+        SnapshotsConfig {
+            url: Some("s3://fleet/a//b/".into()),
+            endpoint: endpoint.map(str::to_owned),
+            region: Some("us-east-1".into()),
+            access_key_id: Some("key".into()),
+            secret_access_key: Some("secret".into()),
+            allow_http: true,
+            store_id: store_id.map(str::to_owned),
+            ..SnapshotsConfig::default()
+        }
+    }
+
+    #[test]
+    fn a_store_is_named_alike_by_every_agent_that_shares_it_and_never_with_a_secret() {
+        let dir = tempfile::tempdir().unwrap();
+        let identity =
+            |config: &SnapshotsConfig| SnapshotStore::open(config, dir.path()).unwrap().identity;
+        let plain = identity(&s3(Some("http://Minio:9000"), None));
+        assert_eq!(plain, identity(&s3(Some("http://minio:9000/"), None)));
+        assert_eq!(plain, "s3://fleet/a/b@http://minio:9000");
+        assert_ne!(plain, identity(&s3(Some("http://minio:9001"), None)));
+        let with_user = identity(&s3(Some("http://user:pw@minio:9000"), None));
+        assert!(!with_user.contains("pw"), "{with_user}");
+        assert_eq!(identity(&s3(None, Some("nfs-1"))), "id:nfs-1");
+
+        let local = identity(&SnapshotsConfig::default());
+        let canonical = dir.path().canonicalize().unwrap();
+        assert!(local.starts_with("file://"), "{local}");
+        assert!(local.ends_with(&canonical.display().to_string()), "{local}");
+        assert!(local.contains(&machine_name()), "{local}");
+    }
 }

@@ -482,6 +482,7 @@ fn s3_config(
         secret_access_key: Some("test".into()),
         allow_http: true,
         timeout_sec,
+        store_id: None,
     }
 }
 
