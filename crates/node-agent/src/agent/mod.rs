@@ -633,8 +633,10 @@ impl Agent {
     /// dormant instance here; one that was woken before is moved by a
     /// further round. A report is taken only from the drain this agent
     /// started (another control plane of the cluster may hold an older
-    /// one); without it, the agent goes by what still runs here. Call it
-    /// before [`Agent::shutdown`].
+    /// one); without it, the agent goes by what still runs here. What still
+    /// runs at the end (no room elsewhere that the drain could not park, the
+    /// deadline, a control plane that cannot drain) is parked here rather
+    /// than stopped. Call it before [`Agent::shutdown`].
     pub async fn drain_before_shutdown(&self) {
         let config = &self.inner.settings.config;
         if !config.drain_on_shutdown || self.inner.shutdown.is_cancelled() {
@@ -643,14 +645,23 @@ impl Agent {
         self.inner
             .leaving
             .store(true, std::sync::atomic::Ordering::SeqCst);
-        let node = &self.inner.node_id;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(config.drain_timeout_sec);
+        self.drain_rounds(deadline).await;
+        if self.runs_anything() {
+            self.park_what_runs().await;
+        }
+    }
+
+    /// Asks for drains of this node until nothing runs here, the rounds are
+    /// spent or `deadline` has passed.
+    async fn drain_rounds(&self, deadline: tokio::time::Instant) {
+        let node = &self.inner.node_id;
         let mut rounds = 0;
         loop {
             let started = match self.inner.link.drain(node).await {
                 Ok(report) => report,
                 Err(error) => {
-                    tracing::warn!(%node, %error, "the node could not be drained before stopping; what runs on it stops with it");
+                    tracing::warn!(%node, %error, "the node could not be drained before stopping");
                     return;
                 }
             };
@@ -662,7 +673,8 @@ impl Agent {
                 return;
             }
             if tokio::time::Instant::now() >= deadline {
-                tracing::warn!(%node, timeout_sec = config.drain_timeout_sec, "the drain did not finish within drain_timeout_sec; what is left stops with the agent");
+                let timeout_sec = self.inner.settings.config.drain_timeout_sec;
+                tracing::warn!(%node, timeout_sec, "the drain did not finish within drain_timeout_sec");
                 return;
             }
             match finished {
@@ -674,11 +686,48 @@ impl Agent {
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
                 Some(_) => {
-                    tracing::warn!(%node, rounds, "instances still run here after every drain round; they stop with the agent");
+                    tracing::warn!(%node, rounds, "instances still run here after every drain round");
                     return;
                 }
                 None => return,
             }
+        }
+    }
+
+    /// Parks, here, what still runs once the drain is over (it could not
+    /// move, or there was no drain): parked, an instance keeps its state
+    /// and can be revived later; stopped with the agent, it would not. Its
+    /// parks are reported to the control plane like any other.
+    async fn park_what_runs(&self) {
+        let running: Vec<InstanceId> = self
+            .all_slots()
+            .iter()
+            .filter(|slot| {
+                matches!(
+                    slot.status().0,
+                    InstanceStatus::Running | InstanceStatus::Idle
+                )
+            })
+            .map(|slot| slot.id.clone())
+            .collect();
+        tracing::info!(
+            instances = running.len(),
+            "parking what still runs before stopping"
+        );
+        let parks = async {
+            for id in &running {
+                if let Err(error) = self.instance_dormant(id).await {
+                    tracing::warn!(instance = %id, %error, "cannot park it before stopping; it stops with the agent");
+                }
+            }
+        };
+        if tokio::time::timeout(PARK_ON_SHUTDOWN_DEADLINE, parks)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "parking before stopping took too long; what is left stops with the agent"
+            );
         }
     }
 
@@ -806,6 +855,9 @@ impl Agent {
 /// How many drains an agent stopping with `drain_on_shutdown` asks for at
 /// most (a further round moves instances woken before the first began).
 const DRAIN_ROUNDS: usize = 3;
+
+/// How long an agent stopping with `drain_on_shutdown` parks what is left.
+const PARK_ON_SHUTDOWN_DEADLINE: Duration = Duration::from_secs(60);
 
 /// The span of the agent's part of an instance operation (see
 /// `flotilla_telemetry`), a child of the control plane's call.

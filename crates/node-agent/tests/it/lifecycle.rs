@@ -104,7 +104,15 @@ impl FakeControlPlane {
 }
 
 async fn sim_agent(dir: &std::path::Path, link: Arc<FakeControlPlane>) -> Agent {
-    let config = AgentConfig {
+    sim_agent_with(dir, link, |_| {}).await
+}
+
+async fn sim_agent_with(
+    dir: &std::path::Path,
+    link: Arc<FakeControlPlane>,
+    adjust: impl FnOnce(&mut AgentConfig),
+) -> Agent {
+    let mut config = AgentConfig {
         runtime: RuntimeKind::Sim,
         node_id: Some("sim-node".into()),
         max_instances: 4,
@@ -112,6 +120,7 @@ async fn sim_agent(dir: &std::path::Path, link: Arc<FakeControlPlane>) -> Agent 
         sim_start_ms: 20,
         ..AgentConfig::default()
     };
+    adjust(&mut config);
     let settings = AgentSettings {
         config,
         data_dir: dir.join("agent"),
@@ -393,4 +402,33 @@ async fn only_a_dormant_instance_revived_elsewhere_is_forgotten() {
         Err(AgentError::NotFound(_))
     ));
     agent.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_agent_stopping_parks_what_its_control_plane_could_not_move() {
+    let dir = tempfile::tempdir().unwrap();
+    // This control plane drains nothing (as one of protocol 1.1 would not).
+    let control_plane = Arc::new(FakeControlPlane::default());
+    let agent = sim_agent_with(dir.path(), control_plane.clone(), |config| {
+        config.drain_on_shutdown = true;
+    })
+    .await;
+    let id = InstanceId::generate();
+    let created = OperationId::generate();
+    agent
+        .instance_create(create_request(&id, &created))
+        .await
+        .unwrap();
+    control_plane
+        .reported(&id, InstanceStatus::Running, Some(&created))
+        .await;
+
+    agent.drain_before_shutdown().await;
+    // Parked here, with its snapshot, rather than stopped with the agent.
+    let parked = control_plane
+        .reported(&id, InstanceStatus::Dormant, None)
+        .await;
+    assert!(parked.snapshot_id.is_some(), "{parked:?}");
+    agent.shutdown().await;
+    assert_eq!(control_plane.count(&id, InstanceStatus::Stopped), 0);
 }
