@@ -859,7 +859,8 @@ async fn browser_a_drained_node_moves_its_instances_with_their_tabs_and_keeps_wh
 }
 
 #[tokio::test]
-async fn an_agent_stopped_with_drain_on_shutdown_moves_its_instances_first() {
+async fn browser_an_agent_stopped_with_drain_on_shutdown_moves_its_instances_with_their_tabs_first()
+{
     let temp = tempfile::tempdir().unwrap();
     let (cp, snapshots_url) = control_sharing_snapshots(temp.path()).await;
     let api = &cp.api;
@@ -870,20 +871,32 @@ async fn an_agent_stopped_with_drain_on_shutdown_moves_its_instances_first() {
     ];
     let leaving = AgentSpec {
         env: &leaving_env,
+        sim: false,
         ..AgentSpec::sim("s1", "10", "26200-26299")
     };
     // The other node has room for two of the three.
     let staying_env = [("FLOTILLA_SNAPSHOTS__URL", snapshots_url.as_str())];
     let staying = AgentSpec {
         env: &staying_env,
+        sim: false,
         ..AgentSpec::sim("s2", "2", "26300-26399")
     };
     let mut s1 = agent(&api.base, &temp.path().join("s1"), &leaving).await;
     let s2 = agent(&api.base, &temp.path().join("s2"), &staying).await;
     wait_nodes(api, &[("s1", "online"), ("s2", "online")]).await;
+    // Three real browsers on s1, each with a tab of its own.
     let mut ids = Vec::new();
-    for _ in 0..3 {
+    let tab_of = |n: usize| format!("data:text/html,<title>leaving {n}</title>");
+    for n in 0..3 {
         let (id, _, _) = api.create_running(r#"{"node_preference": "s1"}"#).await;
+        let (status, body) = api
+            .call(
+                reqwest::Method::PUT,
+                &format!("/v2/instances/{id}/json/new?{}", tab_of(n)),
+                None,
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
         ids.push(id);
     }
 
@@ -933,6 +946,30 @@ async fn an_agent_stopped_with_drain_on_shutdown_moves_its_instances_first() {
         .await
         .unwrap();
     assert_eq!(unknown.status(), StatusCode::NOT_FOUND);
+    // A body that is not a drain request is refused before anything drains.
+    for (body, want) in [
+        (
+            r#"{"node_id": "s1", "until": "never"}"#.as_bytes(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            b"{\"node_id\": \"s\xff1\"}".as_slice(),
+            StatusCode::BAD_REQUEST,
+        ),
+        (b"node_id=s1".as_slice(), StatusCode::BAD_REQUEST),
+    ] {
+        let refused = client
+            .post(internal("drain"))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .body(body.to_vec())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused.status(), want, "{}", String::from_utf8_lossy(body));
+    }
+    let (_, node) = api.get("/v2/nodes/s1").await;
+    assert_eq!(node["status"], "online", "{node}");
     let none: Value = client
         .post(internal("drain/report"))
         .bearer_auth(TOKEN)
@@ -958,11 +995,14 @@ async fn an_agent_stopped_with_drain_on_shutdown_moves_its_instances_first() {
         "{node}"
     );
     let mut on_s2 = 0;
-    for id in &ids {
+    for (n, id) in ids.iter().enumerate() {
         let (_, detail) = api.get(&format!("/v2/instances/{id}")).await;
         match detail["status"].as_str() {
             Some("running") => {
                 assert_eq!(detail["node_id"], "s2", "{detail}");
+                // Its tab came along, through the same door URL.
+                let urls = door_tab_urls(api, id).await;
+                assert!(urls.contains(&tab_of(n)), "{id}: {urls:?}");
                 on_s2 += 1;
             }
             // The one no node had room for was parked, not stopped.

@@ -151,6 +151,20 @@ fn assert_gone(agent: &Agent, dir: &std::path::Path, id: &InstanceId, when: &str
     );
 }
 
+/// A new instance, once its agent has reported it running.
+async fn running(agent: &Agent, control_plane: &FakeControlPlane) -> InstanceId {
+    let id = InstanceId::generate();
+    let created = OperationId::generate();
+    agent
+        .instance_create(create_request(&id, &created))
+        .await
+        .unwrap();
+    control_plane
+        .reported(&id, InstanceStatus::Running, Some(&created))
+        .await;
+    id
+}
+
 /// A create of `id` on the default image, as `operation`.
 fn create_request(id: &InstanceId, operation: &OperationId) -> AgentCreateInstance {
     AgentCreateInstance {
@@ -375,15 +389,7 @@ async fn only_a_dormant_instance_revived_elsewhere_is_forgotten() {
     let dir = tempfile::tempdir().unwrap();
     let control_plane = Arc::new(FakeControlPlane::default());
     let agent = sim_agent(dir.path(), control_plane.clone()).await;
-    let id = InstanceId::generate();
-    let created = OperationId::generate();
-    agent
-        .instance_create(create_request(&id, &created))
-        .await
-        .unwrap();
-    control_plane
-        .reported(&id, InstanceStatus::Running, Some(&created))
-        .await;
+    let id = running(&agent, &control_plane).await;
     // Running here: it stays.
     let refused = agent.instance_forget(&id).await;
     assert!(
@@ -413,15 +419,7 @@ async fn an_agent_stopping_parks_what_its_control_plane_could_not_move() {
         config.drain_on_shutdown = true;
     })
     .await;
-    let id = InstanceId::generate();
-    let created = OperationId::generate();
-    agent
-        .instance_create(create_request(&id, &created))
-        .await
-        .unwrap();
-    control_plane
-        .reported(&id, InstanceStatus::Running, Some(&created))
-        .await;
+    let id = running(&agent, &control_plane).await;
 
     agent.drain_before_shutdown().await;
     // Parked here, with its snapshot, rather than stopped with the agent.
