@@ -18,12 +18,13 @@ use crate::browser::{BrowserProcess, CdpEndpoint};
 use crate::config::ImageConfig;
 use crate::instance::InstanceSlot;
 use crate::instance_state::{Effect, Event, Lifecycle, State};
-use crate::snapshot::{self, CapturedState};
+use crate::launcher::WarmBrowser;
+use crate::snapshot::{self, CapturedState, OpenedArchive};
 
 use super::operations::Request;
 use super::{
-    Agent, AgentError, ArchiveError, CDP_GRACE, StartFailure, check_extensions, ports_of,
-    remove_dir, unpack_into,
+    Agent, AgentError, ArchiveError, CDP_GRACE, StartFailure, UnpackArchiveError, check_extensions,
+    open_archive, ports_of, remove_dir, unpack_into,
 };
 
 /// How long a park waits for the recording it ended to be written.
@@ -407,8 +408,10 @@ impl Agent {
         }
     }
 
-    /// Unpacks a snapshot into the instance's directory, launches the browser
-    /// on it and puts the session back (and the tabs, for a full restore).
+    /// Puts a snapshot back: into a warm browser when one can take it (see
+    /// [`Agent::warm_browser_to_revive_into`]), otherwise by unpacking it into
+    /// the instance's directory and launching the browser on it; then the
+    /// session (and the tabs, for a full restore).
     async fn restore_from(
         &self,
         slot: &Arc<InstanceSlot>,
@@ -417,23 +420,116 @@ impl Agent {
         method: ReviveMethod,
         image: &ImageConfig,
     ) -> Result<(Arc<BrowserProcess>, Option<CdpEndpoint>), StartFailure> {
-        let state =
-            unpack_into(slot, archive)
+        let unpack_failed = |source| StartFailure::SnapshotUnpack {
+            snapshot: snapshot.clone(),
+            source,
+        };
+        let opened = open_archive(archive).await.map_err(unpack_failed)?;
+        let reopen_tabs = method == ReviveMethod::FullRestore;
+        if let Some(warm) = self.warm_browser_to_revive_into(slot, &opened) {
+            return self
+                .revive_into_warm(slot, warm, opened, reopen_tabs)
                 .await
-                .map_err(|source| StartFailure::SnapshotUnpack {
-                    snapshot: snapshot.clone(),
-                    source,
-                })?;
+                .map_err(|error| match error {
+                    WarmReviveError::Adopt(source) => {
+                        unpack_failed(UnpackArchiveError::Extract(source))
+                    }
+                    WarmReviveError::Start(failure) => failure,
+                });
+        }
+        let state = unpack_into(slot, opened).await.map_err(unpack_failed)?;
         // What the snapshot brought back was announced when it finished.
         let _ = slot.newly_completed_downloads();
         let limits = self.inner.launcher.limits_for(&slot.config);
         let (process, endpoint) = self.launch_ready(slot, image, limits).await?;
         if let Some(endpoint) = &endpoint {
-            snapshot::restore(endpoint, &state, method == ReviveMethod::FullRestore)
+            snapshot::restore(endpoint, &state, reopen_tabs)
                 .await
                 .map_err(StartFailure::StateRestore)?;
         }
         Ok((process, endpoint))
+    }
+
+    /// A warm browser to revive `slot` into, when the agent may and the
+    /// snapshot loses nothing there: its site data is all in the captured
+    /// state (cookies, localStorage, tabs), which CDP writes into a running
+    /// browser, and the instance needs nothing a pooled browser was not
+    /// started with (extensions, preferences). Only where browsers are
+    /// confined by bubblewrap: the pooled browser's directory is renamed to
+    /// the instance's, which a browser that sees host paths would not follow.
+    fn warm_browser_to_revive_into(
+        &self,
+        slot: &InstanceSlot,
+        opened: &OpenedArchive,
+    ) -> Option<WarmBrowser> {
+        let launcher = &self.inner.launcher;
+        if !self.inner.settings.config.revive_into_warm_browser
+            || !launcher.isolation().filesystem_isolated()
+            || !slot.config.extensions.is_empty()
+            || slot.config.prefs.is_some()
+        {
+            return None;
+        }
+        if !opened.kept_only_in_files.is_empty() {
+            tracing::info!(
+                instance = %slot.id,
+                kept = ?opened.kept_only_in_files,
+                "reviving on the profile's files: a warm browser would lose what only they hold"
+            );
+            return None;
+        }
+        let upstream = super::upstream_of(&slot.config).ok()?;
+        launcher.take_warm(&slot.image, launcher.limits_for(&slot.config), upstream)
+    }
+
+    /// Makes `warm` the instance's browser: its directory becomes the
+    /// instance's (a rename; the browser's sandbox holds its folders by bind
+    /// mounts and does not notice), the snapshot's downloads go into it, and
+    /// the captured state is written in over CDP.
+    async fn revive_into_warm(
+        &self,
+        slot: &Arc<InstanceSlot>,
+        warm: WarmBrowser,
+        opened: Arc<OpenedArchive>,
+        reopen_tabs: bool,
+    ) -> Result<(Arc<BrowserProcess>, Option<CdpEndpoint>), WarmReviveError> {
+        let WarmBrowser {
+            dirs: pooled,
+            launched,
+            endpoint,
+            webdriver,
+        } = warm;
+        // A WebDriver session that wakes its instance starts its own.
+        drop(webdriver);
+        let process = launched.process.clone();
+        slot.set_process(launched);
+        let (root, downloads) = (slot.dirs.root.clone(), slot.dirs.downloads());
+        let isolation = self.inner.launcher.isolation().clone();
+        let state = opened.clone();
+        let adopted = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+            remove_dir(&root);
+            if let Err(error) = std::fs::rename(&pooled.root, &root) {
+                remove_dir(&pooled.root);
+                return Err(error.into());
+            }
+            state.unpack_downloads_into(&downloads)?;
+            isolation.give_to_browser(&downloads)?;
+            Ok(())
+        })
+        .await
+        .map_err(|error| WarmReviveError::Adopt(error.into()))
+        .and_then(|adopted| adopted.map_err(WarmReviveError::Adopt));
+        adopted?;
+        // What the snapshot brought back was announced when it finished.
+        let _ = slot.newly_completed_downloads();
+        if slot.is_stopping() {
+            return Err(WarmReviveError::Start(StartFailure::StoppedWhileStarting));
+        }
+        tracing::info!(instance = %slot.id, "reviving into a warm browser");
+        snapshot::restore(&endpoint, &opened.state, reopen_tabs)
+            .await
+            .map_err(|error| WarmReviveError::Start(StartFailure::StateRestore(error)))?;
+        Ok((process, Some(endpoint)))
     }
 
     /// Deletes a revived instance's spent archive (its next park makes a new
@@ -495,4 +591,11 @@ impl Agent {
             }
         }
     }
+}
+
+/// Why a revive into a warm browser failed: its directory could not be made
+/// the instance's, or the browser could not be brought to the snapshot.
+enum WarmReviveError {
+    Adopt(anyhow::Error),
+    Start(StartFailure),
 }

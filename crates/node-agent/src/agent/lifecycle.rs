@@ -34,8 +34,8 @@ use crate::snapshot::{self, CapturedState};
 
 use super::operations::Request;
 use super::{
-    Agent, AgentError, CDP_GRACE, StartFailure, check_extensions, ports_of, remove_dir,
-    unpack_into, upstream_of,
+    Agent, AgentError, CDP_GRACE, StartFailure, check_extensions, open_archive, ports_of,
+    remove_dir, unpack_into, upstream_of,
 };
 
 /// How long a delete waits for the recorder to finish its last recording
@@ -419,13 +419,14 @@ impl Agent {
         let Some(archive) = archive else {
             return Ok(None);
         };
-        let state =
-            unpack_into(slot, archive)
-                .await
-                .map_err(|source| StartFailure::ProfileUnpack {
-                    name: name.clone(),
-                    source,
-                })?;
+        let unpacked = match open_archive(archive).await {
+            Ok(opened) => unpack_into(slot, opened).await,
+            Err(error) => Err(error),
+        };
+        let state = unpacked.map_err(|source| StartFailure::ProfileUnpack {
+            name: name.clone(),
+            source,
+        })?;
         tracing::info!(instance = %slot.id, profile = name, "profile unpacked");
         Ok(Some((name, state)))
     }

@@ -912,9 +912,19 @@ fn browser_version(executable: &Path) -> Option<String> {
 
 /// Unpacks an archive (a snapshot or a saved profile) into the instance's
 /// directory, in place of its profile; answers the state it carried.
+/// Reads an archive (off the runtime's threads) to look at before unpacking.
+async fn open_archive(
+    archive: bytes::Bytes,
+) -> Result<Arc<crate::snapshot::OpenedArchive>, UnpackArchiveError> {
+    tokio::task::spawn_blocking(move || crate::snapshot::OpenedArchive::read(&archive))
+        .await?
+        .map(Arc::new)
+        .map_err(UnpackArchiveError::Extract)
+}
+
 async fn unpack_into(
     slot: &InstanceSlot,
-    archive: bytes::Bytes,
+    opened: Arc<crate::snapshot::OpenedArchive>,
 ) -> Result<CapturedState, UnpackArchiveError> {
     let (root, profile, downloads) = (
         slot.dirs.root.clone(),
@@ -924,8 +934,10 @@ async fn unpack_into(
     tokio::task::spawn_blocking(move || {
         remove_dir(&profile);
         std::fs::create_dir_all(&root).map_err(UnpackArchiveError::Directory)?;
-        crate::snapshot::extract(&archive, &profile, &downloads)
-            .map_err(UnpackArchiveError::Extract)
+        opened
+            .unpack(&profile, &downloads)
+            .map_err(UnpackArchiveError::Extract)?;
+        Ok(opened.state.clone())
     })
     .await?
 }

@@ -4,7 +4,8 @@
 //!   cookie (session cookies too, which Chromium does not keep on disk), the open
 //!   tabs and their URLs, and the localStorage of the tabs' origins.
 //! - [`archive`] packs the profile directory (without caches and lock files) and
-//!   that state into one tar + zstd file; [`extract`] unpacks it.
+//!   that state into one tar + zstd file; [`OpenedArchive`] reads one back and
+//!   says what of its site data only the profile's files hold.
 //! - [`restore`] puts the state back into a started browser: cookies and
 //!   localStorage always, tabs for `full_restore`.
 //! - [`SnapshotStore`] keeps archives in a directory (`file://`) or an
@@ -20,7 +21,7 @@ mod archive;
 mod browser_state;
 mod store;
 
-pub use archive::{archive, extract};
+pub use archive::{OpenedArchive, archive};
 pub use browser_state::{capture, restore};
 pub use store::{DEFAULT_STORE_TIMEOUT_SEC, SnapshotStore, SnapshotsConfig, is_not_found};
 
@@ -91,9 +92,11 @@ mod tests {
 
         let target = dir.path().join("restored");
         std::fs::create_dir_all(&target).unwrap();
-        let restored =
-            extract(&packed, &target.join("profile"), &target.join("downloads")).unwrap();
-        assert_eq!(restored, state);
+        let opened = OpenedArchive::read(&packed).unwrap();
+        opened
+            .unpack(&target.join("profile"), &target.join("downloads"))
+            .unwrap();
+        assert_eq!(opened.state, state);
         assert_eq!(
             std::fs::read(target.join("downloads/report.pdf")).unwrap(),
             b"%PDF"
@@ -109,6 +112,99 @@ mod tests {
         );
         assert!(!target.join("profile/Default/Cache").exists());
         assert!(!target.join("profile/SingletonLock").exists());
+    }
+
+    /// A profile at `dir` with `files` (path, bytes), packed with `state`
+    /// and read back.
+    fn packed_profile(
+        dir: &std::path::Path,
+        files: &[(&str, &[u8])],
+        state: &CapturedState,
+    ) -> OpenedArchive {
+        let profile = dir.join("profile");
+        let _ = std::fs::remove_dir_all(&profile);
+        for (path, bytes) in files {
+            let path = profile.join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, bytes).unwrap();
+        }
+        std::fs::create_dir_all(&profile).unwrap();
+        OpenedArchive::read(&archive(&profile, None, state).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn an_archive_names_the_site_data_only_its_files_hold() {
+        let dir = tempfile::tempdir().unwrap();
+        let captured = CapturedState {
+            local_storage: vec![OriginStorage {
+                origin: "http://127.0.0.1:8765".into(),
+                items: vec![("k".into(), "v".into())],
+            }],
+            ..CapturedState::default()
+        };
+        // What Chromium 156 writes for one localStorage item (the log's bytes).
+        let log: &[u8] = b"\x01\x00VERSION\x011\x01\x16_http://127.0.0.1:8765\x00\x01k\x02\x01v\x01\x1aMETA:http://127.0.0.1:8765\x08\x08\x80\x01";
+        let ls_log = "Default/Local Storage/leveldb/000003.log";
+        let ordinary: &[(&str, &[u8])] = &[
+            ("Default/Cookies", b"db"),
+            ("Default/WebStorage/QuotaManager", b"db"),
+            ("Default/Session Storage/000003.log", b"x"),
+            (ls_log, log),
+        ];
+        assert!(
+            packed_profile(dir.path(), ordinary, &captured)
+                .kept_only_in_files
+                .is_empty(),
+            "cookies, the quota database and captured localStorage are carried"
+        );
+        let uncaptured = packed_profile(dir.path(), ordinary, &CapturedState::default());
+        assert_eq!(
+            uncaptured.kept_only_in_files,
+            ["localStorage of http://127.0.0.1:8765"]
+        );
+        for (file, named) in [
+            (
+                "Default/IndexedDB/http_a_0.indexeddb.leveldb/000003.log",
+                "IndexedDB",
+            ),
+            ("Default/Service Worker/Database/CURRENT", "service workers"),
+            ("Default/File System/000/t/00/00000000", "file systems"),
+            ("Default/WebStorage/1/CacheStorage/index", "storage buckets"),
+            (
+                "Default/Local Storage/leveldb/000005.ldb",
+                "compacted localStorage",
+            ),
+        ] {
+            let opened = packed_profile(dir.path(), &[(file, b"data")], &captured);
+            assert_eq!(opened.kept_only_in_files, [named], "{file}");
+        }
+    }
+
+    #[test]
+    fn downloads_alone_go_into_the_same_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let (profile, downloads) = (dir.path().join("profile"), dir.path().join("downloads"));
+        std::fs::create_dir_all(&profile).unwrap();
+        std::fs::create_dir_all(&downloads).unwrap();
+        std::fs::write(downloads.join("a.pdf"), b"%PDF").unwrap();
+        let packed = archive(&profile, Some(&downloads), &CapturedState::default()).unwrap();
+        let target = dir.path().join("target");
+        std::fs::create_dir_all(target.join("downloads")).unwrap();
+        let inode = |path: &std::path::Path| {
+            std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(path).unwrap())
+        };
+        let before = inode(&target.join("downloads"));
+        OpenedArchive::read(&packed)
+            .unwrap()
+            .unpack_downloads_into(&target.join("downloads"))
+            .unwrap();
+        assert_eq!(inode(&target.join("downloads")), before, "the same folder");
+        assert_eq!(
+            std::fs::read(target.join("downloads/a.pdf")).unwrap(),
+            b"%PDF"
+        );
+        assert!(!target.join("profile").exists(), "no profile unpacked");
+        assert!(!target.join("restore-staging").exists());
     }
 
     #[test]

@@ -9,9 +9,9 @@ use serde_json::Value;
 
 use flotilla_api_types::clock::ManualClock;
 use flotilla_testkit::{
-    BROWSER_DEADLINE, Page, PageServer, StatusCode, TestServe, assert_error, browser_processes,
-    get_json, run_node, serve_page, sorted_keys, spawn_serve_with, spawn_serve_with_clock,
-    wait_until,
+    BROWSER_DEADLINE, Page, PageServer, StatusCode, TestServe, assert_error, browser_main_pid,
+    browser_processes, get_json, run_node, serve_page, sorted_keys, spawn_serve_with,
+    spawn_serve_with_clock, wait_until,
 };
 
 /// A site with a page that stores state of every kind, and three tab pages.
@@ -666,4 +666,144 @@ async fn browser_an_agent_draining_its_node_to_stop_wakes_nothing_there() {
     let (_, detail) = serve.api.get(&format!("/v2/instances/{id}")).await;
     assert_eq!(detail["status"], "dormant", "{detail}");
     serve.shutdown().await;
+}
+
+/// Cookies and localStorage only: everything a warm browser can be given.
+const STORE_COOKIES_AND_LOCAL_STORAGE: &str = "(() => {
+    document.cookie = 'persistent=kept; max-age=86400; path=/';
+    document.cookie = 'session=also-kept; path=/';
+    localStorage.setItem('local', 'stored');
+    return true;
+})()";
+
+/// The directories of the agent's pooled browsers (`pool-…`) under
+/// `instances`, other than `taken`'s.
+fn pool_dirs(instances: &std::path::Path, taken: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(instances)
+        .unwrap()
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| {
+            path.file_name()
+                .is_some_and(|name| name.to_string_lossy().starts_with("pool-"))
+                && path != taken
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn browser_a_revive_takes_a_warm_browser_unless_the_snapshot_holds_what_only_files_carry() {
+    let pages = site().await;
+    let serve = spawn_serve_with(|config| {
+        pages.allow_in(config);
+        config.agent.warm_pool_size = 1;
+    })
+    .await;
+    let agent = serve.serve().agent.clone();
+    let pool_ready = || async {
+        match agent.warm_pool_ready() {
+            1 => Ok(Some(())),
+            ready => Err(format!("{ready} ready")),
+        }
+    };
+    wait_until(BROWSER_DEADLINE, "the warm pool to fill", pool_ready)
+        .await
+        .unwrap();
+    let (id, created, _) = serve.api.create_running("{}").await;
+    let debug_url = created["urls"]["debug"].as_str().unwrap().to_owned();
+    let debug_port = created["debug_port"].as_u64().unwrap();
+    let instances = serve.instances_dir();
+    // A warm create: the instance's directory is the pooled browser's.
+    let [instance_dir] = pool_dirs(&instances, std::path::Path::new(""))
+        .try_into()
+        .unwrap();
+    let state = Page::open(&debug_url, &format!("{}/state", pages.base))
+        .await
+        .unwrap();
+    assert_eq!(
+        state.eval(STORE_COOKIES_AND_LOCAL_STORAGE).await.unwrap(),
+        true
+    );
+    let _tabs = open_tabs(&debug_url, &pages, &["a", "b"]).await;
+    state.bring_to_front().await.unwrap();
+    drop(state);
+    std::fs::write(instance_dir.join("downloads/report.txt"), b"kept").unwrap();
+    // A blank tab is not reopened.
+    let before: Vec<String> = page_urls(debug_port)
+        .await
+        .into_iter()
+        .filter(|url| url != "about:blank")
+        .collect();
+    wait_until(BROWSER_DEADLINE, "the warm pool to refill", pool_ready)
+        .await
+        .unwrap();
+    let [pooled] = pool_dirs(&instances, &instance_dir).try_into().unwrap();
+    let pooled_pid = browser_main_pid(&pooled).expect("the pooled browser runs");
+
+    // Cookies, localStorage and tabs are all the snapshot holds: the revive
+    // takes the pooled browser and writes them into it.
+    serve.api.park(&id).await;
+    revive(&serve, &id, r#"{"method": "full_restore"}"#).await;
+    serve
+        .api
+        .wait_for_status(&id, "running", BROWSER_DEADLINE)
+        .await;
+    assert!(
+        !pooled.exists(),
+        "the pooled browser's folder became the instance's"
+    );
+    assert_eq!(
+        browser_main_pid(&pooled),
+        Some(pooled_pid),
+        "the pooled browser still runs"
+    );
+    assert_eq!(
+        page_urls(debug_port).await,
+        before,
+        "every tab reopened at its URL and in its order"
+    );
+    let state = Page::open(&debug_url, &format!("{}/state", pages.base))
+        .await
+        .unwrap();
+    let read = state.eval(READ_STATE).await.unwrap();
+    assert_eq!(read["local"], "stored", "{read}");
+    let cookie = read["cookie"].as_str().unwrap_or_default();
+    assert!(
+        cookie.contains("persistent=kept") && cookie.contains("session=also-kept"),
+        "{read}"
+    );
+    assert_eq!(
+        std::fs::read(instance_dir.join("downloads/report.txt")).unwrap(),
+        b"kept",
+        "the snapshot's downloads are in the instance's folder"
+    );
+
+    // IndexedDB is only in the profile's files: the next revive launches on
+    // them and leaves the pool alone.
+    assert_eq!(state.eval(STORE_STATE).await.unwrap(), true);
+    drop(state);
+    wait_until(BROWSER_DEADLINE, "the warm pool to refill", pool_ready)
+        .await
+        .unwrap();
+    let [pooled] = pool_dirs(&instances, &instance_dir).try_into().unwrap();
+    serve.api.park(&id).await;
+    revive(&serve, &id, "").await;
+    serve
+        .api
+        .wait_for_status(&id, "running", BROWSER_DEADLINE)
+        .await;
+    assert!(pooled.exists(), "the pooled browser was not taken");
+    assert_eq!(agent.warm_pool_ready(), 1);
+    assert_state_restored(&debug_url, &pages).await;
+
+    serve.api.delete_instance(&id).await;
+    assert!(
+        browser_main_pid(&instance_dir).is_none() && browser_main_pid(&pooled).is_some(),
+        "the instance's browser ends with it, the pool's stays"
+    );
+    serve.shutdown().await;
+    assert!(
+        browser_processes(&instances).is_empty(),
+        "no browser outlives the agent"
+    );
 }
