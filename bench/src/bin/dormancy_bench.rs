@@ -1,7 +1,7 @@
 //! Dormancy benchmarks of issue 4 against a release `flotilla serve`.
 //!
 //! Usage: dormancy_bench [--binary target/release/flotilla] [--count 20]
-//!                       [--baseline path/to/an/older/flotilla]
+//!                       [--baseline path/to/an/older/flotilla] [--warm-pool 1]
 //!
 //! One instance holds cookies, localStorage and three tabs at local pages.
 //! - quick_start rounds: open the three tabs, `POST …/dormant` (timed), then
@@ -15,6 +15,11 @@
 //!   client to `urls.debug` (timed until its WebSocket handshake is
 //!   answered) and read its tabs (`Target.getTargets`, timed until the three
 //!   are listed, for at most 2 s: a quick_start wake brings none back).
+//!
+//! With `--warm-pool N` (default 1) the agent keeps N warm browsers, and
+//! each timed revive or wake waits 2 s first, so that the pool has refilled
+//! after the previous one (a build that revives into warm browsers takes
+//! one; the serve's log says `reviving into a warm browser` each time).
 //!
 //! Also: archive size, and memory (PSS of the browser) freed by parking.
 //! With `--baseline OLDER_BINARY`, every measure runs on that build first,
@@ -36,6 +41,7 @@ struct Args {
     binary: PathBuf,
     baseline: Option<PathBuf>,
     count: usize,
+    warm_pool: usize,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -44,11 +50,14 @@ fn parse_args() -> anyhow::Result<Args> {
         binary: text_flag("--binary", "target/release/flotilla")?.into(),
         baseline: (!baseline.is_empty()).then(|| baseline.into()),
         count: number_flag("--count", 20)?,
+        warm_pool: number_flag("--warm-pool", 1)?,
     })
 }
 
 struct Bench {
     http: reqwest::Client,
+    /// Whether the agent keeps warm browsers (see [`Bench::let_pool_refill`]).
+    warm_pool: bool,
     base: String,
     id: String,
     debug_url: String,
@@ -56,6 +65,14 @@ struct Bench {
 }
 
 impl Bench {
+    /// Gives the warm pool the time to refill after the last revive took a
+    /// browser (its refill waits 500 ms, then a launch).
+    async fn let_pool_refill(&self) {
+        if self.warm_pool {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    }
+
     async fn status(&self) -> anyhow::Result<Value> {
         get_json(
             &self.http,
@@ -150,7 +167,11 @@ async fn serve_pages() -> anyhow::Result<Vec<String>> {
 }
 
 /// Creates the instance under test and waits until it runs.
-async fn create_instance(http: &reqwest::Client, base: &str) -> anyhow::Result<Bench> {
+async fn create_instance(
+    http: &reqwest::Client,
+    base: &str,
+    warm_pool: bool,
+) -> anyhow::Result<Bench> {
     let created: Value = http
         .post(format!("{base}/v2/instances"))
         .body("{}")
@@ -161,6 +182,7 @@ async fn create_instance(http: &reqwest::Client, base: &str) -> anyhow::Result<B
         .await?;
     let bench = Bench {
         http: http.clone(),
+        warm_pool,
         base: base.to_owned(),
         id: created["id"].as_str().context("id")?.to_owned(),
         debug_url: created["urls"]["debug"]
@@ -201,6 +223,7 @@ async fn measure_quick_start(
         rounds
             .raw_ms
             .push(raw_chromium_start("/usr/lib/chromium/chromium", &[], &bench.http).await?);
+        bench.let_pool_refill().await;
         rounds.quick_ms.push(quick_revive_ms(bench).await?);
         bench.wait_running().await?;
     }
@@ -268,6 +291,7 @@ async fn measure_full_restore(
     bench.open_tabs(tabs).await?;
     for _ in 0..count {
         bench.post("dormant", "").await?;
+        bench.let_pool_refill().await;
         let started = Instant::now();
         bench
             .post("revive", r#"{"method": "full_restore"}"#)
@@ -312,6 +336,7 @@ async fn measure_wake_on_connect(
         let missing: Vec<String> = tabs.iter().filter(|t| !open.contains(t)).cloned().collect();
         bench.open_tabs(&missing).await?;
         bench.post("dormant", "").await?;
+        bench.let_pool_refill().await;
         let started = Instant::now();
         let client = CdpClient::connect(&bench.debug_url).await?;
         rounds
@@ -424,13 +449,18 @@ async fn main() -> anyhow::Result<()> {
         .collect();
     for (name, binary) in builds {
         println!("\n### {name} ({})\n", binary.display());
-        run_build(binary, &tabs, args.count).await?;
+        run_build(binary, &tabs, args.count, args.warm_pool).await?;
     }
     Ok(())
 }
 
 /// Every measure against one release `serve` of `binary`.
-async fn run_build(binary: &Path, tabs: &[String], count: usize) -> anyhow::Result<()> {
+async fn run_build(
+    binary: &Path,
+    tabs: &[String],
+    count: usize,
+    warm_pool: usize,
+) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let config = dir.path().join("bench.toml");
     // The pages' site is allowed out of the browsers' network.
@@ -441,7 +471,7 @@ async fn run_build(binary: &Path, tabs: &[String], count: usize) -> anyhow::Resu
         .unwrap_or_default();
     std::fs::write(
         &config,
-        format!("[agent]\nwarm_pool_size = 0\n[agent.egress]\nallow = [\"{site}\"]\n"),
+        format!("[agent]\nwarm_pool_size = {warm_pool}\n[agent.egress]\nallow = [\"{site}\"]\n"),
     )?;
     let data = dir.path().join("data");
     let serve = ServeProcess::start(binary, &data, Some(&config)).await?;
@@ -449,7 +479,7 @@ async fn run_build(binary: &Path, tabs: &[String], count: usize) -> anyhow::Resu
         .no_proxy()
         .timeout(Duration::from_secs(60))
         .build()?;
-    let bench = create_instance(&http, &serve.url).await?;
+    let bench = create_instance(&http, &serve.url, warm_pool > 0).await?;
     let snapshots = data.canonicalize()?.join("snapshots").join(&bench.id);
     let quick = measure_quick_start(&bench, tabs, &snapshots, count).await?;
     // A build whose full restore loses the tabs still reports the rest.
