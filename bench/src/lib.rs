@@ -37,7 +37,11 @@ impl ServeProcess {
         command
             .args(["serve", "--listen", listen, "--data-dir"])
             .arg(data_dir)
-            .env("RUST_LOG", "warn")
+            // FLOTILLA_BENCH_LOG: the serve's log filter (`warn` unless set).
+            .env(
+                "RUST_LOG",
+                std::env::var("FLOTILLA_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true);
@@ -57,7 +61,12 @@ impl ServeProcess {
             bail!("flotilla exited before listening")
         })
         .await??;
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        // The rest of the serve's output goes to the bench's stderr.
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                eprintln!("{line}");
+            }
+        });
         Ok(Self { child, url })
     }
 

@@ -424,7 +424,9 @@ impl Agent {
             snapshot: snapshot.clone(),
             source,
         };
+        let started = Instant::now();
         let opened = open_archive(archive).await.map_err(unpack_failed)?;
+        tracing::debug!(instance = %slot.id, read_ms = started.elapsed().as_millis() as u64, "snapshot read");
         let reopen_tabs = method == ReviveMethod::FullRestore;
         if let Some(warm) = self.warm_browser_to_revive_into(slot, &opened) {
             return self
@@ -526,9 +528,11 @@ impl Agent {
             return Err(WarmReviveError::Start(StartFailure::StoppedWhileStarting));
         }
         tracing::info!(instance = %slot.id, "reviving into a warm browser");
+        let started = Instant::now();
         snapshot::restore(&endpoint, &opened.state, reopen_tabs)
             .await
             .map_err(|error| WarmReviveError::Start(StartFailure::StateRestore(error)))?;
+        tracing::debug!(instance = %slot.id, restore_ms = started.elapsed().as_millis() as u64, "state written into the warm browser");
         Ok((process, Some(endpoint)))
     }
 

@@ -114,9 +114,15 @@ pub async fn restore(
     }
     // The profile normally has it all: a failed write-back is worth a warning,
     // not a failed revive.
-    if let Err(error) = refill_local_storage(&browser, &state.local_storage).await {
+    let started = std::time::Instant::now();
+    let blank = only_blank_tab(&browser).await?;
+    if let Err(error) = refill_local_storage(&browser, &state.local_storage, blank).await {
         tracing::warn!(%error, "cannot write the captured localStorage back");
     }
+    tracing::debug!(
+        local_storage_ms = started.elapsed().as_millis() as u64,
+        "localStorage written back"
+    );
     if reopen_tabs {
         let urls: Vec<&str> = state
             .tabs
@@ -146,6 +152,24 @@ pub async fn restore(
     Ok(())
 }
 
+/// The browser's one tab when it is the blank tab a fresh browser opens
+/// with; `None` when there are others.
+async fn only_blank_tab(browser: &CdpClient) -> anyhow::Result<Option<Value>> {
+    let targets = browser
+        .call("Target.getTargets", json!({}), None, CDP_TIMEOUT)
+        .await?;
+    let pages: Vec<&Value> = targets["targetInfos"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|t| t["type"] == "page")
+        .collect();
+    Ok(match pages.as_slice() {
+        [page] if page["url"] == "about:blank" => Some(page["targetId"].clone()),
+        _ => None,
+    })
+}
+
 /// Closes the pages `doomed` selects (by target id) and checks they are gone,
 /// for 3 s at most: closing is asynchronous.
 pub(super) async fn close_pages(
@@ -170,7 +194,7 @@ pub(super) async fn close_pages(
         for target_id in extra {
             close_target(browser, &target_id).await;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
@@ -195,9 +219,14 @@ pub(super) const EMPTY_DOCUMENT: &str = "<!doctype html><title></title>";
 /// profile's: the capture read them in the live page at park time, while the
 /// profile can miss writes still on their way to disk when the browser closed.
 /// Keys only the profile has are kept.
+///
+/// The scratch tab is `blank` when given (a fresh browser's own blank tab,
+/// which saves opening and closing one): it is left blank again, with no
+/// history; otherwise a background tab, closed at the end.
 pub(super) async fn refill_local_storage(
     browser: &CdpClient,
     captured: &[OriginStorage],
+    blank: Option<Value>,
 ) -> anyhow::Result<()> {
     let origins: Vec<&OriginStorage> = captured
         .iter()
@@ -209,19 +238,24 @@ pub(super) async fn refill_local_storage(
     if origins.is_empty() {
         return Ok(());
     }
-    let created = browser
-        .call(
-            "Target.createTarget",
-            json!({"url": "about:blank", "background": true}),
-            None,
-            CDP_TIMEOUT,
-        )
-        .await?;
-    let target_id = created["targetId"].clone();
+    let (target_id, opened) = match blank {
+        Some(blank) => (blank, false),
+        None => {
+            let created = browser
+                .call(
+                    "Target.createTarget",
+                    json!({"url": "about:blank", "background": true}),
+                    None,
+                    CDP_TIMEOUT,
+                )
+                .await?;
+            (created["targetId"].clone(), true)
+        }
+    };
+    let session = attach(browser, &target_id)
+        .await
+        .ok_or_else(|| anyhow::anyhow!("cannot attach to the scratch tab"))?;
     let filled = async {
-        let session = attach(browser, &target_id)
-            .await
-            .ok_or_else(|| anyhow::anyhow!("cannot attach to the scratch tab"))?;
         let mut events = browser.events();
         for (method, params) in [
             ("Network.enable", json!({})),
@@ -260,15 +294,74 @@ pub(super) async fn refill_local_storage(
                     tracing::warn!(origin = %origin.origin, ?written, "localStorage not restored");
                     break;
                 }
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
         }
         Ok(())
     }
     .await;
-    // Gone before the instance is handed over: it must not show in its tabs.
-    close_pages(browser, |id| *id == target_id).await?;
+    // Gone, or blank again, before the instance is handed over, however the
+    // writing went.
+    if opened {
+        close_pages(browser, |id| *id == target_id).await?;
+    } else {
+        leave_blank(browser, &session).await?;
+        detach(browser, session).await;
+    }
     filled
+}
+
+/// Takes a borrowed blank tab back to `about:blank` with no history of the
+/// scratch pages, and stops intercepting its requests.
+async fn leave_blank(browser: &CdpClient, session: &str) -> anyhow::Result<()> {
+    browser
+        .navigate(session, "about:blank", CDP_TIMEOUT)
+        .await?;
+    // Pruned once the blank page is the committed one (the navigation may
+    // answer before).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        // Refused while the tab changes processes ("not attached to an
+        // active page"): asked again.
+        let history = browser
+            .call(
+                "Page.getNavigationHistory",
+                json!({}),
+                Some(session),
+                CDP_TIMEOUT,
+            )
+            .await
+            .unwrap_or_default();
+        let entries = history["entries"].as_array().cloned().unwrap_or_default();
+        let current = history["currentIndex"].as_u64().unwrap_or(0) as usize;
+        let on_blank = entries
+            .get(current)
+            .is_some_and(|entry| entry["url"] == "about:blank");
+        if on_blank && entries.len() == 1 {
+            break;
+        }
+        if on_blank {
+            browser
+                .call(
+                    "Page.resetNavigationHistory",
+                    json!({}),
+                    Some(session),
+                    CDP_TIMEOUT,
+                )
+                .await?;
+            continue;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            anyhow::bail!("the scratch tab did not go back to about:blank");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for method in ["Fetch.disable", "Network.disable"] {
+        browser
+            .call(method, json!({}), Some(session), CDP_TIMEOUT)
+            .await?;
+    }
+    Ok(())
 }
 
 /// Answers every request the scratch tab makes with [`EMPTY_DOCUMENT`];
