@@ -19,7 +19,7 @@ use crate::config::ImageConfig;
 use crate::instance::InstanceSlot;
 use crate::instance_state::{Effect, Event, Lifecycle, State};
 use crate::launcher::WarmBrowser;
-use crate::snapshot::{self, CapturedState, OpenedArchive};
+use crate::snapshot::{self, CapturedState, OpenedArchive, RestoreOptions};
 
 use super::operations::Request;
 use super::{
@@ -195,7 +195,11 @@ impl Agent {
             let (process, endpoint) = self.launch_ready(slot, &image, limits).await?;
             if let Some(endpoint) = &endpoint {
                 // Its tabs come back too (and any storage the close lost).
-                snapshot::restore(endpoint, state, true)
+                let options = RestoreOptions {
+                    reopen_tabs: true,
+                    service_workers: true,
+                };
+                snapshot::restore(endpoint, state, options)
                     .await
                     .map_err(StartFailure::TabsRestore)?;
             }
@@ -428,6 +432,7 @@ impl Agent {
         let opened = open_archive(archive).await.map_err(unpack_failed)?;
         tracing::debug!(instance = %slot.id, read_ms = started.elapsed().as_millis() as u64, "snapshot read");
         let reopen_tabs = method == ReviveMethod::FullRestore;
+        let service_workers = opened.holds_service_workers();
         if let Some(warm) = self.warm_browser_to_revive_into(slot, &opened) {
             return self
                 .revive_into_warm(slot, warm, opened, reopen_tabs)
@@ -445,7 +450,11 @@ impl Agent {
         let limits = self.inner.launcher.limits_for(&slot.config);
         let (process, endpoint) = self.launch_ready(slot, image, limits).await?;
         if let Some(endpoint) = &endpoint {
-            snapshot::restore(endpoint, &state, reopen_tabs)
+            let options = RestoreOptions {
+                reopen_tabs,
+                service_workers,
+            };
+            snapshot::restore(endpoint, &state, options)
                 .await
                 .map_err(StartFailure::StateRestore)?;
         }
@@ -529,7 +538,12 @@ impl Agent {
         }
         tracing::info!(instance = %slot.id, "reviving into a warm browser");
         let started = Instant::now();
-        snapshot::restore(&endpoint, &opened.state, reopen_tabs)
+        // A warm browser's profile is fresh: no service worker to bypass.
+        let options = RestoreOptions {
+            reopen_tabs,
+            service_workers: false,
+        };
+        snapshot::restore(&endpoint, &opened.state, options)
             .await
             .map_err(|error| WarmReviveError::Start(StartFailure::StateRestore(error)))?;
         tracing::debug!(instance = %slot.id, restore_ms = started.elapsed().as_millis() as u64, "state written into the warm browser");

@@ -311,7 +311,11 @@ impl Agent {
             let saved = self.unpack_profile(&slot).await?;
             let (process, endpoint) = self.launch_ready(&slot, &image, limits).await?;
             if let (Some((name, state)), Some(endpoint)) = (&saved, &endpoint) {
-                snapshot::restore(endpoint, state, false)
+                let options = snapshot::RestoreOptions {
+                    reopen_tabs: false,
+                    service_workers: true,
+                };
+                snapshot::restore(endpoint, state, options)
                     .await
                     .map_err(|source| StartFailure::ProfileRestore {
                         name: name.clone(),

@@ -126,6 +126,14 @@ impl OpenedArchive {
         })
     }
 
+    /// Whether the profile holds service workers, which a browser started on
+    /// it runs (see [`super::RestoreOptions::service_workers`]).
+    pub fn holds_service_workers(&self) -> bool {
+        self.kept_only_in_files
+            .iter()
+            .any(|kept| kept == SERVICE_WORKERS)
+    }
+
     /// The profile into `profile` (which must not exist yet), the downloads
     /// into `downloads` (replacing what is there).
     pub fn unpack(&self, profile: &Path, downloads: &Path) -> anyhow::Result<()> {
@@ -184,9 +192,12 @@ impl OpenedArchive {
 const SITE_DATA_ONLY_IN_FILES: &[(&str, &str)] = &[
     ("IndexedDB", "IndexedDB"),
     ("File System", "file systems"),
-    ("Service Worker", "service workers"),
+    ("Service Worker", SERVICE_WORKERS),
     ("blob_storage", "blobs"),
 ];
+
+/// How [`OpenedArchive::kept_only_in_files`] names service workers.
+const SERVICE_WORKERS: &str = "service workers";
 
 /// A file of the localStorage database with the extension `ext`.
 fn is_local_storage_file(path: &Path, ext: &str) -> bool {

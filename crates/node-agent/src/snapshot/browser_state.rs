@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::{CDP_TIMEOUT, CapturedState, CapturedTab, OriginStorage};
+use super::{CDP_TIMEOUT, CapturedState, CapturedTab, OriginStorage, RestoreOptions};
 use crate::browser::CdpEndpoint;
 use crate::cdp::CdpClient;
 
@@ -98,7 +98,7 @@ async fn in_use_order(
 pub async fn restore(
     endpoint: &CdpEndpoint,
     state: &CapturedState,
-    reopen_tabs: bool,
+    options: RestoreOptions,
 ) -> anyhow::Result<()> {
     let browser = CdpClient::browser(endpoint).await?;
     let cookies: Vec<Value> = state.cookies.iter().map(cookie_param).collect();
@@ -114,16 +114,12 @@ pub async fn restore(
     }
     // The profile normally has it all: a failed write-back is worth a warning,
     // not a failed revive.
-    let started = std::time::Instant::now();
-    let blank = only_blank_tab(&browser).await?;
-    if let Err(error) = refill_local_storage(&browser, &state.local_storage, blank).await {
+    if let Err(error) =
+        refill_local_storage(&browser, &state.local_storage, options.service_workers).await
+    {
         tracing::warn!(%error, "cannot write the captured localStorage back");
     }
-    tracing::debug!(
-        local_storage_ms = started.elapsed().as_millis() as u64,
-        "localStorage written back"
-    );
-    if reopen_tabs {
+    if options.reopen_tabs {
         let urls: Vec<&str> = state
             .tabs
             .iter()
@@ -133,41 +129,26 @@ pub async fn restore(
         if !urls.is_empty() {
             // The tab opened last is the most recently used: the captured
             // order (most recently used first) is opened from its end.
-            let mut reopened = Vec::with_capacity(urls.len());
-            for url in urls.iter().rev() {
-                let created = browser
-                    .call(
-                        "Target.createTarget",
-                        json!({"url": url}),
-                        None,
-                        CDP_TIMEOUT,
-                    )
-                    .await?;
-                reopened.push(created["targetId"].clone());
-            }
+            // Sent at once: the browser takes them in order, and the tabs
+            // start at the same time instead of one after the other.
+            let created = futures_util::future::try_join_all(urls.iter().rev().map(|url| {
+                browser.call(
+                    "Target.createTarget",
+                    json!({"url": url}),
+                    None,
+                    CDP_TIMEOUT,
+                )
+            }))
+            .await?;
+            let reopened: Vec<Value> = created
+                .iter()
+                .map(|created| created["targetId"].clone())
+                .collect();
             // The fresh browser's own first tab, whatever its URL reads yet.
             close_pages(&browser, |id| !reopened.contains(id)).await?;
         }
     }
     Ok(())
-}
-
-/// The browser's one tab when it is the blank tab a fresh browser opens
-/// with; `None` when there are others.
-async fn only_blank_tab(browser: &CdpClient) -> anyhow::Result<Option<Value>> {
-    let targets = browser
-        .call("Target.getTargets", json!({}), None, CDP_TIMEOUT)
-        .await?;
-    let pages: Vec<&Value> = targets["targetInfos"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|t| t["type"] == "page")
-        .collect();
-    Ok(match pages.as_slice() {
-        [page] if page["url"] == "about:blank" => Some(page["targetId"].clone()),
-        _ => None,
-    })
 }
 
 /// Closes the pages `doomed` selects (by target id) and checks they are gone,
@@ -219,14 +200,10 @@ pub(super) const EMPTY_DOCUMENT: &str = "<!doctype html><title></title>";
 /// profile's: the capture read them in the live page at park time, while the
 /// profile can miss writes still on their way to disk when the browser closed.
 /// Keys only the profile has are kept.
-///
-/// The scratch tab is `blank` when given (a fresh browser's own blank tab,
-/// which saves opening and closing one): it is left blank again, with no
-/// history; otherwise a background tab, closed at the end.
 pub(super) async fn refill_local_storage(
     browser: &CdpClient,
     captured: &[OriginStorage],
-    blank: Option<Value>,
+    service_workers: bool,
 ) -> anyhow::Result<()> {
     let origins: Vec<&OriginStorage> = captured
         .iter()
@@ -238,30 +215,30 @@ pub(super) async fn refill_local_storage(
     if origins.is_empty() {
         return Ok(());
     }
-    let (target_id, opened) = match blank {
-        Some(blank) => (blank, false),
-        None => {
-            let created = browser
-                .call(
-                    "Target.createTarget",
-                    json!({"url": "about:blank", "background": true}),
-                    None,
-                    CDP_TIMEOUT,
-                )
-                .await?;
-            (created["targetId"].clone(), true)
-        }
-    };
-    let session = attach(browser, &target_id)
-        .await
-        .ok_or_else(|| anyhow::anyhow!("cannot attach to the scratch tab"))?;
+    let created = browser
+        .call(
+            "Target.createTarget",
+            json!({"url": "about:blank", "background": true}),
+            None,
+            CDP_TIMEOUT,
+        )
+        .await?;
+    let target_id = created["targetId"].clone();
     let filled = async {
+        let session = attach(browser, &target_id)
+            .await
+            .ok_or_else(|| anyhow::anyhow!("cannot attach to the scratch tab"))?;
         let mut events = browser.events();
-        for (method, params) in [
+        let bypass = [
             ("Network.enable", json!({})),
             ("Network.setBypassServiceWorker", json!({"bypass": true})),
-            ("Fetch.enable", json!({"patterns": [{"urlPattern": "*"}]})),
-        ] {
+        ];
+        let intercept = ("Fetch.enable", json!({"patterns": [{"urlPattern": "*"}]}));
+        let calls = match service_workers {
+            true => bypass.into_iter().chain([intercept]).collect::<Vec<_>>(),
+            false => vec![intercept],
+        };
+        for (method, params) in calls {
             browser
                 .call(method, params, Some(&session), CDP_TIMEOUT)
                 .await?;
@@ -300,68 +277,9 @@ pub(super) async fn refill_local_storage(
         Ok(())
     }
     .await;
-    // Gone, or blank again, before the instance is handed over, however the
-    // writing went.
-    if opened {
-        close_pages(browser, |id| *id == target_id).await?;
-    } else {
-        leave_blank(browser, &session).await?;
-        detach(browser, session).await;
-    }
+    // Gone before the instance is handed over: it must not show in its tabs.
+    close_pages(browser, |id| *id == target_id).await?;
     filled
-}
-
-/// Takes a borrowed blank tab back to `about:blank` with no history of the
-/// scratch pages, and stops intercepting its requests.
-async fn leave_blank(browser: &CdpClient, session: &str) -> anyhow::Result<()> {
-    browser
-        .navigate(session, "about:blank", CDP_TIMEOUT)
-        .await?;
-    // Pruned once the blank page is the committed one (the navigation may
-    // answer before).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        // Refused while the tab changes processes ("not attached to an
-        // active page"): asked again.
-        let history = browser
-            .call(
-                "Page.getNavigationHistory",
-                json!({}),
-                Some(session),
-                CDP_TIMEOUT,
-            )
-            .await
-            .unwrap_or_default();
-        let entries = history["entries"].as_array().cloned().unwrap_or_default();
-        let current = history["currentIndex"].as_u64().unwrap_or(0) as usize;
-        let on_blank = entries
-            .get(current)
-            .is_some_and(|entry| entry["url"] == "about:blank");
-        if on_blank && entries.len() == 1 {
-            break;
-        }
-        if on_blank {
-            browser
-                .call(
-                    "Page.resetNavigationHistory",
-                    json!({}),
-                    Some(session),
-                    CDP_TIMEOUT,
-                )
-                .await?;
-            continue;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            anyhow::bail!("the scratch tab did not go back to about:blank");
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    for method in ["Fetch.disable", "Network.disable"] {
-        browser
-            .call(method, json!({}), Some(session), CDP_TIMEOUT)
-            .await?;
-    }
-    Ok(())
 }
 
 /// Answers every request the scratch tab makes with [`EMPTY_DOCUMENT`];

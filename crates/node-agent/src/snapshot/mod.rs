@@ -49,6 +49,18 @@ pub struct OriginStorage {
 
 const CDP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// What [`restore`] puts back besides cookies and localStorage, and how.
+#[derive(Debug, Clone, Copy)]
+pub struct RestoreOptions {
+    /// Every captured tab at its URL, in its order (a full restore).
+    pub reopen_tabs: bool,
+    /// The browser runs on a profile that may hold service workers: the
+    /// scratch page that writes localStorage bypasses them (else one could
+    /// answer its navigation with the site's own page). Costs a
+    /// `Network.enable` on a fresh tab, about 50 ms.
+    pub service_workers: bool,
+}
+
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;
