@@ -213,13 +213,15 @@ pub struct AgentConfig {
     /// How such a client wakes it: `full_restore` (its tabs come back, the
     /// default) or `quick_start` (cookies and storage only, a little faster).
     pub wake_on_connect_method: ReviveMethod,
-    /// A revive takes a warm browser of the instance's image when one is
-    /// ready and the snapshot's site data is all in its captured state
-    /// (cookies, localStorage of the captured origins, tabs): that state is
-    /// written in over CDP instead of launching a browser on the unpacked
-    /// profile. A snapshot with IndexedDB, service workers, file systems or
-    /// localStorage the capture did not read launches on its files.
-    pub revive_into_warm_browser: bool,
+    /// A revive, and a create with a persistent profile, take a warm
+    /// browser of the instance's image when one is ready and the saved
+    /// state's site data is all in its captured state (cookies,
+    /// localStorage of the captured origins, tabs): that state is written
+    /// in over CDP instead of launching a browser on the unpacked profile.
+    /// Saved state with IndexedDB, service workers, file systems, storage
+    /// buckets or localStorage the capture did not read launches on its
+    /// files. Only where browsers are confined by bubblewrap.
+    pub warm_pool_for_saved_state: bool,
     /// CPU quota per requested core: an instance gets `cpu_cores × cpu_quota_per_core`
     /// cores of CPU time (e.g. 0.5 to pack two instances per core).
     pub cpu_quota_per_core: f64,
@@ -300,7 +302,7 @@ impl Default for AgentConfig {
             egress: crate::egress::EgressConfig::default(),
             wake_on_connect: true,
             wake_on_connect_method: ReviveMethod::FullRestore,
-            revive_into_warm_browser: true,
+            warm_pool_for_saved_state: true,
             cpu_quota_per_core: 1.0,
             pids_max: 2048,
             launch_timeout_sec: 30,

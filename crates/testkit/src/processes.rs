@@ -68,6 +68,22 @@ pub fn browser_processes(dir: &Path) -> Vec<u32> {
     table.live_descendants(&roots)
 }
 
+/// The directories of the agent's pooled (warm) browsers under its
+/// `instances` root (`pool-…`), sorted. A taken pooled browser keeps its
+/// directory when a plain create takes it, and loses it (renamed to the
+/// instance's) when it takes saved state (a revive, a profile).
+pub fn pooled_browser_dirs(instances: &Path) -> Vec<std::path::PathBuf> {
+    let mut dirs: Vec<std::path::PathBuf> = std::fs::read_dir(instances)
+        .map(|entries| entries.flatten().map(|entry| entry.path()).collect())
+        .unwrap_or_default();
+    dirs.retain(|path| {
+        path.file_name()
+            .is_some_and(|name| name.to_string_lossy().starts_with("pool-"))
+    });
+    dirs.sort();
+    dirs
+}
+
 /// The browser's main process (Chromium without `--type=`) under `dir`.
 pub fn browser_main_pid(dir: &Path) -> Option<u32> {
     browser_processes(dir).into_iter().find(|pid| {

@@ -18,13 +18,12 @@ use crate::browser::{BrowserProcess, CdpEndpoint};
 use crate::config::ImageConfig;
 use crate::instance::InstanceSlot;
 use crate::instance_state::{Effect, Event, Lifecycle, State};
-use crate::launcher::WarmBrowser;
-use crate::snapshot::{self, CapturedState, OpenedArchive, RestoreOptions};
+use crate::snapshot::{self, CapturedState, RestoreOptions};
 
 use super::operations::Request;
 use super::{
-    Agent, AgentError, ArchiveError, CDP_GRACE, StartFailure, UnpackArchiveError, check_extensions,
-    open_archive, ports_of, remove_dir, unpack_into,
+    Agent, AgentError, ArchiveError, CDP_GRACE, StartFailure, check_extensions, open_archive,
+    ports_of, remove_dir, unpack_into,
 };
 
 /// How long a park waits for the recording it ended to be written.
@@ -413,7 +412,7 @@ impl Agent {
     }
 
     /// Puts a snapshot back: into a warm browser when one can take it (see
-    /// [`Agent::warm_browser_to_revive_into`]), otherwise by unpacking it into
+    /// [`Agent::warm_browser_for`]), otherwise by unpacking it into
     /// the instance's directory and launching the browser on it; then the
     /// session (and the tabs, for a full restore).
     async fn restore_from(
@@ -433,16 +432,17 @@ impl Agent {
         tracing::debug!(instance = %slot.id, read_ms = started.elapsed().as_millis() as u64, "snapshot read");
         let reopen_tabs = method == ReviveMethod::FullRestore;
         let service_workers = opened.holds_service_workers();
-        if let Some(warm) = self.warm_browser_to_revive_into(slot, &opened) {
-            return self
-                .revive_into_warm(slot, warm, opened, reopen_tabs)
+        if let Some(warm) = self.warm_browser_for(slot, Some(&opened)) {
+            let (process, endpoint) = self.adopt_warm_browser(slot, warm, Some(&opened)).await?;
+            // A warm browser's profile is fresh: no service worker to bypass.
+            let options = RestoreOptions {
+                reopen_tabs,
+                service_workers: false,
+            };
+            snapshot::restore(&endpoint, &opened.state, options)
                 .await
-                .map_err(|error| match error {
-                    WarmReviveError::Adopt(source) => {
-                        unpack_failed(UnpackArchiveError::Extract(source))
-                    }
-                    WarmReviveError::Start(failure) => failure,
-                });
+                .map_err(StartFailure::StateRestore)?;
+            return Ok((process, Some(endpoint)));
         }
         let state = unpack_into(slot, opened).await.map_err(unpack_failed)?;
         // What the snapshot brought back was announced when it finished.
@@ -459,95 +459,6 @@ impl Agent {
                 .map_err(StartFailure::StateRestore)?;
         }
         Ok((process, endpoint))
-    }
-
-    /// A warm browser to revive `slot` into, when the agent may and the
-    /// snapshot loses nothing there: its site data is all in the captured
-    /// state (cookies, localStorage, tabs), which CDP writes into a running
-    /// browser, and the instance needs nothing a pooled browser was not
-    /// started with (extensions, preferences). Only where browsers are
-    /// confined by bubblewrap: the pooled browser's directory is renamed to
-    /// the instance's, which a browser that sees host paths would not follow.
-    fn warm_browser_to_revive_into(
-        &self,
-        slot: &InstanceSlot,
-        opened: &OpenedArchive,
-    ) -> Option<WarmBrowser> {
-        let launcher = &self.inner.launcher;
-        if !self.inner.settings.config.revive_into_warm_browser
-            || !launcher.isolation().filesystem_isolated()
-            || !slot.config.extensions.is_empty()
-            || slot.config.prefs.is_some()
-        {
-            return None;
-        }
-        if !opened.kept_only_in_files.is_empty() {
-            tracing::info!(
-                instance = %slot.id,
-                kept = ?opened.kept_only_in_files,
-                "reviving on the profile's files: a warm browser would lose what only they hold"
-            );
-            return None;
-        }
-        let upstream = super::upstream_of(&slot.config).ok()?;
-        launcher.take_warm(&slot.image, launcher.limits_for(&slot.config), upstream)
-    }
-
-    /// Makes `warm` the instance's browser: its directory becomes the
-    /// instance's (a rename; the browser's sandbox holds its folders by bind
-    /// mounts and does not notice), the snapshot's downloads go into it, and
-    /// the captured state is written in over CDP.
-    async fn revive_into_warm(
-        &self,
-        slot: &Arc<InstanceSlot>,
-        warm: WarmBrowser,
-        opened: Arc<OpenedArchive>,
-        reopen_tabs: bool,
-    ) -> Result<(Arc<BrowserProcess>, Option<CdpEndpoint>), WarmReviveError> {
-        let WarmBrowser {
-            dirs: pooled,
-            launched,
-            endpoint,
-            webdriver,
-        } = warm;
-        // A WebDriver session that wakes its instance starts its own.
-        drop(webdriver);
-        let process = launched.process.clone();
-        slot.set_process(launched);
-        let (root, downloads) = (slot.dirs.root.clone(), slot.dirs.downloads());
-        let isolation = self.inner.launcher.isolation().clone();
-        let state = opened.clone();
-        let adopted = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-            remove_dir(&root);
-            if let Err(error) = std::fs::rename(&pooled.root, &root) {
-                remove_dir(&pooled.root);
-                return Err(error.into());
-            }
-            state.unpack_downloads_into(&downloads)?;
-            isolation.give_to_browser(&downloads)?;
-            Ok(())
-        })
-        .await
-        .map_err(|error| WarmReviveError::Adopt(error.into()))
-        .and_then(|adopted| adopted.map_err(WarmReviveError::Adopt));
-        adopted?;
-        // What the snapshot brought back was announced when it finished.
-        let _ = slot.newly_completed_downloads();
-        if slot.is_stopping() {
-            return Err(WarmReviveError::Start(StartFailure::StoppedWhileStarting));
-        }
-        tracing::info!(instance = %slot.id, "reviving into a warm browser");
-        let started = Instant::now();
-        // A warm browser's profile is fresh: no service worker to bypass.
-        let options = RestoreOptions {
-            reopen_tabs,
-            service_workers: false,
-        };
-        snapshot::restore(&endpoint, &opened.state, options)
-            .await
-            .map_err(|error| WarmReviveError::Start(StartFailure::StateRestore(error)))?;
-        tracing::debug!(instance = %slot.id, restore_ms = started.elapsed().as_millis() as u64, "state written into the warm browser");
-        Ok((process, Some(endpoint)))
     }
 
     /// Deletes a revived instance's spent archive (its next park makes a new
@@ -609,11 +520,4 @@ impl Agent {
             }
         }
     }
-}
-
-/// Why a revive into a warm browser failed: its directory could not be made
-/// the instance's, or the browser could not be brought to the snapshot.
-enum WarmReviveError {
-    Adopt(anyhow::Error),
-    Start(StartFailure),
 }

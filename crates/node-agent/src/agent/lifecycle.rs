@@ -30,7 +30,7 @@ use crate::instance::InstanceSlot;
 use crate::instance_http;
 use crate::instance_state::{Effect, Event, Lifecycle, State};
 use crate::live_view::{self, LiveView, LiveViewSettings};
-use crate::snapshot::{self, CapturedState};
+use crate::snapshot::{self, CapturedState, OpenedArchive};
 
 use super::operations::Request;
 use super::{
@@ -75,7 +75,11 @@ impl Agent {
             } else {
                 None
             };
-            inner.launcher.count_take(&request.image, warm.is_some());
+            // A create with a profile is counted once its profile is read
+            // (it may take a warm browser then, see `supervise`).
+            if request.profile.is_none() {
+                inner.launcher.count_take(&request.image, warm.is_some());
+            }
             let dirs = match &warm {
                 Some(warm) => warm.dirs.clone(),
                 None => InstanceDirs::new(inner.instances_root.join(request.id.as_str())),
@@ -308,19 +312,32 @@ impl Agent {
     ) {
         let started = Instant::now();
         let launched = async {
-            let saved = self.unpack_profile(&slot).await?;
-            let (process, endpoint) = self.launch_ready(&slot, &image, limits).await?;
-            if let (Some((name, state)), Some(endpoint)) = (&saved, &endpoint) {
-                let options = snapshot::RestoreOptions {
-                    reopen_tabs: false,
-                    service_workers: true,
-                };
-                snapshot::restore(endpoint, state, options)
-                    .await
-                    .map_err(|source| StartFailure::ProfileRestore {
+            let saved = self.read_profile(&slot).await?;
+            if slot.profile_name().is_some() {
+                let opened = saved.as_ref().map(|(_, opened)| opened.as_ref());
+                let warm = self.warm_browser_for(&slot, opened);
+                self.inner.launcher.count_take(&slot.image, warm.is_some());
+                if let Some(warm) = warm {
+                    let (process, endpoint) = self.adopt_warm_browser(&slot, warm, None).await?;
+                    if let Some((name, opened)) = &saved {
+                        // A warm browser's profile is fresh: no service worker.
+                        restore_profile(name, &endpoint, opened, false).await?;
+                    }
+                    return Ok((process, Some(endpoint)));
+                }
+            }
+            if let Some((name, opened)) = &saved {
+                unpack_into(&slot, opened.clone()).await.map_err(|source| {
+                    StartFailure::ProfileUnpack {
                         name: name.clone(),
                         source,
-                    })?;
+                    }
+                })?;
+            }
+            let (process, endpoint) = self.launch_ready(&slot, &image, limits).await?;
+            if let (Some((name, opened)), Some(endpoint)) = (&saved, &endpoint) {
+                let service_workers = opened.holds_service_workers();
+                restore_profile(name, endpoint, opened, service_workers).await?;
             }
             Ok::<_, StartFailure>((process, endpoint))
         }
@@ -400,13 +417,13 @@ impl Agent {
         Ok(())
     }
 
-    /// Unpacks the saved state of the instance's profile into its profile
-    /// directory, before its first launch; `None` without a profile or before
-    /// the profile's first save (the browser starts empty).
-    pub(super) async fn unpack_profile(
+    /// Reads the saved state of the instance's profile, before its first
+    /// launch; `None` without a profile or before the profile's first save
+    /// (the browser starts empty).
+    pub(super) async fn read_profile(
         &self,
         slot: &Arc<InstanceSlot>,
-    ) -> Result<Option<(String, CapturedState)>, StartFailure> {
+    ) -> Result<Option<(String, Arc<OpenedArchive>)>, StartFailure> {
         let Some(name) = slot.profile_name() else {
             return Ok(None);
         };
@@ -423,16 +440,14 @@ impl Agent {
         let Some(archive) = archive else {
             return Ok(None);
         };
-        let unpacked = match open_archive(archive).await {
-            Ok(opened) => unpack_into(slot, opened).await,
-            Err(error) => Err(error),
-        };
-        let state = unpacked.map_err(|source| StartFailure::ProfileUnpack {
-            name: name.clone(),
-            source,
-        })?;
-        tracing::info!(instance = %slot.id, profile = name, "profile unpacked");
-        Ok(Some((name, state)))
+        let opened = open_archive(archive)
+            .await
+            .map_err(|source| StartFailure::ProfileUnpack {
+                name: name.clone(),
+                source,
+            })?;
+        tracing::info!(instance = %slot.id, profile = name, "profile read");
+        Ok(Some((name, opened)))
     }
 
     /// Writes the closed browser's profile directory and `state` back to the
@@ -723,4 +738,24 @@ impl Agent {
             process.stop(None, false, Duration::ZERO).await;
         }
     }
+}
+
+/// Writes a saved profile's cookies and localStorage into the instance's
+/// started browser.
+async fn restore_profile(
+    name: &str,
+    endpoint: &CdpEndpoint,
+    saved: &OpenedArchive,
+    service_workers: bool,
+) -> Result<(), StartFailure> {
+    let options = snapshot::RestoreOptions {
+        reopen_tabs: false,
+        service_workers,
+    };
+    snapshot::restore(endpoint, &saved.state, options)
+        .await
+        .map_err(|source| StartFailure::ProfileRestore {
+            name: name.to_owned(),
+            source,
+        })
 }

@@ -49,6 +49,7 @@ pub(crate) mod operations;
 
 use operations::Request;
 mod reporting;
+mod warm;
 
 /// Errors of agent operations; the agent API maps each to its HTTP status
 /// and code (`agent_api::status_of`), the control plane maps the code to
@@ -212,6 +213,9 @@ pub enum StartFailure {
         #[source]
         source: UnpackArchiveError,
     },
+    /// A warm browser's folder could not be made the instance's.
+    #[error("cannot make a warm browser the instance's: {0}")]
+    WarmBrowserAdopt(#[source] anyhow::Error),
     /// Cookies, storage or tabs could not be put back into a revived browser.
     #[error("cannot restore the browser's state: {0}")]
     StateRestore(#[source] anyhow::Error),

@@ -10,8 +10,8 @@ use serde_json::Value;
 use flotilla_api_types::clock::ManualClock;
 use flotilla_testkit::{
     BROWSER_DEADLINE, Page, PageServer, StatusCode, TestServe, assert_error, browser_main_pid,
-    browser_processes, get_json, run_node, serve_page, sorted_keys, spawn_serve_with,
-    spawn_serve_with_clock, wait_until,
+    browser_processes, get_json, pooled_browser_dirs, run_node, serve_page, sorted_keys,
+    spawn_serve_with, spawn_serve_with_clock, wait_until,
 };
 
 /// A site with a page that stores state of every kind, and three tab pages.
@@ -676,19 +676,11 @@ const STORE_COOKIES_AND_LOCAL_STORAGE: &str = "(() => {
     return true;
 })()";
 
-/// The directories of the agent's pooled browsers (`pool-…`) under
-/// `instances`, other than `taken`'s.
+/// The pooled browsers' directories under `instances`, other than `taken`.
 fn pool_dirs(instances: &std::path::Path, taken: &std::path::Path) -> Vec<std::path::PathBuf> {
-    std::fs::read_dir(instances)
-        .unwrap()
-        .flatten()
-        .map(|entry| entry.path())
-        .filter(|path| {
-            path.file_name()
-                .is_some_and(|name| name.to_string_lossy().starts_with("pool-"))
-                && path != taken
-        })
-        .collect()
+    let mut dirs = pooled_browser_dirs(instances);
+    dirs.retain(|dir| dir != taken);
+    dirs
 }
 
 #[tokio::test]

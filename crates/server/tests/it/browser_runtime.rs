@@ -537,7 +537,11 @@ async fn browser_live_view_feeds_every_viewer_and_a_stalled_one_blocks_nobody() 
 }
 
 /// Waits until `serve`'s `/metrics` satisfies `counted` (`what` it waits for).
-async fn wait_for_metrics(serve: &TestServe, what: &str, counted: impl Fn(&str) -> bool) {
+pub(crate) async fn wait_for_metrics(
+    serve: &TestServe,
+    what: &str,
+    counted: impl Fn(&str) -> bool,
+) {
     let url = format!("{}/metrics", serve.api.base);
     wait_until(BROWSER_DEADLINE, what, || async {
         let metrics = get_text(&url).await;

@@ -8,8 +8,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use flotilla_testkit::{
-    BROWSER_DEADLINE, Page, StatusCode, browser_processes, free_port, serve_page, spawn_serve_with,
-    spawn_serve_with_page, wait_until,
+    BROWSER_DEADLINE, Page, StatusCode, browser_main_pid, browser_processes, free_port,
+    pooled_browser_dirs, serve_page, spawn_serve_with, spawn_serve_with_page, wait_until,
 };
 
 const PROXY_USER: &str = "flotilla";
@@ -692,4 +692,125 @@ async fn browser_an_uploaded_extension_changes_pages_and_survives_park_and_reviv
     let (status, _) = api.get(&format!("/v2/extensions/{id}")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     serve.shutdown().await;
+}
+
+const STORE_INDEXED: &str = "new Promise((resolve, reject) => {
+    const open = indexedDB.open('shop', 1);
+    open.onupgradeneeded = () => open.result.createObjectStore('kv');
+    open.onsuccess = () => {
+        const tx = open.result.transaction('kv', 'readwrite');
+        tx.objectStore('kv').put('receipt', 'last');
+        tx.oncomplete = () => resolve(true);
+        tx.onerror = () => reject(tx.error);
+    };
+    open.onerror = () => reject(open.error);
+})";
+
+const READ_INDEXED: &str = "new Promise((resolve) => {
+    const open = indexedDB.open('shop', 1);
+    open.onupgradeneeded = () => open.result.createObjectStore('kv');
+    open.onsuccess = () => {
+        const request = open.result.transaction('kv').objectStore('kv').get('last');
+        request.onsuccess = () => resolve(request.result ?? null);
+        request.onerror = () => resolve(null);
+    };
+    open.onerror = () => resolve(null);
+})";
+
+#[tokio::test]
+async fn browser_a_profile_takes_a_warm_browser_unless_it_holds_what_only_files_carry() {
+    let (site, serve) = spawn_serve_with_page("<title>shop</title>", |config| {
+        config.agent.warm_pool_size = 1;
+    })
+    .await;
+    let warnings = serve.serve().agent.warnings();
+    assert!(
+        warnings.iter().all(|w| !w.contains("bubblewrap")),
+        "this test needs bubblewrap (scripts/install-deps sets it up): {warnings:?}"
+    );
+    let (api, agent) = (&serve.api, serve.serve().agent.clone());
+    let instances = serve.instances_dir();
+    let url = format!("{}/", site.base);
+    // The pooled browser (its directory and main process) once the pool is full.
+    let pooled = || async {
+        wait_until(BROWSER_DEADLINE, "the warm pool to fill", || async {
+            match agent.warm_pool_ready() {
+                1 => Ok(Some(())),
+                ready => Err(format!("{ready} ready")),
+            }
+        })
+        .await
+        .unwrap();
+        let [dir] = pooled_browser_dirs(&instances).try_into().unwrap();
+        let pid = browser_main_pid(&dir).expect("the pooled browser runs");
+        (dir, pid)
+    };
+    let (status, body) = api.post("/v2/profiles", r#"{"name": "shop"}"#).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let mut saved_at = body["updated_at"].as_str().unwrap().to_owned();
+
+    // A: a profile with nothing saved yet loses nothing in a warm browser.
+    let (dir, pid) = pooled().await;
+    let (a, page) = start_on_profile(api, "shop", true, &url).await;
+    assert!(!dir.exists(), "the pooled browser became A's");
+    assert_eq!(browser_main_pid(&dir), Some(pid));
+    page.eval(
+        "document.cookie = 'login=alice; max-age=86400'; document.cookie = 'visit=1'; \
+         localStorage.setItem('cart', 'two apples'); true",
+    )
+    .await
+    .unwrap();
+    drop(page);
+    api.delete_instance(&a).await;
+    saved_at = profile_saved_after(api, "shop", &saved_at).await["updated_at"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // B: cookies and localStorage are all the profile holds: a warm browser
+    // again, given them over CDP.
+    let (dir, pid) = pooled().await;
+    let (b, page) = start_on_profile(api, "shop", true, &url).await;
+    assert!(!dir.exists(), "the pooled browser became B's");
+    assert_eq!(browser_main_pid(&dir), Some(pid));
+    let state: Value =
+        serde_json::from_str(page.eval(READ_STATE).await.unwrap().as_str().unwrap()).unwrap();
+    let cookies = state[0].as_str().unwrap();
+    assert!(cookies.contains("login=alice"), "{state}");
+    assert!(cookies.contains("visit=1"), "session cookies too: {state}");
+    assert_eq!(state[1], "two apples");
+    assert_eq!(page.eval(STORE_INDEXED).await.unwrap(), true);
+    drop(page);
+    api.delete_instance(&b).await;
+    profile_saved_after(api, "shop", &saved_at).await;
+
+    // C: IndexedDB is only in the profile's files: C launches on them and
+    // the pooled browser stays in the pool.
+    let (dir, pid) = pooled().await;
+    let (c, page) = start_on_profile(api, "shop", false, &url).await;
+    assert!(dir.exists(), "the pooled browser was not taken");
+    assert_eq!(browser_main_pid(&dir), Some(pid));
+    assert_eq!(agent.warm_pool_ready(), 1);
+    assert_eq!(page.eval(READ_INDEXED).await.unwrap(), "receipt");
+    let state: Value =
+        serde_json::from_str(page.eval(READ_STATE).await.unwrap().as_str().unwrap()).unwrap();
+    assert!(
+        state[0].as_str().unwrap().contains("login=alice"),
+        "{state}"
+    );
+    drop(page);
+    crate::browser_runtime::wait_for_metrics(&serve, "2 warm hits and 1 miss", |metrics| {
+        let count = |outcome| {
+            let labels = [("image", "ubuntu:22.04"), ("outcome", outcome)];
+            crate::operations::sample_value(metrics, "service_warm_pool_creates_total", &labels)
+        };
+        count("hit") == Some(2.0) && count("miss") == Some(1.0)
+    })
+    .await;
+    api.delete_instance(&c).await;
+    serve.shutdown().await;
+    assert!(
+        browser_processes(&instances).is_empty(),
+        "no browser outlives the agent"
+    );
 }
