@@ -94,6 +94,25 @@ impl Page {
         Ok(page)
     }
 
+    /// Attaches to the tab `target_id` already open in the browser behind
+    /// `debug_url`.
+    pub async fn attach(debug_url: &str, target_id: &str) -> anyhow::Result<Self> {
+        let client = flotilla_node_agent::cdp::CdpClient::connect(debug_url).await?;
+        let attached = client
+            .call(
+                "Target.attachToTarget",
+                serde_json::json!({"targetId": target_id, "flatten": true}),
+                None,
+                CDP_TIMEOUT,
+            )
+            .await?;
+        let session = attached["sessionId"]
+            .as_str()
+            .ok_or_else(|| anyhow::anyhow!("no session: {attached}"))?
+            .to_owned();
+        Ok(Self { client, session })
+    }
+
     /// Navigates and waits until `document.readyState` is `complete`.
     pub async fn navigate(&self, url: &str) -> anyhow::Result<()> {
         self.client

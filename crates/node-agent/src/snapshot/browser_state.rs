@@ -1,12 +1,14 @@
 //! The state a browser does not keep on disk, over CDP: read while it still
-//! runs ([`capture`]: every cookie, the tabs, the localStorage of their
-//! origins) and put back into a started browser ([`restore`]).
+//! runs ([`capture`]: every cookie, the tabs with their history,
+//! sessionStorage and scroll position, the localStorage of their origins)
+//! and put back into a started browser ([`restore`]).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::{CDP_TIMEOUT, CapturedState, CapturedTab, OriginStorage, RestoreOptions};
+use super::{CDP_TIMEOUT, CapturedState, CapturedTab, HistoryEntry, OriginStorage, RestoreOptions};
 use crate::browser::CdpEndpoint;
 use crate::cdp::CdpClient;
 
@@ -31,33 +33,53 @@ pub async fn capture(endpoint: &CdpEndpoint) -> anyhow::Result<CapturedState> {
                 CapturedTab {
                     url: t["url"].as_str().unwrap_or_default().to_owned(),
                     title: t["title"].as_str().unwrap_or_default().to_owned(),
+                    ..CapturedTab::default()
                 },
             )
         })
         .collect();
-    let pages = in_use_order(endpoint, pages).await;
+    let mut pages = in_use_order(endpoint, pages).await;
     let mut local_storage: Vec<OriginStorage> = Vec::new();
-    for (target_id, tab) in &pages {
-        if !(tab.url.starts_with("http://") || tab.url.starts_with("https://")) {
+    for (target_id, tab) in &mut pages {
+        if !is_web_url(&tab.url) {
             continue;
         }
         let Some(session) = attach(&browser, &json!(target_id)).await else {
             continue;
         };
+        let history = browser
+            .call(
+                "Page.getNavigationHistory",
+                json!({}),
+                Some(&session),
+                CDP_TIMEOUT,
+            )
+            .await
+            .ok();
         let read = evaluate(
             &browser,
             &session,
-            "JSON.stringify([location.origin, Object.entries(localStorage)])",
+            "JSON.stringify([location.origin, Object.entries(localStorage), \
+             Object.entries(sessionStorage), [scrollX, scrollY]])",
         )
         .await;
         detach(&browser, session).await;
+        tab.history = history.as_ref().map(web_history).unwrap_or_default();
         let Some(text) = read else {
             continue;
         };
-        if let Ok((origin, items)) = serde_json::from_str::<(String, Vec<(String, String)>)>(&text)
-            && !local_storage.iter().any(|o| o.origin == origin)
-        {
-            local_storage.push(OriginStorage { origin, items });
+        type Read = (
+            String,
+            Vec<(String, String)>,
+            Vec<(String, String)>,
+            [f64; 2],
+        );
+        if let Ok((origin, items, session_items, scroll)) = serde_json::from_str::<Read>(&text) {
+            tab.session_storage = session_items;
+            tab.scroll = scroll;
+            if !local_storage.iter().any(|o| o.origin == origin) {
+                local_storage.push(OriginStorage { origin, items });
+            }
         }
     }
     Ok(CapturedState {
@@ -65,6 +87,33 @@ pub async fn capture(endpoint: &CdpEndpoint) -> anyhow::Result<CapturedState> {
         tabs: pages.into_iter().map(|(_, tab)| tab).collect(),
         local_storage,
     })
+}
+
+fn is_web_url(url: &str) -> bool {
+    url.starts_with("http://") || url.starts_with("https://")
+}
+
+/// The pages of a `Page.getNavigationHistory` answer up to the current one,
+/// from the first of the web pages that lead to it without a break (an
+/// `about:`, `data:` or `file:` page ends what can be rebuilt); empty when
+/// the current page is not a web page.
+fn web_history(history: &Value) -> Vec<HistoryEntry> {
+    let entries = history["entries"].as_array().cloned().unwrap_or_default();
+    let current = history["currentIndex"].as_u64().unwrap_or(0) as usize;
+    let Some(upto) = entries.get(..=current) else {
+        return Vec::new();
+    };
+    let mut kept: Vec<HistoryEntry> = upto
+        .iter()
+        .rev()
+        .take_while(|entry| entry["url"].as_str().is_some_and(is_web_url))
+        .map(|entry| HistoryEntry {
+            url: entry["url"].as_str().unwrap_or_default().to_owned(),
+            title: entry["title"].as_str().unwrap_or_default().to_owned(),
+        })
+        .collect();
+    kept.reverse();
+    kept
 }
 
 /// `pages` (by target id) in the order a client sees them: the browser's
@@ -100,7 +149,7 @@ pub async fn restore(
     state: &CapturedState,
     options: RestoreOptions,
 ) -> anyhow::Result<()> {
-    let browser = CdpClient::browser(endpoint).await?;
+    let browser = Arc::new(CdpClient::browser(endpoint).await?);
     let cookies: Vec<Value> = state.cookies.iter().map(cookie_param).collect();
     if !cookies.is_empty() {
         browser
@@ -120,18 +169,24 @@ pub async fn restore(
         tracing::warn!(%error, "cannot write the captured localStorage back");
     }
     if options.reopen_tabs {
-        let urls: Vec<&str> = state
+        // The tab opened last is the most recently used: the captured order
+        // (most recently used first) is opened from its end.
+        let tabs: Vec<&CapturedTab> = state
             .tabs
             .iter()
-            .map(|t| t.url.as_str())
-            .filter(|u| !u.is_empty() && *u != "about:blank")
+            .filter(|t| !t.url.is_empty() && t.url != "about:blank")
+            .rev()
             .collect();
-        if !urls.is_empty() {
-            // The tab opened last is the most recently used: the captured
-            // order (most recently used first) is opened from its end.
+        if !tabs.is_empty() {
             // Sent at once: the browser takes them in order, and the tabs
-            // start at the same time instead of one after the other.
-            let created = futures_util::future::try_join_all(urls.iter().rev().map(|url| {
+            // start at the same time instead of one after the other. A tab
+            // with more than its URL to bring back starts blank and is
+            // rebuilt.
+            let created = futures_util::future::try_join_all(tabs.iter().map(|tab| {
+                let url = match tab.needs_rebuilding() {
+                    true => "about:blank",
+                    false => tab.url.as_str(),
+                };
                 browser.call(
                     "Target.createTarget",
                     json!({"url": url}),
@@ -144,11 +199,161 @@ pub async fn restore(
                 .iter()
                 .map(|created| created["targetId"].clone())
                 .collect();
+            let rebuilds = tabs
+                .iter()
+                .zip(&reopened)
+                .filter(|(tab, _)| tab.needs_rebuilding())
+                .map(|(tab, target_id)| rebuild_tab(browser.clone(), target_id, tab));
+            futures_util::future::join_all(rebuilds).await;
             // The fresh browser's own first tab, whatever its URL reads yet.
             close_pages(&browser, |id| !reopened.contains(id)).await?;
         }
     }
     Ok(())
+}
+
+/// How long a rebuilt tab's page may take to load before its scroll
+/// position is set anyway.
+const SCROLL_AFTER_LOAD_WITHIN: Duration = Duration::from_secs(10);
+
+/// Brings a blank tab to what `tab` was: its history (each earlier page an
+/// empty document with its title, which no site sees; going back loads the
+/// real page: the document is never stored, and reloads itself if the
+/// back-forward cache shows it again), its `sessionStorage`, then
+/// its current page loaded for real and scrolled where it was once loaded.
+/// A tab whose history cannot be rebuilt is opened at its URL instead.
+async fn rebuild_tab(browser: Arc<CdpClient>, target_id: &Value, tab: &CapturedTab) {
+    let Some(session) = attach(&browser, target_id).await else {
+        tracing::warn!(
+            url = tab.url,
+            "cannot attach to a reopened tab to rebuild it"
+        );
+        return;
+    };
+    let mut events = browser.events();
+    if let Err(error) = replay_history(&browser, &session, tab, &mut events).await {
+        tracing::warn!(url = tab.url, %error, "cannot rebuild a tab's history; it opens at its URL");
+        let _ = browser
+            .call("Fetch.disable", json!({}), Some(&session), CDP_TIMEOUT)
+            .await;
+        let _ = browser.navigate(&session, &tab.url, CDP_TIMEOUT).await;
+    }
+    if tab.scroll == [0.0, 0.0] {
+        detach(&browser, session).await;
+        return;
+    }
+    let [x, y] = tab.scroll;
+    // Not waited for: the instance is handed over while its pages load.
+    tokio::spawn(async move {
+        let loaded = async {
+            while let Ok(event) = events.recv().await {
+                if event.method == "Page.loadEventFired"
+                    && event.session_id.as_deref() == Some(session.as_str())
+                {
+                    return;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(SCROLL_AFTER_LOAD_WITHIN, loaded).await;
+        evaluate(
+            &browser,
+            &session,
+            &format!("window.scrollTo({x}, {y}); 'done'"),
+        )
+        .await;
+        detach(&browser, session).await;
+    });
+}
+
+/// Navigates the tab behind `session` through `tab`'s history with every
+/// request answered by the agent, puts its `sessionStorage` back on its
+/// current page, then reloads that page from the site.
+async fn replay_history(
+    browser: &CdpClient,
+    session: &str,
+    tab: &CapturedTab,
+    events: &mut tokio::sync::broadcast::Receiver<crate::cdp::CdpEvent>,
+) -> anyhow::Result<()> {
+    let current = HistoryEntry {
+        url: tab.url.clone(),
+        title: tab.title.clone(),
+    };
+    let history = match tab.history.as_slice() {
+        [] => std::slice::from_ref(&current),
+        history => history,
+    };
+    let document_for = |url: &str| {
+        let title = history
+            .iter()
+            .find(|entry| entry.url == url)
+            .map(|entry| html_escape(&entry.title))
+            .unwrap_or_default();
+        // Kept by the back-forward cache all the same, it reloads from the
+        // site when shown again.
+        format!(
+            "<!doctype html><title>{title}</title>\
+             <script>addEventListener('pageshow', (e) => e.persisted && location.reload())</script>"
+        )
+    };
+    for (method, params) in [
+        ("Page.enable", json!({})),
+        ("Fetch.enable", json!({"patterns": [{"urlPattern": "*"}]})),
+    ] {
+        browser
+            .call(method, params, Some(session), CDP_TIMEOUT)
+            .await?;
+    }
+    for (index, entry) in history.iter().enumerate() {
+        let navigate = browser.navigate(session, &entry.url, CDP_TIMEOUT);
+        let answer = answer_paused_requests(browser, events, session, document_for);
+        let navigated = tokio::select! {
+            navigated = navigate => navigated?,
+            () = answer => anyhow::bail!("CDP connection closed"),
+        };
+        if let Some(error) = navigated["errorText"].as_str() {
+            anyhow::bail!("cannot open {}: {error}", entry.url);
+        }
+        // The navigation may answer before its document is in place.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while evaluate(browser, session, "location.href").await.as_deref() != Some(&entry.url) {
+            if tokio::time::Instant::now() >= deadline {
+                anyhow::bail!("{} did not open", entry.url);
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        if index == 0 {
+            // The blank page the tab was created on is not part of it.
+            browser
+                .call(
+                    "Page.resetNavigationHistory",
+                    json!({}),
+                    Some(session),
+                    CDP_TIMEOUT,
+                )
+                .await?;
+        }
+    }
+    if !tab.session_storage.is_empty() {
+        let items = serde_json::to_string(&tab.session_storage)?;
+        let script = format!("{items}.forEach(([k, v]) => sessionStorage.setItem(k, v)); 'done'");
+        if evaluate(browser, session, &script).await.as_deref() != Some("done") {
+            anyhow::bail!("sessionStorage not restored");
+        }
+    }
+    browser
+        .call("Fetch.disable", json!({}), Some(session), CDP_TIMEOUT)
+        .await?;
+    browser
+        .call("Page.reload", json!({}), Some(session), CDP_TIMEOUT)
+        .await?;
+    Ok(())
+}
+
+/// `text` safe inside an HTML element.
+fn html_escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 /// Closes the pages `doomed` selects (by target id) and checks they are gone,
@@ -229,6 +434,7 @@ pub(super) async fn refill_local_storage(
             .await
             .ok_or_else(|| anyhow::anyhow!("cannot attach to the scratch tab"))?;
         let mut events = browser.events();
+        let empty = |_: &str| EMPTY_DOCUMENT.to_owned();
         let bypass = [
             ("Network.enable", json!({})),
             ("Network.setBypassServiceWorker", json!({"bypass": true})),
@@ -246,7 +452,7 @@ pub(super) async fn refill_local_storage(
         for origin in origins {
             let url = format!("{}/", origin.origin);
             let navigate = browser.navigate(&session, &url, CDP_TIMEOUT);
-            let answer = answer_paused_requests(browser, &mut events, &session);
+            let answer = answer_paused_requests(browser, &mut events, &session, empty);
             let navigated = tokio::select! {
                 navigated = navigate => navigated?,
                 () = answer => anyhow::bail!("CDP connection closed"),
@@ -282,16 +488,17 @@ pub(super) async fn refill_local_storage(
     filled
 }
 
-/// Answers every request the scratch tab makes with [`EMPTY_DOCUMENT`];
-/// returns only when the connection closes.
+/// Answers every request a scratch page makes with the document
+/// `document_for` gives for its URL (never stored: `no-store`); returns only
+/// when the connection closes.
 pub(super) async fn answer_paused_requests(
     browser: &CdpClient,
     events: &mut tokio::sync::broadcast::Receiver<crate::cdp::CdpEvent>,
     session: &str,
+    document_for: impl Fn(&str) -> String,
 ) {
     use base64::Engine;
     use tokio::sync::broadcast::error::RecvError;
-    let body = base64::engine::general_purpose::STANDARD.encode(EMPTY_DOCUMENT);
     loop {
         let event = match events.recv().await {
             Ok(event) => event,
@@ -301,13 +508,18 @@ pub(super) async fn answer_paused_requests(
         if event.method != "Fetch.requestPaused" || event.session_id.as_deref() != Some(session) {
             continue;
         }
+        let url = event.params["request"]["url"].as_str().unwrap_or_default();
+        let body = base64::engine::general_purpose::STANDARD.encode(document_for(url));
         let _ = browser
             .call(
                 "Fetch.fulfillRequest",
                 json!({
                     "requestId": event.params["requestId"],
                     "responseCode": 200,
-                    "responseHeaders": [{"name": "Content-Type", "value": "text/html"}],
+                    "responseHeaders": [
+                        {"name": "Content-Type", "value": "text/html"},
+                        {"name": "Cache-Control", "value": "no-store"},
+                    ],
                     "body": body,
                 }),
                 Some(session),
@@ -388,4 +600,33 @@ pub(super) fn cookie_param(cookie: &Value) -> Value {
         param.insert("expires".into(), expires.clone());
     }
     Value::Object(param)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tabs_history_is_its_web_pages_up_to_the_current_one() {
+        let entry = |url: &str| json!({"url": url, "title": url.to_uppercase()});
+        let history = json!({
+            "currentIndex": 3,
+            "entries": [
+                entry("http://a/"), entry("about:blank"), entry("https://b/"),
+                entry("http://c/"), entry("http://forward/"),
+            ],
+        });
+        let urls: Vec<String> = web_history(&history).into_iter().map(|e| e.url).collect();
+        assert_eq!(
+            urls,
+            ["https://b/", "http://c/"],
+            "from after the blank page, without the forward one"
+        );
+        assert_eq!(web_history(&history)[0].title, "HTTPS://B/");
+        let on_data =
+            json!({"currentIndex": 1, "entries": [entry("http://a/"), entry("data:text/html,x")]});
+        assert!(web_history(&on_data).is_empty());
+        assert!(web_history(&json!({"currentIndex": 9, "entries": []})).is_empty());
+        assert_eq!(html_escape("<a & b>"), "&lt;a &amp; b&gt;");
+    }
 }

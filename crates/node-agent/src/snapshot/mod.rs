@@ -39,6 +39,32 @@ pub struct CapturedState {
 pub struct CapturedTab {
     pub url: String,
     pub title: String,
+    /// The tab's history up to its current page (which is last), for a page
+    /// of a web site; empty otherwise, and in archives from before history
+    /// was kept.
+    #[serde(default)]
+    pub history: Vec<HistoryEntry>,
+    /// The current page's `sessionStorage`.
+    #[serde(default)]
+    pub session_storage: Vec<(String, String)>,
+    /// The current page's scroll position, `[x, y]` in CSS pixels.
+    #[serde(default)]
+    pub scroll: [f64; 2],
+}
+
+impl CapturedTab {
+    /// Whether reopening the tab at its URL would lose something: earlier
+    /// pages in its history, its `sessionStorage` or its scroll position.
+    pub fn needs_rebuilding(&self) -> bool {
+        self.history.len() > 1 || !self.session_storage.is_empty() || self.scroll != [0.0, 0.0]
+    }
+}
+
+/// A page of a tab's history.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct HistoryEntry {
+    pub url: String,
+    pub title: String,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -86,6 +112,12 @@ mod tests {
             tabs: vec![CapturedTab {
                 url: "http://a/".into(),
                 title: "A".into(),
+                history: vec![HistoryEntry {
+                    url: "http://a/".into(),
+                    title: "A".into(),
+                }],
+                session_storage: vec![("s".into(), "1".into())],
+                scroll: [0.0, 40.0],
             }],
             local_storage: vec![OriginStorage {
                 origin: "http://a".into(),
@@ -217,6 +249,20 @@ mod tests {
         );
         assert!(!target.join("profile").exists(), "no profile unpacked");
         assert!(!target.join("restore-staging").exists());
+    }
+
+    #[test]
+    fn an_archive_from_before_tab_history_reads_and_reopens_at_the_url() {
+        let old =
+            r#"{"cookies": [], "local_storage": [], "tabs": [{"url": "http://a/", "title": "A"}]}"#;
+        let state: CapturedState = serde_json::from_str(old).unwrap();
+        assert_eq!(state.tabs[0].history, []);
+        assert!(!state.tabs[0].needs_rebuilding());
+        let scrolled = CapturedTab {
+            scroll: [0.0, 1.0],
+            ..state.tabs[0].clone()
+        };
+        assert!(scrolled.needs_rebuilding());
     }
 
     #[test]

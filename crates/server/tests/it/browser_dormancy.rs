@@ -799,3 +799,105 @@ async fn browser_a_revive_takes_a_warm_browser_unless_the_snapshot_holds_what_on
         "no browser outlives the agent"
     );
 }
+
+#[tokio::test]
+async fn browser_full_restore_rebuilds_a_tabs_history_session_storage_and_scroll() {
+    let pages = serve_page(&[
+        ("/a", "<title>A</title>"),
+        ("/b", "<title>B</title>"),
+        (
+            "/long",
+            "<title>long</title><body style='height: 5000px'>long</body>",
+        ),
+    ])
+    .await;
+    let serve = spawn_serve_with(|config| pages.allow_in(config)).await;
+    let (id, created, _) = serve.api.create_running("{}").await;
+    let debug_url = created["urls"]["debug"].as_str().unwrap().to_owned();
+    let debug_port = created["debug_port"].as_u64().unwrap();
+    let url = |path: &str| format!("{}{path}", pages.base);
+    let tab = Page::open(&debug_url, &url("/a")).await.unwrap();
+    tab.navigate(&url("/b")).await.unwrap();
+    tab.navigate(&url("/long")).await.unwrap();
+    let scrolled = tab
+        .eval("sessionStorage.setItem('step', 'three'); window.scrollTo(0, 1200); scrollY")
+        .await
+        .unwrap();
+    assert_eq!(scrolled, 1200);
+    drop(tab);
+    serve.api.park(&id).await;
+    let loads = |path: &str| pages.requested().iter().filter(|p| *p == path).count();
+    let before = [loads("/a"), loads("/b"), loads("/long")];
+
+    revive(&serve, &id, r#"{"method": "full_restore"}"#).await;
+    serve
+        .api
+        .wait_for_status(&id, "running", BROWSER_DEADLINE)
+        .await;
+    let list: Value = get_json(&format!("http://127.0.0.1:{debug_port}/json/list")).await;
+    let target = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["type"] == "page" && t["url"] == url("/long"))
+        .unwrap_or_else(|| panic!("the tab is back: {list}"));
+    let tab = Page::attach(&debug_url, target["id"].as_str().unwrap())
+        .await
+        .unwrap();
+    // Its page loads from the site, then scrolls where it was.
+    wait_until(BROWSER_DEADLINE, "the page scrolled back", || async {
+        match tab.eval("scrollY").await {
+            Ok(y) if y == 1200 => Ok(Some(())),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(tab.eval("document.title").await.unwrap(), "long");
+    assert_eq!(
+        tab.eval("sessionStorage.getItem('step')").await.unwrap(),
+        "three"
+    );
+    let history = tab
+        .call("Page.getNavigationHistory", serde_json::json!({}))
+        .await
+        .unwrap();
+    let entries: Vec<(&str, &str)> = history["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["url"].as_str().unwrap(), e["title"].as_str().unwrap()))
+        .collect();
+    let (a, b, long) = (url("/a"), url("/b"), url("/long"));
+    assert_eq!(
+        entries,
+        [
+            (a.as_str(), "A"),
+            (b.as_str(), "B"),
+            (long.as_str(), "long")
+        ],
+        "{history}"
+    );
+    assert_eq!(history["currentIndex"], 2, "{history}");
+    assert_eq!(
+        [loads("/a"), loads("/b"), loads("/long")],
+        [before[0], before[1], before[2] + 1],
+        "only the current page is loaded from the site: {:?}",
+        pages.requested()
+    );
+
+    // Going back loads the earlier page from the site.
+    tab.eval("history.back(); true").await.unwrap();
+    wait_until(BROWSER_DEADLINE, "the page before to load", || async {
+        let page = tab
+            .eval("document.readyState + ' ' + location.pathname + ' ' + document.title")
+            .await;
+        match page {
+            Ok(page) if page == "complete /b B" && loads("/b") == before[1] + 1 => Ok(Some(())),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    serve.shutdown().await;
+}
