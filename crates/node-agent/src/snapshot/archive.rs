@@ -102,7 +102,9 @@ impl OpenedArchive {
         let mut state = CapturedState::default();
         let mut files = Vec::new();
         let mut local_storage_logs = Vec::new();
-        for entry in tar::Archive::new(tar.as_slice()).entries()? {
+        // Seeking past the entries not read (most of a profile), not copying them.
+        let mut reader = tar::Archive::new(std::io::Cursor::new(tar.as_slice()));
+        for entry in reader.entries_with_seek()? {
             let mut entry = entry?;
             let path = entry.path()?.into_owned();
             if path == Path::new("state.json") {
@@ -177,7 +179,8 @@ impl OpenedArchive {
         let staging = parent.join("restore-staging");
         let _ = std::fs::remove_dir_all(&staging);
         std::fs::create_dir_all(&staging)?;
-        for entry in tar::Archive::new(self.tar.as_slice()).entries()? {
+        let mut reader = tar::Archive::new(std::io::Cursor::new(self.tar.as_slice()));
+        for entry in reader.entries_with_seek()? {
             let mut entry = entry?;
             if wanted(&entry.path()?) {
                 entry.unpack_in(&staging)?;
