@@ -21,6 +21,11 @@
 //! after the previous one (a build that revives into warm browsers takes
 //! one; the serve's log says `reviving into a warm browser` each time).
 //!
+//! - profile rounds: a create on a persistent profile that holds cookies and
+//!   localStorage (saved once by an instance that stored them), timed from
+//!   the request until the instance runs; each is deleted without writing
+//!   back. With a warm pool, the build's warm-pool counters from `/metrics`.
+//!
 //! Also: archive size, and memory (PSS of the browser) freed by parking.
 //! With `--baseline OLDER_BINARY`, every measure runs on that build first,
 //! then on this one, in the same run.
@@ -376,6 +381,76 @@ async fn measure_wake_on_connect(
     Ok(rounds)
 }
 
+/// Saves a profile holding cookies and localStorage (an instance on it opens
+/// `page`, then is deleted, which writes it back), then `count` creates on
+/// it timed until they run, each deleted without writing back.
+async fn measure_profile_creates(
+    bench: &Bench,
+    page: &str,
+    count: usize,
+) -> anyhow::Result<Vec<f64>> {
+    let http = &bench.http;
+    let base = &bench.base;
+    http.post(format!("{base}/v2/profiles"))
+        .body(r#"{"name": "bench"}"#)
+        .send()
+        .await?;
+    let create = |persist: bool| async move {
+        let body = format!(r#"{{"profile": {{"name": "bench", "persist": {persist}}}}}"#);
+        let created: Value = http
+            .post(format!("{base}/v2/instances"))
+            .body(body)
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        let id = created["id"].as_str().context("id")?.to_owned();
+        let debug_url = created["urls"]["debug"]
+            .as_str()
+            .context("urls.debug")?
+            .to_owned();
+        flotilla_bench::wait_running(http, base, &id, Duration::from_millis(5)).await?;
+        anyhow::Ok((id, debug_url))
+    };
+    let delete = |id: String| async move {
+        http.delete(format!("{base}/v2/instances/{id}"))
+            .send()
+            .await?
+            .error_for_status()?;
+        anyhow::Ok(())
+    };
+    let (id, debug_url) = create(true).await?;
+    let browser = CdpClient::connect(&debug_url).await?;
+    let timeout = Duration::from_secs(30);
+    browser
+        .call("Target.createTarget", json!({"url": page}), None, timeout)
+        .await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    drop(browser);
+    delete(id).await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get_json(http, format!("{base}/v2/profiles/bench")).await?["size_bytes"]
+        .as_u64()
+        .unwrap_or(0)
+        == 0
+    {
+        if Instant::now() > deadline {
+            bail!("the profile was not saved");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut samples = Vec::new();
+    for _ in 0..count {
+        bench.let_pool_refill().await;
+        let started = Instant::now();
+        let (id, _) = create(false).await?;
+        samples.push(started.elapsed().as_secs_f64() * 1000.0);
+        delete(id).await?;
+    }
+    Ok(samples)
+}
+
 /// Prints the results table and the archive and memory figures.
 fn print_results(count: usize, quick: &QuickRounds, full_ms: &[f64], wake: &WakeRounds) {
     println!("{count} rounds each; one instance with cookies, localStorage and three tabs");
@@ -485,8 +560,26 @@ async fn run_build(
     // A build whose full restore loses the tabs still reports the rest.
     let full = measure_full_restore(&bench, tabs, count).await;
     let wake = measure_wake_on_connect(&bench, tabs, count).await?;
+    let profile_ms = measure_profile_creates(&bench, &tabs[0], count).await?;
+    let metrics = reqwest::get(format!("{}/metrics", serve.url))
+        .await?
+        .text()
+        .await?;
     serve.stop().await;
     print_results(count, &quick, full.as_deref().unwrap_or(&[]), &wake);
+    println!(
+        "{}",
+        summary_row(
+            "create on a profile with cookies and localStorage → running",
+            &profile_ms
+        )
+    );
+    for line in metrics
+        .lines()
+        .filter(|l| l.starts_with("service_warm_pool_creates_total"))
+    {
+        println!("{line}");
+    }
     if let Err(error) = full {
         println!("full_restore: {error}");
     }
