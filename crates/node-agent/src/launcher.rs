@@ -75,8 +75,9 @@ struct WarmPool {
     /// Pooled browsers being started right now.
     starting: AtomicUsize,
     /// Creates for this image that took a pooled browser, and creates that
-    /// launched their own (the pool was empty, or their shape is not the
-    /// pool's: a profile, extensions, preferences).
+    /// launched their own (the pool was empty, or the create needs what a
+    /// pooled browser was not started with: extensions, preferences, a
+    /// profile's files). Revives that take one are not counted.
     hits: AtomicU64,
     misses: AtomicU64,
 }

@@ -412,7 +412,7 @@ impl Agent {
     }
 
     /// Puts a snapshot back: into a warm browser when one can take it (see
-    /// [`Agent::warm_browser_for`]), otherwise by unpacking it into
+    /// [`Agent::start_in_warm_browser`]), otherwise by unpacking it into
     /// the instance's directory and launching the browser on it; then the
     /// session (and the tabs, for a full restore).
     async fn restore_from(
@@ -432,19 +432,15 @@ impl Agent {
         tracing::debug!(instance = %slot.id, read_ms = started.elapsed().as_millis() as u64, "snapshot read");
         let reopen_tabs = method == ReviveMethod::FullRestore;
         let service_workers = opened.holds_service_workers();
-        if let Some(warm) = self.warm_browser_for(slot, Some(&opened)) {
-            let (process, endpoint) = self.adopt_warm_browser(slot, warm, Some(&opened)).await?;
-            // A warm browser's profile is fresh: no service worker to bypass.
-            let options = RestoreOptions {
-                reopen_tabs,
-                service_workers: false,
-            };
-            snapshot::restore(&endpoint, &opened.state, options)
-                .await
-                .map_err(StartFailure::StateRestore)?;
+        if let Some((process, endpoint)) = self
+            .start_in_warm_browser(slot, Some(&opened), reopen_tabs)
+            .await
+        {
             return Ok((process, Some(endpoint)));
         }
-        let state = unpack_into(slot, opened).await.map_err(unpack_failed)?;
+        unpack_into(slot, opened.clone())
+            .await
+            .map_err(unpack_failed)?;
         // What the snapshot brought back was announced when it finished.
         let _ = slot.newly_completed_downloads();
         let limits = self.inner.launcher.limits_for(&slot.config);
@@ -454,7 +450,7 @@ impl Agent {
                 reopen_tabs,
                 service_workers,
             };
-            snapshot::restore(endpoint, &state, options)
+            snapshot::restore(endpoint, &opened.state, options)
                 .await
                 .map_err(StartFailure::StateRestore)?;
         }

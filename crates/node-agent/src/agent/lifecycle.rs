@@ -314,15 +314,10 @@ impl Agent {
         let launched = async {
             let saved = self.read_profile(&slot).await?;
             if slot.profile_name().is_some() {
-                let opened = saved.as_ref().map(|(_, opened)| opened.as_ref());
-                let warm = self.warm_browser_for(&slot, opened);
+                let opened = saved.as_ref().map(|(_, opened)| opened);
+                let warm = self.start_in_warm_browser(&slot, opened, false).await;
                 self.inner.launcher.count_take(&slot.image, warm.is_some());
-                if let Some(warm) = warm {
-                    let (process, endpoint) = self.adopt_warm_browser(&slot, warm, None).await?;
-                    if let Some((name, opened)) = &saved {
-                        // A warm browser's profile is fresh: no service worker.
-                        restore_profile(name, &endpoint, opened, false).await?;
-                    }
+                if let Some((process, endpoint)) = warm {
                     return Ok((process, Some(endpoint)));
                 }
             }

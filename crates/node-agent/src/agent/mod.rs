@@ -40,7 +40,7 @@ use crate::launcher::Launcher;
 use crate::link::ControlPlaneLink;
 use crate::monitor::MachineMeter;
 use crate::ports::{InstancePorts, PortAllocator};
-use crate::snapshot::{CapturedState, SnapshotStore};
+use crate::snapshot::SnapshotStore;
 use crate::sweep;
 
 mod dormancy;
@@ -914,8 +914,6 @@ fn browser_version(executable: &Path) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// Unpacks an archive (a snapshot or a saved profile) into the instance's
-/// directory, in place of its profile; answers the state it carried.
 /// Reads an archive (off the runtime's threads) to look at before unpacking.
 async fn open_archive(
     archive: bytes::Bytes,
@@ -926,10 +924,12 @@ async fn open_archive(
         .map_err(UnpackArchiveError::Extract)
 }
 
+/// Unpacks an archive (a snapshot or a saved profile) into the instance's
+/// directory, in place of its profile.
 async fn unpack_into(
     slot: &InstanceSlot,
     opened: Arc<crate::snapshot::OpenedArchive>,
-) -> Result<CapturedState, UnpackArchiveError> {
+) -> Result<(), UnpackArchiveError> {
     let (root, profile, downloads) = (
         slot.dirs.root.clone(),
         slot.dirs.profile(),
@@ -940,8 +940,7 @@ async fn unpack_into(
         std::fs::create_dir_all(&root).map_err(UnpackArchiveError::Directory)?;
         opened
             .unpack(&profile, &downloads)
-            .map_err(UnpackArchiveError::Extract)?;
-        Ok(opened.state.clone())
+            .map_err(UnpackArchiveError::Extract)
     })
     .await?
 }

@@ -146,7 +146,7 @@ impl OpenedArchive {
             path.starts_with("profile") || path.starts_with("downloads")
         })?;
         std::fs::rename(staging.join("profile"), profile)?;
-        if staging.join("downloads").is_dir() {
+        if is_real_dir(&staging.join("downloads")) {
             let _ = std::fs::remove_dir_all(downloads);
             std::fs::rename(staging.join("downloads"), downloads)?;
         }
@@ -162,7 +162,7 @@ impl OpenedArchive {
             .ok_or_else(|| anyhow::anyhow!("downloads path has no parent"))?;
         let staging = self.stage(parent, |path| path.starts_with("downloads"))?;
         let unpacked = staging.join("downloads");
-        if unpacked.is_dir() {
+        if is_real_dir(&unpacked) {
             std::fs::create_dir_all(downloads)?;
             for entry in std::fs::read_dir(&unpacked)? {
                 let entry = entry?;
@@ -174,7 +174,10 @@ impl OpenedArchive {
     }
 
     /// Unpacks the entries `wanted` selects into a fresh staging directory
-    /// in `parent`; `unpack_in` refuses paths that would leave it.
+    /// in `parent`; `unpack_in` refuses paths that would leave it. Only
+    /// files and folders ([`archive`] writes nothing else): a link in an
+    /// archive from a tampered store (`downloads` → another instance's
+    /// folder) would have the agent move or hand over what it points to.
     fn stage(&self, parent: &Path, wanted: impl Fn(&Path) -> bool) -> anyhow::Result<PathBuf> {
         let staging = parent.join("restore-staging");
         let _ = std::fs::remove_dir_all(&staging);
@@ -182,7 +185,8 @@ impl OpenedArchive {
         let mut reader = tar::Archive::new(std::io::Cursor::new(self.tar.as_slice()));
         for entry in reader.entries_with_seek()? {
             let mut entry = entry?;
-            if wanted(&entry.path()?) {
+            let kind = entry.header().entry_type();
+            if (kind.is_file() || kind.is_dir()) && wanted(&entry.path()?) {
                 entry.unpack_in(&staging)?;
             }
         }
@@ -198,6 +202,11 @@ const SITE_DATA_ONLY_IN_FILES: &[(&str, &str)] = &[
     ("Service Worker", SERVICE_WORKERS),
     ("blob_storage", "blobs"),
 ];
+
+/// A directory itself, not a link to one.
+fn is_real_dir(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|meta| meta.is_dir())
+}
 
 /// How [`OpenedArchive::kept_only_in_files`] names service workers.
 const SERVICE_WORKERS: &str = "service workers";

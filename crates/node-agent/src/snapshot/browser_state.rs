@@ -64,7 +64,14 @@ pub async fn capture(endpoint: &CdpEndpoint) -> anyhow::Result<CapturedState> {
         )
         .await;
         detach(&browser, session).await;
-        tab.history = history.as_ref().map(web_history).unwrap_or_default();
+        // What the page answers is the page's word: taken only for the
+        // origin the browser shows it at (a page could name another origin
+        // to have its storage replaced), and with a history that ends where
+        // the tab is (it may have moved on meanwhile).
+        let history = history.as_ref().map(web_history).unwrap_or_default();
+        if history.last().is_some_and(|entry| entry.url == tab.url) {
+            tab.history = history;
+        }
         let Some(text) = read else {
             continue;
         };
@@ -74,12 +81,23 @@ pub async fn capture(endpoint: &CdpEndpoint) -> anyhow::Result<CapturedState> {
             Vec<(String, String)>,
             [f64; 2],
         );
-        if let Ok((origin, items, session_items, scroll)) = serde_json::from_str::<Read>(&text) {
-            tab.session_storage = session_items;
-            tab.scroll = scroll;
-            if !local_storage.iter().any(|o| o.origin == origin) {
-                local_storage.push(OriginStorage { origin, items });
+        let shown_origin = url::Url::parse(&tab.url)
+            .ok()
+            .map(|url| url.origin().ascii_serialization());
+        match serde_json::from_str::<Read>(&text) {
+            Ok((origin, items, session_items, scroll))
+                if shown_origin.as_ref() == Some(&origin) =>
+            {
+                tab.session_storage = session_items;
+                tab.scroll = scroll;
+                if !local_storage.iter().any(|o| o.origin == origin) {
+                    local_storage.push(OriginStorage { origin, items });
+                }
             }
+            _ => tracing::warn!(
+                url = tab.url,
+                "a tab's page did not answer for its own origin; its storage is left to the profile's files"
+            ),
         }
     }
     Ok(CapturedState {
@@ -203,7 +221,9 @@ pub async fn restore(
                 .iter()
                 .zip(&reopened)
                 .filter(|(tab, _)| tab.needs_rebuilding())
-                .map(|(tab, target_id)| rebuild_tab(browser.clone(), target_id, tab));
+                .map(|(tab, target_id)| {
+                    rebuild_tab(browser.clone(), target_id, tab, options.service_workers)
+                });
             futures_util::future::join_all(rebuilds).await;
             // The fresh browser's own first tab, whatever its URL reads yet.
             close_pages(&browser, |id| !reopened.contains(id)).await?;
@@ -213,7 +233,7 @@ pub async fn restore(
 }
 
 /// How long a rebuilt tab's page may take to load before its scroll
-/// position is set anyway.
+/// position is set anyway (when it is still on that page).
 const SCROLL_AFTER_LOAD_WITHIN: Duration = Duration::from_secs(10);
 
 /// Brings a blank tab to what `tab` was: its history (each earlier page an
@@ -222,7 +242,12 @@ const SCROLL_AFTER_LOAD_WITHIN: Duration = Duration::from_secs(10);
 /// back-forward cache shows it again), its `sessionStorage`, then
 /// its current page loaded for real and scrolled where it was once loaded.
 /// A tab whose history cannot be rebuilt is opened at its URL instead.
-async fn rebuild_tab(browser: Arc<CdpClient>, target_id: &Value, tab: &CapturedTab) {
+async fn rebuild_tab(
+    browser: Arc<CdpClient>,
+    target_id: &Value,
+    tab: &CapturedTab,
+    service_workers: bool,
+) {
     let Some(session) = attach(&browser, target_id).await else {
         tracing::warn!(
             url = tab.url,
@@ -230,50 +255,71 @@ async fn rebuild_tab(browser: Arc<CdpClient>, target_id: &Value, tab: &CapturedT
         );
         return;
     };
-    let mut events = browser.events();
-    if let Err(error) = replay_history(&browser, &session, tab, &mut events).await {
-        tracing::warn!(url = tab.url, %error, "cannot rebuild a tab's history; it opens at its URL");
-        let _ = browser
-            .call("Fetch.disable", json!({}), Some(&session), CDP_TIMEOUT)
-            .await;
-        let _ = browser.navigate(&session, &tab.url, CDP_TIMEOUT).await;
-    }
+    let loading = match replay_history(&browser, &session, tab, service_workers).await {
+        Ok(loading) => loading,
+        Err(error) => {
+            tracing::warn!(url = tab.url, %error, "cannot rebuild a tab's history; it opens at its URL");
+            let _ = browser
+                .call("Fetch.disable", json!({}), Some(&session), CDP_TIMEOUT)
+                .await;
+            let loading = browser.events();
+            let _ = browser.navigate(&session, &tab.url, CDP_TIMEOUT).await;
+            loading
+        }
+    };
     if tab.scroll == [0.0, 0.0] {
         detach(&browser, session).await;
         return;
     }
-    let [x, y] = tab.scroll;
-    // Not waited for: the instance is handed over while its pages load.
+    // Not waited for: the instance is handed over while its pages load. It
+    // ends with the browser's connection at the latest.
+    let (url, [x, y]) = (
+        serde_json::to_string(&tab.url).unwrap_or_default(),
+        tab.scroll,
+    );
     tokio::spawn(async move {
-        let loaded = async {
-            while let Ok(event) = events.recv().await {
-                if event.method == "Page.loadEventFired"
-                    && event.session_id.as_deref() == Some(session.as_str())
-                {
-                    return;
-                }
-            }
-        };
-        let _ = tokio::time::timeout(SCROLL_AFTER_LOAD_WITHIN, loaded).await;
-        evaluate(
-            &browser,
-            &session,
-            &format!("window.scrollTo({x}, {y}); 'done'"),
-        )
-        .await;
+        let _ =
+            tokio::time::timeout(SCROLL_AFTER_LOAD_WITHIN, page_loaded(loading, &session)).await;
+        // Only the page it was on: a client may have moved on meanwhile.
+        let scroll = format!("location.href === {url} && window.scrollTo({x}, {y}); 'done'");
+        evaluate(&browser, &session, &scroll).await;
         detach(&browser, session).await;
     });
 }
 
+/// Returns once `session`'s page fires its load event (the events were
+/// subscribed to before that page started loading), or the connection closes.
+async fn page_loaded(
+    mut events: tokio::sync::broadcast::Receiver<crate::cdp::CdpEvent>,
+    session: &str,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        match events.recv().await {
+            Ok(event)
+                if event.method == "Page.loadEventFired"
+                    && event.session_id.as_deref() == Some(session) =>
+            {
+                return;
+            }
+            Ok(_) | Err(RecvError::Lagged(_)) => {}
+            Err(RecvError::Closed) => return,
+        }
+    }
+}
+
 /// Navigates the tab behind `session` through `tab`'s history with every
-/// request answered by the agent, puts its `sessionStorage` back on its
-/// current page, then reloads that page from the site.
+/// request answered by the agent (service workers bypassed where the
+/// profile may hold some), puts its `sessionStorage` back on its current
+/// page, then reloads that page from the site; answers the events
+/// subscribed to just before that reload.
 async fn replay_history(
     browser: &CdpClient,
     session: &str,
     tab: &CapturedTab,
-    events: &mut tokio::sync::broadcast::Receiver<crate::cdp::CdpEvent>,
-) -> anyhow::Result<()> {
+    service_workers: bool,
+) -> anyhow::Result<tokio::sync::broadcast::Receiver<crate::cdp::CdpEvent>> {
+    let mut events = browser.events();
     let current = HistoryEntry {
         url: tab.url.clone(),
         title: tab.title.clone(),
@@ -295,17 +341,20 @@ async fn replay_history(
              <script>addEventListener('pageshow', (e) => e.persisted && location.reload())</script>"
         )
     };
-    for (method, params) in [
-        ("Page.enable", json!({})),
-        ("Fetch.enable", json!({"patterns": [{"urlPattern": "*"}]})),
-    ] {
+    let mut calls = vec![("Page.enable", json!({}))];
+    if service_workers {
+        calls.push(("Network.enable", json!({})));
+        calls.push(("Network.setBypassServiceWorker", json!({"bypass": true})));
+    }
+    calls.push(("Fetch.enable", json!({"patterns": [{"urlPattern": "*"}]})));
+    for (method, params) in calls {
         browser
             .call(method, params, Some(session), CDP_TIMEOUT)
             .await?;
     }
     for (index, entry) in history.iter().enumerate() {
         let navigate = browser.navigate(session, &entry.url, CDP_TIMEOUT);
-        let answer = answer_paused_requests(browser, events, session, document_for);
+        let answer = answer_paused_requests(browser, &mut events, session, document_for);
         let navigated = tokio::select! {
             navigated = navigate => navigated?,
             () = answer => anyhow::bail!("CDP connection closed"),
@@ -343,10 +392,22 @@ async fn replay_history(
     browser
         .call("Fetch.disable", json!({}), Some(session), CDP_TIMEOUT)
         .await?;
+    if service_workers {
+        let params = json!({"bypass": false});
+        browser
+            .call(
+                "Network.setBypassServiceWorker",
+                params,
+                Some(session),
+                CDP_TIMEOUT,
+            )
+            .await?;
+    }
+    let loading = browser.events();
     browser
         .call("Page.reload", json!({}), Some(session), CDP_TIMEOUT)
         .await?;
-    Ok(())
+    Ok(loading)
 }
 
 /// `text` safe inside an HTML element.

@@ -2,12 +2,14 @@
 //!
 //! - [`capture`] reads the browser's state over CDP while it still runs: every
 //!   cookie (session cookies too, which Chromium does not keep on disk), the open
-//!   tabs and their URLs, and the localStorage of the tabs' origins.
+//!   tabs (URL, history, sessionStorage, scroll position), and the localStorage
+//!   of the tabs' origins.
 //! - [`archive`] packs the profile directory (without caches and lock files) and
 //!   that state into one tar + zstd file; [`OpenedArchive`] reads one back and
 //!   says what of its site data only the profile's files hold.
 //! - [`restore`] puts the state back into a started browser: cookies and
-//!   localStorage always, tabs for `full_restore`.
+//!   localStorage always, tabs (rebuilt with their history) for
+//!   `full_restore`.
 //! - [`SnapshotStore`] keeps archives in a directory (`file://`) or an
 //!   S3-compatible bucket (`s3://`), through `object_store`. A put is atomic: an
 //!   archive is either complete or absent.
@@ -222,6 +224,62 @@ mod tests {
             let opened = packed_profile(dir.path(), &[(file, b"data")], &captured);
             assert_eq!(opened.kept_only_in_files, [named], "{file}");
         }
+    }
+
+    /// A tampered store's archive whose `downloads` is a link to another
+    /// instance's folder (and whose profile holds a link too).
+    fn archive_with_links(victim: &std::path::Path) -> Vec<u8> {
+        let mut builder = tar::Builder::new(Vec::new());
+        let state = serde_json::to_vec(&CapturedState::default()).unwrap();
+        let mut header = tar::Header::new_gnu();
+        header.set_size(state.len() as u64);
+        header.set_mode(0o600);
+        header.set_cksum();
+        builder
+            .append_data(&mut header, "state.json", state.as_slice())
+            .unwrap();
+        let mut dir = tar::Header::new_gnu();
+        dir.set_entry_type(tar::EntryType::Directory);
+        dir.set_mode(0o700);
+        dir.set_size(0);
+        dir.set_cksum();
+        builder
+            .append_data(&mut dir.clone(), "profile", std::io::empty())
+            .unwrap();
+        for name in ["downloads", "profile/Cookies"] {
+            let mut link = tar::Header::new_gnu();
+            link.set_entry_type(tar::EntryType::Symlink);
+            link.set_size(0);
+            builder.append_link(&mut link, name, victim).unwrap();
+        }
+        zstd::encode_all(builder.into_inner().unwrap().as_slice(), 3).unwrap()
+    }
+
+    #[test]
+    fn links_in_an_archive_are_not_unpacked() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::create_dir_all(&victim).unwrap();
+        std::fs::write(victim.join("secret"), b"theirs").unwrap();
+        let opened = OpenedArchive::read(&archive_with_links(&victim)).unwrap();
+        let instance = dir.path().join("instance");
+        std::fs::create_dir_all(instance.join("downloads")).unwrap();
+        opened
+            .unpack_downloads_into(&instance.join("downloads"))
+            .unwrap();
+        opened
+            .unpack(&instance.join("profile"), &instance.join("downloads"))
+            .unwrap();
+        assert_eq!(std::fs::read(victim.join("secret")).unwrap(), b"theirs");
+        assert_eq!(
+            std::fs::read_dir(instance.join("downloads"))
+                .unwrap()
+                .count(),
+            0
+        );
+        let downloads = std::fs::symlink_metadata(instance.join("downloads")).unwrap();
+        assert!(downloads.is_dir(), "a folder, not a link");
+        assert!(std::fs::symlink_metadata(instance.join("profile/Cookies")).is_err());
     }
 
     #[test]

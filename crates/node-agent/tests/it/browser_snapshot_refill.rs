@@ -156,3 +156,49 @@ async fn browser_restore_puts_back_local_storage_the_profile_lost() {
         close(browser).await;
     }
 }
+
+#[tokio::test]
+async fn browser_a_page_cannot_answer_the_capture_for_another_origin() {
+    let bank = serve_page(&[("/", "<title>bank</title>")]).await;
+    let evil = serve_page(&[("/", "<title>evil</title>")]).await;
+    let profile = tempfile::tempdir().unwrap();
+    let browser = launch(profile.path()).await;
+    let ws = browser.endpoint.browser_ws_url();
+    let bank_page = Page::open(&ws, &format!("{}/", bank.base)).await.unwrap();
+    bank_page
+        .eval("localStorage.setItem('balance', '100'); true")
+        .await
+        .unwrap();
+    // Opened last, so read first: it claims to be the bank, with nothing stored.
+    let evil_page = Page::open(&ws, &format!("{}/", evil.base)).await.unwrap();
+    let forged = format!(
+        "const real = JSON.stringify; \
+         JSON.stringify = (v) => real(['{}', [], [['stolen', 'yes']], [0, 0]]); true",
+        bank.base
+    );
+    evil_page.eval(&forged).await.unwrap();
+
+    let captured = snapshot::capture(&browser.endpoint).await.unwrap();
+    let origins: Vec<&str> = captured
+        .local_storage
+        .iter()
+        .map(|o| o.origin.as_str())
+        .collect();
+    assert_eq!(
+        origins,
+        [bank.base.as_str()],
+        "the evil page's answer is dropped: {captured:?}"
+    );
+    assert_eq!(
+        captured.local_storage[0].items,
+        [("balance".to_owned(), "100".to_owned())]
+    );
+    let evil_tab = captured
+        .tabs
+        .iter()
+        .find(|t| t.url.starts_with(&evil.base))
+        .unwrap();
+    assert!(evil_tab.session_storage.is_empty(), "{evil_tab:?}");
+    drop((bank_page, evil_page));
+    close(browser).await;
+}

@@ -767,10 +767,10 @@ async fn browser_a_profile_takes_a_warm_browser_unless_it_holds_what_only_files_
         .unwrap()
         .to_owned();
 
-    // B: cookies and localStorage are all the profile holds: a warm browser
-    // again, given them over CDP.
+    // B reads it without writing back, and cookies and localStorage are all
+    // the profile holds: a warm browser again, given them over CDP.
     let (dir, pid) = pooled().await;
-    let (b, page) = start_on_profile(api, "shop", true, &url).await;
+    let (b, page) = start_on_profile(api, "shop", false, &url).await;
     assert!(!dir.exists(), "the pooled browser became B's");
     assert_eq!(browser_main_pid(&dir), Some(pid));
     let state: Value =
@@ -779,15 +779,25 @@ async fn browser_a_profile_takes_a_warm_browser_unless_it_holds_what_only_files_
     assert!(cookies.contains("login=alice"), "{state}");
     assert!(cookies.contains("visit=1"), "session cookies too: {state}");
     assert_eq!(state[1], "two apples");
-    assert_eq!(page.eval(STORE_INDEXED).await.unwrap(), true);
     drop(page);
     api.delete_instance(&b).await;
+
+    // C writes back to a profile with saved state: a warm browser's fresh
+    // history and permissions would replace the profile's for good, so C
+    // launches on the profile's files.
+    let (dir, pid) = pooled().await;
+    let (c, page) = start_on_profile(api, "shop", true, &url).await;
+    assert!(dir.exists(), "the pooled browser was not taken");
+    assert_eq!(browser_main_pid(&dir), Some(pid));
+    assert_eq!(page.eval(STORE_INDEXED).await.unwrap(), true);
+    drop(page);
+    api.delete_instance(&c).await;
     profile_saved_after(api, "shop", &saved_at).await;
 
-    // C: IndexedDB is only in the profile's files: C launches on them and
-    // the pooled browser stays in the pool.
+    // D reads it only, but IndexedDB is only in the profile's files: D
+    // launches on them too, and the pooled browser stays in the pool.
     let (dir, pid) = pooled().await;
-    let (c, page) = start_on_profile(api, "shop", false, &url).await;
+    let (d, page) = start_on_profile(api, "shop", false, &url).await;
     assert!(dir.exists(), "the pooled browser was not taken");
     assert_eq!(browser_main_pid(&dir), Some(pid));
     assert_eq!(agent.warm_pool_ready(), 1);
@@ -799,15 +809,15 @@ async fn browser_a_profile_takes_a_warm_browser_unless_it_holds_what_only_files_
         "{state}"
     );
     drop(page);
-    crate::browser_runtime::wait_for_metrics(&serve, "2 warm hits and 1 miss", |metrics| {
+    crate::browser_runtime::wait_for_metrics(&serve, "2 warm hits and 2 misses", |metrics| {
         let count = |outcome| {
             let labels = [("image", "ubuntu:22.04"), ("outcome", outcome)];
             crate::operations::sample_value(metrics, "service_warm_pool_creates_total", &labels)
         };
-        count("hit") == Some(2.0) && count("miss") == Some(1.0)
+        count("hit") == Some(2.0) && count("miss") == Some(2.0)
     })
     .await;
-    api.delete_instance(&c).await;
+    api.delete_instance(&d).await;
     serve.shutdown().await;
     assert!(
         browser_processes(&instances).is_empty(),
