@@ -426,6 +426,16 @@ async fn start_on_profile(
 
 const READ_STATE: &str = "JSON.stringify([document.cookie, localStorage.getItem('cart')])";
 
+/// The page shows the login's persistent and session cookies and `cart`.
+async fn assert_logged_in_with_cart(page: &Page, cart: &str) {
+    let state: Value =
+        serde_json::from_str(page.eval(READ_STATE).await.unwrap().as_str().unwrap()).unwrap();
+    let cookies = state[0].as_str().unwrap();
+    assert!(cookies.contains("login=alice"), "{state}");
+    assert!(cookies.contains("visit=1"), "session cookies too: {state}");
+    assert_eq!(state[1], cart, "{state}");
+}
+
 #[tokio::test]
 async fn browser_a_persistent_profile_carries_cookies_and_storage_across_instances() {
     let (site, serve) = spawn_serve_with_page("<title>shop</title>", |_| {}).await;
@@ -481,12 +491,7 @@ async fn browser_a_persistent_profile_carries_cookies_and_storage_across_instanc
     // B starts where A left off, changes the cart, and a graceful delete
     // writes it back.
     let (b, page) = start_on_profile(api, "shop", true, &url).await;
-    let state: Value =
-        serde_json::from_str(page.eval(READ_STATE).await.unwrap().as_str().unwrap()).unwrap();
-    let cookies = state[0].as_str().unwrap();
-    assert!(cookies.contains("login=alice"), "{state}");
-    assert!(cookies.contains("visit=1"), "session cookies too: {state}");
-    assert_eq!(state[1], "two apples");
+    assert_logged_in_with_cart(&page, "two apples").await;
     page.eval("localStorage.setItem('cart', 'three pears'); true")
         .await
         .unwrap();
@@ -773,12 +778,7 @@ async fn browser_a_profile_takes_a_warm_browser_unless_it_holds_what_only_files_
     let (b, page) = start_on_profile(api, "shop", false, &url).await;
     assert!(!dir.exists(), "the pooled browser became B's");
     assert_eq!(browser_main_pid(&dir), Some(pid));
-    let state: Value =
-        serde_json::from_str(page.eval(READ_STATE).await.unwrap().as_str().unwrap()).unwrap();
-    let cookies = state[0].as_str().unwrap();
-    assert!(cookies.contains("login=alice"), "{state}");
-    assert!(cookies.contains("visit=1"), "session cookies too: {state}");
-    assert_eq!(state[1], "two apples");
+    assert_logged_in_with_cart(&page, "two apples").await;
     drop(page);
     api.delete_instance(&b).await;
 
