@@ -134,6 +134,20 @@ impl TestServe {
         self.serve.as_ref().expect("serve is running")
     }
 
+    /// Waits until the local agent's warm pools hold `ready` started
+    /// browsers (`what` names the wait in a timeout's message).
+    pub async fn wait_for_warm_pool(&self, ready: usize, what: &str) {
+        let agent = self.serve().agent.clone();
+        crate::wait_until(crate::BROWSER_DEADLINE, what, || async {
+            match agent.warm_pool_ready() {
+                found if found == ready => Ok(Some(())),
+                found => Err(format!("{found} ready")),
+            }
+        })
+        .await
+        .unwrap();
+    }
+
     /// The instance directories root of the local agent.
     pub fn instances_dir(&self) -> PathBuf {
         self.data_dir

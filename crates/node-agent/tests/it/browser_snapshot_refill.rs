@@ -123,6 +123,8 @@ async fn browser_restore_puts_back_local_storage_the_profile_lost() {
         let state_loads = || pages.requested().iter().filter(|p| *p == "/state").count();
         let loads_before = state_loads();
         let browser = launch(profile.path()).await;
+        // The scratch page with and without its service-worker bypass: no
+        // request reaches the site either way.
         let options = snapshot::RestoreOptions {
             reopen_tabs,
             service_workers: storage_lost,

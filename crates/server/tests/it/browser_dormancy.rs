@@ -56,12 +56,17 @@ const READ_STATE: &str = "(async () => {
     return { cookie: document.cookie, local: localStorage.getItem('local'), indexed };
 })()";
 
+/// Opens the site's `/state` page in the instance behind `debug_url`.
+async fn state_page(debug_url: &str, pages: &PageServer) -> Page {
+    Page::open(debug_url, &format!("{}/state", pages.base))
+        .await
+        .unwrap()
+}
+
 /// Opens `/state` in the instance behind `debug_url` and checks that its
 /// cookies and storage came back.
 async fn assert_state_restored(debug_url: &str, pages: &PageServer) {
-    let state = Page::open(debug_url, &format!("{}/state", pages.base))
-        .await
-        .unwrap();
+    let state = state_page(debug_url, pages).await;
     assert_state_back(&state.eval(READ_STATE).await.unwrap());
 }
 
@@ -120,9 +125,7 @@ async fn open_tabs(debug_url: &str, pages: &PageServer, paths: &[&str]) -> Vec<P
 async fn running_with_state(serve: &TestServe, pages: &PageServer) -> (String, String) {
     let (id, created, _) = serve.api.create_running("{}").await;
     let debug_url = created["urls"]["debug"].as_str().unwrap().to_owned();
-    let page = Page::open(&debug_url, &format!("{}/state", pages.base))
-        .await
-        .unwrap();
+    let page = state_page(&debug_url, pages).await;
     page.eval(STORE_STATE).await.unwrap();
     drop(page);
     (id, debug_url)
@@ -145,10 +148,8 @@ async fn browser_park_and_revive_keep_cookies_storage_and_tabs() {
     let debug_url = created["urls"]["debug"].as_str().unwrap().to_owned();
     let debug_port = created["debug_port"].as_u64().unwrap();
 
-    let state_page = Page::open(&debug_url, &format!("{}/state", pages.base))
-        .await
-        .unwrap();
-    assert_eq!(state_page.eval(STORE_STATE).await.unwrap(), true);
+    let storing = state_page(&debug_url, &pages).await;
+    assert_eq!(storing.eval(STORE_STATE).await.unwrap(), true);
     let _tabs = open_tabs(&debug_url, &pages, &["a", "b"]).await;
     let instance_dir = serve.instances_dir().join(&id).display().to_string();
 
@@ -233,9 +234,7 @@ async fn browser_park_and_revive_keep_cookies_storage_and_tabs() {
     );
     let urls = page_urls(debug_port).await;
     assert_eq!(urls, ["about:blank"], "quick_start opens one blank tab");
-    let state = Page::open(&debug_url, &format!("{}/state", pages.base))
-        .await
-        .unwrap();
+    let state = state_page(&debug_url, &pages).await;
     assert_state_back(&state.eval(READ_STATE).await.unwrap());
     // A running instance is not revived.
     assert_error(
@@ -279,10 +278,7 @@ async fn browser_park_and_revive_keep_cookies_storage_and_tabs() {
         before,
         "every tab reopened at its URL and in its order, the blank one closed"
     );
-    let state = Page::open(&debug_url, &format!("{}/state", pages.base))
-        .await
-        .unwrap();
-    assert_state_back(&state.eval(READ_STATE).await.unwrap());
+    assert_state_restored(&debug_url, &pages).await;
 
     // Deleting the instance deletes its snapshots.
     serve.api.park(&id).await;
@@ -698,15 +694,7 @@ async fn browser_a_revive_takes_a_warm_browser_unless_the_snapshot_holds_what_on
     })
     .await;
     let agent = serve.serve().agent.clone();
-    let pool_ready = || async {
-        match agent.warm_pool_ready() {
-            1 => Ok(Some(())),
-            ready => Err(format!("{ready} ready")),
-        }
-    };
-    wait_until(BROWSER_DEADLINE, "the warm pool to fill", pool_ready)
-        .await
-        .unwrap();
+    serve.wait_for_warm_pool(1, "the warm pool to fill").await;
     let (id, created, _) = serve.api.create_running("{}").await;
     let debug_url = created["urls"]["debug"].as_str().unwrap().to_owned();
     let debug_port = created["debug_port"].as_u64().unwrap();
@@ -715,9 +703,7 @@ async fn browser_a_revive_takes_a_warm_browser_unless_the_snapshot_holds_what_on
     let [instance_dir] = pool_dirs(&instances, std::path::Path::new(""))
         .try_into()
         .unwrap();
-    let state = Page::open(&debug_url, &format!("{}/state", pages.base))
-        .await
-        .unwrap();
+    let state = state_page(&debug_url, &pages).await;
     assert_eq!(
         state.eval(STORE_COOKIES_AND_LOCAL_STORAGE).await.unwrap(),
         true
@@ -732,9 +718,7 @@ async fn browser_a_revive_takes_a_warm_browser_unless_the_snapshot_holds_what_on
         .into_iter()
         .filter(|url| url != "about:blank")
         .collect();
-    wait_until(BROWSER_DEADLINE, "the warm pool to refill", pool_ready)
-        .await
-        .unwrap();
+    serve.wait_for_warm_pool(1, "the warm pool to refill").await;
     let [pooled] = pool_dirs(&instances, &instance_dir).try_into().unwrap();
     let pooled_pid = browser_main_pid(&pooled).expect("the pooled browser runs");
 
@@ -760,9 +744,7 @@ async fn browser_a_revive_takes_a_warm_browser_unless_the_snapshot_holds_what_on
         before,
         "every tab reopened at its URL and in its order"
     );
-    let state = Page::open(&debug_url, &format!("{}/state", pages.base))
-        .await
-        .unwrap();
+    let state = state_page(&debug_url, &pages).await;
     assert_cookies_and_local_storage_back(&state.eval(READ_STATE).await.unwrap());
     assert_eq!(
         std::fs::read(instance_dir.join("downloads/report.txt")).unwrap(),
@@ -774,9 +756,7 @@ async fn browser_a_revive_takes_a_warm_browser_unless_the_snapshot_holds_what_on
     // them and leaves the pool alone.
     assert_eq!(state.eval(STORE_STATE).await.unwrap(), true);
     drop(state);
-    wait_until(BROWSER_DEADLINE, "the warm pool to refill", pool_ready)
-        .await
-        .unwrap();
+    serve.wait_for_warm_pool(1, "the warm pool to refill").await;
     let [pooled] = pool_dirs(&instances, &instance_dir).try_into().unwrap();
     serve.api.park(&id).await;
     revive(&serve, &id, "").await;

@@ -563,16 +563,7 @@ async fn browser_warm_pool_creates_are_running_at_once_with_fresh_profiles() {
     })
     .await;
     let agent = serve.serve().agent.clone();
-    let pool_full = || async {
-        if agent.warm_pool_ready() == 2 {
-            Ok(Some(()))
-        } else {
-            Err(format!("{} ready", agent.warm_pool_ready()))
-        }
-    };
-    wait_until(BROWSER_DEADLINE, "the warm pool to fill", pool_full)
-        .await
-        .unwrap();
+    serve.wait_for_warm_pool(2, "the warm pool to fill").await;
     // Pooled browsers run on idle CPU only (their refill after a take must
     // not slow the instance that took one); a taken one is an instance's.
     let weights = || -> Vec<(u64, u64)> {
@@ -611,9 +602,7 @@ async fn browser_warm_pool_creates_are_running_at_once_with_fresh_profiles() {
         .await;
     assert_eq!(detail["config"]["memory_gb"], 2.0);
     if in_cgroups {
-        wait_until(BROWSER_DEADLINE, "the pool to refill", pool_full)
-            .await
-            .unwrap();
+        serve.wait_for_warm_pool(2, "the pool to refill").await;
         let mut all = weights();
         all.sort();
         let normal = all
@@ -640,9 +629,7 @@ async fn browser_warm_pool_creates_are_running_at_once_with_fresh_profiles() {
         .delete(&format!("/v2/instances/{}", first["id"].as_str().unwrap()))
         .await;
     assert_eq!(status, StatusCode::OK);
-    wait_until(BROWSER_DEADLINE, "the pool to refill", pool_full)
-        .await
-        .unwrap();
+    serve.wait_for_warm_pool(2, "the pool to refill").await;
     let third = serve.api.create("{}").await;
     assert_eq!(third["status"], "running");
     let fresh = Page::open(debug_url(&third), &format!("{}/", pages.base))
@@ -693,15 +680,7 @@ async fn browser_each_image_has_its_own_warm_pool() {
         config.agent.max_instances = 2;
     })
     .await;
-    let agent = serve.serve().agent.clone();
-    wait_until(BROWSER_DEADLINE, "both warm pools to fill", || async {
-        match agent.warm_pool_ready() {
-            2 => Ok(Some(())),
-            ready => Err(format!("{ready} ready")),
-        }
-    })
-    .await
-    .unwrap();
+    serve.wait_for_warm_pool(2, "both warm pools to fill").await;
 
     let shell = serve
         .api

@@ -738,14 +738,7 @@ async fn browser_a_profile_takes_a_warm_browser_unless_it_holds_what_only_files_
     let url = format!("{}/", site.base);
     // The pooled browser (its directory and main process) once the pool is full.
     let pooled = || async {
-        wait_until(BROWSER_DEADLINE, "the warm pool to fill", || async {
-            match agent.warm_pool_ready() {
-                1 => Ok(Some(())),
-                ready => Err(format!("{ready} ready")),
-            }
-        })
-        .await
-        .unwrap();
+        serve.wait_for_warm_pool(1, "the warm pool to fill").await;
         let [dir] = pooled_browser_dirs(&instances).try_into().unwrap();
         let pid = browser_main_pid(&dir).expect("the pooled browser runs");
         (dir, pid)
