@@ -278,8 +278,11 @@ async fn rebuild_tab(
         tab.scroll,
     );
     tokio::spawn(async move {
-        let _ =
-            tokio::time::timeout(SCROLL_AFTER_LOAD_WITHIN, page_loaded(loading, &session)).await;
+        let _ = tokio::time::timeout(
+            SCROLL_AFTER_LOAD_WITHIN,
+            page_event(loading, &session, load_event),
+        )
+        .await;
         // Only the page it was on: a client may have moved on meanwhile.
         let scroll = format!("location.href === {url} && window.scrollTo({x}, {y}); 'done'");
         evaluate(&browser, &session, &scroll).await;
@@ -287,19 +290,18 @@ async fn rebuild_tab(
     });
 }
 
-/// Returns once `session`'s page fires its load event (the events were
-/// subscribed to before that page started loading), or the connection closes.
-async fn page_loaded(
+/// Returns once `session`'s page sends an event `wanted` picks (the events
+/// were subscribed to before that page started loading), or the connection
+/// closes.
+async fn page_event(
     mut events: tokio::sync::broadcast::Receiver<crate::cdp::CdpEvent>,
     session: &str,
+    wanted: impl Fn(&crate::cdp::CdpEvent) -> bool,
 ) {
     use tokio::sync::broadcast::error::RecvError;
     loop {
         match events.recv().await {
-            Ok(event)
-                if event.method == "Page.loadEventFired"
-                    && event.session_id.as_deref() == Some(session) =>
-            {
+            Ok(event) if event.session_id.as_deref() == Some(session) && wanted(&event) => {
                 return;
             }
             Ok(_) | Err(RecvError::Lagged(_)) => {}
@@ -308,11 +310,25 @@ async fn page_loaded(
     }
 }
 
+fn load_event(event: &crate::cdp::CdpEvent) -> bool {
+    event.method == "Page.loadEventFired"
+}
+
+/// The page's own document committed (until then a reloading tab's target
+/// shows no URL).
+fn main_frame_committed(event: &crate::cdp::CdpEvent) -> bool {
+    event.method == "Page.frameNavigated" && event.params["frame"]["parentId"].is_null()
+}
+
+/// How long a rebuilt tab's reload may take to commit before the instance
+/// is handed over all the same.
+const RELOAD_COMMITS_WITHIN: Duration = Duration::from_secs(5);
+
 /// Navigates the tab behind `session` through `tab`'s history with every
 /// request answered by the agent (service workers bypassed where the
 /// profile may hold some), puts its `sessionStorage` back on its current
-/// page, then reloads that page from the site; answers the events
-/// subscribed to just before that reload.
+/// page, then reloads that page from the site and waits for it to commit;
+/// answers the events subscribed to just before that reload.
 async fn replay_history(
     browser: &CdpClient,
     session: &str,
@@ -403,10 +419,18 @@ async fn replay_history(
             )
             .await?;
     }
-    let loading = browser.events();
+    let (loading, committing) = (browser.events(), browser.events());
     browser
         .call("Page.reload", json!({}), Some(session), CDP_TIMEOUT)
         .await?;
+    // A client listing the tabs once the instance runs sees the tab's URL.
+    let committed = page_event(committing, session, main_frame_committed);
+    if tokio::time::timeout(RELOAD_COMMITS_WITHIN, committed)
+        .await
+        .is_err()
+    {
+        tracing::warn!(url = tab.url, "a rebuilt tab's page did not commit in time");
+    }
     Ok(loading)
 }
 
