@@ -169,21 +169,25 @@ pub async fn restore(
 ) -> anyhow::Result<()> {
     let browser = Arc::new(CdpClient::browser(endpoint).await?);
     let cookies: Vec<Value> = state.cookies.iter().map(cookie_param).collect();
-    if !cookies.is_empty() {
-        browser
-            .call(
-                "Storage.setCookies",
-                json!({"cookies": cookies}),
-                None,
-                CDP_TIMEOUT,
-            )
-            .await?;
-    }
+    let set_cookies = async {
+        if !cookies.is_empty() {
+            browser
+                .call(
+                    "Storage.setCookies",
+                    json!({"cookies": cookies}),
+                    None,
+                    CDP_TIMEOUT,
+                )
+                .await?;
+        }
+        anyhow::Ok(())
+    };
+    let refill = refill_local_storage(endpoint, &state.local_storage, options.service_workers);
+    let (cookies_set, refilled) = tokio::join!(set_cookies, refill);
+    cookies_set?;
     // The profile normally has it all: a failed write-back is worth a warning,
     // not a failed revive.
-    if let Err(error) =
-        refill_local_storage(&browser, &state.local_storage, options.service_workers).await
-    {
+    if let Err(error) = refilled {
         tracing::warn!(%error, "cannot write the captured localStorage back");
     }
     if options.reopen_tabs {
@@ -481,17 +485,18 @@ pub(super) async fn close_target(browser: &CdpClient, target_id: &Value) {
 }
 
 /// The document a scratch tab gets for each origin: nothing reaches the site.
-pub(super) const EMPTY_DOCUMENT: &str = "<!doctype html><title></title>";
+const EMPTY_DOCUMENT: &str = "<!doctype html><title></title>";
 
-/// Writes the captured `localStorage` items back, origin by origin, in a
-/// scratch tab whose requests never leave the browser: each navigation to an
-/// origin is answered with an empty document (CDP `Fetch`), so the site sees
-/// no request and no page script runs. Captured values win over the
-/// profile's: the capture read them in the live page at park time, while the
-/// profile can miss writes still on their way to disk when the browser closed.
-/// Keys only the profile has are kept.
+/// Writes the captured `localStorage` items back in scratch tabs whose
+/// requests never leave the browser: each tab's document is answered with
+/// an empty one (CDP `Fetch`), so the site sees no request and no page
+/// script runs. Captured values win over the profile's: the capture read
+/// them in the live page at park time, while the profile can miss writes
+/// still on their way to disk when the browser closed. Keys only the
+/// profile has are kept. On a connection of its own: whatever it leaves
+/// enabled ends with it.
 pub(super) async fn refill_local_storage(
-    browser: &CdpClient,
+    endpoint: &CdpEndpoint,
     captured: &[OriginStorage],
     service_workers: bool,
 ) -> anyhow::Result<()> {
@@ -505,6 +510,119 @@ pub(super) async fn refill_local_storage(
     if origins.is_empty() {
         return Ok(());
     }
+    let browser = CdpClient::browser(endpoint).await?;
+    match service_workers {
+        true => refill_in_one_tab_bypassing_service_workers(&browser, &origins).await,
+        false => refill_in_a_tab_per_origin(&browser, &origins).await,
+    }
+}
+
+/// One scratch tab per origin, all opened at once directly at their
+/// origins, their documents answered by interception on the browser's own
+/// session (a page session could only intercept once the tab exists, and
+/// would cost a navigation more). Requests of other tabs (an extension's)
+/// go on unchanged. Not where the profile may hold service workers: one
+/// would answer the tab's navigation before any interception.
+async fn refill_in_a_tab_per_origin(
+    browser: &CdpClient,
+    origins: &[&OriginStorage],
+) -> anyhow::Result<()> {
+    let mut events = browser.events();
+    let intercept = json!({"patterns": [{"urlPattern": "*"}]});
+    browser
+        .call("Fetch.enable", intercept, None, CDP_TIMEOUT)
+        .await?;
+    let created = futures_util::future::join_all(origins.iter().map(|origin| {
+        let url = format!("{}/", origin.origin);
+        browser.call(
+            "Target.createTarget",
+            json!({"url": url, "background": true}),
+            None,
+            CDP_TIMEOUT,
+        )
+    }))
+    .await;
+    let scratch: Vec<Value> = created
+        .iter()
+        .flatten()
+        .map(|created| created["targetId"].clone())
+        .collect();
+    let filled = async {
+        let mut tabs = Vec::new();
+        for (origin, created) in origins.iter().zip(created) {
+            tabs.push((*origin, created?["targetId"].clone()));
+        }
+        let writes = futures_util::future::join_all(tabs.iter().map(|(origin, target_id)| async {
+            match attach(browser, target_id).await {
+                Some(session) => write_local_storage(browser, &session, origin).await,
+                None => tracing::warn!(origin = %origin.origin, "cannot attach to a scratch tab to restore localStorage"),
+            }
+        }));
+        let answer = answer_scratch_requests(browser, &mut events, &scratch);
+        tokio::select! {
+            _ = writes => Ok(()),
+            () = answer => anyhow::bail!("CDP connection closed"),
+        }
+    }
+    .await;
+    // Gone before the instance is handed over: they must not show in its tabs.
+    close_pages(browser, |id| scratch.contains(id)).await?;
+    browser
+        .call("Fetch.disable", json!({}), None, CDP_TIMEOUT)
+        .await?;
+    filled
+}
+
+/// Answers the requests paused on the browser's session: a scratch tab's
+/// (its main frame's id is the tab's target id) with an empty document,
+/// anyone else's by letting it go on; returns only when the connection
+/// closes.
+async fn answer_scratch_requests(
+    browser: &CdpClient,
+    events: &mut tokio::sync::broadcast::Receiver<crate::cdp::CdpEvent>,
+    scratch: &[Value],
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        let event = match events.recv().await {
+            Ok(event) => event,
+            Err(RecvError::Lagged(_)) => continue,
+            Err(RecvError::Closed) => return,
+        };
+        if event.method != "Fetch.requestPaused" || event.session_id.is_some() {
+            continue;
+        }
+        let request_id = &event.params["requestId"];
+        let _ = match scratch.contains(&event.params["frameId"]) {
+            true => {
+                browser
+                    .call(
+                        "Fetch.fulfillRequest",
+                        fulfilled(request_id, EMPTY_DOCUMENT),
+                        None,
+                        CDP_TIMEOUT,
+                    )
+                    .await
+            }
+            false => {
+                browser
+                    .call(
+                        "Fetch.continueRequest",
+                        json!({"requestId": request_id}),
+                        None,
+                        CDP_TIMEOUT,
+                    )
+                    .await
+            }
+        };
+    }
+}
+
+/// One scratch tab for every origin in turn, with service workers bypassed.
+async fn refill_in_one_tab_bypassing_service_workers(
+    browser: &CdpClient,
+    origins: &[&OriginStorage],
+) -> anyhow::Result<()> {
     let created = browser
         .call(
             "Target.createTarget",
@@ -520,15 +638,11 @@ pub(super) async fn refill_local_storage(
             .ok_or_else(|| anyhow::anyhow!("cannot attach to the scratch tab"))?;
         let mut events = browser.events();
         let empty = |_: &str| EMPTY_DOCUMENT.to_owned();
-        let bypass = [
+        let calls = [
             ("Network.enable", json!({})),
             ("Network.setBypassServiceWorker", json!({"bypass": true})),
+            ("Fetch.enable", json!({"patterns": [{"urlPattern": "*"}]})),
         ];
-        let intercept = ("Fetch.enable", json!({"patterns": [{"urlPattern": "*"}]}));
-        let calls = match service_workers {
-            true => bypass.into_iter().chain([intercept]).collect::<Vec<_>>(),
-            false => vec![intercept],
-        };
         for (method, params) in calls {
             browser
                 .call(method, params, Some(&session), CDP_TIMEOUT)
@@ -546,24 +660,7 @@ pub(super) async fn refill_local_storage(
                 tracing::warn!(origin = %origin.origin, error, "cannot open a scratch page to restore localStorage");
                 continue;
             }
-            let items = serde_json::to_string(&origin.items)?;
-            let script = format!(
-                "location.origin === {origin} ? ({items}.forEach(([k, v]) => localStorage.setItem(k, v)), 'done') : location.origin",
-                origin = serde_json::to_string(&origin.origin)?,
-            );
-            // The navigation may answer before its document is in place.
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-            loop {
-                let written = evaluate(browser, &session, &script).await;
-                if written.as_deref() == Some("done") {
-                    break;
-                }
-                if tokio::time::Instant::now() >= deadline {
-                    tracing::warn!(origin = %origin.origin, ?written, "localStorage not restored");
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            write_local_storage(browser, &session, origin).await;
         }
         Ok(())
     }
@@ -571,6 +668,33 @@ pub(super) async fn refill_local_storage(
     // Gone before the instance is handed over: it must not show in its tabs.
     close_pages(browser, |id| *id == target_id).await?;
     filled
+}
+
+/// Sets `origin`'s captured items in the scratch page behind `session`,
+/// once that page's document is the origin's (a navigation may answer
+/// before it is in place); within 5 s, else logged.
+async fn write_local_storage(browser: &CdpClient, session: &str, origin: &OriginStorage) {
+    let (Ok(items), Ok(name)) = (
+        serde_json::to_string(&origin.items),
+        serde_json::to_string(&origin.origin),
+    ) else {
+        return;
+    };
+    let script = format!(
+        "location.origin === {name} ? ({items}.forEach(([k, v]) => localStorage.setItem(k, v)), 'done') : location.origin",
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let written = evaluate(browser, session, &script).await;
+        if written.as_deref() == Some("done") {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(origin = %origin.origin, ?written, "localStorage not restored");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
 
 /// Answers every request a scratch page makes with the document
@@ -582,7 +706,6 @@ pub(super) async fn answer_paused_requests(
     session: &str,
     document_for: impl Fn(&str) -> String,
 ) {
-    use base64::Engine;
     use tokio::sync::broadcast::error::RecvError;
     loop {
         let event = match events.recv().await {
@@ -594,24 +717,26 @@ pub(super) async fn answer_paused_requests(
             continue;
         }
         let url = event.params["request"]["url"].as_str().unwrap_or_default();
-        let body = base64::engine::general_purpose::STANDARD.encode(document_for(url));
+        let answer = fulfilled(&event.params["requestId"], &document_for(url));
         let _ = browser
-            .call(
-                "Fetch.fulfillRequest",
-                json!({
-                    "requestId": event.params["requestId"],
-                    "responseCode": 200,
-                    "responseHeaders": [
-                        {"name": "Content-Type", "value": "text/html"},
-                        {"name": "Cache-Control", "value": "no-store"},
-                    ],
-                    "body": body,
-                }),
-                Some(session),
-                CDP_TIMEOUT,
-            )
+            .call("Fetch.fulfillRequest", answer, Some(session), CDP_TIMEOUT)
             .await;
     }
+}
+
+/// `Fetch.fulfillRequest`'s parameters answering `request_id` with the
+/// HTML `document`, never stored.
+fn fulfilled(request_id: &Value, document: &str) -> Value {
+    use base64::Engine;
+    json!({
+        "requestId": request_id,
+        "responseCode": 200,
+        "responseHeaders": [
+            {"name": "Content-Type", "value": "text/html"},
+            {"name": "Cache-Control", "value": "no-store"},
+        ],
+        "body": base64::engine::general_purpose::STANDARD.encode(document),
+    })
 }
 
 /// A flat CDP session on a target.

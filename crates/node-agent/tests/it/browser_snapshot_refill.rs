@@ -82,6 +82,9 @@ async fn close(mut browser: Browser) {
 async fn browser_restore_puts_back_local_storage_the_profile_lost() {
     let pages = serve_page(&[("/state", "<html><body>state</body></html>")]).await;
     let state_url = format!("{}/state", pages.base);
+    // A second origin: each gets its own scratch tab, opened at once.
+    let other = serve_page(&[("/other", "<title>other</title>")]).await;
+    let other_url = format!("{}/other", other.base);
     // Both revive methods (tabs reopened or one blank tab); the profile's
     // localStorage gone from disk, or only changed after the capture.
     for (reopen_tabs, storage_lost) in [(true, true), (false, true), (false, false)] {
@@ -96,6 +99,13 @@ async fn browser_restore_puts_back_local_storage_the_profile_lost() {
         .await
         .unwrap();
         drop(page);
+        let page = Page::open(&browser.endpoint.browser_ws_url(), &other_url)
+            .await
+            .unwrap();
+        page.eval("localStorage.setItem('other', 'origin'); true")
+            .await
+            .unwrap();
+        drop(page);
         let captured = snapshot::capture(&browser.endpoint).await.unwrap();
         let origin = captured
             .local_storage
@@ -103,6 +113,13 @@ async fn browser_restore_puts_back_local_storage_the_profile_lost() {
             .find(|o| o.origin == pages.base)
             .expect("the origin's storage is captured");
         assert_eq!(origin.items.len(), 2, "{captured:?}");
+        assert!(
+            captured
+                .local_storage
+                .iter()
+                .any(|o| o.origin == other.base),
+            "{captured:?}"
+        );
         // Changes after the capture: the capture (the state at park time)
         // wins on restore.
         let page = Page::open(&browser.endpoint.browser_ws_url(), &state_url)
@@ -138,9 +155,11 @@ async fn browser_restore_puts_back_local_storage_the_profile_lost() {
             "only a reopened tab loads the page (reopen_tabs {reopen_tabs})"
         );
         assert!(
-            !pages.requested().iter().any(|p| p == "/"),
-            "the restore's scratch tab never reaches the site: {:?}",
-            pages.requested()
+            !pages.requested().iter().any(|p| p == "/")
+                && !other.requested().iter().any(|p| p == "/"),
+            "the restore's scratch tabs never reach the sites: {:?} {:?}",
+            pages.requested(),
+            other.requested()
         );
         let check = Page::open(&browser.endpoint.browser_ws_url(), &state_url)
             .await
@@ -152,6 +171,15 @@ async fn browser_restore_puts_back_local_storage_the_profile_lost() {
         assert_eq!(
             values,
             serde_json::json!(["yes", "too"]),
+            "reopen_tabs {reopen_tabs}, storage_lost {storage_lost}"
+        );
+        drop(check);
+        let check = Page::open(&browser.endpoint.browser_ws_url(), &other_url)
+            .await
+            .unwrap();
+        assert_eq!(
+            check.eval("localStorage.getItem('other')").await.unwrap(),
+            "origin",
             "reopen_tabs {reopen_tabs}, storage_lost {storage_lost}"
         );
         drop(check);
