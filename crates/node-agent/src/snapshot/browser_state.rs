@@ -159,81 +159,104 @@ async fn in_use_order(
 }
 
 /// Puts the captured state back into a freshly started browser: every cookie
-/// (session cookies are not in the profile), the captured `localStorage`
-/// (before any tab loads), and for a full restore every tab at its URL, in
-/// its order (the initial blank tab is closed then).
+/// (session cookies are not in the profile), the captured `localStorage`,
+/// and for a full restore every tab at its URL, in its order (the initial
+/// blank tab is closed then). The tabs are opened while the localStorage is
+/// written, their requests held until it is (see [`refill_local_storage`]).
 pub async fn restore(
     endpoint: &CdpEndpoint,
     state: &CapturedState,
     options: RestoreOptions,
 ) -> anyhow::Result<()> {
+    let began = std::time::Instant::now();
     let browser = Arc::new(CdpClient::browser(endpoint).await?);
-    let cookies: Vec<Value> = state.cookies.iter().map(cookie_param).collect();
-    let set_cookies = async {
-        if !cookies.is_empty() {
-            browser
-                .call(
-                    "Storage.setCookies",
-                    json!({"cookies": cookies}),
-                    None,
-                    CDP_TIMEOUT,
-                )
-                .await?;
-        }
-        anyhow::Ok(())
+    // The tab opened last is the most recently used: the captured order
+    // (most recently used first) is opened from its end.
+    let tabs: Vec<&CapturedTab> = match options.reopen_tabs {
+        true => state
+            .tabs
+            .iter()
+            .filter(|t| !t.url.is_empty() && t.url != "about:blank")
+            .rev()
+            .collect(),
+        false => Vec::new(),
     };
-    let refill = refill_local_storage(endpoint, &state.local_storage, options.service_workers);
-    let (cookies_set, refilled) = tokio::join!(set_cookies, refill);
-    cookies_set?;
+    let (holding, tabs_may_open) = tokio::sync::oneshot::channel();
+    let refill = refill_local_storage(
+        endpoint,
+        &state.local_storage,
+        options.service_workers,
+        holding,
+    );
+    let open_tabs = async {
+        set_cookies(&browser, &state.cookies).await?;
+        // Sent or dropped: the tabs' requests wait, or the refill is over.
+        let _ = tabs_may_open.await;
+        open_tabs(&browser, &tabs).await
+    };
+    let (refilled, reopened) = tokio::join!(refill, open_tabs);
     // The profile normally has it all: a failed write-back is worth a warning,
     // not a failed revive.
     if let Err(error) = refilled {
         tracing::warn!(%error, "cannot write the captured localStorage back");
     }
-    if options.reopen_tabs {
-        // The tab opened last is the most recently used: the captured order
-        // (most recently used first) is opened from its end.
-        let tabs: Vec<&CapturedTab> = state
-            .tabs
-            .iter()
-            .filter(|t| !t.url.is_empty() && t.url != "about:blank")
-            .rev()
-            .collect();
-        if !tabs.is_empty() {
-            // Sent at once: the browser takes them in order, and the tabs
-            // start at the same time instead of one after the other. A tab
-            // with more than its URL to bring back starts blank and is
-            // rebuilt.
-            let created = futures_util::future::try_join_all(tabs.iter().map(|tab| {
-                let url = match tab.needs_rebuilding() {
-                    true => "about:blank",
-                    false => tab.url.as_str(),
-                };
-                browser.call(
-                    "Target.createTarget",
-                    json!({"url": url}),
-                    None,
-                    CDP_TIMEOUT,
-                )
-            }))
-            .await?;
-            let reopened: Vec<Value> = created
-                .iter()
-                .map(|created| created["targetId"].clone())
-                .collect();
-            let rebuilds = tabs
-                .iter()
-                .zip(&reopened)
-                .filter(|(tab, _)| tab.needs_rebuilding())
-                .map(|(tab, target_id)| {
-                    rebuild_tab(browser.clone(), target_id, tab, options.service_workers)
-                });
-            futures_util::future::join_all(rebuilds).await;
-            // The fresh browser's own first tab, whatever its URL reads yet.
-            close_pages(&browser, |id| !reopened.contains(id)).await?;
-        }
+    let reopened = reopened?;
+    tracing::debug!(
+        elapsed_ms = began.elapsed().as_millis() as u64,
+        "cookies, localStorage and tabs back"
+    );
+    if tabs.is_empty() {
+        return Ok(());
     }
+    let rebuilds = tabs
+        .iter()
+        .zip(&reopened)
+        .filter(|(tab, _)| tab.needs_rebuilding())
+        .map(|(tab, target_id)| {
+            rebuild_tab(browser.clone(), target_id, tab, options.service_workers)
+        });
+    futures_util::future::join_all(rebuilds).await;
+    // The fresh browser's own first tab, whatever its URL reads yet.
+    close_pages(&browser, |id| !reopened.contains(id)).await
+}
+
+async fn set_cookies(browser: &CdpClient, cookies: &[Value]) -> anyhow::Result<()> {
+    if cookies.is_empty() {
+        return Ok(());
+    }
+    let cookies: Vec<Value> = cookies.iter().map(cookie_param).collect();
+    browser
+        .call(
+            "Storage.setCookies",
+            json!({"cookies": cookies}),
+            None,
+            CDP_TIMEOUT,
+        )
+        .await?;
     Ok(())
+}
+
+/// Opens `tabs` (sent at once: the browser takes them in order, and they
+/// start at the same time); a tab with more than its URL to bring back
+/// starts blank, to be rebuilt. Answers their target ids.
+async fn open_tabs(browser: &CdpClient, tabs: &[&CapturedTab]) -> anyhow::Result<Vec<Value>> {
+    let created = futures_util::future::try_join_all(tabs.iter().map(|tab| {
+        let url = match tab.needs_rebuilding() {
+            true => "about:blank",
+            false => tab.url.as_str(),
+        };
+        browser.call(
+            "Target.createTarget",
+            json!({"url": url}),
+            None,
+            CDP_TIMEOUT,
+        )
+    }))
+    .await?;
+    Ok(created
+        .iter()
+        .map(|created| created["targetId"].clone())
+        .collect())
 }
 
 /// How long a rebuilt tab's page may take to load before its scroll
@@ -494,11 +517,14 @@ const EMPTY_DOCUMENT: &str = "<!doctype html><title></title>";
 /// them in the live page at park time, while the profile can miss writes
 /// still on their way to disk when the browser closed. Keys only the
 /// profile has are kept. On a connection of its own: whatever it leaves
-/// enabled ends with it.
+/// enabled ends with it. `holding` is sent once every other request waits
+/// for the write-back (the pages opened from then on load after it), or
+/// dropped when the write-back is over.
 pub(super) async fn refill_local_storage(
     endpoint: &CdpEndpoint,
     captured: &[OriginStorage],
     service_workers: bool,
+    holding: tokio::sync::oneshot::Sender<()>,
 ) -> anyhow::Result<()> {
     let origins: Vec<&OriginStorage> = captured
         .iter()
@@ -512,26 +538,33 @@ pub(super) async fn refill_local_storage(
     }
     let browser = CdpClient::browser(endpoint).await?;
     match service_workers {
-        true => refill_in_one_tab_bypassing_service_workers(&browser, &origins).await,
-        false => refill_in_a_tab_per_origin(&browser, &origins).await,
+        true => {
+            let refilled = refill_in_one_tab_bypassing_service_workers(&browser, &origins).await;
+            drop(holding);
+            refilled
+        }
+        false => refill_in_a_tab_per_origin(&browser, &origins, holding).await,
     }
 }
 
 /// One scratch tab per origin, all opened at once directly at their
 /// origins, their documents answered by interception on the browser's own
 /// session (a page session could only intercept once the tab exists, and
-/// would cost a navigation more). Requests of other tabs (an extension's)
-/// go on unchanged. Not where the profile may hold service workers: one
-/// would answer the tab's navigation before any interception.
+/// would cost a navigation more). Every other request (a reopened tab's, an
+/// extension's) waits until the items are written. Not where the profile
+/// may hold service workers: one would answer the tab's navigation before
+/// any interception.
 async fn refill_in_a_tab_per_origin(
     browser: &CdpClient,
     origins: &[&OriginStorage],
+    holding: tokio::sync::oneshot::Sender<()>,
 ) -> anyhow::Result<()> {
     let mut events = browser.events();
     let intercept = json!({"patterns": [{"urlPattern": "*"}]});
     browser
         .call("Fetch.enable", intercept, None, CDP_TIMEOUT)
         .await?;
+    let _ = holding.send(());
     let created = futures_util::future::join_all(origins.iter().map(|origin| {
         let url = format!("{}/", origin.origin);
         browser.call(
@@ -547,44 +580,67 @@ async fn refill_in_a_tab_per_origin(
         .flatten()
         .map(|created| created["targetId"].clone())
         .collect();
-    let filled = async {
+    let (release, released) = tokio::sync::watch::channel(false);
+    let work = async {
+        let mut filled = Ok(());
         let mut tabs = Vec::new();
         for (origin, created) in origins.iter().zip(created) {
-            tabs.push((*origin, created?["targetId"].clone()));
+            match created {
+                Ok(created) => tabs.push((*origin, created["targetId"].clone())),
+                Err(error) => filled = Err(error.into()),
+            }
         }
-        let writes = futures_util::future::join_all(tabs.iter().map(|(origin, target_id)| async {
+        futures_util::future::join_all(tabs.iter().map(|(origin, target_id)| async {
             match attach(browser, target_id).await {
                 Some(session) => write_local_storage(browser, &session, origin).await,
                 None => tracing::warn!(origin = %origin.origin, "cannot attach to a scratch tab to restore localStorage"),
             }
-        }));
-        let answer = answer_scratch_requests(browser, &mut events, &scratch);
-        tokio::select! {
-            _ = writes => Ok(()),
-            () = answer => anyhow::bail!("CDP connection closed"),
-        }
+        }))
+        .await;
+        let _ = release.send(true);
+        // Gone before the instance is handed over: they must not show in its tabs.
+        close_pages(browser, |id| scratch.contains(id)).await?;
+        browser
+            .call("Fetch.disable", json!({}), None, CDP_TIMEOUT)
+            .await?;
+        filled
+    };
+    let answer = answer_scratch_requests(browser, &mut events, &scratch, released);
+    tokio::select! {
+        done = work => done,
+        () = answer => anyhow::bail!("CDP connection closed"),
     }
-    .await;
-    // Gone before the instance is handed over: they must not show in its tabs.
-    close_pages(browser, |id| scratch.contains(id)).await?;
-    browser
-        .call("Fetch.disable", json!({}), None, CDP_TIMEOUT)
-        .await?;
-    filled
 }
 
 /// Answers the requests paused on the browser's session: a scratch tab's
 /// (its main frame's id is the tab's target id) with an empty document,
-/// anyone else's by letting it go on; returns only when the connection
-/// closes.
+/// anyone else's by letting it go on once `released`; returns only when the
+/// connection closes.
 async fn answer_scratch_requests(
     browser: &CdpClient,
     events: &mut tokio::sync::broadcast::Receiver<crate::cdp::CdpEvent>,
     scratch: &[Value],
+    mut released: tokio::sync::watch::Receiver<bool>,
 ) {
     use tokio::sync::broadcast::error::RecvError;
+    let go_on = |request_id: Value| async move {
+        let params = json!({"requestId": request_id});
+        let _ = browser
+            .call("Fetch.continueRequest", params, None, CDP_TIMEOUT)
+            .await;
+    };
+    let mut held = Vec::new();
     loop {
-        let event = match events.recv().await {
+        let event = tokio::select! {
+            event = events.recv() => event,
+            Ok(()) = released.changed(), if !*released.borrow() => {
+                for request_id in std::mem::take(&mut held) {
+                    go_on(request_id).await;
+                }
+                continue;
+            }
+        };
+        let event = match event {
             Ok(event) => event,
             Err(RecvError::Lagged(_)) => continue,
             Err(RecvError::Closed) => return,
@@ -592,29 +648,17 @@ async fn answer_scratch_requests(
         if event.method != "Fetch.requestPaused" || event.session_id.is_some() {
             continue;
         }
-        let request_id = &event.params["requestId"];
-        let _ = match scratch.contains(&event.params["frameId"]) {
-            true => {
-                browser
-                    .call(
-                        "Fetch.fulfillRequest",
-                        fulfilled(request_id, EMPTY_DOCUMENT),
-                        None,
-                        CDP_TIMEOUT,
-                    )
-                    .await
-            }
-            false => {
-                browser
-                    .call(
-                        "Fetch.continueRequest",
-                        json!({"requestId": request_id}),
-                        None,
-                        CDP_TIMEOUT,
-                    )
-                    .await
-            }
-        };
+        let request_id = event.params["requestId"].clone();
+        if scratch.contains(&event.params["frameId"]) {
+            let answer = fulfilled(&request_id, EMPTY_DOCUMENT);
+            let _ = browser
+                .call("Fetch.fulfillRequest", answer, None, CDP_TIMEOUT)
+                .await;
+        } else if *released.borrow() {
+            go_on(request_id).await;
+        } else {
+            held.push(request_id);
+        }
     }
 }
 

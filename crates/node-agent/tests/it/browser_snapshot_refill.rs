@@ -80,21 +80,37 @@ async fn close(mut browser: Browser) {
 
 #[tokio::test]
 async fn browser_restore_puts_back_local_storage_the_profile_lost() {
-    let pages = serve_page(&[("/state", "<html><body>state</body></html>")]).await;
+    // What the page's own script reads as it loads: a reopened tab loads
+    // only once the captured items are back.
+    let pages = serve_page(&[(
+        "/state",
+        "<html><body>state<script>window.readAtLoad = localStorage.getItem('kept')</script></body></html>",
+    )])
+    .await;
     let state_url = format!("{}/state", pages.base);
     // A second origin: each gets its own scratch tab, opened at once.
     let other = serve_page(&[("/other", "<title>other</title>")]).await;
     let other_url = format!("{}/other", other.base);
     // Both revive methods (tabs reopened or one blank tab); the profile's
-    // localStorage gone from disk, or only changed after the capture.
-    for (reopen_tabs, storage_lost) in [(true, true), (false, true), (false, false)] {
+    // localStorage gone from disk, or only changed after the capture; a
+    // scratch tab per origin, or one bypassing service workers.
+    let cases = [
+        (true, true, false),
+        (true, true, true),
+        (false, true, true),
+        (false, false, false),
+    ];
+    for (reopen_tabs, storage_lost, service_workers) in cases {
         let profile = tempfile::tempdir().unwrap();
         let browser = launch(profile.path()).await;
         let page = Page::open(&browser.endpoint.browser_ws_url(), &state_url)
             .await
             .unwrap();
+        // A large item written back before the one the page reads, so a
+        // page that did not wait would read too early.
         page.eval(
-            "localStorage.setItem('kept', 'yes'); localStorage.setItem('second', 'too'); true",
+            "localStorage.setItem('big', 'x'.repeat(2000000)); \
+             localStorage.setItem('kept', 'yes'); localStorage.setItem('second', 'too'); true",
         )
         .await
         .unwrap();
@@ -106,13 +122,19 @@ async fn browser_restore_puts_back_local_storage_the_profile_lost() {
             .await
             .unwrap();
         drop(page);
-        let captured = snapshot::capture(&browser.endpoint).await.unwrap();
+        let mut captured = snapshot::capture(&browser.endpoint).await.unwrap();
         let origin = captured
             .local_storage
-            .iter()
+            .iter_mut()
             .find(|o| o.origin == pages.base)
             .expect("the origin's storage is captured");
-        assert_eq!(origin.items.len(), 2, "{captured:?}");
+        assert_eq!(
+            origin.items.len(),
+            3,
+            "{:?}",
+            origin.items.iter().map(|(k, _)| k).collect::<Vec<_>>()
+        );
+        origin.items.sort_by_key(|(key, _)| key != "big");
         assert!(
             captured
                 .local_storage
@@ -140,15 +162,21 @@ async fn browser_restore_puts_back_local_storage_the_profile_lost() {
         let state_loads = || pages.requested().iter().filter(|p| *p == "/state").count();
         let loads_before = state_loads();
         let browser = launch(profile.path()).await;
-        // The scratch page with and without its service-worker bypass: no
-        // request reaches the site either way.
+        // No request reaches the site either way.
         let options = snapshot::RestoreOptions {
             reopen_tabs,
-            service_workers: storage_lost,
+            service_workers,
         };
         snapshot::restore(&browser.endpoint, &captured, options)
             .await
             .unwrap();
+        if reopen_tabs {
+            assert_eq!(
+                read_at_load(&browser.endpoint, &state_url).await,
+                "yes",
+                "the reopened tab loaded after the write-back (service_workers {service_workers})"
+            );
+        }
         assert_eq!(
             state_loads() - loads_before,
             usize::from(reopen_tabs),
@@ -171,7 +199,7 @@ async fn browser_restore_puts_back_local_storage_the_profile_lost() {
         assert_eq!(
             values,
             serde_json::json!(["yes", "too"]),
-            "reopen_tabs {reopen_tabs}, storage_lost {storage_lost}"
+            "reopen_tabs {reopen_tabs}, storage_lost {storage_lost}, service_workers {service_workers}"
         );
         drop(check);
         let check = Page::open(&browser.endpoint.browser_ws_url(), &other_url)
@@ -180,7 +208,7 @@ async fn browser_restore_puts_back_local_storage_the_profile_lost() {
         assert_eq!(
             check.eval("localStorage.getItem('other')").await.unwrap(),
             "origin",
-            "reopen_tabs {reopen_tabs}, storage_lost {storage_lost}"
+            "reopen_tabs {reopen_tabs}, storage_lost {storage_lost}, service_workers {service_workers}"
         );
         drop(check);
         close(browser).await;
@@ -231,4 +259,45 @@ async fn browser_a_page_cannot_answer_the_capture_for_another_origin() {
     assert!(evil_tab.session_storage.is_empty(), "{evil_tab:?}");
     drop((bank_page, evil_page));
     close(browser).await;
+}
+
+/// What the tab at `url` read from `localStorage` as its page loaded (it may
+/// still be loading when the restore returns).
+async fn read_at_load(endpoint: &CdpEndpoint, url: &str) -> String {
+    let ws = endpoint.browser_ws_url();
+    let browser = CdpClient::connect(&ws).await.unwrap();
+    let targets = browser
+        .call(
+            "Target.getTargets",
+            serde_json::json!({}),
+            None,
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    let target_id = targets["targetInfos"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["type"] == "page" && t["url"] == url)
+        .unwrap_or_else(|| panic!("a tab at {url}: {targets}"))["targetId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let tab = Page::attach(&ws, &target_id).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let read = tab
+            .eval("'readAtLoad' in window ? String(window.readAtLoad) : 'loading'")
+            .await
+            .unwrap();
+        if read != "loading" {
+            return read.as_str().unwrap().to_owned();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the reopened tab never loaded"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
