@@ -290,9 +290,11 @@ impl Heartbeat {
 }
 
 /// A node's warm pool of one image as its agent counts it: browsers ready
-/// now, and how many creates for that image took one (hits) or launched a
+/// now, how many creates for that image took one (hits) or launched a
 /// browser of their own (misses: the pool was empty, or the create's shape
-/// is not the pool's: a profile, extensions, preferences).
+/// is not the pool's: a profile, extensions, preferences), and the same for
+/// revives (a miss: the pool was empty, or the snapshot holds what only its
+/// files carry).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WarmPoolReport {
     /// The image the pool serves.
@@ -300,6 +302,11 @@ pub struct WarmPoolReport {
     pub ready: u64,
     pub hits: u64,
     pub misses: u64,
+    /// Absent from an older agent's report.
+    #[serde(default)]
+    pub revive_hits: u64,
+    #[serde(default)]
+    pub revive_misses: u64,
 }
 
 /// An instance changed state on its node (sent as it happens).

@@ -306,6 +306,22 @@ fn render_gauges(gauges: &Gauges, out: &mut String) {
     }
     header(
         out,
+        "service_warm_pool_revives_total",
+        "Revives on each node since its agent started, by the image of its warm pool: hit (took a warm browser) or miss (launched on the snapshot's files).",
+        "counter",
+    );
+    for (node, pool) in &gauges.warm_pools {
+        for (outcome, count) in [("hit", pool.revive_hits), ("miss", pool.revive_misses)] {
+            let _ = writeln!(
+                out,
+                "service_warm_pool_revives_total{{node=\"{}\",image=\"{}\",outcome=\"{outcome}\"}} {count}",
+                escape_label(node),
+                escape_label(&pool.image)
+            );
+        }
+    }
+    header(
+        out,
         "service_outbox_depth",
         "Event deliveries waiting in the outbox (all targets).",
         "gauge",

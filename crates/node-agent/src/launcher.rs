@@ -77,9 +77,20 @@ struct WarmPool {
     /// Creates for this image that took a pooled browser, and creates that
     /// launched their own (the pool was empty, or the create needs what a
     /// pooled browser was not started with: extensions, preferences, a
-    /// profile's files). Revives that take one are not counted.
+    /// profile's files).
     hits: AtomicU64,
     misses: AtomicU64,
+    /// Revives of this image that took a pooled browser, and revives that
+    /// launched on their snapshot's files.
+    revive_hits: AtomicU64,
+    revive_misses: AtomicU64,
+}
+
+/// What took (or could not take) a pooled browser, for the pool's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WarmTaker {
+    Create,
+    Revive,
 }
 
 impl WarmPool {
@@ -91,6 +102,8 @@ impl WarmPool {
             starting: AtomicUsize::new(0),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
+            revive_hits: AtomicU64::new(0),
+            revive_misses: AtomicU64::new(0),
         }
     }
 
@@ -588,13 +601,18 @@ impl Launcher {
         self.pools.iter().map(WarmPool::ready).sum()
     }
 
-    /// Counts a create for `image` as a hit (it took a pooled browser) or a
-    /// miss, when that image has a pool.
-    pub fn count_take(&self, image: &str, hit: bool) {
+    /// Counts a create (or a revive) for `image` as a hit (it took a pooled
+    /// browser) or a miss, when that image has a pool.
+    pub fn count_take(&self, image: &str, taker: WarmTaker, hit: bool) {
         let Some(pool) = self.pools.iter().find(|pool| pool.image == image) else {
             return;
         };
-        let counter = if hit { &pool.hits } else { &pool.misses };
+        let counter = match (taker, hit) {
+            (WarmTaker::Create, true) => &pool.hits,
+            (WarmTaker::Create, false) => &pool.misses,
+            (WarmTaker::Revive, true) => &pool.revive_hits,
+            (WarmTaker::Revive, false) => &pool.revive_misses,
+        };
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -607,6 +625,8 @@ impl Launcher {
                 ready: pool.ready() as u64,
                 hits: pool.hits.load(Ordering::Relaxed),
                 misses: pool.misses.load(Ordering::Relaxed),
+                revive_hits: pool.revive_hits.load(Ordering::Relaxed),
+                revive_misses: pool.revive_misses.load(Ordering::Relaxed),
             })
             .collect()
     }

@@ -131,12 +131,15 @@ async fn silent_nodes_go_offline_and_their_instances_fail() {
         ready: 1,
         hits: 2,
         misses: 1,
+        revive_hits: 4,
+        revive_misses: 1,
     };
     let shell = WarmPoolReport {
         image: "chromium-headless-shell".into(),
         ready: 2,
         hits: 0,
         misses: 3,
+        ..WarmPoolReport::default()
     };
     let heartbeat =
         |warm_pool: Option<WarmPoolReport>, warm_pools: Vec<WarmPoolReport>| Heartbeat {

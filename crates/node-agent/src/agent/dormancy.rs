@@ -18,6 +18,7 @@ use crate::browser::{BrowserProcess, CdpEndpoint};
 use crate::config::ImageConfig;
 use crate::instance::InstanceSlot;
 use crate::instance_state::{Effect, Event, Lifecycle, State};
+use crate::launcher::WarmTaker;
 use crate::snapshot::{self, CapturedState, RestoreOptions};
 
 use super::operations::Request;
@@ -432,10 +433,13 @@ impl Agent {
         tracing::debug!(instance = %slot.id, read_ms = started.elapsed().as_millis() as u64, "snapshot read");
         let reopen_tabs = method == ReviveMethod::FullRestore;
         let service_workers = opened.holds_service_workers();
-        if let Some((process, endpoint)) = self
+        let warm = self
             .start_in_warm_browser(slot, Some(&opened), reopen_tabs)
-            .await
-        {
+            .await;
+        self.inner
+            .launcher
+            .count_take(&slot.image, WarmTaker::Revive, warm.is_some());
+        if let Some((process, endpoint)) = warm {
             return Ok((process, Some(endpoint)));
         }
         unpack_into(slot, opened.clone())

@@ -19,6 +19,7 @@ use flotilla_api_types::instances::KeptRecording;
 use crate::browser::{BrowserProcess, BrowserSetup, CdpEndpoint, InstanceDirs, LaunchError};
 use crate::cgroups::Limits;
 use crate::config::ImageConfig;
+use crate::launcher::WarmTaker;
 
 /// How long an instance made from a warm browser keeps the chromedriver the
 /// browser came with, for a WebDriver session to take (its session attaches
@@ -78,7 +79,9 @@ impl Agent {
             // A create with a profile is counted once its profile is read
             // (it may take a warm browser then, see `supervise`).
             if request.profile.is_none() {
-                inner.launcher.count_take(&request.image, warm.is_some());
+                inner
+                    .launcher
+                    .count_take(&request.image, WarmTaker::Create, warm.is_some());
             }
             let dirs = match &warm {
                 Some(warm) => warm.dirs.clone(),
@@ -316,7 +319,9 @@ impl Agent {
             if slot.profile_name().is_some() {
                 let opened = saved.as_ref().map(|(_, opened)| opened);
                 let warm = self.start_in_warm_browser(&slot, opened, false).await;
-                self.inner.launcher.count_take(&slot.image, warm.is_some());
+                self.inner
+                    .launcher
+                    .count_take(&slot.image, WarmTaker::Create, warm.is_some());
                 if let Some((process, endpoint)) = warm {
                     return Ok((process, Some(endpoint)));
                 }

@@ -767,6 +767,18 @@ async fn browser_a_revive_takes_a_warm_browser_unless_the_snapshot_holds_what_on
     assert!(pooled.exists(), "the pooled browser was not taken");
     assert_eq!(agent.warm_pool_ready(), 1);
     assert_state_restored(&debug_url, &pages).await;
+    crate::browser_runtime::wait_for_metrics(
+        &serve,
+        "a warm revive and one on the files",
+        |metrics| {
+            let count = |outcome| {
+                let labels = [("image", "ubuntu:22.04"), ("outcome", outcome)];
+                crate::operations::sample_value(metrics, "service_warm_pool_revives_total", &labels)
+            };
+            count("hit") == Some(1.0) && count("miss") == Some(1.0)
+        },
+    )
+    .await;
 
     serve.api.delete_instance(&id).await;
     assert!(
