@@ -547,13 +547,18 @@ pub(super) async fn refill_local_storage(
     }
 }
 
-/// One scratch tab per origin, all opened at once directly at their
-/// origins, their documents answered by interception on the browser's own
+/// How many scratch tabs (each a renderer) the write-back keeps open at
+/// once: a browser with tabs on many sites is not made to start as many
+/// renderers at the same time.
+const SCRATCH_TABS_AT_ONCE: usize = 4;
+
+/// One scratch tab per origin, opened directly at its origin (a few at
+/// once), its document answered by interception on the browser's own
 /// session (a page session could only intercept once the tab exists, and
 /// would cost a navigation more). Every other request (a reopened tab's, an
-/// extension's) waits until the items are written. Not where the profile
-/// may hold service workers: one would answer the tab's navigation before
-/// any interception.
+/// extension's) waits until all the items are written. Not where the
+/// profile may hold service workers: one would answer the tab's navigation
+/// before any interception.
 async fn refill_in_a_tab_per_origin(
     browser: &CdpClient,
     origins: &[&OriginStorage],
@@ -565,47 +570,40 @@ async fn refill_in_a_tab_per_origin(
         .call("Fetch.enable", intercept, None, CDP_TIMEOUT)
         .await?;
     let _ = holding.send(());
-    let created = futures_util::future::join_all(origins.iter().map(|origin| {
-        let url = format!("{}/", origin.origin);
-        browser.call(
-            "Target.createTarget",
-            json!({"url": url, "background": true}),
-            None,
-            CDP_TIMEOUT,
-        )
-    }))
-    .await;
-    let scratch: Vec<Value> = created
-        .iter()
-        .flatten()
-        .map(|created| created["targetId"].clone())
-        .collect();
+    let (scratch, scratch_tabs) = tokio::sync::watch::channel(Vec::new());
     let (release, released) = tokio::sync::watch::channel(false);
-    let work = async {
-        let mut filled = Ok(());
-        let mut tabs = Vec::new();
-        for (origin, created) in origins.iter().zip(created) {
-            match created {
-                Ok(created) => tabs.push((*origin, created["targetId"].clone())),
-                Err(error) => filled = Err(error.into()),
-            }
-        }
-        futures_util::future::join_all(tabs.iter().map(|(origin, target_id)| async {
-            match attach(browser, target_id).await {
+    let room = tokio::sync::Semaphore::new(SCRATCH_TABS_AT_ONCE);
+    let refills = origins.iter().map(|&origin| {
+        let (scratch, room) = (&scratch, &room);
+        let url = format!("{}/", origin.origin);
+        async move {
+            let _room = room.acquire().await?;
+            let params = json!({"url": url, "background": true});
+            let created = browser
+                .call("Target.createTarget", params, None, CDP_TIMEOUT)
+                .await?;
+            let target_id = created["targetId"].clone();
+            scratch.send_modify(|tabs| tabs.push(target_id.clone()));
+            match attach(browser, &target_id).await {
                 Some(session) => write_local_storage(browser, &session, origin).await,
-                None => tracing::warn!(origin = %origin.origin, "cannot attach to a scratch tab to restore localStorage"),
+                None => {
+                    tracing::warn!(origin = %origin.origin, "cannot attach to a scratch tab to restore localStorage")
+                }
             }
-        }))
-        .await;
+            // Gone before the instance is handed over: it must not show in its tabs.
+            close_pages(browser, |id| *id == target_id).await
+        }
+    });
+    let work = async {
+        let refilled = futures_util::future::join_all(refills).await;
         let _ = release.send(true);
-        // Gone before the instance is handed over: they must not show in its tabs.
-        close_pages(browser, |id| scratch.contains(id)).await?;
         browser
             .call("Fetch.disable", json!({}), None, CDP_TIMEOUT)
             .await?;
-        filled
+        refilled.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
+        Ok(())
     };
-    let answer = answer_scratch_requests(browser, &mut events, &scratch, released);
+    let answer = answer_scratch_requests(browser, &mut events, scratch_tabs, released);
     tokio::select! {
         done = work => done,
         () = answer => anyhow::bail!("CDP connection closed"),
@@ -613,29 +611,52 @@ async fn refill_in_a_tab_per_origin(
 }
 
 /// Answers the requests paused on the browser's session: a scratch tab's
-/// (its main frame's id is the tab's target id) with an empty document,
-/// anyone else's by letting it go on once `released`; returns only when the
-/// connection closes.
+/// (its main frame's id is the tab's target id, which may be known only
+/// after its request paused) with an empty document, anyone else's by
+/// letting it go on once `released`; returns only when the connection
+/// closes.
 async fn answer_scratch_requests(
     browser: &CdpClient,
     events: &mut tokio::sync::broadcast::Receiver<crate::cdp::CdpEvent>,
-    scratch: &[Value],
+    mut scratch_tabs: tokio::sync::watch::Receiver<Vec<Value>>,
     mut released: tokio::sync::watch::Receiver<bool>,
 ) {
     use tokio::sync::broadcast::error::RecvError;
+    let answer_scratch = |request_id: Value| async move {
+        let answer = fulfilled(&request_id, EMPTY_DOCUMENT);
+        let _ = browser
+            .call("Fetch.fulfillRequest", answer, None, CDP_TIMEOUT)
+            .await;
+    };
     let go_on = |request_id: Value| async move {
         let params = json!({"requestId": request_id});
         let _ = browser
             .call("Fetch.continueRequest", params, None, CDP_TIMEOUT)
             .await;
     };
-    let mut held = Vec::new();
+    // Paused requests not answered yet: (request id, frame id).
+    let mut held: Vec<(Value, Value)> = Vec::new();
     loop {
         let event = tokio::select! {
             event = events.recv() => event,
+            Ok(()) = scratch_tabs.changed() => {
+                let tabs = scratch_tabs.borrow_and_update().clone();
+                let (theirs, others) = std::mem::take(&mut held)
+                    .into_iter()
+                    .partition(|(_, frame)| tabs.contains(frame));
+                held = others;
+                for (request_id, _) in theirs {
+                    answer_scratch(request_id).await;
+                }
+                continue;
+            }
             Ok(()) = released.changed(), if !*released.borrow() => {
-                for request_id in std::mem::take(&mut held) {
-                    go_on(request_id).await;
+                let tabs = scratch_tabs.borrow().clone();
+                for (request_id, frame) in std::mem::take(&mut held) {
+                    match tabs.contains(&frame) {
+                        true => answer_scratch(request_id).await,
+                        false => go_on(request_id).await,
+                    }
                 }
                 continue;
             }
@@ -649,15 +670,13 @@ async fn answer_scratch_requests(
             continue;
         }
         let request_id = event.params["requestId"].clone();
-        if scratch.contains(&event.params["frameId"]) {
-            let answer = fulfilled(&request_id, EMPTY_DOCUMENT);
-            let _ = browser
-                .call("Fetch.fulfillRequest", answer, None, CDP_TIMEOUT)
-                .await;
+        let frame = event.params["frameId"].clone();
+        if scratch_tabs.borrow().contains(&frame) {
+            answer_scratch(request_id).await;
         } else if *released.borrow() {
             go_on(request_id).await;
         } else {
-            held.push(request_id);
+            held.push((request_id, frame));
         }
     }
 }

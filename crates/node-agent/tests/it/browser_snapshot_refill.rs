@@ -88,9 +88,12 @@ async fn browser_restore_puts_back_local_storage_the_profile_lost() {
     )])
     .await;
     let state_url = format!("{}/state", pages.base);
-    // A second origin: each gets its own scratch tab, opened at once.
-    let other = serve_page(&[("/other", "<title>other</title>")]).await;
-    let other_url = format!("{}/other", other.base);
+    // More origins than scratch tabs open at once: each gets its own.
+    let mut others = Vec::new();
+    for _ in 0..5 {
+        others.push(serve_page(&[("/other", "<title>other</title>")]).await);
+    }
+    let other_url = |other: &flotilla_testkit::PageServer| format!("{}/other", other.base);
     // Both revive methods (tabs reopened or one blank tab); the profile's
     // localStorage gone from disk, or only changed after the capture; a
     // scratch tab per origin, or one bypassing service workers.
@@ -115,13 +118,17 @@ async fn browser_restore_puts_back_local_storage_the_profile_lost() {
         .await
         .unwrap();
         drop(page);
-        let page = Page::open(&browser.endpoint.browser_ws_url(), &other_url)
+        for (index, other) in others.iter().enumerate() {
+            let page = Page::open(&browser.endpoint.browser_ws_url(), &other_url(other))
+                .await
+                .unwrap();
+            page.eval(&format!(
+                "localStorage.setItem('other', 'origin {index}'); true"
+            ))
             .await
             .unwrap();
-        page.eval("localStorage.setItem('other', 'origin'); true")
-            .await
-            .unwrap();
-        drop(page);
+            drop(page);
+        }
         let mut captured = snapshot::capture(&browser.endpoint).await.unwrap();
         let origin = captured
             .local_storage
@@ -135,13 +142,20 @@ async fn browser_restore_puts_back_local_storage_the_profile_lost() {
             origin.items.iter().map(|(k, _)| k).collect::<Vec<_>>()
         );
         origin.items.sort_by_key(|(key, _)| key != "big");
-        assert!(
-            captured
-                .local_storage
-                .iter()
-                .any(|o| o.origin == other.base),
-            "{captured:?}"
-        );
+        for other in &others {
+            assert!(
+                captured
+                    .local_storage
+                    .iter()
+                    .any(|o| o.origin == other.base),
+                "{:?}",
+                captured
+                    .local_storage
+                    .iter()
+                    .map(|o| &o.origin)
+                    .collect::<Vec<_>>()
+            );
+        }
         // Changes after the capture: the capture (the state at park time)
         // wins on restore.
         let page = Page::open(&browser.endpoint.browser_ws_url(), &state_url)
@@ -182,13 +196,13 @@ async fn browser_restore_puts_back_local_storage_the_profile_lost() {
             usize::from(reopen_tabs),
             "only a reopened tab loads the page (reopen_tabs {reopen_tabs})"
         );
-        assert!(
-            !pages.requested().iter().any(|p| p == "/")
-                && !other.requested().iter().any(|p| p == "/"),
-            "the restore's scratch tabs never reach the sites: {:?} {:?}",
-            pages.requested(),
-            other.requested()
-        );
+        for site in std::iter::once(&pages).chain(&others) {
+            assert!(
+                !site.requested().iter().any(|p| p == "/"),
+                "the restore's scratch tabs never reach the sites: {:?}",
+                site.requested()
+            );
+        }
         let check = Page::open(&browser.endpoint.browser_ws_url(), &state_url)
             .await
             .unwrap();
@@ -202,15 +216,17 @@ async fn browser_restore_puts_back_local_storage_the_profile_lost() {
             "reopen_tabs {reopen_tabs}, storage_lost {storage_lost}, service_workers {service_workers}"
         );
         drop(check);
-        let check = Page::open(&browser.endpoint.browser_ws_url(), &other_url)
-            .await
-            .unwrap();
-        assert_eq!(
-            check.eval("localStorage.getItem('other')").await.unwrap(),
-            "origin",
-            "reopen_tabs {reopen_tabs}, storage_lost {storage_lost}, service_workers {service_workers}"
-        );
-        drop(check);
+        for (index, other) in others.iter().enumerate() {
+            let check = Page::open(&browser.endpoint.browser_ws_url(), &other_url(other))
+                .await
+                .unwrap();
+            assert_eq!(
+                check.eval("localStorage.getItem('other')").await.unwrap(),
+                format!("origin {index}"),
+                "reopen_tabs {reopen_tabs}, storage_lost {storage_lost}, service_workers {service_workers}"
+            );
+            drop(check);
+        }
         close(browser).await;
     }
 }
