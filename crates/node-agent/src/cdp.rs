@@ -75,6 +75,16 @@ pub struct CdpClient {
     /// Callers waiting for a response; a std mutex, held only to insert or remove.
     pending: Pending,
     events: broadcast::Sender<CdpEvent>,
+    /// The task reading the socket; it holds the socket's other half.
+    reader: tokio::task::AbortHandle,
+}
+
+/// Dropping the client closes its connection: the browser ends its session
+/// (and whatever the session enabled there, such as `Fetch` interception).
+impl Drop for CdpClient {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
 }
 
 impl CdpClient {
@@ -158,7 +168,7 @@ impl CdpClient {
         let (events, _) = broadcast::channel(events_queued);
         let reader_pending = pending.clone();
         let reader_events = events.clone();
-        tokio::spawn(async move {
+        let reader = tokio::spawn(async move {
             while let Some(read) = source.next().await {
                 let message = match read {
                     Ok(message) => message,
@@ -226,6 +236,7 @@ impl CdpClient {
             next_id: AtomicU64::new(1),
             pending,
             events,
+            reader: reader.abort_handle(),
         }
     }
 

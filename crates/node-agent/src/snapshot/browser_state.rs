@@ -510,6 +510,21 @@ pub(super) async fn close_target(browser: &CdpClient, target_id: &Value) {
 /// The document a scratch tab gets for each origin: nothing reaches the site.
 const EMPTY_DOCUMENT: &str = "<!doctype html><title></title>";
 
+/// The most origins whose captured localStorage is written back (each takes a
+/// scratch page); the profile's files still hold the others'.
+const MAX_ORIGINS_WRITTEN_BACK: usize = 64;
+
+/// How long the whole write-back may hold the browser's other requests.
+const WRITE_BACK_WITHIN: Duration = Duration::from_secs(15);
+
+/// `origin` as a page's `location.origin` reads: `http(s)://host[:port]`,
+/// nothing more (a tampered snapshot could name anything).
+fn is_web_origin(origin: &str) -> bool {
+    url::Url::parse(origin).is_ok_and(|url| {
+        matches!(url.scheme(), "http" | "https") && url.origin().ascii_serialization() == origin
+    })
+}
+
 /// Writes the captured `localStorage` items back in scratch tabs whose
 /// requests never leave the browser: each tab's document is answered with
 /// an empty one (CDP `Fetch`), so the site sees no request and no page
@@ -526,13 +541,24 @@ pub(super) async fn refill_local_storage(
     service_workers: bool,
     holding: tokio::sync::oneshot::Sender<()>,
 ) -> anyhow::Result<()> {
-    let origins: Vec<&OriginStorage> = captured
-        .iter()
-        .filter(|o| {
-            !o.items.is_empty()
-                && (o.origin.starts_with("http://") || o.origin.starts_with("https://"))
-        })
-        .collect();
+    let mut origins: Vec<&OriginStorage> = Vec::new();
+    for origin in captured {
+        if origin.items.is_empty() || origins.iter().any(|o| o.origin == origin.origin) {
+            continue;
+        }
+        if !is_web_origin(&origin.origin) {
+            tracing::warn!(origin = %origin.origin, "not an origin a page can have; its localStorage is not written back");
+            continue;
+        }
+        if origins.len() == MAX_ORIGINS_WRITTEN_BACK {
+            tracing::warn!(
+                max = MAX_ORIGINS_WRITTEN_BACK,
+                "more origins with localStorage than are written back; the profile keeps the others'"
+            );
+            break;
+        }
+        origins.push(origin);
+    }
     if origins.is_empty() {
         return Ok(());
     }
@@ -582,7 +608,10 @@ async fn refill_in_a_tab_per_origin(
             let created = browser
                 .call("Target.createTarget", params, None, CDP_TIMEOUT)
                 .await?;
-            let target_id = created["targetId"].clone();
+            let target_id = match created["targetId"].as_str() {
+                Some(id) => Value::from(id),
+                None => anyhow::bail!("createTarget answered no target id: {created}"),
+            };
             scratch.send_modify(|tabs| tabs.push(target_id.clone()));
             match attach(browser, &target_id).await {
                 Some(session) => write_local_storage(browser, &session, origin).await,
@@ -595,11 +624,20 @@ async fn refill_in_a_tab_per_origin(
         }
     });
     let work = async {
-        let refilled = futures_util::future::join_all(refills).await;
+        let refills = futures_util::future::join_all(refills);
+        let refilled = tokio::time::timeout(WRITE_BACK_WITHIN, refills).await;
         let _ = release.send(true);
+        if refilled.is_err() {
+            // Whatever was still open must not show in the instance's tabs.
+            let left = scratch.borrow().clone();
+            close_pages(browser, |id| left.contains(id)).await?;
+        }
         browser
             .call("Fetch.disable", json!({}), None, CDP_TIMEOUT)
             .await?;
+        let Ok(refilled) = refilled else {
+            anyhow::bail!("the write-back took more than {WRITE_BACK_WITHIN:?}");
+        };
         refilled.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
         Ok(())
     };
@@ -622,21 +660,28 @@ async fn answer_scratch_requests(
     mut released: tokio::sync::watch::Receiver<bool>,
 ) {
     use tokio::sync::broadcast::error::RecvError;
+    // Sent without waiting for the answers: the events keep being read.
     let answer_scratch = |request_id: Value| async move {
         let answer = fulfilled(&request_id, EMPTY_DOCUMENT);
-        let _ = browser
-            .call("Fetch.fulfillRequest", answer, None, CDP_TIMEOUT)
-            .await;
+        let _ = browser.send_in("Fetch.fulfillRequest", answer, None).await;
     };
     let go_on = |request_id: Value| async move {
         let params = json!({"requestId": request_id});
-        let _ = browser
-            .call("Fetch.continueRequest", params, None, CDP_TIMEOUT)
-            .await;
+        let _ = browser.send_in("Fetch.continueRequest", params, None).await;
     };
     // Paused requests not answered yet: (request id, frame id).
     let mut held: Vec<(Value, Value)> = Vec::new();
     loop {
+        // Checked on every turn: the release may come while answering.
+        if *released.borrow() && !held.is_empty() {
+            let tabs = scratch_tabs.borrow().clone();
+            for (request_id, frame) in std::mem::take(&mut held) {
+                match tabs.contains(&frame) {
+                    true => answer_scratch(request_id).await,
+                    false => go_on(request_id).await,
+                }
+            }
+        }
         let event = tokio::select! {
             event = events.recv() => event,
             Ok(()) = scratch_tabs.changed() => {
@@ -650,16 +695,7 @@ async fn answer_scratch_requests(
                 }
                 continue;
             }
-            Ok(()) = released.changed(), if !*released.borrow() => {
-                let tabs = scratch_tabs.borrow().clone();
-                for (request_id, frame) in std::mem::take(&mut held) {
-                    match tabs.contains(&frame) {
-                        true => answer_scratch(request_id).await,
-                        false => go_on(request_id).await,
-                    }
-                }
-                continue;
-            }
+            Ok(()) = released.changed() => continue,
         };
         let event = match event {
             Ok(event) => event,
@@ -735,7 +771,8 @@ async fn refill_in_one_tab_bypassing_service_workers(
 
 /// Sets `origin`'s captured items in the scratch page behind `session`,
 /// once that page's document is the origin's (a navigation may answer
-/// before it is in place); within 5 s, else logged.
+/// before it is in place; within 5 s), then sending them (a few times at
+/// most); a failure (the origin's quota, say) is logged.
 async fn write_local_storage(browser: &CdpClient, session: &str, origin: &OriginStorage) {
     let (Ok(items), Ok(name)) = (
         serde_json::to_string(&origin.items),
@@ -743,21 +780,31 @@ async fn write_local_storage(browser: &CdpClient, session: &str, origin: &Origin
     ) else {
         return;
     };
-    let script = format!(
-        "location.origin === {name} ? ({items}.forEach(([k, v]) => localStorage.setItem(k, v)), 'done') : location.origin",
-    );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {
-        let written = evaluate(browser, session, &script).await;
-        if written.as_deref() == Some("done") {
-            return;
+        let shown = evaluate(browser, session, "location.origin").await;
+        if shown.as_deref() == Some(origin.origin.as_str()) {
+            break;
         }
         if tokio::time::Instant::now() >= deadline {
-            tracing::warn!(origin = %origin.origin, ?written, "localStorage not restored");
+            tracing::warn!(origin = %origin.origin, ?shown, "localStorage not restored: its page did not open");
             return;
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
+    let script = format!(
+        "location.origin === {name} ? ({items}.forEach(([k, v]) => localStorage.setItem(k, v)), 'done') : location.origin",
+    );
+    // A few tries: the page's document may still be replaced as it commits.
+    let mut written = None;
+    for _ in 0..3 {
+        written = evaluate(browser, session, &script).await;
+        if written.as_deref() == Some("done") {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tracing::warn!(origin = %origin.origin, ?written, "localStorage not restored");
 }
 
 /// Answers every request a scratch page makes with the document
@@ -878,6 +925,33 @@ pub(super) fn cookie_param(cookie: &Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_what_a_page_can_have_as_its_origin_is_written_back() {
+        for origin in [
+            "https://shop.test",
+            "http://127.0.0.1:8080",
+            "http://[::1]:9000",
+        ] {
+            assert!(is_web_origin(origin), "{origin}");
+        }
+        for tampered in [
+            "https://shop.test/",
+            "https://shop.test:443",
+            "http://shop.test/path",
+            "https://shop.test?x",
+            "https://user@shop.test",
+            "file:///etc",
+            "javascript:alert(1)",
+            "data:text/html,x",
+            "HTTPS://SHOP.TEST",
+            "https://shop.test\n",
+            "",
+            "null",
+        ] {
+            assert!(!is_web_origin(tampered), "{tampered}");
+        }
+    }
 
     #[test]
     fn a_tabs_history_is_its_web_pages_up_to_the_current_one() {

@@ -196,11 +196,12 @@ async fn browser_restore_puts_back_local_storage_the_profile_lost() {
             usize::from(reopen_tabs),
             "only a reopened tab loads the page (reopen_tabs {reopen_tabs})"
         );
+        let open_pages = page_urls(&browser.endpoint).await;
         for site in std::iter::once(&pages).chain(&others) {
+            let scratch = format!("{}/", site.base);
             assert!(
-                !site.requested().iter().any(|p| p == "/"),
-                "the restore's scratch tabs never reach the sites: {:?}",
-                site.requested()
+                !open_pages.contains(&scratch),
+                "the scratch tabs are closed: {open_pages:?}"
             );
         }
         let check = Page::open(&browser.endpoint.browser_ws_url(), &state_url)
@@ -226,6 +227,14 @@ async fn browser_restore_puts_back_local_storage_the_profile_lost() {
                 "reopen_tabs {reopen_tabs}, storage_lost {storage_lost}, service_workers {service_workers}"
             );
             drop(check);
+        }
+        // Checked last: a request let go late would have arrived by now.
+        for site in std::iter::once(&pages).chain(&others) {
+            assert!(
+                !site.requested().iter().any(|p| p == "/"),
+                "the restore's scratch tabs never reach the sites: {:?}",
+                site.requested()
+            );
         }
         close(browser).await;
     }
@@ -277,11 +286,11 @@ async fn browser_a_page_cannot_answer_the_capture_for_another_origin() {
     close(browser).await;
 }
 
-/// What the tab at `url` read from `localStorage` as its page loaded (it may
-/// still be loading when the restore returns).
-async fn read_at_load(endpoint: &CdpEndpoint, url: &str) -> String {
-    let ws = endpoint.browser_ws_url();
-    let browser = CdpClient::connect(&ws).await.unwrap();
+/// The URLs of the browser's pages.
+async fn page_urls(endpoint: &CdpEndpoint) -> Vec<String> {
+    let browser = CdpClient::connect(&endpoint.browser_ws_url())
+        .await
+        .unwrap();
     let targets = browser
         .call(
             "Target.getTargets",
@@ -291,17 +300,48 @@ async fn read_at_load(endpoint: &CdpEndpoint, url: &str) -> String {
         )
         .await
         .unwrap();
-    let target_id = targets["targetInfos"]
+    targets["targetInfos"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|t| t["type"] == "page" && t["url"] == url)
-        .unwrap_or_else(|| panic!("a tab at {url}: {targets}"))["targetId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let tab = Page::attach(&ws, &target_id).await.unwrap();
+        .filter(|t| t["type"] == "page")
+        .map(|t| t["url"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// What the tab at `url` read from `localStorage` as its page loaded (it may
+/// still be loading when the restore returns).
+async fn read_at_load(endpoint: &CdpEndpoint, url: &str) -> String {
+    let ws = endpoint.browser_ws_url();
+    let browser = CdpClient::connect(&ws).await.unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let target_id = loop {
+        let targets = browser
+            .call(
+                "Target.getTargets",
+                serde_json::json!({}),
+                None,
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        let found = targets["targetInfos"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["type"] == "page" && t["url"] == url)
+            .and_then(|t| t["targetId"].as_str())
+            .map(str::to_owned);
+        if let Some(target_id) = found {
+            break target_id;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no tab at {url}: {targets}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let tab = Page::attach(&ws, &target_id).await.unwrap();
     loop {
         let read = tab
             .eval("'readAtLoad' in window ? String(window.readAtLoad) : 'loading'")
@@ -316,4 +356,37 @@ async fn read_at_load(endpoint: &CdpEndpoint, url: &str) -> String {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A client that enabled request interception and was dropped leaves no
+/// request paused: dropping it closes its connection, and the browser ends
+/// the session (before, the connection stayed open until the browser
+/// exited, and every request waited for good).
+#[tokio::test]
+async fn browser_a_dropped_client_leaves_no_request_paused() {
+    let pages = serve_page(&[("/page", "<title>loaded</title>")]).await;
+    let profile = tempfile::tempdir().unwrap();
+    let browser = launch(profile.path()).await;
+    let client = CdpClient::browser(&browser.endpoint).await.unwrap();
+    client
+        .call(
+            "Fetch.enable",
+            serde_json::json!({"patterns": [{"urlPattern": "*"}]}),
+            None,
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    drop(client);
+    let url = format!("{}/page", pages.base);
+    let page = tokio::time::timeout(
+        Duration::from_secs(60),
+        Page::open(&browser.endpoint.browser_ws_url(), &url),
+    )
+    .await
+    .expect("the page loads: nothing holds its request")
+    .unwrap();
+    assert_eq!(page.eval("document.title").await.unwrap(), "loaded");
+    drop(page);
+    close(browser).await;
 }
