@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use flotilla_api_types::agent::WarmPoolReport;
 use flotilla_api_types::prometheus::{Counter, Histogram, OPERATION_BOUNDS, escape_label, header};
 
 /// Latency of one route (method and matched path) and status class.
@@ -70,7 +71,7 @@ pub struct Gauges {
     pub instances_by_status: Vec<(String, i64)>,
     pub node_cpu: Vec<(String, f64)>,
     /// Per node, its warm pools (one per image) as last reported.
-    pub warm_pools: Vec<(String, flotilla_api_types::agent::WarmPoolReport)>,
+    pub warm_pools: Vec<(String, WarmPoolReport)>,
     pub outbox_depth: i64,
     /// Creates waiting in the queue now.
     pub create_queue_length: usize,
@@ -288,36 +289,31 @@ fn render_gauges(gauges: &Gauges, out: &mut String) {
             pool.ready
         );
     }
-    header(
-        out,
-        "service_warm_pool_creates_total",
-        "Creates on each node since its agent started, by the image of its warm pool: hit (took a warm browser) or miss (launched its own).",
-        "counter",
-    );
-    for (node, pool) in &gauges.warm_pools {
-        for (outcome, count) in [("hit", pool.hits), ("miss", pool.misses)] {
-            let _ = writeln!(
-                out,
-                "service_warm_pool_creates_total{{node=\"{}\",image=\"{}\",outcome=\"{outcome}\"}} {count}",
-                escape_label(node),
-                escape_label(&pool.image)
-            );
-        }
-    }
-    header(
-        out,
-        "service_warm_pool_revives_total",
-        "Revives on each node since its agent started, by the image of its warm pool: hit (took a warm browser) or miss (launched on the snapshot's files).",
-        "counter",
-    );
-    for (node, pool) in &gauges.warm_pools {
-        for (outcome, count) in [("hit", pool.revive_hits), ("miss", pool.revive_misses)] {
-            let _ = writeln!(
-                out,
-                "service_warm_pool_revives_total{{node=\"{}\",image=\"{}\",outcome=\"{outcome}\"}} {count}",
-                escape_label(node),
-                escape_label(&pool.image)
-            );
+    /// A counter's name, help, and a pool's hits and misses for it.
+    type Takes = (&'static str, &'static str, fn(&WarmPoolReport) -> [u64; 2]);
+    let takes: [Takes; 2] = [
+        (
+            "service_warm_pool_creates_total",
+            "Creates on each node since its agent started, by the image of its warm pool: hit (took a warm browser) or miss (launched its own).",
+            |pool| [pool.hits, pool.misses],
+        ),
+        (
+            "service_warm_pool_revives_total",
+            "Revives on each node since its agent started, by the image of its warm pool: hit (took a warm browser) or miss (launched on the snapshot's files).",
+            |pool| [pool.revive_hits, pool.revive_misses],
+        ),
+    ];
+    for (name, help, counts) in takes {
+        header(out, name, help, "counter");
+        for (node, pool) in &gauges.warm_pools {
+            for (outcome, count) in ["hit", "miss"].into_iter().zip(counts(pool)) {
+                let _ = writeln!(
+                    out,
+                    "{name}{{node=\"{}\",image=\"{}\",outcome=\"{outcome}\"}} {count}",
+                    escape_label(node),
+                    escape_label(&pool.image)
+                );
+            }
         }
     }
     header(

@@ -286,8 +286,8 @@ async fn browser_a_page_cannot_answer_the_capture_for_another_origin() {
     close(browser).await;
 }
 
-/// The URLs of the browser's pages.
-async fn page_urls(endpoint: &CdpEndpoint) -> Vec<String> {
+/// The browser's pages: (target id, URL).
+async fn pages_of(endpoint: &CdpEndpoint) -> Vec<(String, String)> {
     let browser = CdpClient::connect(&endpoint.browser_ws_url())
         .await
         .unwrap();
@@ -305,42 +305,38 @@ async fn page_urls(endpoint: &CdpEndpoint) -> Vec<String> {
         .unwrap()
         .iter()
         .filter(|t| t["type"] == "page")
-        .map(|t| t["url"].as_str().unwrap_or_default().to_owned())
+        .map(|t| {
+            let field = |name: &str| t[name].as_str().unwrap_or_default().to_owned();
+            (field("targetId"), field("url"))
+        })
+        .collect()
+}
+
+/// The URLs of the browser's pages.
+async fn page_urls(endpoint: &CdpEndpoint) -> Vec<String> {
+    pages_of(endpoint)
+        .await
+        .into_iter()
+        .map(|(_, url)| url)
         .collect()
 }
 
 /// What the tab at `url` read from `localStorage` as its page loaded (it may
 /// still be loading when the restore returns).
 async fn read_at_load(endpoint: &CdpEndpoint, url: &str) -> String {
-    let ws = endpoint.browser_ws_url();
-    let browser = CdpClient::connect(&ws).await.unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let target_id = loop {
-        let targets = browser
-            .call(
-                "Target.getTargets",
-                serde_json::json!({}),
-                None,
-                Duration::from_secs(10),
-            )
-            .await
-            .unwrap();
-        let found = targets["targetInfos"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|t| t["type"] == "page" && t["url"] == url)
-            .and_then(|t| t["targetId"].as_str())
-            .map(str::to_owned);
-        if let Some(target_id) = found {
-            break target_id;
+        let pages = pages_of(endpoint).await;
+        if let Some((target_id, _)) = pages.iter().find(|(_, at)| at == url) {
+            break target_id.clone();
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "no tab at {url}: {targets}"
+            "no tab at {url}: {pages:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
+    let ws = endpoint.browser_ws_url();
     let tab = Page::attach(&ws, &target_id).await.unwrap();
     loop {
         let read = tab
