@@ -183,6 +183,42 @@ impl Page {
     }
 }
 
+/// A page expression (a promise) that stores `value` at `key` in the `kv`
+/// store of the IndexedDB database `db` and resolves to `true`: state that
+/// only a profile's files carry.
+pub fn indexed_db_put(db: &str, key: &str, value: &str) -> String {
+    format!(
+        "new Promise((resolve, reject) => {{
+    const open = indexedDB.open('{db}', 1);
+    open.onupgradeneeded = () => open.result.createObjectStore('kv');
+    open.onsuccess = () => {{
+        const tx = open.result.transaction('kv', 'readwrite');
+        tx.objectStore('kv').put('{value}', '{key}');
+        tx.oncomplete = () => resolve(true);
+        tx.onerror = () => reject(tx.error);
+    }};
+    open.onerror = () => reject(open.error);
+}})"
+    )
+}
+
+/// A page expression (a promise) resolving to what [`indexed_db_put`] stored
+/// at `key` of `db`, `null` when it is not there.
+pub fn indexed_db_get(db: &str, key: &str) -> String {
+    format!(
+        "new Promise((resolve) => {{
+    const open = indexedDB.open('{db}', 1);
+    open.onupgradeneeded = () => open.result.createObjectStore('kv');
+    open.onsuccess = () => {{
+        const request = open.result.transaction('kv').objectStore('kv').get('{key}');
+        request.onsuccess = () => resolve(request.result ?? null);
+        request.onerror = () => resolve(null);
+    }};
+    open.onerror = () => resolve(null);
+}})"
+    )
+}
+
 /// Sends a WebSocket upgrade for `path` to `127.0.0.1:port` (an instance
 /// port or the control plane's door): the status line of the answer.
 pub async fn upgrade_status(port: u16, path: &str) -> String {

@@ -10,8 +10,8 @@ use serde_json::Value;
 use flotilla_api_types::clock::ManualClock;
 use flotilla_testkit::{
     BROWSER_DEADLINE, Page, PageServer, StatusCode, TestServe, assert_error, browser_main_pid,
-    browser_processes, get_json, pooled_browser_dirs, run_node, serve_page, sorted_keys,
-    spawn_serve_with, spawn_serve_with_clock, wait_until,
+    browser_processes, get_json, indexed_db_get, indexed_db_put, pooled_browser_dirs, run_node,
+    serve_page, sorted_keys, spawn_serve_with, spawn_serve_with_clock, wait_until,
 };
 
 /// A site with a page that stores state of every kind, and three tab pages.
@@ -24,37 +24,30 @@ async fn site() -> PageServer {
     .await
 }
 
-const STORE_STATE: &str = "(async () => {
+/// Cookies (a persistent and a session one), localStorage and IndexedDB.
+fn store_state() -> String {
+    format!(
+        "(async () => {{
     document.cookie = 'persistent=kept; max-age=86400; path=/';
     document.cookie = 'session=also-kept; path=/';
     localStorage.setItem('local', 'stored');
-    await new Promise((resolve, reject) => {
-        const open = indexedDB.open('flotilla', 1);
-        open.onupgradeneeded = () => open.result.createObjectStore('kv');
-        open.onsuccess = () => {
-            const tx = open.result.transaction('kv', 'readwrite');
-            tx.objectStore('kv').put('indexed', 'key');
-            tx.oncomplete = () => resolve();
-            tx.onerror = () => reject(tx.error);
-        };
-        open.onerror = () => reject(open.error);
-    });
+    await {};
     return true;
-})()";
+}})()",
+        indexed_db_put("flotilla", "key", "indexed")
+    )
+}
 
-const READ_STATE: &str = "(async () => {
-    const indexed = await new Promise((resolve) => {
-        const open = indexedDB.open('flotilla', 1);
-        open.onupgradeneeded = () => open.result.createObjectStore('kv');
-        open.onsuccess = () => {
-            const request = open.result.transaction('kv').objectStore('kv').get('key');
-            request.onsuccess = () => resolve(request.result ?? null);
-            request.onerror = () => resolve(null);
-        };
-        open.onerror = () => resolve(null);
-    });
-    return { cookie: document.cookie, local: localStorage.getItem('local'), indexed };
-})()";
+/// What [`store_state`] stored, as `{cookie, local, indexed}`.
+fn read_state() -> String {
+    format!(
+        "(async () => {{
+    const indexed = await {};
+    return {{ cookie: document.cookie, local: localStorage.getItem('local'), indexed }};
+}})()",
+        indexed_db_get("flotilla", "key")
+    )
+}
 
 /// Opens the site's `/state` page in the instance behind `debug_url`.
 async fn state_page(debug_url: &str, pages: &PageServer) -> Page {
@@ -67,7 +60,7 @@ async fn state_page(debug_url: &str, pages: &PageServer) -> Page {
 /// cookies and storage came back.
 async fn assert_state_restored(debug_url: &str, pages: &PageServer) {
     let state = state_page(debug_url, pages).await;
-    assert_state_back(&state.eval(READ_STATE).await.unwrap());
+    assert_state_back(&state.eval(&read_state()).await.unwrap());
 }
 
 fn assert_state_back(state: &Value) {
@@ -75,8 +68,8 @@ fn assert_state_back(state: &Value) {
     assert_eq!(state["indexed"], "indexed", "IndexedDB: {state}");
 }
 
-/// [`READ_STATE`]'s answer holds the cookies and localStorage of
-/// [`STORE_STATE`] (IndexedDB aside).
+/// [`read_state`]'s answer holds the cookies and localStorage of
+/// [`store_state`] (IndexedDB aside).
 fn assert_cookies_and_local_storage_back(state: &Value) {
     let cookie = state["cookie"].as_str().unwrap_or_default();
     assert!(
@@ -126,7 +119,7 @@ async fn running_with_state(serve: &TestServe, pages: &PageServer) -> (String, S
     let (id, created, _) = serve.api.create_running("{}").await;
     let debug_url = created["urls"]["debug"].as_str().unwrap().to_owned();
     let page = state_page(&debug_url, pages).await;
-    page.eval(STORE_STATE).await.unwrap();
+    page.eval(&store_state()).await.unwrap();
     drop(page);
     (id, debug_url)
 }
@@ -149,7 +142,7 @@ async fn browser_park_and_revive_keep_cookies_storage_and_tabs() {
     let debug_port = created["debug_port"].as_u64().unwrap();
 
     let storing = state_page(&debug_url, &pages).await;
-    assert_eq!(storing.eval(STORE_STATE).await.unwrap(), true);
+    assert_eq!(storing.eval(&store_state()).await.unwrap(), true);
     let _tabs = open_tabs(&debug_url, &pages, &["a", "b"]).await;
     let instance_dir = serve.instances_dir().join(&id).display().to_string();
 
@@ -235,7 +228,7 @@ async fn browser_park_and_revive_keep_cookies_storage_and_tabs() {
     let urls = page_urls(debug_port).await;
     assert_eq!(urls, ["about:blank"], "quick_start opens one blank tab");
     let state = state_page(&debug_url, &pages).await;
-    assert_state_back(&state.eval(READ_STATE).await.unwrap());
+    assert_state_back(&state.eval(&read_state()).await.unwrap());
     // A running instance is not revived.
     assert_error(
         serve
@@ -421,7 +414,7 @@ async fn browser_a_cdp_client_wakes_a_dormant_instance() {
     // Playwright connects to the dormant instance's unchanged urls.debug.
     let woken = run_node(
         "playwright_eval.mjs",
-        &[&debug_url, &format!("{}/state", pages.base), READ_STATE],
+        &[&debug_url, &format!("{}/state", pages.base), &read_state()],
     )
     .await
     .unwrap();
@@ -745,7 +738,7 @@ async fn browser_a_revive_takes_a_warm_browser_unless_the_snapshot_holds_what_on
         "every tab reopened at its URL and in its order"
     );
     let state = state_page(&debug_url, &pages).await;
-    assert_cookies_and_local_storage_back(&state.eval(READ_STATE).await.unwrap());
+    assert_cookies_and_local_storage_back(&state.eval(&read_state()).await.unwrap());
     assert_eq!(
         std::fs::read(instance_dir.join("downloads/report.txt")).unwrap(),
         b"kept",
@@ -754,7 +747,7 @@ async fn browser_a_revive_takes_a_warm_browser_unless_the_snapshot_holds_what_on
 
     // IndexedDB is only in the profile's files: the next revive launches on
     // them and leaves the pool alone.
-    assert_eq!(state.eval(STORE_STATE).await.unwrap(), true);
+    assert_eq!(state.eval(&store_state()).await.unwrap(), true);
     drop(state);
     serve.wait_for_warm_pool(1, "the warm pool to refill").await;
     let [pooled] = pool_dirs(&instances, &instance_dir).try_into().unwrap();

@@ -9,7 +9,8 @@ use serde_json::Value;
 
 use flotilla_testkit::{
     BROWSER_DEADLINE, Page, StatusCode, browser_main_pid, browser_processes, free_port,
-    pooled_browser_dirs, serve_page, spawn_serve_with, spawn_serve_with_page, wait_until,
+    indexed_db_get, indexed_db_put, pooled_browser_dirs, serve_page, spawn_serve_with,
+    spawn_serve_with_page, wait_until,
 };
 
 const PROXY_USER: &str = "flotilla";
@@ -699,28 +700,14 @@ async fn browser_an_uploaded_extension_changes_pages_and_survives_park_and_reviv
     serve.shutdown().await;
 }
 
-const STORE_INDEXED: &str = "new Promise((resolve, reject) => {
-    const open = indexedDB.open('shop', 1);
-    open.onupgradeneeded = () => open.result.createObjectStore('kv');
-    open.onsuccess = () => {
-        const tx = open.result.transaction('kv', 'readwrite');
-        tx.objectStore('kv').put('receipt', 'last');
-        tx.oncomplete = () => resolve(true);
-        tx.onerror = () => reject(tx.error);
-    };
-    open.onerror = () => reject(open.error);
-})";
+/// The shop's receipt, kept only in the profile's IndexedDB.
+fn store_indexed() -> String {
+    indexed_db_put("shop", "last", "receipt")
+}
 
-const READ_INDEXED: &str = "new Promise((resolve) => {
-    const open = indexedDB.open('shop', 1);
-    open.onupgradeneeded = () => open.result.createObjectStore('kv');
-    open.onsuccess = () => {
-        const request = open.result.transaction('kv').objectStore('kv').get('last');
-        request.onsuccess = () => resolve(request.result ?? null);
-        request.onerror = () => resolve(null);
-    };
-    open.onerror = () => resolve(null);
-})";
+fn read_indexed() -> String {
+    indexed_db_get("shop", "last")
+}
 
 #[tokio::test]
 async fn browser_a_profile_takes_a_warm_browser_unless_it_holds_what_only_files_carry() {
@@ -782,7 +769,7 @@ async fn browser_a_profile_takes_a_warm_browser_unless_it_holds_what_only_files_
     let (c, page) = start_on_profile(api, "shop", true, &url).await;
     assert!(dir.exists(), "the pooled browser was not taken");
     assert_eq!(browser_main_pid(&dir), Some(pid));
-    assert_eq!(page.eval(STORE_INDEXED).await.unwrap(), true);
+    assert_eq!(page.eval(&store_indexed()).await.unwrap(), true);
     drop(page);
     api.delete_instance(&c).await;
     profile_saved_after(api, "shop", &saved_at).await;
@@ -794,7 +781,7 @@ async fn browser_a_profile_takes_a_warm_browser_unless_it_holds_what_only_files_
     assert!(dir.exists(), "the pooled browser was not taken");
     assert_eq!(browser_main_pid(&dir), Some(pid));
     assert_eq!(agent.warm_pool_ready(), 1);
-    assert_eq!(page.eval(READ_INDEXED).await.unwrap(), "receipt");
+    assert_eq!(page.eval(&read_indexed()).await.unwrap(), "receipt");
     let state: Value =
         serde_json::from_str(page.eval(READ_STATE).await.unwrap().as_str().unwrap()).unwrap();
     assert!(
