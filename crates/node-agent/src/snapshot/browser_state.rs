@@ -771,8 +771,15 @@ async fn refill_in_one_tab_bypassing_service_workers(
 
 /// Sets `origin`'s captured items in the scratch page behind `session`,
 /// once that page's document is the origin's (a navigation may answer
-/// before it is in place; within 5 s), then sending them (a few times at
-/// most); a failure (the origin's quota, say) is logged.
+/// before it is in place; within 5 s), and returns once the browser's
+/// storage holds them: the page's own renderer keeps a copy of the items
+/// and sends them on to the browser's storage service by a channel of its
+/// own, so a tab closed as soon as the script returned could lose what was
+/// still on its way (seen with a 2 MB item on a loaded machine). The
+/// storage service tells every other window of the origin in that renderer
+/// of each change it applied, in order: a blank frame in the page listens
+/// for the last changed item's `storage` event. A failure (the origin's
+/// quota, say) is logged.
 async fn write_local_storage(browser: &CdpClient, session: &str, origin: &OriginStorage) {
     let (Ok(items), Ok(name)) = (
         serde_json::to_string(&origin.items),
@@ -793,19 +800,40 @@ async fn write_local_storage(browser: &CdpClient, session: &str, origin: &Origin
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let script = format!(
-        "location.origin === {name} ? ({items}.forEach(([k, v]) => localStorage.setItem(k, v)), 'done') : location.origin",
+        "(() => {{ \
+           if (location.origin !== {name}) return location.origin; \
+           const changed = {items}.filter(([k, v]) => localStorage.getItem(k) !== v); \
+           if (changed.length === 0) return 'done'; \
+           const frame = document.createElement('iframe'); \
+           document.documentElement.appendChild(frame); \
+           const watcher = frame.contentWindow; \
+           watcher.localStorage; \
+           const [lastKey, lastValue] = changed[changed.length - 1]; \
+           const stored = new Promise((resolve) => watcher.addEventListener('storage', \
+             (e) => e.key === lastKey && e.newValue === lastValue && resolve('done'))); \
+           changed.forEach(([k, v]) => localStorage.setItem(k, v)); \
+           const late = new Promise((resolve) => setTimeout(() => resolve('not confirmed'), {confirm_ms})); \
+           return Promise.race([stored, late]); \
+         }})()",
+        confirm_ms = STORED_WITHIN.as_millis(),
     );
-    // A few tries: the page's document may still be replaced as it commits.
+    // A few tries while the page's document may still be replaced as it
+    // commits; none once the items went out (a retry would find them in
+    // the renderer's copy and confirm nothing).
     let mut written = None;
     for _ in 0..3 {
         written = evaluate(browser, session, &script).await;
-        if written.as_deref() == Some("done") {
-            return;
+        match written.as_deref() {
+            Some("done") => return,
+            Some("not confirmed") => break,
+            _ => tokio::time::sleep(Duration::from_millis(10)).await,
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     tracing::warn!(origin = %origin.origin, ?written, "localStorage not restored");
 }
+
+/// How long the browser's storage may take to confirm an origin's items.
+const STORED_WITHIN: Duration = Duration::from_secs(5);
 
 /// Answers every request a scratch page makes with the document
 /// `document_for` gives for its URL (never stored: `no-store`); returns only
@@ -874,7 +902,8 @@ pub(super) async fn detach(browser: &CdpClient, session: String) {
         .await;
 }
 
-/// Evaluates `expression` in a session's page; its value when it is a string.
+/// Evaluates `expression` in a session's page (a promise is awaited); its
+/// value when it is a string.
 pub(super) async fn evaluate(
     browser: &CdpClient,
     session: &str,
@@ -883,7 +912,7 @@ pub(super) async fn evaluate(
     let result = browser
         .call(
             "Runtime.evaluate",
-            json!({"expression": expression, "returnByValue": true}),
+            json!({"expression": expression, "returnByValue": true, "awaitPromise": true}),
             Some(session),
             CDP_TIMEOUT,
         )

@@ -80,6 +80,7 @@ async fn close(mut browser: Browser) {
 
 #[tokio::test]
 async fn browser_restore_puts_back_local_storage_the_profile_lost() {
+    flotilla_testkit::init_logging();
     // What the page's own script reads as it loads: a reopened tab loads
     // only once the captured items are back.
     let pages = serve_page(&[(
@@ -110,9 +111,12 @@ async fn browser_restore_puts_back_local_storage_the_profile_lost() {
             .await
             .unwrap();
         // A large item written back before the one the page reads, so a
-        // page that did not wait would read too early.
+        // page that did not wait would read too early; and large enough
+        // that a scratch tab closed before the browser's storage service
+        // had the items would lose them (3 of 5 runs, before the write-back
+        // waited for the service's word).
         page.eval(
-            "localStorage.setItem('big', 'x'.repeat(2000000)); \
+            "localStorage.setItem('big', 'x'.repeat(4000000)); \
              localStorage.setItem('kept', 'yes'); localStorage.setItem('second', 'too'); true",
         )
         .await
@@ -242,6 +246,7 @@ async fn browser_restore_puts_back_local_storage_the_profile_lost() {
 
 #[tokio::test]
 async fn browser_a_page_cannot_answer_the_capture_for_another_origin() {
+    flotilla_testkit::init_logging();
     let bank = serve_page(&[("/", "<title>bank</title>")]).await;
     let evil = serve_page(&[("/", "<title>evil</title>")]).await;
     let profile = tempfile::tempdir().unwrap();
@@ -360,6 +365,7 @@ async fn read_at_load(endpoint: &CdpEndpoint, url: &str) -> String {
 /// exited, and every request waited for good).
 #[tokio::test]
 async fn browser_a_dropped_client_leaves_no_request_paused() {
+    flotilla_testkit::init_logging();
     let pages = serve_page(&[("/page", "<title>loaded</title>")]).await;
     let profile = tempfile::tempdir().unwrap();
     let browser = launch(profile.path()).await;
