@@ -937,8 +937,14 @@ mod tests {
 
     #[tokio::test]
     async fn block_waits_for_a_reader() {
-        let (topics, _) = topics(1);
-        let topics = Arc::new(topics);
+        // A timeout no loaded machine reaches, so that a late reader is
+        // never too late (the cut-off at the timeout is tested above).
+        let topics = Arc::new(Topics::new(
+            5,
+            Duration::from_secs(3600),
+            Duration::from_secs(60),
+            Arc::new(Metrics::default()),
+        ));
         let topic = topics.get_or_create("t");
         let sub = Arc::new(Subscriber::new(1, 1, BackpressurePolicy::Block));
         topics.subscribe(&topic, sub.clone(), None).await;

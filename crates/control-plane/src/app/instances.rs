@@ -22,7 +22,7 @@ use super::views;
 use crate::error::{Error, Result};
 use crate::nodes::NodeCallError;
 use crate::scheduler::{self, PlacementRequest};
-use crate::store::{InstanceFilter, InstanceRecord, NewInstance, NodeRecord};
+use crate::store::{Expected, InstanceFilter, InstanceRecord, NewInstance, NodeRecord};
 
 /// Largest accepted values, to catch typos (GB, not MB) with a clear message.
 const MAX_MEMORY_GB: f64 = 1024.0;
@@ -499,7 +499,7 @@ impl ControlPlane {
                     .store
                     .instance_transition(
                         &change.id,
-                        &[before.status],
+                        reported_by(change, false, &[before.status]),
                         before.status,
                         reason,
                         change.at,
@@ -517,14 +517,15 @@ impl ControlPlane {
                     Event::RevivedLate => Some("revived after all: its node finished the revive"),
                     _ => reason,
                 };
+                let from = reported_by(change, false, &from);
                 self.store
-                    .instance_set_revived(&change.id, &from, reason, change.at)
+                    .instance_set_revived(&change.id, from, reason, change.at)
                     .await?
             }
             _ => {
-                let running = InstanceStatus::Running;
+                let (from, running) = (reported_by(change, false, &from), InstanceStatus::Running);
                 self.store
-                    .instance_transition(&change.id, &from, running, reason, change.at)
+                    .instance_transition(&change.id, from, running, reason, change.at)
                     .await?
             }
         };
@@ -597,6 +598,9 @@ impl ControlPlane {
             return Ok(false);
         }
         let reason = change.reason.as_deref();
+        // Checked again as the record is written: it may have moved or
+        // begun another operation since `before` was read.
+        let reported = |from| reported_by(&change, woken, from);
         let updated = match change.status {
             // A client connected to a dormant instance and its node woke it.
             InstanceStatus::Reviving => {
@@ -607,7 +611,7 @@ impl ControlPlane {
                 self.store
                     .instance_begin_revive(
                         &change.id,
-                        &lifecycle::sources(Event::Woken),
+                        reported(&lifecycle::sources(Event::Woken)),
                         (ReviveMethod::QuickStart, &operation),
                         reason,
                         change.at,
@@ -622,7 +626,7 @@ impl ControlPlane {
                     self.store
                         .instance_set_dormant(
                             &change.id,
-                            &lifecycle::sources(Event::Parked),
+                            reported(&lifecycle::sources(Event::Parked)),
                             snapshot,
                             change.at,
                         )
@@ -635,7 +639,7 @@ impl ControlPlane {
                     self.store
                         .instance_transition(
                             &change.id,
-                            &lifecycle::sources(undone),
+                            reported(&lifecycle::sources(undone)),
                             InstanceStatus::Dormant,
                             reason,
                             change.at,
@@ -648,7 +652,7 @@ impl ControlPlane {
                 self.store
                     .instance_transition(
                         &change.id,
-                        &lifecycle::sources(ended),
+                        reported(&lifecycle::sources(ended)),
                         change.status,
                         reason,
                         change.at,
@@ -671,6 +675,18 @@ impl ControlPlane {
 /// Whether `change` reports an operation other than the record's latest one
 /// (an answer that came too late to matter). Reports without an operation
 /// (a browser that exited on its own) always belong.
+/// A move a node's report `change` asks for, from one of `from`: only while
+/// the record is on that node, as the operation the report names (any, for
+/// a revive a client `woken`, which the node began on its own).
+fn reported_by<'a>(
+    change: &'a InstanceStateChange,
+    woken: bool,
+    from: &'a [InstanceStatus],
+) -> Expected<'a> {
+    let operation = change.operation.as_ref().filter(|_| !woken);
+    Expected::reported(from, &change.node_id, operation)
+}
+
 fn of_another_operation(record: &InstanceRecord, change: &InstanceStateChange) -> bool {
     matches!(
         (&record.operation_id, &change.operation),

@@ -74,6 +74,71 @@ pub struct InstanceFilter {
     pub node_id: Option<NodeId>,
 }
 
+/// What a status move requires of the record, checked under its lock: one
+/// of these statuses, and for a node's report, that the record is still on
+/// that node and of the operation the report names (if it names one). A
+/// report read before the instance moved or began another revive is then
+/// not applied after it (a late report of a park undid a drain's revive).
+#[derive(Clone, Copy)]
+pub struct Expected<'a> {
+    statuses: &'a [InstanceStatus],
+    reporter: Option<(&'a NodeId, Option<&'a OperationId>)>,
+}
+
+impl<'a> Expected<'a> {
+    /// One of `statuses`, still on `node`, and of `operation` when both the
+    /// report and the record name one.
+    pub fn reported(
+        statuses: &'a [InstanceStatus],
+        node: &'a NodeId,
+        operation: Option<&'a OperationId>,
+    ) -> Self {
+        Self {
+            statuses,
+            reporter: Some((node, operation)),
+        }
+    }
+
+    fn allows(&self, locked: &Locked) -> bool {
+        let reporter_holds = |(node, operation): (&NodeId, Option<&OperationId>)| {
+            *node == locked.node
+                && match (operation, &locked.operation) {
+                    (Some(reported), Some(current)) => reported == current,
+                    _ => true,
+                }
+        };
+        self.statuses.contains(&locked.status) && self.reporter.is_none_or(reporter_holds)
+    }
+}
+
+impl<'a> From<&'a [InstanceStatus]> for Expected<'a> {
+    fn from(statuses: &'a [InstanceStatus]) -> Self {
+        Self {
+            statuses,
+            reporter: None,
+        }
+    }
+}
+
+impl<'a, const N: usize> From<&'a [InstanceStatus; N]> for Expected<'a> {
+    fn from(statuses: &'a [InstanceStatus; N]) -> Self {
+        Self::from(statuses.as_slice())
+    }
+}
+
+impl<'a> From<&'a Vec<InstanceStatus>> for Expected<'a> {
+    fn from(statuses: &'a Vec<InstanceStatus>) -> Self {
+        Self::from(statuses.as_slice())
+    }
+}
+
+/// An instance's row as [`Store::lock_instance`] holds it.
+struct Locked {
+    status: InstanceStatus,
+    node: NodeId,
+    operation: Option<OperationId>,
+}
+
 /// What a status move sets besides the status, its reason and `updated_at`.
 enum AlsoSet<'a> {
     Nothing,
@@ -284,9 +349,9 @@ impl Store {
         &self,
         tx: &mut AnyConnection,
         id: &InstanceId,
-    ) -> Result<Option<(InstanceStatus, NodeId)>, sqlx::Error> {
+    ) -> Result<Option<Locked>, sqlx::Error> {
         let sql = format!(
-            "SELECT status, node_id FROM instances WHERE id = $1{}",
+            "SELECT status, node_id, operation_id FROM instances WHERE id = $1{}",
             self.for_update()
         );
         let Some(row) = sqlx::query(&sql)
@@ -300,10 +365,13 @@ impl Store {
         let status = status
             .parse()
             .map_err(|e: UnknownName| sqlx::Error::Decode(e.into()))?;
-        Ok(Some((
+        Ok(Some(Locked {
             status,
-            NodeId::new(row.try_get::<String, _>("node_id")?),
-        )))
+            node: NodeId::new(row.try_get::<String, _>("node_id")?),
+            operation: row
+                .try_get::<Option<String>, _>("operation_id")?
+                .map(OperationId::from),
+        }))
     }
 
     /// Appends an instance's lifecycle event to `tx`.
@@ -339,7 +407,7 @@ impl Store {
     ) -> Result<bool, sqlx::Error> {
         let mut conn = self.writer.acquire().await?;
         let mut tx = conn.begin().await?;
-        let Some((status, node)) = self.lock_instance(&mut tx, id).await? else {
+        let Some(Locked { status, node, .. }) = self.lock_instance(&mut tx, id).await? else {
             return Ok(false);
         };
         let mut data = serde_json::Map::new();
@@ -457,7 +525,7 @@ impl Store {
             return Ok(false);
         }
         match self.lock_instance(&mut tx, id).await? {
-            Some((status, _)) if from.contains(&status) => {}
+            Some(locked) if from.contains(&locked.status) => {}
             _ => return Ok(false),
         }
         sqlx::query(
@@ -559,15 +627,15 @@ impl Store {
     /// Moves an instance to `to` if it is in one of `from`, with the event the
     /// move announces; returns the updated record, or `None` when it was not in
     /// such a state (or does not exist).
-    pub async fn instance_transition(
+    pub async fn instance_transition<'a>(
         &self,
         id: &InstanceId,
-        from: &[InstanceStatus],
+        from: impl Into<Expected<'a>>,
         to: InstanceStatus,
         reason: Option<&str>,
         now: DateTime<Utc>,
     ) -> Result<Option<InstanceRecord>, sqlx::Error> {
-        self.move_status(id, (from, to), reason, AlsoSet::Nothing, now)
+        self.move_status(id, (from.into(), to), reason, AlsoSet::Nothing, now)
             .await
     }
 
@@ -591,45 +659,48 @@ impl Store {
 
     /// Records a successful park: `dormant` with its snapshot, from one of
     /// `from`.
-    pub async fn instance_set_dormant(
+    pub async fn instance_set_dormant<'a>(
         &self,
         id: &InstanceId,
-        from: &[InstanceStatus],
+        from: impl Into<Expected<'a>>,
         snapshot: &SnapshotId,
         since: DateTime<Utc>,
     ) -> Result<Option<InstanceRecord>, sqlx::Error> {
         let to = InstanceStatus::Dormant;
-        self.move_status(id, (from, to), None, AlsoSet::Snapshot(snapshot), since)
+        let also = AlsoSet::Snapshot(snapshot);
+        self.move_status(id, (from.into(), to), None, also, since)
             .await
     }
 
     /// Starts a revive: `reviving` with its method, as `operation`, from one
     /// of `from`.
-    pub async fn instance_begin_revive(
+    pub async fn instance_begin_revive<'a>(
         &self,
         id: &InstanceId,
-        from: &[InstanceStatus],
+        from: impl Into<Expected<'a>>,
         (method, operation): (ReviveMethod, &OperationId),
         reason: Option<&str>,
         now: DateTime<Utc>,
     ) -> Result<Option<InstanceRecord>, sqlx::Error> {
         let to = InstanceStatus::Reviving;
         let also = AlsoSet::Revive(method, operation);
-        self.move_status(id, (from, to), reason, also, now).await
+        self.move_status(id, (from.into(), to), reason, also, now)
+            .await
     }
 
     /// Records a finished revive: `running` from one of `from` (`reviving`,
     /// or an ended state when the instance is adopted again), its snapshot
     /// spent, in one transaction (the node deletes the archive only after).
-    pub async fn instance_set_revived(
+    pub async fn instance_set_revived<'a>(
         &self,
         id: &InstanceId,
-        from: &[InstanceStatus],
+        from: impl Into<Expected<'a>>,
         reason: Option<&str>,
         now: DateTime<Utc>,
     ) -> Result<Option<InstanceRecord>, sqlx::Error> {
         let to = InstanceStatus::Running;
-        self.move_status(id, (from, to), reason, AlsoSet::SnapshotSpent, now)
+        let also = AlsoSet::SnapshotSpent;
+        self.move_status(id, (from.into(), to), reason, also, now)
             .await
     }
 
@@ -639,7 +710,7 @@ impl Store {
     async fn move_status(
         &self,
         id: &InstanceId,
-        (from, to): (&[InstanceStatus], InstanceStatus),
+        (from, to): (Expected<'_>, InstanceStatus),
         reason: Option<&str>,
         also: AlsoSet<'_>,
         now: DateTime<Utc>,
@@ -659,12 +730,17 @@ impl Store {
             .fold(update, |update, value| update.bind(value));
         let mut conn = self.writer.acquire().await?;
         let mut tx = conn.begin().await?;
-        let Some((current, node)) = self.lock_instance(&mut tx, id).await? else {
+        let Some(locked) = self.lock_instance(&mut tx, id).await? else {
             return Ok(None);
         };
-        if !from.contains(&current) {
+        if !from.allows(&locked) {
             return Ok(None);
         }
+        let Locked {
+            status: current,
+            node,
+            ..
+        } = locked;
         update.execute(&mut *tx).await?;
         if let Some(name) = EventName::for_transition(current, to) {
             self.instance_event(&mut tx, name, id, &node, to, reason, now)
@@ -724,7 +800,7 @@ impl Store {
     ) -> Result<bool, sqlx::Error> {
         let mut conn = self.writer.acquire().await?;
         let mut tx = conn.begin().await?;
-        let Some((status, node)) = self.lock_instance(&mut tx, id).await? else {
+        let Some(Locked { status, node, .. }) = self.lock_instance(&mut tx, id).await? else {
             return Ok(false);
         };
         sqlx::query("DELETE FROM instances WHERE id = $1")

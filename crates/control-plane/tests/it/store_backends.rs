@@ -14,7 +14,7 @@ use flotilla_api_types::nodes::{Capabilities, ResourceUsage};
 use flotilla_api_types::{InstanceId, NodeId};
 use flotilla_control_plane::Store;
 use flotilla_control_plane::store::{
-    EventRoute, InstanceFilter, MetricSample, NewAlert, NewInstance,
+    EventRoute, Expected, InstanceFilter, MetricSample, NewAlert, NewInstance,
 };
 use flotilla_testkit::PgServer;
 
@@ -115,6 +115,7 @@ macro_rules! on_both_backends {
 on_both_backends!(
     capacity_holds_under_concurrent_placements,
     transitions_and_their_events_stay_in_order,
+    a_nodes_report_moves_only_the_record_it_speaks_for,
     lists_filter_sort_and_page,
     nodes_go_offline_and_come_back_with_events,
     outbox_hands_out_the_head_of_each_subject,
@@ -349,6 +350,85 @@ async fn transitions_and_their_events_stay_in_order(postgres: bool) {
             "instance.deleted"
         ]
     );
+}
+
+/// The race a drain lost an instance to: the report of a park, read while
+/// the instance was dormant on its first node, was applied after the drain
+/// had moved it and begun its revive elsewhere, and undid that revive. The
+/// store checks the reporting node and operation under the record's lock.
+async fn a_nodes_report_moves_only_the_record_it_speaks_for(postgres: bool) {
+    use flotilla_api_types::ids::{OperationId, SnapshotId};
+    let (store, _guard) = open(postgres).await;
+    let now = Utc::now();
+    for node in ["n1", "n2"] {
+        store
+            .node_upsert(&registration(node, 5), now)
+            .await
+            .unwrap();
+    }
+    let new = new_instance("n1");
+    let (id, created) = (new.id.clone(), new.operation.clone());
+    assert!(store.instance_insert_if_room(&new, 5).await.unwrap());
+    mark_running(&store, &id).await;
+    let running = [InstanceStatus::Running];
+    store
+        .instance_set_dormant(&id, &running, &SnapshotId::generate(), now)
+        .await
+        .unwrap()
+        .unwrap();
+    // The drain moves it to n2 and begins its revive there.
+    let dormant = [InstanceStatus::Dormant];
+    assert!(
+        store
+            .instance_move_if_room(&id, &dormant, &NodeId::new("n2"), 5, now)
+            .await
+            .unwrap()
+    );
+    let revive = OperationId::generate();
+    let method = (ReviveMethod::FullRestore, &revive);
+    store
+        .instance_begin_revive(&id, &dormant, method, None, now)
+        .await
+        .unwrap()
+        .unwrap();
+    let reviving = [InstanceStatus::Reviving];
+    let (n1, n2) = (NodeId::new("n1"), NodeId::new("n2"));
+    let undo = |expected| {
+        let store = &store;
+        let id = &id;
+        async move {
+            store
+                .instance_transition(id, expected, InstanceStatus::Dormant, None, now)
+                .await
+                .unwrap()
+        }
+    };
+    assert!(
+        undo(Expected::reported(&reviving, &n1, Some(&created)))
+            .await
+            .is_none(),
+        "a report of the node it left"
+    );
+    assert!(
+        undo(Expected::reported(&reviving, &n2, Some(&created)))
+            .await
+            .is_none(),
+        "a report of another operation"
+    );
+    let record = store.instance_get(&id).await.unwrap().unwrap();
+    assert_eq!(record.status, InstanceStatus::Reviving);
+    // Its new node's report of this revive is taken.
+    let revived = store
+        .instance_set_revived(
+            &id,
+            Expected::reported(&reviving, &n2, Some(&revive)),
+            None,
+            now,
+        )
+        .await
+        .unwrap()
+        .expect("the revive's own report");
+    assert_eq!(revived.status, InstanceStatus::Running);
 }
 
 async fn lists_filter_sort_and_page(postgres: bool) {
