@@ -28,7 +28,7 @@ use super::lifecycle::{self, Event};
 use crate::error::{Error, Result};
 use crate::nodes::NodeCallError;
 use crate::scheduler::{self, PlacementRequest};
-use crate::store::InstanceRecord;
+use crate::store::{Expected, InstanceRecord};
 
 /// Moving averages of measured revive durations, per method. A std mutex:
 /// read and updated in a few instructions.
@@ -252,18 +252,20 @@ impl ControlPlane {
                     .await
                     .map_err(RevivalRefused::Other)?,
             )),
-            operation: Some(operation),
+            operation: Some(operation.clone()),
         };
         faults::point("control-revive-recorded").await;
         match connection.instance_revive(request).await {
             Ok(ports) => Ok((started, ports)),
             Err(error) => {
-                // Nothing started: back to where it was.
-                let undone = Event::ReviveUndone(record.status);
+                // Nothing started: back to where it was, unless the node
+                // reported on this revive meanwhile, or another began.
+                let undone = lifecycle::sources(Event::ReviveUndone(record.status));
+                let this_revive = Expected::reported(&undone, &record.node_id, Some(&operation));
                 self.store
                     .instance_transition(
                         id,
-                        &lifecycle::sources(undone),
+                        this_revive,
                         record.status,
                         record.status_reason.as_deref(),
                         self.now(),

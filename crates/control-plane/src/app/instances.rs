@@ -672,9 +672,6 @@ impl ControlPlane {
     }
 }
 
-/// Whether `change` reports an operation other than the record's latest one
-/// (an answer that came too late to matter). Reports without an operation
-/// (a browser that exited on its own) always belong.
 /// A move a node's report `change` asks for, from one of `from`: only while
 /// the record is on that node, as the operation the report names (any, for
 /// a revive a client `woken`, which the node began on its own).
@@ -687,6 +684,9 @@ fn reported_by<'a>(
     Expected::reported(from, &change.node_id, operation)
 }
 
+/// Whether `change` reports an operation other than the record's latest one
+/// (an answer that came too late to matter). Reports without an operation
+/// (a browser that exited on its own) always belong.
 fn of_another_operation(record: &InstanceRecord, change: &InstanceStateChange) -> bool {
     matches!(
         (&record.operation_id, &change.operation),

@@ -19,7 +19,7 @@ use super::views;
 use crate::error::{Error, Result};
 use crate::nodes::HttpNode;
 use crate::scheduler::NodeUsage;
-use crate::store::InstanceRecord;
+use crate::store::{Expected, InstanceRecord};
 
 /// The most refused agents `/v2/nodes` lists.
 const MAX_REFUSED_AGENTS: usize = 100;
@@ -112,7 +112,8 @@ impl ControlPlane {
 
     /// Brings one instance record in line with what its node reported: the
     /// move the lifecycle table gives for the event (compare-and-set on the
-    /// status the record had when it was read).
+    /// status, node and operation the record had when it was read: a move
+    /// or another revive since then is not undone).
     async fn reconcile_instance(
         &self,
         node: &NodeId,
@@ -120,26 +121,27 @@ impl ControlPlane {
         action: Reconcile,
         now: DateTime<Utc>,
     ) -> Result<()> {
-        let (id, from) = (&record.id, [record.status]);
+        let (id, statuses) = (&record.id, [record.status]);
         let Some(to) = lifecycle::transition(record.status, action.event) else {
             return Ok(());
         };
+        let from = Expected::as_read(&statuses, record);
         let reason = action.reason.as_deref();
         let moved = match (action.event, &action.snapshot) {
             (Event::Parked, Some(snapshot)) => {
                 self.store
-                    .instance_set_dormant(id, &from, snapshot, now)
+                    .instance_set_dormant(id, from, snapshot, now)
                     .await?
             }
             // It runs from the snapshot it held: spent.
             (Event::Adopted | Event::Revived | Event::RevivedLate, _) => {
                 self.store
-                    .instance_set_revived(id, &from, reason, now)
+                    .instance_set_revived(id, from, reason, now)
                     .await?
             }
             _ => {
                 self.store
-                    .instance_transition(id, &from, to, reason, now)
+                    .instance_transition(id, from, to, reason, now)
                     .await?
             }
         };

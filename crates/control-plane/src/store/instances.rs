@@ -99,6 +99,12 @@ impl<'a> Expected<'a> {
         }
     }
 
+    /// One of `statuses`, and still on the node and of the operation it
+    /// had when `record` was read.
+    pub fn as_read(statuses: &'a [InstanceStatus], record: &'a InstanceRecord) -> Self {
+        Self::reported(statuses, &record.node_id, record.operation_id.as_ref())
+    }
+
     fn allows(&self, locked: &Locked) -> bool {
         let reporter_holds = |(node, operation): (&NodeId, Option<&OperationId>)| {
             *node == locked.node
