@@ -429,6 +429,33 @@ async fn a_nodes_report_moves_only_the_record_it_speaks_for(postgres: bool) {
         .unwrap()
         .expect("the revive's own report");
     assert_eq!(revived.status, InstanceStatus::Running);
+
+    // The reconcile after a restart, and a revive call's rollback, write
+    // only on the record as they read it: parked and revived again since,
+    // it is of another operation.
+    let read = store.instance_get(&id).await.unwrap().unwrap();
+    store
+        .instance_set_dormant(&id, &running, &SnapshotId::generate(), now)
+        .await
+        .unwrap()
+        .unwrap();
+    let again = OperationId::generate();
+    let method = (ReviveMethod::QuickStart, &again);
+    let current = store
+        .instance_begin_revive(&id, &dormant, method, None, now)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        undo(Expected::as_read(&reviving, &read)).await.is_none(),
+        "a write on the record as it was before its last revive"
+    );
+    let undone = undo(Expected::as_read(&reviving, &current)).await;
+    assert_eq!(
+        undone.map(|record| record.status),
+        Some(InstanceStatus::Dormant),
+        "a write on the record as it is"
+    );
 }
 
 async fn lists_filter_sort_and_page(postgres: bool) {
