@@ -254,6 +254,12 @@ pub struct AgentConfig {
     /// REST actions: the largest result (image, PDF, HTML, scrape JSON) a
     /// job on this node returns; larger is refused with 413.
     pub action_max_output_bytes: u64,
+    /// Memory the node lets client messages take while they are held whole
+    /// to be checked (those a pin may rewrite, fragmented ones, ones whose
+    /// method comes late), over all its instances' CDP, BiDi and Playwright
+    /// sockets, in MiB; a message waits up to 30 s for room, then its
+    /// connection closes. Other messages stream and take none.
+    pub messages_in_flight_mb: usize,
     /// Where versions of playwright-core are installed, one folder each
     /// (`<dir>/<version>/node_modules/playwright-core`): every version
     /// found there is served to `chromium.connect()` clients of its minor
@@ -316,6 +322,7 @@ impl Default for AgentConfig {
             screenshot_max_bytes: 32 << 20,
             max_concurrent_captures: 4,
             action_max_output_bytes: 64 << 20,
+            messages_in_flight_mb: crate::client_frames::DEFAULT_BUDGET >> 20,
             playwright_dir: PathBuf::from(DEFAULT_PLAYWRIGHT_DIR),
             playwright_versions: DEFAULT_PLAYWRIGHT_VERSIONS
                 .iter()
@@ -388,6 +395,13 @@ impl AgentConfig {
         }
         if self.pids_max < 64 {
             return Err(ConfigError::PidsMax { got: self.pids_max });
+        }
+        let largest = crate::client_frames::Protocol::Cdp.max_message() >> 20;
+        if self.messages_in_flight_mb < largest {
+            return Err(ConfigError::MessagesInFlight {
+                got: self.messages_in_flight_mb,
+                largest,
+            });
         }
         for (image, size) in self.warm_pool_sizes() {
             if size > 64 {
@@ -472,6 +486,10 @@ pub enum ConfigError {
     CpuQuotaPerCore { got: f64 },
     #[error("agent.pids_max must be at least 64: Chromium needs dozens of threads (got {got})")]
     PidsMax { got: u64 },
+    #[error(
+        "agent.messages_in_flight_mb must hold the largest message a client may send, {largest} MiB (got {got})"
+    )]
+    MessagesInFlight { got: usize, largest: usize },
     #[error(
         "the warm pool of image {image:?} (agent.warm_pool_size or agent.warm_pools) must be at most 64 (got {got})"
     )]

@@ -282,10 +282,7 @@ async fn proxy_websocket(
 ) -> io::Result<Response<Full<Bytes>>> {
     let upstream = endpoint.connect().await?;
     let path = upstream_path(&request, endpoint);
-    let pins = Pins {
-        protocol: Protocol::Cdp,
-        downloads_dir: context.downloads_dir.clone(),
-    };
+    let pins = Pins::new(Protocol::Cdp, context.downloads_dir.clone());
     relay_websocket(
         request,
         (upstream, &endpoint.authority(), &path),
@@ -372,8 +369,14 @@ async fn relay_upgraded(
     tokio::select! {
         _ = &mut to_client => {}
         outcome = &mut to_browser => {
-            if let Err(error) = outcome {
-                tracing::debug!(instance = %slot.id, %error, "CDP client connection closed");
+            match outcome {
+                Err(crate::client_frames::RelayError::Io(error)) => {
+                    tracing::debug!(instance = %slot.id, %error, "client connection closed");
+                }
+                Err(error) => {
+                    tracing::info!(instance = %slot.id, %error, "a client's message was refused: its connection is closed");
+                }
+                Ok(()) => {}
             }
             // Let the browser's last frames (its close answer) through.
             let _ = tokio::time::timeout(Duration::from_secs(2), &mut to_client).await;

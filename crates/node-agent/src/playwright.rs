@@ -498,15 +498,15 @@ pub mod routes {
             let upstream = state.servers.upstream(&install, &beside, &browser).await?;
             let unreachable = |e: std::io::Error| PlaywrightError::Server(e.to_string());
             let stream = upstream.at.connect().await.map_err(unreachable)?;
-            let pins = crate::client_frames::Pins {
-                protocol: crate::client_frames::Protocol::Playwright,
-                downloads_dir: state
+            let pins = crate::client_frames::Pins::new(
+                crate::client_frames::Protocol::Playwright,
+                state
                     .isolation
                     .browser_paths(&state.slot.dirs)
                     .downloads
                     .to_string_lossy()
                     .into_owned(),
-            };
+            );
             let response = crate::gateway::relay_websocket_with(
                 request,
                 (

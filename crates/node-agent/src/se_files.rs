@@ -12,9 +12,14 @@
 //!   `POST` with `{"name"}` answers one as a base64 zip, `DELETE` removes
 //!   them all.
 //!
-//! Everything here reads hostile input: the body is bounded before it is
-//! read, a zip must hold exactly one plain file whose inflated size is
-//! bounded while it inflates, and a download is named, never a path.
+//! Everything here reads hostile input: an upload's body is decoded as it
+//! arrives ([`UploadReceiver`]: its JSON read by a scanner that keeps no
+//! tree, its base64 decoded into an unnamed temporary file), so the agent
+//! holds a few kilobytes of it at a time whatever its size; the body is
+//! bounded ([`MAX_UPLOAD_BODY`]); the zip's entries are counted from its
+//! end record before the zip is read (exactly one), and its one plain
+//! file's inflated size is bounded while it inflates. A download is named,
+//! never a path.
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -26,8 +31,8 @@ use crate::browser::InstanceDirs;
 use crate::sandbox::Isolation;
 use crate::webdriver::WebDriverError;
 
-/// File operations running at once on a node (each may hold a few copies of
-/// a 64 MiB body, or a 64 MiB zip): the others wait their turn.
+/// File operations running at once on a node (a managed download holds its
+/// zip in memory): the others wait their turn.
 pub static RUNNING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
 
 /// The largest upload request (base64 of the zip, in JSON).
@@ -68,23 +73,102 @@ fn plain_file_name(name: &str) -> bool {
         && !name.chars().any(char::is_control)
 }
 
-/// `POST /session/{id}/se/file`: writes the uploaded zip's file into a new
-/// folder of `dirs.uploads()` and answers its path as the browser sees it.
+/// `POST /session/{id}/se/file`'s body (`{"file": base64 zip}`), read as
+/// it arrives: the zip is decoded into an unnamed temporary file beside the
+/// instance's folders (the browser never sees it), never held in memory.
+pub struct UploadReceiver {
+    scanner: crate::client_frames::Scanner,
+    /// Base64 characters not decoded yet (fewer than a group of four once
+    /// a piece has been read), and whether the padded end was decoded.
+    base64: Vec<u8>,
+    ended: bool,
+    zip: std::fs::File,
+    body_bytes: usize,
+}
+
+impl UploadReceiver {
+    pub fn new(dirs: &InstanceDirs) -> Result<Self, WebDriverError> {
+        let zip = tempfile::tempfile_in(&dirs.root)
+            .map_err(|e| failed(format!("cannot make room for the upload: {e}")))?;
+        Ok(Self {
+            scanner: crate::client_frames::Scanner::streaming_member("file"),
+            base64: Vec::new(),
+            ended: false,
+            zip,
+            body_bytes: 0,
+        })
+    }
+
+    /// Reads the next piece of the body.
+    pub fn feed(&mut self, piece: &[u8]) -> Result<(), WebDriverError> {
+        self.body_bytes += piece.len();
+        if self.body_bytes > MAX_UPLOAD_BODY {
+            return Err(invalid(format!(
+                "the upload's body is over {} MiB",
+                MAX_UPLOAD_BODY >> 20
+            )));
+        }
+        self.scanner
+            .feed(piece)
+            .map_err(|e| invalid(format!("the body is not JSON: {e}")))?;
+        let text = self.scanner.take_streamed();
+        // Python's Selenium wraps its base64 at 76 columns.
+        self.base64
+            .extend(text.into_iter().filter(|b| !b.is_ascii_whitespace()));
+        let whole = self.base64.len() / 4 * 4;
+        self.decode(whole)
+    }
+
+    /// Decodes the first `count` base64 characters held into the zip.
+    fn decode(&mut self, count: usize) -> Result<(), WebDriverError> {
+        if count == 0 {
+            return Ok(());
+        }
+        if self.ended {
+            return Err(invalid("file is not base64: it goes on after its padding"));
+        }
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(&self.base64[..count])
+            .map_err(|e| invalid(format!("file is not base64: {e}")))?;
+        self.ended = self.base64[count - 1] == b'=';
+        self.base64.drain(..count);
+        self.zip
+            .write_all(&decoded)
+            .map_err(|e| failed(format!("cannot keep the upload: {e}")))
+    }
+
+    /// The body has all arrived: the zip, read from its start.
+    pub fn finish(mut self) -> Result<std::fs::File, WebDriverError> {
+        let shape = || invalid("the body must be {\"file\": \"…\"} (a base64 zip)");
+        self.scanner.finish().map_err(|_| shape())?;
+        if !self.scanner.streamed_member_seen() || !self.scanner.streamed_member_was_string() {
+            return Err(shape());
+        }
+        let rest = self.base64.len();
+        self.decode(rest)?;
+        use std::io::Seek as _;
+        self.zip
+            .rewind()
+            .map_err(|e| failed(format!("cannot read the upload back: {e}")))?;
+        Ok(self.zip)
+    }
+}
+
+/// `POST /session/{id}/se/file`, once its body is in ([`UploadReceiver`]):
+/// writes the zip's one file into a new folder of `dirs.uploads()` and
+/// answers its path as the browser sees it.
 pub fn upload(
     dirs: &InstanceDirs,
     isolation: &Isolation,
-    body: &[u8],
+    mut zipped: std::fs::File,
 ) -> Result<Value, WebDriverError> {
-    let encoded = string_field(body, "file")?;
-    // Python's Selenium wraps its base64 at 76 columns.
-    let compact: Vec<u8> = encoded
-        .bytes()
-        .filter(|b| !b.is_ascii_whitespace())
-        .collect();
-    let zipped = base64::engine::general_purpose::STANDARD
-        .decode(compact)
-        .map_err(|e| invalid(format!("file is not base64: {e}")))?;
-    let mut archive = zip::ZipArchive::new(std::io::Cursor::new(zipped))
+    let entries = zip_entries(&mut zipped)?;
+    if entries != 1 {
+        return Err(invalid(format!(
+            "the zip must hold exactly one file (it holds {entries} entries)"
+        )));
+    }
+    let mut archive = zip::ZipArchive::new(zipped)
         .map_err(|e| invalid(format!("file is not a zip archive: {e}")))?;
     if archive.len() != 1 {
         return Err(invalid(format!(
@@ -107,6 +191,47 @@ pub fn upload(
     }
     let seen = place_upload(dirs, isolation, &name, &mut entry)?;
     Ok(json!(seen.to_string_lossy()))
+}
+
+/// The number of entries a zip's end record declares, read from its last
+/// bytes before anything else of it is (a zip that declares 200,000 would
+/// have them all indexed in memory). Every end record signature in reach
+/// must agree, and zip64 records (never needed by one small file) are
+/// refused, so no reader can find a larger count elsewhere.
+fn zip_entries(zipped: &mut std::fs::File) -> Result<u64, WebDriverError> {
+    use std::io::{Seek, SeekFrom};
+    const END: &[u8] = b"PK\x05\x06";
+    const END_LEN: usize = 22;
+    let length = zipped
+        .seek(SeekFrom::End(0))
+        .map_err(|e| failed(format!("cannot read the upload back: {e}")))?;
+    let tail_len = length.min((END_LEN + u16::MAX as usize) as u64);
+    let mut tail = vec![0u8; tail_len as usize];
+    zipped
+        .seek(SeekFrom::Start(length - tail_len))
+        .and_then(|_| zipped.read_exact(&mut tail))
+        .and_then(|()| zipped.rewind())
+        .map_err(|e| failed(format!("cannot read the upload back: {e}")))?;
+    let not_zip = || invalid("file is not a zip archive: no end record");
+    if memchr::memmem::find(&tail, b"PK\x06\x06").is_some()
+        || memchr::memmem::find(&tail, b"PK\x06\x07").is_some()
+    {
+        return Err(invalid("file is a zip64 archive: send one plain zip"));
+    }
+    let mut counts = memchr::memmem::rfind_iter(&tail, END)
+        .filter(|at| at + END_LEN <= tail.len())
+        .map(|at| {
+            let field =
+                |offset: usize| u16::from_le_bytes([tail[at + offset], tail[at + offset + 1]]);
+            (field(8), field(10))
+        });
+    let (on_disk, total) = counts.next().ok_or_else(not_zip)?;
+    if on_disk != total || counts.any(|other| other != (on_disk, total)) {
+        return Err(invalid(
+            "file is not a zip archive: its end records disagree",
+        ));
+    }
+    Ok(u64::from(total))
 }
 
 /// Writes the file `name` read from `content` (at most [`MAX_UPLOAD_FILE`]
@@ -242,12 +367,25 @@ mod tests {
         (temp, dirs, Isolation::none())
     }
 
+    /// An upload of `body`, read in pieces of 1,000 bytes.
+    fn upload_body(
+        dirs: &InstanceDirs,
+        isolation: &Isolation,
+        body: &[u8],
+    ) -> Result<Value, WebDriverError> {
+        let mut receiver = UploadReceiver::new(dirs)?;
+        for piece in body.chunks(1000) {
+            receiver.feed(piece)?;
+        }
+        upload(dirs, isolation, receiver.finish()?)
+    }
+
     fn upload_of(
         dirs: &InstanceDirs,
         isolation: &Isolation,
         file: &str,
     ) -> Result<Value, WebDriverError> {
-        upload(
+        upload_body(
             dirs,
             isolation,
             json!({"file": file}).to_string().as_bytes(),
@@ -306,8 +444,20 @@ mod tests {
             assert_eq!(error.code, "invalid argument");
             assert!(error.message.contains(why), "{why}: {}", error.message);
         }
-        let error = upload(&dirs, &isolation, b"{\"file\": 3}").unwrap_err();
-        assert!(error.message.contains("{\"file\""), "{}", error.message);
+        for body in [
+            &b"{\"file\": 3}"[..],
+            b"{\"files\": \"UEs=\"}",
+            b"[\"file\"]",
+        ] {
+            let error = upload_body(&dirs, &isolation, body).unwrap_err();
+            assert!(error.message.contains("{\"file\""), "{}", error.message);
+        }
+        let twice = format!(r#"{{"file":"{}","file":"x"}}"#, zip_of(&[("a.txt", b"x")]));
+        let error = upload_body(&dirs, &isolation, twice.as_bytes()).unwrap_err();
+        assert!(error.message.contains("file twice"), "{}", error.message);
+        let padded_twice = format!("eA=={}", zip_of(&[("b.txt", b"y")]));
+        let error = upload_of(&dirs, &isolation, &padded_twice).unwrap_err();
+        assert!(error.message.contains("base64"), "{}", error.message);
         assert_eq!(std::fs::read_dir(dirs.uploads()).unwrap().count(), 0);
         assert!(!dirs.root.join("escape.txt").exists());
     }
@@ -338,5 +488,58 @@ mod tests {
         }
         delete_all(&dirs).unwrap();
         assert_eq!(list(&dirs).unwrap(), json!({"names": []}));
+    }
+
+    #[test]
+    fn a_zip_of_many_entries_is_refused_from_its_end_record() {
+        let (_temp, dirs, isolation) = setup();
+        let names: Vec<String> = (0..5_000).map(|i| format!("f{i}")).collect();
+        let entries: Vec<(&str, &[u8])> = names.iter().map(|n| (n.as_str(), &b""[..])).collect();
+        let error = upload_of(&dirs, &isolation, &zip_of(&entries)).unwrap_err();
+        assert!(
+            error.message.contains("holds 5000 entries"),
+            "{}",
+            error.message
+        );
+        // An end record hidden in the comment that disagrees with the real one.
+        let mut zipped = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+        zipped
+            .start_file("a.txt", zip::write::SimpleFileOptions::default())
+            .unwrap();
+        zipped.write_all(b"x").unwrap();
+        let mut fake = b"PK\x05\x06".to_vec();
+        fake.extend_from_slice(&[0, 0, 0, 0, 0x40, 0x0d, 0x40, 0x0d]);
+        fake.extend_from_slice(&[0; 10]);
+        zipped.set_raw_comment(fake.into());
+        let bytes = zipped.finish().unwrap().into_inner();
+        let error = upload_of(
+            &dirs,
+            &isolation,
+            &base64::engine::general_purpose::STANDARD.encode(bytes),
+        )
+        .unwrap_err();
+        assert!(error.message.contains("disagree"), "{}", error.message);
+        assert_eq!(std::fs::read_dir(dirs.uploads()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn an_upload_body_over_the_limit_is_refused_as_it_arrives() {
+        let (_temp, dirs, _) = setup();
+        let mut receiver = UploadReceiver::new(&dirs).unwrap();
+        receiver.feed(br#"{"file":""#).unwrap();
+        let piece = vec![b'A'; 1 << 20];
+        let mut refused = None;
+        for _ in 0..=(MAX_UPLOAD_BODY >> 20) {
+            if let Err(error) = receiver.feed(&piece) {
+                refused = Some(error);
+                break;
+            }
+        }
+        let error = refused.expect("refused");
+        assert!(
+            error.message.contains("is over 64 MiB"),
+            "{}",
+            error.message
+        );
     }
 }

@@ -574,15 +574,10 @@ pub mod routes {
         Router::new()
             .route("/webdriver/session", post(new_session))
             .route("/webdriver/session/{id}", any(session))
-            .route(
-                "/webdriver/session/{id}/se/file",
-                post(upload).layer(DefaultBodyLimit::max(crate::se_files::MAX_UPLOAD_BODY)),
-            )
+            // Bounded while it arrives (`se_files::UploadReceiver`).
+            .route("/webdriver/session/{id}/se/file", post(upload))
             // chromedriver's older name of the same (WebdriverIO uses it).
-            .route(
-                "/webdriver/session/{id}/file",
-                post(upload).layer(DefaultBodyLimit::max(crate::se_files::MAX_UPLOAD_BODY)),
-            )
+            .route("/webdriver/session/{id}/file", post(upload))
             .route(
                 "/webdriver/session/{id}/se/files",
                 get(downloads_list).post(download).delete(downloads_delete),
@@ -649,12 +644,45 @@ pub mod routes {
         }
     }
 
+    /// Grid's upload: the body is decoded as it arrives, never held whole
+    /// ([`crate::se_files::UploadReceiver`]), then unpacked off the async
+    /// threads.
     async fn upload(
         State(state): State<WebDriverState>,
         Path(id): Path<String>,
-        body: Body,
+        body: axum::body::Body,
     ) -> Response {
-        file_operation_on(&state, &id, body, crate::se_files::upload).await
+        if let Err(error) = own_session(&state, &id).await {
+            return error.into_response();
+        }
+        let zipped = match receive_upload(&state, body).await {
+            Ok(zipped) => zipped,
+            Err(error) => return error.into_response(),
+        };
+        file_operation(&state, &id, move |dirs, isolation| {
+            crate::se_files::upload(dirs, isolation, zipped)
+        })
+        .await
+    }
+
+    async fn receive_upload(
+        state: &WebDriverState,
+        body: axum::body::Body,
+    ) -> Result<std::fs::File, WebDriverError> {
+        let mut receiver = crate::se_files::UploadReceiver::new(&state.slot.dirs)?;
+        let mut body = body.into_data_stream();
+        while let Some(piece) = futures_util::StreamExt::next(&mut body).await {
+            let piece = piece.map_err(|e| {
+                WebDriverError::new(
+                    400,
+                    "invalid argument",
+                    format!("the request's body cannot be read: {e}"),
+                )
+            })?;
+            state.slot.touch();
+            receiver.feed(&piece)?;
+        }
+        receiver.finish()
     }
 
     async fn downloads_list(
@@ -684,7 +712,7 @@ pub mod routes {
 
     /// The session's WebDriver BiDi socket (the session asked for
     /// `webSocketUrl`): relayed to chromedriver's, the client's commands
-    /// checked on the way (see [`crate::client_frames::pin_bidi_command`]).
+    /// checked on the way (see [`crate::client_frames`]).
     async fn bidi(
         State(state): State<WebDriverState>,
         Path(id): Path<String>,
@@ -701,15 +729,15 @@ pub mod routes {
                 WebDriverError::new(500, "unknown error", format!("chromedriver: {e}"))
             };
             let upstream = at.connect().await.map_err(unreachable)?;
-            let pins = crate::client_frames::Pins {
-                protocol: crate::client_frames::Protocol::Bidi,
-                downloads_dir: state
+            let pins = crate::client_frames::Pins::new(
+                crate::client_frames::Protocol::Bidi,
+                state
                     .isolation
                     .browser_paths(&state.slot.dirs)
                     .downloads
                     .to_string_lossy()
                     .into_owned(),
-            };
+            );
             crate::gateway::relay_websocket(
                 request,
                 (upstream, &at.authority(), &path),
@@ -840,26 +868,19 @@ pub mod routes {
     ];
 
     /// A raw CDP command's body with the gateway's pins applied (chromedriver
-    /// reaches the browser directly, so the pins are applied here): parsed
-    /// and written again, so that chromedriver reads what was checked.
-    fn pin_raw_cdp(body: &[u8], state: &WebDriverState) -> Result<Bytes, WebDriverError> {
-        let invalid = |why: String| WebDriverError::new(400, "invalid argument", why);
-        let mut request: Value = serde_json::from_slice(body)
-            .map_err(|e| invalid(format!("the body is not JSON: {e}")))?;
-        let Some(fields) = request.as_object_mut() else {
-            return Err(invalid("the body must be {\"cmd\", \"params\"}".into()));
-        };
-        let mut command = json!({
-            "method": fields.get("cmd").cloned().unwrap_or(Value::Null),
-            "params": fields.get("params").cloned().unwrap_or(Value::Null),
-        });
+    /// reaches the browser directly, so the pins are applied here): as sent
+    /// when they leave it alone, else written again from what was checked.
+    fn pin_raw_cdp(body: Bytes, state: &WebDriverState) -> Result<Bytes, WebDriverError> {
         let downloads = state.isolation.browser_paths(&state.slot.dirs).downloads;
-        crate::client_frames::pin_command(&mut command, &downloads.to_string_lossy(), 0);
-        fields.insert("cmd".into(), command["method"].take());
-        if !command["params"].is_null() {
-            fields.insert("params".into(), command["params"].take());
+        match crate::client_frames::pin_carried_cdp_body(&body, &downloads.to_string_lossy()) {
+            Ok(None) => Ok(body),
+            Ok(Some(pinned)) => Ok(Bytes::from(pinned)),
+            Err(error) => Err(WebDriverError::new(
+                400,
+                "invalid argument",
+                format!("the body must be one JSON object {{\"cmd\", \"params\"}}: {error}"),
+            )),
         }
-        Ok(Bytes::from(request.to_string()))
     }
 
     async fn pass_on(
@@ -889,7 +910,7 @@ pub mod routes {
             .into_response();
         }
         let body = if method == Method::POST && RAW_CDP_COMMANDS.contains(&rest.as_str()) {
-            match pin_raw_cdp(&body, state) {
+            match pin_raw_cdp(body, state) {
                 Ok(pinned) => pinned,
                 Err(error) => return error.into_response(),
             }

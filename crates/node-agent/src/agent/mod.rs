@@ -334,6 +334,9 @@ impl Agent {
         link: Arc<dyn ControlPlaneLink>,
     ) -> anyhow::Result<Agent> {
         settings.config.validate().map_err(anyhow::Error::msg)?;
+        crate::client_frames::MessageBudget::configure_node(
+            settings.config.messages_in_flight_mb << 20,
+        );
         let node_id = NodeId::new(settings.config.node_id.clone().unwrap_or_else(hostname));
         if settings.config.runtime == RuntimeKind::Chromium {
             crate::browser::become_subreaper();
