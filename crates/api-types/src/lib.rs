@@ -18,6 +18,8 @@
 //! - [`names`] — the error of a name none of a closed set's.
 //! - [`tasks`] — running an operation to its end whatever its caller does.
 //! - [`faults`] — fault points of the crash tests (test builds only).
+//! - [`webdriver_path`] — a WebDriver command's path, checked the same way on
+//!   every door.
 //!
 //! Request types reject unknown fields; validation of values (ranges, catalogs)
 //! belongs to the service that owns the rule, not to these types.
@@ -48,6 +50,7 @@ pub mod prometheus;
 pub mod tasks;
 pub mod token_bucket;
 pub mod tokens;
+pub mod webdriver_path;
 
 pub use error::{ErrorCode, ErrorResponse, MessageResponse};
 pub use ids::{InstanceId, NodeId};

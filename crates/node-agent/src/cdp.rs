@@ -48,6 +48,26 @@ pub enum CdpError {
     MessageTooLarge,
 }
 
+/// An answer this client cannot read as a tree (it nests deeper than
+/// serde_json's 128 levels) still ends its caller's wait, with an error,
+/// rather than leaving it to its timeout: its `id` is read without building
+/// anything.
+fn fail_unreadable_answer(pending: &Pending, text: &str) {
+    #[derive(serde::Deserialize)]
+    struct IdOnly {
+        id: Option<u64>,
+    }
+    let Ok(IdOnly { id: Some(id) }) = serde_json::from_str::<IdOnly>(text) else {
+        return;
+    };
+    if let Some((_, waiter)) = pending.lock().expect("pending lock").remove(&id) {
+        let _ = waiter.send(Err(CdpError::Protocol {
+            method: String::new(),
+            message: "the browser's answer cannot be read (it nests deeper than 128 levels)".into(),
+        }));
+    }
+}
+
 /// The string `field` of `method`'s answer.
 fn answer_field(answer: &Value, method: &str, field: &str) -> Result<String, CdpError> {
     answer[field]
@@ -191,6 +211,7 @@ impl CdpClient {
                     _ => continue,
                 };
                 let Ok(mut value) = serde_json::from_str::<Value>(&text) else {
+                    fail_unreadable_answer(&reader_pending, &text);
                     continue;
                 };
                 if let Some(id) = value.get("id").and_then(Value::as_u64) {
@@ -417,5 +438,31 @@ fn fail_calls_of_gone_session(pending: &Pending, event: &CdpEvent) {
         if let Some((_, waiter)) = pending.remove(&id) {
             let _ = waiter.send(Err(CdpError::TargetGone(event.method.clone())));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_too_deep_to_read_ends_its_callers_wait() {
+        let pending: Pending = Arc::default();
+        let (sender, mut receiver) = oneshot::channel();
+        pending.lock().unwrap().insert(7, (None, sender));
+        let deep = format!(
+            r#"{{"result":{{"result":{{"value":{}0{}}}}},"id":7}}"#,
+            "[".repeat(500),
+            "]".repeat(500)
+        );
+        assert!(serde_json::from_str::<Value>(&deep).is_err());
+        fail_unreadable_answer(&pending, &deep);
+        match receiver.try_recv() {
+            Ok(Err(CdpError::Protocol { message, .. })) => {
+                assert!(message.contains("deeper than 128"), "{message}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(pending.lock().unwrap().is_empty());
     }
 }

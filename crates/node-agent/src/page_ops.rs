@@ -665,12 +665,17 @@ impl Step {
         Ok(format!("Waited.\n{}", self.describe_page(tab).await?))
     }
 
+    /// `expression`'s value as JSON text, at most [`MAX_TEXT`] long. An
+    /// object is written out by the page itself (`JSON.stringify`, cut to
+    /// size there), so however large or deep it is, only the cut text
+    /// reaches the agent; a primitive comes with the answer.
     async fn evaluate_text(&self, tab: &Tab, expression: &str) -> Result<String, PageError> {
+        const GROUP: &str = "flotilla-evaluate";
         let answer = self
             .on(
                 tab,
                 "Runtime.evaluate",
-                json!({"expression": expression, "returnByValue": true, "awaitPromise": true}),
+                json!({"expression": expression, "awaitPromise": true, "objectGroup": GROUP}),
             )
             .await?;
         if let Some(details) = answer.get("exceptionDetails") {
@@ -680,14 +685,56 @@ impl Step {
             )));
         }
         let result = &answer["result"];
-        let text = match result.get("value") {
-            Some(value) => serde_json::to_string_pretty(value).unwrap_or_default(),
-            None => result["description"]
+        let text = match (result.get("objectId"), result.get("value")) {
+            (Some(object), _) => {
+                let written = self.write_out(tab, object).await;
+                let _ = self
+                    .on(
+                        tab,
+                        "Runtime.releaseObjectGroup",
+                        json!({"objectGroup": GROUP}),
+                    )
+                    .await;
+                written?
+            }
+            (None, Some(value)) => serde_json::to_string_pretty(value).unwrap_or_default(),
+            (None, None) => result["unserializableValue"]
                 .as_str()
+                .or(result["description"].as_str())
                 .unwrap_or("undefined")
                 .to_owned(),
         };
         Ok(bounded_text(text))
+    }
+
+    /// The object `object` as the page writes it: JSON (indented by two,
+    /// as before), or its string form where JSON has none (a function, a
+    /// cycle, nesting deeper than the page's stack), cut to [`MAX_TEXT`].
+    async fn write_out(&self, tab: &Tab, object: &Value) -> Result<String, PageError> {
+        const WRITE_OUT: &str = "function (limit) {
+            let text;
+            try { text = JSON.stringify(this, null, 2); } catch (error) { text = undefined; }
+            if (text === undefined) {
+                try { text = String(this); } catch (error) { text = Object.prototype.toString.call(this); }
+            }
+            return text.length > limit ? text.slice(0, limit) : text;
+        }";
+        let written = self
+            .on(
+                tab,
+                "Runtime.callFunctionOn",
+                json!({
+                    "objectId": object,
+                    "functionDeclaration": WRITE_OUT,
+                    "arguments": [{"value": MAX_TEXT + 1}],
+                    "returnByValue": true,
+                }),
+            )
+            .await?;
+        Ok(written["result"]["value"]
+            .as_str()
+            .unwrap_or("undefined")
+            .to_owned())
     }
 
     async fn network_requests(&self, tab: &Tab) -> Result<String, PageError> {

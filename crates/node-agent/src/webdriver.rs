@@ -538,6 +538,7 @@ pub mod routes {
     use axum::routing::{any, get, post};
 
     use super::*;
+    use flotilla_api_types::webdriver_path::CommandPath;
 
     /// What the routes share: the instance, its front and its confinement.
     #[derive(Clone)]
@@ -834,25 +835,44 @@ pub mod routes {
                 WebDriverError::no_session(&id).into_response()
             };
         }
+        let session = CommandPath::parse("").expect("the session's own path");
         match read(body) {
-            Ok(body) => pass_on(&state, (method, String::new(), body)).await,
+            Ok(body) => pass_on(&state, (method, session, body)).await,
             Err(error) => error.into_response(),
         }
     }
 
+    /// A command: its path checked as sent (see [`CommandPath`]), and sent
+    /// on as it came.
     async fn command(
         State(state): State<WebDriverState>,
-        Path((id, rest)): Path<(String, String)>,
+        Path((id, _)): Path<(String, String)>,
         method: Method,
+        uri: axum::http::Uri,
         body: Body,
     ) -> Response {
         if id != state.slot.id.as_str() {
             return WebDriverError::no_session(&id).into_response();
         }
+        let rest = match command_path(&uri) {
+            Ok(rest) => rest,
+            Err(error) => return error.into_response(),
+        };
         match read(body) {
-            Ok(body) => pass_on(&state, (method, format!("/{rest}"), body)).await,
+            Ok(body) => pass_on(&state, (method, rest, body)).await,
             Err(error) => error.into_response(),
         }
+    }
+
+    /// What follows `/webdriver/session/{id}` in the request's path, as sent.
+    fn command_path(uri: &axum::http::Uri) -> Result<CommandPath, WebDriverError> {
+        let after_prefix = uri
+            .path()
+            .strip_prefix("/webdriver/session/")
+            .unwrap_or_default();
+        let raw = after_prefix.find('/').map_or("", |at| &after_prefix[at..]);
+        CommandPath::parse(raw)
+            .map_err(|error| WebDriverError::new(404, "unknown command", error.to_string()))
     }
 
     /// chromedriver's commands that send the browser any CDP command in
@@ -885,7 +905,7 @@ pub mod routes {
 
     async fn pass_on(
         state: &WebDriverState,
-        (method, rest, body): (Method, String, Bytes),
+        (method, rest, body): (Method, CommandPath, Bytes),
     ) -> Response {
         if !state.webdriver.has_session().await {
             return WebDriverError::no_session(state.slot.id.as_str()).into_response();
@@ -901,15 +921,16 @@ pub mod routes {
             )
             .into_response();
         }
-        if REFUSED_COMMANDS.contains(&rest.as_str()) {
+        if REFUSED_COMMANDS.iter().any(|refused| rest.is(refused)) {
             return WebDriverError::new(
                 404,
                 "unknown command",
-                format!("{rest} is refused by Flotilla: use goog/cdp/execute (its commands get the front door's pins)"),
+                format!("{} is refused by Flotilla: use goog/cdp/execute (its commands get the front door's pins)", rest.raw()),
             )
             .into_response();
         }
-        let body = if method == Method::POST && RAW_CDP_COMMANDS.contains(&rest.as_str()) {
+        let raw_cdp = RAW_CDP_COMMANDS.iter().any(|command| rest.is(command));
+        let body = if method == Method::POST && raw_cdp {
             match pin_raw_cdp(body, state) {
                 Ok(pinned) => pinned,
                 Err(error) => return error.into_response(),
@@ -921,7 +942,7 @@ pub mod routes {
             let endpoint = browser(state).await?;
             state
                 .webdriver
-                .command(&confinement(state), &endpoint, (method, &rest, body))
+                .command(&confinement(state), &endpoint, (method, rest.raw(), body))
                 .await
         };
         match answered.await {

@@ -16,6 +16,7 @@ use http_body_util::BodyExt as _;
 use serde_json::{Value, json};
 
 use flotilla_api_types::InstanceId;
+use flotilla_api_types::webdriver_path::{CommandPath, CommandPathError};
 
 use crate::app::webdriver::{NewSession, WebDriverRefusal};
 use crate::app::{ControlPlane, DoorTarget};
@@ -222,24 +223,41 @@ pub async fn session(
             .map(|(_, v)| v.clone())
     };
     let id = InstanceId::new(value("id").unwrap_or_default());
-    let rest = value("rest")
-        .map(|rest| format!("/{rest}"))
-        .unwrap_or_default();
+    let rest = match command_path(request.uri().path()) {
+        Ok(rest) => rest,
+        Err(error) => {
+            return WebDriverRefusal {
+                status: 404,
+                code: "unknown command",
+                message: error.to_string(),
+            }
+            .into_response();
+        }
+    };
     let principal = principal_of(&request);
     let target = match control_plane.webdriver_target(&id, &principal).await {
         Ok(target) => target,
         Err(refusal) => return refusal.into_response(),
     };
-    if rest.is_empty() && request.method() == Method::DELETE {
+    if rest.is_session() && request.method() == Method::DELETE {
         return end(&control_plane, &target, &id).await;
     }
-    let path = format!("/webdriver/session/{id}{rest}");
+    // Sent on as the client wrote it: the node checks it the same way.
+    let path = format!("/webdriver/session/{id}{}", rest.raw());
     match super::door::forward_to_http_port(request, &target, path).await {
         Ok(response) => response,
         Err(error) => {
             unknown(format!("the instance's node did not answer: {error}")).into_response()
         }
     }
+}
+
+/// What follows `/session/{id}` in `path` (under `/wd/hub` or not), as
+/// the client sent it, checked (see [`CommandPath`]).
+fn command_path(path: &str) -> Result<CommandPath, CommandPathError> {
+    let after = path.strip_prefix("/wd/hub").unwrap_or(path);
+    let after = after.strip_prefix("/session/").unwrap_or_default();
+    CommandPath::parse(after.find('/').map_or("", |at| &after[at..]))
 }
 
 /// Ends session `id`: chromedriver lets the browser go, the instance is

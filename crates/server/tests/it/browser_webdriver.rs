@@ -427,6 +427,80 @@ async fn browser_raw_cdp_through_chromedriver_gets_the_front_doors_pins() {
     serve.shutdown().await;
 }
 
+/// Every spelling a client could give a pinned command on the way to
+/// chromedriver (an encoded `#`, `?` or `/`, one encoded twice, a trailing
+/// or doubled `/`, another case), on the front door and on the instance's
+/// own HTTP port: each is either refused as an unknown command or pinned,
+/// never carried out as sent.
+#[tokio::test]
+async fn browser_no_spelling_of_a_pinned_webdriver_command_gets_past_the_pins() {
+    let (site, serve) = serve().await;
+    let session = Session::start(&serve, json!({})).await;
+    session.open(&site).await;
+    let (_, instance) = serve
+        .api
+        .get(&format!("/v2/instances/{}", session.id))
+        .await;
+    let http_port = instance["http_port"].as_u64().unwrap();
+    let doors = [
+        format!("{}/session/{}", serve.api.base, session.id),
+        format!("{}/wd/hub/session/{}", serve.api.base, session.id),
+        format!(
+            "http://127.0.0.1:{http_port}/webdriver/session/{}",
+            session.id
+        ),
+    ];
+    let load = json!({"cmd": "Extensions.loadUnpacked", "params": {"path": "/instance/home"}});
+    let websocket_form = json!({"method": "Extensions.loadUnpacked", "id": -1,
+        "params": {"path": "/instance/home"}});
+    let client = reqwest::Client::new();
+    for door in &doors {
+        for (command, body) in [
+            ("goog/cdp/execute", &load),
+            ("chromium/send_command", &load),
+            ("chromium/send_command_and_get_result", &load),
+            ("chromium/send_command_from_websocket", &websocket_form),
+        ] {
+            let (first, rest) = command.split_once('/').unwrap();
+            let spellings = [
+                format!("/{command}"),
+                format!("/{command}%23"),
+                format!("/{command}%2523"),
+                format!("/{command}%3F"),
+                format!("/{command}%3Fx=1"),
+                format!("/{command}/"),
+                format!("//{command}"),
+                format!("/{first}//{rest}"),
+                format!("/{first}%2F{rest}"),
+                format!("/{first}%2f{rest}"),
+                format!("/{first}/%2e/{rest}"),
+                format!("/{}", command.to_uppercase()),
+                format!("/{command}%00"),
+            ];
+            for spelling in spellings {
+                let url = format!("{door}{spelling}");
+                let response = client
+                    .post(&url)
+                    .bearer_auth(KEY)
+                    .json(body)
+                    .send()
+                    .await
+                    .unwrap();
+                let status = response.status();
+                let answer: Value = response.json().await.unwrap_or(Value::Null);
+                let error = answer["value"]["error"].as_str().unwrap_or("");
+                let message = answer["value"]["message"].as_str().unwrap_or("");
+                assert!(
+                    (status == StatusCode::NOT_FOUND && error == "unknown command")
+                        || message.contains("refused by Flotilla"),
+                    "{url}: {status} {answer}"
+                );
+            }
+        }
+    }
+    serve.shutdown().await;
+}
+
 #[tokio::test]
 async fn browser_grid_file_endpoints_take_names_and_single_file_zips_only() {
     let (_site, serve) = serve().await;
