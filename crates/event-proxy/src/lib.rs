@@ -58,8 +58,12 @@ pub struct ProxyState {
     pub metrics: Arc<Metrics>,
     pub started: Instant,
     pub shutdown: CancellationToken,
-    /// Open event streams (against `max_connections`).
+    /// Open event streams (against `max_streams`).
     pub streams: AtomicUsize,
+    /// The most event streams that may be open: `[http] max_connections`,
+    /// or less where the process's connection budget could not keep room
+    /// beside them for publishers, peers and `/health` ([`stream_cap`]).
+    pub max_streams: usize,
     /// Every connection being served: shutdown waits for them.
     pub connections: tokio_util::task::TaskTracker,
     /// Who each open stream was admitted for (for `POST /admin/revoke`).
@@ -70,6 +74,24 @@ pub struct ProxyState {
     pub clock: Arc<dyn Clock>,
     /// The process's connection budget, shared with its other listeners.
     pub listeners: flotilla_net::Listeners,
+}
+
+/// The most event streams a process whose listeners may hold `budget`
+/// connections serves: `configured` (`[http] max_connections`), less where
+/// that would not leave a sixteenth of the budget (at least 64) to
+/// publishers, peers and `/health`, which subscribers must never crowd out.
+pub fn stream_cap(configured: usize, budget: usize) -> usize {
+    let room = (budget / 16).max(64);
+    let cap = configured.min(budget.saturating_sub(room));
+    if cap < configured {
+        tracing::warn!(
+            configured,
+            cap,
+            budget,
+            "http.max_connections is more than the process's connection budget leaves beside publishers and /health: streams are capped lower; raise listeners.max_connections (and the descriptor limit) to allow more"
+        );
+    }
+    cap
 }
 
 impl ProxyState {
@@ -391,7 +413,10 @@ impl Proxy {
         config: ProxyConfig,
         clock: Arc<dyn Clock>,
     ) -> anyhow::Result<Proxy> {
-        let listeners = flotilla_net::Listeners::new(&flotilla_net::ListenerLimits::default());
+        let listeners = flotilla_net::Listeners::new(
+            &flotilla_net::ListenerLimits::default(),
+            flotilla_net::Runs::NoBrowsers,
+        );
         Self::start_with(config, clock, listeners).await
     }
 
@@ -421,7 +446,9 @@ impl Proxy {
         } else {
             None
         };
+        let max_streams = stream_cap(config.http.max_connections, listeners.budget().total());
         let state = Arc::new(ProxyState {
+            max_streams,
             topics: Topics::new(
                 config.history.size_per_topic,
                 Duration::from_secs(config.history.ttl_sec),
@@ -490,5 +517,24 @@ impl Proxy {
                 "connections still open 10 s after shutdown"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streams_leave_publishers_room_in_the_connection_budget() {
+        // `flotilla proxy` on 20,000 descriptors: the documented 15,000.
+        let budget = flotilla_net::Runs::NoBrowsers.default_total(20_000);
+        assert_eq!(stream_cap(15_000, budget), 15_000);
+        // `serve` shares half with its control plane and browsers.
+        let shared = flotilla_net::Runs::Browsers.default_total(20_000);
+        assert_eq!(stream_cap(15_000, shared), 10_000 - 625);
+        // Whatever is configured, a sixteenth (at least 64) stays free.
+        assert_eq!(stream_cap(50_000, 18_976), 18_976 - 1_186);
+        assert_eq!(stream_cap(2, 100), 2);
+        assert_eq!(stream_cap(1_000, 100), 36);
     }
 }

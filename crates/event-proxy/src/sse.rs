@@ -35,7 +35,7 @@ impl Drop for StreamSlot {
 }
 
 fn take_slot(state: &Arc<ProxyState>) -> Option<StreamSlot> {
-    let max = state.config.http.max_connections;
+    let max = state.max_streams;
     state
         .streams
         .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {

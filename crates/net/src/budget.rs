@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::ListenerLimits;
+use crate::{ListenerLimits, Runs};
 
 /// The connections of one process. Cheap to share (`Arc`).
 pub struct Budget {
@@ -91,12 +91,13 @@ impl Refused {
 }
 
 impl Budget {
-    /// A budget of `limits`; a total of 0 means half of the process's
-    /// descriptor limit (the rest stays for browsers' traffic, the store and
-    /// files, so that the process keeps working while clients hold the half).
-    pub fn new(limits: &ListenerLimits) -> Arc<Self> {
+    /// A budget of `limits`; a total of 0 means what [`Runs::default_total`]
+    /// leaves of the process's descriptor limit (the rest stays for
+    /// browsers' traffic, the store and files, so that the process keeps
+    /// working while clients hold all they may).
+    pub fn new(limits: &ListenerLimits, runs: Runs) -> Arc<Self> {
         let total = match limits.max_connections {
-            0 => (crate::descriptors::limit() / 2).max(64),
+            0 => runs.default_total(crate::descriptors::limit()),
             n => n,
         };
         Arc::new(Self {
@@ -315,11 +316,14 @@ mod tests {
     use super::*;
 
     fn budget(per_client: usize, total: usize) -> Arc<Budget> {
-        Budget::new(&ListenerLimits {
-            max_connections_per_client: per_client,
-            max_connections: total,
-            ..ListenerLimits::default()
-        })
+        Budget::new(
+            &ListenerLimits {
+                max_connections_per_client: per_client,
+                max_connections: total,
+                ..ListenerLimits::default()
+            },
+            Runs::NoBrowsers,
+        )
     }
 
     const A: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 1));

@@ -16,6 +16,33 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use bind::bind;
+
+/// Whether a process runs browsers, which decides what its listeners may
+/// take of its descriptors by default (`[listeners] max_connections = 0`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runs {
+    /// `serve` and `agent`: half the descriptors stay for the browsers'
+    /// traffic (their gateways' upstream sockets, pipes, files).
+    Browsers,
+    /// `control` and `proxy`: all but a reserve for the store, files and
+    /// outgoing calls (webhooks, peers, agents) go to listeners.
+    NoBrowsers,
+}
+
+impl Runs {
+    /// The default connection total for a process of `descriptors` files.
+    pub fn default_total(self, descriptors: usize) -> usize {
+        let total = match self {
+            Runs::Browsers => descriptors / 2,
+            Runs::NoBrowsers => descriptors - (descriptors / 4).min(RESERVED_DESCRIPTORS),
+        };
+        total.max(64)
+    }
+}
+
+/// Descriptors a process that runs no browsers keeps out of its listeners'
+/// reach by default.
+pub const RESERVED_DESCRIPTORS: usize = 1024;
 pub use budget::{Budget, Refused, Slot};
 pub use serve::{Body, Listeners};
 
@@ -32,8 +59,8 @@ pub struct ListenerLimits {
     /// Connections one client address may hold open at once, over all the
     /// process's listeners.
     pub max_connections_per_client: usize,
-    /// Connections all clients may hold open at once; 0 = half of the
-    /// process's descriptor limit.
+    /// Connections all clients may hold open at once; 0 = what [`Runs`]
+    /// leaves of the process's descriptor limit.
     pub max_connections: usize,
 }
 
@@ -81,4 +108,17 @@ pub enum ConfigError {
     Timeout { key: &'static str, value: f64 },
     #[error("listeners.max_connections_per_client must be at least 1")]
     NoConnectionsPerClient,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_without_browsers_keeps_only_a_reserve_of_its_descriptors() {
+        assert_eq!(Runs::Browsers.default_total(20_000), 10_000);
+        assert_eq!(Runs::NoBrowsers.default_total(20_000), 18_976);
+        assert_eq!(Runs::NoBrowsers.default_total(1024), 768);
+        assert_eq!(Runs::NoBrowsers.default_total(10), 64);
+    }
 }

@@ -44,9 +44,9 @@ pub struct Listeners {
 }
 
 impl Listeners {
-    pub fn new(limits: &ListenerLimits) -> Self {
+    pub fn new(limits: &ListenerLimits, runs: crate::Runs) -> Self {
         Self {
-            budget: Budget::new(limits),
+            budget: Budget::new(limits, runs),
             limits: limits.clone(),
         }
     }

@@ -42,7 +42,7 @@ impl AgentNode {
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("cannot create data_dir {}", config.data_dir.display()))?;
         let data_dir = config.data_dir.canonicalize()?;
-        let listeners = process_listeners(&config);
+        let listeners = process_listeners(&config, flotilla_net::Runs::Browsers);
         let listener = bind_agent_listener(&config).await?;
         let addr = listener.local_addr()?;
         let snapshots = SnapshotStore::open(&config.snapshots, &data_dir.join("snapshots"))?;

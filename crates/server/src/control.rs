@@ -45,7 +45,7 @@ impl Control {
             ControlPlane::new(store, config.control.clone(), Arc::new(SystemClock))
                 .with_snapshots(Arc::new(crate::local::Artifacts(snapshots))),
         );
-        let listeners = process_listeners(&config);
+        let listeners = process_listeners(&config, flotilla_net::Runs::NoBrowsers);
         let listener = bind(config.listen_addr()?, "listen").await?;
         let addr = listener.local_addr()?;
         let shutdown = CancellationToken::new();

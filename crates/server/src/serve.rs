@@ -53,7 +53,7 @@ impl Serve {
         let store =
             Store::connect(&config.database_url(), config.control.store.max_connections).await?;
         let snapshots = SnapshotStore::open(&config.snapshots, &data_dir.join("snapshots"))?;
-        let listeners = process_listeners(&config);
+        let listeners = process_listeners(&config, flotilla_net::Runs::Browsers);
         let control_listener = bind(config.listen_addr()?, "listen").await?;
         let control_addr = control_listener.local_addr()?;
 
@@ -210,9 +210,9 @@ pub(crate) fn spawn_http(
 
 /// The listeners of a process starting now: its descriptor limit raised to
 /// the hard limit first, so that the budget is sized from what it may use.
-pub(crate) fn process_listeners(config: &FlotillaConfig) -> Listeners {
+pub(crate) fn process_listeners(config: &FlotillaConfig, runs: flotilla_net::Runs) -> Listeners {
     let descriptors = flotilla_net::descriptors::raise_to_hard_limit();
-    let listeners = Listeners::new(&config.listeners);
+    let listeners = Listeners::new(&config.listeners, runs);
     tracing::debug!(
         descriptors,
         connections = listeners.budget().total(),

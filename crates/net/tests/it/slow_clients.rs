@@ -36,7 +36,7 @@ async fn server(limits: ListenerLimits) -> Server {
         .route("/health", get(|| async { "ok" }))
         .route("/echo", post(|body: String| async move { body }))
         .route("/big", get(move || async move { big.clone() }));
-    let listeners = Listeners::new(&limits);
+    let listeners = Listeners::new(&limits, flotilla_net::Runs::NoBrowsers);
     let stop = CancellationToken::new();
     tokio::spawn({
         let listeners = listeners.clone();

@@ -130,7 +130,10 @@ async fn sim_agent_with(
         snapshots: SnapshotStore::open(&SnapshotsConfig::default(), &dir.join("snapshots"))
             .unwrap(),
         clock: Arc::new(SystemClock),
-        listeners: flotilla_net::Listeners::new(&flotilla_net::ListenerLimits::default()),
+        listeners: flotilla_net::Listeners::new(
+            &flotilla_net::ListenerLimits::default(),
+            flotilla_net::Runs::Browsers,
+        ),
     };
     Agent::start(settings, link).await.unwrap()
 }
