@@ -373,6 +373,19 @@ impl ActionRequest {
     }
 
     fn check_request_options(&self) -> Result<(), String> {
+        /// Headers the browser writes itself: a request carrying one of
+        /// them is never sent (the page would wait out its timeout).
+        const BROWSER_HEADERS: &[&str] = &[
+            "host",
+            "connection",
+            "content-length",
+            "transfer-encoding",
+            "keep-alive",
+            "upgrade",
+            "te",
+            "trailer",
+            "expect",
+        ];
         if self.headers.len() > MAX_HEADERS {
             return Err(format!("headers takes at most {MAX_HEADERS} entries"));
         }
@@ -384,6 +397,12 @@ impl ActionRequest {
                     .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
             if !token {
                 return Err(format!("headers: {name:?} is not a header name"));
+            }
+            let lower = name.to_ascii_lowercase();
+            if BROWSER_HEADERS.contains(&lower.as_str()) || lower.starts_with("proxy-") {
+                return Err(format!(
+                    "headers.{name} cannot be set: the browser sets it itself (as it does Host, Connection, Content-Length, Transfer-Encoding and every Proxy-… header)"
+                ));
             }
             if value.len() > 8192 || value.chars().any(|c| c.is_control() && c != '\t') {
                 return Err(format!(
@@ -703,6 +722,16 @@ mod tests {
                 ActionKind::Content,
                 serde_json::json!({"url": "http://a.test/", "headers": {"x-a": "a\r\nb: c"}}),
                 "headers.x-a",
+            ),
+            (
+                ActionKind::Content,
+                serde_json::json!({"url": "http://a.test/", "headers": {"Host": "b.test"}}),
+                "headers.Host cannot be set",
+            ),
+            (
+                ActionKind::Pdf,
+                serde_json::json!({"url": "http://a.test/", "headers": {"proxy-authorization": "Basic x"}}),
+                "headers.proxy-authorization cannot be set",
             ),
             (
                 ActionKind::Content,

@@ -354,8 +354,7 @@ async fn agent(config: FlotillaConfig) -> anyhow::Result<()> {
 
 async fn proxy(config: FlotillaConfig) -> anyhow::Result<()> {
     flotilla_net::descriptors::raise_to_hard_limit();
-    let listeners =
-        flotilla_net::Listeners::new(&config.listeners, flotilla_net::Runs::NoBrowsers);
+    let listeners = flotilla_net::Listeners::new(&config.listeners, flotilla_net::Runs::NoBrowsers);
     let clock = std::sync::Arc::new(flotilla_api_types::clock::SystemClock);
     let proxy = Proxy::start_with(config.proxy, clock, listeners)
         .await

@@ -103,7 +103,9 @@ async fn subscribe_from(
     socket.bind((source, 0).into()).unwrap();
     let mut stream = socket.connect(proxy).await.unwrap();
     stream
-        .write_all(b"GET /events/crowd HTTP/1.1\r\nHost: proxy\r\nAccept: text/event-stream\r\n\r\n")
+        .write_all(
+            b"GET /events/crowd HTTP/1.1\r\nHost: proxy\r\nAccept: text/event-stream\r\n\r\n",
+        )
         .await
         .unwrap();
     let mut head = Vec::new();

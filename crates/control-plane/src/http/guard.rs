@@ -227,11 +227,15 @@ pub async fn guard(
         }
         .into_response(),
         (_, None) if guard.auth_enabled && !guard.is_open(&path) && !door => {
+            let in_query = path == super::playwright::PATH
+                && request.uri().query().and_then(query_token).is_some();
             let detail = if request
                 .headers()
                 .contains_key(axum::http::header::AUTHORIZATION)
             {
                 "invalid API key"
+            } else if in_query {
+                "invalid API key (the token parameter)"
             } else {
                 "missing API key: send Authorization: Bearer <API_KEY>"
             };

@@ -26,9 +26,11 @@ pub fn mcp_post() {}
     params(("Mcp-Session-Id" = String, Header)),
     responses(
         (status = 200, description = "Server-sent events", content_type = "text/event-stream"),
+        (status = 400, description = "No Mcp-Session-Id header"),
         (status = 401, description = "No valid API key", body = flotilla_api_types::ErrorResponse),
         (status = 404, description = "No such session"),
         (status = 405, description = "Not offered to a client of the stateless protocol"),
+        (status = 406, description = "Accept does not name text/event-stream"),
     ))]
 pub fn mcp_stream() {}
 
@@ -38,6 +40,7 @@ pub fn mcp_stream() {}
     params(("Mcp-Session-Id" = String, Header)),
     responses(
         (status = 202, description = "The session ends"),
+        (status = 400, description = "No Mcp-Session-Id header"),
         (status = 401, description = "No valid API key", body = flotilla_api_types::ErrorResponse),
         (status = 404, description = "No such session"),
     ))]

@@ -427,10 +427,14 @@ async fn browser_playwright_refuses_versions_not_installed_and_clients_without_a
         status.contains(" 401 "),
         "/v2/playwright without a key: {status}"
     );
-    let (status, _) = upgrade(port, "/v2/playwright?token=not-a-key", newest).await;
+    let (status, body) = upgrade(port, "/v2/playwright?token=not-a-key", newest).await;
     assert!(
         status.contains(" 401 "),
         "/v2/playwright with a wrong key: {status}"
+    );
+    assert!(
+        body.contains("invalid API key (the token parameter)"),
+        "a wrong key is not a missing one: {body}"
     );
     // Nothing was started for any of them.
     let servers: Vec<_> = std::fs::read_dir(serve.data_dir.join("agent/instances").join(&id))
