@@ -63,6 +63,14 @@ async def main(base, key, form):
                 seen["evaluated"] = text_of(
                     await call("browser_evaluate", expression="document.getElementById('out').textContent")
                 )
+                # Values the page writes out itself: deeper than a JSON
+                # reader's 128 levels, and far larger than a tool's answer.
+                deep = await session.call_tool("browser_evaluate", {
+                    "expression": "(() => { let v = 'bottom'; for (let i = 0; i < 200; i++) v = [v]; return v; })()"})
+                seen["deep"] = {"is_error": deep.is_error, "text": text_of(deep)}
+                large = await session.call_tool("browser_evaluate", {"expression": "Array(4e6).fill(0)"})
+                seen["large"] = {"is_error": large.is_error, "length": len(text_of(large)),
+                                 "end": text_of(large)[-60:]}
                 wrong = await session.call_tool("browser_click", {"ref": "e999999999"})
                 seen["wrong_ref"] = {"is_error": wrong.is_error, "text": text_of(wrong)}
                 unknown = await session.call_tool("browser_navigate", {"url": "file:///etc/passwd"})

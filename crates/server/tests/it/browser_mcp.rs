@@ -126,6 +126,22 @@ async fn browser_mcp_agents_do_a_task_with_the_official_clients_and_their_sessio
         "{seen}"
     );
     assert_eq!(seen["uploaded"], "\"photo.png:5\"", "{seen}");
+    // A value nested deeper than 128 levels is answered, not left to time out.
+    assert_eq!(seen["deep"]["is_error"], false, "{}", seen["deep"]);
+    assert!(
+        seen["deep"]["text"].as_str().unwrap().contains("\"bottom\""),
+        "{}",
+        seen["deep"]
+    );
+    // A huge one is cut to a tool answer's size by the page.
+    assert_eq!(seen["large"]["is_error"], false, "{}", seen["large"]);
+    let length = seen["large"]["length"].as_u64().unwrap();
+    assert!(length <= (256 << 10) + 100, "{length}");
+    assert!(
+        seen["large"]["end"].as_str().unwrap().contains("cut"),
+        "{}",
+        seen["large"]
+    );
     // Files named as paths, bad encodings and empty lists are refused; the
     // browser reaches the control plane no more through MCP than otherwise.
     for (label, expected) in [
