@@ -19,27 +19,118 @@ const { PlaywrightServer } = core.remote;
 const { nullProgress, DispatcherConnection } = core.server;
 
 // Calls a remote client has no business making, refused before they run:
-// they name paths on the server's side, where the server would write.
-// (Playwright's remote clients save artifacts with saveAsStream and name
-// traces without folders.) If this Playwright has no such hook, the server
-// does not start.
+// they name paths on the server's side, where the server would read or
+// write. Read from the protocol of every served version (1.60 to 1.65):
+// - Artifact.saveAs: a path to save to (remote clients use saveAsStream);
+// - Tracing.tracingStart/tracingStartChunk: a trace name with a folder;
+// - BrowserContext.createTempFiles: file names that are not relative paths
+//   of plain names inside the upload's own folder (1.60 joined them
+//   unchecked: '../../downloads/x' wrote anywhere the browser user may),
+//   a root folder name that is not a plain name, a name twice, or a file
+//   inside another (both would crash the server);
+// - Frame/ElementHandle.setInputFiles and Frame.drop: local paths outside
+//   this server's temporary folder, where createTempFiles puts uploads;
+// - BrowserContext.enableRecorder (showRecorder from 1.64): an output file
+//   or a storage file to save;
+// - Playwright.newRequest: a folder for traces;
+// And one is rewritten: Browser.newContext/newContextForReuse record videos
+// into the server's artifacts, never into a folder the client names
+// (Playwright's server drops it from newContext only; its remote client
+// sends its own local folder, and videos come back through saveAs()).
+// Launches, connectOverCDP (with its artifactsDir), Android and Electron are
+// refused by the server itself (denyLaunch), and LocalUtils (zip, HAR) is
+// not offered to a server's clients. If this Playwright has no such hook,
+// the server does not start.
 if (typeof DispatcherConnection?.prototype?.dispatch !== "function")
   throw new Error("this playwright-core has no DispatcherConnection.dispatch to guard");
+const path = require("path");
+const fs = require("fs");
 const unsafeName = (name) => typeof name === "string" && (/[\\/]/.test(name) || name.includes(".."));
+const plainName = (name) =>
+  typeof name === "string" && name.length > 0 && name.length <= 255 && !/[\\/\0]/.test(name) && name !== "." && name !== "..";
+const relativeOfPlainNames = (name) =>
+  typeof name === "string" && name.length > 0 && name.length <= 4096 && name.split("/").every(plainName);
+const shown = (value) => JSON.stringify(String(value)).slice(0, 120);
+
+function tempFilesRefusal(params) {
+  if (params?.rootDirName !== undefined && !plainName(params.rootDirName))
+    return `a root folder name that is not a plain name (${shown(params.rootDirName)})`;
+  const names = Array.isArray(params?.items) ? params.items.map((item) => item?.name) : [];
+  if (names.length > 10000)
+    return "more than 10000 files at once";
+  const bad = names.find((name) => !relativeOfPlainNames(name));
+  if (bad !== undefined)
+    return `a file name that is not a relative path of plain names (${shown(bad)})`;
+  const seen = new Set(names);
+  if (seen.size !== names.length)
+    return "a file named twice";
+  for (const name of names) {
+    const parts = name.split("/");
+    for (let i = 1; i < parts.length; i++) {
+      if (seen.has(parts.slice(0, i).join("/")))
+        return `a file inside another file (${shown(name)})`;
+    }
+  }
+  return null;
+}
+
+// Where createTempFiles puts uploads (the artifacts folder under TMPDIR).
+const tempRoot = fs.realpathSync(tmp);
+function outsideTemp(paths) {
+  return paths.some((given) => {
+    if (typeof given !== "string")
+      return true;
+    let real;
+    try {
+      real = fs.realpathSync(path.resolve(tempRoot, given));
+    } catch {
+      return true;
+    }
+    return real !== tempRoot && !real.startsWith(tempRoot + path.sep);
+  });
+}
+
 function refusal(type, method, params) {
   if (type === "Artifact" && method === "saveAs")
     return "saving to a path on the server: use saveAs() of a remote client (it streams the file)";
   if (type === "Tracing" && (method === "tracingStart" || method === "tracingStartChunk") && unsafeName(params?.name))
     return "a trace name with a folder in it";
+  if (type === "BrowserContext" && method === "createTempFiles")
+    return tempFilesRefusal(params);
+  if ((type === "Frame" || type === "ElementHandle") && (method === "setInputFiles" || method === "drop")) {
+    const paths = [...(params?.localPaths ?? []), ...(params?.localDirectory !== undefined ? [params.localDirectory] : [])];
+    if (outsideTemp(paths))
+      return "files named by a path outside the uploads this server received (send them with setInputFiles from the client)";
+  }
+  if (type === "BrowserContext" && (method === "enableRecorder" || method === "showRecorder") && (params?.outputFile !== undefined || params?.saveStorage !== undefined))
+    return "a recorder writing to a file on the server";
+  if (type === "Playwright" && method === "newRequest" && params?.tracesDir !== undefined)
+    return "a folder for traces on the server";
   return null;
+}
+
+function withoutServerPaths(type, method, message) {
+  const video = message.params?.recordVideo;
+  if (type === "Browser" && (method === "newContext" || method === "newContextForReuse") && video?.dir !== undefined) {
+    const { dir, ...kept } = video;
+    return { ...message, params: { ...message.params, recordVideo: kept } };
+  }
+  return message;
 }
 const dispatch = DispatcherConnection.prototype.dispatch;
 DispatcherConnection.prototype.dispatch = function (message) {
   const dispatcher = this._dispatcherByGuid?.get?.(message?.guid);
+  if (dispatcher)
+    message = withoutServerPaths(dispatcher._type, message.method, message);
   const why = dispatcher && refusal(dispatcher._type, message.method, message.params);
   if (why)
     message = { ...message, method: `${message.method} is refused by Flotilla: ${why}` };
-  return dispatch.call(this, message);
+  const dispatched = dispatch.call(this, message);
+  // A message the server cannot take (a broken initialize) must not end
+  // the server for the instance's other clients.
+  if (dispatched && typeof dispatched.catch === "function")
+    dispatched.catch((error) => process.stderr.write(`a client message failed: ${String(error).split("\n")[0]}\n`));
+  return dispatched;
 };
 
 let secret = null;

@@ -625,3 +625,66 @@ async fn browser_playwright_wakes_a_parked_instance_with_its_tabs_and_makes_inst
     let _: &Value = &detail;
     serve.api.delete_instance(&kept_id).await;
 }
+
+/// Files under `dir` whose name starts with `prefix`, anywhere below it.
+fn files_named(dir: &std::path::Path, prefix: &str) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(folder) = pending.pop() {
+        for entry in std::fs::read_dir(&folder).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+                pending.push(path);
+            } else if entry.file_name().to_string_lossy().starts_with(prefix) {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+/// Every call of Playwright's protocol that names a path on the server's
+/// side is refused, for the oldest served version (1.60, whose
+/// createTempFiles joined names unchecked) and the newest: nothing lands in
+/// the downloads, the profile or anywhere else, the server lives on, and a
+/// real folder upload with sub-folders still works.
+#[tokio::test]
+async fn browser_playwright_clients_cannot_name_paths_on_the_servers_side() {
+    let site = serve_page(&[("/page", PAGE)]).await;
+    let serve = door_serve(&site).await;
+    let (id, _, instance) = serve.api.create_running("{}").await;
+    let (base, _) = split_token(instance["urls"]["playwright"].as_str().unwrap());
+    let headers = format!(r#"{{"Authorization": "Bearer {KEY}"}}"#);
+    for version in ["1.60.0", "1.65.1"] {
+        let core = format!(
+            "{}/{version}/node_modules/playwright-core",
+            flotilla_node_agent::config::DEFAULT_PLAYWRIGHT_DIR
+        );
+        let seen = run_node("playwright_paths.mjs", &[&core, &base, &headers])
+            .await
+            .unwrap_or_else(|e| panic!("the {version} client runs: {e}"));
+        for (attempt, outcome) in seen.as_object().unwrap() {
+            if ["folder_upload", "server_alive", "video_dir"].contains(&attempt.as_str()) {
+                continue;
+            }
+            let outcome = outcome.as_str().unwrap();
+            assert!(
+                outcome.contains("refused by Flotilla"),
+                "{version} {attempt}: {outcome}"
+            );
+        }
+        assert_eq!(
+            seen["folder_upload"], r#"ok: ["upload-dir/a.txt:1","upload-dir/sub/b.txt:2"]"#,
+            "{version}: {seen}"
+        );
+        assert_eq!(seen["server_alive"], "ok: 2", "{version}: {seen}");
+        assert_eq!(seen["video_dir"], "ok: true", "{version}: {seen}");
+    }
+    let instance_dir = serve.data_dir.join("agent/instances").join(&id);
+    assert_eq!(files_named(&instance_dir, "evil"), Vec::<std::path::PathBuf>::new());
+    assert_eq!(files_named(&instance_dir, "recorded"), Vec::<std::path::PathBuf>::new());
+    assert!(!instance_dir.join("profile/videos-evil").exists());
+    let (_, downloads) = serve.api.get(&format!("/v2/instances/{id}/downloads")).await;
+    assert_eq!(downloads["downloads"], serde_json::json!([]), "{downloads}");
+    serve.shutdown().await;
+}
