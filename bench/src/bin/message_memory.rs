@@ -235,7 +235,10 @@ async fn run_build(label: &str, binary: &Path, size: usize) -> anyhow::Result<Ve
     let created = create_running(&http, &base, "{}", Duration::from_millis(20)).await?;
     let instance = Instance {
         id: created["id"].as_str().context("id")?.to_owned(),
-        debug: created["urls"]["debug"].as_str().context("debug")?.to_owned(),
+        debug: created["urls"]["debug"]
+            .as_str()
+            .context("debug")?
+            .to_owned(),
     };
     let pad = zeros(size);
     let mut rows = Vec::new();
@@ -263,7 +266,10 @@ async fn run_build(label: &str, binary: &Path, size: usize) -> anyhow::Result<Ve
         base.replacen("http", "ws", 1),
         instance.id
     );
-    let agent = [("user-agent", "Playwright/1.65.1 (x64; debian 12) node/20.19")];
+    let agent = [(
+        "user-agent",
+        "Playwright/1.65.1 (x64; debian 12) node/20.19",
+    )];
     let message = format!(
         r#"{{"id":1,"guid":"","method":"initialize","params":{{"sdkLanguage":"javascript","pad":{pad}}}}}"#
     );
@@ -273,7 +279,9 @@ async fn run_build(label: &str, binary: &Path, size: usize) -> anyhow::Result<Ve
     );
     drop(pad);
     let largest = zeros(99 << 20);
-    let cdp = format!(r#"{{"id":1,"method":"Runtime.evaluate","params":{{"expression":"0","pad":{largest}}}}}"#);
+    let cdp = format!(
+        r#"{{"id":1,"method":"Runtime.evaluate","params":{{"expression":"0","pad":{largest}}}}}"#
+    );
     row(
         "CDP, the largest message (99 MiB)",
         growth_while(pid, &health, send_one(&instance.debug, &[], cdp)).await?,
@@ -304,7 +312,12 @@ async fn run_build(label: &str, binary: &Path, size: usize) -> anyhow::Result<Ve
     );
     row(
         "MCP browser_evaluate Array(4e6).fill(0)",
-        growth_while(pid, &health, mcp_evaluate(&http, &base, "Array(4e6).fill(0)")).await?,
+        growth_while(
+            pid,
+            &health,
+            mcp_evaluate(&http, &base, "Array(4e6).fill(0)"),
+        )
+        .await?,
     );
     serve.stop().await;
     Ok(rows)

@@ -69,6 +69,9 @@ pub struct McpConfig {
     pub session_idle_timeout_sec: u64,
     /// Sessions this control plane holds at once; a new one past it is 503.
     pub max_sessions: usize,
+    /// Sessions one API key holds at once (its share of `max_sessions`); a
+    /// new one past it is 503. Applies with authentication on.
+    pub max_sessions_per_key: usize,
 }
 
 impl Default for McpConfig {
@@ -79,6 +82,7 @@ impl Default for McpConfig {
             step_timeout_ms: 60_000,
             session_idle_timeout_sec: 3600,
             max_sessions: 1000,
+            max_sessions_per_key: 100,
         }
     }
 }
@@ -489,9 +493,12 @@ impl ControlPlaneConfig {
                 key: "actions.max_html_bytes",
             });
         }
-        if self.mcp.session_idle_timeout_sec == 0 || self.mcp.max_sessions == 0 {
+        if self.mcp.session_idle_timeout_sec == 0
+            || self.mcp.max_sessions == 0
+            || self.mcp.max_sessions_per_key == 0
+        {
             return Err(ConfigError::Zero {
-                key: "mcp.session_idle_timeout_sec and mcp.max_sessions",
+                key: "mcp.session_idle_timeout_sec, mcp.max_sessions and mcp.max_sessions_per_key",
             });
         }
         if self.mcp.step_timeout_ms == 0 {

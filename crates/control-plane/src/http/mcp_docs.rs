@@ -14,10 +14,10 @@
         (status = 202, description = "A notification or response was taken"),
         (status = 400, description = "Not a JSON-RPC message, or a wrong protocol version"),
         (status = 401, description = "No valid API key", body = flotilla_api_types::ErrorResponse),
-        (status = 404, description = "The session ended or never was; initialize again"),
+        (status = 404, description = "The session ended, never was, or is another API key's; initialize again"),
         (status = 406, description = "Accept does not name application/json and text/event-stream"),
         (status = 413, description = "A body over 4 MiB"),
-        (status = 503, description = "mcp.max_sessions sessions are open (a new session only)", body = flotilla_api_types::ErrorResponse),
+        (status = 503, description = "mcp.max_sessions sessions are open, or the key's mcp.max_sessions_per_key (a new session only)", body = flotilla_api_types::ErrorResponse),
     ))]
 pub fn mcp_post() {}
 

@@ -129,7 +129,10 @@ async fn browser_mcp_agents_do_a_task_with_the_official_clients_and_their_sessio
     // A value nested deeper than 128 levels is answered, not left to time out.
     assert_eq!(seen["deep"]["is_error"], false, "{}", seen["deep"]);
     assert!(
-        seen["deep"]["text"].as_str().unwrap().contains("\"bottom\""),
+        seen["deep"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("\"bottom\""),
         "{}",
         seen["deep"]
     );
@@ -322,5 +325,62 @@ async fn only_a_control_link_hands_back_and_only_once() {
     // The link's page is gone with it.
     let (status, _) = api.get(&control).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+    serve.shutdown().await;
+}
+
+/// A session is its key's: another key naming its `Mcp-Session-Id` gets the
+/// answer of a session that never was, for every method, and cannot end
+/// it; each key holds at most `mcp.max_sessions_per_key`.
+#[tokio::test]
+async fn mcp_sessions_belong_to_the_key_that_opened_them() {
+    const OTHER_KEY: &str = "flt_mcp_other_key";
+    let serve = spawn_serve_with(|config| {
+        config.agent.runtime = flotilla_node_agent::RuntimeKind::Sim;
+        config.control.auth_enabled = true;
+        config.control.api_keys = vec![KEY.into(), OTHER_KEY.into()];
+        config.control.mcp.max_sessions_per_key = 1;
+    })
+    .await;
+    let seen = run_python("mcp_two_keys.py", &[&serve.api.base, KEY, OTHER_KEY])
+        .await
+        .expect("the two clients run");
+    assert_eq!(seen["a_tools"], TOOLS.len(), "{seen}");
+    assert_eq!(seen["a_tools_after"], TOOLS.len(), "{seen}");
+    for method in ["b_get", "b_delete"] {
+        assert_eq!(seen[method], 404, "{method}: {seen}");
+    }
+    assert_eq!(seen["b_post"]["status"], 404, "{seen}");
+    assert_eq!(
+        seen["b_post"], seen["unknown_post"],
+        "another key's session answers as one that never was: {seen}"
+    );
+
+    // One session per key here: a second from the same key is refused,
+    // one from another key is not.
+    let http = reqwest::Client::new();
+    let initialize = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    });
+    let open = |key: &'static str| {
+        http.post(format!("{}/mcp", serve.api.base))
+            .bearer_auth(key)
+            .header("accept", "application/json, text/event-stream")
+            .json(&initialize)
+            .send()
+    };
+    let first = open(KEY).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let second = open(KEY).await.unwrap();
+    assert_eq!(second.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let detail: Value = second.json().await.unwrap();
+    assert!(
+        detail["detail"]
+            .as_str()
+            .unwrap()
+            .contains("mcp.max_sessions_per_key"),
+        "{detail}"
+    );
+    assert_eq!(open(OTHER_KEY).await.unwrap().status(), StatusCode::OK);
     serve.shutdown().await;
 }

@@ -681,10 +681,19 @@ async fn browser_playwright_clients_cannot_name_paths_on_the_servers_side() {
         assert_eq!(seen["video_dir"], "ok: true", "{version}: {seen}");
     }
     let instance_dir = serve.data_dir.join("agent/instances").join(&id);
-    assert_eq!(files_named(&instance_dir, "evil"), Vec::<std::path::PathBuf>::new());
-    assert_eq!(files_named(&instance_dir, "recorded"), Vec::<std::path::PathBuf>::new());
+    assert_eq!(
+        files_named(&instance_dir, "evil"),
+        Vec::<std::path::PathBuf>::new()
+    );
+    assert_eq!(
+        files_named(&instance_dir, "recorded"),
+        Vec::<std::path::PathBuf>::new()
+    );
     assert!(!instance_dir.join("profile/videos-evil").exists());
-    let (_, downloads) = serve.api.get(&format!("/v2/instances/{id}/downloads")).await;
+    let (_, downloads) = serve
+        .api
+        .get(&format!("/v2/instances/{id}/downloads"))
+        .await;
     assert_eq!(downloads["downloads"], serde_json::json!([]), "{downloads}");
     serve.shutdown().await;
 }

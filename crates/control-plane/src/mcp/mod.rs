@@ -39,6 +39,8 @@ use crate::app::ControlPlane;
 use crate::config::SessionEnd;
 use crate::error::Error;
 
+mod owners;
+
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 
@@ -66,34 +68,83 @@ pub fn router(control_plane: Arc<ControlPlane>) -> axum::Router<Arc<ControlPlane
             config,
         )
     };
-    let max_sessions = settings.max_sessions;
+    let limits = (settings.max_sessions, settings.max_sessions_per_key);
+    let owners = Arc::new(owners::SessionOwners::default());
     axum::Router::new()
         .route_service("/mcp", service)
         .layer(axum::middleware::from_fn(
             move |request: axum::extract::Request, next: axum::middleware::Next| {
-                let manager = manager.clone();
-                async move {
-                    // Clients of the stateless protocol (2026-07-28 on) send
-                    // its version on every request and open no session.
-                    let stateless = request
-                        .headers()
-                        .get("mcp-protocol-version")
-                        .and_then(|v| v.to_str().ok())
-                        .is_some_and(|version| version >= "2026-07-28");
-                    let opens_a_session = request.method() == axum::http::Method::POST
-                        && !request.headers().contains_key("mcp-session-id")
-                        && !stateless;
-                    if opens_a_session && manager.sessions.read().await.len() >= max_sessions {
-                        return axum::response::IntoResponse::into_response(
-                            Error::InsufficientCapacity(format!(
-                                "{max_sessions} MCP sessions are open, the most this control plane holds (mcp.max_sessions): end one, or retry later"
-                            )),
-                        );
-                    }
-                    next.run(request).await
-                }
+                let (manager, owners) = (manager.clone(), owners.clone());
+                async move { admit(request, next, (&manager, &owners), limits).await }
             },
         ))
+}
+
+/// The `/mcp` middleware: a session is its opener's (another key's request
+/// about it is a 404, as for a session that never was), and a new one is
+/// refused past `mcp.max_sessions` or the key's `mcp.max_sessions_per_key`.
+async fn admit(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+    (manager, owners): (&LocalSessionManager, &owners::SessionOwners),
+    (max_sessions, per_key): (usize, usize),
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let principal = request
+        .extensions()
+        .get::<crate::http::Principal>()
+        .cloned()
+        .unwrap_or_else(|| crate::http::Principal("anonymous".into()));
+    let session = request
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    if let Some(id) = &session
+        && let Err(refusal) = owners.check(id, &principal.0)
+    {
+        return Error::NotFound(refusal.to_string()).into_response();
+    }
+    // Clients of the stateless protocol (2026-07-28 on) send its version on
+    // every request and open no session.
+    let stateless = request
+        .headers()
+        .get("mcp-protocol-version")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|version| version >= "2026-07-28");
+    let opens_a_session =
+        request.method() == axum::http::Method::POST && session.is_none() && !stateless;
+    if opens_a_session {
+        let live = manager.sessions.read().await;
+        if live.len() >= max_sessions {
+            return Error::InsufficientCapacity(format!(
+                "{max_sessions} MCP sessions are open, the most this control plane holds (mcp.max_sessions): end one, or retry later"
+            ))
+            .into_response();
+        }
+        if principal.is_key()
+            && let Err(refusal) = owners.may_open(&principal.0, per_key, |id| live.contains_key(id))
+        {
+            return Error::InsufficientCapacity(refusal.to_string()).into_response();
+        }
+    }
+    let ends = request.method() == axum::http::Method::DELETE;
+    let response = next.run(request).await;
+    if opens_a_session
+        && let Some(id) = response
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+    {
+        owners.opened(id, &principal.0);
+    }
+    if ends
+        && response.status().is_success()
+        && let Some(id) = &session
+    {
+        owners.ended(id);
+    }
+    response
 }
 
 /// One MCP session's state and tools.

@@ -1,0 +1,99 @@
+//! Whose each MCP session is: the API key that opened it, and only that key
+//! may use it (another key naming its `Mcp-Session-Id` gets the same 404 as
+//! a session that never was). Each key holds at most
+//! `mcp.max_sessions_per_key` sessions, its share of `mcp.max_sessions`.
+//!
+//! rmcp's session manager knows sessions, not keys; this table sits beside
+//! it in the `/mcp` middleware: an entry is made when an `initialize`
+//! answer names a new session, and dropped when the session is ended or no
+//! longer in the manager (an idle session it ended).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// Session id → the principal that opened it. A std mutex: a few map
+/// operations, never held across an await.
+#[derive(Default)]
+pub struct SessionOwners {
+    owners: Mutex<HashMap<String, String>>,
+}
+
+/// Why a request about a session is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SessionRefusal {
+    #[error("no such MCP session: initialize a new one")]
+    NotYours,
+    #[error(
+        "this API key holds {0} MCP sessions, its share (mcp.max_sessions_per_key): end one, or retry later"
+    )]
+    KeyFull(usize),
+}
+
+impl SessionOwners {
+    /// Whether `principal` may open another session; `live` says which
+    /// sessions the manager still holds (the others are forgotten here).
+    pub fn may_open(
+        &self,
+        principal: &str,
+        per_key: usize,
+        live: impl Fn(&str) -> bool,
+    ) -> Result<(), SessionRefusal> {
+        let mut owners = self.owners.lock().expect("mcp owners lock");
+        owners.retain(|id, _| live(id));
+        let held = owners.values().filter(|owner| *owner == principal).count();
+        if held >= per_key {
+            return Err(SessionRefusal::KeyFull(held));
+        }
+        Ok(())
+    }
+
+    /// Records that `principal` opened session `id`.
+    pub fn opened(&self, id: &str, principal: &str) {
+        self.owners
+            .lock()
+            .expect("mcp owners lock")
+            .insert(id.to_owned(), principal.to_owned());
+    }
+
+    /// Whether `principal` may use session `id`: it opened it.
+    pub fn check(&self, id: &str, principal: &str) -> Result<(), SessionRefusal> {
+        match self.owners.lock().expect("mcp owners lock").get(id) {
+            Some(owner) if owner == principal => Ok(()),
+            _ => Err(SessionRefusal::NotYours),
+        }
+    }
+
+    /// Forgets session `id` (it ended).
+    pub fn ended(&self, id: &str) {
+        self.owners.lock().expect("mcp owners lock").remove(id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_is_its_openers_and_each_key_has_a_share() {
+        let owners = SessionOwners::default();
+        owners.may_open("key:a", 2, |_| true).unwrap();
+        owners.opened("s1", "key:a");
+        owners.opened("s2", "key:a");
+        assert_eq!(owners.check("s1", "key:a"), Ok(()));
+        assert_eq!(owners.check("s1", "key:b"), Err(SessionRefusal::NotYours));
+        assert_eq!(
+            owners.check("never", "key:a"),
+            Err(SessionRefusal::NotYours)
+        );
+        assert_eq!(
+            owners.may_open("key:a", 2, |_| true),
+            Err(SessionRefusal::KeyFull(2))
+        );
+        owners.may_open("key:b", 2, |_| true).unwrap();
+        // A session the manager no longer holds frees its key's share.
+        owners.may_open("key:a", 2, |id| id != "s2").unwrap();
+        assert_eq!(owners.check("s2", "key:a"), Err(SessionRefusal::NotYours));
+        owners.ended("s1");
+        assert_eq!(owners.check("s1", "key:a"), Err(SessionRefusal::NotYours));
+    }
+}
