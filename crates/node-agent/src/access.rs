@@ -90,7 +90,7 @@ impl NodeAccess {
                 return Ok(Admission::InstanceToken);
             }
             if matches_any_digest(credential.as_bytes(), &policy.api_keys) {
-                return Ok(Admission::ApiKey);
+                return Ok(Admission::ApiKey(sha256(credential.as_bytes())));
             }
         }
         Err(if presented.is_empty() {
@@ -128,13 +128,19 @@ pub async fn require_credential(
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     let token = slot.access_token();
+    let mut request = request;
     match access.admit(token.as_deref(), request.headers(), request.uri().query()) {
-        Ok(_) => next.run(request).await,
+        Ok(admission) => {
+            // Who was let in, for routes that serve one key only (a
+            // WebDriver session is its key's).
+            request.extensions_mut().insert(admission);
+            next.run(request).await
+        }
         Err(refusal) => refusal.response(),
     }
 }
 
-fn parse_digest(hex_digest: &str) -> Option<[u8; 32]> {
+pub(crate) fn parse_digest(hex_digest: &str) -> Option<[u8; 32]> {
     if hex_digest.len() != 64 {
         return None;
     }
@@ -150,7 +156,8 @@ fn parse_digest(hex_digest: &str) -> Option<[u8; 32]> {
 pub enum Admission {
     /// Authentication is off.
     Open,
-    ApiKey,
+    /// An API key, by its SHA-256 digest.
+    ApiKey([u8; 32]),
     InstanceToken,
 }
 
@@ -304,7 +311,7 @@ mod tests {
         );
         assert_eq!(
             admit(Some("Bearer the-api-key"), None),
-            Ok(Admission::ApiKey)
+            Ok(Admission::ApiKey(sha256(b"the-api-key")))
         );
         // A wrong header does not hide a right query parameter.
         assert_eq!(

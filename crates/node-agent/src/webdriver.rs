@@ -26,6 +26,9 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use serde_json::{Value, json};
 
+use flotilla_api_types::credentials::constant_time_eq;
+
+use crate::access::Admission;
 use crate::browser::{CdpEndpoint, InstanceDirs};
 use crate::instance::InstanceSlot;
 use crate::sandbox::Isolation;
@@ -92,6 +95,9 @@ pub struct WebDriver {
 struct State {
     driver: Option<Driver>,
     session: Option<Session>,
+    /// The API key the session is for (its SHA-256): on the instance's own
+    /// port only that key drives it ([`WebDriver::may_drive`]).
+    owner: Option<[u8; 32]>,
     /// The connection commands go over, kept alive between them.
     connection: Option<Kept>,
 }
@@ -146,7 +152,7 @@ impl WebDriver {
         &self,
         confinement: &Confinement<'_>,
         browser: &CdpEndpoint,
-        capabilities: Value,
+        (capabilities, owner): (Value, Option<[u8; 32]>),
     ) -> Result<Value, WebDriverError> {
         let mut state = self.state.lock().await;
         if state.session.is_some() {
@@ -156,6 +162,7 @@ impl WebDriver {
             )));
         }
         let mut answer = attach(&mut state, confinement, browser, &capabilities).await?;
+        state.owner = owner;
         answer["sessionId"] = Value::String(confinement.slot.id.to_string());
         Ok(answer)
     }
@@ -194,6 +201,7 @@ impl WebDriver {
         let Some(session) = state.session.take() else {
             return false;
         };
+        state.owner = None;
         if let Some(driver) = &state.driver
             && driver.browser == session.browser
         {
@@ -206,6 +214,22 @@ impl WebDriver {
     /// Whether the instance has a WebDriver session.
     pub async fn has_session(&self) -> bool {
         self.state.lock().await.session.is_some()
+    }
+
+    /// Whether a request let in as `admission` may drive the session: with
+    /// the instance's token (the front door's way, which checks the key
+    /// itself) or authentication off, yes; with an API key, only the
+    /// session's own.
+    pub async fn may_drive(&self, admission: Admission) -> bool {
+        match admission {
+            Admission::Open | Admission::InstanceToken => true,
+            Admission::ApiKey(key) => self
+                .state
+                .lock()
+                .await
+                .owner
+                .is_some_and(|owner| constant_time_eq(&owner, &key)),
+        }
     }
 }
 
@@ -551,6 +575,49 @@ pub mod routes {
         pub ready_timeout: Duration,
     }
 
+    /// How the request was let in (`access::require_credential` puts it
+    /// on every request of the instance's ports); a request without it is
+    /// refused.
+    #[derive(Clone, Copy)]
+    struct Caller(Admission);
+
+    impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
+        type Rejection = WebDriverError;
+
+        async fn from_request_parts(
+            parts: &mut axum::http::request::Parts,
+            _: &S,
+        ) -> Result<Self, Self::Rejection> {
+            parts
+                .extensions
+                .get::<Admission>()
+                .copied()
+                .map(Caller)
+                .ok_or_else(|| {
+                    WebDriverError::new(500, "unknown error", "the request was not admitted")
+                })
+        }
+    }
+
+    /// The header by which the front door names the API key a session it
+    /// starts is for (its SHA-256, hex); taken only from a request let in
+    /// with the instance's token, which only the door holds besides the
+    /// session's own client.
+    const OWNER_HEADER: &str = "x-flotilla-webdriver-owner";
+
+    /// The key a new session is for: the one that asked, or the one the
+    /// door names.
+    fn owner_of(Caller(admission): Caller, headers: &axum::http::HeaderMap) -> Option<[u8; 32]> {
+        match admission {
+            Admission::ApiKey(key) => Some(key),
+            Admission::InstanceToken => headers
+                .get(OWNER_HEADER)
+                .and_then(|value| value.to_str().ok())
+                .and_then(crate::access::parse_digest),
+            Admission::Open => None,
+        }
+    }
+
     /// A request's body, or why it could not be read (too large: over the
     /// route's limit), answered as a W3C error.
     type Body = Result<Bytes, axum::extract::rejection::BytesRejection>;
@@ -590,8 +657,15 @@ pub mod routes {
     }
 
     /// The session `id` names this instance's, and it has one.
-    async fn own_session(state: &WebDriverState, id: &str) -> Result<(), WebDriverError> {
-        if id == state.slot.id.as_str() && state.webdriver.has_session().await {
+    async fn own_session(
+        state: &WebDriverState,
+        id: &str,
+        Caller(admission): Caller,
+    ) -> Result<(), WebDriverError> {
+        if id == state.slot.id.as_str()
+            && state.webdriver.has_session().await
+            && state.webdriver.may_drive(admission).await
+        {
             Ok(())
         } else {
             Err(WebDriverError::no_session(id))
@@ -602,12 +676,12 @@ pub mod routes {
     /// off the async threads; its value as the W3C answer.
     async fn file_operation(
         state: &WebDriverState,
-        id: &str,
+        (id, caller): (&str, Caller),
         operation: impl FnOnce(&InstanceDirs, &Isolation) -> Result<Value, WebDriverError>
         + Send
         + 'static,
     ) -> Response {
-        if let Err(error) = own_session(state, id).await {
+        if let Err(error) = own_session(state, id, caller).await {
             return error.into_response();
         }
         state.slot.touch();
@@ -628,7 +702,7 @@ pub mod routes {
     /// [`file_operation`] on the request's `body`.
     async fn file_operation_on(
         state: &WebDriverState,
-        id: &str,
+        (id, caller): (&str, Caller),
         body: Body,
         operation: impl FnOnce(&InstanceDirs, &Isolation, &[u8]) -> Result<Value, WebDriverError>
         + Send
@@ -636,7 +710,7 @@ pub mod routes {
     ) -> Response {
         match read(body) {
             Ok(body) => {
-                file_operation(state, id, move |dirs, isolation| {
+                file_operation(state, (id, caller), move |dirs, isolation| {
                     operation(dirs, isolation, &body)
                 })
                 .await
@@ -651,16 +725,17 @@ pub mod routes {
     async fn upload(
         State(state): State<WebDriverState>,
         Path(id): Path<String>,
+        caller: Caller,
         body: axum::body::Body,
     ) -> Response {
-        if let Err(error) = own_session(&state, &id).await {
+        if let Err(error) = own_session(&state, &id, caller).await {
             return error.into_response();
         }
         let zipped = match receive_upload(&state, body).await {
             Ok(zipped) => zipped,
             Err(error) => return error.into_response(),
         };
-        file_operation(&state, &id, move |dirs, isolation| {
+        file_operation(&state, (&id, caller), move |dirs, isolation| {
             crate::se_files::upload(dirs, isolation, zipped)
         })
         .await
@@ -689,16 +764,18 @@ pub mod routes {
     async fn downloads_list(
         State(state): State<WebDriverState>,
         Path(id): Path<String>,
+        caller: Caller,
     ) -> Response {
-        file_operation(&state, &id, |dirs, _| crate::se_files::list(dirs)).await
+        file_operation(&state, (&id, caller), |dirs, _| crate::se_files::list(dirs)).await
     }
 
     async fn download(
         State(state): State<WebDriverState>,
         Path(id): Path<String>,
+        caller: Caller,
         body: Body,
     ) -> Response {
-        file_operation_on(&state, &id, body, |dirs, _, body| {
+        file_operation_on(&state, (&id, caller), body, |dirs, _, body| {
             crate::se_files::download(dirs, body)
         })
         .await
@@ -707,8 +784,12 @@ pub mod routes {
     async fn downloads_delete(
         State(state): State<WebDriverState>,
         Path(id): Path<String>,
+        caller: Caller,
     ) -> Response {
-        file_operation(&state, &id, |dirs, _| crate::se_files::delete_all(dirs)).await
+        file_operation(&state, (&id, caller), |dirs, _| {
+            crate::se_files::delete_all(dirs)
+        })
+        .await
     }
 
     /// The session's WebDriver BiDi socket (the session asked for
@@ -717,10 +798,11 @@ pub mod routes {
     async fn bidi(
         State(state): State<WebDriverState>,
         Path(id): Path<String>,
+        caller: Caller,
         request: axum::extract::Request,
     ) -> Response {
         let relayed = async {
-            own_session(&state, &id).await?;
+            own_session(&state, &id, caller).await?;
             let endpoint = browser(&state).await?;
             let (at, path) = state
                 .webdriver
@@ -794,7 +876,13 @@ pub mod routes {
         }
     }
 
-    async fn new_session(State(state): State<WebDriverState>, body: Body) -> Response {
+    async fn new_session(
+        State(state): State<WebDriverState>,
+        caller: Caller,
+        headers: axum::http::HeaderMap,
+        body: Body,
+    ) -> Response {
+        let owner = owner_of(caller, &headers);
         let created = async {
             let body = read(body)?;
             let request: Value = serde_json::from_slice(&body).map_err(|e| {
@@ -808,7 +896,7 @@ pub mod routes {
             let endpoint = browser(&state).await?;
             state
                 .webdriver
-                .new_session(&confinement(&state), &endpoint, capabilities)
+                .new_session(&confinement(&state), &endpoint, (capabilities, owner))
                 .await
         };
         match created.await {
@@ -822,10 +910,11 @@ pub mod routes {
     async fn session(
         State(state): State<WebDriverState>,
         Path(id): Path<String>,
+        caller: Caller,
         method: Method,
         body: Body,
     ) -> Response {
-        if id != state.slot.id.as_str() {
+        if id != state.slot.id.as_str() || !state.webdriver.may_drive(caller.0).await {
             return WebDriverError::no_session(&id).into_response();
         }
         if method == Method::DELETE {
@@ -847,11 +936,12 @@ pub mod routes {
     async fn command(
         State(state): State<WebDriverState>,
         Path((id, _)): Path<(String, String)>,
+        caller: Caller,
         method: Method,
         uri: axum::http::Uri,
         body: Body,
     ) -> Response {
-        if id != state.slot.id.as_str() {
+        if id != state.slot.id.as_str() || !state.webdriver.may_drive(caller.0).await {
             return WebDriverError::no_session(&id).into_response();
         }
         let rest = match command_path(&uri) {

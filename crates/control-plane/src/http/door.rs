@@ -687,23 +687,25 @@ fn upstream_target(request: &Request, route: &Route) -> String {
 /// Request headers not passed on: the client's credential and `Host` (set
 /// here), hop-by-hop headers, and forwarding headers the door does not vouch for.
 fn passed_on(name: &HeaderName) -> bool {
-    !matches!(
-        name.as_str(),
-        "host"
-            | "origin"
-            | "authorization"
-            | "connection"
-            | "keep-alive"
-            | "proxy-authorization"
-            | "proxy-connection"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-            | "x-forwarded-for"
-            | "x-forwarded-host"
-            | "x-forwarded-proto"
-    )
+    // The agent's own headers come from the control plane alone.
+    !name.as_str().starts_with("x-flotilla-")
+        && !matches!(
+            name.as_str(),
+            "host"
+                | "origin"
+                | "authorization"
+                | "connection"
+                | "keep-alive"
+                | "proxy-authorization"
+                | "proxy-connection"
+                | "te"
+                | "trailer"
+                | "transfer-encoding"
+                | "upgrade"
+                | "x-forwarded-for"
+                | "x-forwarded-host"
+                | "x-forwarded-proto"
+        )
 }
 
 fn port_of(target: &DoorTarget, route: &Route) -> u16 {
@@ -774,6 +776,11 @@ async fn send_upstream(
     for (name, value) in &parts.headers {
         if passed_on(name) {
             upstream = upstream.header(name, value);
+        }
+    }
+    if let Some(AgentHeaders(ours)) = parts.extensions.get::<AgentHeaders>() {
+        for (name, value) in ours {
+            upstream = upstream.header(*name, value);
         }
     }
     upstream = upstream.header(header::HOST, authority);
@@ -851,6 +858,12 @@ pub(crate) async fn forward_to_http_port(
 }
 
 type SendRequest = hyper::client::conn::http1::SendRequest<Body>;
+
+/// Header lines the control plane itself adds to a request it passes to an
+/// instance's port (`x-flotilla-…`: a client's own never pass, see
+/// [`passed_on`]); carried as an extension of the request.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct AgentHeaders(pub Vec<(&'static str, HeaderValue)>);
 
 /// Idle connections to instance HTTP ports, by `host:port`: reused for
 /// WebDriver commands. One kept longer than [`KEEP_IDLE`] is not used (the

@@ -40,6 +40,12 @@ use crate::error::Error;
 #[derive(Debug, Clone)]
 pub struct Principal(pub String);
 
+/// The SHA-256 of the API key a request carried (beside its [`Principal`]),
+/// for what a node must tell apart by key: a WebDriver session is its key's
+/// on the instance's own port too.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyDigest(pub [u8; 32]);
+
 impl Principal {
     /// The request carried an accepted API key.
     pub fn is_key(&self) -> bool {
@@ -135,7 +141,12 @@ impl Guard {
 
     /// The key's id when the request carries an accepted key. Every accepted
     /// key is compared, so the time does not say which one matched.
-    fn principal(&self, headers: &HeaderMap, path: &str, query: Option<&str>) -> Option<Principal> {
+    fn principal(
+        &self,
+        headers: &HeaderMap,
+        path: &str,
+        query: Option<&str>,
+    ) -> Option<(Principal, KeyDigest)> {
         let Some(authorization) = headers.get(axum::http::header::AUTHORIZATION) else {
             // Playwright clients may carry the key in the URL they connect to.
             let key = (path == super::playwright::PATH)
@@ -156,11 +167,15 @@ impl Guard {
         self.principal_of_key(presented)
     }
 
-    /// The key's id when `presented` is an accepted key.
-    fn principal_of_key(&self, presented: &str) -> Option<Principal> {
+    /// The key's id and digest when `presented` is an accepted key.
+    fn principal_of_key(&self, presented: &str) -> Option<(Principal, KeyDigest)> {
         let hash: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
-        matches_any_digest(presented.as_bytes(), &self.key_hashes)
-            .then(|| Principal(format!("key:{}", &hex::encode(hash)[..12])))
+        matches_any_digest(presented.as_bytes(), &self.key_hashes).then(|| {
+            (
+                Principal(format!("key:{}", &hex::encode(hash)[..12])),
+                KeyDigest(hash),
+            )
+        })
     }
 
     /// What agents need to admit clients on instance ports.
@@ -197,11 +212,14 @@ pub async fn guard(
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map_or(IpAddr::from([127, 0, 0, 1]), |c| c.0.ip());
-    let principal = guard.principal(
+    let (principal, digest) = match guard.principal(
         request.headers(),
         request.uri().path(),
         request.uri().query(),
-    );
+    ) {
+        Some((principal, digest)) => (Some(principal), Some(digest)),
+        None => (None, None),
+    };
     let limit_key = match &principal {
         Some(p) => p.0.clone(),
         None => format!("ip:{client}"),
@@ -249,6 +267,9 @@ pub async fn guard(
             request
                 .extensions_mut()
                 .insert(principal.unwrap_or_else(|| Principal("anonymous".into())));
+            if let Some(digest) = digest {
+                request.extensions_mut().insert(digest);
+            }
             next.run(request).await
         }
     };

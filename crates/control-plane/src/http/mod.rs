@@ -24,7 +24,7 @@ mod ui;
 mod webdriver;
 
 pub use extract::{ApiJson, ApiQuery, NoBody, OptionalApiJson};
-pub use guard::{ApiKeyError, Guard, Principal, RateLimiter, check_api_keys};
+pub use guard::{ApiKeyError, Guard, KeyDigest, Principal, RateLimiter, check_api_keys};
 
 use std::sync::Arc;
 

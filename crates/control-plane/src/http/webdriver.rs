@@ -72,6 +72,10 @@ async fn create(
     request: Request,
 ) -> Result<Value, WebDriverRefusal> {
     let owner = principal_of(&request);
+    let owner_key = request
+        .extensions()
+        .get::<crate::http::KeyDigest>()
+        .map(|digest| hex::encode(digest.0));
     let external = door_authority(control_plane, &request);
     let body = http_body_util::Limited::new(request.into_body(), MAX_NEW_SESSION)
         .collect()
@@ -90,7 +94,11 @@ async fn create(
     let instance = control_plane
         .webdriver_instance_create(&session, &owner)
         .await?;
-    match attach(control_plane, &instance.id, &session, (&owner, &external)).await {
+    let owners = Owners {
+        principal: &owner,
+        key: owner_key.as_deref(),
+    };
+    match attach(control_plane, &instance.id, &session, (owners, &external)).await {
         Ok(value) => Ok(value),
         Err(refusal) => {
             // Nothing is left behind a session that did not start.
@@ -100,17 +108,33 @@ async fn create(
     }
 }
 
+/// Whose a new session is: the principal (checked on the front door) and
+/// its key's digest (checked by the node on the instance's own port).
+#[derive(Clone, Copy)]
+struct Owners<'a> {
+    principal: &'a str,
+    key: Option<&'a str>,
+}
+
 /// Asks the instance's node to attach chromedriver to its browser; the
 /// new session's answer, as a client expects it.
 async fn attach(
     control_plane: &ControlPlane,
     id: &InstanceId,
     session: &NewSession,
-    (owner, external): (&str, &str),
+    (owners, external): (Owners<'_>, &str),
 ) -> Result<Value, WebDriverRefusal> {
-    let target = control_plane.webdriver_target(id, owner).await?;
+    let target = control_plane.webdriver_target(id, owners.principal).await?;
     let body = json!({"capabilities": session.capabilities}).to_string();
-    let (status, answer) = call(&target, Method::POST, "/webdriver/session".into(), body).await?;
+    let owner_header = owners
+        .key
+        .map(|key| ("x-flotilla-webdriver-owner", key.to_owned()));
+    let (status, answer) = call_with(
+        &target,
+        (Method::POST, "/webdriver/session".into(), body),
+        owner_header.as_slice(),
+    )
+    .await?;
     let mut value = answer.get("value").cloned().unwrap_or(Value::Null);
     if !status.is_success() || value.get("sessionId").is_none() {
         let message = value["message"]
@@ -188,10 +212,25 @@ async fn call(
     path: String,
     body: String,
 ) -> Result<(StatusCode, Value), WebDriverRefusal> {
+    call_with(target, (method, path, body), &[]).await
+}
+
+/// [`call`] with more header lines.
+async fn call_with(
+    target: &DoorTarget,
+    (method, path, body): (Method, String, String),
+    headers: &[(&'static str, String)],
+) -> Result<(StatusCode, Value), WebDriverRefusal> {
+    let ours = headers
+        .iter()
+        .map(|(name, value)| HeaderValue::from_str(value).map(|value| (*name, value)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| unknown(e.to_string()))?;
     let request = Request::builder()
         .method(method)
         .uri(&path)
         .header(header::CONTENT_TYPE, "application/json")
+        .extension(super::door::AgentHeaders(ours))
         .body(Body::from(body))
         .map_err(|e| unknown(e.to_string()))?;
     let response = super::door::forward_to_http_port(request, target, path)

@@ -299,6 +299,52 @@ async fn browser_webdriver_refusals_are_w3c_errors_and_sessions_belong_to_their_
     .await;
     assert_eq!(w3c_error(&theirs), "invalid session id", "{:?}", theirs.1);
     assert_eq!(theirs.0, StatusCode::NOT_FOUND);
+    // The same on the instance's own HTTP port, where any key is let in:
+    // commands, Grid's files and the BiDi socket are the session's key's.
+    let (_, instance) = serve
+        .api
+        .get(&format!("/v2/instances/{}", session.id))
+        .await;
+    let port = instance["http_port"].as_u64().unwrap();
+    let on_port = format!("http://127.0.0.1:{port}/webdriver/session/{}", session.id);
+    let http = reqwest::Client::new();
+    for (key, expected) in [(OTHER_KEY, StatusCode::NOT_FOUND), (KEY, StatusCode::OK)] {
+        for path in ["/url", "/se/files"] {
+            let answer = http
+                .get(format!("{on_port}{path}"))
+                .bearer_auth(key)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(answer.status(), expected, "{key} {path}");
+        }
+    }
+    let upgrade = http
+        .get(format!("{on_port}/se/bidi"))
+        .bearer_auth(OTHER_KEY)
+        .header("connection", "upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        upgrade.status(),
+        StatusCode::NOT_FOUND,
+        "another key's BiDi socket"
+    );
+    let deleted = http
+        .delete(&on_port)
+        .bearer_auth(OTHER_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        deleted.status(),
+        StatusCode::NOT_FOUND,
+        "another key ends no session"
+    );
     let made_up = w3c(
         &serve,
         Some(KEY),
