@@ -45,6 +45,14 @@ try {
   }
   seen.climb_profile = await outcome(() => plant([{ name: '../../../../profile/Default/evil.txt', lastModifiedMs: now }]));
   seen.absolute = await outcome(() => plant([{ name: '/tmp/evil.txt', lastModifiedMs: now }]));
+  // Names that crashed the server: empty, '.', and too long in bytes.
+  seen.empty_name = await outcome(() => plant([{ name: '', lastModifiedMs: now }]));
+  seen.dot_name = await outcome(() => plant([{ name: '.', lastModifiedMs: now }]));
+  seen.long_name = await outcome(() => plant([{ name: 'é'.repeat(200), lastModifiedMs: now }]));
+  seen.root_dot_dot = await outcome(() => plant([{ name: 'a.txt', lastModifiedMs: now }], '..'));
+  // A second server for this browser, without Flotilla's door.
+  seen.start_server = await outcome(() => browser._channel.startServer({ title: 'x', host: '0.0.0.0', port: 0 }));
+  seen.local_directory = await outcome(() => page.mainFrame()._channel.setInputFiles({ selector: '#dir', localDirectory: '/instance', timeout: 10_000 }));
   seen.root_dir = await outcome(() => plant([{ name: 'a.txt', lastModifiedMs: now }], '../evil-root'));
   seen.twice = await outcome(() => plant([{ name: 'a.txt', lastModifiedMs: now }, { name: 'a.txt', lastModifiedMs: now }]));
   seen.file_in_file = await outcome(() => plant([{ name: 'a', lastModifiedMs: now }, { name: 'a/b.txt', lastModifiedMs: now }]));

@@ -10,13 +10,14 @@
 //!   message with a `\u` into a tree);
 //! - **BiDi**: an 8 MB `session.status` with the same array, on a
 //!   WebDriver session's BiDi socket (the old relay parsed every BiDi message);
-//! - **Playwright**: an 8 MB message with the same array on the
-//!   instance's `/playwright` socket;
+//! - **Playwright**: an 8 MB message with the same array and a `\u`
+//!   escape on the instance's `/playwright` socket;
 //! - the **largest** message each door takes (100 MiB, the limit of CDP,
 //!   BiDi and Playwright alike);
 //! - **uploads**: Playwright's `setInputFiles` of a 49 MB buffer (the most
-//!   its client sends as a buffer; the real client, `bench/js`), and
-//!   Grid's `se/file` with a 63 MiB body (a stored zip of 47 MB, base64);
+//!   its client sends as a buffer: one 65 MB message, as its client writes
+//!   it), and Grid's `se/file` with a 63 MiB body (a stored zip of 47 MB,
+//!   base64);
 //! - **MCP**: `browser_evaluate` of `Array(4e6).fill(0)`.
 //!
 //! Usage: message_memory [--binary target/release/flotilla]
@@ -271,10 +272,13 @@ async fn run_build(label: &str, binary: &Path, size: usize) -> anyhow::Result<Ve
         "Playwright/1.65.1 (x64; debian 12) node/20.19",
     )];
     let message = format!(
-        r#"{{"id":1,"guid":"","method":"initialize","params":{{"sdkLanguage":"javascript","pad":{pad}}}}}"#
+        r#"{{"id":1,"guid":"","method":"initialize","params":{{"sdkLanguage":"\u006aavascript","pad":{pad}}}}}"#
     );
     row(
-        &format!("Playwright, {} MB of small values", size >> 20),
+        &format!(
+            "Playwright, {} MB of small values with a \\u escape",
+            size >> 20
+        ),
         growth_while(pid, &health, send_one(&playwright, &agent, message)).await?,
     );
     drop(pad);
@@ -292,10 +296,16 @@ async fn run_build(label: &str, binary: &Path, size: usize) -> anyhow::Result<Ve
         growth_while(pid, &health, send_one(&bidi, &[], status)).await?,
     );
     drop(largest);
-    let upload = run_playwright_upload(&playwright);
+    // What Playwright's client sends for setInputFiles of its largest buffer
+    // (49 MB, base64), as one message.
+    let payload = "A".repeat(49_000_000usize.div_ceil(3) * 4);
+    let upload = format!(
+        r#"{{"id":2,"guid":"frame@1","method":"setInputFiles","params":{{"selector":"input","payloads":[{{"name":"big.bin","mimeType":"application/octet-stream","buffer":"{payload}"}}]}}}}"#
+    );
+    drop(payload);
     row(
-        "Playwright setInputFiles, a 49 MB buffer (real client)",
-        growth_while(pid, &health, upload).await?,
+        "Playwright setInputFiles of a 49 MB buffer (65 MB message)",
+        growth_while(pid, &health, send_one(&playwright, &agent, upload)).await?,
     );
     let body = se_file_body(47 << 20)?;
     let upload_url = format!("{base}/session/{session}/se/file");
@@ -321,16 +331,6 @@ async fn run_build(label: &str, binary: &Path, size: usize) -> anyhow::Result<Ve
     );
     serve.stop().await;
     Ok(rows)
-}
-
-async fn run_playwright_upload(endpoint: &str) -> anyhow::Result<()> {
-    let answer = flotilla_bench::run_node_script(
-        "playwright_upload.mjs",
-        &json!({"endpoint": endpoint, "key": KEY, "bytes": 49_000_000}),
-    )
-    .await?;
-    eprintln!("  setInputFiles: {answer}");
-    Ok(())
 }
 
 #[tokio::main]

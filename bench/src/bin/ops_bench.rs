@@ -73,6 +73,7 @@ fn new_instance(node: &NodeId) -> NewInstance {
         created_at: chrono::Utc::now(),
         profile: None,
         operation: flotilla_api_types::ids::OperationId::generate(),
+        tenant: None,
     }
 }
 

@@ -77,7 +77,12 @@ enum Command {
 enum KeysCommand {
     /// Prints a new random API key, and the `api_keys` entry (its SHA-256) to
     /// put in the configuration file. The key itself is shown once and stored nowhere.
-    Create,
+    Create {
+        /// Make it a tenant's key: it sees and acts only on what its tenant
+        /// makes (printed as a `[[tenants]]` entry). Without it, an admin key.
+        #[arg(long, value_name = "NAME")]
+        tenant: Option<String>,
+    },
 }
 
 #[derive(Args)]
@@ -245,13 +250,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 runtime(0)?.block_on(agent(config.clone()))
             })
         }
-        Command::Keys(KeysCommand::Create) => {
-            let key = format!("flt_{}", hex_encode(&rand_bytes()));
-            println!("API key (give it to the client; it is not stored): {key}");
-            println!("Add to the configuration file:");
-            println!("api_keys = [\"{}\"]", api_key_entry(&key));
-            Ok(())
-        }
+        Command::Keys(KeysCommand::Create { tenant }) => keys_create(tenant.as_deref()),
         Command::Proxy(args) => {
             let mut overrides = Vec::new();
             push(&mut overrides, "http.bind_address", args.listen);
@@ -262,6 +261,32 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             })
         }
     }
+}
+
+/// `flotilla keys create [--tenant NAME]`: a new key and its configuration
+/// lines (it is shown once and stored nowhere).
+fn keys_create(tenant: Option<&str>) -> anyhow::Result<()> {
+    if let Some(name) = tenant
+        && !flotilla_control_plane::config::is_tenant_name(name)
+    {
+        anyhow::bail!(
+            "--tenant {name:?}: a tenant's name is 1 to 63 lower-case letters, digits and '-'"
+        );
+    }
+    let key = format!("flt_{}", hex_encode(&rand_bytes()));
+    println!("API key (give it to the client; it is not stored): {key}");
+    println!("Add to the configuration file:");
+    match tenant {
+        None => println!("api_keys = [\"{}\"]", api_key_entry(&key)),
+        Some(name) => {
+            println!(
+                "[[tenants]]\nname = \"{name}\"\napi_keys = [\"{}\"]",
+                api_key_entry(&key)
+            );
+            println!("(or add the key to api_keys of the [[tenants]] entry named {name:?})");
+        }
+    }
+    Ok(())
 }
 
 /// Runs a server command with the process's logs (stderr, `RUST_LOG`) and,

@@ -14,8 +14,11 @@ use flotilla_api_types::events::EventName;
 pub struct ControlPlaneConfig {
     /// Require `Authorization: Bearer <API_KEY>` on the API (spec: Authentication).
     pub auth_enabled: bool,
-    /// Accepted API keys, as `sha256:<hex>` (a raw key is accepted with a warning).
+    /// Accepted API keys, as `sha256:<hex>` (a raw key is accepted with a
+    /// warning): admin keys, which see and act on the whole fleet.
     pub api_keys: Vec<String>,
+    /// `[[tenants]]`: keys that see and act only on what their tenant made.
+    pub tenants: Vec<TenantConfig>,
     /// Ask for the API key on `GET /metrics` too (it is open by default).
     pub metrics_require_auth: bool,
     /// Shared secret between control planes and agents for the agent API.
@@ -52,6 +55,36 @@ pub struct ControlPlaneConfig {
     pub actions: ActionsConfig,
     /// `[mcp]`: the MCP server at `/mcp`.
     pub mcp: McpConfig,
+}
+
+/// One `[[tenants]]` entry: a team sharing the fleet. Its keys see, drive
+/// and end only what they made (instances and the sessions of every
+/// protocol on them, profiles, extensions, recordings, live links, events);
+/// anything else answers 404, as if it did not exist.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// Lower-case letters, digits and `-`, 1 to 63 characters.
+    pub name: String,
+    /// Its keys, as `sha256:<hex>` (`flotilla keys create --tenant NAME`).
+    #[serde(default)]
+    pub api_keys: Vec<String>,
+    /// Instances it holds at once (every state but failed and stopped);
+    /// 0: no limit.
+    #[serde(default)]
+    pub max_instances: u32,
+    /// WebDriver and MCP sessions it holds at once; 0: no limit.
+    #[serde(default)]
+    pub max_sessions: u32,
+}
+
+/// Whether `name` can name a tenant.
+pub fn is_tenant_name(name: &str) -> bool {
+    (1..=63).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
 }
 
 /// `[mcp]`.
@@ -406,6 +439,12 @@ pub enum ConfigError {
         "auth_enabled = true needs at least one entry in api_keys (create one with `flotilla keys create`)"
     )]
     AuthWithoutKeys,
+    #[error(
+        "tenants[{index}].name {name:?} must be 1 to 63 lower-case letters, digits and '-', and name one tenant only"
+    )]
+    TenantName { index: usize, name: String },
+    #[error("the API key {digest_start}… is listed twice (api_keys and tenants, or two tenants)")]
+    KeyTwice { digest_start: String },
 }
 
 impl ControlPlaneConfig {
@@ -599,8 +638,38 @@ impl ControlPlaneConfig {
             return Err(ConfigError::TokenSecretShort);
         }
         crate::http::check_api_keys(&self.api_keys)?;
-        if self.auth_enabled && self.api_keys.is_empty() {
+        let tenant_keys = self.tenants.iter().any(|t| !t.api_keys.is_empty());
+        if self.auth_enabled && self.api_keys.is_empty() && !tenant_keys {
             return Err(ConfigError::AuthWithoutKeys);
+        }
+        self.validate_tenants()
+    }
+
+    /// `[[tenants]]`: names well-formed and distinct, keys well-formed, no
+    /// key in two places (it would be two scopes at once).
+    fn validate_tenants(&self) -> Result<(), ConfigError> {
+        let mut names = std::collections::HashSet::new();
+        for (index, tenant) in self.tenants.iter().enumerate() {
+            if !is_tenant_name(&tenant.name) || !names.insert(tenant.name.as_str()) {
+                return Err(ConfigError::TenantName {
+                    index,
+                    name: tenant.name.clone(),
+                });
+            }
+            crate::http::check_api_keys(&tenant.api_keys)?;
+        }
+        let mut seen = std::collections::HashSet::new();
+        let every_key = self
+            .api_keys
+            .iter()
+            .chain(self.tenants.iter().flat_map(|t| t.api_keys.iter()));
+        for key in every_key {
+            let digest = crate::http::key_digest(key)?;
+            if !seen.insert(digest) {
+                return Err(ConfigError::KeyTwice {
+                    digest_start: hex::encode(&digest[..6]),
+                });
+            }
         }
         Ok(())
     }

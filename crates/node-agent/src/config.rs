@@ -369,6 +369,18 @@ impl AgentConfig {
     }
 
     /// Checks values that serde cannot; the message names the key.
+    /// `messages_in_flight_mb` holds the largest message a client may send.
+    fn check_messages_in_flight(&self) -> Result<(), ConfigError> {
+        let largest = crate::client_frames::Protocol::Cdp.max_message() >> 20;
+        if self.messages_in_flight_mb < largest {
+            return Err(ConfigError::MessagesInFlight {
+                got: self.messages_in_flight_mb,
+                largest,
+            });
+        }
+        Ok(())
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_instances < 1 {
             return Err(ConfigError::MaxInstances {
@@ -396,13 +408,7 @@ impl AgentConfig {
         if self.pids_max < 64 {
             return Err(ConfigError::PidsMax { got: self.pids_max });
         }
-        let largest = crate::client_frames::Protocol::Cdp.max_message() >> 20;
-        if self.messages_in_flight_mb < largest {
-            return Err(ConfigError::MessagesInFlight {
-                got: self.messages_in_flight_mb,
-                largest,
-            });
-        }
+        self.check_messages_in_flight()?;
         for (image, size) in self.warm_pool_sizes() {
             if size > 64 {
                 return Err(ConfigError::WarmPoolSize { image, got: size });

@@ -18,49 +18,58 @@ const core = require(pkg + "/lib/coreBundle");
 const { PlaywrightServer } = core.remote;
 const { nullProgress, DispatcherConnection } = core.server;
 
-// Calls a remote client has no business making, refused before they run:
-// they name paths on the server's side, where the server would read or
-// write. Read from the protocol of every served version (1.60 to 1.65):
-// - Artifact.saveAs: a path to save to (remote clients use saveAsStream);
-// - Tracing.tracingStart/tracingStartChunk: a trace name with a folder;
-// - BrowserContext.createTempFiles: file names that are not relative paths
-//   of plain names inside the upload's own folder (1.60 joined them
-//   unchecked: '../../downloads/x' wrote anywhere the browser user may),
-//   a root folder name that is not a plain name, a name twice, or a file
-//   inside another (both would crash the server);
-// - Frame/ElementHandle.setInputFiles and Frame.drop: local paths outside
-//   this server's temporary folder, where createTempFiles puts uploads;
-// - BrowserContext.enableRecorder (showRecorder from 1.64): an output file
-//   or a storage file to save;
-// - Playwright.newRequest: a folder for traces;
-// And one is rewritten: Browser.newContext/newContextForReuse record videos
-// into the server's artifacts, never into a folder the client names
-// (Playwright's server drops it from newContext only; its remote client
-// sends its own local folder, and videos come back through saveAs()).
-// Launches, connectOverCDP (with its artifactsDir), Android and Electron are
-// refused by the server itself (denyLaunch), and LocalUtils (zip, HAR) is
-// not offered to a server's clients. If this Playwright has no such hook,
-// the server does not start.
+// Calls a remote client has no business making, refused before they run
+// (read from the protocol of every served version, 1.60 to 1.65): they name
+// paths on the server's side, where the server would read or write, or
+// reach past the instance (a second server without Flotilla's door,
+// launches, LocalUtils). Refused: Artifact.saveAs to a path; trace names
+// that are not plain names; createTempFiles names that are not relative
+// paths of plain names inside the upload's own folder (1.60 joined them
+// unchecked: '../../downloads/x' wrote anywhere the browser user may), a
+// root folder name that is not a plain name, a name twice, a file inside
+// another, a path longer than Linux takes (each would crash the server);
+// setInputFiles/drop naming files by a path on the server (a remote client
+// streams its files); a recorder's output or storage file;
+// Browser.startServer; launches, connectOverCDP, Android, Electron,
+// newRequest. Paths a real remote client sends for its own disk
+// (recordVideo.dir, harStart's harPath and resourcesDir) are dropped. If
+// this Playwright has no such hook, the server does not start.
 if (typeof DispatcherConnection?.prototype?.dispatch !== "function")
   throw new Error("this playwright-core has no DispatcherConnection.dispatch to guard");
 const path = require("path");
 const fs = require("fs");
-const unsafeName = (name) => typeof name === "string" && (/[\\/]/.test(name) || name.includes(".."));
+// Linux's limits, in bytes: a name (NAME_MAX) and a whole path (PATH_MAX - 1).
+const NAME_MAX = 255;
+const PATH_MAX = 4095;
+const bytes = (text) => Buffer.byteLength(text, "utf8");
+// One path component on the server (Linux): not empty, ".", "..", no "/"
+// and no NUL, at most 255 bytes. A backslash is an ordinary character on
+// Linux (a Windows client's folder upload names "sub\\b.txt"), so it stays.
 const plainName = (name) =>
-  typeof name === "string" && name.length > 0 && name.length <= 255 && !/[\\/\0]/.test(name) && name !== "." && name !== "..";
-const relativeOfPlainNames = (name) =>
-  typeof name === "string" && name.length > 0 && name.length <= 4096 && name.split("/").every(plainName);
+  typeof name === "string" && name !== "" && name !== "." && name !== ".." && !/[/\0]/.test(name) && bytes(name) <= NAME_MAX;
+// What Playwright's own client sends as an upload's name:
+// path.relative(folder, file) (POSIX client) or basename(file).
+const relativeOfPlainNames = (name) => typeof name === "string" && name.split("/").every(plainName);
 const shown = (value) => JSON.stringify(String(value)).slice(0, 120);
+// createTempFiles writes <os.tmpdir()>/playwright-artifacts-XXXXXX/upload-<32 hex>/[<root>/]<name>
+// (os.tmpdir() is TMPDIR, set above to tmp).
+const uploadPrefix = Math.max(bytes(path.resolve(tmp)), bytes(fs.realpathSync(tmp))) +
+  "/playwright-artifacts-XXXXXX/upload-".length + 32 + "/".length;
 
 function tempFilesRefusal(params) {
-  if (params?.rootDirName !== undefined && !plainName(params.rootDirName))
-    return `a root folder name that is not a plain name (${shown(params.rootDirName)})`;
+  const root = params?.rootDirName;
+  if (root !== undefined && !plainName(root))
+    return `a root folder name that is not a plain name (${shown(root)})`;
   const names = Array.isArray(params?.items) ? params.items.map((item) => item?.name) : [];
   if (names.length > 10000)
     return "more than 10000 files at once";
-  const bad = names.find((name) => !relativeOfPlainNames(name));
-  if (bad !== undefined)
-    return `a file name that is not a relative path of plain names (${shown(bad)})`;
+  const base = uploadPrefix + (root !== undefined ? bytes(root) + 1 : 0);
+  for (const name of names) {
+    if (!relativeOfPlainNames(name))
+      return `a file name that is not a relative path of plain names (${shown(name)})`;
+    if (base + bytes(name) > PATH_MAX)
+      return `a file path longer than the server's file system takes (${shown(name)})`;
+  }
   const seen = new Set(names);
   if (seen.size !== names.length)
     return "a file named twice";
@@ -74,49 +83,61 @@ function tempFilesRefusal(params) {
   return null;
 }
 
-// Where createTempFiles puts uploads (the artifacts folder under TMPDIR).
-const tempRoot = fs.realpathSync(tmp);
-function outsideTemp(paths) {
-  return paths.some((given) => {
-    if (typeof given !== "string")
-      return true;
-    let real;
-    try {
-      real = fs.realpathSync(path.resolve(tempRoot, given));
-    } catch {
-      return true;
-    }
-    return real !== tempRoot && !real.startsWith(tempRoot + path.sep);
-  });
-}
+// Calls whose server-side effect no remote client needs.
+const REFUSED = {
+  "Artifact.saveAs": "saving to a path on the server: use saveAs() of a remote client (it streams the file)",
+  "Browser.startServer": "another server for this browser, listening without Flotilla's door",
+  "Playwright.newRequest": "a request context of the server's own (use context.request)",
+  "BrowserType.launch": "launching a browser",
+  "BrowserType.launchPersistentContext": "launching a browser",
+  "BrowserType.connectOverCDP": "connecting to another browser",
+  "BrowserType.connectToWorker": "connecting to another browser",
+  "Electron.launch": "launching Electron",
+  "Android.devices": "connecting to Android devices",
+};
 
 function refusal(type, method, params) {
-  if (type === "Artifact" && method === "saveAs")
-    return "saving to a path on the server: use saveAs() of a remote client (it streams the file)";
-  if (type === "Tracing" && (method === "tracingStart" || method === "tracingStartChunk") && unsafeName(params?.name))
-    return "a trace name with a folder in it";
+  const why = REFUSED[`${type}.${method}`];
+  if (why)
+    return why;
+  // Not offered to a server's clients (utils is undefined when isServer);
+  // refused should a later version offer them.
+  if (type === "LocalUtils" || type === "AndroidDevice" || type === "DebugController")
+    return `${type} calls (they name paths and endpoints on the server)`;
+  if (type === "Tracing" && (method === "tracingStart" || method === "tracingStartChunk")) {
+    const name = params?.name;
+    if (name !== undefined && name !== "" && !(plainName(name) && bytes(name) <= 200))
+      return `a trace name that is not a plain name of at most 200 bytes (${shown(name)})`;
+  }
   if (type === "BrowserContext" && method === "createTempFiles")
     return tempFilesRefusal(params);
-  if ((type === "Frame" || type === "ElementHandle") && (method === "setInputFiles" || method === "drop")) {
-    const paths = [...(params?.localPaths ?? []), ...(params?.localDirectory !== undefined ? [params.localDirectory] : [])];
-    if (outsideTemp(paths))
-      return "files named by a path outside the uploads this server received (send them with setInputFiles from the client)";
-  }
-  if (type === "BrowserContext" && (method === "enableRecorder" || method === "showRecorder") && (params?.outputFile !== undefined || params?.saveStorage !== undefined))
+  // A remote client sends files as streams (createTempFiles) or payloads,
+  // never as paths: localPaths/localDirectory are the server's files.
+  if ((type === "Frame" || type === "ElementHandle") && (method === "setInputFiles" || method === "drop") &&
+      (params?.localPaths !== undefined || params?.localDirectory !== undefined))
+    return "files named by a path on the server (setInputFiles of a remote client streams the client's files)";
+  if (type === "BrowserContext" && (method === "enableRecorder" || method === "showRecorder") &&
+      (params?.outputFile !== undefined || params?.saveStorage !== undefined))
     return "a recorder writing to a file on the server";
-  if (type === "Playwright" && method === "newRequest" && params?.tracesDir !== undefined)
-    return "a folder for traces on the server";
   return null;
 }
 
+// Paths a real remote client sends, that name its own disk: dropped, never
+// refused (the server keeps these files in its artifacts folder).
 function withoutServerPaths(type, method, message) {
-  const video = message.params?.recordVideo;
-  if (type === "Browser" && (method === "newContext" || method === "newContextForReuse") && video?.dir !== undefined) {
-    const { dir, ...kept } = video;
-    return { ...message, params: { ...message.params, recordVideo: kept } };
+  const params = message.params;
+  if (type === "Browser" && (method === "newContext" || method === "newContextForReuse") && params?.recordVideo?.dir !== undefined) {
+    const { dir, ...kept } = params.recordVideo;
+    return { ...message, params: { ...params, recordVideo: kept } };
+  }
+  if (type === "Tracing" && method === "harStart" && params?.options &&
+      (params.options.harPath !== undefined || params.options.resourcesDir !== undefined)) {
+    const { harPath, resourcesDir, ...kept } = params.options;
+    return { ...message, params: { ...params, options: kept } };
   }
   return message;
 }
+
 const dispatch = DispatcherConnection.prototype.dispatch;
 DispatcherConnection.prototype.dispatch = function (message) {
   const dispatcher = this._dispatcherByGuid?.get?.(message?.guid);

@@ -27,7 +27,7 @@ use flotilla_api_types::actions::{ActionKind, ActionRequest, AgentAction};
 use flotilla_api_types::instances::{CreateInstanceRequest, InstanceConfig};
 use flotilla_api_types::profiles::ProfileUse;
 
-use super::ControlPlane;
+use super::{ControlPlane, Scope};
 use crate::error::{Error, Result};
 use crate::nodes::ActionResult;
 
@@ -73,6 +73,7 @@ impl ControlPlane {
         self: &Arc<Self>,
         kind: ActionKind,
         request: ActionRequest,
+        scope: Scope,
     ) -> Result<ActionResult> {
         let started = Instant::now();
         let settings = &self.config.actions;
@@ -102,7 +103,7 @@ impl ControlPlane {
             let _held = held;
             let mut instance = None;
             let ended = control_plane
-                .action_steps(kind, request, &mut instance, &client_gone)
+                .action_steps((kind, request, &scope), &mut instance, &client_gone)
                 .await;
             let outcome = match &ended {
                 Ok(_) => "ok",
@@ -129,8 +130,7 @@ impl ControlPlane {
     /// exists) and runs the job on it, unless `client_gone` first.
     async fn action_steps(
         &self,
-        kind: ActionKind,
-        request: ActionRequest,
+        (kind, request, scope): (ActionKind, ActionRequest, &Scope),
         instance: &mut Option<InstanceId>,
         client_gone: &CancellationToken,
     ) -> std::result::Result<ActionResult, Ended> {
@@ -153,7 +153,7 @@ impl ControlPlane {
         // Not cancelled halfway: a create dropped between its record and
         // its answer would leave an instance nobody knows to delete.
         let created = self
-            .instance_create_queued(create, settings.queue_wait_sec)
+            .instance_create_queued(create, settings.queue_wait_sec, scope)
             .await
             .map_err(|error| Ended::Failed(named_for_actions(error)))?;
         *instance = Some(created.id.clone());

@@ -75,7 +75,8 @@ impl ControlPlane {
                     .into(),
             ));
         };
-        self.door_open(&record.id, true, &[]).await
+        self.door_open(&record.id, Some(&super::Scope::Admin), &[])
+            .await
     }
 
     /// The instance a `Host` names under `gateway.base_domain`.
@@ -84,14 +85,15 @@ impl ControlPlane {
     }
 
     /// Opens the door to instance `id` for a request that carried an API key
-    /// (`key_holder`) or presents `tokens`; where its ports are.
+    /// (`key`: what it sees; another tenant's instance is not found) or
+    /// presents `tokens`; where its ports are.
     pub async fn door_open(
         &self,
         id: &InstanceId,
-        key_holder: bool,
+        key: Option<&super::Scope>,
         tokens: &[&str],
     ) -> Result<DoorTarget> {
-        if self.config.auth_enabled && !key_holder {
+        if self.config.auth_enabled && key.is_none() {
             let expected = self.instance_token(id).await?;
             let admitted = tokens.iter().fold(false, |found, presented| {
                 found | constant_time_eq(presented.as_bytes(), expected.as_bytes())
@@ -104,11 +106,14 @@ impl ControlPlane {
                 }));
             }
         }
-        let record = self
-            .store
-            .instance_get(id)
-            .await?
-            .ok_or_else(|| not_found(id))?;
+        let record = match key {
+            Some(scope) => self.instance_in_scope(id, scope).await?,
+            None => self
+                .store
+                .instance_get(id)
+                .await?
+                .ok_or_else(|| not_found(id))?,
+        };
         self.door_target_of(record).await
     }
 

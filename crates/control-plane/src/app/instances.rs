@@ -16,13 +16,13 @@ use flotilla_api_types::instances::{
 use flotilla_api_types::profiles::ProfileUse;
 use flotilla_api_types::{InstanceId, MessageResponse};
 
-use super::ControlPlane;
 use super::lifecycle::{self, Event};
 use super::views;
+use super::{ControlPlane, Scope};
 use crate::error::{Error, Result};
 use crate::nodes::NodeCallError;
 use crate::scheduler::{self, PlacementRequest};
-use crate::store::{Expected, InstanceFilter, InstanceRecord, NewInstance, NodeRecord};
+use crate::store::{Expected, InstanceFilter, InstanceRecord, NewInstance, NodeRecord, Placed};
 
 /// Largest accepted values, to catch typos (GB, not MB) with a clear message.
 const MAX_MEMORY_GB: f64 = 1024.0;
@@ -104,12 +104,25 @@ pub(crate) fn not_found(id: &InstanceId) -> Error {
 impl ControlPlane {
     /// Places a new instance, has its node reserve ports and start the browser,
     /// and returns it (normally `creating`).
-    pub async fn instance_create(&self, request: CreateInstanceRequest) -> Result<Instance> {
+    pub async fn instance_create(
+        &self,
+        request: CreateInstanceRequest,
+        scope: &Scope,
+    ) -> Result<Instance> {
         let span = flotilla_telemetry::operation("instance.create", None);
-        flotilla_telemetry::traced(span, self.create_now(request)).await
+        flotilla_telemetry::traced(span, self.create_now(request, scope)).await
     }
 
-    async fn create_now(&self, request: CreateInstanceRequest) -> Result<Instance> {
+    async fn create_now(&self, request: CreateInstanceRequest, scope: &Scope) -> Result<Instance> {
+        let extensions = request.config.as_ref().map_or(0, |c| c.extensions.len());
+        if scope.tenant().is_some() && (request.profile.is_some() || extensions > 0) {
+            // Profiles and extensions are not kept per tenant yet: a
+            // tenant's key must not reach an admin's (nor learn which
+            // exist).
+            return Err(Error::InvalidRequest(
+                "profile and config.extensions are not available to a tenant's key yet".into(),
+            ));
+        }
         let (image, config) = self.create_checked(&request).await?;
         let nodes = self.store.node_list().await?;
         let usage = self.node_usage().await?;
@@ -130,9 +143,8 @@ impl ControlPlane {
             .instance_place(
                 (&id, &operation),
                 &ranked,
-                &image,
-                &config,
-                request.profile.as_ref(),
+                (&image, &config, request.profile.as_ref()),
+                scope,
             )
             .await;
         let node = match placed {
@@ -266,10 +278,12 @@ impl ControlPlane {
         &self,
         (id, operation): (&InstanceId, &OperationId),
         ranked: &'n [NodeRecord],
-        image: &str,
-        config: &InstanceConfig,
-        profile: Option<&ProfileUse>,
+        (image, config, profile): (&str, &InstanceConfig, Option<&ProfileUse>),
+        scope: &Scope,
     ) -> Result<&'n NodeRecord> {
+        let tenant = scope
+            .tenant()
+            .map(|name| (name.to_owned(), self.tenant_quota(name).max_instances));
         for node in ranked {
             let new = NewInstance {
                 id: id.clone(),
@@ -279,13 +293,24 @@ impl ControlPlane {
                 created_at: self.now(),
                 profile: profile.cloned(),
                 operation: operation.clone(),
+                tenant: tenant.clone(),
             };
-            if self
+            match self
                 .store
                 .instance_insert_if_room(&new, node.max_instances)
                 .await?
             {
-                return Ok(node);
+                Placed::Inserted => return Ok(node),
+                Placed::NodeFull => {}
+                Placed::TenantFull => {
+                    let (name, quota) = tenant.as_ref().expect("a tenant's placement");
+                    return Err(super::tenants::over_quota(
+                        name,
+                        "instances",
+                        "max_instances",
+                        *quota,
+                    ));
+                }
             }
         }
         Err(Error::InsufficientCapacity(
@@ -293,7 +318,11 @@ impl ControlPlane {
         ))
     }
 
-    pub async fn instance_list(&self, query: ListInstancesQuery) -> Result<InstanceList> {
+    pub async fn instance_list(
+        &self,
+        query: ListInstancesQuery,
+        scope: &Scope,
+    ) -> Result<InstanceList> {
         let limit = query.limit.unwrap_or(100);
         if !(1..=1000).contains(&limit) {
             return Err(Error::InvalidRequest(format!(
@@ -309,6 +338,7 @@ impl ControlPlane {
         let filter = InstanceFilter {
             status: query.status,
             node_id: query.node_id,
+            tenant: scope.tenant().map(str::to_owned),
         };
         let (records, total) = self
             .store
@@ -720,6 +750,7 @@ mod tests {
             profile: None,
             operation_id: operation("r2"),
             webdriver_owner: None,
+            tenant: None,
         };
         let change = |reported: Option<OperationId>| InstanceStateChange {
             node_id: record.node_id.clone(),

@@ -13,6 +13,7 @@ mod instance_access;
 mod instances;
 pub mod lifecycle;
 pub mod live_links;
+pub mod mcp_sessions;
 mod metrics;
 mod nodes;
 pub mod outbox;
@@ -20,6 +21,7 @@ mod profiles;
 mod queue;
 mod recordings;
 pub mod tasks;
+pub mod tenants;
 mod tokens;
 mod views;
 pub mod webdriver;
@@ -38,6 +40,7 @@ use flotilla_api_types::NodeId;
 
 pub use door::DoorTarget;
 pub use flotilla_api_types::clock::{Clock, ManualClock, SystemClock};
+pub use tenants::Scope;
 
 /// Per node: instances created within the failure window, and how many failed.
 pub(crate) type RecentFailures = Arc<Vec<(NodeId, i64, i64)>>;
@@ -86,6 +89,8 @@ pub struct ControlPlane {
     recent_failures: tokio::sync::Mutex<Option<(std::time::Instant, RecentFailures)>>,
     /// Background work: the sweeps' records, and work spawned by requests.
     tasks: Arc<tasks::BackgroundTasks>,
+    /// Whose each MCP session is (`/mcp`), and each tenant's count.
+    pub(crate) mcp_sessions: mcp_sessions::SessionOwners,
 }
 
 impl ControlPlane {
@@ -113,6 +118,7 @@ impl ControlPlane {
             holder: uuid::Uuid::new_v4().simple().to_string(),
             recent_failures: tokio::sync::Mutex::new(None),
             tasks: Arc::default(),
+            mcp_sessions: Default::default(),
         }
     }
 

@@ -477,6 +477,7 @@ mod tests {
             profile: None,
             operation_id: Some(OperationId::new(OPERATION)),
             webdriver_owner: None,
+            tenant: None,
         }
     }
 

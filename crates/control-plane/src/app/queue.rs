@@ -18,7 +18,7 @@ use tokio::sync::Notify;
 
 use flotilla_api_types::instances::{CreateInstanceRequest, Instance};
 
-use super::ControlPlane;
+use super::{ControlPlane, Scope};
 use crate::error::{Error, Result};
 
 /// How often the head looks for room freed elsewhere (another control plane).
@@ -96,6 +96,7 @@ impl ControlPlane {
         &self,
         request: CreateInstanceRequest,
         wait_sec: u64,
+        scope: &Scope,
     ) -> Result<Instance> {
         let limit = self.config.scheduler.max_wait_sec;
         if wait_sec > limit {
@@ -103,7 +104,7 @@ impl ControlPlane {
                 "wait_sec must be an integer from 0 to {limit} (scheduler.max_wait_sec; got {wait_sec})"
             )));
         }
-        self.instance_create_queued(request, wait_sec).await
+        self.instance_create_queued(request, wait_sec, scope).await
     }
 
     /// [`ControlPlane::instance_create_waiting`] without the limit of
@@ -112,16 +113,17 @@ impl ControlPlane {
         &self,
         request: CreateInstanceRequest,
         wait_sec: u64,
+        scope: &Scope,
     ) -> Result<Instance> {
         if wait_sec == 0 {
-            return self.instance_create(request).await;
+            return self.instance_create(request, scope).await;
         }
         let started = Instant::now();
         let deadline = started + Duration::from_secs(wait_sec);
         let place = self.create_queue.join();
         let outcome = loop {
             if self.create_queue.is_head(place.ticket) {
-                match self.instance_create(request.clone()).await {
+                match self.instance_create(request.clone(), scope).await {
                     Err(Error::InsufficientCapacity(reason)) => {
                         if Instant::now() >= deadline {
                             break Err(Error::InsufficientCapacity(format!(

@@ -655,11 +655,14 @@ impl super::ControlPlane {
     pub async fn webdriver_instance_create(
         &self,
         session: &NewSession,
-        owner: &str,
+        (owner, scope): (&str, &super::Scope),
     ) -> Result<flotilla_api_types::instances::Instance, WebDriverRefusal> {
         let wait = self.config.webdriver.session_request_timeout_sec;
+        self.tenant_may_open_session(scope)
+            .await
+            .map_err(|error| WebDriverRefusal::not_created(error.to_string()))?;
         let instance = self
-            .instance_create_queued(session.create.clone(), wait)
+            .instance_create_queued(session.create.clone(), wait, scope)
             .await
             .map_err(|error| match error {
                 crate::error::Error::InvalidRequest(detail) => {

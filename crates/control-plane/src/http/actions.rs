@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use axum::Extension;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
@@ -11,15 +12,15 @@ use flotilla_api_types::ErrorResponse;
 use flotilla_api_types::actions::{ActionKind, ActionRequest, ScrapeResponse};
 
 use super::extract::ApiJson;
-use crate::app::ControlPlane;
+use crate::app::{ControlPlane, Scope};
 use crate::error::Error;
 
 async fn run(
-    control_plane: Arc<ControlPlane>,
+    (control_plane, scope): (Arc<ControlPlane>, Scope),
     kind: ActionKind,
     request: ActionRequest,
 ) -> Result<Response, Error> {
-    let result = control_plane.action_run(kind, request).await?;
+    let result = control_plane.action_run(kind, request, scope).await?;
     Ok(([(header::CONTENT_TYPE, result.content_type)], result.body).into_response())
 }
 
@@ -40,9 +41,10 @@ async fn run(
     ))]
 pub async fn screenshot(
     State(control_plane): State<Arc<ControlPlane>>,
+    Extension(scope): Extension<Scope>,
     ApiJson(request): ApiJson<ActionRequest>,
 ) -> Result<Response, Error> {
-    run(control_plane, ActionKind::Screenshot, request).await
+    run((control_plane, scope), ActionKind::Screenshot, request).await
 }
 
 /// A PDF of a page or document (`page_size`, `landscape`, `margins_mm`,
@@ -60,9 +62,10 @@ pub async fn screenshot(
     ))]
 pub async fn pdf(
     State(control_plane): State<Arc<ControlPlane>>,
+    Extension(scope): Extension<Scope>,
     ApiJson(request): ApiJson<ActionRequest>,
 ) -> Result<Response, Error> {
-    run(control_plane, ActionKind::Pdf, request).await
+    run((control_plane, scope), ActionKind::Pdf, request).await
 }
 
 /// The rendered HTML of a page (after its scripts ran), with its doctype.
@@ -79,9 +82,10 @@ pub async fn pdf(
     ))]
 pub async fn content(
     State(control_plane): State<Arc<ControlPlane>>,
+    Extension(scope): Extension<Scope>,
     ApiJson(request): ApiJson<ActionRequest>,
 ) -> Result<Response, Error> {
-    run(control_plane, ActionKind::Content, request).await
+    run((control_plane, scope), ActionKind::Content, request).await
 }
 
 /// Every element matching each of `elements`' selectors: its text, HTML,
@@ -99,7 +103,8 @@ pub async fn content(
     ))]
 pub async fn scrape(
     State(control_plane): State<Arc<ControlPlane>>,
+    Extension(scope): Extension<Scope>,
     ApiJson(request): ApiJson<ActionRequest>,
 ) -> Result<Response, Error> {
-    run(control_plane, ActionKind::Scrape, request).await
+    run((control_plane, scope), ActionKind::Scrape, request).await
 }

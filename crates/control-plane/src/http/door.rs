@@ -496,6 +496,11 @@ async fn pass(
         .extensions()
         .get::<Principal>()
         .is_some_and(|p| p.0.starts_with("key:"));
+    let key_scope = request
+        .extensions()
+        .get::<crate::app::Scope>()
+        .filter(|_| key_holder)
+        .cloned();
     let header_token = request
         .headers()
         .get(header::AUTHORIZATION)
@@ -512,7 +517,10 @@ async fn pass(
         .chain(&query_token)
         .map(String::as_str)
         .collect();
-    let target = match control_plane.door_open(&id, key_holder, &tokens).await {
+    let target = match control_plane
+        .door_open(&id, key_scope.as_ref(), &tokens)
+        .await
+    {
         Ok(target) => target,
         Err(error) => return error.into_response(),
     };

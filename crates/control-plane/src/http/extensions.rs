@@ -25,6 +25,7 @@ use crate::error::Error;
         (status = 400, description = "Not a zip, not application/zip, or not a loadable extension (the reason is in detail)", body = ErrorResponse),
         (status = 413, description = "The zip is larger than 50 MiB", body = ErrorResponse),
         (status = 503, description = "The snapshot store cannot keep it now", body = ErrorResponse),
+        (status = 404, description = "A tenant's key: this route is an admin key's", body = ErrorResponse),
     ))]
 pub async fn extension_upload(
     State(control_plane): State<Arc<ControlPlane>>,
@@ -38,7 +39,7 @@ pub async fn extension_upload(
 
 /// List uploaded extensions, oldest first.
 #[utoipa::path(get, path = "/v2/extensions", tag = "extensions",
-    responses((status = 200, body = ExtensionList)))]
+    responses((status = 200, body = ExtensionList), (status = 404, description = "A tenant's key: this route is an admin key's", body = ErrorResponse)))]
 pub async fn extension_list(
     State(control_plane): State<Arc<ControlPlane>>,
 ) -> Result<Json<ExtensionList>, Error> {

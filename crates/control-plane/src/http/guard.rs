@@ -29,10 +29,11 @@ use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 
 use flotilla_api_types::agent::InstanceAccessPolicy;
-use flotilla_api_types::credentials::{bearer_token, matches_any_digest};
+use flotilla_api_types::credentials::{bearer_token, constant_time_eq, matches_any_digest};
 use flotilla_api_types::token_bucket::TokenBucket;
 
 use crate::app::ControlPlane;
+use crate::app::Scope;
 use crate::config::ControlPlaneConfig;
 use crate::error::Error;
 
@@ -57,8 +58,18 @@ impl Principal {
 pub struct Guard {
     auth_enabled: bool,
     metrics_require_auth: bool,
+    /// Admin keys (`api_keys`).
     key_hashes: Vec<[u8; 32]>,
+    /// Tenant keys (`[[tenants]] api_keys`), with their tenant's scope.
+    tenant_keys: Vec<([u8; 32], Scope)>,
     limiter: Option<RateLimiter>,
+}
+
+/// Who a request's key lets it act as.
+pub struct Caller {
+    pub principal: Principal,
+    pub digest: KeyDigest,
+    pub scope: Scope,
 }
 
 /// An `api_keys` entry that is neither a raw key nor `sha256:<64 hex>`.
@@ -76,7 +87,7 @@ pub enum ApiKeyError {
 }
 
 /// `sha256:<hex>` as configured, or a raw key (hashed here, with a warning).
-fn key_hash(entry: &str) -> Result<[u8; 32], ApiKeyError> {
+pub fn key_digest(entry: &str) -> Result<[u8; 32], ApiKeyError> {
     match entry.strip_prefix("sha256:") {
         Some(hex_digest) => {
             let bytes = hex::decode(hex_digest).map_err(|source| ApiKeyError::NotHex {
@@ -98,7 +109,7 @@ fn key_hash(entry: &str) -> Result<[u8; 32], ApiKeyError> {
 
 /// Checks the `api_keys` entries (for configuration validation).
 pub fn check_api_keys(keys: &[String]) -> Result<(), ApiKeyError> {
-    keys.iter().try_for_each(|k| key_hash(k).map(drop))
+    keys.iter().try_for_each(|k| key_digest(k).map(drop))
 }
 
 impl Guard {
@@ -110,7 +121,18 @@ impl Guard {
             key_hashes: config
                 .api_keys
                 .iter()
-                .filter_map(|k| key_hash(k).ok())
+                .filter_map(|k| key_digest(k).ok())
+                .collect(),
+            tenant_keys: config
+                .tenants
+                .iter()
+                .flat_map(|tenant| {
+                    let scope = Scope::Tenant(tenant.name.as_str().into());
+                    tenant
+                        .api_keys
+                        .iter()
+                        .filter_map(move |k| Some((key_digest(k).ok()?, scope.clone())))
+                })
                 .collect(),
             limiter: config
                 .rate_limit
@@ -141,12 +163,7 @@ impl Guard {
 
     /// The key's id when the request carries an accepted key. Every accepted
     /// key is compared, so the time does not say which one matched.
-    fn principal(
-        &self,
-        headers: &HeaderMap,
-        path: &str,
-        query: Option<&str>,
-    ) -> Option<(Principal, KeyDigest)> {
+    fn principal(&self, headers: &HeaderMap, path: &str, query: Option<&str>) -> Option<Caller> {
         let Some(authorization) = headers.get(axum::http::header::AUTHORIZATION) else {
             // Playwright clients may carry the key in the URL they connect to.
             let key = (path == super::playwright::PATH)
@@ -167,18 +184,32 @@ impl Guard {
         self.principal_of_key(presented)
     }
 
-    /// The key's id and digest when `presented` is an accepted key.
-    fn principal_of_key(&self, presented: &str) -> Option<(Principal, KeyDigest)> {
+    /// Who `presented` lets a request act as, when it is an accepted key
+    /// (admin or tenant): every key is compared, whichever matches.
+    fn principal_of_key(&self, presented: &str) -> Option<Caller> {
         let hash: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
-        matches_any_digest(presented.as_bytes(), &self.key_hashes).then(|| {
-            (
-                Principal(format!("key:{}", &hex::encode(hash)[..12])),
-                KeyDigest(hash),
-            )
+        let admin = matches_any_digest(presented.as_bytes(), &self.key_hashes);
+        let mut tenant = None;
+        for (digest, scope) in &self.tenant_keys {
+            if constant_time_eq(digest, &hash) {
+                tenant = Some(scope.clone());
+            }
+        }
+        let scope = match (admin, tenant) {
+            (true, _) => Scope::Admin,
+            (false, Some(scope)) => scope,
+            (false, None) => return None,
+        };
+        Some(Caller {
+            principal: Principal(format!("key:{}", &hex::encode(hash)[..12])),
+            digest: KeyDigest(hash),
+            scope,
         })
     }
 
-    /// What agents need to admit clients on instance ports.
+    /// What agents need to admit clients on instance ports: the admin keys
+    /// (a tenant's key reaches its instances through the front door, or
+    /// with their own tokens, which `urls` carry).
     pub fn instance_access_policy(&self) -> InstanceAccessPolicy {
         InstanceAccessPolicy {
             auth_enabled: self.auth_enabled,
@@ -212,14 +243,12 @@ pub async fn guard(
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map_or(IpAddr::from([127, 0, 0, 1]), |c| c.0.ip());
-    let (principal, digest) = match guard.principal(
+    let caller = guard.principal(
         request.headers(),
         request.uri().path(),
         request.uri().query(),
-    ) {
-        Some((principal, digest)) => (Some(principal), Some(digest)),
-        None => (None, None),
-    };
+    );
+    let principal = caller.as_ref().map(|caller| caller.principal.clone());
     let limit_key = match &principal {
         Some(p) => p.0.clone(),
         None => format!("ip:{client}"),
@@ -244,32 +273,9 @@ pub async fn guard(
             retry_after_sec: refused.retry_after_sec,
         }
         .into_response(),
-        (_, None) if guard.auth_enabled && !guard.is_open(&path) && !door => {
-            let in_query = path == super::playwright::PATH
-                && request.uri().query().and_then(query_token).is_some();
-            let detail = if request
-                .headers()
-                .contains_key(axum::http::header::AUTHORIZATION)
-            {
-                "invalid API key"
-            } else if in_query {
-                "invalid API key (the token parameter)"
-            } else {
-                "missing API key: send Authorization: Bearer <API_KEY>"
-            };
-            if is_webdriver(&path) {
-                webdriver_unauthorized(detail)
-            } else {
-                Error::Unauthorized(detail.into()).into_response()
-            }
-        }
+        (_, None) if guard.auth_enabled && !guard.is_open(&path) && !door => unauthorized(&request),
         _ => {
-            request
-                .extensions_mut()
-                .insert(principal.unwrap_or_else(|| Principal("anonymous".into())));
-            if let Some(digest) = digest {
-                request.extensions_mut().insert(digest);
-            }
+            admitted_as(request.extensions_mut(), caller);
             next.run(request).await
         }
     };
@@ -289,6 +295,45 @@ pub async fn guard(
         started.elapsed(),
     );
     response
+}
+
+/// The 401 of a request without an accepted key, saying whether it sent
+/// none or a wrong one (in WebDriver's shape on its endpoints).
+fn unauthorized(request: &Request) -> Response {
+    let path = request.uri().path();
+    let in_query =
+        path == super::playwright::PATH && request.uri().query().and_then(query_token).is_some();
+    let detail = if request
+        .headers()
+        .contains_key(axum::http::header::AUTHORIZATION)
+    {
+        "invalid API key"
+    } else if in_query {
+        "invalid API key (the token parameter)"
+    } else {
+        "missing API key: send Authorization: Bearer <API_KEY>"
+    };
+    if is_webdriver(path) {
+        webdriver_unauthorized(detail)
+    } else {
+        Error::Unauthorized(detail.into()).into_response()
+    }
+}
+
+/// Puts who the request acts as on it: its key's principal, digest and
+/// scope, or an anonymous admin (authentication off, or an open path).
+fn admitted_as(extensions: &mut axum::http::Extensions, caller: Option<Caller>) {
+    match caller {
+        Some(caller) => {
+            extensions.insert(caller.principal);
+            extensions.insert(caller.digest);
+            extensions.insert(caller.scope);
+        }
+        None => {
+            extensions.insert(Principal("anonymous".into()));
+            extensions.insert(Scope::Admin);
+        }
+    }
 }
 
 /// Whether `path` is a WebDriver endpoint (`/session…`, `/wd/hub/…`).
@@ -406,10 +451,10 @@ mod tests {
 
     #[test]
     fn keys_are_hashed_and_compared_whole() {
-        let hash = key_hash("secret").unwrap();
+        let hash = key_digest("secret").unwrap();
         let configured = format!("sha256:{}", hex::encode(hash));
-        assert_eq!(key_hash(&configured).unwrap(), hash);
-        assert!(key_hash("sha256:zz").is_err());
+        assert_eq!(key_digest(&configured).unwrap(), hash);
+        assert!(key_digest("sha256:zz").is_err());
         assert!(matches_any_digest(b"secret", &[hash]));
         assert!(!matches_any_digest(b"secreT", &[hash]));
     }

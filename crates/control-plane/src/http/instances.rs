@@ -5,9 +5,9 @@
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use axum::{Extension, Json};
 
 use flotilla_api_types::instances::{
     CreateInstanceQuery, CreateInstanceRequest, DeleteInstanceQuery, Instance, InstanceList,
@@ -16,7 +16,7 @@ use flotilla_api_types::instances::{
 use flotilla_api_types::{ErrorResponse, InstanceId, MessageResponse};
 
 use super::extract::{ApiJson, ApiQuery, NoBody, OptionalApiJson};
-use crate::app::ControlPlane;
+use crate::app::{ControlPlane, Scope};
 use crate::error::Error;
 
 /// Create an instance. It starts `creating` and becomes `running` once its
@@ -30,22 +30,20 @@ use crate::error::Error;
         (status = 201, description = "Accepted; the browser starts in the background", body = Instance),
         (status = 400, description = "Invalid request (or unknown profile)", body = ErrorResponse),
         (status = 409, description = "The profile is held by another instance with persist", body = ErrorResponse),
+        (status = 429, description = "The key's tenant holds its tenants.max_instances (or the key's rate limit is spent)", body = ErrorResponse),
         (status = 503, description = "No node has room (within wait_sec, when given)", body = ErrorResponse),
     ))]
 pub async fn instance_create(
     State(control_plane): State<Arc<ControlPlane>>,
+    Extension(scope): Extension<Scope>,
     ApiQuery(query): ApiQuery<CreateInstanceQuery>,
     ApiJson(request): ApiJson<CreateInstanceRequest>,
 ) -> Result<(StatusCode, Json<Instance>), Error> {
     let wait_sec = query.wait_sec.unwrap_or(0);
-    Ok((
-        StatusCode::CREATED,
-        Json(
-            control_plane
-                .instance_create_waiting(request, wait_sec)
-                .await?,
-        ),
-    ))
+    let created = control_plane
+        .instance_create_waiting(request, wait_sec, &scope)
+        .await?;
+    Ok((StatusCode::CREATED, Json(created)))
 }
 
 /// List instances, filtered and paged.
@@ -57,9 +55,10 @@ pub async fn instance_create(
     ))]
 pub async fn instance_list(
     State(control_plane): State<Arc<ControlPlane>>,
+    Extension(scope): Extension<Scope>,
     ApiQuery(query): ApiQuery<ListInstancesQuery>,
 ) -> Result<Json<InstanceList>, Error> {
-    Ok(Json(control_plane.instance_list(query).await?))
+    Ok(Json(control_plane.instance_list(query, &scope).await?))
 }
 
 /// Get one instance with its configuration, resources, activity and `urls`

@@ -17,6 +17,7 @@
         (status = 404, description = "The session ended, never was, or is another API key's; initialize again"),
         (status = 406, description = "Accept does not name application/json and text/event-stream"),
         (status = 413, description = "A body over 4 MiB"),
+        (status = 429, description = "The key's tenant holds its tenants.max_sessions (a new session only)", body = flotilla_api_types::ErrorResponse),
         (status = 503, description = "mcp.max_sessions sessions are open, or the key's mcp.max_sessions_per_key (a new session only)", body = flotilla_api_types::ErrorResponse),
     ))]
 pub fn mcp_post() {}

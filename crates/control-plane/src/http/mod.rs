@@ -19,12 +19,15 @@ mod observability;
 mod playwright;
 mod profiles;
 mod recordings;
+mod tenancy;
 mod tokens;
 mod ui;
 mod webdriver;
 
 pub use extract::{ApiJson, ApiQuery, NoBody, OptionalApiJson};
-pub use guard::{ApiKeyError, Guard, KeyDigest, Principal, RateLimiter, check_api_keys};
+pub use guard::{
+    ApiKeyError, Guard, KeyDigest, Principal, RateLimiter, check_api_keys, key_digest,
+};
 
 use std::sync::Arc;
 
@@ -242,6 +245,10 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             control_plane.clone(),
             door::by_subdomain,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            control_plane.clone(),
+            tenancy::scope_instances,
         ))
         .layer(axum::middleware::from_fn_with_state(
             control_plane.clone(),

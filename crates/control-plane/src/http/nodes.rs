@@ -14,7 +14,7 @@ use crate::app::ControlPlane;
 use crate::error::Error;
 
 /// List nodes.
-#[utoipa::path(get, path = "/v2/nodes", tag = "nodes", responses((status = 200, body = NodeList)))]
+#[utoipa::path(get, path = "/v2/nodes", tag = "nodes", responses((status = 200, body = NodeList), (status = 404, description = "A tenant's key: this route is an admin key's", body = ErrorResponse)))]
 pub async fn node_list(
     State(control_plane): State<Arc<ControlPlane>>,
 ) -> Result<Json<NodeList>, Error> {

@@ -38,7 +38,7 @@ pub async fn metrics(
 #[utoipa::path(get, path = "/metrics", tag = "metrics",
     // Open unless `metrics_require_auth`: a credential is optional.
     security((), ("bearer" = [])),
-    responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
+    responses((status = 200, description = "Prometheus text format", content_type = "text/plain"), (status = 404, description = "A tenant's key: this route is an admin key's", body = ErrorResponse)))]
 pub async fn prometheus(
     State(control_plane): State<Arc<ControlPlane>>,
 ) -> Result<impl IntoResponse, Error> {
@@ -55,6 +55,7 @@ pub async fn prometheus(
     responses(
         (status = 200, body = AlertList),
         (status = 400, description = "Invalid query", body = ErrorResponse),
+        (status = 404, description = "A tenant's key: this route is an admin key's", body = ErrorResponse),
     ))]
 pub async fn alerts(
     State(control_plane): State<Arc<ControlPlane>>,

@@ -216,11 +216,16 @@ async fn open(
     mut request: Request,
     options: &ConnectOptions,
 ) -> Result<(InstanceId, Response, tokio::sync::oneshot::Receiver<()>)> {
+    let scope = request
+        .extensions()
+        .get::<crate::app::Scope>()
+        .cloned()
+        .unwrap_or(crate::app::Scope::Admin);
     let instance = control_plane
-        .instance_create_waiting(options.create.clone(), options.wait_sec)
+        .instance_create_waiting(options.create.clone(), options.wait_sec, &scope)
         .await?;
     let id = instance.id;
-    let target = match control_plane.door_open(&id, true, &[]).await {
+    let target = match control_plane.door_open(&id, Some(&scope), &[]).await {
         Ok(target) => target,
         Err(error) => {
             let _ = control_plane.instance_delete(&id, true).await;

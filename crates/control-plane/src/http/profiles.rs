@@ -22,6 +22,7 @@ use crate::error::Error;
         (status = 201, body = Profile),
         (status = 400, description = "Invalid name or unknown field", body = ErrorResponse),
         (status = 409, description = "A profile of that name exists", body = ErrorResponse),
+        (status = 404, description = "A tenant's key: this route is an admin key's", body = ErrorResponse),
     ))]
 pub async fn profile_create(
     State(control_plane): State<Arc<ControlPlane>>,
@@ -35,7 +36,7 @@ pub async fn profile_create(
 
 /// List profiles by name.
 #[utoipa::path(get, path = "/v2/profiles", tag = "profiles",
-    responses((status = 200, body = ProfileList)))]
+    responses((status = 200, body = ProfileList), (status = 404, description = "A tenant's key: this route is an admin key's", body = ErrorResponse)))]
 pub async fn profile_list(
     State(control_plane): State<Arc<ControlPlane>>,
 ) -> Result<Json<ProfileList>, Error> {

@@ -24,6 +24,7 @@ use crate::error::Error;
         (status = 200, body = KeptRecordingList),
         (status = 400, description = "Invalid query", body = ErrorResponse),
         (status = 503, description = "The snapshot store cannot be read", body = ErrorResponse),
+        (status = 404, description = "A tenant's key: this route is an admin key's", body = ErrorResponse),
     ))]
 pub async fn recordings_kept(
     State(control_plane): State<Arc<ControlPlane>>,

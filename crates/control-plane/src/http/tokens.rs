@@ -21,6 +21,7 @@ use crate::error::Error;
     responses(
         (status = 201, body = TokenResponse),
         (status = 400, body = ErrorResponse),
+        (status = 404, description = "A tenant's key: this route is an admin key's", body = ErrorResponse),
     ))]
 pub async fn token_create(
     State(control_plane): State<Arc<ControlPlane>>,

@@ -41,6 +41,15 @@ fn unknown(message: impl Into<String>) -> WebDriverRefusal {
     }
 }
 
+/// What the request's key sees (an admin's when none was needed).
+fn scope_of(request: &Request) -> crate::app::Scope {
+    request
+        .extensions()
+        .get::<crate::app::Scope>()
+        .cloned()
+        .unwrap_or(crate::app::Scope::Admin)
+}
+
 fn principal_of(request: &Request) -> String {
     request
         .extensions()
@@ -72,6 +81,7 @@ async fn create(
     request: Request,
 ) -> Result<Value, WebDriverRefusal> {
     let owner = principal_of(&request);
+    let scope = scope_of(&request);
     let owner_key = request
         .extensions()
         .get::<crate::http::KeyDigest>()
@@ -92,7 +102,7 @@ async fn create(
         .map_err(|e| unknown(e.to_string()))?;
     let session = crate::app::webdriver::new_session(&body, &installed)?;
     let instance = control_plane
-        .webdriver_instance_create(&session, &owner)
+        .webdriver_instance_create(&session, (&owner, &scope))
         .await?;
     let owners = Owners {
         principal: &owner,

@@ -35,11 +35,9 @@ use flotilla_api_types::live::{CreateLiveLinkRequest, LiveMode};
 use flotilla_api_types::page::{AgentPageRequest, PageOp};
 use flotilla_api_types::profiles::ProfileUse;
 
-use crate::app::ControlPlane;
+use crate::app::{ControlPlane, Scope};
 use crate::config::SessionEnd;
 use crate::error::Error;
-
-mod owners;
 
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
@@ -69,13 +67,12 @@ pub fn router(control_plane: Arc<ControlPlane>) -> axum::Router<Arc<ControlPlane
         )
     };
     let limits = (settings.max_sessions, settings.max_sessions_per_key);
-    let owners = Arc::new(owners::SessionOwners::default());
     axum::Router::new()
         .route_service("/mcp", service)
         .layer(axum::middleware::from_fn(
             move |request: axum::extract::Request, next: axum::middleware::Next| {
-                let (manager, owners) = (manager.clone(), owners.clone());
-                async move { admit(request, next, (&manager, &owners), limits).await }
+                let (manager, control_plane) = (manager.clone(), control_plane.clone());
+                async move { admit(request, next, (&manager, &control_plane), limits).await }
             },
         ))
 }
@@ -86,10 +83,16 @@ pub fn router(control_plane: Arc<ControlPlane>) -> axum::Router<Arc<ControlPlane
 async fn admit(
     request: axum::extract::Request,
     next: axum::middleware::Next,
-    (manager, owners): (&LocalSessionManager, &owners::SessionOwners),
+    (manager, control_plane): (&LocalSessionManager, &ControlPlane),
     (max_sessions, per_key): (usize, usize),
 ) -> axum::response::Response {
     use axum::response::IntoResponse as _;
+    let owners = &control_plane.mcp_sessions;
+    let scope = request
+        .extensions()
+        .get::<Scope>()
+        .cloned()
+        .unwrap_or(Scope::Admin);
     let principal = request
         .extensions()
         .get::<crate::http::Principal>()
@@ -127,6 +130,10 @@ async fn admit(
         {
             return Error::InsufficientCapacity(refusal.to_string()).into_response();
         }
+        drop(live);
+        if let Err(refusal) = control_plane.tenant_may_open_session(&scope).await {
+            return refusal.into_response();
+        }
     }
     let ends = request.method() == axum::http::Method::DELETE;
     let response = next.run(request).await;
@@ -136,7 +143,7 @@ async fn admit(
             .get("mcp-session-id")
             .and_then(|v| v.to_str().ok())
     {
-        owners.opened(id, &principal.0);
+        owners.opened(id, &principal.0, scope.tenant());
     }
     if ends
         && response.status().is_success()
@@ -157,6 +164,8 @@ pub struct McpSession {
     /// Whether this is a session (it began with `initialize`), not one
     /// request of the stateless protocol.
     in_session: AtomicBool,
+    /// What the key of the call being served sees (`call_tool` sets it).
+    scope: Mutex<Option<Scope>>,
 }
 
 #[derive(Default)]
@@ -389,24 +398,42 @@ impl McpSession {
             current: Mutex::default(),
             created: Mutex::default(),
             in_session: AtomicBool::new(false),
+            scope: Mutex::default(),
         }
     }
 
-    /// The instance a tool acts on: the one named, else the current one.
-    fn instance(&self, named: &Option<String>) -> Result<InstanceId, CallToolResult> {
-        if let Some(id) = named.as_deref().filter(|id| !id.is_empty()) {
-            return Ok(InstanceId::new(id));
-        }
-        self.current
+    /// The instance a tool acts on: the one named, else the current one;
+    /// one the session's key does not see (another tenant's) is not found.
+    async fn instance(&self, named: &Option<String>) -> Result<InstanceId, CallToolResult> {
+        let id = match named.as_deref().filter(|id| !id.is_empty()) {
+            Some(id) => InstanceId::new(id),
+            None => self
+                .current
+                .lock()
+                .expect("mcp lock")
+                .instance
+                .clone()
+                .ok_or_else(|| {
+                    failed(
+                        "no instance: create one with browser_create, or give instance_id (browser_list lists them)",
+                    )
+                })?,
+        };
+        self.control_plane
+            .instance_in_scope(&id, &self.scope()?)
+            .await
+            .map_err(failed_with)?;
+        Ok(id)
+    }
+
+    /// What the session's key sees (set from each request, all of one
+    /// key: see `owners`); a call that came without one is refused.
+    fn scope(&self) -> Result<Scope, CallToolResult> {
+        self.scope
             .lock()
             .expect("mcp lock")
-            .instance
             .clone()
-            .ok_or_else(|| {
-                failed(
-                    "no instance: create one with browser_create, or give instance_id (browser_list lists them)",
-                )
-            })
+            .ok_or_else(|| failed("this call carried no credential"))
     }
 
     fn make_current(&self, id: &InstanceId, tab: Option<String>) {
@@ -422,7 +449,7 @@ impl McpSession {
 
     /// Carries out `op` on the page of the named (or current) instance.
     async fn step(&self, named: &Option<String>, op: PageOp) -> CallToolResult {
-        let id = match self.instance(named) {
+        let id = match self.instance(named).await {
             Ok(id) => id,
             Err(refusal) => return refusal,
         };
@@ -480,9 +507,13 @@ impl McpSession {
             }),
         };
         let wait = self.control_plane.config.mcp.queue_wait_sec;
+        let scope = match self.scope() {
+            Ok(scope) => scope,
+            Err(refusal) => return refusal,
+        };
         let instance = match self
             .control_plane
-            .instance_create_queued(request, wait)
+            .instance_create_queued(request, wait, &scope)
             .await
         {
             Ok(instance) => instance,
@@ -514,10 +545,14 @@ impl McpSession {
 
     #[tool(description = "List the fleet's browsers: id, status, node and creation time.")]
     async fn browser_list(&self) -> CallToolResult {
+        let scope = match self.scope() {
+            Ok(scope) => scope,
+            Err(refusal) => return refusal,
+        };
         let current = self.current.lock().expect("mcp lock").instance.clone();
         match self
             .control_plane
-            .instance_list(ListInstancesQuery::default())
+            .instance_list(ListInstancesQuery::default(), &scope)
             .await
         {
             Ok(list) => {
@@ -538,7 +573,7 @@ impl McpSession {
 
     #[tool(description = "Close (delete) a browser.")]
     async fn browser_close(&self, Parameters(params): Parameters<InstanceParam>) -> CallToolResult {
-        let id = match self.instance(&params.instance_id) {
+        let id = match self.instance(&params.instance_id).await {
             Ok(id) => id,
             Err(refusal) => return refusal,
         };
@@ -559,7 +594,7 @@ impl McpSession {
         description = "Park a browser: its cookies, storage and tabs are saved and the browser stops, using no memory until revived."
     )]
     async fn browser_park(&self, Parameters(params): Parameters<InstanceParam>) -> CallToolResult {
-        let id = match self.instance(&params.instance_id) {
+        let id = match self.instance(&params.instance_id).await {
             Ok(id) => id,
             Err(refusal) => return refusal,
         };
@@ -573,7 +608,7 @@ impl McpSession {
         description = "Revive a parked browser with its cookies, storage and (by default) its tabs."
     )]
     async fn browser_revive(&self, Parameters(params): Parameters<ReviveParams>) -> CallToolResult {
-        let id = match self.instance(&params.instance_id) {
+        let id = match self.instance(&params.instance_id).await {
             Ok(id) => id,
             Err(refusal) => return refusal,
         };
@@ -806,7 +841,7 @@ impl McpSession {
         Parameters(params): Parameters<HandoffParams>,
         context: RequestContext<RoleServer>,
     ) -> CallToolResult {
-        let id = match self.instance(&params.instance_id) {
+        let id = match self.instance(&params.instance_id).await {
             Ok(id) => id,
             Err(refusal) => return refusal,
         };
@@ -879,6 +914,12 @@ impl ServerHandler for McpSession {
         request: rmcp::model::CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CallToolResponse, ErrorData> {
+        let scope = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<Scope>())
+            .cloned();
+        *self.scope.lock().expect("mcp lock") = scope;
         let router = Self::tool_router();
         let known = router.has_route(&request.name);
         let name = request.name.clone();

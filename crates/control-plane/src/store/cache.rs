@@ -71,6 +71,10 @@ impl InstanceCache {
         let matches = |record: &InstanceRecord| {
             filter.status.is_none_or(|s| record.status == s)
                 && filter.node_id.as_ref().is_none_or(|n| &record.node_id == n)
+                && filter
+                    .tenant
+                    .as_ref()
+                    .is_none_or(|t| record.tenant.as_ref() == Some(t))
         };
         let offset = usize::try_from(offset).unwrap_or(usize::MAX);
         let limit = usize::try_from(limit).unwrap_or(0);
@@ -82,7 +86,7 @@ impl InstanceCache {
                     } else {
                         Box::new(inner.by_created.iter())
                     };
-                if filter.status.is_none() && filter.node_id.is_none() {
+                if filter.status.is_none() && filter.node_id.is_none() && filter.tenant.is_none() {
                     // No filter: the total is known, and the page is a walk of
                     // offset + limit keys.
                     let page = ordered

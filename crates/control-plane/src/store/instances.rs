@@ -22,7 +22,7 @@ const COLUMNS: &str = "id, node_id, status, status_reason, subdomain, image, mem
     idle_timeout_minutes, auto_snapshot, debug_port, stream_port, http_port, created_at, updated_at, \
     last_activity, cpu_percent, memory_mb, disk_mb, snapshot_id, dormant_since, revive_method, \
     max_duration_minutes, proxy, profile_name, profile_persist, extensions, record, keep_recordings, \
-    operation_id, webdriver_owner, prefs";
+    operation_id, webdriver_owner, prefs, tenant";
 
 /// An instance as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,6 +52,9 @@ pub struct InstanceRecord {
     /// For a WebDriver session: who created it (`key:<id>`, or
     /// `anonymous` with authentication off).
     pub webdriver_owner: Option<String>,
+    /// The tenant whose key made it (`None`: an admin key, or
+    /// authentication off).
+    pub tenant: Option<String>,
 }
 
 /// What is known of an instance when it is placed.
@@ -65,6 +68,8 @@ pub struct NewInstance {
     pub profile: Option<ProfileUse>,
     /// The create asked of the node.
     pub operation: OperationId,
+    /// The tenant whose key makes it, and its `max_instances` (0: none).
+    pub tenant: Option<(String, u32)>,
 }
 
 /// Filters and page of a list.
@@ -72,6 +77,18 @@ pub struct NewInstance {
 pub struct InstanceFilter {
     pub status: Option<InstanceStatus>,
     pub node_id: Option<NodeId>,
+    /// Only this tenant's (a tenant key's list).
+    pub tenant: Option<String>,
+}
+
+/// What became of a placement ([`Store::instance_insert_if_room`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placed {
+    Inserted,
+    /// The node holds its `max_instances`.
+    NodeFull,
+    /// The tenant holds its `max_instances`.
+    TenantFull,
 }
 
 /// What a status move requires of the record, checked under its lock: one
@@ -263,6 +280,7 @@ fn decode(row: &AnyRow) -> Result<InstanceRecord, sqlx::Error> {
             .try_get::<Option<String>, _>("operation_id")?
             .map(OperationId::new),
         webdriver_owner: row.try_get("webdriver_owner")?,
+        tenant: row.try_get("tenant")?,
     })
 }
 
@@ -348,6 +366,37 @@ impl Store {
             .await?
             .try_get("n")?;
         Ok(used < max_instances)
+    }
+
+    /// Whether `tenant` holds fewer than `quota` instances in an occupying
+    /// state. On PostgreSQL a lock per tenant, held to the end of `tx`,
+    /// makes concurrent placements of one tenant count in turn (SQLite
+    /// has one writer).
+    async fn tenant_has_room(
+        &self,
+        tx: &mut AnyConnection,
+        tenant: &str,
+        quota: u32,
+    ) -> Result<bool, sqlx::Error> {
+        if matches!(self.backend, super::Backend::Postgres) {
+            // (The lock's own value is void, which sqlx's Any cannot read.)
+            sqlx::query(
+                "SELECT COUNT(*) AS n FROM (SELECT pg_advisory_xact_lock(hashtextextended($1, 7))) AS held",
+            )
+            .bind(format!("tenant:{tenant}"))
+            .fetch_one(&mut *tx)
+            .await?;
+        }
+        let occupying = status_strings(&InstanceStatus::OCCUPYING);
+        let count_sql = format!(
+            "SELECT COUNT(*) AS n FROM instances WHERE tenant = $1 AND status IN ({})",
+            placeholders(2, occupying.len())
+        );
+        let used: i64 = bind_statuses(sqlx::query(&count_sql).bind(tenant), &occupying)
+            .fetch_one(&mut *tx)
+            .await?
+            .try_get("n")?;
+        Ok(used < i64::from(quota))
     }
 
     /// The status and node of `id`, locked until the end of `tx`.
@@ -446,21 +495,27 @@ impl Store {
         &self,
         new: &NewInstance,
         max_instances: i64,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<Placed, sqlx::Error> {
         let mut conn = self.writer.acquire().await?;
         let mut tx = conn.begin().await?;
         if !self
             .node_has_room(&mut tx, &new.node_id, max_instances)
             .await?
         {
-            return Ok(false);
+            return Ok(Placed::NodeFull);
+        }
+        if let Some((tenant, quota)) = &new.tenant
+            && *quota > 0
+            && !self.tenant_has_room(&mut tx, tenant, *quota).await?
+        {
+            return Ok(Placed::TenantFull);
         }
         let now = to_millis(new.created_at);
         sqlx::query(
             "INSERT INTO instances (id, node_id, status, subdomain, image, memory_gb, cpu_cores, disk_gb, \
              idle_timeout_minutes, auto_snapshot, created_at, updated_at, last_activity, max_duration_minutes, proxy, \
-             profile_name, profile_persist, extensions, record, keep_recordings, operation_id, prefs) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)",
+             profile_name, profile_persist, extensions, record, keep_recordings, operation_id, prefs, tenant) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)",
         )
         .bind(new.id.as_str())
         .bind(new.node_id.as_str())
@@ -495,6 +550,7 @@ impl Store {
                 .as_ref()
                 .map(|prefs| serde_json::to_string(prefs).expect("JSON serialises")),
         )
+        .bind(new.tenant.as_ref().map(|(tenant, _)| tenant.clone()))
         .execute(&mut *tx)
         .await?;
         self.instance_event(
@@ -510,7 +566,7 @@ impl Store {
         tx.commit().await?;
         self.events_committed();
         self.refresh(&mut conn, &new.id).await?;
-        Ok(true)
+        Ok(Placed::Inserted)
     }
 
     /// Moves a parked instance (in one of `from`) to `node` if that node has a
@@ -599,6 +655,10 @@ impl Store {
             binds.push(node.as_str().to_owned());
             conditions.push(format!("node_id = ${}", binds.len()));
         }
+        if let Some(tenant) = &filter.tenant {
+            binds.push(tenant.clone());
+            conditions.push(format!("tenant = ${}", binds.len()));
+        }
         let where_clause = if conditions.is_empty() {
             String::new()
         } else {
@@ -643,6 +703,21 @@ impl Store {
     ) -> Result<Option<InstanceRecord>, sqlx::Error> {
         self.move_status(id, (from.into(), to), reason, AlsoSet::Nothing, now)
             .await
+    }
+
+    /// WebDriver sessions of `tenant`'s keys held now (their instances in an
+    /// occupying state).
+    pub async fn webdriver_sessions_of_tenant(&self, tenant: &str) -> Result<u64, sqlx::Error> {
+        let occupying = status_strings(&InstanceStatus::OCCUPYING);
+        let sql = format!(
+            "SELECT COUNT(*) AS n FROM instances WHERE tenant = $1 AND webdriver_owner IS NOT NULL AND status IN ({})",
+            placeholders(2, occupying.len())
+        );
+        let held: i64 = bind_statuses(sqlx::query(&sql).bind(tenant), &occupying)
+            .fetch_one(&self.pool)
+            .await?
+            .try_get("n")?;
+        Ok(held.max(0) as u64)
     }
 
     /// Marks instance `id` as the WebDriver session of `owner`; `false` when

@@ -27,7 +27,7 @@ mod settings;
 
 pub use alerts::{AlertRecord, NewAlert};
 pub use events::{Delivery, EventRoute};
-pub use instances::{Expected, InstanceFilter, InstanceRecord, NewInstance};
+pub use instances::{Expected, InstanceFilter, InstanceRecord, NewInstance, Placed};
 pub use live_links::LiveLinkRecord;
 pub use metrics::MetricSample;
 pub use nodes::NodeRecord;

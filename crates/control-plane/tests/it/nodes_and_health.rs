@@ -67,13 +67,15 @@ async fn place(control_plane: &ControlPlane, node: &str) -> InstanceId {
         created_at: Utc::now(),
         profile: None,
         operation: flotilla_api_types::ids::OperationId::generate(),
+        tenant: None,
     };
-    assert!(
+    assert_eq!(
         control_plane
             .store()
             .instance_insert_if_room(&new, 5)
             .await
-            .unwrap()
+            .unwrap(),
+        flotilla_control_plane::store::Placed::Inserted
     );
     id
 }

@@ -14,7 +14,7 @@ use flotilla_api_types::nodes::{Capabilities, ResourceUsage};
 use flotilla_api_types::{InstanceId, NodeId};
 use flotilla_control_plane::Store;
 use flotilla_control_plane::store::{
-    EventRoute, Expected, InstanceFilter, MetricSample, NewAlert, NewInstance,
+    EventRoute, Expected, InstanceFilter, MetricSample, NewAlert, NewInstance, Placed,
 };
 use flotilla_testkit::PgServer;
 
@@ -75,6 +75,7 @@ fn new_instance(node: &str) -> NewInstance {
         created_at: Utc::now(),
         profile: None,
         operation: flotilla_api_types::ids::OperationId::generate(),
+        tenant: None,
     }
 }
 
@@ -114,6 +115,7 @@ macro_rules! on_both_backends {
 
 on_both_backends!(
     capacity_holds_under_concurrent_placements,
+    a_tenants_quota_holds_under_concurrent_placements,
     transitions_and_their_events_stay_in_order,
     a_nodes_report_moves_only_the_record_it_speaks_for,
     lists_filter_sort_and_page,
@@ -240,6 +242,7 @@ async fn capacity_holds_under_concurrent_placements(postgres: bool) {
                     .instance_insert_if_room(&new_instance("n1"), 20)
                     .await
                     .unwrap()
+                    == Placed::Inserted
             })
         })
         .collect();
@@ -252,6 +255,86 @@ async fn capacity_holds_under_concurrent_placements(postgres: bool) {
     assert_eq!(occupancy, vec![(NodeId::new("n1"), 20)]);
 }
 
+/// A tenant's `max_instances` holds across nodes and concurrent creates; it
+/// counts only that tenant's instances in an occupying state, and a list
+/// filtered by tenant sees them only.
+async fn a_tenants_quota_holds_under_concurrent_placements(postgres: bool) {
+    let (store, _guard) = open(postgres).await;
+    for node in ["n1", "n2"] {
+        store
+            .node_upsert(&registration(node, 20), Utc::now())
+            .await
+            .unwrap();
+    }
+    let store = Arc::new(store);
+    let attempts: Vec<_> = (0..30)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let mut new = new_instance(if i % 2 == 0 { "n1" } else { "n2" });
+                new.tenant = Some(("acme".into(), 7));
+                store.instance_insert_if_room(&new, 20).await.unwrap()
+            })
+        })
+        .collect();
+    let mut placed = 0;
+    for attempt in attempts {
+        let outcome = attempt.await.unwrap();
+        assert_ne!(outcome, Placed::NodeFull);
+        placed += usize::from(outcome == Placed::Inserted);
+    }
+    assert_eq!(placed, 7, "exactly the tenant's max_instances");
+    // Another tenant, and an admin's instance, are not counted.
+    let mut other = new_instance("n1");
+    other.tenant = Some(("globex".into(), 1));
+    assert_eq!(
+        store.instance_insert_if_room(&other, 20).await.unwrap(),
+        Placed::Inserted
+    );
+    assert_eq!(
+        store
+            .instance_insert_if_room(&new_instance("n2"), 20)
+            .await
+            .unwrap(),
+        Placed::Inserted
+    );
+    let filter = InstanceFilter {
+        tenant: Some("acme".into()),
+        ..InstanceFilter::default()
+    };
+    let (listed, total) = store
+        .instance_list(&filter, InstanceSort::CreatedAtDesc, 100, 0)
+        .await
+        .unwrap();
+    assert_eq!(total, 7);
+    assert!(listed.iter().all(|r| r.tenant.as_deref() == Some("acme")));
+    // An instance that ended frees its place.
+    let ended = &listed[0].id;
+    store
+        .instance_transition(
+            ended,
+            &[InstanceStatus::Creating],
+            InstanceStatus::Failed,
+            Some("gone"),
+            Utc::now(),
+        )
+        .await
+        .unwrap()
+        .expect("creating → failed");
+    let mut one_more = new_instance("n2");
+    one_more.tenant = Some(("acme".into(), 7));
+    assert_eq!(
+        store.instance_insert_if_room(&one_more, 20).await.unwrap(),
+        Placed::Inserted
+    );
+    let mut past_it = new_instance("n1");
+    past_it.tenant = Some(("acme".into(), 7));
+    assert_eq!(
+        store.instance_insert_if_room(&past_it, 20).await.unwrap(),
+        Placed::TenantFull
+    );
+}
+
 async fn transitions_and_their_events_stay_in_order(postgres: bool) {
     let (store, _guard) = open(postgres).await;
     store
@@ -260,7 +343,10 @@ async fn transitions_and_their_events_stay_in_order(postgres: bool) {
         .unwrap();
     let new = new_instance("n1");
     let id = new.id.clone();
-    assert!(store.instance_insert_if_room(&new, 5).await.unwrap());
+    assert_eq!(
+        store.instance_insert_if_room(&new, 5).await.unwrap(),
+        Placed::Inserted
+    );
     let now = Utc::now();
     let running = store
         .instance_transition(
@@ -368,7 +454,10 @@ async fn a_nodes_report_moves_only_the_record_it_speaks_for(postgres: bool) {
     }
     let new = new_instance("n1");
     let (id, created) = (new.id.clone(), new.operation.clone());
-    assert!(store.instance_insert_if_room(&new, 5).await.unwrap());
+    assert_eq!(
+        store.instance_insert_if_room(&new, 5).await.unwrap(),
+        Placed::Inserted
+    );
     mark_running(&store, &id).await;
     let running = [InstanceStatus::Running];
     store
@@ -494,6 +583,7 @@ async fn lists_filter_sort_and_page(postgres: bool) {
     let running = InstanceFilter {
         status: Some(InstanceStatus::Running),
         node_id: None,
+        tenant: None,
     };
     let (_, total) = store
         .instance_list(&running, InstanceSort::CreatedAtDesc, 100, 0)
@@ -503,6 +593,7 @@ async fn lists_filter_sort_and_page(postgres: bool) {
     let on_n2 = InstanceFilter {
         status: None,
         node_id: Some(NodeId::new("n2")),
+        tenant: None,
     };
     let (page, total) = store
         .instance_list(&on_n2, InstanceSort::MemoryDesc, 100, 0)

@@ -32,6 +32,7 @@ use flotilla_api_types::{InstanceId, NodeId};
 
 use crate::access::NodeAccess;
 use crate::browser::{InstanceDirs, LaunchError};
+use crate::client_frames::MessageBudget;
 use crate::config::{AgentConfig, ImageConfig, RuntimeKind};
 use crate::egress::Upstream;
 use crate::instance::{InstanceSlot, SlotSetup};
@@ -334,13 +335,11 @@ impl Agent {
         link: Arc<dyn ControlPlaneLink>,
     ) -> anyhow::Result<Agent> {
         settings.config.validate().map_err(anyhow::Error::msg)?;
-        crate::client_frames::MessageBudget::configure_node(
-            settings.config.messages_in_flight_mb << 20,
-        );
         let node_id = NodeId::new(settings.config.node_id.clone().unwrap_or_else(hostname));
         if settings.config.runtime == RuntimeKind::Chromium {
             crate::browser::become_subreaper();
         }
+        MessageBudget::configure_node(settings.config.messages_in_flight_mb << 20);
         let instances_root = settings.data_dir.join("instances");
         let swept = sweep::sweep(&instances_root);
         if swept.processes > 0 || swept.directories > 0 {

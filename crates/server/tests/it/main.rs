@@ -19,3 +19,4 @@ mod browser_sessions;
 mod browser_webdriver;
 mod deploy_manifests;
 mod operations;
+mod tenants;

@@ -1,21 +1,28 @@
-//! Whose each MCP session is: the API key that opened it, and only that key
-//! may use it (another key naming its `Mcp-Session-Id` gets the same 404 as
-//! a session that never was). Each key holds at most
-//! `mcp.max_sessions_per_key` sessions, its share of `mcp.max_sessions`.
+//! Whose each MCP session is: the API key that opened it (and its tenant),
+//! and only that key may use it (another key naming its `Mcp-Session-Id`
+//! gets the same 404 as a session that never was). Each key holds at most
+//! `mcp.max_sessions_per_key` sessions, its share of `mcp.max_sessions`;
+//! a tenant's sessions count toward its `max_sessions`.
 //!
 //! rmcp's session manager knows sessions, not keys; this table sits beside
-//! it in the `/mcp` middleware: an entry is made when an `initialize`
-//! answer names a new session, and dropped when the session is ended or no
-//! longer in the manager (an idle session it ended).
+//! it (`ControlPlane::mcp_sessions`, used by the `/mcp` middleware): an
+//! entry is made when an `initialize` answer names a new session, and
+//! dropped when the session is ended or no longer in the manager (an idle
+//! session it ended).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-/// Session id → the principal that opened it. A std mutex: a few map
-/// operations, never held across an await.
+/// Session id → the principal that opened it and its tenant. A std mutex:
+/// a few map operations, never held across an await.
 #[derive(Default)]
 pub struct SessionOwners {
-    owners: Mutex<HashMap<String, String>>,
+    owners: Mutex<HashMap<String, Owner>>,
+}
+
+struct Owner {
+    principal: String,
+    tenant: Option<String>,
 }
 
 /// Why a request about a session is refused.
@@ -40,27 +47,43 @@ impl SessionOwners {
     ) -> Result<(), SessionRefusal> {
         let mut owners = self.owners.lock().expect("mcp owners lock");
         owners.retain(|id, _| live(id));
-        let held = owners.values().filter(|owner| *owner == principal).count();
+        let held = owners
+            .values()
+            .filter(|owner| owner.principal == principal)
+            .count();
         if held >= per_key {
             return Err(SessionRefusal::KeyFull(held));
         }
         Ok(())
     }
 
-    /// Records that `principal` opened session `id`.
-    pub fn opened(&self, id: &str, principal: &str) {
-        self.owners
-            .lock()
-            .expect("mcp owners lock")
-            .insert(id.to_owned(), principal.to_owned());
+    /// Records that `principal` (of `tenant`) opened session `id`.
+    pub fn opened(&self, id: &str, principal: &str, tenant: Option<&str>) {
+        self.owners.lock().expect("mcp owners lock").insert(
+            id.to_owned(),
+            Owner {
+                principal: principal.to_owned(),
+                tenant: tenant.map(str::to_owned),
+            },
+        );
     }
 
     /// Whether `principal` may use session `id`: it opened it.
     pub fn check(&self, id: &str, principal: &str) -> Result<(), SessionRefusal> {
         match self.owners.lock().expect("mcp owners lock").get(id) {
-            Some(owner) if owner == principal => Ok(()),
+            Some(owner) if owner.principal == principal => Ok(()),
             _ => Err(SessionRefusal::NotYours),
         }
+    }
+
+    /// The sessions `tenant`'s keys hold.
+    pub fn of_tenant(&self, tenant: &str) -> usize {
+        self.owners
+            .lock()
+            .expect("mcp owners lock")
+            .values()
+            .filter(|owner| owner.tenant.as_deref() == Some(tenant))
+            .count()
     }
 
     /// Forgets session `id` (it ended).
@@ -77,8 +100,10 @@ mod tests {
     fn a_session_is_its_openers_and_each_key_has_a_share() {
         let owners = SessionOwners::default();
         owners.may_open("key:a", 2, |_| true).unwrap();
-        owners.opened("s1", "key:a");
-        owners.opened("s2", "key:a");
+        owners.opened("s1", "key:a", Some("acme"));
+        owners.opened("s2", "key:a", Some("acme"));
+        assert_eq!(owners.of_tenant("acme"), 2);
+        assert_eq!(owners.of_tenant("globex"), 0);
         assert_eq!(owners.check("s1", "key:a"), Ok(()));
         assert_eq!(owners.check("s1", "key:b"), Err(SessionRefusal::NotYours));
         assert_eq!(
