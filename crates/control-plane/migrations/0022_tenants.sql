@@ -4,3 +4,5 @@
 ALTER TABLE instances ADD COLUMN tenant TEXT;
 ALTER TABLE profiles ADD COLUMN tenant TEXT;
 ALTER TABLE extensions ADD COLUMN tenant TEXT;
+-- A tenant's list and its quota's count read by tenant and status.
+CREATE INDEX instances_tenant ON instances (tenant, status);

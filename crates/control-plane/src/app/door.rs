@@ -75,7 +75,7 @@ impl ControlPlane {
                     .into(),
             ));
         };
-        self.door_open(&record.id, Some(&super::Scope::Admin), &[])
+        self.door_open(&record.id, Some((&super::Scope::Admin, None)), &[])
             .await
     }
 
@@ -85,12 +85,13 @@ impl ControlPlane {
     }
 
     /// Opens the door to instance `id` for a request that carried an API key
-    /// (`key`: what it sees; another tenant's instance is not found) or
+    /// (`key`: what it sees, another tenant's instance is not found; and who
+    /// it is, when a WebDriver session's instance must be its key's) or
     /// presents `tokens`; where its ports are.
     pub async fn door_open(
         &self,
         id: &InstanceId,
-        key: Option<&super::Scope>,
+        key: Option<(&super::Scope, Option<&str>)>,
         tokens: &[&str],
     ) -> Result<DoorTarget> {
         if self.config.auth_enabled && key.is_none() {
@@ -107,7 +108,17 @@ impl ControlPlane {
             }
         }
         let record = match key {
-            Some(scope) => self.instance_in_scope(id, scope).await?,
+            Some((scope, principal)) => {
+                let record = self.instance_in_scope(id, scope).await?;
+                // A WebDriver session's browser is its key's alone.
+                if self.config.auth_enabled
+                    && let (Some(owner), Some(principal)) = (&record.webdriver_owner, principal)
+                    && owner != principal
+                {
+                    return Err(not_found(id));
+                }
+                record
+            }
             None => self
                 .store
                 .instance_get(id)

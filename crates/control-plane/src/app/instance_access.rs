@@ -147,10 +147,27 @@ impl ControlPlane {
         &self,
         record: &InstanceRecord,
     ) -> Result<Option<InstanceUrls>> {
+        let token = self.url_token(&record.id).await?;
+        self.instance_urls_with(record, token).await
+    }
+
+    /// [`ControlPlane::instance_urls`] without the instance's token (for a
+    /// viewer it must not be given to).
+    pub(crate) async fn instance_urls_without_token(
+        &self,
+        record: &InstanceRecord,
+    ) -> Result<Option<InstanceUrls>> {
+        self.instance_urls_with(record, None).await
+    }
+
+    async fn instance_urls_with(
+        &self,
+        record: &InstanceRecord,
+        token: Option<String>,
+    ) -> Result<Option<InstanceUrls>> {
         if record.ports.is_none() {
             return Ok(None);
         }
-        let token = self.url_token(&record.id).await?;
         if let Some(public_url) = &self.config.public_url {
             return Ok(Some(views::door_urls(
                 record,

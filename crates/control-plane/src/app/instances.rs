@@ -352,13 +352,25 @@ impl ControlPlane {
         })
     }
 
-    pub async fn instance_get(&self, id: &InstanceId) -> Result<Instance> {
+    /// Instance `id` as `viewer` (the request's principal) sees it: a
+    /// WebDriver session's instance shows its `urls` without their token to
+    /// any key but the session's (the token would drive the session).
+    pub async fn instance_get(&self, id: &InstanceId, viewer: &str) -> Result<Instance> {
         let record = self
             .store
             .instance_get(id)
             .await?
             .ok_or_else(|| not_found(id))?;
-        let urls = self.instance_urls(&record).await?;
+        let someone_elses_session = self.config.auth_enabled
+            && record
+                .webdriver_owner
+                .as_deref()
+                .is_some_and(|owner| owner != viewer);
+        let urls = if someone_elses_session {
+            self.instance_urls_without_token(&record).await?
+        } else {
+            self.instance_urls(&record).await?
+        };
         Ok(views::instance_detail(&record, urls, self.now()))
     }
 

@@ -197,7 +197,7 @@ impl ControlPlane {
 
     /// Where a live link's socket goes: the instance's stream port.
     pub async fn live_link_target(&self, link: &LiveLinkRecord) -> Result<DoorTarget> {
-        self.door_open(&link.instance_id, Some(&super::Scope::Admin), &[])
+        self.door_open(&link.instance_id, Some((&super::Scope::Admin, None)), &[])
             .await
     }
 

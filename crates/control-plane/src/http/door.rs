@@ -501,6 +501,7 @@ async fn pass(
         .get::<crate::app::Scope>()
         .filter(|_| key_holder)
         .cloned();
+    let principal = request.extensions().get::<Principal>().map(|p| p.0.clone());
     let header_token = request
         .headers()
         .get(header::AUTHORIZATION)
@@ -517,10 +518,10 @@ async fn pass(
         .chain(&query_token)
         .map(String::as_str)
         .collect();
-    let target = match control_plane
-        .door_open(&id, key_scope.as_ref(), &tokens)
-        .await
-    {
+    let key = key_scope
+        .as_ref()
+        .map(|scope| (scope, principal.as_deref()));
+    let target = match control_plane.door_open(&id, key, &tokens).await {
         Ok(target) => target,
         Err(error) => return error.into_response(),
     };

@@ -8,19 +8,22 @@ use axum::{Extension, Json};
 
 use flotilla_api_types::health::{Health, HealthStatus};
 
-use crate::app::ControlPlane;
+use crate::app::{ControlPlane, Scope};
 use crate::http::guard::Principal;
 
 /// Service health: 200 when healthy or degraded, 503 when unhealthy. The
-/// background tasks' last errors show to a caller with an API key (or to
-/// anyone with authentication off).
+/// background tasks' last errors show to a caller with an admin API key (or
+/// to anyone with authentication off).
 #[utoipa::path(get, path = "/health", tag = "health", security(()),
     responses((status = 200, body = Health), (status = 503, body = Health)))]
 pub async fn health(
     State(control_plane): State<Arc<ControlPlane>>,
     Extension(principal): Extension<Principal>,
+    Extension(scope): Extension<Scope>,
 ) -> (StatusCode, Json<Health>) {
-    let trusted = !control_plane.config().auth_enabled || principal.is_key();
+    // The fleet's inner workings are an admin key's to read.
+    let trusted =
+        !control_plane.config().auth_enabled || (principal.is_key() && scope == Scope::Admin);
     let health = control_plane.health(trusted).await;
     let status = match health.status {
         HealthStatus::Unhealthy => StatusCode::SERVICE_UNAVAILABLE,

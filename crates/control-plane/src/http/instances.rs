@@ -71,11 +71,13 @@ pub async fn instance_list(
     ))]
 pub async fn instance_get(
     State(control_plane): State<Arc<ControlPlane>>,
+    Extension(principal): Extension<super::Principal>,
     Path(id): Path<String>,
 ) -> Result<Json<Instance>, Error> {
-    Ok(Json(
-        control_plane.instance_get(&InstanceId::new(id)).await?,
-    ))
+    let instance = control_plane
+        .instance_get(&InstanceId::new(id), &principal.0)
+        .await?;
+    Ok(Json(instance))
 }
 
 /// Delete an instance: graceful browser shutdown unless `force=true`.

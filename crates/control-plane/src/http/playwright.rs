@@ -225,7 +225,10 @@ async fn open(
         .instance_create_waiting(options.create.clone(), options.wait_sec, &scope)
         .await?;
     let id = instance.id;
-    let target = match control_plane.door_open(&id, Some(&scope), &[]).await {
+    let target = match control_plane
+        .door_open(&id, Some((&scope, None)), &[])
+        .await
+    {
         Ok(target) => target,
         Err(error) => {
             let _ = control_plane.instance_delete(&id, true).await;

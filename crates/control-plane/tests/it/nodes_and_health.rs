@@ -184,7 +184,11 @@ async fn silent_nodes_go_offline_and_their_instances_fail() {
         snapshot_id: None,
         operation: None,
     };
-    let before = control_plane.instance_get(&id).await.unwrap().status;
+    let before = control_plane
+        .instance_get(&id, "anonymous")
+        .await
+        .unwrap()
+        .status;
     assert!(
         !control_plane
             .instance_state_changed(report_from("n2"))
@@ -192,7 +196,11 @@ async fn silent_nodes_go_offline_and_their_instances_fail() {
             .unwrap()
     );
     assert_eq!(
-        control_plane.instance_get(&id).await.unwrap().status,
+        control_plane
+            .instance_get(&id, "anonymous")
+            .await
+            .unwrap()
+            .status,
         before
     );
     control_plane
@@ -217,7 +225,7 @@ async fn silent_nodes_go_offline_and_their_instances_fail() {
         gauges.warm_pools.is_empty(),
         "an offline node's pool is gone"
     );
-    let instance = control_plane.instance_get(&id).await.unwrap();
+    let instance = control_plane.instance_get(&id, "anonymous").await.unwrap();
     assert_eq!(instance.status, InstanceStatus::Failed);
     assert!(instance.status_reason.unwrap().contains("went offline"));
 
@@ -267,13 +275,19 @@ async fn registration_reconciles_lost_and_started_instances() {
         .node_register(registration("n1", vec![], vec![report]))
         .await
         .unwrap();
-    let lost = control_plane.instance_get(&lost).await.unwrap();
+    let lost = control_plane
+        .instance_get(&lost, "anonymous")
+        .await
+        .unwrap();
     assert_eq!(
         lost.status,
         InstanceStatus::Failed,
         "it was still creating when its node restarted"
     );
-    let started = control_plane.instance_get(&started).await.unwrap();
+    let started = control_plane
+        .instance_get(&started, "anonymous")
+        .await
+        .unwrap();
     assert_eq!(started.status, InstanceStatus::Running);
     assert_eq!(started.resources.unwrap().memory_mb, 150.0);
 }
