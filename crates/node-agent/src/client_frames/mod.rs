@@ -301,12 +301,7 @@ impl<'p> Message<'p> {
     {
         let mut read = 0u64;
         while read < frame.length {
-            let piece = (frame.length - read).min(CHUNK as u64) as usize;
-            chunk.resize(piece, 0);
-            client.read_exact(chunk).await?;
-            unmask(chunk, frame.mask, read);
-            read += piece as u64;
-            self.scanner.feed(chunk)?;
+            read += self.read_piece(client, frame, read, chunk).await?;
             if self.route == Route::Stream {
                 self.send_on(browser, chunk).await?;
                 continue;
@@ -346,12 +341,7 @@ impl<'p> Message<'p> {
             within_limit(self.held.len() as u64 + frame.length, self.pins.protocol)?;
             let mut read = 0u64;
             while read < frame.length {
-                let piece = (frame.length - read).min(CHUNK as u64) as usize;
-                chunk.resize(piece, 0);
-                client.read_exact(chunk).await?;
-                unmask(chunk, frame.mask, read);
-                read += piece as u64;
-                self.scanner.feed(chunk)?;
+                read += self.read_piece(client, &frame, read, chunk).await?;
                 self.hold(chunk, None).await?;
             }
             if frame.fin {
@@ -371,6 +361,23 @@ impl<'p> Message<'p> {
                 break next;
             };
         }
+    }
+
+    /// Reads the next piece of `frame`'s payload (`read` bytes of it read
+    /// before) into `chunk`, unmasked, and scans it; its length.
+    async fn read_piece<R: AsyncRead + Unpin>(
+        &mut self,
+        client: &mut R,
+        frame: &FrameHead,
+        read: u64,
+        chunk: &mut Vec<u8>,
+    ) -> Result<u64, RelayError> {
+        let piece = (frame.length - read).min(CHUNK as u64) as usize;
+        chunk.resize(piece, 0);
+        client.read_exact(chunk).await?;
+        unmask(chunk, frame.mask, read);
+        self.scanner.feed(chunk)?;
+        Ok(piece as u64)
     }
 
     /// Chooses the route once the method is known.
