@@ -10,7 +10,10 @@ use utoipa::ToSchema;
 #[serde(deny_unknown_fields)]
 pub struct TokenRequest {
     /// Topics the token may read: `instances`, `instances.<id>`, or
-    /// `instances.*` (every instance). Default: `instances` and `instances.*`.
+    /// `instances.*` (every instance), `nodes`, `alerts`, `tenants.<name>`
+    /// (a tenant's instances). Default: `instances` and `instances.*`; for a
+    /// tenant's key, which may read only `tenants.<its tenant>` and
+    /// `instances.<id>` of its own instances, `tenants.<its tenant>`.
     #[schema(value_type = Option<Vec<TopicName>>, min_items = 1, max_items = 100)]
     pub topics: Option<Vec<String>>,
     /// Lifetime in seconds, 1..=86400 (default 3600).
@@ -20,11 +23,12 @@ pub struct TokenRequest {
 }
 
 /// A topic a subscriber token may read: `instances`, `instances.*`, `nodes`,
-/// `alerts`, or `instances.<instance id>` (a hyphenated UUID).
+/// `alerts`, `instances.<instance id>` (a hyphenated UUID), or
+/// `tenants.<tenant name>` (every event of that tenant's instances).
 pub struct TopicName;
 
 /// What [`TopicName`] accepts.
-pub const TOPIC_PATTERN: &str = "^(instances|instances\\.\\*|nodes|alerts|instances\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})$";
+pub const TOPIC_PATTERN: &str = "^(instances|instances\\.\\*|nodes|alerts|instances\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|tenants\\.[a-z0-9][a-z0-9-]{0,62})$";
 
 impl utoipa::PartialSchema for TopicName {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {

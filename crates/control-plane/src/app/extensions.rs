@@ -2,7 +2,9 @@
 //! extension), list, get and delete them, and check the `config.extensions`
 //! of a create. Zips live in the snapshot store, so that every node can
 //! fetch them; the node unpacks them before it launches a browser that loads
-//! them (see the agent).
+//! them (see the agent). A tenant's key sees, uses and deletes its
+//! tenant's uploads only (another's is the 404 of one that never was); an
+//! admin's key sees all of them.
 
 use bytes::Bytes;
 
@@ -11,7 +13,7 @@ use flotilla_api_types::extensions::{
     Extension, ExtensionList, MAX_EXTENSIONS_PER_INSTANCE, is_extension_id,
 };
 
-use super::ControlPlane;
+use super::{ControlPlane, Scope};
 use crate::error::{Error, Result};
 
 fn not_found(id: &str) -> Error {
@@ -24,7 +26,7 @@ static UPLOADS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
 
 impl ControlPlane {
     /// Keeps an uploaded extension: checks the zip, stores it, records it.
-    pub async fn extension_upload(&self, zip: Bytes) -> Result<Extension> {
+    pub async fn extension_upload(&self, zip: Bytes, scope: &Scope) -> Result<Extension> {
         let _permit = UPLOADS
             .acquire()
             .await
@@ -57,7 +59,9 @@ impl ControlPlane {
                     snapshots.location()
                 ))
             })?;
-        self.store.extension_insert(&extension).await?;
+        self.store
+            .extension_insert(&extension, scope.tenant())
+            .await?;
         tracing::info!(
             extension = extension.id,
             name = extension.name,
@@ -67,28 +71,29 @@ impl ControlPlane {
         Ok(extension)
     }
 
-    pub async fn extension_list(&self) -> Result<ExtensionList> {
+    pub async fn extension_list(&self, scope: &Scope) -> Result<ExtensionList> {
         Ok(ExtensionList {
-            extensions: self.store.extension_list().await?,
+            extensions: self.store.extension_list(scope.tenant()).await?,
         })
     }
 
-    pub async fn extension_get(&self, id: &str) -> Result<Extension> {
+    /// Extension `id` when `scope` sees it.
+    pub async fn extension_get(&self, id: &str, scope: &Scope) -> Result<Extension> {
         if !is_extension_id(id) {
             return Err(not_found(id));
         }
         self.store
             .extension_get(id)
             .await?
+            .filter(|(_, owner)| scope.sees(owner.as_deref()))
+            .map(|(extension, _)| extension)
             .ok_or_else(|| not_found(id))
     }
 
     /// Deletes an extension and its zip; refused while an instance loads it.
-    pub async fn extension_delete(&self, id: &str) -> Result<MessageResponse> {
+    pub async fn extension_delete(&self, id: &str, scope: &Scope) -> Result<MessageResponse> {
         // Only well-formed ids reach the store (its LIKE must see no wildcard).
-        if !is_extension_id(id) {
-            return Err(not_found(id));
-        }
+        self.extension_get(id, scope).await?;
         match self.store.extension_delete(id).await? {
             Ok(true) => {}
             Ok(false) => return Err(not_found(id)),
@@ -110,8 +115,8 @@ impl ControlPlane {
     }
 
     /// Checks `config.extensions` of a create: at most 20 distinct ids of
-    /// uploaded extensions.
-    pub(crate) async fn extensions_check(&self, ids: &[String]) -> Result<()> {
+    /// extensions `scope` sees.
+    pub(crate) async fn extensions_check(&self, ids: &[String], scope: &Scope) -> Result<()> {
         let bad = |message: String| {
             Err(Error::InvalidRequest(format!(
                 "config.extensions: {message}"
@@ -133,7 +138,7 @@ impl ControlPlane {
                 ));
             }
         }
-        let missing = self.store.extensions_missing(ids).await?;
+        let missing = self.store.extensions_missing(ids, scope.tenant()).await?;
         if !missing.is_empty() {
             return bad(format!(
                 "no extension {}; upload one with POST /v2/extensions",

@@ -114,16 +114,7 @@ impl ControlPlane {
     }
 
     async fn create_now(&self, request: CreateInstanceRequest, scope: &Scope) -> Result<Instance> {
-        let extensions = request.config.as_ref().map_or(0, |c| c.extensions.len());
-        if scope.tenant().is_some() && (request.profile.is_some() || extensions > 0) {
-            // Profiles and extensions are not kept per tenant yet: a
-            // tenant's key must not reach an admin's (nor learn which
-            // exist).
-            return Err(Error::InvalidRequest(
-                "profile and config.extensions are not available to a tenant's key yet".into(),
-            ));
-        }
-        let (image, config) = self.create_checked(&request).await?;
+        let (image, config, profile) = self.create_checked(&request, scope).await?;
         let nodes = self.store.node_list().await?;
         let usage = self.node_usage().await?;
         let placement = PlacementRequest {
@@ -136,14 +127,14 @@ impl ControlPlane {
         let id = InstanceId::generate();
         flotilla_telemetry::record("instance.id", id.as_str());
         let operation = OperationId::generate();
-        if let Some(profile) = &request.profile {
-            self.profile_take(profile, &id).await?;
+        if let Some(profile) = &profile {
+            self.profile_take(profile, (&id, scope)).await?;
         }
         let placed = self
             .instance_place(
                 (&id, &operation),
                 &ranked,
-                (&image, &config, request.profile.as_ref()),
+                (&image, &config, profile.as_ref()),
                 scope,
             )
             .await;
@@ -160,7 +151,7 @@ impl ControlPlane {
             image: image.clone(),
             config,
             access_token: Some(Secret::new(self.instance_token(&id).await?)),
-            profile: request.profile,
+            profile,
             operation: Some(operation),
         };
         let ports = self.launch_on(node, launch).await?;
@@ -177,12 +168,14 @@ impl ControlPlane {
         Ok(views::instance_created(&record, urls))
     }
 
-    /// A create's image and configuration, once every part of the request
-    /// checked out (its profile and extensions exist).
+    /// A create's image, configuration and profile (under its stored name),
+    /// once every part of the request checked out (its profile and
+    /// extensions exist and are `scope`'s to use).
     async fn create_checked(
         &self,
         request: &CreateInstanceRequest,
-    ) -> Result<(String, InstanceConfig)> {
+        scope: &Scope,
+    ) -> Result<(String, InstanceConfig, Option<ProfileUse>)> {
         let image = request
             .image
             .clone()
@@ -197,11 +190,12 @@ impl ControlPlane {
                 "node_preference must be a node id, not empty".into(),
             ));
         }
-        if let Some(profile) = &request.profile {
-            self.profile_check(profile).await?;
-        }
-        self.extensions_check(&config.extensions).await?;
-        Ok((image, config))
+        let profile = match &request.profile {
+            Some(profile) => Some(self.profile_check(profile, scope).await?),
+            None => None,
+        };
+        self.extensions_check(&config.extensions, scope).await?;
+        Ok((image, config, profile))
     }
 
     /// Asks the chosen node to launch a recorded instance; if it does not,

@@ -11,7 +11,7 @@ use flotilla_api_types::metrics::{
 };
 use flotilla_api_types::nodes::NodeStatus;
 
-use crate::app::ControlPlane;
+use crate::app::{ControlPlane, Scope};
 use crate::error::{Error, Result};
 use crate::store::{MetricSample, NodeRecord};
 use crate::telemetry::Gauges;
@@ -74,9 +74,26 @@ impl ControlPlane {
         Ok(())
     }
 
-    /// `GET /v2/metrics`.
-    pub async fn metrics(&self, query: MetricsQuery) -> Result<MetricsResponse> {
+    /// `GET /v2/metrics`: the fleet's, or for a tenant's key its own
+    /// instances' counts (the fleet's figures, nodes and resources, are not
+    /// its own: 0, and no series).
+    pub async fn metrics(&self, query: MetricsQuery, scope: &Scope) -> Result<MetricsResponse> {
         let period = query.period.unwrap_or_default();
+        if let Some(tenant) = scope.tenant() {
+            if let Some(id) = &query.node_id {
+                return Err(Error::NotFound(format!("node {id} not found")));
+            }
+            let counts = self.store.instance_counts_of_tenant(tenant).await?;
+            return Ok(MetricsResponse {
+                cluster: instance_totals(&counts),
+                resources: ResourceMetrics {
+                    avg_cpu_percent: 0.0,
+                    avg_memory_percent: 0.0,
+                    avg_disk_percent: 0.0,
+                },
+                timeseries: timeseries(&[], period),
+            });
+        }
         let nodes = self.store.node_list().await?;
         let node = match &query.node_id {
             Some(id) => Some(
@@ -108,22 +125,12 @@ impl ControlPlane {
             }
             None => self.store.instance_counts().await?,
         };
-        let count = |status: InstanceStatus| {
-            counts
-                .iter()
-                .filter(|(s, _)| *s == status)
-                .map(|(_, n)| n)
-                .sum::<i64>()
-        };
         let cluster = ClusterMetrics {
-            total_instances: counts.iter().map(|(_, n)| n).sum(),
-            running_instances: count(InstanceStatus::Running),
-            dormant_instances: count(InstanceStatus::Dormant),
-            failed_instances: count(InstanceStatus::Failed),
             nodes_online: online.len() as i64,
             nodes_offline: (scoped.len() - online.len()) as i64,
             avg_cpu_percent: average(online.iter().map(|n| n.resources.cpu_percent)),
             avg_memory_percent: average(online.iter().map(|n| n.resources.memory_percent)),
+            ..instance_totals(&counts)
         };
         let series_of = node.map_or(CLUSTER, |n| n.id.as_str());
         let now = self.now();
@@ -187,6 +194,27 @@ impl ControlPlane {
 
 /// Samples averaged into the period's steps (buckets aligned to the step);
 /// steps without samples are left out.
+/// Instances by status as [`ClusterMetrics`] (the node figures 0).
+fn instance_totals(counts: &[(InstanceStatus, i64)]) -> ClusterMetrics {
+    let count = |status: InstanceStatus| {
+        counts
+            .iter()
+            .filter(|(s, _)| *s == status)
+            .map(|(_, n)| n)
+            .sum::<i64>()
+    };
+    ClusterMetrics {
+        total_instances: counts.iter().map(|(_, n)| n).sum(),
+        running_instances: count(InstanceStatus::Running),
+        dormant_instances: count(InstanceStatus::Dormant),
+        failed_instances: count(InstanceStatus::Failed),
+        nodes_online: 0,
+        nodes_offline: 0,
+        avg_cpu_percent: 0.0,
+        avg_memory_percent: 0.0,
+    }
+}
+
 fn timeseries(samples: &[MetricSample], period: MetricsPeriod) -> Timeseries {
     let step_ms = period.step_seconds() * 1000;
     let mut series = Timeseries {

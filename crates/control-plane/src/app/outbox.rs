@@ -295,8 +295,7 @@ impl Worker {
         }
     }
 
-    /// One batch on the proxy: each event on `instances` and on
-    /// `instances.<id>` (node and alert events on `nodes` and `alerts`). The
+    /// One batch on the proxy: each event on its topics ([`topics_of`]). The
     /// event id is the publisher id, so a retried batch is not published twice.
     async fn publish(
         &self,
@@ -304,7 +303,7 @@ impl Worker {
         key: Option<&str>,
         due: &[Delivery],
     ) -> Result<(), DeliveryError> {
-        let mut events = Vec::with_capacity(due.len() * 2);
+        let mut events = Vec::with_capacity(due.len() * 3);
         for delivery in due {
             let payload: serde_json::Value =
                 serde_json::from_str(&delivery.payload).map_err(DeliveryError::StoredPayload)?;
@@ -377,15 +376,22 @@ impl Worker {
     }
 }
 
-/// Topics of an event on the proxy.
+/// Topics of an event on the proxy: an instance's on `instances`,
+/// `instances.<id>` and, for a tenant's instance, `tenants.<tenant>`.
 fn topics_of(delivery: &Delivery) -> Vec<String> {
     match delivery.name {
         EventName::NodeOffline | EventName::NodeOnline => vec!["nodes".into()],
         EventName::AlertRaised | EventName::AlertCleared => vec!["alerts".into()],
-        _ => vec![
-            "instances".into(),
-            format!("instances.{}", delivery.subject),
-        ],
+        _ => {
+            let mut topics = vec![
+                "instances".into(),
+                format!("instances.{}", delivery.subject),
+            ];
+            if let Some(tenant) = &delivery.tenant {
+                topics.push(format!("tenants.{tenant}"));
+            }
+            topics
+        }
     }
 }
 

@@ -1,7 +1,9 @@
 //! Subscriber tokens for the event proxy, so that `serve` streams lifecycle
 //! events with authentication on. `POST /v2/tokens` issues a short-lived JWT
 //! (HS256) whose `permissions` claim lists `<topic>:read` for the topics asked
-//! (`instances`, `instances.<id>`, `instances.*`, `nodes`, `alerts`);
+//! (`instances`, `instances.<id>`, `instances.*`, `nodes`, `alerts`,
+//! `tenants.<name>`; a tenant's key only its tenant's topic and its own
+//! instances');
 //! `POST /v2/tokens/verify` is the verification webhook the proxy calls
 //! (`{jwt, topic}` → `{valid, user_id, expires_at}`).
 //!
@@ -20,7 +22,8 @@ use flotilla_api_types::tokens::{
     TokenRequest, TokenResponse, VerifyRequest, VerifyResponse, topic_uuid_hex,
 };
 
-use crate::app::ControlPlane;
+use crate::app::{ControlPlane, Scope};
+use crate::config::is_tenant_name;
 use crate::error::{Error, Result};
 
 const KEY_SETTING: &str = "subscriber_token_key";
@@ -40,14 +43,20 @@ struct Claims {
 fn check_topic(topic: &str) -> Result<()> {
     match topic {
         "instances" | "instances.*" | "nodes" | "alerts" => Ok(()),
-        other => match other.strip_prefix("instances.") {
-            // Hyphenated only, as instance ids are written (and as the schema says).
-            Some(id) if id.len() == 36 && uuid::Uuid::try_parse(id).is_ok() => Ok(()),
-            _ => Err(Error::InvalidRequest(format!(
-                "topics: {other:?} is not a topic; use instances, instances.<instance id>, instances.*, nodes or alerts"
-            ))),
-        },
+        other if instance_of_topic(other).is_some() => Ok(()),
+        other if other.strip_prefix("tenants.").is_some_and(is_tenant_name) => Ok(()),
+        other => Err(Error::InvalidRequest(format!(
+            "topics: {other:?} is not a topic; use instances, instances.<instance id>, instances.*, nodes, alerts or tenants.<tenant>"
+        ))),
     }
+}
+
+/// The instance of topic `instances.<id>`.
+fn instance_of_topic(topic: &str) -> Option<&str> {
+    // Hyphenated only, as instance ids are written (and as the schema says).
+    topic
+        .strip_prefix("instances.")
+        .filter(|id| id.len() == 36 && uuid::Uuid::try_parse(id).is_ok())
 }
 
 impl ControlPlane {
@@ -68,24 +77,52 @@ impl ControlPlane {
             .cloned()
     }
 
+    /// Whether `scope` may read `topic`: an admin any topic; a tenant its
+    /// tenant's topic and those of its own instances (any other is refused
+    /// in the same words whether or not it exists).
+    async fn check_topic_in_scope(&self, topic: &str, scope: &Scope) -> Result<()> {
+        check_topic(topic)?;
+        let Some(tenant) = scope.tenant() else {
+            return Ok(());
+        };
+        let own = match instance_of_topic(topic) {
+            Some(id) => self
+                .instance_in_scope(&flotilla_api_types::InstanceId::new(id), scope)
+                .await
+                .is_ok(),
+            None => topic.strip_prefix("tenants.") == Some(tenant),
+        };
+        if own {
+            return Ok(());
+        }
+        Err(Error::InvalidRequest(format!(
+            "topics: a tenant's key reads tenants.{tenant} and instances.<id> of its own instances, not {topic:?}"
+        )))
+    }
+
     /// Issues a token for `subject` (the API key's id, or `anonymous`).
-    pub async fn token_issue(&self, request: TokenRequest, subject: &str) -> Result<TokenResponse> {
+    pub async fn token_issue(
+        &self,
+        request: TokenRequest,
+        (subject, scope): (&str, &Scope),
+    ) -> Result<TokenResponse> {
         let ttl = request.ttl_sec.unwrap_or(DEFAULT_TTL_SEC);
         if !(1..=MAX_TTL_SEC).contains(&ttl) {
             return Err(Error::InvalidRequest(format!(
                 "ttl_sec must be 1..={MAX_TTL_SEC} (got {ttl})"
             )));
         }
-        let topics = request
-            .topics
-            .unwrap_or_else(|| vec!["instances".into(), "instances.*".into()]);
+        let topics = request.topics.unwrap_or_else(|| match scope.tenant() {
+            Some(tenant) => vec![format!("tenants.{tenant}")],
+            None => vec!["instances".into(), "instances.*".into()],
+        });
         if topics.is_empty() || topics.len() > 100 {
             return Err(Error::InvalidRequest(
                 "topics must list 1 to 100 topics".into(),
             ));
         }
         for topic in &topics {
-            check_topic(topic)?;
+            self.check_topic_in_scope(topic, scope).await?;
         }
         let now = self.now().timestamp();
         let claims = Claims {

@@ -5,6 +5,7 @@ use chrono::{DateTime, Utc};
 
 use flotilla_api_types::instances::{Activity, Instance, InstanceUrls};
 use flotilla_api_types::nodes::{Node, NodeStatus};
+use flotilla_api_types::profiles::ProfileUse;
 
 use crate::store::{InstanceRecord, NodeRecord};
 
@@ -126,7 +127,10 @@ pub fn instance_detail(
     config.proxy = config.proxy.map(|proxy| proxy.redacted());
     view.config = Some(config);
     view.expires_at = expires_at(record);
-    view.profile = record.profile.clone();
+    view.profile = record.profile.as_ref().map(|profile| ProfileUse {
+        name: super::profiles::own_name(record.tenant.as_deref(), &profile.name).to_owned(),
+        persist: profile.persist,
+    });
     let idle_ms = (now - record.last_activity).num_milliseconds().max(0);
     view.activity = Some(Activity {
         last_activity: record.last_activity,

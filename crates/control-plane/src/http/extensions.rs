@@ -3,14 +3,14 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::{Extension as Ext, Path, State};
 use axum::http::StatusCode;
 
 use flotilla_api_types::extensions::{Extension, ExtensionList};
 use flotilla_api_types::{ErrorResponse, MessageResponse};
 
 use super::extract::{NoBody, ZipBody};
-use crate::app::ControlPlane;
+use crate::app::{ControlPlane, Scope};
 use crate::error::Error;
 
 /// Upload an unpacked Chromium extension as a zip (Manifest V3; its
@@ -25,25 +25,24 @@ use crate::error::Error;
         (status = 400, description = "Not a zip, not application/zip, or not a loadable extension (the reason is in detail)", body = ErrorResponse),
         (status = 413, description = "The zip is larger than 50 MiB", body = ErrorResponse),
         (status = 503, description = "The snapshot store cannot keep it now", body = ErrorResponse),
-        (status = 404, description = "A tenant's key: this route is an admin key's", body = ErrorResponse),
     ))]
 pub async fn extension_upload(
     State(control_plane): State<Arc<ControlPlane>>,
+    Ext(scope): Ext<Scope>,
     ZipBody(zip): ZipBody,
 ) -> Result<(StatusCode, Json<Extension>), Error> {
-    Ok((
-        StatusCode::CREATED,
-        Json(control_plane.extension_upload(zip).await?),
-    ))
+    let extension = control_plane.extension_upload(zip, &scope).await?;
+    Ok((StatusCode::CREATED, Json(extension)))
 }
 
-/// List uploaded extensions, oldest first.
+/// List uploaded extensions (a tenant's key: its tenant's), oldest first.
 #[utoipa::path(get, path = "/v2/extensions", tag = "extensions",
-    responses((status = 200, body = ExtensionList), (status = 404, description = "A tenant's key: this route is an admin key's", body = ErrorResponse)))]
+    responses((status = 200, body = ExtensionList)))]
 pub async fn extension_list(
     State(control_plane): State<Arc<ControlPlane>>,
+    Ext(scope): Ext<Scope>,
 ) -> Result<Json<ExtensionList>, Error> {
-    Ok(Json(control_plane.extension_list().await?))
+    Ok(Json(control_plane.extension_list(&scope).await?))
 }
 
 /// Get one extension.
@@ -55,9 +54,10 @@ pub async fn extension_list(
     ))]
 pub async fn extension_get(
     State(control_plane): State<Arc<ControlPlane>>,
+    Ext(scope): Ext<Scope>,
     Path(id): Path<String>,
 ) -> Result<Json<Extension>, Error> {
-    Ok(Json(control_plane.extension_get(&id).await?))
+    Ok(Json(control_plane.extension_get(&id, &scope).await?))
 }
 
 /// Delete an extension and its zip.
@@ -70,8 +70,9 @@ pub async fn extension_get(
     ))]
 pub async fn extension_delete(
     State(control_plane): State<Arc<ControlPlane>>,
+    Ext(scope): Ext<Scope>,
     Path(id): Path<String>,
     NoBody: NoBody,
 ) -> Result<Json<MessageResponse>, Error> {
-    Ok(Json(control_plane.extension_delete(&id).await?))
+    Ok(Json(control_plane.extension_delete(&id, &scope).await?))
 }

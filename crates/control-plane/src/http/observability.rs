@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::header;
 use axum::response::IntoResponse;
 
@@ -13,11 +13,13 @@ use flotilla_api_types::metrics::{MetricsQuery, MetricsResponse};
 use flotilla_api_types::prometheus::CONTENT_TYPE;
 
 use super::extract::ApiQuery;
-use crate::app::ControlPlane;
+use crate::app::{ControlPlane, Scope};
 use crate::error::Error;
 
 /// Cluster (or one node's) counts and resources now, and their history over
-/// the period: 1h in 1-minute points, 24h in 5-minute points, 7d hourly.
+/// the period: 1h in 1-minute points, 24h in 5-minute points, 7d hourly. A
+/// tenant's key gets its own instances' counts; the fleet's figures (nodes,
+/// resources and their series) are 0 for it, and a `node_id` is 404.
 #[utoipa::path(get, path = "/v2/metrics", tag = "metrics",
     params(MetricsQuery),
     responses(
@@ -27,9 +29,10 @@ use crate::error::Error;
     ))]
 pub async fn metrics(
     State(control_plane): State<Arc<ControlPlane>>,
+    Extension(scope): Extension<Scope>,
     ApiQuery(query): ApiQuery<MetricsQuery>,
 ) -> Result<Json<MetricsResponse>, Error> {
-    Ok(Json(control_plane.metrics(query).await?))
+    Ok(Json(control_plane.metrics(query, &scope).await?))
 }
 
 /// Prometheus text exposition: `service_instances_total{status}`,

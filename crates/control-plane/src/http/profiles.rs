@@ -3,14 +3,14 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::StatusCode;
 
 use flotilla_api_types::profiles::{CreateProfileRequest, Profile, ProfileList};
 use flotilla_api_types::{ErrorResponse, MessageResponse};
 
 use super::extract::{ApiJson, NoBody};
-use crate::app::ControlPlane;
+use crate::app::{ControlPlane, Scope};
 use crate::error::Error;
 
 /// Create an empty persistent profile. Instances start from it with
@@ -22,25 +22,25 @@ use crate::error::Error;
         (status = 201, body = Profile),
         (status = 400, description = "Invalid name or unknown field", body = ErrorResponse),
         (status = 409, description = "A profile of that name exists", body = ErrorResponse),
-        (status = 404, description = "A tenant's key: this route is an admin key's", body = ErrorResponse),
     ))]
 pub async fn profile_create(
     State(control_plane): State<Arc<ControlPlane>>,
+    Extension(scope): Extension<Scope>,
     ApiJson(request): ApiJson<CreateProfileRequest>,
 ) -> Result<(StatusCode, Json<Profile>), Error> {
-    Ok((
-        StatusCode::CREATED,
-        Json(control_plane.profile_create(request).await?),
-    ))
+    let profile = control_plane.profile_create(request, &scope).await?;
+    Ok((StatusCode::CREATED, Json(profile)))
 }
 
-/// List profiles by name.
+/// List profiles by name (a tenant's key: its tenant's, by their own names;
+/// an admin's: every profile, a tenant's as `<tenant>~<name>`).
 #[utoipa::path(get, path = "/v2/profiles", tag = "profiles",
-    responses((status = 200, body = ProfileList), (status = 404, description = "A tenant's key: this route is an admin key's", body = ErrorResponse)))]
+    responses((status = 200, body = ProfileList)))]
 pub async fn profile_list(
     State(control_plane): State<Arc<ControlPlane>>,
+    Extension(scope): Extension<Scope>,
 ) -> Result<Json<ProfileList>, Error> {
-    Ok(Json(control_plane.profile_list().await?))
+    Ok(Json(control_plane.profile_list(&scope).await?))
 }
 
 /// Get one profile: when it was last saved and the size of its state.
@@ -52,9 +52,10 @@ pub async fn profile_list(
     ))]
 pub async fn profile_get(
     State(control_plane): State<Arc<ControlPlane>>,
+    Extension(scope): Extension<Scope>,
     Path(name): Path<String>,
 ) -> Result<Json<Profile>, Error> {
-    Ok(Json(control_plane.profile_get(&name).await?))
+    Ok(Json(control_plane.profile_get(&name, &scope).await?))
 }
 
 /// Delete a profile and its saved state.
@@ -67,8 +68,9 @@ pub async fn profile_get(
     ))]
 pub async fn profile_delete(
     State(control_plane): State<Arc<ControlPlane>>,
+    Extension(scope): Extension<Scope>,
     Path(name): Path<String>,
     NoBody: NoBody,
 ) -> Result<Json<MessageResponse>, Error> {
-    Ok(Json(control_plane.profile_delete(&name).await?))
+    Ok(Json(control_plane.profile_delete(&name, &scope).await?))
 }

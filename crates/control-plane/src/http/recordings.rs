@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
@@ -13,7 +13,7 @@ use flotilla_api_types::instances::{KeptRecordingList, KeptRecordingQuery};
 use flotilla_api_types::{ErrorResponse, MessageResponse};
 
 use super::extract::{ApiQuery, NoBody};
-use crate::app::ControlPlane;
+use crate::app::{ControlPlane, Scope};
 use crate::error::Error;
 
 /// List the recordings kept after their instance was deleted
@@ -24,13 +24,13 @@ use crate::error::Error;
         (status = 200, body = KeptRecordingList),
         (status = 400, description = "Invalid query", body = ErrorResponse),
         (status = 503, description = "The snapshot store cannot be read", body = ErrorResponse),
-        (status = 404, description = "A tenant's key: this route is an admin key's", body = ErrorResponse),
     ))]
 pub async fn recordings_kept(
     State(control_plane): State<Arc<ControlPlane>>,
+    Extension(scope): Extension<Scope>,
     ApiQuery(query): ApiQuery<KeptRecordingQuery>,
 ) -> Result<Json<KeptRecordingList>, Error> {
-    Ok(Json(control_plane.recordings_kept(&query).await?))
+    Ok(Json(control_plane.recordings_kept(&query, &scope).await?))
 }
 
 /// A kept recording's video (MP4/H.264).
@@ -43,9 +43,10 @@ pub async fn recordings_kept(
     ))]
 pub async fn recording_kept(
     State(control_plane): State<Arc<ControlPlane>>,
+    Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
 ) -> Result<Response, Error> {
-    let (recording, video) = control_plane.recording_kept(&id).await?;
+    let (recording, video) = control_plane.recording_kept(&id, &scope).await?;
     let headers = [
         (header::CONTENT_TYPE, recording.content_type),
         (header::CONTENT_LENGTH, recording.size_bytes.to_string()),
@@ -65,8 +66,11 @@ pub async fn recording_kept(
     ))]
 pub async fn recording_kept_delete(
     State(control_plane): State<Arc<ControlPlane>>,
+    Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
     NoBody: NoBody,
 ) -> Result<Json<MessageResponse>, Error> {
-    Ok(Json(control_plane.recording_kept_delete(&id).await?))
+    Ok(Json(
+        control_plane.recording_kept_delete(&id, &scope).await?,
+    ))
 }

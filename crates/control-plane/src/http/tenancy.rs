@@ -3,8 +3,9 @@
 //! everything under it: park, revive, live links, the front door's
 //! protocols, downloads, recordings) gets the 404 of an instance that never
 //! was, and the routes of [`ADMIN_PATHS`] answer a tenant 404 as routes
-//! that are not there. Lists and creates are scoped by their handlers
-//! ([`crate::app::tenants`]).
+//! that are not there. Lists, creates and the objects that are not
+//! instances (profiles, extensions, kept recordings, metrics, event tokens)
+//! are scoped by their handlers ([`crate::app::tenants`]).
 
 use std::sync::Arc;
 
@@ -18,19 +19,9 @@ use crate::app::{ControlPlane, Scope};
 use crate::error::Error;
 
 /// Paths only an admin key may use: what is fleet-wide (nodes and their
-/// drains, metrics, alerts), and what is not yet kept per tenant (saved
-/// profiles, extensions, kept recordings, event subscriptions), so that a
-/// tenant's key can neither see nor use another's.
-const ADMIN_PATHS: &[&str] = &[
-    "/v2/nodes",
-    "/v2/metrics",
-    "/v2/alerts",
-    "/metrics",
-    "/v2/profiles",
-    "/v2/extensions",
-    "/v2/recordings",
-    "/v2/tokens",
-];
+/// drains, alerts, the Prometheus exposition). Profiles, extensions, kept
+/// recordings, `/v2/metrics` and event tokens are scoped by their handlers.
+const ADMIN_PATHS: &[&str] = &["/v2/nodes", "/v2/alerts", "/metrics"];
 
 /// The middleware (runs after the guard put the request's [`Scope`]).
 pub async fn scope_instances(

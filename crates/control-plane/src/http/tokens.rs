@@ -11,7 +11,7 @@ use flotilla_api_types::tokens::{TokenRequest, TokenResponse, VerifyRequest, Ver
 
 use super::extract::{ApiJson, OptionalApiJson};
 use super::guard::Principal;
-use crate::app::ControlPlane;
+use crate::app::{ControlPlane, Scope};
 use crate::error::Error;
 
 /// Issue a short-lived token for subscribing to lifecycle events on the event
@@ -21,17 +21,17 @@ use crate::error::Error;
     responses(
         (status = 201, body = TokenResponse),
         (status = 400, body = ErrorResponse),
-        (status = 404, description = "A tenant's key: this route is an admin key's", body = ErrorResponse),
     ))]
 pub async fn token_create(
     State(control_plane): State<Arc<ControlPlane>>,
     Extension(principal): Extension<Principal>,
+    Extension(scope): Extension<Scope>,
     OptionalApiJson(request): OptionalApiJson<TokenRequest>,
 ) -> Result<(StatusCode, Json<TokenResponse>), Error> {
-    Ok((
-        StatusCode::CREATED,
-        Json(control_plane.token_issue(request, &principal.0).await?),
-    ))
+    let token = control_plane
+        .token_issue(request, (&principal.0, &scope))
+        .await?;
+    Ok((StatusCode::CREATED, Json(token)))
 }
 
 /// The verification webhook of the event proxy (`jwt_verifier.webhook_url`):

@@ -183,7 +183,7 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<(), sqlx::Error> {
         let subject = format!("alert:{}:{}", alert.alert.scope, alert.alert.metric);
-        self.append_event(&mut tx, name, &subject, event_data(alert), now)
+        self.append_event(&mut tx, (name, &subject, None), event_data(alert), now)
             .await?;
         tx.commit().await?;
         self.events_committed();

@@ -60,6 +60,8 @@ pub struct Delivery {
     pub seq: i64,
     pub event_id: String,
     pub name: EventName,
+    /// The tenant of the instance it is about, if any.
+    pub tenant: Option<String>,
     /// The JSON body, as stored.
     pub payload: String,
     pub attempts: i64,
@@ -78,13 +80,13 @@ impl Store {
     }
 
     /// Records an event in the caller's transaction, with a delivery row for
-    /// each interested target. The caller calls [`Store::events_committed`]
-    /// after its commit.
+    /// each interested target; `tenant` is the tenant of the instance it is
+    /// about (`None`: an admin's, a node's or an alert's). The caller calls
+    /// [`Store::events_committed`] after its commit.
     pub(crate) async fn append_event(
         &self,
         tx: &mut AnyConnection,
-        name: EventName,
-        subject: &str,
+        (name, subject, tenant): (EventName, &str, Option<&str>),
         data: serde_json::Map<String, serde_json::Value>,
         now: DateTime<Utc>,
     ) -> Result<(), sqlx::Error> {
@@ -99,7 +101,7 @@ impl Store {
             .expect("an event payload serialises");
         let at = to_millis(now);
         sqlx::query(
-            "INSERT INTO events (id, name, subject, seq, payload, created_at) VALUES ($1, $2, $3, $4, $5, $6)",
+            "INSERT INTO events (id, name, subject, seq, payload, created_at, tenant) VALUES ($1, $2, $3, $4, $5, $6, $7)",
         )
         .bind(id.as_str())
         .bind(name.as_str())
@@ -107,6 +109,7 @@ impl Store {
         .bind(seq)
         .bind(payload.as_str())
         .bind(at)
+        .bind(tenant.map(str::to_owned))
         .execute(&mut *tx)
         .await?;
         let routes = self.outbox.routes.read().expect("routes lock").clone();
@@ -141,7 +144,7 @@ impl Store {
         limit: i64,
     ) -> Result<Vec<Delivery>, sqlx::Error> {
         let rows = sqlx::query(
-            "SELECT d.target, d.subject, d.seq, d.event_id, d.attempts, d.created_at, e.name, e.payload \
+            "SELECT d.target, d.subject, d.seq, d.event_id, d.attempts, d.created_at, e.name, e.payload, e.tenant \
              FROM deliveries d JOIN events e ON e.id = d.event_id \
              WHERE d.target = $1 AND d.next_attempt_at <= $2 AND NOT EXISTS ( \
                SELECT 1 FROM deliveries p WHERE p.target = d.target AND p.subject = d.subject AND p.seq < d.seq) \
@@ -163,6 +166,7 @@ impl Store {
                     name: name
                         .parse()
                         .map_err(|e: UnknownName| sqlx::Error::Decode(e.into()))?,
+                    tenant: row.try_get("tenant")?,
                     payload: row.try_get("payload")?,
                     attempts: row.try_get("attempts")?,
                     created_at: from_millis(row.try_get("created_at")?),

@@ -1,5 +1,6 @@
 //! Extension records: id, name and version from the manifest, the zip's size.
-//! The zips themselves live in the snapshot store.
+//! The zips themselves live in the snapshot store. `tenant` is the tenant
+//! whose key uploaded it (`NULL`: an admin's).
 
 use sqlx::Row;
 use sqlx::any::AnyRow;
@@ -9,16 +10,20 @@ use flotilla_api_types::extensions::Extension;
 
 use super::{Store, from_millis, to_millis};
 
-const COLUMNS: &str = "id, name, version, size_bytes, created_at";
+const COLUMNS: &str = "id, name, version, size_bytes, created_at, tenant";
 
-fn decode(row: &AnyRow) -> Result<Extension, sqlx::Error> {
-    Ok(Extension {
+/// An extension and the tenant that uploaded it.
+pub type Owned = (Extension, Option<String>);
+
+fn decode(row: &AnyRow) -> Result<Owned, sqlx::Error> {
+    let extension = Extension {
         id: row.try_get("id")?,
         name: row.try_get("name")?,
         version: row.try_get("version")?,
         size_bytes: row.try_get::<i64, _>("size_bytes")?.max(0) as u64,
         created_at: from_millis(row.try_get("created_at")?),
-    })
+    };
+    Ok((extension, row.try_get("tenant")?))
 }
 
 /// What `instances.extensions` (a JSON array of ids) holds when it names `id`.
@@ -29,34 +34,50 @@ fn used_pattern(id: &str) -> String {
 }
 
 impl Store {
-    pub async fn extension_insert(&self, extension: &Extension) -> Result<(), sqlx::Error> {
+    pub async fn extension_insert(
+        &self,
+        extension: &Extension,
+        tenant: Option<&str>,
+    ) -> Result<(), sqlx::Error> {
         sqlx::query(
-            "INSERT INTO extensions (id, name, version, size_bytes, created_at) VALUES ($1, $2, $3, $4, $5)",
+            "INSERT INTO extensions (id, name, version, size_bytes, created_at, tenant) VALUES ($1, $2, $3, $4, $5, $6)",
         )
         .bind(&extension.id)
         .bind(&extension.name)
         .bind(&extension.version)
         .bind(extension.size_bytes as i64)
         .bind(to_millis(extension.created_at))
+        .bind(tenant.map(str::to_owned))
         .execute(&self.writer)
         .await?;
         Ok(())
     }
 
-    pub async fn extension_get(&self, id: &str) -> Result<Option<Extension>, sqlx::Error> {
+    pub async fn extension_get(&self, id: &str) -> Result<Option<Owned>, sqlx::Error> {
         Self::row_by_id(&self.writer, ("extensions", COLUMNS), id, decode).await
     }
 
-    /// Every extension, oldest first.
-    pub async fn extension_list(&self) -> Result<Vec<Extension>, sqlx::Error> {
-        sqlx::query(&format!(
-            "SELECT {COLUMNS} FROM extensions ORDER BY created_at, id"
-        ))
-        .fetch_all(&self.writer)
-        .await?
-        .iter()
-        .map(decode)
-        .collect()
+    /// Every extension (only `tenant`'s, given one), oldest first.
+    pub async fn extension_list(
+        &self,
+        tenant: Option<&str>,
+    ) -> Result<Vec<Extension>, sqlx::Error> {
+        let only = if tenant.is_some() {
+            "WHERE tenant = $1 "
+        } else {
+            ""
+        };
+        let sql = format!("SELECT {COLUMNS} FROM extensions {only}ORDER BY created_at, id");
+        let mut query = sqlx::query(&sql);
+        if let Some(tenant) = tenant {
+            query = query.bind(tenant);
+        }
+        query
+            .fetch_all(&self.writer)
+            .await?
+            .iter()
+            .map(|row| decode(row).map(|(extension, _)| extension))
+            .collect()
     }
 
     /// Removes extension `id` unless an instance loads it: `Ok(removed)`, or
@@ -86,11 +107,20 @@ impl Store {
         })
     }
 
-    /// Which of `ids` are not extensions here.
-    pub async fn extensions_missing(&self, ids: &[String]) -> Result<Vec<String>, sqlx::Error> {
+    /// Which of `ids` are not extensions here (given a tenant: not that
+    /// tenant's).
+    pub async fn extensions_missing(
+        &self,
+        ids: &[String],
+        tenant: Option<&str>,
+    ) -> Result<Vec<String>, sqlx::Error> {
         let mut missing = Vec::new();
         for id in ids {
-            if self.extension_get(id).await?.is_none() {
+            let visible = match self.extension_get(id).await? {
+                Some((_, owner)) => tenant.is_none() || owner.as_deref() == tenant,
+                None => false,
+            };
+            if !visible {
                 missing.push(id.clone());
             }
         }

@@ -160,6 +160,7 @@ struct Locked {
     status: InstanceStatus,
     node: NodeId,
     operation: Option<OperationId>,
+    tenant: Option<String>,
 }
 
 /// What a status move sets besides the status, its reason and `updated_at`.
@@ -406,7 +407,7 @@ impl Store {
         id: &InstanceId,
     ) -> Result<Option<Locked>, sqlx::Error> {
         let sql = format!(
-            "SELECT status, node_id, operation_id FROM instances WHERE id = $1{}",
+            "SELECT status, node_id, operation_id, tenant FROM instances WHERE id = $1{}",
             self.for_update()
         );
         let Some(row) = sqlx::query(&sql)
@@ -426,19 +427,17 @@ impl Store {
             operation: row
                 .try_get::<Option<String>, _>("operation_id")?
                 .map(OperationId::from),
+            tenant: row.try_get("tenant")?,
         }))
     }
 
-    /// Appends an instance's lifecycle event to `tx`.
-    #[allow(clippy::too_many_arguments)]
+    /// Appends an instance's lifecycle event to `tx`: `name` of instance
+    /// `id` of `tenant`, now on `node` in `status`.
     async fn instance_event(
         &self,
         tx: &mut AnyConnection,
-        name: EventName,
-        id: &InstanceId,
-        node: &NodeId,
-        status: InstanceStatus,
-        reason: Option<&str>,
+        (name, id, tenant): (EventName, &InstanceId, Option<&str>),
+        (node, status, reason): (&NodeId, InstanceStatus, Option<&str>),
         now: DateTime<Utc>,
     ) -> Result<(), sqlx::Error> {
         let mut data = serde_json::Map::new();
@@ -448,7 +447,8 @@ impl Store {
         if let Some(reason) = reason {
             data.insert("reason".into(), reason.into());
         }
-        self.append_event(tx, name, id.as_str(), data, now).await
+        self.append_event(tx, (name, id.as_str(), tenant), data, now)
+            .await
     }
 
     /// Records event `name` of instance `id` (with its status and node, and
@@ -462,7 +462,13 @@ impl Store {
     ) -> Result<bool, sqlx::Error> {
         let mut conn = self.writer.acquire().await?;
         let mut tx = conn.begin().await?;
-        let Some(Locked { status, node, .. }) = self.lock_instance(&mut tx, id).await? else {
+        let Some(Locked {
+            status,
+            node,
+            tenant,
+            ..
+        }) = self.lock_instance(&mut tx, id).await?
+        else {
             return Ok(false);
         };
         let mut data = serde_json::Map::new();
@@ -470,7 +476,7 @@ impl Store {
         data.insert("status".into(), status.as_str().into());
         data.insert("node_id".into(), node.as_str().into());
         data.extend(extra);
-        self.append_event(&mut tx, name, id.as_str(), data, now)
+        self.append_event(&mut tx, (name, id.as_str(), tenant.as_deref()), data, now)
             .await?;
         tx.commit().await?;
         self.events_committed();
@@ -553,13 +559,11 @@ impl Store {
         .bind(new.tenant.as_ref().map(|(tenant, _)| tenant.clone()))
         .execute(&mut *tx)
         .await?;
+        let tenant = new.tenant.as_ref().map(|(tenant, _)| tenant.as_str());
         self.instance_event(
             &mut tx,
-            EventName::InstanceCreated,
-            &new.id,
-            &new.node_id,
-            InstanceStatus::Creating,
-            None,
+            (EventName::InstanceCreated, &new.id, tenant),
+            (&new.node_id, InstanceStatus::Creating, None),
             new.created_at,
         )
         .await?;
@@ -820,12 +824,18 @@ impl Store {
         let Locked {
             status: current,
             node,
+            tenant,
             ..
         } = locked;
         update.execute(&mut *tx).await?;
         if let Some(name) = EventName::for_transition(current, to) {
-            self.instance_event(&mut tx, name, id, &node, to, reason, now)
-                .await?;
+            self.instance_event(
+                &mut tx,
+                (name, id, tenant.as_deref()),
+                (&node, to, reason),
+                now,
+            )
+            .await?;
         }
         tx.commit().await?;
         self.events_committed();
@@ -881,9 +891,24 @@ impl Store {
     ) -> Result<bool, sqlx::Error> {
         let mut conn = self.writer.acquire().await?;
         let mut tx = conn.begin().await?;
-        let Some(Locked { status, node, .. }) = self.lock_instance(&mut tx, id).await? else {
+        let Some(Locked {
+            status,
+            node,
+            tenant,
+            ..
+        }) = self.lock_instance(&mut tx, id).await?
+        else {
             return Ok(false);
         };
+        // A tenant's kept recordings stay its own once the instance is gone.
+        sqlx::query(
+            "INSERT INTO kept_recording_owners (instance_id, tenant) \
+             SELECT id, tenant FROM instances WHERE id = $1 AND tenant IS NOT NULL AND keep_recordings <> 0 \
+             ON CONFLICT (instance_id) DO NOTHING",
+        )
+        .bind(id.as_str())
+        .execute(&mut *tx)
+        .await?;
         sqlx::query("DELETE FROM instances WHERE id = $1")
             .bind(id.as_str())
             .execute(&mut *tx)
@@ -894,8 +919,13 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         for event in events {
-            self.instance_event(&mut tx, *event, id, &node, status, None, now)
-                .await?;
+            self.instance_event(
+                &mut tx,
+                (*event, id, tenant.as_deref()),
+                (&node, status, None),
+                now,
+            )
+            .await?;
         }
         tx.commit().await?;
         self.events_committed();
@@ -969,6 +999,27 @@ impl Store {
         let rows = sqlx::query("SELECT status, COUNT(*) AS n FROM instances GROUP BY status")
             .fetch_all(&self.pool)
             .await?;
+        let mut counts = Vec::new();
+        for row in rows {
+            let status: String = row.try_get("status")?;
+            if let Ok(status) = status.parse() {
+                counts.push((status, row.try_get("n")?));
+            }
+        }
+        Ok(counts)
+    }
+
+    /// How many of `tenant`'s instances are in each status.
+    pub async fn instance_counts_of_tenant(
+        &self,
+        tenant: &str,
+    ) -> Result<Vec<(InstanceStatus, i64)>, sqlx::Error> {
+        let rows = sqlx::query(
+            "SELECT status, COUNT(*) AS n FROM instances WHERE tenant = $1 GROUP BY status",
+        )
+        .bind(tenant)
+        .fetch_all(&self.pool)
+        .await?;
         let mut counts = Vec::new();
         for row in rows {
             let status: String = row.try_get("status")?;

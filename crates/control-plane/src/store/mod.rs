@@ -18,6 +18,7 @@ mod cache;
 mod events;
 mod extensions;
 mod instances;
+mod kept_recordings;
 mod leases;
 mod live_links;
 mod metrics;

@@ -119,8 +119,7 @@ impl Store {
         if previous.as_deref() != Some(NodeStatus::Online.as_str()) {
             self.append_event(
                 &mut tx,
-                EventName::NodeOnline,
-                registration.node_id.as_str(),
+                (EventName::NodeOnline, registration.node_id.as_str(), None),
                 node_event_data(&registration.node_id, NodeStatus::Online),
                 now,
             )
@@ -269,8 +268,7 @@ impl Store {
                 .await?;
             self.append_event(
                 &mut tx,
-                EventName::NodeOffline,
-                node.as_str(),
+                (EventName::NodeOffline, node.as_str(), None),
                 node_event_data(node, NodeStatus::Offline),
                 now,
             )

@@ -1,5 +1,7 @@
 //! Profile records: name, times, size of the saved state, and the instance
-//! that holds it for writing back (`persist`).
+//! that holds it for writing back (`persist`). `name` is the name it is
+//! stored under (a tenant's are `<tenant>~<name>`, see
+//! [`crate::app::profiles`]), `tenant` the tenant whose key made it.
 
 use chrono::{DateTime, Utc};
 use sqlx::Row;
@@ -35,18 +37,19 @@ fn decode(row: &AnyRow) -> Result<ProfileRecord, sqlx::Error> {
 }
 
 impl Store {
-    /// Creates profile `name`; `None` when it exists already.
+    /// Creates profile `name` of `tenant`; `None` when it exists already.
     pub async fn profile_create(
         &self,
-        name: &str,
+        (name, tenant): (&str, Option<&str>),
         now: DateTime<Utc>,
     ) -> Result<Option<Profile>, sqlx::Error> {
         let inserted = sqlx::query(
-            "INSERT INTO profiles (name, created_at, updated_at, size_bytes) VALUES ($1, $2, $2, 0) \
+            "INSERT INTO profiles (name, created_at, updated_at, size_bytes, tenant) VALUES ($1, $2, $2, 0, $3) \
              ON CONFLICT (name) DO NOTHING",
         )
         .bind(name)
         .bind(to_millis(now))
+        .bind(tenant.map(str::to_owned))
         .execute(&self.writer)
         .await?;
         if inserted.rows_affected() == 0 {
@@ -65,8 +68,22 @@ impl Store {
             .transpose()
     }
 
-    pub async fn profile_list(&self) -> Result<Vec<ProfileRecord>, sqlx::Error> {
-        sqlx::query(&format!("SELECT {COLUMNS} FROM profiles ORDER BY name"))
+    /// Every profile (only `tenant`'s, given one), by name.
+    pub async fn profile_list(
+        &self,
+        tenant: Option<&str>,
+    ) -> Result<Vec<ProfileRecord>, sqlx::Error> {
+        let only = if tenant.is_some() {
+            "WHERE tenant = $1 "
+        } else {
+            ""
+        };
+        let sql = format!("SELECT {COLUMNS} FROM profiles {only}ORDER BY name");
+        let mut query = sqlx::query(&sql);
+        if let Some(tenant) = tenant {
+            query = query.bind(tenant);
+        }
+        query
             .fetch_all(&self.writer)
             .await?
             .iter()

@@ -3,12 +3,17 @@
 //! that names another tenant's object, or is the fleet's, answers it 404
 //! (never 200 or 403); its quota holds; its key is not let in on a node's
 //! instance ports (it reaches its instances through the front door, or
-//! with their tokens); MCP tools see its instances only. An admin key sees
-//! everything.
+//! with their tokens); MCP tools see its instances only; profiles (by
+//! their own names), extensions, kept recordings, metrics and event topics
+//! are each tenant's own. An admin key sees everything.
+
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use flotilla_testkit::{Api, StatusCode, spawn_serve_with};
+use flotilla_testkit::{Api, SseClient, StatusCode, spawn_serve_with};
+
+use super::browser_sessions::{MARKER_MANIFEST, MARKER_SCRIPT, zip_of};
 
 const ADMIN: &str = "flt_tenants_admin_key";
 const ACME: &str = "flt_tenants_acme_key";
@@ -88,22 +93,21 @@ async fn a_tenants_key_sees_and_acts_on_its_own_instances_only() {
     let (status, _) = acme.get(&format!("/v2/instances/{mine}")).await;
     assert_eq!(status, StatusCode::OK);
 
+    // Globex and an admin each have a profile "shop" and an extension.
+    for api in [&globex, &admin] {
+        let (status, body) = api.post("/v2/profiles", r#"{"name": "shop"}"#).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+    let theirs_extension = upload_extension(&globex).await;
+    let admins_extension = upload_extension(&admin).await;
+
     // Every route of the document, with acme's key against globex's
-    // instance (and an admin's), or a route of the fleet's: 404.
+    // instance (and an admin's), their profile and extension, or a route
+    // of the fleet's: 404.
     let (_, document) = serve.api.get("/openapi.json").await;
     // Routes that name no object are the key's own creates and lists, or
-    // open to anyone; but the fleet's (and what is not yet per tenant) are
-    // an admin key's.
-    let admin_only = [
-        "/v2/nodes",
-        "/v2/metrics",
-        "/v2/alerts",
-        "/metrics",
-        "/v2/profiles",
-        "/v2/extensions",
-        "/v2/recordings",
-        "/v2/tokens",
-    ];
+    // open to anyone; but the fleet's are an admin key's.
+    let admin_only = ["/v2/nodes", "/v2/alerts", "/metrics"];
     let mut walked = 0;
     for (template, item) in document["paths"].as_object().unwrap() {
         let names_an_object = template.contains('{') && !template.starts_with("/live/");
@@ -111,7 +115,12 @@ async fn a_tenants_key_sees_and_acts_on_its_own_instances_only() {
             continue;
         }
         for method in item.as_object().unwrap().keys() {
-            for other in [&theirs, &admins] {
+            for (other, extension) in [(&theirs, &theirs_extension), (&admins, &admins_extension)] {
+                let other = if template.starts_with("/v2/extensions/") {
+                    extension
+                } else {
+                    other
+                };
                 let path = template
                     .replace("{instance_id}", other)
                     .replace("{id}", other)
@@ -150,12 +159,192 @@ async fn a_tenants_key_sees_and_acts_on_its_own_instances_only() {
             .contains("tenants.max_instances"),
         "{refused}"
     );
-    // Profiles and extensions are not the tenant's to name yet.
-    let (status, refused) = globex
-        .post("/v2/instances", r#"{"profile": {"name": "shop"}}"#)
-        .await;
-    assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
+    serve.shutdown().await;
+}
 
+/// An extension of `api`'s key; its id.
+async fn upload_extension(api: &Api) -> String {
+    let zip = zip_of(&[
+        ("manifest.json", MARKER_MANIFEST),
+        ("content.js", MARKER_SCRIPT),
+    ]);
+    let (status, body) = api
+        .post_bytes("/v2/extensions", "application/zip", zip)
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    body["id"].as_str().unwrap().to_owned()
+}
+
+fn profile_names(list: &Value) -> Vec<&str> {
+    list["profiles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|profile| profile["name"].as_str().unwrap())
+        .collect()
+}
+
+/// Each tenant has its own profile names; an admin sees every profile, a
+/// tenant's as `<tenant>~<name>`. A tenant's instance starts from its own
+/// profile and loads its own extensions only.
+#[tokio::test]
+async fn profiles_and_extensions_are_each_tenants_own() {
+    let serve = serve().await;
+    let admin = Api::with_key(serve.api.base.clone(), ADMIN);
+    let acme = Api::with_key(serve.api.base.clone(), ACME);
+    let globex = Api::with_key(serve.api.base.clone(), GLOBEX);
+    for api in [&acme, &globex, &admin] {
+        let (status, body) = api.post("/v2/profiles", r#"{"name": "shop"}"#).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        assert_eq!(body["name"], "shop", "{body}");
+    }
+    let (status, body) = acme.post("/v2/profiles", r#"{"name": "shop"}"#).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let (_, list) = acme.get("/v2/profiles").await;
+    assert_eq!(profile_names(&list), ["shop"], "{list}");
+    let (_, list) = admin.get("/v2/profiles").await;
+    assert_eq!(
+        profile_names(&list),
+        ["acme~shop", "globex~shop", "shop"],
+        "{list}"
+    );
+    let (status, _) = admin.get("/v2/profiles/globex~shop").await;
+    assert_eq!(status, StatusCode::OK);
+    for name in ["globex~shop", "globex%7Eshop", "..~shop", "acme~shop"] {
+        let (status, body) = acme.get(&format!("/v2/profiles/{name}")).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{name}: {body}");
+    }
+    let (status, body) = acme
+        .post("/v2/profiles", r#"{"name": "globex~shop"}"#)
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+
+    // A create names the tenant's own profile and shows it by that name.
+    let (id, _, detail) = acme
+        .create_running(r#"{"profile": {"name": "shop", "persist": true}}"#)
+        .await;
+    assert_eq!(detail["profile"]["name"], "shop", "{detail}");
+    // Globex's "shop" is not held by acme's instance.
+    let (status, body) = globex
+        .post(
+            "/v2/instances",
+            r#"{"profile": {"name": "shop", "persist": true}}"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body) = acme.delete("/v2/profiles/shop").await;
+    assert_eq!(status, StatusCode::CONFLICT, "held by its instance: {body}");
+    acme.delete_instance(&id).await;
+    let (status, body) = acme.delete("/v2/profiles/shop").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, _) = admin.get("/v2/profiles/globex~shop").await;
+    assert_eq!(status, StatusCode::OK, "globex's is still there");
+
+    // Extensions: a tenant lists and loads its own only.
+    let theirs = upload_extension(&globex).await;
+    let mine = upload_extension(&acme).await;
+    let (_, list) = acme.get("/v2/extensions").await;
+    let listed: Vec<&str> = list["extensions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, [mine.as_str()], "{list}");
+    let (_, list) = admin.get("/v2/extensions").await;
+    assert_eq!(list["extensions"].as_array().unwrap().len(), 2, "{list}");
+    let with = |id: &str| format!(r#"{{"config": {{"extensions": ["{id}"]}}}}"#);
+    let (status, body) = acme.post("/v2/instances", &with(&theirs)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        body["detail"].as_str().unwrap().contains("no extension"),
+        "{body}"
+    );
+    let (status, body) = acme.post("/v2/instances", &with(&mine)).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    serve.shutdown().await;
+}
+
+/// A tenant's metrics count its own instances; its event token reads its
+/// tenant's topic and its own instances', where its instances' events
+/// arrive and no other tenant's do.
+#[tokio::test]
+async fn a_tenants_metrics_and_events_are_its_own() {
+    let serve = serve().await;
+    let acme = Api::with_key(serve.api.base.clone(), ACME);
+    let globex = Api::with_key(serve.api.base.clone(), GLOBEX);
+    let admin = Api::with_key(serve.api.base.clone(), ADMIN);
+    let theirs = globex.create("{}").await["id"].as_str().unwrap().to_owned();
+    admin.create("{}").await;
+
+    let (status, token) = acme.post("/v2/tokens", "").await;
+    assert_eq!(status, StatusCode::CREATED, "{token}");
+    assert_eq!(token["topics"], json!(["tenants.acme"]), "{token}");
+    for refused in [
+        "instances".to_owned(),
+        "instances.*".to_owned(),
+        "nodes".to_owned(),
+        "alerts".to_owned(),
+        "tenants.globex".to_owned(),
+        format!("instances.{theirs}"),
+        "instances.0190a5f0-0000-7000-8000-000000000000".to_owned(),
+    ] {
+        let body = json!({ "topics": [refused] }).to_string();
+        let (status, answer) = acme.post("/v2/tokens", &body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}: {answer}");
+    }
+    let proxy = serve.serve().proxy_addr.to_string();
+    let bearer = format!("Bearer {}", token["token"].as_str().unwrap());
+    let forbidden = SseClient::connect(
+        &proxy,
+        "/events/tenants.globex",
+        &[("authorization", &bearer)],
+    )
+    .await
+    .unwrap();
+    assert_eq!(forbidden.status, 403, "{}", forbidden.body);
+    let mut events = SseClient::connect(
+        &proxy,
+        "/events/tenants.acme",
+        &[("authorization", &bearer)],
+    )
+    .await
+    .unwrap();
+    assert_eq!(events.status, 200, "{}", events.body);
+
+    globex.create("{}").await;
+    let mine = acme.create("{}").await["id"].as_str().unwrap().to_owned();
+    let (status, own) = acme
+        .post(
+            "/v2/tokens",
+            &json!({ "topics": [format!("instances.{mine}")] }).to_string(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{own}");
+    for _ in 0..2 {
+        let event = events.next_event(Duration::from_secs(30)).await.unwrap();
+        let payload: Value = serde_json::from_str(event.data.as_deref().unwrap()).unwrap();
+        assert_eq!(payload["data"]["instance_id"], mine.as_str(), "{payload}");
+    }
+    acme.delete_instance(&mine).await;
+    loop {
+        let event = events.next_event(Duration::from_secs(30)).await.unwrap();
+        let payload: Value = serde_json::from_str(event.data.as_deref().unwrap()).unwrap();
+        assert_eq!(payload["data"]["instance_id"], mine.as_str(), "{payload}");
+        if event.event.as_deref() == Some("instance.deleted") {
+            break;
+        }
+    }
+
+    acme.create("{}").await;
+    let (status, metrics) = acme.get("/v2/metrics").await;
+    assert_eq!(status, StatusCode::OK, "{metrics}");
+    assert_eq!(metrics["cluster"]["total_instances"], 1, "{metrics}");
+    assert_eq!(metrics["cluster"]["nodes_online"], 0, "{metrics}");
+    let (_, fleet) = admin.get("/v2/metrics").await;
+    assert_eq!(fleet["cluster"]["total_instances"], 4, "{fleet}");
+    let (status, _) = acme.get("/v2/metrics?node_id=test-node").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
     serve.shutdown().await;
 }
 

@@ -30,7 +30,20 @@ const state = {
   sources: [],
   // Instances being parked: their live view stays closed meanwhile.
   parking: new Set(),
+  // A tenant's key: nodes and alerts are not its to see (404), its events
+  // come on its tenant's topic, its metrics count its own instances.
+  tenant: false,
 };
+
+// A tenant's key sees its own instances, profiles and recordings only: the
+// fleet's sections and choices go.
+function enterTenantMode() {
+  state.tenant = true;
+  for (const view of ['nodes', 'alerts']) $(`nav a[data-view="${view}"]`).hidden = true;
+  $('#filter-node').hidden = true;
+  $('#create-node').closest('label').hidden = true;
+  for (const chart of ['#chart-cpu', '#chart-memory', '#chart-instances']) $(chart).closest('figure').hidden = true;
+}
 
 class ApiError extends Error {
   constructor(status, detail, code) { super(detail); this.status = status; this.code = code; }
@@ -355,7 +368,14 @@ function bar(value, max, label) {
 }
 
 async function loadNodes() {
-  const list = await api('GET', '/v2/nodes');
+  if (state.tenant) return;
+  let list;
+  try {
+    list = await api('GET', '/v2/nodes');
+  } catch (error) {
+    if (error.status === 404) { enterTenantMode(); return; }
+    throw error;
+  }
   state.nodes = list.nodes;
   // Warnings (reduced isolation) come with a node's detail; small clusters only.
   const details = state.nodes.length <= 50
@@ -410,9 +430,11 @@ async function loadMetrics() {
   const m = await api('GET', `/v2/metrics?period=${state.period}`);
   const c = m.cluster;
   const stat = (value, label) => h('div', { class: 'stat' }, h('b', { text: String(value) }), h('span', { text: label }));
+  const instances = [stat(c.total_instances, 'instances'), stat(c.running_instances, 'running'),
+    stat(c.dormant_instances, 'dormant'), stat(c.failed_instances, 'failed')];
+  if (state.tenant) { $('#metric-cards').replaceChildren(...instances); return; }
   $('#metric-cards').replaceChildren(
-    stat(c.total_instances, 'instances'), stat(c.running_instances, 'running'), stat(c.dormant_instances, 'dormant'),
-    stat(c.failed_instances, 'failed'), stat(`${c.nodes_online}/${c.nodes_online + c.nodes_offline}`, 'nodes online'),
+    ...instances, stat(`${c.nodes_online}/${c.nodes_online + c.nodes_offline}`, 'nodes online'),
     stat(`${c.avg_cpu_percent.toFixed(1)} %`, 'CPU now'), stat(`${c.avg_memory_percent.toFixed(1)} %`, 'memory now'),
     stat(`${m.resources.avg_cpu_percent.toFixed(1)} %`, `CPU avg ${state.period}`),
   );
@@ -423,6 +445,7 @@ async function loadMetrics() {
 }
 
 async function loadAlerts() {
+  if (state.tenant) return;
   const active = await api('GET', '/v2/alerts?state=active&limit=1000');
   const count = $('#alert-count');
   count.hidden = active.total === 0;
@@ -448,7 +471,9 @@ async function connectEvents() {
   state.sources = [];
   let token;
   try {
-    token = await api('POST', '/v2/tokens', { topics: ['instances', 'nodes', 'alerts'], ttl_sec: 3600 });
+    // A tenant's key is given its tenant's topic (the answer names it).
+    const topics = state.tenant ? undefined : ['instances', 'nodes', 'alerts'];
+    token = await api('POST', '/v2/tokens', { topics, ttl_sec: 3600 });
   } catch (error) {
     setLive(false);
     setTimeout(connectEvents, 5000);
@@ -458,14 +483,14 @@ async function connectEvents() {
   let open = 0;
   const subscribe = (topic, names, handler) => {
     const source = new EventSource(`${token.events_url}/events/${topic}?token=${encodeURIComponent(token.token)}`);
-    source.onopen = () => { open += 1; if (open >= 3) setLive(true); };
+    source.onopen = () => { open += 1; if (open >= token.topics.length) setLive(true); };
     source.onerror = () => {
       if (source.readyState === EventSource.CLOSED) { setLive(false); setTimeout(connectEvents, 2000); }
     };
     for (const name of names) source.addEventListener(name, (e) => handler(name, JSON.parse(e.data)));
     state.sources.push(source);
   };
-  subscribe('instances', INSTANCE_EVENTS, (name, payload) => {
+  subscribe(state.tenant ? token.topics[0] : 'instances', INSTANCE_EVENTS, (name, payload) => {
     const id = payload.data.instance_id;
     if (name === 'instance.deleted') {
       state.instances.delete(id);
@@ -475,11 +500,13 @@ async function connectEvents() {
       refreshInstance(id).catch(showError);
     }
   });
-  subscribe('nodes', ['node.online', 'node.offline'], () => loadNodes().catch(showError));
-  subscribe('alerts', ['alert.raised', 'alert.cleared'], (name, payload) => {
-    if (name === 'alert.raised') toast(`Alert (${payload.data.level}): ${payload.data.message}`, payload.data.level === 'critical');
-    loadAlerts().catch(showError);
-  });
+  if (!state.tenant) {
+    subscribe('nodes', ['node.online', 'node.offline'], () => loadNodes().catch(showError));
+    subscribe('alerts', ['alert.raised', 'alert.cleared'], (name, payload) => {
+      if (name === 'alert.raised') toast(`Alert (${payload.data.level}): ${payload.data.message}`, payload.data.level === 'critical');
+      loadAlerts().catch(showError);
+    });
+  }
   // Tokens last an hour: reconnect with a fresh one before it ends.
   setTimeout(connectEvents, 55 * 60 * 1000);
 }
