@@ -13,7 +13,7 @@ use flotilla_testkit::{
     BROWSER_DEADLINE, Page, serve_page, spawn_serve_in, spawn_serve_with, wait_until,
 };
 
-const ANIMATED: &str = r#"<!doctype html><title>moving</title>
+pub(crate) const ANIMATED: &str = r#"<!doctype html><title>moving</title>
 <style>body{margin:0;background:#123}#box{width:200px;height:200px;background:#fc0;
 position:absolute;animation:move 1s linear infinite alternate}
 @keyframes move{from{left:0;top:0}to{left:600px;top:300px}}</style><div id="box"></div>"#;
@@ -52,14 +52,13 @@ fn probe(path: &std::path::Path) -> (f64, u64, u64) {
 /// Creates an instance with `config`, shows the animated page in its only
 /// tab and waits until `seconds` of it are recorded; the page stays open
 /// while the returned handle lives.
-async fn record_animated_page(
-    serve: &flotilla_testkit::TestServe,
+pub(crate) async fn record_animated_page(
+    api: &flotilla_testkit::Api,
     pages: &flotilla_testkit::PageServer,
     config: &str,
     seconds: f64,
 ) -> (String, Page) {
-    let (id, created, detail) = serve
-        .api
+    let (id, created, detail) = api
         .create_running(&format!(r#"{{"config": {config}}}"#))
         .await;
     assert_eq!(detail["config"]["record"], json!(true), "{detail}");
@@ -86,7 +85,7 @@ async fn record_animated_page(
 
     let list = format!("/v2/instances/{id}/recordings");
     wait_until(BROWSER_DEADLINE, "the page recorded", || async {
-        let (_, body) = serve.api.get(&list).await;
+        let (_, body) = api.get(&list).await;
         let recorded = body["recordings"][0]["duration_sec"]
             .as_f64()
             .unwrap_or(0.0);
@@ -158,7 +157,7 @@ async fn browser_a_recording_of_an_animated_page_is_a_playable_video() {
         config.agent.viewport_height = height;
     })
     .await;
-    let (id, _page) = record_animated_page(&serve, &pages, r#"{"record": true}"#, 4.0).await;
+    let (id, _page) = record_animated_page(&serve.api, &pages, r#"{"record": true}"#, 4.0).await;
     let list = format!("/v2/instances/{id}/recordings");
     assert_encoders_confined();
     serve.api.park(&id).await;
@@ -253,7 +252,7 @@ async fn browser_kept_recordings_outlive_their_instance_until_deleted() {
     let pages = serve_page(&[("/", ANIMATED)]).await;
     let serve = spawn_serve_with(|config| pages.allow_in(config)).await;
     let (id, page) = record_animated_page(
-        &serve,
+        &serve.api,
         &pages,
         r#"{"record": true, "keep_recordings": true}"#,
         3.0,
@@ -342,7 +341,7 @@ async fn browser_recordings_follow_a_revive_onto_a_node_that_lacks_them() {
         .tempdir()
         .unwrap();
     let serve = spawn_serve_in(data.path(), |config| pages.allow_in(config)).await;
-    let (id, page) = record_animated_page(&serve, &pages, r#"{"record": true}"#, 2.0).await;
+    let (id, page) = record_animated_page(&serve.api, &pages, r#"{"record": true}"#, 2.0).await;
     drop(page);
     serve.api.park(&id).await;
     let list = format!("/v2/instances/{id}/recordings");

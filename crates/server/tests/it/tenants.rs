@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 
 use flotilla_testkit::{Api, SseClient, StatusCode, spawn_serve_with};
 
+use super::browser_recordings::{ANIMATED, record_animated_page};
 use super::browser_sessions::{MARKER_MANIFEST, MARKER_SCRIPT, zip_of};
 
 const ADMIN: &str = "flt_tenants_admin_key";
@@ -26,24 +27,30 @@ async fn serve() -> flotilla_testkit::TestServe {
 async fn serve_on(runtime: flotilla_node_agent::RuntimeKind) -> flotilla_testkit::TestServe {
     spawn_serve_with(move |config| {
         config.agent.runtime = runtime;
-        config.control.auth_enabled = true;
-        config.control.api_keys = vec![ADMIN.into()];
-        config.control.tenants = vec![
-            flotilla_control_plane::config::TenantConfig {
-                name: "acme".into(),
-                api_keys: vec![ACME.into()],
-                max_instances: 2,
-                max_sessions: 0,
-            },
-            flotilla_control_plane::config::TenantConfig {
-                name: "globex".into(),
-                api_keys: vec![GLOBEX.into()],
-                max_instances: 0,
-                max_sessions: 0,
-            },
-        ];
+        with_tenants(config);
     })
     .await
+}
+
+/// Authentication on, an admin key, and tenants acme (at most 2 instances)
+/// and globex.
+fn with_tenants(config: &mut flotilla_server::FlotillaConfig) {
+    config.control.auth_enabled = true;
+    config.control.api_keys = vec![ADMIN.into()];
+    config.control.tenants = vec![
+        flotilla_control_plane::config::TenantConfig {
+            name: "acme".into(),
+            api_keys: vec![ACME.into()],
+            max_instances: 2,
+            max_sessions: 0,
+        },
+        flotilla_control_plane::config::TenantConfig {
+            name: "globex".into(),
+            api_keys: vec![GLOBEX.into()],
+            max_instances: 0,
+            max_sessions: 0,
+        },
+    ];
 }
 
 /// `path` with each remaining `{parameter}` replaced by `x`.
@@ -376,6 +383,61 @@ async fn browser_a_tenants_key_reaches_its_instance_through_the_door_or_its_toke
         .get(&format!("/v2/instances/{mine}/json/version"))
         .await;
     assert_eq!(status, StatusCode::OK);
+    serve.shutdown().await;
+}
+
+/// A tenant's kept recordings outlive its instance as its own: another
+/// tenant neither lists, plays nor deletes them; an admin sees them.
+#[tokio::test]
+async fn browser_a_tenants_kept_recordings_stay_its_own() {
+    let pages = flotilla_testkit::serve_page(&[("/", ANIMATED)]).await;
+    let serve = spawn_serve_with(|config| {
+        with_tenants(config);
+        pages.allow_in(config);
+    })
+    .await;
+    let acme = Api::with_key(serve.api.base.clone(), ACME);
+    let globex = Api::with_key(serve.api.base.clone(), GLOBEX);
+    let admin = Api::with_key(serve.api.base.clone(), ADMIN);
+    let (id, page) = record_animated_page(
+        &globex,
+        &pages,
+        r#"{"record": true, "keep_recordings": true}"#,
+        1.0,
+    )
+    .await;
+    drop(page);
+    globex.delete_instance(&id).await;
+    let kept = flotilla_testkit::wait_until(
+        flotilla_testkit::BROWSER_DEADLINE,
+        "the recording kept",
+        || async {
+            let (_, body) = globex.get("/v2/recordings").await;
+            match body["recordings"].as_array() {
+                Some(listed) if listed.len() == 1 => Ok(Some(listed[0].clone())),
+                _ => Err(body.to_string()),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let recording = kept["id"].as_str().unwrap();
+    let (_, listed) = acme.get("/v2/recordings").await;
+    assert_eq!(listed["recordings"], json!([]), "{listed}");
+    let (_, listed) = acme.get(&format!("/v2/recordings?instance_id={id}")).await;
+    assert_eq!(listed["recordings"], json!([]), "{listed}");
+    let (status, body) = acme.get(&format!("/v2/recordings/{recording}")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    let (status, body) = acme.delete(&format!("/v2/recordings/{recording}")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    let (_, listed) = admin.get("/v2/recordings").await;
+    assert_eq!(
+        listed["recordings"].as_array().unwrap().len(),
+        1,
+        "{listed}"
+    );
+    let (status, body) = globex.delete(&format!("/v2/recordings/{recording}")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
     serve.shutdown().await;
 }
 
