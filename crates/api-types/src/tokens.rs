@@ -105,6 +105,26 @@ pub fn permission_grants(permission: &str, topic: &str, action: &str) -> bool {
     }
 }
 
+/// What a key may see: the whole fleet, or one tenant's objects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyScope {
+    Admin,
+    Tenant,
+}
+
+/// `GET /v2/whoami`: the key a request carried, as the service sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct WhoAmI {
+    /// `key:<first 12 hex digits of its SHA-256>`, or `anonymous` with
+    /// authentication off.
+    pub principal: String,
+    pub scope: KeyScope,
+    /// The key's tenant (a tenant's key only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -83,6 +83,7 @@ use crate::error::Error;
         observability::alerts,
         tokens::token_create,
         tokens::token_verify,
+        tokens::whoami,
         webdriver::new_session,
         webdriver::status,
         webdriver::docs::session_delete,
@@ -385,6 +386,7 @@ fn resource_routes() -> Routes {
         .route("/metrics", get(observability::prometheus))
         .route("/v2/alerts", get(observability::alerts))
         .route("/v2/tokens", axum::routing::post(tokens::token_create))
+        .route("/v2/whoami", get(tokens::whoami))
         .route(
             "/v2/tokens/verify",
             axum::routing::post(tokens::token_verify),

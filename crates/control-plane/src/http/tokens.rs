@@ -1,4 +1,5 @@
-//! `POST /v2/tokens` and the event proxy's verification webhook.
+//! `POST /v2/tokens`, the event proxy's verification webhook, and
+//! `GET /v2/whoami` (what the request's key is).
 
 use std::sync::Arc;
 
@@ -7,7 +8,9 @@ use axum::http::StatusCode;
 use axum::{Extension, Json};
 
 use flotilla_api_types::ErrorResponse;
-use flotilla_api_types::tokens::{TokenRequest, TokenResponse, VerifyRequest, VerifyResponse};
+use flotilla_api_types::tokens::{
+    KeyScope, TokenRequest, TokenResponse, VerifyRequest, VerifyResponse, WhoAmI,
+};
 
 use super::extract::{ApiJson, OptionalApiJson};
 use super::guard::Principal;
@@ -44,4 +47,22 @@ pub async fn token_verify(
     ApiJson(request): ApiJson<VerifyRequest>,
 ) -> Result<Json<VerifyResponse>, Error> {
     Ok(Json(control_plane.token_verify(request).await?))
+}
+
+/// What the request's key is: an admin's (the whole fleet) or a tenant's
+/// (its own objects), so that a client (the dashboard) shows what it may use.
+#[utoipa::path(get, path = "/v2/whoami", tag = "events",
+    responses((status = 200, body = WhoAmI)))]
+pub async fn whoami(
+    Extension(principal): Extension<Principal>,
+    Extension(scope): Extension<Scope>,
+) -> Json<WhoAmI> {
+    Json(WhoAmI {
+        principal: principal.0,
+        scope: match scope {
+            Scope::Admin => KeyScope::Admin,
+            Scope::Tenant(_) => KeyScope::Tenant,
+        },
+        tenant: scope.tenant().map(str::to_owned),
+    })
 }

@@ -441,6 +441,37 @@ async fn browser_a_tenants_kept_recordings_stay_its_own() {
     serve.shutdown().await;
 }
 
+/// The dashboard with a tenant's key (real Chromium, Playwright): no fleet
+/// sections, its own instances only, live by its tenant's event topic.
+#[tokio::test]
+async fn browser_the_dashboard_shows_a_tenant_its_own() {
+    let serve = serve().await;
+    let globex = Api::with_key(serve.api.base.clone(), GLOBEX);
+    let theirs = globex.create("{}").await["id"].as_str().unwrap().to_owned();
+    let result = flotilla_testkit::run_node(
+        "dashboard_tenant.mjs",
+        &[&serve.api.base, ACME, "acme", &theirs],
+    )
+    .await
+    .unwrap();
+    assert_eq!(result["errors"], json!([]), "console errors: {result}");
+    assert_eq!(result["instances"], 1, "{result}");
+    let acme = Api::with_key(serve.api.base.clone(), ACME);
+    let (status, _) = acme
+        .get(&format!("/v2/instances/{}", result["id"].as_str().unwrap()))
+        .await;
+    assert_eq!(status, StatusCode::OK, "made by acme");
+    let (_, me) = acme.get("/v2/whoami").await;
+    assert_eq!(me["scope"], "tenant", "{me}");
+    assert_eq!(me["tenant"], "acme", "{me}");
+    let (_, me) = Api::with_key(serve.api.base.clone(), ADMIN)
+        .get("/v2/whoami")
+        .await;
+    assert_eq!(me["scope"], "admin", "{me}");
+    assert!(me.get("tenant").is_none(), "{me}");
+    serve.shutdown().await;
+}
+
 /// MCP tools act on the session key's tenant's instances only.
 #[tokio::test]
 async fn mcp_tools_see_only_the_tenants_instances() {

@@ -37,8 +37,9 @@ const state = {
 
 // A tenant's key sees its own instances, profiles and recordings only: the
 // fleet's sections and choices go.
-function enterTenantMode() {
+function enterTenantMode(name) {
   state.tenant = true;
+  $('#key-button').textContent = `Tenant ${name}`;
   for (const view of ['nodes', 'alerts']) $(`nav a[data-view="${view}"]`).hidden = true;
   $('#filter-node').hidden = true;
   $('#create-node').closest('label').hidden = true;
@@ -369,13 +370,7 @@ function bar(value, max, label) {
 
 async function loadNodes() {
   if (state.tenant) return;
-  let list;
-  try {
-    list = await api('GET', '/v2/nodes');
-  } catch (error) {
-    if (error.status === 404) { enterTenantMode(); return; }
-    throw error;
-  }
+  const list = await api('GET', '/v2/nodes');
   state.nodes = list.nodes;
   // Warnings (reduced isolation) come with a node's detail; small clusters only.
   const details = state.nodes.length <= 50
@@ -590,7 +585,8 @@ function wire() {
     try { await navigator.clipboard.writeText($('#snippet').textContent); toast('Copied'); } catch { toast('Select the code to copy it', true); }
   });
   $('#alert-state').addEventListener('change', () => loadAlerts().catch(showError));
-  $('#key-button').addEventListener('click', async () => { if (await askKey()) start(); });
+  // Another key may see another part of the fleet: start afresh with it.
+  $('#key-button').addEventListener('click', async () => { if (await askKey()) location.reload(); });
   window.addEventListener('hashchange', route);
   wireLiveView();
 }
@@ -599,6 +595,8 @@ async function start() {
   try {
     const config = await fetch('/ui/config.json').then((r) => r.json());
     if (config.auth_enabled && !state.key) await askKey();
+    const me = await api('GET', '/v2/whoami');
+    if (me.scope === 'tenant') enterTenantMode(me.tenant);
     await loadNodes();
     await loadInstances();
     await loadAlerts();
