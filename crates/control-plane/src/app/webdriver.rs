@@ -720,7 +720,7 @@ impl super::ControlPlane {
     /// Grid 4's `GET /status`: ready when an online node has room. It is
     /// open, so a node's address (`uri`) is shown only with authentication
     /// off.
-    pub async fn webdriver_status(&self) -> crate::error::Result<Value> {
+    pub async fn webdriver_status(&self, nodes_shown: bool) -> crate::error::Result<Value> {
         let nodes = self.store.node_list().await?;
         let occupancy: std::collections::HashMap<_, _> =
             self.store.node_occupancy().await?.into_iter().collect();
@@ -749,6 +749,7 @@ impl super::ControlPlane {
         } else {
             "every node is full or offline: new sessions wait in the create queue"
         };
+        let listed = if nodes_shown { listed } else { Vec::new() };
         Ok(json!({"value": {"ready": ready, "message": message, "nodes": listed}}))
     }
 }

@@ -52,6 +52,13 @@ impl Principal {
     pub fn is_key(&self) -> bool {
         self.0.starts_with("key:")
     }
+
+    /// Whether the caller of an open route (`/health`, Grid's `/status`)
+    /// may read the fleet's inner workings (nodes, their load, background
+    /// errors): with authentication off anyone, otherwise an admin key.
+    pub fn reads_the_fleet(&self, auth_enabled: bool, scope: &crate::app::Scope) -> bool {
+        !auth_enabled || (self.is_key() && *scope == crate::app::Scope::Admin)
+    }
 }
 
 /// Accepted API keys (SHA-256) and the rate limiter.

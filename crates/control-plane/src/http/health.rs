@@ -21,9 +21,7 @@ pub async fn health(
     Extension(principal): Extension<Principal>,
     Extension(scope): Extension<Scope>,
 ) -> (StatusCode, Json<Health>) {
-    // The fleet's inner workings are an admin key's to read.
-    let trusted =
-        !control_plane.config().auth_enabled || (principal.is_key() && scope == Scope::Admin);
+    let trusted = principal.reads_the_fleet(control_plane.config().auth_enabled, &scope);
     let health = control_plane.health(trusted).await;
     let status = match health.status {
         HealthStatus::Unhealthy => StatusCode::SERVICE_UNAVAILABLE,

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Extension, Path, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt as _;
@@ -19,7 +19,7 @@ use flotilla_api_types::InstanceId;
 use flotilla_api_types::webdriver_path::{CommandPath, CommandPathError};
 
 use crate::app::webdriver::{NewSession, WebDriverRefusal};
-use crate::app::{ControlPlane, DoorTarget};
+use crate::app::{ControlPlane, DoorTarget, Scope};
 use crate::http::Principal;
 
 /// The largest new-session body (capabilities with a base64 extension or
@@ -325,11 +325,17 @@ async fn end(control_plane: &ControlPlane, target: &DoorTarget, id: &InstanceId)
     }
 }
 
-/// `GET /status`, `GET /wd/hub/status` (open, as Grid's).
+/// `GET /status`, `GET /wd/hub/status` (open, as Grid's; its `nodes` for
+/// an admin key, or anyone with authentication off).
 #[utoipa::path(get, path = "/status", tag = "webdriver", security(()),
     responses((status = 200, description = "Grid 4's status: {\"value\": {\"ready\", \"message\", \"nodes\"}}; also at /wd/hub/status", content_type = "application/json")))]
-pub async fn status(State(control_plane): State<Arc<ControlPlane>>) -> Response {
-    match control_plane.webdriver_status().await {
+pub async fn status(
+    State(control_plane): State<Arc<ControlPlane>>,
+    Extension(principal): Extension<Principal>,
+    Extension(scope): Extension<Scope>,
+) -> Response {
+    let nodes_shown = principal.reads_the_fleet(control_plane.config().auth_enabled, &scope);
+    match control_plane.webdriver_status(nodes_shown).await {
         Ok(value) => {
             let mut response = axum::Json(value).into_response();
             response

@@ -150,6 +150,18 @@ async fn a_tenants_key_sees_and_acts_on_its_own_instances_only() {
         walked > 40,
         "the walk covered the document ({walked} calls)"
     );
+    // Grid's open /status tells anyone whether it is ready; the nodes
+    // behind it only an admin's key.
+    for (api, nodes) in [(&acme, 0), (&serve.api, 0), (&admin, 1)] {
+        let (status, grid) = api.get("/wd/hub/status").await;
+        assert_eq!(status, StatusCode::OK, "{grid}");
+        assert_eq!(grid["value"]["ready"], true, "{grid}");
+        assert_eq!(
+            grid["value"]["nodes"].as_array().unwrap().len(),
+            nodes,
+            "{grid}"
+        );
+    }
     // Nothing of globex's moved.
     let (status, detail) = admin.get(&format!("/v2/instances/{theirs}")).await;
     assert_eq!(status, StatusCode::OK);
