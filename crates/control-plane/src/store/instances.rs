@@ -199,6 +199,34 @@ impl AlsoSet<'_> {
     }
 }
 
+/// A JSON column, `None` when NULL.
+fn json_column<T: serde::de::DeserializeOwned>(
+    row: &AnyRow,
+    name: &str,
+) -> Result<Option<T>, sqlx::Error> {
+    row.try_get::<Option<String>, _>(name)?
+        .map(|json| serde_json::from_str(&json))
+        .transpose()
+        .map_err(|e| sqlx::Error::Decode(e.into()))
+}
+
+/// An instance row's `config`.
+fn decode_config(row: &AnyRow) -> Result<InstanceConfig, sqlx::Error> {
+    Ok(InstanceConfig {
+        memory_gb: row.try_get("memory_gb")?,
+        cpu_cores: row.try_get("cpu_cores")?,
+        disk_gb: row.try_get("disk_gb")?,
+        idle_timeout_minutes: row.try_get("idle_timeout_minutes")?,
+        auto_snapshot: row.try_get::<i64, _>("auto_snapshot")? != 0,
+        max_duration_minutes: row.try_get("max_duration_minutes")?,
+        proxy: json_column(row, "proxy")?,
+        extensions: json_column(row, "extensions")?.unwrap_or_default(),
+        record: row.try_get::<i64, _>("record")? != 0,
+        keep_recordings: row.try_get::<i64, _>("keep_recordings")? != 0,
+        prefs: json_column(row, "prefs")?,
+    })
+}
+
 fn decode(row: &AnyRow) -> Result<InstanceRecord, sqlx::Error> {
     let status: String = row.try_get("status")?;
     let status = status
@@ -224,32 +252,7 @@ fn decode(row: &AnyRow) -> Result<InstanceRecord, sqlx::Error> {
         status_reason: row.try_get("status_reason")?,
         subdomain: row.try_get("subdomain")?,
         image: row.try_get("image")?,
-        config: InstanceConfig {
-            memory_gb: row.try_get("memory_gb")?,
-            cpu_cores: row.try_get("cpu_cores")?,
-            disk_gb: row.try_get("disk_gb")?,
-            idle_timeout_minutes: row.try_get("idle_timeout_minutes")?,
-            auto_snapshot: row.try_get::<i64, _>("auto_snapshot")? != 0,
-            max_duration_minutes: row.try_get("max_duration_minutes")?,
-            proxy: row
-                .try_get::<Option<String>, _>("proxy")?
-                .map(|json| serde_json::from_str(&json))
-                .transpose()
-                .map_err(|e| sqlx::Error::Decode(e.into()))?,
-            extensions: row
-                .try_get::<Option<String>, _>("extensions")?
-                .map(|json| serde_json::from_str(&json))
-                .transpose()
-                .map_err(|e| sqlx::Error::Decode(e.into()))?
-                .unwrap_or_default(),
-            record: row.try_get::<i64, _>("record")? != 0,
-            keep_recordings: row.try_get::<i64, _>("keep_recordings")? != 0,
-            prefs: row
-                .try_get::<Option<String>, _>("prefs")?
-                .map(|json| serde_json::from_str(&json))
-                .transpose()
-                .map_err(|e| sqlx::Error::Decode(e.into()))?,
-        },
+        config: decode_config(row)?,
         ports,
         created_at: from_millis(row.try_get("created_at")?),
         updated_at: from_millis(row.try_get("updated_at")?),
