@@ -301,6 +301,23 @@ pub const MAX_HEADERS: usize = 100;
 pub const MAX_COOKIES: usize = 200;
 const MAX_SELECTOR_CHARS: usize = 4096;
 
+/// A refused field of an action request; the message names the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidAction(String);
+
+impl From<String> for InvalidAction {
+    fn from(message: String) -> Self {
+        Self(message)
+    }
+}
+
+impl From<&str> for InvalidAction {
+    fn from(message: &str) -> Self {
+        Self(message.to_owned())
+    }
+}
+
 impl ActionRequest {
     /// `timeout_ms` or its default.
     pub fn timeout_ms(&self) -> u64 {
@@ -312,14 +329,14 @@ impl ActionRequest {
     }
 
     /// Checks every field for action `kind`; the message names the field.
-    pub fn validate(&self, kind: ActionKind, limits: &ActionLimits) -> Result<(), String> {
+    pub fn validate(&self, kind: ActionKind, limits: &ActionLimits) -> Result<(), InvalidAction> {
         self.check_source(limits)?;
         self.check_page_options(limits)?;
         self.check_request_options()?;
         self.check_fields_of(kind)
     }
 
-    fn check_source(&self, limits: &ActionLimits) -> Result<(), String> {
+    fn check_source(&self, limits: &ActionLimits) -> Result<(), InvalidAction> {
         match (&self.url, &self.html) {
             (None, None) => Err("url or html is required".into()),
             (Some(_), Some(_)) => Err("give url or html, not both".into()),
@@ -328,18 +345,20 @@ impl ActionRequest {
                 "html is {} bytes, over the limit of {} (actions.max_html_bytes)",
                 html.len(),
                 limits.max_html_bytes
-            )),
+            )
+            .into()),
             (None, Some(_)) => Ok(()),
         }
     }
 
-    fn check_page_options(&self, limits: &ActionLimits) -> Result<(), String> {
+    fn check_page_options(&self, limits: &ActionLimits) -> Result<(), InvalidAction> {
         if let Some(viewport) = &self.viewport {
             for (name, side) in [("width", viewport.width), ("height", viewport.height)] {
                 if !(1..=MAX_VIEWPORT_SIDE).contains(&side) {
                     return Err(format!(
                         "viewport.{name} must be 1 to {MAX_VIEWPORT_SIDE} pixels (got {side})"
-                    ));
+                    )
+                    .into());
                 }
             }
             if let Some(scale) = viewport.device_scale_factor
@@ -347,7 +366,8 @@ impl ActionRequest {
             {
                 return Err(format!(
                     "viewport.device_scale_factor must be 0.25 to 4 (got {scale})"
-                ));
+                )
+                .into());
             }
         }
         if let Some(timeout) = self.timeout_ms
@@ -356,7 +376,8 @@ impl ActionRequest {
             return Err(format!(
                 "timeout_ms must be 1 to {} (actions.max_timeout_ms; got {timeout})",
                 limits.max_timeout_ms
-            ));
+            )
+            .into());
         }
         if let Some(selector) = &self.wait_for_selector {
             check_selector(selector, "wait_for_selector")?;
@@ -372,7 +393,7 @@ impl ActionRequest {
         Ok(())
     }
 
-    fn check_request_options(&self) -> Result<(), String> {
+    fn check_request_options(&self) -> Result<(), InvalidAction> {
         /// Headers the browser writes itself: a request carrying one of
         /// them is never sent (the page would wait out its timeout).
         const BROWSER_HEADERS: &[&str] = &[
@@ -387,7 +408,7 @@ impl ActionRequest {
             "expect",
         ];
         if self.headers.len() > MAX_HEADERS {
-            return Err(format!("headers takes at most {MAX_HEADERS} entries"));
+            return Err(format!("headers takes at most {MAX_HEADERS} entries").into());
         }
         for (name, value) in &self.headers {
             let token = !name.is_empty()
@@ -396,18 +417,18 @@ impl ActionRequest {
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
             if !token {
-                return Err(format!("headers: {name:?} is not a header name"));
+                return Err(format!("headers: {name:?} is not a header name").into());
             }
             let lower = name.to_ascii_lowercase();
             if BROWSER_HEADERS.contains(&lower.as_str()) || lower.starts_with("proxy-") {
                 return Err(format!(
                     "headers.{name} cannot be set: the browser sets it itself (as it does Host, Connection, Content-Length, Transfer-Encoding and every Proxy-… header)"
-                ));
+                ).into());
             }
             if value.len() > 8192 || value.chars().any(|c| c.is_control() && c != '\t') {
                 return Err(format!(
                     "headers.{name}: the value must be at most 8192 characters without control characters"
-                ));
+                ).into());
             }
         }
         if let Some(agent) = &self.user_agent
@@ -418,14 +439,14 @@ impl ActionRequest {
             );
         }
         if self.cookies.len() > MAX_COOKIES {
-            return Err(format!("cookies takes at most {MAX_COOKIES} entries"));
+            return Err(format!("cookies takes at most {MAX_COOKIES} entries").into());
         }
         for (index, cookie) in self.cookies.iter().enumerate() {
             check_cookie(cookie, self.url.is_some())
                 .map_err(|e| format!("cookies[{index}].{e}"))?;
         }
         if self.block.len() > MAX_BLOCK_ENTRIES {
-            return Err(format!("block takes at most {MAX_BLOCK_ENTRIES} entries"));
+            return Err(format!("block takes at most {MAX_BLOCK_ENTRIES} entries").into());
         }
         for (index, entry) in self.block.iter().enumerate() {
             let is_type = RESOURCE_TYPES.contains(&entry.as_str());
@@ -437,14 +458,14 @@ impl ActionRequest {
                 return Err(format!(
                     "block[{index}] must be a resource type ({}) or a URL pattern such as *://ads.example.com/* (got {entry:?})",
                     RESOURCE_TYPES.join(", ")
-                ));
+                ).into());
             }
         }
         Ok(())
     }
 
     /// Refuses fields of another action, and checks this action's own.
-    fn check_fields_of(&self, kind: ActionKind) -> Result<(), String> {
+    fn check_fields_of(&self, kind: ActionKind) -> Result<(), InvalidAction> {
         let present = [
             (
                 ActionKind::Screenshot,
@@ -466,9 +487,7 @@ impl ActionRequest {
         ];
         for (owner, field, given) in present {
             if given && owner != kind {
-                return Err(format!(
-                    "{field} belongs to the {owner} action, not to {kind}"
-                ));
+                return Err(format!("{field} belongs to the {owner} action, not to {kind}").into());
             }
         }
         match kind {
@@ -484,7 +503,7 @@ impl ActionRequest {
                         return Err("quality applies to format jpeg or webp, not png".into());
                     }
                     if quality > 100 {
-                        return Err(format!("quality must be 0 to 100 (got {quality})"));
+                        return Err(format!("quality must be 0 to 100 (got {quality})").into());
                     }
                 }
             }
@@ -499,7 +518,8 @@ impl ActionRequest {
                         if !(0.0..=100.0).contains(&value) {
                             return Err(format!(
                                 "margins_mm.{side} must be 0 to 100 millimetres (got {value})"
-                            ));
+                            )
+                            .into());
                         }
                     }
                 }
@@ -509,7 +529,7 @@ impl ActionRequest {
                 if self.elements.is_empty() || self.elements.len() > MAX_SCRAPE_ELEMENTS {
                     return Err(format!(
                         "elements must list 1 to {MAX_SCRAPE_ELEMENTS} selectors, as [{{\"selector\": \"h1\"}}]"
-                    ));
+                    ).into());
                 }
                 for (index, element) in self.elements.iter().enumerate() {
                     check_selector(&element.selector, &format!("elements[{index}].selector"))?;
@@ -521,35 +541,37 @@ impl ActionRequest {
 }
 
 /// An `http` or `https` URL with a host; the message names `field`.
-fn check_http_url(text: &str, field: &str) -> Result<(), String> {
+fn check_http_url(text: &str, field: &str) -> Result<(), InvalidAction> {
     let parsed = url::Url::parse(text).map_err(|e| format!("{field} is not a URL: {e}"))?;
     if !matches!(parsed.scheme(), "http" | "https") {
         return Err(format!(
             "{field} must be an http or https URL (got a {}: URL)",
             parsed.scheme()
-        ));
+        )
+        .into());
     }
     if parsed.host_str().is_none_or(str::is_empty) {
-        return Err(format!("{field} must name a host"));
+        return Err(format!("{field} must name a host").into());
     }
     Ok(())
 }
 
 /// A selector's shape; whether it parses is asked of the browser, whose
 /// refusal names the same field.
-fn check_selector(selector: &str, field: &str) -> Result<(), String> {
+fn check_selector(selector: &str, field: &str) -> Result<(), InvalidAction> {
     if selector.trim().is_empty()
         || selector.chars().count() > MAX_SELECTOR_CHARS
         || selector.contains('\0')
     {
         return Err(format!(
             "{field} must be a CSS selector of 1 to {MAX_SELECTOR_CHARS} characters"
-        ));
+        )
+        .into());
     }
     Ok(())
 }
 
-fn check_cookie(cookie: &ActionCookie, has_url: bool) -> Result<(), String> {
+fn check_cookie(cookie: &ActionCookie, has_url: bool) -> Result<(), InvalidAction> {
     let text_ok = |value: &str| !value.chars().any(|c| c.is_control() || c == ';');
     if cookie.name.is_empty() || cookie.name.len() > 4096 || !text_ok(&cookie.name) {
         return Err("name must be 1 to 4096 characters without ';' or control characters".into());
@@ -570,7 +592,7 @@ fn check_cookie(cookie: &ActionCookie, has_url: bool) -> Result<(), String> {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))
         {
-            return Err(format!("domain {domain:?} is not a host name"));
+            return Err(format!("domain {domain:?} is not a host name").into());
         }
     }
     if let Some(path) = &cookie.path
@@ -635,7 +657,10 @@ mod tests {
 
     fn refusal(kind: ActionKind, json: serde_json::Value) -> String {
         let request: ActionRequest = serde_json::from_value(json).expect("parses");
-        request.validate(kind, &LIMITS).expect_err("refused")
+        request
+            .validate(kind, &LIMITS)
+            .expect_err("refused")
+            .to_string()
     }
 
     #[test]

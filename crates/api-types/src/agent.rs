@@ -111,23 +111,37 @@ pub fn protocol_version_or_before(version: &str) -> &str {
     }
 }
 
+/// Why two sides cannot work together; the message says what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolMismatch {
+    #[error("protocol version {theirs:?} is not major.minor (this side speaks {ours})")]
+    Unreadable { ours: String, theirs: String },
+    #[error(
+        "protocol {theirs} cannot work with protocol {ours} (a major version apart): upgrade the older side first; agents and control planes one minor version apart work together"
+    )]
+    MajorApart { ours: String, theirs: String },
+}
+
 /// Whether a side speaking `ours` may work with one speaking `theirs`: the
-/// same major version. The error says what to do.
-pub fn protocols_meet(ours: &str, theirs: &str) -> Result<(), String> {
+/// same major version.
+pub fn protocols_meet(ours: &str, theirs: &str) -> Result<(), ProtocolMismatch> {
     let major = |version: &str| -> Option<u32> {
         let (major, minor) = version.split_once('.')?;
         minor.parse::<u32>().ok()?;
         major.parse().ok()
     };
     let theirs = protocol_version_or_before(theirs);
+    let (ours_text, theirs_text) = (ours.to_owned(), theirs.to_owned());
     match (major(ours), major(theirs)) {
         (Some(a), Some(b)) if a == b => Ok(()),
-        (_, None) => Err(format!(
-            "protocol version {theirs:?} is not major.minor (this side speaks {ours})"
-        )),
-        _ => Err(format!(
-            "protocol {theirs} cannot work with protocol {ours} (a major version apart): upgrade the older side first; agents and control planes one minor version apart work together"
-        )),
+        (_, None) => Err(ProtocolMismatch::Unreadable {
+            ours: ours_text,
+            theirs: theirs_text,
+        }),
+        _ => Err(ProtocolMismatch::MajorApart {
+            ours: ours_text,
+            theirs: theirs_text,
+        }),
     }
 }
 
@@ -345,7 +359,7 @@ mod protocol_tests {
         assert_eq!(protocols_meet("1.1", "1.0"), Ok(()));
         assert_eq!(protocols_meet("1.1", "1.9"), Ok(()));
         assert_eq!(protocols_meet("1.1", ""), Ok(()), "before the field: 1.0");
-        let apart = protocols_meet("1.1", "2.0").unwrap_err();
+        let apart = protocols_meet("1.1", "2.0").unwrap_err().to_string();
         assert!(
             apart.contains("protocol 2.0") && apart.contains("1.1"),
             "{apart}"

@@ -79,7 +79,7 @@ impl ControlPlane {
         let settings = &self.config.actions;
         let checked = request
             .validate(kind, &settings.limits())
-            .map_err(Error::InvalidRequest);
+            .map_err(|invalid| Error::InvalidRequest(invalid.to_string()));
         if let Err(error) = checked {
             self.telemetry
                 .observe_action(kind.as_str(), "invalid_request", started.elapsed());
