@@ -145,7 +145,7 @@ impl FlotillaConfig {
         self.control.validate().map_err(anyhow::Error::msg)?;
         self.agent.validate().map_err(anyhow::Error::msg)?;
         self.listeners.validate().map_err(anyhow::Error::msg)?;
-        self.telemetry.validate().map_err(anyhow::Error::msg)?;
+        self.telemetry.validate()?;
         Ok(())
     }
 

@@ -92,35 +92,47 @@ impl fmt::Debug for TelemetryConfig {
     }
 }
 
+/// A `[telemetry]` setting that cannot be used; the message names its key.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum InvalidTelemetry {
+    #[error("telemetry.otlp_endpoint {endpoint:?} is not a URL: {reason}")]
+    NotAUrl { endpoint: String, reason: String },
+    #[error("telemetry.otlp_endpoint {0:?} must be an http:// or https:// URL with a host")]
+    NotHttp(String),
+    #[error(
+        "telemetry.otlp_headers: {0:?} is not a valid header name, or its value not a valid header value"
+    )]
+    Header(String),
+    #[error("telemetry.service_name must not be empty")]
+    NoServiceName,
+    #[error("telemetry.sample_ratio must be between 0 and 1, got {0}")]
+    SampleRatio(f64),
+}
+
 impl TelemetryConfig {
     /// The configuration errors, each naming its key.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidTelemetry> {
         if let Some(endpoint) = &self.otlp_endpoint {
-            let url = url::Url::parse(endpoint)
-                .map_err(|e| format!("telemetry.otlp_endpoint {endpoint:?} is not a URL: {e}"))?;
+            let url = url::Url::parse(endpoint).map_err(|e| InvalidTelemetry::NotAUrl {
+                endpoint: endpoint.clone(),
+                reason: e.to_string(),
+            })?;
             if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
-                return Err(format!(
-                    "telemetry.otlp_endpoint {endpoint:?} must be an http:// or https:// URL with a host"
-                ));
+                return Err(InvalidTelemetry::NotHttp(endpoint.clone()));
             }
         }
         for (name, value) in &self.otlp_headers {
             if http::HeaderName::from_bytes(name.as_bytes()).is_err()
                 || http::HeaderValue::from_str(value).is_err()
             {
-                return Err(format!(
-                    "telemetry.otlp_headers: {name:?} is not a valid header name, or its value not a valid header value"
-                ));
+                return Err(InvalidTelemetry::Header(name.clone()));
             }
         }
         if self.service_name.trim().is_empty() {
-            return Err("telemetry.service_name must not be empty".into());
+            return Err(InvalidTelemetry::NoServiceName);
         }
         if !(0.0..=1.0).contains(&self.sample_ratio) {
-            return Err(format!(
-                "telemetry.sample_ratio must be between 0 and 1, got {}",
-                self.sample_ratio
-            ));
+            return Err(InvalidTelemetry::SampleRatio(self.sample_ratio));
         }
         Ok(())
     }
@@ -214,7 +226,7 @@ pub fn init(
     role: &str,
     log_filter: tracing_subscriber::EnvFilter,
 ) -> anyhow::Result<Telemetry> {
-    config.validate().map_err(anyhow::Error::msg)?;
+    config.validate()?;
     let logs = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_filter(quiet(log_filter));
@@ -452,7 +464,7 @@ mod tests {
                 "telemetry.service_name",
             ),
         ] {
-            let error = config.validate().unwrap_err();
+            let error = config.validate().unwrap_err().to_string();
             assert!(error.contains(key), "{error}");
         }
         let config = TelemetryConfig {
