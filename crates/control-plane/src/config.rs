@@ -492,7 +492,7 @@ impl ControlPlaneConfig {
             }
         }
         for entry in &self.trusted_proxies {
-            crate::http::door::parse_network(entry).ok_or_else(|| ConfigError::TrustedProxy {
+            flotilla_net::IpNetwork::parse(entry).map_err(|_| ConfigError::TrustedProxy {
                 entry: entry.clone(),
             })?;
         }

@@ -2,7 +2,7 @@
 //! (`spec/event-proxy.md`, DESIGN.md "Configuration files"). Defaults the spec
 //! does not give are chosen here and listed in `docs/configuration.md`.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
@@ -358,64 +358,19 @@ pub enum IpRangeError {
 }
 
 /// A parsed trusted-proxy entry: an address or a CIDR range.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IpRange {
-    network: IpAddr,
-    prefix: u8,
-}
+pub type IpRange = flotilla_net::IpNetwork;
 
-impl IpRange {
-    pub fn parse(text: &str) -> Result<Self, IpRangeError> {
-        let (address, prefix) = match text.split_once('/') {
-            Some((address, prefix)) => (address, Some(prefix)),
-            None => (text, None),
-        };
-        let network: IpAddr = address
-            .trim()
-            .parse()
-            .map_err(|_| IpRangeError::NotAnAddress {
-                entry: text.to_owned(),
-            })?;
-        let max = if network.is_ipv4() { 32 } else { 128 };
-        let prefix = match prefix {
-            Some(p) => p
-                .trim()
-                .parse::<u8>()
-                .ok()
-                .filter(|p| *p <= max)
-                .ok_or_else(|| IpRangeError::Prefix {
-                    entry: text.to_owned(),
-                })?,
-            None => max,
-        };
-        Ok(Self { network, prefix })
-    }
-
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        let ip = match (self.network, ip) {
-            (IpAddr::V4(_), IpAddr::V6(v6)) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
-            _ => ip,
-        };
-        match (self.network, ip) {
-            (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                let mask = if self.prefix == 0 {
-                    0
-                } else {
-                    u32::MAX << (32 - self.prefix)
-                };
-                u32::from(net) & mask == u32::from(ip) & mask
-            }
-            (IpAddr::V6(net), IpAddr::V6(ip)) => {
-                let mask = if self.prefix == 0 {
-                    0
-                } else {
-                    u128::MAX << (128 - self.prefix)
-                };
-                u128::from(net) & mask == u128::from(ip) & mask
-            }
-            _ => false,
-        }
-    }
+/// Trusted-proxy entry `text`, or why it is not one.
+fn trusted_range(text: &str) -> Result<IpRange, IpRangeError> {
+    use flotilla_net::NetworkError;
+    IpRange::parse(text).map_err(|why| match why {
+        NetworkError::NotValid | NetworkError::NoValidAddress => IpRangeError::NotAnAddress {
+            entry: text.to_owned(),
+        },
+        NetworkError::NoValidPrefix | NetworkError::PrefixTooLong => IpRangeError::Prefix {
+            entry: text.to_owned(),
+        },
+    })
 }
 
 impl ProxyConfig {
@@ -473,7 +428,7 @@ impl ProxyConfig {
             }
         }
         for entry in &self.rate_limit.trusted_proxies {
-            IpRange::parse(entry)?;
+            trusted_range(entry)?;
         }
         self.peers.validate()
     }
@@ -526,7 +481,13 @@ mod tests {
         let single = IpRange::parse("127.0.0.1").unwrap();
         assert!(single.contains("127.0.0.1".parse().unwrap()));
         assert!(!single.contains("127.0.0.2".parse().unwrap()));
-        assert!(IpRange::parse("nope").is_err());
-        assert!(IpRange::parse("10.0.0.0/40").is_err());
+        assert!(matches!(
+            trusted_range("nope"),
+            Err(IpRangeError::NotAnAddress { .. })
+        ));
+        assert!(matches!(
+            trusted_range("10.0.0.0/40"),
+            Err(IpRangeError::Prefix { .. })
+        ));
     }
 }

@@ -1,13 +1,15 @@
 //! Every listening socket of Flotilla: binding it ([`bind`]), the process's
 //! connection budget ([`budget`]) and serving HTTP on it so that a slow or
 //! greedy client cannot hold the process ([`serve`]); relaying a WebSocket
-//! upgrade to an upstream ([`upgrade`]). The control plane, the
+//! upgrade to an upstream ([`upgrade`]); the IP networks settings name
+//! ([`network`]). The control plane, the
 //! agent API, every instance's ports and the event proxy all listen through
 //! here, sharing one [`Listeners`] per process.
 
 pub mod bind;
 pub mod budget;
 pub mod descriptors;
+pub mod network;
 pub mod serve;
 pub mod upgrade;
 
@@ -16,6 +18,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use bind::bind;
+pub use network::{IpNetwork, NetworkError};
 
 /// Whether a process runs browsers, which decides what its listeners may
 /// take of its descriptors by default (`[listeners] max_connections = 0`).

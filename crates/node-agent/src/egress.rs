@@ -36,6 +36,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
+use flotilla_net::network::canonical;
+use flotilla_net::{IpNetwork, NetworkError};
+
 /// `[agent.egress]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -70,19 +73,17 @@ impl EgressConfig {
 /// optionally one port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AllowRule {
-    network: IpAddr,
-    prefix: u8,
+    network: IpNetwork,
     port: Option<u16>,
 }
 
 impl AllowRule {
     fn permits(&self, addr: SocketAddr) -> bool {
-        self.port.is_none_or(|port| port == addr.port())
-            && in_network(canonical(addr.ip()), self.network, self.prefix)
+        self.port.is_none_or(|port| port == addr.port()) && self.network.contains(addr.ip())
     }
 
     fn permits_any_port(&self, ip: IpAddr) -> bool {
-        in_network(canonical(ip), self.network, self.prefix)
+        self.network.contains(ip)
     }
 }
 
@@ -94,28 +95,7 @@ impl AllowRule {
 )]
 pub struct InvalidAllowRule {
     pub entry: String,
-    pub problem: AllowRuleProblem,
-}
-
-/// What is wrong with an `allow` entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AllowRuleProblem {
-    /// Neither an address nor `<address>/<prefix>`.
-    NotValid,
-    NoValidAddress,
-    NoValidPrefix,
-    PrefixTooLong,
-}
-
-impl fmt::Display for AllowRuleProblem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::NotValid => "is not valid",
-            Self::NoValidAddress => "has no valid address",
-            Self::NoValidPrefix => "has no valid prefix length",
-            Self::PrefixTooLong => "has a prefix length longer than the address",
-        })
-    }
+    pub problem: NetworkError,
 }
 
 impl FromStr for AllowRule {
@@ -126,40 +106,14 @@ impl FromStr for AllowRule {
             entry: entry.to_owned(),
             problem,
         };
-        let trimmed = entry.trim();
-        if let Ok(addr) = trimmed.parse::<SocketAddr>() {
-            let ip = canonical(addr.ip());
+        if let Ok(addr) = entry.trim().parse::<SocketAddr>() {
             return Ok(Self {
-                network: ip,
-                prefix: full_prefix(ip),
+                network: IpNetwork::single(addr.ip()),
                 port: Some(addr.port()),
             });
         }
-        if let Ok(ip) = trimmed.parse::<IpAddr>() {
-            let ip = canonical(ip);
-            return Ok(Self {
-                network: ip,
-                prefix: full_prefix(ip),
-                port: None,
-            });
-        }
-        let (address, prefix) = trimmed
-            .split_once('/')
-            .ok_or_else(|| bad(AllowRuleProblem::NotValid))?;
-        let network = canonical(
-            address
-                .parse::<IpAddr>()
-                .map_err(|_| bad(AllowRuleProblem::NoValidAddress))?,
-        );
-        let prefix: u8 = prefix
-            .parse()
-            .map_err(|_| bad(AllowRuleProblem::NoValidPrefix))?;
-        if prefix > full_prefix(network) {
-            return Err(bad(AllowRuleProblem::PrefixTooLong));
-        }
         Ok(Self {
-            network,
-            prefix,
+            network: IpNetwork::parse(entry).map_err(bad)?,
             port: None,
         })
     }
@@ -167,41 +121,17 @@ impl FromStr for AllowRule {
 
 impl fmt::Display for AllowRule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match (self.port, self.network) {
+        match (self.port, self.network.address()) {
             (Some(port), IpAddr::V6(ip)) => write!(f, "[{ip}]:{port}"),
             (Some(port), ip) => write!(f, "{ip}:{port}"),
-            (None, ip) => write!(f, "{ip}/{}", self.prefix),
+            (None, _) => write!(f, "{}", self.network),
         }
     }
 }
 
-fn full_prefix(ip: IpAddr) -> u8 {
-    if ip.is_ipv4() { 32 } else { 128 }
-}
-
-/// IPv4-mapped IPv6 addresses as the IPv4 address they are.
-fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(v6),
-        },
-        v4 => v4,
-    }
-}
-
+/// Whether `ip` is in the network of `prefix` bits of `network`.
 fn in_network(ip: IpAddr, network: IpAddr, prefix: u8) -> bool {
-    match (ip, network) {
-        (IpAddr::V4(ip), IpAddr::V4(network)) => {
-            let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
-            u32::from(ip) & mask == u32::from(network) & mask
-        }
-        (IpAddr::V6(ip), IpAddr::V6(network)) => {
-            let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
-            u128::from(ip) & mask == u128::from(network) & mask
-        }
-        _ => false,
-    }
+    IpNetwork::new(network, prefix).is_some_and(|network| network.contains(ip))
 }
 
 /// The ranges denied unless an `allow` entry names them.
