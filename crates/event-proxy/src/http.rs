@@ -135,28 +135,15 @@ pub fn reason(status: u16) -> &'static str {
 
 /// Accepts connections until `shutdown`.
 pub async fn serve(listener: TcpListener, state: Arc<ProxyState>, shutdown: CancellationToken) {
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(error) => {
-                    // Out of descriptors, most likely: back off briefly.
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    continue;
-                }
-            },
-            _ = shutdown.cancelled() => return,
-        };
-        // The process's budget (shared with `serve`'s other listeners).
-        let Some(slot) = state.listeners.admit(&stream, peer) else {
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
-        state
-            .connections
-            .spawn(connection(stream, peer, slot, state.clone()));
-    }
+    // The process's budget (shared with `serve`'s other listeners).
+    state
+        .listeners
+        .accept_each(&listener, &shutdown, |stream, peer, slot| {
+            state
+                .connections
+                .spawn(connection(stream, peer, slot, state.clone()));
+        })
+        .await;
 }
 
 /// Why reading a request failed.

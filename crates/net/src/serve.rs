@@ -120,23 +120,7 @@ impl Listeners {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let connections = TaskTracker::new();
-        loop {
-            let (stream, peer) = tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok(pair) => pair,
-                    Err(error) => {
-                        // Out of descriptors, most likely: back off briefly.
-                        tracing::warn!(%error, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    }
-                },
-                _ = shutdown.cancelled() => break,
-            };
-            let Some(slot) = self.admit(&stream, peer) else {
-                continue;
-            };
-            let _ = stream.set_nodelay(true);
+        self.accept_each(&listener, &shutdown, |stream, peer, slot| {
             connections.spawn(connection(
                 stream,
                 slot,
@@ -144,9 +128,41 @@ impl Listeners {
                 self.limits.clone(),
                 shutdown.clone(),
             ));
-        }
+        })
+        .await;
         connections.close();
         connections.wait().await;
+    }
+
+    /// Accepts connections on `listener` until `shutdown`, hands each one
+    /// the budget admits to `admitted` (with `TCP_NODELAY` set), and
+    /// refuses the others ([`Listeners::admit`]). A failed accept (out of
+    /// descriptors, most likely) backs off briefly. The one accept loop of
+    /// every listener, whoever speaks HTTP on it.
+    pub async fn accept_each(
+        &self,
+        listener: &TcpListener,
+        shutdown: &CancellationToken,
+        mut admitted: impl FnMut(TcpStream, SocketAddr, Slot),
+    ) {
+        loop {
+            let (stream, peer) = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(pair) => pair,
+                    Err(error) => {
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                },
+                _ = shutdown.cancelled() => return,
+            };
+            let Some(slot) = self.admit(&stream, peer) else {
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            admitted(stream, peer, slot);
+        }
     }
 }
 
