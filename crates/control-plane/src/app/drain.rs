@@ -33,6 +33,49 @@ const SETTLE_ROUNDS: usize = 30;
 /// The states an instance passes through on its way to running.
 const TRANSITIONAL: [InstanceStatus; 2] = [InstanceStatus::Creating, InstanceStatus::Reviving];
 
+/// Why a drain left an instance on its node (the report's `reason`).
+#[derive(Debug, thiserror::Error)]
+enum Stayed {
+    #[error("the drain was ended (uncordon, or its control plane stopped) before it moved")]
+    DrainEnded,
+    #[error("it was {0} throughout the drain")]
+    InTransitThroughout(InstanceStatus),
+    #[error("it was deleted before its turn")]
+    DeletedBefore,
+    #[error("it had moved to node {0} meanwhile")]
+    MovedMeanwhile(NodeId),
+    #[error("it was {0} at its turn")]
+    NotRunning(InstanceStatus),
+    #[error("no other node can take it: {0}")]
+    NoRoom(String),
+    #[error(
+        "{0}; its node is stopping, so it was parked: revive it with POST /v2/instances/{1}/revive"
+    )]
+    ParkedInPlace(Box<Stayed>, InstanceId),
+    #[error("{0}; it could not be parked either: {1}")]
+    NotParkedEither(Box<Stayed>, Error),
+    #[error("it could not be parked: {0}")]
+    ParkFailed(Error),
+    #[error(
+        "it was parked but no other node revived it ({0}); it is dormant: revive it later with POST /v2/instances/{1}/revive"
+    )]
+    NotRevived(Error, InstanceId),
+    #[error("it was parked, then was {0} on node {1} before the drain revived it ({2})")]
+    Overtaken(InstanceStatus, NodeId, Error),
+    #[error("it was deleted while it moved")]
+    DeletedWhileMoving,
+    #[error("its revive on node {0} had not finished after {REVIVE_DEADLINE:?}")]
+    ReviveUnfinished(NodeId),
+    #[error("its revive on node {0} ended {1}: {2}")]
+    ReviveEnded(NodeId, InstanceStatus, String),
+    #[error("it was revived on this node (a client woke it as it moved)")]
+    RevivedHere,
+    #[error(transparent)]
+    Failed(#[from] Error),
+    #[error(transparent)]
+    Store(#[from] sqlx::Error),
+}
+
 /// A drain this process runs or ran: its report, and what ends it.
 pub(crate) struct Drain {
     report: DrainReport,
@@ -109,10 +152,15 @@ impl ControlPlane {
                     // A move once begun runs to its end; an end of the
                     // drain (or of this process) is heeded between moves.
                     let outcome = if ended.is_cancelled() || stopping.is_cancelled() {
-                        Err("the drain was ended (uncordon, or its control plane stopped) before it moved".to_owned())
+                        Err(Stayed::DrainEnded)
                     } else {
-                        let span = flotilla_telemetry::operation("instance.move", Some(id.as_str()));
-                        flotilla_telemetry::traced(span, control_plane.move_instance(&node, &id, until_restart)).await
+                        let span =
+                            flotilla_telemetry::operation("instance.move", Some(id.as_str()));
+                        flotilla_telemetry::traced(
+                            span,
+                            control_plane.move_instance(&node, &id, until_restart),
+                        )
+                        .await
                     };
                     tried.insert(id.clone());
                     control_plane.drain_progress(&node, &id, outcome);
@@ -132,7 +180,7 @@ impl ControlPlane {
                         control_plane.drain_progress(
                             &node,
                             &record.id,
-                            Err(format!("it was {} throughout the drain", record.status)),
+                            Err(Stayed::InTransitThroughout(record.status)),
                         );
                     }
                     break;
@@ -170,7 +218,12 @@ impl ControlPlane {
         drains.get(id).map(|drain| drain.report.clone())
     }
 
-    fn drain_progress(&self, node: &NodeId, id: &InstanceId, outcome: Result<NodeId, String>) {
+    fn drain_progress(
+        &self,
+        node: &NodeId,
+        id: &InstanceId,
+        outcome: std::result::Result<NodeId, Stayed>,
+    ) {
         let mut drains = self.drains.lock().expect("drains lock");
         let Some(drain) = drains.get_mut(node) else {
             return;
@@ -181,7 +234,8 @@ impl ControlPlane {
                 instance_id: id.clone(),
                 to_node,
             }),
-            Err(reason) => {
+            Err(stayed) => {
+                let reason = stayed.to_string();
                 tracing::warn!(instance = %id, %node, %reason, "an instance stayed on its draining node");
                 drain.report.stayed.push(StayedInstance {
                     instance_id: id.clone(),
@@ -243,28 +297,79 @@ impl ControlPlane {
         from: &NodeId,
         id: &InstanceId,
         park_when_stuck: bool,
-    ) -> Result<NodeId, String> {
+    ) -> std::result::Result<NodeId, Stayed> {
         flotilla_telemetry::record("node.id", from.as_str());
-        // As it is now: it may have moved, been parked or deleted meanwhile.
+        let record = self.its_turn(from, id).await?;
+        // Room elsewhere first: nothing is parked that cannot move.
+        if let Err(no_room) = self.room_elsewhere(from, &record).await {
+            if !park_when_stuck {
+                return Err(no_room);
+            }
+            return Err(match self.instance_dormant(id).await {
+                Ok(_) => Stayed::ParkedInPlace(Box::new(no_room), id.clone()),
+                Err(error) => Stayed::NotParkedEither(Box::new(no_room), error),
+            });
+        }
+        self.instance_dormant(id)
+            .await
+            .map_err(Stayed::ParkFailed)?;
+        if let Err(error) = self.instance_revive(id, ReviveMethod::FullRestore).await {
+            return Err(match self.store.instance_get(id).await.ok().flatten() {
+                Some(now) if now.status == InstanceStatus::Dormant => {
+                    Stayed::NotRevived(error, id.clone())
+                }
+                Some(now) => Stayed::Overtaken(now.status, now.node_id, error),
+                None => Stayed::DeletedWhileMoving,
+            });
+        }
+        let to = self.revived(id).await?.node_id;
+        if &to == from {
+            return Err(Stayed::RevivedHere);
+        }
+        let mut data = serde_json::Map::new();
+        data.insert("from_node".into(), from.as_str().into());
+        data.insert("to_node".into(), to.as_str().into());
+        self.store
+            .instance_note(id, EventName::InstanceMoved, data, self.now())
+            .await?;
+        tracing::info!(instance = %id, %from, %to, "instance moved");
+        Ok(to)
+    }
+
+    /// Instance `id` as it is at its turn, if it is still there to move: it
+    /// may have moved, been parked or deleted meanwhile.
+    async fn its_turn(
+        &self,
+        from: &NodeId,
+        id: &InstanceId,
+    ) -> std::result::Result<InstanceRecord, Stayed> {
         let record = self
             .store
             .instance_get(id)
-            .await
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| "it was deleted before its turn".to_owned())?;
+            .await?
+            .ok_or(Stayed::DeletedBefore)?;
         if &record.node_id != from {
-            return Err(format!("it had moved to node {} meanwhile", record.node_id));
+            return Err(Stayed::MovedMeanwhile(record.node_id));
         }
         if !matches!(
             record.status,
             InstanceStatus::Running | InstanceStatus::Idle
         ) {
-            return Err(format!("it was {} at its turn", record.status));
+            return Err(Stayed::NotRunning(record.status));
         }
-        // Room elsewhere first: nothing is parked that cannot move.
-        let all = self.store.node_list().await.map_err(|e| e.to_string())?;
+        Ok(record)
+    }
+
+    /// Whether another node that shares `from`'s snapshot store has room
+    /// for `record`.
+    async fn room_elsewhere(
+        &self,
+        from: &NodeId,
+        record: &InstanceRecord,
+    ) -> std::result::Result<(), Stayed> {
+        let all = self.store.node_list().await?;
         let (others, unshared) = super::dormancy::nodes_sharing_the_store(all, from);
-        let usage = self.node_usage().await.map_err(|e| e.to_string())?;
+        let usage = self.node_usage().await?;
         let placement = PlacementRequest {
             image: &record.image,
             config: &record.config,
@@ -275,79 +380,35 @@ impl ControlPlane {
         } else {
             scheduler::rank(&others, &usage, &placement, self.now(), &self.config).map(drop)
         };
-        if let Err(error) = ranked {
-            let reason = match error {
-                Error::InsufficientCapacity(detail) | Error::InvalidRequest(detail) => {
-                    format!("no other node can take it: {detail}")
-                }
-                other => other.to_string(),
-            };
-            if !park_when_stuck {
-                return Err(reason);
+        ranked.map_err(|error| match error {
+            Error::InsufficientCapacity(detail) | Error::InvalidRequest(detail) => {
+                Stayed::NoRoom(detail)
             }
-            return Err(match self.instance_dormant(id).await {
-                Ok(_) => format!(
-                    "{reason}; its node is stopping, so it was parked: revive it with POST /v2/instances/{id}/revive"
-                ),
-                Err(error) => format!("{reason}; it could not be parked either: {error}"),
-            });
-        }
-        self.instance_dormant(id)
-            .await
-            .map_err(|e| format!("it could not be parked: {e}"))?;
-        if let Err(error) = self.instance_revive(id, ReviveMethod::FullRestore).await {
-            let now = self.store.instance_get(id).await.ok().flatten();
-            return Err(match now {
-                Some(now) if now.status == InstanceStatus::Dormant => format!(
-                    "it was parked but no other node revived it ({error}); it is dormant: revive it later with POST /v2/instances/{id}/revive"
-                ),
-                Some(now) => format!(
-                    "it was parked, then was {} on node {} before the drain revived it ({error})",
-                    now.status, now.node_id
-                ),
-                None => "it was deleted while it moved".to_owned(),
-            });
-        }
+            other => Stayed::Failed(other),
+        })
+    }
+
+    /// Instance `id` once its revive elsewhere has finished (running or
+    /// idle), within [`REVIVE_DEADLINE`].
+    async fn revived(&self, id: &InstanceId) -> std::result::Result<InstanceRecord, Stayed> {
         let deadline = tokio::time::Instant::now() + REVIVE_DEADLINE;
-        let revived = loop {
+        loop {
             let now = self
                 .store
                 .instance_get(id)
-                .await
-                .map_err(|e| e.to_string())?
-                .ok_or_else(|| "it was deleted while it moved".to_owned())?;
+                .await?
+                .ok_or(Stayed::DeletedWhileMoving)?;
             match now.status {
-                InstanceStatus::Running | InstanceStatus::Idle => break now,
+                InstanceStatus::Running | InstanceStatus::Idle => return Ok(now),
                 InstanceStatus::Reviving if tokio::time::Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
-                InstanceStatus::Reviving => {
-                    return Err(format!(
-                        "its revive on node {} had not finished after {REVIVE_DEADLINE:?}",
-                        now.node_id
-                    ));
-                }
+                InstanceStatus::Reviving => return Err(Stayed::ReviveUnfinished(now.node_id)),
                 other => {
-                    return Err(format!(
-                        "its revive on node {} ended {other}: {}",
-                        now.node_id,
-                        now.status_reason.unwrap_or_default()
-                    ));
+                    let reason = now.status_reason.unwrap_or_default();
+                    return Err(Stayed::ReviveEnded(now.node_id, other, reason));
                 }
             }
-        };
-        let to = revived.node_id.clone();
-        if &to == from {
-            return Err("it was revived on this node (a client woke it as it moved)".to_owned());
         }
-        let mut data = serde_json::Map::new();
-        data.insert("from_node".into(), from.as_str().into());
-        data.insert("to_node".into(), to.as_str().into());
-        self.store
-            .instance_note(id, EventName::InstanceMoved, data, self.now())
-            .await
-            .map_err(|e| e.to_string())?;
-        tracing::info!(instance = %id, %from, %to, "instance moved");
-        Ok(to)
     }
 }
