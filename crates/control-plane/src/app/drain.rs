@@ -141,62 +141,69 @@ impl ControlPlane {
         }
         tracing::info!(node = %id, instances = running.len(), "node draining");
         let control_plane = self.clone();
+        let queue = running.into_iter().map(|r| r.id).collect();
         let node = id.clone();
-        let stopping = self.tasks().stopping();
         self.tasks().spawn("node drain", async move {
-            let mut tried = std::collections::HashSet::new();
-            let mut queue: Vec<InstanceId> = running.into_iter().map(|r| r.id).collect();
-            let mut rounds = 0;
-            loop {
-                for id in std::mem::take(&mut queue) {
-                    // A move once begun runs to its end; an end of the
-                    // drain (or of this process) is heeded between moves.
-                    let outcome = if ended.is_cancelled() || stopping.is_cancelled() {
-                        Err(Stayed::DrainEnded)
-                    } else {
-                        let span =
-                            flotilla_telemetry::operation("instance.move", Some(id.as_str()));
-                        flotilla_telemetry::traced(
-                            span,
-                            control_plane.move_instance(&node, &id, until_restart),
-                        )
-                        .await
-                    };
-                    tried.insert(id.clone());
-                    control_plane.drain_progress(&node, &id, outcome);
-                }
-                // Instances that were on their way (creating, reviving) when
-                // the drain began: their turn once they run.
-                let left = control_plane.instances_left(&node, &tried).await;
-                let waiting = left.iter().any(|r| TRANSITIONAL.contains(&r.status));
-                queue = left
-                    .iter()
-                    .filter(|r| matches!(r.status, InstanceStatus::Running | InstanceStatus::Idle))
-                    .map(|r| r.id.clone())
-                    .collect();
-                control_plane.drain_moving(&node, &queue);
-                if queue.is_empty() && (!waiting || rounds >= SETTLE_ROUNDS) {
-                    for record in left.iter().filter(|r| TRANSITIONAL.contains(&r.status)) {
-                        control_plane.drain_progress(
-                            &node,
-                            &record.id,
-                            Err(Stayed::InTransitThroughout(record.status)),
-                        );
-                    }
-                    break;
-                }
-                if queue.is_empty() {
-                    rounds += 1;
-                    tokio::select! {
-                        () = tokio::time::sleep(Duration::from_secs(1)) => {}
-                        () = ended.cancelled() => {}
-                        () = stopping.cancelled() => {}
-                    }
-                }
-            }
-            control_plane.drain_progress_finished(&node);
+            control_plane
+                .run_drain(&node, queue, (until_restart, ended))
+                .await;
         });
         Ok(report)
+    }
+
+    /// The drain of `node`, from `queue` (its running instances) until every
+    /// instance on it was tried, or `ended` (uncordon) or this process
+    /// stops: each move in turn, then the instances that were on their way
+    /// (creating, reviving) once they run, waiting up to [`SETTLE_ROUNDS`]
+    /// seconds for them.
+    async fn run_drain(
+        &self,
+        node: &NodeId,
+        mut queue: Vec<InstanceId>,
+        (until_restart, ended): (bool, CancellationToken),
+    ) {
+        let stopping = self.tasks().stopping();
+        let mut tried = std::collections::HashSet::new();
+        let mut rounds = 0;
+        loop {
+            for id in std::mem::take(&mut queue) {
+                // A move once begun runs to its end; an end of the drain (or
+                // of this process) is heeded between moves.
+                let outcome = if ended.is_cancelled() || stopping.is_cancelled() {
+                    Err(Stayed::DrainEnded)
+                } else {
+                    let span = flotilla_telemetry::operation("instance.move", Some(id.as_str()));
+                    let moved = self.move_instance(node, &id, until_restart);
+                    flotilla_telemetry::traced(span, moved).await
+                };
+                tried.insert(id.clone());
+                self.drain_progress(node, &id, outcome);
+            }
+            let left = self.instances_left(node, &tried).await;
+            let waiting = left.iter().any(|r| TRANSITIONAL.contains(&r.status));
+            queue = left
+                .iter()
+                .filter(|r| matches!(r.status, InstanceStatus::Running | InstanceStatus::Idle))
+                .map(|r| r.id.clone())
+                .collect();
+            self.drain_moving(node, &queue);
+            if queue.is_empty() && (!waiting || rounds >= SETTLE_ROUNDS) {
+                for record in left.iter().filter(|r| TRANSITIONAL.contains(&r.status)) {
+                    let stayed = Stayed::InTransitThroughout(record.status);
+                    self.drain_progress(node, &record.id, Err(stayed));
+                }
+                break;
+            }
+            if queue.is_empty() {
+                rounds += 1;
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    () = ended.cancelled() => {}
+                    () = stopping.cancelled() => {}
+                }
+            }
+        }
+        self.drain_progress_finished(node);
     }
 
     /// Ends node `id`'s drain: it takes new instances again.
