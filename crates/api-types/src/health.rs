@@ -73,6 +73,11 @@ pub struct BackgroundTaskHealth {
     pub skipped: u64,
     /// Pieces of work running now.
     pub running: u64,
+    /// What the timed runs changed, summed: nodes marked offline (node
+    /// offline sweep), instances parked or stopped (idle sweep), instances
+    /// ended (lifetime sweep), old events pruned (metrics sample).
+    #[serde(default)]
+    pub changed: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_run_at: Option<DateTime<Utc>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -30,21 +30,21 @@ pub async fn spawn_all(
             &shutdown,
             &control_plane,
             "node offline sweep",
-            |cp| async move { cp.node_offline_sweep().await.map(drop) },
+            |cp| async move { Ok(cp.node_offline_sweep().await?.len() as u64) },
         ),
         spawn_every(
             interval,
             &shutdown,
             &control_plane,
             "idle sweep",
-            |cp| async move { cp.instance_idle_sweep().await.map(drop) },
+            |cp| async move { Ok(cp.instance_idle_sweep().await? as u64) },
         ),
         spawn_every(
             interval,
             &shutdown,
             &control_plane,
             "lifetime sweep",
-            |cp| async move { cp.instance_lifetime_sweep().await.map(drop) },
+            |cp| async move { Ok(cp.instance_lifetime_sweep().await? as u64) },
         ),
         spawn_every(
             sample_interval,
@@ -55,8 +55,7 @@ pub async fn spawn_all(
                 cp.metrics_sample().await?;
                 cp.alerts_evaluate().await?;
                 let cutoff = cp.now() - chrono::Duration::days(EVENT_LOG_DAYS);
-                cp.store().events_prune(cutoff).await?;
-                Ok(())
+                Ok(cp.store().events_prune(cutoff).await?)
             },
         ),
     ];
@@ -64,7 +63,8 @@ pub async fn spawn_all(
     tasks
 }
 
-/// Runs `task` now and then every `interval` until shutdown, logging failures.
+/// Runs `task` now and then every `interval` until shutdown, recording what
+/// each run changed (its `Ok`) or why it failed.
 fn spawn_every<F, Fut>(
     interval: Duration,
     shutdown: &CancellationToken,
@@ -74,7 +74,7 @@ fn spawn_every<F, Fut>(
 ) -> tokio::task::JoinHandle<()>
 where
     F: Fn(Arc<ControlPlane>) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = crate::error::Result<()>> + Send + 'static,
+    Fut: std::future::Future<Output = crate::error::Result<u64>> + Send + 'static,
 {
     let control_plane = control_plane.clone();
     // Held a little longer than a period, renewed every period: one control
@@ -86,7 +86,7 @@ where
         async move {
             let outcome = match control_plane.hold_lease(name, lease).await {
                 Ok(true) => match run.await {
-                    Ok(()) => RunOutcome::Done,
+                    Ok(changed) => RunOutcome::Done(changed),
                     Err(error) => {
                         tracing::warn!(%error, task = name, "background task failed");
                         RunOutcome::Failed(error.to_string())

@@ -20,7 +20,8 @@ use tokio_util::task::TaskTracker;
 /// How a timed task's run ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunOutcome {
-    Done,
+    /// It ran and changed this many objects.
+    Done(u64),
     Failed(String),
     /// Another control plane of the cluster holds the task's lease.
     LeaseHeldElsewhere,
@@ -31,6 +32,7 @@ struct TaskStats {
     runs: u64,
     failures: u64,
     skipped: u64,
+    changed: u64,
     last_run_at: Option<DateTime<Utc>>,
     last_success_at: Option<DateTime<Utc>>,
     /// The last failure, while no run has succeeded since.
@@ -54,8 +56,9 @@ impl BackgroundTasks {
         let mut stats = self.stats.lock().expect("tasks lock");
         let task = stats.entry(name).or_default();
         match outcome {
-            RunOutcome::Done => {
+            RunOutcome::Done(changed) => {
                 task.runs += 1;
+                task.changed += changed;
                 task.last_run_at = Some(at);
                 task.last_success_at = Some(at);
                 task.last_error = None;
@@ -165,6 +168,7 @@ impl BackgroundTasks {
                 failures: task.failures,
                 skipped: task.skipped,
                 running: task.running,
+                changed: task.changed,
                 last_run_at: task.last_run_at,
                 last_success_at: task.last_success_at,
                 failing: task.last_error.is_some(),
@@ -204,7 +208,7 @@ mod tests {
     fn a_task_is_failing_from_a_failed_run_until_one_succeeds() {
         let tasks = BackgroundTasks::default();
         let at = |s: i64| DateTime::<Utc>::from_timestamp(s, 0).unwrap();
-        tasks.record("idle sweep", at(1), RunOutcome::Done);
+        tasks.record("idle sweep", at(1), RunOutcome::Done(3));
         tasks.record("idle sweep", at(2), RunOutcome::Failed("store down".into()));
         let [report] = &tasks.report(true)[..] else {
             panic!("one task")
@@ -221,9 +225,10 @@ mod tests {
         );
         assert_eq!(tasks.report(false)[0].last_error_at, Some(at(2)));
 
-        tasks.record("idle sweep", at(4), RunOutcome::Done);
+        tasks.record("idle sweep", at(4), RunOutcome::Done(2));
         let report = &tasks.report(true)[0];
         assert!(!report.failing);
+        assert_eq!(report.changed, 5, "what the runs changed, summed");
         assert_eq!(report.last_error, None);
 
         // Failed here, then another control plane took the task over.
