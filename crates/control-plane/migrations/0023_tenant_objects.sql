@@ -1,8 +1,8 @@
 -- API keys as tenants, second part: the tenant of an instance's event (its
 -- instance's, written with it, so that the event proxy publishes it on the
 -- tenant's topic after the instance is gone), and the tenant of an
--- instance's kept recordings (written as the instance is removed; the
--- recordings themselves live in the snapshot store).
+-- instance's kept recordings (written with the instance; the recordings
+-- themselves live in the snapshot store).
 ALTER TABLE events ADD COLUMN tenant TEXT;
 CREATE TABLE kept_recording_owners (
     instance_id TEXT PRIMARY KEY,

@@ -32,8 +32,16 @@ impl IpNetwork {
     /// The network of `prefix` leading bits of `network` (`None` when the
     /// prefix is longer than the address).
     pub fn new(network: IpAddr, prefix: u8) -> Option<Self> {
-        let network = canonical(network);
-        (prefix <= full_prefix(network)).then_some(Self { network, prefix })
+        if prefix > full_prefix(network) {
+            return None;
+        }
+        // `::ffff:10.0.0.0/104` is 10.0.0.0/8; a shorter prefix of a mapped
+        // address reaches past the IPv4 range and stays IPv6.
+        let (network, prefix) = match (network, canonical(network)) {
+            (IpAddr::V6(_), IpAddr::V4(v4)) if prefix >= 96 => (IpAddr::V4(v4), prefix - 96),
+            _ => (network, prefix),
+        };
+        Some(Self { network, prefix })
     }
 
     /// The network of exactly `ip`.
@@ -66,7 +74,16 @@ impl IpNetwork {
 
     /// Whether `ip` is in this network.
     pub fn contains(&self, ip: IpAddr) -> bool {
-        match (canonical(ip), self.network) {
+        // An IPv4 address and its mapped IPv6 form are one address.
+        let mapped = match canonical(ip) {
+            IpAddr::V4(v4) => IpAddr::V6(v4.to_ipv6_mapped()),
+            v6 => v6,
+        };
+        self.contains_exactly(canonical(ip)) || self.contains_exactly(mapped)
+    }
+
+    fn contains_exactly(&self, ip: IpAddr) -> bool {
+        match (ip, self.network) {
             (IpAddr::V4(ip), IpAddr::V4(network)) => {
                 let mask = u32::MAX
                     .checked_shl(32 - u32::from(self.prefix))
@@ -132,9 +149,13 @@ mod tests {
         assert!(all.contains(ip("203.0.113.9")));
         let v6 = IpNetwork::parse("fd00::/8").unwrap();
         assert!(v6.contains(ip("fd12::1")) && !v6.contains(ip("fe80::1")));
-        assert_eq!(
-            IpNetwork::parse("::ffff:10.0.0.0/104").unwrap_err(),
-            NetworkError::PrefixTooLong
+        let mapped = IpNetwork::parse("::ffff:10.0.0.0/104").unwrap();
+        assert_eq!(mapped, IpNetwork::parse("10.0.0.0/8").unwrap());
+        assert!(mapped.contains(ip("10.9.9.9")) && mapped.contains(ip("::ffff:10.9.9.9")));
+        let wide = IpNetwork::parse("::ffff:0.0.0.0/80").unwrap();
+        assert!(
+            wide.contains(ip("10.9.9.9")),
+            "an IPv4 address is its mapped form"
         );
         assert_eq!(v6.to_string(), "fd00::/8");
     }

@@ -130,6 +130,28 @@ impl ControlPlane {
         flotilla_telemetry::traced(span, self.revive_now(id, method)).await
     }
 
+    /// A failed or stopped instance no longer counts toward its tenant's
+    /// `max_instances`; revived, it would again: refused (429) when the
+    /// tenant holds its quota. Checked as the revive begins.
+    async fn revive_within_quota(&self, record: &crate::store::InstanceRecord) -> Result<()> {
+        let Some(tenant) = record.tenant.as_deref() else {
+            return Ok(());
+        };
+        let quota = self.tenant_quota(tenant).max_instances;
+        if quota == 0 || InstanceStatus::OCCUPYING.contains(&record.status) {
+            return Ok(());
+        }
+        if self.store.tenant_has_room_now(tenant, quota).await? {
+            return Ok(());
+        }
+        Err(super::tenants::over_quota(
+            tenant,
+            "instances",
+            "max_instances",
+            quota,
+        ))
+    }
+
     async fn revive_now(&self, id: &InstanceId, method: ReviveMethod) -> Result<Instance> {
         let record = self
             .store
@@ -145,6 +167,7 @@ impl ControlPlane {
                 lifecycle::sources_text(Event::Revive)
             )));
         };
+        self.revive_within_quota(&record).await?;
         // Its own node when it can take it; otherwise (offline, unreachable,
         // full) another one: the snapshot comes from the shared store.
         let mut record = record;

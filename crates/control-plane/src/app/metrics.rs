@@ -192,8 +192,6 @@ impl ControlPlane {
     }
 }
 
-/// Samples averaged into the period's steps (buckets aligned to the step);
-/// steps without samples are left out.
 /// Instances by status as [`ClusterMetrics`] (the node figures 0).
 fn instance_totals(counts: &[(InstanceStatus, i64)]) -> ClusterMetrics {
     let count = |status: InstanceStatus| {
@@ -215,6 +213,8 @@ fn instance_totals(counts: &[(InstanceStatus, i64)]) -> ClusterMetrics {
     }
 }
 
+/// Samples averaged into the period's steps (buckets aligned to the step);
+/// steps without samples are left out.
 fn timeseries(samples: &[MetricSample], period: MetricsPeriod) -> Timeseries {
     let step_ms = period.step_seconds() * 1000;
     let mut series = Timeseries {

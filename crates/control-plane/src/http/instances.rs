@@ -135,6 +135,7 @@ pub async fn instance_dormant(
         (status = 400, description = "Unknown method or field", body = ErrorResponse),
         (status = 404, body = ErrorResponse),
         (status = 409, description = "Not dormant", body = ErrorResponse),
+        (status = 429, description = "A failed or stopped instance of a tenant that holds its max_instances", body = ErrorResponse),
         (status = 503, description = "No node can take it, or the snapshot store cannot be read (the instance stays dormant)", body = ErrorResponse),
     ))]
 pub async fn instance_revive(

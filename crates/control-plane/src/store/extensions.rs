@@ -107,8 +107,9 @@ impl Store {
         })
     }
 
-    /// Which of `ids` are not extensions here (given a tenant: not that
-    /// tenant's).
+    /// Which of `ids` are not extensions of `tenant` (`None`: an admin's).
+    /// An admin's instance loads no tenant's upload, as it starts from no
+    /// tenant's profile: a tenant's code does not run in an admin's browser.
     pub async fn extensions_missing(
         &self,
         ids: &[String],
@@ -117,7 +118,7 @@ impl Store {
         let mut missing = Vec::new();
         for id in ids {
             let visible = match self.extension_get(id).await? {
-                Some((_, owner)) => tenant.is_none() || owner.as_deref() == tenant,
+                Some((_, owner)) => owner.as_deref() == tenant,
                 None => false,
             };
             if !visible {

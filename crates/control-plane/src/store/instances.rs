@@ -403,6 +403,16 @@ impl Store {
         Ok(used < i64::from(quota))
     }
 
+    /// Whether `tenant` holds fewer than `quota` instances in an occupying
+    /// state now (a revive of an ended instance asks before it begins).
+    pub async fn tenant_has_room_now(&self, tenant: &str, quota: u32) -> Result<bool, sqlx::Error> {
+        let mut conn = self.writer.acquire().await?;
+        let mut tx = conn.begin().await?;
+        let room = self.tenant_has_room(&mut tx, tenant, quota).await?;
+        tx.commit().await?;
+        Ok(room)
+    }
+
     /// The status and node of `id`, locked until the end of `tx`.
     async fn lock_instance(
         &self,
@@ -563,6 +573,18 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         let tenant = new.tenant.as_ref().map(|(tenant, _)| tenant.as_str());
+        if let Some(tenant) = tenant.filter(|_| new.config.keep_recordings) {
+            // Its kept recordings are its tenant's, whenever the node keeps
+            // them (deleted, ended, moved) and after the record is gone.
+            sqlx::query(
+                "INSERT INTO kept_recording_owners (instance_id, tenant) VALUES ($1, $2) \
+                 ON CONFLICT (instance_id) DO NOTHING",
+            )
+            .bind(new.id.as_str())
+            .bind(tenant)
+            .execute(&mut *tx)
+            .await?;
+        }
         self.instance_event(
             &mut tx,
             (EventName::InstanceCreated, &new.id, tenant),
@@ -903,15 +925,6 @@ impl Store {
         else {
             return Ok(false);
         };
-        // A tenant's kept recordings stay its own once the instance is gone.
-        sqlx::query(
-            "INSERT INTO kept_recording_owners (instance_id, tenant) \
-             SELECT id, tenant FROM instances WHERE id = $1 AND tenant IS NOT NULL AND keep_recordings <> 0 \
-             ON CONFLICT (instance_id) DO NOTHING",
-        )
-        .bind(id.as_str())
-        .execute(&mut *tx)
-        .await?;
         sqlx::query("DELETE FROM instances WHERE id = $1")
             .bind(id.as_str())
             .execute(&mut *tx)

@@ -1,7 +1,8 @@
 //! Who owns kept recordings: the tenant of the instance they were recorded
-//! in, written as that instance's record is removed (the recordings
-//! themselves, and their descriptions, live in the snapshot store). An
-//! admin's instance leaves no row: its recordings are the admins'.
+//! in, written with that instance's record when it keeps its recordings
+//! (the recordings themselves, and their descriptions, live in the
+//! snapshot store). An admin's instance leaves no row: its recordings are
+//! the admins'.
 
 use sqlx::Row;
 

@@ -181,6 +181,52 @@ async fn a_tenants_key_sees_and_acts_on_its_own_instances_only() {
     serve.shutdown().await;
 }
 
+/// A failed instance that kept its snapshot no longer counts toward its
+/// tenant's `max_instances`; reviving it past the quota is refused.
+#[tokio::test]
+async fn a_revive_does_not_take_a_tenant_past_its_quota() {
+    let data = tempfile::tempdir().unwrap();
+    let configure = |config: &mut flotilla_server::FlotillaConfig| {
+        config.agent.runtime = flotilla_node_agent::RuntimeKind::Sim;
+        with_tenants(config);
+    };
+    let serve = flotilla_testkit::spawn_serve_in(data.path(), configure).await;
+    let acme = Api::with_key(serve.api.base.clone(), ACME);
+    let (parked, _, _) = acme.create_running("{}").await;
+    acme.park(&parked).await;
+    serve.shutdown().await;
+    // Its revive failed on a node: failed, its snapshot kept.
+    let database = format!("sqlite://{}/flotilla.db", data.path().display());
+    let mut store = <sqlx::SqliteConnection as sqlx::Connection>::connect(&database)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE instances SET status = 'failed' WHERE id = $1")
+        .bind(&parked)
+        .execute(&mut store)
+        .await
+        .unwrap();
+    drop(store);
+    let serve = flotilla_testkit::spawn_serve_in(data.path(), configure).await;
+    let acme = Api::with_key(serve.api.base.clone(), ACME);
+    let (_, failed) = acme.get(&format!("/v2/instances/{parked}")).await;
+    assert_eq!(failed["status"], "failed", "{failed}");
+    assert!(failed["snapshot_id"].is_string(), "{failed}");
+    acme.create("{}").await;
+    acme.create("{}").await;
+    let (status, body) = acme
+        .post(&format!("/v2/instances/{parked}/revive"), "{}")
+        .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("tenants.max_instances"),
+        "{body}"
+    );
+    serve.shutdown().await;
+}
+
 /// An extension of `api`'s key; its id.
 async fn upload_extension(api: &Api) -> String {
     let zip = zip_of(&[
@@ -281,6 +327,10 @@ async fn profiles_and_extensions_are_each_tenants_own() {
     );
     let (status, body) = acme.post("/v2/instances", &with(&mine)).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
+    // Nor does an admin's instance load a tenant's upload (a tenant's code
+    // does not run in an admin's browser).
+    let (status, body) = admin.post("/v2/instances", &with(&theirs)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     serve.shutdown().await;
 }
 
