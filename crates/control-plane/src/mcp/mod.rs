@@ -108,15 +108,10 @@ async fn admit(
     {
         return Error::NotFound(refusal.to_string()).into_response();
     }
-    // Clients of the stateless protocol (2026-07-28 on) send its version on
-    // every request and open no session.
-    let stateless = request
-        .headers()
-        .get("mcp-protocol-version")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|version| version >= "2026-07-28");
-    let opens_a_session =
-        request.method() == axum::http::Method::POST && session.is_none() && !stateless;
+    // Any request without a session may open one (whatever protocol
+    // version it names, an `initialize` does): the caps apply to each, and
+    // a session it opened is its key's.
+    let opens_a_session = request.method() == axum::http::Method::POST && session.is_none();
     if opens_a_session {
         let live = manager.sessions.read().await;
         if live.len() >= max_sessions {

@@ -381,6 +381,20 @@ async fn mcp_sessions_belong_to_the_key_that_opened_them() {
             .contains("mcp.max_sessions_per_key"),
         "{detail}"
     );
+    // Naming the stateless protocol's version does not get an
+    // `initialize` past the share (it would open a session all the same).
+    let mut later = initialize.clone();
+    later["params"]["protocolVersion"] = json!("2026-07-28");
+    let disguised = http
+        .post(format!("{}/mcp", serve.api.base))
+        .bearer_auth(KEY)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .json(&later)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(disguised.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(open(OTHER_KEY).await.unwrap().status(), StatusCode::OK);
     serve.shutdown().await;
 }
