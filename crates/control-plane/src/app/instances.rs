@@ -346,10 +346,16 @@ impl ControlPlane {
         })
     }
 
-    /// Instance `id` as `viewer` (the request's principal) sees it: a
-    /// WebDriver session's instance shows its `urls` without their token to
-    /// any key but the session's (the token would drive the session).
-    pub async fn instance_get(&self, id: &InstanceId, viewer: &str) -> Result<Instance> {
+    /// Instance `id` as `viewer` (the request's principal, of `scope`) sees
+    /// it: a WebDriver session's instance shows its `urls` without their
+    /// token to any key but the session's (the token would drive the
+    /// session); an admin sees a tenant's profile by its stored name
+    /// (`<tenant>~<name>`, as `/v2/profiles` lists it), the tenant by its own.
+    pub async fn instance_get(
+        &self,
+        id: &InstanceId,
+        (viewer, scope): (&str, &Scope),
+    ) -> Result<Instance> {
         let record = self
             .store
             .instance_get(id)
@@ -365,7 +371,11 @@ impl ControlPlane {
         } else {
             self.instance_urls(&record).await?
         };
-        Ok(views::instance_detail(&record, urls, self.now()))
+        let mut view = views::instance_detail(&record, urls, self.now());
+        if *scope == Scope::Admin {
+            view.profile = record.profile.clone();
+        }
+        Ok(view)
     }
 
     /// Stops the instance on its node (gracefully unless `force`) and removes it.

@@ -72,10 +72,11 @@ pub async fn instance_list(
 pub async fn instance_get(
     State(control_plane): State<Arc<ControlPlane>>,
     Extension(principal): Extension<super::Principal>,
+    Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
 ) -> Result<Json<Instance>, Error> {
     let instance = control_plane
-        .instance_get(&InstanceId::new(id), &principal.0)
+        .instance_get(&InstanceId::new(id), (&principal.0, &scope))
         .await?;
     Ok(Json(instance))
 }

@@ -12,6 +12,7 @@ use flotilla_api_types::health::HealthStatus;
 use flotilla_api_types::instances::{InstanceConfig, InstanceResources, InstanceStatus};
 use flotilla_api_types::nodes::{Capabilities, NodeStatus, ResourceUsage};
 use flotilla_api_types::{InstanceId, NodeId};
+use flotilla_control_plane::app::Scope;
 use flotilla_control_plane::store::NewInstance;
 use flotilla_control_plane::{ControlPlane, ControlPlaneConfig, ManualClock, Store};
 
@@ -185,7 +186,7 @@ async fn silent_nodes_go_offline_and_their_instances_fail() {
         operation: None,
     };
     let before = control_plane
-        .instance_get(&id, "anonymous")
+        .instance_get(&id, ("anonymous", &Scope::Admin))
         .await
         .unwrap()
         .status;
@@ -197,7 +198,7 @@ async fn silent_nodes_go_offline_and_their_instances_fail() {
     );
     assert_eq!(
         control_plane
-            .instance_get(&id, "anonymous")
+            .instance_get(&id, ("anonymous", &Scope::Admin))
             .await
             .unwrap()
             .status,
@@ -225,7 +226,10 @@ async fn silent_nodes_go_offline_and_their_instances_fail() {
         gauges.warm_pools.is_empty(),
         "an offline node's pool is gone"
     );
-    let instance = control_plane.instance_get(&id, "anonymous").await.unwrap();
+    let instance = control_plane
+        .instance_get(&id, ("anonymous", &Scope::Admin))
+        .await
+        .unwrap();
     assert_eq!(instance.status, InstanceStatus::Failed);
     assert!(instance.status_reason.unwrap().contains("went offline"));
 
@@ -276,7 +280,7 @@ async fn registration_reconciles_lost_and_started_instances() {
         .await
         .unwrap();
     let lost = control_plane
-        .instance_get(&lost, "anonymous")
+        .instance_get(&lost, ("anonymous", &Scope::Admin))
         .await
         .unwrap();
     assert_eq!(
@@ -285,7 +289,7 @@ async fn registration_reconciles_lost_and_started_instances() {
         "it was still creating when its node restarted"
     );
     let started = control_plane
-        .instance_get(&started, "anonymous")
+        .instance_get(&started, ("anonymous", &Scope::Admin))
         .await
         .unwrap();
     assert_eq!(started.status, InstanceStatus::Running);

@@ -289,6 +289,11 @@ async fn profiles_and_extensions_are_each_tenants_own() {
         .create_running(r#"{"profile": {"name": "shop", "persist": true}}"#)
         .await;
     assert_eq!(detail["profile"]["name"], "shop", "{detail}");
+    let (_, seen) = admin.get(&format!("/v2/instances/{id}")).await;
+    assert_eq!(
+        seen["profile"]["name"], "acme~shop",
+        "as /v2/profiles lists it: {seen}"
+    );
     // Globex's "shop" is not held by acme's instance.
     let (status, body) = globex
         .post(

@@ -33,6 +33,8 @@ const state = {
   // A tenant's key: nodes and alerts are not its to see (404), its events
   // come on its tenant's topic, its metrics count its own instances.
   tenant: false,
+  // What the key is (GET /v2/whoami), once asked.
+  me: null,
 };
 
 // A tenant's key sees its own instances, profiles and recordings only: the
@@ -87,7 +89,11 @@ async function api(method, path, body, retried = false) {
   let data = null;
   try { data = text ? JSON.parse(text) : null; } catch { data = text; }
   if (response.status === 401 && !retried) {
-    if (await askKey()) return api(method, path, body, true);
+    if (await askKey()) {
+      // Another key may see another part of the fleet: start afresh with it.
+      if (state.me) location.reload();
+      return api(method, path, body, true);
+    }
   }
   if (!response.ok) throw new ApiError(response.status, data?.detail ?? String(data ?? response.statusText), data?.code ?? 'error');
   return data;
@@ -596,6 +602,7 @@ async function start() {
     const config = await fetch('/ui/config.json').then((r) => r.json());
     if (config.auth_enabled && !state.key) await askKey();
     const me = await api('GET', '/v2/whoami');
+    state.me = me;
     if (me.scope === 'tenant') enterTenantMode(me.tenant);
     await loadNodes();
     await loadInstances();
