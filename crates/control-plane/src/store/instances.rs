@@ -288,6 +288,18 @@ fn decode(row: &AnyRow) -> Result<InstanceRecord, sqlx::Error> {
     })
 }
 
+/// `(status, n)` rows as counts by status (an unknown status left out).
+fn status_counts(rows: &[AnyRow]) -> Result<Vec<(InstanceStatus, i64)>, sqlx::Error> {
+    let mut counts = Vec::new();
+    for row in rows {
+        let status: String = row.try_get("status")?;
+        if let Ok(status) = status.parse() {
+            counts.push((status, row.try_get("n")?));
+        }
+    }
+    Ok(counts)
+}
+
 /// Puts decoded instance rows into the read model.
 fn cache_rows(cache: &super::cache::InstanceCache, rows: &[AnyRow]) -> Result<(), sqlx::Error> {
     for row in rows {
@@ -401,6 +413,25 @@ impl Store {
             .await?
             .try_get("n")?;
         Ok(used < i64::from(quota))
+    }
+
+    /// Records that instance `id`'s kept recordings are `tenant`'s, whenever
+    /// its node keeps them (deleted, ended, moved) and after its record is
+    /// gone.
+    async fn kept_recordings_owned_by(
+        tx: &mut AnyConnection,
+        id: &InstanceId,
+        tenant: &str,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO kept_recording_owners (instance_id, tenant) VALUES ($1, $2) \
+             ON CONFLICT (instance_id) DO NOTHING",
+        )
+        .bind(id.as_str())
+        .bind(tenant)
+        .execute(&mut *tx)
+        .await?;
+        Ok(())
     }
 
     /// Whether `tenant` holds fewer than `quota` instances in an occupying
@@ -574,16 +605,7 @@ impl Store {
         .await?;
         let tenant = new.tenant.as_ref().map(|(tenant, _)| tenant.as_str());
         if let Some(tenant) = tenant.filter(|_| new.config.keep_recordings) {
-            // Its kept recordings are its tenant's, whenever the node keeps
-            // them (deleted, ended, moved) and after the record is gone.
-            sqlx::query(
-                "INSERT INTO kept_recording_owners (instance_id, tenant) VALUES ($1, $2) \
-                 ON CONFLICT (instance_id) DO NOTHING",
-            )
-            .bind(new.id.as_str())
-            .bind(tenant)
-            .execute(&mut *tx)
-            .await?;
+            Self::kept_recordings_owned_by(&mut tx, &new.id, tenant).await?;
         }
         self.instance_event(
             &mut tx,
@@ -1015,14 +1037,7 @@ impl Store {
         let rows = sqlx::query("SELECT status, COUNT(*) AS n FROM instances GROUP BY status")
             .fetch_all(&self.pool)
             .await?;
-        let mut counts = Vec::new();
-        for row in rows {
-            let status: String = row.try_get("status")?;
-            if let Ok(status) = status.parse() {
-                counts.push((status, row.try_get("n")?));
-            }
-        }
-        Ok(counts)
+        status_counts(&rows)
     }
 
     /// How many of `tenant`'s instances are in each status.
@@ -1036,14 +1051,7 @@ impl Store {
         .bind(tenant)
         .fetch_all(&self.pool)
         .await?;
-        let mut counts = Vec::new();
-        for row in rows {
-            let status: String = row.try_get("status")?;
-            if let Ok(status) = status.parse() {
-                counts.push((status, row.try_get("n")?));
-            }
-        }
-        Ok(counts)
+        status_counts(&rows)
     }
 
     /// Per node: instances created since `since`, and how many of them failed.
