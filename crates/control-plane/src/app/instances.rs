@@ -620,6 +620,43 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// Parked, as its node reports it: the park's answer records it too
+    /// (whichever comes first; this copy is for a control plane that missed
+    /// it), or a revive that could not read its snapshot left it parked.
+    async fn dormant_reported(
+        &self,
+        before: &InstanceRecord,
+        change: &InstanceStateChange,
+    ) -> Result<Option<InstanceRecord>> {
+        let reported = |from| reported_by(change, false, from);
+        Ok(match &change.snapshot_id {
+            Some(snapshot) if lifecycle::transition(before.status, Event::Parked).is_some() => {
+                self.store
+                    .instance_set_dormant(
+                        &change.id,
+                        reported(&lifecycle::sources(Event::Parked)),
+                        snapshot,
+                        change.at,
+                    )
+                    .await?
+            }
+            // A revive that could not read its snapshot (the store is
+            // unreachable): the instance stays parked, to be revived again.
+            _ => {
+                let undone = Event::ReviveUndone(InstanceStatus::Dormant);
+                self.store
+                    .instance_transition(
+                        &change.id,
+                        reported(&lifecycle::sources(undone)),
+                        InstanceStatus::Dormant,
+                        change.reason.as_deref(),
+                        change.at,
+                    )
+                    .await?
+            }
+        })
+    }
+
     /// A node reports that one of its instances changed state; whether the
     /// record took it. A report of an operation the record has moved past
     /// (another create or revive started since) is not taken: the node then
@@ -667,32 +704,7 @@ impl ControlPlane {
             InstanceStatus::Running => self.running_reported(&before, &change).await?,
             // Parked: the park's answer records it too (whichever comes
             // first); this copy is for a control plane that missed it.
-            InstanceStatus::Dormant => match &change.snapshot_id {
-                Some(snapshot) if lifecycle::transition(before.status, Event::Parked).is_some() => {
-                    self.store
-                        .instance_set_dormant(
-                            &change.id,
-                            reported(&lifecycle::sources(Event::Parked)),
-                            snapshot,
-                            change.at,
-                        )
-                        .await?
-                }
-                // A revive that could not read its snapshot (the store is
-                // unreachable): the instance stays parked, to be revived again.
-                _ => {
-                    let undone = Event::ReviveUndone(InstanceStatus::Dormant);
-                    self.store
-                        .instance_transition(
-                            &change.id,
-                            reported(&lifecycle::sources(undone)),
-                            InstanceStatus::Dormant,
-                            reason,
-                            change.at,
-                        )
-                        .await?
-                }
-            },
+            InstanceStatus::Dormant => self.dormant_reported(&before, &change).await?,
             InstanceStatus::Failed | InstanceStatus::Stopped => {
                 let ended = Event::Ended(change.status);
                 self.store
