@@ -209,26 +209,8 @@ fn matched(
     caps: &Map<String, Value>,
     installed: &str,
 ) -> Result<Result<NewSession, Mismatch>, WebDriverRefusal> {
-    if let Some(name) = string(caps, "browserName")?
-        && !matches!(name, "chrome" | "chromium" | "")
-    {
-        return Ok(Err(Mismatch(format!(
-            "browserName {name:?} (this fleet runs chrome/chromium)"
-        ))));
-    }
-    if let Some(platform) = string(caps, "platformName")?
-        && !matches!(platform.to_ascii_lowercase().as_str(), "linux" | "any" | "")
-    {
-        return Ok(Err(Mismatch(format!(
-            "platformName {platform:?} (the nodes run linux)"
-        ))));
-    }
-    if let Some(version) = string(caps, "browserVersion")?
-        && !version_matches(version, installed)
-    {
-        return Ok(Err(Mismatch(format!(
-            "browserVersion {version:?} (the nodes run Chromium {installed})"
-        ))));
+    if let Some(mismatch) = fleet_mismatch(caps, installed)? {
+        return Ok(Err(mismatch));
     }
     let mut forwarded = Map::new();
     let mut downloads_enabled = false;
@@ -261,18 +243,7 @@ fn matched(
                 forwarded.insert(key.clone(), value.clone());
             }
             "unhandledPromptBehavior" => {
-                let known = [
-                    "dismiss",
-                    "accept",
-                    "dismiss and notify",
-                    "accept and notify",
-                    "ignore",
-                ];
-                if !value.as_str().is_some_and(|v| known.contains(&v)) {
-                    return Err(WebDriverRefusal::invalid_argument(format!(
-                        "unhandledPromptBehavior must be one of {known:?}"
-                    )));
-                }
+                check_prompt_behavior(value)?;
                 forwarded.insert(key.clone(), value.clone());
             }
             "timeouts" => {
@@ -310,6 +281,53 @@ fn matched(
         window_size,
         downloads_enabled,
     }))
+}
+
+/// Why this fleet cannot serve the browser, platform or version the
+/// capabilities name, if it cannot.
+fn fleet_mismatch(
+    caps: &Map<String, Value>,
+    installed: &str,
+) -> Result<Option<Mismatch>, WebDriverRefusal> {
+    if let Some(name) = string(caps, "browserName")?
+        && !matches!(name, "chrome" | "chromium" | "")
+    {
+        return Ok(Some(Mismatch(format!(
+            "browserName {name:?} (this fleet runs chrome/chromium)"
+        ))));
+    }
+    if let Some(platform) = string(caps, "platformName")?
+        && !matches!(platform.to_ascii_lowercase().as_str(), "linux" | "any" | "")
+    {
+        return Ok(Some(Mismatch(format!(
+            "platformName {platform:?} (the nodes run linux)"
+        ))));
+    }
+    if let Some(version) = string(caps, "browserVersion")?
+        && !version_matches(version, installed)
+    {
+        return Ok(Some(Mismatch(format!(
+            "browserVersion {version:?} (the nodes run Chromium {installed})"
+        ))));
+    }
+    Ok(None)
+}
+
+/// `unhandledPromptBehavior`: one of the standard's values.
+fn check_prompt_behavior(value: &Value) -> Result<(), WebDriverRefusal> {
+    let known = [
+        "dismiss",
+        "accept",
+        "dismiss and notify",
+        "accept and notify",
+        "ignore",
+    ];
+    if !value.as_str().is_some_and(|v| known.contains(&v)) {
+        return Err(WebDriverRefusal::invalid_argument(format!(
+            "unhandledPromptBehavior must be one of {known:?}"
+        )));
+    }
+    Ok(())
 }
 
 fn string<'a>(
