@@ -508,45 +508,7 @@ impl Client {
                 wait,
                 timeout_sec,
                 until_restart,
-            } => {
-                let segment = path_segment(&id)?;
-                let mut report: flotilla_api_types::nodes::DrainReport = self
-                    .call(
-                        reqwest::Method::POST,
-                        &format!("/v2/nodes/{segment}/drain?until_restart={until_restart}"),
-                        None::<&()>,
-                    )
-                    .await?;
-                let deadline =
-                    std::time::Instant::now() + std::time::Duration::from_secs(timeout_sec);
-                while wait && !report.finished && std::time::Instant::now() < deadline {
-                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-                    let node: Node = self.get(&format!("/v2/nodes/{segment}")).await?;
-                    report = node.drain.unwrap_or(report);
-                }
-                if self.json {
-                    self.print_json(&report);
-                    return Ok(());
-                }
-                let mut rows: Vec<Vec<String>> = Vec::new();
-                for moved in &report.moved {
-                    rows.push(vec![
-                        moved.instance_id.to_string(),
-                        format!("moved to {}", moved.to_node),
-                    ]);
-                }
-                for id in &report.moving {
-                    rows.push(vec![id.to_string(), "moving".to_owned()]);
-                }
-                for stayed in &report.stayed {
-                    rows.push(vec![
-                        stayed.instance_id.to_string(),
-                        format!("stayed: {}", stayed.reason),
-                    ]);
-                }
-                print_table(&["INSTANCE", "OUTCOME"], &rows);
-                Ok(())
-            }
+            } => self.drain(&id, wait, timeout_sec, until_restart).await,
             NodesCommand::Uncordon { id } => {
                 let node: Node = self
                     .call(
@@ -563,6 +525,53 @@ impl Client {
                 Ok(())
             }
         }
+    }
+
+    /// Drains node `id`, waiting (at most `timeout_sec`) for the drain to
+    /// finish when `wait`; prints what became of each instance.
+    async fn drain(
+        &self,
+        id: &str,
+        wait: bool,
+        timeout_sec: u64,
+        until_restart: bool,
+    ) -> Result<(), ClientError> {
+        let segment = path_segment(id)?;
+        let mut report: flotilla_api_types::nodes::DrainReport = self
+            .call(
+                reqwest::Method::POST,
+                &format!("/v2/nodes/{segment}/drain?until_restart={until_restart}"),
+                None::<&()>,
+            )
+            .await?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(timeout_sec);
+        while wait && !report.finished && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            let node: Node = self.get(&format!("/v2/nodes/{segment}")).await?;
+            report = node.drain.unwrap_or(report);
+        }
+        if self.json {
+            self.print_json(&report);
+            return Ok(());
+        }
+        let mut rows: Vec<Vec<String>> = Vec::new();
+        for moved in &report.moved {
+            rows.push(vec![
+                moved.instance_id.to_string(),
+                format!("moved to {}", moved.to_node),
+            ]);
+        }
+        for id in &report.moving {
+            rows.push(vec![id.to_string(), "moving".to_owned()]);
+        }
+        for stayed in &report.stayed {
+            rows.push(vec![
+                stayed.instance_id.to_string(),
+                format!("stayed: {}", stayed.reason),
+            ]);
+        }
+        print_table(&["INSTANCE", "OUTCOME"], &rows);
+        Ok(())
     }
 
     pub async fn metrics(&self, args: MetricsArgs) -> Result<(), ClientError> {

@@ -289,6 +289,30 @@ fn render_gauges(gauges: &Gauges, out: &mut String) {
             pool.ready
         );
     }
+    render_warm_takes(gauges, out);
+    header(
+        out,
+        "service_outbox_depth",
+        "Event deliveries waiting in the outbox (all targets).",
+        "gauge",
+    );
+    let _ = writeln!(out, "service_outbox_depth {}", gauges.outbox_depth);
+    header(
+        out,
+        "service_create_queue_length",
+        "Creates waiting for room (POST /v2/instances?wait_sec=).",
+        "gauge",
+    );
+    let _ = writeln!(
+        out,
+        "service_create_queue_length {}",
+        gauges.create_queue_length
+    );
+    render_background(&gauges.background, out);
+}
+
+/// Creates and revives that took a warm browser, or not, per node and image.
+fn render_warm_takes(gauges: &Gauges, out: &mut String) {
     /// A counter's name, help, and a pool's hits and misses for it.
     type Takes = (&'static str, &'static str, fn(&WarmPoolReport) -> [u64; 2]);
     let takes: [Takes; 2] = [
@@ -316,25 +340,6 @@ fn render_gauges(gauges: &Gauges, out: &mut String) {
             }
         }
     }
-    header(
-        out,
-        "service_outbox_depth",
-        "Event deliveries waiting in the outbox (all targets).",
-        "gauge",
-    );
-    let _ = writeln!(out, "service_outbox_depth {}", gauges.outbox_depth);
-    header(
-        out,
-        "service_create_queue_length",
-        "Creates waiting for room (POST /v2/instances?wait_sec=).",
-        "gauge",
-    );
-    let _ = writeln!(
-        out,
-        "service_create_queue_length {}",
-        gauges.create_queue_length
-    );
-    render_background(&gauges.background, out);
 }
 
 /// Runs per background task and outcome, work running now, and each

@@ -382,6 +382,30 @@ impl AgentConfig {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.check_capacity()?;
+        self.check_messages_in_flight()?;
+        self.check_warm_pools()?;
+        self.egress.validate()?;
+        if self.browser_user.is_empty() || self.browser_user == "root" {
+            return Err(ConfigError::BrowserUser {
+                got: self.browser_user.clone(),
+            });
+        }
+        if self.launch_timeout_sec == 0 {
+            return Err(ConfigError::Zero {
+                key: "agent.launch_timeout_sec",
+            });
+        }
+        if self.drain_on_shutdown && self.drain_timeout_sec == 0 {
+            return Err(ConfigError::Zero {
+                key: "agent.drain_timeout_sec",
+            });
+        }
+        self.check_pages()
+    }
+
+    /// How many instances, their ports, CPU quota and processes.
+    fn check_capacity(&self) -> Result<(), ConfigError> {
         if self.max_instances < 1 {
             return Err(ConfigError::MaxInstances {
                 got: self.max_instances,
@@ -408,7 +432,11 @@ impl AgentConfig {
         if self.pids_max < 64 {
             return Err(ConfigError::PidsMax { got: self.pids_max });
         }
-        self.check_messages_in_flight()?;
+        Ok(())
+    }
+
+    /// Each warm pool's size and image, and the refill delay.
+    fn check_warm_pools(&self) -> Result<(), ConfigError> {
         for (image, size) in self.warm_pool_sizes() {
             if size > 64 {
                 return Err(ConfigError::WarmPoolSize { image, got: size });
@@ -422,22 +450,12 @@ impl AgentConfig {
                 got: self.warm_pool_refill_delay_ms,
             });
         }
-        self.egress.validate()?;
-        if self.browser_user.is_empty() || self.browser_user == "root" {
-            return Err(ConfigError::BrowserUser {
-                got: self.browser_user.clone(),
-            });
-        }
-        if self.launch_timeout_sec == 0 {
-            return Err(ConfigError::Zero {
-                key: "agent.launch_timeout_sec",
-            });
-        }
-        if self.drain_on_shutdown && self.drain_timeout_sec == 0 {
-            return Err(ConfigError::Zero {
-                key: "agent.drain_timeout_sec",
-            });
-        }
+        Ok(())
+    }
+
+    /// What pages are captured and shown at: screenshots, captures, actions'
+    /// output, the live view.
+    fn check_pages(&self) -> Result<(), ConfigError> {
         if self.screenshot_max_pixels < 640 * 480 || self.screenshot_max_bytes < 1 << 20 {
             return Err(ConfigError::ScreenshotLimits {
                 pixels: self.screenshot_max_pixels,

@@ -217,28 +217,58 @@ impl Lifecycle {
     }
 }
 
+/// What a transition answers: the next lifecycle and what the agent must do.
+type Step = Option<(Lifecycle, Vec<Effect>)>;
+
 /// The state `lifecycle` moves to on `event`, and what the agent must do;
 /// `None` when the event does not apply there (nothing changes: a park of
 /// an instance that is not running is refused, the exit of a browser being
 /// parked or stopped is expected, a launch that ends after a delete is
 /// dropped).
-pub fn transition(lifecycle: &Lifecycle, event: Event) -> Option<(Lifecycle, Vec<Effect>)> {
+pub fn transition(lifecycle: &Lifecycle, event: Event) -> Step {
+    match event {
+        Event::Ready { .. }
+        | Event::LaunchFailed { .. }
+        | Event::Exited { .. }
+        | Event::Failed { .. }
+        | Event::Warned { .. } => on_browser(lifecycle, event),
+        Event::Park
+        | Event::Parked { .. }
+        | Event::Revive { .. }
+        | Event::ReviveRefused { .. }
+        | Event::RevivePostponed { .. }
+        | Event::ReviveRecorded { .. } => on_dormancy(lifecycle, event),
+        Event::Stop | Event::Forget | Event::ShutDown => on_stop(lifecycle, event),
+    }
+}
+
+/// `next`, reported to the control plane.
+fn reported(next: Lifecycle) -> Step {
+    let report = next.report();
+    Some((next, vec![report]))
+}
+
+/// Ended with `status`: reported, and its slot released.
+fn ended(lifecycle: &Lifecycle, status: InstanceStatus, reason: String) -> Step {
+    let next = lifecycle.with(State::Ended { status, reason });
+    let report = next.report();
+    Some((next, vec![report, Effect::Release]))
+}
+
+/// Running at `endpoint`, nothing spent and nothing to note.
+fn running(endpoint: Option<CdpEndpoint>) -> State {
+    State::Running {
+        endpoint,
+        spent: None,
+        note: None,
+    }
+}
+
+/// What its browser did: became ready, failed to launch, exited, hit a limit.
+fn on_browser(lifecycle: &Lifecycle, event: Event) -> Step {
     use State::*;
-    let reported = |next: Lifecycle| {
-        let report = next.report();
-        Some((next, vec![report]))
-    };
-    let ended = |status, reason: String| {
-        let next = lifecycle.with(Ended { status, reason });
-        let report = next.report();
-        Some((next, vec![report, Effect::Release]))
-    };
     match (&lifecycle.state, event) {
-        (Starting, Event::Ready { endpoint }) => reported(lifecycle.with(Running {
-            endpoint,
-            spent: None,
-            note: None,
-        })),
+        (Starting, Event::Ready { endpoint }) => reported(lifecycle.with(running(endpoint))),
         (Reviving { snapshot }, Event::Ready { endpoint }) => {
             let next = lifecycle.with(Running {
                 endpoint,
@@ -250,19 +280,16 @@ pub fn transition(lifecycle: &Lifecycle, event: Event) -> Option<(Lifecycle, Vec
         }
         // Back in place after a failed park: it never stopped running for
         // the control plane, so there is nothing to report.
-        (Parking, Event::Ready { endpoint }) => Some((
-            lifecycle.with(Running {
-                endpoint,
-                spent: None,
-                note: None,
-            }),
-            vec![],
-        )),
+        (Parking, Event::Ready { endpoint }) => Some((lifecycle.with(running(endpoint)), vec![])),
         (Starting | Reviving { .. } | Parking, Event::LaunchFailed { reason }) => {
-            ended(InstanceStatus::Failed, reason)
+            ended(lifecycle, InstanceStatus::Failed, reason)
         }
-        (Running { .. }, Event::Exited { reason }) => ended(InstanceStatus::Stopped, reason),
-        (Running { .. }, Event::Failed { reason }) => ended(InstanceStatus::Failed, reason),
+        (Running { .. }, Event::Exited { reason }) => {
+            ended(lifecycle, InstanceStatus::Stopped, reason)
+        }
+        (Running { .. }, Event::Failed { reason }) => {
+            ended(lifecycle, InstanceStatus::Failed, reason)
+        }
         (
             Running {
                 endpoint, spent, ..
@@ -273,6 +300,14 @@ pub fn transition(lifecycle: &Lifecycle, event: Event) -> Option<(Lifecycle, Vec
             spent: spent.clone(),
             note: Some(reason),
         })),
+        _ => None,
+    }
+}
+
+/// A park, a revive, and what the control plane and the store said of them.
+fn on_dormancy(lifecycle: &Lifecycle, event: Event) -> Step {
+    use State::*;
+    match (&lifecycle.state, event) {
         (Running { .. }, Event::Park) => Some((lifecycle.with(Parking), vec![])),
         (Parking, Event::Parked { snapshot }) => reported(lifecycle.with(Dormant {
             snapshot,
@@ -332,6 +367,14 @@ pub fn transition(lifecycle: &Lifecycle, event: Event) -> Option<(Lifecycle, Vec
             }),
             vec![],
         )),
+        _ => None,
+    }
+}
+
+/// The agent stops it: a delete, a revive elsewhere, its own shutdown.
+fn on_stop(lifecycle: &Lifecycle, event: Event) -> Step {
+    use State::*;
+    match (&lifecycle.state, event) {
         (Dormant { snapshot, .. }, Event::Forget) => Some((
             lifecycle.with(Stopping {
                 parked: Some(snapshot.clone()),
@@ -351,13 +394,10 @@ pub fn transition(lifecycle: &Lifecycle, event: Event) -> Option<(Lifecycle, Vec
         // A dormant instance stays dormant in the records: its snapshot is
         // in the store.
         (Stopping { parked: Some(_) }, Event::ShutDown) => None,
-        (Stopping { parked: None }, Event::ShutDown) => {
-            let next = lifecycle.with(Ended {
-                status: InstanceStatus::Stopped,
-                reason: "node agent shut down".to_owned(),
-            });
-            reported(next)
-        }
+        (Stopping { parked: None }, Event::ShutDown) => reported(lifecycle.with(Ended {
+            status: InstanceStatus::Stopped,
+            reason: "node agent shut down".to_owned(),
+        })),
         _ => None,
     }
 }

@@ -152,50 +152,8 @@ impl Step {
         request: &AgentPageRequest,
         context: &StepContext<'_>,
     ) -> Result<PageAnswer, PageError> {
-        match &request.op {
-            PageOp::TabList => {
-                let tabs = self.tabs().await?;
-                let current = request
-                    .tab
-                    .clone()
-                    .or_else(|| tabs.first().map(|t| t.id.clone()))
-                    .unwrap_or_default();
-                return Ok(answer(list_tabs(&tabs, &current), &current));
-            }
-            PageOp::TabNew { url } => {
-                if let Some(url) = url {
-                    check_url(url)?;
-                }
-                let created = self
-                    .browser("Target.createTarget", json!({"url": "about:blank"}))
-                    .await?;
-                let id = created["targetId"].as_str().unwrap_or_default().to_owned();
-                let tab = self.attach(&id).await?;
-                if let Some(url) = url {
-                    self.navigate(&tab, url).await?;
-                }
-                return Ok(answer(self.describe_page(&tab).await?, &id));
-            }
-            PageOp::TabClose { tab } => {
-                self.find_tab(tab).await?;
-                self.browser("Target.closeTarget", json!({"targetId": tab}))
-                    .await?;
-                let tabs = self.tabs().await?;
-                let current = tabs.first().map(|t| t.id.clone()).unwrap_or_default();
-                return Ok(answer(
-                    format!("Closed tab {tab}.\n{}", list_tabs(&tabs, &current)),
-                    &current,
-                ));
-            }
-            PageOp::ConsoleMessages => {
-                let current = self.current_tab(request.tab.as_deref()).await?;
-                return Ok(answer(context.console.render(), &current));
-            }
-            PageOp::Downloads => {
-                let current = self.current_tab(request.tab.as_deref()).await?;
-                return Ok(answer(downloads_text(context.dirs)?, &current));
-            }
-            _ => {}
+        if let Some(answer) = self.browser_step(request, context).await? {
+            return Ok(answer);
         }
         let id = match &request.op {
             PageOp::TabSelect { tab } => {
@@ -207,46 +165,126 @@ impl Step {
             _ => self.current_tab(request.tab.as_deref()).await?,
         };
         let tab = self.attach(&id).await?;
-        let text = match &request.op {
+        if let PageOp::Screenshot = &request.op {
+            let shot = self
+                .on(&tab, "Page.captureScreenshot", json!({"format": "png"}))
+                .await?;
+            let data = shot["data"].as_str().unwrap_or_default().to_owned();
+            return Ok(PageAnswer {
+                text: self.describe_page(&tab).await?,
+                png_base64: Some(data),
+                tab: id,
+            });
+        }
+        let text = self.tab_step(&tab, &request.op, context).await?;
+        Ok(answer(text, &id))
+    }
+
+    /// The steps on the browser rather than one tab (tabs listed, opened and
+    /// closed, console messages, downloads); `None` for the others.
+    async fn browser_step(
+        &self,
+        request: &AgentPageRequest,
+        context: &StepContext<'_>,
+    ) -> Result<Option<PageAnswer>, PageError> {
+        let answered = match &request.op {
+            PageOp::TabList => {
+                let tabs = self.tabs().await?;
+                let current = request
+                    .tab
+                    .clone()
+                    .or_else(|| tabs.first().map(|t| t.id.clone()))
+                    .unwrap_or_default();
+                answer(list_tabs(&tabs, &current), &current)
+            }
+            PageOp::TabNew { url } => self.new_tab(url.as_deref()).await?,
+            PageOp::TabClose { tab } => {
+                self.find_tab(tab).await?;
+                self.browser("Target.closeTarget", json!({"targetId": tab}))
+                    .await?;
+                let tabs = self.tabs().await?;
+                let current = tabs.first().map(|t| t.id.clone()).unwrap_or_default();
+                let text = format!("Closed tab {tab}.\n{}", list_tabs(&tabs, &current));
+                answer(text, &current)
+            }
+            PageOp::ConsoleMessages => {
+                let current = self.current_tab(request.tab.as_deref()).await?;
+                answer(context.console.render(), &current)
+            }
+            PageOp::Downloads => {
+                let current = self.current_tab(request.tab.as_deref()).await?;
+                answer(downloads_text(context.dirs)?, &current)
+            }
+            _ => return Ok(None),
+        };
+        Ok(Some(answered))
+    }
+
+    /// A new tab, at `url` when given.
+    async fn new_tab(&self, url: Option<&str>) -> Result<PageAnswer, PageError> {
+        if let Some(url) = url {
+            check_url(url)?;
+        }
+        let created = self
+            .browser("Target.createTarget", json!({"url": "about:blank"}))
+            .await?;
+        let id = created["targetId"].as_str().unwrap_or_default().to_owned();
+        let tab = self.attach(&id).await?;
+        if let Some(url) = url {
+            self.navigate(&tab, url).await?;
+        }
+        Ok(answer(self.describe_page(&tab).await?, &id))
+    }
+
+    /// A step on one tab, answered in words.
+    async fn tab_step(
+        &self,
+        tab: &Tab,
+        op: &PageOp,
+        context: &StepContext<'_>,
+    ) -> Result<String, PageError> {
+        Ok(match op {
             PageOp::Navigate { url } => {
                 check_url(url)?;
-                self.navigate(&tab, url).await?;
-                self.describe_page(&tab).await?
+                self.navigate(tab, url).await?;
+                self.describe_page(tab).await?
             }
             PageOp::Back => {
-                self.back(&tab).await?;
-                self.describe_page(&tab).await?
+                self.back(tab).await?;
+                self.describe_page(tab).await?
             }
-            PageOp::Snapshot | PageOp::TabSelect { .. } => self.snapshot(&tab).await?,
+            PageOp::Snapshot | PageOp::TabSelect { .. } => self.snapshot(tab).await?,
+            PageOp::WaitFor {
+                text,
+                text_gone,
+                time_ms,
+            } => self.wait_for(tab, text, text_gone, *time_ms).await?,
+            PageOp::Evaluate { expression } => self.evaluate_text(tab, expression).await?,
+            PageOp::NetworkRequests => self.network_requests(tab).await?,
+            PageOp::FileUpload { element, files } => {
+                self.upload(tab, element, files, context).await?
+            }
+            input => self.input_step(tab, input).await?,
+        })
+    }
+
+    /// A step that acts on the page as a person would (click, hover, drag,
+    /// type, press, select).
+    async fn input_step(&self, tab: &Tab, op: &PageOp) -> Result<String, PageError> {
+        Ok(match op {
             PageOp::Click { element, double } => {
-                let (x, y) = self.center_of(&tab, element).await?;
-                self.click(&tab, x, y, if *double { 2 } else { 1 }).await?;
-                self.settle(&tab).await;
-                format!("Clicked {element}.\n{}", self.describe_page(&tab).await?)
+                let (x, y) = self.center_of(tab, element).await?;
+                self.click(tab, x, y, if *double { 2 } else { 1 }).await?;
+                self.settle(tab).await;
+                format!("Clicked {element}.\n{}", self.describe_page(tab).await?)
             }
             PageOp::Hover { element } => {
-                let (x, y) = self.center_of(&tab, element).await?;
-                self.mouse(&tab, "mouseMoved", x, y, 0).await?;
+                let (x, y) = self.center_of(tab, element).await?;
+                self.mouse(tab, "mouseMoved", x, y, 0).await?;
                 format!("Hovering over {element}.")
             }
             PageOp::Drag { from, to } => {
-                let (x0, y0) = self.center_of(&tab, from).await?;
-                let (x1, y1) = self.center_of(&tab, to).await?;
-                self.mouse(&tab, "mouseMoved", x0, y0, 0).await?;
-                self.mouse(&tab, "mousePressed", x0, y0, 1).await?;
-                for step in 1..=5 {
-                    let f = f64::from(step) / 5.0;
-                    self.mouse(
-                        &tab,
-                        "mouseMoved",
-                        x0 + (x1 - x0) * f,
-                        y0 + (y1 - y0) * f,
-                        1,
-                    )
-                    .await?;
-                }
-                self.mouse(&tab, "mouseReleased", x1, y1, 1).await?;
-                self.settle(&tab).await;
+                self.drag(tab, from, to).await?;
                 format!("Dragged {from} onto {to}.")
             }
             PageOp::Type {
@@ -254,64 +292,65 @@ impl Step {
                 text,
                 submit,
             } => {
-                self.type_into(&tab, element, text).await?;
+                self.type_into(tab, element, text).await?;
                 if *submit {
-                    self.press(&tab, "Enter").await?;
-                    self.settle(&tab).await;
+                    self.press(tab, "Enter").await?;
+                    self.settle(tab).await;
                 }
-                format!("Typed into {element}.\n{}", self.describe_page(&tab).await?)
+                format!("Typed into {element}.\n{}", self.describe_page(tab).await?)
             }
             PageOp::PressKey { key } => {
-                self.press(&tab, key).await?;
-                self.settle(&tab).await;
-                format!("Pressed {key}.\n{}", self.describe_page(&tab).await?)
+                self.press(tab, key).await?;
+                self.settle(tab).await;
+                format!("Pressed {key}.\n{}", self.describe_page(tab).await?)
             }
             PageOp::SelectOption { element, values } => {
-                self.select(&tab, element, values).await?;
+                self.select(tab, element, values).await?;
                 format!("Selected {values:?} in {element}.")
             }
-            PageOp::WaitFor {
-                text,
-                text_gone,
-                time_ms,
-            } => self.wait_for(&tab, text, text_gone, *time_ms).await?,
-            PageOp::Evaluate { expression } => self.evaluate_text(&tab, expression).await?,
-            PageOp::Screenshot => {
-                let shot = self
-                    .on(&tab, "Page.captureScreenshot", json!({"format": "png"}))
-                    .await?;
-                let data = shot["data"].as_str().unwrap_or_default().to_owned();
-                return Ok(PageAnswer {
-                    text: self.describe_page(&tab).await?,
-                    png_base64: Some(data),
-                    tab: id,
-                });
-            }
-            PageOp::NetworkRequests => self.network_requests(&tab).await?,
-            PageOp::FileUpload { element, files } => {
-                let paths = place_uploads(context, files)?;
-                let node = node_of(element)?;
-                self.on(
-                    &tab,
-                    "DOM.setFileInputFiles",
-                    json!({"files": paths, "backendNodeId": node}),
-                )
-                .await
-                .map_err(|error| match error {
-                    CdpError::Protocol { message, .. } => PageError::BadInput(format!(
-                        "element {element} takes no files: {message} (use a file input's reference)"
-                    )),
-                    other => PageError::Browser(other),
-                })?;
-                format!("Set {} file(s) on {element}.", files.len())
-            }
-            PageOp::TabList
-            | PageOp::TabNew { .. }
-            | PageOp::TabClose { .. }
-            | PageOp::ConsoleMessages
-            | PageOp::Downloads => unreachable!("answered above"),
-        };
-        Ok(answer(text, &id))
+            other => unreachable!("{other:?} is answered by browser_step or tab_step"),
+        })
+    }
+
+    /// Drags element `from` onto element `to` in five moves.
+    async fn drag(&self, tab: &Tab, from: &str, to: &str) -> Result<(), PageError> {
+        let (x0, y0) = self.center_of(tab, from).await?;
+        let (x1, y1) = self.center_of(tab, to).await?;
+        self.mouse(tab, "mouseMoved", x0, y0, 0).await?;
+        self.mouse(tab, "mousePressed", x0, y0, 1).await?;
+        for step in 1..=5 {
+            let f = f64::from(step) / 5.0;
+            let (x, y) = (x0 + (x1 - x0) * f, y0 + (y1 - y0) * f);
+            self.mouse(tab, "mouseMoved", x, y, 1).await?;
+        }
+        self.mouse(tab, "mouseReleased", x1, y1, 1).await?;
+        self.settle(tab).await;
+        Ok(())
+    }
+
+    /// Sets `files` (placed in the instance's uploads first) on a file input.
+    async fn upload(
+        &self,
+        tab: &Tab,
+        element: &str,
+        files: &[flotilla_api_types::page::UploadFile],
+        context: &StepContext<'_>,
+    ) -> Result<String, PageError> {
+        let paths = place_uploads(context, files)?;
+        let node = node_of(element)?;
+        self.on(
+            tab,
+            "DOM.setFileInputFiles",
+            json!({"files": paths, "backendNodeId": node}),
+        )
+        .await
+        .map_err(|error| match error {
+            CdpError::Protocol { message, .. } => PageError::BadInput(format!(
+                "element {element} takes no files: {message} (use a file input's reference)"
+            )),
+            other => PageError::Browser(other),
+        })?;
+        Ok(format!("Set {} file(s) on {element}.", files.len()))
     }
 
     /// The browser's page tabs, most recently used first.

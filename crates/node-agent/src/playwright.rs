@@ -306,41 +306,13 @@ async fn start(
             "{NODE} is not installed on this node (Debian's nodejs; scripts/install-deps installs it)"
         )));
     }
-    // Files the server hands the browser (a client's uploads) and its
-    // artifacts: in the instance's home, which both see at the same path.
-    let tmp = beside.dirs.home().join(".playwright");
-    std::fs::create_dir_all(&tmp)
-        .and_then(|()| beside.isolation.give_to_browser(&tmp))
-        .map_err(|e| failed(format!("cannot create {}: {e}", tmp.display())))?;
-    let paths = beside.isolation.browser_paths(beside.dirs);
-    let tools = install
-        .package
-        .parent()
-        .and_then(Path::parent)
-        .and_then(Path::parent)
-        .map(|dir| dir.join("tools"))
-        .unwrap_or_default();
     let log_path = beside.dirs.root.join(format!(
         "playwright-{}.{}.log",
         install.minor.0, install.minor.1
     ));
     let log = std::fs::File::create(&log_path)
         .map_err(|e| failed(format!("cannot create its log: {e}")))?;
-    let args = [
-        "-e".to_owned(),
-        SERVER_SCRIPT.to_owned(),
-        "--".to_owned(),
-        install.package.to_string_lossy().into_owned(),
-        // Any free port: it says which on its stdout.
-        "0".to_owned(),
-        paths
-            .home
-            .join(".playwright")
-            .to_string_lossy()
-            .into_owned(),
-        tools.to_string_lossy().into_owned(),
-        paths.downloads.to_string_lossy().into_owned(),
-    ];
+    let args = server_args(install, beside)?;
     let mut child = crate::browser::spawn_beside(
         beside.isolation,
         beside.dirs,
@@ -360,22 +332,8 @@ async fn start(
         .write_all(format!("{secret}\n").as_bytes())
         .await
         .map_err(|e| failed(format!("cannot hand it its secret: {e}")))?;
-    // The port it listens on, from its own word (a port that merely
-    // accepts could be anyone's).
     let mut stdout = tokio::io::BufReader::new(child.stdout.take().expect("stdout is piped"));
-    let port = match tokio::time::timeout(START_TIMEOUT, listening_port(&mut stdout)).await {
-        Ok(Some(port)) => port,
-        Ok(None) => {
-            let log = crate::browser::log_tail(&log_path);
-            return Err(failed(format!("it ended at start{log}")));
-        }
-        Err(_) => {
-            let log = crate::browser::log_tail(&log_path);
-            return Err(failed(format!(
-                "it did not listen within {START_TIMEOUT:?}{log}"
-            )));
-        }
-    };
+    let port = port_it_says(&mut stdout, &log_path).await?;
     let at = CdpEndpoint {
         port,
         browser_path: String::new(),
@@ -398,6 +356,61 @@ async fn start(
         secret,
         clients: Arc::default(),
     })
+}
+
+/// The server's command line: its script, the installed package, any free
+/// port, and the folders it hands the browser (a client's uploads and its
+/// artifacts, in the instance's home, which both see at the same path),
+/// created first.
+fn server_args(install: &Install, beside: &Beside<'_>) -> Result<Vec<String>, PlaywrightError> {
+    let tmp = beside.dirs.home().join(".playwright");
+    std::fs::create_dir_all(&tmp)
+        .and_then(|()| beside.isolation.give_to_browser(&tmp))
+        .map_err(|e| PlaywrightError::Server(format!("cannot create {}: {e}", tmp.display())))?;
+    let paths = beside.isolation.browser_paths(beside.dirs);
+    let tools = install
+        .package
+        .parent()
+        .and_then(Path::parent)
+        .and_then(Path::parent)
+        .map(|dir| dir.join("tools"))
+        .unwrap_or_default();
+    Ok(vec![
+        "-e".to_owned(),
+        SERVER_SCRIPT.to_owned(),
+        "--".to_owned(),
+        install.package.to_string_lossy().into_owned(),
+        // Any free port: it says which on its stdout.
+        "0".to_owned(),
+        paths
+            .home
+            .join(".playwright")
+            .to_string_lossy()
+            .into_owned(),
+        tools.to_string_lossy().into_owned(),
+        paths.downloads.to_string_lossy().into_owned(),
+    ])
+}
+
+/// The port the server listens on, from its own word on `stdout` (a port
+/// that merely accepts could be anyone's), within [`START_TIMEOUT`].
+async fn port_it_says(
+    stdout: &mut tokio::io::BufReader<tokio::process::ChildStdout>,
+    log_path: &Path,
+) -> Result<u16, PlaywrightError> {
+    match tokio::time::timeout(START_TIMEOUT, listening_port(stdout)).await {
+        Ok(Some(port)) => Ok(port),
+        Ok(None) => {
+            let log = crate::browser::log_tail(log_path);
+            Err(PlaywrightError::Server(format!("it ended at start{log}")))
+        }
+        Err(_) => {
+            let log = crate::browser::log_tail(log_path);
+            Err(PlaywrightError::Server(format!(
+                "it did not listen within {START_TIMEOUT:?}{log}"
+            )))
+        }
+    }
 }
 
 /// The instance port's `/playwright` route.

@@ -38,18 +38,7 @@ impl ControlPlane {
         } else {
             ComponentStatus::Up
         };
-        let messaging = if self.config.events.proxy_url.is_none() {
-            ComponentStatus::Disabled
-        } else if self
-            .telemetry
-            .deliveries(PROXY_TARGET)
-            .failing
-            .load(Ordering::Relaxed)
-        {
-            ComponentStatus::Down
-        } else {
-            ComponentStatus::Up
-        };
+        let messaging = self.messaging();
         let mut warnings: Vec<String> = online
             .iter()
             .flat_map(|node| {
@@ -88,15 +77,36 @@ impl ControlPlane {
                 messaging,
                 scheduler,
             },
-            create_queue: match self.create_queue.snapshot() {
-                (0, _) => None,
-                (waiting, oldest) => Some(flotilla_api_types::health::CreateQueueHealth {
-                    waiting,
-                    oldest_wait_sec: (oldest.as_secs_f64() * 10.0).round() / 10.0,
-                }),
-            },
+            create_queue: self.create_queue_health(),
             warnings,
             background,
+        }
+    }
+
+    /// Event publishing to the proxy: down while its deliveries fail.
+    fn messaging(&self) -> ComponentStatus {
+        if self.config.events.proxy_url.is_none() {
+            ComponentStatus::Disabled
+        } else if self
+            .telemetry
+            .deliveries(PROXY_TARGET)
+            .failing
+            .load(Ordering::Relaxed)
+        {
+            ComponentStatus::Down
+        } else {
+            ComponentStatus::Up
+        }
+    }
+
+    /// Creates waiting for room, when any.
+    fn create_queue_health(&self) -> Option<flotilla_api_types::health::CreateQueueHealth> {
+        match self.create_queue.snapshot() {
+            (0, _) => None,
+            (waiting, oldest) => Some(flotilla_api_types::health::CreateQueueHealth {
+                waiting,
+                oldest_wait_sec: (oldest.as_secs_f64() * 10.0).round() / 10.0,
+            }),
         }
     }
 }

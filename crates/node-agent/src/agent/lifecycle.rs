@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
+use tokio_util::sync::DropGuard;
 
 use flotilla_api_types::InstanceId;
 use flotilla_api_types::agent::{
@@ -19,7 +20,7 @@ use flotilla_api_types::instances::KeptRecording;
 use crate::browser::{BrowserProcess, BrowserSetup, CdpEndpoint, InstanceDirs, LaunchError};
 use crate::cgroups::Limits;
 use crate::config::ImageConfig;
-use crate::launcher::WarmTaker;
+use crate::launcher::{WarmBrowser, WarmTaker};
 
 /// How long an instance made from a warm browser keeps the chromedriver the
 /// browser came with, for a WebDriver session to take (its session attaches
@@ -108,29 +109,7 @@ impl Agent {
             self.start_servers(&slot, debug, stream, http);
         }
         match warm {
-            Some(warm) => {
-                tracing::info!(instance = %slot.id, "took a warm browser");
-                // A WebDriver session's instance attaches at once; any other
-                // has no use for the chromedriver its browser came with.
-                let unused = slot.clone();
-                let shutdown = self.inner.shutdown.clone();
-                self.inner.tasks.spawn(async move {
-                    tokio::select! {
-                        () = tokio::time::sleep(PRESTARTED_DRIVER_KEPT) => {}
-                        () = shutdown.cancelled() => {}
-                        () = unused.servers.cancelled() => {}
-                    }
-                    drop(unused.take_prestarted_driver());
-                });
-                let agent = self.clone();
-                let process = warm.launched.process;
-                let watched = slot.clone();
-                self.inner.tasks.spawn(async move {
-                    let _guard = guard;
-                    watched.touch();
-                    agent.watch_exit(&watched, &process).await;
-                });
-            }
+            Some(warm) => self.hand_over_warm(&slot, warm, guard),
             None => {
                 self.inner
                     .tasks
@@ -138,6 +117,30 @@ impl Agent {
             }
         }
         Ok(ports_of(&slot))
+    }
+
+    /// Watches the warm browser `slot` took; the chromedriver it came with
+    /// is kept a while for a WebDriver session's attach, then ended.
+    fn hand_over_warm(&self, slot: &Arc<InstanceSlot>, warm: WarmBrowser, guard: DropGuard) {
+        tracing::info!(instance = %slot.id, "took a warm browser");
+        let unused = slot.clone();
+        let shutdown = self.inner.shutdown.clone();
+        self.inner.tasks.spawn(async move {
+            tokio::select! {
+                () = tokio::time::sleep(PRESTARTED_DRIVER_KEPT) => {}
+                () = shutdown.cancelled() => {}
+                () = unused.servers.cancelled() => {}
+            }
+            drop(unused.take_prestarted_driver());
+        });
+        let agent = self.clone();
+        let process = warm.launched.process;
+        let watched = slot.clone();
+        self.inner.tasks.spawn(async move {
+            let _guard = guard;
+            watched.touch();
+            agent.watch_exit(&watched, &process).await;
+        });
     }
 
     pub(super) fn check_room(
@@ -171,79 +174,77 @@ impl Agent {
         let to_tokio = tokio::net::TcpListener::from_std;
         // Long enough for a launch, or a wake of a dormant instance.
         let ready_timeout = Duration::from_secs(self.inner.settings.config.launch_timeout_sec + 30);
-        match (to_tokio(debug), to_tokio(stream), to_tokio(http)) {
-            (Ok(debug), Ok(stream), Ok(http)) => {
-                let access = self.inner.access.clone();
-                let context = Arc::new(GatewayContext {
-                    slot: slot.clone(),
-                    public_host: self.inner.settings.public_host.clone(),
-                    ready_timeout,
-                    access: access.clone(),
-                    listeners: self.inner.settings.listeners.clone(),
-                    downloads_dir: self
-                        .inner
-                        .launcher
-                        .isolation()
-                        .browser_paths(&slot.dirs)
-                        .downloads
-                        .to_string_lossy()
-                        .into_owned(),
-                });
-                self.inner
-                    .tasks
-                    .spawn(gateway::serve(debug, context, slot.servers.clone()));
-                let config = &self.inner.settings.config;
-                let settings = LiveViewSettings {
-                    width: config.viewport_width,
-                    height: config.viewport_height,
-                    quality: config.live_view_quality,
-                };
-                let live_view = LiveView::new(slot.clone(), settings, ready_timeout);
-                let recordings = self.recordings_dir(&slot.id);
-                if slot.config.record {
-                    slot.set_recorder(self.inner.tasks.spawn(crate::recording::record(
-                        slot.clone(),
-                        live_view.clone(),
-                        recordings.clone(),
-                        (settings.width, settings.height),
-                        self.inner.launcher.isolation().clone(),
-                    )));
-                }
-                let listeners = self.inner.settings.listeners.clone();
-                self.inner.tasks.spawn(live_view::serve(
-                    stream,
-                    live_view,
-                    (access.clone(), listeners.clone()),
-                ));
-                // A Playwright server's end is news only while the browser
-                // it served runs (a park or a crash ends both).
-                let playwright_exits: crate::playwright::ExitReport = {
-                    let (agent, slot) = (self.clone(), slot.clone());
-                    Arc::new(move |group, event| {
-                        let same_browser =
-                            slot.process().and_then(|process| process.pid()) == Some(group);
-                        if same_browser && matches!(slot.state(), State::Running { .. }) {
-                            agent.send_event(&slot, event);
-                        }
-                    })
-                };
-                self.inner.tasks.spawn(instance_http::serve_api(
-                    http,
-                    slot.clone(),
-                    ready_timeout,
-                    (access, listeners),
-                    (recordings, self.inner.captures.clone()),
-                    (
-                        self.inner.launcher.isolation().clone(),
-                        self.inner.settings.config.playwright_dir.clone(),
-                        playwright_exits,
-                    ),
-                ));
-            }
-            _ => {
-                tracing::error!(instance = %slot.id, "cannot register instance listeners with the runtime")
-            }
+        let (Ok(debug), Ok(stream), Ok(http)) = (to_tokio(debug), to_tokio(stream), to_tokio(http))
+        else {
+            tracing::error!(instance = %slot.id, "cannot register instance listeners with the runtime");
+            return;
+        };
+        let access = self.inner.access.clone();
+        let listeners = self.inner.settings.listeners.clone();
+        let context = Arc::new(GatewayContext {
+            slot: slot.clone(),
+            public_host: self.inner.settings.public_host.clone(),
+            ready_timeout,
+            access: access.clone(),
+            listeners: listeners.clone(),
+            downloads_dir: self
+                .inner
+                .launcher
+                .isolation()
+                .browser_paths(&slot.dirs)
+                .downloads
+                .to_string_lossy()
+                .into_owned(),
+        });
+        self.inner
+            .tasks
+            .spawn(gateway::serve(debug, context, slot.servers.clone()));
+        let config = &self.inner.settings.config;
+        let settings = LiveViewSettings {
+            width: config.viewport_width,
+            height: config.viewport_height,
+            quality: config.live_view_quality,
+        };
+        let live_view = LiveView::new(slot.clone(), settings, ready_timeout);
+        let recordings = self.recordings_dir(&slot.id);
+        if slot.config.record {
+            slot.set_recorder(self.inner.tasks.spawn(crate::recording::record(
+                slot.clone(),
+                live_view.clone(),
+                recordings.clone(),
+                (settings.width, settings.height),
+                self.inner.launcher.isolation().clone(),
+            )));
         }
+        self.inner.tasks.spawn(live_view::serve(
+            stream,
+            live_view,
+            (access.clone(), listeners.clone()),
+        ));
+        self.inner.tasks.spawn(instance_http::serve_api(
+            http,
+            slot.clone(),
+            ready_timeout,
+            (access, listeners),
+            (recordings, self.inner.captures.clone()),
+            (
+                self.inner.launcher.isolation().clone(),
+                self.inner.settings.config.playwright_dir.clone(),
+                self.playwright_exits(slot),
+            ),
+        ));
+    }
+
+    /// Where a Playwright server's end is told: news only while the browser
+    /// it served runs (a park or a crash ends both).
+    fn playwright_exits(&self, slot: &Arc<InstanceSlot>) -> crate::playwright::ExitReport {
+        let (agent, slot) = (self.clone(), slot.clone());
+        Arc::new(move |group, event| {
+            let same_browser = slot.process().and_then(|process| process.pid()) == Some(group);
+            if same_browser && matches!(slot.state(), State::Running { .. }) {
+                agent.send_event(&slot, event);
+            }
+        })
     }
 
     /// Where the recordings of instance `id` go (outside its sandbox).

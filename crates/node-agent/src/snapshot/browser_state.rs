@@ -22,7 +22,23 @@ pub async fn capture(endpoint: &CdpEndpoint) -> anyhow::Result<CapturedState> {
     let targets = browser
         .call("Target.getTargets", json!({}), None, CDP_TIMEOUT)
         .await?;
-    let pages: Vec<(String, CapturedTab)> = targets["targetInfos"]
+    let mut pages = in_use_order(endpoint, page_tabs(&targets)).await;
+    let mut local_storage: Vec<OriginStorage> = Vec::new();
+    for (target_id, tab) in &mut pages {
+        if is_web_url(&tab.url) {
+            read_tab(&browser, target_id, tab, &mut local_storage).await;
+        }
+    }
+    Ok(CapturedState {
+        cookies,
+        tabs: pages.into_iter().map(|(_, tab)| tab).collect(),
+        local_storage,
+    })
+}
+
+/// The page targets of a `Target.getTargets` answer, with their URL and title.
+fn page_tabs(targets: &Value) -> Vec<(String, CapturedTab)> {
+    targets["targetInfos"]
         .as_array()
         .into_iter()
         .flatten()
@@ -37,74 +53,70 @@ pub async fn capture(endpoint: &CdpEndpoint) -> anyhow::Result<CapturedState> {
                 },
             )
         })
-        .collect();
-    let mut pages = in_use_order(endpoint, pages).await;
-    let mut local_storage: Vec<OriginStorage> = Vec::new();
-    for (target_id, tab) in &mut pages {
-        if !is_web_url(&tab.url) {
-            continue;
-        }
-        let Some(session) = attach(&browser, &json!(target_id)).await else {
-            continue;
-        };
-        let history = browser
-            .call(
-                "Page.getNavigationHistory",
-                json!({}),
-                Some(&session),
-                CDP_TIMEOUT,
-            )
-            .await
-            .ok();
-        let read = evaluate(
-            &browser,
-            &session,
-            "JSON.stringify([location.origin, Object.entries(localStorage), \
-             Object.entries(sessionStorage), [scrollX, scrollY]])",
+        .collect()
+}
+
+/// Reads one tab's history, sessionStorage and scroll into `tab`, and its
+/// origin's localStorage into `local_storage` (once per origin).
+async fn read_tab(
+    browser: &CdpClient,
+    target_id: &str,
+    tab: &mut CapturedTab,
+    local_storage: &mut Vec<OriginStorage>,
+) {
+    let Some(session) = attach(browser, &json!(target_id)).await else {
+        return;
+    };
+    let history = browser
+        .call(
+            "Page.getNavigationHistory",
+            json!({}),
+            Some(&session),
+            CDP_TIMEOUT,
         )
-        .await;
-        detach(&browser, session).await;
-        // What the page answers is the page's word: taken only for the
-        // origin the browser shows it at (a page could name another origin
-        // to have its storage replaced), and with a history that ends where
-        // the tab is (it may have moved on meanwhile).
-        let history = history.as_ref().map(web_history).unwrap_or_default();
-        if history.last().is_some_and(|entry| entry.url == tab.url) {
-            tab.history = history;
-        }
-        let Some(text) = read else {
-            continue;
-        };
-        type Read = (
-            String,
-            Vec<(String, String)>,
-            Vec<(String, String)>,
-            [f64; 2],
-        );
-        let shown_origin = url::Url::parse(&tab.url)
-            .ok()
-            .map(|url| url.origin().ascii_serialization());
-        match serde_json::from_str::<Read>(&text) {
-            Ok((origin, items, session_items, scroll))
-                if shown_origin.as_ref() == Some(&origin) =>
-            {
-                tab.session_storage = session_items;
-                tab.scroll = scroll;
-                if !local_storage.iter().any(|o| o.origin == origin) {
-                    local_storage.push(OriginStorage { origin, items });
-                }
-            }
-            _ => tracing::warn!(
-                url = tab.url,
-                "a tab's page did not answer for its own origin; its storage is left to the profile's files"
-            ),
-        }
+        .await
+        .ok();
+    let read = evaluate(
+        browser,
+        &session,
+        "JSON.stringify([location.origin, Object.entries(localStorage), \
+         Object.entries(sessionStorage), [scrollX, scrollY]])",
+    )
+    .await;
+    detach(browser, session).await;
+    // What the page answers is the page's word: taken only for the
+    // origin the browser shows it at (a page could name another origin
+    // to have its storage replaced), and with a history that ends where
+    // the tab is (it may have moved on meanwhile).
+    let history = history.as_ref().map(web_history).unwrap_or_default();
+    if history.last().is_some_and(|entry| entry.url == tab.url) {
+        tab.history = history;
     }
-    Ok(CapturedState {
-        cookies,
-        tabs: pages.into_iter().map(|(_, tab)| tab).collect(),
-        local_storage,
-    })
+    let Some(text) = read else {
+        return;
+    };
+    type Read = (
+        String,
+        Vec<(String, String)>,
+        Vec<(String, String)>,
+        [f64; 2],
+    );
+    let shown_origin = url::Url::parse(&tab.url)
+        .ok()
+        .map(|url| url.origin().ascii_serialization());
+    match serde_json::from_str::<Read>(&text) {
+        Ok((origin, items, session_items, scroll)) if shown_origin.as_ref() == Some(&origin) => {
+            tab.session_storage = session_items;
+            tab.scroll = scroll;
+            if !local_storage.iter().any(|o| o.origin == origin) {
+                local_storage.push(OriginStorage { origin, items });
+            }
+        }
+        _ => tracing::warn!(
+            url = tab.url,
+            "a tab's page did not answer for its own origin; its storage is left to the profile's files"
+        ),
+    }
 }
 
 fn is_web_url(url: &str) -> bool {
@@ -371,19 +383,6 @@ async fn replay_history(
         [] => std::slice::from_ref(&current),
         history => history,
     };
-    let document_for = |url: &str| {
-        let title = history
-            .iter()
-            .find(|entry| entry.url == url)
-            .map(|entry| html_escape(&entry.title))
-            .unwrap_or_default();
-        // Kept by the back-forward cache all the same, it reloads from the
-        // site when shown again.
-        format!(
-            "<!doctype html><title>{title}</title>\
-             <script>addEventListener('pageshow', (e) => e.persisted && location.reload())</script>"
-        )
-    };
     let mut calls = vec![("Page.enable", json!({}))];
     if service_workers {
         calls.push(("Network.enable", json!({})));
@@ -396,23 +395,7 @@ async fn replay_history(
             .await?;
     }
     for (index, entry) in history.iter().enumerate() {
-        let navigate = browser.navigate(session, &entry.url, CDP_TIMEOUT);
-        let answer = answer_paused_requests(browser, &mut events, session, document_for);
-        let navigated = tokio::select! {
-            navigated = navigate => navigated?,
-            () = answer => anyhow::bail!("CDP connection closed"),
-        };
-        if let Some(error) = navigated["errorText"].as_str() {
-            anyhow::bail!("cannot open {}: {error}", entry.url);
-        }
-        // The navigation may answer before its document is in place.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        while evaluate(browser, session, "location.href").await.as_deref() != Some(&entry.url) {
-            if tokio::time::Instant::now() >= deadline {
-                anyhow::bail!("{} did not open", entry.url);
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        open_stand_in(browser, &mut events, session, (entry, history)).await?;
         if index == 0 {
             // The blank page the tab was created on is not part of it.
             browser
@@ -446,11 +429,63 @@ async fn replay_history(
             )
             .await?;
     }
+    reload_from_site(browser, session, tab).await
+}
+
+/// Opens `entry` of `history` in the tab behind `session`, its every request
+/// answered by the agent with a stand-in document bearing its title, and
+/// waits until the tab shows it.
+async fn open_stand_in(
+    browser: &CdpClient,
+    events: &mut tokio::sync::broadcast::Receiver<crate::cdp::CdpEvent>,
+    session: &str,
+    (entry, history): (&HistoryEntry, &[HistoryEntry]),
+) -> anyhow::Result<()> {
+    let document_for = |url: &str| {
+        let title = history
+            .iter()
+            .find(|entry| entry.url == url)
+            .map(|entry| html_escape(&entry.title))
+            .unwrap_or_default();
+        // Kept by the back-forward cache all the same, it reloads from the
+        // site when shown again.
+        format!(
+            "<!doctype html><title>{title}</title>\
+             <script>addEventListener('pageshow', (e) => e.persisted && location.reload())</script>"
+        )
+    };
+    let navigate = browser.navigate(session, &entry.url, CDP_TIMEOUT);
+    let answer = answer_paused_requests(browser, events, session, document_for);
+    let navigated = tokio::select! {
+        navigated = navigate => navigated?,
+        () = answer => anyhow::bail!("CDP connection closed"),
+    };
+    if let Some(error) = navigated["errorText"].as_str() {
+        anyhow::bail!("cannot open {}: {error}", entry.url);
+    }
+    // The navigation may answer before its document is in place.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while evaluate(browser, session, "location.href").await.as_deref() != Some(&entry.url) {
+        if tokio::time::Instant::now() >= deadline {
+            anyhow::bail!("{} did not open", entry.url);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
+/// Reloads the tab's current page from the site and waits (a while) for it
+/// to commit, so that a client listing the tabs once the instance runs sees
+/// its URL; answers the events subscribed to just before the reload.
+async fn reload_from_site(
+    browser: &CdpClient,
+    session: &str,
+    tab: &CapturedTab,
+) -> anyhow::Result<tokio::sync::broadcast::Receiver<crate::cdp::CdpEvent>> {
     let (loading, committing) = (browser.events(), browser.events());
     browser
         .call("Page.reload", json!({}), Some(session), CDP_TIMEOUT)
         .await?;
-    // A client listing the tabs once the instance runs sees the tab's URL.
     let committed = page_event(committing, session, main_frame_committed);
     if tokio::time::timeout(RELOAD_COMMITS_WITHIN, committed)
         .await

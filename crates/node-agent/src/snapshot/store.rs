@@ -78,75 +78,9 @@ impl SnapshotStore {
         };
         let parsed = url::Url::parse(&url)
             .map_err(|e| anyhow::anyhow!("snapshots.url {url:?} is not a URL: {e}"))?;
-        let mut identity;
-        let (store, prefix): (Arc<dyn ObjectStore>, StorePath) = match parsed.scheme() {
-            "file" => {
-                let dir = PathBuf::from(parsed.path());
-                std::fs::create_dir_all(&dir).map_err(|e| {
-                    anyhow::anyhow!(
-                        "cannot create the snapshot directory {}: {e}",
-                        dir.display()
-                    )
-                })?;
-                let local = object_store::local::LocalFileSystem::new_with_prefix(&dir)?;
-                let dir = dir.canonicalize().unwrap_or(dir);
-                identity = format!("file://{}{}", machine_name(), dir.display());
-                (Arc::new(local), StorePath::default())
-            }
-            "s3" => {
-                let bucket = parsed
-                    .host_str()
-                    .ok_or_else(|| anyhow::anyhow!("snapshots.url {url:?} names no bucket"))?;
-                let timeout = config.timeout_sec.unwrap_or(DEFAULT_STORE_TIMEOUT_SEC);
-                if !(timeout.is_finite() && timeout > 0.0 && timeout <= 3600.0) {
-                    anyhow::bail!(
-                        "snapshots.timeout_sec must be greater than 0 and at most 3600 (got {timeout})"
-                    );
-                }
-                let timeout = Duration::from_secs_f64(timeout);
-                let mut builder = object_store::aws::AmazonS3Builder::from_env()
-                    .with_bucket_name(bucket)
-                    .with_client_options(
-                        object_store::ClientOptions::new()
-                            .with_allow_http(config.allow_http)
-                            .with_timeout(timeout)
-                            .with_connect_timeout(timeout.min(Duration::from_secs(5))),
-                    )
-                    .with_retry(object_store::RetryConfig {
-                        backoff: Default::default(),
-                        max_retries: 5,
-                        retry_timeout: timeout,
-                    });
-                if let Some(endpoint) = &config.endpoint {
-                    builder = builder.with_endpoint(endpoint);
-                }
-                if let Some(region) = &config.region {
-                    builder = builder.with_region(region);
-                }
-                if let Some(key) = &config.access_key_id {
-                    builder = builder.with_access_key_id(key);
-                }
-                if let Some(secret) = &config.secret_access_key {
-                    builder = builder.with_secret_access_key(secret);
-                }
-                let prefix = StorePath::from(parsed.path().trim_matches('/'));
-                // The endpoint as the client will use it (`snapshots.endpoint`,
-                // or AWS_ENDPOINT from the environment), in one spelling.
-                let endpoint = builder
-                    .get_config_value(&object_store::aws::AmazonS3ConfigKey::Endpoint)
-                    .map(|endpoint| match url::Url::parse(&endpoint) {
-                        Ok(url) => url.as_str().trim_end_matches('/').to_owned(),
-                        Err(_) => endpoint.trim_end_matches('/').to_owned(),
-                    });
-                identity = match endpoint {
-                    Some(endpoint) => format!(
-                        "s3://{bucket}/{prefix}@{}",
-                        flotilla_api_types::instances::without_credentials(&endpoint)
-                    ),
-                    None => format!("s3://{bucket}/{prefix}"),
-                };
-                (Arc::new(builder.build()?), prefix)
-            }
+        let (store, prefix, mut identity) = match parsed.scheme() {
+            "file" => open_directory(&parsed)?,
+            "s3" => open_s3(config, &parsed, &url)?,
             other => anyhow::bail!(
                 "snapshots.url scheme {other:?} is not supported: use file:// or s3://"
             ),
@@ -465,6 +399,81 @@ pub fn is_not_found(error: &anyhow::Error) -> bool {
         error.downcast_ref::<object_store::Error>(),
         Some(object_store::Error::NotFound { .. })
     )
+}
+
+/// A store, where in it the snapshots go, and its identity.
+type Opened = (Arc<dyn ObjectStore>, StorePath, String);
+
+/// A `file://` store: the directory, created.
+fn open_directory(parsed: &url::Url) -> anyhow::Result<Opened> {
+    let dir = PathBuf::from(parsed.path());
+    std::fs::create_dir_all(&dir).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot create the snapshot directory {}: {e}",
+            dir.display()
+        )
+    })?;
+    let local = object_store::local::LocalFileSystem::new_with_prefix(&dir)?;
+    let dir = dir.canonicalize().unwrap_or(dir);
+    let identity = format!("file://{}{}", machine_name(), dir.display());
+    Ok((Arc::new(local), StorePath::default(), identity))
+}
+
+/// An `s3://<bucket>/<prefix>` store, with the settings and credentials of
+/// `config` (or the environment's).
+fn open_s3(config: &SnapshotsConfig, parsed: &url::Url, url: &str) -> anyhow::Result<Opened> {
+    let bucket = parsed
+        .host_str()
+        .ok_or_else(|| anyhow::anyhow!("snapshots.url {url:?} names no bucket"))?;
+    let timeout = config.timeout_sec.unwrap_or(DEFAULT_STORE_TIMEOUT_SEC);
+    if !(timeout.is_finite() && timeout > 0.0 && timeout <= 3600.0) {
+        anyhow::bail!(
+            "snapshots.timeout_sec must be greater than 0 and at most 3600 (got {timeout})"
+        );
+    }
+    let timeout = Duration::from_secs_f64(timeout);
+    let mut builder = object_store::aws::AmazonS3Builder::from_env()
+        .with_bucket_name(bucket)
+        .with_client_options(
+            object_store::ClientOptions::new()
+                .with_allow_http(config.allow_http)
+                .with_timeout(timeout)
+                .with_connect_timeout(timeout.min(Duration::from_secs(5))),
+        )
+        .with_retry(object_store::RetryConfig {
+            backoff: Default::default(),
+            max_retries: 5,
+            retry_timeout: timeout,
+        });
+    if let Some(endpoint) = &config.endpoint {
+        builder = builder.with_endpoint(endpoint);
+    }
+    if let Some(region) = &config.region {
+        builder = builder.with_region(region);
+    }
+    if let Some(key) = &config.access_key_id {
+        builder = builder.with_access_key_id(key);
+    }
+    if let Some(secret) = &config.secret_access_key {
+        builder = builder.with_secret_access_key(secret);
+    }
+    let prefix = StorePath::from(parsed.path().trim_matches('/'));
+    // The endpoint as the client will use it (`snapshots.endpoint`, or
+    // AWS_ENDPOINT from the environment), in one spelling.
+    let endpoint = builder
+        .get_config_value(&object_store::aws::AmazonS3ConfigKey::Endpoint)
+        .map(|endpoint| match url::Url::parse(&endpoint) {
+            Ok(url) => url.as_str().trim_end_matches('/').to_owned(),
+            Err(_) => endpoint.trim_end_matches('/').to_owned(),
+        });
+    let identity = match endpoint {
+        Some(endpoint) => format!(
+            "s3://{bucket}/{prefix}@{}",
+            flotilla_api_types::instances::without_credentials(&endpoint)
+        ),
+        None => format!("s3://{bucket}/{prefix}"),
+    };
+    Ok((Arc::new(builder.build()?), prefix, identity))
 }
 
 #[cfg(test)]
