@@ -439,3 +439,26 @@ async fn method_not_allowed(method: Method, uri: Uri) -> (axum::http::StatusCode
         Error::InvalidRequest(format!("method {method} is not allowed on {}", uri.path())),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    /// The OpenAPI document, as served with the default `max_wait_sec`, is
+    /// the one in `docs/openapi.json`: a change to the API shows in review
+    /// as a change to that file. `FLOTILLA_WRITE_OPENAPI=1` rewrites it.
+    #[test]
+    fn the_openapi_document_is_the_one_in_docs() {
+        let served = super::openapi_document(300)
+            .to_pretty_json()
+            .expect("the document serializes")
+            + "\n";
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/openapi.json");
+        if std::env::var_os("FLOTILLA_WRITE_OPENAPI").is_some() {
+            std::fs::write(path, &served).expect("docs/openapi.json is writable");
+        }
+        let kept = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            kept == served,
+            "the OpenAPI document differs from docs/openapi.json; if the change is meant, rerun with FLOTILLA_WRITE_OPENAPI=1"
+        );
+    }
+}
