@@ -82,15 +82,7 @@ pub struct DoorRoute {
     pub docs: &'static [fn(&mut utoipa::openapi::OpenApi)],
 }
 
-/// Adds the operation that `#[utoipa::path]` generated as `P`, with its
-/// tags (which utoipa's `OpenApi` derive reads through the same trait).
-fn doc<P: utoipa::Path + for<'t> utoipa::__dev::Tags<'t>>(openapi: &mut utoipa::openapi::OpenApi) {
-    let mut operation = P::operation();
-    operation.tags = Some(P::tags().into_iter().map(str::to_owned).collect());
-    openapi
-        .paths
-        .add_path_operation(P::path(), P::methods(), operation);
-}
+use super::routes::{doc_only as doc, shaped_like};
 
 const GET: &[Method] = &[Method::GET];
 
@@ -272,28 +264,6 @@ pub fn is_open(path: &str) -> bool {
     ROUTES
         .iter()
         .any(|route| route.scope == Scope::Fleet && route.path == path)
-}
-
-/// Whether `path` has the shape of `pattern`: literal segments equal,
-/// `{name}` one non-empty segment, `{*rest}` whatever follows, not empty.
-fn shaped_like(pattern: &str, path: &str) -> bool {
-    let mut wanted = pattern.split('/');
-    let mut given = path.split('/');
-    loop {
-        match (wanted.next(), given.next()) {
-            (None, None) => return true,
-            (Some(w), Some(g)) if w.starts_with("{*") => {
-                return !g.is_empty() || given.next().is_some();
-            }
-            (Some(w), Some(g)) if w.starts_with('{') => {
-                if g.is_empty() {
-                    return false;
-                }
-            }
-            (Some(w), Some(g)) if w == g => {}
-            _ => return false,
-        }
-    }
 }
 
 /// The instance route whose path `rest` has (the path after the instance

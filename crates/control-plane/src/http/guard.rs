@@ -7,12 +7,14 @@
 //! instance's subdomain, …) are rate-limited here but authenticated by the
 //! door, which also takes the instance's token.
 //!
-//! Open paths: `/health`, `/docs` and `/openapi.json`, the DevTools protocol's
-//! description at `/json/protocol` and `/json/version`, the dashboard's assets
-//! (`/`, `/ui`; it asks for the key and sends it on every API call), the proxy's
-//! verification webhook `/v2/tokens/verify` (the token it carries is the
-//! credential), `/internal/…` (agents; the cluster token guards it), and
-//! `/metrics` unless `metrics_require_auth`. The rate limit applies to every
+//! Open paths are the routes the tables mark open (`routes::ROUTES`,
+//! `door::ROUTES`): `/health`, `/docs` and `/openapi.json`, the DevTools
+//! protocol's description at `/json/protocol` and `/json/version`, the
+//! dashboard's assets (`/`, `/ui`; it asks for the key and sends it on every
+//! API call), the proxy's verification webhook `/v2/tokens/verify` (the token
+//! it carries is the credential), live links' pages, Grid's `/status`, the
+//! agents' `/internal/…` (the cluster token guards it), and `/metrics` unless
+//! `metrics_require_auth`. The rate limit applies to every
 //! path but `/internal/…`, per API key (or per client address when the request
 //! carries no valid key): a token bucket of `requests_per_minute` that refills
 //! continuously.
@@ -149,23 +151,7 @@ impl Guard {
     }
 
     fn is_open(&self, path: &str) -> bool {
-        path == "/health"
-            || path.starts_with("/internal/")
-            || path == "/v2/tokens/verify"
-            || path == "/openapi.json"
-            // What the fleet's browser and protocol are (no instance data).
-            || super::door::is_open(path)
-            // Selenium Grid's readiness, for its tooling and health checks.
-            || path == "/status"
-            || path == "/wd/hub/status"
-            || path == "/"
-            || path == "/ui"
-            || path.starts_with("/ui/")
-            || path == "/docs"
-            || path.starts_with("/docs/")
-            // A live link is its own credential (checked by its handler).
-            || path.starts_with("/live/")
-            || (path == "/metrics" && !self.metrics_require_auth)
+        super::routes::is_open(path, !self.metrics_require_auth)
     }
 
     /// The key's id when the request carries an accepted key. Every accepted
@@ -181,7 +167,7 @@ impl Guard {
         let authorization = authorization.to_str().ok()?;
         // WebDriver clients carry credentials in the URL (`http://user:KEY@host`),
         // which they send as Basic.
-        let basic = is_webdriver(path)
+        let basic = super::routes::is_webdriver(path)
             .then(|| basic_password(authorization))
             .flatten();
         let presented = match &basic {
@@ -265,7 +251,7 @@ pub async fn guard(
     // checks either itself.
     let door = super::door::is_door_request(&control_plane, &request);
     // Agents authenticate with the cluster token and are not rate-limited.
-    let internal = path.starts_with("/internal/");
+    let internal = super::routes::is_agents(&path);
     let quota = guard
         .limiter
         .as_ref()
@@ -320,7 +306,7 @@ fn unauthorized(request: &Request) -> Response {
     } else {
         "missing API key: send Authorization: Bearer <API_KEY>"
     };
-    if is_webdriver(path) {
+    if super::routes::is_webdriver(path) {
         webdriver_unauthorized(detail)
     } else {
         Error::Unauthorized(detail.into()).into_response()
@@ -341,11 +327,6 @@ fn admitted_as(extensions: &mut axum::http::Extensions, caller: Option<Caller>) 
             extensions.insert(Scope::Admin);
         }
     }
-}
-
-/// Whether `path` is a WebDriver endpoint (`/session…`, `/wd/hub/…`).
-fn is_webdriver(path: &str) -> bool {
-    path == "/session" || path.starts_with("/session/") || path.starts_with("/wd/hub/")
 }
 
 /// The password of `Basic <base64 user:password>` (the user when there is

@@ -1,5 +1,7 @@
 //! The HTTP surface of the control plane: the router, the OpenAPI document and
-//! Swagger UI. Handlers are thin: extract, call `app`, convert the error.
+//! Swagger UI, both read from the route tables ([`routes::ROUTES`] for the
+//! API, `door::ROUTES` for the front door). Handlers are thin: extract, call
+//! `app`, convert the error.
 
 mod actions;
 pub mod door;
@@ -19,6 +21,7 @@ mod observability;
 mod playwright;
 mod profiles;
 mod recordings;
+mod routes;
 mod tenancy;
 mod tokens;
 mod ui;
@@ -33,7 +36,6 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::http::{Method, Uri};
-use axum::routing::get;
 use tower_http::trace::TraceLayer;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -49,54 +51,6 @@ use crate::error::Error;
         version = "2.0.0",
         description = "Browser instances on demand: create, inspect, park (dormant) and revive real Chromium instances."
     ),
-    paths(
-        health::health,
-        instances::instance_create,
-        instances::instance_list,
-        instances::instance_get,
-        instances::instance_delete,
-        instances::instance_dormant,
-        instances::instance_revive,
-        live::live_link_create,
-        live::live_link_delete,
-        live::live_links_delete,
-        live::live_page,
-        live::live_socket,
-        live::live_hand_back,
-        nodes::node_list,
-        nodes::node_get,
-        nodes::node_drain,
-        nodes::node_uncordon,
-        profiles::profile_create,
-        profiles::profile_list,
-        profiles::profile_get,
-        profiles::profile_delete,
-        extensions::extension_upload,
-        extensions::extension_list,
-        extensions::extension_get,
-        extensions::extension_delete,
-        recordings::recordings_kept,
-        recordings::recording_kept,
-        recordings::recording_kept_delete,
-        observability::metrics,
-        observability::prometheus,
-        observability::alerts,
-        tokens::token_create,
-        tokens::token_verify,
-        tokens::whoami,
-        webdriver::new_session,
-        webdriver::status,
-        webdriver::docs::session_delete,
-        webdriver::docs::session_command,
-        actions::screenshot,
-        actions::pdf,
-        actions::content,
-        actions::scrape,
-        mcp_docs::mcp_post,
-        mcp_docs::mcp_stream,
-        mcp_docs::mcp_end,
-        playwright::connect,
-    ),
     components(schemas(
         flotilla_api_types::instances::InstanceStatus,
         flotilla_api_types::instances::InstanceSort,
@@ -110,7 +64,6 @@ use crate::error::Error;
         flotilla_api_types::instances::DownloadList,
         flotilla_api_types::instances::RecordingList,
     )),
-    modifiers(&DoorDocs, &BearerAuth),
     security(("bearer" = [])),
     tags(
         (name = "instances", description = "Browser instances"),
@@ -129,15 +82,6 @@ use crate::error::Error;
     )
 )]
 pub struct ApiDoc;
-
-/// The front door's operations, from its route table (`door::ROUTES`).
-struct DoorDocs;
-
-impl Modify for DoorDocs {
-    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        door::document(openapi);
-    }
-}
 
 /// Declares the HTTP bearer scheme (spec: a global requirement), and the
 /// answers every operation may give: 401 where a credential is required (with
@@ -204,6 +148,9 @@ impl Modify for BearerAuth {
 pub fn openapi_document(max_wait_sec: u64) -> utoipa::openapi::OpenApi {
     use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
     let mut document = ApiDoc::openapi();
+    routes::document(&mut document);
+    door::document(&mut document);
+    BearerAuth.modify(&mut document);
     let create = document
         .paths
         .paths
@@ -228,15 +175,9 @@ pub fn openapi_document(max_wait_sec: u64) -> utoipa::openapi::OpenApi {
 /// The control plane's router.
 pub fn router(control_plane: Arc<ControlPlane>) -> Router {
     Router::new()
-        .route("/health", get(health::health))
-        .merge(instance_routes())
+        .merge(routes::table_router(&control_plane))
         .merge(door::router())
-        .merge(webdriver_routes())
-        .merge(resource_routes())
-        .merge(action_routes(&control_plane))
         .merge(crate::mcp::router(control_plane.clone()))
-        .merge(ui_routes())
-        .nest("/internal/v1", internal_routes(&control_plane))
         .merge(SwaggerUi::new("/docs").url(
             "/openapi.json",
             openapi_document(control_plane.config.scheduler.max_wait_sec),
@@ -265,168 +206,6 @@ pub fn router(control_plane: Arc<ControlPlane>) -> Router {
         // unless [telemetry] otlp_endpoint is set).
         .layer(axum::middleware::from_fn(flotilla_telemetry::http_span))
         .with_state(control_plane)
-}
-
-type Routes = Router<Arc<ControlPlane>>;
-
-/// The instance lifecycle: create, list, get, delete, park, revive.
-fn instance_routes() -> Routes {
-    Router::new()
-        .route(
-            "/v2/instances",
-            axum::routing::post(instances::instance_create).get(instances::instance_list),
-        )
-        .route(
-            "/v2/instances/{instance_id}",
-            get(instances::instance_get).delete(instances::instance_delete),
-        )
-        .route(
-            "/v2/instances/{instance_id}/dormant",
-            axum::routing::post(instances::instance_dormant),
-        )
-        .route(
-            "/v2/instances/{instance_id}/revive",
-            axum::routing::post(instances::instance_revive),
-        )
-        .route(
-            "/v2/instances/{instance_id}/live",
-            axum::routing::post(live::live_link_create).delete(live::live_links_delete),
-        )
-        .route(
-            "/v2/instances/{instance_id}/live/{link_id}",
-            axum::routing::delete(live::live_link_delete),
-        )
-        .route("/live/{token}", get(live::live_page))
-        .route("/live/{token}/ws", get(live::live_socket))
-        .route(
-            "/live/{token}/done",
-            axum::routing::post(live::live_hand_back),
-        )
-}
-
-/// WebDriver (W3C, Selenium Grid 4's endpoints), at the root and under
-/// `/wd/hub`.
-fn webdriver_routes() -> Routes {
-    let mut router = Router::new();
-    for prefix in ["", "/wd/hub"] {
-        router = router
-            .route(
-                &format!("{prefix}/session"),
-                axum::routing::post(webdriver::new_session),
-            )
-            .route(&format!("{prefix}/status"), get(webdriver::status))
-            .route(
-                &format!("{prefix}/session/{{id}}"),
-                axum::routing::any(webdriver::session),
-            )
-            .route(
-                &format!("{prefix}/session/{{id}}/{{*rest}}"),
-                axum::routing::any(webdriver::session),
-            );
-    }
-    router
-}
-
-/// REST actions. Bodies may carry an `html` of `actions.max_html_bytes`,
-/// which JSON may escape up to six times.
-fn action_routes(control_plane: &ControlPlane) -> Routes {
-    let limit = control_plane
-        .config
-        .actions
-        .max_html_bytes
-        .saturating_mul(6)
-        .saturating_add(1 << 20);
-    Router::new()
-        .route(
-            "/v2/actions/screenshot",
-            axum::routing::post(actions::screenshot),
-        )
-        .route("/v2/actions/pdf", axum::routing::post(actions::pdf))
-        .route("/v2/actions/content", axum::routing::post(actions::content))
-        .route("/v2/actions/scrape", axum::routing::post(actions::scrape))
-        .layer(axum::extract::DefaultBodyLimit::max(limit))
-}
-
-/// Profiles, extensions, nodes, metrics, alerts and subscriber tokens.
-fn resource_routes() -> Routes {
-    Router::new()
-        .route(
-            "/v2/profiles",
-            axum::routing::post(profiles::profile_create).get(profiles::profile_list),
-        )
-        .route(
-            "/v2/profiles/{name}",
-            get(profiles::profile_get).delete(profiles::profile_delete),
-        )
-        .route(
-            "/v2/extensions",
-            axum::routing::post(extensions::extension_upload).get(extensions::extension_list),
-        )
-        .route(
-            "/v2/extensions/{id}",
-            get(extensions::extension_get).delete(extensions::extension_delete),
-        )
-        .route("/v2/recordings", get(recordings::recordings_kept))
-        .route(
-            "/v2/recordings/{recording_id}",
-            get(recordings::recording_kept).delete(recordings::recording_kept_delete),
-        )
-        .route(playwright::PATH, get(playwright::connect))
-        .route("/v2/nodes", get(nodes::node_list))
-        .route("/v2/nodes/{node_id}", get(nodes::node_get))
-        .route(
-            "/v2/nodes/{node_id}/drain",
-            axum::routing::post(nodes::node_drain),
-        )
-        .route(
-            "/v2/nodes/{node_id}/uncordon",
-            axum::routing::post(nodes::node_uncordon),
-        )
-        .route("/v2/metrics", get(observability::metrics))
-        .route("/metrics", get(observability::prometheus))
-        .route("/v2/alerts", get(observability::alerts))
-        .route("/v2/tokens", axum::routing::post(tokens::token_create))
-        .route("/v2/whoami", get(tokens::whoami))
-        .route(
-            "/v2/tokens/verify",
-            axum::routing::post(tokens::token_verify),
-        )
-}
-
-/// The dashboard.
-fn ui_routes() -> Routes {
-    Router::new()
-        .route("/", get(ui::root))
-        .route("/ui", get(ui::index))
-        .route("/ui/", get(ui::index))
-        .route("/ui/app.js", get(ui::app_js))
-        .route("/ui/app.css", get(ui::app_css))
-        .route("/ui/live.js", get(ui::live_js))
-        .route("/ui/config.json", get(ui::config))
-}
-
-/// The agents' API (`/internal/v1`), behind the cluster token.
-fn internal_routes(control_plane: &Arc<ControlPlane>) -> Routes {
-    Router::new()
-        .route("/nodes/register", axum::routing::post(internal::register))
-        .route("/nodes/heartbeat", axum::routing::post(internal::heartbeat))
-        .route(
-            "/instances/state",
-            axum::routing::post(internal::state_changed),
-        )
-        .route(
-            "/instances/events",
-            axum::routing::post(internal::instance_event),
-        )
-        .route("/nodes/drain", axum::routing::post(internal::drain))
-        .route(
-            "/nodes/drain/report",
-            axum::routing::post(internal::drain_report),
-        )
-        .layer(axum::middleware::from_fn_with_state(
-            control_plane.clone(),
-            internal::require_cluster_token,
-        ))
 }
 
 async fn not_found(uri: Uri) -> Error {
