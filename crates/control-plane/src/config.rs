@@ -434,7 +434,7 @@ pub enum ConfigError {
     #[error("events.token_secret must be at least 16 characters")]
     TokenSecretShort,
     #[error(transparent)]
-    ApiKey(#[from] crate::http::ApiKeyError),
+    ApiKey(#[from] crate::app::keys::ApiKeyError),
     #[error(
         "auth_enabled = true needs at least one entry in api_keys (create one with `flotilla keys create`)"
     )]
@@ -637,7 +637,7 @@ impl ControlPlaneConfig {
         {
             return Err(ConfigError::TokenSecretShort);
         }
-        crate::http::check_api_keys(&self.api_keys)?;
+        crate::app::keys::check_api_keys(&self.api_keys)?;
         let tenant_keys = self.tenants.iter().any(|t| !t.api_keys.is_empty());
         if self.auth_enabled && self.api_keys.is_empty() && !tenant_keys {
             return Err(ConfigError::AuthWithoutKeys);
@@ -656,7 +656,7 @@ impl ControlPlaneConfig {
                     name: tenant.name.clone(),
                 });
             }
-            crate::http::check_api_keys(&tenant.api_keys)?;
+            crate::app::keys::check_api_keys(&tenant.api_keys)?;
         }
         let mut seen = std::collections::HashSet::new();
         let every_key = self
@@ -664,7 +664,7 @@ impl ControlPlaneConfig {
             .iter()
             .chain(self.tenants.iter().flat_map(|t| t.api_keys.iter()));
         for key in every_key {
-            let digest = crate::http::key_digest(key)?;
+            let digest = crate::app::keys::key_digest(key)?;
             if !seen.insert(digest) {
                 return Err(ConfigError::KeyTwice {
                     digest_start: hex::encode(&digest[..6]),

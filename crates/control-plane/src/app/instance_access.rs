@@ -190,7 +190,7 @@ impl ControlPlane {
     pub(crate) fn agent_ack(&self) -> RegistrationAck {
         RegistrationAck {
             heartbeat_interval_sec: self.config.nodes.heartbeat_interval_sec,
-            instance_access: self.guard.instance_access_policy(),
+            instance_access: self.keys.instance_access_policy(),
             protocol_version: flotilla_api_types::agent::PROTOCOL_VERSION.to_owned(),
         }
     }

@@ -11,12 +11,14 @@ mod extensions;
 mod health;
 mod instance_access;
 mod instances;
+pub mod keys;
 pub mod lifecycle;
 pub mod live_links;
 pub mod mcp_sessions;
 mod metrics;
 mod nodes;
 pub mod outbox;
+pub mod playwright;
 mod profiles;
 mod queue;
 mod recordings;
@@ -25,6 +27,7 @@ pub mod tenants;
 mod tokens;
 mod views;
 pub mod webdriver;
+pub mod webdriver_sessions;
 
 use std::sync::Arc;
 
@@ -32,7 +35,6 @@ use chrono::{DateTime, Utc};
 
 use crate::artifacts::ArtifactStore;
 use crate::config::ControlPlaneConfig;
-use crate::http::Guard;
 use crate::nodes::{HttpNode, NodeConnection, NodeConnections};
 use crate::store::Store;
 use crate::telemetry::Telemetry;
@@ -57,7 +59,7 @@ pub struct ControlPlane {
     pub(crate) snapshots: Option<Arc<dyn ArtifactStore>>,
     pub(crate) telemetry: Telemetry,
     /// Authentication and rate limits of the HTTP API.
-    pub(crate) guard: Guard,
+    pub(crate) keys: keys::KeyRing,
     /// The key that signs subscriber tokens (see [`tokens`]), loaded once.
     token_key: tokio::sync::OnceCell<Arc<Vec<u8>>>,
     /// The key instance tokens derive from (see [`instance_access`]), loaded once.
@@ -95,7 +97,7 @@ pub struct ControlPlane {
 
 impl ControlPlane {
     pub fn new(store: Store, config: ControlPlaneConfig, clock: Arc<dyn Clock>) -> Self {
-        let guard = Guard::new(&config);
+        let keys = keys::KeyRing::new(&config);
         store.set_event_routes(outbox::routes(&config));
         Self {
             store,
@@ -105,7 +107,7 @@ impl ControlPlane {
             revive_estimates: dormancy::ReviveEstimates::default(),
             snapshots: None,
             telemetry: Telemetry::default(),
-            guard,
+            keys,
             token_key: tokio::sync::OnceCell::new(),
             instance_token_key: tokio::sync::OnceCell::new(),
             public_hosts: instance_access::PublicHosts::default(),

@@ -39,6 +39,24 @@ impl WebDriverRefusal {
         }
     }
 
+    /// 500 `unknown error`: the store, the node or the instance failed.
+    pub fn unknown(message: impl Into<String>) -> Self {
+        Self {
+            status: 500,
+            code: "unknown error",
+            message: message.into(),
+        }
+    }
+
+    /// 404 `unknown command`.
+    pub fn unknown_command(message: impl Into<String>) -> Self {
+        Self {
+            status: 404,
+            code: "unknown command",
+            message: message.into(),
+        }
+    }
+
     pub fn no_session(id: &str) -> Self {
         Self {
             status: 404,
@@ -709,11 +727,7 @@ impl super::ControlPlane {
             .store
             .instance_get(id)
             .await
-            .map_err(|e| WebDriverRefusal {
-                status: 500,
-                code: "unknown error",
-                message: format!("the store cannot be read: {e}"),
-            })?;
+            .map_err(|e| WebDriverRefusal::unknown(format!("the store cannot be read: {e}")))?;
         let record = record
             .filter(|r| {
                 r.webdriver_owner
@@ -727,11 +741,7 @@ impl super::ControlPlane {
                 crate::error::Error::NotFound(_) | crate::error::Error::InvalidState(_) => {
                     WebDriverRefusal::no_session(id.as_str())
                 }
-                other => WebDriverRefusal {
-                    status: 500,
-                    code: "unknown error",
-                    message: other.to_string(),
-                },
+                other => WebDriverRefusal::unknown(other.to_string()),
             })
     }
 

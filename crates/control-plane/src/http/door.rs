@@ -38,9 +38,9 @@ use flotilla_api_types::credentials::bearer_token;
 use flotilla_api_types::origin::same_origin;
 use flotilla_net::upgrade;
 
+use crate::app::keys::Principal;
 use crate::app::{ControlPlane, DoorTarget};
 use crate::error::Error;
-use crate::http::Principal;
 
 /// Which of the instance's ports a route reaches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,8 +8,8 @@ use axum::{Extension, Json};
 
 use flotilla_api_types::health::{Health, HealthStatus};
 
+use crate::app::keys::Principal;
 use crate::app::{ControlPlane, Scope};
-use crate::http::guard::Principal;
 
 /// Service health: 200 when healthy or degraded, 503 when unhealthy. The
 /// background tasks' last errors show to a caller with an admin API key (or

@@ -71,7 +71,7 @@ pub async fn instance_list(
     ))]
 pub async fn instance_get(
     State(control_plane): State<Arc<ControlPlane>>,
-    Extension(principal): Extension<super::Principal>,
+    Extension(principal): Extension<crate::app::keys::Principal>,
     Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
 ) -> Result<Json<Instance>, Error> {

@@ -28,9 +28,6 @@ mod ui;
 mod webdriver;
 
 pub use extract::{ApiJson, ApiQuery, NoBody, OptionalApiJson};
-pub use guard::{
-    ApiKeyError, Guard, KeyDigest, Principal, RateLimiter, check_api_keys, key_digest,
-};
 
 use std::sync::Arc;
 

@@ -13,7 +13,7 @@ use flotilla_api_types::tokens::{
 };
 
 use super::extract::{ApiJson, OptionalApiJson};
-use super::guard::Principal;
+use crate::app::keys::Principal;
 use crate::app::{ControlPlane, Scope};
 use crate::error::Error;
 

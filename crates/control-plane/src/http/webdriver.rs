@@ -18,9 +18,10 @@ use serde_json::{Value, json};
 use flotilla_api_types::InstanceId;
 use flotilla_api_types::webdriver_path::{CommandPath, CommandPathError};
 
-use crate::app::webdriver::{NewSession, WebDriverRefusal};
+use crate::app::keys::Principal;
+use crate::app::webdriver::WebDriverRefusal;
+use crate::app::webdriver_sessions::{InstancePort, PortCall, SessionCaller};
 use crate::app::{ControlPlane, DoorTarget, Scope};
-use crate::http::Principal;
 
 /// The largest new-session body (capabilities with a base64 extension or
 /// profile would be larger; those are refused anyway).
@@ -33,21 +34,13 @@ impl IntoResponse for WebDriverRefusal {
     }
 }
 
-fn unknown(message: impl Into<String>) -> WebDriverRefusal {
-    WebDriverRefusal {
-        status: 500,
-        code: "unknown error",
-        message: message.into(),
-    }
-}
-
 /// What the request's key sees (an admin's when none was needed).
-fn scope_of(request: &Request) -> crate::app::Scope {
+fn scope_of(request: &Request) -> Scope {
     request
         .extensions()
-        .get::<crate::app::Scope>()
+        .get::<Scope>()
         .cloned()
-        .unwrap_or(crate::app::Scope::Admin)
+        .unwrap_or(Scope::Admin)
 }
 
 fn principal_of(request: &Request) -> String {
@@ -70,128 +63,49 @@ pub async fn new_session(
     State(control_plane): State<Arc<ControlPlane>>,
     request: Request,
 ) -> Response {
-    match create(&control_plane, request).await {
+    let caller = session_caller(&control_plane, &request);
+    match start(&control_plane, caller, request).await {
         Ok(value) => axum::Json(json!({"value": value})).into_response(),
         Err(refusal) => refusal.into_response(),
     }
 }
 
-async fn create(
-    control_plane: &Arc<ControlPlane>,
+/// Starts the session `request` asks for.
+async fn start(
+    control_plane: &ControlPlane,
+    caller: SessionCaller,
     request: Request,
 ) -> Result<Value, WebDriverRefusal> {
-    let owner = principal_of(&request);
-    let scope = scope_of(&request);
-    let owner_key = request
-        .extensions()
-        .get::<crate::http::KeyDigest>()
-        .map(|digest| hex::encode(digest.0));
-    let external = door_authority(control_plane, &request);
-    let body = http_body_util::Limited::new(request.into_body(), MAX_NEW_SESSION)
-        .collect()
+    let body = limited_body(request).await?;
+    control_plane
+        .webdriver_session_start(&body, caller, &DoorPort)
         .await
-        .map_err(|_| {
-            WebDriverRefusal::invalid_argument("the new session's body is larger than 1 MiB")
-        })?
-        .to_bytes();
-    let body: Value = serde_json::from_slice(&body)
-        .map_err(|e| WebDriverRefusal::invalid_argument(format!("the body is not JSON: {e}")))?;
-    let installed = control_plane
-        .webdriver_browser_version()
-        .await
-        .map_err(|e| unknown(e.to_string()))?;
-    let session = crate::app::webdriver::new_session(&body, &installed)?;
-    let instance = control_plane
-        .webdriver_instance_create(&session, (&owner, &scope))
-        .await?;
-    let owners = Owners {
-        principal: &owner,
-        key: owner_key.as_deref(),
-    };
-    match attach(control_plane, &instance.id, &session, (owners, &external)).await {
-        Ok(value) => Ok(value),
-        Err(refusal) => {
-            // Nothing is left behind a session that did not start.
-            let _ = control_plane.instance_delete(&instance.id, true).await;
-            Err(refusal)
-        }
+}
+
+/// Who asks for a new session, and where they reached the door.
+fn session_caller(control_plane: &ControlPlane, request: &Request) -> SessionCaller {
+    SessionCaller {
+        principal: principal_of(request),
+        scope: scope_of(request),
+        key: request
+            .extensions()
+            .get::<crate::app::keys::KeyDigest>()
+            .map(|digest| hex::encode(digest.0)),
+        door: door_authority(control_plane, request),
     }
 }
 
-/// Whose a new session is: the principal (checked on the front door) and
-/// its key's digest (checked by the node on the instance's own port).
-#[derive(Clone, Copy)]
-struct Owners<'a> {
-    principal: &'a str,
-    key: Option<&'a str>,
-}
-
-/// Asks the instance's node to attach chromedriver to its browser; the
-/// new session's answer, as a client expects it.
-async fn attach(
-    control_plane: &ControlPlane,
-    id: &InstanceId,
-    session: &NewSession,
-    (owners, external): (Owners<'_>, &str),
-) -> Result<Value, WebDriverRefusal> {
-    let target = control_plane.webdriver_target(id, owners.principal).await?;
-    let body = json!({"capabilities": session.capabilities}).to_string();
-    let owner_header = owners
-        .key
-        .map(|key| ("x-flotilla-webdriver-owner", key.to_owned()));
-    let (status, answer) = call_with(
-        &target,
-        (Method::POST, "/webdriver/session".into(), body),
-        owner_header.as_slice(),
+/// The new session's body, at most [`MAX_NEW_SESSION`].
+async fn limited_body(request: Request) -> Result<bytes::Bytes, WebDriverRefusal> {
+    Ok(
+        http_body_util::Limited::new(request.into_body(), MAX_NEW_SESSION)
+            .collect()
+            .await
+            .map_err(|_| {
+                WebDriverRefusal::invalid_argument("the new session's body is larger than 1 MiB")
+            })?
+            .to_bytes(),
     )
-    .await?;
-    let mut value = answer.get("value").cloned().unwrap_or(Value::Null);
-    if !status.is_success() || value.get("sessionId").is_none() {
-        let message = value["message"]
-            .as_str()
-            .unwrap_or("the node did not start the session");
-        return Err(WebDriverRefusal::not_created(message.to_owned()));
-    }
-    if let Some((width, height)) = session.window_size {
-        let rect = json!({"width": width, "height": height}).to_string();
-        let path = format!("/webdriver/session/{id}/window/rect");
-        call(&target, Method::POST, path, rect).await?;
-    }
-    let capabilities = &mut value["capabilities"];
-    if let Some(chrome) = capabilities
-        .get_mut("goog:chromeOptions")
-        .and_then(Value::as_object_mut)
-    {
-        chrome.remove("debuggerAddress");
-    }
-    let query = target
-        .token
-        .as_deref()
-        .map(|t| format!("?token={t}"))
-        .unwrap_or_default();
-    // chromedriver's socket is inside the instance's network: the client
-    // gets the front door's, which relays to it.
-    if capabilities
-        .get("webSocketUrl")
-        .is_some_and(Value::is_string)
-    {
-        capabilities["webSocketUrl"] = json!(format!(
-            "{external}/v2/instances/{id}/webdriver/bidi{query}"
-        ));
-    }
-    if session.downloads_enabled {
-        capabilities["se:downloadsEnabled"] = json!(true);
-    }
-    capabilities["platformName"] = json!("linux");
-    let version = capabilities["browserVersion"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    capabilities["se:cdp"] = json!(format!("{external}/v2/instances/{id}/se/cdp{query}"));
-    capabilities["se:cdpVersion"] = json!(version);
-    capabilities["flotilla:instance"] = json!(id);
-    value["sessionId"] = json!(id);
-    Ok(value)
 }
 
 /// `ws(s)://host[:port]` of the door, as the client reached it (or
@@ -215,46 +129,39 @@ fn door_authority(control_plane: &ControlPlane, request: &Request) -> String {
     format!("ws://{host}")
 }
 
-/// A request of ours to the instance's HTTP port: its status and JSON.
-async fn call(
-    target: &DoorTarget,
-    method: Method,
-    path: String,
-    body: String,
-) -> Result<(StatusCode, Value), WebDriverRefusal> {
-    call_with(target, (method, path, body), &[]).await
-}
+/// The instance's HTTP port, through the front door's connections.
+struct DoorPort;
 
-/// [`call`] with more header lines.
-async fn call_with(
-    target: &DoorTarget,
-    (method, path, body): (Method, String, String),
-    headers: &[(&'static str, String)],
-) -> Result<(StatusCode, Value), WebDriverRefusal> {
-    let ours = headers
-        .iter()
-        .map(|(name, value)| HeaderValue::from_str(value).map(|value| (*name, value)))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| unknown(e.to_string()))?;
-    let request = Request::builder()
-        .method(method)
-        .uri(&path)
-        .header(header::CONTENT_TYPE, "application/json")
-        .extension(super::door::AgentHeaders(ours))
-        .body(Body::from(body))
-        .map_err(|e| unknown(e.to_string()))?;
-    let response = super::door::forward_to_http_port(request, target, path)
-        .await
-        .map_err(|e| unknown(format!("the instance's node did not answer: {e}")))?;
-    let status = response.status();
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| unknown(format!("the instance's node did not answer: {e}")))?
-        .to_bytes();
-    let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    Ok((status, value))
+#[async_trait::async_trait]
+impl InstancePort for DoorPort {
+    async fn call(&self, target: &DoorTarget, call: PortCall) -> std::io::Result<(u16, Value)> {
+        let ours = call
+            .headers
+            .iter()
+            .map(|(name, value)| HeaderValue::from_str(value).map(|value| (*name, value)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(std::io::Error::other)?;
+        let method = Method::from_bytes(call.method.as_bytes()).map_err(std::io::Error::other)?;
+        let request = Request::builder()
+            .method(method)
+            .uri(&call.path)
+            .header(header::CONTENT_TYPE, "application/json")
+            .extension(super::door::AgentHeaders(ours))
+            .body(Body::from(call.body))
+            .map_err(std::io::Error::other)?;
+        let response = super::door::forward_to_http_port(request, target, call.path).await?;
+        let status = response.status().as_u16();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(std::io::Error::other)?
+            .to_bytes();
+        Ok((
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        ))
+    }
 }
 
 /// `/session/{id}` and `/session/{id}/…` (and under `/wd/hub`): `DELETE`
@@ -265,40 +172,42 @@ pub async fn session(
     Path(params): Path<Vec<(String, String)>>,
     request: Request,
 ) -> Response {
-    let value = |name: &str| {
-        params
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.clone())
-    };
-    let id = InstanceId::new(value("id").unwrap_or_default());
-    let rest = match command_path(request.uri().path()) {
-        Ok(rest) => rest,
-        Err(error) => {
-            return WebDriverRefusal {
-                status: 404,
-                code: "unknown command",
-                message: error.to_string(),
-            }
-            .into_response();
-        }
-    };
-    let principal = principal_of(&request);
-    let target = match control_plane.webdriver_target(&id, &principal).await {
-        Ok(target) => target,
-        Err(refusal) => return refusal.into_response(),
-    };
+    let id = params
+        .into_iter()
+        .find_map(|(name, value)| (name == "id").then_some(value));
+    session_command(
+        &control_plane,
+        InstanceId::new(id.unwrap_or_default()),
+        request,
+    )
+    .await
+    .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// A command of session `id`, ended here or passed on.
+async fn session_command(
+    control_plane: &ControlPlane,
+    id: InstanceId,
+    request: Request,
+) -> Result<Response, WebDriverRefusal> {
+    let rest = command_path(request.uri().path())
+        .map_err(|error| WebDriverRefusal::unknown_command(error.to_string()))?;
+    let target = control_plane
+        .webdriver_target(&id, &principal_of(&request))
+        .await?;
     if rest.is_session() && request.method() == Method::DELETE {
-        return end(&control_plane, &target, &id).await;
+        control_plane
+            .webdriver_session_end(&target, &id, &DoorPort)
+            .await?;
+        return Ok(axum::Json(json!({"value": null})).into_response());
     }
     // Sent on as the client wrote it: the node checks it the same way.
     let path = format!("/webdriver/session/{id}{}", rest.raw());
-    match super::door::forward_to_http_port(request, &target, path).await {
-        Ok(response) => response,
-        Err(error) => {
-            unknown(format!("the instance's node did not answer: {error}")).into_response()
-        }
-    }
+    super::door::forward_to_http_port(request, &target, path)
+        .await
+        .map_err(|error| {
+            WebDriverRefusal::unknown(format!("the instance's node did not answer: {error}"))
+        })
 }
 
 /// What follows `/session/{id}` in `path` (under `/wd/hub` or not), as
@@ -307,22 +216,6 @@ fn command_path(path: &str) -> Result<CommandPath, CommandPathError> {
     let after = path.strip_prefix("/wd/hub").unwrap_or(path);
     let after = after.strip_prefix("/session/").unwrap_or_default();
     CommandPath::parse(after.find('/').map_or("", |at| &after[at..]))
-}
-
-/// Ends session `id`: chromedriver lets the browser go, the instance is
-/// deleted (gracefully: a persistent profile is written back).
-async fn end(control_plane: &ControlPlane, target: &DoorTarget, id: &InstanceId) -> Response {
-    let _ = call(
-        target,
-        Method::DELETE,
-        format!("/webdriver/session/{id}"),
-        String::new(),
-    )
-    .await;
-    match control_plane.instance_delete(id, false).await {
-        Ok(_) => axum::Json(json!({"value": null})).into_response(),
-        Err(error) => unknown(error.to_string()).into_response(),
-    }
 }
 
 /// `GET /status`, `GET /wd/hub/status` (open, as Grid's; its `nodes` for
@@ -336,14 +229,8 @@ pub async fn status(
 ) -> Response {
     let nodes_shown = principal.reads_the_fleet(control_plane.config().auth_enabled, &scope);
     match control_plane.webdriver_status(nodes_shown).await {
-        Ok(value) => {
-            let mut response = axum::Json(value).into_response();
-            response
-                .headers_mut()
-                .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-            response
-        }
-        Err(error) => unknown(error.to_string()).into_response(),
+        Ok(value) => ([(header::CACHE_CONTROL, "no-store")], axum::Json(value)).into_response(),
+        Err(error) => WebDriverRefusal::unknown(error.to_string()).into_response(),
     }
 }
 

@@ -95,9 +95,9 @@ async fn admit(
         .unwrap_or(Scope::Admin);
     let principal = request
         .extensions()
-        .get::<crate::http::Principal>()
+        .get::<crate::app::keys::Principal>()
         .cloned()
-        .unwrap_or_else(|| crate::http::Principal("anonymous".into()));
+        .unwrap_or_else(|| crate::app::keys::Principal("anonymous".into()));
     let session = request
         .headers()
         .get("mcp-session-id")
