@@ -434,7 +434,7 @@ pub enum ConfigError {
     #[error("events.token_secret must be at least 16 characters")]
     TokenSecretShort,
     #[error(transparent)]
-    ApiKey(#[from] crate::app::keys::ApiKeyError),
+    ApiKey(#[from] ApiKeyError),
     #[error(
         "auth_enabled = true needs at least one entry in api_keys (create one with `flotilla keys create`)"
     )]
@@ -637,7 +637,7 @@ impl ControlPlaneConfig {
         {
             return Err(ConfigError::TokenSecretShort);
         }
-        crate::app::keys::check_api_keys(&self.api_keys)?;
+        check_api_keys(&self.api_keys)?;
         let tenant_keys = self.tenants.iter().any(|t| !t.api_keys.is_empty());
         if self.auth_enabled && self.api_keys.is_empty() && !tenant_keys {
             return Err(ConfigError::AuthWithoutKeys);
@@ -656,7 +656,7 @@ impl ControlPlaneConfig {
                     name: tenant.name.clone(),
                 });
             }
-            crate::app::keys::check_api_keys(&tenant.api_keys)?;
+            check_api_keys(&tenant.api_keys)?;
         }
         let mut seen = std::collections::HashSet::new();
         let every_key = self
@@ -664,7 +664,7 @@ impl ControlPlaneConfig {
             .iter()
             .chain(self.tenants.iter().flat_map(|t| t.api_keys.iter()));
         for key in every_key {
-            let digest = crate::app::keys::key_digest(key)?;
+            let digest = key_digest(key)?;
             if !seen.insert(digest) {
                 return Err(ConfigError::KeyTwice {
                     digest_start: hex::encode(&digest[..6]),
@@ -683,4 +683,44 @@ fn above(value: f64, min: f64) -> bool {
 /// `value >= min` (false for NaN).
 fn at_least(value: f64, min: f64) -> bool {
     value >= min
+}
+
+/// An `api_keys` entry that is neither a raw key nor `sha256:<64 hex>`.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiKeyError {
+    #[error("api_keys: {entry:?} is not sha256:<64 hex>: {source}")]
+    NotHex {
+        entry: String,
+        #[source]
+        source: hex::FromHexError,
+    },
+    /// Hex, but not 32 bytes.
+    #[error("api_keys: {entry:?} is not sha256:<64 hex>")]
+    NotSha256 { entry: String },
+}
+
+/// `sha256:<hex>` as configured, or a raw key (hashed here, with a warning).
+pub fn key_digest(entry: &str) -> Result<[u8; 32], ApiKeyError> {
+    match entry.strip_prefix("sha256:") {
+        Some(hex_digest) => {
+            let bytes = hex::decode(hex_digest).map_err(|source| ApiKeyError::NotHex {
+                entry: entry.to_owned(),
+                source,
+            })?;
+            bytes.try_into().map_err(|_| ApiKeyError::NotSha256 {
+                entry: entry.to_owned(),
+            })
+        }
+        None => {
+            tracing::warn!(
+                "api_keys holds a raw key; store its hash instead (`flotilla keys create` prints the line)"
+            );
+            Ok(<sha2::Sha256 as sha2::Digest>::digest(entry.as_bytes()).into())
+        }
+    }
+}
+
+/// Checks the `api_keys` entries (for configuration validation).
+pub fn check_api_keys(keys: &[String]) -> Result<(), ApiKeyError> {
+    keys.iter().try_for_each(|k| key_digest(k).map(drop))
 }

@@ -15,7 +15,7 @@ use flotilla_api_types::credentials::{constant_time_eq, matches_any_digest};
 use flotilla_api_types::token_bucket::TokenBucket;
 
 use super::Scope;
-use crate::config::ControlPlaneConfig;
+use crate::config::{ControlPlaneConfig, key_digest};
 
 /// Who made a request: `key:<first 12 hex of its hash>`, or `anonymous`.
 #[derive(Debug, Clone)]
@@ -58,46 +58,6 @@ pub struct Caller {
     pub principal: Principal,
     pub digest: KeyDigest,
     pub scope: Scope,
-}
-
-/// An `api_keys` entry that is neither a raw key nor `sha256:<64 hex>`.
-#[derive(Debug, thiserror::Error)]
-pub enum ApiKeyError {
-    #[error("api_keys: {entry:?} is not sha256:<64 hex>: {source}")]
-    NotHex {
-        entry: String,
-        #[source]
-        source: hex::FromHexError,
-    },
-    /// Hex, but not 32 bytes.
-    #[error("api_keys: {entry:?} is not sha256:<64 hex>")]
-    NotSha256 { entry: String },
-}
-
-/// `sha256:<hex>` as configured, or a raw key (hashed here, with a warning).
-pub fn key_digest(entry: &str) -> Result<[u8; 32], ApiKeyError> {
-    match entry.strip_prefix("sha256:") {
-        Some(hex_digest) => {
-            let bytes = hex::decode(hex_digest).map_err(|source| ApiKeyError::NotHex {
-                entry: entry.to_owned(),
-                source,
-            })?;
-            bytes.try_into().map_err(|_| ApiKeyError::NotSha256 {
-                entry: entry.to_owned(),
-            })
-        }
-        None => {
-            tracing::warn!(
-                "api_keys holds a raw key; store its hash instead (`flotilla keys create` prints the line)"
-            );
-            Ok(Sha256::digest(entry.as_bytes()).into())
-        }
-    }
-}
-
-/// Checks the `api_keys` entries (for configuration validation).
-pub fn check_api_keys(keys: &[String]) -> Result<(), ApiKeyError> {
-    keys.iter().try_for_each(|k| key_digest(k).map(drop))
 }
 
 impl KeyRing {
