@@ -423,7 +423,7 @@ pub async fn wait_running(
 /// A page session of one instance, over its `urls.debug`, for timed
 /// navigations.
 pub struct Tab {
-    client: flotilla_node_agent::cdp::CdpClient,
+    client: flotilla_node_agent::engine::cdp::CdpClient,
     session: String,
 }
 
@@ -433,7 +433,7 @@ impl Tab {
     /// A new blank tab, attached, with page events on.
     pub async fn open(debug_url: &str) -> anyhow::Result<Self> {
         use serde_json::json;
-        let client = flotilla_node_agent::cdp::CdpClient::connect(debug_url).await?;
+        let client = flotilla_node_agent::engine::cdp::CdpClient::connect(debug_url).await?;
         let (_, session) = client.open_tab("about:blank", CDP_TIMEOUT).await?;
         client
             .call("Page.enable", json!({}), Some(&session), CDP_TIMEOUT)

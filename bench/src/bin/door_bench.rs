@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use flotilla_bench::{
     ServeProcess, client_with_key, create_running, get_json, number_flag, percentile, text_flag,
 };
-use flotilla_node_agent::cdp::CdpClient;
+use flotilla_node_agent::engine::cdp::CdpClient;
 
 const KEY: &str = "door-bench-key";
 

@@ -40,7 +40,7 @@ use flotilla_bench::{
     ServeProcess, get_json, mem_available_mib, number_flag, percentile, raw_chromium_start,
     summary_row, text_flag,
 };
-use flotilla_node_agent::cdp::CdpClient;
+use flotilla_node_agent::engine::cdp::CdpClient;
 
 struct Args {
     binary: PathBuf,

@@ -32,7 +32,7 @@ use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
 use flotilla_bench::{ServeProcess, get_json, number_flag, summary_row, text_flag, wait_running};
-use flotilla_node_agent::cdp::CdpClient;
+use flotilla_node_agent::engine::cdp::CdpClient;
 
 type Socket =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
@@ -292,13 +292,13 @@ fn cpu_seconds(pids: &[u32]) -> f64 {
 
 /// Pids whose command line mentions `needle`, and their descendants.
 fn processes_of(needle: &str) -> Vec<u32> {
-    let roots: Vec<u32> = flotilla_node_agent::monitor::pids()
+    let roots: Vec<u32> = flotilla_node_agent::system::monitor::pids()
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline"))
                 .is_ok_and(|c| String::from_utf8_lossy(&c).contains(needle))
         })
         .collect();
-    flotilla_node_agent::monitor::ProcTable::scan().live_descendants(&roots)
+    flotilla_node_agent::system::monitor::ProcTable::scan().live_descendants(&roots)
 }
 
 /// An instance showing the animated page in its only tab.

@@ -105,7 +105,7 @@ impl RawServer {
             );
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         };
-        let package = flotilla_node_agent::playwright::installed(std::path::Path::new(
+        let package = flotilla_node_agent::protocols::playwright::installed(std::path::Path::new(
             flotilla_node_agent::config::DEFAULT_PLAYWRIGHT_DIR,
         ))
         .into_iter()
@@ -116,7 +116,7 @@ impl RawServer {
         let dir = profile.path().to_string_lossy().into_owned();
         let mut server = tokio::process::Command::new("node")
             .arg("-e")
-            .arg(flotilla_node_agent::playwright::SERVER_SCRIPT)
+            .arg(flotilla_node_agent::protocols::playwright::SERVER_SCRIPT)
             .arg("--")
             .arg(&package)
             .arg(server_port.to_string())

@@ -232,7 +232,7 @@ async fn live_view(args: &Args) -> anyhow::Result<()> {
         .and_then(|t| t["webSocketDebuggerUrl"].as_str())
         .context("first tab")?
         .to_owned();
-    let tab = flotilla_node_agent::cdp::CdpClient::connect(&first).await?;
+    let tab = flotilla_node_agent::engine::cdp::CdpClient::connect(&first).await?;
     tab.call(
         "Page.navigate",
         serde_json::json!({"url": page_url}),

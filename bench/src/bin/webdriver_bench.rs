@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 
 use flotilla_bench::{ServeProcess, free_port, number_flag, percentile, summary_row, text_flag};
 use flotilla_node_agent::config::{AgentConfig, BASE_CHROMIUM_FLAGS};
-use flotilla_node_agent::monitor::pss_kib;
+use flotilla_node_agent::system::monitor::pss_kib;
 
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 

@@ -206,7 +206,7 @@ pub struct AgentConfig {
     /// (`scripts/install-deps` creates it; `nobody` if it does not exist).
     pub browser_user: String,
     /// What pages may reach on the network (`[agent.egress]`).
-    pub egress: crate::egress::EgressConfig,
+    pub egress: crate::confine::egress::EgressConfig,
     /// A client connecting to a dormant instance's ports wakes it
     /// and is served once the browser is up.
     pub wake_on_connect: bool,
@@ -305,7 +305,7 @@ impl Default for AgentConfig {
             warm_pool_chromedriver: true,
             sandbox: true,
             browser_user: "flotilla-browser".into(),
-            egress: crate::egress::EgressConfig::default(),
+            egress: crate::confine::egress::EgressConfig::default(),
             wake_on_connect: true,
             wake_on_connect_method: ReviveMethod::FullRestore,
             warm_pool_for_saved_state: true,
@@ -322,7 +322,7 @@ impl Default for AgentConfig {
             screenshot_max_bytes: 32 << 20,
             max_concurrent_captures: 4,
             action_max_output_bytes: 64 << 20,
-            messages_in_flight_mb: crate::client_frames::DEFAULT_BUDGET >> 20,
+            messages_in_flight_mb: crate::protocols::client_frames::DEFAULT_BUDGET >> 20,
             playwright_dir: PathBuf::from(DEFAULT_PLAYWRIGHT_DIR),
             playwright_versions: DEFAULT_PLAYWRIGHT_VERSIONS
                 .iter()
@@ -371,7 +371,7 @@ impl AgentConfig {
     /// Checks values that serde cannot; the message names the key.
     /// `messages_in_flight_mb` holds the largest message a client may send.
     fn check_messages_in_flight(&self) -> Result<(), ConfigError> {
-        let largest = crate::client_frames::Protocol::Cdp.max_message() >> 20;
+        let largest = crate::protocols::client_frames::Protocol::Cdp.max_message() >> 20;
         if self.messages_in_flight_mb < largest {
             return Err(ConfigError::MessagesInFlight {
                 got: self.messages_in_flight_mb,
@@ -525,7 +525,7 @@ pub enum ConfigError {
     )]
     WarmPoolImage { image: String },
     #[error(transparent)]
-    EgressAllow(#[from] crate::egress::InvalidAllowRule),
+    EgressAllow(#[from] crate::confine::egress::InvalidAllowRule),
     #[error("agent.browser_user must name an unprivileged account (got {got:?})")]
     BrowserUser { got: String },
     /// A count or duration that must be at least 1.

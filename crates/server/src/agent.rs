@@ -60,7 +60,7 @@ impl AgentNode {
         let router_shutdown = shutdown.clone();
         let server = tokio::spawn(async move {
             let Ok(agent) = agent_rx.await else { return };
-            let router = flotilla_node_agent::agent_api::router(agent, &token);
+            let router = flotilla_node_agent::agent::api::router(agent, &token);
             let _ = spawn_http(listener, router, &listeners, router_shutdown).await;
         });
         let agent = Agent::start(settings, link).await?;

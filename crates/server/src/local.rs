@@ -94,7 +94,7 @@ impl NodeConnection for LocalNode {
 
 fn agent_error(error: AgentError) -> NodeCallError {
     NodeCallError::Rejected {
-        code: flotilla_node_agent::agent_api::code_of(&error),
+        code: flotilla_node_agent::agent::api::code_of(&error),
         detail: error.to_string(),
     }
 }
@@ -186,7 +186,7 @@ impl ArtifactStore for Artifacts {
     }
 
     fn extension_inspect(&self, zip: &[u8]) -> Result<ExtensionManifest, ExtensionRefusal> {
-        let manifest = flotilla_node_agent::extension::inspect(zip)?;
+        let manifest = flotilla_node_agent::engine::extension::inspect(zip)?;
         Ok(ExtensionManifest {
             name: manifest.name,
             version: manifest.version,

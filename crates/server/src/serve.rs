@@ -103,7 +103,7 @@ impl Serve {
             .unwrap_or_else(random_token);
         tasks.push(spawn_http(
             agent_listener,
-            flotilla_node_agent::agent_api::router(agent.clone(), &cluster_token),
+            flotilla_node_agent::agent::api::router(agent.clone(), &cluster_token),
             &listeners,
             shutdown.clone(),
         ));

@@ -78,7 +78,7 @@ pub async fn serve_page(pages: &[(&str, &str)]) -> PageServer {
 /// A page opened in an instance over CDP (through its gateway), for tests that
 /// need to run script or navigate.
 pub struct Page {
-    client: flotilla_node_agent::cdp::CdpClient,
+    client: flotilla_node_agent::engine::cdp::CdpClient,
     session: String,
 }
 
@@ -87,7 +87,7 @@ pub(super) const CDP_TIMEOUT: Duration = Duration::from_secs(60);
 impl Page {
     /// Opens a new tab at `url` in the browser behind `debug_url` and waits for it to load.
     pub async fn open(debug_url: &str, url: &str) -> anyhow::Result<Self> {
-        let client = flotilla_node_agent::cdp::CdpClient::connect(debug_url).await?;
+        let client = flotilla_node_agent::engine::cdp::CdpClient::connect(debug_url).await?;
         let (_, session) = client.open_tab("about:blank", CDP_TIMEOUT).await?;
         let page = Self { client, session };
         page.navigate(url).await?;
@@ -97,7 +97,7 @@ impl Page {
     /// Attaches to the tab `target_id` already open in the browser behind
     /// `debug_url`.
     pub async fn attach(debug_url: &str, target_id: &str) -> anyhow::Result<Self> {
-        let client = flotilla_node_agent::cdp::CdpClient::connect(debug_url).await?;
+        let client = flotilla_node_agent::engine::cdp::CdpClient::connect(debug_url).await?;
         let attached = client
             .call(
                 "Target.attachToTarget",

@@ -6,7 +6,7 @@ use std::path::Path;
 /// Pids of processes whose command line mentions `needle` (e.g. an instance directory).
 pub fn processes_mentioning(needle: &str) -> Vec<u32> {
     let mut pids = Vec::new();
-    for pid in flotilla_node_agent::monitor::pids() {
+    for pid in flotilla_node_agent::system::monitor::pids() {
         if pid == std::process::id() {
             continue;
         }
@@ -23,7 +23,7 @@ pub fn processes_mentioning(needle: &str) -> Vec<u32> {
 
 /// `roots` and all their living descendants.
 pub fn process_tree(roots: &[u32]) -> Vec<u32> {
-    flotilla_node_agent::monitor::ProcTable::scan().live_descendants(roots)
+    flotilla_node_agent::system::monitor::ProcTable::scan().live_descendants(roots)
 }
 
 /// Waits (10 s at most) until no process of the browser(s) under `dir` is
@@ -53,7 +53,7 @@ pub async fn wait_browser_processes_gone(dir: &Path) {
 pub fn browser_processes(dir: &Path) -> Vec<u32> {
     let needle = dir.display().to_string();
     let mut roots = processes_mentioning(&needle);
-    let table = flotilla_node_agent::monitor::ProcTable::scan();
+    let table = flotilla_node_agent::system::monitor::ProcTable::scan();
     if let Some(name) = dir.file_name().and_then(|n| n.to_str()) {
         let component = format!("/{name}");
         for pid in table.live_pids() {

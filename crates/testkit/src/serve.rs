@@ -301,7 +301,7 @@ impl Drop for ServeProcess {
             let _ = child.start_kill();
         }
         if self.sweep_on_drop {
-            flotilla_node_agent::sweep::sweep(&self.data_dir.join("agent/instances"));
+            flotilla_node_agent::agent::sweep::sweep(&self.data_dir.join("agent/instances"));
         }
     }
 }

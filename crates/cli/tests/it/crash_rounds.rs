@@ -293,7 +293,7 @@ impl Drop for Fleet {
                 let _ = child.start_kill();
             }
         }
-        flotilla_node_agent::sweep::sweep(&self.instances_dir());
+        flotilla_node_agent::agent::sweep::sweep(&self.instances_dir());
     }
 }
 

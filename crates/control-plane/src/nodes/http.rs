@@ -1,5 +1,5 @@
 //! A node agent on another machine (or process), reached over its agent API
-//! (`flotilla_node_agent::agent_api`) with the cluster token.
+//! (`flotilla_node_agent::agent::api`) with the cluster token.
 
 use std::time::Duration;
 

@@ -13,12 +13,12 @@ use flotilla_api_types::agent::{AgentDormantResult, AgentInstancePorts, AgentRev
 use flotilla_api_types::ids::{OperationId, SnapshotId};
 use flotilla_api_types::instances::{InstanceStatus, ReviveMethod};
 
-use crate::browser::InstanceDirs;
-use crate::browser::{BrowserProcess, CdpEndpoint};
 use crate::config::ImageConfig;
+use crate::engine::browser::InstanceDirs;
+use crate::engine::browser::{BrowserProcess, CdpEndpoint};
+use crate::engine::launcher::WarmTaker;
 use crate::instance::InstanceSlot;
-use crate::instance_state::{Effect, Event, Lifecycle, State};
-use crate::launcher::WarmTaker;
+use crate::instance::state::{Effect, Event, Lifecycle, State};
 use crate::snapshot::{self, CapturedState, RestoreOptions};
 
 use super::operations::Request;
@@ -65,7 +65,7 @@ impl Agent {
         let started = Instant::now();
         let endpoint = slot.endpoint();
         let state = match &endpoint {
-            Some(endpoint) => snapshot::capture(endpoint)
+            Some(endpoint) => crate::engine::state::capture(endpoint)
                 .await
                 .map_err(AgentError::StateUnreadable)?,
             None => CapturedState::default(),
@@ -127,11 +127,11 @@ impl Agent {
     /// recordings stay on this node, and the park goes on).
     async fn save_recordings(&self, id: &InstanceId) {
         let dir = self.recordings_dir(id);
-        if !crate::recording::wait_finished(&dir, RECORDING_END).await {
+        if !crate::protocols::recording::wait_finished(&dir, RECORDING_END).await {
             tracing::warn!(instance = %id, "the last recording is still being written; it stays on this node");
         }
         let store = &self.inner.settings.snapshots;
-        match crate::recording::save(store, id, &dir).await {
+        match crate::protocols::recording::save(store, id, &dir).await {
             Ok(count) => tracing::debug!(instance = %id, count, "recordings saved"),
             Err(error) => {
                 tracing::warn!(instance = %id, store = store.location, %error, "cannot save the recordings to the snapshot store; they stay on this node")
@@ -145,7 +145,7 @@ impl Agent {
         let dir = self.recordings_dir(&slot.id);
         let store = &self.inner.settings.snapshots;
         tokio::select! {
-            restored = crate::recording::restore(store, &slot.id, &dir) => match restored {
+            restored = crate::protocols::recording::restore(store, &slot.id, &dir) => match restored {
                 Ok(0) => {}
                 Ok(count) => tracing::info!(instance = %slot.id, count, "recordings brought back from the snapshot store"),
                 Err(error) => tracing::warn!(instance = %slot.id, store = store.location, %error, "cannot bring back the recordings from the snapshot store"),
@@ -199,7 +199,7 @@ impl Agent {
                     reopen_tabs: true,
                     service_workers: true,
                 };
-                snapshot::restore(endpoint, state, options)
+                crate::engine::state::restore(endpoint, state, options)
                     .await
                     .map_err(StartFailure::TabsRestore)?;
             }
@@ -454,7 +454,7 @@ impl Agent {
                 reopen_tabs,
                 service_workers,
             };
-            snapshot::restore(endpoint, &opened.state, options)
+            crate::engine::state::restore(endpoint, &opened.state, options)
                 .await
                 .map_err(StartFailure::StateRestore)?;
         }

@@ -17,21 +17,23 @@ use flotilla_api_types::agent::{
 use flotilla_api_types::extensions::is_extension_id;
 use flotilla_api_types::instances::KeptRecording;
 
-use crate::browser::{BrowserProcess, BrowserSetup, CdpEndpoint, InstanceDirs, LaunchError};
-use crate::cgroups::Limits;
 use crate::config::ImageConfig;
-use crate::launcher::{WarmBrowser, WarmTaker};
+use crate::engine::browser::{
+    BrowserProcess, BrowserSetup, CdpEndpoint, InstanceDirs, LaunchError,
+};
+use crate::engine::launcher::{WarmBrowser, WarmTaker};
+use crate::system::cgroups::Limits;
 
 /// How long an instance made from a warm browser keeps the chromedriver the
 /// browser came with, for a WebDriver session to take (its session attaches
 /// as soon as the create is answered).
 const PRESTARTED_DRIVER_KEPT: Duration = Duration::from_secs(30);
-use crate::extension;
-use crate::gateway::{self, GatewayContext};
+use crate::engine::extension;
 use crate::instance::InstanceSlot;
-use crate::instance_http;
-use crate::instance_state::{Effect, Event, Lifecycle, State};
-use crate::live_view::{self, LiveView, LiveViewSettings};
+use crate::instance::state::{Effect, Event, Lifecycle, State};
+use crate::protocols::gateway::{self, GatewayContext};
+use crate::protocols::instance_http;
+use crate::protocols::live_view::{self, LiveView, LiveViewSettings};
 use crate::snapshot::{self, CapturedState, OpenedArchive};
 
 use super::operations::Request;
@@ -208,7 +210,7 @@ impl Agent {
         let live_view = LiveView::new(slot.clone(), settings, ready_timeout);
         let recordings = self.recordings_dir(&slot.id);
         if slot.config.record {
-            slot.set_recorder(self.inner.tasks.spawn(crate::recording::record(
+            slot.set_recorder(self.inner.tasks.spawn(crate::protocols::recording::record(
                 slot.clone(),
                 live_view.clone(),
                 recordings.clone(),
@@ -237,7 +239,10 @@ impl Agent {
 
     /// Where a Playwright server's end is told: news only while the browser
     /// it served runs (a park or a crash ends both).
-    fn playwright_exits(&self, slot: &Arc<InstanceSlot>) -> crate::playwright::ExitReport {
+    fn playwright_exits(
+        &self,
+        slot: &Arc<InstanceSlot>,
+    ) -> crate::protocols::playwright::ExitReport {
         let (agent, slot) = (self.clone(), slot.clone());
         Arc::new(move |group, event| {
             let same_browser = slot.process().and_then(|process| process.pid()) == Some(group);
@@ -298,7 +303,7 @@ impl Agent {
                 Err(match error {
                     LaunchError::Timeout(timeout) => StartFailure::ReadyTimeout {
                         timeout,
-                        log: crate::browser::log_tail(&slot.dirs.log()),
+                        log: crate::engine::browser::log_tail(&slot.dirs.log()),
                     },
                     other => StartFailure::Launch(other),
                 })
@@ -510,7 +515,7 @@ impl Agent {
         };
         let reason = format!(
             "browser {exit}{limit}{}",
-            crate::browser::log_tail(&slot.dirs.log())
+            crate::engine::browser::log_tail(&slot.dirs.log())
         );
         if let Some(effects) = slot.apply(Event::Exited { reason }) {
             self.carry_out(slot, effects);
@@ -617,13 +622,15 @@ impl Agent {
         // A graceful delete writes a running browser's state back to its
         // persistent profile (a dormant one saved it when it was parked).
         let write_back = match (force, slot.persisted_profile(), slot.endpoint()) {
-            (false, Some(name), Some(endpoint)) => match snapshot::capture(&endpoint).await {
-                Ok(state) => Some((name, state)),
-                Err(error) => {
-                    tracing::error!(instance = %id, profile = name, %error, "cannot read the browser's state; the profile keeps its previous state");
-                    None
+            (false, Some(name), Some(endpoint)) => {
+                match crate::engine::state::capture(&endpoint).await {
+                    Ok(state) => Some((name, state)),
+                    Err(error) => {
+                        tracing::error!(instance = %id, profile = name, %error, "cannot read the browser's state; the profile keeps its previous state");
+                        None
+                    }
                 }
-            },
+            }
             _ => None,
         };
         self.stop_slot(slot, force).await;
@@ -693,7 +700,7 @@ impl Agent {
     async fn keep_recordings(&self, id: &InstanceId, dir: &std::path::Path) -> bool {
         let listed = {
             let dir = dir.to_owned();
-            tokio::task::spawn_blocking(move || crate::recording::list(&dir)).await
+            tokio::task::spawn_blocking(move || crate::protocols::recording::list(&dir)).await
         };
         let recordings = match listed {
             Ok(Ok(recordings)) => recordings,
@@ -753,7 +760,7 @@ async fn restore_profile(
         reopen_tabs: false,
         service_workers,
     };
-    snapshot::restore(endpoint, &saved.state, options)
+    crate::engine::state::restore(endpoint, &saved.state, options)
         .await
         .map_err(|source| StartFailure::ProfileRestore {
             name: name.to_owned(),

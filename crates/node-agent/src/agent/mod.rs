@@ -30,26 +30,29 @@ use flotilla_api_types::instances::{InstanceConfig, InstanceStatus, ProxyError};
 use flotilla_api_types::profiles::ProfileUse;
 use flotilla_api_types::{InstanceId, NodeId};
 
-use crate::access::NodeAccess;
-use crate::browser::{InstanceDirs, LaunchError};
-use crate::client_frames::MessageBudget;
+use crate::agent::link::ControlPlaneLink;
+use crate::agent::ports::{InstancePorts, PortAllocator};
 use crate::config::{AgentConfig, ImageConfig, RuntimeKind};
-use crate::egress::Upstream;
+use crate::confine::egress::Upstream;
+use crate::engine::browser::{InstanceDirs, LaunchError};
+use crate::engine::launcher::Launcher;
+use crate::instance::state::{Event, Lifecycle};
 use crate::instance::{InstanceSlot, SlotSetup};
-use crate::instance_state::{Event, Lifecycle};
-use crate::launcher::Launcher;
-use crate::link::ControlPlaneLink;
-use crate::monitor::MachineMeter;
-use crate::ports::{InstancePorts, PortAllocator};
+use crate::protocols::access::NodeAccess;
+use crate::protocols::client_frames::MessageBudget;
 use crate::snapshot::SnapshotStore;
-use crate::sweep;
+use crate::system::monitor::MachineMeter;
 
+pub mod api;
 mod dormancy;
 mod lifecycle;
+pub mod link;
 pub(crate) mod operations;
 
 use operations::Request;
+pub mod ports;
 mod reporting;
+pub mod sweep;
 mod warm;
 
 /// Errors of agent operations; the agent API maps each to its HTTP status
@@ -120,10 +123,10 @@ pub enum AgentError {
     ShuttingDown,
     /// A REST action's job failed; its status is the action error's.
     #[error(transparent)]
-    Action(#[from] crate::actions::ActionError),
+    Action(#[from] crate::protocols::actions::ActionError),
     /// An MCP step failed; its status is the step error's.
     #[error(transparent)]
-    Page(#[from] crate::page_ops::PageError),
+    Page(#[from] crate::protocols::page_ops::PageError),
 }
 
 /// An image name this node's catalog does not have.
@@ -173,7 +176,7 @@ pub enum StartFailure {
     ExtensionUnpack {
         id: String,
         #[source]
-        source: crate::extension::UnpackError,
+        source: crate::engine::extension::UnpackError,
     },
     /// The extensions' folder could not be made, or the unpacked one moved
     /// into place.
@@ -287,7 +290,7 @@ struct AgentInner {
     instances_root: PathBuf,
     ports: PortAllocator,
     /// Screenshot limits shared by the node's instances.
-    captures: Arc<crate::capture::NodeCaptures>,
+    captures: Arc<crate::engine::capture::NodeCaptures>,
     /// The default image's Chromium version, read once at start.
     browser_version: Option<String>,
     /// Instances on this node. A std mutex: lookups and inserts only.
@@ -337,7 +340,7 @@ impl Agent {
         settings.config.validate().map_err(anyhow::Error::msg)?;
         let node_id = NodeId::new(settings.config.node_id.clone().unwrap_or_else(hostname));
         if settings.config.runtime == RuntimeKind::Chromium {
-            crate::browser::become_subreaper();
+            crate::engine::browser::become_subreaper();
         }
         MessageBudget::configure_node(settings.config.messages_in_flight_mb << 20);
         let instances_root = settings.data_dir.join("instances");
@@ -374,7 +377,7 @@ impl Agent {
             ports: PortAllocator::new(settings.config.port_range, settings.bind_address),
             machine: Mutex::new(MachineMeter::new(&settings.data_dir)),
             instances_root,
-            captures: crate::capture::NodeCaptures::new(&settings.config),
+            captures: crate::engine::capture::NodeCaptures::new(&settings.config),
             browser_version: match settings.config.runtime {
                 RuntimeKind::Chromium => {
                     let catalog = settings.config.image_catalog();
@@ -401,7 +404,7 @@ impl Agent {
                 .keep_pool_filled(agent.inner.shutdown.clone()),
         );
         if agent.inner.settings.config.runtime == RuntimeKind::Chromium {
-            tasks.spawn(crate::reaper::run(agent.inner.shutdown.clone()));
+            tasks.spawn(crate::system::reaper::run(agent.inner.shutdown.clone()));
         }
         let ack = agent.register_until_accepted().await?;
         tasks.spawn(agent.clone().send_changes(changes_rx));
@@ -541,8 +544,8 @@ impl Agent {
         &self,
         id: &InstanceId,
         action: &flotilla_api_types::actions::AgentAction,
-    ) -> Result<crate::actions::ActionOutput, AgentError> {
-        use crate::actions::{ActionBounds, ActionError};
+    ) -> Result<crate::protocols::actions::ActionOutput, AgentError> {
+        use crate::protocols::actions::{ActionBounds, ActionError};
         let slot = self.slot(id)?;
         let config = &self.inner.settings.config;
         let launch_wait = Duration::from_secs(config.launch_timeout_sec);
@@ -556,7 +559,7 @@ impl Agent {
             max_output_bytes: config.action_max_output_bytes,
             max_pixels: config.screenshot_max_pixels,
         };
-        Ok(crate::actions::run(&endpoint, action, bounds).await?)
+        Ok(crate::protocols::actions::run(&endpoint, action, bounds).await?)
     }
 
     /// Carries out an MCP step on an instance's page (waking it when it is
@@ -566,7 +569,7 @@ impl Agent {
         id: &InstanceId,
         request: &flotilla_api_types::page::AgentPageRequest,
     ) -> Result<flotilla_api_types::page::PageAnswer, AgentError> {
-        use crate::page_ops::PageError;
+        use crate::protocols::page_ops::PageError;
         let slot = self.slot(id)?;
         let launch_wait = Duration::from_secs(self.inner.settings.config.launch_timeout_sec);
         let endpoint = slot
@@ -576,12 +579,12 @@ impl Agent {
             .ok_or(PageError::NoBrowser)?;
         slot.touch();
         slot.console.follow(&endpoint).await;
-        let context = crate::page_ops::StepContext {
+        let context = crate::protocols::page_ops::StepContext {
             console: &slot.console,
             dirs: &slot.dirs,
             isolation: self.inner.launcher.isolation(),
         };
-        Ok(crate::page_ops::run(&endpoint, request, context).await?)
+        Ok(crate::protocols::page_ops::run(&endpoint, request, context).await?)
     }
 
     /// Drops dormant instance `id`, revived on another node (see
@@ -797,7 +800,7 @@ impl Agent {
             slot.apply(Event::Stop);
             slot.servers.cancel();
             if let Some(pid) = slot.process().and_then(|p| p.pid()) {
-                crate::browser::kill_group(pid, libc::SIGKILL);
+                crate::engine::browser::kill_group(pid, libc::SIGKILL);
             }
             remove_dir(&slot.dirs.root);
         }

@@ -7,7 +7,7 @@
 //! the task and never block it: the launch of a new instance's browser (a
 //! delete must be able to stop it at once) and the watch on a browser's
 //! exit. Everything, the task included, changes the instance's state only
-//! through the lifecycle table ([`crate::instance_state::transition`]).
+//! through the lifecycle table ([`crate::instance::state::transition`]).
 
 use std::sync::Arc;
 

@@ -15,10 +15,10 @@ use flotilla_api_types::agent::{
 use flotilla_api_types::ids::SnapshotId;
 use flotilla_api_types::instances::InstanceStatus;
 
+use crate::agent::link::LinkError;
 use crate::instance::InstanceSlot;
-use crate::instance_state::{Event, State};
-use crate::link::LinkError;
-use crate::monitor::{self, ProcTable};
+use crate::instance::state::{Event, State};
+use crate::system::monitor::{self, ProcTable};
 use flotilla_api_types::agent::RegistrationAck;
 
 use super::{Agent, Outgoing};

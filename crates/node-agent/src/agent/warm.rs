@@ -8,10 +8,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::browser::{BrowserProcess, CdpEndpoint};
+use crate::engine::browser::{BrowserProcess, CdpEndpoint};
+use crate::engine::launcher::WarmBrowser;
 use crate::instance::InstanceSlot;
-use crate::launcher::WarmBrowser;
-use crate::snapshot::{self, OpenedArchive, RestoreOptions};
+use crate::snapshot::{OpenedArchive, RestoreOptions};
 
 use super::{Agent, StartFailure, remove_dir, upstream_of};
 
@@ -36,7 +36,7 @@ impl Agent {
                     reopen_tabs,
                     service_workers: false,
                 };
-                snapshot::restore(&endpoint, &saved.state, options)
+                crate::engine::state::restore(&endpoint, &saved.state, options)
                     .await
                     .map_err(StartFailure::StateRestore)?;
             }

@@ -1,30 +1,26 @@
 //! Dormancy snapshots: what a parked browser leaves behind, and where.
 //!
-//! - [`capture`] reads the browser's state over CDP while it still runs: every
+//! - `engine::state::capture` reads the browser's state over CDP while it still runs: every
 //!   cookie (session cookies too, which Chromium does not keep on disk), the open
 //!   tabs (URL, history, sessionStorage, scroll position), and the localStorage
 //!   of the tabs' origins.
 //! - [`archive`] packs the profile directory (without caches and lock files) and
 //!   that state into one tar + zstd file; [`OpenedArchive`] reads one back and
 //!   says what of its site data only the profile's files hold.
-//! - [`restore`] puts the state back into a started browser: cookies and
+//! - `engine::state::restore` puts the state back into a started browser: cookies and
 //!   localStorage always, tabs (rebuilt with their history) for
 //!   `full_restore`.
 //! - [`SnapshotStore`] keeps archives in a directory (`file://`) or an
 //!   S3-compatible bucket (`s3://`), through `object_store`. A put is atomic: an
 //!   archive is either complete or absent.
 
-use std::time::Duration;
-
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 mod archive;
-mod browser_state;
 mod store;
 
 pub use archive::{OpenedArchive, archive};
-pub use browser_state::{capture, restore};
 pub use store::{DEFAULT_STORE_TIMEOUT_SEC, SnapshotStore, SnapshotsConfig, is_not_found};
 
 /// What the browser held besides its profile files.
@@ -75,9 +71,7 @@ pub struct OriginStorage {
     pub items: Vec<(String, String)>,
 }
 
-const CDP_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// What [`restore`] puts back besides cookies and localStorage, and how.
+/// What `engine::state::restore` puts back besides cookies and localStorage, and how.
 #[derive(Debug, Clone, Copy)]
 pub struct RestoreOptions {
     /// Every captured tab at its URL, in its order (a full restore).
@@ -96,8 +90,8 @@ mod tests {
     use flotilla_api_types::ids::SnapshotId;
     use serde_json::json;
 
-    use super::browser_state::cookie_param;
     use super::*;
+    use crate::engine::state::cookie_param;
 
     #[test]
     fn archive_round_trip_skips_caches_and_locks() {

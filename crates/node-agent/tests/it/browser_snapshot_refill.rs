@@ -8,9 +8,9 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use flotilla_node_agent::browser::CdpEndpoint;
-use flotilla_node_agent::cdp::CdpClient;
 use flotilla_node_agent::config::BASE_CHROMIUM_FLAGS;
+use flotilla_node_agent::engine::browser::CdpEndpoint;
+use flotilla_node_agent::engine::cdp::CdpClient;
 use flotilla_node_agent::snapshot;
 use flotilla_testkit::{Page, serve_page};
 
@@ -136,7 +136,9 @@ async fn browser_restore_puts_back_local_storage_the_profile_lost() {
             .unwrap();
             drop(page);
         }
-        let mut captured = snapshot::capture(&browser.endpoint).await.unwrap();
+        let mut captured = flotilla_node_agent::engine::state::capture(&browser.endpoint)
+            .await
+            .unwrap();
         let origin = captured
             .local_storage
             .iter_mut()
@@ -188,7 +190,7 @@ async fn browser_restore_puts_back_local_storage_the_profile_lost() {
             reopen_tabs,
             service_workers,
         };
-        snapshot::restore(&browser.endpoint, &captured, options)
+        flotilla_node_agent::engine::state::restore(&browser.endpoint, &captured, options)
             .await
             .unwrap();
         if reopen_tabs {
@@ -274,7 +276,9 @@ async fn browser_a_page_cannot_answer_the_capture_for_another_origin() {
     );
     evil_page.eval(&forged).await.unwrap();
 
-    let captured = snapshot::capture(&browser.endpoint).await.unwrap();
+    let captured = flotilla_node_agent::engine::state::capture(&browser.endpoint)
+        .await
+        .unwrap();
     let origins: Vec<&str> = captured
         .local_storage
         .iter()

@@ -470,7 +470,7 @@ async fn browser_live_view_feeds_every_viewer_and_a_stalled_one_blocks_nobody() 
         .as_str()
         .unwrap()
         .to_owned();
-    let tab = flotilla_node_agent::cdp::CdpClient::connect(&first)
+    let tab = flotilla_node_agent::engine::cdp::CdpClient::connect(&first)
         .await
         .unwrap();
     tab.call(

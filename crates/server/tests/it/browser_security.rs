@@ -228,7 +228,7 @@ async fn browser_instance_ports_are_open_without_authentication() {
 
 /// The host's own addresses other than loopback and link-local.
 fn host_addresses() -> Vec<IpAddr> {
-    flotilla_node_agent::egress::interface_addresses()
+    flotilla_node_agent::confine::egress::interface_addresses()
         .into_iter()
         .filter(|ip| match ip {
             IpAddr::V4(v4) => !v4.is_loopback() && !v4.is_link_local(),

@@ -39,10 +39,10 @@ use tokio::io::AsyncWriteExt;
 use flotilla_api_types::InstanceId;
 use flotilla_api_types::instances::Recording;
 
+use crate::confine::sandbox::Isolation;
 use crate::instance::InstanceSlot;
-use crate::instance_state::State;
-use crate::live_view::LiveView;
-use crate::sandbox::Isolation;
+use crate::instance::state::State;
+use crate::protocols::live_view::LiveView;
 use crate::snapshot::SnapshotStore;
 
 /// Frames per second written to the video.
@@ -400,7 +400,7 @@ fn file_names(id: &str) -> (String, String) {
 
 /// Bytes the recordings in `dir` take.
 pub fn size_bytes(dir: &Path) -> u64 {
-    crate::monitor::dir_size(dir)
+    crate::system::monitor::dir_size(dir)
 }
 
 #[cfg(test)]

@@ -25,8 +25,8 @@ use std::process::Stdio;
 
 use tokio::process::Command;
 
-use crate::browser::{InstanceDirs, is_root};
 use crate::config::AgentConfig;
+use crate::engine::browser::{InstanceDirs, is_root};
 
 /// The unprivileged account browsers run as when the agent is root.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -222,7 +222,7 @@ impl Isolation {
         let own_network = if !config.egress.enabled {
             warnings.push("agent.egress.enabled is off: pages can reach this node's services and private networks".to_owned());
             false
-        } else if crate::netns::supported() {
+        } else if crate::confine::netns::supported() {
             true
         } else {
             warnings.push("cannot create network namespaces (the agent needs root): pages can reach this node's services and private networks".to_owned());

@@ -1,7 +1,7 @@
 //! What a browser's pages may reach on the network, and the proxy that enforces it.
 //!
 //! Each browser runs in a network namespace of its own with nothing but
-//! loopback ([`crate::netns`]); its only way out is a SOCKS5 proxy that the
+//! loopback ([`crate::confine::netns`]); its only way out is a SOCKS5 proxy that the
 //! agent listens with inside that namespace (Chromium is started with
 //! `--proxy-server=socks5://127.0.0.1:<port>` and `--proxy-bypass-list=<-loopback>`,
 //! so even loopback goes through it). A client that points a browser context at

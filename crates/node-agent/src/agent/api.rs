@@ -87,10 +87,10 @@ const ACTION_BODY_LIMIT: usize = 256 << 20;
 
 /// The HTTP status an agent error stands for.
 pub fn status_of(error: &AgentError) -> StatusCode {
-    use crate::actions::ActionError;
+    use crate::protocols::actions::ActionError;
     match error {
         AgentError::Page(page) => {
-            use crate::page_ops::PageError;
+            use crate::protocols::page_ops::PageError;
             match page {
                 PageError::BadInput(_) | PageError::StaleElement(_) => StatusCode::BAD_REQUEST,
                 PageError::NoTab(_) => StatusCode::NOT_FOUND,

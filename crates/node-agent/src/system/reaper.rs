@@ -38,7 +38,7 @@ pub async fn run(shutdown: CancellationToken) {
 /// One sweep: reaps the zombie children that were zombies at the last sweep
 /// too, and remembers the new ones. Answers how many were reaped.
 pub fn sweep(suspects: &mut HashSet<u32>) -> usize {
-    let zombies: HashSet<u32> = crate::monitor::zombie_children(std::process::id())
+    let zombies: HashSet<u32> = crate::system::monitor::zombie_children(std::process::id())
         .into_iter()
         .collect();
     let mut reaped = 0;
@@ -62,7 +62,7 @@ mod tests {
 
     #[test]
     fn an_orphan_zombie_is_reaped_on_the_second_sweep() {
-        crate::browser::become_subreaper();
+        crate::engine::browser::become_subreaper();
         // A child that forks a grandchild and exits: the grandchild is
         // handed to us, and exits too.
         let status = std::process::Command::new("/bin/sh")
@@ -72,7 +72,7 @@ mod tests {
         assert!(status.success());
         let me = std::process::id();
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while crate::monitor::zombie_children(me).is_empty() {
+        while crate::system::monitor::zombie_children(me).is_empty() {
             assert!(
                 std::time::Instant::now() < deadline,
                 "the orphan was handed to us"
@@ -82,6 +82,6 @@ mod tests {
         let mut suspects = HashSet::new();
         assert_eq!(sweep(&mut suspects), 0, "a first sighting only suspects");
         assert_eq!(sweep(&mut suspects), 1);
-        assert!(crate::monitor::zombie_children(me).is_empty());
+        assert!(crate::system::monitor::zombie_children(me).is_empty());
     }
 }

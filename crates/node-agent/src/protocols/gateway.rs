@@ -12,11 +12,11 @@
 //! - Every request and every chunk of WebSocket traffic counts as activity.
 //! - A request that arrives while the browser starts waits for it.
 //! - With authentication on, every request needs an API key or the instance's
-//!   token ([`crate::access`]); a refused one is answered 401 before anything
+//!   token ([`crate::protocols::access`]); a refused one is answered 401 before anything
 //!   reaches Chromium (or counts as activity, or wakes a parked instance). The
 //!   credential is not passed on, and the URLs the gateway hands out carry the
 //!   instance's token.
-//! - Commands from the client pass through [`crate::client_frames`], which keeps
+//! - Commands from the client pass through [`crate::protocols::client_frames`], which keeps
 //!   downloads in the instance's own directory; WebSocket compression is not
 //!   negotiated with Chromium, so that every command can be read.
 
@@ -37,10 +37,12 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::access::{Admission, InstanceToken, NodeAccess, query_without_token, with_token};
-use crate::browser::CdpEndpoint;
-use crate::client_frames::{Pins, Protocol};
+use crate::engine::browser::CdpEndpoint;
 use crate::instance::InstanceSlot;
+use crate::protocols::access::{
+    Admission, InstanceToken, NodeAccess, query_without_token, with_token,
+};
+use crate::protocols::client_frames::{Pins, Protocol};
 
 /// Upper bound for a forwarded HTTP body (`/json/protocol` is ~1 MB).
 const MAX_HTTP_BODY: usize = 32 << 20;
@@ -166,7 +168,7 @@ fn upstream_path(request: &Request<Body>, endpoint: &CdpEndpoint) -> String {
 
 /// Headers never passed on to Chromium (or a server beside it): the host
 /// (set to what Chromium answers to), the client's credential, WebSocket
-/// extensions (frames must stay readable, see [`crate::client_frames`]),
+/// extensions (frames must stay readable, see [`crate::protocols::client_frames`]),
 /// and the agent's own `x-flotilla-…` headers (only the agent sets them).
 fn forwarded(name: &hyper::header::HeaderName) -> bool {
     name != HOST
@@ -360,7 +362,7 @@ async fn relay_upgraded(
     };
     let (client_read, mut client_write) = tokio::io::split(client);
     let (mut upstream_read, upstream_write) = upstream.into_split();
-    let to_browser = crate::client_frames::relay(client_read, upstream_write, &pins);
+    let to_browser = crate::protocols::client_frames::relay(client_read, upstream_write, &pins);
     let to_client = async {
         let _ = tokio::io::copy(&mut upstream_read, &mut client_write).await;
         let _ = client_write.shutdown().await;
@@ -370,7 +372,7 @@ async fn relay_upgraded(
         _ = &mut to_client => {}
         outcome = &mut to_browser => {
             match outcome {
-                Err(crate::client_frames::RelayError::Io(error)) => {
+                Err(crate::protocols::client_frames::RelayError::Io(error)) => {
                     tracing::debug!(instance = %slot.id, %error, "client connection closed");
                 }
                 Err(error) => {

@@ -20,7 +20,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-use crate::browser::CdpEndpoint;
+use crate::engine::browser::CdpEndpoint;
 
 /// The largest message a client takes unless told otherwise.
 const MAX_MESSAGE: usize = 256 << 20;

@@ -4,14 +4,14 @@
 //! - `GET /` — a page that shows the live view of the `stream_port`;
 //! - `GET /downloads` — the instance's downloads (`{"downloads": […]}`),
 //!   `GET /downloads/{name}` one of them, `DELETE /downloads/{name}` removes it
-//!   (see [`crate::downloads`]); these read the disk and never wake a parked
+//!   (see [`crate::system::downloads`]); these read the disk and never wake a parked
 //!   instance;
 //! - `GET /recordings` — its recordings (`{"recordings": […]}`), `GET
-//!   /recordings/{id}` one of them (MP4; see [`crate::recording`]);
+//!   /recordings/{id}` one of them (MP4; see [`crate::protocols::recording`]);
 //! - `/webdriver/session[/{id}/…]` — its WebDriver server (see
-//!   [`crate::webdriver`]);
+//!   [`crate::protocols::webdriver`]);
 //! - `/playwright` — its Playwright server, for `chromium.connect()` (see
-//!   [`crate::playwright`]).
+//!   [`crate::protocols::playwright`]).
 //!
 //! It talks to the browser directly on its internal DevTools port.
 
@@ -26,20 +26,20 @@ use axum::routing::get;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
-use crate::access::{NodeAccess, with_token};
-use crate::browser::CdpEndpoint;
-use crate::capture::{CaptureError, Captures, NodeCaptures, Screenshot};
-use crate::cdp::{CdpClient, CdpError};
+use crate::engine::browser::CdpEndpoint;
+use crate::engine::capture::{CaptureError, Captures, NodeCaptures, Screenshot};
+use crate::engine::cdp::{CdpClient, CdpError};
 use crate::instance::InstanceSlot;
+use crate::protocols::access::{NodeAccess, with_token};
 
 #[derive(Clone)]
 struct ApiState {
     slot: Arc<InstanceSlot>,
     ready_timeout: Duration,
     access: Arc<NodeAccess>,
-    /// The instance's recordings (see [`crate::recording`]).
+    /// The instance's recordings (see [`crate::protocols::recording`]).
     recordings: std::path::PathBuf,
-    /// Screenshots, bounded in size and number (see [`crate::capture`]).
+    /// Screenshots, bounded in size and number (see [`crate::engine::capture`]).
     captures: Arc<Captures>,
 }
 
@@ -52,7 +52,7 @@ pub struct Tab {
 }
 
 /// Serves the instance's HTTP API until its servers stop; with
-/// authentication on, every request needs a credential ([`crate::access`]).
+/// authentication on, every request needs a credential ([`crate::protocols::access`]).
 pub async fn serve_api(
     listener: TcpListener,
     slot: Arc<InstanceSlot>,
@@ -60,25 +60,28 @@ pub async fn serve_api(
     (access, listeners): (Arc<NodeAccess>, flotilla_net::Listeners),
     (recordings, captures): (std::path::PathBuf, Arc<NodeCaptures>),
     (isolation, playwright_dir, playwright_exits): (
-        crate::sandbox::Isolation,
+        crate::confine::sandbox::Isolation,
         std::path::PathBuf,
-        crate::playwright::ExitReport,
+        crate::protocols::playwright::ExitReport,
     ),
 ) {
-    let webdriver = crate::webdriver::routes::router(crate::webdriver::routes::WebDriverState {
-        slot: slot.clone(),
-        webdriver: Arc::default(),
-        isolation: isolation.clone(),
-        ready_timeout,
-    });
-    let playwright =
-        crate::playwright::routes::router(crate::playwright::routes::PlaywrightState {
+    let webdriver = crate::protocols::webdriver::routes::router(
+        crate::protocols::webdriver::routes::WebDriverState {
             slot: slot.clone(),
-            servers: Arc::new(crate::playwright::Servers::new(playwright_exits)),
+            webdriver: Arc::default(),
+            isolation: isolation.clone(),
+            ready_timeout,
+        },
+    );
+    let playwright = crate::protocols::playwright::routes::router(
+        crate::protocols::playwright::routes::PlaywrightState {
+            slot: slot.clone(),
+            servers: Arc::new(crate::protocols::playwright::Servers::new(playwright_exits)),
             isolation,
             ready_timeout,
             dir: playwright_dir,
-        });
+        },
+    );
     let router = Router::new()
         .route("/", get(index))
         .route("/tabs", get(tabs))
@@ -99,7 +102,8 @@ pub async fn serve_api(
         })
         .merge(webdriver)
         .merge(playwright);
-    crate::access::serve_instance_port(listener, router, (access, listeners), slot).await;
+    crate::protocols::access::serve_instance_port(listener, router, (access, listeners), slot)
+        .await;
 }
 
 /// An error of the instance API: a status and the `{detail, code}` body of
@@ -266,7 +270,7 @@ fn no_download(name: &str) -> ApiError {
 
 async fn downloads_list(State(state): State<ApiState>) -> Result<Response, ApiError> {
     let dir = state.slot.dirs.downloads();
-    let downloads = blocking(move || crate::downloads::list(&dir))
+    let downloads = blocking(move || crate::system::downloads::list(&dir))
         .await?
         .map_err(|e| {
             let reason = format!("cannot list downloads: {e}");
@@ -277,7 +281,7 @@ async fn downloads_list(State(state): State<ApiState>) -> Result<Response, ApiEr
 }
 
 fn download_name(name: &str) -> Result<String, ApiError> {
-    crate::downloads::checked_name(name)
+    crate::system::downloads::checked_name(name)
         .map(str::to_owned)
         .map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))
 }
@@ -288,7 +292,7 @@ async fn download_get(
 ) -> Result<Response, ApiError> {
     let name = download_name(&name)?;
     let (dir, shown) = (state.slot.dirs.downloads(), name.clone());
-    let (file, length) = blocking(move || crate::downloads::open(&dir, &shown))
+    let (file, length) = blocking(move || crate::system::downloads::open(&dir, &shown))
         .await?
         .map_err(|_| no_download(&name))?;
     Ok(download_response(&name, file, length))
@@ -329,7 +333,7 @@ async fn download_delete(
 
 async fn remove_download(state: &ApiState, name: &str) -> Result<(), ApiError> {
     let (dir, target) = (state.slot.dirs.downloads(), name.to_owned());
-    let removed = blocking(move || crate::downloads::remove(&dir, &target))
+    let removed = blocking(move || crate::system::downloads::remove(&dir, &target))
         .await?
         .map_err(|e| {
             let reason = format!("cannot remove {name:?}: {e}");
@@ -343,7 +347,7 @@ async fn remove_download(state: &ApiState, name: &str) -> Result<(), ApiError> {
 
 async fn recordings_list(State(state): State<ApiState>) -> Result<Response, ApiError> {
     let dir = state.recordings.clone();
-    let recordings = blocking(move || crate::recording::list(&dir))
+    let recordings = blocking(move || crate::protocols::recording::list(&dir))
         .await?
         .map_err(|e| {
             let reason = format!("cannot list recordings: {e}");
@@ -358,7 +362,7 @@ async fn recording_get(
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Result<Response, ApiError> {
     let (dir, wanted) = (state.recordings.clone(), id.clone());
-    let (file, length) = blocking(move || crate::recording::open(&dir, &wanted))
+    let (file, length) = blocking(move || crate::protocols::recording::open(&dir, &wanted))
         .await?
         .map_err(|_| {
             let reason = format!("no recording {id:?}; GET /recordings lists them");

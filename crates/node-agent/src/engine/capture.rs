@@ -14,9 +14,9 @@ use base64::Engine as _;
 use serde_json::{Value, json};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
-use crate::browser::CdpEndpoint;
-use crate::cdp::{CdpClient, CdpError};
 use crate::config::AgentConfig;
+use crate::engine::browser::CdpEndpoint;
+use crate::engine::cdp::{CdpClient, CdpError};
 
 /// How long a capture waits for its turn.
 const QUEUE_WAIT: Duration = Duration::from_secs(10);

@@ -11,7 +11,7 @@
 //!   handshake (`Playwright/1.65.1 …`), and a version not installed gets 428
 //!   naming those that are, as Playwright's own server answers.
 //! - **Confinement.** It runs beside the browser, as chromedriver does
-//!   ([`crate::browser::spawn_beside`]): the instance's sandbox, network
+//!   ([`crate::engine::browser::spawn_beside`]): the instance's sandbox, network
 //!   namespace, cgroup (its memory counts) and the browser's process group,
 //!   as the browser user. So it sees what the browser sees at the same paths
 //!   (downloads land in the instance's downloads folder, files a client sends
@@ -27,10 +27,10 @@
 //!   others through it; its memory is spent only while clients use it.
 //! - **The relay.** Clients reach it through the instance's HTTP port
 //!   (`/playwright`; the front door's `/v2/instances/{id}/playwright`),
-//!   checked by [`crate::access`] there; frames are relayed by
-//!   [`crate::gateway::relay_websocket_with`], with the CDP pins applied to
+//!   checked by [`crate::protocols::access`] there; frames are relayed by
+//!   [`crate::protocols::gateway::relay_websocket_with`], with the CDP pins applied to
 //!   raw CDP a client sends through a `CDPSession`
-//!   ([`crate::client_frames::Protocol::Playwright`]). The server itself
+//!   ([`crate::protocols::client_frames::Protocol::Playwright`]). The server itself
 //!   admits only the agent: a secret, sent on its stdin, in every handshake.
 
 use std::collections::HashMap;
@@ -44,8 +44,8 @@ use tokio::io::AsyncWriteExt;
 use flotilla_api_types::agent::InstanceEventKind;
 use flotilla_api_types::playwright::{client_version, parse_version};
 
-use crate::browser::{CdpEndpoint, InstanceDirs};
-use crate::sandbox::Isolation;
+use crate::confine::sandbox::Isolation;
+use crate::engine::browser::{CdpEndpoint, InstanceDirs};
 
 /// Node.js, which runs playwright-core (Debian's `nodejs`).
 pub const NODE: &str = "/usr/bin/node";
@@ -234,7 +234,7 @@ impl Drop for Client {
 pub struct Beside<'a> {
     pub isolation: &'a Isolation,
     pub dirs: &'a InstanceDirs,
-    pub cgroup: Option<&'a Arc<crate::cgroups::InstanceCgroup>>,
+    pub cgroup: Option<&'a Arc<crate::system::cgroups::InstanceCgroup>>,
     /// The browser's pid, its process group.
     pub group: u32,
 }
@@ -313,7 +313,7 @@ async fn start(
     let log = std::fs::File::create(&log_path)
         .map_err(|e| failed(format!("cannot create its log: {e}")))?;
     let args = server_args(install, beside)?;
-    let mut child = crate::browser::spawn_beside(
+    let mut child = crate::engine::browser::spawn_beside(
         beside.isolation,
         beside.dirs,
         (browser.net.as_deref(), beside.cgroup, beside.group),
@@ -401,11 +401,11 @@ async fn port_it_says(
     match tokio::time::timeout(START_TIMEOUT, listening_port(stdout)).await {
         Ok(Some(port)) => Ok(port),
         Ok(None) => {
-            let log = crate::browser::log_tail(log_path);
+            let log = crate::engine::browser::log_tail(log_path);
             Err(PlaywrightError::Server(format!("it ended at start{log}")))
         }
         Err(_) => {
-            let log = crate::browser::log_tail(log_path);
+            let log = crate::engine::browser::log_tail(log_path);
             Err(PlaywrightError::Server(format!(
                 "it did not listen within {START_TIMEOUT:?}{log}"
             )))
@@ -511,8 +511,8 @@ pub mod routes {
             let upstream = state.servers.upstream(&install, &beside, &browser).await?;
             let unreachable = |e: std::io::Error| PlaywrightError::Server(e.to_string());
             let stream = upstream.at.connect().await.map_err(unreachable)?;
-            let pins = crate::client_frames::Pins::new(
-                crate::client_frames::Protocol::Playwright,
+            let pins = crate::protocols::client_frames::Pins::new(
+                crate::protocols::client_frames::Protocol::Playwright,
                 state
                     .isolation
                     .browser_paths(&state.slot.dirs)
@@ -520,7 +520,7 @@ pub mod routes {
                     .to_string_lossy()
                     .into_owned(),
             );
-            let response = crate::gateway::relay_websocket_with(
+            let response = crate::protocols::gateway::relay_websocket_with(
                 request,
                 (
                     stream,
@@ -567,7 +567,7 @@ async fn watch(
         status = child.wait() => {
             ended.store(true, std::sync::atomic::Ordering::Release);
             let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
-            let reason = format!("{status}{}", crate::browser::log_tail(&log_path));
+            let reason = format!("{status}{}", crate::engine::browser::log_tail(&log_path));
             tracing::warn!(%version, %reason, "a Playwright server ended on its own");
             if let Some(report) = report {
                 report(group, InstanceEventKind::PlaywrightServerExited { version, reason });

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use crate::browser::kill_group;
+use crate::engine::browser::kill_group;
 
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SweepReport {
@@ -18,7 +18,7 @@ pub fn sweep(instances_root: &Path) -> SweepReport {
     let mut report = SweepReport::default();
     let root = format!("{}/", instances_root.display());
     let flag = format!("--user-data-dir={root}");
-    for pid in crate::monitor::pids() {
+    for pid in crate::system::monitor::pids() {
         let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
             continue;
         };

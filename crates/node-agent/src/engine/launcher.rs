@@ -22,16 +22,16 @@ use tokio_util::sync::CancellationToken;
 
 use flotilla_api_types::instances::InstanceConfig;
 
-use crate::browser::{
+use crate::config::{AgentConfig, ImageConfig, RuntimeKind};
+use crate::confine::egress::{EgressPolicy, Upstream};
+use crate::confine::sandbox::{Isolation, IsolationError};
+use crate::engine::browser::{
     BrowserProcess, BrowserSetup, CdpEndpoint, InstanceDirs, LaunchError, LaunchPlan,
 };
-use crate::cdp::CdpClient;
-use crate::cdp::CdpError;
-use crate::cgroups::{Cgroups, InstanceCgroup, Limits};
-use crate::config::{AgentConfig, ImageConfig, RuntimeKind};
-use crate::egress::{EgressPolicy, Upstream};
-use crate::instance_http::TabsError;
-use crate::sandbox::{Isolation, IsolationError};
+use crate::engine::cdp::CdpClient;
+use crate::engine::cdp::CdpError;
+use crate::protocols::instance_http::TabsError;
+use crate::system::cgroups::{Cgroups, InstanceCgroup, Limits};
 
 /// A started browser and the cgroup it runs in.
 #[derive(Clone)]
@@ -47,7 +47,7 @@ pub struct WarmBrowser {
     pub endpoint: CdpEndpoint,
     /// A chromedriver started beside it, so that a WebDriver session does
     /// not wait for one (`None` where chromedriver is not installed).
-    pub webdriver: Option<crate::webdriver::Driver>,
+    pub webdriver: Option<crate::protocols::webdriver::Driver>,
 }
 
 /// Why the browser window could not be fitted to the viewport (logged; the
@@ -335,7 +335,7 @@ impl Launcher {
         endpoint: &CdpEndpoint,
     ) -> Result<(u32, u32), CalibrationError> {
         let timeout = Duration::from_secs(10);
-        let tab = crate::instance_http::list_tabs(endpoint)
+        let tab = crate::protocols::instance_http::list_tabs(endpoint)
             .await?
             .into_iter()
             .next()
@@ -558,19 +558,19 @@ impl Launcher {
         dirs: &InstanceDirs,
         launched: &Launched,
         endpoint: &CdpEndpoint,
-    ) -> Option<crate::webdriver::Driver> {
+    ) -> Option<crate::protocols::webdriver::Driver> {
         if !self.config.warm_pool_chromedriver
-            || !Path::new(crate::webdriver::CHROMEDRIVER).is_file()
+            || !Path::new(crate::protocols::webdriver::CHROMEDRIVER).is_file()
         {
             return None;
         }
-        let beside = crate::webdriver::Beside {
+        let beside = crate::protocols::webdriver::Beside {
             isolation: self.isolation(),
             dirs,
             cgroup: launched.cgroup.as_ref(),
             group: launched.process.pid()?,
         };
-        match crate::webdriver::start_driver(&beside, endpoint).await {
+        match crate::protocols::webdriver::start_driver(&beside, endpoint).await {
             Ok(driver) => Some(driver),
             Err(error) => {
                 tracing::warn!(%error, "no chromedriver beside a warm-pool browser");
@@ -583,7 +583,7 @@ impl Launcher {
     pub fn kill_pool(&self) {
         for warm in self.pools.iter().flat_map(WarmPool::drain) {
             if let Some(pid) = warm.launched.process.pid() {
-                crate::browser::kill_group(pid, libc::SIGKILL);
+                crate::engine::browser::kill_group(pid, libc::SIGKILL);
             }
             let _ = std::fs::remove_dir_all(&warm.dirs.root);
         }

@@ -8,6 +8,8 @@
 //! so they never interleave; its state changes only through the lifecycle
 //! table ([`InstanceSlot::apply`]).
 
+pub mod state;
+
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -26,12 +28,12 @@ use flotilla_api_types::instances::{
 };
 use flotilla_api_types::profiles::ProfileUse;
 
-use crate::access::InstanceToken;
 use crate::agent::operations::{REQUESTS_QUEUED, Request};
-use crate::browser::{BrowserProcess, CdpEndpoint, InstanceDirs};
-use crate::cgroups::InstanceCgroup;
-use crate::instance_state::{Effect, Event, Lifecycle, State, transition};
-use crate::launcher::Launched;
+use crate::engine::browser::{BrowserProcess, CdpEndpoint, InstanceDirs};
+use crate::engine::launcher::Launched;
+use crate::instance::state::{Effect, Event, Lifecycle, State, transition};
+use crate::protocols::access::InstanceToken;
+use crate::system::cgroups::InstanceCgroup;
 
 /// Why an instance's browser cannot be used now (its ports answer 503).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -82,7 +84,7 @@ pub struct InstanceSlot {
     pub ports: [u16; 3],
     pub dirs: InstanceDirs,
     /// Its state, changed only through [`InstanceSlot::apply`] (the table of
-    /// [`crate::instance_state::transition`]); the port servers, reports and
+    /// [`crate::instance::state::transition`]); the port servers, reports and
     /// live view read it here.
     lifecycle: watch::Sender<Lifecycle>,
     /// The browser once spawned, with its cgroup. A std mutex: only swapped or
@@ -93,7 +95,7 @@ pub struct InstanceSlot {
     /// Milliseconds since the epoch of the last CDP or viewer activity.
     last_activity_ms: AtomicI64,
     resources: Mutex<InstanceResources>,
-    pub cpu_meter: Mutex<crate::monitor::CpuMeter>,
+    pub cpu_meter: Mutex<crate::system::monitor::CpuMeter>,
     /// Stops the instance's port servers.
     pub servers: CancellationToken,
     /// Cancelled when the task watching the current browser has finished; a new
@@ -120,9 +122,9 @@ pub struct InstanceSlot {
     /// The chromedriver a warm browser came with, until a WebDriver session
     /// takes it (or it is dropped, and ends, when none does at once). A std
     /// mutex: swapped only.
-    prestarted_driver: Mutex<Option<crate::webdriver::Driver>>,
+    prestarted_driver: Mutex<Option<crate::protocols::webdriver::Driver>>,
     /// Console messages of its pages, for MCP steps (followed from the first).
-    pub console: Arc<crate::page_ops::ConsoleLog>,
+    pub console: Arc<crate::protocols::page_ops::ConsoleLog>,
     clock: Arc<dyn Clock>,
 }
 
@@ -366,12 +368,12 @@ impl InstanceSlot {
     }
 
     /// Keeps the chromedriver its warm browser came with.
-    pub fn set_prestarted_driver(&self, driver: Option<crate::webdriver::Driver>) {
+    pub fn set_prestarted_driver(&self, driver: Option<crate::protocols::webdriver::Driver>) {
         *self.prestarted_driver.lock().expect("slot lock") = driver;
     }
 
     /// The chromedriver its warm browser came with, if still kept.
-    pub fn take_prestarted_driver(&self) -> Option<crate::webdriver::Driver> {
+    pub fn take_prestarted_driver(&self) -> Option<crate::protocols::webdriver::Driver> {
         self.prestarted_driver.lock().expect("slot lock").take()
     }
 
@@ -442,7 +444,7 @@ impl InstanceSlot {
     /// Downloads that finished since the last call.
     pub fn newly_completed_downloads(&self) -> Vec<flotilla_api_types::instances::Download> {
         let mut seen = self.downloads_seen.lock().expect("slot lock");
-        crate::downloads::newly_completed(&self.dirs.downloads(), &mut seen)
+        crate::system::downloads::newly_completed(&self.dirs.downloads(), &mut seen)
     }
 
     /// The instance's access token, if the control plane sent one.

@@ -24,9 +24,9 @@ use flotilla_api_types::actions::{
     ActionKind, ActionRequest, AgentAction, HTML_URL, ScrapeResponse, WaitUntil,
 };
 
-use crate::browser::CdpEndpoint;
-use crate::cdp::{CdpClient, CdpError, CdpEvent};
-use crate::page_ops::{AbortOnDrop, dismiss_dialogs};
+use crate::engine::browser::CdpEndpoint;
+use crate::engine::cdp::{CdpClient, CdpError, CdpEvent};
+use crate::protocols::page_ops::{AbortOnDrop, dismiss_dialogs};
 
 /// A job's result: the body of the answer and its type.
 #[derive(Debug)]
@@ -78,7 +78,7 @@ pub enum ActionError {
     #[error("the browser for the action did not start: {0}")]
     NotStarted(String),
     /// 502: the browser failed the job.
-    #[error("the browser failed the action: {}", crate::page_ops::describe(.0))]
+    #[error("the browser failed the action: {}", crate::protocols::page_ops::describe(.0))]
     Browser(CdpError),
 }
 
@@ -151,7 +151,7 @@ impl Page {
         if let Some(details) = answer.get("exceptionDetails") {
             return Err(ActionError::Browser(CdpError::Protocol {
                 method: "Runtime.evaluate".into(),
-                message: crate::page_ops::exception_text(details),
+                message: crate::protocols::page_ops::exception_text(details),
             }));
         }
         Ok(answer["result"]["value"].clone())
@@ -285,7 +285,8 @@ impl Job<'_> {
                 reason: reason.to_owned(),
             });
         }
-        crate::page_ops::wait_loaded(&mut events, &page.session, &navigated, awaited).await?;
+        crate::protocols::page_ops::wait_loaded(&mut events, &page.session, &navigated, awaited)
+            .await?;
         Ok(())
     }
 
@@ -378,7 +379,7 @@ impl Job<'_> {
         if let Some((x, y, width, height)) = area {
             // A clip's scale is in CSS pixels: the device scale, lowered to
             // fit the pixel cap.
-            let fitting = crate::capture::fitting_scale(
+            let fitting = crate::engine::capture::fitting_scale(
                 width * height * scale * scale,
                 self.bounds.max_pixels,
             );

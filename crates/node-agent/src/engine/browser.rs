@@ -18,11 +18,11 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::cdp::CdpClient;
 use crate::config::{BASE_CHROMIUM_FLAGS, ImageConfig};
-use crate::egress::{EgressPolicy, Route, Upstream};
-use crate::netns::NetNamespace;
-use crate::sandbox::Isolation;
+use crate::confine::egress::{EgressPolicy, Route, Upstream};
+use crate::confine::netns::NetNamespace;
+use crate::confine::sandbox::Isolation;
+use crate::engine::cdp::CdpClient;
 
 /// Where a running browser's DevTools server listens: 127.0.0.1 of the host, or
 /// of the browser's own network namespace (which only the agent can reach).
@@ -159,9 +159,9 @@ impl InstanceDirs {
     /// Makes `downloads` (the downloads directory as the browser sees it) the
     /// browser's default download folder: XDG user dirs, which Chromium reads.
     /// The home is the browser's: written by handle, never through a link it
-    /// left there (see [`crate::browser_files`]).
+    /// left there (see [`crate::system::files`]).
     pub fn set_default_downloads(&self, downloads: &Path) -> std::io::Result<()> {
-        crate::browser_files::BrowserFolder::open(&self.home())?
+        crate::system::files::BrowserFolder::open(&self.home())?
             .folder(".config")?
             .replace(
                 "user-dirs.dirs",
@@ -203,7 +203,7 @@ pub struct LaunchPlan<'a> {
     /// What the instance's configuration asks of the start.
     pub setup: BrowserSetup<'a>,
     /// The cgroup the browser joins before it runs.
-    pub cgroup: Option<&'a std::sync::Arc<crate::cgroups::InstanceCgroup>>,
+    pub cgroup: Option<&'a std::sync::Arc<crate::system::cgroups::InstanceCgroup>>,
     /// Host name inside the sandbox's UTS namespace.
     pub hostname: &'a str,
 }
@@ -221,7 +221,7 @@ impl LaunchPlan<'_> {
 /// browser's user) and its log file.
 fn prepare_instance_dir(
     plan: &LaunchPlan<'_>,
-) -> Result<(crate::sandbox::BrowserPaths, std::fs::File), LaunchError> {
+) -> Result<(crate::confine::sandbox::BrowserPaths, std::fs::File), LaunchError> {
     // Checked here so that the reason is the same with and without the sandbox.
     match std::fs::metadata(&plan.image.executable) {
         Ok(meta) if meta.is_file() => {}
@@ -234,7 +234,7 @@ fn prepare_instance_dir(
         .and_then(|()| dirs.set_default_downloads(&paths.downloads))
         .map_err(|e| plan.spawn_error(format!("cannot create instance directory: {e}")))?;
     if let Some(prefs) = plan.setup.prefs {
-        crate::profile_prefs::write(&dirs.profile(), prefs).map_err(|e| {
+        crate::engine::prefs::write(&dirs.profile(), prefs).map_err(|e| {
             plan.spawn_error(format!("cannot write the profile's preferences: {e}"))
         })?;
     }
@@ -252,7 +252,7 @@ fn prepare_instance_dir(
 /// profile, the egress proxy and the extensions to load.
 fn chromium_command(
     plan: &LaunchPlan<'_>,
-    paths: &crate::sandbox::BrowserPaths,
+    paths: &crate::confine::sandbox::BrowserPaths,
     log: std::fs::File,
     proxy_port: Option<u16>,
 ) -> tokio::process::Command {
@@ -318,7 +318,7 @@ pub fn spawn_beside(
     dirs: &InstanceDirs,
     (net, cgroup, browser_group): (
         Option<&NetNamespace>,
-        Option<&Arc<crate::cgroups::InstanceCgroup>>,
+        Option<&Arc<crate::system::cgroups::InstanceCgroup>>,
         u32,
     ),
     program: &std::path::Path,
@@ -343,9 +343,9 @@ pub fn spawn_beside(
 fn confine(
     command: &mut tokio::process::Command,
     (cgroup, net, user): (
-        Option<&Arc<crate::cgroups::InstanceCgroup>>,
+        Option<&Arc<crate::system::cgroups::InstanceCgroup>>,
         Option<&NetNamespace>,
-        Option<crate::sandbox::BrowserUser>,
+        Option<crate::confine::sandbox::BrowserUser>,
     ),
 ) {
     let mut attach = cgroup.map(|cgroup| cgroup.attach_hook());
@@ -376,7 +376,7 @@ fn confine(
                 return Err(std::io::Error::last_os_error());
             }
             if let Some(user) = &user {
-                crate::sandbox::drop_privileges(user)?;
+                crate::confine::sandbox::drop_privileges(user)?;
             }
             // The browser itself outlives the agent (its next start
             // sweeps it), and the signal would follow the spawning
@@ -650,7 +650,7 @@ async fn start_egress(
         (None, tokio::net::TcpListener::bind(loopback).await?)
     };
     let port = listener.local_addr()?.port();
-    tokio::spawn(crate::egress::serve_socks(
+    tokio::spawn(crate::confine::egress::serve_socks(
         listener,
         route,
         name.to_owned(),
@@ -752,7 +752,7 @@ const HELPER_GRACE: Duration = Duration::from_secs(2);
 /// Waits (reaping) until the browser's helpers are gone, at most `limit`.
 async fn wait_for_helpers(
     pgid: u32,
-    cgroup: Option<&crate::cgroups::InstanceCgroup>,
+    cgroup: Option<&crate::system::cgroups::InstanceCgroup>,
     limit: Duration,
 ) {
     let Ok(group) = i32::try_from(pgid) else {
@@ -776,7 +776,7 @@ async fn wait_for_helpers(
 /// handling is untouched.
 async fn kill_and_reap(
     pgid: u32,
-    cgroup: Option<&crate::cgroups::InstanceCgroup>,
+    cgroup: Option<&crate::system::cgroups::InstanceCgroup>,
     limit: Duration,
 ) {
     let Ok(group) = i32::try_from(pgid) else {
@@ -817,7 +817,7 @@ fn still_running(pid: u32) -> bool {
         0 => true,
         n if n > 0 => false,
         // Not our child: alive unless gone or a zombie (its parent reaps it).
-        _ => crate::monitor::is_live(pid),
+        _ => crate::system::monitor::is_live(pid),
     }
 }
 
@@ -830,7 +830,7 @@ fn group_has_live_member(pgid: u32) -> bool {
     if unsafe { libc::killpg(group, 0) } != 0 {
         return false;
     }
-    crate::monitor::group_has_live_member(pgid)
+    crate::system::monitor::group_has_live_member(pgid)
 }
 
 pub(crate) fn is_root() -> bool {

@@ -9,8 +9,8 @@
 //! Besides passing commands on (one kept-alive connection), the routes read
 //! what chromedriver would let reach past the instance: raw CDP commands
 //! get the gateway's pins, the BiDi socket is relayed through
-//! [`crate::client_frames`], and Grid's file commands are served by
-//! [`crate::se_files`] instead of chromedriver.
+//! [`crate::protocols::client_frames`], and Grid's file commands are served by
+//! [`crate::protocols::se_files`] instead of chromedriver.
 //!
 //! The instance's HTTP port serves it at `/webdriver/…` (the control plane's
 //! front door forwards `/session/{id}/…` there). The WebDriver session id
@@ -28,10 +28,10 @@ use serde_json::{Value, json};
 
 use flotilla_api_types::credentials::constant_time_eq;
 
-use crate::access::Admission;
-use crate::browser::{CdpEndpoint, InstanceDirs};
+use crate::confine::sandbox::Isolation;
+use crate::engine::browser::{CdpEndpoint, InstanceDirs};
 use crate::instance::InstanceSlot;
-use crate::sandbox::Isolation;
+use crate::protocols::access::Admission;
 
 /// Where chromedriver is installed (Debian's `chromium-driver`).
 pub const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
@@ -138,7 +138,7 @@ pub struct Confinement<'a> {
 pub struct Beside<'a> {
     pub isolation: &'a Isolation,
     pub dirs: &'a InstanceDirs,
-    pub cgroup: Option<&'a Arc<crate::cgroups::InstanceCgroup>>,
+    pub cgroup: Option<&'a Arc<crate::system::cgroups::InstanceCgroup>>,
     /// The browser's pid, its process group.
     pub group: u32,
 }
@@ -383,7 +383,7 @@ pub async fn start_driver(
     let log = std::fs::File::create(beside.dirs.root.join("chromedriver.log"))
         .map_err(|e| unavailable(format!("cannot create chromedriver's log: {e}")))?;
     let args = [format!("--port={port}"), "--log-level=WARNING".to_owned()];
-    let child = crate::browser::spawn_beside(
+    let child = crate::engine::browser::spawn_beside(
         beside.isolation,
         beside.dirs,
         (browser.net.as_deref(), beside.cgroup, beside.group),
@@ -406,7 +406,8 @@ pub async fn start_driver(
         match call(&at, hyper::Method::GET, "/status", Bytes::new()).await {
             Ok((200, _)) => break,
             _ if Instant::now() > deadline => {
-                let log = crate::browser::log_tail(&beside.dirs.root.join("chromedriver.log"));
+                let log =
+                    crate::engine::browser::log_tail(&beside.dirs.root.join("chromedriver.log"));
                 return Err(unavailable(format!(
                     "chromedriver did not answer within {START_TIMEOUT:?}{log}"
                 )));
@@ -613,7 +614,7 @@ pub mod routes {
             Admission::InstanceToken => headers
                 .get(OWNER_HEADER)
                 .and_then(|value| value.to_str().ok())
-                .and_then(crate::access::parse_digest),
+                .and_then(crate::protocols::access::parse_digest),
             Admission::Open => None,
         }
     }
@@ -672,7 +673,7 @@ pub mod routes {
         }
     }
 
-    /// Runs one of [`crate::se_files`]'s file operations for session `id`
+    /// Runs one of [`crate::protocols::se_files`]'s file operations for session `id`
     /// off the async threads; its value as the W3C answer.
     async fn file_operation(
         state: &WebDriverState,
@@ -685,7 +686,7 @@ pub mod routes {
             return error.into_response();
         }
         state.slot.touch();
-        let Ok(_turn) = crate::se_files::RUNNING.acquire().await else {
+        let Ok(_turn) = crate::protocols::se_files::RUNNING.acquire().await else {
             return WebDriverError::new(500, "unknown error", "the node is stopping")
                 .into_response();
         };
@@ -720,7 +721,7 @@ pub mod routes {
     }
 
     /// Grid's upload: the body is decoded as it arrives, never held whole
-    /// ([`crate::se_files::UploadReceiver`]), then unpacked off the async
+    /// ([`crate::protocols::se_files::UploadReceiver`]), then unpacked off the async
     /// threads.
     async fn upload(
         State(state): State<WebDriverState>,
@@ -736,7 +737,7 @@ pub mod routes {
             Err(error) => return error.into_response(),
         };
         file_operation(&state, (&id, caller), move |dirs, isolation| {
-            crate::se_files::upload(dirs, isolation, zipped)
+            crate::protocols::se_files::upload(dirs, isolation, zipped)
         })
         .await
     }
@@ -745,7 +746,7 @@ pub mod routes {
         state: &WebDriverState,
         body: axum::body::Body,
     ) -> Result<std::fs::File, WebDriverError> {
-        let mut receiver = crate::se_files::UploadReceiver::new(&state.slot.dirs)?;
+        let mut receiver = crate::protocols::se_files::UploadReceiver::new(&state.slot.dirs)?;
         let mut body = body.into_data_stream();
         while let Some(piece) = futures_util::StreamExt::next(&mut body).await {
             let piece = piece.map_err(|e| {
@@ -766,7 +767,10 @@ pub mod routes {
         Path(id): Path<String>,
         caller: Caller,
     ) -> Response {
-        file_operation(&state, (&id, caller), |dirs, _| crate::se_files::list(dirs)).await
+        file_operation(&state, (&id, caller), |dirs, _| {
+            crate::protocols::se_files::list(dirs)
+        })
+        .await
     }
 
     async fn download(
@@ -776,7 +780,7 @@ pub mod routes {
         body: Body,
     ) -> Response {
         file_operation_on(&state, (&id, caller), body, |dirs, _, body| {
-            crate::se_files::download(dirs, body)
+            crate::protocols::se_files::download(dirs, body)
         })
         .await
     }
@@ -787,14 +791,14 @@ pub mod routes {
         caller: Caller,
     ) -> Response {
         file_operation(&state, (&id, caller), |dirs, _| {
-            crate::se_files::delete_all(dirs)
+            crate::protocols::se_files::delete_all(dirs)
         })
         .await
     }
 
     /// The session's WebDriver BiDi socket (the session asked for
     /// `webSocketUrl`): relayed to chromedriver's, the client's commands
-    /// checked on the way (see [`crate::client_frames`]).
+    /// checked on the way (see [`crate::protocols::client_frames`]).
     async fn bidi(
         State(state): State<WebDriverState>,
         Path(id): Path<String>,
@@ -812,8 +816,8 @@ pub mod routes {
                 WebDriverError::new(500, "unknown error", format!("chromedriver: {e}"))
             };
             let upstream = at.connect().await.map_err(unreachable)?;
-            let pins = crate::client_frames::Pins::new(
-                crate::client_frames::Protocol::Bidi,
+            let pins = crate::protocols::client_frames::Pins::new(
+                crate::protocols::client_frames::Protocol::Bidi,
                 state
                     .isolation
                     .browser_paths(&state.slot.dirs)
@@ -821,7 +825,7 @@ pub mod routes {
                     .to_string_lossy()
                     .into_owned(),
             );
-            crate::gateway::relay_websocket(
+            crate::protocols::gateway::relay_websocket(
                 request,
                 (upstream, &at.authority(), &path),
                 (state.slot.clone(), pins),
@@ -982,7 +986,10 @@ pub mod routes {
     /// when they leave it alone, else written again from what was checked.
     fn pin_raw_cdp(body: Bytes, state: &WebDriverState) -> Result<Bytes, WebDriverError> {
         let downloads = state.isolation.browser_paths(&state.slot.dirs).downloads;
-        match crate::client_frames::pin_carried_cdp_body(&body, &downloads.to_string_lossy()) {
+        match crate::protocols::client_frames::pin_carried_cdp_body(
+            &body,
+            &downloads.to_string_lossy(),
+        ) {
             Ok(None) => Ok(body),
             Ok(Some(pinned)) => Ok(Bytes::from(pinned)),
             Err(error) => Err(WebDriverError::new(

@@ -19,7 +19,7 @@
 //!
 //! - `GET /` — MJPEG (`multipart/x-mixed-replace`), shows in an `<img>`;
 //! - `GET /ws` — a WebSocket of binary JPEG frames, `state` messages, and
-//!   the viewer's input once it holds control (see [`crate::live_control`]);
+//!   the viewer's input once it holds control (see [`crate::protocols::live_control`]);
 //! - `GET /frame.jpg` — the newest frame.
 
 use std::sync::Arc;
@@ -39,9 +39,9 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::{Mutex, watch};
 
-use crate::access::NodeAccess;
-use crate::browser::CdpEndpoint;
-use crate::cdp::{CdpClient, CdpError, CdpEvent};
+use crate::engine::browser::CdpEndpoint;
+use crate::engine::cdp::{CdpClient, CdpError, CdpEvent};
+use crate::protocols::access::NodeAccess;
 
 /// How long a screencast's CDP calls may take.
 const CDP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -98,8 +98,8 @@ impl SilenceWatch {
 }
 use crate::instance::InstanceSlot;
 use crate::instance::NotReady;
-use crate::instance_http::{Tab, TabsError, list_tabs, page_path};
-use crate::live_control::{
+use crate::protocols::instance_http::{Tab, TabsError, list_tabs, page_path};
+use crate::protocols::live_control::{
     self, ControlError, ControlState, InvalidMessage, ViewerMessage, ViewerState, Viewport,
 };
 
@@ -281,7 +281,7 @@ impl LiveView {
                 drop(running);
                 if !matches!(
                     self.slot.state(),
-                    crate::instance_state::State::Dormant { .. }
+                    crate::instance::state::State::Dormant { .. }
                 ) {
                     break;
                 }
@@ -534,7 +534,7 @@ impl Drop for ViewerGuard {
 }
 
 /// Serves the live view until the instance's servers stop; with
-/// authentication on, every request needs a credential ([`crate::access`]).
+/// authentication on, every request needs a credential ([`crate::protocols::access`]).
 pub async fn serve(
     listener: TcpListener,
     live_view: Arc<LiveView>,
@@ -546,7 +546,7 @@ pub async fn serve(
         .route("/ws", get(websocket))
         .route("/frame.jpg", get(latest_frame))
         .with_state(live_view);
-    crate::access::serve_instance_port(listener, router, door, slot).await;
+    crate::protocols::access::serve_instance_port(listener, router, door, slot).await;
 }
 
 const BOUNDARY: &str = "flotillaframe";

@@ -1,11 +1,11 @@
 //! Network namespaces for browsers: each browser runs in a namespace of its own
 //! whose only interface is loopback, so that nothing it opens reaches the
-//! node's network except through the agent's egress proxy ([`crate::egress`]).
+//! node's network except through the agent's egress proxy ([`crate::confine::egress`]).
 //!
 //! A namespace is made by a short-lived thread that `unshare`s its network
 //! namespace and brings loopback up; an open file of the namespace keeps it
 //! alive after that thread ends, and the browser joins it before it executes
-//! (`setns` in the child, see [`crate::browser`]). The agent itself never
+//! (`setns` in the child, see [`crate::engine::browser`]). The agent itself never
 //! leaves the host's namespace: a socket belongs to the namespace it was
 //! *created* in, so one worker thread ([`in_namespace_socket`]) switches into a
 //! browser's namespace just long enough to create a socket there, and the agent

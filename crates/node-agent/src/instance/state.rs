@@ -16,7 +16,7 @@
 use flotilla_api_types::ids::{OperationId, SnapshotId};
 use flotilla_api_types::instances::InstanceStatus;
 
-use crate::browser::CdpEndpoint;
+use crate::engine::browser::CdpEndpoint;
 
 /// Where an instance is in its life on this node.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,7 +1,7 @@
 //! The client → browser direction of a CDP, WebDriver BiDi or Playwright
 //! WebSocket, read frame by frame, so that the gateway (CDP), the WebDriver
 //! relay (BiDi, to chromedriver) and the Playwright relay (to its server,
-//! [`crate::playwright`]) can pin commands that would reach outside the
+//! [`crate::protocols::playwright`]) can pin commands that would reach outside the
 //! instance ([`pins`]): downloads always land in the instance's own
 //! directory, extensions cannot be loaded or removed, and the same holds for
 //! commands nested in `Target.sendMessageToTarget` and for raw CDP carried
@@ -69,7 +69,7 @@ pub enum Protocol {
     /// WebDriver BiDi, to chromedriver (which speaks CDP to the browser).
     Bidi,
     /// Playwright's protocol, to a Playwright server beside the browser
-    /// ([`crate::playwright`]): raw CDP a client sends through a
+    /// ([`crate::protocols::playwright`]): raw CDP a client sends through a
     /// `CDPSession` gets the CDP pins.
     Playwright,
 }

@@ -27,9 +27,9 @@ use std::path::Path;
 use base64::Engine as _;
 use serde_json::{Value, json};
 
-use crate::browser::InstanceDirs;
-use crate::sandbox::Isolation;
-use crate::webdriver::WebDriverError;
+use crate::confine::sandbox::Isolation;
+use crate::engine::browser::InstanceDirs;
+use crate::protocols::webdriver::WebDriverError;
 
 /// File operations running at once on a node (a managed download holds its
 /// zip in memory): the others wait their turn.
@@ -77,7 +77,7 @@ fn plain_file_name(name: &str) -> bool {
 /// it arrives: the zip is decoded into an unnamed temporary file beside the
 /// instance's folders (the browser never sees it), never held in memory.
 pub struct UploadReceiver {
-    scanner: crate::client_frames::Scanner,
+    scanner: crate::protocols::client_frames::Scanner,
     /// Base64 characters not decoded yet (fewer than a group of four once
     /// a piece has been read), and whether the padded end was decoded.
     base64: Vec<u8>,
@@ -91,7 +91,7 @@ impl UploadReceiver {
         let zip = tempfile::tempfile_in(&dirs.root)
             .map_err(|e| failed(format!("cannot make room for the upload: {e}")))?;
         Ok(Self {
-            scanner: crate::client_frames::Scanner::streaming_member("file"),
+            scanner: crate::protocols::client_frames::Scanner::streaming_member("file"),
             base64: Vec::new(),
             ended: false,
             zip,
@@ -294,7 +294,7 @@ fn write_bounded(entry: &mut impl Read, path: &Path) -> Result<(), WebDriverErro
 
 /// `GET /session/{id}/se/files`: the finished downloads' names.
 pub fn list(dirs: &InstanceDirs) -> Result<Value, WebDriverError> {
-    let names: Vec<String> = crate::downloads::list(&dirs.downloads())
+    let names: Vec<String> = crate::system::downloads::list(&dirs.downloads())
         .map_err(|e| failed(format!("cannot list downloads: {e}")))?
         .into_iter()
         .filter(|d| d.state == flotilla_api_types::instances::DownloadState::Complete)
@@ -307,12 +307,13 @@ pub fn list(dirs: &InstanceDirs) -> Result<Value, WebDriverError> {
 /// holding it, base64 (`{"filename", "contents"}`).
 pub fn download(dirs: &InstanceDirs, body: &[u8]) -> Result<Value, WebDriverError> {
     let name = string_field(body, "name")?;
-    let name = crate::downloads::checked_name(&name).map_err(|e| invalid(e.to_string()))?;
-    let (mut file, length) = crate::downloads::open(&dirs.downloads(), name).map_err(|_| {
-        invalid(format!(
-            "no download {name:?}: GET /session/{{id}}/se/files lists them"
-        ))
-    })?;
+    let name = crate::system::downloads::checked_name(&name).map_err(|e| invalid(e.to_string()))?;
+    let (mut file, length) =
+        crate::system::downloads::open(&dirs.downloads(), name).map_err(|_| {
+            invalid(format!(
+                "no download {name:?}: GET /session/{{id}}/se/files lists them"
+            ))
+        })?;
     if length > MAX_MANAGED_DOWNLOAD {
         return Err(invalid(format!(
             "{name:?} is larger than {} MiB: fetch it from GET /v2/instances/{{id}}/downloads/{{name}}",
@@ -336,10 +337,10 @@ pub fn download(dirs: &InstanceDirs, body: &[u8]) -> Result<Value, WebDriverErro
 /// `DELETE /session/{id}/se/files`: removes every download.
 pub fn delete_all(dirs: &InstanceDirs) -> Result<Value, WebDriverError> {
     let dir = dirs.downloads();
-    let downloads =
-        crate::downloads::list(&dir).map_err(|e| failed(format!("cannot list downloads: {e}")))?;
+    let downloads = crate::system::downloads::list(&dir)
+        .map_err(|e| failed(format!("cannot list downloads: {e}")))?;
     for download in downloads {
-        crate::downloads::remove(&dir, &download.name)
+        crate::system::downloads::remove(&dir, &download.name)
             .map_err(|e| failed(format!("cannot remove {:?}: {e}", download.name)))?;
     }
     Ok(Value::Null)

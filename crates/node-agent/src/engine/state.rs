@@ -8,9 +8,12 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::{CDP_TIMEOUT, CapturedState, CapturedTab, HistoryEntry, OriginStorage, RestoreOptions};
-use crate::browser::CdpEndpoint;
-use crate::cdp::CdpClient;
+/// How long one DevTools call of a capture or a restore may take.
+const CDP_TIMEOUT: Duration = Duration::from_secs(10);
+
+use crate::engine::browser::CdpEndpoint;
+use crate::engine::cdp::CdpClient;
+use crate::snapshot::{CapturedState, CapturedTab, HistoryEntry, OriginStorage, RestoreOptions};
 
 /// Reads cookies, tabs and localStorage from a running browser.
 pub async fn capture(endpoint: &CdpEndpoint) -> anyhow::Result<CapturedState> {
@@ -333,9 +336,9 @@ async fn rebuild_tab(
 /// were subscribed to before that page started loading), or the connection
 /// closes.
 async fn page_event(
-    mut events: tokio::sync::broadcast::Receiver<crate::cdp::CdpEvent>,
+    mut events: tokio::sync::broadcast::Receiver<crate::engine::cdp::CdpEvent>,
     session: &str,
-    wanted: impl Fn(&crate::cdp::CdpEvent) -> bool,
+    wanted: impl Fn(&crate::engine::cdp::CdpEvent) -> bool,
 ) {
     use tokio::sync::broadcast::error::RecvError;
     loop {
@@ -349,13 +352,13 @@ async fn page_event(
     }
 }
 
-fn load_event(event: &crate::cdp::CdpEvent) -> bool {
+fn load_event(event: &crate::engine::cdp::CdpEvent) -> bool {
     event.method == "Page.loadEventFired"
 }
 
 /// The page's own document committed (until then a reloading tab's target
 /// shows no URL).
-fn main_frame_committed(event: &crate::cdp::CdpEvent) -> bool {
+fn main_frame_committed(event: &crate::engine::cdp::CdpEvent) -> bool {
     event.method == "Page.frameNavigated" && event.params["frame"]["parentId"].is_null()
 }
 
@@ -373,7 +376,7 @@ async fn replay_history(
     session: &str,
     tab: &CapturedTab,
     service_workers: bool,
-) -> anyhow::Result<tokio::sync::broadcast::Receiver<crate::cdp::CdpEvent>> {
+) -> anyhow::Result<tokio::sync::broadcast::Receiver<crate::engine::cdp::CdpEvent>> {
     let mut events = browser.events();
     let current = HistoryEntry {
         url: tab.url.clone(),
@@ -437,7 +440,7 @@ async fn replay_history(
 /// waits until the tab shows it.
 async fn open_stand_in(
     browser: &CdpClient,
-    events: &mut tokio::sync::broadcast::Receiver<crate::cdp::CdpEvent>,
+    events: &mut tokio::sync::broadcast::Receiver<crate::engine::cdp::CdpEvent>,
     session: &str,
     (entry, history): (&HistoryEntry, &[HistoryEntry]),
 ) -> anyhow::Result<()> {
@@ -481,7 +484,7 @@ async fn reload_from_site(
     browser: &CdpClient,
     session: &str,
     tab: &CapturedTab,
-) -> anyhow::Result<tokio::sync::broadcast::Receiver<crate::cdp::CdpEvent>> {
+) -> anyhow::Result<tokio::sync::broadcast::Receiver<crate::engine::cdp::CdpEvent>> {
     let (loading, committing) = (browser.events(), browser.events());
     browser
         .call("Page.reload", json!({}), Some(session), CDP_TIMEOUT)
@@ -505,7 +508,7 @@ fn html_escape(text: &str) -> String {
 
 /// Closes the pages `doomed` selects (by target id) and checks they are gone,
 /// for 3 s at most: closing is asynchronous.
-pub(super) async fn close_pages(
+pub(crate) async fn close_pages(
     browser: &CdpClient,
     doomed: impl Fn(&Value) -> bool,
 ) -> anyhow::Result<()> {
@@ -531,7 +534,7 @@ pub(super) async fn close_pages(
     }
 }
 
-pub(super) async fn close_target(browser: &CdpClient, target_id: &Value) {
+pub(crate) async fn close_target(browser: &CdpClient, target_id: &Value) {
     let _ = browser
         .call(
             "Target.closeTarget",
@@ -571,7 +574,7 @@ fn is_web_origin(origin: &str) -> bool {
 /// enabled ends with it. `holding` is sent once every other request waits
 /// for the write-back (the pages opened from then on load after it), or
 /// dropped when the write-back is over.
-pub(super) async fn refill_local_storage(
+pub(crate) async fn refill_local_storage(
     endpoint: &CdpEndpoint,
     captured: &[OriginStorage],
     service_workers: bool,
@@ -691,7 +694,7 @@ async fn refill_in_a_tab_per_origin(
 /// closes.
 async fn answer_scratch_requests(
     browser: &CdpClient,
-    events: &mut tokio::sync::broadcast::Receiver<crate::cdp::CdpEvent>,
+    events: &mut tokio::sync::broadcast::Receiver<crate::engine::cdp::CdpEvent>,
     mut scratch_tabs: tokio::sync::watch::Receiver<Vec<Value>>,
     mut released: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -876,9 +879,9 @@ const STORED_WITHIN: Duration = Duration::from_secs(5);
 /// Answers every request a scratch page makes with the document
 /// `document_for` gives for its URL (never stored: `no-store`); returns only
 /// when the connection closes.
-pub(super) async fn answer_paused_requests(
+pub(crate) async fn answer_paused_requests(
     browser: &CdpClient,
-    events: &mut tokio::sync::broadcast::Receiver<crate::cdp::CdpEvent>,
+    events: &mut tokio::sync::broadcast::Receiver<crate::engine::cdp::CdpEvent>,
     session: &str,
     document_for: impl Fn(&str) -> String,
 ) {
@@ -916,7 +919,7 @@ fn fulfilled(request_id: &Value, document: &str) -> Value {
 }
 
 /// A flat CDP session on a target.
-pub(super) async fn attach(browser: &CdpClient, target_id: &Value) -> Option<String> {
+pub(crate) async fn attach(browser: &CdpClient, target_id: &Value) -> Option<String> {
     let attached = browser
         .call(
             "Target.attachToTarget",
@@ -929,7 +932,7 @@ pub(super) async fn attach(browser: &CdpClient, target_id: &Value) -> Option<Str
     attached["sessionId"].as_str().map(str::to_owned)
 }
 
-pub(super) async fn detach(browser: &CdpClient, session: String) {
+pub(crate) async fn detach(browser: &CdpClient, session: String) {
     let _ = browser
         .call(
             "Target.detachFromTarget",
@@ -942,7 +945,7 @@ pub(super) async fn detach(browser: &CdpClient, session: String) {
 
 /// Evaluates `expression` in a session's page (a promise is awaited); its
 /// value when it is a string.
-pub(super) async fn evaluate(
+pub(crate) async fn evaluate(
     browser: &CdpClient,
     session: &str,
     expression: &str,
@@ -960,7 +963,7 @@ pub(super) async fn evaluate(
 }
 
 /// A `Network.Cookie` as a `Network.CookieParam`.
-pub(super) fn cookie_param(cookie: &Value) -> Value {
+pub(crate) fn cookie_param(cookie: &Value) -> Value {
     let mut param = serde_json::Map::new();
     for key in [
         "name",

@@ -11,7 +11,7 @@
 //! Console messages are read from a [`ConsoleLog`] that follows every page
 //! of the browser from the first step on.
 //!
-//! Also what the REST actions (`crate::actions`) share with the steps: the
+//! Also what the REST actions (`crate::protocols::actions`) share with the steps: the
 //! wait for a navigation's load ([`wait_loaded`]), dismissing dialogs, and a
 //! CDP failure in words fit for a client.
 
@@ -26,8 +26,8 @@ use tokio::time::Instant;
 
 use flotilla_api_types::page::{AgentPageRequest, PageAnswer, PageOp, TabInfo};
 
-use crate::browser::CdpEndpoint;
-use crate::cdp::{CdpClient, CdpError, CdpEvent};
+use crate::engine::browser::CdpEndpoint;
+use crate::engine::cdp::{CdpClient, CdpError, CdpEvent};
 
 /// Largest message a step reads (a screenshot, a snapshot).
 const MAX_MESSAGE: usize = 48 << 20;
@@ -90,8 +90,8 @@ pub(crate) fn describe(error: &CdpError) -> String {
 /// log, and its folders (uploads go in, downloads are listed).
 pub struct StepContext<'a> {
     pub console: &'a ConsoleLog,
-    pub dirs: &'a crate::browser::InstanceDirs,
-    pub isolation: &'a crate::sandbox::Isolation,
+    pub dirs: &'a crate::engine::browser::InstanceDirs,
+    pub isolation: &'a crate::confine::sandbox::Isolation,
 }
 
 /// Runs `request` on the browser at `endpoint`.
@@ -857,7 +857,7 @@ fn place_uploads(
                 .map_err(|e| {
                     PageError::BadInput(format!("{}: content_base64 is not base64: {e}", file.name))
                 })?;
-            crate::se_files::place_upload(
+            crate::protocols::se_files::place_upload(
                 context.dirs,
                 context.isolation,
                 &file.name,
@@ -870,8 +870,8 @@ fn place_uploads(
 }
 
 /// The instance's downloads, for the agent.
-fn downloads_text(dirs: &crate::browser::InstanceDirs) -> Result<String, PageError> {
-    let downloads = crate::downloads::list(&dirs.downloads())
+fn downloads_text(dirs: &crate::engine::browser::InstanceDirs) -> Result<String, PageError> {
+    let downloads = crate::system::downloads::list(&dirs.downloads())
         .map_err(|e| PageError::BadInput(format!("cannot list the downloads: {e}")))?;
     if downloads.is_empty() {
         return Ok("No downloads yet.".into());

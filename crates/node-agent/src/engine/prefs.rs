@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 
 use flotilla_api_types::prefs;
 
-use crate::browser_files::BrowserFolder;
+use crate::system::files::BrowserFolder;
 
 /// Largest `Preferences` read back; a larger (or unreadable) one is started
 /// over with only the instance's preferences, as Chromium itself does with a
