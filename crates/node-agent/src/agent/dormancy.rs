@@ -14,12 +14,12 @@ use flotilla_api_types::ids::{OperationId, SnapshotId};
 use flotilla_api_types::instances::{InstanceStatus, ReviveMethod};
 
 use crate::config::ImageConfig;
-use crate::engine::browser::InstanceDirs;
 use crate::engine::browser::{BrowserProcess, CdpEndpoint};
 use crate::engine::launcher::WarmTaker;
 use crate::instance::InstanceSlot;
 use crate::instance::state::{Effect, Event, Lifecycle, State};
 use crate::snapshot::{self, CapturedState, RestoreOptions};
+use crate::system::dirs::InstanceDirs;
 
 use super::operations::Request;
 use super::{

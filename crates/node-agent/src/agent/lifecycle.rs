@@ -18,11 +18,10 @@ use flotilla_api_types::extensions::is_extension_id;
 use flotilla_api_types::instances::KeptRecording;
 
 use crate::config::ImageConfig;
-use crate::engine::browser::{
-    BrowserProcess, BrowserSetup, CdpEndpoint, InstanceDirs, LaunchError,
-};
+use crate::engine::browser::{BrowserProcess, BrowserSetup, CdpEndpoint, LaunchError};
 use crate::engine::launcher::{WarmBrowser, WarmTaker};
 use crate::system::cgroups::Limits;
+use crate::system::dirs::InstanceDirs;
 
 /// How long an instance made from a warm browser keeps the chromedriver the
 /// browser came with, for a WebDriver session to take (its session attaches
@@ -303,7 +302,7 @@ impl Agent {
                 Err(match error {
                     LaunchError::Timeout(timeout) => StartFailure::ReadyTimeout {
                         timeout,
-                        log: crate::engine::browser::log_tail(&slot.dirs.log()),
+                        log: crate::system::process::log_tail(&slot.dirs.log()),
                     },
                     other => StartFailure::Launch(other),
                 })
@@ -515,7 +514,7 @@ impl Agent {
         };
         let reason = format!(
             "browser {exit}{limit}{}",
-            crate::engine::browser::log_tail(&slot.dirs.log())
+            crate::system::process::log_tail(&slot.dirs.log())
         );
         if let Some(effects) = slot.apply(Event::Exited { reason }) {
             self.carry_out(slot, effects);

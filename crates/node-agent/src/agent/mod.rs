@@ -34,13 +34,14 @@ use crate::agent::link::ControlPlaneLink;
 use crate::agent::ports::{InstancePorts, PortAllocator};
 use crate::config::{AgentConfig, ImageConfig, RuntimeKind};
 use crate::confine::egress::Upstream;
-use crate::engine::browser::{InstanceDirs, LaunchError};
+use crate::engine::browser::LaunchError;
 use crate::engine::launcher::Launcher;
 use crate::instance::state::{Event, Lifecycle};
 use crate::instance::{InstanceSlot, SlotSetup};
 use crate::protocols::access::NodeAccess;
 use crate::protocols::client_frames::MessageBudget;
 use crate::snapshot::SnapshotStore;
+use crate::system::dirs::InstanceDirs;
 use crate::system::monitor::MachineMeter;
 
 pub mod api;
@@ -340,7 +341,7 @@ impl Agent {
         settings.config.validate().map_err(anyhow::Error::msg)?;
         let node_id = NodeId::new(settings.config.node_id.clone().unwrap_or_else(hostname));
         if settings.config.runtime == RuntimeKind::Chromium {
-            crate::engine::browser::become_subreaper();
+            crate::system::process::become_subreaper();
         }
         MessageBudget::configure_node(settings.config.messages_in_flight_mb << 20);
         let instances_root = settings.data_dir.join("instances");
@@ -800,7 +801,7 @@ impl Agent {
             slot.apply(Event::Stop);
             slot.servers.cancel();
             if let Some(pid) = slot.process().and_then(|p| p.pid()) {
-                crate::engine::browser::kill_group(pid, libc::SIGKILL);
+                crate::system::process::kill_group(pid, libc::SIGKILL);
             }
             remove_dir(&slot.dirs.root);
         }

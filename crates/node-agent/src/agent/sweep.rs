@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use crate::engine::browser::kill_group;
+use crate::system::process::kill_group;
 
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SweepReport {

@@ -26,7 +26,8 @@ use std::process::Stdio;
 use tokio::process::Command;
 
 use crate::config::AgentConfig;
-use crate::engine::browser::{InstanceDirs, is_root};
+use crate::system::dirs::InstanceDirs;
+use crate::system::process::is_root;
 
 /// The unprivileged account browsers run as when the agent is root.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,7 +8,7 @@
 //! helper outlives its browser. The sim runtime has the same shape without a process.
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +23,8 @@ use crate::confine::egress::{EgressPolicy, Route, Upstream};
 use crate::confine::netns::NetNamespace;
 use crate::confine::sandbox::Isolation;
 use crate::engine::cdp::CdpClient;
+use crate::system::dirs::InstanceDirs;
+use crate::system::process::{kill_group, log_tail};
 
 /// Where a running browser's DevTools server listens: 127.0.0.1 of the host, or
 /// of the browser's own network namespace (which only the agent can reach).
@@ -98,76 +100,6 @@ pub enum LaunchError {
     Timeout(Duration),
     #[error("launch cancelled")]
     Cancelled,
-}
-
-/// The paths of one instance on the node. The browser may write only to its
-/// profile, home and downloads directories; the instance directory itself
-/// (with the log the agent writes) stays the agent's.
-#[derive(Debug, Clone)]
-pub struct InstanceDirs {
-    pub root: PathBuf,
-}
-
-impl InstanceDirs {
-    pub fn new(root: PathBuf) -> Self {
-        Self { root }
-    }
-
-    pub fn profile(&self) -> PathBuf {
-        self.root.join("profile")
-    }
-
-    pub fn home(&self) -> PathBuf {
-        self.root.join("home")
-    }
-
-    /// Where every download of the instance lands.
-    pub fn downloads(&self) -> PathBuf {
-        self.root.join("downloads")
-    }
-
-    pub fn log(&self) -> PathBuf {
-        self.root.join("browser.log")
-    }
-
-    /// The unpacked extensions the browser loads, one folder per id; the
-    /// agent's, read-only to the browser.
-    pub fn extensions(&self) -> PathBuf {
-        self.root.join("extensions")
-    }
-
-    /// Files WebDriver clients uploaded (`POST /session/{id}/se/file`), one
-    /// folder per upload; the agent's, read-only to the browser and its
-    /// chromedriver.
-    pub fn uploads(&self) -> PathBuf {
-        self.root.join("uploads")
-    }
-
-    /// The directories the browser may write to.
-    pub fn writable(&self) -> [PathBuf; 3] {
-        [self.profile(), self.home(), self.downloads()]
-    }
-
-    pub fn create(&self) -> std::io::Result<()> {
-        for dir in self.writable() {
-            std::fs::create_dir_all(dir)?;
-        }
-        // Before the sandbox starts: it binds what exists then.
-        std::fs::create_dir_all(self.uploads())
-    }
-
-    /// Makes `downloads` (the downloads directory as the browser sees it) the
-    /// browser's default download folder: XDG user dirs, which Chromium reads.
-    /// The home is the browser's: written by handle, never through a link it
-    /// left there (see [`crate::system::files`]).
-    pub fn set_default_downloads(&self, downloads: &Path) -> std::io::Result<()> {
-        crate::system::files::BrowserFolder::open(&self.home())?
-            .folder(".config")?
-            .replace(
-                "user-dirs.dirs",
-                format!("XDG_DOWNLOAD_DIR=\"{}\"\n", downloads.display()).as_bytes(),
-            )
-    }
 }
 
 /// What an instance's configuration asks of its browser's start (a warm
@@ -706,46 +638,6 @@ fn signal_name(signal: i32) -> &'static str {
     }
 }
 
-/// The last meaningful lines of a browser log, for failure reasons.
-pub fn log_tail(path: &Path) -> String {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return String::new();
-    };
-    let lines: Vec<&str> = text
-        .lines()
-        .filter(|line| !line.contains("dbus/") && !line.trim().is_empty())
-        .collect();
-    let tail = &lines[lines.len().saturating_sub(3)..];
-    if tail.is_empty() {
-        String::new()
-    } else {
-        format!(": {}", tail.join(" | "))
-    }
-}
-
-pub(crate) fn kill_group(pgid: u32, signal: i32) {
-    if let Ok(pgid) = i32::try_from(pgid)
-        && pgid > 1
-    {
-        // SAFETY: killpg has no memory-safety preconditions; a stale group
-        // only yields ESRCH, which we ignore.
-        unsafe {
-            libc::killpg(pgid, signal);
-        }
-    }
-}
-
-/// Makes this process the reaper of its orphaned descendants, so that a dead
-/// browser's helpers are reaped here at once (instead of lingering as zombies
-/// until PID 1 gets to them). Idempotent.
-pub fn become_subreaper() {
-    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes plain integers.
-    let result = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-    if result != 0 {
-        tracing::warn!(error = %std::io::Error::last_os_error(), "cannot become a child subreaper; browser helpers are reaped by PID 1");
-    }
-}
-
 /// How long a browser's helpers may take to exit on their own after it.
 const HELPER_GRACE: Duration = Duration::from_secs(2);
 
@@ -831,11 +723,6 @@ fn group_has_live_member(pgid: u32) -> bool {
         return false;
     }
     crate::system::monitor::group_has_live_member(pgid)
-}
-
-pub(crate) fn is_root() -> bool {
-    // SAFETY: geteuid cannot fail and touches no memory.
-    unsafe { libc::geteuid() == 0 }
 }
 
 #[cfg(test)]

@@ -25,13 +25,12 @@ use flotilla_api_types::instances::InstanceConfig;
 use crate::config::{AgentConfig, ImageConfig, RuntimeKind};
 use crate::confine::egress::{EgressPolicy, Upstream};
 use crate::confine::sandbox::{Isolation, IsolationError};
-use crate::engine::browser::{
-    BrowserProcess, BrowserSetup, CdpEndpoint, InstanceDirs, LaunchError, LaunchPlan,
-};
+use crate::engine::browser::{BrowserProcess, BrowserSetup, CdpEndpoint, LaunchError, LaunchPlan};
 use crate::engine::cdp::CdpClient;
 use crate::engine::cdp::CdpError;
-use crate::protocols::instance_http::TabsError;
+use crate::engine::page::TabsError;
 use crate::system::cgroups::{Cgroups, InstanceCgroup, Limits};
+use crate::system::dirs::InstanceDirs;
 
 /// A started browser and the cgroup it runs in.
 #[derive(Clone)]
@@ -47,7 +46,7 @@ pub struct WarmBrowser {
     pub endpoint: CdpEndpoint,
     /// A chromedriver started beside it, so that a WebDriver session does
     /// not wait for one (`None` where chromedriver is not installed).
-    pub webdriver: Option<crate::protocols::webdriver::Driver>,
+    pub webdriver: Option<crate::engine::chromedriver::Driver>,
 }
 
 /// Why the browser window could not be fitted to the viewport (logged; the
@@ -335,7 +334,7 @@ impl Launcher {
         endpoint: &CdpEndpoint,
     ) -> Result<(u32, u32), CalibrationError> {
         let timeout = Duration::from_secs(10);
-        let tab = crate::protocols::instance_http::list_tabs(endpoint)
+        let tab = crate::engine::page::list_tabs(endpoint)
             .await?
             .into_iter()
             .next()
@@ -558,19 +557,19 @@ impl Launcher {
         dirs: &InstanceDirs,
         launched: &Launched,
         endpoint: &CdpEndpoint,
-    ) -> Option<crate::protocols::webdriver::Driver> {
+    ) -> Option<crate::engine::chromedriver::Driver> {
         if !self.config.warm_pool_chromedriver
-            || !Path::new(crate::protocols::webdriver::CHROMEDRIVER).is_file()
+            || !Path::new(crate::engine::chromedriver::CHROMEDRIVER).is_file()
         {
             return None;
         }
-        let beside = crate::protocols::webdriver::Beside {
+        let beside = crate::engine::chromedriver::Beside {
             isolation: self.isolation(),
             dirs,
             cgroup: launched.cgroup.as_ref(),
             group: launched.process.pid()?,
         };
-        match crate::protocols::webdriver::start_driver(&beside, endpoint).await {
+        match crate::engine::chromedriver::start_driver(&beside, endpoint).await {
             Ok(driver) => Some(driver),
             Err(error) => {
                 tracing::warn!(%error, "no chromedriver beside a warm-pool browser");
@@ -583,7 +582,7 @@ impl Launcher {
     pub fn kill_pool(&self) {
         for warm in self.pools.iter().flat_map(WarmPool::drain) {
             if let Some(pid) = warm.launched.process.pid() {
-                crate::engine::browser::kill_group(pid, libc::SIGKILL);
+                crate::system::process::kill_group(pid, libc::SIGKILL);
             }
             let _ = std::fs::remove_dir_all(&warm.dirs.root);
         }

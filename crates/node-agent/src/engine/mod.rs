@@ -8,7 +8,9 @@
 pub mod browser;
 pub mod capture;
 pub mod cdp;
+pub mod chromedriver;
 pub mod extension;
 pub mod launcher;
+pub mod page;
 pub mod prefs;
 pub mod state;

@@ -9,6 +9,7 @@
 //! table ([`InstanceSlot::apply`]).
 
 pub mod state;
+pub mod token;
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,11 +30,12 @@ use flotilla_api_types::instances::{
 use flotilla_api_types::profiles::ProfileUse;
 
 use crate::agent::operations::{REQUESTS_QUEUED, Request};
-use crate::engine::browser::{BrowserProcess, CdpEndpoint, InstanceDirs};
+use crate::engine::browser::{BrowserProcess, CdpEndpoint};
 use crate::engine::launcher::Launched;
 use crate::instance::state::{Effect, Event, Lifecycle, State, transition};
-use crate::protocols::access::InstanceToken;
 use crate::system::cgroups::InstanceCgroup;
+use crate::system::dirs::InstanceDirs;
+use token::InstanceToken;
 
 /// Why an instance's browser cannot be used now (its ports answer 503).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -122,9 +124,9 @@ pub struct InstanceSlot {
     /// The chromedriver a warm browser came with, until a WebDriver session
     /// takes it (or it is dropped, and ends, when none does at once). A std
     /// mutex: swapped only.
-    prestarted_driver: Mutex<Option<crate::protocols::webdriver::Driver>>,
+    prestarted_driver: Mutex<Option<crate::engine::chromedriver::Driver>>,
     /// Console messages of its pages, for MCP steps (followed from the first).
-    pub console: Arc<crate::protocols::page_ops::ConsoleLog>,
+    pub console: Arc<crate::engine::page::ConsoleLog>,
     clock: Arc<dyn Clock>,
 }
 
@@ -368,12 +370,12 @@ impl InstanceSlot {
     }
 
     /// Keeps the chromedriver its warm browser came with.
-    pub fn set_prestarted_driver(&self, driver: Option<crate::protocols::webdriver::Driver>) {
+    pub fn set_prestarted_driver(&self, driver: Option<crate::engine::chromedriver::Driver>) {
         *self.prestarted_driver.lock().expect("slot lock") = driver;
     }
 
     /// The chromedriver its warm browser came with, if still kept.
-    pub fn take_prestarted_driver(&self) -> Option<crate::protocols::webdriver::Driver> {
+    pub fn take_prestarted_driver(&self) -> Option<crate::engine::chromedriver::Driver> {
         self.prestarted_driver.lock().expect("slot lock").take()
     }
 

@@ -16,7 +16,9 @@ use std::sync::{Arc, RwLock};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 
 use flotilla_api_types::agent::InstanceAccessPolicy;
-use flotilla_api_types::credentials::{bearer_token, constant_time_eq, matches_any_digest, sha256};
+use flotilla_api_types::credentials::{bearer_token, matches_any_digest, sha256};
+
+use crate::instance::token::InstanceToken;
 
 /// The node-wide part of the policy.
 pub struct NodeAccess {
@@ -193,34 +195,6 @@ impl Refusal {
         );
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         response
-    }
-}
-
-/// An instance's access token as the agent holds it: in memory, with its digest.
-pub struct InstanceToken {
-    secret: String,
-    digest: [u8; 32],
-}
-
-impl InstanceToken {
-    pub fn new(secret: String) -> Self {
-        let digest = sha256(secret.as_bytes());
-        Self { secret, digest }
-    }
-
-    /// The token itself, to put into URLs handed to an admitted client.
-    pub fn secret(&self) -> &str {
-        &self.secret
-    }
-
-    fn matches(&self, presented: &str) -> bool {
-        constant_time_eq(&sha256(presented.as_bytes()), &self.digest)
-    }
-}
-
-impl std::fmt::Debug for InstanceToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("InstanceToken(<redacted>)")
     }
 }
 

@@ -26,7 +26,7 @@ use flotilla_api_types::actions::{
 
 use crate::engine::browser::CdpEndpoint;
 use crate::engine::cdp::{CdpClient, CdpError, CdpEvent};
-use crate::protocols::page_ops::{AbortOnDrop, dismiss_dialogs};
+use crate::engine::page::{AbortOnDrop, dismiss_dialogs};
 
 /// A job's result: the body of the answer and its type.
 #[derive(Debug)]
@@ -78,7 +78,7 @@ pub enum ActionError {
     #[error("the browser for the action did not start: {0}")]
     NotStarted(String),
     /// 502: the browser failed the job.
-    #[error("the browser failed the action: {}", crate::protocols::page_ops::describe(.0))]
+    #[error("the browser failed the action: {}", crate::engine::page::describe(.0))]
     Browser(CdpError),
 }
 
@@ -151,7 +151,7 @@ impl Page {
         if let Some(details) = answer.get("exceptionDetails") {
             return Err(ActionError::Browser(CdpError::Protocol {
                 method: "Runtime.evaluate".into(),
-                message: crate::protocols::page_ops::exception_text(details),
+                message: crate::engine::page::exception_text(details),
             }));
         }
         Ok(answer["result"]["value"].clone())
@@ -285,8 +285,7 @@ impl Job<'_> {
                 reason: reason.to_owned(),
             });
         }
-        crate::protocols::page_ops::wait_loaded(&mut events, &page.session, &navigated, awaited)
-            .await?;
+        crate::engine::page::wait_loaded(&mut events, &page.session, &navigated, awaited).await?;
         Ok(())
     }
 

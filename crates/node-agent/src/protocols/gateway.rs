@@ -39,9 +39,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::engine::browser::CdpEndpoint;
 use crate::instance::InstanceSlot;
-use crate::protocols::access::{
-    Admission, InstanceToken, NodeAccess, query_without_token, with_token,
-};
+use crate::instance::token::InstanceToken;
+use crate::protocols::access::{Admission, NodeAccess, query_without_token, with_token};
 use crate::protocols::client_frames::{Pins, Protocol};
 
 /// Upper bound for a forwarded HTTP body (`/json/protocol` is ~1 MB).

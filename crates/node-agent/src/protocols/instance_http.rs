@@ -23,12 +23,12 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use tokio::net::TcpListener;
 
 use crate::engine::browser::CdpEndpoint;
 use crate::engine::capture::{CaptureError, Captures, NodeCaptures, Screenshot};
-use crate::engine::cdp::{CdpClient, CdpError};
+use crate::engine::page::{list_tabs, page_path};
 use crate::instance::InstanceSlot;
 use crate::protocols::access::{NodeAccess, with_token};
 
@@ -41,14 +41,6 @@ struct ApiState {
     recordings: std::path::PathBuf,
     /// Screenshots, bounded in size and number (see [`crate::engine::capture`]).
     captures: Arc<Captures>,
-}
-
-/// One open tab.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Tab {
-    pub id: String,
-    pub url: String,
-    pub title: String,
 }
 
 /// Serves the instance's HTTP API until its servers stop; with
@@ -145,44 +137,6 @@ async fn endpoint(state: &ApiState) -> Result<CdpEndpoint, ApiError> {
             reason.to_string(),
         )),
     }
-}
-
-/// Why the browser's tabs could not be listed.
-#[derive(Debug, thiserror::Error)]
-pub enum TabsError {
-    #[error("{0}")]
-    Browser(#[from] CdpError),
-    /// `/json/list` did not answer a list of targets.
-    #[error("{0}")]
-    Unreadable(#[from] serde_json::Error),
-}
-
-/// The browser's page targets (its own `browser_ui` targets are left out).
-pub async fn list_tabs(endpoint: &CdpEndpoint) -> Result<Vec<Tab>, TabsError> {
-    #[derive(Deserialize)]
-    struct Target {
-        id: String,
-        #[serde(rename = "type")]
-        kind: String,
-        url: String,
-        title: String,
-    }
-    let body = CdpClient::http_get(endpoint, "/json/list").await?;
-    let targets: Vec<Target> = serde_json::from_slice(&body)?;
-    Ok(targets
-        .into_iter()
-        .filter(|t| t.kind == "page")
-        .map(|t| Tab {
-            id: t.id,
-            url: t.url,
-            title: t.title,
-        })
-        .collect())
-}
-
-/// The DevTools path of a page target.
-pub fn page_path(tab: &Tab) -> String {
-    format!("/devtools/page/{}", tab.id)
 }
 
 async fn tabs(State(state): State<ApiState>) -> Result<Response, ApiError> {

@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::engine::cdp::{CdpClient, CdpError};
-use crate::protocols::instance_http::Tab;
+use crate::engine::page::Tab;
 
 /// Largest text frame a viewer may send (bytes); larger closes the socket.
 pub const MAX_MESSAGE_BYTES: usize = 8 * 1024;

@@ -96,9 +96,9 @@ impl SilenceWatch {
         Some(silent)
     }
 }
+use crate::engine::page::{Tab, TabsError, list_tabs, page_path};
 use crate::instance::InstanceSlot;
 use crate::instance::NotReady;
-use crate::protocols::instance_http::{Tab, TabsError, list_tabs, page_path};
 use crate::protocols::live_control::{
     self, ControlError, ControlState, InvalidMessage, ViewerMessage, ViewerState, Viewport,
 };

@@ -45,7 +45,8 @@ use flotilla_api_types::agent::InstanceEventKind;
 use flotilla_api_types::playwright::{client_version, parse_version};
 
 use crate::confine::sandbox::Isolation;
-use crate::engine::browser::{CdpEndpoint, InstanceDirs};
+use crate::engine::browser::CdpEndpoint;
+use crate::system::dirs::InstanceDirs;
 
 /// Node.js, which runs playwright-core (Debian's `nodejs`).
 pub const NODE: &str = "/usr/bin/node";
@@ -401,11 +402,11 @@ async fn port_it_says(
     match tokio::time::timeout(START_TIMEOUT, listening_port(stdout)).await {
         Ok(Some(port)) => Ok(port),
         Ok(None) => {
-            let log = crate::engine::browser::log_tail(log_path);
+            let log = crate::system::process::log_tail(log_path);
             Err(PlaywrightError::Server(format!("it ended at start{log}")))
         }
         Err(_) => {
-            let log = crate::engine::browser::log_tail(log_path);
+            let log = crate::system::process::log_tail(log_path);
             Err(PlaywrightError::Server(format!(
                 "it did not listen within {START_TIMEOUT:?}{log}"
             )))
@@ -567,7 +568,7 @@ async fn watch(
         status = child.wait() => {
             ended.store(true, std::sync::atomic::Ordering::Release);
             let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
-            let reason = format!("{status}{}", crate::engine::browser::log_tail(&log_path));
+            let reason = format!("{status}{}", crate::system::process::log_tail(&log_path));
             tracing::warn!(%version, %reason, "a Playwright server ended on its own");
             if let Some(report) = report {
                 report(group, InstanceEventKind::PlaywrightServerExited { version, reason });

@@ -28,8 +28,8 @@ use base64::Engine as _;
 use serde_json::{Value, json};
 
 use crate::confine::sandbox::Isolation;
-use crate::engine::browser::InstanceDirs;
-use crate::protocols::webdriver::WebDriverError;
+use crate::engine::chromedriver::WebDriverError;
+use crate::system::dirs::InstanceDirs;
 
 /// File operations running at once on a node (a managed download holds its
 /// zip in memory): the others wait their turn.

@@ -4,7 +4,9 @@
 //! agent writes in folders the browser owns ([`files`]).
 
 pub mod cgroups;
+pub mod dirs;
 pub mod downloads;
 pub mod files;
 pub mod monitor;
+pub mod process;
 pub mod reaper;

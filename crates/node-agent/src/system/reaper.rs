@@ -62,7 +62,7 @@ mod tests {
 
     #[test]
     fn an_orphan_zombie_is_reaped_on_the_second_sweep() {
-        crate::engine::browser::become_subreaper();
+        crate::system::process::become_subreaper();
         // A child that forks a grandchild and exits: the grandchild is
         // handed to us, and exits too.
         let status = std::process::Command::new("/bin/sh")
