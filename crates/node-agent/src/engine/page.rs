@@ -1,9 +1,14 @@
 //! The page layer over the DevTools protocol: what the agent does with a
 //! browser's pages, for every caller (MCP's steps, REST actions, the
-//! instance's HTTP port, launches). Listing the tabs ([`list_tabs`]),
-//! waiting for a navigation's lifecycle event ([`wait_loaded`]), dismissing
+//! instance's HTTP port, state capture and restore). A browser's tabs
+//! ([`Browser`]: list, open, close, bring to the front; [`list_tabs`] over
+//! HTTP), one page ([`Page`]: navigate and wait for a lifecycle event in one
+//! routine, go back, evaluate, act on its elements, capture, emulate),
+//! waiting on a page's events ([`wait_loaded`], [`page_event`]), dismissing
 //! dialogs ([`dismiss_dialogs`]), following the console ([`ConsoleLog`]),
-//! and a protocol failure in words fit for a client ([`describe`]).
+//! and a protocol failure in words fit for a client ([`describe`]). The
+//! protocol's method names live here (and in the rest of `engine/`), not in
+//! its callers.
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
@@ -280,5 +285,387 @@ impl ConsoleLog {
             let _ = writeln!(text, "{message}");
         }
         text
+    }
+}
+
+/// Returns once `session`'s page sends an event `wanted` picks (the events
+/// were subscribed to before that page started loading), or the connection
+/// closes.
+pub(crate) async fn page_event(
+    mut events: tokio::sync::broadcast::Receiver<crate::engine::cdp::CdpEvent>,
+    session: &str,
+    wanted: impl Fn(&crate::engine::cdp::CdpEvent) -> bool,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        match events.recv().await {
+            Ok(event) if event.session_id.as_deref() == Some(session) && wanted(&event) => {
+                return;
+            }
+            Ok(_) | Err(RecvError::Lagged(_)) => {}
+            Err(RecvError::Closed) => return,
+        }
+    }
+}
+
+/// The page's load event fired.
+pub(crate) fn load_event(event: &crate::engine::cdp::CdpEvent) -> bool {
+    event.method == "Page.loadEventFired"
+}
+
+/// The page's own document committed (until then a reloading tab's target
+/// shows no URL).
+pub(crate) fn main_frame_committed(event: &crate::engine::cdp::CdpEvent) -> bool {
+    event.method == "Page.frameNavigated" && event.params["frame"]["parentId"].is_null()
+}
+
+/// How long each call of a [`Page`] or [`Browser`] may take: until a
+/// deadline (a step's, a job's), or a fixed time per call.
+#[derive(Debug, Clone, Copy)]
+pub enum Within {
+    Deadline(tokio::time::Instant),
+    Each(Duration),
+}
+
+impl Within {
+    /// The time the next call has (at least a millisecond).
+    pub fn remaining(&self) -> Duration {
+        match self {
+            Self::Deadline(deadline) => deadline
+                .saturating_duration_since(tokio::time::Instant::now())
+                .max(Duration::from_millis(1)),
+            Self::Each(each) => *each,
+        }
+    }
+}
+
+/// The lifecycle event a navigation waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadedAt {
+    Load,
+    DomContentLoaded,
+    NetworkIdle,
+}
+
+impl LoadedAt {
+    fn event_name(self) -> &'static str {
+        match self {
+            Self::Load => "load",
+            Self::DomContentLoaded => "DOMContentLoaded",
+            Self::NetworkIdle => "networkIdle",
+        }
+    }
+}
+
+/// Why a navigation did not reach its page.
+#[derive(Debug, thiserror::Error)]
+pub enum NavigateError {
+    /// The browser could not load it (`net::ERR_…`).
+    #[error("{0}")]
+    Refused(String),
+    #[error(transparent)]
+    Browser(#[from] CdpError),
+}
+
+/// A browser's page targets, over a connection to the browser.
+pub struct Browser<'a> {
+    client: &'a CdpClient,
+    within: Within,
+}
+
+impl<'a> Browser<'a> {
+    pub fn new(client: &'a CdpClient, within: Within) -> Self {
+        Self { client, within }
+    }
+
+    async fn call(&self, method: &str, params: Value) -> Result<Value, CdpError> {
+        self.client
+            .call(method, params, None, self.within.remaining())
+            .await
+    }
+
+    /// Its page tabs, most recently used first.
+    pub async fn pages(&self) -> Result<Vec<flotilla_api_types::page::TabInfo>, CdpError> {
+        let targets = self.call("Target.getTargets", json!({})).await?;
+        Ok(targets["targetInfos"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|info| info["type"] == "page")
+            .map(tab_info)
+            .collect())
+    }
+
+    /// Opens a blank tab; its target id.
+    pub async fn open_blank(&self) -> Result<String, CdpError> {
+        let created = self
+            .call("Target.createTarget", json!({"url": "about:blank"}))
+            .await?;
+        Ok(created["targetId"].as_str().unwrap_or_default().to_owned())
+    }
+
+    pub async fn close(&self, id: &str) -> Result<(), CdpError> {
+        self.call("Target.closeTarget", json!({"targetId": id}))
+            .await
+            .map(drop)
+    }
+
+    /// Brings tab `id` to the front.
+    pub async fn activate(&self, id: &str) -> Result<(), CdpError> {
+        self.call("Target.activateTarget", json!({"targetId": id}))
+            .await
+            .map(drop)
+    }
+
+    /// Tab `id`'s URL and title.
+    pub async fn info(&self, id: &str) -> Result<flotilla_api_types::page::TabInfo, CdpError> {
+        let info = self
+            .call("Target.getTargetInfo", json!({"targetId": id}))
+            .await?;
+        Ok(tab_info(&info["targetInfo"]))
+    }
+}
+
+fn tab_info(info: &Value) -> flotilla_api_types::page::TabInfo {
+    let text = |name: &str| info[name].as_str().unwrap_or_default().to_owned();
+    flotilla_api_types::page::TabInfo {
+        id: text("targetId"),
+        url: text("url"),
+        title: text("title"),
+    }
+}
+
+/// One page the agent drives, over a flat session of a browser connection.
+pub struct Page<'a> {
+    client: &'a CdpClient,
+    session: &'a str,
+    within: Within,
+}
+
+impl<'a> Page<'a> {
+    pub fn new(client: &'a CdpClient, session: &'a str, within: Within) -> Self {
+        Self {
+            client,
+            session,
+            within,
+        }
+    }
+
+    async fn call(&self, method: &str, params: Value) -> Result<Value, CdpError> {
+        self.client
+            .call(method, params, Some(self.session), self.within.remaining())
+            .await
+    }
+
+    /// Turns on the page's events (a dialog already open is reported then).
+    pub async fn enable(&self) -> Result<(), CdpError> {
+        self.call("Page.enable", json!({})).await.map(drop)
+    }
+
+    /// Navigates to `url` and waits for its document's `until` event (a
+    /// page that moves on before then is followed to where it went).
+    pub async fn navigate(&self, url: &str, until: LoadedAt) -> Result<(), NavigateError> {
+        self.call("Page.setLifecycleEventsEnabled", json!({"enabled": true}))
+            .await?;
+        let mut events = self.client.events();
+        let navigated = self.call("Page.navigate", json!({"url": url})).await?;
+        if let Some(reason) = navigated["errorText"].as_str().filter(|t| !t.is_empty()) {
+            return Err(NavigateError::Refused(reason.to_owned()));
+        }
+        wait_loaded(&mut events, self.session, &navigated, until.event_name()).await?;
+        Ok(())
+    }
+
+    /// Goes one page back in the tab's history; `false` when it has no
+    /// earlier page.
+    pub async fn back(&self) -> Result<bool, CdpError> {
+        let history = self.call("Page.getNavigationHistory", json!({})).await?;
+        let index = history["currentIndex"].as_i64().unwrap_or(0);
+        if index < 1 {
+            return Ok(false);
+        }
+        let entry = &history["entries"][(index - 1) as usize];
+        self.call(
+            "Page.navigateToHistoryEntry",
+            json!({"entryId": entry["id"]}),
+        )
+        .await?;
+        Ok(true)
+    }
+
+    /// Evaluates `expression` (awaiting a promise); the protocol's answer
+    /// (`result`, or `exceptionDetails`). `by_value`: the result as JSON;
+    /// `group`: the object group its objects are kept in.
+    pub async fn evaluate(
+        &self,
+        expression: &str,
+        by_value: bool,
+        group: Option<&str>,
+    ) -> Result<Value, CdpError> {
+        let mut params = json!({"expression": expression, "awaitPromise": true});
+        if by_value {
+            params["returnByValue"] = json!(true);
+        }
+        if let Some(group) = group {
+            params["objectGroup"] = json!(group);
+        }
+        self.call("Runtime.evaluate", params).await
+    }
+
+    /// `expression`'s value (by value, a promise awaited); a script that
+    /// throws is a protocol error naming what it threw.
+    pub async fn evaluate_value(&self, expression: &str) -> Result<Value, CdpError> {
+        let answer = self.evaluate(expression, true, None).await?;
+        if let Some(details) = answer.get("exceptionDetails") {
+            return Err(CdpError::Protocol {
+                method: "Runtime.evaluate".into(),
+                message: exception_text(details),
+            });
+        }
+        Ok(answer["result"]["value"].clone())
+    }
+
+    /// Evaluates `expression` with at most `within` for it.
+    pub async fn evaluate_within(
+        &self,
+        expression: &str,
+        within: Duration,
+    ) -> Result<Value, CdpError> {
+        let params = json!({"expression": expression, "awaitPromise": true});
+        self.client
+            .call("Runtime.evaluate", params, Some(self.session), within)
+            .await
+    }
+
+    /// Calls `function` with `this` the page's object `object`; the
+    /// protocol's answer, its result by value, a promise awaited when
+    /// `awaited`.
+    pub async fn call_function_on(
+        &self,
+        object: &Value,
+        function: &str,
+        arguments: Value,
+        awaited: bool,
+    ) -> Result<Value, CdpError> {
+        let mut params = json!({
+            "objectId": object,
+            "functionDeclaration": function,
+            "arguments": arguments,
+            "returnByValue": true,
+        });
+        if awaited {
+            params["awaitPromise"] = json!(true);
+        }
+        self.call("Runtime.callFunctionOn", params).await
+    }
+
+    /// Lets the page free the objects of `group`.
+    pub async fn release_group(&self, group: &str) -> Result<(), CdpError> {
+        self.call("Runtime.releaseObjectGroup", json!({"objectGroup": group}))
+            .await
+            .map(drop)
+    }
+
+    /// The page's whole accessibility tree (`nodes`).
+    pub async fn accessibility_tree(&self) -> Result<Value, CdpError> {
+        self.call("Accessibility.getFullAXTree", json!({})).await
+    }
+
+    /// Scrolls DOM node `node` (a backend node id) into view.
+    pub async fn scroll_into_view(&self, node: i64) -> Result<(), CdpError> {
+        self.call("DOM.scrollIntoViewIfNeeded", json!({"backendNodeId": node}))
+            .await
+            .map(drop)
+    }
+
+    /// The boxes of DOM node `node` on the page (`quads`).
+    pub async fn content_quads(&self, node: i64) -> Result<Value, CdpError> {
+        self.call("DOM.getContentQuads", json!({"backendNodeId": node}))
+            .await
+    }
+
+    /// The page's JavaScript object of DOM node `node` (its `objectId`).
+    pub async fn object_of(&self, node: i64) -> Result<Value, CdpError> {
+        let resolved = self
+            .call("DOM.resolveNode", json!({"backendNodeId": node}))
+            .await?;
+        Ok(resolved["object"]["objectId"].clone())
+    }
+
+    /// Sets `files` (paths as the browser sees them) on file input `node`.
+    pub async fn set_files(&self, node: i64, files: &[String]) -> Result<(), CdpError> {
+        self.call(
+            "DOM.setFileInputFiles",
+            json!({"files": files, "backendNodeId": node}),
+        )
+        .await
+        .map(drop)
+    }
+
+    /// One mouse event (`Input.dispatchMouseEvent`'s parameters).
+    pub async fn mouse(&self, event: Value) -> Result<(), CdpError> {
+        self.call("Input.dispatchMouseEvent", event).await.map(drop)
+    }
+
+    /// One key event (`Input.dispatchKeyEvent`'s parameters).
+    pub async fn key(&self, event: Value) -> Result<(), CdpError> {
+        self.call("Input.dispatchKeyEvent", event).await.map(drop)
+    }
+
+    /// Types `text` into the focused element, as one input.
+    pub async fn insert_text(&self, text: &str) -> Result<(), CdpError> {
+        self.call("Input.insertText", json!({"text": text}))
+            .await
+            .map(drop)
+    }
+
+    /// A screenshot (`Page.captureScreenshot`'s parameters): its base64 data.
+    pub async fn screenshot(&self, params: Value) -> Result<Value, CdpError> {
+        let shot = self.call("Page.captureScreenshot", params).await?;
+        Ok(shot["data"].clone())
+    }
+
+    /// The page printed (`Page.printToPDF`'s parameters): its base64 data.
+    pub async fn print_pdf(&self, params: Value) -> Result<Value, CdpError> {
+        let printed = self.call("Page.printToPDF", params).await?;
+        Ok(printed["data"].clone())
+    }
+
+    /// The page's size and its visible part (`cssContentSize`,
+    /// `cssVisualViewport`).
+    pub async fn layout_metrics(&self) -> Result<Value, CdpError> {
+        self.call("Page.getLayoutMetrics", json!({})).await
+    }
+
+    /// Shows the page as on a screen of `width`×`height` CSS pixels at
+    /// `scale` device pixels each.
+    pub async fn emulate_viewport(
+        &self,
+        width: u32,
+        height: u32,
+        scale: f64,
+    ) -> Result<(), CdpError> {
+        let metrics = json!({
+            "width": width, "height": height, "deviceScaleFactor": scale, "mobile": false,
+        });
+        self.call("Emulation.setDeviceMetricsOverride", metrics)
+            .await
+            .map(drop)
+    }
+
+    pub async fn set_user_agent(&self, user_agent: &str) -> Result<(), CdpError> {
+        self.call(
+            "Emulation.setUserAgentOverride",
+            json!({"userAgent": user_agent}),
+        )
+        .await
+        .map(drop)
+    }
+
+    /// Sets `cookies` (`Network.CookieParam`s) in the browser.
+    pub async fn set_cookies(&self, cookies: Vec<Value>) -> Result<(), CdpError> {
+        self.call("Network.setCookies", json!({"cookies": cookies}))
+            .await
+            .map(drop)
     }
 }

@@ -13,6 +13,7 @@ const CDP_TIMEOUT: Duration = Duration::from_secs(10);
 
 use crate::engine::browser::CdpEndpoint;
 use crate::engine::cdp::CdpClient;
+use crate::engine::page::{load_event, main_frame_committed, page_event};
 use crate::snapshot::{CapturedState, CapturedTab, HistoryEntry, OriginStorage, RestoreOptions};
 
 /// Reads cookies, tabs and localStorage from a running browser.
@@ -330,36 +331,6 @@ async fn rebuild_tab(
         evaluate(&browser, &session, &scroll).await;
         detach(&browser, session).await;
     });
-}
-
-/// Returns once `session`'s page sends an event `wanted` picks (the events
-/// were subscribed to before that page started loading), or the connection
-/// closes.
-async fn page_event(
-    mut events: tokio::sync::broadcast::Receiver<crate::engine::cdp::CdpEvent>,
-    session: &str,
-    wanted: impl Fn(&crate::engine::cdp::CdpEvent) -> bool,
-) {
-    use tokio::sync::broadcast::error::RecvError;
-    loop {
-        match events.recv().await {
-            Ok(event) if event.session_id.as_deref() == Some(session) && wanted(&event) => {
-                return;
-            }
-            Ok(_) | Err(RecvError::Lagged(_)) => {}
-            Err(RecvError::Closed) => return,
-        }
-    }
-}
-
-fn load_event(event: &crate::engine::cdp::CdpEvent) -> bool {
-    event.method == "Page.loadEventFired"
-}
-
-/// The page's own document committed (until then a reloading tab's target
-/// shows no URL).
-fn main_frame_committed(event: &crate::engine::cdp::CdpEvent) -> bool {
-    event.method == "Page.frameNavigated" && event.params["frame"]["parentId"].is_null()
 }
 
 /// How long a rebuilt tab's reload may take to commit before the instance

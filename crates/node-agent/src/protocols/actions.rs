@@ -4,11 +4,10 @@
 //! own DevTools connections; the browser keeps its sandbox and egress
 //! policy, so the page's traffic goes where any of the instance's would.
 //!
-//! Two connections: the page's (lifecycle, the result) and an
-//! interceptor's, which alone sees `Fetch.requestPaused`, so a page with many
-//! requests never crowds out the lifecycle events the job waits on. The
-//! interceptor serves an `html` job's document, fails `block`ed requests and
-//! adds `headers`.
+//! Two connections: the page's (lifecycle, the result, through the page
+//! layer `engine::page`) and an interceptor's (`engine::intercept`), which
+//! serves an `html` job's document, fails `block`ed requests and adds
+//! `headers`.
 //!
 //! Everything runs within the request's `timeout_ms`; a result larger than
 //! `agent.action_max_output_bytes` is refused while it arrives.
@@ -25,8 +24,10 @@ use flotilla_api_types::actions::{
 };
 
 use crate::engine::browser::CdpEndpoint;
-use crate::engine::cdp::{CdpClient, CdpError, CdpEvent};
-use crate::engine::page::{AbortOnDrop, dismiss_dialogs};
+use crate::engine::cdp::{CdpClient, CdpError};
+use crate::engine::page::{
+    AbortOnDrop, Browser, LoadedAt, NavigateError, Page, Within, dismiss_dialogs,
+};
 
 /// A job's result: the body of the answer and its type.
 #[derive(Debug)]
@@ -127,34 +128,20 @@ struct Job<'a> {
 }
 
 /// The page a job drives: its connection and flat session.
-struct Page {
+struct JobPage {
     client: Arc<CdpClient>,
     session: String,
 }
 
-impl Page {
-    async fn call(&self, method: &str, params: Value, job: &Job<'_>) -> Result<Value, CdpError> {
-        self.client
-            .call(method, params, Some(&self.session), job.remaining())
-            .await
+impl JobPage {
+    /// The page, within the job's time.
+    fn on(&self, job: &Job<'_>) -> Page<'_> {
+        Page::new(&self.client, &self.session, Within::Deadline(job.deadline))
     }
 
     /// Evaluates `expression` in the page, awaiting a promise; its value.
     async fn evaluate(&self, expression: &str, job: &Job<'_>) -> Result<Value, ActionError> {
-        let answer = self
-            .call(
-                "Runtime.evaluate",
-                json!({"expression": expression, "returnByValue": true, "awaitPromise": true}),
-                job,
-            )
-            .await?;
-        if let Some(details) = answer.get("exceptionDetails") {
-            return Err(ActionError::Browser(CdpError::Protocol {
-                method: "Runtime.evaluate".into(),
-                message: crate::engine::page::exception_text(details),
-            }));
-        }
-        Ok(answer["result"]["value"].clone())
+        Ok(self.on(job).evaluate_value(expression).await?)
     }
 }
 
@@ -180,7 +167,7 @@ impl Job<'_> {
         self.at("opening the page");
         let target = page_target(&client, self).await?;
         let session = client.attach(&target, self.remaining()).await?;
-        let page = Page {
+        let page = JobPage {
             client: Arc::new(client),
             session,
         };
@@ -207,33 +194,15 @@ impl Job<'_> {
     }
 
     /// Viewport, user agent and cookies, before anything loads.
-    async fn prepare(&self, page: &Page) -> Result<(), ActionError> {
-        page.call("Page.enable", json!({}), self).await?;
-        page.call(
-            "Page.setLifecycleEventsEnabled",
-            json!({"enabled": true}),
-            self,
-        )
-        .await?;
+    async fn prepare(&self, page: &JobPage) -> Result<(), ActionError> {
+        let on = page.on(self);
+        on.enable().await?;
         let viewport = self.request.viewport();
-        page.call(
-            "Emulation.setDeviceMetricsOverride",
-            json!({
-                "width": viewport.width,
-                "height": viewport.height,
-                "deviceScaleFactor": viewport.device_scale_factor.unwrap_or(1.0),
-                "mobile": false,
-            }),
-            self,
-        )
-        .await?;
-        if let Some(user_agent) = &self.request.user_agent {
-            page.call(
-                "Emulation.setUserAgentOverride",
-                json!({"userAgent": user_agent}),
-                self,
-            )
+        let scale = viewport.device_scale_factor.unwrap_or(1.0);
+        on.emulate_viewport(viewport.width, viewport.height, scale)
             .await?;
+        if let Some(user_agent) = &self.request.user_agent {
+            on.set_user_agent(user_agent).await?;
         }
         if !self.request.cookies.is_empty() {
             let page_url = self.request.url.as_deref().unwrap_or(HTML_URL);
@@ -257,41 +226,37 @@ impl Job<'_> {
                     value
                 })
                 .collect();
-            page.call("Network.setCookies", json!({"cookies": cookies}), self)
-                .await
-                .map_err(|error| match error {
-                    CdpError::Protocol { message, .. } => ActionError::BadCookies(message),
-                    other => ActionError::Browser(other),
-                })?;
+            on.set_cookies(cookies).await.map_err(|error| match error {
+                CdpError::Protocol { message, .. } => ActionError::BadCookies(message),
+                other => ActionError::Browser(other),
+            })?;
         }
         Ok(())
     }
 
     /// Navigates to the job's page and waits for its `wait_until` event.
-    async fn load(&self, page: &Page) -> Result<(), ActionError> {
+    async fn load(&self, page: &JobPage) -> Result<(), ActionError> {
         let url = self.request.url.as_deref().unwrap_or(HTML_URL);
-        let awaited = match self.request.wait_until.unwrap_or_default() {
-            WaitUntil::Load => "load",
-            WaitUntil::Domcontentloaded => "DOMContentLoaded",
-            WaitUntil::Networkidle => "networkIdle",
+        let until = match self.request.wait_until.unwrap_or_default() {
+            WaitUntil::Load => LoadedAt::Load,
+            WaitUntil::Domcontentloaded => LoadedAt::DomContentLoaded,
+            WaitUntil::Networkidle => LoadedAt::NetworkIdle,
         };
-        let mut events = page.client.events();
-        let navigated = page
-            .call("Page.navigate", json!({"url": url}), self)
-            .await?;
-        if let Some(reason) = navigated["errorText"].as_str().filter(|t| !t.is_empty()) {
-            return Err(ActionError::Navigation {
-                url: url.to_owned(),
-                reason: reason.to_owned(),
-            });
-        }
-        crate::engine::page::wait_loaded(&mut events, &page.session, &navigated, awaited).await?;
-        Ok(())
+        page.on(self)
+            .navigate(url, until)
+            .await
+            .map_err(|error| match error {
+                NavigateError::Refused(reason) => ActionError::Navigation {
+                    url: url.to_owned(),
+                    reason,
+                },
+                NavigateError::Browser(error) => error.into(),
+            })
     }
 
     /// Every selector of the request, parsed by the page itself: a refusal
     /// names its field.
-    async fn check_selectors(&self, page: &Page, kind: ActionKind) -> Result<(), ActionError> {
+    async fn check_selectors(&self, page: &JobPage, kind: ActionKind) -> Result<(), ActionError> {
         let mut fields: Vec<(String, &str)> = Vec::new();
         if let Some(selector) = &self.request.wait_for_selector {
             fields.push(("wait_for_selector".into(), selector));
@@ -329,7 +294,7 @@ impl Job<'_> {
         Ok(())
     }
 
-    async fn screenshot(&self, page: &Page) -> Result<ActionOutput, ActionError> {
+    async fn screenshot(&self, page: &JobPage) -> Result<ActionOutput, ActionError> {
         let format = self.request.format.unwrap_or_default();
         let mut params = json!({"format": format.as_str()});
         if let Some(quality) = self.request.quality {
@@ -350,7 +315,7 @@ impl Job<'_> {
             }
             Some((side(0), side(1), side(2), side(3)))
         } else if self.request.full_page == Some(true) {
-            let metrics = page.call("Page.getLayoutMetrics", json!({}), self).await?;
+            let metrics = page.on(self).layout_metrics().await?;
             let size = &metrics["cssContentSize"];
             Some((
                 0.0,
@@ -362,7 +327,7 @@ impl Job<'_> {
             let viewport = self.request.viewport();
             let pixels = f64::from(viewport.width) * f64::from(viewport.height) * scale * scale;
             if pixels > self.bounds.max_pixels as f64 {
-                let metrics = page.call("Page.getLayoutMetrics", json!({}), self).await?;
+                let metrics = page.on(self).layout_metrics().await?;
                 let visible = &metrics["cssVisualViewport"];
                 let number = |name: &str| visible[name].as_f64().unwrap_or(0.0);
                 Some((
@@ -387,14 +352,14 @@ impl Job<'_> {
             });
             params["captureBeyondViewport"] = json!(true);
         }
-        let shot = page.call("Page.captureScreenshot", params, self).await?;
+        let shot = page.on(self).screenshot(params).await?;
         Ok(ActionOutput {
             content_type: format.content_type(),
-            body: self.decoded(&shot["data"])?,
+            body: self.decoded(&shot)?,
         })
     }
 
-    async fn pdf(&self, page: &Page) -> Result<ActionOutput, ActionError> {
+    async fn pdf(&self, page: &JobPage) -> Result<ActionOutput, ActionError> {
         let (mut width, mut height) = self.request.page_size.unwrap_or_default().inches();
         let landscape = self.request.landscape.unwrap_or(false);
         if landscape {
@@ -403,9 +368,8 @@ impl Job<'_> {
         let margins = self.request.margins_mm.unwrap_or_default();
         let inch = |mm: f64| mm / 25.4;
         let printed = page
-            .call(
-                "Page.printToPDF",
-                json!({
+            .on(self)
+            .print_pdf(json!({
                     "paperWidth": width,
                     "paperHeight": height,
                     "marginTop": inch(margins.top),
@@ -414,17 +378,15 @@ impl Job<'_> {
                     "marginLeft": inch(margins.left),
                     "printBackground": self.request.print_background.unwrap_or(false),
                     "preferCSSPageSize": false,
-                }),
-                self,
-            )
+            }))
             .await?;
         Ok(ActionOutput {
             content_type: "application/pdf",
-            body: self.decoded(&printed["data"])?,
+            body: self.decoded(&printed)?,
         })
     }
 
-    async fn content(&self, page: &Page) -> Result<ActionOutput, ActionError> {
+    async fn content(&self, page: &JobPage) -> Result<ActionOutput, ActionError> {
         let html = page
             .evaluate(
                 "(document.doctype ? new XMLSerializer().serializeToString(document.doctype) + '\\n' : '') + (document.documentElement ? document.documentElement.outerHTML : '')",
@@ -438,7 +400,7 @@ impl Job<'_> {
         })
     }
 
-    async fn scrape(&self, page: &Page) -> Result<ActionOutput, ActionError> {
+    async fn scrape(&self, page: &JobPage) -> Result<ActionOutput, ActionError> {
         let selectors: Vec<&str> = self
             .request
             .elements
@@ -466,7 +428,7 @@ impl Job<'_> {
         let answer: ScrapeResponse = serde_json::from_value(json!({"elements": elements}))
             .map_err(|e| {
                 ActionError::Browser(CdpError::Protocol {
-                    method: "Runtime.evaluate".into(),
+                    method: "the scrape script".into(),
                     message: format!("unexpected scrape result: {e}"),
                 })
             })?;
@@ -506,54 +468,19 @@ impl Job<'_> {
         endpoint: &CdpEndpoint,
         target: &str,
     ) -> Result<Option<AbortOnDrop>, ActionError> {
-        let rules = Interception::of(self.request);
-        if rules.patterns.is_empty() {
-            return Ok(None);
-        }
-        // It reads only paused requests (each with its headers); the html
-        // document goes the other way, in a command.
-        let client =
-            CdpClient::open_with_events(endpoint, &endpoint.browser_path, 4 << 20, 1024).await?;
-        let session = client.attach(target, self.remaining()).await?;
-        let events = client.events();
-        client
-            .call(
-                "Fetch.enable",
-                json!({"patterns": rules.patterns}),
-                Some(&session),
-                self.remaining(),
-            )
-            .await?;
-        let task = tokio::spawn(rules.serve(client, session, events));
-        Ok(Some(AbortOnDrop(task)))
+        let within = Within::Deadline(self.deadline);
+        Ok(crate::engine::intercept::start(endpoint, target, self.request, within).await?)
     }
 }
 
 /// The page target a job uses: the browser's first page (a warm browser
 /// has one open), or a new one.
 async fn page_target(client: &CdpClient, job: &Job<'_>) -> Result<String, ActionError> {
-    let targets = client
-        .call("Target.getTargets", json!({}), None, job.remaining())
-        .await?;
-    let existing = targets["targetInfos"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|info| info["type"] == "page")
-        .and_then(|info| info["targetId"].as_str())
-        .map(str::to_owned);
-    if let Some(target) = existing {
-        return Ok(target);
+    let browser = Browser::new(client, Within::Deadline(job.deadline));
+    if let Some(first) = browser.pages().await?.into_iter().next() {
+        return Ok(first.id);
     }
-    let created = client
-        .call(
-            "Target.createTarget",
-            json!({"url": "about:blank"}),
-            None,
-            job.remaining(),
-        )
-        .await?;
-    Ok(created["targetId"].as_str().unwrap_or_default().to_owned())
+    Ok(browser.open_blank().await?)
 }
 
 /// A promise that settles when an element matches `selector`.
@@ -568,285 +495,4 @@ fn wait_for_selector_script(selector: &str) -> String {
         }}))({})",
         json!(selector)
     )
-}
-
-/// What the interceptor does with each paused request.
-struct Interception {
-    /// `Fetch.enable`'s patterns: only what the rules act on is paused.
-    patterns: Vec<Value>,
-    html: Option<String>,
-    block_types: Vec<String>,
-    block_urls: Vec<String>,
-    headers: Vec<(String, String)>,
-}
-
-impl Interception {
-    fn of(request: &ActionRequest) -> Self {
-        let (block_types, block_urls): (Vec<String>, Vec<String>) =
-            request.block.iter().cloned().partition(|entry| {
-                flotilla_api_types::actions::RESOURCE_TYPES.contains(&entry.as_str())
-            });
-        let headers: Vec<(String, String)> = request
-            .headers
-            .iter()
-            .map(|(name, value)| (name.clone(), value.clone()))
-            .collect();
-        let mut patterns = Vec::new();
-        if !headers.is_empty() {
-            patterns.push(json!({"urlPattern": "*", "requestStage": "Request"}));
-        } else {
-            for url in &block_urls {
-                patterns.push(json!({"urlPattern": url, "requestStage": "Request"}));
-            }
-            for kind in &block_types {
-                patterns.push(json!({
-                    "urlPattern": "*",
-                    "resourceType": chromium_resource_type(kind),
-                    "requestStage": "Request",
-                }));
-            }
-            if request.html.is_some() {
-                patterns
-                    .push(json!({"urlPattern": format!("{HTML_URL}*"), "requestStage": "Request"}));
-            }
-        }
-        Self {
-            patterns,
-            html: request.html.clone(),
-            block_types,
-            block_urls,
-            headers,
-        }
-    }
-
-    /// Answers every paused request until the connection closes or the
-    /// task is aborted.
-    async fn serve(
-        self,
-        client: CdpClient,
-        session: String,
-        mut events: tokio::sync::broadcast::Receiver<CdpEvent>,
-    ) {
-        loop {
-            let event = match events.recv().await {
-                Ok(event) => event,
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
-                    tracing::warn!(missed, "the action's interceptor missed paused requests");
-                    continue;
-                }
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-            };
-            if event.method != "Fetch.requestPaused" {
-                continue;
-            }
-            // Sent without waiting for the answer: one slow answer holds up
-            // no other request.
-            let (method, params) = self.decide(&event.params);
-            if client
-                .send_in(method, params, Some(&session))
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
-    }
-
-    /// The command that releases one paused request.
-    fn decide(&self, paused: &Value) -> (&'static str, Value) {
-        let id = paused["requestId"].clone();
-        let url = paused["request"]["url"].as_str().unwrap_or_default();
-        let kind = paused["resourceType"]
-            .as_str()
-            .unwrap_or_default()
-            .to_ascii_lowercase();
-        if let Some(html) = &self.html
-            && url.starts_with(HTML_URL)
-        {
-            if url == HTML_URL && kind == "document" {
-                return (
-                    "Fetch.fulfillRequest",
-                    json!({
-                        "requestId": id,
-                        "responseCode": 200,
-                        "responseHeaders": [{"name": "Content-Type", "value": "text/html; charset=utf-8"}],
-                        "body": base64::engine::general_purpose::STANDARD.encode(html),
-                    }),
-                );
-            }
-            // Nothing else exists at the document's made-up origin.
-            return failed(id);
-        }
-        let blocked = self.block_types.contains(&kind)
-            || self
-                .block_urls
-                .iter()
-                .any(|pattern| glob_matches(pattern, url));
-        if blocked {
-            return failed(id);
-        }
-        let mut params = json!({"requestId": id});
-        if !self.headers.is_empty() {
-            let mut headers: Vec<Value> = paused["request"]["headers"]
-                .as_object()
-                .into_iter()
-                .flatten()
-                .filter(|(name, _)| {
-                    !self
-                        .headers
-                        .iter()
-                        .any(|(extra, _)| extra.eq_ignore_ascii_case(name))
-                })
-                .map(|(name, value)| json!({"name": name, "value": value}))
-                .collect();
-            headers.extend(
-                self.headers
-                    .iter()
-                    .map(|(name, value)| json!({"name": name, "value": value})),
-            );
-            params["headers"] = Value::Array(headers);
-        }
-        ("Fetch.continueRequest", params)
-    }
-}
-
-fn failed(id: Value) -> (&'static str, Value) {
-    (
-        "Fetch.failRequest",
-        json!({"requestId": id, "errorReason": "BlockedByClient"}),
-    )
-}
-
-/// Chromium's name of a resource type given in lower case.
-fn chromium_resource_type(kind: &str) -> &'static str {
-    match kind {
-        "document" => "Document",
-        "stylesheet" => "Stylesheet",
-        "image" => "Image",
-        "media" => "Media",
-        "font" => "Font",
-        "script" => "Script",
-        "texttrack" => "TextTrack",
-        "xhr" => "XHR",
-        "fetch" => "Fetch",
-        "eventsource" => "EventSource",
-        "websocket" => "WebSocket",
-        "manifest" => "Manifest",
-        _ => "Other",
-    }
-}
-
-/// Whether `text` matches `pattern`, where `*` matches any run of
-/// characters and `?` any one (Chromium's URL patterns).
-fn glob_matches(pattern: &str, text: &str) -> bool {
-    let pattern: Vec<char> = pattern.chars().collect();
-    let text: Vec<char> = text.chars().collect();
-    let (mut p, mut t) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while t < text.len() {
-        if p < pattern.len() && (pattern[p] == '?' || pattern[p] == text[t]) {
-            p += 1;
-            t += 1;
-        } else if p < pattern.len() && pattern[p] == '*' {
-            star = Some((p, t));
-            p += 1;
-        } else if let Some((star_p, star_t)) = star {
-            p = star_p + 1;
-            t = star_t + 1;
-            star = Some((star_p, star_t + 1));
-        } else {
-            return false;
-        }
-    }
-    pattern[p..].iter().all(|c| *c == '*')
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn url_patterns_match_like_chromiums() {
-        assert!(glob_matches(
-            "*://ads.example.com/*",
-            "https://ads.example.com/a.js"
-        ));
-        assert!(!glob_matches(
-            "*://ads.example.com/*",
-            "https://example.com/ads.example.com"
-        ));
-        assert!(glob_matches("*.png", "http://a.test/x.png"));
-        assert!(!glob_matches("*.png", "http://a.test/x.png?y"));
-        assert!(glob_matches("http://a.test/?", "http://a.test/b"));
-        assert!(glob_matches("*", ""));
-    }
-
-    #[test]
-    fn only_what_the_rules_act_on_is_paused() {
-        let parse =
-            |body: serde_json::Value| -> ActionRequest { serde_json::from_value(body).unwrap() };
-        let nothing = Interception::of(&parse(json!({"url": "http://a.test/"})));
-        assert!(nothing.patterns.is_empty(), "no interceptor without rules");
-        let rules = Interception::of(&parse(json!({
-            "html": "<p>",
-            "block": ["image", "*://ads.test/*"],
-        })));
-        assert_eq!(
-            rules.patterns,
-            vec![
-                json!({"urlPattern": "*://ads.test/*", "requestStage": "Request"}),
-                json!({"urlPattern": "*", "resourceType": "Image", "requestStage": "Request"}),
-                json!({"urlPattern": format!("{HTML_URL}*"), "requestStage": "Request"}),
-            ]
-        );
-        // Extra headers go on every request: everything is paused.
-        let headers = Interception::of(&parse(
-            json!({"url": "http://a.test/", "headers": {"x-a": "1"}}),
-        ));
-        assert_eq!(
-            headers.patterns,
-            vec![json!({"urlPattern": "*", "requestStage": "Request"})]
-        );
-    }
-
-    #[test]
-    fn paused_requests_are_served_blocked_or_given_headers() {
-        let request: ActionRequest = serde_json::from_value(json!({
-            "html": "<p>hi</p>",
-            "block": ["image", "*://ads.test/*"],
-            "headers": {"X-Extra": "1"},
-        }))
-        .unwrap();
-        let rules = Interception::of(&request);
-        let paused = |url: &str, kind: &str| json!({"requestId": "r", "resourceType": kind, "request": {"url": url, "headers": {"x-extra": "0", "Accept": "*/*"}}});
-        let (method, params) = rules.decide(&paused(HTML_URL, "Document"));
-        assert_eq!(method, "Fetch.fulfillRequest");
-        let body = base64::engine::general_purpose::STANDARD
-            .decode(params["body"].as_str().unwrap())
-            .unwrap();
-        assert_eq!(body, b"<p>hi</p>");
-        assert_eq!(
-            rules
-                .decide(&paused(&format!("{HTML_URL}x.css"), "Stylesheet"))
-                .0,
-            "Fetch.failRequest"
-        );
-        assert_eq!(
-            rules.decide(&paused("http://a.test/i.png", "Image")).0,
-            "Fetch.failRequest"
-        );
-        assert_eq!(
-            rules.decide(&paused("https://ads.test/a.js", "Script")).0,
-            "Fetch.failRequest"
-        );
-        let (method, params) = rules.decide(&paused("http://a.test/a.js", "Script"));
-        assert_eq!(method, "Fetch.continueRequest");
-        let headers = params["headers"].as_array().unwrap();
-        assert_eq!(
-            headers.len(),
-            2,
-            "the extra header replaces the page's: {headers:?}"
-        );
-        assert!(headers.contains(&json!({"name": "X-Extra", "value": "1"})));
-    }
 }

@@ -15,8 +15,7 @@
 //!   `?mode=view`, as the front door always does for a `view` live link.
 //!   Input from a viewer that does not hold control is refused with an
 //!   `error` message; nothing reaches the browser.
-//! - **Dispatch**: CDP `Input.dispatchMouseEvent`, `Input.dispatchKeyEvent`,
-//!   `Input.insertText` and `Emulation.setDeviceMetricsOverride` on the tab
+//! - **Dispatch**: as the engine takes input (`engine::input`), on the tab
 //!   being shown, over the screencast's own connection. Input counts as
 //!   activity.
 //!
@@ -28,9 +27,12 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::engine::cdp::{CdpClient, CdpError};
+pub use crate::engine::input::{
+    Input, KeyEvent, KeyInput, MouseButton, MouseEvent, MouseInput, Viewport,
+};
 use crate::engine::page::Tab;
 
 /// Largest text frame a viewer may send (bytes); larger closes the socket.
@@ -66,78 +68,6 @@ pub enum ViewerMessage {
     },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum MouseEvent {
-    Move,
-    Down,
-    Up,
-    Wheel,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum MouseButton {
-    #[default]
-    None,
-    Left,
-    Middle,
-    Right,
-    Back,
-    Forward,
-}
-
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MouseInput {
-    pub event: MouseEvent,
-    /// 0 (left edge of the frame) to 1 (right edge).
-    pub x: f64,
-    /// 0 (top edge of the frame) to 1 (bottom edge).
-    pub y: f64,
-    #[serde(default)]
-    pub button: MouseButton,
-    /// Buttons held, as DOM `MouseEvent.buttons`.
-    #[serde(default)]
-    pub buttons: u8,
-    #[serde(default)]
-    pub click_count: u8,
-    /// Alt 1, Ctrl 2, Meta 4, Shift 8 (CDP's bits).
-    #[serde(default)]
-    pub modifiers: u8,
-    /// Wheel deltas in CSS pixels.
-    #[serde(default)]
-    pub delta_x: f64,
-    #[serde(default)]
-    pub delta_y: f64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum KeyEvent {
-    Down,
-    Up,
-}
-
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct KeyInput {
-    pub event: KeyEvent,
-    /// DOM `KeyboardEvent.key` ("a", "Enter", "ArrowLeft").
-    pub key: String,
-    /// DOM `KeyboardEvent.code` ("KeyA", "Enter").
-    #[serde(default)]
-    pub code: String,
-    /// Windows virtual key code (DOM `keyCode`).
-    #[serde(default)]
-    pub key_code: u16,
-    /// What the key types, if anything.
-    #[serde(default)]
-    pub text: String,
-    #[serde(default)]
-    pub modifiers: u8,
-}
-
 /// Whether a viewer holds control, from its own point of view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -163,12 +93,6 @@ pub struct ViewerState {
     pub tab: Option<String>,
     /// The frame's size in CSS pixels (what fractions are taken of).
     pub viewport: Option<Viewport>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Viewport {
-    pub width: f64,
-    pub height: f64,
 }
 
 /// An `error` message: why a viewer's message did nothing.
@@ -265,145 +189,31 @@ fn check(message: &ViewerMessage) -> Result<(), InvalidMessage> {
     }
 }
 
-/// The CDP call that carries an input message to the page, if it is one.
-pub fn cdp_call(message: &ViewerMessage, viewport: Viewport) -> Option<(&'static str, Value)> {
-    match message {
-        ViewerMessage::Mouse(mouse) => {
-            Some(("Input.dispatchMouseEvent", mouse_params(mouse, viewport)))
-        }
-        ViewerMessage::Key(key) => Some(("Input.dispatchKeyEvent", key_params(key))),
-        ViewerMessage::Text { text } => Some(("Input.insertText", json!({ "text": text }))),
-        ViewerMessage::Resize { width, height } => Some((
-            "Emulation.setDeviceMetricsOverride",
-            json!({"width": width, "height": height, "deviceScaleFactor": 0, "mobile": false}),
-        )),
-        ViewerMessage::Control { .. } | ViewerMessage::Tab { .. } => None,
-    }
-}
-
-fn mouse_params(mouse: &MouseInput, viewport: Viewport) -> Value {
-    let kind = match mouse.event {
-        MouseEvent::Move => "mouseMoved",
-        MouseEvent::Down => "mousePressed",
-        MouseEvent::Up => "mouseReleased",
-        MouseEvent::Wheel => "mouseWheel",
-    };
-    let button = match mouse.button {
-        MouseButton::None => "none",
-        MouseButton::Left => "left",
-        MouseButton::Middle => "middle",
-        MouseButton::Right => "right",
-        MouseButton::Back => "back",
-        MouseButton::Forward => "forward",
-    };
-    let mut params = json!({
-        "type": kind,
-        "x": mouse.x * viewport.width,
-        "y": mouse.y * viewport.height,
-        "button": button,
-        "buttons": mouse.buttons,
-        "modifiers": mouse.modifiers & 0x0f,
-        "clickCount": mouse.click_count,
-    });
-    if mouse.event == MouseEvent::Wheel {
-        params["deltaX"] = json!(mouse.delta_x);
-        params["deltaY"] = json!(mouse.delta_y);
-    }
-    params
-}
-
-fn key_params(key: &KeyInput) -> Value {
-    // A key that types (and no Ctrl, Alt or Meta with it) goes down as
-    // `keyDown` with its text; shortcuts and keys that type nothing as
-    // `rawKeyDown`, so that the page sees the shortcut, not a character.
-    let modifiers = key.modifiers & 0x0f;
-    let types = !key.text.is_empty() && modifiers & 0b0111 == 0;
-    let kind = match key.event {
-        KeyEvent::Down if types => "keyDown",
-        KeyEvent::Down => "rawKeyDown",
-        KeyEvent::Up => "keyUp",
-    };
-    let mut params = json!({
-        "type": kind,
-        "key": key.key,
-        "code": key.code,
-        "windowsVirtualKeyCode": key.key_code,
-        "nativeVirtualKeyCode": key.key_code,
-        "modifiers": modifiers,
-    });
-    if types && key.event == KeyEvent::Down {
-        params["text"] = json!(key.text);
-        params["unmodifiedText"] = json!(key.text);
-    }
-    params
-}
-
-/// Sends an input message's CDP call over the page connection.
+/// Sends an input message to the page over its connection (other messages
+/// are not input: nothing is sent).
 pub async fn dispatch(
     client: &CdpClient,
     message: &ViewerMessage,
     viewport: Viewport,
 ) -> Result<(), ControlError> {
-    let Some((method, params)) = cdp_call(message, viewport) else {
-        return Ok(());
+    let input = match message {
+        ViewerMessage::Mouse(mouse) => Input::Mouse(mouse),
+        ViewerMessage::Key(key) => Input::Key(key),
+        ViewerMessage::Text { text } => Input::Text(text),
+        ViewerMessage::Resize { width, height } => Input::Resize {
+            width: *width,
+            height: *height,
+        },
+        ViewerMessage::Control { .. } | ViewerMessage::Tab { .. } => return Ok(()),
     };
-    client
-        .call(method, params, None, INPUT_TIMEOUT)
+    crate::engine::input::dispatch(client, input, viewport, INPUT_TIMEOUT)
         .await
-        .map(|_| ())
         .map_err(ControlError::NotTaken)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const VIEWPORT: Viewport = Viewport {
-        width: 1280.0,
-        height: 720.0,
-    };
-
-    #[test]
-    fn mouse_fractions_land_on_css_pixels_whatever_the_viewer_size() {
-        let message =
-            parse(r#"{"type":"mouse","event":"down","x":0.5,"y":0.25,"button":"left","buttons":1,"click_count":1}"#)
-                .unwrap();
-        let (method, params) = cdp_call(&message, VIEWPORT).unwrap();
-        assert_eq!(method, "Input.dispatchMouseEvent");
-        assert_eq!(params["type"], "mousePressed");
-        assert_eq!(params["x"], 640.0);
-        assert_eq!(params["y"], 180.0);
-        assert_eq!(params["button"], "left");
-        assert_eq!(params["clickCount"], 1);
-        let wheel = parse(r#"{"type":"mouse","event":"wheel","x":0,"y":1,"delta_y":120}"#).unwrap();
-        let (_, params) = cdp_call(&wheel, VIEWPORT).unwrap();
-        assert_eq!(
-            (params["type"].as_str(), params["deltaY"].as_f64()),
-            (Some("mouseWheel"), Some(120.0))
-        );
-    }
-
-    #[test]
-    fn typing_keys_carry_text_and_shortcuts_do_not() {
-        let a = parse(
-            r#"{"type":"key","event":"down","key":"a","code":"KeyA","key_code":65,"text":"a"}"#,
-        )
-        .unwrap();
-        let (_, params) = cdp_call(&a, VIEWPORT).unwrap();
-        assert_eq!(params["type"], "keyDown");
-        assert_eq!(params["text"], "a");
-        let ctrl_a = parse(
-            r#"{"type":"key","event":"down","key":"a","code":"KeyA","key_code":65,"text":"a","modifiers":2}"#,
-        )
-        .unwrap();
-        let (_, params) = cdp_call(&ctrl_a, VIEWPORT).unwrap();
-        assert_eq!(params["type"], "rawKeyDown");
-        assert_eq!(params["modifiers"], 2);
-        assert!(params.get("text").is_none());
-        let up = parse(r#"{"type":"key","event":"up","key":"Enter","code":"Enter","key_code":13}"#)
-            .unwrap();
-        assert_eq!(cdp_call(&up, VIEWPORT).unwrap().1["type"], "keyUp");
-    }
 
     #[test]
     fn hostile_messages_are_refused_with_a_reason() {

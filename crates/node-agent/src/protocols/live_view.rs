@@ -33,14 +33,13 @@ use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use base64::Engine;
 use bytes::Bytes;
-use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::{Mutex, watch};
 
 use crate::engine::browser::CdpEndpoint;
 use crate::engine::cdp::{CdpClient, CdpError, CdpEvent};
+use crate::engine::screencast::{FrameSettings, Screencast, ScreencastEvent};
 use crate::protocols::access::NodeAccess;
 
 /// How long a screencast's CDP calls may take.
@@ -343,9 +342,7 @@ impl LiveView {
                             }
                         }
                         if let Some(silent) = silence.too_long(tokio::time::Instant::now()) {
-                            let _ = client
-                                .call("Page.stopScreencast", json!({}), None, CDP_TIMEOUT)
-                                .await;
+                            Screencast::new(&client).stop().await;
                             return Err(ScreencastError::Silent(silent));
                         }
                     } else if last_viewer_seen.elapsed() > Duration::from_secs(5) {
@@ -355,9 +352,7 @@ impl LiveView {
                 _ = self.slot.servers.cancelled() => return Ok(()),
             }
         }
-        let _ = client
-            .call("Page.stopScreencast", json!({}), None, CDP_TIMEOUT)
-            .await;
+        Screencast::new(&client).stop().await;
         Ok(())
     }
 
@@ -376,16 +371,12 @@ impl LiveView {
             .cloned()
             .ok_or(ScreencastError::NoTab)?;
         let client = Arc::new(CdpClient::open(endpoint, &page_path(&tab)).await?);
-        let params = json!({
-            "format": "jpeg",
-            "quality": self.settings.quality,
-            "maxWidth": self.settings.width,
-            "maxHeight": self.settings.height,
-            "everyNthFrame": 1,
-        });
-        client
-            .call("Page.startScreencast", params, None, CDP_TIMEOUT)
-            .await?;
+        let frames = FrameSettings {
+            quality: self.settings.quality,
+            width: self.settings.width,
+            height: self.settings.height,
+        };
+        Screencast::new(&client).start(frames).await?;
         self.show(&client, tab.id.clone(), tabs);
         Ok((client, tab.id))
     }
@@ -397,25 +388,18 @@ impl LiveView {
         client: &CdpClient,
         event: &CdpEvent,
     ) -> Result<bool, ScreencastError> {
-        match event.method.as_str() {
-            "Page.screencastFrame" => {
-                if let Some(session) = event.params.get("sessionId").cloned() {
-                    let ack = json!({"sessionId": session});
-                    let _ = client.send("Page.screencastFrameAck", ack).await;
-                }
-                self.frame_metadata(&event.params["metadata"]);
-                let data = event.params["data"].as_str().unwrap_or_default();
-                if let Ok(jpeg) = base64::engine::general_purpose::STANDARD.decode(data) {
+        match Screencast::new(client).read(event).await {
+            ScreencastEvent::Frame { jpeg, metadata } => {
+                self.frame_metadata(&metadata);
+                if let Some(jpeg) = jpeg {
                     let seq = self.frames_received.fetch_add(1, Ordering::Relaxed) + 1;
                     let jpeg = Bytes::from(jpeg);
                     self.frames.send_replace(Some(Frame { seq, jpeg }));
                 }
                 Ok(true)
             }
-            "Inspector.detached" | "Inspector.targetCrashed" => Err(ScreencastError::PageGone {
-                method: event.method.clone(),
-            }),
-            _ => Ok(false),
+            ScreencastEvent::PageGone { method } => Err(ScreencastError::PageGone { method }),
+            ScreencastEvent::Other => Ok(false),
         }
     }
 }
@@ -500,18 +484,9 @@ impl LiveView {
 
     /// Publishes a screenshot as the current frame (none has come yet).
     async fn seed_frame(&self, client: &CdpClient, timeout: Duration) {
-        let shot = client
-            .call(
-                "Page.captureScreenshot",
-                json!({ "format": "jpeg", "quality": self.settings.quality }),
-                None,
-                timeout,
-            )
+        let jpeg = Screencast::new(client)
+            .still(self.settings.quality, timeout)
             .await;
-        let jpeg = shot.ok().and_then(|result| {
-            let data = result.get("data")?.as_str()?;
-            base64::engine::general_purpose::STANDARD.decode(data).ok()
-        });
         if let Some(jpeg) = jpeg
             && self.frames.borrow().is_none()
         {

@@ -27,7 +27,8 @@ use flotilla_api_types::page::{AgentPageRequest, PageAnswer, PageOp, TabInfo};
 use crate::engine::browser::CdpEndpoint;
 use crate::engine::cdp::{CdpClient, CdpError};
 use crate::engine::page::{
-    AbortOnDrop, ConsoleLog, describe, dismiss_dialogs, exception_text, wait_loaded,
+    AbortOnDrop, Browser, ConsoleLog, LoadedAt, NavigateError, Page, Within, describe,
+    dismiss_dialogs, exception_text,
 };
 
 /// Largest message a step reads (a screenshot, a snapshot).
@@ -126,16 +127,14 @@ impl Step {
             .max(Duration::from_millis(1))
     }
 
-    async fn browser(&self, method: &str, params: Value) -> Result<Value, CdpError> {
-        self.client
-            .call(method, params, None, self.remaining())
-            .await
+    /// The browser's tabs, within the step's time.
+    fn pages(&self) -> Browser<'_> {
+        Browser::new(&self.client, Within::Deadline(self.deadline))
     }
 
-    async fn on(&self, tab: &Tab, method: &str, params: Value) -> Result<Value, CdpError> {
-        self.client
-            .call(method, params, Some(&tab.session), self.remaining())
-            .await
+    /// The page in `tab`, within the step's time.
+    fn page<'t>(&'t self, tab: &'t Tab) -> Page<'t> {
+        Page::new(&self.client, &tab.session, Within::Deadline(self.deadline))
     }
 
     async fn run(
@@ -149,18 +148,15 @@ impl Step {
         let id = match &request.op {
             PageOp::TabSelect { tab } => {
                 self.find_tab(tab).await?;
-                self.browser("Target.activateTarget", json!({"targetId": tab}))
-                    .await?;
+                self.pages().activate(tab).await?;
                 tab.clone()
             }
             _ => self.current_tab(request.tab.as_deref()).await?,
         };
         let tab = self.attach(&id).await?;
         if let PageOp::Screenshot = &request.op {
-            let shot = self
-                .on(&tab, "Page.captureScreenshot", json!({"format": "png"}))
-                .await?;
-            let data = shot["data"].as_str().unwrap_or_default().to_owned();
+            let shot = self.page(&tab).screenshot(json!({"format": "png"})).await?;
+            let data = shot.as_str().unwrap_or_default().to_owned();
             return Ok(PageAnswer {
                 text: self.describe_page(&tab).await?,
                 png_base64: Some(data),
@@ -191,8 +187,7 @@ impl Step {
             PageOp::TabNew { url } => self.new_tab(url.as_deref()).await?,
             PageOp::TabClose { tab } => {
                 self.find_tab(tab).await?;
-                self.browser("Target.closeTarget", json!({"targetId": tab}))
-                    .await?;
+                self.pages().close(tab).await?;
                 let tabs = self.tabs().await?;
                 let current = tabs.first().map(|t| t.id.clone()).unwrap_or_default();
                 let text = format!("Closed tab {tab}.\n{}", list_tabs(&tabs, &current));
@@ -216,10 +211,7 @@ impl Step {
         if let Some(url) = url {
             check_url(url)?;
         }
-        let created = self
-            .browser("Target.createTarget", json!({"url": "about:blank"}))
-            .await?;
-        let id = created["targetId"].as_str().unwrap_or_default().to_owned();
+        let id = self.pages().open_blank().await?;
         let tab = self.attach(&id).await?;
         if let Some(url) = url {
             self.navigate(&tab, url).await?;
@@ -329,35 +321,21 @@ impl Step {
     ) -> Result<String, PageError> {
         let paths = place_uploads(context, files)?;
         let node = node_of(element)?;
-        self.on(
-            tab,
-            "DOM.setFileInputFiles",
-            json!({"files": paths, "backendNodeId": node}),
-        )
-        .await
-        .map_err(|error| match error {
-            CdpError::Protocol { message, .. } => PageError::BadInput(format!(
-                "element {element} takes no files: {message} (use a file input's reference)"
-            )),
-            other => PageError::Browser(other),
-        })?;
+        self.page(tab)
+            .set_files(node, &paths)
+            .await
+            .map_err(|error| match error {
+                CdpError::Protocol { message, .. } => PageError::BadInput(format!(
+                    "element {element} takes no files: {message} (use a file input's reference)"
+                )),
+                other => PageError::Browser(other),
+            })?;
         Ok(format!("Set {} file(s) on {element}.", files.len()))
     }
 
     /// The browser's page tabs, most recently used first.
     async fn tabs(&self) -> Result<Vec<TabInfo>, PageError> {
-        let targets = self.browser("Target.getTargets", json!({})).await?;
-        Ok(targets["targetInfos"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|info| info["type"] == "page")
-            .map(|info| TabInfo {
-                id: info["targetId"].as_str().unwrap_or_default().to_owned(),
-                url: info["url"].as_str().unwrap_or_default().to_owned(),
-                title: info["title"].as_str().unwrap_or_default().to_owned(),
-            })
-            .collect())
+        Ok(self.pages().pages().await?)
     }
 
     async fn find_tab(&self, id: &str) -> Result<TabInfo, PageError> {
@@ -380,10 +358,7 @@ impl Step {
         if let Some(first) = tabs.first() {
             return Ok(first.id.clone());
         }
-        let created = self
-            .browser("Target.createTarget", json!({"url": "about:blank"}))
-            .await?;
-        Ok(created["targetId"].as_str().unwrap_or_default().to_owned())
+        Ok(self.pages().open_blank().await?)
     }
 
     async fn attach(&self, id: &str) -> Result<Tab, PageError> {
@@ -392,49 +367,33 @@ impl Step {
         // every script and load: Page.enable reports an open one.
         let dismisser = dismiss_dialogs(self.client.clone(), session.clone());
         self.dialogs.lock().expect("dialogs lock").push(dismisser);
-        self.client
-            .call("Page.enable", json!({}), Some(&session), self.remaining())
-            .await?;
-        Ok(Tab {
+        let tab = Tab {
             id: id.to_owned(),
             session,
-        })
+        };
+        self.page(&tab).enable().await?;
+        Ok(tab)
     }
 
     async fn navigate(&self, tab: &Tab, url: &str) -> Result<(), PageError> {
-        self.on(
-            tab,
-            "Page.setLifecycleEventsEnabled",
-            json!({"enabled": true}),
-        )
-        .await?;
-        let mut events = self.client.events();
-        let navigated = self.on(tab, "Page.navigate", json!({"url": url})).await?;
-        if let Some(reason) = navigated["errorText"].as_str().filter(|t| !t.is_empty()) {
-            return Err(PageError::Navigation {
-                url: url.to_owned(),
-                reason: reason.to_owned(),
-            });
-        }
-        wait_loaded(&mut events, &tab.session, &navigated, "load").await?;
-        Ok(())
+        self.page(tab)
+            .navigate(url, LoadedAt::Load)
+            .await
+            .map_err(|error| match error {
+                NavigateError::Refused(reason) => PageError::Navigation {
+                    url: url.to_owned(),
+                    reason,
+                },
+                NavigateError::Browser(error) => error.into(),
+            })
     }
 
     async fn back(&self, tab: &Tab) -> Result<(), PageError> {
-        let history = self.on(tab, "Page.getNavigationHistory", json!({})).await?;
-        let index = history["currentIndex"].as_i64().unwrap_or(0);
-        if index < 1 {
+        if !self.page(tab).back().await? {
             return Err(PageError::BadInput(
                 "the tab has no earlier page to go back to".into(),
             ));
         }
-        let entry = &history["entries"][(index - 1) as usize];
-        self.on(
-            tab,
-            "Page.navigateToHistoryEntry",
-            json!({"entryId": entry["id"]}),
-        )
-        .await?;
         self.settle(tab).await;
         Ok(())
     }
@@ -444,14 +403,9 @@ impl Step {
     async fn settle(&self, tab: &Tab) {
         for _ in 0..3 {
             let loaded = self
-                .client
-                .call(
-                    "Runtime.evaluate",
-                    json!({
-                        "expression": "new Promise((r) => { if (document.readyState === 'complete') setTimeout(r, 100); else addEventListener('load', () => r(), {once: true}); })",
-                        "awaitPromise": true,
-                    }),
-                    Some(&tab.session),
+                .page(tab)
+                .evaluate_within(
+                    "new Promise((r) => { if (document.readyState === 'complete') setTimeout(r, 100); else addEventListener('load', () => r(), {once: true}); })",
                     self.remaining().min(Duration::from_secs(10)),
                 )
                 .await;
@@ -463,23 +417,17 @@ impl Step {
 
     /// URL and title of the tab.
     async fn describe_page(&self, tab: &Tab) -> Result<String, PageError> {
-        let info = self
-            .browser("Target.getTargetInfo", json!({"targetId": tab.id}))
-            .await?;
+        let info = self.pages().info(&tab.id).await?;
         Ok(format!(
             "- Page URL: {}\n- Page title: {}\n- Tab: {}\n",
-            info["targetInfo"]["url"].as_str().unwrap_or_default(),
-            info["targetInfo"]["title"].as_str().unwrap_or_default(),
-            tab.id
+            info.url, info.title, tab.id
         ))
     }
 
     /// The page as an accessibility tree, one line per node that matters,
     /// each actionable one with its reference.
     async fn snapshot(&self, tab: &Tab) -> Result<String, PageError> {
-        let tree = self
-            .on(tab, "Accessibility.getFullAXTree", json!({}))
-            .await?;
+        let tree = self.page(tab).accessibility_tree().await?;
         let mut text = self.describe_page(tab).await?;
         text.push_str("- Page snapshot:\n");
         text.push_str(&render_tree(
@@ -495,17 +443,9 @@ impl Step {
             CdpError::Protocol { .. } => PageError::StaleElement(element.to_owned()),
             other => PageError::from(other),
         };
-        self.on(
-            tab,
-            "DOM.scrollIntoViewIfNeeded",
-            json!({"backendNodeId": node}),
-        )
-        .await
-        .map_err(stale)?;
-        let quads = self
-            .on(tab, "DOM.getContentQuads", json!({"backendNodeId": node}))
-            .await
-            .map_err(stale)?;
+        let page = self.page(tab);
+        page.scroll_into_view(node).await.map_err(stale)?;
+        let quads = page.content_quads(node).await.map_err(stale)?;
         let quad = quads["quads"][0].as_array().cloned().unwrap_or_default();
         if quad.len() < 8 {
             return Err(PageError::BadInput(format!(
@@ -533,7 +473,7 @@ impl Step {
         } else if clicks > 0 {
             params["buttons"] = json!(1);
         }
-        self.on(tab, "Input.dispatchMouseEvent", params).await?;
+        self.page(tab).mouse(params).await?;
         Ok(())
     }
 
@@ -549,17 +489,15 @@ impl Step {
     /// The page's JavaScript object of `element`.
     async fn object_of(&self, tab: &Tab, element: &str) -> Result<String, PageError> {
         let node = node_of(element)?;
-        let resolved = self
-            .on(tab, "DOM.resolveNode", json!({"backendNodeId": node}))
+        let object = self
+            .page(tab)
+            .object_of(node)
             .await
             .map_err(|error| match error {
                 CdpError::Protocol { .. } => PageError::StaleElement(element.to_owned()),
                 other => PageError::from(other),
             })?;
-        Ok(resolved["object"]["objectId"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned())
+        Ok(object.as_str().unwrap_or_default().to_owned())
     }
 
     async fn call_on(
@@ -570,17 +508,8 @@ impl Step {
         arguments: Value,
     ) -> Result<Value, PageError> {
         let answer = self
-            .on(
-                tab,
-                "Runtime.callFunctionOn",
-                json!({
-                    "objectId": object,
-                    "functionDeclaration": function,
-                    "arguments": arguments,
-                    "returnByValue": true,
-                    "awaitPromise": true,
-                }),
-            )
+            .page(tab)
+            .call_function_on(&json!(object), function, arguments, true)
             .await?;
         if let Some(details) = answer.get("exceptionDetails") {
             return Err(PageError::BadInput(exception_text(details)));
@@ -603,8 +532,7 @@ impl Step {
                 "element {element} does not take text (it is not an input, text area or editable element)"
             )));
         }
-        self.on(tab, "Input.insertText", json!({"text": text}))
-            .await?;
+        self.page(tab).insert_text(text).await?;
         Ok(())
     }
 
@@ -622,10 +550,9 @@ impl Step {
         if !text.is_empty() {
             down["text"] = json!(text);
         }
-        self.on(tab, "Input.dispatchKeyEvent", down).await?;
-        self.on(
-            tab,
-            "Input.dispatchKeyEvent",
+        let page = self.page(tab);
+        page.key(down).await?;
+        page.key(
             json!({"type": "keyUp", "key": key, "code": code, "windowsVirtualKeyCode": key_code}),
         )
         .await?;
@@ -677,20 +604,17 @@ impl Step {
                 }}))({}, {present})",
                 json!(wanted)
             );
-            self.on(
-                tab,
-                "Runtime.evaluate",
-                json!({"expression": script, "awaitPromise": true}),
-            )
-            .await
-            .map_err(|error| match error {
-                CdpError::Timeout { .. } => PageError::Timeout(if present {
-                    "waiting for the text to appear"
-                } else {
-                    "waiting for the text to go"
-                }),
-                other => PageError::Browser(other),
-            })?;
+            self.page(tab)
+                .evaluate(&script, false, None)
+                .await
+                .map_err(|error| match error {
+                    CdpError::Timeout { .. } => PageError::Timeout(if present {
+                        "waiting for the text to appear"
+                    } else {
+                        "waiting for the text to go"
+                    }),
+                    other => PageError::Browser(other),
+                })?;
         }
         Ok(format!("Waited.\n{}", self.describe_page(tab).await?))
     }
@@ -702,11 +626,8 @@ impl Step {
     async fn evaluate_text(&self, tab: &Tab, expression: &str) -> Result<String, PageError> {
         const GROUP: &str = "flotilla-evaluate";
         let answer = self
-            .on(
-                tab,
-                "Runtime.evaluate",
-                json!({"expression": expression, "awaitPromise": true, "objectGroup": GROUP}),
-            )
+            .page(tab)
+            .evaluate(expression, false, Some(GROUP))
             .await?;
         if let Some(details) = answer.get("exceptionDetails") {
             return Err(PageError::BadInput(format!(
@@ -718,13 +639,7 @@ impl Step {
         let text = match (result.get("objectId"), result.get("value")) {
             (Some(object), _) => {
                 let written = self.write_out(tab, object).await;
-                let _ = self
-                    .on(
-                        tab,
-                        "Runtime.releaseObjectGroup",
-                        json!({"objectGroup": GROUP}),
-                    )
-                    .await;
+                let _ = self.page(tab).release_group(GROUP).await;
                 written?
             }
             (None, Some(value)) => serde_json::to_string_pretty(value).unwrap_or_default(),
@@ -750,16 +665,8 @@ impl Step {
             return text.length > limit ? text.slice(0, limit) : text;
         }";
         let written = self
-            .on(
-                tab,
-                "Runtime.callFunctionOn",
-                json!({
-                    "objectId": object,
-                    "functionDeclaration": WRITE_OUT,
-                    "arguments": [{"value": MAX_TEXT + 1}],
-                    "returnByValue": true,
-                }),
-            )
+            .page(tab)
+            .call_function_on(object, WRITE_OUT, json!([{"value": MAX_TEXT + 1}]), false)
             .await?;
         Ok(written["result"]["value"]
             .as_str()
