@@ -290,6 +290,10 @@ pub struct Heartbeat {
     /// only `warm_pool`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warm_pools: Vec<WarmPoolReport>,
+    /// What the agent's loops did, run by run: `heartbeat`, `state change`,
+    /// `wake`, `warm pool refill` (an older agent sends none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub loops: Vec<crate::health::BackgroundTaskHealth>,
 }
 
 impl Heartbeat {

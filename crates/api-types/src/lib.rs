@@ -47,6 +47,7 @@ pub mod playwright;
 pub mod prefs;
 pub mod profiles;
 pub mod prometheus;
+pub mod runs;
 pub mod tasks;
 pub mod token_bucket;
 pub mod tokens;

@@ -77,6 +77,8 @@ pub struct Gauges {
     pub create_queue_length: usize,
     /// The background tasks' records.
     pub background: Vec<flotilla_api_types::health::BackgroundTaskHealth>,
+    /// The online nodes' agents' loops, by node.
+    pub node_loops: Vec<(String, flotilla_api_types::health::BackgroundTaskHealth)>,
 }
 
 /// 2xx, 4xx, 5xx …
@@ -309,6 +311,46 @@ fn render_gauges(gauges: &Gauges, out: &mut String) {
         gauges.create_queue_length
     );
     render_background(&gauges.background, out);
+    render_node_loops(&gauges.node_loops, out);
+}
+
+/// Runs of each node agent's loops by outcome, and whether its last run
+/// failed.
+fn render_node_loops(
+    loops: &[(String, flotilla_api_types::health::BackgroundTaskHealth)],
+    out: &mut String,
+) {
+    header(
+        out,
+        "service_node_loop_runs_total",
+        "Runs of each node agent's loops (heartbeat, state change, wake, warm pool refill) since the agent started: ok or failed.",
+        "counter",
+    );
+    for (node, task) in loops {
+        let (node, name) = (escape_label(node), escape_label(&task.name));
+        let ok = task.runs - task.failures;
+        for (outcome, count) in [("ok", ok), ("failed", task.failures)] {
+            let _ = writeln!(
+                out,
+                "service_node_loop_runs_total{{node=\"{node}\",loop=\"{name}\",outcome=\"{outcome}\"}} {count}"
+            );
+        }
+    }
+    header(
+        out,
+        "service_node_loop_failing",
+        "1 while a node agent's loop's last run failed.",
+        "gauge",
+    );
+    for (node, task) in loops {
+        let _ = writeln!(
+            out,
+            "service_node_loop_failing{{node=\"{}\",loop=\"{}\"}} {}",
+            escape_label(node),
+            escape_label(&task.name),
+            u8::from(task.failing)
+        );
+    }
 }
 
 /// Creates and revives that took a warm browser, or not, per node and image.

@@ -210,6 +210,26 @@ async fn events_cross_proxies_and_clients_resume_on_any_proxy() {
     // A topic owned by proxy 2: subscribers on 0, publishers on 1 (two hops).
     let topic = cluster.topic_owned_by(2, "orders");
     let mut on_a = subscribe(&urls[0], &topic, &[]).await;
+    // Each proxy's peer loops (membership, gossiped interest) report their
+    // runs in /health.
+    eventually("proxy 0's peer loops to report their runs", || async {
+        let loops = cluster.peers[0].health().await["peers"]["loops"].clone();
+        let named = |name: &str| {
+            loops
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|run| run["name"] == name)
+                .cloned()
+        };
+        ["peer membership", "peer interest"]
+            .into_iter()
+            .all(|name| {
+                named(name)
+                    .is_some_and(|run| run["runs"].as_u64() > Some(0) && run["failing"] == false)
+            })
+    })
+    .await;
     let mut ids = Vec::new();
     for i in 0..5 {
         ids.push(publish_ok(&urls[1], &topic, &format!("b{i}")).await);

@@ -47,6 +47,15 @@ impl ControlPlane {
                     .map(move |w| format!("node {}: {w}", node.id))
             })
             .collect();
+        let node_loops = self.heard_from_online(&nodes, |heard| &heard.loops);
+        warnings.extend(
+            node_loops
+                .iter()
+                .filter(|(_, task)| task.failing)
+                .map(|(node, task)| {
+                    format!("node {node}: its {} loop failed its last run", task.name)
+                }),
+        );
         if messaging == ComponentStatus::Down {
             warnings.push("the event proxy does not take events (they wait in the outbox)".into());
         }

@@ -168,23 +168,13 @@ impl ControlPlane {
             .map(|n| (n.id.as_str().to_owned(), n.resources.cpu_percent))
             .collect();
         // Only nodes online now: an offline node's pool is gone with it.
-        let warm_pools = {
-            let pools = self.warm_pools.lock().expect("warm pools lock");
-            nodes
-                .iter()
-                .filter(|n| n.status == NodeStatus::Online)
-                .filter_map(|n| Some((n, pools.get(&n.id)?)))
-                .flat_map(|(n, reported)| {
-                    reported
-                        .iter()
-                        .map(|pool| (n.id.as_str().to_owned(), pool.clone()))
-                })
-                .collect()
-        };
+        let warm_pools = self.heard_from_online(&nodes, |heard| &heard.warm_pools);
+        let node_loops = self.heard_from_online(&nodes, |heard| &heard.loops);
         Ok(Gauges {
             instances_by_status,
             node_cpu,
             warm_pools,
+            node_loops,
             outbox_depth: self.store.outbox_depth().await?,
             create_queue_length: self.create_queue.snapshot().0,
             background: self.tasks.report(false),

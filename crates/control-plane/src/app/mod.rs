@@ -82,11 +82,9 @@ pub struct ControlPlane {
     refused_agents: std::sync::Mutex<
         std::collections::BTreeMap<NodeId, flotilla_api_types::nodes::RefusedAgent>,
     >,
-    /// Per node: its warm pools as its last heartbeat to this process told
-    /// (for `/metrics`).
-    warm_pools: std::sync::Mutex<
-        std::collections::BTreeMap<NodeId, Vec<flotilla_api_types::agent::WarmPoolReport>>,
-    >,
+    /// Per node: what its last heartbeat to this process told besides
+    /// its resources (for `/health` and `/metrics`).
+    heard: std::sync::Mutex<std::collections::BTreeMap<NodeId, nodes::Heard>>,
     /// Per node: recent instances and failures, and when they were read.
     recent_failures: tokio::sync::Mutex<Option<(std::time::Instant, RecentFailures)>>,
     /// Background work: the sweeps' records, and work spawned by requests.
@@ -114,7 +112,7 @@ impl ControlPlane {
             reconciled: Default::default(),
             refused_agents: Default::default(),
             drains: Default::default(),
-            warm_pools: Default::default(),
+            heard: Default::default(),
             create_queue: queue::CreateQueue::default(),
             actions_in_progress: actions::ActionsInProgress::default(),
             holder: uuid::Uuid::new_v4().simple().to_string(),

@@ -24,6 +24,36 @@ use crate::store::{Expected, InstanceRecord};
 /// The most refused agents `/v2/nodes` lists.
 const MAX_REFUSED_AGENTS: usize = 100;
 
+/// What a node's last heartbeat to this process told besides its
+/// resources: its warm pools and what its agent's loops did.
+#[derive(Debug, Clone, Default)]
+pub struct Heard {
+    pub warm_pools: Vec<flotilla_api_types::agent::WarmPoolReport>,
+    pub loops: Vec<flotilla_api_types::health::BackgroundTaskHealth>,
+}
+
+impl ControlPlane {
+    /// What the online nodes among `nodes` last told of `part`, by node.
+    pub(crate) fn heard_from_online<T: Clone>(
+        &self,
+        nodes: &[crate::store::NodeRecord],
+        part: impl Fn(&Heard) -> &[T],
+    ) -> Vec<(String, T)> {
+        let heard = self.heard.lock().expect("heard lock");
+        nodes
+            .iter()
+            .filter(|n| n.status == NodeStatus::Online)
+            .filter_map(|n| Some((n, heard.get(&n.id)?)))
+            .flat_map(|(n, heard)| {
+                part(heard)
+                    .iter()
+                    .map(|item| (n.id.as_str().to_owned(), item.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+}
+
 impl ControlPlane {
     pub async fn node_list(&self) -> Result<NodeList> {
         let occupancy: HashMap<_, _> = self.store.node_occupancy().await?.into_iter().collect();
@@ -328,14 +358,14 @@ impl ControlPlane {
                 self.store
                     .instance_record_usage(&heartbeat.node_id, &heartbeat.instances)
                     .await?;
-                let reported = heartbeat.reported_pools();
-                let mut pools = self.warm_pools.lock().expect("warm pools lock");
-                if reported.is_empty() {
-                    pools.remove(&heartbeat.node_id);
-                } else {
-                    pools.insert(heartbeat.node_id.clone(), reported);
-                }
-                drop(pools);
+                let heard = Heard {
+                    warm_pools: heartbeat.reported_pools(),
+                    loops: heartbeat.loops,
+                };
+                self.heard
+                    .lock()
+                    .expect("heard lock")
+                    .insert(heartbeat.node_id, heard);
                 Ok(Some(self.agent_ack()))
             }
         }

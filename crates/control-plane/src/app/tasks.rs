@@ -7,44 +7,21 @@
 //! did: runs, failures, the last run and, to a caller with a key, the last
 //! error.
 
-use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use flotilla_api_types::health::BackgroundTaskHealth;
+use flotilla_api_types::runs::RunLedger;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// How a timed task's run ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RunOutcome {
-    /// It ran and changed this many objects.
-    Done(u64),
-    Failed(String),
-    /// Another control plane of the cluster holds the task's lease.
-    LeaseHeldElsewhere,
-}
-
-#[derive(Debug, Default, Clone)]
-struct TaskStats {
-    runs: u64,
-    failures: u64,
-    skipped: u64,
-    changed: u64,
-    last_run_at: Option<DateTime<Utc>>,
-    last_success_at: Option<DateTime<Utc>>,
-    /// The last failure, while no run has succeeded since.
-    last_error: Option<(DateTime<Utc>, String)>,
-    /// Spawned and not yet finished (background work, not timed tasks).
-    running: u64,
-}
+pub use flotilla_api_types::runs::RunOutcome;
 
 /// The registry and the tracker of spawned work.
 #[derive(Default)]
 pub struct BackgroundTasks {
-    stats: Mutex<BTreeMap<&'static str, TaskStats>>,
+    ledger: RunLedger,
     tracker: TaskTracker,
     /// Cancelled at shutdown: work that would run on (a relay) ends.
     stopping: CancellationToken,
@@ -53,29 +30,7 @@ pub struct BackgroundTasks {
 impl BackgroundTasks {
     /// Records one run of the timed task `name`.
     pub fn record(&self, name: &'static str, at: DateTime<Utc>, outcome: RunOutcome) {
-        let mut stats = self.stats.lock().expect("tasks lock");
-        let task = stats.entry(name).or_default();
-        match outcome {
-            RunOutcome::Done(changed) => {
-                task.runs += 1;
-                task.changed += changed;
-                task.last_run_at = Some(at);
-                task.last_success_at = Some(at);
-                task.last_error = None;
-            }
-            RunOutcome::Failed(error) => {
-                task.runs += 1;
-                task.failures += 1;
-                task.last_run_at = Some(at);
-                task.last_error = Some((at, error));
-            }
-            // Another control plane runs it now: an error of this one's
-            // last run is no longer news.
-            RunOutcome::LeaseHeldElsewhere => {
-                task.skipped += 1;
-                task.last_error = None;
-            }
-        }
+        self.ledger.record(name, at, outcome);
     }
 
     /// Runs `work` in the background as `name`, counted while it runs and
@@ -122,12 +77,7 @@ impl BackgroundTasks {
 
     /// Counts a piece of work `name` as running until the guard drops.
     fn started(self: &std::sync::Arc<Self>, name: &'static str) -> Finished {
-        self.stats
-            .lock()
-            .expect("tasks lock")
-            .entry(name)
-            .or_default()
-            .running += 1;
+        self.ledger.started(name);
         Finished {
             tasks: self.clone(),
             name,
@@ -159,27 +109,7 @@ impl BackgroundTasks {
     /// Each task as `/health` shows it; the error text only when
     /// `with_errors` (it may name internal addresses).
     pub fn report(&self, with_errors: bool) -> Vec<BackgroundTaskHealth> {
-        let stats = self.stats.lock().expect("tasks lock");
-        stats
-            .iter()
-            .map(|(name, task)| BackgroundTaskHealth {
-                name: (*name).to_owned(),
-                runs: task.runs,
-                failures: task.failures,
-                skipped: task.skipped,
-                running: task.running,
-                changed: task.changed,
-                last_run_at: task.last_run_at,
-                last_success_at: task.last_success_at,
-                failing: task.last_error.is_some(),
-                last_error_at: task.last_error.as_ref().map(|(at, _)| *at),
-                last_error: task
-                    .last_error
-                    .as_ref()
-                    .filter(|_| with_errors)
-                    .map(|(_, error)| error.clone()),
-            })
-            .collect()
+        self.ledger.report(with_errors)
     }
 }
 
@@ -192,10 +122,7 @@ struct Finished {
 
 impl Drop for Finished {
     fn drop(&mut self) {
-        let mut stats = self.tasks.stats.lock().expect("tasks lock");
-        let task = stats.entry(self.name).or_default();
-        task.running = task.running.saturating_sub(1);
-        task.runs += 1;
+        self.tasks.ledger.finished(self.name);
     }
 }
 

@@ -476,7 +476,9 @@ pub fn is_open(path: &str, metrics_open: bool) -> bool {
 
 /// Whether `path` is the agents' (cluster token, no rate limit).
 pub fn is_agents(path: &str) -> bool {
-    route_of(path).is_some_and(|route| route.access == Access::Cluster)
+    // Every request asks: most are answered by the prefix alone.
+    path.starts_with("/internal/")
+        && route_of(path).is_some_and(|route| route.access == Access::Cluster)
 }
 
 /// Whether `path` is under WebDriver's endpoints (`/session…` at any of its

@@ -117,6 +117,73 @@ async fn a_node_without_limits_makes_the_service_degraded() {
     assert_eq!(node.warnings, Some(vec![warning]));
 }
 
+/// A node agent's loops, as its heartbeat reports them: `/health` warns of
+/// one whose last run failed, `/metrics` counts their runs; an offline
+/// node's are shown no more.
+#[tokio::test]
+async fn a_node_agents_failing_loop_shows_in_health_and_metrics() {
+    use flotilla_api_types::runs::{RunLedger, RunOutcome};
+    let dir = tempfile::tempdir().unwrap();
+    let (control_plane, _) = control_plane(&dir).await;
+    control_plane
+        .node_register(registration("n1", vec![], vec![]))
+        .await
+        .unwrap();
+    let ledger = RunLedger::default();
+    ledger.record("heartbeat", Utc::now(), RunOutcome::Done(0));
+    ledger.record("state change", Utc::now(), RunOutcome::Done(1));
+    ledger.record(
+        "state change",
+        Utc::now(),
+        RunOutcome::Failed("control plane unreachable".into()),
+    );
+    let heartbeat = Heartbeat {
+        node_id: NodeId::new("n1"),
+        generation: "g1".into(),
+        resources: ResourceUsage::default(),
+        load: ResourceUsage::default(),
+        instances: vec![],
+        warm_pool: None,
+        warm_pools: vec![],
+        loops: ledger.report(true),
+    };
+    control_plane
+        .node_heartbeat(heartbeat.clone())
+        .await
+        .unwrap()
+        .expect("an online node's heartbeat is taken");
+    let health = control_plane.health(true).await;
+    assert_eq!(health.status, HealthStatus::Degraded);
+    assert!(
+        health
+            .warnings
+            .contains(&"node n1: its state change loop failed its last run".to_owned()),
+        "{:?}",
+        health.warnings
+    );
+    let gauges = control_plane.prometheus_gauges().await.unwrap();
+    let text = control_plane.telemetry().render(&gauges);
+    for line in [
+        "service_node_loop_runs_total{node=\"n1\",loop=\"state change\",outcome=\"ok\"} 1",
+        "service_node_loop_runs_total{node=\"n1\",loop=\"state change\",outcome=\"failed\"} 1",
+        "service_node_loop_failing{node=\"n1\",loop=\"state change\"} 1",
+        "service_node_loop_failing{node=\"n1\",loop=\"heartbeat\"} 0",
+    ] {
+        assert!(text.contains(line), "{line} in\n{text}");
+    }
+    // Once it succeeds again the warning goes.
+    ledger.record("state change", Utc::now(), RunOutcome::Done(1));
+    let heartbeat = Heartbeat {
+        loops: ledger.report(true),
+        ..heartbeat
+    };
+    control_plane.node_heartbeat(heartbeat).await.unwrap();
+    assert_eq!(
+        control_plane.health(true).await.status,
+        HealthStatus::Healthy
+    );
+}
+
 #[tokio::test]
 async fn silent_nodes_go_offline_and_their_instances_fail() {
     let dir = tempfile::tempdir().unwrap();
@@ -153,6 +220,7 @@ async fn silent_nodes_go_offline_and_their_instances_fail() {
             instances: vec![],
             warm_pool,
             warm_pools,
+            loops: vec![],
         };
     control_plane
         .node_heartbeat(heartbeat(Some(pool.clone()), vec![]))
@@ -242,6 +310,7 @@ async fn silent_nodes_go_offline_and_their_instances_fail() {
         instances: vec![],
         warm_pool: None,
         warm_pools: vec![],
+        loops: vec![],
     };
     assert!(
         control_plane

@@ -112,6 +112,8 @@ pub struct Cluster {
     revocations: Mutex<HashMap<String, chrono::DateTime<chrono::Utc>>>,
     sender: Arc<link::Sender>,
     metrics: Arc<Metrics>,
+    /// Its loops' runs (`peer membership`, `peer interest`), for `/health`.
+    runs: flotilla_api_types::runs::RunLedger,
 }
 
 type WatchedOwner = Arc<tokio::sync::Mutex<Option<(String, u64)>>>;
@@ -174,6 +176,7 @@ impl Cluster {
             revocations: Mutex::default(),
             sender,
             metrics,
+            runs: Default::default(),
         }))
     }
 
@@ -193,6 +196,8 @@ impl Cluster {
                 tokio::select! {
                     _ = interval.tick() => {
                         let revocations = watcher.refresh(&mut tracked).await;
+                        let applied = Ok::<_, std::convert::Infallible>(revocations.len() as u64);
+                        watcher.runs.record_result("peer membership", &applied);
                         if !revocations.is_empty() {
                             crate::revoke::apply_gossiped(&watched_state, revocations).await;
                         }
@@ -210,7 +215,11 @@ impl Cluster {
             let mut interval = tokio::time::interval(secs(cluster.config.gossip_interval_sec));
             loop {
                 tokio::select! {
-                    _ = interval.tick() => cluster.reconcile_interest(&state).await,
+                    _ = interval.tick() => {
+                        let changed = cluster.reconcile_interest(&state).await;
+                        let changed = Ok::<_, std::convert::Infallible>(changed);
+                        cluster.runs.record_result("peer interest", &changed);
+                    }
                     _ = state.shutdown.cancelled() => return,
                 }
             }
@@ -271,6 +280,7 @@ impl Cluster {
             "url": self.url,
             "connected": view.live().count(),
             "members": members,
+            "loops": self.runs.report(false),
         })
     }
 }

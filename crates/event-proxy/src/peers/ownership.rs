@@ -98,10 +98,11 @@ impl Cluster {
 
     /// Makes the gossiped interest match the topics with subscribers, and
     /// forgets expired direct watches and revocations.
-    pub(super) async fn reconcile_interest(&self, state: &ProxyState) {
+    pub(super) async fn reconcile_interest(&self, state: &ProxyState) -> u64 {
         self.expire_revocations(state.clock.now()).await;
         let wanted: HashSet<String> = state.topics.subscribed().into_iter().collect();
-        self.chitchat
+        let mut changed = self
+            .chitchat
             .with_chitchat(|chitchat| {
                 let node = chitchat.self_node_state();
                 let stale: Vec<String> = node
@@ -109,6 +110,7 @@ impl Cluster {
                     .map(|(key, _)| key.to_owned())
                     .filter(|key| !wanted.contains(&key[TOPIC_PREFIX.len()..]))
                     .collect();
+                let mut changed = stale.len() as u64;
                 for key in stale {
                     node.delete(&key);
                 }
@@ -116,8 +118,10 @@ impl Cluster {
                     let key = format!("{TOPIC_PREFIX}{topic}");
                     if !node.contains_key(&key) {
                         node.set(key, "");
+                        changed += 1;
                     }
                 }
+                changed
             })
             .await;
         self.watched
@@ -143,6 +147,7 @@ impl Cluster {
             });
             if stale {
                 self.watch_owner(&owner, topic, None, false).await;
+                changed += 1;
             }
         }
         let now = Instant::now();
@@ -153,6 +158,7 @@ impl Cluster {
                 watchers.retain(|(_, until)| *until > now);
                 !watchers.is_empty()
             });
+        changed
     }
 
     /// How long a direct watch counts without gossip confirming it.

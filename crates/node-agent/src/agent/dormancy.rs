@@ -504,7 +504,11 @@ impl Agent {
                 continue;
             };
             let operation = Some(OperationId::generate());
-            if let Ok(effects) = self.claim_revive(&slot, operation, true, None) {
+            let claimed = self.claim_revive(&slot, operation, true, None);
+            self.inner
+                .runs
+                .record_result("wake", &claimed.as_ref().map(|_| 1));
+            if let Ok(effects) = claimed {
                 tracing::info!(instance = %id, ?method, "a client connected to a dormant instance: waking it");
                 self.carry_out(&slot, effects);
                 let revive = Request::Revive {

@@ -315,6 +315,9 @@ struct AgentInner {
     /// and waits until they have all ended.
     tasks: TaskTracker,
     shutdown: CancellationToken,
+    /// Its loops' runs: heartbeats, state changes, wakes (the warm pools'
+    /// refills are the launcher's).
+    runs: flotilla_api_types::runs::RunLedger,
 }
 
 /// An item of the ordered queue to the control plane.
@@ -369,6 +372,7 @@ impl Agent {
         let (changes_tx, changes_rx) = mpsc::unbounded_channel();
         let (wake_tx, wake_rx) = mpsc::unbounded_channel();
         let inner = Arc::new(AgentInner {
+            runs: Default::default(),
             launcher,
             access: Arc::new(NodeAccess::default()),
             tasks: TaskTracker::new(),

@@ -122,7 +122,12 @@ impl Agent {
                 _ = self.inner.shutdown.cancelled() => return,
             }
             let heartbeat = self.sample();
-            match self.inner.link.heartbeat(heartbeat).await {
+            let reported = heartbeat.instances.len() as u64;
+            let sent = self.inner.link.heartbeat(heartbeat).await;
+            self.inner
+                .runs
+                .record_result("heartbeat", &sent.as_ref().map(|_| reported));
+            match sent {
                 Ok(new_ack) => {
                     self.apply(&new_ack);
                     ack = new_ack;
@@ -184,7 +189,16 @@ impl Agent {
                 .or(warm_pools.first())
                 .cloned(),
             warm_pools,
+            loops: self.loops(),
         }
+    }
+
+    /// What the agent's loops did, run by run (with their errors: the
+    /// control plane shows them only to a caller with a key).
+    pub fn loops(&self) -> Vec<flotilla_api_types::health::BackgroundTaskHealth> {
+        let mut loops = self.inner.runs.report(true);
+        loops.extend(self.inner.launcher.runs.report(true));
+        loops
     }
 
     /// Announces downloads of `slot` that finished since the last sample.
@@ -306,6 +320,9 @@ impl Agent {
                     ),
                     Outgoing::Close(_) => unreachable!("answered above"),
                 };
+                self.inner
+                    .runs
+                    .record_result("state change", &sent.as_ref().map(|()| 1));
                 match sent {
                     Ok(()) => break,
                     Err(error) if self.inner.shutdown.is_cancelled() => {

@@ -143,6 +143,8 @@ pub struct Launcher {
     /// (new-headless Chromium lays out an invisible 87 px toolbar; the headless
     /// shell none). Measured on the first browser of each executable.
     window_extra: Mutex<HashMap<PathBuf, (u32, u32)>>,
+    /// The warm pools' refills, run by run (shown with the agent's loops).
+    pub runs: flotilla_api_types::runs::RunLedger,
 }
 
 impl Launcher {
@@ -212,6 +214,7 @@ impl Launcher {
             pool_wanted: Notify::new(),
             last_take: Mutex::new(None),
             window_extra: Mutex::default(),
+            runs: Default::default(),
         })
     }
 
@@ -538,6 +541,8 @@ impl Launcher {
             },
             Err(error) => Err(error.to_string()),
         };
+        self.runs
+            .record_result("warm pool refill", &outcome.as_ref().map(|_| 1));
         match outcome {
             Ok(warm) => pool.ready.lock().expect("pool lock").push_back(warm),
             Err(error) => {

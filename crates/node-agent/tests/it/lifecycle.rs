@@ -27,6 +27,8 @@ use flotilla_testkit::wait_until;
 #[derive(Default)]
 struct FakeControlPlane {
     changes: Mutex<Vec<InstanceStateChange>>,
+    /// The loops of the last heartbeat.
+    loops: Mutex<Vec<flotilla_api_types::health::BackgroundTaskHealth>>,
 }
 
 fn ack() -> RegistrationAck {
@@ -43,7 +45,8 @@ impl ControlPlaneLink for FakeControlPlane {
         Ok(ack())
     }
 
-    async fn heartbeat(&self, _: Heartbeat) -> Result<RegistrationAck, LinkError> {
+    async fn heartbeat(&self, heartbeat: Heartbeat) -> Result<RegistrationAck, LinkError> {
+        *self.loops.lock().unwrap() = heartbeat.loops;
         Ok(ack())
     }
 
@@ -152,6 +155,30 @@ fn assert_gone(agent: &Agent, dir: &std::path::Path, id: &InstanceId, when: &str
         !dir.join("agent/instances").join(id.as_str()).exists(),
         "{when}: its directory goes"
     );
+}
+
+/// The agent's heartbeats carry what its loops did: its heartbeats, and
+/// the state changes it delivered (an instance's start, here).
+#[tokio::test]
+async fn heartbeats_tell_what_the_agents_loops_did() {
+    let dir = tempfile::tempdir().unwrap();
+    let control_plane = Arc::new(FakeControlPlane::default());
+    let agent = sim_agent(dir.path(), control_plane.clone()).await;
+    running(&agent, &control_plane).await;
+    wait_until(
+        Duration::from_secs(30),
+        "a heartbeat telling its loops",
+        || async {
+            let loops = control_plane.loops.lock().unwrap().clone();
+            let named = |name: &str| loops.iter().find(|run| run.name == name).cloned();
+            let told = named("heartbeat").is_some_and(|run| run.runs >= 1 && !run.failing)
+                && named("state change").is_some_and(|run| run.changed >= 1 && !run.failing);
+            Ok::<_, String>(told.then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+    agent.shutdown().await;
 }
 
 /// A new instance, once its agent has reported it running.
