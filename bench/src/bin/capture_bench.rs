@@ -59,6 +59,22 @@ fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
 
+/// The id of the tab titled `title`, from the instance's `/tabs`.
+async fn tab_titled(http: &reqwest::Client, http_port: u64, title: &str) -> anyhow::Result<String> {
+    let tabs: serde_json::Value = http
+        .get(format!("http://127.0.0.1:{http_port}/tabs"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    Ok(tabs
+        .as_array()
+        .and_then(|tabs| tabs.iter().find(|t| t["title"] == title))
+        .and_then(|t| t["id"].as_str())
+        .context("the tab")?
+        .to_owned())
+}
+
 /// One serve of `binary`: its memory around eight maximal captures.
 async fn measure(binary: &std::path::Path, page: &str) -> anyhow::Result<Figures> {
     let data = tempfile::tempdir()?;
@@ -76,18 +92,7 @@ async fn measure(binary: &std::path::Path, page: &str) -> anyhow::Result<Figures
     let http_port = created["http_port"].as_u64().context("http_port")?;
     let tab = Tab::open(debug).await?;
     tab.load(page).await?;
-    let tabs: serde_json::Value = http
-        .get(format!("http://127.0.0.1:{http_port}/tabs"))
-        .send()
-        .await?
-        .json()
-        .await?;
-    let tab_id = tabs
-        .as_array()
-        .and_then(|tabs| tabs.iter().find(|t| t["title"] == "capture"))
-        .and_then(|t| t["id"].as_str())
-        .context("the tab")?
-        .to_owned();
+    let tab_id = tab_titled(&http, http_port, "capture").await?;
     tab.call(
         "Emulation.setDeviceMetricsOverride",
         json!({"width": 6000, "height": 6000, "deviceScaleFactor": 2, "mobile": false}),

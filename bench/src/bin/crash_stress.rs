@@ -62,6 +62,51 @@ fn fresh_seed() -> u64 {
     rand::random::<u64>() | 1
 }
 
+/// `runs` runs of crash test `test` at `rounds` rounds each, each with a
+/// fresh seed; stops at the first failure unless `keep_going`.
+fn runs_of(test: &str, runs: usize, rounds: usize, keep_going: bool) -> anyhow::Result<Tally> {
+    let mut tally = Tally {
+        test: test.to_owned(),
+        green: 0,
+        failed: None,
+        durations: Vec::new(),
+    };
+    for run in 1..=runs {
+        let seed = fresh_seed();
+        let started = Instant::now();
+        let output = nextest(test, Some(seed), rounds)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .output()
+            .context("cargo nextest")?;
+        let took = started.elapsed();
+        let log = String::from_utf8_lossy(&output.stderr);
+        let ran_one = log.contains(" 1 test run:");
+        let passed = output.status.success() && ran_one;
+        println!(
+            "{test} run {run}/{runs} seed {seed}: {} in {:.0} s",
+            if passed { "green" } else { "FAILED" },
+            took.as_secs_f64()
+        );
+        if !ran_one {
+            bail!("no test matched {test}:\n{log}");
+        }
+        if passed {
+            tally.green += 1;
+            tally.durations.push(took);
+            continue;
+        }
+        let kept = std::env::temp_dir().join(format!("crash_stress-{test}-{seed}.log"));
+        std::fs::write(&kept, &output.stderr)?;
+        println!("  its output: {}", kept.display());
+        tally.failed.get_or_insert(seed);
+        if !keep_going {
+            break;
+        }
+    }
+    Ok(tally)
+}
+
 fn main() -> anyhow::Result<()> {
     let runs = number_flag("--runs", 20)?;
     let rounds = number_flag("--rounds", 0)?;
@@ -85,46 +130,7 @@ fn main() -> anyhow::Result<()> {
     println!("# crash_stress: {runs} runs per test, {rounds_text} rounds per run");
     let mut tallies = Vec::new();
     for test in &tests {
-        let mut tally = Tally {
-            test: test.clone(),
-            green: 0,
-            failed: None,
-            durations: Vec::new(),
-        };
-        for run in 1..=runs {
-            let seed = fresh_seed();
-            let started = Instant::now();
-            let output = nextest(test, Some(seed), rounds)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .output()
-                .context("cargo nextest")?;
-            let took = started.elapsed();
-            let log = String::from_utf8_lossy(&output.stderr);
-            let ran_one = log.contains(" 1 test run:");
-            let passed = output.status.success() && ran_one;
-            println!(
-                "{test} run {run}/{runs} seed {seed}: {} in {:.0} s",
-                if passed { "green" } else { "FAILED" },
-                took.as_secs_f64()
-            );
-            if !ran_one {
-                bail!("no test matched {test}:\n{log}");
-            }
-            if passed {
-                tally.green += 1;
-                tally.durations.push(took);
-                continue;
-            }
-            let kept = std::env::temp_dir().join(format!("crash_stress-{test}-{seed}.log"));
-            std::fs::write(&kept, &output.stderr)?;
-            println!("  its output: {}", kept.display());
-            tally.failed.get_or_insert(seed);
-            if !keep_going {
-                break;
-            }
-        }
-        tallies.push(tally);
+        tallies.push(runs_of(test, runs, rounds, keep_going)?);
     }
     println!("\n| test | rounds per run | green runs | first failing seed | run time (min–max) |");
     println!("|---|---|---|---|---|");

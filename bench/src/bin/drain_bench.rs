@@ -94,14 +94,12 @@ async fn wait_status(
     }
 }
 
-/// One round: `count` instances with three tabs on drain-a, drained to
-/// drain-b. The seconds until all run there, and each instance's time not
-/// running, in ms.
-async fn round(
+/// `count` running instances on drain-a, each with three tabs: their ids.
+async fn instances_with_tabs(
     http: &reqwest::Client,
     base: &str,
     count: usize,
-) -> anyhow::Result<(f64, Vec<f64>)> {
+) -> anyhow::Result<Vec<String>> {
     let mut ids = Vec::new();
     for n in 0..count {
         let created: Value = http
@@ -132,38 +130,55 @@ async fn round(
         }
         ids.push(id);
     }
+    Ok(ids)
+}
+
+/// The longest time instance `url` was not running, in ms, probing every
+/// 25 ms until `stop`.
+async fn longest_down(
+    http: reqwest::Client,
+    url: String,
+    stop: tokio_util::sync::CancellationToken,
+) -> f64 {
+    let mut down_since: Option<Instant> = None;
+    let mut longest = Duration::ZERO;
+    while !stop.is_cancelled() {
+        let running = match get_json(&http, url.clone()).await {
+            Ok(instance) => instance["status"] == "running" || instance["status"] == "idle",
+            Err(_) => false,
+        };
+        match (running, down_since) {
+            (false, None) => down_since = Some(Instant::now()),
+            (true, Some(since)) => {
+                longest = longest.max(since.elapsed());
+                down_since = None;
+            }
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    longest.as_secs_f64() * 1000.0
+}
+
+/// One round: `count` instances with three tabs on drain-a, drained to
+/// drain-b. The seconds until all run there, and each instance's time not
+/// running, in ms.
+async fn round(
+    http: &reqwest::Client,
+    base: &str,
+    count: usize,
+) -> anyhow::Result<(f64, Vec<f64>)> {
+    let ids = instances_with_tabs(http, base, count).await?;
     // Each instance's status, every 25 ms, until the drain has finished.
     let stop = tokio_util::sync::CancellationToken::new();
     let probes: Vec<_> = ids
         .iter()
         .map(|id| {
-            let (http, url, stop) = (
+            tokio::spawn(longest_down(
                 http.clone(),
                 format!("{base}/v2/instances/{id}"),
                 stop.clone(),
-            );
-            tokio::spawn(async move {
-                let mut down_since: Option<Instant> = None;
-                let mut longest = Duration::ZERO;
-                while !stop.is_cancelled() {
-                    let running = match get_json(&http, url.clone()).await {
-                        Ok(instance) => {
-                            instance["status"] == "running" || instance["status"] == "idle"
-                        }
-                        Err(_) => false,
-                    };
-                    match (running, down_since) {
-                        (false, None) => down_since = Some(Instant::now()),
-                        (true, Some(since)) => {
-                            longest = longest.max(since.elapsed());
-                            down_since = None;
-                        }
-                        _ => {}
-                    }
-                    tokio::time::sleep(Duration::from_millis(25)).await;
-                }
-                longest.as_secs_f64() * 1000.0
-            })
+            ))
         })
         .collect();
     let started = Instant::now();

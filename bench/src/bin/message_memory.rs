@@ -133,11 +133,6 @@ async fn send_one(url: &str, headers: &[(&str, &str)], text: String) -> anyhow::
     Ok(())
 }
 
-struct Instance {
-    id: String,
-    debug: String,
-}
-
 /// A WebDriver session with BiDi on: its id and its BiDi socket's URL.
 async fn bidi_session(http: &reqwest::Client, base: &str) -> anyhow::Result<(String, String)> {
     let created: Value = http
@@ -220,6 +215,42 @@ async fn mcp_evaluate(http: &reqwest::Client, base: &str, expression: &str) -> a
     Ok(())
 }
 
+/// A build's table rows.
+struct Rows<'a> {
+    label: &'a str,
+    rows: Vec<String>,
+}
+
+impl Rows<'_> {
+    fn add(&mut self, what: &str, (grown, answered, asked): (f64, u64, u64)) {
+        let line = format!(
+            "| {} | {what} | {grown:.1} | {answered}/{asked} |",
+            self.label
+        );
+        println!("{line}");
+        self.rows.push(line);
+    }
+}
+
+/// Where one build's messages go: the serving process, its `/health`, and
+/// the sockets of one instance.
+struct Doors {
+    pid: u32,
+    health: String,
+    base: String,
+    debug: String,
+    bidi: String,
+    /// The WebDriver session the BiDi socket belongs to.
+    session: String,
+    playwright: String,
+}
+
+/// What Playwright's client says it is.
+const PLAYWRIGHT_AGENT: [(&str, &str); 1] = [(
+    "user-agent",
+    "Playwright/1.65.1 (x64; debian 12) node/20.19",
+)];
+
 /// Every message against one build: a row each.
 async fn run_build(label: &str, binary: &Path, size: usize) -> anyhow::Result<Vec<String>> {
     let dir = tempfile::tempdir()?;
@@ -229,71 +260,86 @@ async fn run_build(label: &str, binary: &Path, size: usize) -> anyhow::Result<Ve
         format!("auth_enabled = true\napi_keys = [{KEY:?}]\n[agent]\nwarm_pool_size = 0\n"),
     )?;
     let serve = ServeProcess::start(binary, &dir.path().join("data"), Some(&config)).await?;
-    let pid = serve.child.id().context("pid")?;
     let base = serve.url.clone();
-    let health = format!("{base}/health");
     let http = flotilla_bench::client_with_key(KEY)?;
     let created = create_running(&http, &base, "{}", Duration::from_millis(20)).await?;
-    let instance = Instance {
-        id: created["id"].as_str().context("id")?.to_owned(),
+    let id = created["id"].as_str().context("id")?.to_owned();
+    let (session, bidi) = bidi_session(&http, &base).await?;
+    let doors = Doors {
+        pid: serve.child.id().context("pid")?,
+        health: format!("{base}/health"),
         debug: created["urls"]["debug"]
             .as_str()
             .context("debug")?
             .to_owned(),
+        bidi,
+        session,
+        playwright: format!(
+            "{}/v2/instances/{id}/playwright",
+            base.replacen("http", "ws", 1)
+        ),
+        base,
     };
-    let pad = zeros(size);
-    let mut rows = Vec::new();
-    let mut row = |what: &str, (grown, answered, asked): (f64, u64, u64)| {
-        let line = format!("| {label} | {what} | {grown:.1} | {answered}/{asked} |");
-        println!("{line}");
-        rows.push(line);
+    let mut rows = Rows {
+        label,
+        rows: Vec::new(),
     };
+    small_values(&doors, size, &mut rows).await?;
+    largest_messages(&doors, &mut rows).await?;
+    uploads_and_mcp(&http, &doors, &mut rows).await?;
+    serve.stop().await;
+    Ok(rows.rows)
+}
 
+/// A message of `size` bytes of small values on each socket.
+async fn small_values(doors: &Doors, size: usize, rows: &mut Rows<'_>) -> anyhow::Result<()> {
+    let (pid, health) = (doors.pid, doors.health.as_str());
+    let pad = zeros(size);
     let cdp = format!(
         r#"{{"id":1,"method":"Runtime.evaluate","params":{{"expression":"'\u0041'","pad":{pad}}}}}"#
     );
-    row(
+    rows.add(
         &format!("CDP, {} MB of small values with a \\u escape", size >> 20),
-        growth_while(pid, &health, send_one(&instance.debug, &[], cdp)).await?,
+        growth_while(pid, health, send_one(&doors.debug, &[], cdp)).await?,
     );
-    let (session, bidi) = bidi_session(&http, &base).await?;
     let status = format!(r#"{{"id":1,"method":"session.status","params":{{"pad":{pad}}}}}"#);
-    row(
+    rows.add(
         &format!("BiDi, {} MB of small values", size >> 20),
-        growth_while(pid, &health, send_one(&bidi, &[], status)).await?,
+        growth_while(pid, health, send_one(&doors.bidi, &[], status)).await?,
     );
-    let playwright = format!(
-        "{}/v2/instances/{}/playwright",
-        base.replacen("http", "ws", 1),
-        instance.id
-    );
-    let agent = [(
-        "user-agent",
-        "Playwright/1.65.1 (x64; debian 12) node/20.19",
-    )];
     let message = format!(
         r#"{{"id":1,"guid":"","method":"initialize","params":{{"sdkLanguage":"\u006aavascript","pad":{pad}}}}}"#
     );
-    row(
+    rows.add(
         &format!(
             "Playwright, {} MB of small values with a \\u escape",
             size >> 20
         ),
-        growth_while(pid, &health, send_one(&playwright, &agent, message)).await?,
+        growth_while(
+            pid,
+            health,
+            send_one(&doors.playwright, &PLAYWRIGHT_AGENT, message),
+        )
+        .await?,
     );
-    drop(pad);
+    Ok(())
+}
+
+/// The largest message each protocol takes, and Playwright's largest upload.
+async fn largest_messages(doors: &Doors, rows: &mut Rows<'_>) -> anyhow::Result<()> {
+    let (pid, health) = (doors.pid, doors.health.as_str());
     let largest = zeros(99 << 20);
     let cdp = format!(
         r#"{{"id":1,"method":"Runtime.evaluate","params":{{"expression":"0","pad":{largest}}}}}"#
     );
-    row(
+    rows.add(
         "CDP, the largest message (99 MiB)",
-        growth_while(pid, &health, send_one(&instance.debug, &[], cdp)).await?,
+        growth_while(pid, health, send_one(&doors.debug, &[], cdp)).await?,
     );
     let status = format!(r#"{{"id":2,"method":"session.status","params":{{"pad":{largest}}}}}"#);
-    row(
+    rows.add(
         "BiDi, the largest message (99 MiB)",
-        growth_while(pid, &health, send_one(&bidi, &[], status)).await?,
+        growth_while(pid, health, send_one(&doors.bidi, &[], status)).await?,
     );
     drop(largest);
     // What Playwright's client sends for setInputFiles of its largest buffer
@@ -303,12 +349,27 @@ async fn run_build(label: &str, binary: &Path, size: usize) -> anyhow::Result<Ve
         r#"{{"id":2,"guid":"frame@1","method":"setInputFiles","params":{{"selector":"input","payloads":[{{"name":"big.bin","mimeType":"application/octet-stream","buffer":"{payload}"}}]}}}}"#
     );
     drop(payload);
-    row(
+    rows.add(
         "Playwright setInputFiles of a 49 MB buffer (65 MB message)",
-        growth_while(pid, &health, send_one(&playwright, &agent, upload)).await?,
+        growth_while(
+            pid,
+            health,
+            send_one(&doors.playwright, &PLAYWRIGHT_AGENT, upload),
+        )
+        .await?,
     );
+    Ok(())
+}
+
+/// A WebDriver upload of a 63 MiB body, and an MCP evaluation of a large array.
+async fn uploads_and_mcp(
+    http: &reqwest::Client,
+    doors: &Doors,
+    rows: &mut Rows<'_>,
+) -> anyhow::Result<()> {
+    let (pid, health, base) = (doors.pid, doors.health.as_str(), doors.base.as_str());
     let body = se_file_body(47 << 20)?;
-    let upload_url = format!("{base}/session/{session}/se/file");
+    let upload_url = format!("{base}/session/{}/se/file", doors.session);
     let upload = async {
         let answer = http.post(&upload_url).body(body).send().await?;
         let status = answer.status();
@@ -316,21 +377,15 @@ async fn run_build(label: &str, binary: &Path, size: usize) -> anyhow::Result<Ve
         eprintln!("  se/file: {status} {}", &text[..text.len().min(120)]);
         Ok(())
     };
-    row(
+    rows.add(
         "WebDriver se/file, a 63 MiB body (47 MB file)",
-        growth_while(pid, &health, upload).await?,
+        growth_while(pid, health, upload).await?,
     );
-    row(
+    rows.add(
         "MCP browser_evaluate Array(4e6).fill(0)",
-        growth_while(
-            pid,
-            &health,
-            mcp_evaluate(&http, &base, "Array(4e6).fill(0)"),
-        )
-        .await?,
+        growth_while(pid, health, mcp_evaluate(http, base, "Array(4e6).fill(0)")).await?,
     );
-    serve.stop().await;
-    Ok(rows)
+    Ok(())
 }
 
 #[tokio::main]

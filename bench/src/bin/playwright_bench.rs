@@ -146,42 +146,17 @@ impl RawServer {
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let binary = PathBuf::from(text_flag("--binary", "target/release/flotilla")?);
-    let rounds = number_flag("--rounds", 20)?;
-    let evaluations = number_flag("--evaluations", 500)?;
-    // How the instance is confined: `full` (the default: sandbox and its own
-    // network namespace), `no-netns` (the sandbox on the host's network),
-    // `none` (neither), to see what each costs.
-    let (sandbox, egress) = match text_flag("--isolation", "full")?.as_str() {
-        "full" => ("", ""),
-        "no-netns" => ("", "enabled = false\n"),
-        "none" => ("sandbox = false\n", "enabled = false\n"),
-        other => anyhow::bail!("--isolation {other}: full, no-netns or none"),
-    };
-    let site = serve_html("<!doctype html><title>bench</title><h1>hello</h1>".into()).await?;
-    let dir = tempfile::Builder::new()
-        .prefix("flotilla-playwright-bench-")
-        .tempdir()?;
-    let port = free_port();
-    let config = dir.path().join("flotilla.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "auth_enabled = true\napi_keys = [\"{KEY}\"]\npublic_url = \"http://127.0.0.1:{port}\"\n\
-             [agent]\nwarm_pool_size = 1\n{sandbox}[agent.egress]\n{egress}allow = [\"{}\"]\n",
-            site.trim_start_matches("http://")
-        ),
-    )?;
-    let serve = ServeProcess::start_listening(
-        &binary,
-        &dir.path().join("data"),
-        Some(&config),
-        &format!("127.0.0.1:{port}"),
-    )
-    .await
-    .with_context(|| format!("starting {}", binary.display()))?;
+/// `serve` of `binary` with `config` on `port`, and a running instance.
+async fn serve_with_an_instance(
+    binary: &std::path::Path,
+    config: &std::path::Path,
+    port: u16,
+) -> anyhow::Result<(ServeProcess, Value)> {
+    let data = config.with_file_name("data");
+    let serve =
+        ServeProcess::start_listening(binary, &data, Some(config), &format!("127.0.0.1:{port}"))
+            .await
+            .with_context(|| format!("starting {}", binary.display()))?;
     let http = client_with_key(KEY)?;
     let created: Value = http
         .post(format!("{}/v2/instances", serve.url))
@@ -198,33 +173,11 @@ async fn main() -> anyhow::Result<()> {
         std::time::Duration::from_millis(50),
     )
     .await?;
-    let raw = RawServer::start().await?;
-    let token = created["urls"]["debug"]
-        .as_str()
-        .and_then(|url| url.split_once("?token="))
-        .map(|(_, token)| token.to_owned())
-        .context("a token in urls.debug")?;
-    let options = json!({
-        "playwright": created["urls"]["playwright"],
-        "debug": created["urls"]["debug"],
-        "url": format!("{site}/"),
-        "rounds": rounds,
-        "evaluations": evaluations,
-        "direct": {
-            "playwright": format!("ws://127.0.0.1:{}/playwright?token={token}", created["http_port"]),
-            "debug": format!("ws://127.0.0.1:{}/devtools/browser/{instance}?token={token}", created["debug_port"]),
-        },
-        "raw": {
-            "playwright": format!("ws://127.0.0.1:{}/playwright", raw.server_port),
-            "headers": {"x-flotilla-secret": RAW_SECRET, "x-flotilla-cdp": raw.browser_ws},
-            "debug": raw.browser_ws,
-            "server_pid": raw.server.id(),
-        },
-    });
-    let results = run_node_script("playwright_protocol.mjs", &options).await;
-    raw.stop().await;
-    serve.stop().await;
-    let results = results?;
+    Ok((serve, created))
+}
+
+/// The tables of the Node script's `results`.
+fn print_results(results: &Value, rounds: usize, evaluations: usize) {
     println!(
         "connect → newPage → goto → title, {rounds} rounds each way, interleaved, medians in ms \
          (the first connect(), which starts the server: {:.0} ms)\n",
@@ -266,5 +219,65 @@ async fn main() -> anyhow::Result<()> {
         memory(&results["memory_1"]),
         memory(&results["memory_10"])
     );
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let binary = PathBuf::from(text_flag("--binary", "target/release/flotilla")?);
+    let rounds = number_flag("--rounds", 20)?;
+    let evaluations = number_flag("--evaluations", 500)?;
+    // How the instance is confined: `full` (the default: sandbox and its own
+    // network namespace), `no-netns` (the sandbox on the host's network),
+    // `none` (neither), to see what each costs.
+    let (sandbox, egress) = match text_flag("--isolation", "full")?.as_str() {
+        "full" => ("", ""),
+        "no-netns" => ("", "enabled = false\n"),
+        "none" => ("sandbox = false\n", "enabled = false\n"),
+        other => anyhow::bail!("--isolation {other}: full, no-netns or none"),
+    };
+    let site = serve_html("<!doctype html><title>bench</title><h1>hello</h1>".into()).await?;
+    let dir = tempfile::Builder::new()
+        .prefix("flotilla-playwright-bench-")
+        .tempdir()?;
+    let port = free_port();
+    let config = dir.path().join("flotilla.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "auth_enabled = true\napi_keys = [\"{KEY}\"]\npublic_url = \"http://127.0.0.1:{port}\"\n\
+             [agent]\nwarm_pool_size = 1\n{sandbox}[agent.egress]\n{egress}allow = [\"{}\"]\n",
+            site.trim_start_matches("http://")
+        ),
+    )?;
+    let (serve, created) = serve_with_an_instance(&binary, &config, port).await?;
+    let instance = created["id"].as_str().context("a created instance")?;
+    let raw = RawServer::start().await?;
+    let token = created["urls"]["debug"]
+        .as_str()
+        .and_then(|url| url.split_once("?token="))
+        .map(|(_, token)| token.to_owned())
+        .context("a token in urls.debug")?;
+    let options = json!({
+        "playwright": created["urls"]["playwright"],
+        "debug": created["urls"]["debug"],
+        "url": format!("{site}/"),
+        "rounds": rounds,
+        "evaluations": evaluations,
+        "direct": {
+            "playwright": format!("ws://127.0.0.1:{}/playwright?token={token}", created["http_port"]),
+            "debug": format!("ws://127.0.0.1:{}/devtools/browser/{instance}?token={token}", created["debug_port"]),
+        },
+        "raw": {
+            "playwright": format!("ws://127.0.0.1:{}/playwright", raw.server_port),
+            "headers": {"x-flotilla-secret": RAW_SECRET, "x-flotilla-cdp": raw.browser_ws},
+            "debug": raw.browser_ws,
+            "server_pid": raw.server.id(),
+        },
+    });
+    let results = run_node_script("playwright_protocol.mjs", &options).await;
+    raw.stop().await;
+    serve.stop().await;
+    let results = results?;
+    print_results(&results, rounds, evaluations);
     Ok(())
 }

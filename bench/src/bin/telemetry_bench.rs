@@ -68,6 +68,20 @@ async fn round_ms(http: &reqwest::Client, base: &str) -> anyhow::Result<f64> {
     Ok(start.elapsed().as_secs_f64() * 1000.0)
 }
 
+/// The table: per server, its GETs' and its rounds' figures.
+fn print_rows(servers: &[(&str, &ServeProcess)], gets: &[Vec<f64>], rounds: &[Vec<f64>]) {
+    println!("| telemetry | request | n | p50 ms | p99 ms | mean ms |");
+    println!("|---|---|---|---|---|---|");
+    let mean = |samples: &[f64]| samples.iter().sum::<f64>() / samples.len() as f64;
+    for (side, (name, _)) in servers.iter().enumerate() {
+        let (gets, rounds) = (&gets[side], &rounds[side]);
+        let get_row = format!("{name} | GET /v2/instances/{{id}}");
+        println!("{}", p50_p99_row(&get_row, gets, mean(gets)));
+        let round_row = format!("{name} | create + delete (sim)");
+        println!("{}", p50_p99_row(&round_row, rounds, mean(rounds)));
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let binary = std::path::PathBuf::from(text_flag("--binary", "target/release/flotilla")?);
@@ -125,29 +139,7 @@ async fn main() -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    println!("| telemetry | request | n | p50 ms | p99 ms | mean ms |");
-    println!("|---|---|---|---|---|---|");
-    for (side, (name, _)) in servers.iter().enumerate() {
-        let mean = |samples: &[f64]| samples.iter().sum::<f64>() / samples.len() as f64;
-        let gets = &get_samples[side];
-        let rounds = &round_samples[side];
-        println!(
-            "{}",
-            p50_p99_row(
-                &format!("{name} | GET /v2/instances/{{id}}"),
-                gets,
-                mean(gets)
-            )
-        );
-        println!(
-            "{}",
-            p50_p99_row(
-                &format!("{name} | create + delete (sim)"),
-                rounds,
-                mean(rounds)
-            )
-        );
-    }
+    print_rows(&servers, &get_samples, &round_samples);
     println!(
         "spans received by the collector: {} (malformed exports: {})",
         collector.spans().len(),
