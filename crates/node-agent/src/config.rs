@@ -10,6 +10,15 @@ use std::str::FromStr;
 
 use flotilla_api_types::instances::{DEFAULT_IMAGE, ReviveMethod};
 
+/// The largest message a client may send on any door (CDP, BiDi,
+/// Playwright): Playwright's `setInputFiles` sends up to 50 MB of file
+/// (67 MB in base64) as one message.
+pub const MAX_CLIENT_MESSAGE: usize = 100 << 20;
+
+/// The node's default budget for client messages held whole
+/// (`agent.messages_in_flight_mb`).
+pub const DEFAULT_MESSAGES_IN_FLIGHT: usize = 256 << 20;
+
 /// Flags every image gets: headless, no network traffic of the browser's own
 /// (what Playwright and Puppeteer turn off, and what was still seen going
 /// out), and Puppeteer's default set (measured here: a ready page ~65 ms
@@ -322,7 +331,7 @@ impl Default for AgentConfig {
             screenshot_max_bytes: 32 << 20,
             max_concurrent_captures: 4,
             action_max_output_bytes: 64 << 20,
-            messages_in_flight_mb: crate::protocols::client_frames::DEFAULT_BUDGET >> 20,
+            messages_in_flight_mb: DEFAULT_MESSAGES_IN_FLIGHT >> 20,
             playwright_dir: PathBuf::from(DEFAULT_PLAYWRIGHT_DIR),
             playwright_versions: DEFAULT_PLAYWRIGHT_VERSIONS
                 .iter()
@@ -371,7 +380,7 @@ impl AgentConfig {
     /// Checks values that serde cannot; the message names the key.
     /// `messages_in_flight_mb` holds the largest message a client may send.
     fn check_messages_in_flight(&self) -> Result<(), ConfigError> {
-        let largest = crate::protocols::client_frames::Protocol::Cdp.max_message() >> 20;
+        let largest = MAX_CLIENT_MESSAGE >> 20;
         if self.messages_in_flight_mb < largest {
             return Err(ConfigError::MessagesInFlight {
                 got: self.messages_in_flight_mb,

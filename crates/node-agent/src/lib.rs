@@ -1,6 +1,8 @@
 //! The node agent: runs browser instances on one machine and reports them to the
-//! control plane. Its folders, from the bottom up (a folder imports only
-//! from those below it, and from [`config`]):
+//! control plane. Its folders, from the bottom up: a folder imports only
+//! from those below it and from [`config`] (which imports only `confine`'s
+//! egress settings), except `instance` and `agent`, which still import each
+//! other (an instance's slot holds the agent's operation requests):
 //!
 //! - [`system`] — the machine: processes, cgroups, `/proc` sampling, the
 //!   instance's folders and how the agent writes in those the browser owns.

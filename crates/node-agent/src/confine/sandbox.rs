@@ -25,7 +25,6 @@ use std::process::Stdio;
 
 use tokio::process::Command;
 
-use crate::config::AgentConfig;
 use crate::system::dirs::InstanceDirs;
 use crate::system::process::is_root;
 
@@ -178,21 +177,30 @@ const HIDDEN_PROC_FILES: &[&str] = &["/proc/cmdline", "/proc/config.gz"];
 /// Top-level names that are symbolic links into `/usr` on merged-/usr systems.
 const USR_LINKS: &[&str] = &["bin", "sbin", "lib", "lib64", "lib32", "libx32"];
 
+/// The confinement a node's configuration asks for (`agent.browser_user`,
+/// `agent.sandbox`, `agent.egress.enabled`).
+#[derive(Debug, Clone, Copy)]
+pub struct Wanted<'a> {
+    pub browser_user: &'a str,
+    pub sandbox: bool,
+    pub own_network: bool,
+}
+
 impl Isolation {
     /// Decides the node's confinement: finds bubblewrap and the browser user,
     /// and probes what the kernel allows. `state_dir` holds the generated
     /// `/etc` files and the probe's scratch directory; the browser user is
     /// let through it and its parent (the process's data directory). Fails
     /// when a directory above those keeps the browser user out.
-    pub fn detect(config: &AgentConfig, state_dir: &Path) -> Result<Self, IsolationError> {
+    pub fn detect(wanted: &Wanted<'_>, state_dir: &Path) -> Result<Self, IsolationError> {
         let mut warnings = Vec::new();
         let user = if is_root() {
-            match BrowserUser::lookup(&config.browser_user) {
+            match BrowserUser::lookup(wanted.browser_user) {
                 Some(user) => Some(user),
                 None => {
                     warnings.push(format!(
                         "the browser user {:?} does not exist (scripts/install-deps creates it): browsers run as nobody",
-                        config.browser_user
+                        wanted.browser_user
                     ));
                     BrowserUser::lookup("nobody")
                 }
@@ -209,7 +217,7 @@ impl Isolation {
                 etc_dir.display()
             ));
         }
-        let bwrap = if config.sandbox {
+        let bwrap = if wanted.sandbox {
             let found = find_in_path("bwrap");
             if found.is_none() {
                 warnings.push("bubblewrap (bwrap) is not installed: browsers see the host's whole filesystem (scripts/install-deps installs it)".to_owned());
@@ -220,7 +228,7 @@ impl Isolation {
                 .push("agent.sandbox is off: browsers see the host's whole filesystem".to_owned());
             None
         };
-        let own_network = if !config.egress.enabled {
+        let own_network = if !wanted.own_network {
             warnings.push("agent.egress.enabled is off: pages can reach this node's services and private networks".to_owned());
             false
         } else if crate::confine::netns::supported() {

@@ -156,7 +156,12 @@ impl Launcher {
     ) -> Result<Self, IsolationError> {
         let real = config.runtime == RuntimeKind::Chromium;
         let isolation = if real {
-            Isolation::detect(config, state_dir)?
+            let wanted = crate::confine::sandbox::Wanted {
+                browser_user: &config.browser_user,
+                sandbox: config.sandbox,
+                own_network: config.egress.enabled,
+            };
+            Isolation::detect(&wanted, state_dir)?
         } else {
             Isolation::none()
         };

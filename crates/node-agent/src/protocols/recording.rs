@@ -44,6 +44,7 @@ use crate::instance::InstanceSlot;
 use crate::instance::state::State;
 use crate::protocols::live_view::LiveView;
 use crate::snapshot::SnapshotStore;
+use crate::snapshot::is_recording_id;
 
 /// Frames per second written to the video.
 pub const FPS: u32 = 10;
@@ -55,15 +56,6 @@ struct Sidecar {
     created_at: DateTime<Utc>,
     frames: u64,
     finished: bool,
-}
-
-/// Whether `id` has the form of a recording id (a UUID without hyphens), so
-/// that it names a file without escaping.
-pub fn is_recording_id(id: &str) -> bool {
-    id.len() == 32
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
 }
 
 /// Records every running period of `slot` into `dir` until its servers

@@ -83,6 +83,15 @@ pub struct RestoreOptions {
     pub service_workers: bool,
 }
 
+/// Whether `id` has the form of a recording id (a UUID without hyphens), so
+/// that it names a file without escaping.
+pub fn is_recording_id(id: &str) -> bool {
+    id.len() == 32
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+}
+
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;

@@ -280,7 +280,7 @@ impl SnapshotStore {
     ) -> anyhow::Result<()> {
         use tokio::io::AsyncWriteExt as _;
         anyhow::ensure!(
-            crate::protocols::recording::is_recording_id(&recording.id),
+            crate::snapshot::is_recording_id(&recording.id),
             "{:?} is not a recording id",
             recording.id
         );
@@ -326,7 +326,7 @@ impl SnapshotStore {
     /// Kept recording `id`'s description; `None` when there is no such
     /// recording (or `id` is not a recording id).
     pub async fn recording_kept(&self, id: &str) -> anyhow::Result<Option<KeptRecording>> {
-        if !crate::protocols::recording::is_recording_id(id) {
+        if !crate::snapshot::is_recording_id(id) {
             return Ok(None);
         }
         match self.store.get(&self.kept_recording_path(id, "json")).await {
@@ -344,7 +344,7 @@ impl SnapshotStore {
     ) -> anyhow::Result<Option<futures_util::stream::BoxStream<'static, std::io::Result<Bytes>>>>
     {
         use futures_util::TryStreamExt;
-        if !crate::protocols::recording::is_recording_id(id) {
+        if !crate::snapshot::is_recording_id(id) {
             return Ok(None);
         }
         match self.store.get(&self.kept_recording_path(id, "mp4")).await {

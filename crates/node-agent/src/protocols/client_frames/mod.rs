@@ -56,7 +56,7 @@ pub const BUDGET_WAIT: Duration = Duration::from_secs(30);
 
 /// The node's default budget for messages held whole
 /// (`agent.messages_in_flight_mb`).
-pub const DEFAULT_BUDGET: usize = 256 << 20;
+pub const DEFAULT_BUDGET: usize = crate::config::DEFAULT_MESSAGES_IN_FLIGHT;
 
 const OPCODE_CONTINUATION: u8 = 0x0;
 const OPCODE_CLOSE: u8 = 0x8;
@@ -83,7 +83,7 @@ impl Protocol {
     /// (67 MB in base64; larger ones go as a stream of small writes),
     /// Selenium uploads through HTTP (`se/file`), Puppeteer names paths.
     pub fn max_message(self) -> usize {
-        100 << 20
+        crate::config::MAX_CLIENT_MESSAGE
     }
 }
 
