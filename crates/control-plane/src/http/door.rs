@@ -395,40 +395,47 @@ pub async fn devtools_document(
     State(control_plane): State<Arc<ControlPlane>>,
     uri: axum::http::Uri,
 ) -> Response {
-    let path = uri.path();
-    let fetched = async {
-        let target = control_plane.door_any_running().await?;
-        let route = Route {
-            port: Port::Debug,
-            path: path.to_owned(),
-            rewrite: false,
-            websocket: false,
-        };
-        let request = Request::builder()
-            .uri(path)
-            .body(Body::empty())
-            .map_err(Error::internal)?;
-        let external = External {
-            secure: false,
-            authority: String::new(),
-        };
-        let response = forward_http(request, &target, &route, &external, "")
-            .await
-            .map_err(|error| Error::BadGateway(format!("the browser did not answer: {error}")))?;
-        let bytes = http_body_util::Limited::new(response.into_body(), MAX_REWRITTEN_BODY)
-            .collect()
-            .await
-            .map_err(|error| Error::BadGateway(format!("the browser's answer: {error}")))?
-            .to_bytes();
-        let mut document: serde_json::Value = serde_json::from_slice(&bytes).map_err(|error| {
-            Error::BadGateway(format!("the browser's answer is not JSON: {error}"))
-        })?;
-        if let Some(fields) = document.as_object_mut() {
-            fields.remove("webSocketDebuggerUrl");
-        }
-        Ok::<_, Error>(axum::Json(document))
+    fleet_document(&control_plane, uri.path())
+        .await
+        .map(axum::Json)
+        .into_response()
+}
+
+/// The fleet's Chromium's answer at `path`, through any running instance,
+/// without its `webSocketDebuggerUrl`.
+async fn fleet_document(
+    control_plane: &ControlPlane,
+    path: &str,
+) -> Result<serde_json::Value, Error> {
+    let target = control_plane.door_any_running().await?;
+    let route = Route {
+        port: Port::Debug,
+        path: path.to_owned(),
+        rewrite: false,
+        websocket: false,
     };
-    fetched.await.into_response()
+    let request = Request::builder()
+        .uri(path)
+        .body(Body::empty())
+        .map_err(Error::internal)?;
+    let external = External {
+        secure: false,
+        authority: String::new(),
+    };
+    let response = forward_http(request, &target, &route, &external, "")
+        .await
+        .map_err(|error| Error::BadGateway(format!("the browser did not answer: {error}")))?;
+    let bytes = http_body_util::Limited::new(response.into_body(), MAX_REWRITTEN_BODY)
+        .collect()
+        .await
+        .map_err(|error| Error::BadGateway(format!("the browser's answer: {error}")))?
+        .to_bytes();
+    let mut document: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|error| Error::BadGateway(format!("the browser's answer is not JSON: {error}")))?;
+    if let Some(fields) = document.as_object_mut() {
+        fields.remove("webSocketDebuggerUrl");
+    }
+    Ok(document)
 }
 
 /// Handler of every `/v2/instances/{instance_id}/…` door route.
@@ -438,20 +445,27 @@ pub async fn by_path(
     request: Request,
 ) -> Response {
     let path = request.uri().path().to_owned();
-    let Some((_, value)) = params.iter().find(|(name, _)| name == "instance_id") else {
-        return no_route(request.method(), &path, NoRoute::NoSuchPath);
-    };
-    let id = InstanceId::new(value.clone());
-    let Some((_, rest)) = split_door_path(&path) else {
-        return no_route(request.method(), &path, NoRoute::NoSuchPath);
-    };
-    match route(&id, request.method(), rest) {
-        Ok(route) => {
+    let addressed = instance_and_rest(params, &path);
+    match addressed.and_then(|(id, rest)| Ok((route(&id, request.method(), rest)?, id))) {
+        Ok((route, id)) => {
             let prefix = format!("/v2/instances/{id}");
             pass(&control_plane, request, id, route, &prefix).await
         }
         Err(why) => no_route(request.method(), &path, why),
     }
+}
+
+/// The instance a door path names (its router parameter) and the path after
+/// its prefix.
+fn instance_and_rest(
+    params: Vec<(String, String)>,
+    path: &str,
+) -> Result<(InstanceId, &str), NoRoute> {
+    let id = params
+        .into_iter()
+        .find_map(|(name, value)| (name == "instance_id").then(|| InstanceId::new(value)));
+    let rest = split_door_path(path).map(|(_, rest)| rest);
+    id.zip(rest).ok_or(NoRoute::NoSuchPath)
 }
 
 /// Admits `request` and forwards it along `route`.

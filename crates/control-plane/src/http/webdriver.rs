@@ -175,13 +175,9 @@ pub async fn session(
     let id = params
         .into_iter()
         .find_map(|(name, value)| (name == "id").then_some(value));
-    session_command(
-        &control_plane,
-        InstanceId::new(id.unwrap_or_default()),
-        request,
-    )
-    .await
-    .unwrap_or_else(IntoResponse::into_response)
+    let id = InstanceId::new(id.unwrap_or_default());
+    let answered = session_command(&control_plane, id, request).await;
+    answered.unwrap_or_else(IntoResponse::into_response)
 }
 
 /// A command of session `id`, ended here or passed on.
