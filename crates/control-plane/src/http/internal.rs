@@ -14,6 +14,11 @@
 //!   registers again
 //! - `POST /internal/v1/nodes/drain/report` — `NodeDrainRequest` → 200 the
 //!   `DrainReport` this control plane runs for the node, or `null`
+//!
+//! A node's reports (registration, heartbeat, state change, event) are
+//! recorded to their end even when the agent goes away mid-request (killed,
+//! its connection cut): a write cut short between the store's commit and its
+//! read model's refresh would leave the read model stale.
 
 use std::sync::Arc;
 
@@ -65,15 +70,26 @@ pub async fn register(
     State(control_plane): State<Arc<ControlPlane>>,
     Json(registration): Json<NodeRegistration>,
 ) -> Result<Json<RegistrationAck>, Error> {
-    Ok(Json(control_plane.node_register(registration).await?))
+    let tasks = control_plane.tasks().clone();
+    let registered = tasks.to_completion(NODE_REPORT, async move {
+        control_plane.node_register(registration).await
+    });
+    Ok(Json(registered.await?))
 }
+
+/// The background work a node's report is recorded as.
+const NODE_REPORT: &str = "node report";
 
 pub async fn heartbeat(
     State(control_plane): State<Arc<ControlPlane>>,
     Json(heartbeat): Json<Heartbeat>,
 ) -> Result<Json<RegistrationAck>, Error> {
     let node = heartbeat.node_id.clone();
-    match control_plane.node_heartbeat(heartbeat).await? {
+    let tasks = control_plane.tasks().clone();
+    let taken = tasks.to_completion(NODE_REPORT, async move {
+        control_plane.node_heartbeat(heartbeat).await
+    });
+    match taken.await? {
         Some(ack) => Ok(Json(ack)),
         None => Err(Error::NotFound(format!("node {node} must register again"))),
     }
@@ -83,7 +99,12 @@ pub async fn instance_event(
     State(control_plane): State<Arc<ControlPlane>>,
     Json(event): Json<InstanceEventReport>,
 ) -> Result<StatusCode, Error> {
-    control_plane.instance_event_reported(event).await?;
+    let tasks = control_plane.tasks().clone();
+    tasks
+        .to_completion(NODE_REPORT, async move {
+            control_plane.instance_event_reported(event).await
+        })
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -91,8 +112,13 @@ pub async fn state_changed(
     State(control_plane): State<Arc<ControlPlane>>,
     Json(change): Json<InstanceStateChange>,
 ) -> Result<Json<StateChangeAck>, Error> {
-    let applied = control_plane.instance_state_changed(change).await?;
-    Ok(Json(StateChangeAck { applied }))
+    let tasks = control_plane.tasks().clone();
+    let applied = tasks.to_completion(NODE_REPORT, async move {
+        control_plane.instance_state_changed(change).await
+    });
+    Ok(Json(StateChangeAck {
+        applied: applied.await?,
+    }))
 }
 
 pub async fn drain(

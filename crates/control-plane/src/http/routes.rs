@@ -559,9 +559,18 @@ mod tests {
             "/ui/../v2/nodes",
             "/live",
             "/live/",
+            // Only the table's own paths are open, never what lies under a
+            // prefix of theirs.
+            "/internal/v1/bogus",
+            "/internal/v1/nodes/register/",
+            "/ui/x",
+            "/live/abc/other",
+            "//health",
+            "/HEALTH",
         ] {
             assert!(!is_open(path, true), "{path} needs a key");
         }
+        assert!(!is_agents("/internal/v1/bogus"), "not rate-exempt either");
         assert!(is_open("/metrics", true));
         assert!(!is_open("/metrics", false));
         assert!(is_agents("/internal/v1/instances/state"));
