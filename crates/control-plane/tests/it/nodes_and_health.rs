@@ -58,6 +58,21 @@ fn registration(
     }
 }
 
+/// A heartbeat of `node` (generation `g1`) that reports nothing: no
+/// instances, pools or loops.
+fn quiet_heartbeat(node: &str) -> Heartbeat {
+    Heartbeat {
+        node_id: NodeId::new(node),
+        generation: "g1".into(),
+        resources: ResourceUsage::default(),
+        load: ResourceUsage::default(),
+        instances: vec![],
+        warm_pool: None,
+        warm_pools: vec![],
+        loops: vec![],
+    }
+}
+
 async fn place(control_plane: &ControlPlane, node: &str) -> InstanceId {
     let id = InstanceId::generate();
     let new = NewInstance {
@@ -138,14 +153,8 @@ async fn a_node_agents_failing_loop_shows_in_health_and_metrics() {
         RunOutcome::Failed("control plane unreachable".into()),
     );
     let heartbeat = Heartbeat {
-        node_id: NodeId::new("n1"),
-        generation: "g1".into(),
-        resources: ResourceUsage::default(),
-        load: ResourceUsage::default(),
-        instances: vec![],
-        warm_pool: None,
-        warm_pools: vec![],
         loops: ledger.report(true),
+        ..quiet_heartbeat("n1")
     };
     control_plane
         .node_heartbeat(heartbeat.clone())
@@ -213,14 +222,9 @@ async fn silent_nodes_go_offline_and_their_instances_fail() {
     };
     let heartbeat =
         |warm_pool: Option<WarmPoolReport>, warm_pools: Vec<WarmPoolReport>| Heartbeat {
-            node_id: NodeId::new("n1"),
-            generation: "g1".into(),
-            resources: ResourceUsage::default(),
-            load: ResourceUsage::default(),
-            instances: vec![],
             warm_pool,
             warm_pools,
-            loops: vec![],
+            ..quiet_heartbeat("n1")
         };
     control_plane
         .node_heartbeat(heartbeat(Some(pool.clone()), vec![]))
@@ -302,16 +306,7 @@ async fn silent_nodes_go_offline_and_their_instances_fail() {
     assert!(instance.status_reason.unwrap().contains("went offline"));
 
     // A heartbeat from an offline node asks it to register again (to reconcile).
-    let heartbeat = Heartbeat {
-        node_id: NodeId::new("n1"),
-        generation: "g1".into(),
-        resources: ResourceUsage::default(),
-        load: ResourceUsage::default(),
-        instances: vec![],
-        warm_pool: None,
-        warm_pools: vec![],
-        loops: vec![],
-    };
+    let heartbeat = quiet_heartbeat("n1");
     assert!(
         control_plane
             .node_heartbeat(heartbeat)
