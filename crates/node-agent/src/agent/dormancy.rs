@@ -23,8 +23,8 @@ use crate::system::dirs::InstanceDirs;
 
 use super::operations::Request;
 use super::{
-    Agent, AgentError, ArchiveError, CDP_GRACE, StartFailure, check_extensions, open_archive,
-    ports_of, remove_dir, unpack_into,
+    Agent, AgentError, ArchiveError, CDP_GRACE, SlotStart, StartFailure, check_extensions,
+    open_archive, ports_of, remove_dir, unpack_into,
 };
 
 /// How long a park waits for the recording it ended to be written.
@@ -41,7 +41,7 @@ impl Agent {
         let slot = self.slot(id)?;
         let (reply, answer) = oneshot::channel();
         let gone = || AgentError::NotFound(id.clone());
-        slot.send(Request::Park { reply })
+        self.submit(&slot, Request::Park { reply })
             .await
             .map_err(|_| gone())?;
         answer.await.unwrap_or_else(|_| Err(gone()))
@@ -71,7 +71,7 @@ impl Agent {
             None => CapturedState::default(),
         };
         // From here its browser's exit is expected, and clients wait.
-        if slot.apply(Event::Park).is_none() {
+        if slot.apply(Event::Park).await.is_none() {
             return Err(not_running(slot));
         }
         if let Some(process) = slot.process() {
@@ -103,7 +103,7 @@ impl Agent {
         let parked = Event::Parked {
             snapshot: snapshot_id.clone(),
         };
-        let Some(effects) = slot.apply(parked) else {
+        let Some(effects) = slot.apply(parked).await else {
             // Stopped meanwhile (the agent is shutting down).
             return Err(AgentError::ShuttingDown);
         };
@@ -191,7 +191,7 @@ impl Agent {
         let outcome = async {
             let image = self.image(&slot.image)?;
             let limits = self.inner.launcher.limits_for(&slot.config);
-            let guard = slot.begin_supervision();
+            let guard = slot.begin_supervision().await;
             let (process, endpoint) = self.launch_ready(slot, &image, limits).await?;
             if let Some(endpoint) = &endpoint {
                 // Its tabs come back too (and any storage the close lost).
@@ -208,7 +208,7 @@ impl Agent {
         .await;
         match outcome {
             Ok((process, endpoint, guard)) => {
-                slot.apply(Event::Ready { endpoint });
+                slot.apply(Event::Ready { endpoint }).await;
                 let agent = self.clone();
                 let watched = slot.clone();
                 self.inner.tasks.spawn(async move {
@@ -220,7 +220,7 @@ impl Agent {
                 let failed = Event::LaunchFailed {
                     reason: format!("restart after a failed park: {reason}"),
                 };
-                if let Some(effects) = slot.apply(failed) {
+                if let Some(effects) = slot.apply(failed).await {
                     self.carry_out(slot, effects);
                 }
             }
@@ -264,7 +264,8 @@ impl Agent {
         }
         let previous = slot.operation();
         let from = Some(request.snapshot_id.clone());
-        self.claim_revive(&slot, request.operation.clone(), false, from)?;
+        self.claim_revive(&slot, request.operation.clone(), false, from)
+            .await?;
         // A store that cannot be read is refused now, the instance still parked.
         flotilla_api_types::faults::point("agent-revive-received").await;
         if let Err(error) = self
@@ -274,7 +275,7 @@ impl Agent {
             .check(&request.id, &request.snapshot_id)
             .await
         {
-            slot.apply(Event::ReviveRefused { previous });
+            slot.apply(Event::ReviveRefused { previous }).await;
             return Err(AgentError::StoreUnreadable {
                 location: self.inner.settings.snapshots.location.clone(),
                 source: error,
@@ -286,7 +287,7 @@ impl Agent {
             image,
         };
         // A task already gone: the instance was deleted meanwhile.
-        let _ = slot.send(revive).await;
+        let _ = self.submit(&slot, revive).await;
         Ok(ports_of(&slot))
     }
 
@@ -299,8 +300,7 @@ impl Agent {
     ) -> Result<(Arc<InstanceSlot>, Option<[std::net::TcpListener; 3]>), AgentError> {
         let mut slots = self.inner.slots.lock().expect("slots lock");
         if let Some(slot) = slots.get(&request.id) {
-            slot.set_access_token(request.access_token.as_ref());
-            slot.set_profile(request.profile.clone());
+            slot.grant(request.access_token.as_ref(), request.profile.clone());
             return Ok((slot.clone(), None));
         }
         self.check_room(&slots)?;
@@ -311,8 +311,9 @@ impl Agent {
             .or_else(|| self.inner.ports.reserve(binds))
             .ok_or_else(|| self.ports_exhausted())?;
         let dirs = InstanceDirs::new(self.inner.instances_root.join(request.id.as_str()));
-        let taken_back = Lifecycle::taken_back(request.snapshot_id.clone());
-        let slot = self.new_slot(request, &ports, dirs, taken_back);
+        let taken_back = SlotStart::at(Lifecycle::taken_back(request.snapshot_id.clone()));
+        // No browser to watch until its revive begins.
+        let (slot, _unwatched) = self.new_slot(request, &ports, dirs, taken_back);
         slots.insert(request.id.clone(), slot.clone());
         Ok((slot, ports.listeners))
     }
@@ -321,7 +322,7 @@ impl Agent {
     /// the one it is parked in), as `operation`, at once (no await: whoever
     /// asks the node from now on hears `reviving`); answers what to report
     /// (a revive a client `woken` is news to the control plane).
-    fn claim_revive(
+    async fn claim_revive(
         &self,
         slot: &Arc<InstanceSlot>,
         operation: Option<OperationId>,
@@ -333,6 +334,7 @@ impl Agent {
             woken,
             from,
         })
+        .await
         .ok_or_else(|| AgentError::NotDormant {
             instance: slot.id.clone(),
             status: slot.status().0,
@@ -352,7 +354,7 @@ impl Agent {
         if !matches!(slot.state(), State::Reviving { .. }) {
             return;
         }
-        let guard = slot.begin_supervision();
+        let guard = slot.begin_supervision().await;
         let started = Instant::now();
         let archive = match self.inner.settings.snapshots.get(&slot.id, &snapshot).await {
             Ok(archive) => Ok(archive),
@@ -363,7 +365,7 @@ impl Agent {
                     self.inner.settings.snapshots.location
                 );
                 tracing::warn!(instance = %slot.id, reason, "revive postponed");
-                if let Some(effects) = slot.apply(Event::RevivePostponed { reason }) {
+                if let Some(effects) = slot.apply(Event::RevivePostponed { reason }).await {
                     self.carry_out(slot, effects);
                 }
                 return;
@@ -386,7 +388,7 @@ impl Agent {
                 // The snapshot stays with the slot (and in the report) until
                 // the control plane has recorded the revive; a revive of an
                 // instance stopped meanwhile (the agent's kill) is dropped.
-                let Some(effects) = slot.apply(Event::Ready { endpoint }) else {
+                let Some(effects) = slot.apply(Event::Ready { endpoint }).await else {
                     return;
                 };
                 tracing::info!(instance = %slot.id, method = method.as_str(), elapsed_ms = started.elapsed().as_millis() as u64, "instance revived");
@@ -405,7 +407,7 @@ impl Agent {
                 let failed = Event::LaunchFailed {
                     reason: format!("revive failed: {reason}"),
                 };
-                if let Some(effects) = slot.apply(failed) {
+                if let Some(effects) = slot.apply(failed).await {
                     self.carry_out(slot, effects);
                 }
             }
@@ -446,7 +448,7 @@ impl Agent {
             .await
             .map_err(unpack_failed)?;
         // What the snapshot brought back was announced when it finished.
-        let _ = slot.newly_completed_downloads();
+        let _ = self.inner.readings.newly_completed_downloads(slot);
         let limits = self.inner.launcher.limits_for(&slot.config);
         let (process, endpoint) = self.launch_ready(slot, image, limits).await?;
         if let Some(endpoint) = &endpoint {
@@ -480,7 +482,8 @@ impl Agent {
             }
             slot.apply(Event::ReviveRecorded {
                 snapshot: snapshot.clone(),
-            });
+            })
+            .await;
             if let Err(error) = snapshots.delete(&slot.id, &snapshot).await {
                 tracing::warn!(instance = %slot.id, %error, "cannot delete a spent snapshot");
             }
@@ -504,7 +507,7 @@ impl Agent {
                 continue;
             };
             let operation = Some(OperationId::generate());
-            let claimed = self.claim_revive(&slot, operation, true, None);
+            let claimed = self.claim_revive(&slot, operation, true, None).await;
             self.inner
                 .runs
                 .record_result("wake", &claimed.as_ref().map(|_| 1));
@@ -518,8 +521,9 @@ impl Agent {
                 };
                 // Not awaited here: one instance's busy queue must not hold
                 // the wakes of the others.
+                let agent = self.clone();
                 self.inner.tasks.spawn(async move {
-                    let _ = slot.send(revive).await;
+                    let _ = agent.submit(&slot, revive).await;
                 });
             }
         }

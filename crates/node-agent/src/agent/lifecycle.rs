@@ -37,8 +37,8 @@ use crate::snapshot::{self, CapturedState, OpenedArchive};
 
 use super::operations::Request;
 use super::{
-    Agent, AgentError, CDP_GRACE, StartFailure, check_extensions, open_archive, ports_of,
-    remove_dir, unpack_into, upstream_of,
+    Agent, AgentError, CDP_GRACE, SlotStart, StartFailure, check_extensions, open_archive,
+    ports_of, remove_dir, unpack_into, upstream_of,
 };
 
 /// How long a delete waits for the recorder to finish its last recording
@@ -90,24 +90,24 @@ impl Agent {
                 None => InstanceDirs::new(inner.instances_root.join(request.id.as_str())),
             };
             let operation = request.operation.clone();
-            let lifecycle = match &warm {
-                Some(warm) => Lifecycle::running(Some(warm.endpoint.clone()), operation),
-                None => Lifecycle::starting(operation),
+            let from = match &mut warm {
+                Some(warm) => SlotStart {
+                    lifecycle: Lifecycle::running(Some(warm.endpoint.clone()), operation),
+                    launched: Some(warm.launched.clone()),
+                    prestarted_driver: warm.webdriver.take(),
+                },
+                None => SlotStart::at(Lifecycle::starting(operation)),
             };
-            let slot = self.new_slot(&request, &ports, dirs, lifecycle);
-            if let Some(warm) = &mut warm {
-                slot.set_process(warm.launched.clone());
-                slot.set_prestarted_driver(warm.webdriver.take());
-            }
             // Watched from the moment it is the agent's: a delete that comes
             // before its launch starts waits for the launch to see it.
-            let guard = slot.begin_supervision();
+            let (slot, guard) = self.new_slot(&request, &ports, dirs, from);
             slots.insert(request.id.clone(), slot.clone());
             (slot, ports.listeners, warm, guard)
         };
         flotilla_api_types::faults::point("agent-create-received").await;
-        if let Some([debug, stream, http]) = listeners {
-            self.start_servers(&slot, debug, stream, http);
+        match listeners {
+            Some([debug, stream, http]) => self.start_servers(&slot, debug, stream, http),
+            None => slot.not_recorded(),
         }
         match warm {
             Some(warm) => self.hand_over_warm(&slot, warm, guard),
@@ -132,7 +132,7 @@ impl Agent {
                 () = shutdown.cancelled() => {}
                 () = unused.servers.cancelled() => {}
             }
-            drop(unused.take_prestarted_driver());
+            drop(unused.take_prestarted_driver().await);
         });
         let agent = self.clone();
         let process = warm.launched.process;
@@ -178,6 +178,7 @@ impl Agent {
         let (Ok(debug), Ok(stream), Ok(http)) = (to_tokio(debug), to_tokio(stream), to_tokio(http))
         else {
             tracing::error!(instance = %slot.id, "cannot register instance listeners with the runtime");
+            slot.not_recorded();
             return;
         };
         let access = self.inner.access.clone();
@@ -209,13 +210,18 @@ impl Agent {
         let live_view = LiveView::new(slot.clone(), settings, ready_timeout);
         let recordings = self.recordings_dir(&slot.id);
         if slot.config.record {
-            slot.set_recorder(self.inner.tasks.spawn(crate::protocols::recording::record(
+            let recording = crate::protocols::recording::record(
                 slot.clone(),
                 live_view.clone(),
                 recordings.clone(),
                 (settings.width, settings.height),
                 self.inner.launcher.isolation().clone(),
-            )));
+            );
+            let finished = slot.recording();
+            self.inner.tasks.spawn(async move {
+                recording.await;
+                drop(finished);
+            });
         }
         self.inner.tasks.spawn(live_view::serve(
             stream,
@@ -281,7 +287,7 @@ impl Agent {
             )
             .await?;
         let process = launched.process.clone();
-        slot.set_process(launched);
+        slot.set_process(launched).await;
         if slot.is_stopping() {
             process.stop(None, false, Duration::ZERO).await;
             return Err(StartFailure::StoppedWhileStarting);
@@ -352,7 +358,7 @@ impl Agent {
                 slot.touch();
                 // A launch that a delete overtook is dropped: the delete
                 // stops its browser.
-                let Some(effects) = slot.apply(Event::Ready { endpoint }) else {
+                let Some(effects) = slot.apply(Event::Ready { endpoint }).await else {
                     return;
                 };
                 tracing::info!(instance = %slot.id, elapsed_ms = started.elapsed().as_millis() as u64, "browser ready");
@@ -363,7 +369,7 @@ impl Agent {
                 let failed = Event::LaunchFailed {
                     reason: reason.to_string(),
                 };
-                if let Some(effects) = slot.apply(failed) {
+                if let Some(effects) = slot.apply(failed).await {
                     self.carry_out(&slot, effects);
                 }
             }
@@ -516,7 +522,7 @@ impl Agent {
             "browser {exit}{limit}{}",
             crate::system::process::log_tail(&slot.dirs.log())
         );
-        if let Some(effects) = slot.apply(Event::Exited { reason }) {
+        if let Some(effects) = slot.apply(Event::Exited { reason }).await {
             self.carry_out(slot, effects);
         }
     }
@@ -595,7 +601,11 @@ impl Agent {
             }
         };
         let (reply, done) = oneshot::channel();
-        if slot.send(Request::Delete { force, reply }).await.is_ok() {
+        if self
+            .submit(&slot, Request::Delete { force, reply })
+            .await
+            .is_ok()
+        {
             let _ = done.await;
         }
         Ok(())
@@ -651,7 +661,7 @@ impl Agent {
     pub(super) async fn forget(&self, slot: &Arc<InstanceSlot>) -> Result<bool, AgentError> {
         // At once for every reader: a wake or a revive that comes after
         // finds it gone, one that came before keeps it here.
-        if slot.apply(Event::Forget).is_none() {
+        if slot.apply(Event::Forget).await.is_none() {
             return Err(AgentError::NotDormant {
                 instance: slot.id.clone(),
                 status: slot.status().0,
@@ -734,7 +744,7 @@ impl Agent {
 
     pub(super) async fn stop_slot(&self, slot: &Arc<InstanceSlot>, force: bool) {
         let endpoint = slot.endpoint();
-        slot.apply(Event::Stop);
+        slot.apply(Event::Stop).await;
         if let Some(process) = slot.process() {
             process.stop(endpoint.as_ref(), !force, CDP_GRACE).await;
         }

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 
 use flotilla_api_types::agent::{
@@ -36,7 +36,9 @@ use crate::config::{AgentConfig, ImageConfig, RuntimeKind};
 use crate::confine::egress::Upstream;
 use crate::engine::browser::LaunchError;
 use crate::engine::launcher::Launcher;
+use crate::instance::runner::Held;
 use crate::instance::state::{Event, Lifecycle};
+use crate::instance::token::InstanceToken;
 use crate::instance::{InstanceSlot, SlotSetup};
 use crate::protocols::access::NodeAccess;
 use crate::protocols::client_frames::MessageBudget;
@@ -52,6 +54,7 @@ pub(crate) mod operations;
 
 use operations::Request;
 pub mod ports;
+mod readings;
 mod reporting;
 pub mod sweep;
 mod warm;
@@ -306,6 +309,8 @@ struct AgentInner {
     /// waking it here, where it would be stopped with the agent.
     leaving: Arc<std::sync::atomic::AtomicBool>,
     machine: Mutex<MachineMeter>,
+    /// What the sampler keeps of each instance between heartbeats.
+    readings: readings::Readings,
     launcher: Arc<Launcher>,
     /// Who may use instance ports: the control plane's policy, applied at
     /// every registration and heartbeat answer.
@@ -381,6 +386,7 @@ impl Agent {
             catalog: settings.config.image_catalog(),
             ports: PortAllocator::new(settings.config.port_range, settings.bind_address),
             machine: Mutex::new(MachineMeter::new(&settings.data_dir)),
+            readings: readings::Readings::default(),
             instances_root,
             captures: crate::engine::capture::NodeCaptures::new(&settings.config),
             browser_version: match settings.config.runtime {
@@ -480,15 +486,17 @@ impl Agent {
         self.inner.settings.config.runtime == RuntimeKind::Chromium
     }
 
-    /// A new slot for `order` with `ports`, and the task that carries out its
-    /// operations (the caller registers it under the slots lock it holds).
+    /// A new slot for `order` with `ports`, starting `from` a lifecycle (and
+    /// a warm browser), with its runner started (the caller registers it
+    /// under the slots lock it holds); and the guard of the watch on its
+    /// first browser.
     fn new_slot(
         &self,
         order: &impl SlotOrder,
         ports: &InstancePorts,
         dirs: InstanceDirs,
-        lifecycle: Lifecycle,
-    ) -> Arc<InstanceSlot> {
+        from: SlotStart,
+    ) -> (Arc<InstanceSlot>, DropGuard) {
         let (id, image, config, access_token, profile) = order.parts();
         let waker = self
             .inner
@@ -500,7 +508,7 @@ impl Agent {
                 on_connect: self.inner.settings.config.wake_on_connect_method,
                 node_leaving: self.inner.leaving.clone(),
             });
-        let (slot, requests) = InstanceSlot::new(SlotSetup {
+        let born = InstanceSlot::born(SlotSetup {
             id: id.clone(),
             image: image.to_owned(),
             config: config.clone(),
@@ -508,13 +516,17 @@ impl Agent {
             dirs,
             clock: self.inner.settings.clock.clone(),
             waker,
-            lifecycle,
+            lifecycle: from.lifecycle,
+            held: Held {
+                launched: from.launched,
+                token: access_token.map(InstanceToken::of),
+                profile: profile.cloned(),
+            },
+            prestarted_driver: from.prestarted_driver,
+            recorded: config.record && self.binds_ports(),
         });
-        let slot = Arc::new(slot);
-        slot.set_access_token(access_token);
-        slot.set_profile(profile.cloned());
-        self.start_operations(&slot, requests);
-        slot
+        self.inner.tasks.spawn(born.runner.run());
+        (Arc::new(born.slot), born.supervision)
     }
 
     /// Starts an instance: reserves its ports, starts its servers and launches
@@ -596,10 +608,11 @@ impl Agent {
     /// [`operations::Request::Forget`]).
     pub async fn instance_forget(&self, id: &InstanceId) -> Result<(), AgentError> {
         let slot = self.slot(id)?;
+        let agent = self.clone();
         flotilla_api_types::tasks::to_completion(async move {
             let (reply, done) = oneshot::channel();
-            if slot
-                .send(operations::Request::Forget { reply })
+            if agent
+                .submit(&slot, operations::Request::Forget { reply })
                 .await
                 .is_err()
             {
@@ -802,7 +815,7 @@ impl Agent {
         self.inner.shutdown.cancel();
         self.inner.launcher.kill_pool();
         for slot in self.take_all_slots() {
-            slot.apply(Event::Stop);
+            slot.stop_now();
             slot.servers.cancel();
             if let Some(pid) = slot.process().and_then(|p| p.pid()) {
                 crate::system::process::kill_group(pid, libc::SIGKILL);
@@ -815,7 +828,7 @@ impl Agent {
     /// `stopped`; a dormant instance stays dormant (nothing to report).
     pub(super) async fn shut_down_instance(&self, slot: &Arc<InstanceSlot>) {
         self.stop_slot(slot, false).await;
-        let ended = slot.apply(Event::ShutDown);
+        let ended = slot.apply(Event::ShutDown).await;
         let dormant = ended.is_none();
         self.carry_out(slot, ended.unwrap_or_default());
         self.release(slot);
@@ -838,7 +851,7 @@ impl Agent {
         let stops = slots.iter().map(|slot| async move {
             let (reply, done) = oneshot::channel();
             // A task already gone had nothing left to stop.
-            if slot.send(Request::ShutDown { reply }).await.is_ok() {
+            if self.submit(slot, Request::ShutDown { reply }).await.is_ok() {
                 let _ = done.await;
             }
         });
@@ -969,6 +982,24 @@ fn hostname() -> String {
         .ok()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "node-1".into())
+}
+
+/// Where a new slot starts: launching, running a warm browser (with the
+/// chromedriver it came with), or dormant (taken back to be revived).
+struct SlotStart {
+    lifecycle: Lifecycle,
+    launched: Option<crate::engine::launcher::Launched>,
+    prestarted_driver: Option<crate::engine::chromedriver::Driver>,
+}
+
+impl SlotStart {
+    fn at(lifecycle: Lifecycle) -> Self {
+        Self {
+            lifecycle,
+            launched: None,
+            prestarted_driver: None,
+        }
+    }
 }
 
 /// What a new slot is made of, from a create or a revive order: id, image,

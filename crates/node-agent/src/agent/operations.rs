@@ -1,17 +1,18 @@
-//! The one task per instance that carries out its operations: park, revive,
-//! delete and the agent's shutdown ([`Request`]), one at a time, in the order
-//! they came, each to its end even when its caller stops waiting.
+//! The agent's operations on one instance: park, revive, delete, forget and
+//! the agent's shutdown ([`Request`]), each made an
+//! [`crate::instance::runner::Operation`] that the instance's runner carries
+//! out, one at a time, in the order they came, each to its end even when its
+//! caller stops waiting.
 //!
-//! Callers send a typed request over the instance's bounded channel
-//! ([`InstanceSlot::send`]) and wait for the answer. Two things run beside
-//! the task and never block it: the launch of a new instance's browser (a
-//! delete must be able to stop it at once) and the watch on a browser's
-//! exit. Everything, the task included, changes the instance's state only
-//! through the lifecycle table ([`crate::instance::state::transition`]).
+//! Callers queue a typed request ([`Agent::submit`]) and wait for the
+//! answer. Two things run beside the runner and never block it: the launch
+//! of a new instance's browser (a delete must be able to stop it at once)
+//! and the watch on a browser's exit; they tell the runner what happened
+//! (a launch done, an exit) by messages.
 
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use flotilla_api_types::agent::AgentDormantResult;
 use flotilla_api_types::ids::SnapshotId;
@@ -19,13 +20,9 @@ use flotilla_api_types::instances::ReviveMethod;
 
 use crate::config::ImageConfig;
 use crate::instance::InstanceSlot;
+use crate::instance::runner::{After, Operation};
 
 use super::{Agent, AgentError};
-
-/// How many requests an instance's channel holds before senders wait. The
-/// lifecycle table lets at most one park or revive be under way; the rest
-/// is deletes and the shutdown.
-pub const REQUESTS_QUEUED: usize = 8;
 
 /// An operation on one instance.
 #[derive(Debug)]
@@ -63,62 +60,69 @@ pub enum Request {
 }
 
 impl Agent {
-    /// Starts the task that carries out the operations of `slot`.
-    pub(super) fn start_operations(
+    /// Queues `request` to the runner of `slot`, waiting while its queue is
+    /// full; gives it back when the runner has ended (the instance was
+    /// deleted or ended).
+    pub(super) async fn submit(
         &self,
         slot: &Arc<InstanceSlot>,
-        requests: mpsc::Receiver<Request>,
-    ) {
-        self.inner
-            .tasks
-            .spawn(self.clone().run_operations(slot.clone(), requests));
+        request: Request,
+    ) -> Result<(), ()> {
+        let name = request.name();
+        let (agent, target) = (self.clone(), slot.clone());
+        let work = Box::pin(async move { agent.carry_out_request(&target, request).await });
+        slot.send(Operation { name, work }).await.map_err(drop)
     }
 
-    async fn run_operations(self, slot: Arc<InstanceSlot>, mut requests: mpsc::Receiver<Request>) {
-        loop {
-            let request = tokio::select! {
-                biased;
-                request = requests.recv() => match request {
-                    Some(request) => request,
-                    None => return,
-                },
-                // It ended on its own and was released: whoever still sends
-                // finds it gone.
-                () = slot.servers.cancelled() => return,
-            };
-            tracing::debug!(instance = %slot.id, ?request, "operation");
-            match request {
-                Request::Park { reply } => {
-                    let _ = reply.send(self.park(&slot).await);
-                }
-                Request::Revive {
-                    method,
-                    snapshot,
-                    image,
-                } => self.revive(&slot, method, snapshot, image).await,
-                Request::Delete { force, reply } => {
-                    let deleted = self.delete(&slot, force).await;
-                    let _ = reply.send(());
-                    // One that found it no longer the agent's (the agent's
-                    // shutdown took it) leaves the shutdown queued after it.
-                    if deleted {
-                        return;
-                    }
-                }
-                Request::ShutDown { reply } => {
-                    self.shut_down_instance(&slot).await;
-                    let _ = reply.send(());
-                    return;
-                }
-                Request::Forget { reply } => {
-                    let forgotten = self.forget(&slot).await;
-                    let ended = matches!(forgotten, Ok(true));
-                    let _ = reply.send(forgotten.map(|_| ()));
-                    if ended {
-                        return;
-                    }
+    /// Carries out `request` in the runner of `slot`.
+    async fn carry_out_request(self, slot: &Arc<InstanceSlot>, request: Request) -> After {
+        match request {
+            Request::Park { reply } => {
+                let _ = reply.send(self.park(slot).await);
+                After::Continue
+            }
+            Request::Revive {
+                method,
+                snapshot,
+                image,
+            } => {
+                self.revive(slot, method, snapshot, image).await;
+                After::Continue
+            }
+            Request::Delete { force, reply } => {
+                let deleted = self.delete(slot, force).await;
+                let _ = reply.send(());
+                // One that found it no longer the agent's (the agent's
+                // shutdown took it) leaves the shutdown queued after it.
+                if deleted {
+                    After::Ended
+                } else {
+                    After::Continue
                 }
             }
+            Request::ShutDown { reply } => {
+                self.shut_down_instance(slot).await;
+                let _ = reply.send(());
+                After::Ended
+            }
+            Request::Forget { reply } => {
+                let forgotten = self.forget(slot).await;
+                let ended = matches!(forgotten, Ok(true));
+                let _ = reply.send(forgotten.map(|_| ()));
+                if ended { After::Ended } else { After::Continue }
+            }
+        }
+    }
+}
+
+impl Request {
+    fn name(&self) -> &'static str {
+        match self {
+            Request::Park { .. } => "park",
+            Request::Revive { .. } => "revive",
+            Request::Delete { .. } => "delete",
+            Request::ShutDown { .. } => "shutdown",
+            Request::Forget { .. } => "forget",
         }
     }
 }

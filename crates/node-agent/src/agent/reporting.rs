@@ -27,7 +27,12 @@ impl Agent {
     /// What the agent knows of its instances.
     pub fn instance_reports(&self) -> Vec<InstanceReport> {
         let slots = self.all_slots();
-        slots.iter().map(|slot| slot.report()).collect()
+        slots.iter().map(|slot| self.report_of(slot)).collect()
+    }
+
+    /// What the control plane is told of `slot`, with its last reading.
+    fn report_of(&self, slot: &InstanceSlot) -> InstanceReport {
+        slot.report(self.inner.readings.resources(slot))
     }
 
     pub fn registration(&self) -> NodeRegistration {
@@ -144,32 +149,36 @@ impl Agent {
     /// Takes a resource sample of the machine and every instance.
     pub fn sample(&self) -> Heartbeat {
         let slots = self.all_slots();
+        let readings = &self.inner.readings;
+        readings.keep_only(&slots.iter().map(|slot| &slot.id).collect());
         if self.binds_ports() && !slots.is_empty() {
             let table = ProcTable::scan();
             let now = Instant::now();
             for slot in &slots {
                 if slot.status().0 == InstanceStatus::Dormant {
-                    slot.set_resources(Default::default());
+                    readings.update(slot, |reading| reading.resources = Default::default());
                     continue;
                 }
                 let root = slot.process().and_then(|p| p.pid());
-                let resources = {
-                    let mut meter = slot.cpu_meter.lock().expect("meter lock");
-                    // Everything the instance writes: its profile, its home
-                    // (caches, crash dumps), downloads, recordings and
-                    // WebDriver uploads.
-                    let [profile, home, downloads] = slot.dirs.writable();
-                    let recordings = self.recordings_dir(&slot.id);
-                    let uploads = slot.dirs.uploads();
-                    monitor::instance_resources(
-                        &table,
-                        &mut meter,
-                        root,
-                        &[&profile, &home, &downloads, &recordings, &uploads],
-                        now,
-                    )
-                };
-                slot.set_resources(resources);
+                // Everything the instance writes: its profile, its home
+                // (caches, crash dumps), downloads, recordings and
+                // WebDriver uploads.
+                let [profile, home, downloads] = slot.dirs.writable();
+                let recordings = self.recordings_dir(&slot.id);
+                let uploads = slot.dirs.uploads();
+                // Measured outside the table's lock (it walks directories).
+                let mut cpu = readings.update(slot, |reading| std::mem::take(&mut reading.cpu));
+                let resources = monitor::instance_resources(
+                    &table,
+                    &mut cpu,
+                    root,
+                    &[&profile, &home, &downloads, &recordings, &uploads],
+                    now,
+                );
+                readings.update(slot, |reading| {
+                    reading.cpu = cpu;
+                    reading.resources = resources;
+                });
                 self.check_limits(slot, resources.disk_mb);
                 self.announce_downloads(slot);
             }
@@ -181,7 +190,7 @@ impl Agent {
             generation: self.inner.generation.clone(),
             resources,
             load,
-            instances: slots.iter().map(|slot| slot.report()).collect(),
+            instances: slots.iter().map(|slot| self.report_of(slot)).collect(),
             // For a control plane that reads one: `warm_pool_image`'s.
             warm_pool: warm_pools
                 .iter()
@@ -203,7 +212,7 @@ impl Agent {
 
     /// Announces downloads of `slot` that finished since the last sample.
     pub(super) fn announce_downloads(&self, slot: &InstanceSlot) {
-        let finished = slot.newly_completed_downloads();
+        let finished = self.inner.readings.newly_completed_downloads(slot);
         for download in finished {
             tracing::info!(instance = %slot.id, name = download.name, size = download.size_bytes, "download completed");
             self.send_event(
@@ -217,37 +226,46 @@ impl Agent {
     }
 
     /// Reports processes killed by the memory limit, and fails an instance whose
-    /// files outgrew `disk_gb`.
+    /// files outgrew `disk_gb` (in that order, by a task of their own).
     pub(super) fn check_limits(&self, slot: &Arc<InstanceSlot>, disk_mb: f64) {
         if !matches!(slot.state(), State::Running { .. }) {
             return;
         }
-        if let Some(new_kills) = slot.new_oom_kills() {
+        let warned = self.inner.readings.new_oom_kills(slot).map(|new_kills| {
             let reason = format!(
                 "the memory limit (memory_gb = {}) was hit: the kernel killed {new_kills} browser process(es); a tab may have crashed",
                 slot.config.memory_gb
             );
             tracing::warn!(instance = %slot.id, %reason);
-            if let Some(effects) = slot.apply(Event::Warned { reason }) {
-                self.carry_out(slot, effects);
-            }
-        }
+            reason
+        });
         let limit_mb = slot.config.disk_gb * 1024.0;
-        if disk_mb > limit_mb {
-            let reason = format!(
+        let failed = (disk_mb > limit_mb).then(|| {
+            format!(
                 "what the instance wrote (profile, home, downloads and recordings) grew to {disk_mb:.1} MB, over the disk limit of {limit_mb:.0} MB (disk_gb = {})",
                 slot.config.disk_gb
-            );
-            self.inner
-                .tasks
-                .spawn(self.clone().fail_instance(slot.clone(), reason));
+            )
+        });
+        if warned.is_none() && failed.is_none() {
+            return;
         }
+        let (agent, slot) = (self.clone(), slot.clone());
+        self.inner.tasks.spawn(async move {
+            if let Some(reason) = warned
+                && let Some(effects) = slot.apply(Event::Warned { reason }).await
+            {
+                agent.carry_out(&slot, effects);
+            }
+            if let Some(reason) = failed {
+                agent.fail_instance(slot, reason).await;
+            }
+        });
     }
 
     /// Stops an instance on the agent's own initiative (e.g. its profile
     /// outgrew `disk_gb`) and reports it `failed` with `reason`.
     pub(super) async fn fail_instance(self, slot: Arc<InstanceSlot>, reason: String) {
-        let Some(effects) = slot.apply(Event::Failed { reason }) else {
+        let Some(effects) = slot.apply(Event::Failed { reason }).await else {
             return;
         };
         if let Some(process) = slot.process() {

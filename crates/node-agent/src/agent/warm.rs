@@ -114,7 +114,7 @@ impl Agent {
         // A WebDriver session on this instance starts its own chromedriver.
         drop(webdriver);
         let process = launched.process.clone();
-        slot.set_process(launched);
+        slot.set_process(launched).await;
         let (root, downloads) = (slot.dirs.root.clone(), slot.dirs.downloads());
         let isolation = self.inner.launcher.isolation().clone();
         let saved = saved.cloned();
@@ -133,7 +133,7 @@ impl Agent {
         .await?
         .map_err(StartFailure::WarmBrowserAdopt)?;
         // What the snapshot brought back was announced when it finished.
-        let _ = slot.newly_completed_downloads();
+        let _ = self.inner.readings.newly_completed_downloads(slot);
         if slot.is_stopping() {
             return Err(StartFailure::StoppedWhileStarting);
         }

@@ -1,22 +1,27 @@
-//! The agent's record of one instance ([`InstanceSlot`]): its ports, directories,
-//! browser process and lifecycle state, activity clock, snapshot and last resource sample.
+//! An instance on its node: its handle ([`InstanceSlot`]), its runner
+//! ([`runner::InstanceRunner`], the one task that owns its state, browser
+//! process, supervision, token and profile) and its lifecycle table
+//! ([`state`]).
 //!
-//! The slot is shared (`Arc`) by the task that launches and watches the browser,
-//! the port servers (CDP gateway, live view, instance HTTP API) and the agent's
-//! delete, dormant, revive and report paths. Operations that change the browser
-//! (park, revive, delete) go to one task per instance ([`InstanceSlot::send`]),
-//! so they never interleave; its state changes only through the lifecycle
-//! table ([`InstanceSlot::apply`]).
+//! The handle is shared (`Arc`) by the task that launches and watches the
+//! browser, the port servers (CDP gateway, live view, instance HTTP API) and
+//! the agent's delete, park, revive and report paths. It holds what never
+//! changes (ports, directories, configuration) and reads the rest from what
+//! the runner publishes; every change is a message to the runner
+//! ([`InstanceSlot::apply`], [`InstanceSlot::set_process`], …), and
+//! operations that change the browser (park, revive, delete) are queued to
+//! it ([`InstanceSlot::send`]), so they never interleave.
 
+pub mod runner;
 pub mod state;
 pub mod token;
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use flotilla_api_types::InstanceId;
@@ -29,12 +34,12 @@ use flotilla_api_types::instances::{
 };
 use flotilla_api_types::profiles::ProfileUse;
 
-use crate::agent::operations::{REQUESTS_QUEUED, Request};
 use crate::engine::browser::{BrowserProcess, CdpEndpoint};
 use crate::engine::launcher::Launched;
-use crate::instance::state::{Effect, Event, Lifecycle, State, transition};
+use crate::instance::state::{Effect, Event, Lifecycle, State};
 use crate::system::cgroups::InstanceCgroup;
 use crate::system::dirs::InstanceDirs;
+use runner::{Held, InstanceRunner, Message, OPERATIONS_QUEUED, Operation};
 use token::InstanceToken;
 
 /// Why an instance's browser cannot be used now (its ports answer 503).
@@ -85,46 +90,26 @@ pub struct InstanceSlot {
     /// debug, stream, http.
     pub ports: [u16; 3],
     pub dirs: InstanceDirs,
-    /// Its state, changed only through [`InstanceSlot::apply`] (the table of
-    /// [`crate::instance::state::transition`]); the port servers, reports and
+    /// Its state, as its runner publishes it: the port servers, reports and
     /// live view read it here.
-    lifecycle: watch::Sender<Lifecycle>,
-    /// The browser once spawned, with its cgroup. A std mutex: only swapped or
-    /// cloned, never held across an await.
-    process: Mutex<Option<Launched>>,
-    /// Memory-limit kills already reported.
-    oom_reported: AtomicU64,
+    lifecycle: watch::Receiver<Lifecycle>,
+    /// Its browser process, token and profile, as its runner publishes them.
+    held: watch::Receiver<Held>,
+    /// Where its runner's messages go (state changes, a spawned browser).
+    runner: mpsc::UnboundedSender<Message>,
+    /// Where its operations (park, revive, delete, shutdown) go: its runner
+    /// carries them out one at a time, in order.
+    operations: mpsc::Sender<Operation>,
     /// Milliseconds since the epoch of the last CDP or viewer activity.
     last_activity_ms: AtomicI64,
-    resources: Mutex<InstanceResources>,
-    pub cpu_meter: Mutex<crate::system::monitor::CpuMeter>,
     /// Stops the instance's port servers.
     pub servers: CancellationToken,
-    /// Cancelled when the task watching the current browser has finished; a new
-    /// token per browser (create, each revive). A std mutex: swapped or cloned only.
-    supervisor_done: Mutex<CancellationToken>,
-    /// Where its operations (park, revive, delete, shutdown) go: the one
-    /// task that carries them out, in order (`agent::operations`).
-    requests: mpsc::Sender<Request>,
-    /// Complete downloads already announced. A std mutex: updated by the
-    /// sampler only.
-    downloads_seen: Mutex<std::collections::HashSet<String>>,
-    /// The instance's access token, from the control plane (create, revive).
-    /// A std mutex: the `Arc` is cloned out, never held across an await.
-    access_token: Mutex<Option<Arc<InstanceToken>>>,
-    /// The saved profile it started from (create, revive). A std mutex:
-    /// cloned out, never held across an await.
-    profile: Mutex<Option<ProfileUse>>,
+    /// Cancelled once its recorder (`config.record`) has finished its last
+    /// recording, or at once when nothing records it.
+    recorded: CancellationToken,
     /// Asks the agent to revive this instance (and how) when it is dormant
     /// and a client connects; `None` when waking is off.
     waker: Option<Waker>,
-    /// The task recording its live view (`config.record`), to wait for the
-    /// last recording to be finished before its files are kept or removed.
-    recorder: Mutex<Option<tokio::task::JoinHandle<()>>>,
-    /// The chromedriver a warm browser came with, until a WebDriver session
-    /// takes it (or it is dropped, and ends, when none does at once). A std
-    /// mutex: swapped only.
-    prestarted_driver: Mutex<Option<crate::engine::chromedriver::Driver>>,
     /// Console messages of its pages, for MCP steps (followed from the first).
     pub console: Arc<crate::engine::page::ConsoleLog>,
     clock: Arc<dyn Clock>,
@@ -143,77 +128,160 @@ pub struct SlotSetup {
     /// Where it starts: launching, running (a warm browser) or dormant
     /// (taken back to be revived).
     pub lifecycle: Lifecycle,
+    /// Its browser, its token and profile from the start.
+    pub held: Held,
+    /// The chromedriver its warm browser came with.
+    pub prestarted_driver: Option<crate::engine::chromedriver::Driver>,
+    /// Whether a recorder will record it (its servers run, `config.record`).
+    pub recorded: bool,
+}
+
+/// A new instance: its handle, its runner (to spawn), and the guard of the
+/// watch on its first browser (dropped at once when it has none).
+pub struct Born {
+    pub slot: InstanceSlot,
+    pub runner: InstanceRunner,
+    pub supervision: DropGuard,
 }
 
 impl InstanceSlot {
-    /// A new slot, and the receiving end of its operations, for the task
-    /// that carries them out.
-    pub fn new(setup: SlotSetup) -> (Self, mpsc::Receiver<Request>) {
-        let SlotSetup {
-            id,
-            image,
-            config,
-            ports,
-            dirs,
-            clock,
-            waker,
-            lifecycle,
-        } = setup;
-        let (requests, received) = mpsc::channel(REQUESTS_QUEUED);
+    /// A new instance's handle and runner.
+    pub fn born(setup: SlotSetup) -> Born {
+        let (runner, messages) = mpsc::unbounded_channel();
+        let (operations, queued) = mpsc::channel(OPERATIONS_QUEUED);
+        let (lifecycle, watched) = watch::channel(setup.lifecycle);
+        let (held, held_watched) = watch::channel(setup.held);
+        let supervised = CancellationToken::new();
+        let servers = CancellationToken::new();
+        let recorded = CancellationToken::new();
+        if !setup.recorded {
+            recorded.cancel();
+        }
         let slot = Self {
-            id,
-            image,
-            config,
-            ports,
-            dirs,
-            lifecycle: watch::channel(lifecycle).0,
-            process: Mutex::new(None),
-            oom_reported: AtomicU64::new(0),
-            last_activity_ms: AtomicI64::new(clock.now().timestamp_millis()),
-            resources: Mutex::new(InstanceResources::default()),
-            cpu_meter: Mutex::default(),
-            servers: CancellationToken::new(),
-            // No browser watched yet (a slot taken back to be revived has
-            // none until its revive begins): nothing to wait for.
-            supervisor_done: Mutex::new({
-                let none = CancellationToken::new();
-                none.cancel();
-                none
-            }),
-            requests,
-            access_token: Mutex::new(None),
-            profile: Mutex::new(None),
-            downloads_seen: Mutex::default(),
-            waker,
-            recorder: Mutex::new(None),
-            prestarted_driver: Mutex::new(None),
+            id: setup.id.clone(),
+            image: setup.image,
+            config: setup.config,
+            ports: setup.ports,
+            dirs: setup.dirs,
+            lifecycle: watched,
+            held: held_watched,
+            runner,
+            operations,
+            last_activity_ms: AtomicI64::new(setup.clock.now().timestamp_millis()),
+            servers: servers.clone(),
+            recorded,
+            waker: setup.waker,
             console: Arc::default(),
-            clock,
+            clock: setup.clock,
         };
-        (slot, received)
+        let runner = InstanceRunner {
+            id: setup.id,
+            lifecycle,
+            held,
+            supervised: supervised.clone(),
+            prestarted_driver: setup.prestarted_driver,
+            messages,
+            operations: queued,
+            servers,
+        };
+        Born {
+            slot,
+            runner,
+            supervision: supervised.drop_guard(),
+        }
     }
 
-    /// Hands `request` to the task that carries out its operations, waiting
-    /// while its queue is full; gives it back when that task has ended (the
-    /// instance was deleted or ended).
-    pub async fn send(&self, request: Request) -> Result<(), Request> {
-        self.requests
-            .send(request)
+    /// Hands `operation` to its runner, waiting while its queue is full;
+    /// gives it back when the runner has ended (the instance was deleted or
+    /// ended).
+    pub async fn send(&self, operation: Operation) -> Result<(), Operation> {
+        self.operations
+            .send(operation)
             .await
             .map_err(|refused| refused.0)
     }
 
-    /// Remembers the task recording this instance.
-    pub fn set_recorder(&self, recorder: tokio::task::JoinHandle<()>) {
-        *self.recorder.lock().expect("slot lock") = Some(recorder);
+    /// Asks its runner, and waits for the answer; `None` once the runner
+    /// has ended.
+    async fn ask<T>(&self, message: impl FnOnce(oneshot::Sender<T>) -> Message) -> Option<T> {
+        let (reply, answer) = oneshot::channel();
+        self.runner.send(message(reply)).ok()?;
+        answer.await.ok()
+    }
+
+    /// Moves it on `event` by the lifecycle table (its runner does, at once
+    /// for every reader); answers what the agent must do, or `None` when
+    /// the event does not apply in its state (nothing changed) or the
+    /// instance is no longer the agent's.
+    pub async fn apply(&self, event: Event) -> Option<Vec<Effect>> {
+        self.ask(|reply| Message::Apply { event, reply })
+            .await
+            .flatten()
+    }
+
+    /// Stops it for good without waiting (the agent's `Drop` path).
+    pub fn stop_now(&self) {
+        let (reply, _) = oneshot::channel();
+        let _ = self.runner.send(Message::Apply {
+            event: Event::Stop,
+            reply,
+        });
+    }
+
+    /// Its browser was spawned: from the answer on every reader sees it.
+    pub async fn set_process(&self, launched: Launched) {
+        self.ask(|reply| Message::Spawned { launched, reply }).await;
+    }
+
+    /// Begins the watch of a new browser; dropping the returned guard says
+    /// that watch ended.
+    pub async fn begin_supervision(&self) -> DropGuard {
+        match self.ask(|reply| Message::Supervise { reply }).await {
+            Some(guard) => guard,
+            None => CancellationToken::new().drop_guard(),
+        }
+    }
+
+    /// Waits until the task watching the current browser has finished.
+    pub async fn supervision_finished(&self) {
+        if let Some(supervised) = self.ask(|reply| Message::Supervised { reply }).await {
+            supervised.cancelled().await;
+        }
+    }
+
+    /// The chromedriver its warm browser came with, if still kept.
+    pub async fn take_prestarted_driver(&self) -> Option<crate::engine::chromedriver::Driver> {
+        self.ask(|reply| Message::TakeDriver { reply })
+            .await
+            .flatten()
+    }
+
+    /// A revive brings a new access token (`None` keeps the current one)
+    /// and the profile to use.
+    pub fn grant(&self, token: Option<&Secret>, profile: Option<ProfileUse>) {
+        let _ = self.runner.send(Message::Granted {
+            token: token.map(InstanceToken::of),
+            profile,
+        });
+    }
+
+    /// The guard a recorder holds while it records this instance; dropped
+    /// when its last recording is written.
+    pub fn recording(&self) -> DropGuard {
+        self.recorded.clone().drop_guard()
+    }
+
+    /// No recorder records it (its servers did not start).
+    pub fn not_recorded(&self) {
+        self.recorded.cancel();
     }
 
     /// Waits (at most `deadline`) for the recorder to finish its last
     /// recording; call once the servers are cancelled.
     pub async fn recorder_finished(&self, deadline: Duration) {
-        let recorder = self.recorder.lock().expect("slot lock").take();
-        if let Some(recorder) = recorder
-            && tokio::time::timeout(deadline, recorder).await.is_err()
+        if tokio::time::timeout(deadline, self.recorded.cancelled())
+            .await
+            .is_err()
         {
             tracing::warn!(instance = %self.id, "the recorder did not finish in time");
         }
@@ -254,24 +322,6 @@ impl InstanceSlot {
         self.lifecycle.borrow().state.clone()
     }
 
-    /// Moves it on `event` by the lifecycle table, at once for every reader;
-    /// answers what the agent must do, or `None` when the event does not
-    /// apply in its state (nothing changed).
-    pub fn apply(&self, event: Event) -> Option<Vec<Effect>> {
-        let mut effects = None;
-        self.lifecycle
-            .send_if_modified(|current| match transition(current, event) {
-                Some((next, done)) => {
-                    tracing::debug!(instance = %self.id, from = ?current.state, to = ?next.state, "instance state");
-                    *current = next;
-                    effects = Some(done);
-                    true
-                }
-                None => false,
-            });
-        effects
-    }
-
     /// Waits until the browser answers CDP (or is gone), at most `timeout`. A
     /// dormant instance is woken first when waking is on.
     pub async fn wait_ready(&self, timeout: Duration) -> Result<Option<CdpEndpoint>, NotReady> {
@@ -305,7 +355,7 @@ impl InstanceSlot {
             .as_ref()
             .filter(|waker| !waker.node_leaving.load(std::sync::atomic::Ordering::SeqCst))
             .zip(method);
-        let mut lifecycle = self.lifecycle.subscribe();
+        let mut lifecycle = self.lifecycle.clone();
         let mut woken = false;
         let outcome = tokio::time::timeout(timeout, async {
             loop {
@@ -357,32 +407,18 @@ impl InstanceSlot {
         })
     }
 
-    pub fn set_process(&self, launched: Launched) {
-        *self.process.lock().expect("slot lock") = Some(launched);
-    }
-
     pub fn process(&self) -> Option<Arc<BrowserProcess>> {
-        self.process
-            .lock()
-            .expect("slot lock")
+        self.held
+            .borrow()
+            .launched
             .as_ref()
             .map(|l| l.process.clone())
     }
 
-    /// Keeps the chromedriver its warm browser came with.
-    pub fn set_prestarted_driver(&self, driver: Option<crate::engine::chromedriver::Driver>) {
-        *self.prestarted_driver.lock().expect("slot lock") = driver;
-    }
-
-    /// The chromedriver its warm browser came with, if still kept.
-    pub fn take_prestarted_driver(&self) -> Option<crate::engine::chromedriver::Driver> {
-        self.prestarted_driver.lock().expect("slot lock").take()
-    }
-
     pub fn cgroup(&self) -> Option<Arc<InstanceCgroup>> {
-        self.process
-            .lock()
-            .expect("slot lock")
+        self.held
+            .borrow()
+            .launched
             .as_ref()
             .and_then(|l| l.cgroup.clone())
     }
@@ -390,13 +426,6 @@ impl InstanceSlot {
     /// Processes killed by the memory limit since the browser started.
     pub fn oom_kills_total(&self) -> u64 {
         self.cgroup().map(|c| c.oom_kills()).unwrap_or(0)
-    }
-
-    /// Memory-limit kills not reported yet, if any.
-    pub fn new_oom_kills(&self) -> Option<u64> {
-        let total = self.oom_kills_total();
-        let reported = self.oom_reported.swap(total, Ordering::SeqCst);
-        (total > reported).then(|| total - reported)
     }
 
     /// Where its browser answers CDP, while it runs.
@@ -410,20 +439,6 @@ impl InstanceSlot {
     /// The status and reason the control plane is told.
     pub fn status(&self) -> (InstanceStatus, Option<String>) {
         self.lifecycle.borrow().status()
-    }
-
-    /// A fresh "supervisor finished" token for a new browser; dropping the
-    /// returned guard cancels it.
-    pub fn begin_supervision(&self) -> DropGuard {
-        let token = CancellationToken::new();
-        *self.supervisor_done.lock().expect("slot lock") = token.clone();
-        token.drop_guard()
-    }
-
-    /// Waits until the task watching the current browser has finished.
-    pub async fn supervision_finished(&self) {
-        let token = self.supervisor_done.lock().expect("slot lock").clone();
-        token.cancelled().await;
     }
 
     /// Whether the agent is stopping it for good (a delete, its shutdown).
@@ -443,23 +458,16 @@ impl InstanceSlot {
         self.lifecycle.borrow().operation.clone()
     }
 
-    /// Downloads that finished since the last call.
-    pub fn newly_completed_downloads(&self) -> Vec<flotilla_api_types::instances::Download> {
-        let mut seen = self.downloads_seen.lock().expect("slot lock");
-        crate::system::downloads::newly_completed(&self.dirs.downloads(), &mut seen)
-    }
-
     /// The instance's access token, if the control plane sent one.
     pub fn access_token(&self) -> Option<Arc<InstanceToken>> {
-        self.access_token.lock().expect("slot lock").clone()
+        self.held.borrow().token.clone()
     }
 
-    /// Sets the token (`None` keeps the current one).
     /// The profile to write back on delete and park, when `persist`.
     pub fn persisted_profile(&self) -> Option<String> {
-        self.profile
-            .lock()
-            .expect("slot lock")
+        self.held
+            .borrow()
+            .profile
             .as_ref()
             .filter(|profile| profile.persist)
             .map(|profile| profile.name.clone())
@@ -467,37 +475,23 @@ impl InstanceSlot {
 
     /// The profile it started from.
     pub fn profile_name(&self) -> Option<String> {
-        self.profile
-            .lock()
-            .expect("slot lock")
+        self.held
+            .borrow()
+            .profile
             .as_ref()
             .map(|profile| profile.name.clone())
     }
 
-    pub fn set_profile(&self, profile: Option<ProfileUse>) {
-        *self.profile.lock().expect("slot lock") = profile;
-    }
-
-    pub fn set_access_token(&self, token: Option<&Secret>) {
-        if let Some(token) = token {
-            *self.access_token.lock().expect("slot lock") =
-                Some(Arc::new(InstanceToken::new(token.expose().to_owned())));
-        }
-    }
-
-    pub fn set_resources(&self, resources: InstanceResources) {
-        *self.resources.lock().expect("slot lock") = resources;
-    }
-
-    /// What the control plane is told of this instance.
-    pub fn report(&self) -> InstanceReport {
+    /// What the control plane is told of this instance, with its last
+    /// `resources` reading.
+    pub fn report(&self, resources: InstanceResources) -> InstanceReport {
         let lifecycle = self.lifecycle();
         let (status, reason) = lifecycle.status();
         InstanceReport {
             id: self.id.clone(),
             status,
             reason,
-            resources: *self.resources.lock().expect("slot lock"),
+            resources,
             last_activity: self.last_activity(),
             snapshot_id: lifecycle.snapshot().cloned(),
             operation: lifecycle.operation,

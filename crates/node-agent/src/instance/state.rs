@@ -6,8 +6,10 @@
 //! answers the next state and the [`Effect`]s the agent must carry out (what
 //! to report to the control plane, whether to free the instance), or `None`
 //! when the event does not apply in the current state (then nothing changes).
-//! The slot ([`crate::instance::InstanceSlot::apply`]) applies it atomically
-//! on the `watch` that the port servers, the reports and the live view read,
+//! Only the instance's runner ([`crate::instance::runner::InstanceRunner`])
+//! calls it, for the events its handle sends
+//! ([`crate::instance::InstanceSlot::apply`]); it publishes each change on
+//! the `watch` that the port servers, the reports and the live view read,
 //! so no reader ever sees a half-made change.
 //!
 //! This is the agent's side of the lifecycle table of `DESIGN.md`; the

@@ -15,6 +15,11 @@ impl InstanceToken {
         Self { secret, digest }
     }
 
+    /// The token a control plane's secret names.
+    pub fn of(secret: &flotilla_api_types::credentials::Secret) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self::new(secret.expose().to_owned()))
+    }
+
     /// The token itself, to put into URLs handed to an admitted client.
     pub fn secret(&self) -> &str {
         &self.secret

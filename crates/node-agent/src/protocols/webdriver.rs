@@ -195,7 +195,7 @@ async fn attach(
 ) -> Result<Value, WebDriverError> {
     if state.driver.as_ref().is_none_or(|d| d.browser != *browser) {
         // The one a warm browser came with, else a new one.
-        state.driver = match confinement.slot.take_prestarted_driver() {
+        state.driver = match confinement.slot.take_prestarted_driver().await {
             Some(driver) if driver.browser == *browser => Some(driver),
             _ => {
                 let cgroup = confinement.slot.cgroup();
