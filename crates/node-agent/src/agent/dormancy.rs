@@ -233,7 +233,7 @@ impl Agent {
     /// ports when they are free.
     ///
     /// The instance is `reviving` (with the request's operation) from the
-    /// moment the request is taken, before anything is awaited: a control
+    /// moment the request is taken, before anything else is awaited: a control
     /// plane that restarts meanwhile learns that the node has it, and waits
     /// instead of undoing it. The same request again (a caller that timed
     /// out) is answered as the first one was.
@@ -255,17 +255,21 @@ impl Agent {
                     .spawn(self.clone().restore_recordings(slot.clone()));
             }
         }
-        if request.operation.is_some() && slot.operation() == request.operation {
-            let (status, _) = slot.status();
-            if status != InstanceStatus::Dormant {
-                // Asked again: it is under way (or done) already.
-                return Ok(ports_of(&slot));
-            }
+        if asked_again(&slot, &request) {
+            return Ok(ports_of(&slot));
         }
         let previous = slot.operation();
         let from = Some(request.snapshot_id.clone());
-        self.claim_revive(&slot, request.operation.clone(), false, from)
-            .await?;
+        let claimed = self
+            .claim_revive(&slot, request.operation.clone(), false, from)
+            .await;
+        if let Err(error) = claimed {
+            // The same request, sent twice at once: the other one claimed it.
+            return match asked_again(&slot, &request) {
+                true => Ok(ports_of(&slot)),
+                false => Err(error),
+            };
+        }
         // A store that cannot be read is refused now, the instance still parked.
         flotilla_api_types::faults::point("agent-revive-received").await;
         if let Err(error) = self
@@ -319,9 +323,9 @@ impl Agent {
     }
 
     /// Moves `slot` from dormant to reviving from snapshot `from` (`None`:
-    /// the one it is parked in), as `operation`, at once (no await: whoever
-    /// asks the node from now on hears `reviving`); answers what to report
-    /// (a revive a client `woken` is news to the control plane).
+    /// the one it is parked in), as `operation`, in one step of its runner
+    /// (whoever asks the node from then on hears `reviving`); answers what
+    /// else to do (its report, for a revive a client `woken`, is sent).
     async fn claim_revive(
         &self,
         slot: &Arc<InstanceSlot>,
@@ -469,23 +473,25 @@ impl Agent {
     /// (it had moved past it) keeps its snapshot.
     pub(super) fn delete_once_recorded(
         &self,
-        slot: &Arc<InstanceSlot>,
+        id: InstanceId,
         snapshot: SnapshotId,
         recorded: oneshot::Receiver<bool>,
     ) {
-        let snapshots = self.inner.settings.snapshots.clone();
-        let slot = slot.clone();
+        let agent = self.clone();
         self.inner.tasks.spawn(async move {
             if recorded.await != Ok(true) {
-                tracing::warn!(instance = %slot.id, %snapshot, "the control plane did not record this revive; its snapshot is kept");
+                tracing::warn!(instance = %id, %snapshot, "the control plane did not record this revive; its snapshot is kept");
                 return;
             }
-            slot.apply(Event::ReviveRecorded {
-                snapshot: snapshot.clone(),
-            })
-            .await;
-            if let Err(error) = snapshots.delete(&slot.id, &snapshot).await {
-                tracing::warn!(instance = %slot.id, %error, "cannot delete a spent snapshot");
+            // Gone meanwhile (deleted): its snapshot is spent all the same.
+            if let Ok(slot) = agent.slot(&id) {
+                slot.apply(Event::ReviveRecorded {
+                    snapshot: snapshot.clone(),
+                })
+                .await;
+            }
+            if let Err(error) = agent.inner.settings.snapshots.delete(&id, &snapshot).await {
+                tracing::warn!(instance = %id, %error, "cannot delete a spent snapshot");
             }
         });
     }
@@ -528,4 +534,12 @@ impl Agent {
             }
         }
     }
+}
+
+/// Whether `request` is a revive `slot` is already under (or done with):
+/// the same operation, asked again by a caller that timed out.
+fn asked_again(slot: &InstanceSlot, request: &AgentReviveInstance) -> bool {
+    request.operation.is_some()
+        && slot.operation() == request.operation
+        && slot.status().0 != InstanceStatus::Dormant
 }

@@ -105,9 +105,8 @@ impl Agent {
             (slot, ports.listeners, warm, guard)
         };
         flotilla_api_types::faults::point("agent-create-received").await;
-        match listeners {
-            Some([debug, stream, http]) => self.start_servers(&slot, debug, stream, http),
-            None => slot.not_recorded(),
+        if let Some([debug, stream, http]) = listeners {
+            self.start_servers(&slot, debug, stream, http);
         }
         match warm {
             Some(warm) => self.hand_over_warm(&slot, warm, guard),
@@ -527,30 +526,42 @@ impl Agent {
         }
     }
 
-    /// Carries out what a transition of `slot` asks: reports to the control
-    /// plane (in order), and the release of an instance that ended.
+    /// Where the runner of an instance sends the reports of its changes:
+    /// the queue to the control plane, in order.
+    pub(super) fn reporter(&self) -> crate::instance::runner::Reporter {
+        let agent = self.clone();
+        Arc::new(move |id, effect| agent.report(id, effect))
+    }
+
+    fn report(&self, id: &InstanceId, effect: Effect) {
+        let Effect::Report {
+            status,
+            reason,
+            snapshot,
+            operation,
+            confirm,
+        } = effect
+        else {
+            return;
+        };
+        let change = InstanceStateChange {
+            node_id: self.inner.node_id.clone(),
+            id: id.clone(),
+            status,
+            reason,
+            at: self.inner.settings.clock.now(),
+            snapshot_id: snapshot,
+            operation,
+        };
+        self.send_change(change, confirm);
+    }
+
+    /// Carries out what a transition of `slot` asks besides its reports
+    /// (its runner sent them): the release of an instance that ended.
     pub(super) fn carry_out(&self, slot: &Arc<InstanceSlot>, effects: Vec<Effect>) {
         for effect in effects {
-            match effect {
-                Effect::Report {
-                    status,
-                    reason,
-                    snapshot,
-                    operation,
-                    confirm,
-                } => {
-                    let change = InstanceStateChange {
-                        node_id: self.inner.node_id.clone(),
-                        id: slot.id.clone(),
-                        status,
-                        reason,
-                        at: self.inner.settings.clock.now(),
-                        snapshot_id: snapshot,
-                        operation,
-                    };
-                    self.send_change(change, confirm.map(|spent| (slot, spent)));
-                }
-                Effect::Release => self.release_ended(slot),
+            if effect == Effect::Release {
+                self.release_ended(slot);
             }
         }
     }
@@ -659,7 +670,7 @@ impl Agent {
     /// (a client woke it on this node meanwhile; the control plane then
     /// deletes that copy).
     pub(super) async fn forget(&self, slot: &Arc<InstanceSlot>) -> Result<bool, AgentError> {
-        // At once for every reader: a wake or a revive that comes after
+        // In one step of its runner: a wake or a revive that comes after
         // finds it gone, one that came before keeps it here.
         if slot.apply(Event::Forget).await.is_none() {
             return Err(AgentError::NotDormant {

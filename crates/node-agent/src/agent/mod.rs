@@ -498,6 +498,7 @@ impl Agent {
         from: SlotStart,
     ) -> (Arc<InstanceSlot>, DropGuard) {
         let (id, image, config, access_token, profile) = order.parts();
+        self.inner.readings.start(id);
         let waker = self
             .inner
             .settings
@@ -524,6 +525,7 @@ impl Agent {
             },
             prestarted_driver: from.prestarted_driver,
             recorded: config.record && self.binds_ports(),
+            reporter: self.reporter(),
         });
         self.inner.tasks.spawn(born.runner.run());
         (Arc::new(born.slot), born.supervision)

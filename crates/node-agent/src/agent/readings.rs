@@ -5,6 +5,7 @@
 //! longer on the node go at the next sample.
 
 use std::collections::{HashMap, HashSet};
+
 use std::sync::Mutex;
 
 use flotilla_api_types::InstanceId;
@@ -43,20 +44,26 @@ impl Readings {
             .unwrap_or_default()
     }
 
-    /// Forgets the instances not in `present`.
-    pub fn keep_only(&self, present: &HashSet<&InstanceId>) {
+    /// Forgets the instances for which `present` is false. Called with the
+    /// agent's slots locked, so that none is added meanwhile.
+    pub fn keep_only(&self, present: impl Fn(&InstanceId) -> bool) {
         let mut readings = self.0.lock().expect("readings lock");
-        readings.retain(|id, _| present.contains(id));
+        readings.retain(|id, _| present(id));
+    }
+
+    /// Starts the readings of a new instance `id` afresh (an instance taken
+    /// back to be revived is a new one here).
+    pub fn start(&self, id: &InstanceId) {
+        self.0.lock().expect("readings lock").remove(id);
     }
 
     /// Downloads of `slot` that finished since the last call.
     pub fn newly_completed_downloads(&self, slot: &InstanceSlot) -> Vec<Download> {
-        self.update(slot, |reading| {
-            crate::system::downloads::newly_completed(
-                &slot.dirs.downloads(),
-                &mut reading.downloads_seen,
-            )
-        })
+        // The folder is read outside the table's lock.
+        let mut seen = self.update(slot, |reading| std::mem::take(&mut reading.downloads_seen));
+        let finished = crate::system::downloads::newly_completed(&slot.dirs.downloads(), &mut seen);
+        self.update(slot, |reading| reading.downloads_seen.extend(seen));
+        finished
     }
 
     /// Memory-limit kills of `slot` not reported yet, if any.

@@ -150,7 +150,10 @@ impl Agent {
     pub fn sample(&self) -> Heartbeat {
         let slots = self.all_slots();
         let readings = &self.inner.readings;
-        readings.keep_only(&slots.iter().map(|slot| &slot.id).collect());
+        {
+            let present = self.inner.slots.lock().expect("slots lock");
+            readings.keep_only(|id| present.contains_key(id));
+        }
         if self.binds_ports() && !slots.is_empty() {
             let table = ProcTable::scan();
             let now = Instant::now();
@@ -289,22 +292,19 @@ impl Agent {
     /// Queues a state change for the control plane (in order with the
     /// other changes and events). With `confirm`, the spent snapshot of a
     /// revive is deleted once the control plane has recorded the change.
-    pub(super) fn send_change(
-        &self,
-        change: InstanceStateChange,
-        confirm: Option<(&Arc<InstanceSlot>, SnapshotId)>,
-    ) {
+    pub(super) fn send_change(&self, change: InstanceStateChange, confirm: Option<SnapshotId>) {
         match confirm {
             None => {
                 let _ = self.inner.changes.send(Outgoing::Change(change, None));
             }
-            Some((slot, spent)) => {
+            Some(spent) => {
+                let id = change.id.clone();
                 let (recorded_tx, recorded) = oneshot::channel();
                 let _ = self
                     .inner
                     .changes
                     .send(Outgoing::Change(change, Some(recorded_tx)));
-                self.delete_once_recorded(slot, spent, recorded);
+                self.delete_once_recorded(id, spent, recorded);
             }
         }
     }

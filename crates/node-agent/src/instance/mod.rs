@@ -134,6 +134,8 @@ pub struct SlotSetup {
     pub prestarted_driver: Option<crate::engine::chromedriver::Driver>,
     /// Whether a recorder will record it (its servers run, `config.record`).
     pub recorded: bool,
+    /// Where its reports go.
+    pub reporter: runner::Reporter,
 }
 
 /// A new instance: its handle, its runner (to spawn), and the guard of the
@@ -183,6 +185,7 @@ impl InstanceSlot {
             messages,
             operations: queued,
             servers,
+            reporter: setup.reporter,
         };
         Born {
             slot,
@@ -210,9 +213,10 @@ impl InstanceSlot {
     }
 
     /// Moves it on `event` by the lifecycle table (its runner does, at once
-    /// for every reader); answers what the agent must do, or `None` when
-    /// the event does not apply in its state (nothing changed) or the
-    /// instance is no longer the agent's.
+    /// for every reader, and sends the reports the change asks for); answers
+    /// what else the agent must do (the release), or `None` when the event
+    /// does not apply in its state (nothing changed) or the instance is no
+    /// longer the agent's.
     pub async fn apply(&self, event: Event) -> Option<Vec<Effect>> {
         self.ask(|reply| Message::Apply { event, reply })
             .await
@@ -441,9 +445,12 @@ impl InstanceSlot {
         self.lifecycle.borrow().status()
     }
 
-    /// Whether the agent is stopping it for good (a delete, its shutdown).
+    /// Whether the agent is stopping it for good (a delete, its shutdown)
+    /// or has let it go (its servers are stopped: the agent's `Drop` path
+    /// stops them before it reads which browser to kill).
     pub fn is_stopping(&self) -> bool {
         matches!(self.lifecycle.borrow().state, State::Stopping { .. })
+            || self.servers.is_cancelled()
     }
 
     /// The snapshot it is parked in, being revived from, or was revived
