@@ -21,6 +21,7 @@ use flotilla_api_types::{InstanceId, NodeId};
 use tokio_util::sync::CancellationToken;
 
 use super::ControlPlane;
+use super::lifecycle::{self, Event};
 use crate::error::{Error, Result};
 use crate::scheduler::{self, PlacementRequest};
 use crate::store::InstanceRecord;
@@ -30,8 +31,19 @@ const REVIVE_DEADLINE: Duration = Duration::from_secs(120);
 /// How many times the drain looks again for instances left on the node
 /// (ones that were being created, revived or parked), a second apart.
 const SETTLE_ROUNDS: usize = 30;
-/// The states an instance passes through on its way to running.
-const TRANSITIONAL: [InstanceStatus; 2] = [InstanceStatus::Creating, InstanceStatus::Reviving];
+/// The states a drain moves an instance from: those a park takes it from
+/// (the lifecycle table's).
+fn movable() -> Vec<InstanceStatus> {
+    lifecycle::sources(Event::Parked)
+}
+
+/// The states on an instance's way to running: those a create's start and
+/// a revive's end take it from (the lifecycle table's).
+fn on_their_way() -> Vec<InstanceStatus> {
+    let mut states = lifecycle::sources(Event::Started);
+    states.extend(lifecycle::sources(Event::Revived));
+    states
+}
 
 /// Why a drain left an instance on its node (the report's `reason`).
 #[derive(Debug, thiserror::Error)]
@@ -101,10 +113,7 @@ impl ControlPlane {
                 node.status.as_str()
             )));
         }
-        let running = self
-            .store
-            .instances_on_node(id, &[InstanceStatus::Running, InstanceStatus::Idle])
-            .await?;
+        let running = self.store.instances_on_node(id, &movable()).await?;
         let ended = CancellationToken::new();
         let report = DrainReport {
             node_id: id.clone(),
@@ -180,15 +189,15 @@ impl ControlPlane {
                 self.drain_progress(node, &id, outcome);
             }
             let left = self.instances_left(node, &tried).await;
-            let waiting = left.iter().any(|r| TRANSITIONAL.contains(&r.status));
+            let waiting = left.iter().any(|r| on_their_way().contains(&r.status));
             queue = left
                 .iter()
-                .filter(|r| matches!(r.status, InstanceStatus::Running | InstanceStatus::Idle))
+                .filter(|r| movable().contains(&r.status))
                 .map(|r| r.id.clone())
                 .collect();
             self.drain_moving(node, &queue);
             if queue.is_empty() && (!waiting || rounds >= SETTLE_ROUNDS) {
-                for record in left.iter().filter(|r| TRANSITIONAL.contains(&r.status)) {
+                for record in left.iter().filter(|r| on_their_way().contains(&r.status)) {
                     let stayed = Stayed::InTransitThroughout(record.status);
                     self.drain_progress(node, &record.id, Err(stayed));
                 }
@@ -259,12 +268,7 @@ impl ControlPlane {
         node: &NodeId,
         tried: &std::collections::HashSet<InstanceId>,
     ) -> Vec<InstanceRecord> {
-        let states = [
-            InstanceStatus::Running,
-            InstanceStatus::Idle,
-            InstanceStatus::Creating,
-            InstanceStatus::Reviving,
-        ];
+        let states = [movable(), on_their_way()].concat();
         match self.store.instances_on_node(node, &states).await {
             Ok(records) => records
                 .into_iter()
@@ -358,10 +362,7 @@ impl ControlPlane {
         if &record.node_id != from {
             return Err(Stayed::MovedMeanwhile(record.node_id));
         }
-        if !matches!(
-            record.status,
-            InstanceStatus::Running | InstanceStatus::Idle
-        ) {
+        if !movable().contains(&record.status) {
             return Err(Stayed::NotRunning(record.status));
         }
         Ok(record)

@@ -65,7 +65,9 @@ impl Agent {
         let started = Instant::now();
         let endpoint = slot.endpoint();
         let state = match &endpoint {
-            Some(endpoint) => crate::engine::state::capture(endpoint)
+            Some(endpoint) => self
+                .engine()
+                .capture(endpoint)
                 .await
                 .map_err(AgentError::StateUnreadable)?,
             None => CapturedState::default(),
@@ -199,7 +201,8 @@ impl Agent {
                     reopen_tabs: true,
                     service_workers: true,
                 };
-                crate::engine::state::restore(endpoint, state, options)
+                self.engine()
+                    .restore(endpoint, state, options)
                     .await
                     .map_err(StartFailure::TabsRestore)?;
             }
@@ -460,7 +463,8 @@ impl Agent {
                 reopen_tabs,
                 service_workers,
             };
-            crate::engine::state::restore(endpoint, &opened.state, options)
+            self.engine()
+                .restore(endpoint, &opened.state, options)
                 .await
                 .map_err(StartFailure::StateRestore)?;
         }

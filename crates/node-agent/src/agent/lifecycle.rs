@@ -347,7 +347,8 @@ impl Agent {
             let (process, endpoint) = self.launch_ready(&slot, &image, limits).await?;
             if let (Some((name, opened)), Some(endpoint)) = (&saved, &endpoint) {
                 let service_workers = opened.holds_service_workers();
-                restore_profile(name, endpoint, opened, service_workers).await?;
+                self.restore_profile(name, endpoint, opened, service_workers)
+                    .await?;
             }
             Ok::<_, StartFailure>((process, endpoint))
         }
@@ -642,15 +643,13 @@ impl Agent {
         // A graceful delete writes a running browser's state back to its
         // persistent profile (a dormant one saved it when it was parked).
         let write_back = match (force, slot.persisted_profile(), slot.endpoint()) {
-            (false, Some(name), Some(endpoint)) => {
-                match crate::engine::state::capture(&endpoint).await {
-                    Ok(state) => Some((name, state)),
-                    Err(error) => {
-                        tracing::error!(instance = %id, profile = name, %error, "cannot read the browser's state; the profile keeps its previous state");
-                        None
-                    }
+            (false, Some(name), Some(endpoint)) => match self.engine().capture(&endpoint).await {
+                Ok(state) => Some((name, state)),
+                Err(error) => {
+                    tracing::error!(instance = %id, profile = name, %error, "cannot read the browser's state; the profile keeps its previous state");
+                    None
                 }
-            }
+            },
             _ => None,
         };
         self.stop_slot(slot, force).await;
@@ -753,6 +752,28 @@ impl Agent {
         all_kept
     }
 
+    /// Writes a saved profile's cookies and localStorage into the
+    /// instance's started browser.
+    async fn restore_profile(
+        &self,
+        name: &str,
+        endpoint: &CdpEndpoint,
+        saved: &OpenedArchive,
+        service_workers: bool,
+    ) -> Result<(), StartFailure> {
+        let options = snapshot::RestoreOptions {
+            reopen_tabs: false,
+            service_workers,
+        };
+        self.engine()
+            .restore(endpoint, &saved.state, options)
+            .await
+            .map_err(|source| StartFailure::ProfileRestore {
+                name: name.to_owned(),
+                source,
+            })
+    }
+
     pub(super) async fn stop_slot(&self, slot: &Arc<InstanceSlot>, force: bool) {
         let endpoint = slot.endpoint();
         slot.apply(Event::Stop).await;
@@ -766,24 +787,4 @@ impl Agent {
             process.stop(None, false, Duration::ZERO).await;
         }
     }
-}
-
-/// Writes a saved profile's cookies and localStorage into the instance's
-/// started browser.
-async fn restore_profile(
-    name: &str,
-    endpoint: &CdpEndpoint,
-    saved: &OpenedArchive,
-    service_workers: bool,
-) -> Result<(), StartFailure> {
-    let options = snapshot::RestoreOptions {
-        reopen_tabs: false,
-        service_workers,
-    };
-    crate::engine::state::restore(endpoint, &saved.state, options)
-        .await
-        .map_err(|source| StartFailure::ProfileRestore {
-            name: name.to_owned(),
-            source,
-        })
 }

@@ -32,7 +32,7 @@ use flotilla_api_types::{InstanceId, NodeId};
 
 use crate::agent::link::ControlPlaneLink;
 use crate::agent::ports::{InstancePorts, PortAllocator};
-use crate::config::{AgentConfig, ImageConfig, RuntimeKind};
+use crate::config::{AgentConfig, ImageConfig};
 use crate::confine::egress::Upstream;
 use crate::engine::browser::LaunchError;
 use crate::engine::launcher::Launcher;
@@ -348,7 +348,9 @@ impl Agent {
     ) -> anyhow::Result<Agent> {
         settings.config.validate().map_err(anyhow::Error::msg)?;
         let node_id = NodeId::new(settings.config.node_id.clone().unwrap_or_else(hostname));
-        if settings.config.runtime == RuntimeKind::Chromium {
+        let sim_start = Duration::from_millis(settings.config.sim_start_ms);
+        let engine = crate::engine::for_runtime(settings.config.runtime, sim_start);
+        if engine.runs_processes() {
             crate::system::process::become_subreaper();
         }
         MessageBudget::configure_node(settings.config.messages_in_flight_mb << 20);
@@ -364,6 +366,7 @@ impl Agent {
         std::fs::create_dir_all(&instances_root)?;
         let launcher = Launcher::new(
             &settings.config,
+            engine.clone(),
             node_id.as_str(),
             instances_root.clone(),
             &settings.data_dir,
@@ -389,14 +392,11 @@ impl Agent {
             readings: readings::Readings::default(),
             instances_root,
             captures: crate::engine::capture::NodeCaptures::new(&settings.config),
-            browser_version: match settings.config.runtime {
-                RuntimeKind::Chromium => {
-                    let catalog = settings.config.image_catalog();
-                    let default = catalog.get(flotilla_api_types::instances::DEFAULT_IMAGE);
-                    default.and_then(|image| browser_version(&image.executable))
-                }
-                RuntimeKind::Sim => None,
-            },
+            browser_version: settings
+                .config
+                .image_catalog()
+                .get(flotilla_api_types::instances::DEFAULT_IMAGE)
+                .and_then(|image| engine.version(&image.executable)),
             settings,
             slots: Mutex::default(),
             link,
@@ -414,7 +414,7 @@ impl Agent {
                 .clone()
                 .keep_pool_filled(agent.inner.shutdown.clone()),
         );
-        if agent.inner.settings.config.runtime == RuntimeKind::Chromium {
+        if engine.runs_processes() {
             tasks.spawn(crate::system::reaper::run(agent.inner.shutdown.clone()));
         }
         let ack = agent.register_until_accepted().await?;
@@ -483,7 +483,12 @@ impl Agent {
     }
 
     fn binds_ports(&self) -> bool {
-        self.inner.settings.config.runtime == RuntimeKind::Chromium
+        self.engine().runs_processes()
+    }
+
+    /// The engine its browsers run.
+    fn engine(&self) -> &Arc<dyn crate::engine::Engine> {
+        self.inner.launcher.engine()
     }
 
     /// A new slot for `order` with `ports`, starting `from` a lifecycle (and
@@ -925,20 +930,6 @@ fn ports_of(slot: &InstanceSlot) -> AgentInstancePorts {
 }
 
 /// The version `executable --version` prints (`Chromium 156.0.8078.108 …`).
-fn browser_version(executable: &Path) -> Option<String> {
-    let output = std::process::Command::new(executable)
-        .arg("--version")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .ok()?;
-    let text = String::from_utf8_lossy(&output.stdout);
-    text.split_whitespace()
-        .find(|word| {
-            word.split('.').count() >= 2 && word.split('.').all(|part| part.parse::<u32>().is_ok())
-        })
-        .map(str::to_owned)
-}
-
 /// Reads an archive (off the runtime's threads) to look at before unpacking.
 async fn open_archive(
     archive: bytes::Bytes,

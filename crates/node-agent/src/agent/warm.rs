@@ -36,7 +36,8 @@ impl Agent {
                     reopen_tabs,
                     service_workers: false,
                 };
-                crate::engine::state::restore(&endpoint, &saved.state, options)
+                self.engine()
+                    .restore(&endpoint, &saved.state, options)
                     .await
                     .map_err(StartFailure::StateRestore)?;
             }

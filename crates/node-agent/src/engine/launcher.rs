@@ -22,9 +22,10 @@ use tokio_util::sync::CancellationToken;
 
 use flotilla_api_types::instances::InstanceConfig;
 
-use crate::config::{AgentConfig, ImageConfig, RuntimeKind};
+use crate::config::{AgentConfig, ImageConfig};
 use crate::confine::egress::{EgressPolicy, Upstream};
 use crate::confine::sandbox::{Isolation, IsolationError};
+use crate::engine::Engine;
 use crate::engine::browser::{BrowserProcess, BrowserSetup, CdpEndpoint, LaunchError, LaunchPlan};
 use crate::engine::cdp::CdpClient;
 use crate::engine::cdp::CdpError;
@@ -125,6 +126,8 @@ fn fnv1a(bytes: &[u8]) -> u32 {
 
 pub struct Launcher {
     config: AgentConfig,
+    /// What starts its browsers.
+    engine: Arc<dyn Engine>,
     instances_root: PathBuf,
     isolation: Isolation,
     /// The egress rules, when browsers get network namespaces of their own.
@@ -150,11 +153,12 @@ pub struct Launcher {
 impl Launcher {
     pub fn new(
         config: &AgentConfig,
+        engine: Arc<dyn Engine>,
         node_id: &str,
         instances_root: PathBuf,
         state_dir: &std::path::Path,
     ) -> Result<Self, IsolationError> {
-        let real = config.runtime == RuntimeKind::Chromium;
+        let real = engine.runs_processes();
         let isolation = if real {
             let wanted = crate::confine::sandbox::Wanted {
                 browser_user: &config.browser_user,
@@ -202,6 +206,7 @@ impl Launcher {
         };
         Ok(Self {
             config: config.clone(),
+            engine,
             instances_root,
             isolation,
             egress,
@@ -221,6 +226,11 @@ impl Launcher {
             window_extra: Mutex::default(),
             runs: Default::default(),
         })
+    }
+
+    /// The engine its browsers run.
+    pub fn engine(&self) -> &Arc<dyn Engine> {
+        &self.engine
     }
 
     pub fn warnings(&self) -> &[String] {
@@ -257,13 +267,6 @@ impl Launcher {
         upstream: Option<Upstream>,
         setup: BrowserSetup<'_>,
     ) -> Result<Launched, LaunchError> {
-        if self.config.runtime == RuntimeKind::Sim {
-            let start = Duration::from_millis(self.config.sim_start_ms);
-            return Ok(Launched {
-                process: Arc::new(BrowserProcess::spawn_sim(dirs, start)),
-                cgroup: None,
-            });
-        }
         let cgroup = match &self.cgroups {
             Some(cgroups) => Some(Arc::new(cgroups.create(name, limits).map_err(|e| {
                 LaunchError::Spawn {
@@ -296,7 +299,7 @@ impl Launcher {
             cgroup: cgroup.as_ref(),
             hostname: name,
         };
-        match BrowserProcess::spawn_chromium(&plan).await {
+        match self.engine.spawn(&plan).await {
             Ok(process) => Ok(Launched {
                 process: Arc::new(process),
                 cgroup,
