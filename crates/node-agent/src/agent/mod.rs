@@ -354,16 +354,7 @@ impl Agent {
             crate::system::process::become_subreaper();
         }
         MessageBudget::configure_node(settings.config.messages_in_flight_mb << 20);
-        let instances_root = settings.data_dir.join("instances");
-        let swept = sweep::sweep(&instances_root);
-        if swept.processes > 0 || swept.directories > 0 {
-            tracing::warn!(
-                processes = swept.processes,
-                directories = swept.directories,
-                "swept browsers and profiles left by a previous run"
-            );
-        }
-        std::fs::create_dir_all(&instances_root)?;
+        let instances_root = instances_swept(&settings.data_dir)?;
         let launcher = Launcher::new(
             &settings.config,
             engine.clone(),
@@ -993,6 +984,22 @@ impl SlotStart {
             prestarted_driver: None,
         }
     }
+}
+
+/// The folder of the node's instances, emptied of what a previous run of
+/// the agent left there (its browsers and profiles).
+fn instances_swept(data_dir: &Path) -> std::io::Result<PathBuf> {
+    let instances_root = data_dir.join("instances");
+    let swept = sweep::sweep(&instances_root);
+    if swept.processes > 0 || swept.directories > 0 {
+        tracing::warn!(
+            processes = swept.processes,
+            directories = swept.directories,
+            "swept browsers and profiles left by a previous run"
+        );
+    }
+    std::fs::create_dir_all(&instances_root)?;
+    Ok(instances_root)
 }
 
 /// What a new slot is made of, from a create or a revive order: id, image,
