@@ -31,6 +31,14 @@ async fn control_plane(dir: &tempfile::TempDir) -> (Arc<ControlPlane>, Arc<Manua
     )
 }
 
+/// Registers `node`, with no warnings and no instances.
+async fn register_plain(control_plane: &ControlPlane, node: &str) {
+    control_plane
+        .node_register(registration(node, vec![], vec![]))
+        .await
+        .unwrap();
+}
+
 fn registration(
     node: &str,
     warnings: Vec<String>,
@@ -103,10 +111,7 @@ async fn a_node_without_limits_makes_the_service_degraded() {
     let health = control_plane.health(true).await;
     assert_eq!(health.status, HealthStatus::Degraded, "no node online yet");
 
-    control_plane
-        .node_register(registration("n1", vec![], vec![]))
-        .await
-        .unwrap();
+    register_plain(&control_plane, "n1").await;
     assert_eq!(
         control_plane.health(true).await.status,
         HealthStatus::Healthy
@@ -140,10 +145,7 @@ async fn a_node_agents_failing_loop_shows_in_health_and_metrics() {
     use flotilla_api_types::runs::{RunLedger, RunOutcome};
     let dir = tempfile::tempdir().unwrap();
     let (control_plane, _) = control_plane(&dir).await;
-    control_plane
-        .node_register(registration("n1", vec![], vec![]))
-        .await
-        .unwrap();
+    register_plain(&control_plane, "n1").await;
     let ledger = RunLedger::default();
     ledger.record("heartbeat", Utc::now(), RunOutcome::Done(0));
     ledger.record("state change", Utc::now(), RunOutcome::Done(1));
@@ -197,10 +199,7 @@ async fn a_node_agents_failing_loop_shows_in_health_and_metrics() {
 async fn silent_nodes_go_offline_and_their_instances_fail() {
     let dir = tempfile::tempdir().unwrap();
     let (control_plane, clock) = control_plane(&dir).await;
-    control_plane
-        .node_register(registration("n1", vec![], vec![]))
-        .await
-        .unwrap();
+    register_plain(&control_plane, "n1").await;
     let id = place(&control_plane, "n1").await;
     // Its warm pools, as its heartbeat reports them, are in /metrics while
     // it is online: one of an older agent (`warm_pool` alone), then one per
@@ -320,10 +319,7 @@ async fn silent_nodes_go_offline_and_their_instances_fail() {
 async fn registration_reconciles_lost_and_started_instances() {
     let dir = tempfile::tempdir().unwrap();
     let (control_plane, _) = control_plane(&dir).await;
-    control_plane
-        .node_register(registration("n1", vec![], vec![]))
-        .await
-        .unwrap();
+    register_plain(&control_plane, "n1").await;
     let lost = place(&control_plane, "n1").await;
     let started = place(&control_plane, "n1").await;
     let report = InstanceReport {
@@ -461,10 +457,7 @@ async fn a_drain_until_restart_ends_when_another_agent_process_registers() {
     use flotilla_api_types::nodes::NodeStatus;
     let dir = tempfile::tempdir().unwrap();
     let (control_plane, _) = control_plane(&dir).await;
-    control_plane
-        .node_register(registration("n1", vec![], vec![]))
-        .await
-        .unwrap();
+    register_plain(&control_plane, "n1").await;
     let node = NodeId::new("n1");
     let status = |control_plane: Arc<ControlPlane>| async move {
         control_plane
@@ -479,10 +472,7 @@ async fn a_drain_until_restart_ends_when_another_agent_process_registers() {
     let report = control_plane.node_drain(&node, true).await.unwrap();
     assert!(report.moving.is_empty());
     assert_eq!(status(control_plane.clone()).await, NodeStatus::Draining);
-    control_plane
-        .node_register(registration("n1", vec![], vec![]))
-        .await
-        .unwrap();
+    register_plain(&control_plane, "n1").await;
     assert_eq!(status(control_plane.clone()).await, NodeStatus::Draining);
     let mut restarted = registration("n1", vec![], vec![]);
     restarted.generation = "g2".into();
