@@ -145,6 +145,25 @@ pub fn abort_all<T>(readers: Vec<tokio::task::JoinHandle<T>>) {
     }
 }
 
+/// Writes `flotilla.toml` in `dir` for a `serve` with authentication on
+/// (`key` its one API key) answering at `http://127.0.0.1:{port}`, then
+/// `rest` (its own sections); answers the file's path.
+pub fn keyed_config(
+    dir: &std::path::Path,
+    key: &str,
+    port: u16,
+    rest: &str,
+) -> std::io::Result<std::path::PathBuf> {
+    let config = dir.join("flotilla.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "auth_enabled = true\napi_keys = [{key:?}]\npublic_url = \"http://127.0.0.1:{port}\"\n{rest}"
+        ),
+    )?;
+    Ok(config)
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

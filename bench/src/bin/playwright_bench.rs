@@ -18,8 +18,8 @@ use anyhow::Context as _;
 use serde_json::{Value, json};
 
 use flotilla_bench::{
-    ServeProcess, client_with_key, free_port, number_flag, percentile, run_node_script, serve_html,
-    text_flag,
+    ServeProcess, client_with_key, free_port, keyed_config, number_flag, percentile,
+    run_node_script, serve_html, text_flag,
 };
 
 const KEY: &str = "playwright-bench-key";
@@ -240,15 +240,11 @@ async fn main() -> anyhow::Result<()> {
         .prefix("flotilla-playwright-bench-")
         .tempdir()?;
     let port = free_port();
-    let config = dir.path().join("flotilla.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "auth_enabled = true\napi_keys = [\"{KEY}\"]\npublic_url = \"http://127.0.0.1:{port}\"\n\
-             [agent]\nwarm_pool_size = 1\n{sandbox}[agent.egress]\n{egress}allow = [\"{}\"]\n",
-            site.trim_start_matches("http://")
-        ),
-    )?;
+    let rest = format!(
+        "[agent]\nwarm_pool_size = 1\n{sandbox}[agent.egress]\n{egress}allow = [\"{}\"]\n",
+        site.trim_start_matches("http://")
+    );
+    let config = keyed_config(dir.path(), KEY, port, &rest)?;
     let (serve, created) = serve_with_an_instance(&binary, &config, port).await?;
     let instance = created["id"].as_str().context("a created instance")?;
     let raw = RawServer::start().await?;

@@ -20,7 +20,7 @@ use anyhow::Context as _;
 use serde_json::{Value, json};
 
 use flotilla_bench::{
-    ServeProcess, free_port, number_flag, percentile, run_node_script, text_flag,
+    ServeProcess, free_port, keyed_config, number_flag, percentile, run_node_script, text_flag,
 };
 use flotilla_node_agent::config::BASE_CHROMIUM_FLAGS;
 
@@ -38,14 +38,8 @@ async fn start(name: &str, binary: &Path) -> anyhow::Result<Build> {
         .prefix("flotilla-ready-page-")
         .tempdir()?;
     let port = free_port();
-    let config = dir.path().join("flotilla.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "auth_enabled = true\napi_keys = [\"{KEY}\"]\npublic_url = \"http://127.0.0.1:{port}\"\n\
-             [http]\nbind_address = \"127.0.0.1:0\"\n[agent]\nwarm_pool_size = 2\n"
-        ),
-    )?;
+    let rest = "[http]\nbind_address = \"127.0.0.1:0\"\n[agent]\nwarm_pool_size = 2\n";
+    let config = keyed_config(dir.path(), KEY, port, rest)?;
     let serve = ServeProcess::start_listening(
         binary,
         &dir.path().join("data"),

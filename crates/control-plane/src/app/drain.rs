@@ -174,6 +174,7 @@ impl ControlPlane {
         let stopping = self.tasks().stopping();
         let mut tried = std::collections::HashSet::new();
         let mut rounds = 0;
+        let (movable, on_their_way) = (movable(), on_their_way());
         loop {
             for id in std::mem::take(&mut queue) {
                 // A move once begun runs to its end; an end of the drain (or
@@ -189,15 +190,15 @@ impl ControlPlane {
                 self.drain_progress(node, &id, outcome);
             }
             let left = self.instances_left(node, &tried).await;
-            let waiting = left.iter().any(|r| on_their_way().contains(&r.status));
+            let waiting = left.iter().any(|r| on_their_way.contains(&r.status));
             queue = left
                 .iter()
-                .filter(|r| movable().contains(&r.status))
+                .filter(|r| movable.contains(&r.status))
                 .map(|r| r.id.clone())
                 .collect();
             self.drain_moving(node, &queue);
             if queue.is_empty() && (!waiting || rounds >= SETTLE_ROUNDS) {
-                for record in left.iter().filter(|r| on_their_way().contains(&r.status)) {
+                for record in left.iter().filter(|r| on_their_way.contains(&r.status)) {
                     let stayed = Stayed::InTransitThroughout(record.status);
                     self.drain_progress(node, &record.id, Err(stayed));
                 }
