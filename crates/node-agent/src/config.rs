@@ -211,6 +211,11 @@ pub struct AgentConfig {
     /// read-only root holding only what a browser needs, its own profile and
     /// downloads, private `/tmp` and `/dev/shm`, and its own namespaces.
     pub sandbox: bool,
+    /// Run browsers even where the node cannot confine them (no bubblewrap
+    /// sandbox, no network namespace of their own, or no cgroup limits).
+    /// Off, such a node refuses to start and says what is missing and how to
+    /// provide it; on, it starts, degraded, with the same words as warnings.
+    pub allow_unconfined_browsers: bool,
     /// The unprivileged account browsers run as when the agent runs as root
     /// (`scripts/install-deps` creates it; `nobody` if it does not exist).
     pub browser_user: String,
@@ -313,6 +318,7 @@ impl Default for AgentConfig {
             warm_pool_refill_delay_ms: 500,
             warm_pool_chromedriver: true,
             sandbox: true,
+            allow_unconfined_browsers: false,
             browser_user: "flotilla-browser".into(),
             egress: crate::confine::egress::EgressConfig::default(),
             wake_on_connect: true,

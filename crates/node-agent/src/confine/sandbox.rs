@@ -87,6 +87,8 @@ pub const SANDBOX_INSTANCE_DIR: &str = "/instance";
 /// the agent does not start. The message names the path and what to change.
 #[derive(Debug, thiserror::Error)]
 pub enum IsolationError {
+    #[error(transparent)]
+    Unconfined(#[from] Unconfined),
     #[error("cannot create {}: {source}", .dir.display())]
     Create {
         dir: PathBuf,
@@ -151,6 +153,75 @@ pub struct Isolation {
     etc_dir: PathBuf,
     /// Why the node runs with less isolation than it could.
     pub warnings: Vec<String>,
+    /// The layers it cannot give browsers, and why (also among `warnings`).
+    pub gaps: Vec<Gap>,
+}
+
+/// A layer of confinement a node cannot give its browsers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layer {
+    /// bubblewrap's sandbox: browsers would see the whole filesystem.
+    Filesystem,
+    /// A network namespace behind the egress proxy: pages would reach the
+    /// node's services and private networks.
+    Network,
+    /// cgroup limits: instances would run without memory, CPU and pids caps.
+    Limits,
+}
+
+impl Layer {
+    /// How an operator gives browsers this layer.
+    pub fn remedy(self) -> &'static str {
+        match self {
+            Layer::Filesystem => {
+                "install bubblewrap (scripts/install-deps does) and keep agent.sandbox on; in a container, bubblewrap mounts a /proc of its own only where /proc is not masked (Podman: --security-opt unmask=/proc/*; Kubernetes: securityContext.procMount: Unmasked, which needs hostUsers: false) and the AppArmor profile allows mount"
+            }
+            Layer::Network => {
+                "run the agent as root (in a container: with CAP_SYS_ADMIN and CAP_NET_ADMIN) and keep agent.egress.enabled on"
+            }
+            Layer::Limits => {
+                "run the agent as root where its cgroup is writable: on a host, as root; in a container, give it a cgroup namespace of its own (Podman: --cgroupns=private; Kubernetes gives one on cgroup v2 nodes), where the agent remounts its hierarchies read-write (CAP_SYS_ADMIN, and an AppArmor profile that allows mount)"
+            }
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Layer::Filesystem => "filesystem sandbox",
+            Layer::Network => "network namespace",
+            Layer::Limits => "resource limits",
+        }
+    }
+}
+
+/// One missing layer, and why it is missing on this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gap {
+    pub layer: Layer,
+    pub why: String,
+}
+
+/// The node cannot confine browsers and its operator did not allow it to run
+/// them unconfined: the agent does not start.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", unconfined_message(.gaps))]
+pub struct Unconfined {
+    pub gaps: Vec<Gap>,
+}
+
+fn unconfined_message(gaps: &[Gap]) -> String {
+    let mut message = String::from(
+        "this node cannot confine browsers, so it starts none (to run them unconfined anyway, degraded, set agent.allow_unconfined_browsers = true, or FLOTILLA_AGENT__ALLOW_UNCONFINED_BROWSERS=true):",
+    );
+    for gap in gaps {
+        message.push_str(&format!(
+            "\n  - no {}: {}\n    to provide it: {}",
+            gap.layer.name(),
+            gap.why,
+            gap.layer.remedy()
+        ));
+    }
+    message
 }
 
 /// Host paths bound read-only into the sandbox when they exist: what
@@ -186,6 +257,17 @@ pub struct Wanted<'a> {
     pub own_network: bool,
 }
 
+/// Whether browsers get network namespaces of their own; else why not.
+fn own_network(wanted: &Wanted<'_>) -> Result<(), String> {
+    if !wanted.own_network {
+        Err("agent.egress.enabled is off: pages can reach this node's services and private networks".to_owned())
+    } else if crate::confine::netns::supported() {
+        Ok(())
+    } else {
+        Err("cannot create network namespaces (the agent needs root): pages can reach this node's services and private networks".to_owned())
+    }
+}
+
 impl Isolation {
     /// Decides the node's confinement: finds bubblewrap and the browser user,
     /// and probes what the kernel allows. `state_dir` holds the generated
@@ -217,42 +299,22 @@ impl Isolation {
                 etc_dir.display()
             ));
         }
-        let bwrap = if wanted.sandbox {
-            let found = find_in_path("bwrap");
-            if found.is_none() {
-                warnings.push("bubblewrap (bwrap) is not installed: browsers see the host's whole filesystem (scripts/install-deps installs it)".to_owned());
-            }
-            found
-        } else {
-            warnings
-                .push("agent.sandbox is off: browsers see the host's whole filesystem".to_owned());
-            None
-        };
-        let own_network = if !wanted.own_network {
-            warnings.push("agent.egress.enabled is off: pages can reach this node's services and private networks".to_owned());
-            false
-        } else if crate::confine::netns::supported() {
-            true
-        } else {
-            warnings.push("cannot create network namespaces (the agent needs root): pages can reach this node's services and private networks".to_owned());
-            false
-        };
         let mut isolation = Self {
-            bwrap,
+            bwrap: None,
             user,
             chromium_sandbox: false,
-            own_network,
+            own_network: false,
             etc_dir,
             warnings,
+            gaps: Vec::new(),
         };
-        if let Some(bwrap) = isolation.bwrap.clone()
-            && let Err(reason) = isolation.probe(state_dir, None)
-        {
-            isolation.warnings.push(format!(
-                "bubblewrap ({}) cannot start a sandbox here ({reason}): browsers see the host's whole filesystem",
-                bwrap.display()
-            ));
-            isolation.bwrap = None;
+        match own_network(wanted) {
+            Ok(()) => isolation.own_network = true,
+            Err(why) => isolation.lacks(Layer::Network, why),
+        }
+        match isolation.sandbox(wanted, state_dir) {
+            Ok(bwrap) => isolation.bwrap = Some(bwrap),
+            Err(why) => isolation.lacks(Layer::Filesystem, why),
         }
         // Chromium's sandbox puts renderers in user, pid and network namespaces of
         // their own, nested in ours.
@@ -260,10 +322,39 @@ impl Isolation {
         match isolation.probe(state_dir, Some(&unshare)) {
             Ok(()) => isolation.chromium_sandbox = true,
             Err(reason) => isolation.warnings.push(format!(
-                "Chromium's own sandbox is off (--no-sandbox): the kernel does not let the browser user create user namespaces ({reason}); renderers are confined only by the node's sandbox"
+                "Chromium's own sandbox is off (--no-sandbox): the browser user cannot create a user namespace and chroot in it ({reason}; the kernel's unprivileged user namespaces, or in a container its seccomp profile, which allows chroot only with CAP_SYS_CHROOT); renderers are confined only by the node's sandbox"
             )),
         }
         Ok(isolation)
+    }
+
+    /// Records a layer this node cannot give its browsers (a warning too).
+    pub fn lacks(&mut self, layer: Layer, why: String) {
+        self.warnings.push(why.clone());
+        self.gaps.push(Gap { layer, why });
+    }
+
+    /// bubblewrap, found and able to start a sandbox here; else why not.
+    fn sandbox(&self, wanted: &Wanted<'_>, state_dir: &Path) -> Result<PathBuf, String> {
+        if !wanted.sandbox {
+            return Err(
+                "agent.sandbox is off: browsers see the host's whole filesystem".to_owned(),
+            );
+        }
+        let Some(bwrap) = find_in_path("bwrap") else {
+            return Err("bubblewrap (bwrap) is not installed: browsers see the host's whole filesystem (scripts/install-deps installs it)".to_owned());
+        };
+        let probing = Self {
+            bwrap: Some(bwrap.clone()),
+            ..self.clone()
+        };
+        match probing.probe(state_dir, None) {
+            Ok(()) => Ok(bwrap),
+            Err(reason) => Err(format!(
+                "bubblewrap ({}) cannot start a sandbox here ({reason}): browsers see the host's whole filesystem",
+                bwrap.display()
+            )),
+        }
     }
 
     /// No confinement at all (the sim runtime).
@@ -275,6 +366,7 @@ impl Isolation {
             own_network: false,
             etc_dir: PathBuf::new(),
             warnings: Vec::new(),
+            gaps: Vec::new(),
         }
     }
 
@@ -314,9 +406,21 @@ impl Isolation {
         let (program, args): (PathBuf, Vec<String>) = match nested {
             Some(unshare) => (
                 unshare.to_path_buf(),
-                ["--user", "--pid", "--net", "--fork", "/bin/true"]
-                    .map(str::to_owned)
-                    .to_vec(),
+                // Chromium's sandbox also chroots inside its user namespace
+                // (a container's seccomp profile refuses that without
+                // CAP_SYS_CHROOT, and the browser then aborts at start).
+                [
+                    "--user",
+                    "--map-root-user",
+                    "--pid",
+                    "--net",
+                    "--fork",
+                    "/usr/sbin/chroot",
+                    "/",
+                    "/bin/true",
+                ]
+                .map(str::to_owned)
+                .to_vec(),
             ),
             None => (PathBuf::from("/bin/true"), Vec::new()),
         };

@@ -24,7 +24,7 @@ use flotilla_api_types::instances::InstanceConfig;
 
 use crate::config::{AgentConfig, ImageConfig};
 use crate::confine::egress::{EgressPolicy, Upstream};
-use crate::confine::sandbox::{Isolation, IsolationError};
+use crate::confine::sandbox::{Isolation, IsolationError, Layer, Unconfined};
 use crate::engine::Engine;
 use crate::engine::browser::{BrowserProcess, BrowserSetup, CdpEndpoint, LaunchError, LaunchPlan};
 use crate::engine::cdp::CdpClient;
@@ -133,8 +133,6 @@ pub struct Launcher {
     /// The egress rules, when browsers get network namespaces of their own.
     egress: Option<Arc<EgressPolicy>>,
     cgroups: Option<Cgroups>,
-    /// Why the node runs with less isolation than configured (shown in health).
-    warnings: Vec<String>,
     /// One per image with a warm pool (none on the sim runtime).
     pools: Vec<WarmPool>,
     /// Wakes the refill task.
@@ -150,6 +148,28 @@ pub struct Launcher {
     pub runs: flotilla_api_types::runs::RunLedger,
 }
 
+/// The node's instance cgroups, stale ones of a previous run swept; else
+/// why instances would run without limits.
+fn instance_cgroups(node_id: &str, instances_root: &Path) -> Result<Cgroups, String> {
+    // Unique per agent: two agents on one machine (tests, or a mistake with
+    // node ids) must never sweep each other's browsers.
+    let owner = format!(
+        "{node_id}-{:08x}",
+        fnv1a(instances_root.as_os_str().as_encoded_bytes())
+    );
+    let cgroups = Cgroups::detect(&owner).map_err(|reason| {
+        format!(
+            "no writable cgroup hierarchy ({reason}): instances run without memory, CPU and pids limits"
+        )
+    })?;
+    let swept = cgroups.sweep();
+    if swept > 0 {
+        tracing::info!(swept, "removed instance cgroups left by a previous run");
+    }
+    tracing::info!(version = ?cgroups.version(), "instance limits through cgroups");
+    Ok(cgroups)
+}
+
 impl Launcher {
     pub fn new(
         config: &AgentConfig,
@@ -159,51 +179,35 @@ impl Launcher {
         state_dir: &std::path::Path,
     ) -> Result<Self, IsolationError> {
         let real = engine.runs_processes();
-        let isolation = if real {
+        let (mut isolation, cgroups) = if real {
             let wanted = crate::confine::sandbox::Wanted {
                 browser_user: &config.browser_user,
                 sandbox: config.sandbox,
                 own_network: config.egress.enabled,
             };
-            Isolation::detect(&wanted, state_dir)?
+            let mut isolation = Isolation::detect(&wanted, state_dir)?;
+            let cgroups = match instance_cgroups(node_id, &instances_root) {
+                Ok(cgroups) => Some(cgroups),
+                Err(why) => {
+                    isolation.lacks(Layer::Limits, why);
+                    None
+                }
+            };
+            (isolation, cgroups)
         } else {
-            Isolation::none()
+            (Isolation::none(), None)
         };
+        if !isolation.gaps.is_empty() && !config.allow_unconfined_browsers {
+            return Err(IsolationError::Unconfined(Unconfined {
+                gaps: std::mem::take(&mut isolation.gaps),
+            }));
+        }
         for warning in &isolation.warnings {
             tracing::warn!("{warning}");
         }
-        let mut warnings = isolation.warnings.clone();
         let egress = isolation
             .own_network
             .then(|| Arc::new(EgressPolicy::new(&config.egress)));
-        let cgroups = if real {
-            // Unique per agent: two agents on one machine (tests, or a mistake
-            // with node ids) must never sweep each other's browsers.
-            let owner = format!(
-                "{node_id}-{:08x}",
-                fnv1a(instances_root.as_os_str().as_encoded_bytes())
-            );
-            match Cgroups::detect(&owner) {
-                Ok(cgroups) => {
-                    let swept = cgroups.sweep();
-                    if swept > 0 {
-                        tracing::info!(swept, "removed instance cgroups left by a previous run");
-                    }
-                    tracing::info!(version = ?cgroups.version(), "instance limits through cgroups");
-                    Some(cgroups)
-                }
-                Err(reason) => {
-                    let warning = format!(
-                        "no writable cgroup hierarchy ({reason}): instances run without memory, CPU and pids limits"
-                    );
-                    tracing::warn!("{warning}");
-                    warnings.push(warning);
-                    None
-                }
-            }
-        } else {
-            None
-        };
         Ok(Self {
             config: config.clone(),
             engine,
@@ -211,7 +215,6 @@ impl Launcher {
             isolation,
             egress,
             cgroups,
-            warnings,
             pools: if real {
                 config
                     .warm_pool_sizes()
@@ -233,8 +236,9 @@ impl Launcher {
         &self.engine
     }
 
+    /// Why the node runs with less isolation than configured (shown in health).
     pub fn warnings(&self) -> &[String] {
-        &self.warnings
+        &self.isolation.warnings
     }
 
     /// The node's browser confinement.
@@ -641,5 +645,67 @@ impl Launcher {
                 revive_misses: pool.revive_misses.load(Ordering::Relaxed),
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::RuntimeKind;
+
+    fn launcher(config: &AgentConfig, data: &Path) -> Result<Launcher, IsolationError> {
+        let engine = crate::engine::for_runtime(RuntimeKind::Chromium, Duration::ZERO);
+        Launcher::new(
+            config,
+            engine,
+            "unconfined-test",
+            data.join("instances"),
+            data,
+        )
+    }
+
+    /// A node that cannot give browsers one of the three layers (here the
+    /// sandbox, turned off) starts none and says which layer and how to
+    /// provide it; the setting whose name says so lets it run them, degraded.
+    #[test]
+    fn a_node_that_cannot_confine_browsers_refuses_them_unless_told_to_run_them_unconfined() {
+        let data = tempfile::tempdir().expect("temp dir");
+        let mut config = AgentConfig {
+            sandbox: false,
+            ..AgentConfig::default()
+        };
+        let refused = launcher(&config, data.path()).err().expect("refused");
+        let IsolationError::Unconfined(unconfined) = &refused else {
+            panic!("refused for another reason: {refused}");
+        };
+        assert!(
+            unconfined
+                .gaps
+                .iter()
+                .any(|gap| gap.layer == Layer::Filesystem),
+            "{refused}"
+        );
+        let message = refused.to_string();
+        for words in [
+            "no filesystem sandbox: agent.sandbox is off",
+            "to provide it: install bubblewrap",
+            "agent.allow_unconfined_browsers = true",
+            "FLOTILLA_AGENT__ALLOW_UNCONFINED_BROWSERS=true",
+        ] {
+            assert!(message.contains(words), "{words:?} missing from: {message}");
+        }
+
+        config.allow_unconfined_browsers = true;
+        let allowed = launcher(&config, data.path()).expect("allowed unconfined");
+        assert!(!allowed.isolation().filesystem_isolated());
+        assert!(
+            allowed
+                .warnings()
+                .iter()
+                .any(|warning| warning.starts_with("agent.sandbox is off")),
+            "{:?}",
+            allowed.warnings()
+        );
+        allowed.release_cgroups();
     }
 }

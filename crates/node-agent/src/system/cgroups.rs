@@ -133,11 +133,30 @@ impl Cgroups {
                 source,
             })?;
         let leaf = format!("flotilla/{}", sanitize(owner));
-        let v2_error = match Self::detect_v2(&mounts, &own, &leaf) {
+        match Self::detect_in(&mounts, &own, &leaf) {
+            Err(_) if in_own_cgroup_namespace() && remount_writable(&mounts) > 0 => {
+                tracing::info!(
+                    "cgroup hierarchies were read-only in this cgroup namespace (a container's): made them writable"
+                );
+                let mounts = std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| {
+                    CgroupError::Read {
+                        what: "mountinfo",
+                        source,
+                    }
+                })?;
+                Self::detect_in(&mounts, &own, &leaf)
+            }
+            found => found,
+        }
+    }
+
+    /// v2, else v1, in the hierarchies `mounts` lists.
+    fn detect_in(mounts: &str, own: &str, leaf: &str) -> Result<Self, CgroupError> {
+        let v2_error = match Self::detect_v2(mounts, own, leaf) {
             Ok(found) => return Ok(found),
             Err(error) => error,
         };
-        match Self::detect_v1(&mounts, &own, &leaf) {
+        match Self::detect_v1(mounts, own, leaf) {
             Ok(found) => Ok(found),
             Err(v1_error) => Err(CgroupError::Neither {
                 v2: Box::new(v2_error),
@@ -182,10 +201,26 @@ impl Cgroups {
                 },
             )
         };
+        if let Err(error) = enable(&parent) {
+            // The root of a container's cgroup namespace holds its processes,
+            // and a cgroup with processes cannot give controllers to children:
+            // the processes move to a leaf of their own first.
+            if own_path.trim_start_matches('/').is_empty() && in_own_cgroup_namespace() {
+                move_processes_to_leaf(&parent).map_err(|source| CgroupError::Create {
+                    path: parent.join(AGENT_LEAF),
+                    source,
+                })?;
+                enable(&parent)?;
+            } else {
+                return Err(error);
+            }
+        }
         let mut level = parent.clone();
         for part in Path::new(leaf).components() {
-            enable(&level)?;
             level = level.join(part);
+            if level != base {
+                enable(&level)?;
+            }
         }
         enable(&base)?;
         Ok(Self {
@@ -291,6 +326,88 @@ impl Cgroups {
         }
         removed
     }
+}
+
+/// The leaf a container's processes move to when the agent delegates
+/// controllers from its cgroup namespace's root (cgroup v2).
+const AGENT_LEAF: &str = "flotilla-agent";
+
+/// The inode of the initial cgroup namespace (the host's).
+const INITIAL_CGROUP_NAMESPACE: u64 = 0xEFFF_FFFB;
+
+/// Whether this process is in a cgroup namespace of its own (a container's):
+/// its hierarchies then show only its own subtree, which the agent may take.
+fn in_own_cgroup_namespace() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/cgroup")
+        .is_ok_and(|namespace| namespace.ino() != INITIAL_CGROUP_NAMESPACE)
+}
+
+/// Remounts read-write the cgroup hierarchies mounted read-only in this
+/// mount namespace (a container runtime mounts them so); how many it did.
+/// Only called in a cgroup namespace of our own, where they show only our
+/// subtree: never the host's.
+fn remount_writable(mounts: &str) -> usize {
+    let mut remounted = 0;
+    for line in mounts.lines() {
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let kind = right.split_whitespace().next().unwrap_or_default();
+        let mut fields = left.split_whitespace();
+        let (Some(target), Some(options)) = (fields.nth(4), fields.next()) else {
+            continue;
+        };
+        let options: Vec<&str> = options.split(',').collect();
+        if !matches!(kind, "cgroup" | "cgroup2") || !options.contains(&"ro") {
+            continue;
+        }
+        // The flags a mount keeps must be passed again (a remount that
+        // would drop them is refused).
+        let mut flags = libc::MS_REMOUNT | libc::MS_BIND;
+        for (name, flag) in [
+            ("nosuid", libc::MS_NOSUID),
+            ("nodev", libc::MS_NODEV),
+            ("noexec", libc::MS_NOEXEC),
+            ("relatime", libc::MS_RELATIME),
+        ] {
+            if options.contains(&name) {
+                flags |= flag;
+            }
+        }
+        let Ok(target) = CString::new(target) else {
+            continue;
+        };
+        // SAFETY: a valid C string and null pointers mount(2) accepts for a
+        // remount.
+        let done = unsafe {
+            libc::mount(
+                std::ptr::null(),
+                target.as_ptr(),
+                std::ptr::null(),
+                flags,
+                std::ptr::null(),
+            )
+        };
+        if done == 0 {
+            remounted += 1;
+        }
+    }
+    remounted
+}
+
+/// Moves every process of `cgroup` into its child [`AGENT_LEAF`].
+fn move_processes_to_leaf(cgroup: &Path) -> io::Result<()> {
+    let leaf = cgroup.join(AGENT_LEAF);
+    std::fs::create_dir_all(&leaf)?;
+    for pid in read_procs(cgroup) {
+        match std::fs::write(leaf.join("cgroup.procs"), pid.to_string()) {
+            // A process that exited meanwhile has nothing to move.
+            Err(error) if error.raw_os_error() != Some(libc::ESRCH) => return Err(error),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 fn sanitize(name: &str) -> String {
