@@ -174,7 +174,7 @@ impl Layer {
     pub fn remedy(self) -> &'static str {
         match self {
             Layer::Filesystem => {
-                "install bubblewrap (scripts/install-deps does) and keep agent.sandbox on; in a container, bubblewrap mounts a /proc of its own only where /proc is not masked (Podman: --security-opt unmask=/proc/*; Kubernetes: securityContext.procMount: Unmasked, which needs hostUsers: false) and the AppArmor profile allows mount"
+                "install bubblewrap (scripts/install-deps does) and keep agent.sandbox on; in a container, the agent needs CAP_SYS_ADMIN and an AppArmor profile that allows mount (it then binds an unmasked view of /proc, without which the kernel refuses bubblewrap a /proc of the browser's own), or an unmasked /proc (Podman: --security-opt unmask=/proc/*)"
             }
             Layer::Network => {
                 "run the agent as root (in a container: with CAP_SYS_ADMIN and CAP_NET_ADMIN) and keep agent.egress.enabled on"
@@ -255,6 +255,48 @@ pub struct Wanted<'a> {
     pub browser_user: &'a str,
     pub sandbox: bool,
     pub own_network: bool,
+}
+
+/// Binds `/proc` alone (not what is mounted over parts of it) at `view`.
+///
+/// A container runtime masks parts of the container's `/proc` (mounts over
+/// `/proc/kcore`, a read-only `/proc/sys`…), and the kernel then refuses a
+/// new user namespace a `/proc` of its own (bubblewrap's, for the browser's
+/// pid namespace) unless some `/proc` of the mount namespace is fully
+/// visible. This view is one; it is the agent's alone (mode 0700, outside
+/// every sandbox), and the container's `/proc` keeps its masks.
+fn unmasked_proc_view(view: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    let already = std::fs::read_to_string("/proc/self/mountinfo")?
+        .lines()
+        .any(|line| line.split_whitespace().nth(4) == Some(&*view.to_string_lossy()));
+    if already {
+        return Ok(());
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(view) {
+        Err(error) if error.kind() != std::io::ErrorKind::AlreadyExists => return Err(error),
+        _ => {}
+    }
+    let source = CString::new("/proc")?;
+    let target = CString::new(view.as_os_str().as_encoded_bytes())?;
+    // SAFETY: valid C strings; a bind mount takes no type or data.
+    let bound = unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        )
+    };
+    if bound != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    tracing::info!(
+        view = %view.display(),
+        "/proc is masked here (a container): bound an unmasked view of it, so that bubblewrap may mount the browsers' own"
+    );
+    Ok(())
 }
 
 /// Whether browsers get network namespaces of their own; else why not.
@@ -348,7 +390,17 @@ impl Isolation {
             bwrap: Some(bwrap.clone()),
             ..self.clone()
         };
-        match probing.probe(state_dir, None) {
+        let mut probed = probing.probe(state_dir, None);
+        if let Err(ProbeError::Failed { stderr, .. }) = &probed
+            && stderr.contains("mount proc")
+            && is_root()
+        {
+            match unmasked_proc_view(&state_dir.join("proc-view")) {
+                Ok(()) => probed = probing.probe(state_dir, None),
+                Err(error) => tracing::warn!(%error, "cannot bind an unmasked view of /proc"),
+            }
+        }
+        match probed {
             Ok(()) => Ok(bwrap),
             Err(reason) => Err(format!(
                 "bubblewrap ({}) cannot start a sandbox here ({reason}): browsers see the host's whole filesystem",
@@ -693,7 +745,9 @@ fn open_path_to(user: Option<&BrowserUser>, dir: &Path, ours: &Path) -> Result<(
             path: path.clone(),
             source,
         })?;
-        if path.starts_with(ours) {
+        // A sticky directory (/tmp) is shared by design: it is never changed.
+        let shared = std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o1000 != 0;
+        if path.starts_with(ours) && !shared {
             let_through(user, &path).map_err(|source| IsolationError::LetThrough {
                 path: path.clone(),
                 source,
@@ -784,4 +838,35 @@ pub fn drop_privileges(user: &BrowserUser) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    /// A data directory in a sticky, shared folder (`FLOTILLA_DATA_DIR=/tmp`,
+    /// or a test's temp dir whose parent is /tmp) leaves that folder as it
+    /// is: it once became 0710 and group flotilla-browser, and nobody else
+    /// could use /tmp.
+    #[test]
+    fn opening_the_way_to_browser_folders_never_changes_a_shared_sticky_folder() {
+        let user = BrowserUser::lookup("flotilla-browser")
+            .or_else(|| BrowserUser::lookup("nobody"))
+            .expect("a browser user");
+        let shared = tempfile::tempdir().expect("temp dir");
+        std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o1777))
+            .expect("chmod");
+        let state = shared.path().join("agent");
+        open_path_to(Some(&user), &state, shared.path()).expect("opened");
+        let mode =
+            |path: &Path| std::fs::metadata(path).expect("stat").permissions().mode() & 0o7777;
+        assert_eq!(
+            mode(shared.path()),
+            0o1777,
+            "the shared folder is unchanged"
+        );
+        assert_eq!(mode(&state), 0o710, "the agent's own folder is let through");
+    }
 }

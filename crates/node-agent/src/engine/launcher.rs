@@ -655,12 +655,15 @@ mod tests {
 
     fn launcher(config: &AgentConfig, data: &Path) -> Result<Launcher, IsolationError> {
         let engine = crate::engine::for_runtime(RuntimeKind::Chromium, Duration::ZERO);
+        // As the agent is given them: its own folder in the data directory
+        // (whose parent, here /tmp, is never changed).
+        let state = data.join("agent");
         Launcher::new(
             config,
             engine,
             "unconfined-test",
-            data.join("instances"),
-            data,
+            state.join("instances"),
+            &state,
         )
     }
 
