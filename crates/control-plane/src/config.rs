@@ -638,11 +638,19 @@ impl ControlPlaneConfig {
             return Err(ConfigError::TokenSecretShort);
         }
         check_api_keys(&self.api_keys)?;
+        self.validate_tenants()
+    }
+
+    /// What a process serving the API needs beyond [`Self::validate`]: with
+    /// `auth_enabled`, a key to accept. Not asked of an agent or a proxy
+    /// reading the same file (the manifests give them one ConfigMap and no
+    /// API key).
+    pub fn validate_serving(&self) -> Result<(), ConfigError> {
         let tenant_keys = self.tenants.iter().any(|t| !t.api_keys.is_empty());
         if self.auth_enabled && self.api_keys.is_empty() && !tenant_keys {
             return Err(ConfigError::AuthWithoutKeys);
         }
-        self.validate_tenants()
+        Ok(())
     }
 
     /// `[[tenants]]`: names well-formed and distinct, keys well-formed, no

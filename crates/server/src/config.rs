@@ -310,6 +310,21 @@ mod tests {
         assert!(error.contains("agent.max_instancez"), "{error}");
     }
 
+    /// The manifests give the agents and proxies the control planes' file
+    /// (`auth_enabled = true`) without an API key: only a process serving
+    /// the API needs one. (Agents and proxies refused to start before.)
+    #[test]
+    fn only_a_process_serving_the_api_needs_an_api_key() {
+        let file = write("auth_enabled = true\n");
+        let config =
+            FlotillaConfig::load(Some(file.path()), &[]).expect("an agent or proxy loads it");
+        let error = config.control.validate_serving().unwrap_err().to_string();
+        assert!(
+            error.contains("needs at least one entry in api_keys"),
+            "{error}"
+        );
+    }
+
     #[test]
     fn rate_limit_section_feeds_both_services() {
         let file = write(

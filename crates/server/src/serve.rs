@@ -46,6 +46,10 @@ impl Serve {
         clock: Arc<dyn Clock>,
     ) -> anyhow::Result<Serve> {
         config.validate()?;
+        config
+            .control
+            .validate_serving()
+            .map_err(anyhow::Error::msg)?;
         crate::files::owner_only(&config.data_dir);
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("cannot create data_dir {}", config.data_dir.display()))?;
