@@ -158,6 +158,22 @@ try {
   if (!snippet.includes(doorUrl)) throw new Error(`snippet lacks the door's debug URL ${doorUrl}: ${snippet}`);
   await page.click('[data-snippet="puppeteer"]');
   if (!(await page.textContent('#snippet')).includes('browserWSEndpoint')) throw new Error('no Puppeteer snippet');
+  // Every door, each with this instance's own URLs where it attaches to one.
+  const doors = {
+    'playwright-connect': `chromium.connect('ws://${new URL(base).host}/v2/instances/${id}/playwright?token=flt_`,
+    'selenium-python': `webdriver.Remote("${base}/wd/hub"`,
+    'selenium-js': `usingServer('${base}/wd/hub')`,
+    webdriverio: "path: '/wd/hub'",
+    mcp: `"url": "${base}/mcp"`,
+    action: `${base}/v2/actions/screenshot`,
+  };
+  for (const [door, expected] of Object.entries(doors)) {
+    await page.click(`[data-snippet="${door}"]`);
+    const shown = await page.textContent('#snippet');
+    if (!shown.includes(expected)) throw new Error(`the ${door} snippet lacks ${expected}: ${shown}`);
+  }
+  const image = await page.textContent(`tr[data-id="${id}"] [data-field="image"]`);
+  if (!image || image === '—') throw new Error(`the instance list shows no image: ${image}`);
   await shot('instance-detail');
 
   await page.click(`#detail-actions button[aria-label="Park ${id}"]`);

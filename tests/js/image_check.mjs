@@ -67,13 +67,13 @@ const passwd = await page.textContent('body');
 if (!passwd.includes('flotilla-browser') || /^flotilla:/m.test(passwd)) {
   throw new Error(`the browser sees the container's /etc/passwd:\n${passwd}`);
 }
-for (const hidden of ['file:///var/lib/flotilla/', 'file:///etc/flotilla/flotilla.toml', 'file:///usr/local/bin/flotilla']) {
+for (const hidden of ['file:///var/lib/flotilla/', 'file:///var/lib/flotilla/agent/sandbox-etc/passwd', 'file:///etc/flotilla/flotilla.toml']) {
   const seen = await page.goto(hidden).then(() => 'opened', (error) => error.message);
   if (seen === 'opened' || !/ERR_FILE_NOT_FOUND/.test(seen)) {
     throw new Error(`the browser reaches ${hidden}: ${seen}`);
   }
 }
-ok('connectOverCDP through the front door; the browser sees only its sandbox (no data, configuration or binary of the container)');
+ok('connectOverCDP through the front door; the browser sees only its sandbox (none of the container’s data or configuration)');
 const refused = await page.goto(loopback).then(() => null, (error) => error.message);
 if (!refused) throw new Error(`the browser reached the node's loopback ${loopback}`);
 ok(`the egress policy refuses the node's loopback (${refused.split('\n')[0]})`);

