@@ -212,8 +212,8 @@ async fn browser_every_snippet_of_the_readme_runs_as_written() {
             "js" | "python" => "Hello from",
             "json" => "serverInfo",
             _ if snippet.code.contains("/v2/actions/content") => "<h1>Hello from an action</h1>",
-            _ if snippet.code.contains("-XPOST localhost") => "\"urls\"",
             _ if snippet.code.contains("/events/") => "instance.created",
+            _ if snippet.code.contains("-XPOST localhost") => "\"urls\"",
             _ if snippet.code.contains("flotilla instances") => "running",
             _ => "",
         };
