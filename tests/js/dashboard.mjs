@@ -174,6 +174,26 @@ try {
   }
   const image = await page.textContent(`tr[data-id="${id}"] [data-field="image"]`);
   if (!image || image === '—') throw new Error(`the instance list shows no image: ${image}`);
+
+  // A page the egress policy refuses (the control plane's own loopback
+  // address): the live view says which address and what opens it.
+  const instance = await (await fetch(`${base}/v2/instances/${id}`, { headers: { Authorization: `Bearer ${apiKey}` } })).json();
+  const remote = await chromium.connectOverCDP(instance.urls.debug);
+  try {
+    const refusedTab = await remote.contexts()[0].newPage();
+    const refused = await refusedTab.goto(`${base}/health`).then(() => null, (error) => error.message);
+    if (!refused?.includes('ERR_SOCKS_CONNECTION_FAILED')) throw new Error(`the loopback page was not refused: ${refused}`);
+    await refusedTab.close();
+  } finally {
+    await remote.close();
+  }
+  const notice = page.locator('#egress-refused');
+  await notice.waitFor({ state: 'visible', timeout: T });
+  const said = await notice.textContent();
+  const address = new URL(base).host;
+  if (!said.includes(address) || !said.includes('[agent.egress] allow') || !said.includes('loopback')) {
+    throw new Error(`the live view does not name the refused address and the setting: ${said}`);
+  }
   await shot('instance-detail');
 
   await page.click(`#detail-actions button[aria-label="Park ${id}"]`);

@@ -97,8 +97,9 @@ pub struct RegistrationAck {
 /// different major is refused at registration, by both sides.
 /// 1.1: the version exchange; 1.2: an agent drains its own node
 /// (`/internal/v1/nodes/drain`) and drops instances revived elsewhere
-/// (`/agent/v1/instances/{id}/forget`).
-pub const PROTOCOL_VERSION: &str = "1.2";
+/// (`/agent/v1/instances/{id}/forget`); 1.3: `EgressRefused` instance
+/// events (an agent sends them only to a control plane of 1.3 or later).
+pub const PROTOCOL_VERSION: &str = "1.3";
 /// What a side that sends no version speaks: builds from before the field.
 pub const PROTOCOL_VERSION_BEFORE: &str = "1.0";
 
@@ -145,6 +146,21 @@ pub fn protocols_meet(ours: &str, theirs: &str) -> Result<(), ProtocolMismatch> 
     }
 }
 
+/// Whether a side of protocol `theirs` (`""`: before the field) is of the
+/// same major as `minimum` and at least its minor.
+pub fn protocol_at_least(theirs: &str, minimum: &str) -> bool {
+    let parse = |version: &str| -> Option<(u32, u32)> {
+        let (major, minor) = version.split_once('.')?;
+        Some((major.parse().ok()?, minor.parse().ok()?))
+    };
+    match (parse(protocol_version_or_before(theirs)), parse(minimum)) {
+        (Some((major, minor)), Some((want_major, want_minor))) => {
+            major == want_major && minor >= want_minor
+        }
+        _ => false,
+    }
+}
+
 impl RegistrationAck {
     pub fn heartbeat_interval(&self) -> std::time::Duration {
         std::time::Duration::from_secs_f64(self.heartbeat_interval_sec.max(0.05))
@@ -182,6 +198,10 @@ pub enum InstanceEventKind {
     /// its browser ran (`reason`: its exit and last log lines); the next
     /// connection starts a new one.
     PlaywrightServerExited { version: String, reason: String },
+    /// The egress policy refused the browser a destination (`destination`:
+    /// what the page asked for, `host:port`; `reason`: why, naming the
+    /// address). Once per destination per instance (protocol 1.3).
+    EgressRefused { destination: String, reason: String },
 }
 
 /// An agent's request about its own node's drain (`drain_on_shutdown`):
@@ -373,6 +393,13 @@ mod protocol_tests {
             assert!(protocols_meet("1.1", garbled).is_err(), "{garbled}");
         }
         assert_eq!(protocol_version_or_before(""), PROTOCOL_VERSION_BEFORE);
+        // Who takes `EgressRefused` events: 1.3 and later minors of 1.
+        assert!(protocol_at_least("1.3", "1.3"));
+        assert!(protocol_at_least("1.10", "1.3"));
+        assert!(!protocol_at_least("1.2", "1.3"));
+        assert!(!protocol_at_least("", "1.3"), "a build from before the field");
+        assert!(!protocol_at_least("2.0", "1.3"), "another major");
+        assert!(!protocol_at_least("x", "1.3"));
         assert_eq!(protocol_version_or_before("1.3"), "1.3");
     }
 }

@@ -43,6 +43,11 @@ pub enum EventName {
     /// `data.to_node`).
     #[serde(rename = "instance.moved")]
     InstanceMoved,
+    /// The node's egress policy refused the browser a destination
+    /// (`data.destination`, `data.reason`, `data.setting`): once per
+    /// destination per instance.
+    #[serde(rename = "instance.egress_refused")]
+    InstanceEgressRefused,
     #[serde(rename = "node.offline")]
     NodeOffline,
     #[serde(rename = "node.online")]
@@ -54,7 +59,7 @@ pub enum EventName {
 }
 
 impl EventName {
-    pub const ALL: [EventName; 16] = [
+    pub const ALL: [EventName; 17] = [
         Self::InstanceCreated,
         Self::InstanceDeleted,
         Self::InstanceDormant,
@@ -67,6 +72,7 @@ impl EventName {
         Self::InstanceDownloadCompleted,
         Self::InstancePlaywrightServerExited,
         Self::InstanceMoved,
+        Self::InstanceEgressRefused,
         Self::NodeOffline,
         Self::NodeOnline,
         Self::AlertRaised,
@@ -87,6 +93,7 @@ impl EventName {
             Self::InstanceDownloadCompleted => "instance.download_completed",
             Self::InstancePlaywrightServerExited => "instance.playwright_server_exited",
             Self::InstanceMoved => "instance.moved",
+            Self::InstanceEgressRefused => "instance.egress_refused",
             Self::NodeOffline => "node.offline",
             Self::NodeOnline => "node.online",
             Self::AlertRaised => "alert.raised",

@@ -504,6 +504,24 @@ impl ControlPlane {
                     )
                     .await?;
             }
+            InstanceEventKind::EgressRefused {
+                destination,
+                reason,
+            } => {
+                let mut data = serde_json::Map::new();
+                data.insert("destination".into(), destination.into());
+                data.insert("reason".into(), reason.into());
+                // What opens it: the node's egress policy, not the client.
+                data.insert("setting".into(), "[agent.egress] allow".into());
+                self.store
+                    .instance_note(
+                        &report.id,
+                        EventName::InstanceEgressRefused,
+                        data,
+                        report.at,
+                    )
+                    .await?;
+            }
             InstanceEventKind::DownloadCompleted { name, size_bytes } => {
                 let mut data = serde_json::Map::new();
                 data.insert("name".into(), name.into());

@@ -315,6 +315,9 @@ struct AgentInner {
     /// Who may use instance ports: the control plane's policy, applied at
     /// every registration and heartbeat answer.
     access: Arc<NodeAccess>,
+    /// Whether the control plane takes `EgressRefused` events (protocol
+    /// 1.3): to one before, they are not sent (it would refuse the report).
+    takes_refusals: std::sync::atomic::AtomicBool,
     /// Every task the agent starts (the warm pool, reporting, supervision of
     /// each browser, each instance's servers, revives): shutdown closes it
     /// and waits until they have all ended.
@@ -374,6 +377,7 @@ impl Agent {
             runs: Default::default(),
             launcher,
             access: Arc::new(NodeAccess::default()),
+            takes_refusals: Default::default(),
             tasks: TaskTracker::new(),
             node_id,
             generation: uuid::Uuid::new_v4().simple().to_string(),

@@ -108,6 +108,11 @@ impl Agent {
     /// The first answer with authentication off on a node whose instance
     /// ports face the network is logged as a warning.
     pub(super) fn apply(&self, ack: &RegistrationAck) {
+        let takes_refusals =
+            flotilla_api_types::agent::protocol_at_least(&ack.protocol_version, "1.3");
+        self.inner
+            .takes_refusals
+            .store(takes_refusals, std::sync::atomic::Ordering::Relaxed);
         let was_enabled = self.inner.access.auth_enabled();
         self.inner.access.apply(&ack.instance_access);
         let bind = self.inner.settings.bind_address;
@@ -184,6 +189,7 @@ impl Agent {
                 });
                 self.check_limits(slot, resources.disk_mb);
                 self.announce_downloads(slot);
+                self.announce_refusals(slot);
             }
         }
         let (resources, load) = self.sample_machine();
@@ -223,6 +229,32 @@ impl Agent {
                 InstanceEventKind::DownloadCompleted {
                     name: download.name,
                     size_bytes: download.size_bytes,
+                },
+            );
+        }
+    }
+
+    /// Announces the destinations the egress policy refused `slot`'s browser
+    /// since the last sample (each once), to a control plane that takes them.
+    pub(super) fn announce_refusals(&self, slot: &InstanceSlot) {
+        let Some(process) = slot.process() else {
+            return;
+        };
+        let refusals = process.take_refusals();
+        if !self
+            .inner
+            .takes_refusals
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return;
+        }
+        for refusal in refusals {
+            tracing::info!(instance = %slot.id, destination = refusal.destination, reason = refusal.reason, "egress refused; [agent.egress] allow opens it");
+            self.send_event(
+                slot,
+                InstanceEventKind::EgressRefused {
+                    destination: refusal.destination,
+                    reason: refusal.reason,
                 },
             );
         }

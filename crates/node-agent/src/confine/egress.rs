@@ -425,6 +425,39 @@ pub struct Route {
     pub policy: Option<Arc<EgressPolicy>>,
     /// A std mutex: read once per connection, set when an instance takes the browser.
     upstream: Mutex<Option<Arc<Upstream>>>,
+    /// Destinations the policy refused, for the instance's events.
+    refusals: Mutex<Refusals>,
+}
+
+/// A destination the egress policy refused this browser.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// What the page asked for: `host:port` (a name or an address).
+    pub destination: String,
+    /// Why, naming the address (`127.0.0.1:8080 is a loopback address`).
+    pub reason: String,
+}
+
+/// The refusals of one browser not announced yet, each destination once:
+/// a page that retries (or a hostile one that scans) makes a few events,
+/// never a flood.
+#[derive(Default)]
+struct Refusals {
+    pending: Vec<Refusal>,
+    announced: std::collections::HashSet<String>,
+}
+
+/// Distinct refused destinations one browser announces, at most.
+const REFUSALS_ANNOUNCED: usize = 32;
+
+impl Refusals {
+    fn note(&mut self, refusal: Refusal) {
+        if self.announced.len() < REFUSALS_ANNOUNCED
+            && self.announced.insert(refusal.destination.clone())
+        {
+            self.pending.push(refusal);
+        }
+    }
 }
 
 impl Route {
@@ -432,7 +465,24 @@ impl Route {
         Self {
             policy,
             upstream: Mutex::new(upstream.map(Arc::new)),
+            refusals: Mutex::default(),
         }
+    }
+
+    /// The refusals since the last call (each destination once per browser).
+    pub fn take_refusals(&self) -> Vec<Refusal> {
+        std::mem::take(&mut self.refusals.lock().expect("refusals lock").pending)
+    }
+
+    fn note_refusal(&self, destination: &Destination, why: &Unconnected) {
+        let destination = match destination {
+            Destination::Address(addr) => addr.to_string(),
+            Destination::Name(name, port) => format!("{name}:{port}"),
+        };
+        self.refusals.lock().expect("refusals lock").note(Refusal {
+            destination,
+            reason: why.to_string(),
+        });
     }
 
     pub fn set_upstream(&self, upstream: Option<Upstream>) {
@@ -545,6 +595,7 @@ async fn relay(mut client: TcpStream, route: &Route) -> std::io::Result<()> {
             let code = why.reply();
             if code == reply::NOT_ALLOWED {
                 route.count_refusal();
+                route.note_refusal(&destination, &why);
                 tracing::debug!(destination = ?destination, %why, "egress refused");
             }
             return send_reply(&mut client, code).await;
@@ -1191,5 +1242,34 @@ mod tests {
         // The credentials never show in Debug output.
         assert!(!format!("{:?}", upstream_config(proxy_addr, "secret", &[])).contains("secret"));
         stop.cancel();
+    }
+
+    /// Each refused destination is announced once per browser, and a page
+    /// that scans makes at most REFUSALS_ANNOUNCED announcements.
+    #[test]
+    fn refusals_are_announced_once_per_destination_and_bounded() {
+        let route = Route::new(None, None);
+        let why = Unconnected::NoAddress;
+        let loopback = Destination::Address("127.0.0.1:8000".parse().unwrap());
+        route.note_refusal(&loopback, &why);
+        route.note_refusal(&loopback, &why);
+        route.note_refusal(&Destination::Name("metadata.internal".into(), 80), &why);
+        let first = route.take_refusals();
+        assert_eq!(
+            first
+                .iter()
+                .map(|r| r.destination.as_str())
+                .collect::<Vec<_>>(),
+            ["127.0.0.1:8000", "metadata.internal:80"]
+        );
+        route.note_refusal(&loopback, &why);
+        assert!(route.take_refusals().is_empty(), "announced once");
+        for port in 1..=200 {
+            route.note_refusal(
+                &Destination::Address(SocketAddr::from(([10, 0, 0, 1], port))),
+                &why,
+            );
+        }
+        assert_eq!(route.take_refusals().len(), REFUSALS_ANNOUNCED - 2);
     }
 }

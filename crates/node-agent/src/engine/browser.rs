@@ -430,6 +430,15 @@ impl BrowserProcess {
         self.pid
     }
 
+    /// Destinations the egress policy refused since the last call, each
+    /// once per browser (none without an egress proxy).
+    pub fn take_refusals(&self) -> Vec<crate::confine::egress::Refusal> {
+        self.route
+            .as_ref()
+            .map(|route| route.take_refusals())
+            .unwrap_or_default()
+    }
+
     /// Points the browser's connections at `upstream` (a warm browser taken
     /// by an instance with `config.proxy`). `false` when the browser has no
     /// egress proxy to route through.

@@ -17,7 +17,24 @@ const h = (tag, attrs = {}, ...children) => {
 };
 
 const INSTANCE_EVENTS = ['instance.created', 'instance.running', 'instance.idle', 'instance.dormant',
-  'instance.revived', 'instance.failed', 'instance.stopped', 'instance.deleted'];
+  'instance.revived', 'instance.failed', 'instance.stopped', 'instance.deleted', 'instance.egress_refused'];
+
+// Destinations the egress policy refused, per instance (the last few), shown
+// under the live view: the page itself only sees ERR_SOCKS_CONNECTION_FAILED.
+const refusals = new Map();
+
+function noteRefusal(id, data) {
+  const seen = refusals.get(id) ?? [];
+  refusals.set(id, [...seen, data].slice(-3));
+  if (state.detail === id) renderRefusals(id);
+}
+
+function renderRefusals(id) {
+  const notice = $('#egress-refused');
+  const seen = refusals.get(id) ?? [];
+  notice.hidden = seen.length === 0;
+  notice.textContent = seen.map((r) => `Refused by the node's egress policy: ${r.destination} (${r.reason}). ${r.setting} opens it.`).join(' ');
+}
 
 const state = {
   key: sessionStorage.getItem('flotilla.apiKey'),
@@ -345,6 +362,7 @@ function renderDetail() {
     stopLiveView();
     $('#live-hint').textContent = `No live view while the instance is ${state.parking.has(instance.id) ? 'parking' : instance.status}.`;
   }
+  renderRefusals(instance.id);
   const shown = snippet(instance);
   $('#snippet').textContent = shown.code;
   $('#snippet-hint').textContent = shown.hint;
@@ -544,7 +562,9 @@ async function connectEvents() {
   };
   subscribe(state.tenant ? token.topics[0] : 'instances', INSTANCE_EVENTS, (name, payload) => {
     const id = payload.data.instance_id;
-    if (name === 'instance.deleted') {
+    if (name === 'instance.egress_refused') {
+      noteRefusal(id, payload.data);
+    } else if (name === 'instance.deleted') {
       state.instances.delete(id);
       renderInstances();
       if (state.detail === id) renderDetail();
