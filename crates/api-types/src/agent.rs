@@ -397,7 +397,10 @@ mod protocol_tests {
         assert!(protocol_at_least("1.3", "1.3"));
         assert!(protocol_at_least("1.10", "1.3"));
         assert!(!protocol_at_least("1.2", "1.3"));
-        assert!(!protocol_at_least("", "1.3"), "a build from before the field");
+        assert!(
+            !protocol_at_least("", "1.3"),
+            "a build from before the field"
+        );
         assert!(!protocol_at_least("2.0", "1.3"), "another major");
         assert!(!protocol_at_least("x", "1.3"));
         assert_eq!(protocol_version_or_before("1.3"), "1.3");

@@ -149,6 +149,13 @@ impl FlotillaConfig {
         Ok(())
     }
 
+    /// [`Self::validate`], and what a process serving the API needs beyond
+    /// it (an API key when `auth_enabled`).
+    pub fn validate_serving(&self) -> anyhow::Result<()> {
+        self.validate()?;
+        self.control.validate_serving().map_err(anyhow::Error::msg)
+    }
+
     pub fn listen_addr(&self) -> anyhow::Result<SocketAddr> {
         self.listen.parse().with_context(|| {
             format!(

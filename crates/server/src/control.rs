@@ -30,11 +30,7 @@ pub struct Control {
 
 impl Control {
     pub async fn start(config: FlotillaConfig) -> anyhow::Result<Control> {
-        config.validate()?;
-        config
-            .control
-            .validate_serving()
-            .map_err(anyhow::Error::msg)?;
+        config.validate_serving()?;
         if config.control.cluster_token.is_none() {
             anyhow::bail!(
                 "flotilla control needs cluster_token (or FLOTILLA_CLUSTER_TOKEN): agents present it to register"

@@ -45,11 +45,7 @@ impl Serve {
         config: FlotillaConfig,
         clock: Arc<dyn Clock>,
     ) -> anyhow::Result<Serve> {
-        config.validate()?;
-        config
-            .control
-            .validate_serving()
-            .map_err(anyhow::Error::msg)?;
+        config.validate_serving()?;
         crate::files::owner_only(&config.data_dir);
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("cannot create data_dir {}", config.data_dir.display()))?;

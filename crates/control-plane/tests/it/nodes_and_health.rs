@@ -425,10 +425,10 @@ fn a_registration_from_another_minor_version_reads_with_fields_unknown_and_missi
     // A newer agent's registration: a field this side does not know; an
     // older one's: no protocol_version (nor the other defaulted fields).
     let mut newer = serde_json::to_value(registration("n1", vec![], vec![])).unwrap();
-    newer["protocol_version"] = "1.2".into();
+    newer["protocol_version"] = "1.4".into();
     newer["a_field_from_the_future"] = serde_json::json!({"nested": [1, 2]});
     let read: NodeRegistration = serde_json::from_value(newer).unwrap();
-    assert_eq!(read.protocol_version, "1.2");
+    assert_eq!(read.protocol_version, "1.4");
     let mut older = serde_json::to_value(registration("n1", vec![], vec![])).unwrap();
     let fields = older.as_object_mut().unwrap();
     for field in [
