@@ -212,7 +212,8 @@ pub struct AgentConfig {
     /// downloads, private `/tmp` and `/dev/shm`, and its own namespaces.
     pub sandbox: bool,
     /// Run browsers even where the node cannot confine them (no bubblewrap
-    /// sandbox, no network namespace of their own, or no cgroup limits).
+    /// sandbox, no network namespace of their own, no cgroup limits, or no
+    /// Chromium sandbox).
     /// Off, such a node refuses to start and says what is missing and how to
     /// provide it; on, it starts, degraded, with the same words as warnings.
     pub allow_unconfined_browsers: bool,

@@ -38,7 +38,7 @@ impl AgentNode {
         let token = config.control.cluster_token.clone().context(
             "flotilla agent needs cluster_token (or FLOTILLA_CLUSTER_TOKEN), the same as its control plane's",
         )?;
-        crate::files::owner_only(&config.data_dir);
+        crate::files::owner_only(&config.data_dir)?;
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("cannot create data_dir {}", config.data_dir.display()))?;
         let data_dir = config.data_dir.canonicalize()?;

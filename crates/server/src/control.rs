@@ -36,7 +36,7 @@ impl Control {
                 "flotilla control needs cluster_token (or FLOTILLA_CLUSTER_TOKEN): agents present it to register"
             );
         }
-        crate::files::owner_only(&config.data_dir);
+        crate::files::owner_only(&config.data_dir)?;
         let store =
             Store::connect(&config.database_url(), config.control.store.max_connections).await?;
         let snapshots = SnapshotStore::open(&config.snapshots, &config.data_dir.join("snapshots"))

@@ -6,19 +6,21 @@
 //! tightened at start. The node agent then lets its browser user through the
 //! few directories that lead to browsers' own (see the agent's sandbox).
 
-use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::Path;
 
 /// Sets the process's umask to 077 and takes group and other permissions
 /// off everything under `data_dir` (symbolic links are left alone). Answers
 /// how many entries were tightened; one that cannot be (another user's) is
 /// logged and skipped.
-pub fn owner_only(data_dir: &Path) -> usize {
+pub fn owner_only(data_dir: &Path) -> anyhow::Result<usize> {
     // SAFETY: umask only replaces the process's file-creation mask.
     unsafe {
         libc::umask(0o077);
     }
-    let tightened = tighten(data_dir);
+    refuse_shared(data_dir)?;
+    let device = std::fs::metadata(data_dir).map(|meta| meta.dev()).ok();
+    let tightened = tighten(data_dir, device);
     if tightened > 0 {
         tracing::info!(
             tightened,
@@ -26,14 +28,34 @@ pub fn owner_only(data_dir: &Path) -> usize {
             "made files under the data directory owner-only"
         );
     }
-    tightened
+    Ok(tightened)
 }
 
-fn tighten(path: &Path) -> usize {
+/// A data directory shared with other users (sticky or world-writable, as
+/// `/tmp`) is refused: tightening it would take it from them.
+fn refuse_shared(data_dir: &Path) -> anyhow::Result<()> {
+    let Ok(meta) = std::fs::metadata(data_dir) else {
+        return Ok(()); // created, owner-only, by the caller
+    };
+    let mode = meta.permissions().mode();
+    if mode & 0o1000 != 0 || mode & 0o002 != 0 {
+        anyhow::bail!(
+            "data_dir {} is a folder shared with other users (mode {:04o}): choose a folder of Flotilla's own inside it (e.g. {})",
+            data_dir.display(),
+            mode & 0o7777,
+            data_dir.join("flotilla").display()
+        );
+    }
+    Ok(())
+}
+
+/// Tightens `path` and what is under it, on the data directory's own
+/// filesystem only (`device`): never into what is mounted inside it.
+fn tighten(path: &Path, device: Option<u64>) -> usize {
     let Ok(meta) = std::fs::symlink_metadata(path) else {
         return 0;
     };
-    if meta.file_type().is_symlink() {
+    if meta.file_type().is_symlink() || device.is_some_and(|device| meta.dev() != device) {
         return 0;
     }
     let mode = meta.permissions().mode();
@@ -48,7 +70,7 @@ fn tighten(path: &Path) -> usize {
         && let Ok(entries) = std::fs::read_dir(path)
     {
         for entry in entries.flatten() {
-            tightened += tighten(&entry.path());
+            tightened += tighten(&entry.path(), device);
         }
     }
     tightened
@@ -57,6 +79,22 @@ fn tighten(path: &Path) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `FLOTILLA_DATA_DIR=/tmp` once made /tmp owner-only (and every other
+    /// user's file in it): a shared folder is refused, untouched.
+    #[test]
+    fn a_shared_folder_is_refused_as_the_data_directory_and_left_as_it_was() {
+        let shared = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let theirs = shared.path().join("someone-elses");
+        std::fs::write(&theirs, b"theirs").unwrap();
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let error = owner_only(shared.path()).unwrap_err().to_string();
+        assert!(error.contains("shared with other users"), "{error}");
+        let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(shared.path()), 0o1777);
+        assert_eq!(mode(&theirs), 0o644);
+    }
 
     #[test]
     fn what_others_could_read_is_tightened_and_new_files_are_owner_only() {
@@ -78,7 +116,11 @@ mod tests {
         std::fs::set_permissions(outside.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
         std::os::unix::fs::symlink(outside.path(), root.join("link")).unwrap();
         std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o755)).unwrap();
-        assert_eq!(owner_only(root), 5, "root, snapshots, a, and the two files");
+        assert_eq!(
+            owner_only(root).unwrap(),
+            5,
+            "root, snapshots, a, and the two files"
+        );
         let mode = |p: &str| {
             std::fs::symlink_metadata(root.join(p))
                 .unwrap()

@@ -46,7 +46,7 @@ impl Serve {
         clock: Arc<dyn Clock>,
     ) -> anyhow::Result<Serve> {
         config.validate_serving()?;
-        crate::files::owner_only(&config.data_dir);
+        crate::files::owner_only(&config.data_dir)?;
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("cannot create data_dir {}", config.data_dir.display()))?;
         let data_dir = config.data_dir.canonicalize()?;

@@ -475,13 +475,22 @@ impl Route {
     }
 
     fn note_refusal(&self, destination: &Destination, why: &Unconnected) {
-        let destination = match destination {
-            Destination::Address(addr) => addr.to_string(),
-            Destination::Name(name, port) => format!("{name}:{port}"),
+        let (destination, reason) = match (destination, why) {
+            (Destination::Address(addr), why) => (addr.to_string(), why.to_string()),
+            // What a name resolves to inside the node's network is not the
+            // page's to learn: only the kinds of address it was denied.
+            (Destination::Name(name, port), Unconnected::Denied(denials)) => (
+                format!("{name}:{port}"),
+                format!(
+                    "{name} resolves only to denied addresses ({})",
+                    kinds(denials)
+                ),
+            ),
+            (Destination::Name(name, port), why) => (format!("{name}:{port}"), why.to_string()),
         };
         self.refusals.lock().expect("refusals lock").note(Refusal {
             destination,
-            reason: why.to_string(),
+            reason,
         });
     }
 
@@ -711,6 +720,22 @@ impl Unconnected {
             Self::NoAddress | Self::Tunnel(_) => reply::GENERAL_FAILURE,
         }
     }
+}
+
+/// The kinds of the denied addresses, without the addresses
+/// (`private, this node's own`).
+fn kinds(denials: &[Denied]) -> String {
+    let mut kinds: Vec<String> = Vec::new();
+    for denial in denials {
+        let kind = match denial {
+            Denied::Range { range, .. } => range.to_string(),
+            Denied::HostAddress { .. } => "this node's own".to_owned(),
+        };
+        if !kinds.contains(&kind) {
+            kinds.push(kind);
+        }
+    }
+    kinds.join(", ")
 }
 
 fn join(denials: &[Denied]) -> String {
@@ -1264,12 +1289,31 @@ mod tests {
         );
         route.note_refusal(&loopback, &why);
         assert!(route.take_refusals().is_empty(), "announced once");
+        // A name's refusal says what kinds of address it resolved to, never
+        // which (the node's internal names are not the page's to map).
+        let internal = Destination::Name("db.internal".into(), 5432);
+        let denied = Unconnected::Denied(vec![
+            Denied::Range {
+                addr: "10.96.0.12:5432".parse().unwrap(),
+                range: DeniedRange::Private,
+            },
+            Denied::HostAddress {
+                addr: "192.168.1.5:5432".parse().unwrap(),
+            },
+        ]);
+        route.note_refusal(&internal, &denied);
+        let named = route.take_refusals();
+        assert_eq!(
+            named[0].reason,
+            "db.internal resolves only to denied addresses (private, this node's own)"
+        );
+        assert!(!named[0].reason.contains("10.96"));
         for port in 1..=200 {
             route.note_refusal(
                 &Destination::Address(SocketAddr::from(([10, 0, 0, 1], port))),
                 &why,
             );
         }
-        assert_eq!(route.take_refusals().len(), REFUSALS_ANNOUNCED - 2);
+        assert_eq!(route.take_refusals().len(), REFUSALS_ANNOUNCED - 3);
     }
 }

@@ -167,6 +167,9 @@ pub enum Layer {
     Network,
     /// cgroup limits: instances would run without memory, CPU and pids caps.
     Limits,
+    /// Chromium's own sandbox (its renderers in namespaces of their own,
+    /// with seccomp-bpf): without it, `--no-sandbox`.
+    BrowserSandbox,
 }
 
 impl Layer {
@@ -179,6 +182,9 @@ impl Layer {
             Layer::Network => {
                 "run the agent as root (in a container: with CAP_SYS_ADMIN and CAP_NET_ADMIN) and keep agent.egress.enabled on"
             }
+            Layer::BrowserSandbox => {
+                "let unprivileged users create user namespaces (kernel.unprivileged_userns_clone = 1; on Ubuntu 24.04, kernel.apparmor_restrict_unprivileged_userns = 0 or an AppArmor profile for Chromium); in a container, grant CAP_SYS_CHROOT (the runtime's seccomp profile allows chroot only then)"
+            }
             Layer::Limits => {
                 "run the agent as root where its cgroup is writable: on a host, as root; in a container, give it a cgroup namespace of its own (Podman: --cgroupns=private; Kubernetes gives one on cgroup v2 nodes), where the agent remounts its hierarchies read-write (CAP_SYS_ADMIN, and an AppArmor profile that allows mount)"
             }
@@ -190,6 +196,7 @@ impl Layer {
             Layer::Filesystem => "filesystem sandbox",
             Layer::Network => "network namespace",
             Layer::Limits => "resource limits",
+            Layer::BrowserSandbox => "Chromium sandbox",
         }
     }
 }
@@ -242,8 +249,24 @@ const READ_ONLY_PATHS: &[&str] = &[
 ];
 
 /// Files of the sandbox's `/proc` that describe the host rather than the
-/// browser: bound over with an empty file.
-const HIDDEN_PROC_FILES: &[&str] = &["/proc/cmdline", "/proc/config.gz"];
+/// browser: bound over with an empty file where the kernel has them. Beside
+/// the boot command line and build configuration, what container runtimes
+/// mask (timers, scheduler state and keys of the whole machine).
+const HIDDEN_PROC_FILES: &[&str] = &[
+    "/proc/cmdline",
+    "/proc/config.gz",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/key-users",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+];
+
+/// Folders of the sandbox's `/proc` about the machine's hardware: an empty
+/// tmpfs over each where the kernel has it (as container runtimes do).
+const HIDDEN_PROC_DIRS: &[&str] = &["/proc/acpi", "/proc/asound", "/proc/scsi"];
 
 /// Top-level names that are symbolic links into `/usr` on merged-/usr systems.
 const USR_LINKS: &[&str] = &["bin", "sbin", "lib", "lib64", "lib32", "libx32"];
@@ -257,14 +280,21 @@ pub struct Wanted<'a> {
     pub own_network: bool,
 }
 
+/// Where the agent binds its unmasked view of `/proc` in a container: a
+/// root-only folder outside the data directory (which is tightened, walked
+/// and backed up) and outside every sandbox.
+const PROC_VIEW: &str = "/run/flotilla-agent/proc-view";
+
 /// Binds `/proc` alone (not what is mounted over parts of it) at `view`.
 ///
 /// A container runtime masks parts of the container's `/proc` (mounts over
 /// `/proc/kcore`, a read-only `/proc/sys`…), and the kernel then refuses a
 /// new user namespace a `/proc` of its own (bubblewrap's, for the browser's
 /// pid namespace) unless some `/proc` of the mount namespace is fully
-/// visible. This view is one; it is the agent's alone (mode 0700, outside
-/// every sandbox), and the container's `/proc` keeps its masks.
+/// visible. This view is one; it is the agent's alone (under a root-only
+/// folder, outside the data directory and every sandbox), and the
+/// container's `/proc` keeps its masks (the sandbox's `/proc` gets them
+/// too: [`HIDDEN_PROC_FILES`], [`HIDDEN_PROC_DIRS`]).
 fn unmasked_proc_view(view: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     let already = std::fs::read_to_string("/proc/self/mountinfo")?
@@ -273,9 +303,13 @@ fn unmasked_proc_view(view: &Path) -> std::io::Result<()> {
     if already {
         return Ok(());
     }
-    match std::fs::DirBuilder::new().mode(0o700).create(view) {
-        Err(error) if error.kind() != std::io::ErrorKind::AlreadyExists => return Err(error),
-        _ => {}
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .recursive(true)
+        .create(view)?;
+    if let Some(parent) = view.parent() {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o700))?;
     }
     let source = CString::new("/proc")?;
     let target = CString::new(view.as_os_str().as_encoded_bytes())?;
@@ -290,6 +324,23 @@ fn unmasked_proc_view(view: &Path) -> std::io::Result<()> {
         )
     };
     if bound != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // No set-uid programs, devices or executables through it (as bubblewrap
+    // mounts /proc).
+    let flags =
+        libc::MS_REMOUNT | libc::MS_BIND | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    // SAFETY: as above; a remount of the bind just made.
+    let restricted = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            target.as_ptr(),
+            std::ptr::null(),
+            flags,
+            std::ptr::null(),
+        )
+    };
+    if restricted != 0 {
         return Err(std::io::Error::last_os_error());
     }
     tracing::info!(
@@ -363,9 +414,12 @@ impl Isolation {
         let unshare = PathBuf::from("/usr/bin/unshare");
         match isolation.probe(state_dir, Some(&unshare)) {
             Ok(()) => isolation.chromium_sandbox = true,
-            Err(reason) => isolation.warnings.push(format!(
-                "Chromium's own sandbox is off (--no-sandbox): the browser user cannot create a user namespace and chroot in it ({reason}; the kernel's unprivileged user namespaces, or in a container its seccomp profile, which allows chroot only with CAP_SYS_CHROOT); renderers are confined only by the node's sandbox"
-            )),
+            Err(reason) => isolation.lacks(
+                Layer::BrowserSandbox,
+                format!(
+                    "the browser user cannot create a user namespace and chroot in it ({reason}): Chromium would run with --no-sandbox, its renderers confined only by the node's sandbox"
+                ),
+            ),
         }
         Ok(isolation)
     }
@@ -395,7 +449,7 @@ impl Isolation {
             && stderr.contains("mount proc")
             && is_root()
         {
-            match unmasked_proc_view(&state_dir.join("proc-view")) {
+            match unmasked_proc_view(Path::new(PROC_VIEW)) {
                 Ok(()) => probed = probing.probe(state_dir, None),
                 Err(error) => tracing::warn!(%error, "cannot bind an unmasked view of /proc"),
             }
@@ -667,8 +721,17 @@ impl Isolation {
         // What the kernel tells about the host (its boot command line, its
         // build configuration) reads as empty.
         let empty = self.etc_dir.join("empty").to_string_lossy().into_owned();
-        for host_fact in HIDDEN_PROC_FILES {
+        for host_fact in HIDDEN_PROC_FILES
+            .iter()
+            .filter(|path| Path::new(path).exists())
+        {
             push(&["--ro-bind-try", &empty, host_fact]);
+        }
+        for host_facts in HIDDEN_PROC_DIRS
+            .iter()
+            .filter(|path| Path::new(path).is_dir())
+        {
+            push(&["--tmpfs", host_facts]);
         }
         let inside = self.browser_paths(dirs);
         for (host, inside) in

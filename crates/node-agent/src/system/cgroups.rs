@@ -349,32 +349,7 @@ fn in_own_cgroup_namespace() -> bool {
 /// subtree: never the host's.
 fn remount_writable(mounts: &str) -> usize {
     let mut remounted = 0;
-    for line in mounts.lines() {
-        let Some((left, right)) = line.split_once(" - ") else {
-            continue;
-        };
-        let kind = right.split_whitespace().next().unwrap_or_default();
-        let mut fields = left.split_whitespace();
-        let (Some(target), Some(options)) = (fields.nth(4), fields.next()) else {
-            continue;
-        };
-        let options: Vec<&str> = options.split(',').collect();
-        if !matches!(kind, "cgroup" | "cgroup2") || !options.contains(&"ro") {
-            continue;
-        }
-        // The flags a mount keeps must be passed again (a remount that
-        // would drop them is refused).
-        let mut flags = libc::MS_REMOUNT | libc::MS_BIND;
-        for (name, flag) in [
-            ("nosuid", libc::MS_NOSUID),
-            ("nodev", libc::MS_NODEV),
-            ("noexec", libc::MS_NOEXEC),
-            ("relatime", libc::MS_RELATIME),
-        ] {
-            if options.contains(&name) {
-                flags |= flag;
-            }
-        }
+    for (target, flags) in read_only_own_hierarchies(mounts) {
         let Ok(target) = CString::new(target) else {
             continue;
         };
@@ -394,6 +369,45 @@ fn remount_writable(mounts: &str) -> usize {
         }
     }
     remounted
+}
+
+/// The cgroup mounts of `mounts` (mountinfo) that are read-only and show the
+/// namespace's own root, with the flags a read-write remount of each passes.
+/// One that shows more (a bind of the host's `/sys/fs/cgroup`, whose root
+/// reads `/..`) is left out.
+fn read_only_own_hierarchies(mounts: &str) -> Vec<(&str, libc::c_ulong)> {
+    let mut found = Vec::new();
+    for line in mounts.lines() {
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let kind = right.split_whitespace().next().unwrap_or_default();
+        let mut fields = left.split_whitespace();
+        let (Some(root), Some(target), Some(options)) =
+            (fields.nth(3), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        let options: Vec<&str> = options.split(',').collect();
+        if !matches!(kind, "cgroup" | "cgroup2") || !options.contains(&"ro") || root != "/" {
+            continue;
+        }
+        // The flags a mount keeps must be passed again (a remount that
+        // would drop them is refused).
+        let mut flags = libc::MS_REMOUNT | libc::MS_BIND;
+        for (name, flag) in [
+            ("nosuid", libc::MS_NOSUID),
+            ("nodev", libc::MS_NODEV),
+            ("noexec", libc::MS_NOEXEC),
+            ("relatime", libc::MS_RELATIME),
+        ] {
+            if options.contains(&name) {
+                flags |= flag;
+            }
+        }
+        found.push((target, flags));
+    }
+    found
 }
 
 /// Moves every process of `cgroup` into its child [`AGENT_LEAF`].
@@ -554,6 +568,33 @@ fn format_pid(mut pid: u32, buffer: &mut [u8; 20]) -> &[u8] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A container's read-only hierarchies of its own cgroup namespace are
+    /// remounted; a read-only bind of the host's tree (root `/..`) and
+    /// read-write mounts are not.
+    #[test]
+    fn only_read_only_mounts_of_the_namespaces_own_root_are_made_writable() {
+        let mounts = "\
+93 89 0:32 / /sys/fs/cgroup/memory ro,nosuid,nodev,noexec,relatime - cgroup cgroup rw,memory
+94 89 0:33 /.. /host/cgroup/cpu ro,nosuid,nodev,noexec,relatime - cgroup cgroup rw,cpu
+95 89 0:34 / /sys/fs/cgroup/pids rw,nosuid,nodev,noexec,relatime - cgroup cgroup rw,pids
+96 89 0:35 / /sys/fs/cgroup/unified ro,nosuid,nodev,noexec,relatime - cgroup2 cgroup2 rw
+97 89 0:36 / /proc ro,nosuid,nodev,noexec,relatime - proc proc rw
+";
+        let found = read_only_own_hierarchies(mounts);
+        let targets: Vec<&str> = found.iter().map(|(target, _)| *target).collect();
+        assert_eq!(targets, ["/sys/fs/cgroup/memory", "/sys/fs/cgroup/unified"]);
+        let flags = found[0].1;
+        assert_eq!(
+            flags,
+            libc::MS_REMOUNT
+                | libc::MS_BIND
+                | libc::MS_NOSUID
+                | libc::MS_NODEV
+                | libc::MS_NOEXEC
+                | libc::MS_RELATIME
+        );
+    }
 
     #[test]
     fn formats_pids_without_allocating() {

@@ -566,6 +566,7 @@ async function connectEvents() {
       noteRefusal(id, payload.data);
     } else if (name === 'instance.deleted') {
       state.instances.delete(id);
+      refusals.delete(id);
       renderInstances();
       if (state.detail === id) renderDetail();
     } else {
