@@ -73,7 +73,16 @@ for (const hidden of ['file:///var/lib/flotilla/', 'file:///var/lib/flotilla/age
     throw new Error(`the browser reaches ${hidden}: ${seen}`);
   }
 }
-ok('connectOverCDP through the front door; the browser sees only its sandbox (none of the container’s data or configuration)');
+// The machine-wide files a container runtime masks read as empty in the
+// browser's own /proc too.
+for (const masked of ['file:///proc/timer_list', 'file:///proc/keys', 'file:///proc/sched_debug']) {
+  // An error page (the empty file bound over it is not the browser's to
+  // read) or an empty page; never the machine's timers or keys, nor a download.
+  const seen = await page.goto(masked).then(() => page.textContent('body'), (error) => error);
+  const readable = seen instanceof Error ? /Download is starting/.test(seen.message) : seen.trim() !== '';
+  if (readable) throw new Error(`${masked} is readable in the browser: ${String(seen).slice(0, 200)}`);
+}
+ok('connectOverCDP through the front door; the browser sees only its sandbox (none of the container’s data or configuration; the masked /proc files empty)');
 const refused = await page.goto(loopback).then(() => null, (error) => error.message);
 if (!refused) throw new Error(`the browser reached the node's loopback ${loopback}`);
 ok(`the egress policy refuses the node's loopback (${refused.split('\n')[0]})`);
