@@ -342,6 +342,22 @@ impl Store {
         bind_statuses(query, &statuses).fetch_all(&self.pool).await
     }
 
+    /// A guard for a write of `id`: dropped before [`RefreshUnlessDone::done`]
+    /// (its caller cut short, e.g. a client gone mid-request, between the
+    /// commit and the read model's refresh), it refreshes `id` on its own.
+    fn refresh_unless_done(&self, id: &InstanceId) -> RefreshUnlessDone {
+        RefreshUnlessDone {
+            store: self.cache.is_some().then(|| self.clone()),
+            id: id.clone(),
+        }
+    }
+
+    /// Re-reads `id` into the read model on the writer connection of its own.
+    async fn refresh_alone(&self, id: &InstanceId) -> Result<(), sqlx::Error> {
+        let mut conn = self.writer.acquire().await?;
+        self.refresh(&mut conn, id).await
+    }
+
     /// Re-reads `id` on the writer connection (so in commit order) into the read model.
     async fn refresh(&self, conn: &mut AnyConnection, id: &InstanceId) -> Result<(), sqlx::Error> {
         let Some(cache) = &self.cache else {
@@ -614,9 +630,11 @@ impl Store {
             new.created_at,
         )
         .await?;
+        let refreshed = self.refresh_unless_done(&new.id);
         tx.commit().await?;
         self.events_committed();
         self.refresh(&mut conn, &new.id).await?;
+        refreshed.done();
         Ok(Placed::Inserted)
     }
 
@@ -650,8 +668,10 @@ impl Store {
         .bind(id.as_str())
         .execute(&mut *tx)
         .await?;
+        let refreshed = self.refresh_unless_done(id);
         tx.commit().await?;
         self.refresh(&mut conn, id).await?;
+        refreshed.done();
         Ok(true)
     }
 
@@ -663,6 +683,7 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<bool, sqlx::Error> {
         let mut conn = self.writer.acquire().await?;
+        let refreshed = self.refresh_unless_done(id);
         let done = sqlx::query("UPDATE instances SET debug_port = $1, stream_port = $2, http_port = $3, updated_at = $4 WHERE id = $5")
             .bind(i64::from(ports[0]))
             .bind(i64::from(ports[1]))
@@ -672,6 +693,7 @@ impl Store {
             .execute(&mut *conn)
             .await?;
         self.refresh(&mut conn, id).await?;
+        refreshed.done();
         Ok(done.rows_affected() == 1)
     }
 
@@ -779,6 +801,7 @@ impl Store {
         owner: &str,
     ) -> Result<bool, sqlx::Error> {
         let mut conn = self.writer.acquire().await?;
+        let refreshed = self.refresh_unless_done(id);
         let updated = sqlx::query("UPDATE instances SET webdriver_owner = $2 WHERE id = $1")
             .bind(id.as_str())
             .bind(owner)
@@ -786,6 +809,7 @@ impl Store {
             .await?
             .rows_affected();
         self.refresh(&mut conn, id).await?;
+        refreshed.done();
         Ok(updated > 0)
     }
 
@@ -884,9 +908,11 @@ impl Store {
             )
             .await?;
         }
+        let refreshed = self.refresh_unless_done(id);
         tx.commit().await?;
         self.events_committed();
         self.refresh(&mut conn, id).await?;
+        refreshed.done();
         drop(conn);
         self.instance_get(id).await
     }
@@ -965,11 +991,13 @@ impl Store {
             )
             .await?;
         }
+        let refreshed = self.refresh_unless_done(id);
         tx.commit().await?;
         self.events_committed();
         if let Some(cache) = &self.cache {
             cache.remove(id);
         }
+        refreshed.done();
         Ok(true)
     }
 
@@ -1096,5 +1124,37 @@ impl Store {
                 ))
             })
             .collect()
+    }
+}
+
+/// See [`Store::refresh_unless_done`].
+#[must_use = "call done() once the read model is refreshed"]
+struct RefreshUnlessDone {
+    /// `None` once done (or without a read model).
+    store: Option<Store>,
+    id: InstanceId,
+}
+
+impl RefreshUnlessDone {
+    fn done(mut self) {
+        self.store = None;
+    }
+}
+
+impl Drop for RefreshUnlessDone {
+    fn drop(&mut self) {
+        let Some(store) = self.store.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let id = self.id.clone();
+        // On the writer connection, so in commit order with every other write.
+        runtime.spawn(async move {
+            if let Err(error) = store.refresh_alone(&id).await {
+                tracing::warn!(instance = %id, %error, "cannot refresh the read model after a write cut short");
+            }
+        });
     }
 }

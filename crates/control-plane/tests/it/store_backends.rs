@@ -850,3 +850,63 @@ async fn leases_pass_only_when_they_lapse(postgres: bool) {
         "leases are per task"
     );
 }
+
+/// A write cut short (its caller dropped: a client gone mid-request, the
+/// crash rounds' kill of an agent) between the commit and the read model's
+/// refresh once left SQLite's read model stale for good: a deleted instance
+/// still listed as creating. Writes are cut at every point of a spread of
+/// moments; the read model then agrees with the database (a second store on
+/// the same file, whose read model is loaded from it).
+#[tokio::test]
+async fn a_write_cut_short_leaves_the_read_model_as_the_database_is() {
+    let (store, guard) = open(false).await;
+    let Backend::Sqlite(dir) = &guard else {
+        unreachable!()
+    };
+    store
+        .node_upsert(&registration("n1", 500), Utc::now())
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for cut_after_us in (0..3000).step_by(25) {
+        let new = new_instance("n1");
+        ids.push(new.id.clone());
+        store.instance_insert_if_room(&new, 500).await.unwrap();
+        let cut = std::time::Duration::from_micros(cut_after_us);
+        let id = new.id.clone();
+        if cut_after_us % 2 == 0 {
+            let _ = tokio::time::timeout(cut, store.instance_delete(&id, Utc::now())).await;
+        } else {
+            let moved = store.instance_transition(
+                &id,
+                &[InstanceStatus::Creating],
+                InstanceStatus::Running,
+                None,
+                Utc::now(),
+            );
+            let _ = tokio::time::timeout(cut, moved).await;
+        }
+    }
+    let url = format!("sqlite://{}/store.db", dir.path().display());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let truth = Store::connect(&url, 1).await.expect("a second store");
+        let mut differ = Vec::new();
+        for id in &ids {
+            let seen = store.instance_get(id).await.unwrap().map(|r| r.status);
+            let stored = truth.instance_get(id).await.unwrap().map(|r| r.status);
+            if seen != stored {
+                differ.push(format!("{id}: read model {seen:?}, database {stored:?}"));
+            }
+        }
+        if differ.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "stale read model:\n{}",
+            differ.join("\n")
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
