@@ -328,21 +328,10 @@ fn unmasked_proc_view(view: &Path) -> std::io::Result<()> {
     }
     // No set-uid programs, devices or executables through it (as bubblewrap
     // mounts /proc).
-    let flags =
-        libc::MS_REMOUNT | libc::MS_BIND | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
-    // SAFETY: as above; a remount of the bind just made.
-    let restricted = unsafe {
-        libc::mount(
-            std::ptr::null(),
-            target.as_ptr(),
-            std::ptr::null(),
-            flags,
-            std::ptr::null(),
-        )
-    };
-    if restricted != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    crate::system::remount(
+        &target,
+        libc::MS_REMOUNT | libc::MS_BIND | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+    )?;
     tracing::info!(
         view = %view.display(),
         "/proc is masked here (a container): bound an unmasked view of it, so that bubblewrap may mount the browsers' own"
@@ -350,14 +339,43 @@ fn unmasked_proc_view(view: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Why browsers would share the node's network.
+#[derive(Debug, thiserror::Error)]
+enum NetworkGap {
+    #[error(
+        "agent.egress.enabled is off: pages can reach this node's services and private networks"
+    )]
+    EgressOff,
+    #[error(
+        "cannot create network namespaces (the agent needs root): pages can reach this node's services and private networks"
+    )]
+    NoNamespaces,
+}
+
+/// Why browsers would see the host's filesystem.
+#[derive(Debug, thiserror::Error)]
+enum SandboxGap {
+    #[error("agent.sandbox is off: browsers see the host's whole filesystem")]
+    Off,
+    #[error(
+        "bubblewrap (bwrap) is not installed: browsers see the host's whole filesystem (scripts/install-deps installs it)"
+    )]
+    NotInstalled,
+    #[error(
+        "bubblewrap ({}) cannot start a sandbox here ({reason}): browsers see the host's whole filesystem",
+        .bwrap.display()
+    )]
+    CannotStart { bwrap: PathBuf, reason: ProbeError },
+}
+
 /// Whether browsers get network namespaces of their own; else why not.
-fn own_network(wanted: &Wanted<'_>) -> Result<(), String> {
+fn own_network(wanted: &Wanted<'_>) -> Result<(), NetworkGap> {
     if !wanted.own_network {
-        Err("agent.egress.enabled is off: pages can reach this node's services and private networks".to_owned())
+        Err(NetworkGap::EgressOff)
     } else if crate::confine::netns::supported() {
         Ok(())
     } else {
-        Err("cannot create network namespaces (the agent needs root): pages can reach this node's services and private networks".to_owned())
+        Err(NetworkGap::NoNamespaces)
     }
 }
 
@@ -425,20 +443,19 @@ impl Isolation {
     }
 
     /// Records a layer this node cannot give its browsers (a warning too).
-    pub fn lacks(&mut self, layer: Layer, why: String) {
+    pub fn lacks(&mut self, layer: Layer, why: impl std::fmt::Display) {
+        let why = why.to_string();
         self.warnings.push(why.clone());
         self.gaps.push(Gap { layer, why });
     }
 
     /// bubblewrap, found and able to start a sandbox here; else why not.
-    fn sandbox(&self, wanted: &Wanted<'_>, state_dir: &Path) -> Result<PathBuf, String> {
+    fn sandbox(&self, wanted: &Wanted<'_>, state_dir: &Path) -> Result<PathBuf, SandboxGap> {
         if !wanted.sandbox {
-            return Err(
-                "agent.sandbox is off: browsers see the host's whole filesystem".to_owned(),
-            );
+            return Err(SandboxGap::Off);
         }
         let Some(bwrap) = find_in_path("bwrap") else {
-            return Err("bubblewrap (bwrap) is not installed: browsers see the host's whole filesystem (scripts/install-deps installs it)".to_owned());
+            return Err(SandboxGap::NotInstalled);
         };
         let probing = Self {
             bwrap: Some(bwrap.clone()),
@@ -456,10 +473,7 @@ impl Isolation {
         }
         match probed {
             Ok(()) => Ok(bwrap),
-            Err(reason) => Err(format!(
-                "bubblewrap ({}) cannot start a sandbox here ({reason}): browsers see the host's whole filesystem",
-                bwrap.display()
-            )),
+            Err(reason) => Err(SandboxGap::CannotStart { bwrap, reason }),
         }
     }
 

@@ -148,20 +148,21 @@ pub struct Launcher {
     pub runs: flotilla_api_types::runs::RunLedger,
 }
 
+/// Why instances would run without limits.
+#[derive(Debug, thiserror::Error)]
+#[error("no writable cgroup hierarchy ({0}): instances run without memory, CPU and pids limits")]
+struct LimitsGap(#[source] crate::system::cgroups::CgroupError);
+
 /// The node's instance cgroups, stale ones of a previous run swept; else
 /// why instances would run without limits.
-fn instance_cgroups(node_id: &str, instances_root: &Path) -> Result<Cgroups, String> {
+fn instance_cgroups(node_id: &str, instances_root: &Path) -> Result<Cgroups, LimitsGap> {
     // Unique per agent: two agents on one machine (tests, or a mistake with
     // node ids) must never sweep each other's browsers.
     let owner = format!(
         "{node_id}-{:08x}",
         fnv1a(instances_root.as_os_str().as_encoded_bytes())
     );
-    let cgroups = Cgroups::detect(&owner).map_err(|reason| {
-        format!(
-            "no writable cgroup hierarchy ({reason}): instances run without memory, CPU and pids limits"
-        )
-    })?;
+    let cgroups = Cgroups::detect(&owner).map_err(LimitsGap)?;
     let swept = cgroups.sweep();
     if swept > 0 {
         tracing::info!(swept, "removed instance cgroups left by a previous run");

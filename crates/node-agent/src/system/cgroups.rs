@@ -353,18 +353,7 @@ fn remount_writable(mounts: &str) -> usize {
         let Ok(target) = CString::new(target) else {
             continue;
         };
-        // SAFETY: a valid C string and null pointers mount(2) accepts for a
-        // remount.
-        let done = unsafe {
-            libc::mount(
-                std::ptr::null(),
-                target.as_ptr(),
-                std::ptr::null(),
-                flags,
-                std::ptr::null(),
-            )
-        };
-        if done == 0 {
+        if super::remount(&target, flags).is_ok() {
             remounted += 1;
         }
     }
