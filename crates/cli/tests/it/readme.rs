@@ -5,7 +5,8 @@
 //! ports. JavaScript runs with Node in `tests/js` (its packages), Python with
 //! `python3`, shell with bash (the `flotilla` binary first on `PATH`), and the
 //! MCP configuration is connected to with an MCP handshake. The image's
-//! `podman run` is the one snippet left to `scripts/image --test`.
+//! `podman run` is the one snippet left out: it needs the image, and
+//! `bench/first_instance.py` reads it from README.md and runs it.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -157,7 +158,7 @@ async fn browser_every_snippet_of_the_readme_runs_as_written() {
     assert_eq!(
         image.len(),
         1,
-        "one image snippet, run by scripts/image --test"
+        "one image snippet, run by bench/first_instance.py"
     );
     let doors = [
         "connectOverCDP",
