@@ -34,6 +34,21 @@ async function liveFrames(page) {
 }
 const taken = [];
 const T = 60_000;
+
+// Waits until the instance list's "Driven by" cell of `id` satisfies `wanted`
+// (the list refreshes itself every 10 s; the node counts clients with its
+// heartbeat).
+async function drivenBy(page, id, wanted) {
+  const cell = page.locator(`tr[data-id="${id}"] [data-field="drivers"]`);
+  const deadline = Date.now() + T;
+  let text;
+  while (Date.now() < deadline) {
+    text = (await cell.textContent())?.trim();
+    if (wanted(text)) return text;
+    await page.waitForTimeout(250);
+  }
+  throw new Error(`the instance list's "Driven by" shows ${JSON.stringify(text)}`);
+}
 let shot;
 
 // Opens the test page in the instance's tab (over CDP), takes control in the
@@ -184,9 +199,12 @@ try {
     const refused = await refusedTab.goto(`${base}/health`).then(() => null, (error) => error.message);
     if (!refused?.includes('ERR_SOCKS_CONNECTION_FAILED')) throw new Error(`the loopback page was not refused: ${refused}`);
     await refusedTab.close();
+    // While this client is connected, the list says a CDP client drives it.
+    await drivenBy(page, id, (text) => text.includes('CDP'));
   } finally {
     await remote.close();
   }
+  await drivenBy(page, id, (text) => text === '—');
   const notice = page.locator('#egress-refused');
   await notice.waitFor({ state: 'visible', timeout: T });
   const said = await notice.textContent();

@@ -46,6 +46,9 @@ async def main(base, key, form):
                 seen["tools"] = sorted(tool.name for tool in tools.tools)
                 created = text_of(await call("browser_create", url=form))
                 seen["instance"] = re.search(r"Created browser (\S+) ", created).group(1)
+                # The instance's view says this session drives it.
+                view = await client.get(f"{base}/v2/instances/{seen['instance']}")
+                seen["drivers"] = view.json().get("drivers")
                 snapshot = text_of(await call("browser_snapshot"))
                 seen["snapshot"] = snapshot
                 name = ref(snapshot, r'textbox "Name"')

@@ -246,6 +246,19 @@ pub struct InstanceReport {
     /// of undoing it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation: Option<OperationId>,
+    /// The clients the node serves the instance now (an older agent sends
+    /// none: all zero).
+    #[serde(default)]
+    pub clients: NodeClients,
+}
+
+/// The clients a node serves one instance now: open DevTools and Playwright
+/// connections on its ports, and REST actions running on it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeClients {
+    pub cdp: u32,
+    pub playwright: u32,
+    pub actions: u32,
 }
 
 /// Sent by an agent when it starts, and again whenever the control plane

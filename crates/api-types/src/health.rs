@@ -58,8 +58,9 @@ pub struct Health {
 /// One background task in `/health`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct BackgroundTaskHealth {
-    /// `node offline sweep`, `idle sweep`, `lifetime sweep`, `metrics
-    /// sample`; `node strays` (stopping instances a node runs and the store
+    /// `node offline sweep`, `idle sweep`, `lifetime sweep`, `drain
+    /// takeover`, `metrics sample`; `node drain` (a drain this control
+    /// plane runs); `node strays` (stopping instances a node runs and the store
     /// does not have), `door relay` (WebSocket connections through the
     /// front door), `park`, `revive`, `delete` (those requests, which run to
     /// their end whether their client waits or not).
@@ -75,7 +76,8 @@ pub struct BackgroundTaskHealth {
     pub running: u64,
     /// What the timed runs changed, summed: nodes marked offline (node
     /// offline sweep), instances parked or stopped (idle sweep), instances
-    /// ended (lifetime sweep), old events pruned (metrics sample).
+    /// ended (lifetime sweep), drains taken over from a control plane that
+    /// stopped (drain takeover), old events pruned (metrics sample).
     #[serde(default)]
     pub changed: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]

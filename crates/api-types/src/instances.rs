@@ -364,6 +364,27 @@ pub struct InstanceResources {
     pub disk_mb: f64,
 }
 
+/// What drives an instance now (list and get responses), so that a person
+/// can tell instances apart: the DevTools and Playwright connections open on
+/// it and the REST actions running on it (as its node counted them at its
+/// last heartbeat), whether a WebDriver session holds it, and the MCP
+/// sessions that created it or act on it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct InstanceDrivers {
+    /// Open DevTools (CDP) connections: Playwright's `connectOverCDP`,
+    /// Puppeteer, any CDP client.
+    pub cdp: u32,
+    /// Open Playwright connections (`chromium.connect()`).
+    pub playwright: u32,
+    /// 1 while a WebDriver session (Selenium, WebdriverIO) holds the
+    /// instance, else 0.
+    pub webdriver: u32,
+    /// MCP sessions that created the instance or made it their current one.
+    pub mcp: u32,
+    /// REST actions running on it.
+    pub actions: u32,
+}
+
 /// Recent activity of an instance (CDP traffic and live-view viewers).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Activity {
@@ -403,13 +424,16 @@ pub struct Instance {
     pub http_port: Option<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_at: Option<DateTime<Utc>>,
-    /// Image the instance runs (get responses).
+    /// Image the instance runs (list and get responses).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<InstanceConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<InstanceResources>,
+    /// What drives it now (list and get responses).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drivers: Option<InstanceDrivers>,
     /// Create and get responses.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub urls: Option<InstanceUrls>,
@@ -447,6 +471,7 @@ impl Instance {
             image: None,
             config: None,
             resources: None,
+            drivers: None,
             urls: None,
             profile: None,
             expires_at: None,

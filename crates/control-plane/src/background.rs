@@ -1,6 +1,7 @@
 //! Background reconcile tasks. Each runs on a timer, is idempotent, and logs what
 //! it changed; all stop when the shutdown token fires: node offline sweep, idle
-//! sweep, lifetime sweep (max_duration_minutes), metrics samples with alert evaluation and event-log pruning, and one
+//! sweep, lifetime sweep (max_duration_minutes), the takeover of drains whose
+//! control plane stopped, metrics samples with alert evaluation and event-log pruning, and one
 //! event delivery task per outbox target. Each runs in one control plane of a
 //! cluster at a time, the holder of its lease in the store. Each timed run is
 //! recorded in [`crate::app::tasks`] (`/health`, `/metrics`).
@@ -45,6 +46,13 @@ pub async fn spawn_all(
             &control_plane,
             "lifetime sweep",
             |cp| async move { Ok(cp.instance_lifetime_sweep().await? as u64) },
+        ),
+        spawn_every(
+            interval,
+            &shutdown,
+            &control_plane,
+            "drain takeover",
+            |cp| async move { cp.drains_take_over().await },
         ),
         spawn_every(
             sample_interval,

@@ -14,7 +14,9 @@ use flotilla_api_types::agent::{
     AgentCreateInstance, AgentInstancePorts, Heartbeat, InstanceEventReport, InstanceStateChange,
     NodeRegistration, StateChangeAck,
 };
-use flotilla_api_types::agent::{AgentDormantResult, AgentIdentity, AgentReviveInstance};
+use flotilla_api_types::agent::{
+    AgentDormantResult, AgentIdentity, AgentReviveInstance, InstanceReport,
+};
 use flotilla_api_types::extensions::ExtensionRefusal;
 use flotilla_api_types::instances::KeptRecording;
 use flotilla_api_types::nodes::DrainReport;
@@ -58,6 +60,10 @@ impl NodeConnection for LocalNode {
 
     async fn identity(&self) -> Result<AgentIdentity, NodeCallError> {
         Ok(self.0.identity())
+    }
+
+    async fn instance_reports(&self) -> Result<Vec<InstanceReport>, NodeCallError> {
+        Ok(self.0.instance_reports())
     }
 
     async fn instance_page(
@@ -146,7 +152,7 @@ impl ControlPlaneLink for LocalLink {
     }
 
     async fn drain_report(&self, node: &NodeId) -> Result<Option<DrainReport>, LinkError> {
-        Ok(self.0.node_drain_report(node))
+        self.0.node_drain_report(node).await.map_err(rejected)
     }
 }
 

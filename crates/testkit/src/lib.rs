@@ -5,6 +5,7 @@
 //! - [`serve_page`]: a local web server for pages the browsers load;
 //! - [`run_node`]: the Playwright / Puppeteer clients in `tests/js`;
 //! - [`OtlpReceiver`]: an OpenTelemetry collector's OTLP/HTTP traces door;
+//! - [`Balancer`]: nginx round-robin in front of several control planes;
 //! - [`wait_until`]: polling a condition with a generous deadline (never a fixed sleep).
 //!
 //! Cleanup happens on drop too, so a failing test leaves no browser behind.
@@ -18,6 +19,7 @@ use anyhow::bail;
 pub use reqwest::StatusCode;
 
 mod api;
+mod balancer;
 mod node_clients;
 mod otlp;
 mod pages;
@@ -29,6 +31,7 @@ mod sse;
 mod webhooks;
 
 pub use api::*;
+pub use balancer::*;
 pub use node_clients::*;
 pub use otlp::*;
 pub use pages::*;

@@ -14,13 +14,13 @@ use flotilla_testkit::{
 };
 use serde_json::Value;
 
-const TOKEN: &str = "cluster-test-token";
+pub(crate) const TOKEN: &str = "cluster-test-token";
 
 fn binary() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_flotilla"))
 }
 
-async fn control(dir: &Path, extra: &[(&str, &str)]) -> ServeProcess {
+pub(crate) async fn control(dir: &Path, extra: &[(&str, &str)]) -> ServeProcess {
     let data = dir.display().to_string();
     let mut env = vec![
         ("FLOTILLA_CLUSTER_TOKEN", TOKEN),
@@ -41,18 +41,18 @@ async fn control(dir: &Path, extra: &[(&str, &str)]) -> ServeProcess {
     .expect("control starts")
 }
 
-struct AgentSpec<'a> {
-    node: &'a str,
-    max_instances: &'a str,
-    ports: &'a str,
-    sim: bool,
+pub(crate) struct AgentSpec<'a> {
+    pub node: &'a str,
+    pub max_instances: &'a str,
+    pub ports: &'a str,
+    pub sim: bool,
     /// More environment (e.g. a shared snapshot store).
-    env: &'a [(&'a str, &'a str)],
+    pub env: &'a [(&'a str, &'a str)],
 }
 
 impl<'a> AgentSpec<'a> {
     /// An agent on the sim runtime with nothing more in its environment.
-    fn sim(node: &'a str, max_instances: &'a str, ports: &'a str) -> Self {
+    pub fn sim(node: &'a str, max_instances: &'a str, ports: &'a str) -> Self {
         AgentSpec {
             node,
             max_instances,
@@ -63,7 +63,7 @@ impl<'a> AgentSpec<'a> {
     }
 }
 
-async fn agent(control_url: &str, dir: &Path, spec: &AgentSpec<'_>) -> ServeProcess {
+pub(crate) async fn agent(control_url: &str, dir: &Path, spec: &AgentSpec<'_>) -> ServeProcess {
     let data = dir.display().to_string();
     let mut env = vec![
         ("FLOTILLA_CLUSTER_TOKEN", TOKEN),
@@ -124,7 +124,7 @@ async fn agents_sharing(
     agents
 }
 
-async fn wait_nodes(api: &Api, want: &[(&str, &str)]) {
+pub(crate) async fn wait_nodes(api: &Api, want: &[(&str, &str)]) {
     wait_until(Duration::from_secs(60), "node statuses", || async {
         let (_, body) = api.get("/v2/nodes").await;
         let nodes = body["nodes"].as_array().cloned().unwrap_or_default();
@@ -163,7 +163,7 @@ async fn wait_count(api: &Api, query: &str, want: i64) {
 }
 
 /// The instances an agent runs, from its agent API.
-async fn agent_instances(agent: &ServeProcess) -> Vec<Value> {
+pub(crate) async fn agent_instances(agent: &ServeProcess) -> Vec<Value> {
     reqwest::Client::new()
         .get(format!("{}/agent/v1/instances", agent.api.base))
         .bearer_auth(TOKEN)
@@ -718,6 +718,115 @@ async fn drain_report(api: &Api, node: &str) -> Value {
     })
     .await
     .unwrap()
+}
+
+#[tokio::test]
+async fn a_drain_goes_on_in_another_control_plane_when_its_own_is_killed() {
+    let postgres = PgServer::start().await.unwrap();
+    let database = postgres.database().await.unwrap();
+    let temp = tempfile::tempdir().unwrap();
+    let shared = temp.path().join("snapshots");
+    std::fs::create_dir_all(&shared).unwrap();
+    let snapshots_url = format!("file://{}", shared.display());
+    let env = [
+        ("FLOTILLA_DATABASE_URL", database.as_str()),
+        ("FLOTILLA_SNAPSHOTS__URL", snapshots_url.as_str()),
+    ];
+    // A runs the drain and stops dead between recording its first revive
+    // and asking the node for it (held at that point, then killed): the
+    // hardest moment to take a drain over from.
+    let held = temp.path().join("never");
+    let fault = format!("control-revive-recorded=until:{}", held.display());
+    let mut a_env = env.to_vec();
+    a_env.push(("FLOTILLA_FAULTS", fault.as_str()));
+    let mut a = control(&temp.path().join("a"), &a_env).await;
+    let b = control(&temp.path().join("b"), &env).await;
+    // The agents report to B. Each revive takes a second and a half (a sim
+    // instance's start).
+    let slow = [
+        ("FLOTILLA_SNAPSHOTS__URL", snapshots_url.as_str()),
+        ("FLOTILLA_AGENT__SIM_START_MS", "1500"),
+    ];
+    let mut agents = Vec::new();
+    for (node, ports) in [("d1", "29000-29099"), ("d2", "29100-29199")] {
+        let spec = AgentSpec {
+            env: &slow,
+            ..AgentSpec::sim(node, "10", ports)
+        };
+        agents.push(agent(&b.api.base, &temp.path().join(node), &spec).await);
+    }
+    wait_nodes(&a.api, &[("d1", "online"), ("d2", "online")]).await;
+    let mut ids = Vec::new();
+    for _ in 0..6 {
+        let created = a.api.create(r#"{"node_preference": "d1"}"#).await;
+        ids.push(created["id"].as_str().unwrap().to_owned());
+    }
+    wait_count(&b.api, "node_id=d1&status=running", 6).await;
+
+    let (status, _) = a.api.post("/v2/nodes/d1/drain", "").await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    // B shows A's drain; A has recorded its first revive and holds there.
+    wait_until(
+        Duration::from_secs(60),
+        "A's first revive, seen from B",
+        || async {
+            let (_, node) = b.api.get("/v2/nodes/d1").await;
+            let reviving = count(&b.api, "status=reviving").await;
+            if node["drain"]["finished"] == false && reviving == 1 {
+                Ok(Some(()))
+            } else {
+                Err(format!("{reviving} reviving, {node}"))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    a.stop_with(libc::SIGKILL).await;
+
+    // B takes the drain over and finishes it: every instance moved, once.
+    let report = drain_report(&b.api, "d1").await;
+    assert_eq!(report["stayed"], serde_json::json!([]), "{report}");
+    let moved: Vec<&str> = report["moved"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["instance_id"].as_str().unwrap())
+        .collect();
+    let mut sorted = moved.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 6, "each instance moved once: {report}");
+    for id in &ids {
+        let detail = b
+            .api
+            .wait_for_status(id, "running", Duration::from_secs(60))
+            .await;
+        assert_eq!(detail["node_id"], "d2", "{detail}");
+    }
+    // Every record agrees with the nodes: d2 runs the six, d1 none.
+    let on_d2: Vec<Value> = agent_instances(&agents[1]).await;
+    for id in &ids {
+        assert!(on_d2.iter().any(|r| r["id"] == id.as_str()), "{on_d2:?}");
+    }
+    wait_until(Duration::from_secs(60), "d1 to run nothing", || async {
+        let on_d1 = agent_instances(&agents[0]).await;
+        if on_d1.is_empty() {
+            Ok(Some(()))
+        } else {
+            Err(format!("{on_d1:?}"))
+        }
+    })
+    .await
+    .unwrap();
+    let (_, health) = b.api.get("/health").await;
+    let takeover = health["background"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|task| task["name"] == "drain takeover")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(takeover["changed"], 1, "{health}");
 }
 
 #[tokio::test]

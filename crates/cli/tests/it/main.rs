@@ -8,4 +8,5 @@ mod crash_rounds;
 mod proxy_command;
 mod proxy_peers;
 mod readme;
+mod replicas;
 mod slow_clients;

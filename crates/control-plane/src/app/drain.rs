@@ -24,10 +24,13 @@ use super::ControlPlane;
 use super::lifecycle::{self, Event};
 use crate::error::{Error, Result};
 use crate::scheduler::{self, PlacementRequest};
-use crate::store::InstanceRecord;
+use crate::store::{DrainRecord, Expected, InstanceRecord};
 
 /// How long a moved instance may take to run again on its new node.
 const REVIVE_DEADLINE: Duration = Duration::from_secs(120);
+/// How long a revive a stopped drain had recorded may stay unknown to its
+/// node before it is taken for one that never reached it.
+const NEVER_ARRIVED: chrono::TimeDelta = chrono::TimeDelta::seconds(10);
 /// How many times the drain looks again for instances left on the node
 /// (ones that were being created, revived or parked), a second apart.
 const SETTLE_ROUNDS: usize = 30;
@@ -88,7 +91,18 @@ enum Stayed {
     Store(#[from] sqlx::Error),
 }
 
-/// A drain this process runs or ran: its report, and what ends it.
+/// How long a drain's lease lasts: the control plane running the drain
+/// renews it every third of that, and another takes the drain over once it
+/// lapses (its runner stopped).
+const DRAIN_LEASE: Duration = Duration::from_secs(10);
+
+/// The lease whose holder runs node `node`'s drain.
+fn drain_lease(node: &NodeId) -> String {
+    format!("drain:{node}")
+}
+
+/// A drain this process runs: its report as it stands (the store holds the
+/// same, for every control plane), and what ends it.
 pub(crate) struct Drain {
     report: DrainReport,
     ended: CancellationToken,
@@ -96,7 +110,8 @@ pub(crate) struct Drain {
 
 impl ControlPlane {
     /// Starts draining node `id`: marks it, and moves its instances in the
-    /// background; the report as it starts.
+    /// background; the report as it starts (or that of the drain already
+    /// under way, whichever control plane runs it).
     pub async fn node_drain(
         self: &Arc<Self>,
         id: &NodeId,
@@ -113,8 +128,24 @@ impl ControlPlane {
                 node.status.as_str()
             )));
         }
+        if let Some(under_way) = self.store.drain_get(id).await?.map(|d| d.report)
+            && !under_way.finished
+        {
+            return Ok(under_way);
+        }
+        let lease = chrono::Duration::from_std(DRAIN_LEASE).expect("a short lease");
+        if !self
+            .store
+            .lease_acquire(&drain_lease(id), &self.holder, self.now(), lease)
+            .await?
+        {
+            // Another control plane began it a moment ago.
+            return self
+                .node_drain_report(id)
+                .await?
+                .ok_or_else(|| Error::InvalidState(format!("node {id} is being drained; retry")));
+        }
         let running = self.store.instances_on_node(id, &movable()).await?;
-        let ended = CancellationToken::new();
         let report = DrainReport {
             node_id: id.clone(),
             started_at: self.now(),
@@ -125,51 +156,119 @@ impl ControlPlane {
             moving: running.iter().map(|r| r.id.clone()).collect(),
             stayed: Vec::new(),
         };
-        if let Some(report) = self.node_drain_report(id).filter(|report| !report.finished) {
-            return Ok(report);
-        }
         self.store
             .node_set_draining(id, true, until_restart)
             .await?;
-        {
-            let mut drains = self.drains.lock().expect("drains lock");
-            if let Some(drain) = drains.get(id)
-                && !drain.report.finished
-            {
-                return Ok(drain.report.clone());
-            }
-            if let Some(previous) = drains.insert(
-                id.clone(),
-                Drain {
-                    report: report.clone(),
-                    ended: ended.clone(),
-                },
-            ) {
-                previous.ended.cancel();
-            }
-        }
+        let record = DrainRecord {
+            report: report.clone(),
+            until_restart,
+        };
+        self.store.drain_begin(&record).await?;
         tracing::info!(node = %id, instances = running.len(), "node draining");
-        let control_plane = self.clone();
-        let queue = running.into_iter().map(|r| r.id).collect();
-        let node = id.clone();
-        self.tasks().spawn("node drain", async move {
-            control_plane
-                .run_drain(&node, queue, (until_restart, ended))
-                .await;
-        });
+        self.run_drain_here(record, false);
         Ok(report)
     }
 
-    /// The drain of `node`, from `queue` (its running instances) until every
-    /// instance on it was tried, or `ended` (uncordon) or this process
-    /// stops: each move in turn, then the instances that were on their way
-    /// (creating, reviving) once they run, waiting up to [`SETTLE_ROUNDS`]
-    /// seconds for them.
+    /// Takes over the unfinished drains whose control plane stopped (their
+    /// lease lapsed), each from its stored report; how many it took.
+    pub async fn drains_take_over(self: &Arc<Self>) -> Result<u64> {
+        let lease = chrono::Duration::from_std(DRAIN_LEASE).expect("a short lease");
+        let mut taken = 0;
+        for drain in self.store.drains_unfinished().await? {
+            let node = drain.report.node_id.clone();
+            if self.drains.lock().expect("drains lock").contains_key(&node) {
+                continue;
+            }
+            if !self
+                .store
+                .lease_acquire(&drain_lease(&node), &self.holder, self.now(), lease)
+                .await?
+            {
+                continue;
+            }
+            tracing::warn!(%node, moving = drain.report.moving.len(), "taking over a drain whose control plane stopped");
+            self.run_drain_here(drain, true);
+            taken += 1;
+        }
+        Ok(taken)
+    }
+
+    /// Runs `drain` in this process (`resumed`: taken over from another),
+    /// renewing its lease throughout; it stops, leaving the drain to another
+    /// control plane, when this process stops or the lease is lost.
+    fn run_drain_here(self: &Arc<Self>, drain: DrainRecord, resumed: bool) {
+        let node = drain.report.node_id.clone();
+        let started_at = drain.report.started_at;
+        let queue = drain.report.moving.clone();
+        let ended = CancellationToken::new();
+        let runner = Drain {
+            report: drain.report,
+            ended: ended.clone(),
+        };
+        if let Some(previous) = self
+            .drains
+            .lock()
+            .expect("drains lock")
+            .insert(node.clone(), runner)
+        {
+            previous.ended.cancel();
+        }
+        let control_plane = self.clone();
+        self.tasks().spawn("node drain", async move {
+            let run = control_plane.run_drain(&node, queue, (drain.until_restart, ended, resumed));
+            tokio::select! {
+                () = run => {}
+                () = control_plane.keep_drain_lease(&node) => {}
+            }
+            let mut drains = control_plane.drains.lock().expect("drains lock");
+            if drains
+                .get(&node)
+                .is_some_and(|d| d.report.started_at == started_at)
+            {
+                drains.remove(&node);
+            }
+        });
+    }
+
+    /// Renews node `node`'s drain lease until it cannot: another control
+    /// plane holds it, or the store did not answer for the lease's length.
+    async fn keep_drain_lease(&self, node: &NodeId) {
+        let lease = chrono::Duration::from_std(DRAIN_LEASE).expect("a short lease");
+        let mut held_until = tokio::time::Instant::now() + DRAIN_LEASE;
+        loop {
+            tokio::time::sleep(DRAIN_LEASE / 3).await;
+            let renewed = self
+                .store
+                .lease_acquire(&drain_lease(node), &self.holder, self.now(), lease)
+                .await;
+            match renewed {
+                Ok(true) => held_until = tokio::time::Instant::now() + DRAIN_LEASE,
+                Ok(false) => {
+                    tracing::warn!(%node, "another control plane took this drain over");
+                    return;
+                }
+                Err(error) if tokio::time::Instant::now() >= held_until => {
+                    tracing::warn!(%node, %error, "this drain's lease lapsed: another control plane takes it over");
+                    return;
+                }
+                Err(error) => tracing::warn!(%node, %error, "cannot renew a drain's lease"),
+            }
+        }
+    }
+
+    /// The drain of `node`, from `queue` (its instances to move) until every
+    /// instance on it was tried, or it is ended (uncordon, here or on
+    /// another control plane; its agent restarting after a drain until
+    /// restart): each move in turn, then the instances that were on their
+    /// way (creating, reviving) once they run, waiting up to
+    /// [`SETTLE_ROUNDS`] seconds for them. `resumed`: the first of `queue`
+    /// may be a move the drain's stopped runner had begun. When this process
+    /// stops it returns at once, the drain unfinished for another to resume.
     async fn run_drain(
         &self,
         node: &NodeId,
         mut queue: Vec<InstanceId>,
-        (until_restart, ended): (bool, CancellationToken),
+        (until_restart, ended, mut resumed): (bool, CancellationToken, bool),
     ) {
         let stopping = self.tasks().stopping();
         let mut tried = std::collections::HashSet::new();
@@ -177,17 +276,21 @@ impl ControlPlane {
         let (movable, on_their_way) = (movable(), on_their_way());
         loop {
             for id in std::mem::take(&mut queue) {
-                // A move once begun runs to its end; an end of the drain (or
-                // of this process) is heeded between moves.
-                let outcome = if ended.is_cancelled() || stopping.is_cancelled() {
+                if stopping.is_cancelled() {
+                    return;
+                }
+                // A move once begun runs to its end; an end of the drain is
+                // heeded between moves.
+                let outcome = if ended.is_cancelled() || !self.still_draining(node).await {
                     Err(Stayed::DrainEnded)
                 } else {
                     let span = flotilla_telemetry::operation("instance.move", Some(id.as_str()));
-                    let moved = self.move_instance(node, &id, until_restart);
+                    let moved = self.move_or_resume(node, &id, (until_restart, resumed));
                     flotilla_telemetry::traced(span, moved).await
                 };
+                resumed = false;
                 tried.insert(id.clone());
-                self.drain_progress(node, &id, outcome);
+                self.drain_progress(node, &id, outcome).await;
             }
             let left = self.instances_left(node, &tried).await;
             let waiting = left.iter().any(|r| on_their_way.contains(&r.status));
@@ -196,11 +299,11 @@ impl ControlPlane {
                 .filter(|r| movable.contains(&r.status))
                 .map(|r| r.id.clone())
                 .collect();
-            self.drain_moving(node, &queue);
+            self.drain_moving(node, &queue).await;
             if queue.is_empty() && (!waiting || rounds >= SETTLE_ROUNDS) {
                 for record in left.iter().filter(|r| on_their_way.contains(&r.status)) {
                     let stayed = Stayed::InTransitThroughout(record.status);
-                    self.drain_progress(node, &record.id, Err(stayed));
+                    self.drain_progress(node, &record.id, Err(stayed)).await;
                 }
                 break;
             }
@@ -209,14 +312,28 @@ impl ControlPlane {
                 tokio::select! {
                     () = tokio::time::sleep(Duration::from_secs(1)) => {}
                     () = ended.cancelled() => {}
-                    () = stopping.cancelled() => {}
+                    () = stopping.cancelled() => return,
                 }
             }
         }
-        self.drain_progress_finished(node);
+        self.drain_progress_finished(node).await;
     }
 
-    /// Ends node `id`'s drain: it takes new instances again.
+    /// Whether node `node` is still marked draining (an uncordon on any
+    /// control plane, or its agent's restart after a drain until restart,
+    /// clears the mark).
+    async fn still_draining(&self, node: &NodeId) -> bool {
+        match self.store.node_get(node).await {
+            Ok(record) => record.is_some_and(|record| record.draining),
+            Err(error) => {
+                tracing::warn!(%node, %error, "a drain cannot read its node");
+                true
+            }
+        }
+    }
+
+    /// Ends node `id`'s drain: it takes new instances again (the control
+    /// plane running the drain sees it before its next move).
     pub async fn node_uncordon(&self, id: &NodeId) -> Result<Node> {
         if !self.store.node_set_draining(id, false, false).await? {
             return Err(Error::NotFound(format!("node {id} not found")));
@@ -229,37 +346,50 @@ impl ControlPlane {
         self.node_get(id).await
     }
 
-    /// The latest drain of node `id` this process ran.
-    pub fn node_drain_report(&self, id: &NodeId) -> Option<DrainReport> {
-        let drains = self.drains.lock().expect("drains lock");
-        drains.get(id).map(|drain| drain.report.clone())
+    /// The latest drain of node `id`, whichever control plane ran it.
+    pub async fn node_drain_report(&self, id: &NodeId) -> Result<Option<DrainReport>> {
+        Ok(self.store.drain_get(id).await?.map(|drain| drain.report))
     }
 
-    fn drain_progress(
+    /// Changes this process's drain of `node` with `change`, then writes its
+    /// report to the store.
+    async fn drain_update(&self, node: &NodeId, change: impl FnOnce(&mut DrainReport)) {
+        let report = {
+            let mut drains = self.drains.lock().expect("drains lock");
+            let Some(drain) = drains.get_mut(node) else {
+                return;
+            };
+            change(&mut drain.report);
+            drain.report.clone()
+        };
+        if let Err(error) = self.store.drain_report(&report).await {
+            tracing::warn!(%node, %error, "cannot write a drain's report");
+        }
+    }
+
+    async fn drain_progress(
         &self,
         node: &NodeId,
         id: &InstanceId,
         outcome: std::result::Result<NodeId, Stayed>,
     ) {
-        let mut drains = self.drains.lock().expect("drains lock");
-        let Some(drain) = drains.get_mut(node) else {
-            return;
-        };
-        drain.report.moving.retain(|moving| moving != id);
-        match outcome {
-            Ok(to_node) => drain.report.moved.push(MovedInstance {
-                instance_id: id.clone(),
-                to_node,
-            }),
-            Err(stayed) => {
-                let reason = stayed.to_string();
-                tracing::warn!(instance = %id, %node, %reason, "an instance stayed on its draining node");
-                drain.report.stayed.push(StayedInstance {
-                    instance_id: id.clone(),
-                    reason,
-                });
-            }
+        if let Err(stayed) = &outcome {
+            tracing::warn!(instance = %id, %node, reason = %stayed, "an instance stayed on its draining node");
         }
+        self.drain_update(node, |report| {
+            report.moving.retain(|moving| moving != id);
+            match outcome {
+                Ok(to_node) => report.moved.push(MovedInstance {
+                    instance_id: id.clone(),
+                    to_node,
+                }),
+                Err(stayed) => report.stayed.push(StayedInstance {
+                    instance_id: id.clone(),
+                    reason: stayed.to_string(),
+                }),
+            }
+        })
+        .await;
     }
 
     /// The instances on `node` the drain has not tried yet, running or on
@@ -283,21 +413,50 @@ impl ControlPlane {
     }
 
     /// The instances still to move.
-    fn drain_moving(&self, node: &NodeId, moving: &[InstanceId]) {
-        if let Some(drain) = self.drains.lock().expect("drains lock").get_mut(node) {
+    async fn drain_moving(&self, node: &NodeId, moving: &[InstanceId]) {
+        self.drain_update(node, |report| {
             for id in moving {
-                if !drain.report.moving.contains(id) {
-                    drain.report.moving.push(id.clone());
+                if !report.moving.contains(id) {
+                    report.moving.push(id.clone());
                 }
             }
-        }
+        })
+        .await;
     }
 
-    fn drain_progress_finished(&self, node: &NodeId) {
-        if let Some(drain) = self.drains.lock().expect("drains lock").get_mut(node) {
-            drain.report.finished = true;
-            tracing::info!(%node, moved = drain.report.moved.len(), stayed = drain.report.stayed.len(), "node drained");
+    async fn drain_progress_finished(&self, node: &NodeId) {
+        self.drain_update(node, |report| {
+            report.finished = true;
+            tracing::info!(%node, moved = report.moved.len(), stayed = report.stayed.len(), "node drained");
+        })
+        .await;
+    }
+
+    /// Moves instance `id` off `from`; with `resumed`, it may be the move a
+    /// stopped runner had begun: parked and not yet revived (it is revived
+    /// elsewhere now), reviving (it is waited for), or done (it runs
+    /// elsewhere).
+    async fn move_or_resume(
+        &self,
+        from: &NodeId,
+        id: &InstanceId,
+        (park_when_stuck, resumed): (bool, bool),
+    ) -> std::result::Result<NodeId, Stayed> {
+        if resumed && let Some(record) = self.store.instance_get(id).await? {
+            match record.status {
+                InstanceStatus::Dormant if &record.node_id == from => {
+                    self.room_elsewhere(from, &record).await?;
+                    return self.revive_elsewhere(from, id).await;
+                }
+                InstanceStatus::Reviving => return self.resume_revive(from, id).await,
+                // The stopped runner's move had finished.
+                InstanceStatus::Running | InstanceStatus::Idle if &record.node_id != from => {
+                    return Ok(record.node_id);
+                }
+                _ => {}
+            }
         }
+        self.move_instance(from, id, park_when_stuck).await
     }
 
     /// Moves instance `id` off its draining node `from`: the node it runs
@@ -325,6 +484,16 @@ impl ControlPlane {
         self.instance_dormant(id)
             .await
             .map_err(Stayed::ParkFailed)?;
+        self.revive_elsewhere(from, id).await
+    }
+
+    /// Revives instance `id`, parked off its draining node `from`, on
+    /// another node: the node it runs on now, or why it stayed.
+    async fn revive_elsewhere(
+        &self,
+        from: &NodeId,
+        id: &InstanceId,
+    ) -> std::result::Result<NodeId, Stayed> {
         if let Err(error) = self.instance_revive(id, ReviveMethod::FullRestore).await {
             return Err(match self.store.instance_get(id).await.ok().flatten() {
                 Some(now) if now.status == InstanceStatus::Dormant => {
@@ -346,6 +515,69 @@ impl ControlPlane {
             .await?;
         tracing::info!(instance = %id, %from, %to, "instance moved");
         Ok(to)
+    }
+
+    /// A revive the stopped runner had begun: waited for while its node
+    /// has it; when its node has not had it for [`NEVER_ARRIVED`] (the
+    /// runner stopped between recording the revive and asking), undone
+    /// (parked again, its snapshot kept) and made again.
+    async fn resume_revive(
+        &self,
+        from: &NodeId,
+        id: &InstanceId,
+    ) -> std::result::Result<NodeId, Stayed> {
+        let deadline = tokio::time::Instant::now() + REVIVE_DEADLINE;
+        loop {
+            let record = self
+                .store
+                .instance_get(id)
+                .await?
+                .ok_or(Stayed::DeletedWhileMoving)?;
+            if record.status != InstanceStatus::Reviving {
+                break;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Stayed::ReviveUnfinished(record.node_id));
+            }
+            if self.now() - record.updated_at > NEVER_ARRIVED
+                && !self.node_has(&record.node_id, id).await
+            {
+                let undone = lifecycle::sources(Event::ReviveUndone(InstanceStatus::Dormant));
+                let this_revive =
+                    Expected::reported(&undone, &record.node_id, record.operation_id.as_ref());
+                let reason = "its revive never reached its node: parked again, to be revived anew";
+                self.store
+                    .instance_transition(
+                        id,
+                        this_revive,
+                        InstanceStatus::Dormant,
+                        Some(reason),
+                        self.now(),
+                    )
+                    .await?;
+                tracing::warn!(instance = %id, node = %record.node_id, "{reason}");
+                return self.revive_elsewhere(from, id).await;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let to = self.revived(id).await?.node_id;
+        if &to == from {
+            Err(Stayed::RevivedHere)
+        } else {
+            Ok(to)
+        }
+    }
+
+    /// Whether `node` reports instance `id` (yes when it cannot be asked:
+    /// the revive is then waited for).
+    async fn node_has(&self, node: &NodeId, id: &InstanceId) -> bool {
+        let Ok(Some(connection)) = self.connection(node).await else {
+            return true;
+        };
+        match connection.instance_reports().await {
+            Ok(reports) => reports.iter().any(|report| &report.id == id),
+            Err(_) => true,
+        }
     }
 
     /// Instance `id` as it is at its turn, if it is still there to move: it

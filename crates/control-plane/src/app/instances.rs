@@ -10,8 +10,8 @@ use flotilla_api_types::events::EventName;
 use flotilla_api_types::faults;
 use flotilla_api_types::ids::OperationId;
 use flotilla_api_types::instances::{
-    CreateInstanceRequest, DEFAULT_IMAGE, Instance, InstanceConfig, InstanceList, InstanceStatus,
-    ListInstancesQuery, ReviveMethod,
+    CreateInstanceRequest, DEFAULT_IMAGE, Instance, InstanceConfig, InstanceDrivers, InstanceList,
+    InstanceStatus, ListInstancesQuery, ReviveMethod,
 };
 use flotilla_api_types::profiles::ProfileUse;
 use flotilla_api_types::{InstanceId, MessageResponse};
@@ -312,6 +312,11 @@ impl ControlPlane {
         ))
     }
 
+    /// What drives `record`'s instance (its view's `drivers`).
+    fn drivers_of(&self, record: &InstanceRecord) -> InstanceDrivers {
+        views::drivers(record, self.mcp_holds.holding(&record.id))
+    }
+
     pub async fn instance_list(
         &self,
         query: ListInstancesQuery,
@@ -339,7 +344,10 @@ impl ControlPlane {
             .instance_list(&filter, query.sort.unwrap_or_default(), limit, offset)
             .await?;
         Ok(InstanceList {
-            instances: records.iter().map(views::instance_summary).collect(),
+            instances: records
+                .iter()
+                .map(|record| views::instance_summary(record, self.drivers_of(record)))
+                .collect(),
             total,
             limit,
             offset,
@@ -371,7 +379,8 @@ impl ControlPlane {
         } else {
             self.instance_urls(&record).await?
         };
-        let mut view = views::instance_detail(&record, urls, self.now());
+        let drivers = self.drivers_of(&record);
+        let mut view = views::instance_detail(&record, (urls, drivers), self.now());
         if *scope == Scope::Admin {
             view.profile = record.profile.clone();
         }
@@ -790,6 +799,7 @@ mod tests {
             updated_at: chrono::Utc::now(),
             last_activity: chrono::Utc::now(),
             resources: Default::default(),
+            clients: Default::default(),
             snapshot_id: None,
             dormant_since: None,
             revive_method: None,

@@ -12,6 +12,9 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use flotilla_api_types::InstanceId;
 
 /// Session id → the principal that opened it and its tenant. A std mutex:
 /// a few map operations, never held across an await.
@@ -92,6 +95,45 @@ impl SessionOwners {
     }
 }
 
+/// The instances each live MCP session holds (those it created, and its
+/// current one), so that an instance's view counts the sessions driving it
+/// (`drivers.mcp`). Keyed by a number each session draws ([`Self::key`]);
+/// a std mutex, never held across an await.
+#[derive(Default)]
+pub struct SessionHolds {
+    next_key: AtomicU64,
+    held: Mutex<HashMap<u64, Vec<InstanceId>>>,
+}
+
+impl SessionHolds {
+    /// A key for a new session.
+    pub fn key(&self) -> u64 {
+        self.next_key.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Session `key` now holds `instances` (and no other).
+    pub fn hold(&self, key: u64, instances: Vec<InstanceId>) {
+        let mut held = self.held.lock().expect("mcp holds lock");
+        if instances.is_empty() {
+            held.remove(&key);
+        } else {
+            held.insert(key, instances);
+        }
+    }
+
+    /// Session `key` ended.
+    pub fn release(&self, key: u64) {
+        self.held.lock().expect("mcp holds lock").remove(&key);
+    }
+
+    /// How many sessions hold `instance`.
+    pub fn holding(&self, instance: &InstanceId) -> u32 {
+        let held = self.held.lock().expect("mcp holds lock");
+        let sessions = held.values().filter(|ids| ids.contains(instance)).count();
+        u32::try_from(sessions).unwrap_or(u32::MAX)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,5 +162,21 @@ mod tests {
         assert_eq!(owners.check("s2", "key:a"), Err(SessionRefusal::NotYours));
         owners.ended("s1");
         assert_eq!(owners.check("s1", "key:a"), Err(SessionRefusal::NotYours));
+    }
+
+    #[test]
+    fn an_instance_counts_the_sessions_that_hold_it() {
+        let holds = SessionHolds::default();
+        let (a, b) = (InstanceId::new("a"), InstanceId::new("b"));
+        let (first, second) = (holds.key(), holds.key());
+        assert_ne!(first, second);
+        holds.hold(first, vec![a.clone(), b.clone()]);
+        holds.hold(second, vec![a.clone()]);
+        assert_eq!((holds.holding(&a), holds.holding(&b)), (2, 1));
+        holds.hold(first, vec![b.clone()]);
+        assert_eq!((holds.holding(&a), holds.holding(&b)), (1, 1));
+        holds.release(second);
+        holds.hold(first, Vec::new());
+        assert_eq!((holds.holding(&a), holds.holding(&b)), (0, 0));
     }
 }

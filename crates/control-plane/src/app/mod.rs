@@ -75,7 +75,11 @@ pub struct ControlPlane {
     /// The nodes (and agent generations) this process reconciled at their
     /// registration; a heartbeat from any other is asked to register again.
     reconciled: std::sync::Mutex<std::collections::HashSet<(NodeId, String)>>,
-    /// The drains this process ran, by node (`app::drain`).
+    /// Per node: active instances a registration of the same agent process
+    /// did not report, and when (asked about again at a later heartbeat).
+    unreported: std::sync::Mutex<std::collections::HashMap<NodeId, nodes::Unreported>>,
+    /// The drains this process runs now, by node (`app::drain`; their
+    /// reports are in the store).
     drains: std::sync::Mutex<std::collections::HashMap<NodeId, drain::Drain>>,
     /// Agents whose registration this process refused (`/v2/nodes` shows
     /// them until they register).
@@ -91,6 +95,8 @@ pub struct ControlPlane {
     tasks: Arc<tasks::BackgroundTasks>,
     /// Whose each MCP session is (`/mcp`), and each tenant's count.
     pub(crate) mcp_sessions: mcp_sessions::SessionOwners,
+    /// The instances live MCP sessions hold (`drivers.mcp`).
+    pub(crate) mcp_holds: mcp_sessions::SessionHolds,
 }
 
 impl ControlPlane {
@@ -112,6 +118,7 @@ impl ControlPlane {
             reconciled: Default::default(),
             refused_agents: Default::default(),
             drains: Default::default(),
+            unreported: Default::default(),
             heard: Default::default(),
             create_queue: queue::CreateQueue::default(),
             actions_in_progress: actions::ActionsInProgress::default(),
@@ -119,6 +126,7 @@ impl ControlPlane {
             recent_failures: tokio::sync::Mutex::new(None),
             tasks: Arc::default(),
             mcp_sessions: Default::default(),
+            mcp_holds: Default::default(),
         }
     }
 

@@ -82,7 +82,7 @@ impl ControlPlane {
             .ok_or_else(|| Error::NotFound(format!("node {id} not found")))?;
         let occupancy: HashMap<_, _> = self.store.node_occupancy().await?.into_iter().collect();
         let mut view = views::node_view(&node, occupancy.get(id).copied().unwrap_or(0), true);
-        view.drain = self.node_drain_report(id);
+        view.drain = self.node_drain_report(id).await?;
         Ok(view)
     }
 
@@ -94,31 +94,20 @@ impl ControlPlane {
         self.refuse_another_protocol(&registration)?;
         self.refuse_a_second_agent(&registration).await?;
         let now = self.now();
+        // The same agent process registering again, with a control plane of
+        // the cluster that had not reconciled it yet (its heartbeat reached
+        // another replica), rather than a node that restarted.
+        let same_process = self
+            .store
+            .node_get(&registration.node_id)
+            .await?
+            .is_some_and(|node| {
+                node.generation == registration.generation && node.status != NodeStatus::Offline
+            });
         self.store.node_upsert(&registration, now).await?;
         self.attach_remote(&registration);
-        let reported: HashMap<_, _> = registration
-            .instances
-            .iter()
-            .map(|r| (r.id.clone(), r))
-            .collect();
-        let known = self
-            .store
-            .instances_on_node(&registration.node_id, &InstanceStatus::ALL)
+        self.reconcile_node(&registration, same_process, now)
             .await?;
-        let known_ids: HashSet<_> = known.iter().map(|r| r.id.clone()).collect();
-        for record in &known {
-            if let Some(action) = reconcile_action(record, reported.get(&record.id).copied()) {
-                self.reconcile_instance(&registration.node_id, record, action, now)
-                    .await?;
-            }
-        }
-        let strays: Vec<_> = registration
-            .instances
-            .iter()
-            .filter(|r| !known_ids.contains(&r.id))
-            .map(|r| r.id.clone())
-            .collect();
-        self.stop_strays(&registration.node_id, strays).await?;
         self.store
             .instance_record_usage(&registration.node_id, &registration.instances)
             .await?;
@@ -144,6 +133,54 @@ impl ControlPlane {
     /// move the lifecycle table gives for the event (compare-and-set on the
     /// status, node and operation the record had when it was read: a move
     /// or another revive since then is not undone).
+    /// Reconciles what `registration`'s node runs with what the store
+    /// says, and stops on it what the store no longer has. With
+    /// `same_process` (the agent registered before, with another control
+    /// plane of the cluster), an instance the node does not report is not
+    /// taken for lost: a create or revive may be on its way to it, or just
+    /// recorded by another control plane after the agent made its report;
+    /// what ends there, the agent's own state changes tell.
+    async fn reconcile_node(
+        &self,
+        registration: &NodeRegistration,
+        same_process: bool,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        let node = &registration.node_id;
+        let reported: HashMap<_, _> = registration
+            .instances
+            .iter()
+            .map(|r| (r.id.clone(), r))
+            .collect();
+        let known = self
+            .store
+            .instances_on_node(node, &InstanceStatus::ALL)
+            .await?;
+        let known_ids: HashSet<_> = known.iter().map(|r| r.id.clone()).collect();
+        let mut unsure = Vec::new();
+        for record in &known {
+            let report = reported.get(&record.id).copied();
+            if report.is_none() && same_process && InstanceStatus::ACTIVE.contains(&record.status) {
+                unsure.push(record.id.clone());
+                continue;
+            }
+            if let Some(action) = reconcile_action(record, report) {
+                self.reconcile_instance(node, record, action, now).await?;
+            }
+        }
+        if !unsure.is_empty() {
+            let mut unreported = self.unreported.lock().expect("unreported lock");
+            unreported.insert(node.clone(), (now, unsure));
+        }
+        let strays: Vec<_> = registration
+            .instances
+            .iter()
+            .filter(|r| !known_ids.contains(&r.id))
+            .map(|r| r.id.clone())
+            .collect();
+        self.stop_strays(node, strays).await
+    }
+
     async fn reconcile_instance(
         &self,
         node: &NodeId,
@@ -358,6 +395,7 @@ impl ControlPlane {
                 self.store
                     .instance_record_usage(&heartbeat.node_id, &heartbeat.instances)
                     .await?;
+                self.recheck_unreported(&heartbeat).await?;
                 let heard = Heard {
                     warm_pools: heartbeat.reported_pools(),
                     loops: heartbeat.loops,
@@ -369,6 +407,37 @@ impl ControlPlane {
                 Ok(Some(self.agent_ack()))
             }
         }
+    }
+
+    /// The active instances a registration of the same agent process did
+    /// not report, once [`RECHECK_AFTER`] has passed: those `heartbeat`
+    /// does not report either are lost (the request that was to start them
+    /// never reached the node: its control plane stopped first).
+    async fn recheck_unreported(&self, heartbeat: &Heartbeat) -> Result<()> {
+        let now = self.now();
+        let due = {
+            let mut unreported = self.unreported.lock().expect("unreported lock");
+            match unreported.get(&heartbeat.node_id) {
+                Some((since, _)) if now - *since >= RECHECK_AFTER => {
+                    unreported.remove(&heartbeat.node_id).map(|(_, ids)| ids)
+                }
+                _ => None,
+            }
+        };
+        let reported: HashSet<_> = heartbeat.instances.iter().map(|r| &r.id).collect();
+        for id in due.iter().flatten().filter(|id| !reported.contains(id)) {
+            let Some(record) = self.store.instance_get(id).await? else {
+                continue;
+            };
+            if record.node_id != heartbeat.node_id {
+                continue;
+            }
+            if let Some(action) = reconcile_action(&record, None) {
+                self.reconcile_instance(&heartbeat.node_id, &record, action, now)
+                    .await?;
+            }
+        }
+        Ok(())
     }
 
     /// Marks nodes without a recent heartbeat offline and fails their active
@@ -404,6 +473,14 @@ impl ControlPlane {
         Ok(stale)
     }
 }
+
+/// When a registration of the same agent process did not report some of
+/// its node's active instances, and which.
+pub(crate) type Unreported = (DateTime<Utc>, Vec<InstanceId>);
+
+/// How long after a registration of the same agent process an active
+/// instance it did not report is asked about again (at a heartbeat).
+const RECHECK_AFTER: chrono::TimeDelta = chrono::TimeDelta::seconds(5);
 
 /// What a registration changes in one instance record: the lifecycle event
 /// its node's report stands for, with the reason and snapshot it brings.
@@ -501,6 +578,7 @@ mod tests {
             updated_at: Utc::now(),
             last_activity: Utc::now(),
             resources: Default::default(),
+            clients: Default::default(),
             snapshot_id: snapshot.map(SnapshotId::new),
             dormant_since: None,
             revive_method: None,
@@ -520,6 +598,7 @@ mod tests {
             last_activity: Utc::now(),
             snapshot_id: snapshot.map(SnapshotId::new),
             operation: Some(OperationId::new(OPERATION)),
+            clients: Default::default(),
         }
     }
 
@@ -529,6 +608,30 @@ mod tests {
         reported: Option<InstanceReport>,
     ) -> Option<Event> {
         reconcile_action(&record(status, snapshot), reported.as_ref()).map(|r| r.event)
+    }
+
+    #[test]
+    fn a_nodes_clients_drive_an_instance_only_while_it_serves() {
+        use flotilla_api_types::agent::NodeClients;
+        let clients = NodeClients {
+            cdp: 2,
+            playwright: 1,
+            actions: 1,
+        };
+        for status in [Running, Idle, Creating, Reviving, Dormant, Stopped, Failed] {
+            let mut stored = record(status, None);
+            stored.clients = clients;
+            stored.webdriver_owner = Some("key:a".into());
+            let drivers = crate::app::views::drivers(&stored, 3);
+            let serving = matches!(status, Running | Idle);
+            let counted = (drivers.cdp, drivers.playwright, drivers.actions);
+            assert_eq!(counted == (2, 1, 1), serving, "{status}: {drivers:?}");
+            assert_eq!(counted == (0, 0, 0), !serving, "{status}: {drivers:?}");
+            // A WebDriver session holds an instance until it ends.
+            let held = !matches!(status, Stopped | Failed);
+            assert_eq!(drivers.webdriver, u32::from(held), "{status}");
+            assert_eq!(drivers.mcp, 3, "{status}");
+        }
     }
 
     #[test]

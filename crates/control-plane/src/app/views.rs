@@ -3,7 +3,9 @@
 
 use chrono::{DateTime, Utc};
 
-use flotilla_api_types::instances::{Activity, Instance, InstanceUrls};
+use flotilla_api_types::instances::{
+    Activity, Instance, InstanceDrivers, InstanceStatus, InstanceUrls,
+};
 use flotilla_api_types::nodes::{Node, NodeStatus};
 use flotilla_api_types::profiles::ProfileUse;
 
@@ -103,26 +105,52 @@ pub fn instance_created(record: &InstanceRecord, urls: Option<InstanceUrls>) -> 
     view
 }
 
-/// list items: id, status, node_id, subdomain, debug_port, stream_port, created_at, resources.
-pub fn instance_summary(record: &InstanceRecord) -> Instance {
+/// What drives the instance: its node's clients while it runs (a parked or
+/// ended instance has none), its WebDriver session, and `mcp_sessions`, the
+/// MCP sessions holding it.
+pub fn drivers(record: &InstanceRecord, mcp_sessions: u32) -> InstanceDrivers {
+    let serving = matches!(
+        record.status,
+        InstanceStatus::Running | InstanceStatus::Idle
+    );
+    let clients = if serving {
+        record.clients
+    } else {
+        Default::default()
+    };
+    InstanceDrivers {
+        cdp: clients.cdp,
+        playwright: clients.playwright,
+        webdriver: u32::from(
+            record.webdriver_owner.is_some() && InstanceStatus::OCCUPYING.contains(&record.status),
+        ),
+        mcp: mcp_sessions,
+        actions: clients.actions,
+    }
+}
+
+/// list items: id, status, node_id, subdomain, debug_port, stream_port,
+/// created_at, resources; and its image and what drives it (`drivers`).
+pub fn instance_summary(record: &InstanceRecord, drivers: InstanceDrivers) -> Instance {
     let mut view = with_common(record);
+    view.image = Some(record.image.clone());
     view.resources = Some(record.resources);
+    view.drivers = Some(drivers);
     view
 }
 
 /// get: the list members plus http_port, config, activity, and urls (with the
-/// instance's token when authentication is on), image and status_reason; and
+/// instance's token when authentication is on) and status_reason; and
 /// while the instance holds a snapshot (dormant, or failed or stopped and
 /// revivable), snapshot_id and dormant_since.
 pub fn instance_detail(
     record: &InstanceRecord,
-    urls: Option<InstanceUrls>,
+    (urls, drivers): (Option<InstanceUrls>, InstanceDrivers),
     now: DateTime<Utc>,
 ) -> Instance {
-    let mut view = instance_summary(record);
+    let mut view = instance_summary(record, drivers);
     view.urls = urls;
     view.http_port = record.ports.map(|p| p[2]);
-    view.image = Some(record.image.clone());
     let mut config = record.config.clone();
     config.proxy = config.proxy.map(|proxy| proxy.redacted());
     view.config = Some(config);

@@ -133,6 +133,8 @@ pub async fn drain(
 pub async fn drain_report(
     State(control_plane): State<Arc<ControlPlane>>,
     Json(request): Json<NodeDrainRequest>,
-) -> Json<Option<DrainReport>> {
-    Json(control_plane.node_drain_report(&request.node_id))
+) -> Result<Json<Option<DrainReport>>, Error> {
+    Ok(Json(
+        control_plane.node_drain_report(&request.node_id).await?,
+    ))
 }

@@ -161,6 +161,8 @@ pub struct McpSession {
     in_session: AtomicBool,
     /// What the key of the call being served sees (`call_tool` sets it).
     scope: Mutex<Option<Scope>>,
+    /// Its key in the control plane's `mcp_holds`.
+    holds_key: u64,
 }
 
 #[derive(Default)]
@@ -389,6 +391,7 @@ pub struct HandoffParams {
 impl McpSession {
     fn new(control_plane: Arc<ControlPlane>) -> Self {
         Self {
+            holds_key: control_plane.mcp_holds.key(),
             control_plane,
             current: Mutex::default(),
             created: Mutex::default(),
@@ -440,6 +443,22 @@ impl McpSession {
         if tab.is_some() {
             current.tab = tab;
         }
+        drop(current);
+        self.publish_holds();
+    }
+
+    /// Tells the control plane which instances this session holds: those
+    /// it created and its current one (a stateless request holds none).
+    fn publish_holds(&self) {
+        if !self.in_session.load(Ordering::Acquire) {
+            return;
+        }
+        let mut held = self.created.lock().expect("mcp lock").clone();
+        let current = self.current.lock().expect("mcp lock").instance.clone();
+        if let Some(current) = current.filter(|id| !held.contains(id)) {
+            held.push(current);
+        }
+        self.control_plane.mcp_holds.hold(self.holds_key, held);
     }
 
     /// Carries out `op` on the page of the named (or current) instance.
@@ -575,10 +594,13 @@ impl McpSession {
         match self.control_plane.instance_delete(&id, false).await {
             Ok(_) => {
                 self.created.lock().expect("mcp lock").retain(|c| c != &id);
-                let mut current = self.current.lock().expect("mcp lock");
-                if current.instance.as_ref() == Some(&id) {
-                    *current = Current::default();
+                {
+                    let mut current = self.current.lock().expect("mcp lock");
+                    if current.instance.as_ref() == Some(&id) {
+                        *current = Current::default();
+                    }
                 }
+                self.publish_holds();
                 done(format!("Closed browser {id}."))
             }
             Err(error) => failed_with(error),
@@ -944,6 +966,7 @@ impl ServerHandler for McpSession {
 
 impl Drop for McpSession {
     fn drop(&mut self) {
+        self.control_plane.mcp_holds.release(self.holds_key);
         if !self.in_session.load(Ordering::Acquire) {
             return;
         }

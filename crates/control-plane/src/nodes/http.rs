@@ -7,7 +7,8 @@ use async_trait::async_trait;
 use serde::de::DeserializeOwned;
 
 use flotilla_api_types::agent::{
-    AgentCreateInstance, AgentDormantResult, AgentIdentity, AgentInstancePorts, AgentReviveInstance,
+    AgentCreateInstance, AgentDormantResult, AgentIdentity, AgentInstancePorts,
+    AgentReviveInstance, InstanceReport,
 };
 use flotilla_api_types::{ErrorCode, ErrorResponse, InstanceId};
 
@@ -192,6 +193,13 @@ impl NodeConnection for HttpNode {
         let request = self
             .client
             .get(format!("{}/agent/v1/identity", self.address));
+        expect_body(self.call(request, IDENTITY_TIMEOUT).await?)
+    }
+
+    async fn instance_reports(&self) -> Result<Vec<InstanceReport>, NodeCallError> {
+        let request = self
+            .client
+            .get(format!("{}/agent/v1/instances", self.address));
         expect_body(self.call(request, IDENTITY_TIMEOUT).await?)
     }
 

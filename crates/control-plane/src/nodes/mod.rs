@@ -14,7 +14,8 @@ use async_trait::async_trait;
 
 use flotilla_api_types::actions::AgentAction;
 use flotilla_api_types::agent::{
-    AgentCreateInstance, AgentDormantResult, AgentIdentity, AgentInstancePorts, AgentReviveInstance,
+    AgentCreateInstance, AgentDormantResult, AgentIdentity, AgentInstancePorts,
+    AgentReviveInstance, InstanceReport,
 };
 use flotilla_api_types::page::{AgentPageRequest, PageAnswer};
 use flotilla_api_types::{ErrorCode, InstanceId, NodeId};
@@ -91,6 +92,8 @@ pub trait NodeConnection: Send + Sync {
     ) -> Result<PageAnswer, NodeCallError>;
     /// Who answers at the agent's address (node id and process generation).
     async fn identity(&self) -> Result<AgentIdentity, NodeCallError>;
+    /// What the agent knows of its instances now.
+    async fn instance_reports(&self) -> Result<Vec<InstanceReport>, NodeCallError>;
     /// The agent API's address; `None` for the in-process agent.
     fn address(&self) -> Option<&str> {
         None

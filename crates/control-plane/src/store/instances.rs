@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Connection, Row};
 
-use flotilla_api_types::agent::InstanceReport;
+use flotilla_api_types::agent::{InstanceReport, NodeClients};
 use flotilla_api_types::events::EventName;
 use flotilla_api_types::ids::{OperationId, SnapshotId};
 use flotilla_api_types::instances::ReviveMethod;
@@ -22,7 +22,7 @@ const COLUMNS: &str = "id, node_id, status, status_reason, subdomain, image, mem
     idle_timeout_minutes, auto_snapshot, debug_port, stream_port, http_port, created_at, updated_at, \
     last_activity, cpu_percent, memory_mb, disk_mb, snapshot_id, dormant_since, revive_method, \
     max_duration_minutes, proxy, profile_name, profile_persist, extensions, record, keep_recordings, \
-    operation_id, webdriver_owner, prefs, tenant";
+    operation_id, webdriver_owner, prefs, tenant, cdp_clients, playwright_clients, actions_running";
 
 /// An instance as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,6 +40,8 @@ pub struct InstanceRecord {
     pub updated_at: DateTime<Utc>,
     pub last_activity: DateTime<Utc>,
     pub resources: InstanceResources,
+    /// The clients its node serves it, as of the node's last heartbeat.
+    pub clients: NodeClients,
     pub snapshot_id: Option<SnapshotId>,
     pub dormant_since: Option<DateTime<Utc>>,
     /// The method of the revive in progress (or the last one).
@@ -262,6 +264,11 @@ fn decode(row: &AnyRow) -> Result<InstanceRecord, sqlx::Error> {
             memory_mb: row.try_get("memory_mb")?,
             disk_mb: row.try_get("disk_mb")?,
         },
+        clients: NodeClients {
+            cdp: count(row, "cdp_clients")?,
+            playwright: count(row, "playwright_clients")?,
+            actions: count(row, "actions_running")?,
+        },
         snapshot_id: row
             .try_get::<Option<String>, _>("snapshot_id")?
             .map(SnapshotId::new),
@@ -286,6 +293,12 @@ fn decode(row: &AnyRow) -> Result<InstanceRecord, sqlx::Error> {
         webdriver_owner: row.try_get("webdriver_owner")?,
         tenant: row.try_get("tenant")?,
     })
+}
+
+/// A count column (never negative, at most `u32::MAX`).
+fn count(row: &AnyRow, column: &str) -> Result<u32, sqlx::Error> {
+    let value: i64 = row.try_get(column)?;
+    Ok(u32::try_from(value.max(0)).unwrap_or(u32::MAX))
 }
 
 /// `(status, n)` rows as counts by status (an unknown status left out).
@@ -1015,13 +1028,17 @@ impl Store {
         for report in reports {
             sqlx::query(
                 "UPDATE instances SET cpu_percent = $1, memory_mb = $2, disk_mb = $3, \
-                 last_activity = CASE WHEN last_activity > $4 THEN last_activity ELSE $4 END \
-                 WHERE id = $5 AND node_id = $6",
+                 last_activity = CASE WHEN last_activity > $4 THEN last_activity ELSE $4 END, \
+                 cdp_clients = $5, playwright_clients = $6, actions_running = $7 \
+                 WHERE id = $8 AND node_id = $9",
             )
             .bind(report.resources.cpu_percent)
             .bind(report.resources.memory_mb)
             .bind(report.resources.disk_mb)
             .bind(to_millis(report.last_activity))
+            .bind(i64::from(report.clients.cdp))
+            .bind(i64::from(report.clients.playwright))
+            .bind(i64::from(report.clients.actions))
             .bind(report.id.as_str())
             .bind(node.as_str())
             .execute(&mut *tx)

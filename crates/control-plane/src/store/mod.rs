@@ -15,6 +15,7 @@
 
 mod alerts;
 mod cache;
+mod drains;
 mod events;
 mod extensions;
 mod instances;
@@ -27,6 +28,7 @@ mod profiles;
 mod settings;
 
 pub use alerts::{AlertRecord, NewAlert};
+pub use drains::DrainRecord;
 pub use events::{Delivery, EventRoute};
 pub use instances::{Expected, InstanceFilter, InstanceRecord, NewInstance, Placed};
 pub use live_links::LiveLinkRecord;

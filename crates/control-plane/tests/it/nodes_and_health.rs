@@ -334,11 +334,18 @@ async fn registration_reconciles_lost_and_started_instances() {
         last_activity: Utc::now(),
         snapshot_id: None,
         operation: None,
+        clients: flotilla_api_types::agent::NodeClients {
+            cdp: 2,
+            playwright: 1,
+            actions: 0,
+        },
     };
-    control_plane
-        .node_register(registration("n1", vec![], vec![report]))
-        .await
-        .unwrap();
+    // The node restarted: another agent process (generation).
+    let restarted = NodeRegistration {
+        generation: "g2".into(),
+        ..registration("n1", vec![], vec![report])
+    };
+    control_plane.node_register(restarted).await.unwrap();
     let lost = control_plane
         .instance_get(&lost, ("anonymous", &Scope::Admin))
         .await
@@ -354,6 +361,68 @@ async fn registration_reconciles_lost_and_started_instances() {
         .unwrap();
     assert_eq!(started.status, InstanceStatus::Running);
     assert_eq!(started.resources.unwrap().memory_mb, 150.0);
+    // What its node serves it is what drives it.
+    let drivers = started.drivers.unwrap();
+    assert_eq!(
+        (drivers.cdp, drivers.playwright, drivers.actions),
+        (2, 1, 0)
+    );
+    assert_eq!((drivers.webdriver, drivers.mcp), (0, 0));
+}
+
+#[tokio::test]
+async fn the_same_agent_registering_with_another_replica_loses_nothing_on_its_way() {
+    let dir = tempfile::tempdir().unwrap();
+    let (control_plane, clock) = control_plane(&dir).await;
+    register_plain(&control_plane, "n1").await;
+    // Placed by another control plane of the cluster after the agent made
+    // the report it registers with here (same process, generation g1).
+    let on_its_way = place(&control_plane, "n1").await;
+    let never_arrived = place(&control_plane, "n1").await;
+    control_plane
+        .node_register(registration("n1", vec![], vec![]))
+        .await
+        .unwrap();
+    let status = |id: InstanceId| {
+        let control_plane = control_plane.clone();
+        async move {
+            let view = control_plane.instance_get(&id, ("anonymous", &Scope::Admin));
+            view.await.unwrap().status
+        }
+    };
+    assert_eq!(status(on_its_way.clone()).await, InstanceStatus::Creating);
+    assert_eq!(
+        status(never_arrived.clone()).await,
+        InstanceStatus::Creating
+    );
+    // A heartbeat too soon decides nothing; one later that reports the
+    // first but not the second: the second never reached the node.
+    control_plane
+        .node_heartbeat(quiet_heartbeat("n1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        status(never_arrived.clone()).await,
+        InstanceStatus::Creating
+    );
+    clock.advance(chrono::Duration::seconds(6));
+    let arrived = InstanceReport {
+        id: on_its_way.clone(),
+        status: InstanceStatus::Creating,
+        reason: None,
+        resources: InstanceResources::default(),
+        last_activity: Utc::now(),
+        snapshot_id: None,
+        operation: None,
+        clients: Default::default(),
+    };
+    let heartbeat = Heartbeat {
+        instances: vec![arrived],
+        ..quiet_heartbeat("n1")
+    };
+    control_plane.node_heartbeat(heartbeat).await.unwrap();
+    assert_eq!(status(on_its_way).await, InstanceStatus::Creating);
+    assert_eq!(status(never_arrived).await, InstanceStatus::Failed);
 }
 
 #[tokio::test]

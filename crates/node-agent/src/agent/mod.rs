@@ -566,6 +566,9 @@ impl Agent {
     ) -> Result<crate::protocols::actions::ActionOutput, AgentError> {
         use crate::protocols::actions::{ActionBounds, ActionError};
         let slot = self.slot(id)?;
+        let _counted = slot
+            .clients
+            .attach(crate::instance::clients::ClientKind::Action);
         let config = &self.inner.settings.config;
         let launch_wait = Duration::from_secs(config.launch_timeout_sec);
         let endpoint = slot

@@ -12,6 +12,7 @@
 //! operations that change the browser (park, revive, delete) are queued to
 //! it ([`InstanceSlot::send`]), so they never interleave.
 
+pub mod clients;
 pub mod runner;
 pub mod state;
 pub mod token;
@@ -112,6 +113,8 @@ pub struct InstanceSlot {
     waker: Option<Waker>,
     /// Console messages of its pages, for MCP steps (followed from the first).
     pub console: Arc<crate::engine::page::ConsoleLog>,
+    /// The clients it serves now (connections on its ports, actions).
+    pub clients: Arc<clients::ClientCounts>,
     clock: Arc<dyn Clock>,
 }
 
@@ -174,6 +177,7 @@ impl InstanceSlot {
             recorded,
             waker: setup.waker,
             console: Arc::default(),
+            clients: Arc::default(),
             clock: setup.clock,
         };
         let runner = InstanceRunner {
@@ -502,6 +506,7 @@ impl InstanceSlot {
             last_activity: self.last_activity(),
             snapshot_id: lifecycle.snapshot().cloned(),
             operation: lifecycle.operation,
+            clients: self.clients.now(),
         }
     }
 }

@@ -355,6 +355,8 @@ async fn relay_upgraded(
     (slot, pins): (Arc<InstanceSlot>, Pins),
     cancel: CancellationToken,
 ) {
+    let _counted = crate::instance::clients::ClientKind::of_protocol(pins.protocol)
+        .map(|kind| slot.clients.attach(kind));
     let client = ActivityIo {
         inner: client,
         slot: slot.clone(),

@@ -499,16 +499,18 @@ async fn browser_an_action_whose_page_hangs_or_whose_client_leaves_leaves_no_ins
     };
     wait_until(
         BROWSER_DEADLINE,
-        "the action's instance and its page request",
+        "the action's instance, its page request and its count in the list",
         || async {
             let (_, list) = api.get("/v2/instances").await;
             let instances = list["instances"].as_array().map_or(0, Vec::len);
             let asked = site.paths().iter().filter(|p| *p == "/hang").count();
-            if instances == 1 && asked >= 2 {
+            // The list says an action drives the instance.
+            let drivers = &list["instances"][0]["drivers"];
+            if instances == 1 && asked >= 2 && drivers["actions"] == 1 {
                 Ok(Some(()))
             } else {
                 Err(format!(
-                    "{instances} instance(s), /hang asked {asked} time(s)"
+                    "{instances} instance(s), /hang asked {asked} time(s), drivers {drivers}"
                 ))
             }
         },

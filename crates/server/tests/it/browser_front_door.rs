@@ -67,6 +67,70 @@ fn assert_urls(instance: &Value, debug: String, stream: String) {
     assert_eq!(instance["urls"]["stream"], stream);
 }
 
+/// Waits until instance `id`'s view shows `drivers`.
+async fn wait_for_drivers(serve: &TestServe, id: &str, drivers: Value) {
+    wait_until(
+        Duration::from_secs(60),
+        "the instance's drivers",
+        || async {
+            let (_, instance) = serve.api.get(&format!("/v2/instances/{id}")).await;
+            let (_, list) = serve.api.get("/v2/instances").await;
+            let listed = list["instances"]
+                .as_array()
+                .and_then(|items| items.iter().find(|item| item["id"] == id))
+                .map(|item| item["drivers"].clone());
+            if instance["drivers"] == drivers && listed.as_ref() == Some(&drivers) {
+                Ok(Some(()))
+            } else {
+                Err(format!("get {} list {listed:?}", instance["drivers"]))
+            }
+        },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn browser_an_instance_shows_the_cdp_and_playwright_clients_that_drive_it() {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let (serve, _) = door_serve(None).await;
+    let a = running(&serve).await;
+    let id = a["id"].as_str().unwrap();
+    let none =
+        serde_json::json!({"cdp": 0, "playwright": 0, "webdriver": 0, "mcp": 0, "actions": 0});
+    wait_for_drivers(&serve, id, none.clone()).await;
+    // A CDP client through the door, one on the instance's own port, and a
+    // Playwright client (its handshake names its version).
+    let door = a["urls"]["debug"].as_str().unwrap();
+    let own_port = format!(
+        "ws://127.0.0.1:{}/devtools/browser/{id}?token={}",
+        a["debug_port"],
+        token(&a)
+    );
+    let (through_door, _) = tokio_tungstenite::connect_async(door).await.unwrap();
+    let (on_own_port, _) = tokio_tungstenite::connect_async(&own_port).await.unwrap();
+    let mut request = a["urls"]["playwright"]
+        .as_str()
+        .unwrap()
+        .into_client_request()
+        .unwrap();
+    request.headers_mut().insert(
+        "user-agent",
+        "Playwright/1.65.1 (x64; debian 12) node/22.23"
+            .parse()
+            .unwrap(),
+    );
+    let (playwright, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+    let mut driven = none.clone();
+    driven["cdp"] = 2.into();
+    driven["playwright"] = 1.into();
+    wait_for_drivers(&serve, id, driven).await;
+    // Each client that leaves is no longer counted.
+    drop((through_door, on_own_port, playwright));
+    wait_for_drivers(&serve, id, none).await;
+    serve.shutdown().await;
+}
+
 #[tokio::test]
 async fn browser_clients_reach_instances_through_the_door_by_path() {
     let (serve, port) = door_serve(None).await;

@@ -118,6 +118,9 @@ async fn browser_mcp_agents_do_a_task_with_the_official_clients_and_their_sessio
         .await
         .expect("the Python agent finishes its task");
     assert_the_task_was_done(&seen, "python");
+    // While the session lived, the instance's view said it drove it.
+    assert_eq!(seen["drivers"]["mcp"], 1, "{}", seen["drivers"]);
+    assert_eq!(seen["drivers"]["webdriver"], 0, "{}", seen["drivers"]);
     assert_eq!(seen["file_url"]["is_error"], true);
     let refused = seen["file_url"]["text"].as_str().unwrap();
     assert!(refused.contains("http or https"), "{refused}");

@@ -305,6 +305,7 @@ async fn browser_webdriver_refusals_are_w3c_errors_and_sessions_belong_to_their_
         .api
         .get(&format!("/v2/instances/{}", session.id))
         .await;
+    assert_eq!(instance["drivers"]["webdriver"], 1, "{instance}");
     let port = instance["http_port"].as_u64().unwrap();
     let on_port = format!("http://127.0.0.1:{port}/webdriver/session/{}", session.id);
     let http = reqwest::Client::new();

@@ -188,8 +188,17 @@ function matchesFilters(instance) {
   return (!status || instance.status === status) && (!node || instance.node_id === node);
 }
 
+// What drives an instance, in words ("CDP ×2 · WebDriver"; "—": nothing).
+const DRIVER_NAMES = [['cdp', 'CDP'], ['playwright', 'Playwright'], ['webdriver', 'WebDriver'], ['mcp', 'MCP'], ['actions', 'Action']];
+function drivenBy(drivers) {
+  const parts = DRIVER_NAMES.filter(([key]) => (drivers?.[key] ?? 0) > 0)
+    .map(([key, name]) => (drivers[key] > 1 ? `${name} ×${drivers[key]}` : name));
+  return parts.length ? parts.join(' · ') : '—';
+}
+
 function sortValue(instance, key) {
   switch (key) {
+    case 'drivers': return drivenBy(instance.drivers);
     case 'cpu': return instance.resources?.cpu_percent ?? 0;
     case 'memory': return instance.resources?.memory_mb ?? 0;
     default: return instance[key] ?? '';
@@ -209,6 +218,7 @@ function renderInstances() {
     h('td', {}, badge(i.status)),
     h('td', { text: i.node_id ?? '—' }),
     h('td', { 'data-field': 'image', text: i.image ?? '—' }),
+    h('td', { 'data-field': 'drivers', text: drivenBy(i.drivers) }),
     h('td', { class: 'num', text: (i.resources?.cpu_percent ?? 0).toFixed(1) }),
     h('td', { class: 'num', text: (i.resources?.memory_mb ?? 0).toFixed(0) }),
     h('td', { text: i.created_at ? new Date(i.created_at).toLocaleString() : '—' }),
@@ -344,7 +354,7 @@ function renderDetail() {
   const urls = urlsOf(instance);
   const rows = [
     ['ID', instance.id], ['Status', badge(instance.status)], ['Reason', instance.status_reason],
-    ['Node', instance.node_id], ['Image', instance.image],
+    ['Node', instance.node_id], ['Image', instance.image], ['Driven by', drivenBy(instance.drivers)],
     ['Memory', instance.config ? `${instance.config.memory_gb} GB` : null],
     ['CPU cores', instance.config?.cpu_cores], ['CPU now', instance.resources ? `${instance.resources.cpu_percent.toFixed(1)} %` : null],
     ['Memory now', instance.resources ? `${instance.resources.memory_mb.toFixed(0)} MB` : null],
@@ -686,5 +696,11 @@ async function start() {
 
 wire();
 start();
-// Node resources change without lifecycle events: refresh them now and then.
-setInterval(() => { if (!document.hidden) loadNodes().catch(() => {}); }, 15000);
+// Node resources, and what drives each instance, change without lifecycle
+// events: refresh them now and then.
+setInterval(() => {
+  if (!document.hidden) {
+    loadNodes().catch(() => {});
+    loadInstances().catch(() => {});
+  }
+}, 10000);

@@ -1,0 +1,11 @@
+-- Each node's latest drain (POST /v2/nodes/{id}/drain), so that every
+-- control plane of a cluster shows it and one takes it over when the one
+-- running it stops: its report (JSON, as the runner keeps it), whether it
+-- lasts until the node's agent restarts, and whether it finished (0 or 1).
+-- Who runs it is the holder of the lease 'drain:<node_id>'.
+CREATE TABLE drains (
+    node_id        TEXT PRIMARY KEY,
+    report         TEXT NOT NULL,
+    until_restart  INTEGER NOT NULL,
+    finished       INTEGER NOT NULL DEFAULT 0
+);
