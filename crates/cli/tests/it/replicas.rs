@@ -9,7 +9,6 @@ use flotilla_testkit::{
     Api, BROWSER_DEADLINE, Balancer, PgServer, StatusCode, free_port, run_node, run_python,
     serve_page, wait_until,
 };
-use serde_json::json;
 
 use crate::cluster::{AgentSpec, agent, agent_instances, control, wait_nodes};
 
@@ -93,24 +92,6 @@ async fn browser_clients_drive_the_fleet_through_two_control_planes_behind_one_b
         .await
         .unwrap();
     assert_eq!(seen["title"], "replicas", "{seen}");
-
-    // A REST action, twice: whichever replica takes it.
-    for _ in 0..2 {
-        let response = reqwest::Client::new()
-            .post(format!("{}/v2/actions/content", balancer.url()))
-            .json(&json!({"url": page}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), StatusCode::OK);
-        assert!(
-            response
-                .text()
-                .await
-                .unwrap()
-                .contains("<title>replicas</title>")
-        );
-    }
 
     // Nothing without an owner: both replicas and both nodes agree.
     api.delete_instance(&id).await;

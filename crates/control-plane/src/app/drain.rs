@@ -24,7 +24,7 @@ use super::ControlPlane;
 use super::lifecycle::{self, Event};
 use crate::error::{Error, Result};
 use crate::scheduler::{self, PlacementRequest};
-use crate::store::{DrainRecord, Expected, InstanceRecord};
+use crate::store::{DrainRecord, Expected, InstanceRecord, NodeRecord};
 
 /// How long a moved instance may take to run again on its new node.
 const REVIVE_DEADLINE: Duration = Duration::from_secs(120);
@@ -106,6 +106,21 @@ fn drain_lease(node: &NodeId) -> String {
 pub(crate) struct Drain {
     report: DrainReport,
     ended: CancellationToken,
+    /// Cancelled once its lease is lost: it writes nothing more.
+    lost: CancellationToken,
+}
+
+/// Where a drain's runner starts from.
+struct Plan {
+    /// The instances to move, in order.
+    queue: Vec<InstanceId>,
+    /// The instances already tried (moved, or stayed).
+    tried: std::collections::HashSet<InstanceId>,
+    /// A drain until the node's agent restarts: what cannot move is parked.
+    until_restart: bool,
+    /// Taken over from a runner that stopped: the first of `queue` may be
+    /// its move in flight.
+    resumed: bool,
 }
 
 impl ControlPlane {
@@ -128,9 +143,7 @@ impl ControlPlane {
                 node.status.as_str()
             )));
         }
-        if let Some(under_way) = self.store.drain_get(id).await?.map(|d| d.report)
-            && !under_way.finished
-        {
+        if let Some(under_way) = self.drain_under_way(&node).await? {
             return Ok(under_way);
         }
         let lease = chrono::Duration::from_std(DRAIN_LEASE).expect("a short lease");
@@ -139,9 +152,9 @@ impl ControlPlane {
             .lease_acquire(&drain_lease(id), &self.holder, self.now(), lease)
             .await?
         {
-            // Another control plane began it a moment ago.
+            // Another control plane began one a moment ago.
             return self
-                .node_drain_report(id)
+                .drain_under_way(&node)
                 .await?
                 .ok_or_else(|| Error::InvalidState(format!("node {id} is being drained; retry")));
         }
@@ -156,17 +169,40 @@ impl ControlPlane {
             moving: running.iter().map(|r| r.id.clone()).collect(),
             stayed: Vec::new(),
         };
-        self.store
-            .node_set_draining(id, true, until_restart)
-            .await?;
         let record = DrainRecord {
             report: report.clone(),
             until_restart,
         };
-        self.store.drain_begin(&record).await?;
+        if !self.store.drain_begin(&record).await? {
+            return self
+                .drain_under_way(&node)
+                .await?
+                .ok_or_else(|| Error::InvalidState(format!("node {id} is being drained; retry")));
+        }
+        self.store
+            .node_set_draining(id, true, until_restart)
+            .await?;
         tracing::info!(node = %id, instances = running.len(), "node draining");
         self.run_drain_here(record, false);
         Ok(report)
+    }
+
+    /// The report of `node`'s drain under way, if one is; 409 while one
+    /// that was uncordoned is still ending (its move in flight).
+    async fn drain_under_way(&self, node: &NodeRecord) -> Result<Option<DrainReport>> {
+        let Some(drain) = self.store.drain_get(&node.id).await? else {
+            return Ok(None);
+        };
+        if drain.report.finished {
+            return Ok(None);
+        }
+        if !node.draining {
+            return Err(Error::InvalidState(format!(
+                "node {}'s last drain is ending (it was uncordoned); retry in a moment",
+                node.id
+            )));
+        }
+        Ok(Some(drain.report))
     }
 
     /// Takes over the unfinished drains whose control plane stopped (their
@@ -195,15 +231,26 @@ impl ControlPlane {
 
     /// Runs `drain` in this process (`resumed`: taken over from another),
     /// renewing its lease throughout; it stops, leaving the drain to another
-    /// control plane, when this process stops or the lease is lost.
+    /// control plane, when this process stops (the lease given up) or the
+    /// lease is lost (then it writes nothing more).
     fn run_drain_here(self: &Arc<Self>, drain: DrainRecord, resumed: bool) {
         let node = drain.report.node_id.clone();
         let started_at = drain.report.started_at;
-        let queue = drain.report.moving.clone();
-        let ended = CancellationToken::new();
+        let report = &drain.report;
+        let plan = Plan {
+            queue: report.moving.clone(),
+            // What the stopped runner tried is not tried again.
+            tried: (report.moved.iter().map(|m| m.instance_id.clone()))
+                .chain(report.stayed.iter().map(|s| s.instance_id.clone()))
+                .collect(),
+            until_restart: drain.until_restart,
+            resumed,
+        };
+        let (ended, lost) = (CancellationToken::new(), CancellationToken::new());
         let runner = Drain {
             report: drain.report,
             ended: ended.clone(),
+            lost: lost.clone(),
         };
         if let Some(previous) = self
             .drains
@@ -215,10 +262,19 @@ impl ControlPlane {
         }
         let control_plane = self.clone();
         self.tasks().spawn("node drain", async move {
-            let run = control_plane.run_drain(&node, queue, (drain.until_restart, ended, resumed));
             tokio::select! {
-                () = run => {}
-                () = control_plane.keep_drain_lease(&node) => {}
+                () = control_plane.run_drain(&node, plan, (ended, lost.clone())) => {}
+                () = control_plane.keep_drain_lease(&node) => lost.cancel(),
+                () = lost.cancelled() => {}
+            }
+            if !lost.is_cancelled() {
+                let name = drain_lease(&node);
+                let released = control_plane
+                    .store
+                    .lease_release(&name, &control_plane.holder);
+                if let Err(error) = released.await {
+                    tracing::warn!(%node, %error, "cannot give a drain's lease up");
+                }
             }
             let mut drains = control_plane.drains.lock().expect("drains lock");
             if drains
@@ -237,46 +293,52 @@ impl ControlPlane {
         let mut held_until = tokio::time::Instant::now() + DRAIN_LEASE;
         loop {
             tokio::time::sleep(DRAIN_LEASE / 3).await;
-            let renewed = self
+            let name = drain_lease(node);
+            let renewal = self
                 .store
-                .lease_acquire(&drain_lease(node), &self.holder, self.now(), lease)
-                .await;
-            match renewed {
-                Ok(true) => held_until = tokio::time::Instant::now() + DRAIN_LEASE,
-                Ok(false) => {
+                .lease_acquire(&name, &self.holder, self.now(), lease);
+            match tokio::time::timeout(DRAIN_LEASE / 3, renewal).await {
+                Ok(Ok(true)) => held_until = tokio::time::Instant::now() + DRAIN_LEASE,
+                Ok(Ok(false)) => {
                     tracing::warn!(%node, "another control plane took this drain over");
                     return;
                 }
-                Err(error) if tokio::time::Instant::now() >= held_until => {
-                    tracing::warn!(%node, %error, "this drain's lease lapsed: another control plane takes it over");
-                    return;
+                outcome => {
+                    let error = match outcome {
+                        Ok(Err(error)) => error.to_string(),
+                        _ => "the store did not answer".to_owned(),
+                    };
+                    if tokio::time::Instant::now() + DRAIN_LEASE / 3 >= held_until {
+                        tracing::warn!(%node, %error, "this drain's lease lapses: another control plane takes it over");
+                        return;
+                    }
+                    tracing::warn!(%node, %error, "cannot renew a drain's lease");
                 }
-                Err(error) => tracing::warn!(%node, %error, "cannot renew a drain's lease"),
             }
         }
     }
 
-    /// The drain of `node`, from `queue` (its instances to move) until every
-    /// instance on it was tried, or it is ended (uncordon, here or on
+    /// The drain of `node`, from `plan.queue` (its instances to move) until
+    /// every instance on it was tried, or it is ended (uncordon, here or on
     /// another control plane; its agent restarting after a drain until
     /// restart): each move in turn, then the instances that were on their
     /// way (creating, reviving) once they run, waiting up to
-    /// [`SETTLE_ROUNDS`] seconds for them. `resumed`: the first of `queue`
-    /// may be a move the drain's stopped runner had begun. When this process
-    /// stops it returns at once, the drain unfinished for another to resume.
+    /// [`SETTLE_ROUNDS`] seconds for them. With `plan.resumed`, the first of
+    /// the queue may be a move the drain's stopped runner had begun. When
+    /// this process stops, or `lost` (the lease), it returns at once, the
+    /// drain unfinished for another to resume.
     async fn run_drain(
         &self,
         node: &NodeId,
-        mut queue: Vec<InstanceId>,
-        (until_restart, ended, mut resumed): (bool, CancellationToken, bool),
+        mut plan: Plan,
+        (ended, lost): (CancellationToken, CancellationToken),
     ) {
         let stopping = self.tasks().stopping();
-        let mut tried = std::collections::HashSet::new();
         let mut rounds = 0;
         let (movable, on_their_way) = (movable(), on_their_way());
         loop {
-            for id in std::mem::take(&mut queue) {
-                if stopping.is_cancelled() {
+            for id in std::mem::take(&mut plan.queue) {
+                if stopping.is_cancelled() || lost.is_cancelled() {
                     return;
                 }
                 // A move once begun runs to its end; an end of the drain is
@@ -285,34 +347,41 @@ impl ControlPlane {
                     Err(Stayed::DrainEnded)
                 } else {
                     let span = flotilla_telemetry::operation("instance.move", Some(id.as_str()));
-                    let moved = self.move_or_resume(node, &id, (until_restart, resumed));
+                    let moved = self.move_or_resume(node, &id, (plan.until_restart, plan.resumed));
                     flotilla_telemetry::traced(span, moved).await
                 };
-                resumed = false;
-                tried.insert(id.clone());
+                plan.resumed = false;
+                plan.tried.insert(id.clone());
                 self.drain_progress(node, &id, outcome).await;
             }
-            let left = self.instances_left(node, &tried).await;
+            let left = self.instances_left(node, &plan.tried).await;
             let waiting = left.iter().any(|r| on_their_way.contains(&r.status));
-            queue = left
+            plan.queue = left
                 .iter()
                 .filter(|r| movable.contains(&r.status))
                 .map(|r| r.id.clone())
                 .collect();
-            self.drain_moving(node, &queue).await;
-            if queue.is_empty() && (!waiting || rounds >= SETTLE_ROUNDS) {
+            self.drain_moving(node, &plan.queue).await;
+            let ending =
+                plan.queue.is_empty() && (ended.is_cancelled() || !self.still_draining(node).await);
+            if plan.queue.is_empty() && (ending || !waiting || rounds >= SETTLE_ROUNDS) {
                 for record in left.iter().filter(|r| on_their_way.contains(&r.status)) {
-                    let stayed = Stayed::InTransitThroughout(record.status);
+                    let stayed = if ending {
+                        Stayed::DrainEnded
+                    } else {
+                        Stayed::InTransitThroughout(record.status)
+                    };
                     self.drain_progress(node, &record.id, Err(stayed)).await;
                 }
                 break;
             }
-            if queue.is_empty() {
+            if plan.queue.is_empty() {
                 rounds += 1;
                 tokio::select! {
                     () = tokio::time::sleep(Duration::from_secs(1)) => {}
                     () = ended.cancelled() => {}
                     () = stopping.cancelled() => return,
+                    () = lost.cancelled() => return,
                 }
             }
         }
@@ -352,18 +421,32 @@ impl ControlPlane {
     }
 
     /// Changes this process's drain of `node` with `change`, then writes its
-    /// report to the store.
+    /// report to the store, under its lease; a write the lease no longer
+    /// covers marks the drain lost (its runner stops).
     async fn drain_update(&self, node: &NodeId, change: impl FnOnce(&mut DrainReport)) {
-        let report = {
+        let (report, lost) = {
             let mut drains = self.drains.lock().expect("drains lock");
             let Some(drain) = drains.get_mut(node) else {
                 return;
             };
+            if drain.lost.is_cancelled() {
+                return;
+            }
             change(&mut drain.report);
-            drain.report.clone()
+            (drain.report.clone(), drain.lost.clone())
         };
-        if let Err(error) = self.store.drain_report(&report).await {
-            tracing::warn!(%node, %error, "cannot write a drain's report");
+        let lease = drain_lease(node);
+        match self
+            .store
+            .drain_report(&report, (&lease, &self.holder), self.now())
+            .await
+        {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(%node, "this drain's lease is another control plane's now: it stops here");
+                lost.cancel();
+            }
+            Err(error) => tracing::warn!(%node, %error, "cannot write a drain's report"),
         }
     }
 
@@ -503,6 +586,16 @@ impl ControlPlane {
                 None => Stayed::DeletedWhileMoving,
             });
         }
+        self.moved_once_revived(from, id).await
+    }
+
+    /// Instance `id`, revived off `from`, once it runs: the node it runs
+    /// on, told as `instance.moved`.
+    async fn moved_once_revived(
+        &self,
+        from: &NodeId,
+        id: &InstanceId,
+    ) -> std::result::Result<NodeId, Stayed> {
         let to = self.revived(id).await?.node_id;
         if &to == from {
             return Err(Stayed::RevivedHere);
@@ -560,12 +653,7 @@ impl ControlPlane {
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        let to = self.revived(id).await?.node_id;
-        if &to == from {
-            Err(Stayed::RevivedHere)
-        } else {
-            Ok(to)
-        }
+        self.moved_once_revived(from, id).await
     }
 
     /// Whether `node` reports instance `id` (yes when it cannot be asked:

@@ -75,8 +75,8 @@ pub struct ControlPlane {
     /// The nodes (and agent generations) this process reconciled at their
     /// registration; a heartbeat from any other is asked to register again.
     reconciled: std::sync::Mutex<std::collections::HashSet<(NodeId, String)>>,
-    /// Per node: active instances a registration of the same agent process
-    /// did not report, and when (asked about again at a later heartbeat).
+    /// Per node: records a registration of the same agent process left to a
+    /// later heartbeat (`app::nodes`, `recheck_unreported`).
     unreported: std::sync::Mutex<std::collections::HashMap<NodeId, nodes::Unreported>>,
     /// The drains this process runs now, by node (`app::drain`; their
     /// reports are in the store).

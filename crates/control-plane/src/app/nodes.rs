@@ -129,17 +129,15 @@ impl ControlPlane {
         Ok(self.agent_ack())
     }
 
-    /// Brings one instance record in line with what its node reported: the
-    /// move the lifecycle table gives for the event (compare-and-set on the
-    /// status, node and operation the record had when it was read: a move
-    /// or another revive since then is not undone).
     /// Reconciles what `registration`'s node runs with what the store
     /// says, and stops on it what the store no longer has. With
     /// `same_process` (the agent registered before, with another control
-    /// plane of the cluster), an instance the node does not report is not
-    /// taken for lost: a create or revive may be on its way to it, or just
-    /// recorded by another control plane after the agent made its report;
-    /// what ends there, the agent's own state changes tell.
+    /// plane of the cluster), a record changed in the last
+    /// [`RECHECK_AFTER`] is not judged by this report, which may predate
+    /// it (a create or revive another control plane just recorded may be on
+    /// its way to the node): it is judged by a heartbeat [`RECHECK_AFTER`]
+    /// later, if it has not changed meanwhile
+    /// ([`Self::recheck_unreported`]).
     async fn reconcile_node(
         &self,
         registration: &NodeRegistration,
@@ -160,8 +158,8 @@ impl ControlPlane {
         let mut unsure = Vec::new();
         for record in &known {
             let report = reported.get(&record.id).copied();
-            if report.is_none() && same_process && InstanceStatus::ACTIVE.contains(&record.status) {
-                unsure.push(record.id.clone());
+            if same_process && now - record.updated_at < RECHECK_AFTER {
+                unsure.push((record.id.clone(), record.updated_at));
                 continue;
             }
             if let Some(action) = reconcile_action(record, report) {
@@ -181,6 +179,10 @@ impl ControlPlane {
         self.stop_strays(node, strays).await
     }
 
+    /// Brings one instance record in line with what its node reported: the
+    /// move the lifecycle table gives for the event (compare-and-set on the
+    /// status, node and operation the record had when it was read: a move
+    /// or another revive since then is not undone).
     async fn reconcile_instance(
         &self,
         node: &NodeId,
@@ -409,10 +411,11 @@ impl ControlPlane {
         }
     }
 
-    /// The active instances a registration of the same agent process did
-    /// not report, once [`RECHECK_AFTER`] has passed: those `heartbeat`
-    /// does not report either are lost (the request that was to start them
-    /// never reached the node: its control plane stopped first).
+    /// The records a registration of the same agent process left to a
+    /// later heartbeat, once [`RECHECK_AFTER`] has passed: each that has
+    /// not changed since is reconciled with `heartbeat`'s report (one it
+    /// does not report is lost: the request that was to start it never
+    /// reached the node, its control plane stopped first).
     async fn recheck_unreported(&self, heartbeat: &Heartbeat) -> Result<()> {
         let now = self.now();
         let due = {
@@ -424,15 +427,15 @@ impl ControlPlane {
                 _ => None,
             }
         };
-        let reported: HashSet<_> = heartbeat.instances.iter().map(|r| &r.id).collect();
-        for id in due.iter().flatten().filter(|id| !reported.contains(id)) {
+        let reported: HashMap<_, _> = heartbeat.instances.iter().map(|r| (&r.id, r)).collect();
+        for (id, seen) in due.iter().flatten() {
             let Some(record) = self.store.instance_get(id).await? else {
                 continue;
             };
-            if record.node_id != heartbeat.node_id {
+            if record.node_id != heartbeat.node_id || record.updated_at != *seen {
                 continue;
             }
-            if let Some(action) = reconcile_action(&record, None) {
+            if let Some(action) = reconcile_action(&record, reported.get(id).copied()) {
                 self.reconcile_instance(&heartbeat.node_id, &record, action, now)
                     .await?;
             }
@@ -474,12 +477,12 @@ impl ControlPlane {
     }
 }
 
-/// When a registration of the same agent process did not report some of
-/// its node's active instances, and which.
-pub(crate) type Unreported = (DateTime<Utc>, Vec<InstanceId>);
+/// When a registration of the same agent process left records of its node
+/// to a later heartbeat, and which (each as it was then: its `updated_at`).
+pub(crate) type Unreported = (DateTime<Utc>, Vec<(InstanceId, DateTime<Utc>)>);
 
-/// How long after a registration of the same agent process an active
-/// instance it did not report is asked about again (at a heartbeat).
+/// How recent a record's change must be for a registration of the same
+/// agent process to leave it to a heartbeat that much later.
 const RECHECK_AFTER: chrono::TimeDelta = chrono::TimeDelta::seconds(5);
 
 /// What a registration changes in one instance record: the lifecycle event

@@ -2,13 +2,14 @@
 //! written by the control plane running it (the holder of its lease) and
 //! read by every control plane of the cluster.
 
+use chrono::{DateTime, Utc};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use flotilla_api_types::NodeId;
 use flotilla_api_types::nodes::DrainReport;
 
-use super::Store;
+use super::{Store, to_millis};
 
 /// A drain as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,31 +32,51 @@ fn encode(report: &DrainReport) -> String {
 }
 
 impl Store {
-    /// Records a new drain of its node, in place of the node's last one.
-    pub async fn drain_begin(&self, drain: &DrainRecord) -> Result<(), sqlx::Error> {
-        sqlx::query(
-            "INSERT INTO drains (node_id, report, until_restart, finished) VALUES ($1, $2, $3, $4) \
+    /// Records a new drain of its node, in place of the node's last one if
+    /// that one finished; `false` when one is still under way (its report
+    /// stands).
+    pub async fn drain_begin(&self, drain: &DrainRecord) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(
+            "INSERT INTO drains (node_id, report, until_restart, finished, started_at) \
+             VALUES ($1, $2, $3, $4, $5) \
              ON CONFLICT (node_id) DO UPDATE SET report = excluded.report, \
-             until_restart = excluded.until_restart, finished = excluded.finished",
+             until_restart = excluded.until_restart, finished = excluded.finished, \
+             started_at = excluded.started_at WHERE drains.finished = 1",
         )
         .bind(drain.report.node_id.as_str())
         .bind(encode(&drain.report))
         .bind(i64::from(drain.until_restart))
         .bind(i64::from(drain.report.finished))
+        .bind(to_millis(drain.report.started_at))
         .execute(&self.writer)
         .await?;
-        Ok(())
+        Ok(done.rows_affected() == 1)
     }
 
-    /// Writes a drain's report as it stands now.
-    pub async fn drain_report(&self, report: &DrainReport) -> Result<(), sqlx::Error> {
-        sqlx::query("UPDATE drains SET report = $1, finished = $2 WHERE node_id = $3")
-            .bind(encode(report))
-            .bind(i64::from(report.finished))
-            .bind(report.node_id.as_str())
-            .execute(&self.writer)
-            .await?;
-        Ok(())
+    /// Writes a drain's report as it stands now, if that drain is still
+    /// the node's and `holder` still holds its lease (`lease`) at `now`;
+    /// `false` otherwise (another control plane took it over).
+    pub async fn drain_report(
+        &self,
+        report: &DrainReport,
+        (lease, holder): (&str, &str),
+        now: DateTime<Utc>,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(
+            "UPDATE drains SET report = $1, finished = $2 \
+             WHERE node_id = $3 AND started_at = $4 AND EXISTS \
+             (SELECT 1 FROM leases WHERE name = $5 AND holder = $6 AND expires_at >= $7)",
+        )
+        .bind(encode(report))
+        .bind(i64::from(report.finished))
+        .bind(report.node_id.as_str())
+        .bind(to_millis(report.started_at))
+        .bind(lease)
+        .bind(holder)
+        .bind(to_millis(now))
+        .execute(&self.writer)
+        .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     /// Node `node`'s latest drain.

@@ -1023,6 +1023,11 @@ impl Store {
         if reports.is_empty() {
             return Ok(());
         }
+        // In one order (by id), so that two reports of one node written at
+        // once (its registration with one control plane, its heartbeat with
+        // another) never lock rows in opposite orders.
+        let mut reports: Vec<&InstanceReport> = reports.iter().collect();
+        reports.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
         let mut conn = self.writer.acquire().await?;
         let mut tx = conn.begin().await?;
         for report in reports {

@@ -28,4 +28,14 @@ impl Store {
         .await?;
         Ok(done.rows_affected() == 1)
     }
+
+    /// Gives lease `name` up, if `holder` holds it.
+    pub async fn lease_release(&self, name: &str, holder: &str) -> Result<(), sqlx::Error> {
+        sqlx::query("DELETE FROM leases WHERE name = $1 AND holder = $2")
+            .bind(name)
+            .bind(holder)
+            .execute(&self.writer)
+            .await?;
+        Ok(())
+    }
 }
