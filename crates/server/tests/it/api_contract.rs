@@ -284,18 +284,26 @@ async fn list_filters_sorts_and_pages() {
     assert_eq!(listed, newest_first, "default sort is created_at_desc");
     let item = &page["instances"][0];
     let keys = sorted_keys(item);
+    // The spec's list members, and the two docs/api.md adds to list items
+    // (as to get): `image` and what drives the instance (`drivers`).
     assert_eq!(
         keys,
         [
             "created_at",
             "debug_port",
+            "drivers",
             "id",
+            "image",
             "node_id",
             "resources",
             "status",
             "stream_port",
             "subdomain"
         ]
+    );
+    assert_eq!(
+        sorted_keys(&item["drivers"]),
+        ["actions", "cdp", "mcp", "playwright", "webdriver"]
     );
     assert_eq!(
         sorted_keys(&item["resources"]),
