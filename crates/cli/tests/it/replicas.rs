@@ -93,6 +93,21 @@ async fn browser_clients_drive_the_fleet_through_two_control_planes_behind_one_b
         .unwrap();
     assert_eq!(seen["title"], "replicas", "{seen}");
 
+    // REST actions, whichever replica takes each (one with a lifetime after
+    // creates without: the store bug this test found).
+    for _ in 0..3 {
+        let response = reqwest::Client::new()
+            .post(format!("{}/v2/actions/content", balancer.url()))
+            .json(&serde_json::json!({"url": page}))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        let body = response.text().await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert!(body.contains("<title>replicas</title>"), "{body}");
+    }
+
     // Nothing without an owner: both replicas and both nodes agree.
     api.delete_instance(&id).await;
     wait_until(BROWSER_DEADLINE, "no instance left anywhere", || async {

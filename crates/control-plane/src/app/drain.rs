@@ -110,8 +110,36 @@ pub(crate) struct Drain {
     lost: CancellationToken,
 }
 
+/// Which drain a runner writes to: its node, and when it started.
+type DrainKey<'a> = (&'a NodeId, chrono::DateTime<chrono::Utc>);
+
+/// A node's previous drain, as a new one is asked for.
+enum Previous {
+    /// None, or finished.
+    Done,
+    /// Under way: a new drain answers its report.
+    UnderWay(DrainReport),
+    /// Ended (uncordoned, or its agent restarted) and not yet finished: a
+    /// new drain takes its place (its runner's further writes are refused).
+    Ending(chrono::DateTime<chrono::Utc>),
+}
+
+impl Previous {
+    /// The report a drain that could not start answers: the one under way.
+    fn report(self, node: &NodeId) -> Result<DrainReport> {
+        match self {
+            Previous::UnderWay(report) => Ok(report),
+            _ => Err(Error::InvalidState(format!(
+                "node {node} is being drained by another control plane; retry"
+            ))),
+        }
+    }
+}
+
 /// Where a drain's runner starts from.
 struct Plan {
+    /// When the drain started: which drain its writes belong to.
+    started_at: chrono::DateTime<chrono::Utc>,
     /// The instances to move, in order.
     queue: Vec<InstanceId>,
     /// The instances already tried (moved, or stayed).
@@ -143,9 +171,11 @@ impl ControlPlane {
                 node.status.as_str()
             )));
         }
-        if let Some(under_way) = self.drain_under_way(&node).await? {
-            return Ok(under_way);
-        }
+        let ending = match self.drain_under_way(&node).await? {
+            Previous::UnderWay(report) => return Ok(report),
+            Previous::Ending(started_at) => Some(started_at),
+            Previous::Done => None,
+        };
         let lease = chrono::Duration::from_std(DRAIN_LEASE).expect("a short lease");
         if !self
             .store
@@ -153,10 +183,7 @@ impl ControlPlane {
             .await?
         {
             // Another control plane began one a moment ago.
-            return self
-                .drain_under_way(&node)
-                .await?
-                .ok_or_else(|| Error::InvalidState(format!("node {id} is being drained; retry")));
+            return self.drain_under_way(&node).await?.report(id);
         }
         let running = self.store.instances_on_node(id, &movable()).await?;
         let report = DrainReport {
@@ -173,11 +200,8 @@ impl ControlPlane {
             report: report.clone(),
             until_restart,
         };
-        if !self.store.drain_begin(&record).await? {
-            return self
-                .drain_under_way(&node)
-                .await?
-                .ok_or_else(|| Error::InvalidState(format!("node {id} is being drained; retry")));
+        if !self.store.drain_begin(&record, ending).await? {
+            return self.drain_under_way(&node).await?.report(id);
         }
         self.store
             .node_set_draining(id, true, until_restart)
@@ -187,22 +211,18 @@ impl ControlPlane {
         Ok(report)
     }
 
-    /// The report of `node`'s drain under way, if one is; 409 while one
-    /// that was uncordoned is still ending (its move in flight).
-    async fn drain_under_way(&self, node: &NodeRecord) -> Result<Option<DrainReport>> {
+    /// What became of `node`'s previous drain.
+    async fn drain_under_way(&self, node: &NodeRecord) -> Result<Previous> {
         let Some(drain) = self.store.drain_get(&node.id).await? else {
-            return Ok(None);
+            return Ok(Previous::Done);
         };
-        if drain.report.finished {
-            return Ok(None);
-        }
-        if !node.draining {
-            return Err(Error::InvalidState(format!(
-                "node {}'s last drain is ending (it was uncordoned); retry in a moment",
-                node.id
-            )));
-        }
-        Ok(Some(drain.report))
+        Ok(if drain.report.finished {
+            Previous::Done
+        } else if node.draining {
+            Previous::UnderWay(drain.report)
+        } else {
+            Previous::Ending(drain.report.started_at)
+        })
     }
 
     /// Takes over the unfinished drains whose control plane stopped (their
@@ -238,6 +258,7 @@ impl ControlPlane {
         let started_at = drain.report.started_at;
         let report = &drain.report;
         let plan = Plan {
+            started_at,
             queue: report.moving.clone(),
             // What the stopped runner tried is not tried again.
             tried: (report.moved.iter().map(|m| m.instance_id.clone()))
@@ -352,7 +373,8 @@ impl ControlPlane {
                 };
                 plan.resumed = false;
                 plan.tried.insert(id.clone());
-                self.drain_progress(node, &id, outcome).await;
+                self.drain_progress((node, plan.started_at), &id, outcome)
+                    .await;
             }
             let left = self.instances_left(node, &plan.tried).await;
             let waiting = left.iter().any(|r| on_their_way.contains(&r.status));
@@ -361,7 +383,8 @@ impl ControlPlane {
                 .filter(|r| movable.contains(&r.status))
                 .map(|r| r.id.clone())
                 .collect();
-            self.drain_moving(node, &plan.queue).await;
+            self.drain_moving((node, plan.started_at), &plan.queue)
+                .await;
             let ending =
                 plan.queue.is_empty() && (ended.is_cancelled() || !self.still_draining(node).await);
             if plan.queue.is_empty() && (ending || !waiting || rounds >= SETTLE_ROUNDS) {
@@ -371,7 +394,8 @@ impl ControlPlane {
                     } else {
                         Stayed::InTransitThroughout(record.status)
                     };
-                    self.drain_progress(node, &record.id, Err(stayed)).await;
+                    self.drain_progress((node, plan.started_at), &record.id, Err(stayed))
+                        .await;
                 }
                 break;
             }
@@ -385,7 +409,7 @@ impl ControlPlane {
                 }
             }
         }
-        self.drain_progress_finished(node).await;
+        self.drain_progress_finished((node, plan.started_at)).await;
     }
 
     /// Whether node `node` is still marked draining (an uncordon on any
@@ -423,13 +447,18 @@ impl ControlPlane {
     /// Changes this process's drain of `node` with `change`, then writes its
     /// report to the store, under its lease; a write the lease no longer
     /// covers marks the drain lost (its runner stops).
-    async fn drain_update(&self, node: &NodeId, change: impl FnOnce(&mut DrainReport)) {
+    async fn drain_update(
+        &self,
+        (node, started_at): DrainKey<'_>,
+        change: impl FnOnce(&mut DrainReport),
+    ) {
         let (report, lost) = {
             let mut drains = self.drains.lock().expect("drains lock");
             let Some(drain) = drains.get_mut(node) else {
                 return;
             };
-            if drain.lost.is_cancelled() {
+            // Another drain of the node took this one's place.
+            if drain.lost.is_cancelled() || drain.report.started_at != started_at {
                 return;
             }
             change(&mut drain.report);
@@ -452,14 +481,14 @@ impl ControlPlane {
 
     async fn drain_progress(
         &self,
-        node: &NodeId,
+        key @ (node, _): DrainKey<'_>,
         id: &InstanceId,
         outcome: std::result::Result<NodeId, Stayed>,
     ) {
         if let Err(stayed) = &outcome {
             tracing::warn!(instance = %id, %node, reason = %stayed, "an instance stayed on its draining node");
         }
-        self.drain_update(node, |report| {
+        self.drain_update(key, |report| {
             report.moving.retain(|moving| moving != id);
             match outcome {
                 Ok(to_node) => report.moved.push(MovedInstance {
@@ -496,8 +525,8 @@ impl ControlPlane {
     }
 
     /// The instances still to move.
-    async fn drain_moving(&self, node: &NodeId, moving: &[InstanceId]) {
-        self.drain_update(node, |report| {
+    async fn drain_moving(&self, key: DrainKey<'_>, moving: &[InstanceId]) {
+        self.drain_update(key, |report| {
             for id in moving {
                 if !report.moving.contains(id) {
                     report.moving.push(id.clone());
@@ -507,8 +536,8 @@ impl ControlPlane {
         .await;
     }
 
-    async fn drain_progress_finished(&self, node: &NodeId) {
-        self.drain_update(node, |report| {
+    async fn drain_progress_finished(&self, key @ (node, _): DrainKey<'_>) {
+        self.drain_update(key, |report| {
             report.finished = true;
             tracing::info!(%node, moved = report.moved.len(), stayed = report.stayed.len(), "node drained");
         })

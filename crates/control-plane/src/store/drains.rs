@@ -33,21 +33,28 @@ fn encode(report: &DrainReport) -> String {
 
 impl Store {
     /// Records a new drain of its node, in place of the node's last one if
-    /// that one finished; `false` when one is still under way (its report
-    /// stands).
-    pub async fn drain_begin(&self, drain: &DrainRecord) -> Result<bool, sqlx::Error> {
+    /// that one finished or is the one started at `ending` (ended, its
+    /// runner stopping: its further writes are refused); `false` when
+    /// another is under way (its report stands).
+    pub async fn drain_begin(
+        &self,
+        drain: &DrainRecord,
+        ending: Option<DateTime<Utc>>,
+    ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(
             "INSERT INTO drains (node_id, report, until_restart, finished, started_at) \
              VALUES ($1, $2, $3, $4, $5) \
              ON CONFLICT (node_id) DO UPDATE SET report = excluded.report, \
              until_restart = excluded.until_restart, finished = excluded.finished, \
-             started_at = excluded.started_at WHERE drains.finished = 1",
+             started_at = excluded.started_at \
+             WHERE drains.finished = 1 OR drains.started_at = $6",
         )
         .bind(drain.report.node_id.as_str())
         .bind(encode(&drain.report))
         .bind(i64::from(drain.until_restart))
         .bind(i64::from(drain.report.finished))
         .bind(to_millis(drain.report.started_at))
+        .bind(ending.map_or(-1, to_millis))
         .execute(&self.writer)
         .await?;
         Ok(done.rows_affected() == 1)

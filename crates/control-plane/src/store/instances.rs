@@ -295,6 +295,14 @@ fn decode(row: &AnyRow) -> Result<InstanceRecord, sqlx::Error> {
     })
 }
 
+/// A nullable double to bind, as text for `CAST($n AS DOUBLE PRECISION)`:
+/// sqlx 0.8's Any driver binds a null f64 as a PostgreSQL float4, and a
+/// connection that prepared a statement with one then refuses a later
+/// 8-byte float ("incorrect binary data format in bind parameter").
+fn nullable_double(value: Option<f64>) -> Option<String> {
+    value.map(|value| value.to_string())
+}
+
 /// A count column (never negative, at most `u32::MAX`).
 fn count(row: &AnyRow, column: &str) -> Result<u32, sqlx::Error> {
     let value: i64 = row.try_get(column)?;
@@ -594,7 +602,7 @@ impl Store {
             "INSERT INTO instances (id, node_id, status, subdomain, image, memory_gb, cpu_cores, disk_gb, \
              idle_timeout_minutes, auto_snapshot, created_at, updated_at, last_activity, max_duration_minutes, proxy, \
              profile_name, profile_persist, extensions, record, keep_recordings, operation_id, prefs, tenant) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)",
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $11, CAST($12 AS DOUBLE PRECISION), $13, $14, $15, $16, $17, $18, $19, $20, $21)",
         )
         .bind(new.id.as_str())
         .bind(new.node_id.as_str())
@@ -607,7 +615,7 @@ impl Store {
         .bind(new.config.idle_timeout_minutes)
         .bind(i64::from(new.config.auto_snapshot))
         .bind(now)
-        .bind(new.config.max_duration_minutes)
+        .bind(nullable_double(new.config.max_duration_minutes))
         .bind(
             new.config
                 .proxy

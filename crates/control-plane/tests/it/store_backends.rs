@@ -125,7 +125,39 @@ on_both_backends!(
     metric_samples_and_settings,
     leases_pass_only_when_they_lapse,
     the_previous_versions_node_queries_work_on_a_migrated_store,
+    an_instance_with_a_lifetime_is_stored_after_one_without,
 );
+
+/// One connection inserts an instance without `max_duration_minutes`, then
+/// one with (a REST action's instance after a create): both are stored.
+/// Before, PostgreSQL refused the second ("incorrect binary data format in
+/// bind parameter 12": the statement was prepared with a float4 null).
+async fn an_instance_with_a_lifetime_is_stored_after_one_without(postgres: bool) {
+    let (store, guard) = open(postgres).await;
+    let url = match &guard {
+        Backend::Postgres(server) => server.database().await.expect("a database"),
+        Backend::Sqlite(dir) => format!("sqlite://{}/one.db", dir.path().display()),
+    };
+    drop(store);
+    let store = Store::connect(&url, 1)
+        .await
+        .expect("a store of one connection");
+    store
+        .node_upsert(&registration("n1", 20), Utc::now())
+        .await
+        .unwrap();
+    let without = new_instance("n1");
+    let mut with = new_instance("n1");
+    with.config.max_duration_minutes = Some(0.25);
+    for new in [&without, &with] {
+        let placed = store.instance_insert_if_room(new, 20).await.unwrap();
+        assert_eq!(placed, Placed::Inserted);
+    }
+    let stored = store.instance_get(&with.id).await.unwrap().unwrap();
+    assert_eq!(stored.config.max_duration_minutes, Some(0.25));
+    let stored = store.instance_get(&without.id).await.unwrap().unwrap();
+    assert_eq!(stored.config.max_duration_minutes, None);
+}
 
 /// The columns of `nodes` the version before 0019 reads and writes.
 const PREVIOUS_NODE_COLUMNS: &str = "id, address, public_host, status, max_instances, cpu_cores, memory_gb, disk_gb, images, \
