@@ -67,15 +67,17 @@ pub fn workspace_root() -> PathBuf {
 }
 
 /// Polls `check` every 50 ms until it yields `Some`, or fails after `deadline`
-/// with `what` and the last observation.
-pub async fn wait_until<T, F, Fut>(
+/// with `what` and the last observation (`check`'s `Err`: what it saw
+/// instead, any printable value).
+pub async fn wait_until<T, E, F, Fut>(
     deadline: Duration,
     what: &str,
     mut check: F,
 ) -> anyhow::Result<T>
 where
+    E: std::fmt::Display,
     F: FnMut() -> Fut,
-    Fut: Future<Output = Result<Option<T>, String>>,
+    Fut: Future<Output = Result<Option<T>, E>>,
 {
     let start = tokio::time::Instant::now();
     let mut last = String::from("nothing observed");
@@ -83,7 +85,7 @@ where
         match check().await {
             Ok(Some(value)) => return Ok(value),
             Ok(None) => {}
-            Err(observation) => last = observation,
+            Err(observation) => last = observation.to_string(),
         }
         if start.elapsed() > deadline {
             bail!("timed out after {deadline:?} waiting for {what}; last observation: {last}");

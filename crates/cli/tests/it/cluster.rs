@@ -351,10 +351,11 @@ async fn a_second_agent_with_the_same_node_id_is_refused_and_a_restart_is_not() 
         "the second agent to be refused",
         || async {
             let log = std::fs::read_to_string(&second_log).unwrap_or_default();
-            Ok(log
-                .lines()
-                .find(|line| line.contains("held by another live agent"))
-                .map(str::to_owned))
+            Ok::<_, std::convert::Infallible>(
+                log.lines()
+                    .find(|line| line.contains("held by another live agent"))
+                    .map(str::to_owned),
+            )
         },
     )
     .await

@@ -66,7 +66,7 @@ where
 {
     wait_until(WAIT, what, || {
         let holds = check();
-        async move { Ok(holds.await.then_some(())) }
+        async move { Ok::<_, std::convert::Infallible>(holds.await.then_some(())) }
     })
     .await
     .unwrap();

@@ -96,6 +96,11 @@ enum Stayed {
 /// lapses (its runner stopped).
 const DRAIN_LEASE: Duration = Duration::from_secs(10);
 
+/// [`DRAIN_LEASE`] as the store counts it.
+fn drain_lease_ttl() -> chrono::Duration {
+    chrono::Duration::from_std(DRAIN_LEASE).expect("a short lease")
+}
+
 /// The lease whose holder runs node `node`'s drain.
 fn drain_lease(node: &NodeId) -> String {
     format!("drain:{node}")
@@ -176,7 +181,7 @@ impl ControlPlane {
             Previous::Ending(started_at) => Some(started_at),
             Previous::Done => None,
         };
-        let lease = chrono::Duration::from_std(DRAIN_LEASE).expect("a short lease");
+        let lease = drain_lease_ttl();
         if !self
             .store
             .lease_acquire(&drain_lease(id), &self.holder, self.now(), lease)
@@ -228,7 +233,7 @@ impl ControlPlane {
     /// Takes over the unfinished drains whose control plane stopped (their
     /// lease lapsed), each from its stored report; how many it took.
     pub async fn drains_take_over(self: &Arc<Self>) -> Result<u64> {
-        let lease = chrono::Duration::from_std(DRAIN_LEASE).expect("a short lease");
+        let lease = drain_lease_ttl();
         let mut taken = 0;
         for drain in self.store.drains_unfinished().await? {
             let node = drain.report.node_id.clone();
@@ -310,7 +315,7 @@ impl ControlPlane {
     /// Renews node `node`'s drain lease until it cannot: another control
     /// plane holds it, or the store did not answer for the lease's length.
     async fn keep_drain_lease(&self, node: &NodeId) {
-        let lease = chrono::Duration::from_std(DRAIN_LEASE).expect("a short lease");
+        let lease = drain_lease_ttl();
         let mut held_until = tokio::time::Instant::now() + DRAIN_LEASE;
         loop {
             tokio::time::sleep(DRAIN_LEASE / 3).await;

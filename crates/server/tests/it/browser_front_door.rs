@@ -486,10 +486,12 @@ async fn browser_clients_reach_instances_over_tls_through_nginx() {
     .await;
     serve.api = Api::with_key(serve.api.base.clone(), API_KEY);
     wait_until(Duration::from_secs(30), "nginx to listen", || async {
-        Ok(tokio::net::TcpStream::connect(("127.0.0.1", tls.port))
-            .await
-            .ok()
-            .map(|_| ()))
+        Ok::<_, std::convert::Infallible>(
+            tokio::net::TcpStream::connect(("127.0.0.1", tls.port))
+                .await
+                .ok()
+                .map(|_| ()),
+        )
     })
     .await
     .unwrap();

@@ -230,7 +230,7 @@ async fn browser_a_recording_of_an_animated_page_is_a_playable_video() {
         "the recordings deleted",
         || async {
             if recordings_dir.exists() {
-                Err("still there".into())
+                Err("still there")
             } else {
                 Ok(Some(()))
             }
@@ -392,7 +392,7 @@ async fn browser_recordings_follow_a_revive_onto_a_node_that_lacks_them() {
         "the saved recordings deleted",
         || async {
             if saved.exists() && std::fs::read_dir(&saved).is_ok_and(|mut d| d.next().is_some()) {
-                Err("still there".into())
+                Err("still there")
             } else {
                 Ok(Some(()))
             }

@@ -449,10 +449,12 @@ async fn browser_a_cdp_client_owns_its_browser_and_nothing_else() {
             || {
                 let landed = landed.clone();
                 async move {
-                    Ok(std::fs::read_to_string(&landed)
-                        .ok()
-                        .filter(|text| text == "loot")
-                        .map(|_| ()))
+                    Ok::<_, std::convert::Infallible>(
+                        std::fs::read_to_string(&landed)
+                            .ok()
+                            .filter(|text| text == "loot")
+                            .map(|_| ()),
+                    )
                 }
             },
         )

@@ -93,10 +93,12 @@ async fn browser_an_upstream_proxy_carries_every_request_and_keeps_its_credentia
     let proxy_addr = format!("127.0.0.1:{}", proxy.port);
     let serve = spawn_serve_with(|config| config.agent.egress.allow.push(proxy_addr.clone())).await;
     wait_until(Duration::from_secs(30), "tinyproxy to listen", || async {
-        Ok(tokio::net::TcpStream::connect(("127.0.0.1", proxy.port))
-            .await
-            .ok()
-            .map(|_| ()))
+        Ok::<_, std::convert::Infallible>(
+            tokio::net::TcpStream::connect(("127.0.0.1", proxy.port))
+                .await
+                .ok()
+                .map(|_| ()),
+        )
     })
     .await
     .unwrap();
