@@ -1,7 +1,7 @@
 //! Background reconcile tasks. Each runs on a timer, is idempotent, and logs what
 //! it changed; all stop when the shutdown token fires: node offline sweep, idle
 //! sweep, lifetime sweep (max_duration_minutes), the takeover of drains whose
-//! control plane stopped, metrics samples with alert evaluation and event-log pruning, and one
+//! control plane stopped, the end of idle MCP sessions, metrics samples with alert evaluation and event-log pruning, and one
 //! event delivery task per outbox target. Each runs in one control plane of a
 //! cluster at a time, the holder of its lease in the store. Each timed run is
 //! recorded in [`crate::app::tasks`] (`/health`, `/metrics`).
@@ -53,6 +53,13 @@ pub async fn spawn_all(
             &control_plane,
             "drain takeover",
             |cp| async move { cp.drains_take_over().await },
+        ),
+        spawn_every(
+            interval,
+            &shutdown,
+            &control_plane,
+            "mcp session expiry",
+            |cp| async move { cp.mcp_sessions_expire().await },
         ),
         spawn_every(
             sample_interval,

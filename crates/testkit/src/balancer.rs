@@ -45,8 +45,8 @@ impl Balancer {
         format!("http://127.0.0.1:{}", self.port)
     }
 
-    /// The requests it passed on so far: (method and path, the upstream's
-    /// port), from its access log.
+    /// The requests it passed on so far: (method, path and `Mcp-Session-Id`
+    /// or `-`, the port of the upstream that answered), from its access log.
     pub fn passed(&self) -> Vec<(String, u16)> {
         let log = std::fs::read_to_string(self.dir.path().join("access.log")).unwrap_or_default();
         log.lines()
@@ -70,7 +70,7 @@ fn config(dir: &Path, port: u16, upstream_ports: &[u16]) -> String {
     format!(
         "worker_processes 1;\npid {p}/nginx.pid;\nerror_log {p}/error.log;\ndaemon off;\n\
          events {{ worker_connections 1024; }}\n\
-         http {{\n  log_format passed '$request_method $uri $upstream_addr';\n  access_log {p}/access.log passed;\n  client_body_temp_path {p}/temp/body;\n  proxy_temp_path {p}/temp/proxy;\n\
+         http {{\n  log_format passed '$request_method $uri $http_mcp_session_id $upstream_addr';\n  access_log {p}/access.log passed;\n  client_body_temp_path {p}/temp/body;\n  proxy_temp_path {p}/temp/proxy;\n\
            fastcgi_temp_path {p}/temp/fastcgi;\n  uwsgi_temp_path {p}/temp/uwsgi;\n  scgi_temp_path {p}/temp/scgi;\n\
            client_max_body_size 100m;\n\
            map $http_upgrade $connection_upgrade {{ default upgrade; '' close; }}\n\

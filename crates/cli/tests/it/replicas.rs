@@ -5,10 +5,13 @@
 
 use std::collections::HashSet;
 
+use std::path::Path;
+
 use flotilla_testkit::{
-    Api, BROWSER_DEADLINE, Balancer, PgServer, StatusCode, free_port, run_node, run_python,
-    serve_page, wait_until,
+    Api, BROWSER_DEADLINE, Balancer, PageServer, PgServer, ServeProcess, StatusCode, free_port,
+    run_node, run_python, serve_page, wait_until,
 };
+use serde_json::Value;
 
 use crate::cluster::{AgentSpec, agent, agent_instances, control, wait_nodes};
 
@@ -20,37 +23,110 @@ fn port_of(api: &Api) -> u16 {
     api.base.rsplit(':').next().unwrap().parse().unwrap()
 }
 
+/// Two control planes on one PostgreSQL behind a balancer, two node agents
+/// (real browsers, on `ports`) registered through it; `extra` goes to both
+/// control planes' environment.
+struct TwoReplicas {
+    _postgres: PgServer,
+    a: ServeProcess,
+    b: ServeProcess,
+    balancer: Balancer,
+    agents: Vec<ServeProcess>,
+}
+
+impl TwoReplicas {
+    async fn start(
+        temp: &Path,
+        site: &PageServer,
+        ports: [(&str, &str); 2],
+        extra: &[(&str, &str)],
+    ) -> Self {
+        let postgres = PgServer::start().await.unwrap();
+        let database = postgres.database().await.unwrap();
+        let balancer_port = free_port();
+        let public_url = format!("http://127.0.0.1:{balancer_port}");
+        let mut env = vec![
+            ("FLOTILLA_DATABASE_URL", database.as_str()),
+            ("FLOTILLA_PUBLIC_URL", public_url.as_str()),
+        ];
+        env.extend_from_slice(extra);
+        let a = control(&temp.join("a"), &env).await;
+        let b = control(&temp.join("b"), &env).await;
+        let balancer = Balancer::start(balancer_port, &[port_of(&a.api), port_of(&b.api)]);
+        let allow = format!("[\"{}\"]", site.authority());
+        let egress = [("FLOTILLA_AGENT__EGRESS__ALLOW", allow.as_str())];
+        let mut agents = Vec::new();
+        for (node, ports) in ports {
+            let spec = AgentSpec {
+                sim: false,
+                env: &egress,
+                ..AgentSpec::sim(node, "4", ports)
+            };
+            agents.push(agent(&balancer.url(), &temp.join(node), &spec).await);
+        }
+        let nodes: Vec<(&str, &str)> = ports.iter().map(|(node, _)| (*node, "online")).collect();
+        for replica in [&a.api, &b.api] {
+            wait_nodes(replica, &nodes).await;
+        }
+        Self {
+            _postgres: postgres,
+            a,
+            b,
+            balancer,
+            agents,
+        }
+    }
+
+    fn replicas(&self) -> [u16; 2] {
+        [port_of(&self.a.api), port_of(&self.b.api)]
+    }
+
+    /// The replica ports that answered requests whose line names `needle`.
+    fn answered(&self, needle: &str) -> HashSet<u16> {
+        self.balancer
+            .passed()
+            .into_iter()
+            .filter(|(request, _)| request.contains(needle))
+            .map(|(_, port)| port)
+            .collect()
+    }
+
+    /// Waits until no instance is left: in `replica`'s list, on every node.
+    async fn wait_empty(&self, replicas: &[&Api]) {
+        wait_until(BROWSER_DEADLINE, "no instance left anywhere", || async {
+            let mut left = Vec::new();
+            for replica in replicas {
+                left.push(replica.get("/v2/instances").await.1["total"].clone());
+            }
+            for node in &self.agents {
+                left.push(agent_instances(node).await.len().into());
+            }
+            if left.iter().all(|n| n == 0) {
+                Ok(Some(()))
+            } else {
+                Err(format!("{left:?}"))
+            }
+        })
+        .await
+        .unwrap();
+    }
+}
+
 #[tokio::test]
 async fn browser_clients_drive_the_fleet_through_two_control_planes_behind_one_balancer() {
-    let postgres = PgServer::start().await.unwrap();
-    let database = postgres.database().await.unwrap();
     let temp = tempfile::tempdir().unwrap();
     let site = serve_page(&[("/form", FORM)]).await;
-    let balancer_port = free_port();
-    let public_url = format!("http://127.0.0.1:{balancer_port}");
-    let env = [
-        ("FLOTILLA_DATABASE_URL", database.as_str()),
-        ("FLOTILLA_PUBLIC_URL", public_url.as_str()),
-    ];
-    let a = control(&temp.path().join("a"), &env).await;
-    let b = control(&temp.path().join("b"), &env).await;
-    let replicas = [port_of(&a.api), port_of(&b.api)];
-    let balancer = Balancer::start(balancer_port, &replicas);
+    let fleet = TwoReplicas::start(
+        temp.path(),
+        &site,
+        [("b1", "29200-29299"), ("b2", "29300-29399")],
+        &[],
+    )
+    .await;
+    let (a, b, balancer) = (&fleet.a, &fleet.b, &fleet.balancer);
+    let replicas = fleet.replicas();
+    let balancer_port = port_of(&Api::new(balancer.url()));
     let api = Api::new(balancer.url());
-    let allow = format!("[\"{}\"]", site.authority());
-    let egress = [("FLOTILLA_AGENT__EGRESS__ALLOW", allow.as_str())];
-    let mut agents = Vec::new();
-    for (node, ports) in [("b1", "29200-29299"), ("b2", "29300-29399")] {
-        let spec = AgentSpec {
-            sim: false,
-            env: &egress,
-            ..AgentSpec::sim(node, "4", ports)
-        };
-        agents.push(agent(&balancer.url(), &temp.path().join(node), &spec).await);
-    }
-    for replica in [&a.api, &b.api] {
-        wait_nodes(replica, &[("b1", "online"), ("b2", "online")]).await;
-    }
     let page = format!("{}/form", site.base);
 
     // Selenium: one session, its commands answered by both replicas.
@@ -63,13 +139,11 @@ async fn browser_clients_drive_the_fleet_through_two_control_planes_behind_one_b
     assert_eq!(seen["cookie"], "yes", "{seen}");
     assert_eq!(seen["script"], 42, "{seen}");
     let session = seen["session"].as_str().unwrap();
-    let answered: HashSet<u16> = balancer
-        .passed()
-        .into_iter()
-        .filter(|(request, _)| request.contains(session))
-        .map(|(_, port)| port)
-        .collect();
-    assert_eq!(answered, HashSet::from(replicas), "the session's commands");
+    assert_eq!(
+        fleet.answered(session),
+        HashSet::from(replicas),
+        "the session's commands"
+    );
     // Its quit ended it for both.
     for replica in [&a.api, &b.api] {
         let (status, _) = replica.get(&format!("/v2/instances/{session}")).await;
@@ -110,20 +184,81 @@ async fn browser_clients_drive_the_fleet_through_two_control_planes_behind_one_b
 
     // Nothing without an owner: both replicas and both nodes agree.
     api.delete_instance(&id).await;
-    wait_until(BROWSER_DEADLINE, "no instance left anywhere", || async {
-        let mut left = Vec::new();
-        for replica in [&a.api, &b.api] {
-            left.push(replica.get("/v2/instances").await.1["total"].clone());
-        }
-        for node in &agents {
-            left.push(agent_instances(node).await.len().into());
-        }
-        if left.iter().all(|n| n == 0) {
-            Ok(Some(()))
-        } else {
-            Err(format!("{left:?}"))
+    fleet.wait_empty(&[&a.api, &b.api]).await;
+}
+
+/// An MCP agent's session through the balancer: its requests alternate
+/// replicas, one replica is killed halfway through its task, and it goes on
+/// through the other (its current instance, its snapshot's references);
+/// ending the session deletes its instance. A second agent vanishes without
+/// ending its session: the replica left ends it when it goes idle, and its
+/// instance with it.
+#[tokio::test]
+async fn an_mcp_agent_goes_on_through_the_other_replica_when_its_own_is_killed() {
+    let temp = tempfile::tempdir().unwrap();
+    let site = serve_page(&[("/form", FORM)]).await;
+    let mut fleet = TwoReplicas::start(
+        temp.path(),
+        &site,
+        [("m1", "29400-29499"), ("m2", "29500-29599")],
+        &[("FLOTILLA_MCP__SESSION_IDLE_TIMEOUT_SEC", "15")],
+    )
+    .await;
+    let (pause, resume) = (temp.path().join("paused"), temp.path().join("resume"));
+    let agent = {
+        let args = [
+            fleet.balancer.url(),
+            format!("{}/form", site.base),
+            pause.display().to_string(),
+            resume.display().to_string(),
+        ];
+        tokio::spawn(async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            run_python("mcp_replicas.py", &args).await
+        })
+    };
+    let paused: Value = wait_until(BROWSER_DEADLINE, "the agent halfway", || async {
+        match std::fs::read_to_string(&pause).map(|text| serde_json::from_str(&text)) {
+            Ok(Ok(seen)) => Ok(Some(seen)),
+            _ => Err("not yet".to_owned()),
         }
     })
     .await
     .unwrap();
+    let session = paused["session"].as_str().unwrap().to_owned();
+    assert_eq!(
+        fleet.answered(&session),
+        HashSet::from(fleet.replicas()),
+        "the session's requests before the kill: {paused}"
+    );
+    assert_eq!(paused["drivers_before"]["mcp"], 1, "{paused}");
+
+    fleet.a.stop_with(libc::SIGKILL).await;
+    std::fs::write(&resume, "go on").unwrap();
+    let seen = agent.await.unwrap().expect("the agent finishes its task");
+    assert!(
+        seen["title"].as_str().unwrap().contains("replicas"),
+        "{seen}"
+    );
+    assert!(
+        seen["list"].as_str().unwrap().contains("(current)"),
+        "{seen}"
+    );
+    assert_eq!(seen["drivers_after"]["mcp"], 1, "{seen}");
+
+    // The session's end (through the replica left) deleted its instance;
+    // the vanished agent's went with its idle session.
+    let b = Api::new(fleet.b.api.base.clone());
+    for id in [&seen["instance"], &seen["vanished_instance"]] {
+        let path = format!("/v2/instances/{}", id.as_str().unwrap());
+        wait_until(BROWSER_DEADLINE, "the session's instance ended", || async {
+            match b.get(&path).await {
+                (StatusCode::NOT_FOUND, _) => Ok(Some(())),
+                (status, body) => Err(format!("{status} {}", body["status"])),
+            }
+        })
+        .await
+        .unwrap();
+    }
+    fleet.wait_empty(&[&b]).await;
 }

@@ -313,8 +313,9 @@ impl ControlPlane {
     }
 
     /// What drives `record`'s instance (its view's `drivers`).
-    fn drivers_of(&self, record: &InstanceRecord) -> InstanceDrivers {
-        views::drivers(record, self.mcp_holds.holding(&record.id))
+    async fn drivers_of(&self, record: &InstanceRecord) -> Result<InstanceDrivers> {
+        let mcp = self.mcp_sessions_holding(&record.id).await?;
+        Ok(views::drivers(record, mcp))
     }
 
     pub async fn instance_list(
@@ -343,11 +344,13 @@ impl ControlPlane {
             .store
             .instance_list(&filter, query.sort.unwrap_or_default(), limit, offset)
             .await?;
+        let mcp = self.mcp_sessions_holding_each().await?;
+        let drivers = |record: &InstanceRecord| {
+            let sessions = mcp.get(&record.id).copied().unwrap_or(0);
+            views::instance_summary(record, views::drivers(record, sessions))
+        };
         Ok(InstanceList {
-            instances: records
-                .iter()
-                .map(|record| views::instance_summary(record, self.drivers_of(record)))
-                .collect(),
+            instances: records.iter().map(drivers).collect(),
             total,
             limit,
             offset,
@@ -379,7 +382,7 @@ impl ControlPlane {
         } else {
             self.instance_urls(&record).await?
         };
-        let drivers = self.drivers_of(&record);
+        let drivers = self.drivers_of(&record).await?;
         let mut view = views::instance_detail(&record, (urls, drivers), self.now());
         if *scope == Scope::Admin {
             view.profile = record.profile.clone();

@@ -1,182 +1,252 @@
-//! Whose each MCP session is: the API key that opened it (and its tenant),
-//! and only that key may use it (another key naming its `Mcp-Session-Id`
-//! gets the same 404 as a session that never was). Each key holds at most
-//! `mcp.max_sessions_per_key` sessions, its share of `mcp.max_sessions`;
-//! a tenant's sessions count toward its `max_sessions`.
+//! MCP sessions across control planes: each session is a row in the store
+//! (`mcp_sessions`), so whichever replica a request reaches serves it and
+//! any replica ends it.
 //!
-//! rmcp's session manager knows sessions, not keys; this table sits beside
-//! it (`ControlPlane::mcp_sessions`, used by the `/mcp` middleware): an
-//! entry is made when an `initialize` answer names a new session, and
-//! dropped when the session is ended or no longer in the manager (an idle
-//! session it ended).
+//! - Whose it is: the API key that opened it (and its tenant); only that key
+//!   may use it (another key naming its `Mcp-Session-Id` gets the same 404
+//!   as a session that never was).
+//! - Its limits, fleet-wide: `mcp.max_sessions` live sessions, each key at
+//!   most `mcp.max_sessions_per_key`, a tenant's toward its `max_sessions`.
+//! - What it holds: its current instance and tab, the instances it created
+//!   (the tools read and write them here on every call: a replica's copy in
+//!   memory would go stale when the client's next request reached another).
+//! - Its end: a `DELETE` on any replica, or no request for
+//!   `mcp.session_idle_timeout_sec` (the "mcp session expiry" sweep, one
+//!   replica at a time); whoever claims the end in the store carries out
+//!   `mcp.on_session_end`, and an end left unfinished (its replica stopped)
+//!   is claimed again after [`END_TAKEOVER`].
+//!
+//! rmcp keeps each session's protocol state in the memory of the replica
+//! serving it; [`StoredSessions`] is its external session store, so another
+//! replica replays the client's `initialize` and goes on.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use rmcp::transport::streamable_http_server::session::{
+    SessionState, SessionStore, SessionStoreError,
+};
 
 use flotilla_api_types::InstanceId;
 
-/// Session id → the principal that opened it and its tenant. A std mutex:
-/// a few map operations, never held across an await.
-#[derive(Default)]
-pub struct SessionOwners {
-    owners: Mutex<HashMap<String, Owner>>,
+use crate::app::keys::Principal;
+use crate::app::{ControlPlane, Scope};
+use crate::config::SessionEnd;
+use crate::error::{Error, Result};
+use crate::store::{McpSessionRecord, McpSessionsOf};
+
+/// How long an end may go unfinished before another replica takes it over.
+pub const END_TAKEOVER: chrono::Duration = chrono::Duration::seconds(60);
+
+/// The refusal of a request naming a session that is not (or no longer) its
+/// key's, or never was.
+fn no_such_session() -> Error {
+    Error::NotFound("no such MCP session: initialize a new one".into())
 }
 
-struct Owner {
-    principal: String,
-    tenant: Option<String>,
-}
+impl ControlPlane {
+    /// Sessions used since then are live.
+    fn mcp_live_since(&self) -> DateTime<Utc> {
+        let idle = self.config.mcp.session_idle_timeout_sec;
+        self.now() - chrono::Duration::seconds(i64::try_from(idle).unwrap_or(i64::MAX / 1000))
+    }
 
-/// Why a request about a session is refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SessionRefusal {
-    #[error("no such MCP session: initialize a new one")]
-    NotYours,
-    #[error(
-        "this API key holds {0} MCP sessions, its share (mcp.max_sessions_per_key): end one, or retry later"
-    )]
-    KeyFull(usize),
-}
-
-impl SessionOwners {
-    /// Whether `principal` may open another session; `live` says which
-    /// sessions the manager still holds (the others are forgotten here).
-    pub fn may_open(
-        &self,
-        principal: &str,
-        per_key: usize,
-        live: impl Fn(&str) -> bool,
-    ) -> Result<(), SessionRefusal> {
-        let mut owners = self.owners.lock().expect("mcp owners lock");
-        owners.retain(|id, _| live(id));
-        let held = owners
-            .values()
-            .filter(|owner| owner.principal == principal)
-            .count();
-        if held >= per_key {
-            return Err(SessionRefusal::KeyFull(held));
+    /// Lets `principal` use session `id` (it opened it, and it lives), and
+    /// marks it used now.
+    pub async fn mcp_session_use(&self, id: &str, principal: &Principal) -> Result<()> {
+        let session = self
+            .store
+            .mcp_session_get(id, self.mcp_live_since())
+            .await?;
+        match session {
+            Some(session) if session.principal.as_deref() == Some(principal.0.as_str()) => {
+                self.store.mcp_session_touch(id, self.now()).await?;
+                Ok(())
+            }
+            _ => Err(no_such_session()),
         }
-        Ok(())
+    }
+
+    /// Whether `principal` (seeing `scope`) may open one more session: the
+    /// fleet holds fewer than `mcp.max_sessions`, the key fewer than
+    /// `mcp.max_sessions_per_key`, its tenant fewer than its quota. Checked
+    /// as a session opens (two opening at once may both pass).
+    pub async fn mcp_session_may_open(&self, principal: &Principal, scope: &Scope) -> Result<()> {
+        let settings = &self.config.mcp;
+        let live_since = self.mcp_live_since();
+        let open = self
+            .store
+            .mcp_sessions_count(McpSessionsOf::All, live_since)
+            .await?;
+        if open >= settings.max_sessions as u64 {
+            return Err(Error::InsufficientCapacity(format!(
+                "{} MCP sessions are open, the most the fleet holds (mcp.max_sessions): end one, or retry later",
+                settings.max_sessions
+            )));
+        }
+        if principal.is_key() {
+            let held = self
+                .store
+                .mcp_sessions_count(McpSessionsOf::Principal(&principal.0), live_since)
+                .await?;
+            if held >= settings.max_sessions_per_key as u64 {
+                return Err(Error::InsufficientCapacity(format!(
+                    "this API key holds {held} MCP sessions, its share (mcp.max_sessions_per_key): end one, or retry later"
+                )));
+            }
+        }
+        self.tenant_may_open_session(scope).await
     }
 
     /// Records that `principal` (of `tenant`) opened session `id`.
-    pub fn opened(&self, id: &str, principal: &str, tenant: Option<&str>) {
-        self.owners.lock().expect("mcp owners lock").insert(
-            id.to_owned(),
-            Owner {
-                principal: principal.to_owned(),
-                tenant: tenant.map(str::to_owned),
-            },
-        );
+    pub async fn mcp_session_opened(
+        &self,
+        id: &str,
+        principal: &Principal,
+        tenant: Option<&str>,
+    ) -> Result<()> {
+        self.store
+            .mcp_session_opened(id, (&principal.0, tenant), self.now())
+            .await?;
+        Ok(())
     }
 
-    /// Whether `principal` may use session `id`: it opened it.
-    pub fn check(&self, id: &str, principal: &str) -> Result<(), SessionRefusal> {
-        match self.owners.lock().expect("mcp owners lock").get(id) {
-            Some(owner) if owner.principal == principal => Ok(()),
-            _ => Err(SessionRefusal::NotYours),
+    /// The live sessions of `tenant`.
+    pub async fn mcp_sessions_of_tenant(&self, tenant: &str) -> Result<u64> {
+        Ok(self
+            .store
+            .mcp_sessions_count(McpSessionsOf::Tenant(tenant), self.mcp_live_since())
+            .await?)
+    }
+
+    /// Live session `id` as stored (`None` once it ended).
+    pub async fn mcp_session_state(&self, id: &str) -> Result<McpSessionRecord> {
+        self.store
+            .mcp_session_get(id, self.mcp_live_since())
+            .await?
+            .ok_or_else(no_such_session)
+    }
+
+    /// How many live sessions hold `instance` (its view's `drivers.mcp`).
+    pub async fn mcp_sessions_holding(&self, instance: &InstanceId) -> Result<u32> {
+        Ok(self
+            .store
+            .mcp_sessions_holding(instance, self.mcp_live_since())
+            .await?)
+    }
+
+    /// How many live sessions hold each instance any holds (for a list).
+    pub async fn mcp_sessions_holding_each(
+        &self,
+    ) -> Result<std::collections::HashMap<InstanceId, u32>> {
+        Ok(self
+            .store
+            .mcp_sessions_holding_each(self.mcp_live_since())
+            .await?)
+    }
+
+    /// Ends session `id` if nobody else is: its instances per
+    /// `mcp.on_session_end`, then the session is forgotten. `false` when
+    /// another replica is ending it (or it is gone).
+    pub async fn mcp_session_end(&self, id: &str) -> Result<bool> {
+        let Some(created) = self.mcp_session_claim_end(id).await? else {
+            return Ok(false);
+        };
+        self.mcp_session_finish_end(id, created).await?;
+        Ok(true)
+    }
+
+    /// Takes on the end of session `id`: the instances it created, or
+    /// `None` when another replica is ending it (or it is gone). From here
+    /// on no request may use it.
+    async fn mcp_session_claim_end(&self, id: &str) -> Result<Option<Vec<InstanceId>>> {
+        let now = self.now();
+        Ok(self
+            .store
+            .mcp_session_end_claim(id, now, now - END_TAKEOVER)
+            .await?)
+    }
+
+    /// Carries out the end of session `id`, claimed: `created` per
+    /// `mcp.on_session_end`, then the session is forgotten.
+    async fn mcp_session_finish_end(&self, id: &str, created: Vec<InstanceId>) -> Result<()> {
+        let ending = self.config.mcp.on_session_end;
+        for instance in created {
+            let outcome = match ending {
+                SessionEnd::Keep => Ok(()),
+                SessionEnd::Park => self.instance_dormant(&instance).await.map(drop),
+                SessionEnd::Delete => self.instance_delete(&instance, false).await.map(drop),
+            };
+            match outcome {
+                Ok(()) | Err(Error::NotFound(_)) | Err(Error::InvalidState(_)) => {}
+                Err(error) => {
+                    tracing::warn!(%instance, %error, "cannot end an instance of an ended MCP session");
+                }
+            }
         }
+        Ok(self.store.mcp_session_forget(id).await?)
     }
 
-    /// The sessions `tenant`'s keys hold.
-    pub fn of_tenant(&self, tenant: &str) -> usize {
-        self.owners
-            .lock()
-            .expect("mcp owners lock")
-            .values()
-            .filter(|owner| owner.tenant.as_deref() == Some(tenant))
-            .count()
-    }
-
-    /// Forgets session `id` (it ended).
-    pub fn ended(&self, id: &str) {
-        self.owners.lock().expect("mcp owners lock").remove(id);
-    }
-}
-
-/// The instances each live MCP session holds (those it created, and its
-/// current one), so that an instance's view counts the sessions driving it
-/// (`drivers.mcp`). Keyed by a number each session draws ([`Self::key`]);
-/// a std mutex, never held across an await.
-#[derive(Default)]
-pub struct SessionHolds {
-    next_key: AtomicU64,
-    held: Mutex<HashMap<u64, Vec<InstanceId>>>,
-}
-
-impl SessionHolds {
-    /// A key for a new session.
-    pub fn key(&self) -> u64 {
-        self.next_key.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Session `key` now holds `instances` (and no other).
-    pub fn hold(&self, key: u64, instances: Vec<InstanceId>) {
-        let mut held = self.held.lock().expect("mcp holds lock");
-        if instances.is_empty() {
-            held.remove(&key);
-        } else {
-            held.insert(key, instances);
+    /// The "mcp session expiry" sweep: ends every session unused for
+    /// `mcp.session_idle_timeout_sec`, and every end left unfinished.
+    pub async fn mcp_sessions_expire(&self) -> Result<u64> {
+        let stale_before = self.now() - END_TAKEOVER;
+        let ids = self
+            .store
+            .mcp_sessions_to_end(self.mcp_live_since(), stale_before)
+            .await?;
+        let mut ended = 0;
+        for id in ids {
+            if self.mcp_session_end(&id).await? {
+                ended += 1;
+            }
         }
-    }
-
-    /// Session `key` ended.
-    pub fn release(&self, key: u64) {
-        self.held.lock().expect("mcp holds lock").remove(&key);
-    }
-
-    /// How many sessions hold `instance`.
-    pub fn holding(&self, instance: &InstanceId) -> u32 {
-        let held = self.held.lock().expect("mcp holds lock");
-        let sessions = held.values().filter(|ids| ids.contains(instance)).count();
-        u32::try_from(sessions).unwrap_or(u32::MAX)
+        Ok(ended)
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// rmcp's external session store: a session's `initialize` parameters in
+/// the store, so that another replica restores the session; its `DELETE`
+/// ends the session for every replica.
+pub struct StoredSessions(pub Arc<ControlPlane>);
 
-    #[test]
-    fn a_session_is_its_openers_and_each_key_has_a_share() {
-        let owners = SessionOwners::default();
-        owners.may_open("key:a", 2, |_| true).unwrap();
-        owners.opened("s1", "key:a", Some("acme"));
-        owners.opened("s2", "key:a", Some("acme"));
-        assert_eq!(owners.of_tenant("acme"), 2);
-        assert_eq!(owners.of_tenant("globex"), 0);
-        assert_eq!(owners.check("s1", "key:a"), Ok(()));
-        assert_eq!(owners.check("s1", "key:b"), Err(SessionRefusal::NotYours));
-        assert_eq!(
-            owners.check("never", "key:a"),
-            Err(SessionRefusal::NotYours)
-        );
-        assert_eq!(
-            owners.may_open("key:a", 2, |_| true),
-            Err(SessionRefusal::KeyFull(2))
-        );
-        owners.may_open("key:b", 2, |_| true).unwrap();
-        // A session the manager no longer holds frees its key's share.
-        owners.may_open("key:a", 2, |id| id != "s2").unwrap();
-        assert_eq!(owners.check("s2", "key:a"), Err(SessionRefusal::NotYours));
-        owners.ended("s1");
-        assert_eq!(owners.check("s1", "key:a"), Err(SessionRefusal::NotYours));
+#[async_trait::async_trait]
+impl SessionStore for StoredSessions {
+    async fn load(&self, id: &str) -> Result<Option<SessionState>, SessionStoreError> {
+        let control_plane = &self.0;
+        let params = control_plane
+            .store
+            .mcp_session_initialize_params(id, control_plane.mcp_live_since())
+            .await?;
+        Ok(params
+            .map(|params| serde_json::from_str(&params).map(SessionState::new))
+            .transpose()?)
     }
 
-    #[test]
-    fn an_instance_counts_the_sessions_that_hold_it() {
-        let holds = SessionHolds::default();
-        let (a, b) = (InstanceId::new("a"), InstanceId::new("b"));
-        let (first, second) = (holds.key(), holds.key());
-        assert_ne!(first, second);
-        holds.hold(first, vec![a.clone(), b.clone()]);
-        holds.hold(second, vec![a.clone()]);
-        assert_eq!((holds.holding(&a), holds.holding(&b)), (2, 1));
-        holds.hold(first, vec![b.clone()]);
-        assert_eq!((holds.holding(&a), holds.holding(&b)), (1, 1));
-        holds.release(second);
-        holds.hold(first, Vec::new());
-        assert_eq!((holds.holding(&a), holds.holding(&b)), (0, 0));
+    async fn store(&self, id: &str, state: &SessionState) -> Result<(), SessionStoreError> {
+        let control_plane = &self.0;
+        let params = serde_json::to_string(&state.initialize_params)?;
+        control_plane
+            .store
+            .mcp_session_initialized(id, &params, control_plane.now())
+            .await?;
+        Ok(())
+    }
+
+    /// The client ended its session: its instances are ended in the
+    /// background (the `DELETE` is answered at once; an end this replica
+    /// does not finish is taken over, see [`END_TAKEOVER`]).
+    async fn delete(&self, id: &str) -> Result<(), SessionStoreError> {
+        let control_plane = self.0.clone();
+        let Some(created) = control_plane.mcp_session_claim_end(id).await? else {
+            return Ok(());
+        };
+        let id = id.to_owned();
+        tokio::spawn(async move {
+            if let Err(error) = control_plane.mcp_session_finish_end(&id, created).await {
+                tracing::warn!(%error, "cannot end an MCP session");
+            }
+        });
+        Ok(())
     }
 }

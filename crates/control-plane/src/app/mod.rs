@@ -93,10 +93,6 @@ pub struct ControlPlane {
     recent_failures: tokio::sync::Mutex<Option<(std::time::Instant, RecentFailures)>>,
     /// Background work: the sweeps' records, and work spawned by requests.
     tasks: Arc<tasks::BackgroundTasks>,
-    /// Whose each MCP session is (`/mcp`), and each tenant's count.
-    pub(crate) mcp_sessions: mcp_sessions::SessionOwners,
-    /// The instances live MCP sessions hold (`drivers.mcp`).
-    pub(crate) mcp_holds: mcp_sessions::SessionHolds,
 }
 
 impl ControlPlane {
@@ -125,8 +121,6 @@ impl ControlPlane {
             holder: uuid::Uuid::new_v4().simple().to_string(),
             recent_failures: tokio::sync::Mutex::new(None),
             tasks: Arc::default(),
-            mcp_sessions: Default::default(),
-            mcp_holds: Default::default(),
         }
     }
 

@@ -84,7 +84,7 @@ impl crate::app::ControlPlane {
             return Ok(());
         }
         let held = self.store.webdriver_sessions_of_tenant(tenant).await?
-            + self.mcp_sessions.of_tenant(tenant) as u64;
+            + self.mcp_sessions_of_tenant(tenant).await?;
         if held >= u64::from(quota) {
             return Err(over_quota(tenant, "sessions", "max_sessions", quota));
         }

@@ -35,20 +35,24 @@ use flotilla_api_types::live::{CreateLiveLinkRequest, LiveMode};
 use flotilla_api_types::page::{AgentPageRequest, PageOp};
 use flotilla_api_types::profiles::ProfileUse;
 
+use crate::app::keys::Principal;
+use crate::app::mcp_sessions::StoredSessions;
 use crate::app::{ControlPlane, Scope};
-use crate::config::SessionEnd;
 use crate::error::Error;
 
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 
-/// The `/mcp` endpoint for the router: rmcp's service, behind a cap on
-/// sessions (`mcp.max_sessions`; a new one past it is 503).
+/// The `/mcp` endpoint for the router: rmcp's service, its sessions in the
+/// store, behind a cap on sessions (`mcp.max_sessions`; a new one past it
+/// is 503).
 pub fn router(control_plane: Arc<ControlPlane>) -> axum::Router<Arc<ControlPlane>> {
     let settings = &control_plane.config.mcp;
     let mut manager = LocalSessionManager::default();
     // A session lives while its agent works, or a person drives its browser
-    // through a handoff link; an idle one ends (and its instances with it).
+    // through a handoff link; an idle one ends (and its instances with it:
+    // the "mcp session expiry" sweep, which sees the requests every replica
+    // served). This replica forgets its copy then too.
     manager.session_config.keep_alive = Some(std::time::Duration::from_secs(
         settings.session_idle_timeout_sec,
     ));
@@ -57,7 +61,10 @@ pub fn router(control_plane: Arc<ControlPlane>) -> axum::Router<Arc<ControlPlane
     let manager = Arc::new(manager);
     // The guard in front checks the API key; hosts are whatever the
     // operator serves the control plane as.
-    let config = StreamableHttpServerConfig::default().disable_allowed_hosts();
+    // Every session's `initialize` in the store, so that any replica
+    // restores a session another opened.
+    let mut config = StreamableHttpServerConfig::default().disable_allowed_hosts();
+    config.session_store = Some(Arc::new(StoredSessions(control_plane.clone())));
     let service = {
         let control_plane = control_plane.clone();
         StreamableHttpService::new(
@@ -66,28 +73,26 @@ pub fn router(control_plane: Arc<ControlPlane>) -> axum::Router<Arc<ControlPlane
             config,
         )
     };
-    let limits = (settings.max_sessions, settings.max_sessions_per_key);
     axum::Router::new()
         .route_service("/mcp", service)
         .layer(axum::middleware::from_fn(
             move |request: axum::extract::Request, next: axum::middleware::Next| {
-                let (manager, control_plane) = (manager.clone(), control_plane.clone());
-                async move { admit(request, next, (&manager, &control_plane), limits).await }
+                let control_plane = control_plane.clone();
+                async move { admit(request, next, &control_plane).await }
             },
         ))
 }
 
 /// The `/mcp` middleware: a session is its opener's (another key's request
 /// about it is a 404, as for a session that never was), and a new one is
-/// refused past `mcp.max_sessions` or the key's `mcp.max_sessions_per_key`.
+/// refused past `mcp.max_sessions` or the key's `mcp.max_sessions_per_key`
+/// (fleet-wide, through the store).
 async fn admit(
     request: axum::extract::Request,
     next: axum::middleware::Next,
-    (manager, control_plane): (&LocalSessionManager, &ControlPlane),
-    (max_sessions, per_key): (usize, usize),
+    control_plane: &ControlPlane,
 ) -> axum::response::Response {
     use axum::response::IntoResponse as _;
-    let owners = &control_plane.mcp_sessions;
     let scope = request
         .extensions()
         .get::<Scope>()
@@ -95,56 +100,39 @@ async fn admit(
         .unwrap_or(Scope::Admin);
     let principal = request
         .extensions()
-        .get::<crate::app::keys::Principal>()
+        .get::<Principal>()
         .cloned()
-        .unwrap_or_else(|| crate::app::keys::Principal("anonymous".into()));
+        .unwrap_or_else(|| Principal("anonymous".into()));
     let session = request
         .headers()
         .get("mcp-session-id")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     if let Some(id) = &session
-        && let Err(refusal) = owners.check(id, &principal.0)
+        && let Err(refusal) = control_plane.mcp_session_use(id, &principal).await
     {
-        return Error::NotFound(refusal.to_string()).into_response();
+        return refusal.into_response();
     }
     // Any request without a session may open one (whatever protocol
     // version it names, an `initialize` does): the caps apply to each, and
     // a session it opened is its key's.
     let opens_a_session = request.method() == axum::http::Method::POST && session.is_none();
-    if opens_a_session {
-        let live = manager.sessions.read().await;
-        if live.len() >= max_sessions {
-            return Error::InsufficientCapacity(format!(
-                "{max_sessions} MCP sessions are open, the most this control plane holds (mcp.max_sessions): end one, or retry later"
-            ))
-            .into_response();
-        }
-        if principal.is_key()
-            && let Err(refusal) = owners.may_open(&principal.0, per_key, |id| live.contains_key(id))
-        {
-            return Error::InsufficientCapacity(refusal.to_string()).into_response();
-        }
-        drop(live);
-        if let Err(refusal) = control_plane.tenant_may_open_session(&scope).await {
-            return refusal.into_response();
-        }
+    if opens_a_session
+        && let Err(refusal) = control_plane.mcp_session_may_open(&principal, &scope).await
+    {
+        return refusal.into_response();
     }
-    let ends = request.method() == axum::http::Method::DELETE;
     let response = next.run(request).await;
     if opens_a_session
         && let Some(id) = response
             .headers()
             .get("mcp-session-id")
             .and_then(|v| v.to_str().ok())
+        && let Err(error) = control_plane
+            .mcp_session_opened(id, &principal, scope.tenant())
+            .await
     {
-        owners.opened(id, &principal.0, scope.tenant());
-    }
-    if ends
-        && response.status().is_success()
-        && let Some(id) = &session
-    {
-        owners.ended(id);
+        return error.into_response();
     }
     response
 }
@@ -152,20 +140,19 @@ async fn admit(
 /// One MCP session's state and tools.
 pub struct McpSession {
     control_plane: Arc<ControlPlane>,
-    /// The instance and tab tools act on when they name none.
+    /// The instance and tab tools act on when they name none, for one
+    /// request of the stateless protocol (a session keeps them in the store).
     current: Mutex<Current>,
-    /// Instances this session created (ended with it).
-    created: Mutex<Vec<InstanceId>>,
     /// Whether this is a session (it began with `initialize`), not one
     /// request of the stateless protocol.
     in_session: AtomicBool,
     /// What the key of the call being served sees (`call_tool` sets it).
     scope: Mutex<Option<Scope>>,
-    /// Its key in the control plane's `mcp_holds`.
-    holds_key: u64,
+    /// The session of the call being served (`call_tool` sets it).
+    session_id: Mutex<Option<String>>,
 }
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Current {
     instance: Option<InstanceId>,
     tab: Option<String>,
@@ -391,12 +378,11 @@ pub struct HandoffParams {
 impl McpSession {
     fn new(control_plane: Arc<ControlPlane>) -> Self {
         Self {
-            holds_key: control_plane.mcp_holds.key(),
             control_plane,
             current: Mutex::default(),
-            created: Mutex::default(),
             in_session: AtomicBool::new(false),
             scope: Mutex::default(),
+            session_id: Mutex::default(),
         }
     }
 
@@ -405,13 +391,7 @@ impl McpSession {
     async fn instance(&self, named: &Option<String>) -> Result<InstanceId, CallToolResult> {
         let id = match named.as_deref().filter(|id| !id.is_empty()) {
             Some(id) => InstanceId::new(id),
-            None => self
-                .current
-                .lock()
-                .expect("mcp lock")
-                .instance
-                .clone()
-                .ok_or_else(|| {
+            None => self.current().await?.instance.ok_or_else(|| {
                     failed(
                         "no instance: create one with browser_create, or give instance_id (browser_list lists them)",
                     )
@@ -434,31 +414,81 @@ impl McpSession {
             .ok_or_else(|| failed("this call carried no credential"))
     }
 
-    fn make_current(&self, id: &InstanceId, tab: Option<String>) {
-        let mut current = self.current.lock().expect("mcp lock");
-        if current.instance.as_ref() != Some(id) {
-            current.tab = None;
+    /// The session of the call being served; `None` for a request of the
+    /// stateless protocol.
+    fn session_id(&self) -> Option<String> {
+        if !self.in_session.load(Ordering::Acquire) {
+            return None;
         }
-        current.instance = Some(id.clone());
-        if tab.is_some() {
-            current.tab = tab;
-        }
-        drop(current);
-        self.publish_holds();
+        self.session_id.lock().expect("mcp lock").clone()
     }
 
-    /// Tells the control plane which instances this session holds: those
-    /// it created and its current one (a stateless request holds none).
-    fn publish_holds(&self) {
-        if !self.in_session.load(Ordering::Acquire) {
+    /// The current instance and tab: the session's, as stored.
+    async fn current(&self) -> Result<Current, CallToolResult> {
+        let Some(session) = self.session_id() else {
+            return Ok(self.current.lock().expect("mcp lock").clone());
+        };
+        let stored = self
+            .control_plane
+            .mcp_session_state(&session)
+            .await
+            .map_err(failed_with)?;
+        Ok(Current {
+            instance: stored.current_instance,
+            tab: stored.current_tab,
+        })
+    }
+
+    /// Makes `id` the current instance, with tab `tab` (or, for the same
+    /// instance, the tab it had).
+    async fn make_current(&self, id: &InstanceId, tab: Option<String>) {
+        let Some(session) = self.session_id() else {
+            let mut current = self.current.lock().expect("mcp lock");
+            if current.instance.as_ref() != Some(id) {
+                current.tab = None;
+            }
+            current.instance = Some(id.clone());
+            if tab.is_some() {
+                current.tab = tab;
+            }
             return;
+        };
+        let stored = self
+            .control_plane
+            .store
+            .mcp_session_current(&session, id, tab.as_deref());
+        if let Err(error) = stored.await {
+            tracing::warn!(%error, instance = %id, "cannot record an MCP session's current instance");
         }
-        let mut held = self.created.lock().expect("mcp lock").clone();
-        let current = self.current.lock().expect("mcp lock").instance.clone();
-        if let Some(current) = current.filter(|id| !held.contains(id)) {
-            held.push(current);
+    }
+
+    /// Records that the session created `id` (it ends with the session).
+    async fn remember_created(&self, id: &InstanceId) {
+        let Some(session) = self.session_id() else {
+            return;
+        };
+        let stored = self
+            .control_plane
+            .store
+            .mcp_session_created_one(&session, id);
+        if let Err(error) = stored.await {
+            tracing::warn!(%error, instance = %id, "cannot record an MCP session's instance");
         }
-        self.control_plane.mcp_holds.hold(self.holds_key, held);
+    }
+
+    /// The session holds `id` no more (it was closed).
+    async fn let_go(&self, id: &InstanceId) {
+        let Some(session) = self.session_id() else {
+            let mut current = self.current.lock().expect("mcp lock");
+            if current.instance.as_ref() == Some(id) {
+                *current = Current::default();
+            }
+            return;
+        };
+        let stored = self.control_plane.store.mcp_session_let_go(&session, id);
+        if let Err(error) = stored.await {
+            tracing::warn!(%error, instance = %id, "cannot record that an MCP session let go of an instance");
+        }
     }
 
     /// Carries out `op` on the page of the named (or current) instance.
@@ -467,12 +497,13 @@ impl McpSession {
             Ok(id) => id,
             Err(refusal) => return refusal,
         };
-        let tab = {
-            let current = self.current.lock().expect("mcp lock");
-            (current.instance.as_ref() == Some(&id))
-                .then(|| current.tab.clone())
-                .flatten()
+        let current = match self.current().await {
+            Ok(current) => current,
+            Err(refusal) => return refusal,
         };
+        let tab = (current.instance.as_ref() == Some(&id))
+            .then_some(current.tab)
+            .flatten();
         let request = AgentPageRequest {
             tab,
             op,
@@ -480,7 +511,7 @@ impl McpSession {
         };
         match self.control_plane.instance_page(&id, &request).await {
             Ok(answer) => {
-                self.make_current(&id, Some(answer.tab.clone()));
+                self.make_current(&id, Some(answer.tab.clone())).await;
                 let mut content = vec![ContentBlock::text(answer.text)];
                 if let Some(png) = answer.png_base64 {
                     content.push(ContentBlock::image(png, "image/png"));
@@ -533,11 +564,8 @@ impl McpSession {
             Ok(instance) => instance,
             Err(error) => return failed_with(error),
         };
-        self.created
-            .lock()
-            .expect("mcp lock")
-            .push(instance.id.clone());
-        self.make_current(&instance.id, None);
+        self.remember_created(&instance.id).await;
+        self.make_current(&instance.id, None).await;
         let mut text = format!("Created browser {} (now the current one).\n", instance.id);
         if let Some(url) = params.url {
             let opened = self
@@ -563,7 +591,10 @@ impl McpSession {
             Ok(scope) => scope,
             Err(refusal) => return refusal,
         };
-        let current = self.current.lock().expect("mcp lock").instance.clone();
+        let current = match self.current().await {
+            Ok(current) => current.instance,
+            Err(refusal) => return refusal,
+        };
         match self
             .control_plane
             .instance_list(ListInstancesQuery::default(), &scope)
@@ -593,14 +624,7 @@ impl McpSession {
         };
         match self.control_plane.instance_delete(&id, false).await {
             Ok(_) => {
-                self.created.lock().expect("mcp lock").retain(|c| c != &id);
-                {
-                    let mut current = self.current.lock().expect("mcp lock");
-                    if current.instance.as_ref() == Some(&id) {
-                        *current = Current::default();
-                    }
-                }
-                self.publish_holds();
+                self.let_go(&id).await;
                 done(format!("Closed browser {id}."))
             }
             Err(error) => failed_with(error),
@@ -636,7 +660,7 @@ impl McpSession {
         };
         match self.control_plane.instance_revive(&id, method).await {
             Ok(instance) => {
-                self.make_current(&id, None);
+                self.make_current(&id, None).await;
                 done(format!(
                     "Browser {id} is {} (page tools wait until it runs).",
                     instance.status
@@ -937,6 +961,12 @@ impl ServerHandler for McpSession {
             .and_then(|parts| parts.extensions.get::<Scope>())
             .cloned();
         *self.scope.lock().expect("mcp lock") = scope;
+        *self.session_id.lock().expect("mcp lock") = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.headers.get("mcp-session-id"))
+            .and_then(|id| id.to_str().ok())
+            .map(str::to_owned);
         let router = Self::tool_router();
         let known = router.has_route(&request.name);
         let name = request.name.clone();
@@ -961,37 +991,5 @@ impl ServerHandler for McpSession {
         self.in_session.store(true, Ordering::Release);
         context.peer.set_peer_info(request.clone());
         self.negotiate_initialize(&request)
-    }
-}
-
-impl Drop for McpSession {
-    fn drop(&mut self) {
-        self.control_plane.mcp_holds.release(self.holds_key);
-        if !self.in_session.load(Ordering::Acquire) {
-            return;
-        }
-        let created = std::mem::take(&mut *self.created.lock().expect("mcp lock"));
-        if created.is_empty() {
-            return;
-        }
-        let ending = self.control_plane.config.mcp.on_session_end;
-        if ending == SessionEnd::Keep {
-            return;
-        }
-        let control_plane = self.control_plane.clone();
-        tokio::spawn(async move {
-            for id in created {
-                let outcome = match ending {
-                    SessionEnd::Park => control_plane.instance_dormant(&id).await.map(drop),
-                    _ => control_plane.instance_delete(&id, false).await.map(drop),
-                };
-                match outcome {
-                    Ok(()) | Err(Error::NotFound(_)) | Err(Error::InvalidState(_)) => {}
-                    Err(error) => {
-                        tracing::warn!(instance = %id, %error, "cannot end an instance of an ended MCP session");
-                    }
-                }
-            }
-        });
     }
 }

@@ -22,6 +22,7 @@ mod instances;
 mod kept_recordings;
 mod leases;
 mod live_links;
+mod mcp_sessions;
 mod metrics;
 mod nodes;
 mod profiles;
@@ -32,6 +33,7 @@ pub use drains::DrainRecord;
 pub use events::{Delivery, EventRoute};
 pub use instances::{Expected, InstanceFilter, InstanceRecord, NewInstance, Placed};
 pub use live_links::LiveLinkRecord;
+pub use mcp_sessions::{McpSessionRecord, McpSessionsOf};
 pub use metrics::MetricSample;
 pub use nodes::NodeRecord;
 

@@ -126,6 +126,7 @@ on_both_backends!(
     leases_pass_only_when_they_lapse,
     the_previous_versions_node_queries_work_on_a_migrated_store,
     an_instance_with_a_lifetime_is_stored_after_one_without,
+    an_mcp_session_lives_ends_once_and_is_forgotten,
 );
 
 /// One connection inserts an instance without `max_duration_minutes`, then
@@ -857,6 +858,133 @@ async fn metric_samples_and_settings(postgres: bool) {
         values.insert(call.await.unwrap());
     }
     assert_eq!(values.len(), 1, "one value wins cluster-wide: {values:?}");
+}
+
+/// An MCP session as every replica sees it: its opener, what it holds,
+/// its fleet-wide counts; it lapses when unused, and only one caller claims
+/// its end (another again only once that end went stale).
+async fn an_mcp_session_lives_ends_once_and_is_forgotten(postgres: bool) {
+    use flotilla_control_plane::store::McpSessionsOf;
+    let (store, _guard) = open(postgres).await;
+    let now = Utc::now();
+    let (a, b) = (InstanceId::new("mcp-a"), InstanceId::new("mcp-b"));
+    store
+        .mcp_session_initialized("s1", "{\"protocolVersion\":\"2025-11-25\"}", now)
+        .await
+        .unwrap();
+    store
+        .mcp_session_opened("s1", ("key:one", Some("acme")), now)
+        .await
+        .unwrap();
+    // A second opener does not take it over.
+    store
+        .mcp_session_opened("s1", ("key:two", None), now)
+        .await
+        .unwrap();
+    store
+        .mcp_session_opened("s2", ("key:two", None), now)
+        .await
+        .unwrap();
+    store.mcp_session_created_one("s1", &a).await.unwrap();
+    store.mcp_session_created_one("s1", &a).await.unwrap();
+    store
+        .mcp_session_current("s1", &b, Some("t1"))
+        .await
+        .unwrap();
+    store.mcp_session_current("s1", &b, None).await.unwrap();
+    store.mcp_session_current("s2", &a, None).await.unwrap();
+    let live_since = now - Duration::seconds(60);
+    let s1 = store
+        .mcp_session_get("s1", live_since)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(s1.principal.as_deref(), Some("key:one"));
+    assert_eq!(s1.tenant.as_deref(), Some("acme"));
+    assert_eq!(s1.created, vec![a.clone()]);
+    assert_eq!(s1.current_instance, Some(b.clone()));
+    assert_eq!(
+        s1.current_tab.as_deref(),
+        Some("t1"),
+        "the same instance keeps its tab"
+    );
+    for (of, n) in [
+        (McpSessionsOf::All, 2),
+        (McpSessionsOf::Principal("key:one"), 1),
+        (McpSessionsOf::Tenant("acme"), 1),
+        (McpSessionsOf::Tenant("globex"), 0),
+    ] {
+        assert_eq!(
+            store.mcp_sessions_count(of, live_since).await.unwrap(),
+            n,
+            "{of:?}"
+        );
+    }
+    assert_eq!(store.mcp_sessions_holding(&a, live_since).await.unwrap(), 2);
+    assert_eq!(store.mcp_sessions_holding(&b, live_since).await.unwrap(), 1);
+    let each = store.mcp_sessions_holding_each(live_since).await.unwrap();
+    assert_eq!((each[&a], each[&b]), (2, 1));
+    store.mcp_session_let_go("s1", &b).await.unwrap();
+    assert_eq!(store.mcp_sessions_holding(&b, live_since).await.unwrap(), 0);
+    assert!(
+        store
+            .mcp_session_initialize_params("s1", live_since)
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    // Unused past the idle timeout: no longer live, and due to end.
+    let later = now + Duration::seconds(120);
+    store.mcp_session_touch("s2", later).await.unwrap();
+    let live_since = later - Duration::seconds(60);
+    assert_eq!(store.mcp_session_get("s1", live_since).await.unwrap(), None);
+    let stale_before = later - Duration::seconds(60);
+    let due = store
+        .mcp_sessions_to_end(live_since, stale_before)
+        .await
+        .unwrap();
+    assert_eq!(due, vec!["s1".to_owned()]);
+    let claimed = store
+        .mcp_session_end_claim("s1", later, stale_before)
+        .await
+        .unwrap();
+    assert_eq!(claimed, Some(vec![a.clone()]));
+    assert_eq!(
+        store
+            .mcp_session_end_claim("s1", later, stale_before)
+            .await
+            .unwrap(),
+        None,
+        "one end at a time"
+    );
+    assert!(
+        store
+            .mcp_sessions_to_end(live_since, stale_before)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // An end left unfinished for a minute is claimed again.
+    let much_later = later + Duration::seconds(61);
+    let due = store
+        .mcp_sessions_to_end(live_since, much_later - Duration::seconds(60))
+        .await
+        .unwrap();
+    assert_eq!(due, vec!["s1".to_owned()]);
+    store.mcp_session_forget("s1").await.unwrap();
+    assert!(
+        store
+            .mcp_session_end_claim("s1", much_later, much_later)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(
+        store.mcp_sessions_holding(&a, live_since).await.unwrap(),
+        1,
+        "s2's current"
+    );
 }
 
 async fn leases_pass_only_when_they_lapse(postgres: bool) {
