@@ -77,7 +77,10 @@ pub struct BackgroundTaskHealth {
     /// What the timed runs changed, summed: nodes marked offline (node
     /// offline sweep), instances parked or stopped (idle sweep), instances
     /// ended (lifetime sweep), drains taken over from a control plane that
-    /// stopped (drain takeover), old events pruned (metrics sample).
+    /// stopped (drain takeover), MCP sessions ended (mcp session expiry),
+    /// instances of a stopped control plane deleted (held instance
+    /// takeover), holds renewed (held instance renewal), old events pruned
+    /// (metrics sample).
     #[serde(default)]
     pub changed: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]

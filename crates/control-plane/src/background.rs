@@ -1,10 +1,13 @@
 //! Background reconcile tasks. Each runs on a timer, is idempotent, and logs what
 //! it changed; all stop when the shutdown token fires: node offline sweep, idle
 //! sweep, lifetime sweep (max_duration_minutes), the takeover of drains whose
-//! control plane stopped, the end of idle MCP sessions, metrics samples with alert evaluation and event-log pruning, and one
-//! event delivery task per outbox target. Each runs in one control plane of a
-//! cluster at a time, the holder of its lease in the store. Each timed run is
-//! recorded in [`crate::app::tasks`] (`/health`, `/metrics`).
+//! control plane stopped, the end of idle MCP sessions, the end of instances
+//! held by a control plane that stopped, metrics samples with alert
+//! evaluation and event-log pruning, and one event delivery task per outbox
+//! target. Each runs in one control plane of a cluster at a time, the holder
+//! of its lease in the store; besides, each control plane renews the
+//! instances its own work holds. Each timed run is recorded in
+//! [`crate::app::tasks`] (`/health`, `/metrics`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +15,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::app::tasks::RunOutcome;
-use crate::app::{ControlPlane, outbox};
+use crate::app::{ControlPlane, held_instances, outbox};
 
 /// How long delivered events stay in the event log.
 const EVENT_LOG_DAYS: i64 = 7;
@@ -62,6 +65,20 @@ pub async fn spawn_all(
             |cp| async move { cp.mcp_sessions_expire().await },
         ),
         spawn_every(
+            interval,
+            &shutdown,
+            &control_plane,
+            "held instance takeover",
+            |cp| async move { cp.held_instances_take_over().await },
+        ),
+        spawn_here(
+            held_instances::RENEW_EVERY,
+            &shutdown,
+            &control_plane,
+            "held instance renewal",
+            |cp| async move { cp.held_instances_renew().await },
+        ),
+        spawn_every(
             sample_interval,
             &shutdown,
             &control_plane,
@@ -100,13 +117,7 @@ where
         let run = task(control_plane.clone());
         async move {
             let outcome = match control_plane.hold_lease(name, lease).await {
-                Ok(true) => match run.await {
-                    Ok(changed) => RunOutcome::Done(changed),
-                    Err(error) => {
-                        tracing::warn!(%error, task = name, "background task failed");
-                        RunOutcome::Failed(error.to_string())
-                    }
-                },
+                Ok(true) => outcome_of(name, run.await),
                 Ok(false) => RunOutcome::LeaseHeldElsewhere,
                 Err(error) => {
                     tracing::warn!(%error, task = name, "cannot take the task's lease");
@@ -118,6 +129,43 @@ where
                 .record(name, control_plane.now(), outcome);
         }
     }))
+}
+
+/// Runs `task` now and then every `interval` until shutdown in this control
+/// plane (each of a cluster runs its own), recording each run.
+fn spawn_here<F, Fut>(
+    interval: Duration,
+    shutdown: &CancellationToken,
+    control_plane: &Arc<ControlPlane>,
+    name: &'static str,
+    task: F,
+) -> tokio::task::JoinHandle<()>
+where
+    F: Fn(Arc<ControlPlane>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = crate::error::Result<u64>> + Send + 'static,
+{
+    let control_plane = control_plane.clone();
+    tokio::spawn(run_every(interval, shutdown.clone(), move || {
+        let control_plane = control_plane.clone();
+        let run = task(control_plane.clone());
+        async move {
+            let outcome = outcome_of(name, run.await);
+            control_plane
+                .tasks()
+                .record(name, control_plane.now(), outcome);
+        }
+    }))
+}
+
+/// What a run of task `name` did, as recorded.
+fn outcome_of(name: &str, run: crate::error::Result<u64>) -> RunOutcome {
+    match run {
+        Ok(changed) => RunOutcome::Done(changed),
+        Err(error) => {
+            tracing::warn!(%error, task = name, "background task failed");
+            RunOutcome::Failed(error.to_string())
+        }
+    }
 }
 
 async fn run_every<F, Fut>(interval: Duration, shutdown: CancellationToken, mut task: F)

@@ -49,7 +49,19 @@ pub(super) async fn serve_router(router: axum::Router) -> (String, tokio::task::
 }
 
 pub async fn serve_page(pages: &[(&str, &str)]) -> PageServer {
+    serve_pages_and_hang(pages, &[]).await
+}
+
+/// [`serve_page`], and paths in `hanging` that never answer (a page step
+/// or an action on them waits until its own deadline).
+pub async fn serve_pages_and_hang(pages: &[(&str, &str)], hanging: &[&str]) -> PageServer {
     let mut router = axum::Router::new();
+    for path in hanging {
+        router = router.route(
+            path,
+            axum::routing::get(std::future::pending::<&'static str>),
+        );
+    }
     for (path, html) in pages {
         let html = html.to_string();
         router = router.route(

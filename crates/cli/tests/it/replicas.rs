@@ -9,7 +9,7 @@ use std::path::Path;
 
 use flotilla_testkit::{
     Api, BROWSER_DEADLINE, Balancer, PageServer, PgServer, ServeProcess, StatusCode, free_port,
-    run_node, run_python, serve_page, wait_until,
+    get_text, run_node, run_python, serve_page, serve_pages_and_hang, wait_until,
 };
 use serde_json::Value;
 
@@ -24,8 +24,9 @@ fn port_of(api: &Api) -> u16 {
 }
 
 /// Two control planes on one PostgreSQL behind a balancer, two node agents
-/// (real browsers, on `ports`) registered through it; `extra` goes to both
-/// control planes' environment.
+/// (on `ports`) registered through it: with real browsers that may open
+/// `site`, or, without a site, on the sim runtime with one slot each.
+/// `extra` goes to both control planes' environment.
 struct TwoReplicas {
     _postgres: PgServer,
     a: ServeProcess,
@@ -37,7 +38,7 @@ struct TwoReplicas {
 impl TwoReplicas {
     async fn start(
         temp: &Path,
-        site: &PageServer,
+        site: Option<&PageServer>,
         ports: [(&str, &str); 2],
         extra: &[(&str, &str)],
     ) -> Self {
@@ -53,14 +54,20 @@ impl TwoReplicas {
         let a = control(&temp.join("a"), &env).await;
         let b = control(&temp.join("b"), &env).await;
         let balancer = Balancer::start(balancer_port, &[port_of(&a.api), port_of(&b.api)]);
-        let allow = format!("[\"{}\"]", site.authority());
-        let egress = [("FLOTILLA_AGENT__EGRESS__ALLOW", allow.as_str())];
+        let allow = site.map(|site| format!("[\"{}\"]", site.authority()));
+        let egress = allow
+            .as_deref()
+            .map(|allow| vec![("FLOTILLA_AGENT__EGRESS__ALLOW", allow)])
+            .unwrap_or_default();
         let mut agents = Vec::new();
         for (node, ports) in ports {
-            let spec = AgentSpec {
-                sim: false,
-                env: &egress,
-                ..AgentSpec::sim(node, "4", ports)
+            let spec = match site {
+                Some(_) => AgentSpec {
+                    sim: false,
+                    env: &egress,
+                    ..AgentSpec::sim(node, "4", ports)
+                },
+                None => AgentSpec::sim(node, "1", ports),
             };
             agents.push(agent(&balancer.url(), &temp.join(node), &spec).await);
         }
@@ -118,7 +125,7 @@ async fn browser_clients_drive_the_fleet_through_two_control_planes_behind_one_b
     let site = serve_page(&[("/form", FORM)]).await;
     let fleet = TwoReplicas::start(
         temp.path(),
-        &site,
+        Some(&site),
         [("b1", "29200-29299"), ("b2", "29300-29399")],
         &[],
     )
@@ -199,7 +206,7 @@ async fn an_mcp_agent_goes_on_through_the_other_replica_when_its_own_is_killed()
     let site = serve_page(&[("/form", FORM)]).await;
     let mut fleet = TwoReplicas::start(
         temp.path(),
-        &site,
+        Some(&site),
         [("m1", "29400-29499"), ("m2", "29500-29599")],
         &[("FLOTILLA_MCP__SESSION_IDLE_TIMEOUT_SEC", "15")],
     )
@@ -261,4 +268,193 @@ async fn an_mcp_agent_goes_on_through_the_other_replica_when_its_own_is_killed()
         .unwrap();
     }
     fleet.wait_empty(&[&b]).await;
+}
+
+/// The work a replica holds ends with it: a REST action whose page hangs
+/// and a `/v2/playwright` connection, both on one replica, which is then
+/// killed; the other deletes both instances once their holds lapse, and
+/// nothing is left without an owner.
+#[tokio::test]
+async fn what_a_killed_replica_was_doing_is_ended_by_the_other() {
+    let temp = tempfile::tempdir().unwrap();
+    let site = serve_pages_and_hang(&[("/form", FORM)], &["/hang"]).await;
+    let mut fleet = TwoReplicas::start(
+        temp.path(),
+        Some(&site),
+        [("h1", "29600-29699"), ("h2", "29700-29799")],
+        &[],
+    )
+    .await;
+    let a = Api::new(fleet.a.api.base.clone());
+    let b = Api::new(fleet.b.api.base.clone());
+
+    // An action on replica a, whose page never loads.
+    let action = {
+        let (url, hang) = (a.base.clone(), format!("{}/hang", site.base));
+        tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(format!("{url}/v2/actions/content"))
+                .json(&serde_json::json!({"url": hang, "timeout_ms": 120_000}))
+                .send()
+                .await
+        })
+    };
+    // A Playwright client whose instance replica a made for its connection.
+    let connected = temp.path().join("connected");
+    let playwright = {
+        let args = [
+            format!("{}/v2/playwright", a.base.replace("http://", "ws://")),
+            format!("{}/form", site.base),
+            connected.display().to_string(),
+        ];
+        tokio::spawn(async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            run_node("playwright_hold.mjs", &args).await
+        })
+    };
+    wait_until(BROWSER_DEADLINE, "the client connected", || async {
+        Ok::<_, String>(connected.exists().then_some(()))
+    })
+    .await
+    .unwrap();
+    let held = wait_until(BROWSER_DEADLINE, "two running instances", || async {
+        let (_, list) = b.get("/v2/instances?status=running").await;
+        match list["total"].as_u64() {
+            Some(2) => Ok(Some(list)),
+            total => Err(format!("{total:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    let action_started = wait_until(BROWSER_DEADLINE, "the action waits on its page", || async {
+        let asked = site
+            .requested()
+            .iter()
+            .filter(|path| *path == "/hang")
+            .count();
+        Ok::<_, String>((asked > 0).then_some(()))
+    });
+    action_started.await.unwrap();
+
+    fleet.a.stop_with(libc::SIGKILL).await;
+    let dropped = playwright
+        .await
+        .unwrap()
+        .expect("the client saw its connection drop");
+    assert_eq!(dropped["title"], "replicas", "{dropped}");
+    assert!(
+        action.await.unwrap().is_err(),
+        "the action's client lost its replica"
+    );
+
+    // Both instances were deleted by replica b, and no node has them.
+    let deadline = BROWSER_DEADLINE * 2;
+    for instance in held["instances"].as_array().unwrap() {
+        let path = format!("/v2/instances/{}", instance["id"].as_str().unwrap());
+        wait_until(deadline, "the held instance ended", || async {
+            match b.get(&path).await {
+                (StatusCode::NOT_FOUND, _) => Ok(Some(())),
+                (status, body) => Err(format!("{status} {}", body["status"])),
+            }
+        })
+        .await
+        .unwrap();
+    }
+    fleet.wait_empty(&[&b]).await;
+    let (_, health) = b.get("/health").await;
+    let takeover = health["background"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|task| task["name"] == "held instance takeover")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(takeover["changed"], 2, "{health}");
+}
+
+/// Creates waiting for room (`?wait_sec=`) on a replica that is killed:
+/// their clients' requests fail and nothing is made for them, while a
+/// waiter on the other replica gets the slot freed; no record is left
+/// creating, nothing is made twice.
+#[tokio::test]
+async fn creates_waiting_on_a_killed_replica_make_nothing() {
+    let temp = tempfile::tempdir().unwrap();
+    let mut fleet = TwoReplicas::start(
+        temp.path(),
+        None,
+        [("q1", "29800-29809"), ("q2", "29810-29819")],
+        &[],
+    )
+    .await;
+    let a = Api::new(fleet.a.api.base.clone());
+    let b = Api::new(fleet.b.api.base.clone());
+    let (first, _, _) = b.create_running("{}").await;
+    b.create_running("{}").await;
+    let wait = |api: &Api| {
+        let url = format!("{}/v2/instances?wait_sec=60", api.base);
+        tokio::spawn(async move {
+            let response = reqwest::Client::new()
+                .post(url)
+                .json(&serde_json::json!({}))
+                .send()
+                .await?;
+            let status = response.status();
+            Ok::<_, reqwest::Error>((status, response.text().await?))
+        })
+    };
+    let on_a: Vec<_> = (0..3).map(|_| wait(&a)).collect();
+    let on_b = wait(&b);
+    wait_until(BROWSER_DEADLINE, "four creates waiting", || async {
+        let mut waiting = Vec::new();
+        for api in [&a, &b] {
+            let metrics = get_text(&format!("{}/metrics", api.base)).await;
+            waiting.push(
+                metrics
+                    .lines()
+                    .find_map(|line| line.strip_prefix("service_create_queue_length "))
+                    .map(str::to_owned),
+            );
+        }
+        let expected = [Some("3".to_owned()), Some("1".to_owned())];
+        if waiting == expected {
+            Ok(Some(()))
+        } else {
+            Err(format!("{waiting:?}"))
+        }
+    })
+    .await
+    .unwrap();
+
+    fleet.a.stop_with(libc::SIGKILL).await;
+    for waiter in on_a {
+        assert!(
+            waiter.await.unwrap().is_err(),
+            "a's waiter lost its replica"
+        );
+    }
+    b.delete_instance(&first).await;
+    let (status, body) = on_b.await.unwrap().unwrap();
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    // Two instances, both running, one on each node: b's waiter's and the
+    // one left; nothing for a's waiters.
+    let statuses = wait_until(BROWSER_DEADLINE, "both instances running", || async {
+        let (_, list) = b.get("/v2/instances").await;
+        let statuses: Vec<Value> = list["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|instance| instance["status"].clone())
+            .collect();
+        if statuses.iter().all(|status| status == "running") {
+            Ok(Some(statuses))
+        } else {
+            Err(format!("{statuses:?}"))
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(statuses.len(), 2, "{statuses:?}");
+    for node in &fleet.agents {
+        assert_eq!(agent_instances(node).await.len(), 1);
+    }
 }

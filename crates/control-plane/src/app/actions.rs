@@ -27,6 +27,7 @@ use flotilla_api_types::actions::{ActionKind, ActionRequest, AgentAction};
 use flotilla_api_types::instances::{CreateInstanceRequest, InstanceConfig};
 use flotilla_api_types::profiles::ProfileUse;
 
+use super::held_instances::HeldFor;
 use super::{ControlPlane, Scope};
 use crate::error::{Error, Result};
 use crate::nodes::ActionResult;
@@ -157,6 +158,7 @@ impl ControlPlane {
             .await
             .map_err(|error| Ended::Failed(named_for_actions(error)))?;
         *instance = Some(created.id.clone());
+        self.instance_hold(&created.id, HeldFor::Action).await;
         if client_gone.is_cancelled() {
             return Err(Ended::Abandoned);
         }
@@ -205,10 +207,10 @@ impl ControlPlane {
     }
 
     /// Deletes an action's instance; one that cannot be deleted now is left
-    /// to its `max_duration_minutes`.
+    /// to the held instance takeover or its `max_duration_minutes`.
     async fn action_instance_delete(&self, id: &InstanceId) {
         match self.instance_delete(id, true).await {
-            Ok(_) | Err(Error::NotFound(_)) => {}
+            Ok(_) | Err(Error::NotFound(_)) => self.instance_let_go(id).await,
             Err(error) => {
                 tracing::warn!(instance = %id, %error, "an action's instance could not be deleted; its max_duration_minutes will end it");
             }

@@ -9,6 +9,7 @@ mod dormancy;
 mod drain;
 mod extensions;
 mod health;
+pub mod held_instances;
 mod instance_access;
 mod instances;
 pub mod keys;

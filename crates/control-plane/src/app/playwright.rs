@@ -15,6 +15,7 @@ use serde_json::{Map, Value};
 use flotilla_api_types::InstanceId;
 use flotilla_api_types::instances::CreateInstanceRequest;
 
+use super::held_instances::HeldFor;
 use super::{ControlPlane, DoorTarget, Scope};
 use crate::error::{Error, Result};
 
@@ -158,13 +159,17 @@ impl ControlPlane {
             let delivered = answer.send(Ok(relayed.answer)).is_ok();
             if delivered && relayed.upgraded {
                 if options.keep {
+                    connection.instance_let_go(&id).await;
                     return;
                 }
                 // Sent never: resolves when the relay ends.
                 let _ = relayed.ended.await;
             }
-            if let Err(error) = connection.instance_delete(&id, true).await {
-                tracing::warn!(instance = %id, %error, "cannot delete a Playwright connection's instance");
+            match connection.instance_delete(&id, true).await {
+                Ok(_) | Err(Error::NotFound(_)) => connection.instance_let_go(&id).await,
+                Err(error) => {
+                    tracing::warn!(instance = %id, %error, "cannot delete a Playwright connection's instance");
+                }
             }
         });
         answered
@@ -172,8 +177,9 @@ impl ControlPlane {
             .map_err(|_| Error::InsufficientCapacity("the control plane is stopping".into()))?
     }
 
-    /// The connection's new instance, and where its ports are; deleted
-    /// again when it cannot be reached.
+    /// The connection's new instance (held by this control plane until
+    /// the connection ends: another deletes it if this one stops), and
+    /// where its ports are; deleted again when it cannot be reached.
     async fn playwright_instance(
         &self,
         options: &ConnectOptions,
@@ -183,10 +189,13 @@ impl ControlPlane {
             .instance_create_waiting(options.create.clone(), options.wait_sec, scope)
             .await?;
         let id = instance.id;
+        self.instance_hold(&id, HeldFor::Playwright).await;
         match self.door_open(&id, Some((scope, None)), &[]).await {
             Ok(target) => Ok((id, target)),
             Err(error) => {
-                let _ = self.instance_delete(&id, true).await;
+                if let Ok(_) | Err(Error::NotFound(_)) = self.instance_delete(&id, true).await {
+                    self.instance_let_go(&id).await;
+                }
                 Err(error)
             }
         }

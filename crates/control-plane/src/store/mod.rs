@@ -18,6 +18,7 @@ mod cache;
 mod drains;
 mod events;
 mod extensions;
+mod held_instances;
 mod instances;
 mod kept_recordings;
 mod leases;

@@ -127,6 +127,7 @@ on_both_backends!(
     the_previous_versions_node_queries_work_on_a_migrated_store,
     an_instance_with_a_lifetime_is_stored_after_one_without,
     an_mcp_session_lives_ends_once_and_is_forgotten,
+    a_held_instance_lapses_only_when_its_holder_stops_renewing,
 );
 
 /// One connection inserts an instance without `max_duration_minutes`, then
@@ -984,6 +985,73 @@ async fn an_mcp_session_lives_ends_once_and_is_forgotten(postgres: bool) {
         store.mcp_sessions_holding(&a, live_since).await.unwrap(),
         1,
         "s2's current"
+    );
+}
+
+/// An instance held by a control plane's work: renewed by its holder, it
+/// does not lapse; once it does, one other control plane takes it over.
+async fn a_held_instance_lapses_only_when_its_holder_stops_renewing(postgres: bool) {
+    let (store, _guard) = open(postgres).await;
+    let now = Utc::now();
+    let (kept, left) = (InstanceId::new("held-kept"), InstanceId::new("held-left"));
+    let until = now + Duration::seconds(30);
+    store
+        .held_instance_take(&kept, ("a", "action"), until)
+        .await
+        .unwrap();
+    store
+        .held_instance_take(&left, ("b", "playwright"), until)
+        .await
+        .unwrap();
+    let later = now + Duration::seconds(40);
+    assert_eq!(
+        store
+            .held_instances_renew("a", later + Duration::seconds(30))
+            .await
+            .unwrap(),
+        1
+    );
+    let lapsed = store.held_instances_lapsed(later).await.unwrap();
+    assert_eq!(lapsed, vec![(left.clone(), "playwright".to_owned())]);
+    let window = (later, later + Duration::seconds(30));
+    assert!(
+        store
+            .held_instance_take_over(&left, "c", window)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .held_instance_take_over(&left, "d", window)
+            .await
+            .unwrap(),
+        "taken over once"
+    );
+    assert!(
+        !store
+            .held_instance_take_over(&kept, "d", window)
+            .await
+            .unwrap(),
+        "a renewed hold is not taken"
+    );
+    store.held_instance_release(&left, "b").await.unwrap();
+    assert!(
+        store
+            .held_instances_lapsed(later + Duration::seconds(31))
+            .await
+            .unwrap()
+            .len()
+            == 2,
+        "only its holder releases it"
+    );
+    store.held_instance_release(&left, "c").await.unwrap();
+    store.held_instance_release(&kept, "a").await.unwrap();
+    assert!(
+        store
+            .held_instances_lapsed(later + Duration::seconds(99))
+            .await
+            .unwrap()
+            .is_empty()
     );
 }
 
