@@ -237,6 +237,20 @@ pub fn number_flag(name: &str, default: usize) -> anyhow::Result<usize> {
 }
 
 /// `MemAvailable` of this machine, in MiB.
+/// CPU seconds (user + system) used so far by `pids` (those still running).
+pub fn cpu_seconds(pids: &[u32]) -> f64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    pids.iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .filter_map(|stat| {
+            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            Some(fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?)
+        })
+        .sum::<f64>()
+        / ticks
+}
+
 pub fn mem_available_mib() -> f64 {
     std::fs::read_to_string("/proc/meminfo")
         .unwrap_or_default()

@@ -31,7 +31,9 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
-use flotilla_bench::{ServeProcess, get_json, number_flag, summary_row, text_flag, wait_running};
+use flotilla_bench::{
+    ServeProcess, cpu_seconds, get_json, number_flag, summary_row, text_flag, wait_running,
+};
 use flotilla_node_agent::engine::cdp::CdpClient;
 
 type Socket =
@@ -275,20 +277,6 @@ async fn latency() -> anyhow::Result<()> {
 const ANIMATED: &str = "data:text/html,<title>moving</title><style>body{margin:0;background:%23123}\
 .b{width:300px;height:300px;background:%23fc0;position:absolute;animation:m 2s linear infinite alternate}\
 @keyframes m{from{left:0;top:0}to{left:900px;top:400px}}</style><div class=b></div>";
-
-/// CPU seconds (user + system) used so far by `pids`.
-fn cpu_seconds(pids: &[u32]) -> f64 {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    pids.iter()
-        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
-        .filter_map(|stat| {
-            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-            Some(fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?)
-        })
-        .sum::<f64>()
-        / ticks
-}
 
 /// Pids whose command line mentions `needle`, and their descendants.
 fn processes_of(needle: &str) -> Vec<u32> {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use serde_json::Value;
 
-use flotilla_bench::{ServeProcess, create_running, get_json, mem_available_mib};
+use flotilla_bench::{ServeProcess, cpu_seconds, create_running, get_json, mem_available_mib};
 
 struct Args {
     mode: String,
@@ -99,21 +99,6 @@ fn status_kib(pid: u32, field: &str) -> u64 {
         .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
-}
-
-/// CPU seconds (user + system) of `pids`.
-fn cpu_seconds(pids: &[u32]) -> f64 {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    pids.iter()
-        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
-        .filter_map(|stat| {
-            let rest = &stat[stat.rfind(')')? + 2..];
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            Some(fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?)
-        })
-        .sum::<f64>()
-        / ticks
 }
 
 /// Pids whose command line mentions `needle`.

@@ -91,7 +91,9 @@ pub struct ControlPlane {
     /// its resources (for `/health` and `/metrics`).
     heard: std::sync::Mutex<std::collections::BTreeMap<NodeId, nodes::Heard>>,
     /// Per node: recent instances and failures, and when they were read.
-    recent_failures: tokio::sync::Mutex<Option<(std::time::Instant, RecentFailures)>>,
+    recent_failures: std::sync::RwLock<Option<(std::time::Instant, RecentFailures)>>,
+    /// Held by the one caller reading them again.
+    recent_failures_reading: tokio::sync::Mutex<()>,
     /// Background work: the sweeps' records, and work spawned by requests.
     tasks: Arc<tasks::BackgroundTasks>,
 }
@@ -120,7 +122,8 @@ impl ControlPlane {
             create_queue: queue::CreateQueue::default(),
             actions_in_progress: actions::ActionsInProgress::default(),
             holder: uuid::Uuid::new_v4().simple().to_string(),
-            recent_failures: tokio::sync::Mutex::new(None),
+            recent_failures: std::sync::RwLock::new(None),
+            recent_failures_reading: tokio::sync::Mutex::new(()),
             tasks: Arc::default(),
         }
     }

@@ -333,10 +333,27 @@ impl ControlPlane {
 
     /// Recent instances and failures per node, read at most once a second: the
     /// query scans the window's instances, and health needs no fresher view.
+    /// One caller reads it again while the others go on with the last
+    /// reading (a create does not wait on another's scan).
     async fn recent_failures(&self) -> Result<super::RecentFailures> {
-        let mut cached = self.recent_failures.lock().await;
-        if let Some((at, stats)) = cached.as_ref()
-            && at.elapsed() < std::time::Duration::from_secs(1)
+        let last = self
+            .recent_failures
+            .read()
+            .expect("recent failures lock")
+            .clone();
+        let fresh = |at: std::time::Instant| at.elapsed() < std::time::Duration::from_secs(1);
+        let _reading = match (&last, self.recent_failures_reading.try_lock()) {
+            (Some((at, stats)), _) if fresh(*at) => return Ok(stats.clone()),
+            (Some((_, stats)), Err(_)) => return Ok(stats.clone()),
+            (_, Ok(reading)) => reading,
+            (None, Err(_)) => self.recent_failures_reading.lock().await,
+        };
+        if let Some((at, stats)) = self
+            .recent_failures
+            .read()
+            .expect("recent failures lock")
+            .as_ref()
+            && fresh(*at)
         {
             return Ok(stats.clone());
         }
@@ -344,7 +361,8 @@ impl ControlPlane {
             (self.config.nodes.failed_ratio_window_min * 60_000.0) as i64,
         );
         let stats = Arc::new(self.store.recent_failures(self.now() - window).await?);
-        *cached = Some((std::time::Instant::now(), stats.clone()));
+        *self.recent_failures.write().expect("recent failures lock") =
+            Some((std::time::Instant::now(), stats.clone()));
         Ok(stats)
     }
 
