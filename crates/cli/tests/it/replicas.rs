@@ -8,8 +8,9 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use flotilla_testkit::{
-    Api, BROWSER_DEADLINE, Balancer, PageServer, PgServer, ServeProcess, StatusCode, free_port,
-    get_text, run_node, run_python, serve_page, serve_pages_and_hang, wait_until,
+    Api, BROWSER_DEADLINE, Balancer, PageServer, PgServer, ServeProcess, SseClient, StatusCode,
+    free_port, get_text, run_node, run_python, serve_page, serve_pages_and_hang, spawn_proxy,
+    wait_until,
 };
 use serde_json::Value;
 
@@ -42,9 +43,19 @@ impl TwoReplicas {
         ports: [(&str, &str); 2],
         extra: &[(&str, &str)],
     ) -> Self {
+        Self::start_on(free_port(), temp, site, ports, extra).await
+    }
+
+    /// [`Self::start`] with the balancer on `balancer_port`.
+    async fn start_on(
+        balancer_port: u16,
+        temp: &Path,
+        site: Option<&PageServer>,
+        ports: [(&str, &str); 2],
+        extra: &[(&str, &str)],
+    ) -> Self {
         let postgres = PgServer::start().await.unwrap();
         let database = postgres.database().await.unwrap();
-        let balancer_port = free_port();
         let public_url = format!("http://127.0.0.1:{balancer_port}");
         let mut env = vec![
             ("FLOTILLA_DATABASE_URL", database.as_str()),
@@ -457,4 +468,117 @@ async fn creates_waiting_on_a_killed_replica_make_nothing() {
     for node in &fleet.agents {
         assert_eq!(agent_instances(node).await.len(), 1);
     }
+}
+
+/// Events and live links through the balancer: a subscriber's token, issued
+/// by one replica, is verified by whichever the proxy's check reaches; what
+/// either replica does is published once each, in order; a control link
+/// made through one replica is handed back through the other, once.
+#[tokio::test]
+async fn events_and_live_links_work_whichever_replica_answers() {
+    const PUBLISHER: &str = "replicas-publisher";
+    let temp = tempfile::tempdir().unwrap();
+    let balancer_port = free_port();
+    let balancer_url = format!("http://127.0.0.1:{balancer_port}");
+    let proxy = spawn_proxy(|config| {
+        config.jwt_verifier.require_authentication = true;
+        config.jwt_verifier.webhook_url = format!("{balancer_url}/v2/tokens/verify");
+        config.publisher.api_keys = vec![PUBLISHER.into()];
+    })
+    .await;
+    let proxy_url = proxy.url();
+    let fleet = TwoReplicas::start_on(
+        balancer_port,
+        temp.path(),
+        None,
+        [("e1", "29820-29829"), ("e2", "29830-29839")],
+        &[
+            ("FLOTILLA_EVENTS__PROXY_URL", proxy_url.as_str()),
+            ("FLOTILLA_EVENTS__PUBLISH_KEY", PUBLISHER),
+        ],
+    )
+    .await;
+    let api = Api::new(fleet.balancer.url());
+
+    // Tokens until both replicas issued one (agents' heartbeats share the
+    // round-robin); each works on the proxy.
+    let mut streams = Vec::new();
+    let both = HashSet::from(fleet.replicas());
+    while fleet.answered("/v2/tokens ") != both {
+        assert!(streams.len() < 10, "the balancer sends requests to both");
+        let (status, token) = api.post("/v2/tokens", r#"{"topics": ["instances"]}"#).await;
+        assert_eq!(status, StatusCode::CREATED, "{token}");
+        let token = token["token"].as_str().unwrap().to_owned();
+        let stream = SseClient::with_bearer(&proxy.addr.to_string(), "/events/instances", &token)
+            .await
+            .unwrap();
+        assert_eq!(stream.status, 200, "{}", stream.body);
+        streams.push(stream);
+    }
+
+    // Two instances made and ended through the balancer.
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let (id, _, _) = api.create_running("{}").await;
+        ids.push(id);
+    }
+    for id in &ids {
+        api.delete_instance(id).await;
+    }
+    for stream in &mut streams {
+        let mut seen: Vec<(String, String)> = Vec::new();
+        while seen
+            .iter()
+            .filter(|(name, _)| name == "instance.deleted")
+            .count()
+            < 2
+        {
+            let event = stream.next_event(BROWSER_DEADLINE).await.unwrap();
+            let data: Value = serde_json::from_str(event.data.as_deref().unwrap()).unwrap();
+            let id = data["data"]["instance_id"].as_str().unwrap_or_default().to_owned();
+            seen.push((event.event.unwrap_or_default(), id));
+        }
+        for id in &ids {
+            let names: Vec<&str> = seen
+                .iter()
+                .filter(|(_, of)| of == id)
+                .map(|(name, _)| name.as_str())
+                .collect();
+            assert_eq!(names.first(), Some(&"instance.created"), "{seen:?}");
+            assert_eq!(names.last(), Some(&"instance.deleted"), "{seen:?}");
+            for name in ["instance.created", "instance.running", "instance.deleted"] {
+                let times = names.iter().filter(|seen| **seen == name).count();
+                assert_eq!(times, 1, "{name} of {id} once: {seen:?}");
+            }
+        }
+    }
+
+    // A control link made through one replica, handed back through the other.
+    let (id, _, _) = api.create_running("{}").await;
+    let (status, link) = api
+        .post(
+            &format!("/v2/instances/{id}/live"),
+            r#"{"mode": "control"}"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{link}");
+    let url = link["url"].as_str().unwrap();
+    assert!(url.starts_with(&fleet.balancer.url()), "{url}");
+    let done = format!("{url}/done");
+    let token = url.rsplit('/').next().unwrap();
+    let mut answers = Vec::new();
+    while answers.len() < 2 || fleet.answered(token) != both {
+        assert!(answers.len() < 10, "the balancer sends requests to both");
+        let response = reqwest::Client::new().post(&done).send().await.unwrap();
+        answers.push(response.status());
+    }
+    assert_eq!(answers[0], StatusCode::OK, "{answers:?}");
+    assert!(
+        answers[1..]
+            .iter()
+            .all(|status| *status == StatusCode::NOT_FOUND),
+        "handed back once: {answers:?}"
+    );
+    api.delete_instance(&id).await;
+    fleet.wait_empty(&[&api]).await;
 }
