@@ -100,7 +100,8 @@ pub struct McpConfig {
     /// A session with no request for this long ends (and its instances
     /// with it, per `on_session_end`).
     pub session_idle_timeout_sec: u64,
-    /// Sessions this control plane holds at once; a new one past it is 503.
+    /// Sessions the fleet holds at once (counted in the store); a new one
+    /// past it is 503.
     pub max_sessions: usize,
     /// Sessions one API key holds at once (its share of `max_sessions`); a
     /// new one past it is 503. Applies with authentication on.

@@ -130,6 +130,71 @@ impl TwoReplicas {
     }
 }
 
+/// A client program the test runs beside it.
+enum Client {
+    Python(&'static str),
+    Node(&'static str),
+}
+
+/// Runs `client` with `args` in the background; its JSON when it ends.
+fn spawn_client(
+    client: Client,
+    args: Vec<String>,
+) -> tokio::task::JoinHandle<anyhow::Result<Value>> {
+    tokio::spawn(async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        match client {
+            Client::Python(script) => run_python(script, &args).await,
+            Client::Node(script) => run_node(script, &args).await,
+        }
+    })
+}
+
+/// POSTs `body` (JSON) to `url` in the background: its status and text.
+fn spawn_post(
+    url: String,
+    body: &str,
+) -> tokio::task::JoinHandle<reqwest::Result<(StatusCode, String)>> {
+    let body = body.to_owned();
+    tokio::spawn(async move {
+        let response = reqwest::Client::new()
+            .post(url)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await?;
+        let status = response.status();
+        Ok((status, response.text().await?))
+    })
+}
+
+/// The JSON a client writes to `path` once it gets there.
+async fn json_file(path: &Path, what: &str) -> Value {
+    wait_until(BROWSER_DEADLINE, what, || async {
+        match std::fs::read_to_string(path).map(|text| serde_json::from_str(&text)) {
+            Ok(Ok(seen)) => Ok(Some(seen)),
+            _ => Err("not yet".to_owned()),
+        }
+    })
+    .await
+    .unwrap()
+}
+
+/// Waits until each of `ids` is gone from `api` (404).
+async fn wait_gone(api: &Api, ids: &[&Value]) {
+    for id in ids {
+        let path = format!("/v2/instances/{}", id.as_str().unwrap());
+        wait_until(BROWSER_DEADLINE * 2, "the instance ended", || async {
+            match api.get(&path).await {
+                (StatusCode::NOT_FOUND, _) => Ok(Some(())),
+                (status, body) => Err(format!("{status} {}", body["status"])),
+            }
+        })
+        .await
+        .unwrap();
+    }
+}
+
 #[tokio::test]
 async fn browser_clients_drive_the_fleet_through_two_control_planes_behind_one_balancer() {
     let temp = tempfile::tempdir().unwrap();
@@ -223,26 +288,16 @@ async fn an_mcp_agent_goes_on_through_the_other_replica_when_its_own_is_killed()
     )
     .await;
     let (pause, resume) = (temp.path().join("paused"), temp.path().join("resume"));
-    let agent = {
-        let args = [
+    let agent = spawn_client(
+        Client::Python("mcp_replicas.py"),
+        vec![
             fleet.balancer.url(),
             format!("{}/form", site.base),
             pause.display().to_string(),
             resume.display().to_string(),
-        ];
-        tokio::spawn(async move {
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            run_python("mcp_replicas.py", &args).await
-        })
-    };
-    let paused: Value = wait_until(BROWSER_DEADLINE, "the agent halfway", || async {
-        match std::fs::read_to_string(&pause).map(|text| serde_json::from_str(&text)) {
-            Ok(Ok(seen)) => Ok(Some(seen)),
-            _ => Err("not yet".to_owned()),
-        }
-    })
-    .await
-    .unwrap();
+        ],
+    );
+    let paused = json_file(&pause, "the agent halfway").await;
     let session = paused["session"].as_str().unwrap().to_owned();
     assert_eq!(
         fleet.answered(&session),
@@ -267,17 +322,7 @@ async fn an_mcp_agent_goes_on_through_the_other_replica_when_its_own_is_killed()
     // The session's end (through the replica left) deleted its instance;
     // the vanished agent's went with its idle session.
     let b = Api::new(fleet.b.api.base.clone());
-    for id in [&seen["instance"], &seen["vanished_instance"]] {
-        let path = format!("/v2/instances/{}", id.as_str().unwrap());
-        wait_until(BROWSER_DEADLINE, "the session's instance ended", || async {
-            match b.get(&path).await {
-                (StatusCode::NOT_FOUND, _) => Ok(Some(())),
-                (status, body) => Err(format!("{status} {}", body["status"])),
-            }
-        })
-        .await
-        .unwrap();
-    }
+    wait_gone(&b, &[&seen["instance"], &seen["vanished_instance"]]).await;
     fleet.wait_empty(&[&b]).await;
 }
 
@@ -300,34 +345,19 @@ async fn what_a_killed_replica_was_doing_is_ended_by_the_other() {
     let b = Api::new(fleet.b.api.base.clone());
 
     // An action on replica a, whose page never loads.
-    let action = {
-        let (url, hang) = (a.base.clone(), format!("{}/hang", site.base));
-        tokio::spawn(async move {
-            reqwest::Client::new()
-                .post(format!("{url}/v2/actions/content"))
-                .json(&serde_json::json!({"url": hang, "timeout_ms": 120_000}))
-                .send()
-                .await
-        })
-    };
+    let hang = serde_json::json!({"url": format!("{}/hang", site.base), "timeout_ms": 120_000});
+    let action = spawn_post(format!("{}/v2/actions/content", a.base), &hang.to_string());
     // A Playwright client whose instance replica a made for its connection.
     let connected = temp.path().join("connected");
-    let playwright = {
-        let args = [
+    let playwright = spawn_client(
+        Client::Node("playwright_hold.mjs"),
+        vec![
             format!("{}/v2/playwright", a.base.replace("http://", "ws://")),
             format!("{}/form", site.base),
             connected.display().to_string(),
-        ];
-        tokio::spawn(async move {
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            run_node("playwright_hold.mjs", &args).await
-        })
-    };
-    wait_until(BROWSER_DEADLINE, "the client connected", || async {
-        Ok::<_, String>(connected.exists().then_some(()))
-    })
-    .await
-    .unwrap();
+        ],
+    );
+    json_file(&connected, "the client connected").await;
     let held = wait_until(BROWSER_DEADLINE, "two running instances", || async {
         let (_, list) = b.get("/v2/instances?status=running").await;
         match list["total"].as_u64() {
@@ -359,18 +389,13 @@ async fn what_a_killed_replica_was_doing_is_ended_by_the_other() {
     );
 
     // Both instances were deleted by replica b, and no node has them.
-    let deadline = BROWSER_DEADLINE * 2;
-    for instance in held["instances"].as_array().unwrap() {
-        let path = format!("/v2/instances/{}", instance["id"].as_str().unwrap());
-        wait_until(deadline, "the held instance ended", || async {
-            match b.get(&path).await {
-                (StatusCode::NOT_FOUND, _) => Ok(Some(())),
-                (status, body) => Err(format!("{status} {}", body["status"])),
-            }
-        })
-        .await
-        .unwrap();
-    }
+    let ids: Vec<&Value> = held["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|instance| &instance["id"])
+        .collect();
+    wait_gone(&b, &ids).await;
     fleet.wait_empty(&[&b]).await;
     let (_, health) = b.get("/health").await;
     let takeover = health["background"]
@@ -401,18 +426,7 @@ async fn creates_waiting_on_a_killed_replica_make_nothing() {
     let b = Api::new(fleet.b.api.base.clone());
     let (first, _, _) = b.create_running("{}").await;
     b.create_running("{}").await;
-    let wait = |api: &Api| {
-        let url = format!("{}/v2/instances?wait_sec=60", api.base);
-        tokio::spawn(async move {
-            let response = reqwest::Client::new()
-                .post(url)
-                .json(&serde_json::json!({}))
-                .send()
-                .await?;
-            let status = response.status();
-            Ok::<_, reqwest::Error>((status, response.text().await?))
-        })
-    };
+    let wait = |api: &Api| spawn_post(format!("{}/v2/instances?wait_sec=60", api.base), "{}");
     let on_a: Vec<_> = (0..3).map(|_| wait(&a)).collect();
     let on_b = wait(&b);
     wait_until(BROWSER_DEADLINE, "four creates waiting", || async {
@@ -526,35 +540,50 @@ async fn events_and_live_links_work_whichever_replica_answers() {
         api.delete_instance(id).await;
     }
     for stream in &mut streams {
-        let mut seen: Vec<(String, String)> = Vec::new();
-        while seen
-            .iter()
-            .filter(|(name, _)| name == "instance.deleted")
-            .count()
-            < 2
-        {
-            let event = stream.next_event(BROWSER_DEADLINE).await.unwrap();
-            let data: Value = serde_json::from_str(event.data.as_deref().unwrap()).unwrap();
-            let id = data["data"]["instance_id"].as_str().unwrap_or_default().to_owned();
-            seen.push((event.event.unwrap_or_default(), id));
-        }
-        for id in &ids {
-            let names: Vec<&str> = seen
-                .iter()
-                .filter(|(_, of)| of == id)
-                .map(|(name, _)| name.as_str())
-                .collect();
-            assert_eq!(names.first(), Some(&"instance.created"), "{seen:?}");
-            assert_eq!(names.last(), Some(&"instance.deleted"), "{seen:?}");
-            for name in ["instance.created", "instance.running", "instance.deleted"] {
-                let times = names.iter().filter(|seen| **seen == name).count();
-                assert_eq!(times, 1, "{name} of {id} once: {seen:?}");
-            }
-        }
+        assert_each_event_once_in_order(stream, &ids).await;
     }
 
     // A control link made through one replica, handed back through the other.
     let (id, _, _) = api.create_running("{}").await;
+    hand_back_through_both(&fleet, &api, &id).await;
+    api.delete_instance(&id).await;
+    fleet.wait_empty(&[&api]).await;
+}
+
+/// Reads `stream` until both of `ids` were deleted: each instance's
+/// `created`, `running` and `deleted` came once, `created` first.
+async fn assert_each_event_once_in_order(stream: &mut SseClient, ids: &[String]) {
+    let mut seen: Vec<(String, String)> = Vec::new();
+    let deleted = |seen: &[(String, String)]| {
+        seen.iter()
+            .filter(|(name, _)| name == "instance.deleted")
+            .count()
+    };
+    while deleted(&seen) < ids.len() {
+        let event = stream.next_event(BROWSER_DEADLINE).await.unwrap();
+        let data: Value = serde_json::from_str(event.data.as_deref().unwrap()).unwrap();
+        let id = data["data"]["instance_id"].as_str().unwrap_or_default();
+        seen.push((event.event.unwrap_or_default(), id.to_owned()));
+    }
+    for id in ids {
+        let names: Vec<&str> = seen
+            .iter()
+            .filter(|(_, of)| of == id)
+            .map(|(name, _)| name.as_str())
+            .collect();
+        assert_eq!(names.first(), Some(&"instance.created"), "{seen:?}");
+        assert_eq!(names.last(), Some(&"instance.deleted"), "{seen:?}");
+        for name in ["instance.created", "instance.running", "instance.deleted"] {
+            let times = names.iter().filter(|seen| **seen == name).count();
+            assert_eq!(times, 1, "{name} of {id} once: {seen:?}");
+        }
+    }
+}
+
+/// Makes a control link to `id` through the balancer and hands it back
+/// until both replicas answered: the first hand-back is taken, every later
+/// one is the 404 of a link handed back.
+async fn hand_back_through_both(fleet: &TwoReplicas, api: &Api, id: &str) {
     let (status, link) = api
         .post(
             &format!("/v2/instances/{id}/live"),
@@ -566,6 +595,7 @@ async fn events_and_live_links_work_whichever_replica_answers() {
     assert!(url.starts_with(&fleet.balancer.url()), "{url}");
     let done = format!("{url}/done");
     let token = url.rsplit('/').next().unwrap();
+    let both = HashSet::from(fleet.replicas());
     let mut answers = Vec::new();
     while answers.len() < 2 || fleet.answered(token) != both {
         assert!(answers.len() < 10, "the balancer sends requests to both");
@@ -573,12 +603,9 @@ async fn events_and_live_links_work_whichever_replica_answers() {
         answers.push(response.status());
     }
     assert_eq!(answers[0], StatusCode::OK, "{answers:?}");
+    let later = &answers[1..];
     assert!(
-        answers[1..]
-            .iter()
-            .all(|status| *status == StatusCode::NOT_FOUND),
+        later.iter().all(|status| *status == StatusCode::NOT_FOUND),
         "handed back once: {answers:?}"
     );
-    api.delete_instance(&id).await;
-    fleet.wait_empty(&[&api]).await;
 }

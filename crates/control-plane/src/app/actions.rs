@@ -207,13 +207,10 @@ impl ControlPlane {
     }
 
     /// Deletes an action's instance; one that cannot be deleted now is left
-    /// to the held instance takeover or its `max_duration_minutes`.
+    /// to the held instance takeover (and its `max_duration_minutes`).
     async fn action_instance_delete(&self, id: &InstanceId) {
-        match self.instance_delete(id, true).await {
-            Ok(_) | Err(Error::NotFound(_)) => self.instance_let_go(id).await,
-            Err(error) => {
-                tracing::warn!(instance = %id, %error, "an action's instance could not be deleted; its max_duration_minutes will end it");
-            }
+        if let Err(error) = self.held_instance_delete(id).await {
+            tracing::warn!(instance = %id, %error, "an action's instance could not be deleted; the held instance takeover tries again");
         }
     }
 }

@@ -20,6 +20,7 @@
 //! serving it; [`StoredSessions`] is its external session store, so another
 //! replica replays the client's `initialize` and goes on.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -119,12 +120,40 @@ impl ControlPlane {
             .await?)
     }
 
-    /// Live session `id` as stored (`None` once it ended).
+    /// Live session `id` as stored (404 once it ended).
     pub async fn mcp_session_state(&self, id: &str) -> Result<McpSessionRecord> {
         self.store
             .mcp_session_get(id, self.mcp_live_since())
             .await?
             .ok_or_else(no_such_session)
+    }
+
+    /// Which of `ids` are live sessions (the others a replica forgets).
+    pub async fn mcp_sessions_live_among(&self, ids: &[String]) -> Result<HashSet<String>> {
+        Ok(self
+            .store
+            .mcp_sessions_live_among(ids, self.mcp_live_since())
+            .await?)
+    }
+
+    /// Session `id` is used now (a long tool call keeps it alive).
+    pub async fn mcp_session_touch(&self, id: &str) -> Result<()> {
+        Ok(self.store.mcp_session_touch(id, self.now()).await?)
+    }
+
+    /// Records that session `id` created `instance`, to end with it. When
+    /// the session is ending (or gone) meanwhile, the instance is ended
+    /// now, per `mcp.on_session_end`, and the call is refused.
+    pub async fn mcp_session_created(&self, id: &str, instance: &InstanceId) -> Result<()> {
+        let recorded = self.store.mcp_session_created_one(id, instance).await;
+        if let Ok(true) = recorded {
+            return Ok(());
+        }
+        self.mcp_session_end_instance(instance).await;
+        match recorded {
+            Err(error) => Err(error.into()),
+            Ok(_) => Err(no_such_session()),
+        }
     }
 
     /// How many live sessions hold `instance` (its view's `drivers.mcp`).
@@ -170,21 +199,27 @@ impl ControlPlane {
     /// Carries out the end of session `id`, claimed: `created` per
     /// `mcp.on_session_end`, then the session is forgotten.
     async fn mcp_session_finish_end(&self, id: &str, created: Vec<InstanceId>) -> Result<()> {
-        let ending = self.config.mcp.on_session_end;
         for instance in created {
-            let outcome = match ending {
-                SessionEnd::Keep => Ok(()),
-                SessionEnd::Park => self.instance_dormant(&instance).await.map(drop),
-                SessionEnd::Delete => self.instance_delete(&instance, false).await.map(drop),
-            };
-            match outcome {
-                Ok(()) | Err(Error::NotFound(_)) | Err(Error::InvalidState(_)) => {}
-                Err(error) => {
-                    tracing::warn!(%instance, %error, "cannot end an instance of an ended MCP session");
-                }
-            }
+            self.mcp_session_end_instance(&instance).await;
+            // Nobody takes over an end that goes on.
+            self.store.mcp_session_still_ending(id, self.now()).await?;
         }
         Ok(self.store.mcp_session_forget(id).await?)
+    }
+
+    /// Ends `instance`, of a session that ended, per `mcp.on_session_end`.
+    async fn mcp_session_end_instance(&self, instance: &InstanceId) {
+        let outcome = match self.config.mcp.on_session_end {
+            SessionEnd::Keep => Ok(()),
+            SessionEnd::Park => self.instance_dormant(instance).await.map(drop),
+            SessionEnd::Delete => self.instance_delete(instance, false).await.map(drop),
+        };
+        match outcome {
+            Ok(()) | Err(Error::NotFound(_)) | Err(Error::InvalidState(_)) => {}
+            Err(error) => {
+                tracing::warn!(%instance, %error, "cannot end an instance of an ended MCP session");
+            }
+        }
     }
 
     /// The "mcp session expiry" sweep: ends every session unused for
@@ -241,9 +276,9 @@ impl SessionStore for StoredSessions {
         let Some(created) = control_plane.mcp_session_claim_end(id).await? else {
             return Ok(());
         };
-        let id = id.to_owned();
-        tokio::spawn(async move {
-            if let Err(error) = control_plane.mcp_session_finish_end(&id, created).await {
+        let (ending, id) = (control_plane.clone(), id.to_owned());
+        control_plane.tasks().spawn("mcp session end", async move {
+            if let Err(error) = ending.mcp_session_finish_end(&id, created).await {
                 tracing::warn!(%error, "cannot end an MCP session");
             }
         });

@@ -73,6 +73,8 @@ pub struct ControlPlane {
     pub(crate) actions_in_progress: actions::ActionsInProgress,
     /// This control plane's name as a lease holder (random per start).
     holder: String,
+    /// The instances this process's running work holds (`held_instances`).
+    held: held_instances::Held,
     /// The nodes (and agent generations) this process reconciled at their
     /// registration; a heartbeat from any other is asked to register again.
     reconciled: std::sync::Mutex<std::collections::HashSet<(NodeId, String)>>,
@@ -122,6 +124,7 @@ impl ControlPlane {
             create_queue: queue::CreateQueue::default(),
             actions_in_progress: actions::ActionsInProgress::default(),
             holder: uuid::Uuid::new_v4().simple().to_string(),
+            held: Default::default(),
             recent_failures: std::sync::RwLock::new(None),
             recent_failures_reading: tokio::sync::Mutex::new(()),
             tasks: Arc::default(),

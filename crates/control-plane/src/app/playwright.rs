@@ -165,11 +165,8 @@ impl ControlPlane {
                 // Sent never: resolves when the relay ends.
                 let _ = relayed.ended.await;
             }
-            match connection.instance_delete(&id, true).await {
-                Ok(_) | Err(Error::NotFound(_)) => connection.instance_let_go(&id).await,
-                Err(error) => {
-                    tracing::warn!(instance = %id, %error, "cannot delete a Playwright connection's instance");
-                }
+            if let Err(error) = connection.held_instance_delete(&id).await {
+                tracing::warn!(instance = %id, %error, "cannot delete a Playwright connection's instance; the held instance takeover tries again");
             }
         });
         answered
@@ -193,9 +190,7 @@ impl ControlPlane {
         match self.door_open(&id, Some((scope, None)), &[]).await {
             Ok(target) => Ok((id, target)),
             Err(error) => {
-                if let Ok(_) | Err(Error::NotFound(_)) = self.instance_delete(&id, true).await {
-                    self.instance_let_go(&id).await;
-                }
+                let _ = self.held_instance_delete(&id).await;
                 Err(error)
             }
         }

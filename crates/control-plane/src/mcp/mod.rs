@@ -40,6 +40,8 @@ use crate::app::mcp_sessions::StoredSessions;
 use crate::app::{ControlPlane, Scope};
 use crate::error::Error;
 
+use rmcp::transport::streamable_http_server::SessionManager as _;
+use rmcp::transport::streamable_http_server::session::SessionId;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 
@@ -77,8 +79,8 @@ pub fn router(control_plane: Arc<ControlPlane>) -> axum::Router<Arc<ControlPlane
         .route_service("/mcp", service)
         .layer(axum::middleware::from_fn(
             move |request: axum::extract::Request, next: axum::middleware::Next| {
-                let control_plane = control_plane.clone();
-                async move { admit(request, next, &control_plane).await }
+                let (manager, control_plane) = (manager.clone(), control_plane.clone());
+                async move { admit(request, next, (&manager, &control_plane)).await }
             },
         ))
 }
@@ -90,7 +92,7 @@ pub fn router(control_plane: Arc<ControlPlane>) -> axum::Router<Arc<ControlPlane
 async fn admit(
     request: axum::extract::Request,
     next: axum::middleware::Next,
-    control_plane: &ControlPlane,
+    (manager, control_plane): (&LocalSessionManager, &ControlPlane),
 ) -> axum::response::Response {
     use axum::response::IntoResponse as _;
     let scope = request
@@ -111,16 +113,21 @@ async fn admit(
     if let Some(id) = &session
         && let Err(refusal) = control_plane.mcp_session_use(id, &principal).await
     {
+        forget_if_ended(manager, control_plane, id).await;
         return refusal.into_response();
     }
     // Any request without a session may open one (whatever protocol
     // version it names, an `initialize` does): the caps apply to each, and
     // a session it opened is its key's.
     let opens_a_session = request.method() == axum::http::Method::POST && session.is_none();
-    if opens_a_session
-        && let Err(refusal) = control_plane.mcp_session_may_open(&principal, &scope).await
-    {
-        return refusal.into_response();
+    if opens_a_session {
+        let may = match local_room(manager, control_plane).await {
+            Ok(()) => control_plane.mcp_session_may_open(&principal, &scope).await,
+            refused => refused,
+        };
+        if let Err(refusal) = may {
+            return refusal.into_response();
+        }
     }
     let response = next.run(request).await;
     if opens_a_session
@@ -132,10 +139,62 @@ async fn admit(
             .mcp_session_opened(id, &principal, scope.tenant())
             .await
     {
+        // Nobody may use it: it goes at once.
+        let id = id.to_owned();
+        let _ = manager.close_session(&SessionId::from(id.as_str())).await;
+        let _ = control_plane.mcp_session_end(&id).await;
         return error.into_response();
     }
     response
 }
+
+/// Forgets this replica's copy of session `id` when the session ended (on
+/// another replica, or by the idle sweep): the client's request about it
+/// is refused anyway.
+async fn forget_if_ended(manager: &LocalSessionManager, control_plane: &ControlPlane, id: &str) {
+    let ids = [id.to_owned()];
+    if let Ok(live) = control_plane.mcp_sessions_live_among(&ids).await
+        && live.is_empty()
+    {
+        let _ = manager.close_session(&SessionId::from(id)).await;
+    }
+}
+
+/// Whether this replica may hold one more session: fewer than
+/// `mcp.max_sessions` in its memory, once the copies of sessions that ended
+/// elsewhere are forgotten.
+async fn local_room(
+    manager: &LocalSessionManager,
+    control_plane: &ControlPlane,
+) -> Result<(), Error> {
+    let max = control_plane.config.mcp.max_sessions;
+    let held: Vec<String> = manager
+        .sessions
+        .read()
+        .await
+        .keys()
+        .map(|id| id.to_string())
+        .collect();
+    if held.len() < max {
+        return Ok(());
+    }
+    let live = control_plane.mcp_sessions_live_among(&held).await?;
+    for ended in held.iter().filter(|id| !live.contains(*id)) {
+        let _ = manager
+            .close_session(&SessionId::from(ended.as_str()))
+            .await;
+    }
+    if live.len() >= max {
+        return Err(Error::InsufficientCapacity(format!(
+            "{max} MCP sessions are open, the most the fleet holds (mcp.max_sessions): end one, or retry later"
+        )));
+    }
+    Ok(())
+}
+
+/// A page tool's refusal when it names no instance and there is no current one.
+const NO_INSTANCE: &str =
+    "no instance: create one with browser_create, or give instance_id (browser_list lists them)";
 
 /// One MCP session's state and tools.
 pub struct McpSession {
@@ -391,11 +450,11 @@ impl McpSession {
     async fn instance(&self, named: &Option<String>) -> Result<InstanceId, CallToolResult> {
         let id = match named.as_deref().filter(|id| !id.is_empty()) {
             Some(id) => InstanceId::new(id),
-            None => self.current().await?.instance.ok_or_else(|| {
-                    failed(
-                        "no instance: create one with browser_create, or give instance_id (browser_list lists them)",
-                    )
-                })?,
+            None => self
+                .current()
+                .await?
+                .instance
+                .ok_or_else(|| failed(NO_INSTANCE))?,
         };
         self.control_plane
             .instance_in_scope(&id, &self.scope()?)
@@ -405,7 +464,8 @@ impl McpSession {
     }
 
     /// What the session's key sees (set from each request, all of one
-    /// key: see `owners`); a call that came without one is refused.
+    /// key: `admit` lets only the opener's key use a session); a call that
+    /// came without one is refused.
     fn scope(&self) -> Result<Scope, CallToolResult> {
         self.scope
             .lock()
@@ -462,18 +522,16 @@ impl McpSession {
         }
     }
 
-    /// Records that the session created `id` (it ends with the session).
-    async fn remember_created(&self, id: &InstanceId) {
+    /// Records that the session created `id` (it ends with the session);
+    /// a session that ended meanwhile ends it now, and the call fails.
+    async fn remember_created(&self, id: &InstanceId) -> Result<(), CallToolResult> {
         let Some(session) = self.session_id() else {
-            return;
+            return Ok(());
         };
-        let stored = self
-            .control_plane
-            .store
-            .mcp_session_created_one(&session, id);
-        if let Err(error) = stored.await {
-            tracing::warn!(%error, instance = %id, "cannot record an MCP session's instance");
-        }
+        self.control_plane
+            .mcp_session_created(&session, id)
+            .await
+            .map_err(failed_with)
     }
 
     /// The session holds `id` no more (it was closed).
@@ -564,7 +622,9 @@ impl McpSession {
             Ok(instance) => instance,
             Err(error) => return failed_with(error),
         };
-        self.remember_created(&instance.id).await;
+        if let Err(refusal) = self.remember_created(&instance.id).await {
+            return refusal;
+        }
         self.make_current(&instance.id, None).await;
         let mut text = format!("Created browser {} (now the current one).\n", instance.id);
         if let Some(url) = params.url {
@@ -937,6 +997,30 @@ impl McpSession {
     }
 }
 
+impl McpSession {
+    /// Runs `call`, marking the session used while it runs (a handoff may
+    /// wait for its person longer than the session's idle timeout).
+    async fn keeping_alive<T>(&self, call: impl std::future::Future<Output = T>) -> T {
+        let Some(session) = self.session_id() else {
+            return call.await;
+        };
+        let idle = self.control_plane.config.mcp.session_idle_timeout_sec;
+        let every = std::time::Duration::from_secs((idle / 3).clamp(1, 60));
+        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        tokio::pin!(call);
+        loop {
+            tokio::select! {
+                done = &mut call => return done,
+                _ = ticker.tick() => {
+                    if let Err(error) = self.control_plane.mcp_session_touch(&session).await {
+                        tracing::warn!(%error, "cannot mark an MCP session used");
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[tool_handler]
 impl ServerHandler for McpSession {
     fn get_info(&self) -> ServerConfig {
@@ -971,7 +1055,7 @@ impl ServerHandler for McpSession {
         let known = router.has_route(&request.name);
         let name = request.name.clone();
         let call = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
-        match router.call(call).await {
+        match self.keeping_alive(router.call(call)).await {
             Err(error) if known && error.code == rmcp::model::ErrorCode::INVALID_PARAMS => {
                 Ok(failed(format!(
                     "{name}: {} (see the tool's input schema)",

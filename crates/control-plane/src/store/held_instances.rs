@@ -30,18 +30,45 @@ impl Store {
         Ok(())
     }
 
-    /// Everything `holder` holds is held until `expires_at`; how many.
+    /// `instances`, held by `holder`, are held until `expires_at`; how many.
     pub async fn held_instances_renew(
         &self,
         holder: &str,
+        instances: &[InstanceId],
         expires_at: DateTime<Utc>,
     ) -> Result<u64, sqlx::Error> {
-        let renewed = sqlx::query("UPDATE held_instances SET expires_at = $1 WHERE holder = $2")
-            .bind(to_millis(expires_at))
-            .bind(holder)
-            .execute(&self.writer)
-            .await?;
-        Ok(renewed.rows_affected())
+        let mut renewed = 0;
+        for chunk in instances.chunks(500) {
+            let sql = format!(
+                "UPDATE held_instances SET expires_at = $1 WHERE holder = $2 AND instance_id IN ({})",
+                super::placeholders(3, chunk.len())
+            );
+            let mut query = sqlx::query(&sql).bind(to_millis(expires_at)).bind(holder);
+            for id in chunk {
+                query = query.bind(id.as_str());
+            }
+            renewed += query.execute(&self.writer).await?.rows_affected();
+        }
+        Ok(renewed)
+    }
+
+    /// `holder`'s hold of `instance` lapses now and is nobody's (its
+    /// delete failed: the next takeover sweep, on any control plane, tries
+    /// again).
+    pub async fn held_instance_lapse(
+        &self,
+        instance: &InstanceId,
+        holder: &str,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "UPDATE held_instances SET expires_at = 0, holder = '' \
+             WHERE instance_id = $1 AND holder = $2",
+        )
+        .bind(instance.as_str())
+        .bind(holder)
+        .execute(&self.writer)
+        .await?;
+        Ok(())
     }
 
     /// `holder` no longer holds `instance` (its work ended it, or let it be).
@@ -58,17 +85,19 @@ impl Store {
         Ok(())
     }
 
-    /// The held instances whose holder has not renewed them by `now`, each
-    /// with its work.
+    /// The held instances whose holder (another than `me`) has not renewed
+    /// them by `now`, each with its work.
     pub async fn held_instances_lapsed(
         &self,
+        me: &str,
         now: DateTime<Utc>,
     ) -> Result<Vec<(InstanceId, String)>, sqlx::Error> {
         let rows = sqlx::query(
             "SELECT instance_id, work FROM held_instances WHERE expires_at < $1 \
-             ORDER BY instance_id",
+             AND holder <> $2 ORDER BY instance_id",
         )
         .bind(to_millis(now))
+        .bind(me)
         .fetch_all(&self.writer)
         .await?;
         rows.iter()
@@ -82,7 +111,8 @@ impl Store {
     }
 
     /// Takes over `instance`, lapsed at `now`, for `holder` until
-    /// `expires_at`; `false` when it did not lapse (or another took it).
+    /// `expires_at`; `false` when it did not lapse (or another took it). A
+    /// holder never takes over its own: its work may still run.
     pub async fn held_instance_take_over(
         &self,
         instance: &InstanceId,
@@ -91,7 +121,7 @@ impl Store {
     ) -> Result<bool, sqlx::Error> {
         let taken = sqlx::query(
             "UPDATE held_instances SET holder = $1, expires_at = $2 \
-             WHERE instance_id = $3 AND expires_at < $4",
+             WHERE instance_id = $3 AND expires_at < $4 AND holder <> $1",
         )
         .bind(holder)
         .bind(to_millis(expires_at))

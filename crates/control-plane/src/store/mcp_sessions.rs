@@ -6,7 +6,7 @@
 //! A session is live while nobody is ending it and it was used at or after
 //! the `live_since` its callers give (now less `mcp.session_idle_timeout_sec`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use sqlx::Row;
@@ -24,8 +24,6 @@ pub struct McpSessionRecord {
     pub tenant: Option<String>,
     pub current_instance: Option<InstanceId>,
     pub current_tab: Option<String>,
-    /// The instances it created, oldest first.
-    pub created: Vec<InstanceId>,
 }
 
 /// Which live sessions [`Store::mcp_sessions_count`] counts.
@@ -46,7 +44,6 @@ fn decode(row: &AnyRow) -> Result<McpSessionRecord, sqlx::Error> {
             .try_get::<Option<String>, _>("current_instance")?
             .map(InstanceId::new),
         current_tab: row.try_get("current_tab")?,
-        created: Vec::new(),
     })
 }
 
@@ -92,7 +89,7 @@ impl Store {
         Ok(())
     }
 
-    /// Live session `id`, with the instances it created.
+    /// Live session `id`.
     pub async fn mcp_session_get(
         &self,
         id: &str,
@@ -106,12 +103,30 @@ impl Store {
         .bind(id)
         .fetch_optional(&self.pool)
         .await?;
-        let Some(row) = row else {
-            return Ok(None);
-        };
-        let mut session = decode(&row)?;
-        session.created = self.mcp_session_created(id).await?;
-        Ok(Some(session))
+        row.as_ref().map(decode).transpose()
+    }
+
+    /// Which of `ids` are live sessions.
+    pub async fn mcp_sessions_live_among(
+        &self,
+        ids: &[String],
+        live_since: DateTime<Utc>,
+    ) -> Result<HashSet<String>, sqlx::Error> {
+        let mut live = HashSet::new();
+        for chunk in ids.chunks(500) {
+            let sql = format!(
+                "SELECT id FROM mcp_sessions WHERE {LIVE} AND id IN ({})",
+                super::placeholders(2, chunk.len())
+            );
+            let mut query = sqlx::query(&sql).bind(to_millis(live_since));
+            for id in chunk {
+                query = query.bind(id);
+            }
+            for row in query.fetch_all(&self.pool).await? {
+                live.insert(row.try_get("id")?);
+            }
+        }
+        Ok(live)
     }
 
     /// Live session `id`'s `initialize` parameters (JSON).
@@ -179,21 +194,35 @@ impl Store {
         Ok(())
     }
 
-    /// Session `id` created `instance`.
+    /// Session `id` created `instance`; `false` when nobody will end it
+    /// with the session (it is ending, or gone).
     pub async fn mcp_session_created_one(
         &self,
         id: &str,
         instance: &InstanceId,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query(
-            "INSERT INTO mcp_session_instances (session_id, instance_id) VALUES ($1, $2) \
-             ON CONFLICT DO NOTHING",
+    ) -> Result<bool, sqlx::Error> {
+        let recorded = sqlx::query(
+            "INSERT INTO mcp_session_instances (session_id, instance_id) SELECT $1, $2 \
+             WHERE EXISTS (SELECT 1 FROM mcp_sessions WHERE id = $1 AND ending_since IS NULL) \
+             ON CONFLICT (session_id, instance_id) DO NOTHING",
         )
         .bind(id)
         .bind(instance.as_str())
         .execute(&self.writer)
         .await?;
-        Ok(())
+        if recorded.rows_affected() == 1 {
+            return Ok(true);
+        }
+        // Already recorded, while it lives.
+        let live = sqlx::query(
+            "SELECT 1 AS one FROM mcp_session_instances i JOIN mcp_sessions s ON s.id = i.session_id \
+             WHERE i.session_id = $1 AND i.instance_id = $2 AND s.ending_since IS NULL",
+        )
+        .bind(id)
+        .bind(instance.as_str())
+        .fetch_optional(&self.writer)
+        .await?;
+        Ok(live.is_some())
     }
 
     /// Session `id` holds `instance` no more (it was closed): neither as
@@ -303,6 +332,23 @@ impl Store {
             return Ok(None);
         }
         Ok(Some(self.mcp_session_created(id).await?))
+    }
+
+    /// The end of session `id` goes on at `now` (so that nobody takes it
+    /// over while it does).
+    pub async fn mcp_session_still_ending(
+        &self,
+        id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "UPDATE mcp_sessions SET ending_since = $1 WHERE id = $2 AND ending_since IS NOT NULL",
+        )
+        .bind(to_millis(now))
+        .bind(id)
+        .execute(&self.writer)
+        .await?;
+        Ok(())
     }
 
     /// Forgets session `id` (its end was carried out).

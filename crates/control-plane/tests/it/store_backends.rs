@@ -126,7 +126,8 @@ on_both_backends!(
     leases_pass_only_when_they_lapse,
     the_previous_versions_node_queries_work_on_a_migrated_store,
     an_instance_with_a_lifetime_is_stored_after_one_without,
-    an_mcp_session_lives_ends_once_and_is_forgotten,
+    an_mcp_session_is_its_openers_and_counted_fleet_wide,
+    an_idle_mcp_session_ends_once_and_is_forgotten,
     a_held_instance_lapses_only_when_its_holder_stops_renewing,
 );
 
@@ -861,39 +862,41 @@ async fn metric_samples_and_settings(postgres: bool) {
     assert_eq!(values.len(), 1, "one value wins cluster-wide: {values:?}");
 }
 
-/// An MCP session as every replica sees it: its opener, what it holds,
-/// its fleet-wide counts; it lapses when unused, and only one caller claims
-/// its end (another again only once that end went stale).
-async fn an_mcp_session_lives_ends_once_and_is_forgotten(postgres: bool) {
-    use flotilla_control_plane::store::McpSessionsOf;
-    let (store, _guard) = open(postgres).await;
-    let now = Utc::now();
+/// Two MCP sessions: s1 of `key:one` (tenant acme), which created `mcp-a`
+/// and acts on `mcp-b`; s2 of `key:two`, acting on `mcp-a`.
+async fn two_mcp_sessions(store: &Store, now: chrono::DateTime<Utc>) -> (InstanceId, InstanceId) {
     let (a, b) = (InstanceId::new("mcp-a"), InstanceId::new("mcp-b"));
+    let params = "{\"protocolVersion\":\"2025-11-25\"}";
     store
-        .mcp_session_initialized("s1", "{\"protocolVersion\":\"2025-11-25\"}", now)
+        .mcp_session_initialized("s1", params, now)
         .await
         .unwrap();
-    store
-        .mcp_session_opened("s1", ("key:one", Some("acme")), now)
-        .await
-        .unwrap();
-    // A second opener does not take it over.
-    store
-        .mcp_session_opened("s1", ("key:two", None), now)
-        .await
-        .unwrap();
-    store
-        .mcp_session_opened("s2", ("key:two", None), now)
-        .await
-        .unwrap();
-    store.mcp_session_created_one("s1", &a).await.unwrap();
-    store.mcp_session_created_one("s1", &a).await.unwrap();
+    for (id, opener) in [
+        ("s1", ("key:one", Some("acme"))),
+        // A second opener does not take it over.
+        ("s1", ("key:two", None)),
+        ("s2", ("key:two", None)),
+    ] {
+        store.mcp_session_opened(id, opener, now).await.unwrap();
+    }
+    assert!(store.mcp_session_created_one("s1", &a).await.unwrap());
+    assert!(store.mcp_session_created_one("s1", &a).await.unwrap());
     store
         .mcp_session_current("s1", &b, Some("t1"))
         .await
         .unwrap();
     store.mcp_session_current("s1", &b, None).await.unwrap();
     store.mcp_session_current("s2", &a, None).await.unwrap();
+    (a, b)
+}
+
+/// An MCP session as every replica sees it: its opener, what it holds, the
+/// fleet-wide counts.
+async fn an_mcp_session_is_its_openers_and_counted_fleet_wide(postgres: bool) {
+    use flotilla_control_plane::store::McpSessionsOf;
+    let (store, _guard) = open(postgres).await;
+    let now = Utc::now();
+    let (a, b) = two_mcp_sessions(&store, now).await;
     let live_since = now - Duration::seconds(60);
     let s1 = store
         .mcp_session_get("s1", live_since)
@@ -902,7 +905,6 @@ async fn an_mcp_session_lives_ends_once_and_is_forgotten(postgres: bool) {
         .unwrap();
     assert_eq!(s1.principal.as_deref(), Some("key:one"));
     assert_eq!(s1.tenant.as_deref(), Some("acme"));
-    assert_eq!(s1.created, vec![a.clone()]);
     assert_eq!(s1.current_instance, Some(b.clone()));
     assert_eq!(
         s1.current_tab.as_deref(),
@@ -915,11 +917,8 @@ async fn an_mcp_session_lives_ends_once_and_is_forgotten(postgres: bool) {
         (McpSessionsOf::Tenant("acme"), 1),
         (McpSessionsOf::Tenant("globex"), 0),
     ] {
-        assert_eq!(
-            store.mcp_sessions_count(of, live_since).await.unwrap(),
-            n,
-            "{of:?}"
-        );
+        let counted = store.mcp_sessions_count(of, live_since).await.unwrap();
+        assert_eq!(counted, n, "{of:?}");
     }
     assert_eq!(store.mcp_sessions_holding(&a, live_since).await.unwrap(), 2);
     assert_eq!(store.mcp_sessions_holding(&b, live_since).await.unwrap(), 1);
@@ -927,132 +926,109 @@ async fn an_mcp_session_lives_ends_once_and_is_forgotten(postgres: bool) {
     assert_eq!((each[&a], each[&b]), (2, 1));
     store.mcp_session_let_go("s1", &b).await.unwrap();
     assert_eq!(store.mcp_sessions_holding(&b, live_since).await.unwrap(), 0);
-    assert!(
-        store
-            .mcp_session_initialize_params("s1", live_since)
-            .await
-            .unwrap()
-            .is_some()
-    );
+    let params = store.mcp_session_initialize_params("s1", live_since).await;
+    assert!(params.unwrap().is_some());
+}
 
-    // Unused past the idle timeout: no longer live, and due to end.
+/// An MCP session unused past its idle timeout is no longer live and is due
+/// to end; only one caller claims its end (another again only once that
+/// end went stale), and an ending session takes no more instances.
+async fn an_idle_mcp_session_ends_once_and_is_forgotten(postgres: bool) {
+    let (store, _guard) = open(postgres).await;
+    let now = Utc::now();
+    let (a, b) = two_mcp_sessions(&store, now).await;
     let later = now + Duration::seconds(120);
     store.mcp_session_touch("s2", later).await.unwrap();
     let live_since = later - Duration::seconds(60);
-    assert_eq!(store.mcp_session_get("s1", live_since).await.unwrap(), None);
     let stale_before = later - Duration::seconds(60);
-    let due = store
-        .mcp_sessions_to_end(live_since, stale_before)
-        .await
-        .unwrap();
-    assert_eq!(due, vec!["s1".to_owned()]);
-    let claimed = store
-        .mcp_session_end_claim("s1", later, stale_before)
-        .await
-        .unwrap();
-    assert_eq!(claimed, Some(vec![a.clone()]));
-    assert_eq!(
-        store
-            .mcp_session_end_claim("s1", later, stale_before)
-            .await
-            .unwrap(),
-        None,
-        "one end at a time"
-    );
+    assert_eq!(store.mcp_session_get("s1", live_since).await.unwrap(), None);
+    let due = store.mcp_sessions_to_end(live_since, stale_before).await;
+    assert_eq!(due.unwrap(), vec!["s1".to_owned()]);
+    let claimed = store.mcp_session_end_claim("s1", later, stale_before).await;
+    assert_eq!(claimed.unwrap(), Some(vec![a.clone()]));
     assert!(
-        store
-            .mcp_sessions_to_end(live_since, stale_before)
-            .await
-            .unwrap()
-            .is_empty()
+        !store.mcp_session_created_one("s1", &b).await.unwrap(),
+        "an ending session takes no more instances"
     );
+    let asked = ["s1".into(), "s2".into(), "never".into()];
+    let live = store.mcp_sessions_live_among(&asked, live_since).await;
+    assert_eq!(live.unwrap(), HashSet::from(["s2".to_owned()]));
+    let again = store.mcp_session_end_claim("s1", later, stale_before).await;
+    assert_eq!(again.unwrap(), None, "one end at a time");
+    let due = store.mcp_sessions_to_end(live_since, stale_before).await;
+    assert!(due.unwrap().is_empty());
     // An end left unfinished for a minute is claimed again.
     let much_later = later + Duration::seconds(61);
     let due = store
         .mcp_sessions_to_end(live_since, much_later - Duration::seconds(60))
-        .await
-        .unwrap();
-    assert_eq!(due, vec!["s1".to_owned()]);
+        .await;
+    assert_eq!(due.unwrap(), vec!["s1".to_owned()]);
     store.mcp_session_forget("s1").await.unwrap();
-    assert!(
-        store
-            .mcp_session_end_claim("s1", much_later, much_later)
-            .await
-            .unwrap()
-            .is_none()
-    );
-    assert_eq!(
-        store.mcp_sessions_holding(&a, live_since).await.unwrap(),
-        1,
-        "s2's current"
-    );
+    let gone = store
+        .mcp_session_end_claim("s1", much_later, much_later)
+        .await;
+    assert!(gone.unwrap().is_none());
+    let holding = store.mcp_sessions_holding(&a, live_since).await.unwrap();
+    assert_eq!(holding, 1, "s2's current");
 }
 
 /// An instance held by a control plane's work: renewed by its holder, it
-/// does not lapse; once it does, one other control plane takes it over.
+/// does not lapse; once it does, one other control plane takes it over
+/// (never its own holder); a hold that lapses at once is anybody's.
 async fn a_held_instance_lapses_only_when_its_holder_stops_renewing(postgres: bool) {
     let (store, _guard) = open(postgres).await;
     let now = Utc::now();
     let (kept, left) = (InstanceId::new("held-kept"), InstanceId::new("held-left"));
-    let until = now + Duration::seconds(30);
-    store
-        .held_instance_take(&kept, ("a", "action"), until)
-        .await
-        .unwrap();
-    store
-        .held_instance_take(&left, ("b", "playwright"), until)
-        .await
-        .unwrap();
-    let later = now + Duration::seconds(40);
-    assert_eq!(
+    for (id, holder) in [(&kept, "a"), (&left, "b")] {
+        let until = now + Duration::seconds(30);
         store
-            .held_instances_renew("a", later + Duration::seconds(30))
+            .held_instance_take(id, (holder, "action"), until)
             .await
-            .unwrap(),
+            .unwrap();
+    }
+    let later = now + Duration::seconds(40);
+    let until = later + Duration::seconds(30);
+    let renewed = store
+        .held_instances_renew("a", std::slice::from_ref(&kept), until)
+        .await;
+    assert_eq!(renewed.unwrap(), 1);
+    let lapsed = store.held_instances_lapsed("c", later).await.unwrap();
+    assert_eq!(lapsed, vec![(left.clone(), "action".to_owned())]);
+    let own = store.held_instances_lapsed("b", later).await.unwrap();
+    assert!(own.is_empty(), "not its own");
+    let window = (later, later + Duration::seconds(30));
+    for (id, taker, taken, why) in [
+        (&left, "b", false, "not its own"),
+        (&left, "c", true, "lapsed"),
+        (&left, "d", false, "taken once"),
+        (&kept, "d", false, "renewed"),
+    ] {
+        let got = store
+            .held_instance_take_over(id, taker, window)
+            .await
+            .unwrap();
+        assert_eq!(got, taken, "{taker} takes {id}: {why}");
+    }
+    // c's delete failed: the hold is nobody's, and c itself tries again.
+    store.held_instance_lapse(&left, "c").await.unwrap();
+    assert_eq!(
+        store.held_instances_lapsed("c", later).await.unwrap().len(),
         1
     );
-    let lapsed = store.held_instances_lapsed(later).await.unwrap();
-    assert_eq!(lapsed, vec![(left.clone(), "playwright".to_owned())]);
-    let window = (later, later + Duration::seconds(30));
     assert!(
         store
             .held_instance_take_over(&left, "c", window)
             .await
             .unwrap()
     );
-    assert!(
-        !store
-            .held_instance_take_over(&left, "d", window)
-            .await
-            .unwrap(),
-        "taken over once"
-    );
-    assert!(
-        !store
-            .held_instance_take_over(&kept, "d", window)
-            .await
-            .unwrap(),
-        "a renewed hold is not taken"
-    );
     store.held_instance_release(&left, "b").await.unwrap();
-    assert!(
-        store
-            .held_instances_lapsed(later + Duration::seconds(31))
-            .await
-            .unwrap()
-            .len()
-            == 2,
-        "only its holder releases it"
-    );
+    let much_later = later + Duration::seconds(99);
+    let lapsed = store.held_instances_lapsed("z", much_later).await.unwrap();
+    assert_eq!(lapsed.len(), 2, "only its holder releases it");
     store.held_instance_release(&left, "c").await.unwrap();
     store.held_instance_release(&kept, "a").await.unwrap();
-    assert!(
-        store
-            .held_instances_lapsed(later + Duration::seconds(99))
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    let lapsed = store.held_instances_lapsed("z", much_later).await.unwrap();
+    assert!(lapsed.is_empty());
 }
 
 async fn leases_pass_only_when_they_lapse(postgres: bool) {
