@@ -129,4 +129,5 @@ async def main(base, key, form):
     print(json.dumps(seen))
 
 
-asyncio.run(main(*sys.argv[1:4]))
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:4]))

@@ -20,16 +20,7 @@ import time
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 
-
-def text_of(result):
-    return "\n".join(block.text for block in result.content if getattr(block, "type", "") == "text")
-
-
-def ref(snapshot, pattern):
-    match = re.search(pattern + r'.*\[ref=(e\d+)\]', snapshot)
-    if not match:
-        raise SystemExit(f"no {pattern} in the snapshot:\n{snapshot}")
-    return match.group(1)
+from mcp_agent import ref, text_of
 
 
 def session_recorder(seen, key):

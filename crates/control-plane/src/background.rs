@@ -33,56 +33,56 @@ pub async fn spawn_all(
             interval,
             &shutdown,
             &control_plane,
-            "node offline sweep",
+            ("node offline sweep", Runs::OnePerCluster),
             |cp| async move { Ok(cp.node_offline_sweep().await?.len() as u64) },
         ),
         spawn_every(
             interval,
             &shutdown,
             &control_plane,
-            "idle sweep",
+            ("idle sweep", Runs::OnePerCluster),
             |cp| async move { Ok(cp.instance_idle_sweep().await? as u64) },
         ),
         spawn_every(
             interval,
             &shutdown,
             &control_plane,
-            "lifetime sweep",
+            ("lifetime sweep", Runs::OnePerCluster),
             |cp| async move { Ok(cp.instance_lifetime_sweep().await? as u64) },
         ),
         spawn_every(
             interval,
             &shutdown,
             &control_plane,
-            "drain takeover",
+            ("drain takeover", Runs::OnePerCluster),
             |cp| async move { cp.drains_take_over().await },
         ),
         spawn_every(
             interval,
             &shutdown,
             &control_plane,
-            "mcp session expiry",
+            ("mcp session expiry", Runs::OnePerCluster),
             |cp| async move { cp.mcp_sessions_expire().await },
         ),
         spawn_every(
             interval,
             &shutdown,
             &control_plane,
-            "held instance takeover",
+            ("held instance takeover", Runs::OnePerCluster),
             |cp| async move { cp.held_instances_take_over().await },
         ),
-        spawn_here(
+        spawn_every(
             held_instances::RENEW_EVERY,
             &shutdown,
             &control_plane,
-            "held instance renewal",
+            ("held instance renewal", Runs::EachControlPlane),
             |cp| async move { cp.held_instances_renew().await },
         ),
         spawn_every(
             sample_interval,
             &shutdown,
             &control_plane,
-            "metrics sample",
+            ("metrics sample", Runs::OnePerCluster),
             |cp| async move {
                 cp.metrics_sample().await?;
                 cp.alerts_evaluate().await?;
@@ -95,13 +95,24 @@ pub async fn spawn_all(
     tasks
 }
 
-/// Runs `task` now and then every `interval` until shutdown, recording what
-/// each run changed (its `Ok`) or why it failed.
+/// Where a timed task runs.
+#[derive(Clone, Copy)]
+enum Runs {
+    /// In one control plane of the cluster at a time, the holder of its
+    /// lease (held a little longer than a period, renewed every period;
+    /// another takes over if it stops).
+    OnePerCluster,
+    /// In every control plane, on what it alone holds.
+    EachControlPlane,
+}
+
+/// Runs `task` now and then every `interval` until shutdown, where `runs`
+/// says, recording what each run changed (its `Ok`) or why it failed.
 fn spawn_every<F, Fut>(
     interval: Duration,
     shutdown: &CancellationToken,
     control_plane: &Arc<ControlPlane>,
-    name: &'static str,
+    (name, runs): (&'static str, Runs),
     task: F,
 ) -> tokio::task::JoinHandle<()>
 where
@@ -109,14 +120,16 @@ where
     Fut: std::future::Future<Output = crate::error::Result<u64>> + Send + 'static,
 {
     let control_plane = control_plane.clone();
-    // Held a little longer than a period, renewed every period: one control
-    // plane of the cluster runs the task; another takes over if it stops.
     let lease = interval.mul_f64(2.5);
     tokio::spawn(run_every(interval, shutdown.clone(), move || {
         let control_plane = control_plane.clone();
         let run = task(control_plane.clone());
         async move {
-            let outcome = match control_plane.hold_lease(name, lease).await {
+            let held = match runs {
+                Runs::EachControlPlane => Ok(true),
+                Runs::OnePerCluster => control_plane.hold_lease(name, lease).await,
+            };
+            let outcome = match held {
                 Ok(true) => outcome_of(name, run.await),
                 Ok(false) => RunOutcome::LeaseHeldElsewhere,
                 Err(error) => {
@@ -124,32 +137,6 @@ where
                     RunOutcome::Failed(format!("cannot take the task's lease: {error}"))
                 }
             };
-            control_plane
-                .tasks()
-                .record(name, control_plane.now(), outcome);
-        }
-    }))
-}
-
-/// Runs `task` now and then every `interval` until shutdown in this control
-/// plane (each of a cluster runs its own), recording each run.
-fn spawn_here<F, Fut>(
-    interval: Duration,
-    shutdown: &CancellationToken,
-    control_plane: &Arc<ControlPlane>,
-    name: &'static str,
-    task: F,
-) -> tokio::task::JoinHandle<()>
-where
-    F: Fn(Arc<ControlPlane>) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = crate::error::Result<u64>> + Send + 'static,
-{
-    let control_plane = control_plane.clone();
-    tokio::spawn(run_every(interval, shutdown.clone(), move || {
-        let control_plane = control_plane.clone();
-        let run = task(control_plane.clone());
-        async move {
-            let outcome = outcome_of(name, run.await);
             control_plane
                 .tasks()
                 .record(name, control_plane.now(), outcome);
