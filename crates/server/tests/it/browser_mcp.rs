@@ -289,6 +289,54 @@ async fn mcp_sessions_are_bounded() {
     serve.shutdown().await;
 }
 
+/// The `Mcp-Session-Id` a client sends is looked up in the store: ids that
+/// never were, SQL, path-like, huge or not UTF-8 are each refused as a
+/// client error, never a server error, and open no session.
+#[tokio::test]
+async fn hostile_mcp_session_ids_are_refused() {
+    let serve = spawn_serve_with(|config| {
+        config.agent.runtime = flotilla_node_agent::RuntimeKind::Sim;
+    })
+    .await;
+    let http = reqwest::Client::new();
+    let url = format!("{}/mcp", serve.api.base);
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+    let hostile: Vec<reqwest::header::HeaderValue> = [
+        b"never-was".to_vec(),
+        b"' OR 1=1 --".to_vec(),
+        b"../../etc/passwd".to_vec(),
+        "s".repeat(16 << 10).into_bytes(),
+        vec![0xff, 0xfe, b'a'],
+    ]
+    .into_iter()
+    .map(|bytes| reqwest::header::HeaderValue::from_bytes(&bytes).unwrap())
+    .collect();
+    for id in hostile {
+        for method in [
+            reqwest::Method::POST,
+            reqwest::Method::GET,
+            reqwest::Method::DELETE,
+        ] {
+            let answer = http
+                .request(method.clone(), &url)
+                .header("accept", "application/json, text/event-stream")
+                .header("mcp-session-id", id.clone())
+                .json(&call)
+                .send()
+                .await
+                .unwrap();
+            let status = answer.status();
+            let shown = String::from_utf8_lossy(&id.as_bytes()[..id.len().min(20)]).into_owned();
+            assert!(status.is_client_error(), "{method} {shown}: {status}");
+            assert!(
+                answer.headers().get("mcp-session-id").is_none(),
+                "{method} {shown}"
+            );
+        }
+    }
+    serve.shutdown().await;
+}
+
 /// `POST /live/{token}/done` takes only a valid control link, once.
 #[tokio::test]
 async fn only_a_control_link_hands_back_and_only_once() {
