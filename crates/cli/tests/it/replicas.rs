@@ -609,3 +609,49 @@ async fn hand_back_through_both(fleet: &TwoReplicas, api: &Api, id: &str) {
         "handed back once: {answers:?}"
     );
 }
+
+/// A drain started on one replica: the other shows its report, and an
+/// uncordon sent to the other ends it for both (the node takes instances
+/// again, placed through either).
+#[tokio::test]
+async fn a_drain_started_on_one_replica_is_seen_and_ended_on_the_other() {
+    let temp = tempfile::tempdir().unwrap();
+    let fleet = TwoReplicas::start(
+        temp.path(),
+        None,
+        [("u1", "29840-29849"), ("u2", "29850-29859")],
+        &[],
+    )
+    .await;
+    let a = Api::new(fleet.a.api.base.clone());
+    let b = Api::new(fleet.b.api.base.clone());
+    let (status, report) = a.post("/v2/nodes/u1/drain", "{}").await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{report}");
+    let started = report["started_at"].clone();
+    let (_, node) = b.get("/v2/nodes/u1").await;
+    assert_eq!(node["status"], "draining", "{node}");
+    assert_eq!(node["drain"]["started_at"], started, "{node}");
+    let (status, body) = b.post("/v2/nodes/u1/uncordon", "{}").await;
+    assert!(status.is_success(), "{status} {body}");
+    for replica in [&a, &b] {
+        wait_until(BROWSER_DEADLINE, "the node online again", || async {
+            let (_, node) = replica.get("/v2/nodes/u1").await;
+            match node["status"].as_str() {
+                Some("online") => Ok(Some(())),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await
+        .unwrap();
+    }
+    // It takes instances again, whichever replica places them.
+    for replica in [&a, &b] {
+        let (status, created) = replica
+            .post("/v2/instances", r#"{"node_preference": "u1"}"#)
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{created}");
+        replica
+            .delete_instance(created["id"].as_str().unwrap())
+            .await;
+    }
+}
