@@ -62,6 +62,11 @@ async def the_task(base, form, pause, resume, seen):
                 name = ref(snapshot, r'textbox')
                 send = ref(snapshot, r'button "Send"')
                 await call(session, "browser_type", ref=name, text="Ada", element="the name field")
+                # More requests of the session, so that the balancer's
+                # round-robin (which the agents' heartbeats share) has sent
+                # some to each replica before the pause.
+                for _ in range(12):
+                    await call(session, "browser_list")
                 view = await client.get(f"{base}/v2/instances/{seen['instance']}")
                 seen["drivers_before"] = view.json().get("drivers")
                 with open(pause, "w") as marker:
