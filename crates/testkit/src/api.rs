@@ -13,6 +13,19 @@ pub struct Api {
 }
 
 impl Api {
+    /// Background task `name` as `GET /health` lists it (`Null` before it
+    /// first ran).
+    pub async fn background_task(&self, name: &str) -> Value {
+        let (_, health) = self.get("/health").await;
+        health["background"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|task| task["name"] == name)
+            .cloned()
+            .unwrap_or_default()
+    }
+
     pub fn new(base: impl Into<String>) -> Self {
         Self {
             base: base.into(),

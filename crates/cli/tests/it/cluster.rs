@@ -819,15 +819,8 @@ async fn a_drain_goes_on_in_another_control_plane_when_its_own_is_killed() {
     })
     .await
     .unwrap();
-    let (_, health) = b.api.get("/health").await;
-    let takeover = health["background"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|task| task["name"] == "drain takeover")
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(takeover["changed"], 1, "{health}");
+    let takeover = b.api.background_task("drain takeover").await;
+    assert_eq!(takeover["changed"], 1, "{takeover}");
 }
 
 #[tokio::test]

@@ -95,6 +95,14 @@ impl TwoReplicas {
         }
     }
 
+    /// Each replica's own API (not through the balancer).
+    fn apis(&self) -> (Api, Api) {
+        (
+            Api::new(self.a.api.base.clone()),
+            Api::new(self.b.api.base.clone()),
+        )
+    }
+
     fn replicas(&self) -> [u16; 2] {
         [port_of(&self.a.api), port_of(&self.b.api)]
     }
@@ -341,8 +349,7 @@ async fn what_a_killed_replica_was_doing_is_ended_by_the_other() {
         &[],
     )
     .await;
-    let a = Api::new(fleet.a.api.base.clone());
-    let b = Api::new(fleet.b.api.base.clone());
+    let (a, b) = fleet.apis();
 
     // An action on replica a, whose page never loads.
     let hang = serde_json::json!({"url": format!("{}/hang", site.base), "timeout_ms": 120_000});
@@ -397,15 +404,8 @@ async fn what_a_killed_replica_was_doing_is_ended_by_the_other() {
         .collect();
     wait_gone(&b, &ids).await;
     fleet.wait_empty(&[&b]).await;
-    let (_, health) = b.get("/health").await;
-    let takeover = health["background"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|task| task["name"] == "held instance takeover")
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(takeover["changed"], 2, "{health}");
+    let takeover = b.background_task("held instance takeover").await;
+    assert_eq!(takeover["changed"], 2, "{takeover}");
 }
 
 /// Creates waiting for room (`?wait_sec=`) on a replica that is killed:
@@ -422,8 +422,7 @@ async fn creates_waiting_on_a_killed_replica_make_nothing() {
         &[],
     )
     .await;
-    let a = Api::new(fleet.a.api.base.clone());
-    let b = Api::new(fleet.b.api.base.clone());
+    let (a, b) = fleet.apis();
     let (first, _, _) = b.create_running("{}").await;
     b.create_running("{}").await;
     let wait = |api: &Api| spawn_post(format!("{}/v2/instances?wait_sec=60", api.base), "{}");
@@ -623,8 +622,7 @@ async fn a_drain_started_on_one_replica_is_seen_and_ended_on_the_other() {
         &[],
     )
     .await;
-    let a = Api::new(fleet.a.api.base.clone());
-    let b = Api::new(fleet.b.api.base.clone());
+    let (a, b) = fleet.apis();
     let (status, report) = a.post("/v2/nodes/u1/drain", "{}").await;
     assert_eq!(status, StatusCode::ACCEPTED, "{report}");
     let started = report["started_at"].clone();

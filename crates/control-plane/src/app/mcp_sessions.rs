@@ -55,17 +55,11 @@ impl ControlPlane {
     /// Lets `principal` use session `id` (it opened it, and it lives), and
     /// marks it used now.
     pub async fn mcp_session_use(&self, id: &str, principal: &Principal) -> Result<()> {
-        let session = self
+        let used = self
             .store
-            .mcp_session_get(id, self.mcp_live_since())
+            .mcp_session_use(id, &principal.0, (self.mcp_live_since(), self.now()))
             .await?;
-        match session {
-            Some(session) if session.principal.as_deref() == Some(principal.0.as_str()) => {
-                self.store.mcp_session_touch(id, self.now()).await?;
-                Ok(())
-            }
-            _ => Err(no_such_session()),
-        }
+        if used { Ok(()) } else { Err(no_such_session()) }
     }
 
     /// Whether `principal` (seeing `scope`) may open one more session: the

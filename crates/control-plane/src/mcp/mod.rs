@@ -448,19 +448,31 @@ impl McpSession {
     /// The instance a tool acts on: the one named, else the current one;
     /// one the session's key does not see (another tenant's) is not found.
     async fn instance(&self, named: &Option<String>) -> Result<InstanceId, CallToolResult> {
+        Ok(self.instance_and_tab(named).await?.0)
+    }
+
+    /// [`Self::instance`], and the session's current tab when that
+    /// instance is its current one (one reading of the session).
+    async fn instance_and_tab(
+        &self,
+        named: &Option<String>,
+    ) -> Result<(InstanceId, Option<String>), CallToolResult> {
+        let current = self.current().await?;
         let id = match named.as_deref().filter(|id| !id.is_empty()) {
             Some(id) => InstanceId::new(id),
-            None => self
-                .current()
-                .await?
+            None => current
                 .instance
+                .clone()
                 .ok_or_else(|| failed(NO_INSTANCE))?,
         };
         self.control_plane
             .instance_in_scope(&id, &self.scope()?)
             .await
             .map_err(failed_with)?;
-        Ok(id)
+        let tab = (current.instance.as_ref() == Some(&id))
+            .then_some(current.tab)
+            .flatten();
+        Ok((id, tab))
     }
 
     /// What the session's key sees (set from each request, all of one
@@ -551,17 +563,10 @@ impl McpSession {
 
     /// Carries out `op` on the page of the named (or current) instance.
     async fn step(&self, named: &Option<String>, op: PageOp) -> CallToolResult {
-        let id = match self.instance(named).await {
-            Ok(id) => id,
+        let (id, tab) = match self.instance_and_tab(named).await {
+            Ok(found) => found,
             Err(refusal) => return refusal,
         };
-        let current = match self.current().await {
-            Ok(current) => current,
-            Err(refusal) => return refusal,
-        };
-        let tab = (current.instance.as_ref() == Some(&id))
-            .then_some(current.tab)
-            .flatten();
         let request = AgentPageRequest {
             tab,
             op,

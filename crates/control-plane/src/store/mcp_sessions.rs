@@ -161,6 +161,28 @@ impl Store {
             .collect()
     }
 
+    /// Session `id`, live since `live_since` and `principal`'s, is used at
+    /// `now` (one write); `false` when it is not (gone, ending, idle, or
+    /// another's).
+    pub async fn mcp_session_use(
+        &self,
+        id: &str,
+        principal: &str,
+        (live_since, now): (DateTime<Utc>, DateTime<Utc>),
+    ) -> Result<bool, sqlx::Error> {
+        let used = sqlx::query(&format!(
+            "UPDATE mcp_sessions SET last_seen_at = CASE WHEN last_seen_at < $3 THEN $3 \
+             ELSE last_seen_at END WHERE {LIVE} AND id = $2 AND principal = $4"
+        ))
+        .bind(to_millis(live_since))
+        .bind(id)
+        .bind(to_millis(now))
+        .bind(principal)
+        .execute(&self.writer)
+        .await?;
+        Ok(used.rows_affected() == 1)
+    }
+
     /// Session `id` was used at `now`.
     pub async fn mcp_session_touch(&self, id: &str, now: DateTime<Utc>) -> Result<(), sqlx::Error> {
         sqlx::query(

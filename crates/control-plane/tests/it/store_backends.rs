@@ -926,6 +926,12 @@ async fn an_mcp_session_is_its_openers_and_counted_fleet_wide(postgres: bool) {
     assert_eq!((each[&a], each[&b]), (2, 1));
     store.mcp_session_let_go("s1", &b).await.unwrap();
     assert_eq!(store.mcp_sessions_holding(&b, live_since).await.unwrap(), 0);
+    for (principal, used) in [("key:one", true), ("key:two", false)] {
+        let got = store
+            .mcp_session_use("s1", principal, (live_since, now))
+            .await;
+        assert_eq!(got.unwrap(), used, "{principal} uses s1");
+    }
     let params = store.mcp_session_initialize_params("s1", live_since).await;
     assert!(params.unwrap().is_some());
 }
@@ -942,6 +948,10 @@ async fn an_idle_mcp_session_ends_once_and_is_forgotten(postgres: bool) {
     let live_since = later - Duration::seconds(60);
     let stale_before = later - Duration::seconds(60);
     assert_eq!(store.mcp_session_get("s1", live_since).await.unwrap(), None);
+    let idle = store
+        .mcp_session_use("s1", "key:one", (live_since, later))
+        .await;
+    assert!(!idle.unwrap(), "an idle session is not used again");
     let due = store.mcp_sessions_to_end(live_since, stale_before).await;
     assert_eq!(due.unwrap(), vec!["s1".to_owned()]);
     let claimed = store.mcp_session_end_claim("s1", later, stale_before).await;
