@@ -404,6 +404,11 @@ pub struct InstanceUrls {
     /// Playwright's own protocol, for `chromium.connect()` (a server of
     /// the client's version drives the instance's browser).
     pub playwright: String,
+    /// WebDriver BiDi, the browser's own socket: a Firefox instance's
+    /// (Puppeteer's `connect({browserWSEndpoint, protocol:
+    /// 'webDriverBiDi'})`). A Chromium instance answers it with a 400 that
+    /// points at `debug`, as a Firefox instance answers `debug`.
+    pub bidi: String,
 }
 
 /// Instance. Which members appear depends on the operation (spec: "Response

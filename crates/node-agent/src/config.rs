@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use flotilla_api_types::instances::{DEFAULT_IMAGE, ReviveMethod};
@@ -142,6 +142,29 @@ impl<'de> Deserialize<'de> for PortRange {
     }
 }
 
+/// The browser engine an image runs: how it is launched and which client
+/// protocols its doors speak.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineKind {
+    /// Chromium (and its headless shell): CDP, Playwright, WebDriver
+    /// through chromedriver.
+    #[default]
+    Chromium,
+    /// Firefox (Debian's `firefox-esr`): WebDriver BiDi, spoken by the
+    /// browser itself.
+    Firefox,
+}
+
+impl EngineKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Chromium => "chromium",
+            Self::Firefox => "firefox",
+        }
+    }
+}
+
 /// One entry of the image catalog: which browser binary an image name means.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -151,12 +174,22 @@ pub struct ImageConfig {
     /// Flags added after the base flags.
     #[serde(default)]
     pub args: Vec<String>,
+    /// The engine the executable is (`chromium` unless said).
+    #[serde(default)]
+    pub engine: EngineKind,
 }
+
+/// Where Debian's `firefox-esr` is; the built-in image `firefox` runs it
+/// when it is installed.
+pub const FIREFOX_EXECUTABLE: &str = "/usr/lib/firefox-esr/firefox-esr";
 
 impl ImageConfig {
     /// Whether this browser loads extensions: Chromium does, its headless
     /// shell (known by its executable's name) has no extension system.
     pub fn loads_extensions(&self) -> bool {
+        if self.engine != EngineKind::Chromium {
+            return false;
+        }
         let name = self
             .executable
             .file_name()
@@ -288,7 +321,8 @@ pub struct AgentConfig {
     /// Simulated start time of a sim-runtime instance.
     pub sim_start_ms: u64,
     /// Image catalog: image name → browser. Entries here are added to (or
-    /// replace) the built-in `ubuntu:22.04` and `chromium-headless-shell`.
+    /// replace) the built-in `ubuntu:22.04`, `chromium`,
+    /// `chromium-headless-shell` and, where Firefox is installed, `firefox`.
     pub images: BTreeMap<String, ImageConfig>,
 }
 
@@ -370,6 +404,7 @@ impl AgentConfig {
         let chromium = ImageConfig {
             executable: PathBuf::from("/usr/lib/chromium/chromium"),
             args: Vec::new(),
+            engine: EngineKind::Chromium,
         };
         catalog.insert(DEFAULT_IMAGE.to_owned(), chromium.clone());
         catalog.insert("chromium".to_owned(), chromium);
@@ -378,8 +413,21 @@ impl AgentConfig {
             ImageConfig {
                 executable: PathBuf::from("/usr/bin/chromium-headless-shell"),
                 args: Vec::new(),
+                engine: EngineKind::Chromium,
             },
         );
+        // A node without Firefox does not offer it (its heartbeat's images
+        // leave it out, so placement sends Firefox creates elsewhere).
+        if Path::new(FIREFOX_EXECUTABLE).is_file() {
+            catalog.insert(
+                "firefox".to_owned(),
+                ImageConfig {
+                    executable: PathBuf::from(FIREFOX_EXECUTABLE),
+                    args: Vec::new(),
+                    engine: EngineKind::Firefox,
+                },
+            );
+        }
         catalog.extend(self.images.clone());
         catalog
     }

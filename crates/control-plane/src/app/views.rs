@@ -34,6 +34,7 @@ pub fn instance_urls(
         debug: format!("ws://{host}:{debug}/devtools/browser/{}{query}", record.id),
         stream: format!("http://{host}:{stream}/{query}"),
         playwright: format!("ws://{host}:{http}/playwright{query}"),
+        bidi: format!("ws://{host}:{debug}/session{query}"),
     })
 }
 
@@ -70,12 +71,14 @@ pub fn door_urls(
                 debug: format!("{ws}://{host}/devtools/browser/{id}{query}"),
                 stream: format!("{http}://{host}/stream{query}"),
                 playwright: format!("{ws}://{host}/playwright{query}"),
+                bidi: format!("{ws}://{host}/bidi{query}"),
             }
         }
         None => InstanceUrls {
             debug: format!("{ws}://{authority}/v2/instances/{id}/cdp{query}"),
             stream: format!("{http}://{authority}/v2/instances/{id}/stream{query}"),
             playwright: format!("{ws}://{authority}/v2/instances/{id}/playwright{query}"),
+            bidi: format!("{ws}://{authority}/v2/instances/{id}/bidi{query}"),
         },
     }
 }

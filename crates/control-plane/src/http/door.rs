@@ -2,6 +2,7 @@
 //! port, so that clients need to reach nothing else.
 //!
 //! - By path: `/v2/instances/{id}/cdp` (the browser's CDP WebSocket),
+//!   `/bidi` (a Firefox instance's WebDriver BiDi WebSocket),
 //!   `/v2/instances/{id}/json/…` and `/devtools/…` (the DevTools HTTP and
 //!   WebSocket endpoints), `/stream` (MJPEG), `/stream/ws` (binary frames),
 //!   `/stream/frame.jpg`, `/screenshot`, `/tabs`.
@@ -127,6 +128,13 @@ pub static ROUTES: &[DoorRoute] = {
             websocket: true,
             docs: &[doc::<d::__path_cdp>],
             ..instance("/cdp", Debug)
+        },
+        // A Firefox instance's WebDriver BiDi socket.
+        DoorRoute {
+            to: Some("/session"),
+            websocket: true,
+            docs: &[doc::<d::__path_bidi>],
+            ..instance("/bidi", Debug)
         },
         // The same, where Selenium's clients look for it (a session's
         // `se:cdp`; selenium-webdriver uses any URL with this path as it is).

@@ -27,6 +27,7 @@ pub fn json_version_of_the_fleet() {}
     params(("instance_id" = String, Path), ("token" = Option<String>, Query, description = "The instance's access token (or send an API key or the token as Authorization: Bearer)")),
     responses(
         (status = 101, description = "WebSocket to the browser target"),
+        (status = 400, description = "The instance runs Firefox, which speaks WebDriver BiDi (`urls.bidi`), not CDP", content_type = "text/plain"),
         (status = 401, description = "No valid API key or instance token", body = flotilla_api_types::ErrorResponse),
         (status = 426, description = "Not a WebSocket upgrade", body = flotilla_api_types::ErrorResponse),
         (status = 404, body = flotilla_api_types::ErrorResponse),
@@ -34,6 +35,24 @@ pub fn json_version_of_the_fleet() {}
         (status = 502, description = "The instance's node did not answer", body = flotilla_api_types::ErrorResponse),
     ))]
 pub fn cdp() {}
+
+/// The browser's own WebDriver BiDi WebSocket (a Firefox instance's
+/// `urls.bidi`): Puppeteer `connect({browserWSEndpoint, protocol:
+/// 'webDriverBiDi'})`, or any BiDi client, which starts with
+/// `session.new`. Downloads are pinned to the instance's folder and
+/// extension installs refused, as on a WebDriver session's BiDi socket.
+#[utoipa::path(get, path = "/v2/instances/{instance_id}/bidi", tag = "front door",
+    params(("instance_id" = String, Path), ("token" = Option<String>, Query, description = "The instance's access token (or send an API key or the token as Authorization: Bearer)")),
+    responses(
+        (status = 101, description = "WebSocket to the browser's BiDi server"),
+        (status = 400, description = "The instance runs Chromium, whose socket speaks CDP (`urls.debug`); WebDriver BiDi for Chromium is a WebDriver session's `webSocketUrl`", content_type = "text/plain"),
+        (status = 401, description = "No valid API key or instance token", body = flotilla_api_types::ErrorResponse),
+        (status = 426, description = "Not a WebSocket upgrade", body = flotilla_api_types::ErrorResponse),
+        (status = 404, body = flotilla_api_types::ErrorResponse),
+        (status = 409, description = "The instance is stopped or failed", body = flotilla_api_types::ErrorResponse),
+        (status = 502, description = "The instance's node did not answer", body = flotilla_api_types::ErrorResponse),
+    ))]
+pub fn bidi() {}
 
 /// The same browser CDP WebSocket, where Selenium's clients look for it
 /// (a WebDriver session's `se:cdp` capability).

@@ -113,7 +113,7 @@ pub fn status_of(error: &AgentError) -> StatusCode {
             ActionError::NoBrowser => StatusCode::CONFLICT,
         },
         AgentError::UnknownImage(_)
-        | AgentError::ExtensionsUnsupported { .. }
+        | AgentError::ConfigUnsupported { .. }
         | AgentError::ProxyConfig(_) => StatusCode::BAD_REQUEST,
         AgentError::NotFound(_) => StatusCode::NOT_FOUND,
         AgentError::NotRunning { .. }

@@ -23,7 +23,7 @@ use crate::system::dirs::InstanceDirs;
 
 use super::operations::Request;
 use super::{
-    Agent, AgentError, ArchiveError, CDP_GRACE, SlotStart, StartFailure, check_extensions,
+    Agent, AgentError, ArchiveError, CDP_GRACE, SlotStart, StartFailure, check_config_for_image,
     open_archive, ports_of, remove_dir, unpack_into,
 };
 
@@ -248,7 +248,7 @@ impl Agent {
             return Err(AgentError::ShuttingDown);
         }
         let image = self.image(&request.image)?;
-        check_extensions(&request.image, &image, &request.config)?;
+        check_config_for_image(&request.image, &image, &request.config)?;
         let (slot, listeners) = self.slot_to_revive(&request)?;
         if let Some([debug, stream, http]) = listeners {
             self.start_servers(&slot, debug, stream, http);

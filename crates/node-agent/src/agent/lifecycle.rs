@@ -37,7 +37,7 @@ use crate::snapshot::{self, CapturedState, OpenedArchive};
 
 use super::operations::Request;
 use super::{
-    Agent, AgentError, CDP_GRACE, SlotStart, StartFailure, check_extensions, open_archive,
+    Agent, AgentError, CDP_GRACE, SlotStart, StartFailure, check_config_for_image, open_archive,
     ports_of, remove_dir, unpack_into, upstream_of,
 };
 
@@ -55,7 +55,7 @@ impl Agent {
             return Err(AgentError::ShuttingDown);
         }
         let image = self.image(&request.image)?;
-        check_extensions(&request.image, &image, &request.config)?;
+        check_config_for_image(&request.image, &image, &request.config)?;
         let limits = inner.launcher.limits_for(&request.config);
         let upstream = upstream_of(&request.config)?;
         let (slot, listeners, warm, guard) = {

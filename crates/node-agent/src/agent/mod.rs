@@ -67,11 +67,15 @@ pub enum AgentError {
     /// 400.
     #[error(transparent)]
     UnknownImage(#[from] UnknownImage),
-    /// 400: `config.extensions` on an image that cannot load extensions.
-    #[error(
-        "config.extensions: image {image:?} is a headless shell, which cannot load extensions; use the \"chromium\" image"
-    )]
-    ExtensionsUnsupported { image: String },
+    /// 400: a configuration field the image's browser cannot take
+    /// (`config.extensions` on a headless shell or Firefox, `config.prefs`
+    /// on Firefox); the message names the field and why.
+    #[error("{field}: image {image:?} {why}")]
+    ConfigUnsupported {
+        field: &'static str,
+        image: String,
+        why: &'static str,
+    },
     /// 400: `config.proxy` is refused; the message names the field.
     #[error(transparent)]
     ProxyConfig(#[from] ProxyError),
@@ -391,7 +395,7 @@ impl Agent {
                 .config
                 .image_catalog()
                 .get(flotilla_api_types::instances::DEFAULT_IMAGE)
-                .and_then(|image| engine.version(&image.executable)),
+                .and_then(|image| engine.of(image.engine).version(&image.executable)),
             settings,
             slots: Mutex::default(),
             link,
@@ -481,9 +485,9 @@ impl Agent {
         self.engine().runs_processes()
     }
 
-    /// The engine its browsers run.
-    fn engine(&self) -> &Arc<dyn crate::engine::Engine> {
-        self.inner.launcher.engine()
+    /// The engines its browsers run.
+    fn engine(&self) -> &crate::engine::Engines {
+        self.inner.launcher.engines()
     }
 
     /// A new slot for `order` with `ports`, starting `from` a lifecycle (and
@@ -900,17 +904,43 @@ fn operation(name: &'static str, id: &InstanceId, node: &NodeId) -> tracing::Spa
 }
 
 /// Refuses `config.extensions` on an image without an extension system.
-fn check_extensions(
+/// Refuses what the image's browser cannot take from `config`.
+fn check_config_for_image(
     name: &str,
     image: &ImageConfig,
     config: &InstanceConfig,
 ) -> Result<(), AgentError> {
-    if config.extensions.is_empty() || image.loads_extensions() {
-        return Ok(());
+    let firefox = image.engine == crate::config::EngineKind::Firefox;
+    let unsupported = |field, why| {
+        Err(AgentError::ConfigUnsupported {
+            field,
+            image: name.to_owned(),
+            why,
+        })
+    };
+    if !config.extensions.is_empty() && !image.loads_extensions() {
+        return unsupported(
+            "config.extensions",
+            if firefox {
+                "runs Firefox, which takes no extensions from Flotilla (its policies block installs); use a Chromium image"
+            } else {
+                "is a headless shell, which cannot load extensions; use the \"chromium\" image"
+            },
+        );
     }
-    Err(AgentError::ExtensionsUnsupported {
-        image: name.to_owned(),
-    })
+    if config.prefs.is_some() && firefox {
+        return unsupported(
+            "config.prefs",
+            "runs Firefox; config.prefs are Chromium's profile preferences, which Firefox does not read",
+        );
+    }
+    if config.record && firefox {
+        return unsupported(
+            "config.record",
+            "runs Firefox, whose pages are not recorded yet (recordings are made from Chromium's screencast)",
+        );
+    }
+    Ok(())
 }
 
 /// The instance's upstream proxy as the egress proxy uses it.

@@ -627,12 +627,26 @@ impl Isolation {
         hostname: &str,
         extra: &[&str],
     ) -> Command {
+        self.command_with_files(dirs, program, (hostname, extra), &[])
+    }
+
+    /// [`Isolation::command_with`], with `files` (host file, path inside)
+    /// bound read-only into the sandbox: what the agent writes for the
+    /// browser to read and never change (Firefox's enterprise policies).
+    /// Without a sandbox the files are not placed.
+    pub fn command_with_files(
+        &self,
+        dirs: &InstanceDirs,
+        program: &Path,
+        (hostname, extra): (&str, &[&str]),
+        files: &[(PathBuf, &str)],
+    ) -> Command {
         let paths = self.browser_paths(dirs);
         let mut command = match &self.bwrap {
             Some(bwrap) => {
                 let mut command = Command::new(bwrap);
                 command.args(extra);
-                command.args(self.bwrap_args(dirs, program, hostname));
+                command.args(self.bwrap_args(dirs, program, hostname, files));
                 command.arg("--").arg(program);
                 command
             }
@@ -697,7 +711,13 @@ impl Isolation {
         command
     }
 
-    fn bwrap_args(&self, dirs: &InstanceDirs, program: &Path, hostname: &str) -> Vec<String> {
+    fn bwrap_args(
+        &self,
+        dirs: &InstanceDirs,
+        program: &Path,
+        hostname: &str,
+        files: &[(PathBuf, &str)],
+    ) -> Vec<String> {
         let mut args: Vec<String> = Vec::new();
         args.extend(
             [
@@ -763,6 +783,9 @@ impl Isolation {
         let uploads = dirs.uploads().to_string_lossy().into_owned();
         let inside_uploads = inside.uploads.to_string_lossy().into_owned();
         push(&["--ro-bind-try", &uploads, &inside_uploads]);
+        for (host, inside) in files {
+            push(&["--ro-bind", &host.to_string_lossy(), inside]);
+        }
         push(&["--remount-ro", "/"]);
         let home = inside.home.to_string_lossy().into_owned();
         push(&["--chdir", &home]);

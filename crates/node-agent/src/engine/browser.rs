@@ -18,28 +18,34 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{BASE_CHROMIUM_FLAGS, ImageConfig};
+use crate::config::{BASE_CHROMIUM_FLAGS, EngineKind, ImageConfig};
 use crate::confine::egress::{EgressPolicy, Route, Upstream};
 use crate::confine::netns::NetNamespace;
-use crate::confine::sandbox::Isolation;
+use crate::confine::sandbox::{BrowserPaths, Isolation};
 use crate::engine::cdp::CdpClient;
 use crate::system::dirs::InstanceDirs;
 use crate::system::process::{kill_group, log_tail};
 
-/// Where a running browser's DevTools server listens: 127.0.0.1 of the host, or
-/// of the browser's own network namespace (which only the agent can reach).
+/// Where a running browser's remote protocol server listens: 127.0.0.1 of
+/// the host, or of the browser's own network namespace (which only the agent
+/// can reach). Chromium's speaks CDP (its browser target at
+/// `/devtools/browser/<uuid>`); Firefox's WebDriver BiDi (at `/session`).
 #[derive(Debug, Clone)]
 pub struct CdpEndpoint {
     pub port: u16,
-    /// Path of the browser target, `/devtools/browser/<uuid>`.
+    /// Path of the browser target, `/devtools/browser/<uuid>` (Chromium)
+    /// or `/session` (Firefox).
     pub browser_path: String,
     /// The browser's network namespace, when it has one.
     pub net: Option<Arc<NetNamespace>>,
+    /// The engine behind it: which protocol the socket speaks.
+    pub engine: EngineKind,
 }
 
 impl PartialEq for CdpEndpoint {
     fn eq(&self, other: &Self) -> bool {
         self.port == other.port
+            && self.engine == other.engine
             && self.browser_path == other.browser_path
             && match (&self.net, &other.net) {
                 (Some(a), Some(b)) => Arc::ptr_eq(a, b),
@@ -58,7 +64,21 @@ impl CdpEndpoint {
             port,
             browser_path,
             net: None,
+            engine: EngineKind::Chromium,
         }
+    }
+
+    /// Firefox's WebDriver BiDi server on the host's loopback.
+    pub fn bidi_on_host(port: u16) -> Self {
+        Self {
+            engine: EngineKind::Firefox,
+            ..Self::on_host(port, crate::engine::firefox::BIDI_PATH.to_owned())
+        }
+    }
+
+    /// Whether the socket speaks CDP (Chromium's); Firefox's speaks BiDi.
+    pub fn speaks_cdp(&self) -> bool {
+        self.engine == EngineKind::Chromium
     }
 
     /// The DevTools server's address, as its own network sees it.
@@ -125,7 +145,9 @@ impl<'a> BrowserSetup<'a> {
 pub struct LaunchPlan<'a> {
     pub image: &'a ImageConfig,
     pub dirs: &'a InstanceDirs,
-    pub extra_args: &'a [String],
+    /// The window's size (Chromium's window holds the viewport and its
+    /// invisible toolbar, measured once per executable).
+    pub window: (u32, u32),
     /// User, filesystem and namespaces of the node's browsers.
     pub isolation: &'a Isolation,
     /// The egress rules, when the browser gets a network namespace of its own.
@@ -141,7 +163,7 @@ pub struct LaunchPlan<'a> {
 }
 
 impl LaunchPlan<'_> {
-    fn spawn_error(&self, reason: String) -> LaunchError {
+    pub(super) fn spawn_error(&self, reason: String) -> LaunchError {
         LaunchError::Spawn {
             executable: self.image.executable.display().to_string(),
             reason,
@@ -151,9 +173,10 @@ impl LaunchPlan<'_> {
 
 /// Checks the executable, creates the instance's directories (handed to the
 /// browser's user) and its log file.
-fn prepare_instance_dir(
+pub(super) fn prepare_instance_dir(
     plan: &LaunchPlan<'_>,
-) -> Result<(crate::confine::sandbox::BrowserPaths, std::fs::File), LaunchError> {
+    write_profile: &dyn Fn(&InstanceDirs, &BrowserPaths) -> std::io::Result<()>,
+) -> Result<(BrowserPaths, std::fs::File), LaunchError> {
     // Checked here so that the reason is the same with and without the sandbox.
     match std::fs::metadata(&plan.image.executable) {
         Ok(meta) if meta.is_file() => {}
@@ -165,11 +188,8 @@ fn prepare_instance_dir(
     dirs.create()
         .and_then(|()| dirs.set_default_downloads(&paths.downloads))
         .map_err(|e| plan.spawn_error(format!("cannot create instance directory: {e}")))?;
-    if let Some(prefs) = plan.setup.prefs {
-        crate::engine::prefs::write(&dirs.profile(), prefs).map_err(|e| {
-            plan.spawn_error(format!("cannot write the profile's preferences: {e}"))
-        })?;
-    }
+    write_profile(dirs, &paths)
+        .map_err(|e| plan.spawn_error(format!("cannot write the profile's preferences: {e}")))?;
     plan.isolation.hand_over(dirs).map_err(|e| {
         plan.spawn_error(format!(
             "cannot give the instance directory to the browser user: {e}"
@@ -184,7 +204,7 @@ fn prepare_instance_dir(
 /// profile, the egress proxy and the extensions to load.
 fn chromium_command(
     plan: &LaunchPlan<'_>,
-    paths: &crate::confine::sandbox::BrowserPaths,
+    paths: &BrowserPaths,
     log: std::fs::File,
     proxy_port: Option<u16>,
 ) -> tokio::process::Command {
@@ -194,7 +214,7 @@ fn chromium_command(
     command
         .args(BASE_CHROMIUM_FLAGS)
         .args(&plan.image.args)
-        .args(plan.extra_args)
+        .arg(format!("--window-size={},{}", plan.window.0, plan.window.1))
         .arg(format!("--user-data-dir={}", paths.profile.display()))
         .arg("--remote-debugging-port=0")
         .stdin(Stdio::null())
@@ -229,7 +249,7 @@ fn chromium_command(
 
 /// What the child does between fork and exec: join the cgroup and the
 /// network namespace, drop privileges, and die with the agent until then.
-fn confine_before_exec(
+pub(super) fn confine_before_exec(
     command: &mut tokio::process::Command,
     plan: &LaunchPlan<'_>,
     net: Option<&NetNamespace>,
@@ -324,7 +344,7 @@ fn confine(
 
 /// Waits for the browser and its helpers to be gone, then removes its
 /// cgroup, stops its egress proxy and says how it ended.
-fn reap_when_gone(
+pub(super) fn reap_when_gone(
     mut child: tokio::process::Child,
     pid: u32,
     plan: &LaunchPlan<'_>,
@@ -355,6 +375,45 @@ fn reap_when_gone(
     exit_rx
 }
 
+/// A browser's network, set up before it starts: its namespace and egress
+/// proxy when the node enforces egress or the instance has an upstream proxy.
+pub(super) struct BrowserNetwork {
+    net: Option<Arc<NetNamespace>>,
+    route: Option<Arc<Route>>,
+    /// The egress proxy's port (SOCKS5 on the browser's 127.0.0.1).
+    pub proxy_port: Option<u16>,
+    egress_stop: CancellationToken,
+}
+
+impl BrowserNetwork {
+    pub(super) async fn start(plan: &LaunchPlan<'_>) -> Result<Self, LaunchError> {
+        let egress_stop = CancellationToken::new();
+        if plan.egress.is_none() && plan.upstream.is_none() {
+            return Ok(Self {
+                net: None,
+                route: None,
+                proxy_port: None,
+                egress_stop,
+            });
+        }
+        let route = Arc::new(Route::new(plan.egress.cloned(), plan.upstream.clone()));
+        let (net, port) = start_egress(route.clone(), plan.hostname, &egress_stop)
+            .await
+            .map_err(|e| plan.spawn_error(format!("cannot set up the browser's network: {e}")))?;
+        Ok(Self {
+            net,
+            route: Some(route),
+            proxy_port: Some(port),
+            egress_stop,
+        })
+    }
+
+    /// Stops its egress proxy (a launch that failed before its browser ran).
+    pub(super) fn abandon(self) {
+        self.egress_stop.cancel();
+    }
+}
+
 /// A started browser (real or simulated).
 pub struct BrowserProcess {
     pid: Option<u32>,
@@ -370,26 +429,37 @@ pub struct BrowserProcess {
     /// For the sim runtime: dropping or sending ends the "process".
     sim_stop: Option<watch::Sender<Option<String>>>,
     sim_start: Duration,
+    /// How it announces readiness and how it is stopped gracefully.
+    engine: EngineKind,
 }
 
 impl BrowserProcess {
     /// Starts Chromium as `plan` says: its image, profile, confinement, network
     /// and cgroup.
     pub async fn spawn_chromium(plan: &LaunchPlan<'_>) -> Result<Self, LaunchError> {
-        let (paths, log) = prepare_instance_dir(plan)?;
-        let egress_stop = CancellationToken::new();
-        let (net, route, proxy_port) = if plan.egress.is_some() || plan.upstream.is_some() {
-            let route = Arc::new(Route::new(plan.egress.cloned(), plan.upstream.clone()));
-            let (net, port) = start_egress(route.clone(), plan.hostname, &egress_stop)
-                .await
-                .map_err(|e| {
-                    plan.spawn_error(format!("cannot set up the browser's network: {e}"))
-                })?;
-            (net, Some(route), Some(port))
-        } else {
-            (None, None, None)
-        };
-        let mut command = chromium_command(plan, &paths, log, proxy_port);
+        let (paths, log) = prepare_instance_dir(plan, &|dirs, _| match plan.setup.prefs {
+            Some(prefs) => crate::engine::prefs::write(&dirs.profile(), prefs),
+            None => Ok(()),
+        })?;
+        let network = BrowserNetwork::start(plan).await?;
+        let command = chromium_command(plan, &paths, log, network.proxy_port);
+        Self::start(plan, command, network, EngineKind::Chromium)
+    }
+
+    /// Runs `command` (a browser's, confined as `plan` says, on `network`)
+    /// and watches it.
+    pub(super) fn start(
+        plan: &LaunchPlan<'_>,
+        mut command: tokio::process::Command,
+        network: BrowserNetwork,
+        engine: EngineKind,
+    ) -> Result<Self, LaunchError> {
+        let BrowserNetwork {
+            net,
+            route,
+            egress_stop,
+            ..
+        } = network;
         confine_before_exec(&mut command, plan, net.as_deref());
         let child = command.spawn().map_err(|e| {
             egress_stop.cancel();
@@ -408,6 +478,7 @@ impl BrowserProcess {
             exit,
             sim_stop: None,
             sim_start: Duration::ZERO,
+            engine,
         })
     }
 
@@ -423,6 +494,7 @@ impl BrowserProcess {
             exit: rx,
             sim_stop: Some(tx),
             sim_start: start,
+            engine: EngineKind::Chromium,
         }
     }
 
@@ -487,7 +559,6 @@ impl BrowserProcess {
             };
         }
         let deadline = Instant::now() + timeout;
-        let port_file = self.dirs.profile().join("DevToolsActivePort");
         let mut exit = self.exit.clone();
         loop {
             if let Some(exit) = self.exit_status() {
@@ -496,9 +567,9 @@ impl BrowserProcess {
                     log: log_tail(&self.dirs.log()),
                 });
             }
-            if let Some(mut endpoint) = read_port_file(&port_file) {
+            if let Some(mut endpoint) = self.announced_endpoint() {
                 endpoint.net = self.net.clone();
-                if probe_version(&endpoint).await {
+                if probe(&endpoint).await {
                     return Ok(Some(endpoint));
                 }
             }
@@ -510,9 +581,20 @@ impl BrowserProcess {
         }
     }
 
-    /// Stops the browser. Graceful: CDP `Browser.close` (the only way that flushes
-    /// cookies to disk), then SIGTERM, then SIGKILL of the group, each after a
-    /// wait. Not graceful: SIGKILL at once. Returns when the process is gone.
+    /// Where the browser says its server listens, once it has said so:
+    /// Chromium's `DevToolsActivePort`, Firefox's `WebDriverBiDiServer.json`
+    /// (each in its profile).
+    fn announced_endpoint(&self) -> Option<CdpEndpoint> {
+        match self.engine {
+            EngineKind::Chromium => read_port_file(&self.dirs.profile().join("DevToolsActivePort")),
+            EngineKind::Firefox => crate::engine::firefox::read_server_file(&self.dirs.profile()),
+        }
+    }
+
+    /// Stops the browser. Graceful: CDP `Browser.close` for Chromium (the only
+    /// way that flushes cookies to disk; Firefox quits cleanly on SIGTERM),
+    /// then SIGTERM, then SIGKILL of the group, each after a wait. Not
+    /// graceful: SIGKILL at once. Returns when the process is gone.
     pub async fn stop(&self, endpoint: Option<&CdpEndpoint>, graceful: bool, grace: Duration) {
         if let Some(stop) = &self.sim_stop {
             let _ = stop.send(Some("stopped".into()));
@@ -522,7 +604,14 @@ impl BrowserProcess {
         if self.exit_status().is_some() {
             return;
         }
-        if graceful {
+        if graceful && self.engine == EngineKind::Firefox {
+            kill_group(pid, libc::SIGTERM);
+            if self.wait_exit_for(grace.max(Duration::from_secs(2))).await {
+                kill_group(pid, libc::SIGKILL);
+                return;
+            }
+            tracing::warn!(pid, "Firefox ignored SIGTERM; killing it");
+        } else if graceful {
             if let Some(endpoint) = endpoint
                 && let Ok(Ok(client)) =
                     tokio::time::timeout(Duration::from_secs(2), CdpClient::browser(endpoint)).await
@@ -577,7 +666,7 @@ fn read_port_file(path: &Path) -> Option<CdpEndpoint> {
 /// the node enforces egress (the route has a policy), else on the host's
 /// loopback (only to carry an upstream proxy's credentials). Returns the
 /// namespace, if any, and the proxy's port.
-async fn start_egress(
+pub(super) async fn start_egress(
     route: Arc<Route>,
     name: &str,
     stop: &CancellationToken,
@@ -600,19 +689,26 @@ async fn start_egress(
     Ok((net, port))
 }
 
-/// One `GET /json/version` on the browser's DevTools port.
-async fn probe_version(endpoint: &CdpEndpoint) -> bool {
+/// One HTTP request on the browser's server: `GET /json/version` answered
+/// 200 (Chromium's DevTools), or any answer to `GET /` (Firefox's remote
+/// agent, which serves only its WebSocket).
+async fn probe(endpoint: &CdpEndpoint) -> bool {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (path, answer): (&str, &[u8]) = if endpoint.speaks_cdp() {
+        ("/json/version", b"HTTP/1.1 200")
+    } else {
+        ("/", b"HTTP/1.1 ")
+    };
     let attempt = async {
         let mut stream = endpoint.connect().await.ok()?;
         let request = format!(
-            "GET /json/version HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
             endpoint.authority()
         );
         stream.write_all(request.as_bytes()).await.ok()?;
         let mut head = [0u8; 16];
         let n = stream.read(&mut head).await.ok()?;
-        Some(head[..n].starts_with(b"HTTP/1.1 200"))
+        Some(head[..n].starts_with(answer))
     };
     matches!(
         tokio::time::timeout(Duration::from_secs(2), attempt).await,

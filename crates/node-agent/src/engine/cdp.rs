@@ -46,6 +46,21 @@ pub enum CdpError {
     Timeout { method: String, timeout: Duration },
     #[error("the browser sent a message larger than this connection takes")]
     MessageTooLarge,
+    /// The browser speaks another protocol (Firefox: WebDriver BiDi).
+    #[error(
+        "this instance runs {engine}, which speaks WebDriver BiDi and not CDP: this step needs CDP and is not available on {engine} instances yet"
+    )]
+    NotCdp { engine: &'static str },
+}
+
+/// [`CdpError::NotCdp`] for an endpoint that does not speak CDP.
+fn speaks_cdp(endpoint: &CdpEndpoint) -> Result<(), CdpError> {
+    if endpoint.speaks_cdp() {
+        return Ok(());
+    }
+    Err(CdpError::NotCdp {
+        engine: endpoint.engine.name(),
+    })
 }
 
 /// An answer this client cannot read as a tree (it nests deeper than
@@ -138,6 +153,7 @@ impl CdpClient {
         max_message: usize,
         events_queued: usize,
     ) -> Result<Self, CdpError> {
+        speaks_cdp(endpoint)?;
         let url = format!("ws://{}{path}", endpoint.authority());
         let stream = endpoint.connect().await.map_err(|e| CdpError::Connect {
             url: url.clone(),
@@ -264,6 +280,7 @@ impl CdpClient {
     /// `GET <path>` on the DevTools HTTP server of `endpoint` (`/json/list`, …).
     pub async fn http_get(endpoint: &CdpEndpoint, path: &str) -> Result<bytes::Bytes, CdpError> {
         use http_body_util::{BodyExt, Empty, Limited};
+        speaks_cdp(endpoint)?;
         let failed = |reason: String| CdpError::Connect {
             url: format!("http://{}{path}", endpoint.authority()),
             reason,

@@ -125,6 +125,7 @@ pub async fn start_driver(
         port,
         browser_path: String::new(),
         net: browser.net.clone(),
+        engine: browser.engine,
     };
     let deadline = Instant::now() + START_TIMEOUT;
     loop {

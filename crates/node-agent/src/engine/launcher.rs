@@ -25,7 +25,7 @@ use flotilla_api_types::instances::InstanceConfig;
 use crate::config::{AgentConfig, ImageConfig};
 use crate::confine::egress::{EgressPolicy, Upstream};
 use crate::confine::sandbox::{Isolation, IsolationError, Layer, Unconfined};
-use crate::engine::Engine;
+use crate::engine::Engines;
 use crate::engine::browser::{BrowserProcess, BrowserSetup, CdpEndpoint, LaunchError, LaunchPlan};
 use crate::engine::cdp::CdpClient;
 use crate::engine::cdp::CdpError;
@@ -126,8 +126,8 @@ fn fnv1a(bytes: &[u8]) -> u32 {
 
 pub struct Launcher {
     config: AgentConfig,
-    /// What starts its browsers.
-    engine: Arc<dyn Engine>,
+    /// What starts its browsers, one per engine kind.
+    engines: Engines,
     instances_root: PathBuf,
     isolation: Isolation,
     /// The egress rules, when browsers get network namespaces of their own.
@@ -174,12 +174,12 @@ fn instance_cgroups(node_id: &str, instances_root: &Path) -> Result<Cgroups, Lim
 impl Launcher {
     pub fn new(
         config: &AgentConfig,
-        engine: Arc<dyn Engine>,
+        engines: Engines,
         node_id: &str,
         instances_root: PathBuf,
         state_dir: &std::path::Path,
     ) -> Result<Self, IsolationError> {
-        let real = engine.runs_processes();
+        let real = engines.runs_processes();
         let (mut isolation, cgroups) = if real {
             let wanted = crate::confine::sandbox::Wanted {
                 browser_user: &config.browser_user,
@@ -211,7 +211,7 @@ impl Launcher {
             .then(|| Arc::new(EgressPolicy::new(&config.egress)));
         Ok(Self {
             config: config.clone(),
-            engine,
+            engines,
             instances_root,
             isolation,
             egress,
@@ -232,9 +232,9 @@ impl Launcher {
         })
     }
 
-    /// The engine its browsers run.
-    pub fn engine(&self) -> &Arc<dyn Engine> {
-        &self.engine
+    /// The engines its browsers run.
+    pub fn engines(&self) -> &Engines {
+        &self.engines
     }
 
     /// Why the node runs with less isolation than configured (shown in health).
@@ -288,15 +288,13 @@ impl Launcher {
             .get(&image.executable)
             .copied()
             .unwrap_or((0, 0));
-        let extra_args = vec![format!(
-            "--window-size={},{}",
-            self.config.viewport_width + extra_width,
-            self.config.viewport_height + extra_height
-        )];
         let plan = LaunchPlan {
             image,
             dirs,
-            extra_args: &extra_args,
+            window: (
+                self.config.viewport_width + extra_width,
+                self.config.viewport_height + extra_height,
+            ),
             isolation: &self.isolation,
             egress: self.egress.as_ref(),
             upstream,
@@ -304,7 +302,7 @@ impl Launcher {
             cgroup: cgroup.as_ref(),
             hostname: name,
         };
-        match self.engine.spawn(&plan).await {
+        match self.engines.of(image.engine).spawn(&plan).await {
             Ok(process) => Ok(Launched {
                 process: Arc::new(process),
                 cgroup,
@@ -323,11 +321,13 @@ impl Launcher {
     /// later ones start with the right window size. Best effort: a failure
     /// leaves the browser as it is.
     pub async fn calibrate_viewport(&self, image: &ImageConfig, endpoint: &CdpEndpoint) {
-        if self
-            .window_extra
-            .lock()
-            .expect("window lock")
-            .contains_key(&image.executable)
+        // Firefox's headless window is the viewport.
+        if !endpoint.speaks_cdp()
+            || self
+                .window_extra
+                .lock()
+                .expect("window lock")
+                .contains_key(&image.executable)
         {
             return;
         }
@@ -577,6 +577,7 @@ impl Launcher {
         endpoint: &CdpEndpoint,
     ) -> Option<crate::engine::chromedriver::Driver> {
         if !self.config.warm_pool_chromedriver
+            || !endpoint.speaks_cdp()
             || !Path::new(crate::engine::chromedriver::CHROMEDRIVER).is_file()
         {
             return None;
@@ -655,13 +656,13 @@ mod tests {
     use crate::config::RuntimeKind;
 
     fn launcher(config: &AgentConfig, data: &Path) -> Result<Launcher, IsolationError> {
-        let engine = crate::engine::for_runtime(RuntimeKind::Chromium, Duration::ZERO);
+        let engines = crate::engine::for_runtime(RuntimeKind::Chromium, Duration::ZERO);
         // As the agent is given them: its own folder in the data directory
         // (whose parent, here /tmp, is never changed).
         let state = data.join("agent");
         Launcher::new(
             config,
-            engine,
+            engines,
             "unconfined-test",
             state.join("instances"),
             &state,

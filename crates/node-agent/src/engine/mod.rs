@@ -9,21 +9,20 @@
 //! chromedriver, its WebDriver server ([`chromedriver`]).
 //!
 //! The engine is a seam ([`Engine`]): what the agent asks of the engine
-//! that runs its instances' browsers goes through that one trait, chosen
-//! once at start ([`for_runtime`]), so that no `if chromium` is spread
-//! through the agent. It has two implementations today: [`Chromium`] and
-//! [`Sim`] (no browser, for the control plane's logic tests). Firefox
-//! (issue 47) is the third: it launches `firefox` with a profile of its own
-//! (`user.js` preferences where Chromium has `Preferences`), answers
-//! WebDriver BiDi where Chromium answers CDP (its endpoint read from the
-//! browser's own announcement rather than `DevToolsActivePort`), captures
-//! and restores a page's state with BiDi's `storage` and `script` modules,
-//! and takes the live view's frames with `browsingContext.captureScreenshot`.
-//! What joins the trait with it, where the two engines differ: the page
-//! layer ([`page`]), the live view's frames ([`screencast`]), the client
-//! protocols its doors relay and their pins (CDP and Playwright for
-//! Chromium; BiDi and WebDriver classic through geckodriver for Firefox),
-//! and its WebDriver server ([`chromedriver`]).
+//! that runs an instance's browser goes through that one trait, so that no
+//! `if chromium` is spread through the agent. A node has one engine per
+//! kind an image may name ([`Engines`], made once at start by
+//! [`for_runtime`]): [`Chromium`], [`Firefox`] ([`firefox`]: `firefox-esr`
+//! with a profile and enterprise policies of its own, its WebDriver BiDi
+//! endpoint read from the browser's own announcement), and [`Sim`] for
+//! every kind on the sim runtime (no browser, for the control plane's logic
+//! tests). The endpoint a started browser answers on says which protocol it
+//! speaks ([`browser::CdpEndpoint::speaks_cdp`]): the page layer, the live
+//! view and the doors refuse a CDP step on a Firefox instance with a clear
+//! error. Not yet through the trait for Firefox: a park's capture and
+//! restore (a Firefox instance cannot be parked yet), the page layer
+//! ([`page`]) and live view ([`screencast`]), and a WebDriver server
+//! (geckodriver, where Chromium has [`chromedriver`]).
 
 use std::future::Future;
 use std::path::Path;
@@ -31,7 +30,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::RuntimeKind;
+use crate::config::{EngineKind, RuntimeKind};
 use crate::snapshot::{CapturedState, RestoreOptions};
 use browser::{BrowserProcess, CdpEndpoint, LaunchError, LaunchPlan};
 
@@ -68,11 +67,60 @@ pub trait Engine: Send + Sync {
     ) -> EngineFuture<'a, anyhow::Result<()>>;
 }
 
-/// The engine of `runtime`; the sim's browsers are ready after `sim_start`.
-pub fn for_runtime(runtime: RuntimeKind, sim_start: Duration) -> Arc<dyn Engine> {
+/// The engines of a node, one per [`EngineKind`] an image may name (the
+/// sim runtime's one engine stands for every kind).
+#[derive(Clone)]
+pub struct Engines {
+    chromium: Arc<dyn Engine>,
+    firefox: Arc<dyn Engine>,
+}
+
+impl Engines {
+    /// The engine that runs `kind`'s browsers.
+    pub fn of(&self, kind: EngineKind) -> &Arc<dyn Engine> {
+        match kind {
+            EngineKind::Chromium => &self.chromium,
+            EngineKind::Firefox => &self.firefox,
+        }
+    }
+
+    /// Whether its browsers are processes on this machine (not the sim's).
+    pub fn runs_processes(&self) -> bool {
+        self.chromium.runs_processes()
+    }
+
+    /// Reads what a park keeps from the browser behind `endpoint`.
+    pub async fn capture(&self, endpoint: &CdpEndpoint) -> anyhow::Result<CapturedState> {
+        self.of(endpoint.engine).capture(endpoint).await
+    }
+
+    /// Puts a captured state back into the browser behind `endpoint`.
+    pub async fn restore(
+        &self,
+        endpoint: &CdpEndpoint,
+        state: &CapturedState,
+        options: RestoreOptions,
+    ) -> anyhow::Result<()> {
+        self.of(endpoint.engine)
+            .restore(endpoint, state, options)
+            .await
+    }
+}
+
+/// The engines of `runtime`; the sim's browsers are ready after `sim_start`.
+pub fn for_runtime(runtime: RuntimeKind, sim_start: Duration) -> Engines {
     match runtime {
-        RuntimeKind::Chromium => Arc::new(Chromium),
-        RuntimeKind::Sim => Arc::new(Sim { start: sim_start }),
+        RuntimeKind::Chromium => Engines {
+            chromium: Arc::new(Chromium),
+            firefox: Arc::new(Firefox),
+        },
+        RuntimeKind::Sim => {
+            let sim: Arc<dyn Engine> = Arc::new(Sim { start: sim_start });
+            Engines {
+                chromium: sim.clone(),
+                firefox: sim,
+            }
+        }
     }
 }
 
@@ -121,6 +169,50 @@ impl Engine for Chromium {
     }
 }
 
+/// Firefox: launched with a profile and policies of its own, driven over
+/// WebDriver BiDi ([`firefox`]).
+pub struct Firefox;
+
+impl Engine for Firefox {
+    fn name(&self) -> &'static str {
+        "firefox"
+    }
+
+    fn runs_processes(&self) -> bool {
+        true
+    }
+
+    fn version(&self, executable: &Path) -> Option<String> {
+        Chromium.version(executable)
+    }
+
+    fn spawn<'a>(
+        &'a self,
+        plan: &'a LaunchPlan<'a>,
+    ) -> EngineFuture<'a, Result<BrowserProcess, LaunchError>> {
+        Box::pin(BrowserProcess::spawn_firefox(plan))
+    }
+
+    fn capture<'a>(
+        &'a self,
+        _endpoint: &'a CdpEndpoint,
+    ) -> EngineFuture<'a, anyhow::Result<CapturedState>> {
+        Box::pin(async { Err(anyhow::anyhow!(FIREFOX_STATE_UNSUPPORTED)) })
+    }
+
+    fn restore<'a>(
+        &'a self,
+        _endpoint: &'a CdpEndpoint,
+        _state: &'a CapturedState,
+        _options: RestoreOptions,
+    ) -> EngineFuture<'a, anyhow::Result<()>> {
+        Box::pin(async { Err(anyhow::anyhow!(FIREFOX_STATE_UNSUPPORTED)) })
+    }
+}
+
+/// Why a Firefox instance cannot be parked (nor its profile saved) yet.
+pub const FIREFOX_STATE_UNSUPPORTED: &str = "a Firefox instance's state (cookies, storage, tabs) cannot be read or restored yet: Firefox instances cannot be parked, and a persistent profile is not saved from them";
+
 /// No browser: an instance's "browser" is ready after `start` and has no
 /// endpoint, so nothing is captured or restored. For the control plane's
 /// logic tests and placement benchmarks only.
@@ -166,9 +258,11 @@ impl Engine for Sim {
     }
 }
 
-/// The first word of `text` that reads as a version (`156.0.8078.108`).
+/// The first word of `text` that reads as a version (`156.0.8078.108`;
+/// Firefox's `153.8.0esr` is `153.8.0`).
 fn version_in(text: &str) -> Option<String> {
     text.split_whitespace()
+        .map(|word| word.trim_end_matches(|c: char| c.is_ascii_alphabetic()))
         .find(|word| {
             word.split('.').count() >= 2 && word.split('.').all(|part| part.parse::<u32>().is_ok())
         })
@@ -180,6 +274,7 @@ pub mod capture;
 pub mod cdp;
 pub mod chromedriver;
 pub mod extension;
+pub mod firefox;
 pub mod input;
 pub mod intercept;
 pub mod launcher;
@@ -198,18 +293,27 @@ mod tests {
             version_in("Chromium 156.0.8078.108 built on Debian").as_deref(),
             Some("156.0.8078.108")
         );
+        assert_eq!(
+            version_in("Mozilla Firefox 153.8.0esr").as_deref(),
+            Some("153.8.0")
+        );
         assert_eq!(version_in("no version here"), None);
     }
 
     #[test]
     fn each_runtime_has_its_engine() {
-        let chromium = for_runtime(RuntimeKind::Chromium, Duration::ZERO);
+        let real = for_runtime(RuntimeKind::Chromium, Duration::ZERO);
+        let chromium = real.of(EngineKind::Chromium);
         assert_eq!(
             (chromium.name(), chromium.runs_processes()),
             ("chromium", true)
         );
+        assert_eq!(real.of(EngineKind::Firefox).name(), "firefox");
         let sim = for_runtime(RuntimeKind::Sim, Duration::ZERO);
-        assert_eq!((sim.name(), sim.runs_processes()), ("sim", false));
-        assert_eq!(sim.version(Path::new("/bin/true")), None);
+        for kind in [EngineKind::Chromium, EngineKind::Firefox] {
+            let engine = sim.of(kind);
+            assert_eq!((engine.name(), engine.runs_processes()), ("sim", false));
+            assert_eq!(engine.version(Path::new("/bin/true")), None);
+        }
     }
 }

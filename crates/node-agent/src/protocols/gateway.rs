@@ -1,4 +1,7 @@
-//! The CDP gateway on an instance's `debug_port`.
+//! The gateway on an instance's `debug_port`: CDP for a Chromium instance,
+//! WebDriver BiDi (at `/session`, Firefox's own socket) for a Firefox one;
+//! a client of the other protocol is refused with a 400 that says which to
+//! use ([`speaks_what_is_asked`]).
 //!
 //! Chromium's DevTools server listens on 127.0.0.1 at a port of its choosing; the
 //! gateway is the instance's stable public endpoint in front of it:
@@ -117,6 +120,9 @@ async fn handle(
         .get(hyper::header::UPGRADE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    if let Err(refusal) = speaks_what_is_asked(request.uri().path(), &endpoint) {
+        return text(StatusCode::BAD_REQUEST, refusal);
+    }
     let result = if is_upgrade {
         proxy_websocket(request, &endpoint, context.clone(), cancel).await
     } else {
@@ -129,6 +135,24 @@ async fn handle(
             &format!("the browser did not answer: {error}"),
         )
     })
+}
+
+/// What a CDP client is told by a Firefox instance.
+const FIREFOX_SPEAKS_BIDI: &str = "this instance runs Firefox, which does not speak CDP: connect over WebDriver BiDi at urls.bidi (/v2/instances/{id}/bidi through the front door; Puppeteer: protocol 'webDriverBiDi'), or through WebDriver at /wd/hub";
+
+/// What a BiDi client is told by a Chromium instance.
+const CHROMIUM_SPEAKS_CDP: &str = "this instance runs Chromium, whose own socket speaks CDP: connect at urls.debug (/v2/instances/{id}/cdp through the front door), or open a WebDriver session at /wd/hub with webSocketUrl: true for WebDriver BiDi";
+
+/// Whether the browser behind `endpoint` speaks the protocol `path` asks
+/// for: Firefox's BiDi socket is `/session` and it has nothing else;
+/// Chromium has no `/session`.
+fn speaks_what_is_asked(path: &str, endpoint: &CdpEndpoint) -> Result<(), &'static str> {
+    let asks_bidi = path == crate::engine::firefox::BIDI_PATH;
+    match (endpoint.speaks_cdp(), asks_bidi) {
+        (true, true) => Err(CHROMIUM_SPEAKS_CDP),
+        (false, false) => Err(FIREFOX_SPEAKS_BIDI),
+        _ => Ok(()),
+    }
 }
 
 fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
@@ -283,7 +307,12 @@ async fn proxy_websocket(
 ) -> io::Result<Response<Full<Bytes>>> {
     let upstream = endpoint.connect().await?;
     let path = upstream_path(&request, endpoint);
-    let pins = Pins::new(Protocol::Cdp, context.downloads_dir.clone());
+    let protocol = if endpoint.speaks_cdp() {
+        Protocol::Cdp
+    } else {
+        Protocol::Bidi
+    };
+    let pins = Pins::new(protocol, context.downloads_dir.clone());
     relay_websocket(
         request,
         (upstream, &endpoint.authority(), &path),

@@ -124,9 +124,18 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// The browser's endpoint, for a step that needs CDP (tabs, screenshots):
+/// a Firefox instance's is refused with a 400 that says so.
 async fn endpoint(state: &ApiState) -> Result<CdpEndpoint, ApiError> {
     state.slot.touch();
     match state.slot.wait_ready(state.ready_timeout).await {
+        Ok(Some(endpoint)) if !endpoint.speaks_cdp() => Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            crate::engine::cdp::CdpError::NotCdp {
+                engine: endpoint.engine.name(),
+            }
+            .to_string(),
+        )),
         Ok(Some(endpoint)) => Ok(endpoint),
         Ok(None) => Err(ApiError(
             StatusCode::SERVICE_UNAVAILABLE,

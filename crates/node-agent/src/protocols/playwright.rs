@@ -94,6 +94,11 @@ pub enum PlaywrightError {
     /// The instance has no browser to serve (HTTP 503).
     #[error("{0}")]
     Unavailable(String),
+    /// The instance's browser is one Playwright cannot drive (HTTP 400).
+    #[error(
+        "this instance runs Firefox: Playwright drives only its own patched Firefox build, not Debian's firefox-esr, so Playwright clients are served on Chromium instances only; drive this one over WebDriver BiDi at urls.bidi (Puppeteer: protocol 'webDriverBiDi') or through WebDriver at /wd/hub"
+    )]
+    NotChromium,
 }
 
 /// Every version installed under `dir`, the newest patch of each minor,
@@ -352,6 +357,7 @@ async fn start(
         port,
         browser_path: String::new(),
         net: browser.net.clone(),
+        engine: browser.engine,
     };
     tracing::debug!(version = %install.version, "Playwright server started");
     let (stop, stopped) = tokio::sync::oneshot::channel();
@@ -464,6 +470,7 @@ pub mod routes {
                 PlaywrightError::Version(_) => StatusCode::PRECONDITION_REQUIRED,
                 PlaywrightError::Server(_) => StatusCode::BAD_GATEWAY,
                 PlaywrightError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+                PlaywrightError::NotChromium => StatusCode::BAD_REQUEST,
             };
             (status, format!("{self}\n")).into_response()
         }
@@ -510,6 +517,9 @@ pub mod routes {
                 }
                 Err(reason) => return Err(PlaywrightError::Unavailable(reason.to_string())),
             };
+            if !browser.speaks_cdp() {
+                return Err(PlaywrightError::NotChromium);
+            }
             let cgroup = state.slot.cgroup();
             let group = state
                 .slot

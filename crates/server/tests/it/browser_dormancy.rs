@@ -304,6 +304,7 @@ async fn browser_dormant_and_revive_refuse_other_states() {
                 flotilla_node_agent::config::ImageConfig {
                     executable,
                     args: vec![],
+                    engine: Default::default(),
                 },
             );
         }

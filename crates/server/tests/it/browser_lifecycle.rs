@@ -233,6 +233,7 @@ async fn browser_launch_failure_and_crash_are_recorded_with_reasons() {
             flotilla_node_agent::config::ImageConfig {
                 executable: "/nonexistent/chromium".into(),
                 args: vec![],
+                engine: Default::default(),
             },
         );
         config.agent.images.insert(
@@ -240,6 +241,7 @@ async fn browser_launch_failure_and_crash_are_recorded_with_reasons() {
             flotilla_node_agent::config::ImageConfig {
                 executable: "/bin/false".into(),
                 args: vec![],
+                engine: Default::default(),
             },
         );
     })

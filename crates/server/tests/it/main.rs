@@ -7,6 +7,7 @@ mod browser_actions;
 mod browser_dashboard;
 mod browser_dormancy;
 mod browser_files;
+mod browser_firefox;
 mod browser_front_door;
 mod browser_lifecycle;
 mod browser_live_control;

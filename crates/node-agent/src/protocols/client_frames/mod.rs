@@ -25,9 +25,9 @@
 //!   and sent as one frame;
 //! - a message is at most its protocol's [`Protocol::max_message`].
 //!
-//! Frames go to the browser masked with a zero key (the same bytes the
-//! browser would unmask). Control frames pass through as they are, in
-//! order.
+//! Frames go to the browser masked with [`BROWSER_KEY`] (never a zero key:
+//! Firefox reads one as an unmasked frame, which a server must refuse).
+//! Control frames pass through as they are, in order.
 
 mod pins;
 mod scan;
@@ -42,6 +42,17 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 pub use pins::{PinError, pin_carried_cdp_body};
 use scan::Method;
 pub use scan::{ScanError, Scanner};
+
+/// The key of the frames sent to the browser.
+const BROWSER_KEY: [u8; 4] = [0x5a, 0xa5, 0x3c, 0xc3];
+
+/// `data` masked with [`BROWSER_KEY`], `offset` bytes into its frame's
+/// payload.
+fn masked(data: &[u8], offset: u64) -> Vec<u8> {
+    let mut out = data.to_vec();
+    unmask(&mut out, Some(BROWSER_KEY), offset);
+    out
+}
 
 /// How much of a message is read, checked and sent on at a time.
 pub const CHUNK: usize = 16 << 10;
@@ -271,6 +282,9 @@ struct Message<'p> {
     /// A streamed message's last byte read, sent once the scanner has read
     /// the whole message.
     kept_back: Option<u8>,
+    /// How much of a streamed message's payload has gone to the browser
+    /// (where its mask goes on).
+    sent: u64,
 }
 
 impl<'p> Message<'p> {
@@ -283,6 +297,7 @@ impl<'p> Message<'p> {
             held: Vec::new(),
             permit: None,
             kept_back: None,
+            sent: 0,
         }
     }
 
@@ -419,9 +434,19 @@ impl<'p> Message<'p> {
             return Ok(());
         };
         if let Some(kept) = self.kept_back.replace(last) {
-            browser.write_all(&[kept]).await?;
+            self.send_masked(browser, &[kept]).await?;
         }
-        browser.write_all(rest).await?;
+        self.send_masked(browser, rest).await
+    }
+
+    /// Sends the next `bytes` of a streamed message's payload, masked.
+    async fn send_masked<W: AsyncWrite + Unpin>(
+        &mut self,
+        browser: &mut W,
+        bytes: &[u8],
+    ) -> Result<(), RelayError> {
+        browser.write_all(&masked(bytes, self.sent)).await?;
+        self.sent += bytes.len() as u64;
         Ok(())
     }
 
@@ -432,7 +457,7 @@ impl<'p> Message<'p> {
         self.scanner.finish()?;
         if self.route == Route::Stream {
             if let Some(last) = self.kept_back.take() {
-                browser.write_all(&[last]).await?;
+                self.send_masked(browser, &[last]).await?;
             }
             browser.flush().await?;
             return Ok(());
@@ -480,13 +505,8 @@ async fn write_frame<W: AsyncWrite + Unpin>(
     data: &[u8],
 ) -> Result<(), RelayError> {
     let mut head = frame_head(opcode, data.len());
-    if data.len() <= CHUNK {
-        head.extend_from_slice(data);
-        browser.write_all(&head).await?;
-    } else {
-        browser.write_all(&head).await?;
-        browser.write_all(data).await?;
-    }
+    head.extend_from_slice(&masked(data, 0));
+    browser.write_all(&head).await?;
     browser.flush().await?;
     Ok(())
 }
@@ -556,7 +576,7 @@ async fn read_frame_head<R: AsyncRead + Unpin>(
     }))
 }
 
-/// The head of one final, masked frame (zero key: the payload is sent as is).
+/// The head of one final frame masked with [`BROWSER_KEY`].
 fn frame_head(opcode: u8, length: usize) -> Vec<u8> {
     let mut head = Vec::with_capacity(14);
     head.push(0x80 | opcode);
@@ -571,7 +591,7 @@ fn frame_head(opcode: u8, length: usize) -> Vec<u8> {
             head.extend_from_slice(&(length as u64).to_be_bytes());
         }
     }
-    head.extend_from_slice(&[0, 0, 0, 0]);
+    head.extend_from_slice(&BROWSER_KEY);
     head
 }
 
@@ -613,6 +633,11 @@ mod tests {
                 n => (n as usize, 2),
             };
             let key: [u8; 4] = bytes[at..at + 4].try_into().unwrap();
+            // Firefox refuses a frame whose key is zero as unmasked.
+            assert!(
+                opcode >= OPCODE_CLOSE || key != [0; 4],
+                "a data frame with a zero key"
+            );
             at += 4;
             let payload = bytes[at..at + length]
                 .iter()

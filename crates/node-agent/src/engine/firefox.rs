@@ -1,0 +1,368 @@
+//! Firefox: Debian's `firefox-esr`, driven over WebDriver BiDi, which the
+//! browser itself serves on `--remote-debugging-port` at [`BIDI_PATH`].
+//!
+//! A launch gets the same confinement as Chromium's (sandbox, browser user,
+//! network namespace behind the egress proxy, cgroup). What Chromium takes
+//! as flags Firefox takes from its profile and from enterprise policies:
+//! - `user.js` in the instance's profile ([`user_prefs`]): the egress proxy,
+//!   the downloads folder, and none of the browser's own traffic (updates,
+//!   telemetry, studies, remote settings, safe browsing, captive portal
+//!   checks, prefetching);
+//! - `policies.json` ([`policies`]), bound read-only into the sandbox where
+//!   Firefox reads the system's policies (`/etc/firefox/policies`): the same
+//!   settings locked, so that neither a page nor a client can change them,
+//!   and no extension installs, no updates, no telemetry. Without a sandbox
+//!   (`agent.allow_unconfined_browsers`) there is nowhere to place it, and
+//!   only `user.js` applies.
+//!
+//! Readiness is the `WebDriverBiDiServer.json` the remote agent writes into
+//! the profile once it listens, then one HTTP answer on that port.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+use crate::config::EngineKind;
+use crate::confine::sandbox::BrowserPaths;
+use crate::engine::browser::{
+    BrowserNetwork, BrowserProcess, CdpEndpoint, LaunchError, LaunchPlan, prepare_instance_dir,
+};
+use crate::system::dirs::InstanceDirs;
+use crate::system::files::BrowserFolder;
+
+/// The path of Firefox's WebDriver BiDi WebSocket.
+pub const BIDI_PATH: &str = "/session";
+
+/// The file Firefox's remote agent writes into the profile once it listens.
+const SERVER_FILE: &str = "WebDriverBiDiServer.json";
+
+/// Where Firefox reads the system's enterprise policies; Debian's build
+/// reads `/etc/firefox`, the other name is Firefox ESR's own.
+const POLICY_PATHS: &[&str] = &[
+    "/etc/firefox/policies/policies.json",
+    "/etc/firefox-esr/policies/policies.json",
+];
+
+/// The policies file of an instance, beside (not inside) the folders its
+/// browser sees.
+fn policies_file(dirs: &InstanceDirs) -> PathBuf {
+    dirs.root.join("firefox-policies.json")
+}
+
+/// The endpoint Firefox announced in `profile`, once it has.
+pub fn read_server_file(profile: &Path) -> Option<CdpEndpoint> {
+    let text = std::fs::read_to_string(profile.join(SERVER_FILE)).ok()?;
+    let announced: Value = serde_json::from_str(&text).ok()?;
+    let port = u16::try_from(announced["ws_port"].as_u64()?).ok()?;
+    (port != 0).then(|| CdpEndpoint::bidi_on_host(port))
+}
+
+/// Preferences that keep the browser on the egress proxy and quiet:
+/// `(name, value)`, written to `user.js` and locked by [`policies`].
+fn user_prefs(paths: &BrowserPaths, proxy_port: Option<u16>) -> Vec<(&'static str, Value)> {
+    let mut prefs: Vec<(&'static str, Value)> = vec![
+        // Downloads land in the instance's folder, never asking.
+        ("browser.download.dir", json!(paths.downloads)),
+        ("browser.download.folderList", json!(2)),
+        ("browser.download.useDownloadDir", json!(true)),
+        (
+            "browser.download.always_ask_before_handling_new_types",
+            json!(false),
+        ),
+        ("browser.download.manager.showWhenStarting", json!(false)),
+        // None of the browser's own traffic.
+        ("app.update.auto", json!(false)),
+        ("app.update.enabled", json!(false)),
+        ("app.normandy.enabled", json!(false)),
+        ("app.shield.optoutstudies.enabled", json!(false)),
+        ("datareporting.healthreport.uploadEnabled", json!(false)),
+        ("datareporting.policy.dataSubmissionEnabled", json!(false)),
+        ("toolkit.telemetry.enabled", json!(false)),
+        ("toolkit.telemetry.unified", json!(false)),
+        ("toolkit.telemetry.server", json!("")),
+        ("browser.ping-centre.telemetry", json!(false)),
+        (
+            "services.settings.server",
+            json!("http://127.0.0.1:9/remote-settings"),
+        ),
+        ("browser.safebrowsing.malware.enabled", json!(false)),
+        ("browser.safebrowsing.phishing.enabled", json!(false)),
+        ("browser.safebrowsing.downloads.enabled", json!(false)),
+        ("browser.safebrowsing.provider.mozilla.updateURL", json!("")),
+        ("browser.safebrowsing.provider.google4.updateURL", json!("")),
+        ("network.captive-portal-service.enabled", json!(false)),
+        ("network.connectivity-service.enabled", json!(false)),
+        ("network.dns.disablePrefetch", json!(true)),
+        ("network.prefetch-next", json!(false)),
+        ("network.predictor.enabled", json!(false)),
+        ("network.http.speculative-parallel-limit", json!(0)),
+        ("extensions.update.enabled", json!(false)),
+        ("extensions.getAddons.cache.enabled", json!(false)),
+        ("extensions.systemAddon.update.enabled", json!(false)),
+        ("media.gmp-manager.url", json!("")),
+        ("browser.region.network.url", json!("")),
+        ("browser.region.update.enabled", json!(false)),
+        ("geo.provider.network.url", json!("")),
+        ("identity.fxaccounts.enabled", json!(false)),
+        ("browser.newtabpage.enabled", json!(false)),
+        (
+            "browser.newtabpage.activity-stream.feeds.system.topstories",
+            json!(false),
+        ),
+        (
+            "browser.newtabpage.activity-stream.feeds.snippets",
+            json!(false),
+        ),
+        ("browser.topsites.contile.enabled", json!(false)),
+        ("browser.search.update", json!(false)),
+        ("browser.shell.checkDefaultBrowser", json!(false)),
+        ("browser.startup.homepage_override.mstone", json!("ignore")),
+        ("browser.startup.page", json!(0)),
+        ("browser.aboutwelcome.enabled", json!(false)),
+        ("browser.sessionstore.resume_from_crash", json!(false)),
+        ("browser.tabs.warnOnClose", json!(false)),
+        ("security.OCSP.enabled", json!(0)),
+        (
+            "security.remote_settings.crlite_filters.enabled",
+            json!(false),
+        ),
+        (
+            "security.remote_settings.intermediates.enabled",
+            json!(false),
+        ),
+    ];
+    if let Some(port) = proxy_port {
+        // Everything, loopback included, goes through the egress proxy
+        // (names resolved there too).
+        prefs.extend([
+            ("network.proxy.type", json!(1)),
+            ("network.proxy.socks", json!("127.0.0.1")),
+            ("network.proxy.socks_port", json!(port)),
+            ("network.proxy.socks_version", json!(5)),
+            ("network.proxy.socks_remote_dns", json!(true)),
+            ("network.proxy.no_proxies_on", json!("")),
+            ("network.proxy.allow_hijacking_localhost", json!(true)),
+            ("network.proxy.failover_direct", json!(false)),
+            ("network.trr.mode", json!(5)),
+        ]);
+    }
+    prefs
+}
+
+/// `user.js`: one `user_pref(name, value);` line per preference.
+fn user_js(prefs: &[(&str, Value)]) -> String {
+    prefs
+        .iter()
+        .map(|(name, value)| format!("user_pref({}, {value});\n", json!(name)))
+        .collect()
+}
+
+/// The preferences Firefox lets the `Preferences` policy lock (its own
+/// list; the others stay in `user.js`, and the policies that name them,
+/// such as `DisableTelemetry`, cover them).
+fn lockable(name: &str) -> bool {
+    const PREFIXES: &[&str] = &[
+        "app.update.",
+        "browser.",
+        "datareporting.policy.",
+        "extensions.",
+        "geo.",
+        "media.",
+        "network.",
+    ];
+    PREFIXES.iter().any(|prefix| name.starts_with(prefix)) || name == "security.OCSP.enabled"
+}
+
+/// The enterprise policies every Firefox instance runs under: `prefs`
+/// locked, no `file:` pages, no extension installs or updates, no
+/// telemetry, studies or accounts, downloads in the instance's folder.
+fn policies(paths: &BrowserPaths, prefs: &[(&str, Value)]) -> Value {
+    let locked: serde_json::Map<String, Value> = prefs
+        .iter()
+        .filter(|(name, _)| lockable(name))
+        .map(|(name, value)| {
+            (
+                (*name).to_owned(),
+                json!({"Value": value, "Status": "locked"}),
+            )
+        })
+        .collect();
+    json!({"policies": {
+        "DisableAppUpdate": true,
+        "DisableTelemetry": true,
+        "DisableFirefoxStudies": true,
+        "DisableFirefoxAccounts": true,
+        "DisablePocket": true,
+        "DisableFeedbackCommands": true,
+        "DisableProfileImport": true,
+        "DisableSetDesktopBackground": true,
+        "DontCheckDefaultBrowser": true,
+        "CaptivePortal": false,
+        "NetworkPrediction": false,
+        "ExtensionUpdate": false,
+        "ExtensionSettings": {"*": {"installation_mode": "blocked"}},
+        "BlockAboutProfiles": true,
+        "WebsiteFilter": {"Block": ["file:///*"]},
+        "DownloadDirectory": paths.downloads,
+        "DefaultDownloadDirectory": paths.downloads,
+        "PromptForDownloadLocation": false,
+        "OverrideFirstRunPage": "",
+        "OverridePostUpdatePage": "",
+        "Preferences": locked,
+    }})
+}
+
+/// Writes the profile's `user.js` and the instance's policies file, and
+/// removes a server file an earlier run (a revived profile) left.
+fn write_profile(
+    dirs: &InstanceDirs,
+    paths: &BrowserPaths,
+    proxy_port: Option<u16>,
+) -> std::io::Result<()> {
+    let prefs = user_prefs(paths, proxy_port);
+    let profile = dirs.profile();
+    match std::fs::remove_file(profile.join(SERVER_FILE)) {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error),
+        _ => {}
+    }
+    // The profile is the browser's (a revived one may hold links it
+    // left): written by handle, never through a link.
+    BrowserFolder::open(&profile)?.replace("user.js", user_js(&prefs).as_bytes())?;
+    // The instance's root is the agent's alone; the file is bound
+    // read-only into the sandbox, where the browser's user reads it.
+    let policies = serde_json::to_vec_pretty(&policies(paths, &prefs))?;
+    let file = policies_file(dirs);
+    std::fs::write(&file, policies)?;
+    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o444))
+}
+
+/// The browser's command line: headless, its profile, its BiDi server on
+/// a port of its choosing, the window of the viewport.
+fn firefox_command(
+    plan: &LaunchPlan<'_>,
+    paths: &BrowserPaths,
+    log: std::fs::File,
+) -> tokio::process::Command {
+    let policies = policies_file(plan.dirs);
+    let files: Vec<(PathBuf, &str)> = POLICY_PATHS
+        .iter()
+        .map(|inside| (policies.clone(), *inside))
+        .collect();
+    let mut command = plan.isolation.command_with_files(
+        plan.dirs,
+        &plan.image.executable,
+        (plan.hostname, &[]),
+        &files,
+    );
+    command
+        .args(["--headless", "--no-remote", "--profile"])
+        .arg(&paths.profile)
+        .arg("--remote-debugging-port=0")
+        .args([
+            "--window-size",
+            &format!("{},{}", plan.window.0, plan.window.1),
+        ])
+        .args(&plan.image.args)
+        .arg("about:blank")
+        .env("MOZ_CRASHREPORTER_DISABLE", "1")
+        .env("MOZ_DISABLE_AUTO_SAFE_MODE", "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::from(log))
+        .process_group(0)
+        .kill_on_drop(false);
+    command
+}
+
+impl BrowserProcess {
+    /// Starts Firefox as `plan` says: its image, profile, policies,
+    /// confinement, network and cgroup.
+    pub async fn spawn_firefox(plan: &LaunchPlan<'_>) -> Result<Self, LaunchError> {
+        let network = BrowserNetwork::start(plan).await?;
+        let proxy_port = network.proxy_port;
+        let prepared =
+            prepare_instance_dir(plan, &|dirs, paths| write_profile(dirs, paths, proxy_port));
+        let (paths, log) = match prepared {
+            Ok(prepared) => prepared,
+            Err(error) => {
+                network.abandon();
+                return Err(error);
+            }
+        };
+        let command = firefox_command(plan, &paths, log);
+        Self::start(plan, command, network, EngineKind::Firefox)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn paths() -> BrowserPaths {
+        let inside = Path::new("/instance");
+        BrowserPaths {
+            profile: inside.join("profile"),
+            home: inside.join("home"),
+            downloads: inside.join("downloads"),
+            extensions: inside.join("extensions"),
+            uploads: inside.join("uploads"),
+        }
+    }
+
+    #[test]
+    fn the_proxy_and_downloads_are_locked_by_policy() {
+        let prefs = user_prefs(&paths(), Some(4321));
+        let policies = policies(&paths(), &prefs);
+        let locked = &policies["policies"]["Preferences"];
+        assert_eq!(
+            locked["network.proxy.socks_port"],
+            json!({"Value": 4321, "Status": "locked"})
+        );
+        assert_eq!(locked["network.proxy.type"]["Value"], json!(1));
+        assert_eq!(
+            locked["browser.download.dir"]["Value"],
+            json!("/instance/downloads")
+        );
+        assert_eq!(
+            policies["policies"]["ExtensionSettings"]["*"]["installation_mode"],
+            json!("blocked")
+        );
+        // What Firefox would refuse to lock is left to user.js.
+        assert!(locked.get("toolkit.telemetry.enabled").is_none());
+        assert_eq!(locked["security.OCSP.enabled"]["Value"], json!(0));
+        let text = user_js(&prefs);
+        assert!(text.contains("user_pref(\"network.proxy.socks_port\", 4321);\n"));
+        assert!(text.contains("user_pref(\"browser.download.dir\", \"/instance/downloads\");\n"));
+    }
+
+    #[test]
+    fn without_egress_the_browser_keeps_no_proxy() {
+        let prefs = user_prefs(&paths(), None);
+        assert!(
+            prefs
+                .iter()
+                .all(|(name, _)| !name.starts_with("network.proxy"))
+        );
+    }
+
+    #[test]
+    fn the_announced_port_is_read_and_a_bad_file_is_not() {
+        let profile = tempfile::tempdir().unwrap();
+        assert!(read_server_file(profile.path()).is_none());
+        std::fs::write(
+            profile.path().join(SERVER_FILE),
+            r#"{"ws_host": "127.0.0.1", "ws_port": 39851}"#,
+        )
+        .unwrap();
+        let endpoint = read_server_file(profile.path()).unwrap();
+        assert_eq!(
+            (endpoint.port, endpoint.browser_path.as_str()),
+            (39851, BIDI_PATH)
+        );
+        assert_eq!(endpoint.engine, EngineKind::Firefox);
+        for bad in [r#"{"ws_port": 0}"#, r#"{"ws_port": 70000}"#, "not json", ""] {
+            std::fs::write(profile.path().join(SERVER_FILE), bad).unwrap();
+            assert!(read_server_file(profile.path()).is_none(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! Firefox instances (the `firefox` image, Debian's `firefox-esr`) with real
+//! Firefox and real clients: Puppeteer over WebDriver BiDi through the front
+//! door with authentication on, the other protocols' doors refusing it
+//! clearly, the walls of its sandbox tried from a BiDi client, and a mixed
+//! fleet of Chromium and Firefox on one node.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use flotilla_testkit::{
+    Api, BROWSER_DEADLINE, PageServer, StatusCode, TestServe, free_port, run_node, serve_page,
+    spawn_serve_with, upgrade_status, wait_until,
+};
+
+const API_KEY: &str = "firefox-api-key-0123456789";
+
+/// `serve` with authentication on, its public URL its own port (so that
+/// `urls` go through the front door), browsers allowed to open `site`.
+async fn door_serve(
+    site: &PageServer,
+    adjust: impl FnOnce(&mut flotilla_server::FlotillaConfig),
+) -> (TestServe, u16) {
+    let port = free_port();
+    let mut serve = spawn_serve_with(|config| {
+        config.listen = format!("127.0.0.1:{port}");
+        config.control.auth_enabled = true;
+        config.control.api_keys = vec![API_KEY.into()];
+        config.control.public_url = Some(format!("http://127.0.0.1:{port}"));
+        site.allow_in(config);
+        adjust(config);
+    })
+    .await;
+    serve.api = Api::with_key(serve.api.base.clone(), API_KEY);
+    (serve, port)
+}
+
+/// A running instance of `image`: its get view.
+async fn running(serve: &TestServe, image: &str) -> Value {
+    let body = format!(r#"{{"image": "{image}"}}"#);
+    let (_, created, instance) = serve.api.create_running(&body).await;
+    assert_eq!(instance["urls"], created["urls"]);
+    instance
+}
+
+fn url<'a>(instance: &'a Value, kind: &str) -> &'a str {
+    instance["urls"][kind].as_str().expect("a url")
+}
+
+/// The status line and body a WebSocket upgrade of `url` (`ws://…`) gets.
+async fn refused_upgrade(url: &str) -> (StatusCode, String) {
+    use tokio_tungstenite::tungstenite::Error;
+    match tokio_tungstenite::connect_async(url).await {
+        Ok(_) => panic!("{url} was upgraded"),
+        Err(Error::Http(response)) => {
+            let body = response
+                .body()
+                .as_ref()
+                .map(|bytes| String::from_utf8_lossy(bytes).into_owned())
+                .unwrap_or_default();
+            (
+                StatusCode::from_u16(response.status().as_u16()).unwrap(),
+                body,
+            )
+        }
+        Err(other) => panic!("{url}: {other}"),
+    }
+}
+
+#[tokio::test]
+async fn browser_puppeteer_drives_a_firefox_instance_over_bidi_through_the_door() {
+    let site = serve_page(&[
+        ("/", "<title>firefox through the door</title><p>hello</p>"),
+        ("/report.txt", "quarterly figures"),
+    ])
+    .await;
+    let (serve, port) = door_serve(&site, |_| {}).await;
+    let firefox = running(&serve, "firefox").await;
+    let id = firefox["id"].as_str().unwrap();
+    let bidi = url(&firefox, "bidi");
+    assert!(
+        bidi.starts_with(&format!(
+            "ws://127.0.0.1:{port}/v2/instances/{id}/bidi?token="
+        )),
+        "{bidi}"
+    );
+
+    let seen = run_node(
+        "puppeteer_bidi.mjs",
+        &[bidi, &format!("{}/", site.base), "/report.txt"],
+    )
+    .await
+    .unwrap();
+    assert_eq!(seen["title"], "firefox through the door", "{seen}");
+    assert_eq!(seen["sum"], 42);
+    assert_eq!(seen["png"], "89504e47", "a PNG screenshot: {seen}");
+    assert!(seen["png_bytes"].as_u64().unwrap() > 1000, "{seen}");
+    assert_eq!(seen["cookies"], serde_json::json!(["flavour=oat"]));
+    assert!(
+        seen["user_agent"].as_str().unwrap().contains("Firefox/"),
+        "{seen}"
+    );
+    // The download landed in the instance's downloads, whatever folder the
+    // client asked for.
+    let listed = wait_until(BROWSER_DEADLINE, "the download to be listed", || async {
+        let (status, list) = serve
+            .api
+            .get(&format!("/v2/instances/{id}/downloads"))
+            .await;
+        let names: Vec<String> = list["downloads"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|item| item["name"].as_str().map(str::to_owned))
+            .collect();
+        if status == StatusCode::OK && names.iter().any(|name| name == "report.txt") {
+            Ok(Some(names))
+        } else {
+            Err(format!("{status} {list}"))
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(listed, ["report.txt"]);
+    assert!(!Path::new("/tmp/elsewhere/report.txt").exists());
+
+    // Without a credential the door is closed; the CDP and Playwright doors
+    // of a Firefox instance say which protocol to use instead.
+    let (bare, _) = bidi.split_once("?token=").unwrap();
+    assert_eq!(refused_upgrade(bare).await.0, StatusCode::UNAUTHORIZED);
+    let (status, why) = refused_upgrade(url(&firefox, "debug")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{why}");
+    assert!(why.contains("WebDriver BiDi at urls.bidi"), "{why}");
+    let (status, why) = refused_upgrade(url(&firefox, "playwright")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{why}");
+    assert!(
+        why.contains("Playwright drives only its own patched Firefox"),
+        "{why}"
+    );
+    // Its tabs and screenshots need CDP: a clear refusal, not a 502.
+    let (status, body) = serve.api.get(&format!("/v2/instances/{id}/tabs")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        body["detail"].as_str().unwrap().contains("Firefox"),
+        "{body}"
+    );
+
+    // A Chromium instance beside it answers BiDi clients of its own socket
+    // with where to go.
+    let chromium = running(&serve, "chromium").await;
+    let (status, why) = refused_upgrade(url(&chromium, "bidi")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{why}");
+    assert!(why.contains("urls.debug"), "{why}");
+    let firefox_port = firefox["debug_port"].as_u64().unwrap() as u16;
+    assert!(
+        upgrade_status(firefox_port, "/session")
+            .await
+            .contains("401"),
+        "the instance's own port wants a credential too"
+    );
+    serve.api.delete_instance(id).await;
+    serve.shutdown().await;
+}
+
+#[tokio::test]
+async fn browser_firefox_settings_that_need_chromium_are_refused_by_name() {
+    let site = serve_page(&[("/", "<title>x</title>")]).await;
+    let (serve, _) = door_serve(&site, |_| {}).await;
+    for (config, field) in [
+        (r#"{"prefs": {"homepage": "x"}}"#, "config.prefs"),
+        (r#"{"extensions": ["abc"]}"#, "config.extensions"),
+        (r#"{"record": true}"#, "config.record"),
+    ] {
+        let body = format!(r#"{{"image": "firefox", "config": {config}}}"#);
+        let (status, answer) = serve.api.post("/v2/instances", &body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{config}: {answer}");
+        let detail = answer["detail"].as_str().unwrap();
+        assert!(
+            detail.contains(field) && detail.contains("Firefox"),
+            "{detail}"
+        );
+    }
+    serve.shutdown().await;
+}
+
+/// Whether each of `urls` loaded in the Firefox instance behind `bidi`.
+async fn loads(bidi: &str, urls: &[String]) -> Value {
+    let mut args = vec![bidi];
+    args.extend(urls.iter().map(String::as_str));
+    run_node("bidi_loads.mjs", &args).await.unwrap()
+}
+
+#[tokio::test]
+async fn browser_a_bidi_client_owns_its_firefox_and_nothing_else() {
+    let site = serve_page(&[("/", "<title>allowed</title><p>allowed site</p>")]).await;
+    let (serve, port) = door_serve(&site, |_| {}).await;
+    let secret_file = serve.data_dir.join("node-secret.txt");
+    std::fs::write(&secret_file, "node secret").unwrap();
+    let a = running(&serve, "firefox").await;
+    let b = running(&serve, "firefox").await;
+    let instances = serve.instances_dir();
+    let other_profile = instances.join(b["id"].as_str().unwrap()).join("profile");
+    std::fs::write(other_profile.join("other-secret.txt"), "other secret").unwrap();
+
+    let allowed = format!("{}/", site.base);
+    let mut walls: Vec<String> = [
+        "/etc/shadow".to_owned(),
+        secret_file.display().to_string(),
+        other_profile.join("other-secret.txt").display().to_string(),
+        flotilla_testkit::workspace_root()
+            .join("Cargo.toml")
+            .display()
+            .to_string(),
+    ]
+    .iter()
+    .map(|path| format!("file://{path}"))
+    .collect();
+    let agent = serve.serve().agent_addr.to_string();
+    let proxy = serve.serve().proxy_addr.to_string();
+    for target in [format!("127.0.0.1:{port}"), agent, proxy] {
+        walls.push(format!("http://{target}/health"));
+    }
+    walls.push(format!("http://127.0.0.1:{}/", b["debug_port"]));
+    let mut urls = vec![allowed.clone()];
+    urls.extend(walls.iter().cloned());
+    let seen = loads(url(&a, "bidi"), &urls).await;
+    assert_eq!(seen[&allowed]["loaded"], true, "{seen}");
+    assert!(
+        seen[&allowed]["text"]
+            .as_str()
+            .unwrap()
+            .contains("allowed site"),
+        "{seen}"
+    );
+    for wall in &walls {
+        assert_eq!(seen[wall]["loaded"], false, "{wall} loaded: {seen}");
+        let text = seen[wall]["text"].as_str().unwrap();
+        assert!(
+            !text.contains("secret") && !text.contains("status"),
+            "{wall}: {text}"
+        );
+    }
+
+    // Not root, and in its own network namespace.
+    let tree = flotilla_testkit::browser_processes(&instances.join(a["id"].as_str().unwrap()));
+    assert!(!tree.is_empty());
+    let own_net = std::fs::read_link("/proc/self/ns/net").unwrap();
+    for pid in &tree {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        if let Some(uid) = status.lines().find_map(|line| line.strip_prefix("Uid:")) {
+            assert!(
+                !uid.split_whitespace().any(|id| id == "0"),
+                "pid {pid} runs as root"
+            );
+        }
+        if let Ok(net) = std::fs::read_link(format!("/proc/{pid}/ns/net")) {
+            assert_ne!(net, own_net, "pid {pid} shares the host's network");
+        }
+    }
+    serve.shutdown().await;
+}
+
+#[tokio::test]
+async fn browser_a_mixed_fleet_places_each_engine_on_a_node_that_runs_it() {
+    let site = serve_page(&[("/", "<title>mixed</title>")]).await;
+    let (serve, _) = door_serve(&site, |_| {}).await;
+    let (_, node) = serve.api.get("/v2/nodes/test-node").await;
+    let images: Vec<&str> = node["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        images.contains(&"firefox") && images.contains(&"chromium"),
+        "{node}"
+    );
+    let firefox = running(&serve, "firefox").await;
+    let chromium = running(&serve, "chromium").await;
+    let page = format!("{}/", site.base);
+    let seen = loads(url(&firefox, "bidi"), std::slice::from_ref(&page)).await;
+    assert_eq!(seen[&page]["loaded"], true, "{seen}");
+    let result = run_node("puppeteer_title.mjs", &[url(&chromium, "debug"), &page])
+        .await
+        .unwrap();
+    assert_eq!(result["title"], "mixed");
+    assert!(
+        result["version"].as_str().unwrap().contains("Chrom"),
+        "{result}"
+    );
+    // An image no node runs is refused with the images there are.
+    let (status, answer) = serve
+        .api
+        .post("/v2/instances", r#"{"image": "safari"}"#)
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert!(
+        answer["detail"].as_str().unwrap().contains("firefox"),
+        "{answer}"
+    );
+    serve.shutdown().await;
+}
