@@ -42,7 +42,9 @@ try {
     user_agent: await browser.userAgent(),
     downloaded,
   }));
-  await page.close();
+  // A page with a download in flight stays open (closing it would cancel
+  // the download); the caller waits for it in the instance's downloads.
+  if (!downloadPath) await page.close();
 } finally {
   await browser.disconnect();
 }

@@ -115,11 +115,60 @@ pub async fn handshake(
         .iter()
         .map(|header| (header.name.to_owned(), header.value.to_vec()))
         .collect();
-    Ok(Answer {
+    let mut answer = Answer {
         status,
         headers,
         early: buffer[head_end..].to_vec(),
-    })
+    };
+    if !answer.switched() {
+        read_refusal_body(upstream, &mut answer, deadline).await?;
+    }
+    Ok(answer)
+}
+
+/// The most of a refusal's body passed on (a refusal is a sentence or an
+/// error object).
+pub const MAX_REFUSAL_BODY: usize = 64 * 1024;
+
+/// Reads the rest of a refusal's body (as its `Content-Length` says, at
+/// most [`MAX_REFUSAL_BODY`]) into `answer.early`, which then holds the
+/// whole body it passes on: its framing headers are dropped, so that the
+/// response made of it says its own length.
+async fn read_refusal_body(
+    upstream: &mut TcpStream,
+    answer: &mut Answer,
+    deadline: Duration,
+) -> io::Result<()> {
+    let declared = answer
+        .headers
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, value)| {
+            std::str::from_utf8(value)
+                .ok()?
+                .trim()
+                .parse::<usize>()
+                .ok()
+        });
+    answer.headers.retain(|(name, _)| {
+        !name.eq_ignore_ascii_case("content-length")
+            && !name.eq_ignore_ascii_case("transfer-encoding")
+    });
+    let wanted = declared.unwrap_or(answer.early.len()).min(MAX_REFUSAL_BODY);
+    while answer.early.len() < wanted {
+        let mut chunk = [0u8; 2048];
+        let n = tokio::time::timeout(deadline, upstream.read(&mut chunk))
+            .await
+            .map_err(|_| {
+                io::Error::new(io::ErrorKind::TimedOut, "the upstream's refusal stalled")
+            })??;
+        if n == 0 {
+            break;
+        }
+        answer.early.extend_from_slice(&chunk[..n]);
+    }
+    answer.early.truncate(wanted);
+    Ok(())
 }
 
 /// A client's upgrade that the upstream accepted: the client's side comes
@@ -222,6 +271,54 @@ mod tests {
         assert_eq!(answer.early, b"\x81\x02hi");
         drop(upstream);
         assert_eq!(server.await.unwrap(), b"GET / HTTP/1.1\r\n\r\n");
+    }
+
+    /// A refusal whose body comes in a later write than its head is passed
+    /// on whole, and one longer than its bound cut there: the response made
+    /// of it never promises more than it holds.
+    #[tokio::test]
+    async fn a_refusal_is_read_whole_and_bounded() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            for body in [
+                b"use the other door\n".to_vec(),
+                vec![b'x'; MAX_REFUSAL_BODY * 2],
+            ] {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                let _ = socket.read(&mut [0u8; 1024]).await.unwrap();
+                let head = format!(
+                    "HTTP/1.1 400 Bad Request\r\ncontent-length: {}\r\ncontent-type: text/plain\r\n\r\n",
+                    body.len()
+                );
+                socket.write_all(head.as_bytes()).await.unwrap();
+                socket.flush().await.unwrap();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let _ = socket.write_all(&body).await;
+                let _ = socket.read(&mut [0u8; 1]).await;
+            }
+        });
+        for expected in [b"use the other door\n".len(), MAX_REFUSAL_BODY] {
+            let mut upstream = TcpStream::connect(address).await.unwrap();
+            let answer = handshake(
+                &mut upstream,
+                "GET / HTTP/1.1\r\n\r\n",
+                Duration::from_secs(30),
+            )
+            .await
+            .unwrap();
+            assert_eq!(answer.status, StatusCode::BAD_REQUEST);
+            assert_eq!(answer.early.len(), expected);
+            assert!(
+                answer
+                    .headers
+                    .iter()
+                    .all(|(name, _)| !name.eq_ignore_ascii_case("content-length")),
+                "{:?}",
+                answer.headers
+            );
+        }
+        server.await.unwrap();
     }
 
     #[tokio::test]

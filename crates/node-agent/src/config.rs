@@ -163,6 +163,14 @@ impl EngineKind {
             Self::Firefox => "firefox",
         }
     }
+
+    /// Its name in a sentence.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Chromium => "Chromium",
+            Self::Firefox => "Firefox",
+        }
+    }
 }
 
 /// One entry of the image catalog: which browser binary an image name means.

@@ -513,9 +513,16 @@ impl Agent {
                 on_connect: self.inner.settings.config.wake_on_connect_method,
                 node_leaving: self.inner.leaving.clone(),
             });
+        let engine = self
+            .inner
+            .catalog
+            .get(image)
+            .map(|image| image.engine)
+            .unwrap_or_default();
         let born = InstanceSlot::born(SlotSetup {
             id: id.clone(),
             image: image.to_owned(),
+            engine,
             config: config.clone(),
             ports: [ports.debug, ports.stream, ports.http],
             dirs,

@@ -59,7 +59,7 @@ fn speaks_cdp(endpoint: &CdpEndpoint) -> Result<(), CdpError> {
         return Ok(());
     }
     Err(CdpError::NotCdp {
-        engine: endpoint.engine.name(),
+        engine: endpoint.engine.label(),
     })
 }
 

@@ -70,6 +70,11 @@ fn user_prefs(paths: &BrowserPaths, proxy_port: Option<u16>) -> Vec<(&'static st
             json!(false),
         ),
         ("browser.download.manager.showWhenStarting", json!(false)),
+        // Written in the sandbox's /tmp and moved in once complete: a file
+        // in the downloads folder is a finished download (Firefox would
+        // otherwise leave an empty placeholder under the final name beside
+        // a `.part` file while it runs).
+        ("browser.download.start_downloads_in_tmp_dir", json!(true)),
         // None of the browser's own traffic.
         ("app.update.auto", json!(false)),
         ("app.update.enabled", json!(false)),

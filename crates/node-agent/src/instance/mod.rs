@@ -87,6 +87,8 @@ pub struct Waker {
 pub struct InstanceSlot {
     pub id: InstanceId,
     pub image: String,
+    /// The engine its image runs (which protocols its doors speak).
+    pub engine: crate::config::EngineKind,
     pub config: InstanceConfig,
     /// debug, stream, http.
     pub ports: [u16; 3],
@@ -122,6 +124,7 @@ pub struct InstanceSlot {
 pub struct SlotSetup {
     pub id: InstanceId,
     pub image: String,
+    pub engine: crate::config::EngineKind,
     pub config: InstanceConfig,
     /// debug, stream, http.
     pub ports: [u16; 3],
@@ -165,6 +168,7 @@ impl InstanceSlot {
         let slot = Self {
             id: setup.id.clone(),
             image: setup.image,
+            engine: setup.engine,
             config: setup.config,
             ports: setup.ports,
             dirs: setup.dirs,

@@ -245,6 +245,7 @@ mod tests {
         let born = InstanceSlot::born(SlotSetup {
             id: InstanceId::generate(),
             image: "ubuntu:22.04".into(),
+            engine: Default::default(),
             config: Default::default(),
             ports: [0; 3],
             dirs: InstanceDirs::new(std::env::temp_dir().join("flotilla-runner-test")),

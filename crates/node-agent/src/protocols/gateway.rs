@@ -40,6 +40,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::EngineKind;
 use crate::engine::browser::CdpEndpoint;
 use crate::instance::InstanceSlot;
 use crate::instance::token::InstanceToken;
@@ -104,6 +105,9 @@ async fn handle(
         };
     // URLs handed to an admitted client carry the token when one is needed.
     let token = token.filter(|_| admission != Admission::Open);
+    if let Err(refusal) = speaks_what_is_asked(request.uri().path(), context.slot.engine) {
+        return text(StatusCode::BAD_REQUEST, refusal);
+    }
     context.slot.touch();
     let endpoint = match context.slot.wait_ready(context.ready_timeout).await {
         Ok(Some(endpoint)) => endpoint,
@@ -120,9 +124,6 @@ async fn handle(
         .get(hyper::header::UPGRADE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
-    if let Err(refusal) = speaks_what_is_asked(request.uri().path(), &endpoint) {
-        return text(StatusCode::BAD_REQUEST, refusal);
-    }
     let result = if is_upgrade {
         proxy_websocket(request, &endpoint, context.clone(), cancel).await
     } else {
@@ -143,14 +144,14 @@ const FIREFOX_SPEAKS_BIDI: &str = "this instance runs Firefox, which does not sp
 /// What a BiDi client is told by a Chromium instance.
 const CHROMIUM_SPEAKS_CDP: &str = "this instance runs Chromium, whose own socket speaks CDP: connect at urls.debug (/v2/instances/{id}/cdp through the front door), or open a WebDriver session at /wd/hub with webSocketUrl: true for WebDriver BiDi";
 
-/// Whether the browser behind `endpoint` speaks the protocol `path` asks
-/// for: Firefox's BiDi socket is `/session` and it has nothing else;
-/// Chromium has no `/session`.
-fn speaks_what_is_asked(path: &str, endpoint: &CdpEndpoint) -> Result<(), &'static str> {
+/// Whether a browser of `engine` speaks the protocol `path` asks for
+/// (answered before anything reaches it or wakes it): Firefox's BiDi socket
+/// is `/session` and it has nothing else; Chromium has no `/session`.
+fn speaks_what_is_asked(path: &str, engine: EngineKind) -> Result<(), &'static str> {
     let asks_bidi = path == crate::engine::firefox::BIDI_PATH;
-    match (endpoint.speaks_cdp(), asks_bidi) {
-        (true, true) => Err(CHROMIUM_SPEAKS_CDP),
-        (false, false) => Err(FIREFOX_SPEAKS_BIDI),
+    match (engine, asks_bidi) {
+        (EngineKind::Chromium, true) => Err(CHROMIUM_SPEAKS_CDP),
+        (EngineKind::Firefox, false) => Err(FIREFOX_SPEAKS_BIDI),
         _ => Ok(()),
     }
 }

@@ -132,7 +132,7 @@ async fn endpoint(state: &ApiState) -> Result<CdpEndpoint, ApiError> {
         Ok(Some(endpoint)) if !endpoint.speaks_cdp() => Err(ApiError(
             StatusCode::BAD_REQUEST,
             crate::engine::cdp::CdpError::NotCdp {
-                engine: endpoint.engine.name(),
+                engine: endpoint.engine.label(),
             }
             .to_string(),
         )),

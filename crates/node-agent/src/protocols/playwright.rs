@@ -484,6 +484,9 @@ pub mod routes {
         request: axum::extract::Request,
     ) -> Response {
         let relayed = async {
+            if state.slot.engine != crate::config::EngineKind::Chromium {
+                return Err(PlaywrightError::NotChromium);
+            }
             let installs = installed(&state.dir);
             let user_agent = request
                 .headers()
@@ -517,9 +520,6 @@ pub mod routes {
                 }
                 Err(reason) => return Err(PlaywrightError::Unavailable(reason.to_string())),
             };
-            if !browser.speaks_cdp() {
-                return Err(PlaywrightError::NotChromium);
-            }
             let cgroup = state.slot.cgroup();
             let group = state
                 .slot

@@ -168,7 +168,6 @@ async fn browser_firefox_settings_that_need_chromium_are_refused_by_name() {
     let (serve, _) = door_serve(&site, |_| {}).await;
     for (config, field) in [
         (r#"{"prefs": {"homepage": "x"}}"#, "config.prefs"),
-        (r#"{"extensions": ["abc"]}"#, "config.extensions"),
         (r#"{"record": true}"#, "config.record"),
     ] {
         let body = format!(r#"{{"image": "firefox", "config": {config}}}"#);
