@@ -592,9 +592,10 @@ impl BrowserProcess {
     }
 
     /// Stops the browser. Graceful: CDP `Browser.close` for Chromium (the only
-    /// way that flushes cookies to disk; Firefox quits cleanly on SIGTERM),
-    /// then SIGTERM, then SIGKILL of the group, each after a wait. Not
-    /// graceful: SIGKILL at once. Returns when the process is gone.
+    /// way that flushes cookies to disk), then SIGTERM, then SIGKILL of the
+    /// group, each after a wait; BiDi `browser.close` for Firefox, then
+    /// SIGKILL. Not graceful: SIGKILL at once. Returns when the process is
+    /// gone.
     pub async fn stop(&self, endpoint: Option<&CdpEndpoint>, graceful: bool, grace: Duration) {
         if let Some(stop) = &self.sim_stop {
             let _ = stop.send(Some("stopped".into()));
@@ -605,12 +606,13 @@ impl BrowserProcess {
             return;
         }
         if graceful && self.engine == EngineKind::Firefox {
-            kill_group(pid, libc::SIGTERM);
-            if self.wait_exit_for(grace.max(Duration::from_secs(2))).await {
+            if let Some(endpoint) = endpoint
+                && self.close_over_bidi(endpoint, grace).await
+            {
                 kill_group(pid, libc::SIGKILL);
                 return;
             }
-            tracing::warn!(pid, "Firefox ignored SIGTERM; killing it");
+            tracing::warn!(pid, "Firefox did not close over BiDi; killing it");
         } else if graceful {
             if let Some(endpoint) = endpoint
                 && let Ok(Ok(client)) =
@@ -632,6 +634,21 @@ impl BrowserProcess {
         }
         kill_group(pid, libc::SIGKILL);
         self.wait_exit().await;
+    }
+
+    /// BiDi's `browser.close` (the only way Firefox writes its profile and
+    /// quits; SIGTERM ends it at once): whether it exited within `grace`.
+    async fn close_over_bidi(&self, endpoint: &CdpEndpoint, grace: Duration) -> bool {
+        let opened = tokio::time::timeout(
+            Duration::from_secs(2),
+            crate::engine::bidi::BidiSession::open(endpoint),
+        )
+        .await;
+        let Ok(Ok(session)) = opened else {
+            return false;
+        };
+        let _ = tokio::time::timeout(grace, session.close_browser()).await;
+        self.wait_exit_for(grace).await
     }
 
     async fn wait_exit_for(&self, limit: Duration) -> bool {

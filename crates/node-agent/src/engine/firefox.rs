@@ -17,6 +17,13 @@
 //!
 //! Readiness is the `WebDriverBiDiServer.json` the remote agent writes into
 //! the profile once it listens, then one HTTP answer on that port.
+//!
+//! A park reads the browser's cookies and tabs over BiDi ([`capture`]),
+//! then closes it with BiDi's `browser.close`, the only way it writes its
+//! profile (SIGTERM ends it at once); a revive starts it on the profile
+//! (localStorage, persistent cookies) and puts the cookies and tabs back
+//! ([`restore`]). Not kept, unlike Chromium's: a tab's history,
+//! `sessionStorage` and scroll position.
 
 use std::path::{Path, PathBuf};
 
@@ -24,9 +31,11 @@ use serde_json::{Value, json};
 
 use crate::config::EngineKind;
 use crate::confine::sandbox::BrowserPaths;
+use crate::engine::bidi::{BidiError, BidiSession};
 use crate::engine::browser::{
     BrowserNetwork, BrowserProcess, CdpEndpoint, LaunchError, LaunchPlan, prepare_instance_dir,
 };
+use crate::snapshot::{CapturedState, CapturedTab, RestoreOptions};
 use crate::system::dirs::InstanceDirs;
 use crate::system::files::BrowserFolder;
 
@@ -125,6 +134,8 @@ fn user_prefs(paths: &BrowserPaths, proxy_port: Option<u16>) -> Vec<(&'static st
         ("browser.startup.page", json!(0)),
         ("browser.aboutwelcome.enabled", json!(false)),
         ("browser.sessionstore.resume_from_crash", json!(false)),
+        // A revive puts the tabs back itself.
+        ("browser.sessionstore.resume_session_once", json!(false)),
         ("browser.tabs.warnOnClose", json!(false)),
         ("security.OCSP.enabled", json!(0)),
         (
@@ -297,6 +308,121 @@ impl BrowserProcess {
         let command = firefox_command(plan, &paths, log);
         Self::start(plan, command, network, EngineKind::Firefox)
     }
+}
+
+/// Whether a tab at `url` shows a web page (whose title is read, and which
+/// is reopened on a revive).
+fn is_web(url: &str) -> bool {
+    url.starts_with("http://") || url.starts_with("https://")
+}
+
+/// A BiDi cookie as `storage.setCookie` takes it back (its `size` is the
+/// browser's to compute).
+fn settable(cookie: &Value) -> Value {
+    let mut cookie = cookie.clone();
+    if let Some(fields) = cookie.as_object_mut() {
+        fields.remove("size");
+    }
+    cookie
+}
+
+/// Reads what a park keeps from a running Firefox over WebDriver BiDi: its
+/// cookies (session ones too, as BiDi cookies) and its tabs (URL, title).
+/// Its localStorage is in its profile, which the graceful stop that follows
+/// writes ([`BrowserProcess::stop`]). Fails with
+/// [`BidiError::SessionHeld`] while a client's BiDi session is open.
+pub async fn capture(endpoint: &CdpEndpoint) -> anyhow::Result<CapturedState> {
+    let mut session = BidiSession::open(endpoint).await?;
+    let read = read_state(&mut session).await;
+    session.end().await;
+    Ok(read?)
+}
+
+async fn read_state(session: &mut BidiSession) -> Result<CapturedState, BidiError> {
+    let cookies = session.call("storage.getCookies", json!({})).await?;
+    let tree = session
+        .call("browsingContext.getTree", json!({"maxDepth": 0}))
+        .await?;
+    let mut tabs = Vec::new();
+    for context in tree["contexts"].as_array().into_iter().flatten() {
+        let url = context["url"].as_str().unwrap_or_default().to_owned();
+        let title = match is_web(&url) {
+            true => session
+                .call(
+                    "script.evaluate",
+                    json!({"target": {"context": context["context"]}, "expression": "document.title", "awaitPromise": false}),
+                )
+                .await
+                .ok()
+                .and_then(|result| result["result"]["value"].as_str().map(str::to_owned))
+                .unwrap_or_default(),
+            false => String::new(),
+        };
+        tabs.push(CapturedTab {
+            url,
+            title,
+            ..CapturedTab::default()
+        });
+    }
+    Ok(CapturedState {
+        cookies: cookies["cookies"].as_array().cloned().unwrap_or_default(),
+        tabs,
+        local_storage: Vec::new(),
+    })
+}
+
+/// Puts a captured state back into a started Firefox: its cookies, and
+/// (a full restore) its web tabs, in their order, the first in the tab the
+/// browser opened with.
+pub async fn restore(
+    endpoint: &CdpEndpoint,
+    state: &CapturedState,
+    options: RestoreOptions,
+) -> anyhow::Result<()> {
+    let mut session = BidiSession::open(endpoint).await?;
+    let put_back = put_back(&mut session, state, options).await;
+    session.end().await;
+    Ok(put_back?)
+}
+
+async fn put_back(
+    session: &mut BidiSession,
+    state: &CapturedState,
+    options: RestoreOptions,
+) -> Result<(), BidiError> {
+    for cookie in &state.cookies {
+        // One cookie the browser refuses (expired meanwhile) loses only itself.
+        if let Err(error) = session
+            .call("storage.setCookie", json!({"cookie": settable(cookie)}))
+            .await
+        {
+            tracing::warn!(%error, "a captured cookie was not taken back");
+        }
+    }
+    let tabs: Vec<&CapturedTab> = match options.reopen_tabs {
+        true => state.tabs.iter().filter(|tab| is_web(&tab.url)).collect(),
+        false => Vec::new(),
+    };
+    let tree = session
+        .call("browsingContext.getTree", json!({"maxDepth": 0}))
+        .await?;
+    let mut first = tree["contexts"][0]["context"].as_str().map(str::to_owned);
+    for tab in tabs {
+        let context = match first.take() {
+            Some(context) => context,
+            None => session
+                .call("browsingContext.create", json!({"type": "tab"}))
+                .await?["context"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        };
+        let navigate = json!({"context": context, "url": tab.url, "wait": "none"});
+        if let Err(error) = session.call("browsingContext.navigate", navigate).await {
+            tracing::warn!(%error, url = tab.url, "a captured tab was not reopened");
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

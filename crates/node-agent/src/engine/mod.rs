@@ -19,10 +19,9 @@
 //! tests). The endpoint a started browser answers on says which protocol it
 //! speaks ([`browser::CdpEndpoint::speaks_cdp`]): the page layer, the live
 //! view and the doors refuse a CDP step on a Firefox instance with a clear
-//! error. Not yet through the trait for Firefox: a park's capture and
-//! restore (a Firefox instance cannot be parked yet), the page layer
-//! ([`page`]) and live view ([`screencast`]), and a WebDriver server
-//! (geckodriver, where Chromium has [`chromedriver`]).
+//! error. Not yet through the trait for Firefox: the page layer ([`page`])
+//! and live view ([`screencast`]), and a WebDriver server (geckodriver,
+//! where Chromium has [`chromedriver`]).
 
 use std::future::Future;
 use std::path::Path;
@@ -195,23 +194,20 @@ impl Engine for Firefox {
 
     fn capture<'a>(
         &'a self,
-        _endpoint: &'a CdpEndpoint,
+        endpoint: &'a CdpEndpoint,
     ) -> EngineFuture<'a, anyhow::Result<CapturedState>> {
-        Box::pin(async { Err(anyhow::anyhow!(FIREFOX_STATE_UNSUPPORTED)) })
+        Box::pin(firefox::capture(endpoint))
     }
 
     fn restore<'a>(
         &'a self,
-        _endpoint: &'a CdpEndpoint,
-        _state: &'a CapturedState,
-        _options: RestoreOptions,
+        endpoint: &'a CdpEndpoint,
+        state: &'a CapturedState,
+        options: RestoreOptions,
     ) -> EngineFuture<'a, anyhow::Result<()>> {
-        Box::pin(async { Err(anyhow::anyhow!(FIREFOX_STATE_UNSUPPORTED)) })
+        Box::pin(firefox::restore(endpoint, state, options))
     }
 }
-
-/// Why a Firefox instance cannot be parked (nor its profile saved) yet.
-pub const FIREFOX_STATE_UNSUPPORTED: &str = "a Firefox instance's state (cookies, storage, tabs) cannot be read or restored yet: Firefox instances cannot be parked, and a persistent profile is not saved from them";
 
 /// No browser: an instance's "browser" is ready after `start` and has no
 /// endpoint, so nothing is captured or restored. For the control plane's
@@ -269,6 +265,7 @@ fn version_in(text: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
+pub mod bidi;
 pub mod browser;
 pub mod capture;
 pub mod cdp;

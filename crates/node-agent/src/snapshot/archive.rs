@@ -30,6 +30,17 @@ pub(super) const SKIPPED: &[&str] = &[
     "DevToolsActivePort",
     "BrowserMetrics",
     "optimization_guide_model_store",
+    // Firefox's.
+    "cache2",
+    "startupCache",
+    "shader-cache",
+    "safebrowsing",
+    "crashes",
+    "minidumps",
+    "thumbnails",
+    "lock",
+    ".parentlock",
+    "WebDriverBiDiServer.json",
 ];
 
 /// Packs the profile, the downloads (when given and the directory exists)

@@ -299,3 +299,85 @@ async fn browser_a_mixed_fleet_places_each_engine_on_a_node_that_runs_it() {
     );
     serve.shutdown().await;
 }
+
+/// What `bidi_state.mjs get` reads, once the instance shows `tabs` pages.
+async fn state_with_tabs(bidi: &str, tabs: usize) -> Value {
+    wait_until(BROWSER_DEADLINE, "the revived tabs", || async {
+        let seen = run_node("bidi_state.mjs", &[bidi, "get"])
+            .await
+            .map_err(|e| e.to_string())?;
+        let web = seen["tabs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|url| url.as_str().is_some_and(|url| url.starts_with("http")))
+            .count();
+        if web == tabs {
+            Ok(Some(seen))
+        } else {
+            Err(seen.to_string())
+        }
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn browser_a_parked_firefox_instance_comes_back_with_its_tabs_and_cookies() {
+    let site = serve_page(&[
+        ("/", "<title>home</title>"),
+        ("/a", "<title>a</title>"),
+        ("/b", "<title>b</title>"),
+    ])
+    .await;
+    let (serve, _) = door_serve(&site, |_| {}).await;
+    let firefox = running(&serve, "firefox").await;
+    let id = firefox["id"].as_str().unwrap();
+    let bidi = url(&firefox, "bidi");
+    let pages: Vec<String> = ["/", "/a", "/b"]
+        .iter()
+        .map(|path| format!("{}{path}", site.base))
+        .collect();
+    let mut args = vec![bidi, "set"];
+    args.extend(pages.iter().map(String::as_str));
+    run_node("bidi_state.mjs", &args).await.unwrap();
+    let before = state_with_tabs(bidi, 3).await;
+
+    let parked = serve.api.park(id).await;
+    assert_eq!(parked["status"], "dormant", "{parked}");
+    assert!(
+        flotilla_testkit::browser_processes(&serve.instances_dir().join(id)).is_empty(),
+        "no Firefox runs while it is parked"
+    );
+    let (status, revived) = serve
+        .api
+        .post(
+            &format!("/v2/instances/{id}/revive"),
+            r#"{"method": "full_restore"}"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{revived}");
+    serve
+        .api
+        .wait_for_status(id, "running", BROWSER_DEADLINE)
+        .await;
+    let after = state_with_tabs(bidi, 3).await;
+    let mut tabs: Vec<String> = after["tabs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|url| url.as_str().map(str::to_owned))
+        .filter(|url| url.starts_with("http"))
+        .collect();
+    tabs.sort();
+    let mut expected = pages.clone();
+    expected.sort();
+    assert_eq!(tabs, expected, "{after}");
+    assert_eq!(after["cookies"], before["cookies"], "{after}");
+    assert_eq!(
+        after["cookies"],
+        serde_json::json!(["flavour=oat", "visit=session"])
+    );
+    assert_eq!(after["basket"], "three apples", "{after}");
+    serve.shutdown().await;
+}

@@ -1,0 +1,62 @@
+// Sets up or reads back what a park must keep in a Firefox instance, over
+// raw WebDriver BiDi. `set <url>...`: opens each URL in a tab of its own
+// (the first in the browser's first tab), and there sets a session cookie, a
+// persistent cookie and a localStorage item. `get`: prints the tabs' URLs,
+// the cookies and the first web tab's localStorage item as JSON.
+// Usage: node bidi_state.mjs <urls.bidi> set <url>... | get
+import WebSocket from 'ws';
+
+const [endpoint, verb, ...urls] = process.argv.slice(2);
+const socket = new WebSocket(endpoint);
+await new Promise((resolve, reject) => {
+  socket.once('open', resolve);
+  socket.once('error', reject);
+});
+let nextId = 1;
+const waiting = new Map();
+socket.on('message', (data) => {
+  const message = JSON.parse(data.toString());
+  if (message.id !== undefined && waiting.has(message.id)) {
+    waiting.get(message.id)(message);
+    waiting.delete(message.id);
+  }
+});
+async function call(method, params) {
+  const id = nextId++;
+  socket.send(JSON.stringify({ id, method, params }));
+  const answer = await new Promise((resolve) => waiting.set(id, resolve));
+  if (answer.type !== 'success') throw new Error(`${method}: ${answer.error}: ${answer.message}`);
+  return answer.result;
+}
+async function evaluate(context, expression) {
+  const evaluated = await call('script.evaluate', { target: { context }, expression, awaitPromise: false });
+  return evaluated.result.value;
+}
+
+await call('session.new', { capabilities: {} });
+const tree = await call('browsingContext.getTree', { maxDepth: 0 });
+let seen = {};
+if (verb === 'set') {
+  let context = tree.contexts[0].context;
+  for (const [index, url] of urls.entries()) {
+    if (index > 0) context = (await call('browsingContext.create', { type: 'tab' })).context;
+    await call('browsingContext.navigate', { context, url, wait: 'complete' });
+    if (index === 0) {
+      await evaluate(context, "document.cookie = 'visit=session'; document.cookie = 'flavour=oat; max-age=86400'; localStorage.setItem('basket', 'three apples'); 'ok'");
+    }
+  }
+  seen = { set: urls.length };
+} else {
+  const web = tree.contexts.filter((context) => context.url.startsWith('http'));
+  const cookies = (await call('storage.getCookies', {})).cookies
+    .map((cookie) => `${cookie.name}=${cookie.value.value}`)
+    .sort();
+  seen = {
+    tabs: tree.contexts.map((context) => context.url),
+    cookies,
+    basket: web.length ? await evaluate(web[0].context, "localStorage.getItem('basket')") : null,
+  };
+}
+await call('session.end', {});
+socket.close();
+console.log(JSON.stringify(seen));
