@@ -1,6 +1,6 @@
 //! Firefox instances (issue 47) beside Chromium ones, in one run of one
 //! release `flotilla serve` (authentication on, `public_url` set so that
-//! `urls` are the front door, a warm pool of two Firefox and one Chromium):
+//! `urls` are the front door, a warm pool of two Firefox and one Chromium, image `chromium`):
 //! - a ready page (create, `puppeteer.connect` over WebDriver BiDi to
 //!   `urls.bidi`, `newPage`, `goto` a local page, `title`) against raw
 //!   `firefox-esr --headless` launched and driven the same way, and a
@@ -88,7 +88,7 @@ async fn main() -> anyhow::Result<()> {
         .tempdir()?;
     let (port, page_port) = (free_port(), free_port());
     let rest = format!(
-        "[http]\nbind_address = \"127.0.0.1:0\"\n[agent]\nwarm_pool_size = 1\nwarm_pools = {{ firefox = 2 }}\n[agent.egress]\nallow = [\"127.0.0.1:{page_port}\"]\n"
+        "[http]\nbind_address = \"127.0.0.1:0\"\n[agent]\nwarm_pool_size = 0\nwarm_pools = {{ firefox = 2, chromium = 1 }}\n[agent.egress]\nallow = [\"127.0.0.1:{page_port}\"]\n"
     );
     let config = keyed_config(dir.path(), KEY, port, &rest)?;
     let serve = ServeProcess::start_listening(

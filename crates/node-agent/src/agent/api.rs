@@ -34,6 +34,7 @@ use flotilla_api_types::page::{AgentPageRequest, PageAnswer};
 use flotilla_api_types::{ErrorCode, ErrorResponse, InstanceId};
 
 use crate::agent::{Agent, AgentError};
+use crate::engine::cdp::CdpError;
 
 #[derive(Clone)]
 struct ApiState {
@@ -92,7 +93,9 @@ pub fn status_of(error: &AgentError) -> StatusCode {
         AgentError::Page(page) => {
             use crate::protocols::page_ops::PageError;
             match page {
-                PageError::BadInput(_) | PageError::StaleElement(_) => StatusCode::BAD_REQUEST,
+                PageError::BadInput(_)
+                | PageError::StaleElement(_)
+                | PageError::Browser(CdpError::NotCdp { .. }) => StatusCode::BAD_REQUEST,
                 PageError::NoTab(_) => StatusCode::NOT_FOUND,
                 PageError::Navigation { .. } | PageError::NotStarted(_) | PageError::Browser(_) => {
                     StatusCode::BAD_GATEWAY
@@ -104,7 +107,8 @@ pub fn status_of(error: &AgentError) -> StatusCode {
         AgentError::Action(action) => match action {
             ActionError::BadSelector { .. }
             | ActionError::NoElement { .. }
-            | ActionError::BadCookies(_) => StatusCode::BAD_REQUEST,
+            | ActionError::BadCookies(_)
+            | ActionError::Browser(CdpError::NotCdp { .. }) => StatusCode::BAD_REQUEST,
             ActionError::Navigation { .. }
             | ActionError::NotStarted(_)
             | ActionError::Browser(_) => StatusCode::BAD_GATEWAY,

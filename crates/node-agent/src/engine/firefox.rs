@@ -425,6 +425,36 @@ async fn put_back(
     Ok(())
 }
 
+/// Runs through what a client's first BiDi session does (Puppeteer's:
+/// `session.new`, its subscriptions, the tree, one evaluation), then ends
+/// the session: Firefox loads its BiDi modules on first use, which would
+/// otherwise cost the first client about a second (`bench/RESULTS.md`).
+pub async fn warm_up(endpoint: &CdpEndpoint) {
+    let warmed = async {
+        let mut session = BidiSession::open(endpoint).await?;
+        let events = json!({"events": ["browsingContext", "network", "log", "script", "input"]});
+        let ran = async {
+            session.call("session.subscribe", events).await?;
+            let tree = session
+                .call("browsingContext.getTree", json!({"maxDepth": 0}))
+                .await?;
+            let target = json!({"context": tree["contexts"][0]["context"]});
+            session
+                .call(
+                    "script.evaluate",
+                    json!({"target": target, "expression": "1 + 1", "awaitPromise": false}),
+                )
+                .await
+        }
+        .await;
+        session.end().await;
+        ran.map(|_| ())
+    };
+    if let Err(error) = warmed.await {
+        tracing::debug!(%error, "a warm Firefox was not warmed up");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

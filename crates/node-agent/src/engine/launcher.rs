@@ -538,6 +538,7 @@ impl Launcher {
             {
                 Ok(Some(endpoint)) => {
                     self.calibrate_viewport(&image, &endpoint).await;
+                    self.engines.of(image.engine).warm_up(&endpoint).await;
                     let webdriver = self.webdriver_beside(&dirs, &launched, &endpoint).await;
                     Ok(WarmBrowser {
                         dirs: dirs.clone(),

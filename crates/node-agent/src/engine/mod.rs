@@ -64,6 +64,11 @@ pub trait Engine: Send + Sync {
         state: &'a CapturedState,
         options: RestoreOptions,
     ) -> EngineFuture<'a, anyhow::Result<()>>;
+    /// Readies a started warm-pool browser for its first client, off the
+    /// client's path (nothing by default).
+    fn warm_up<'a>(&'a self, _endpoint: &'a CdpEndpoint) -> EngineFuture<'a, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// The engines of a node, one per [`EngineKind`] an image may name (the
@@ -206,6 +211,10 @@ impl Engine for Firefox {
         options: RestoreOptions,
     ) -> EngineFuture<'a, anyhow::Result<()>> {
         Box::pin(firefox::restore(endpoint, state, options))
+    }
+
+    fn warm_up<'a>(&'a self, endpoint: &'a CdpEndpoint) -> EngineFuture<'a, ()> {
+        Box::pin(firefox::warm_up(endpoint))
     }
 }
 
