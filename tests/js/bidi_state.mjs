@@ -2,8 +2,10 @@
 // raw WebDriver BiDi. `set <url>...`: opens each URL in a tab of its own
 // (the first in the browser's first tab), and there sets a session cookie, a
 // persistent cookie and a localStorage item. `get`: prints the tabs' URLs,
-// the cookies and the first web tab's localStorage item as JSON.
-// Usage: node bidi_state.mjs <urls.bidi> set <url>... | get
+// the cookies and the first web tab's localStorage item as JSON. `leave`:
+// starts a session and drops the connection without ending it (a client
+// that crashed).
+// Usage: node bidi_state.mjs <urls.bidi> set <url>... | get | leave
 import WebSocket from 'ws';
 
 const [endpoint, verb, ...urls] = process.argv.slice(2);
@@ -34,6 +36,11 @@ async function evaluate(context, expression) {
 }
 
 await call('session.new', { capabilities: {} });
+if (verb === 'leave') {
+  socket.terminate();
+  console.log(JSON.stringify({ left: true }));
+  process.exit(0);
+}
 const tree = await call('browsingContext.getTree', { maxDepth: 0 });
 let seen = {};
 if (verb === 'set') {

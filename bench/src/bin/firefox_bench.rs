@@ -88,7 +88,7 @@ async fn main() -> anyhow::Result<()> {
         .tempdir()?;
     let (port, page_port) = (free_port(), free_port());
     let rest = format!(
-        "[http]\nbind_address = \"127.0.0.1:0\"\n[agent]\nwarm_pool_size = 0\nwarm_pools = {{ firefox = 2, chromium = 1 }}\n[agent.egress]\nallow = [\"127.0.0.1:{page_port}\"]\n"
+        "[http]\nbind_address = \"127.0.0.1:0\"\n[scheduler]\nmax_utilisation_percent = 100\n[agent]\nwarm_pool_size = 0\nwarm_pools = {{ firefox = 2, chromium = 1 }}\n[agent.egress]\nallow = [\"127.0.0.1:{page_port}\"]\n"
     );
     let config = keyed_config(dir.path(), KEY, port, &rest)?;
     let serve = ServeProcess::start_listening(

@@ -155,17 +155,22 @@ async fn read_refusal_body(
             && !name.eq_ignore_ascii_case("transfer-encoding")
     });
     let wanted = declared.unwrap_or(answer.early.len()).min(MAX_REFUSAL_BODY);
-    while answer.early.len() < wanted {
-        let mut chunk = [0u8; 2048];
-        let n = tokio::time::timeout(deadline, upstream.read(&mut chunk))
-            .await
-            .map_err(|_| {
-                io::Error::new(io::ErrorKind::TimedOut, "the upstream's refusal stalled")
-            })??;
-        if n == 0 {
-            break;
+    let early = &mut answer.early;
+    let reading = async {
+        while early.len() < wanted {
+            let mut chunk = [0u8; 2048];
+            let n = upstream.read(&mut chunk).await?;
+            if n == 0 {
+                break;
+            }
+            early.extend_from_slice(&chunk[..n]);
         }
-        answer.early.extend_from_slice(&chunk[..n]);
+        io::Result::Ok(())
+    };
+    // One deadline for the whole body: of an upstream that trickles it,
+    // what it sent by then is passed on.
+    if let Ok(read) = tokio::time::timeout(deadline, reading).await {
+        read?;
     }
     answer.early.truncate(wanted);
     Ok(())

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::config::EngineKind;
 use crate::engine::browser::{BrowserProcess, CdpEndpoint};
 use crate::engine::launcher::WarmBrowser;
 use crate::instance::InstanceSlot;
@@ -81,7 +82,9 @@ impl Agent {
             return None;
         }
         if let Some(saved) = saved {
-            if slot.persisted_profile().is_some() {
+            // Firefox's site data (localStorage, IndexedDB) is only in its
+            // profile's files, which a warm browser does not run on.
+            if slot.persisted_profile().is_some() || slot.engine != EngineKind::Chromium {
                 return None;
             }
             if !saved.kept_only_in_files.is_empty() {

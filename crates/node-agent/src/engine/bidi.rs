@@ -18,6 +18,9 @@ use crate::engine::browser::CdpEndpoint;
 /// How long one command may take.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long the connection and its handshake may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The largest message read (a tree of many tabs, many cookies).
 const MAX_MESSAGE: usize = 64 << 20;
 
@@ -41,6 +44,14 @@ pub enum BidiError {
     Closed,
 }
 
+impl BidiError {
+    /// Whether the browser stopped answering (the next command would wait
+    /// as long), rather than refusing one command.
+    pub fn is_unanswered(&self) -> bool {
+        matches!(self, Self::Timeout(_) | Self::Closed | Self::Connect(_))
+    }
+}
+
 /// An open BiDi session on a browser.
 pub struct BidiSession {
     socket: WebSocketStream<TcpStream>,
@@ -50,17 +61,19 @@ pub struct BidiSession {
 impl BidiSession {
     /// Connects to the browser behind `endpoint` and starts a session.
     pub async fn open(endpoint: &CdpEndpoint) -> Result<Self, BidiError> {
-        let stream = endpoint
-            .connect()
-            .await
-            .map_err(|e| BidiError::Connect(e.to_string()))?;
-        let url = format!("ws://{}{}", endpoint.authority(), endpoint.browser_path);
-        let config = WebSocketConfig::default()
-            .max_message_size(Some(MAX_MESSAGE))
-            .max_frame_size(Some(MAX_MESSAGE));
-        let (socket, _) = tokio_tungstenite::client_async_with_config(url, stream, Some(config))
-            .await
-            .map_err(|e| BidiError::Connect(e.to_string()))?;
+        let connected = tokio::time::timeout(CONNECT_TIMEOUT, async {
+            let stream = endpoint.connect().await.map_err(|e| e.to_string())?;
+            let url = format!("ws://{}{}", endpoint.authority(), endpoint.browser_path);
+            let config = WebSocketConfig::default()
+                .max_message_size(Some(MAX_MESSAGE))
+                .max_frame_size(Some(MAX_MESSAGE));
+            tokio_tungstenite::client_async_with_config(url, stream, Some(config))
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|_| BidiError::Connect("no answer".into()))?;
+        let (socket, _) = connected.map_err(BidiError::Connect)?;
         let mut session = Self { socket, next_id: 0 };
         match session
             .call("session.new", json!({"capabilities": {}}))
@@ -69,7 +82,12 @@ impl BidiSession {
             Err(BidiError::Command { error, .. }) if error == "session not created" => {
                 Err(BidiError::SessionHeld)
             }
-            Err(other) => Err(other),
+            Err(other) => {
+                // A session.new that timed out may still make a session:
+                // end it, or it would hold the browser's only one.
+                session.end().await;
+                Err(other)
+            }
             Ok(_) => Ok(session),
         }
     }
@@ -111,10 +129,14 @@ impl BidiSession {
         Err(BidiError::Closed)
     }
 
-    /// Ends the session (the browser goes on).
+    /// Ends the session (the browser goes on), waiting a few seconds at
+    /// most for the browser.
     pub async fn end(mut self) {
-        let _ = self.call("session.end", json!({})).await;
-        let _ = self.socket.close(None).await;
+        let ending = async {
+            let _ = self.call("session.end", json!({})).await;
+            let _ = self.socket.close(None).await;
+        };
+        let _ = tokio::time::timeout(CONNECT_TIMEOUT, ending).await;
     }
 
     /// Closes the browser: it writes its profile and quits.

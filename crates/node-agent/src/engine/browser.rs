@@ -637,18 +637,22 @@ impl BrowserProcess {
     }
 
     /// BiDi's `browser.close` (the only way Firefox writes its profile and
-    /// quits; SIGTERM ends it at once): whether it exited within `grace`.
+    /// quits; SIGTERM ends it at once): whether it exited. Firefox's quit
+    /// takes seconds on a loaded machine: it is given three times `grace`.
     async fn close_over_bidi(&self, endpoint: &CdpEndpoint, grace: Duration) -> bool {
-        let opened = tokio::time::timeout(
-            Duration::from_secs(2),
-            crate::engine::bidi::BidiSession::open(endpoint),
-        )
-        .await;
-        let Ok(Ok(session)) = opened else {
-            return false;
+        let patience = grace * 3;
+        let opened =
+            tokio::time::timeout(patience, crate::engine::bidi::BidiSession::open(endpoint)).await;
+        let session = match opened {
+            Ok(Ok(session)) => session,
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "cannot close Firefox over BiDi");
+                return false;
+            }
+            Err(_) => return false,
         };
-        let _ = tokio::time::timeout(grace, session.close_browser()).await;
-        self.wait_exit_for(grace).await
+        let _ = tokio::time::timeout(patience, session.close_browser()).await;
+        self.wait_exit_for(patience).await
     }
 
     async fn wait_exit_for(&self, limit: Duration) -> bool {

@@ -69,8 +69,17 @@ pub fn read_server_file(profile: &Path) -> Option<CdpEndpoint> {
 /// Preferences that keep the browser on the egress proxy and quiet:
 /// `(name, value)`, written to `user.js` and locked by [`policies`].
 fn user_prefs(paths: &BrowserPaths, proxy_port: Option<u16>) -> Vec<(&'static str, Value)> {
-    let mut prefs: Vec<(&'static str, Value)> = vec![
-        // Downloads land in the instance's folder, never asking.
+    let mut prefs = download_prefs(paths);
+    prefs.extend(quiet_prefs());
+    if let Some(port) = proxy_port {
+        prefs.extend(proxy_prefs(port));
+    }
+    prefs
+}
+
+/// Downloads land in the instance's folder, never asking.
+fn download_prefs(paths: &BrowserPaths) -> Vec<(&'static str, Value)> {
+    vec![
         ("browser.download.dir", json!(paths.downloads)),
         ("browser.download.folderList", json!(2)),
         ("browser.download.useDownloadDir", json!(true)),
@@ -84,85 +93,90 @@ fn user_prefs(paths: &BrowserPaths, proxy_port: Option<u16>) -> Vec<(&'static st
         // otherwise leave an empty placeholder under the final name beside
         // a `.part` file while it runs).
         ("browser.download.start_downloads_in_tmp_dir", json!(true)),
-        // None of the browser's own traffic.
-        ("app.update.auto", json!(false)),
-        ("app.update.enabled", json!(false)),
-        ("app.normandy.enabled", json!(false)),
-        ("app.shield.optoutstudies.enabled", json!(false)),
-        ("datareporting.healthreport.uploadEnabled", json!(false)),
-        ("datareporting.policy.dataSubmissionEnabled", json!(false)),
-        ("toolkit.telemetry.enabled", json!(false)),
-        ("toolkit.telemetry.unified", json!(false)),
-        ("toolkit.telemetry.server", json!("")),
-        ("browser.ping-centre.telemetry", json!(false)),
+    ]
+}
+
+/// None of the browser's own traffic, and no first-run or restore pages.
+fn quiet_prefs() -> Vec<(&'static str, Value)> {
+    let off = [
+        "app.update.auto",
+        "app.update.enabled",
+        "app.normandy.enabled",
+        "app.shield.optoutstudies.enabled",
+        "datareporting.healthreport.uploadEnabled",
+        "datareporting.policy.dataSubmissionEnabled",
+        "toolkit.telemetry.enabled",
+        "toolkit.telemetry.unified",
+        "browser.ping-centre.telemetry",
+        "browser.safebrowsing.malware.enabled",
+        "browser.safebrowsing.phishing.enabled",
+        "browser.safebrowsing.downloads.enabled",
+        "network.captive-portal-service.enabled",
+        "network.connectivity-service.enabled",
+        "network.prefetch-next",
+        "network.predictor.enabled",
+        "extensions.update.enabled",
+        "extensions.getAddons.cache.enabled",
+        "extensions.systemAddon.update.enabled",
+        "browser.region.update.enabled",
+        "identity.fxaccounts.enabled",
+        "browser.newtabpage.enabled",
+        "browser.newtabpage.activity-stream.feeds.system.topstories",
+        "browser.newtabpage.activity-stream.feeds.snippets",
+        "browser.topsites.contile.enabled",
+        "browser.search.update",
+        "browser.shell.checkDefaultBrowser",
+        "browser.aboutwelcome.enabled",
+        "browser.tabs.warnOnClose",
+        // A revive puts the tabs back itself.
+        "browser.sessionstore.resume_from_crash",
+        "browser.sessionstore.resume_session_once",
+        "security.remote_settings.crlite_filters.enabled",
+        "security.remote_settings.intermediates.enabled",
+    ];
+    let empty = [
+        "toolkit.telemetry.server",
+        "browser.safebrowsing.provider.mozilla.updateURL",
+        "browser.safebrowsing.provider.google4.updateURL",
+        "media.gmp-manager.url",
+        "browser.region.network.url",
+        "geo.provider.network.url",
+    ];
+    let mut prefs: Vec<(&'static str, Value)> =
+        off.iter().map(|name| (*name, json!(false))).collect();
+    prefs.extend(empty.iter().map(|name| (*name, json!(""))));
+    prefs.extend([
         (
             "services.settings.server",
             json!("http://127.0.0.1:9/remote-settings"),
         ),
-        ("browser.safebrowsing.malware.enabled", json!(false)),
-        ("browser.safebrowsing.phishing.enabled", json!(false)),
-        ("browser.safebrowsing.downloads.enabled", json!(false)),
-        ("browser.safebrowsing.provider.mozilla.updateURL", json!("")),
-        ("browser.safebrowsing.provider.google4.updateURL", json!("")),
-        ("network.captive-portal-service.enabled", json!(false)),
-        ("network.connectivity-service.enabled", json!(false)),
         ("network.dns.disablePrefetch", json!(true)),
-        ("network.prefetch-next", json!(false)),
-        ("network.predictor.enabled", json!(false)),
         ("network.http.speculative-parallel-limit", json!(0)),
-        ("extensions.update.enabled", json!(false)),
-        ("extensions.getAddons.cache.enabled", json!(false)),
-        ("extensions.systemAddon.update.enabled", json!(false)),
-        ("media.gmp-manager.url", json!("")),
-        ("browser.region.network.url", json!("")),
-        ("browser.region.update.enabled", json!(false)),
-        ("geo.provider.network.url", json!("")),
-        ("identity.fxaccounts.enabled", json!(false)),
-        ("browser.newtabpage.enabled", json!(false)),
-        (
-            "browser.newtabpage.activity-stream.feeds.system.topstories",
-            json!(false),
-        ),
-        (
-            "browser.newtabpage.activity-stream.feeds.snippets",
-            json!(false),
-        ),
-        ("browser.topsites.contile.enabled", json!(false)),
-        ("browser.search.update", json!(false)),
-        ("browser.shell.checkDefaultBrowser", json!(false)),
         ("browser.startup.homepage_override.mstone", json!("ignore")),
         ("browser.startup.page", json!(0)),
-        ("browser.aboutwelcome.enabled", json!(false)),
-        ("browser.sessionstore.resume_from_crash", json!(false)),
-        // A revive puts the tabs back itself.
-        ("browser.sessionstore.resume_session_once", json!(false)),
-        ("browser.tabs.warnOnClose", json!(false)),
         ("security.OCSP.enabled", json!(0)),
-        (
-            "security.remote_settings.crlite_filters.enabled",
-            json!(false),
-        ),
-        (
-            "security.remote_settings.intermediates.enabled",
-            json!(false),
-        ),
-    ];
-    if let Some(port) = proxy_port {
-        // Everything, loopback included, goes through the egress proxy
-        // (names resolved there too).
-        prefs.extend([
-            ("network.proxy.type", json!(1)),
-            ("network.proxy.socks", json!("127.0.0.1")),
-            ("network.proxy.socks_port", json!(port)),
-            ("network.proxy.socks_version", json!(5)),
-            ("network.proxy.socks_remote_dns", json!(true)),
-            ("network.proxy.no_proxies_on", json!("")),
-            ("network.proxy.allow_hijacking_localhost", json!(true)),
-            ("network.proxy.failover_direct", json!(false)),
-            ("network.trr.mode", json!(5)),
-        ]);
-    }
+    ]);
     prefs
+}
+
+/// Everything, loopback included, through the egress proxy (names
+/// resolved there too; no DNS over HTTPS).
+fn proxy_prefs(port: u16) -> Vec<(&'static str, Value)> {
+    vec![
+        ("network.proxy.type", json!(1)),
+        // A client's `proxy` (session.new) would set these: locked empty.
+        ("network.proxy.http", json!("")),
+        ("network.proxy.ssl", json!("")),
+        ("network.proxy.autoconfig_url", json!("")),
+        ("network.proxy.socks", json!("127.0.0.1")),
+        ("network.proxy.socks_port", json!(port)),
+        ("network.proxy.socks_version", json!(5)),
+        ("network.proxy.socks_remote_dns", json!(true)),
+        ("network.proxy.no_proxies_on", json!("")),
+        ("network.proxy.allow_hijacking_localhost", json!(true)),
+        ("network.proxy.failover_direct", json!(false)),
+        ("network.trr.mode", json!(5)),
+    ]
 }
 
 /// `user.js`: one `user_pref(name, value);` line per preference.
@@ -248,6 +262,12 @@ fn write_profile(
     // read-only into the sandbox, where the browser's user reads it.
     let policies = serde_json::to_vec_pretty(&policies(paths, &prefs))?;
     let file = policies_file(dirs);
+    // A relaunch in the same folder (a revive on this node) replaces the
+    // read-only file of the launch before.
+    match std::fs::remove_file(&file) {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error),
+        _ => {}
+    }
     std::fs::write(&file, policies)?;
     std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o444))
 }
@@ -333,10 +353,14 @@ fn settable(cookie: &Value) -> Value {
 /// [`BidiError::SessionHeld`] while a client's BiDi session is open.
 pub async fn capture(endpoint: &CdpEndpoint) -> anyhow::Result<CapturedState> {
     let mut session = BidiSession::open(endpoint).await?;
-    let read = read_state(&mut session).await;
+    let read = tokio::time::timeout(STATE_DEADLINE, read_state(&mut session)).await;
     session.end().await;
+    let read = read.map_err(|_| BidiError::Timeout("reading the browser's state".into()))?;
     Ok(read?)
 }
+
+/// How long a park's capture or a revive's restore may take in all.
+const STATE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
 
 async fn read_state(session: &mut BidiSession) -> Result<CapturedState, BidiError> {
     let cookies = session.call("storage.getCookies", json!({})).await?;
@@ -346,11 +370,13 @@ async fn read_state(session: &mut BidiSession) -> Result<CapturedState, BidiErro
     let mut tabs = Vec::new();
     for context in tree["contexts"].as_array().into_iter().flatten() {
         let url = context["url"].as_str().unwrap_or_default().to_owned();
+        // Read in a sandbox realm: the page's own getters do not run.
+        let target = json!({"context": context["context"], "sandbox": "flotilla"});
         let title = match is_web(&url) {
             true => session
                 .call(
                     "script.evaluate",
-                    json!({"target": {"context": context["context"]}, "expression": "document.title", "awaitPromise": false}),
+                    json!({"target": target, "expression": "document.title", "awaitPromise": false}),
                 )
                 .await
                 .ok()
@@ -380,8 +406,11 @@ pub async fn restore(
     options: RestoreOptions,
 ) -> anyhow::Result<()> {
     let mut session = BidiSession::open(endpoint).await?;
-    let put_back = put_back(&mut session, state, options).await;
+    let put_back =
+        tokio::time::timeout(STATE_DEADLINE, put_back(&mut session, state, options)).await;
     session.end().await;
+    let put_back =
+        put_back.map_err(|_| BidiError::Timeout("restoring the browser's state".into()))?;
     Ok(put_back?)
 }
 
@@ -392,11 +421,13 @@ async fn put_back(
 ) -> Result<(), BidiError> {
     for cookie in &state.cookies {
         // One cookie the browser refuses (expired meanwhile) loses only itself.
-        if let Err(error) = session
+        match session
             .call("storage.setCookie", json!({"cookie": settable(cookie)}))
             .await
         {
-            tracing::warn!(%error, "a captured cookie was not taken back");
+            Err(error) if error.is_unanswered() => return Err(error),
+            Err(error) => tracing::warn!(%error, "a captured cookie was not taken back"),
+            Ok(_) => {}
         }
     }
     let tabs: Vec<&CapturedTab> = match options.reopen_tabs {
@@ -418,8 +449,10 @@ async fn put_back(
                 .to_owned(),
         };
         let navigate = json!({"context": context, "url": tab.url, "wait": "none"});
-        if let Err(error) = session.call("browsingContext.navigate", navigate).await {
-            tracing::warn!(%error, url = tab.url, "a captured tab was not reopened");
+        match session.call("browsingContext.navigate", navigate).await {
+            Err(error) if error.is_unanswered() => return Err(error),
+            Err(error) => tracing::warn!(%error, url = tab.url, "a captured tab was not reopened"),
+            Ok(_) => {}
         }
     }
     Ok(())

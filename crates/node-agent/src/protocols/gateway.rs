@@ -139,7 +139,7 @@ async fn handle(
 }
 
 /// What a CDP client is told by a Firefox instance.
-const FIREFOX_SPEAKS_BIDI: &str = "this instance runs Firefox, which does not speak CDP: connect over WebDriver BiDi at urls.bidi (/v2/instances/{id}/bidi through the front door; Puppeteer: protocol 'webDriverBiDi'), or through WebDriver at /wd/hub";
+const FIREFOX_SPEAKS_BIDI: &str = "this instance runs Firefox, which does not speak CDP: connect over WebDriver BiDi at urls.bidi (/v2/instances/{id}/bidi through the front door; Puppeteer: protocol 'webDriverBiDi')";
 
 /// What a BiDi client is told by a Chromium instance.
 const CHROMIUM_SPEAKS_CDP: &str = "this instance runs Chromium, whose own socket speaks CDP: connect at urls.debug (/v2/instances/{id}/cdp through the front door), or open a WebDriver session at /wd/hub with webSocketUrl: true for WebDriver BiDi";
@@ -308,12 +308,10 @@ async fn proxy_websocket(
 ) -> io::Result<Response<Full<Bytes>>> {
     let upstream = endpoint.connect().await?;
     let path = upstream_path(&request, endpoint);
-    let protocol = if endpoint.speaks_cdp() {
-        Protocol::Cdp
-    } else {
-        Protocol::Bidi
+    let pins = match endpoint.speaks_cdp() {
+        true => Pins::new(Protocol::Cdp, context.downloads_dir.clone()),
+        false => Pins::new(Protocol::Bidi, context.downloads_dir.clone()).ending_bidi_sessions(),
     };
-    let pins = Pins::new(protocol, context.downloads_dir.clone());
     relay_websocket(
         request,
         (upstream, &endpoint.authority(), &path),
@@ -392,30 +390,61 @@ async fn relay_upgraded(
         slot: slot.clone(),
     };
     let (client_read, mut client_write) = tokio::io::split(client);
-    let (mut upstream_read, upstream_write) = upstream.into_split();
-    let to_browser = crate::protocols::client_frames::relay(client_read, upstream_write, &pins);
-    let to_client = async {
-        let _ = tokio::io::copy(&mut upstream_read, &mut client_write).await;
-        let _ = client_write.shutdown().await;
-    };
-    tokio::pin!(to_browser, to_client);
-    tokio::select! {
-        _ = &mut to_client => {}
-        outcome = &mut to_browser => {
-            match outcome {
-                Err(crate::protocols::client_frames::RelayError::Io(error)) => {
-                    tracing::debug!(instance = %slot.id, %error, "client connection closed");
-                }
-                Err(error) => {
-                    tracing::info!(instance = %slot.id, %error, "a client's message was refused: its connection is closed");
-                }
-                Ok(()) => {}
+    let (mut upstream_read, mut upstream_write) = upstream.into_split();
+    let says_farewell = pins.farewell.is_some();
+    {
+        let to_browser =
+            crate::protocols::client_frames::relay(client_read, &mut upstream_write, &pins);
+        let to_client = async {
+            let _ = tokio::io::copy(&mut upstream_read, &mut client_write).await;
+            if !says_farewell {
+                let _ = client_write.shutdown().await;
             }
-            // Let the browser's last frames (its close answer) through.
-            let _ = tokio::time::timeout(Duration::from_secs(2), &mut to_client).await;
+        };
+        tokio::pin!(to_browser, to_client);
+        tokio::select! {
+            _ = &mut to_client => {
+                // A client that went away: its side ends too, and the
+                // relay says the farewell.
+                if says_farewell {
+                    let _ = tokio::time::timeout(Duration::from_secs(2), &mut to_browser).await;
+                }
+            }
+            outcome = &mut to_browser => {
+                log_relay_end(&slot, outcome);
+                // Let the browser's last frames (its close answer) through.
+                if !says_farewell {
+                    let _ = tokio::time::timeout(Duration::from_secs(2), &mut to_client).await;
+                }
+            }
+            _ = cancel.cancelled() => return,
+            _ = slot.servers.cancelled() => return,
         }
-        _ = cancel.cancelled() => {}
-        _ = slot.servers.cancelled() => {}
+    }
+    if says_farewell {
+        crate::protocols::client_frames::farewell_answered(
+            &mut upstream_read,
+            &mut client_write,
+            Duration::from_secs(5),
+        )
+        .await;
+        let _ = client_write.shutdown().await;
+    }
+}
+
+/// Logs how a client's side of a relay ended.
+fn log_relay_end(
+    slot: &InstanceSlot,
+    outcome: Result<(), crate::protocols::client_frames::RelayError>,
+) {
+    match outcome {
+        Err(crate::protocols::client_frames::RelayError::Io(error)) => {
+            tracing::debug!(instance = %slot.id, %error, "client connection closed");
+        }
+        Err(error) => {
+            tracing::info!(instance = %slot.id, %error, "a client's message was refused: its connection is closed");
+        }
+        Ok(()) => {}
     }
 }
 

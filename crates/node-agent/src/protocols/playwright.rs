@@ -96,7 +96,7 @@ pub enum PlaywrightError {
     Unavailable(String),
     /// The instance's browser is one Playwright cannot drive (HTTP 400).
     #[error(
-        "this instance runs Firefox: Playwright drives only its own patched Firefox build, not Debian's firefox-esr, so Playwright clients are served on Chromium instances only; drive this one over WebDriver BiDi at urls.bidi (Puppeteer: protocol 'webDriverBiDi') or through WebDriver at /wd/hub"
+        "this instance runs Firefox: Playwright drives only its own patched Firefox build, not Debian's firefox-esr, so Playwright clients are served on Chromium instances only; drive this one over WebDriver BiDi at urls.bidi (Puppeteer: protocol 'webDriverBiDi')"
     )]
     NotChromium,
 }
@@ -476,6 +476,22 @@ pub mod routes {
         }
     }
 
+    /// The answer to a plain request (426): `/playwright` is a WebSocket.
+    fn not_an_upgrade(request: &axum::extract::Request) -> Option<Response> {
+        let is_upgrade = request
+            .headers()
+            .get(header::UPGRADE)
+            .and_then(|value| value.to_str().ok())
+            .is_some_and(|value| value.eq_ignore_ascii_case("websocket"));
+        (!is_upgrade).then(|| {
+            (
+                StatusCode::UPGRADE_REQUIRED,
+                "/playwright is a WebSocket endpoint: connect with Playwright's chromium.connect()\n",
+            )
+                .into_response()
+        })
+    }
+
     /// A Playwright client's connection: relayed to the server of its
     /// version beside the instance's browser (started first if needed; a
     /// parked instance is woken with its tabs).
@@ -493,17 +509,8 @@ pub mod routes {
                 .get(header::USER_AGENT)
                 .and_then(|value| value.to_str().ok());
             let install = version_for(&installs, user_agent)?.clone();
-            let is_upgrade = request
-                .headers()
-                .get(header::UPGRADE)
-                .and_then(|value| value.to_str().ok())
-                .is_some_and(|value| value.eq_ignore_ascii_case("websocket"));
-            if !is_upgrade {
-                return Ok((
-                    StatusCode::UPGRADE_REQUIRED,
-                    "/playwright is a WebSocket endpoint: connect with Playwright's chromium.connect()\n",
-                )
-                    .into_response());
+            if let Some(refusal) = not_an_upgrade(&request) {
+                return Ok(refusal);
             }
             state.slot.touch();
             let full_restore = Some(flotilla_api_types::instances::ReviveMethod::FullRestore);

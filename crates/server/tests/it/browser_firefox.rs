@@ -124,6 +124,17 @@ async fn browser_puppeteer_drives_a_firefox_instance_over_bidi_through_the_door(
     assert_eq!(listed, ["report.txt"]);
     assert!(!Path::new("/tmp/elsewhere/report.txt").exists());
 
+    serve.api.delete_instance(id).await;
+    serve.shutdown().await;
+}
+
+#[tokio::test]
+async fn browser_the_doors_of_other_protocols_refuse_a_firefox_instance_by_name() {
+    let site = serve_page(&[("/", "<title>x</title>")]).await;
+    let (serve, _) = door_serve(&site, |_| {}).await;
+    let firefox = running(&serve, "firefox").await;
+    let id = firefox["id"].as_str().unwrap();
+    let bidi = url(&firefox, "bidi");
     // Without a credential the door is closed; the CDP and Playwright doors
     // of a Firefox instance say which protocol to use instead.
     let (bare, _) = bidi.split_once("?token=").unwrap();
@@ -158,7 +169,6 @@ async fn browser_puppeteer_drives_a_firefox_instance_over_bidi_through_the_door(
             .contains("401"),
         "the instance's own port wants a credential too"
     );
-    serve.api.delete_instance(id).await;
     serve.shutdown().await;
 }
 
@@ -338,6 +348,9 @@ async fn browser_a_parked_firefox_instance_comes_back_with_its_tabs_and_cookies(
         .iter()
         .map(|path| format!("{}{path}", site.base))
         .collect();
+    // A client that crashed with its session open leaves it to the next
+    // (Firefox holds one session, ended only by session.end).
+    run_node("bidi_state.mjs", &[bidi, "leave"]).await.unwrap();
     let mut args = vec![bidi, "set"];
     args.extend(pages.iter().map(String::as_str));
     run_node("bidi_state.mjs", &args).await.unwrap();

@@ -69,6 +69,7 @@ pub const BUDGET_WAIT: Duration = Duration::from_secs(30);
 /// (`agent.messages_in_flight_mb`).
 pub const DEFAULT_BUDGET: usize = crate::config::DEFAULT_MESSAGES_IN_FLIGHT;
 
+const OPCODE_TEXT: u8 = 0x1;
 const OPCODE_CONTINUATION: u8 = 0x0;
 const OPCODE_CLOSE: u8 = 0x8;
 
@@ -105,7 +106,16 @@ pub struct Pins {
     pub protocol: Protocol,
     pub downloads_dir: String,
     pub budget: MessageBudget,
+    /// A message the browser gets when the client leaves (closes, goes
+    /// away, or breaks the framing), before the client's Close:
+    /// [`Pins::ending_bidi_sessions`].
+    pub farewell: Option<&'static str>,
 }
+
+/// What ends a BiDi session whose client left: Firefox keeps a session
+/// until `session.end` (not when its socket closes), and holds one at a
+/// time. Its id is one no client counts up to.
+pub const BIDI_FAREWELL: &str = r#"{"id":9007199254740991,"method":"session.end","params":{}}"#;
 
 impl Pins {
     /// Pins of `protocol` drawing on the node's budget.
@@ -114,6 +124,16 @@ impl Pins {
             protocol,
             downloads_dir,
             budget: MessageBudget::node(),
+            farewell: None,
+        }
+    }
+
+    /// These pins, ending the client's BiDi session when it leaves (a
+    /// browser's own BiDi socket: Firefox's).
+    pub fn ending_bidi_sessions(self) -> Self {
+        Self {
+            farewell: Some(BIDI_FAREWELL),
+            ..self
         }
     }
 }
@@ -214,20 +234,83 @@ pub enum RelayError {
 }
 
 /// Copies messages from `client` to `browser` until `client` ends, with the
-/// pins applied (see the module).
+/// pins applied (see the module); the pins' farewell goes to the browser
+/// when the client leaves, however it leaves.
 pub async fn relay<R, W>(mut client: R, mut browser: W, pins: &Pins) -> Result<(), RelayError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut farewell = pins.farewell;
+    let relayed = relay_messages(&mut client, &mut browser, pins, &mut farewell).await;
+    if let Some(message) = farewell {
+        let _ = write_frame(&mut browser, OPCODE_TEXT, message.as_bytes()).await;
+    }
+    // With a farewell the browser's side stays open: Firefox drops a
+    // message whose connection closes right behind it. The caller closes it
+    // once the farewell is answered ([`farewell_answered`]).
+    if pins.farewell.is_none() {
+        browser.shutdown().await.ok();
+    }
+    relayed
+}
+
+/// Reads what the browser sends after a farewell, passing it on to the
+/// client (whatever came before it, and whatever the client can still
+/// take), until the farewell's answer has come, the browser closes, or
+/// `limit` has passed.
+pub async fn farewell_answered<R, W>(browser: &mut R, client: &mut W, limit: Duration)
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    const ANSWER_ID: &[u8] = b"9007199254740991";
+    let reading = async {
+        let mut seen: Vec<u8> = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let n = match browser.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            let _ = client.write_all(&chunk[..n]).await;
+            // The id may straddle two reads: keep the tail of the last.
+            let keep = seen.len().saturating_sub(ANSWER_ID.len());
+            seen.drain(..keep);
+            seen.extend_from_slice(&chunk[..n]);
+            if seen
+                .windows(ANSWER_ID.len())
+                .any(|window| window == ANSWER_ID)
+            {
+                return;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(limit, reading).await;
+}
+
+async fn relay_messages<R, W>(
+    client: &mut R,
+    browser: &mut W,
+    pins: &Pins,
+    farewell: &mut Option<&'static str>,
+) -> Result<(), RelayError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     let mut chunk = Vec::new();
     loop {
-        let Some(frame) = read_frame_head(&mut client).await? else {
-            browser.shutdown().await.ok();
+        let Some(frame) = read_frame_head(client).await? else {
             return Ok(());
         };
+        if frame.opcode == OPCODE_CLOSE
+            && let Some(message) = farewell.take()
+        {
+            write_frame(browser, OPCODE_TEXT, message.as_bytes()).await?;
+        }
         if frame.opcode >= OPCODE_CLOSE {
-            pass_control(&mut client, &mut browser, &frame).await?;
+            pass_control(client, browser, &frame).await?;
             continue;
         }
         if frame.opcode == OPCODE_CONTINUATION {
@@ -239,14 +322,14 @@ where
         let mut message = Message::new(frame.opcode, pins);
         if frame.fin {
             message
-                .relay_one_frame(&mut client, &mut browser, &frame, &mut chunk)
+                .relay_one_frame(client, browser, &frame, &mut chunk)
                 .await?;
         } else {
             message
-                .collect_fragments(&mut client, &mut browser, frame, &mut chunk)
+                .collect_fragments(client, browser, frame, &mut chunk)
                 .await?;
         }
-        message.finish(&mut browser).await?;
+        message.finish(browser).await?;
     }
 }
 
@@ -659,6 +742,7 @@ mod tests {
             protocol,
             downloads_dir: "/data/i1/downloads".into(),
             budget: MessageBudget::new(budget),
+            farewell: None,
         }
     }
 
@@ -675,6 +759,79 @@ mod tests {
         let input = frame(true, 1, command.to_string().as_bytes(), [7, 1, 2, 3]);
         let out = through_as(Protocol::Bidi, input).await.unwrap();
         serde_json::from_slice(&out[0].1).unwrap()
+    }
+
+    /// A Firefox BiDi client that leaves ends its session, however it
+    /// leaves: Firefox would keep it (its only one) until `session.end`.
+    #[tokio::test]
+    async fn a_bidi_client_that_leaves_ends_its_session() {
+        let pins = pins_of(Protocol::Bidi, DEFAULT_BUDGET).ending_bidi_sessions();
+        let command = br#"{"id": 1, "method": "session.new", "params": {"capabilities": {}}}"#;
+        let close = frame(true, OPCODE_CLOSE, &[0x03, 0xe8], [1, 2, 3, 4]);
+        let broken = vec![0x81, 0x05, b'x'];
+        for (how, ending) in [
+            ("closes", close),
+            ("goes away", Vec::new()),
+            ("breaks the framing", broken),
+        ] {
+            let mut input = frame(true, 1, command, [9, 8, 7, 6]);
+            input.extend_from_slice(&ending);
+            let mut output = Vec::new();
+            let _ = relay(&input[..], &mut output, &pins).await;
+            let seen = messages(&output);
+            let texts: Vec<&[u8]> = seen
+                .iter()
+                .filter(|(opcode, _)| *opcode == 1)
+                .map(|(_, payload)| payload.as_slice())
+                .collect();
+            assert_eq!(
+                texts,
+                [&command[..], BIDI_FAREWELL.as_bytes()],
+                "a client that {how}"
+            );
+            if how == "closes" {
+                assert_eq!(
+                    seen.last().map(|(opcode, _)| *opcode),
+                    Some(OPCODE_CLOSE),
+                    "the Close goes after it"
+                );
+            }
+        }
+        // Other relays say nothing when a client leaves.
+        let mut output = Vec::new();
+        let input = frame(true, 1, command, [9, 8, 7, 6]);
+        relay(
+            &input[..],
+            &mut output,
+            &pins_of(Protocol::Bidi, DEFAULT_BUDGET),
+        )
+        .await
+        .unwrap();
+        assert_eq!(messages(&output).len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_bidi_client_cannot_set_a_proxy_of_its_own() {
+        for command in [
+            serde_json::json!({"id": 1, "method": "session.new", "params": {"capabilities": {"alwaysMatch": {"proxy": {"proxyType": "direct"}}}}}),
+            serde_json::json!({"id": 2, "method": "session.new", "params": {"capabilities": {"firstMatch": [{}, {"proxy": {"proxyType": "manual", "httpProxy": "10.0.0.1:3128"}}]}}}),
+            serde_json::json!({"id": 3, "method": "browser.createUserContext", "params": {"proxy": {"proxyType": "direct"}}}),
+        ] {
+            let out = bidi(command.clone()).await;
+            assert!(
+                out["method"]
+                    .as_str()
+                    .unwrap()
+                    .contains("is refused by Flotilla"),
+                "{command} went through as {out}"
+            );
+        }
+        for command in [
+            serde_json::json!({"id": 4, "method": "session.new", "params": {"capabilities": {"alwaysMatch": {"acceptInsecureCerts": true}}}}),
+            serde_json::json!({"id": 5, "method": "browser.createUserContext", "params": {}}),
+        ] {
+            assert_eq!(bidi(command.clone()).await, command);
+        }
     }
 
     #[tokio::test]

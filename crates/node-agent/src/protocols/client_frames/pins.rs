@@ -9,7 +9,8 @@
 //!   string, which gets the same pins (nested up to [`MAX_NESTING`] deep).
 //! - WebDriver BiDi: `browser.setDownloadBehavior` allowing downloads saves
 //!   them in the instance's directory; `webExtension.install` and
-//!   `webExtension.uninstall` are refused; raw CDP sent through BiDi
+//!   `webExtension.uninstall` are refused, and so are `session.new` with a
+//!   `proxy` capability and `browser.createUserContext` with a `proxy`; raw CDP sent through BiDi
 //!   (`goog:cdp.sendCommand`, `cdp.sendCommand`) gets the CDP pins.
 //! - Playwright: raw CDP sent through a `CDPSession` (`send`) gets the CDP
 //!   pins; Playwright's other calls are checked by its server
@@ -70,12 +71,31 @@ const CDP_PINNED: &[&str] = &[
 
 /// BiDi methods the pins rewrite or refuse.
 const BIDI_PINNED: &[&str] = &[
+    "session.new",
+    "browser.createUserContext",
     "browser.setDownloadBehavior",
     "webExtension.install",
     "webExtension.uninstall",
     "goog:cdp.sendCommand",
     "cdp.sendCommand",
 ];
+
+const PROXY_IS_CONFIGURATION: &str = "the instance's traffic goes through its node's egress proxy; an upstream proxy is set when it is created (config.proxy)";
+
+/// Whether BiDi parameters set a proxy: `browser.createUserContext`'s
+/// `proxy`, or a `proxy` capability of `session.new` (in `alwaysMatch` or
+/// any of `firstMatch`). Firefox applies either around its locked proxy
+/// preferences.
+fn names_a_proxy(params: &Map<String, Value>) -> bool {
+    let capabilities = &params.get("capabilities");
+    let always = capabilities.and_then(|c| c.get("alwaysMatch"));
+    let first = capabilities
+        .and_then(|c| c.get("firstMatch"))
+        .and_then(Value::as_array);
+    params.contains_key("proxy")
+        || always.is_some_and(|a| a.get("proxy").is_some())
+        || first.is_some_and(|list| list.iter().any(|c| c.get("proxy").is_some()))
+}
 
 const EXTENSIONS_ARE_CONFIGURATION: &str = "the instance's extensions are set when it is created (config.extensions, uploaded with POST /v2/extensions)";
 
@@ -288,6 +308,17 @@ fn pin_bidi_command(command: &Members, downloads_dir: &str) -> Result<Option<Str
             ("method", "params"),
             Change::refusal(&method, EXTENSIONS_ARE_CONFIGURATION),
         )),
+        "session.new" | "browser.createUserContext" => {
+            let names_a_proxy = match small_object(&method, command.get("params"))? {
+                Some(params) => names_a_proxy(&params),
+                None => true,
+            };
+            let change = match names_a_proxy {
+                true => Change::refusal(&method, PROXY_IS_CONFIGURATION),
+                false => Change::default(),
+            };
+            Ok(command.with_change(("method", "params"), change))
+        }
         "goog:cdp.sendCommand" | "cdp.sendCommand" => {
             pin_carried(command, ("method", "params"), downloads_dir)
         }
