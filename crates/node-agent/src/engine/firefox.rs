@@ -221,6 +221,12 @@ fn policies(paths: &BrowserPaths, prefs: &[(&str, Value)]) -> Value {
         "DisableAppUpdate": true,
         "DisableTelemetry": true,
         "DisableFirefoxStudies": true,
+        // Firefox ignores `services.settings.server` on release builds:
+        // only this policy keeps it from its remote settings server (no
+        // updated revocation lists then, as Chromium gets no CRLSets).
+        "DisableRemoteSettingsAndAcceptSecurityConsequences": true,
+        "DisableRemoteImprovements": true,
+        "DisableSystemAddonUpdate": true,
         "DisableFirefoxAccounts": true,
         "DisablePocket": true,
         "DisableFeedbackCommands": true,

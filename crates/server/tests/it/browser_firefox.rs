@@ -394,3 +394,53 @@ async fn browser_a_parked_firefox_instance_comes_back_with_its_tabs_and_cookies(
     assert_eq!(after["basket"], "three apples", "{after}");
     serve.shutdown().await;
 }
+
+/// Firefox sends nothing of its own (updates, telemetry, remote settings,
+/// safe browsing, captive-portal checks…) through an upstream proxy that
+/// logs every request: only the page it was asked for.
+#[tokio::test]
+async fn browser_firefox_sends_nothing_of_its_own_through_a_logging_proxy() {
+    use crate::browser_sessions::{PROXY_PASSWORD, Tinyproxy, proxy_body, requested_hosts};
+    let proxy = Tinyproxy::start();
+    let site = serve_page(&[("/", "<title>via the upstream proxy</title><p>proxied</p>")]).await;
+    let proxy_addr = format!("127.0.0.1:{}", proxy.port);
+    let (serve, _) = door_serve(&site, |config| {
+        config.agent.egress.allow.push(proxy_addr.clone());
+    })
+    .await;
+    wait_until(
+        std::time::Duration::from_secs(30),
+        "tinyproxy to listen",
+        || async {
+            Ok::<_, std::convert::Infallible>(
+                tokio::net::TcpStream::connect(("127.0.0.1", proxy.port))
+                    .await
+                    .ok()
+                    .map(|_| ()),
+            )
+        },
+    )
+    .await
+    .unwrap();
+    let launched = std::time::Instant::now();
+    let mut body: Value = serde_json::from_str(&proxy_body(proxy.port, PROXY_PASSWORD)).unwrap();
+    body["image"] = "firefox".into();
+    let (_, created, _) = serve.api.create_running(&body.to_string()).await;
+    let page = format!("{}/", site.base);
+    let seen = loads(url(&created, "bidi"), std::slice::from_ref(&page)).await;
+    assert_eq!(seen[&page]["loaded"], true, "{seen}");
+    let port = site.authority().rsplit_once(':').unwrap().1.to_owned();
+    assert!(
+        proxy.logged().contains(&format!("127.0.0.1:{port}")),
+        "the proxy carried the page: {}",
+        proxy.logged()
+    );
+    // An absence, so observed over a window: Firefox's first twenty seconds.
+    tokio::time::sleep_until((launched + std::time::Duration::from_secs(20)).into()).await;
+    let hosts = requested_hosts(&proxy.logged());
+    assert!(
+        hosts.iter().all(|host| host == "127.0.0.1"),
+        "only the page went through the proxy: {hosts:?}"
+    );
+    serve.shutdown().await;
+}

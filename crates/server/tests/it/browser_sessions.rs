@@ -14,19 +14,19 @@ use flotilla_testkit::{
 };
 
 const PROXY_USER: &str = "flotilla";
-const PROXY_PASSWORD: &str = "s3cret-upstream-password";
+pub(crate) const PROXY_PASSWORD: &str = "s3cret-upstream-password";
 
 /// Debian's tinyproxy on a free loopback port, wanting Basic credentials and
 /// logging every connection; stopped on drop.
-struct Tinyproxy {
+pub(crate) struct Tinyproxy {
     child: std::process::Child,
-    port: u16,
+    pub(crate) port: u16,
     log: PathBuf,
     _dir: tempfile::TempDir,
 }
 
 impl Tinyproxy {
-    fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
         std::fs::set_permissions(
             dir.path(),
@@ -66,7 +66,7 @@ impl Tinyproxy {
         }
     }
 
-    fn logged(&self) -> String {
+    pub(crate) fn logged(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
@@ -78,7 +78,7 @@ impl Drop for Tinyproxy {
     }
 }
 
-fn proxy_body(port: u16, password: &str) -> String {
+pub(crate) fn proxy_body(port: u16, password: &str) -> String {
     format!(
         r#"{{"config": {{"proxy": {{"server": "http://127.0.0.1:{port}", "username": "{PROXY_USER}", "password": "{password}"}}}}}}"#
     )
@@ -229,7 +229,7 @@ async fn browser_an_upstream_proxy_carries_every_request_and_keeps_its_credentia
 
 /// The host of every request tinyproxy logged (`Request (file descriptor
 /// N): CONNECT host:port HTTP/1.1`, or a full URL).
-fn requested_hosts(log: &str) -> Vec<String> {
+pub(crate) fn requested_hosts(log: &str) -> Vec<String> {
     log.lines()
         .filter_map(|line| {
             line.split_once("Request (file descriptor")
