@@ -108,6 +108,24 @@ pub fn percentile(samples: &[f64], q: f64) -> f64 {
     sorted[rank - 1]
 }
 
+/// Medians of `steps` over `samples` (objects of milliseconds), and of
+/// their sum last.
+pub fn step_medians(samples: &[&serde_json::Value], steps: &[&str]) -> Vec<f64> {
+    let mut row: Vec<f64> = steps
+        .iter()
+        .map(|step| {
+            let values: Vec<f64> = samples.iter().filter_map(|s| s[*step].as_f64()).collect();
+            percentile(&values, 0.5)
+        })
+        .collect();
+    let totals: Vec<f64> = samples
+        .iter()
+        .map(|s| steps.iter().filter_map(|step| s[*step].as_f64()).sum())
+        .collect();
+    row.push(percentile(&totals, 0.5));
+    row
+}
+
 pub fn mean(samples: &[f64]) -> f64 {
     samples.iter().sum::<f64>() / samples.len() as f64
 }

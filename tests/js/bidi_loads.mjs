@@ -4,34 +4,10 @@
 // A page loaded when the navigation succeeded and the document is the page
 // itself, not one of Firefox's error pages (about:neterror, …).
 // Usage: node bidi_loads.mjs <urls.bidi> <url>...
-import WebSocket from 'ws';
+import { open } from './bidi_client.mjs';
 
 const [endpoint, ...urls] = process.argv.slice(2);
-const socket = new WebSocket(endpoint);
-await new Promise((resolve, reject) => {
-  socket.once('open', resolve);
-  socket.once('error', reject);
-  socket.once('unexpected-response', (_, response) => reject(new Error(`HTTP ${response.statusCode}`)));
-});
-let nextId = 1;
-const waiting = new Map();
-socket.on('message', (data) => {
-  const message = JSON.parse(data.toString());
-  if (message.id !== undefined && waiting.has(message.id)) {
-    waiting.get(message.id)(message);
-    waiting.delete(message.id);
-  }
-});
-function send(method, params) {
-  const id = nextId++;
-  socket.send(JSON.stringify({ id, method, params }));
-  return new Promise((resolve) => waiting.set(id, resolve));
-}
-async function call(method, params) {
-  const answer = await send(method, params);
-  if (answer.type !== 'success') throw new Error(`${method}: ${answer.error}: ${answer.message}`);
-  return answer.result;
-}
+const { socket, send, call } = await open(endpoint);
 
 await call('session.new', { capabilities: {} });
 const tree = await call('browsingContext.getTree', {});

@@ -6,30 +6,10 @@
 // starts a session and drops the connection without ending it (a client
 // that crashed).
 // Usage: node bidi_state.mjs <urls.bidi> set <url>... | get | leave
-import WebSocket from 'ws';
+import { open } from './bidi_client.mjs';
 
 const [endpoint, verb, ...urls] = process.argv.slice(2);
-const socket = new WebSocket(endpoint);
-await new Promise((resolve, reject) => {
-  socket.once('open', resolve);
-  socket.once('error', reject);
-});
-let nextId = 1;
-const waiting = new Map();
-socket.on('message', (data) => {
-  const message = JSON.parse(data.toString());
-  if (message.id !== undefined && waiting.has(message.id)) {
-    waiting.get(message.id)(message);
-    waiting.delete(message.id);
-  }
-});
-async function call(method, params) {
-  const id = nextId++;
-  socket.send(JSON.stringify({ id, method, params }));
-  const answer = await new Promise((resolve) => waiting.set(id, resolve));
-  if (answer.type !== 'success') throw new Error(`${method}: ${answer.error}: ${answer.message}`);
-  return answer.result;
-}
+const { socket, call } = await open(endpoint);
 async function evaluate(context, expression) {
   const evaluated = await call('script.evaluate', { target: { context }, expression, awaitPromise: false });
   return evaluated.result.value;

@@ -24,31 +24,15 @@ use serde_json::{Value, json};
 
 use flotilla_bench::{
     ServeProcess, client_with_key, create_running, free_port, get_json, keyed_config, number_flag,
-    percentile, run_node_script, text_flag,
+    percentile, run_node_script, step_medians, text_flag,
 };
 
 const KEY: &str = "firefox-bench-key";
 
-/// Medians of `steps` over `samples` (objects of milliseconds), and of
-/// their sum.
-fn medians(samples: &[Value], steps: &[&str]) -> Vec<f64> {
-    let mut row: Vec<f64> = steps
-        .iter()
-        .map(|step| {
-            let values: Vec<f64> = samples.iter().filter_map(|s| s[*step].as_f64()).collect();
-            percentile(&values, 0.5)
-        })
-        .collect();
-    let totals: Vec<f64> = samples
-        .iter()
-        .map(|s| steps.iter().filter_map(|step| s[*step].as_f64()).sum())
-        .collect();
-    row.push(percentile(&totals, 0.5));
-    row
-}
-
-fn rounds_of(list: &Value) -> Vec<Value> {
-    list.as_array().cloned().unwrap_or_default()
+fn rounds_of(list: &Value) -> Vec<&Value> {
+    list.as_array()
+        .map(|rounds| rounds.iter().collect())
+        .unwrap_or_default()
 }
 
 fn print_row(label: &str, values: &[f64]) {
@@ -125,14 +109,14 @@ async fn main() -> anyhow::Result<()> {
             &door,
         ),
     ] {
-        print_row(label, &medians(&rounds_of(&results[key]), steps));
+        print_row(label, &step_medians(&rounds_of(&results[key]), steps));
     }
     println!("\npark and revive (full_restore), medians in ms\n");
     println!("| image | park | revive until running |");
     println!("|---|---|---|");
     for image in ["firefox", "chromium"] {
         let samples = rounds_of(&results["park_revive"][image]);
-        let row = medians(&samples, &["park", "revive"]);
+        let row = step_medians(&samples, &["park", "revive"]);
         print_row(image, &row[..2]);
     }
     println!("\nidle instance on about:blank, PSS (median of six readings)\n");

@@ -20,7 +20,7 @@ use anyhow::Context as _;
 use serde_json::{Value, json};
 
 use flotilla_bench::{
-    ServeProcess, free_port, keyed_config, number_flag, percentile, run_node_script, text_flag,
+    ServeProcess, free_port, keyed_config, number_flag, run_node_script, step_medians, text_flag,
 };
 use flotilla_node_agent::config::BASE_CHROMIUM_FLAGS;
 
@@ -71,24 +71,6 @@ async fn run_script(builds: &[Build], chromium: &str, rounds: usize) -> anyhow::
     run_node_script("ready_page.mjs", &options).await
 }
 
-/// Medians of `steps` over `samples` (objects of milliseconds), and of
-/// their sum.
-fn medians(samples: &[&Value], steps: &[&str]) -> Vec<f64> {
-    let mut row: Vec<f64> = steps
-        .iter()
-        .map(|step| {
-            let values: Vec<f64> = samples.iter().filter_map(|s| s[*step].as_f64()).collect();
-            percentile(&values, 0.5)
-        })
-        .collect();
-    let totals: Vec<f64> = samples
-        .iter()
-        .map(|s| steps.iter().filter_map(|step| s[*step].as_f64()).sum())
-        .collect();
-    row.push(percentile(&totals, 0.5));
-    row
-}
-
 /// The rounds of `list`, or their member `way`.
 fn samples<'a>(list: &'a Value, way: Option<&str>) -> Vec<&'a Value> {
     let rounds = list.as_array().map(Vec::as_slice).unwrap_or_default();
@@ -122,7 +104,7 @@ async fn main() -> anyhow::Result<()> {
         let samples = samples(&results[&build.name]["flotilla"], None);
         print_row(
             &format!("Flotilla ({}), warm pool", build.name),
-            &medians(&samples, &STEPS),
+            &step_medians(&samples, &STEPS),
         );
     }
     let launch_steps = ["launch", "connect", "newPage", "goto", "title"];
@@ -134,7 +116,7 @@ async fn main() -> anyhow::Result<()> {
         ),
     ] {
         let samples = samples(&results[key], None);
-        print_row(label, &medians(&samples, &launch_steps));
+        print_row(label, &step_medians(&samples, &launch_steps));
     }
     println!("\none instance, two ways (medians in ms)\n");
     println!("| build, urls.debug | connect | newPage | goto | title | total |");
@@ -147,7 +129,7 @@ async fn main() -> anyhow::Result<()> {
             let samples = samples(&results[&build.name]["two_ways"], Some(way));
             print_row(
                 &format!("{}, {label}", build.name),
-                &medians(&samples, &STEPS[1..]),
+                &step_medians(&samples, &STEPS[1..]),
             );
         }
     }

@@ -408,20 +408,7 @@ async fn browser_firefox_sends_nothing_of_its_own_through_a_logging_proxy() {
         config.agent.egress.allow.push(proxy_addr.clone());
     })
     .await;
-    wait_until(
-        std::time::Duration::from_secs(30),
-        "tinyproxy to listen",
-        || async {
-            Ok::<_, std::convert::Infallible>(
-                tokio::net::TcpStream::connect(("127.0.0.1", proxy.port))
-                    .await
-                    .ok()
-                    .map(|_| ()),
-            )
-        },
-    )
-    .await
-    .unwrap();
+    proxy.listening().await;
     let launched = std::time::Instant::now();
     let mut body: Value = serde_json::from_str(&proxy_body(proxy.port, PROXY_PASSWORD)).unwrap();
     body["image"] = "firefox".into();

@@ -66,6 +66,25 @@ impl Tinyproxy {
         }
     }
 
+    /// Waits until it listens.
+    pub(crate) async fn listening(&self) {
+        let port = self.port;
+        wait_until(
+            Duration::from_secs(30),
+            "tinyproxy to listen",
+            || async move {
+                Ok::<_, std::convert::Infallible>(
+                    tokio::net::TcpStream::connect(("127.0.0.1", port))
+                        .await
+                        .ok()
+                        .map(|_| ()),
+                )
+            },
+        )
+        .await
+        .unwrap();
+    }
+
     pub(crate) fn logged(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -92,16 +111,7 @@ async fn browser_an_upstream_proxy_carries_every_request_and_keeps_its_credentia
     let site = serve_page(&[("/", "<title>via the upstream proxy</title>")]).await;
     let proxy_addr = format!("127.0.0.1:{}", proxy.port);
     let serve = spawn_serve_with(|config| config.agent.egress.allow.push(proxy_addr.clone())).await;
-    wait_until(Duration::from_secs(30), "tinyproxy to listen", || async {
-        Ok::<_, std::convert::Infallible>(
-            tokio::net::TcpStream::connect(("127.0.0.1", proxy.port))
-                .await
-                .ok()
-                .map(|_| ()),
-        )
-    })
-    .await
-    .unwrap();
+    proxy.listening().await;
 
     // Bad proxies are 400 naming the field.
     for (body, field) in [
