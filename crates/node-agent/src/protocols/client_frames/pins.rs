@@ -615,6 +615,29 @@ mod tests {
         assert!(refused(&out["method"]), "{}", out["method"]);
     }
 
+    /// A proxy hidden from a reader that matches text (an escaped name,
+    /// past the bound, in a later `firstMatch`) is still refused; params
+    /// that are not JSON never reach the browser.
+    #[test]
+    fn hidden_bidi_proxies_are_refused() {
+        let escaped = r#"{"id": 1, "method": "session.new", "params": {"capabilities": {"alwaysMatch": {"pro\u0078y": {"proxyType": "direct"}}}}}"#;
+        let out: Value = serde_json::from_slice(
+            &pin(Protocol::Bidi, escaped.as_bytes(), DOWNLOADS)
+                .unwrap()
+                .expect("rewritten"),
+        )
+        .unwrap();
+        assert!(refused(&out["method"]), "{out}");
+        let pad = "x".repeat(MAX_PINNED_PARAMS);
+        let oversize = pinned(
+            Protocol::Bidi,
+            serde_json::json!({"id": 2, "method": "browser.createUserContext", "params": {"pad": pad}}),
+        );
+        assert!(refused(&oversize["method"]), "{}", oversize["method"]);
+        let broken = br#"{"id": 3, "method": "session.new", "params": {"capabilities": {"alwaysMatch": {"proxy": }}}}"#;
+        assert!(pin(Protocol::Bidi, broken, DOWNLOADS).is_err());
+    }
+
     #[test]
     fn objects_with_endless_members_are_refused() {
         let mut text = String::from(r#"{"method":"Page.setDownloadBehavior""#);
