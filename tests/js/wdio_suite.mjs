@@ -1,7 +1,7 @@
 // A small suite with WebdriverIO 9, unchanged, against a remote WebDriver
 // endpoint. WebdriverIO 9 asks for WebDriver BiDi by default (webSocketUrl)
 // and uses it for navigation and events.
-// Usage: node wdio_suite.mjs <http://host:port> <path, e.g. /wd/hub> <API key> <site base url>
+// Usage: node wdio_suite.mjs <http://host:port> <path, e.g. /wd/hub> <API key> <site base url> [chrome|firefox]
 // WebdriverIO sends `user`/`key` only with the new session; the API key goes
 // in `headers`, which it sends with every command.
 // Prints one JSON object of what it saw; exits non-zero on the first failure.
@@ -10,7 +10,11 @@ import os from 'node:os';
 import path from 'node:path';
 import { remote } from 'webdriverio';
 
-const [base, hubPath, key, site] = process.argv.slice(2);
+const [base, hubPath, key, site, browserName = 'chrome'] = process.argv.slice(2);
+const browserOptions =
+  browserName === 'firefox'
+    ? { 'moz:firefoxOptions': { args: ['-headless', '--width=1024', '--height=768'] } }
+    : { 'goog:chromeOptions': { args: ['--headless=new', '--window-size=1024,768'] } };
 const url = new URL(base);
 const browser = await remote({
   protocol: url.protocol.replace(':', ''),
@@ -21,8 +25,8 @@ const browser = await remote({
   logLevel: 'error',
   connectionRetryCount: 0,
   capabilities: {
-    browserName: 'chrome',
-    'goog:chromeOptions': { args: ['--headless=new', '--window-size=1024,768'] },
+    browserName,
+    ...browserOptions,
     'se:downloadsEnabled': true,
     'flotilla:options': { idle_timeout_minutes: 10 },
   },

@@ -1,12 +1,13 @@
 """A small Selenium suite, as a user's test would drive Flotilla: Selenium 4
 for Python (PyPI `selenium`), unchanged, pointed at a remote URL.
 
-Usage: python3 selenium_suite.py <remote url> <site base url> [classic|bidi]
+Usage: python3 selenium_suite.py <remote url> <site base url> [classic|bidi|firefox]
 In `classic` mode the session sets `goog:chromeOptions.prefs`; in `bidi` mode
 it asks for WebDriver BiDi (`webSocketUrl`) and
 listens to console events over it; chromedriver then answers prompts itself
 (BiDi's user prompt handling, the same with a local chromedriver), so the
-alert step is left to the classic mode.
+alert step is left to the classic mode. In `firefox` mode the session is
+Firefox's (`FirefoxOptions`, preferences, BiDi on; no CDP).
 Prints one JSON object of what it saw; exits non-zero on the first failure.
 """
 import json
@@ -21,15 +22,28 @@ from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 remote, site = sys.argv[1], sys.argv[2]
-bidi = len(sys.argv) > 3 and sys.argv[3] == "bidi"
-options = webdriver.ChromeOptions()
-options.add_argument("--headless=new")
-options.add_argument("--window-size=1024,768")
+mode = sys.argv[3] if len(sys.argv) > 3 else "classic"
+firefox = mode == "firefox"
+bidi = mode in ("bidi", "firefox")
+if firefox:
+    options = webdriver.FirefoxOptions()
+    options.add_argument("-headless")
+    options.add_argument("--width=1024")
+    options.add_argument("--height=768")
+    # Preferences, as suites set them: a language, and downloads into a
+    # folder of the client's (Flotilla's downloads stay the instance's).
+    options.set_preference("intl.accept_languages", "fr-FR,fr")
+    options.set_preference("browser.download.folderList", 2)
+    options.set_preference("browser.download.dir", "/home/tester/Downloads")
+else:
+    options = webdriver.ChromeOptions()
+    options.add_argument("--headless=new")
+    options.add_argument("--window-size=1024,768")
 options.set_capability("flotilla:options", {"idle_timeout_minutes": 10})
 # Grid's managed downloads, and in bidi mode WebDriver BiDi (webSocketUrl).
 options.enable_downloads = True
 options.enable_bidi = bidi
-if not bidi:
+if mode == "classic":
     # Preferences, as suites set them: a language, and a download folder on
     # the client's machine (Flotilla's downloads stay the instance's).
     options.add_experimental_option(
@@ -73,9 +87,10 @@ try:
     seen["initial_size"] = driver.get_window_size()
     driver.set_window_size(800, 600)
     seen["size"] = driver.get_window_size()
-    seen["cdp"] = driver.execute_cdp_cmd(
-        "Runtime.evaluate", {"expression": "1 + 2", "returnByValue": True}
-    )["result"]["value"]
+    if not firefox:
+        seen["cdp"] = driver.execute_cdp_cmd(
+            "Runtime.evaluate", {"expression": "1 + 2", "returnByValue": True}
+        )["result"]["value"]
     seen["url"] = driver.current_url
 
     # A file from this machine's disk, typed into a file input.

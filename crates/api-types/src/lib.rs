@@ -33,6 +33,7 @@ pub mod error;
 pub mod events;
 pub mod extensions;
 pub mod faults;
+pub mod firefox_prefs;
 pub mod health;
 pub mod ids;
 pub mod instances;

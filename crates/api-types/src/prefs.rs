@@ -75,6 +75,11 @@ pub enum PrefsError {
     Conflict { key: String },
     #[error("config.prefs.{key} is refused: {why}")]
     Refused { key: String, why: &'static str },
+    /// Firefox's preferences ([`crate::firefox_prefs`]) hold one of these.
+    #[error(
+        "config.prefs.{key} must be a boolean, a 32-bit integer or a string (a Firefox preference)"
+    )]
+    NotAFirefoxValue { key: String },
 }
 
 /// `prefs` in Chromium's nested form, checked: dotted keys become nested

@@ -84,12 +84,16 @@ pub fn pooled_browser_dirs(instances: &Path) -> Vec<std::path::PathBuf> {
     dirs
 }
 
-/// The browser's main process (Chromium without `--type=`) under `dir`.
+/// The browser's main process under `dir`: Chromium without `--type=`, or
+/// Firefox's (`firefox-esr` without `-contentproc`).
 pub fn browser_main_pid(dir: &Path) -> Option<u32> {
     browser_processes(dir).into_iter().find(|pid| {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         let cmdline = String::from_utf8_lossy(&cmdline);
-        cmdline.contains("--user-data-dir=") && !cmdline.contains("--type=")
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let chromium = cmdline.contains("--user-data-dir=") && !cmdline.contains("--type=");
+        let firefox = comm.trim() == "firefox-esr" && !cmdline.contains("-contentproc");
+        chromium || firefox
     })
 }
 

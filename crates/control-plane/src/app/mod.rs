@@ -28,6 +28,7 @@ pub mod tenants;
 mod tokens;
 mod views;
 pub mod webdriver;
+pub mod webdriver_firefox;
 pub mod webdriver_sessions;
 
 use std::sync::Arc;

@@ -235,7 +235,7 @@ fn matched(
     for (key, value) in caps {
         match key.as_str() {
             "browserName" | "browserVersion" | "platformName" | "proxy" | "flotilla:options"
-            | "goog:chromeOptions" => {}
+            | "goog:chromeOptions" | "moz:firefoxOptions" => {}
             "se:downloadsEnabled" => {
                 downloads_enabled = value.as_bool().ok_or_else(|| {
                     WebDriverRefusal::invalid_argument("se:downloadsEnabled must be a boolean")
@@ -277,13 +277,27 @@ fn matched(
             }
         }
     }
-    let chrome = chrome_options(caps.get("goog:chromeOptions"))?;
-    if !chrome.kept.is_empty() {
-        forwarded.insert("goog:chromeOptions".into(), Value::Object(chrome.kept));
+    let firefox = string(caps, "browserName")? == Some("firefox");
+    let browser = if firefox {
+        // geckodriver checks them against its Firefox.
+        for key in ["browserName", "browserVersion"] {
+            if let Some(value) = caps.get(key).filter(|v| !v.is_null()) {
+                forwarded.insert(key.into(), value.clone());
+            }
+        }
+        super::webdriver_firefox::firefox_options(caps.get("moz:firefoxOptions"))?
+    } else {
+        chrome_options(caps.get("goog:chromeOptions"))?
+    };
+    if !browser.kept.is_empty() {
+        forwarded.insert("goog:chromeOptions".into(), Value::Object(browser.kept));
     }
-    let window_size = chrome.window_size;
+    let window_size = browser.window_size;
     let mut create = flotilla_options(caps.get("flotilla:options"))?;
-    if let Some(prefs) = chrome.prefs {
+    if firefox && create.image.is_none() {
+        create.image = Some(super::webdriver_firefox::FIREFOX_IMAGE.into());
+    }
+    if let Some(prefs) = browser.prefs {
         create
             .config
             .get_or_insert_with(InstanceConfig::default)
@@ -307,11 +321,12 @@ fn fleet_mismatch(
     caps: &Map<String, Value>,
     installed: &str,
 ) -> Result<Option<Mismatch>, WebDriverRefusal> {
-    if let Some(name) = string(caps, "browserName")?
-        && !matches!(name, "chrome" | "chromium" | "")
+    let name = string(caps, "browserName")?;
+    if let Some(name) = name
+        && !matches!(name, "chrome" | "chromium" | "firefox" | "")
     {
         return Ok(Some(Mismatch(format!(
-            "browserName {name:?} (this fleet runs chrome/chromium)"
+            "browserName {name:?} (this fleet runs chrome/chromium and firefox)"
         ))));
     }
     if let Some(platform) = string(caps, "platformName")?
@@ -321,7 +336,9 @@ fn fleet_mismatch(
             "platformName {platform:?} (the nodes run linux)"
         ))));
     }
+    // Firefox's version is checked by geckodriver, on the node.
     if let Some(version) = string(caps, "browserVersion")?
+        && name != Some("firefox")
         && !version_matches(version, installed)
     {
         return Ok(Some(Mismatch(format!(
@@ -394,25 +411,26 @@ fn check_timeouts(value: &Value) -> Result<(), WebDriverRefusal> {
     Ok(())
 }
 
-/// What Flotilla makes of `goog:chromeOptions`.
+/// What Flotilla makes of `goog:chromeOptions` (or of Firefox's
+/// `moz:firefoxOptions`).
 #[derive(Default)]
-struct ChromeOptions {
-    /// What is kept for chromedriver.
-    kept: Map<String, Value>,
-    /// The window size `--window-size` asks for.
-    window_size: Option<(u64, u64)>,
+pub(super) struct BrowserOptions {
+    /// What is kept for chromedriver (nothing for geckodriver).
+    pub(super) kept: Map<String, Value>,
+    /// The window size the arguments ask for.
+    pub(super) window_size: Option<(u64, u64)>,
     /// `prefs`, for the instance's `config.prefs` (the browser starts with
     /// them), without the download folders.
-    prefs: Option<Map<String, Value>>,
+    pub(super) prefs: Option<Map<String, Value>>,
 }
 
 /// `goog:chromeOptions`: what chromedriver may apply to a running browser
 /// (`mobileEmulation`), the window size of `--window-size`, the preferences
 /// the instance's browser starts with, and the refusals (what names a host
 /// path or another browser).
-fn chrome_options(value: Option<&Value>) -> Result<ChromeOptions, WebDriverRefusal> {
+fn chrome_options(value: Option<&Value>) -> Result<BrowserOptions, WebDriverRefusal> {
     let options = match value {
-        None | Some(Value::Null) => return Ok(ChromeOptions::default()),
+        None | Some(Value::Null) => return Ok(BrowserOptions::default()),
         Some(Value::Object(options)) => options,
         Some(_) => {
             return Err(WebDriverRefusal::invalid_argument(
@@ -420,7 +438,7 @@ fn chrome_options(value: Option<&Value>) -> Result<ChromeOptions, WebDriverRefus
             ));
         }
     };
-    let mut chrome = ChromeOptions::default();
+    let mut chrome = BrowserOptions::default();
     for (key, value) in options {
         match key.as_str() {
             "args" => chrome.window_size = chrome_args(value)?,
@@ -522,7 +540,7 @@ fn chrome_args(value: &Value) -> Result<Option<(u64, u64)>, WebDriverRefusal> {
     Ok(window_size)
 }
 
-fn window_size_of(arg: &str) -> Result<(u64, u64), WebDriverRefusal> {
+pub(super) fn window_size_of(arg: &str) -> Result<(u64, u64), WebDriverRefusal> {
     let size = arg.split_once('=').map(|(_, size)| size).unwrap_or("");
     let parsed = size
         .split_once([',', 'x'])
@@ -673,6 +691,22 @@ fn proxy_of(value: &Value) -> Result<Option<UpstreamProxy>, WebDriverRefusal> {
     }))
 }
 
+/// What a node's sessions may be (Grid's `/status`): Chrome, and Firefox
+/// where the node runs the `firefox` image.
+fn stereotypes(node: &crate::store::NodeRecord) -> Vec<Value> {
+    let mut stereotypes = vec![
+        json!({"browserName": "chrome", "browserVersion": node.browser_version, "platformName": "linux"}),
+    ];
+    if node
+        .images
+        .iter()
+        .any(|image| image == super::webdriver_firefox::FIREFOX_IMAGE)
+    {
+        stereotypes.push(json!({"browserName": "firefox", "platformName": "linux"}));
+    }
+    stereotypes
+}
+
 /// The control plane's part of a session: its instance, and who may drive it.
 impl super::ControlPlane {
     /// The Chromium version the online nodes run (the first one known).
@@ -762,7 +796,7 @@ impl super::ControlPlane {
                     "availability": if node.status == flotilla_api_types::nodes::NodeStatus::Online { "UP" } else { "DOWN" },
                     "maxSessions": node.max_instances,
                     "sessionCount": used,
-                    "stereotypes": [{"browserName": "chrome", "browserVersion": node.browser_version, "platformName": "linux"}],
+                    "stereotypes": stereotypes(node),
                 })
             })
             .collect();
@@ -840,15 +874,21 @@ mod tests {
     fn first_match_entries_are_tried_in_order() {
         let created = session(json!({"capabilities": {
             "alwaysMatch": {"acceptInsecureCerts": false},
-            "firstMatch": [{"browserName": "firefox"}, {"browserName": "chromium"}],
+            "firstMatch": [{"browserName": "safari"}, {"browserName": "chromium"}],
         }}))
         .unwrap();
         assert_eq!(created.capabilities["acceptInsecureCerts"], false);
-        let refused = session(json!({"capabilities": {"firstMatch": [{"browserName": "firefox"}, {"browserVersion": "120"}]}}))
+        assert_eq!(created.create.image, None, "the default image");
+        let firefox = session(json!({"capabilities": {
+            "firstMatch": [{"browserName": "firefox"}, {"browserName": "chromium"}],
+        }}))
+        .unwrap();
+        assert_eq!(firefox.create.image.as_deref(), Some("firefox"));
+        let refused = session(json!({"capabilities": {"firstMatch": [{"browserName": "safari"}, {"browserVersion": "120"}]}}))
             .unwrap_err();
         assert_eq!(refused.code, "session not created");
         assert!(
-            refused.message.contains("firefox")
+            refused.message.contains("safari")
                 && refused.message.contains("Chromium 156.0.8078.108"),
             "{refused}"
         );

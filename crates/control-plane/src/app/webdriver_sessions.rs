@@ -177,12 +177,22 @@ fn point_through_the_door(
         capabilities["se:downloadsEnabled"] = json!(true);
     }
     capabilities["platformName"] = json!("linux");
-    let version = capabilities["browserVersion"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    capabilities["se:cdp"] = json!(format!("{door}/v2/instances/{id}/se/cdp{query}"));
-    capabilities["se:cdpVersion"] = json!(version);
+    // Firefox speaks no CDP: its clients use BiDi (webSocketUrl).
+    if capabilities["browserName"] != "firefox" {
+        let version = capabilities["browserVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        capabilities["se:cdp"] = json!(format!("{door}/v2/instances/{id}/se/cdp{query}"));
+        capabilities["se:cdpVersion"] = json!(version);
+    } else if let Some(moz) = capabilities.as_object_mut() {
+        // Paths and a process of the node's, not the client's.
+        moz.remove("moz:profile");
+        moz.remove("moz:processID");
+        // How a client knows a Selenium server without `se:cdp` (WebdriverIO
+        // offers Grid's file upload and managed downloads only then).
+        moz.insert("webdriver.remote.sessionid".into(), json!(id));
+    }
     capabilities["flotilla:instance"] = json!(id);
     value["sessionId"] = json!(id);
 }

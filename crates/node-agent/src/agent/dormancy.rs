@@ -64,6 +64,11 @@ impl Agent {
         flotilla_api_types::faults::point("agent-park-received").await;
         let started = Instant::now();
         let endpoint = slot.endpoint();
+        if slot.engine == crate::config::EngineKind::Firefox {
+            // Firefox holds one WebDriver session, which reading its state
+            // needs: a WebDriver client's goes on in the revived browser.
+            slot.webdriver.let_go_of_browser().await;
+        }
         let state = match &endpoint {
             Some(endpoint) => self
                 .engine()

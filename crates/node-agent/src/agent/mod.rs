@@ -68,8 +68,8 @@ pub enum AgentError {
     #[error(transparent)]
     UnknownImage(#[from] UnknownImage),
     /// 400: a configuration field the image's browser cannot take
-    /// (`config.extensions` on a headless shell or Firefox, `config.prefs`
-    /// on Firefox); the message names the field and why.
+    /// (`config.extensions` on a headless shell or Firefox); the message
+    /// names the field and why.
     #[error("{field}: image {image:?} {why}")]
     ConfigUnsupported {
         field: &'static str,
@@ -79,6 +79,10 @@ pub enum AgentError {
     /// 400: `config.proxy` is refused; the message names the field.
     #[error(transparent)]
     ProxyConfig(#[from] ProxyError),
+    /// 400: `config.prefs` on a Firefox image is not Firefox's preferences
+    /// or names one Flotilla keeps; the message names it.
+    #[error("{0} (image {1:?} runs Firefox)")]
+    FirefoxPrefs(flotilla_api_types::prefs::PrefsError, String),
     /// 503.
     #[error("node {node} is full: it holds its maximum of {max} instances (agent.max_instances)")]
     Full { node: NodeId, max: i64 },
@@ -106,7 +110,7 @@ pub enum AgentError {
     #[error("path names {path} but the body names {body}")]
     PathMismatch { path: String, body: InstanceId },
     /// 500: a park could not read the browser's state; nothing changed.
-    #[error("cannot read the browser's state over CDP: {0}")]
+    #[error("cannot read the browser's state: {0}")]
     StateUnreadable(#[source] anyhow::Error),
     /// 500: a park could not archive the profile; the browser was started
     /// again on it.
@@ -935,11 +939,9 @@ fn check_config_for_image(
             },
         );
     }
-    if config.prefs.is_some() && firefox {
-        return unsupported(
-            "config.prefs",
-            "runs Firefox; config.prefs are Chromium's profile preferences, which Firefox does not read",
-        );
+    if let Some(prefs) = config.prefs.as_ref().filter(|_| firefox) {
+        flotilla_api_types::firefox_prefs::flatten(prefs)
+            .map_err(|error| AgentError::FirefoxPrefs(error, name.to_owned()))?;
     }
     if config.record && firefox {
         return unsupported(
@@ -1017,7 +1019,7 @@ fn hostname() -> String {
 struct SlotStart {
     lifecycle: Lifecycle,
     launched: Option<crate::engine::launcher::Launched>,
-    prestarted_driver: Option<crate::engine::chromedriver::Driver>,
+    prestarted_driver: Option<crate::engine::driver::Driver>,
 }
 
 impl SlotStart {

@@ -58,6 +58,17 @@ fn policies_file(dirs: &InstanceDirs) -> PathBuf {
     dirs.root.join("firefox-policies.json")
 }
 
+/// Where Firefox writes the port Marionette listens on (`marionette.port`
+/// is 0), in its profile.
+const MARIONETTE_PORT_FILE: &str = "MarionetteActivePort";
+
+/// The port Marionette listens on in the browser of `profile`, once
+/// announced (inside the browser's network namespace, where it has one).
+pub fn marionette_port(profile: &Path) -> Option<u16> {
+    let text = std::fs::read_to_string(profile.join(MARIONETTE_PORT_FILE)).ok()?;
+    text.trim().parse().ok().filter(|port| *port != 0)
+}
+
 /// The endpoint Firefox announced in `profile`, once it has.
 pub fn read_server_file(profile: &Path) -> Option<CdpEndpoint> {
     let text = std::fs::read_to_string(profile.join(SERVER_FILE)).ok()?;
@@ -70,6 +81,8 @@ pub fn read_server_file(profile: &Path) -> Option<CdpEndpoint> {
 /// `(name, value)`, written to `user.js` and locked by [`policies`].
 fn user_prefs(paths: &BrowserPaths, proxy_port: Option<u16>) -> Vec<(&'static str, Value)> {
     let mut prefs = download_prefs(paths);
+    // Firefox picks Marionette's port and writes it to the profile.
+    prefs.push(("marionette.port", json!(0)));
     prefs.extend(quiet_prefs());
     if let Some(port) = proxy_port {
         prefs.extend(proxy_prefs(port));
@@ -253,9 +266,20 @@ fn policies(paths: &BrowserPaths, prefs: &[(&str, Value)]) -> Value {
 fn write_profile(
     dirs: &InstanceDirs,
     paths: &BrowserPaths,
-    proxy_port: Option<u16>,
+    (proxy_port, asked): (Option<u16>, Option<&serde_json::Map<String, Value>>),
 ) -> std::io::Result<()> {
     let prefs = user_prefs(paths, proxy_port);
+    // The instance's own `config.prefs` first: Flotilla's, after them, win
+    // where both name one (the create was refused for names it keeps).
+    let asked = match asked.map(flotilla_api_types::firefox_prefs::flatten) {
+        Some(Ok(asked)) => asked,
+        Some(Err(error)) => return Err(std::io::Error::other(error)),
+        None => Vec::new(),
+    };
+    let asked: Vec<(&str, Value)> = asked
+        .iter()
+        .map(|(name, value)| (name.as_str(), value.clone()))
+        .collect();
     let profile = dirs.profile();
     match std::fs::remove_file(profile.join(SERVER_FILE)) {
         Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error),
@@ -263,7 +287,13 @@ fn write_profile(
     }
     // The profile is the browser's (a revived one may hold links it
     // left): written by handle, never through a link.
-    BrowserFolder::open(&profile)?.replace("user.js", user_js(&prefs).as_bytes())?;
+    let user_js = user_js(&asked) + &user_js(&prefs);
+    BrowserFolder::open(&profile)?.replace("user.js", user_js.as_bytes())?;
+    // A port an earlier run announced is not this one's.
+    match std::fs::remove_file(profile.join(MARIONETTE_PORT_FILE)) {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error),
+        _ => {}
+    }
     // The instance's root is the agent's alone; the file is bound
     // read-only into the sandbox, where the browser's user reads it.
     let policies = serde_json::to_vec_pretty(&policies(paths, &prefs))?;
@@ -300,6 +330,9 @@ fn firefox_command(
         .args(["--headless", "--no-remote", "--profile"])
         .arg(&paths.profile)
         .arg("--remote-debugging-port=0")
+        // Marionette, for geckodriver (WebDriver classic sessions), on a
+        // port of its choosing inside the instance's network namespace.
+        .arg("--marionette")
         .args([
             "--window-size",
             &format!("{},{}", plan.window.0, plan.window.1),
@@ -322,8 +355,9 @@ impl BrowserProcess {
     pub async fn spawn_firefox(plan: &LaunchPlan<'_>) -> Result<Self, LaunchError> {
         let network = BrowserNetwork::start(plan).await?;
         let proxy_port = network.proxy_port;
-        let prepared =
-            prepare_instance_dir(plan, &|dirs, paths| write_profile(dirs, paths, proxy_port));
+        let prepared = prepare_instance_dir(plan, &|dirs, paths| {
+            write_profile(dirs, paths, (proxy_port, plan.setup.prefs))
+        });
         let (paths, log) = match prepared {
             Ok(prepared) => prepared,
             Err(error) => {

@@ -47,7 +47,7 @@ pub struct WarmBrowser {
     pub endpoint: CdpEndpoint,
     /// A chromedriver started beside it, so that a WebDriver session does
     /// not wait for one (`None` where chromedriver is not installed).
-    pub webdriver: Option<crate::engine::chromedriver::Driver>,
+    pub webdriver: Option<crate::engine::driver::Driver>,
 }
 
 /// Why the browser window could not be fitted to the viewport (logged; the
@@ -576,20 +576,20 @@ impl Launcher {
         dirs: &InstanceDirs,
         launched: &Launched,
         endpoint: &CdpEndpoint,
-    ) -> Option<crate::engine::chromedriver::Driver> {
+    ) -> Option<crate::engine::driver::Driver> {
         if !self.config.warm_pool_chromedriver
             || !endpoint.speaks_cdp()
-            || !Path::new(crate::engine::chromedriver::CHROMEDRIVER).is_file()
+            || !crate::engine::driver::installed(crate::config::EngineKind::Chromium)
         {
             return None;
         }
-        let beside = crate::engine::chromedriver::Beside {
+        let beside = crate::engine::driver::Beside {
             isolation: self.isolation(),
             dirs,
             cgroup: launched.cgroup.as_ref(),
             group: launched.process.pid()?,
         };
-        match crate::engine::chromedriver::start_driver(&beside, endpoint).await {
+        match crate::engine::driver::start_driver(&beside, endpoint).await {
             Ok(driver) => Some(driver),
             Err(error) => {
                 tracing::warn!(%error, "no chromedriver beside a warm-pool browser");

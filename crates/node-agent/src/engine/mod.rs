@@ -6,7 +6,8 @@
 //! revive puts back ([`state`]); the page layer every caller drives pages
 //! through ([`page`]), the live view's frames and input ([`screencast`],
 //! [`input`]), REST actions' request interception ([`intercept`]), and
-//! chromedriver, its WebDriver server ([`chromedriver`]).
+//! the engine's WebDriver server ([`driver`]: chromedriver, or geckodriver
+//! for Firefox).
 //!
 //! The engine is a seam ([`Engine`]): what the agent asks of the engine
 //! that runs an instance's browser goes through that one trait, so that no
@@ -20,8 +21,7 @@
 //! speaks ([`browser::CdpEndpoint::speaks_cdp`]): the page layer, the live
 //! view and the doors refuse a CDP step on a Firefox instance with a clear
 //! error. Not yet through the trait for Firefox: the page layer ([`page`])
-//! and live view ([`screencast`]), and a WebDriver server (geckodriver,
-//! where Chromium has [`chromedriver`]).
+//! and live view ([`screencast`]).
 
 use std::future::Future;
 use std::path::Path;
@@ -278,7 +278,7 @@ pub mod bidi;
 pub mod browser;
 pub mod capture;
 pub mod cdp;
-pub mod chromedriver;
+pub mod driver;
 pub mod extension;
 pub mod firefox;
 pub mod input;

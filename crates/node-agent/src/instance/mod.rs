@@ -117,6 +117,9 @@ pub struct InstanceSlot {
     pub console: Arc<crate::engine::page::ConsoleLog>,
     /// The clients it serves now (connections on its ports, actions).
     pub clients: Arc<clients::ClientCounts>,
+    /// Its WebDriver session's front (its driver, the session), served on
+    /// its HTTP port; a park of a Firefox lets go of the browser through it.
+    pub webdriver: Arc<crate::protocols::webdriver::WebDriver>,
     clock: Arc<dyn Clock>,
 }
 
@@ -137,7 +140,7 @@ pub struct SlotSetup {
     /// Its browser, its token and profile from the start.
     pub held: Held,
     /// The chromedriver its warm browser came with.
-    pub prestarted_driver: Option<crate::engine::chromedriver::Driver>,
+    pub prestarted_driver: Option<crate::engine::driver::Driver>,
     /// Whether a recorder will record it (its servers run, `config.record`).
     pub recorded: bool,
     /// Where its reports go.
@@ -182,6 +185,7 @@ impl InstanceSlot {
             waker: setup.waker,
             console: Arc::default(),
             clients: Arc::default(),
+            webdriver: Arc::default(),
             clock: setup.clock,
         };
         let runner = InstanceRunner {
@@ -262,7 +266,7 @@ impl InstanceSlot {
     }
 
     /// The chromedriver its warm browser came with, if still kept.
-    pub async fn take_prestarted_driver(&self) -> Option<crate::engine::chromedriver::Driver> {
+    pub async fn take_prestarted_driver(&self) -> Option<crate::engine::driver::Driver> {
         self.ask(|reply| Message::TakeDriver { reply })
             .await
             .flatten()

@@ -31,7 +31,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use flotilla_api_types::InstanceId;
 use flotilla_api_types::profiles::ProfileUse;
 
-use crate::engine::chromedriver::Driver;
+use crate::engine::driver::Driver;
 use crate::engine::launcher::Launched;
 use crate::instance::state::{Effect, Event, Lifecycle, transition};
 use crate::instance::token::InstanceToken;

@@ -60,7 +60,7 @@ pub async fn serve_api(
     let webdriver = crate::protocols::webdriver::routes::router(
         crate::protocols::webdriver::routes::WebDriverState {
             slot: slot.clone(),
-            webdriver: Arc::default(),
+            webdriver: slot.webdriver.clone(),
             isolation: isolation.clone(),
             ready_timeout,
         },

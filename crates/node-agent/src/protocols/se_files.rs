@@ -28,7 +28,7 @@ use base64::Engine as _;
 use serde_json::{Value, json};
 
 use crate::confine::sandbox::Isolation;
-use crate::engine::chromedriver::WebDriverError;
+use crate::engine::driver::WebDriverError;
 use crate::system::dirs::InstanceDirs;
 
 /// File operations running at once on a node (a managed download holds its

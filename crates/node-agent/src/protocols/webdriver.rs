@@ -1,21 +1,24 @@
-//! The instance's WebDriver server: Debian's `chromedriver` (the same version
-//! as the node's Chromium), in the instance's own confinement (its sandbox,
-//! network namespace, cgroup and the browser's process group, as the browser
-//! user; started beside a warm browser ahead of time, or for the instance's
-//! first session) and attached to the instance's browser
-//! (`goog:chromeOptions.debuggerAddress`). It can reach nothing but that
-//! browser, and it ends with it.
+//! The instance's WebDriver server, made by its browser's authors:
+//! Debian's `chromedriver` (the same version as the node's Chromium,
+//! attached with `goog:chromeOptions.debuggerAddress`) or geckodriver for
+//! Firefox (`--connect-existing`, attached to the browser's Marionette), in
+//! the instance's own confinement (its sandbox, network namespace, cgroup
+//! and the browser's process group, as the browser user; chromedriver
+//! started beside a warm browser ahead of time, or for the instance's
+//! first session). It can reach nothing but that browser, and it ends with
+//! it.
 //!
 //! Besides passing commands on (one kept-alive connection), the routes read
-//! what chromedriver would let reach past the instance: raw CDP commands
-//! get the gateway's pins, the BiDi socket is relayed through
-//! [`crate::protocols::client_frames`], and Grid's file commands are served by
-//! [`crate::protocols::se_files`] instead of chromedriver.
+//! what the driver would let reach past the instance: raw CDP commands get
+//! the gateway's pins, geckodriver's chrome context and add-on installs are
+//! refused, the BiDi socket (chromedriver's, or Firefox's own) is relayed
+//! through [`crate::protocols::client_frames`], and Grid's file commands are
+//! served by [`crate::protocols::se_files`] instead of the driver.
 //!
 //! The instance's HTTP port serves it at `/webdriver/…` (the control plane's
 //! front door forwards `/session/{id}/…` there). The WebDriver session id
-//! clients see is the instance's id: this module keeps chromedriver's own
-//! session id, and attaches a new chromedriver session (with the same
+//! clients see is the instance's id: this module keeps the driver's own
+//! session id, and attaches a new driver session (with the same
 //! capabilities) when the browser is not the one it was made for — after a
 //! park and revive, the next command finds the instance's new browser.
 
@@ -27,11 +30,10 @@ use serde_json::{Value, json};
 
 use flotilla_api_types::credentials::constant_time_eq;
 
+use crate::config::EngineKind;
 use crate::confine::sandbox::Isolation;
 use crate::engine::browser::CdpEndpoint;
-use crate::engine::chromedriver::{
-    Beside, Driver, Kept, WebDriverError, call, call_kept, start_driver,
-};
+use crate::engine::driver::{Beside, Driver, Kept, WebDriverError, call, call_kept, start_driver};
 use crate::instance::InstanceSlot;
 use crate::protocols::access::Admission;
 use crate::system::dirs::InstanceDirs;
@@ -56,14 +58,21 @@ struct State {
     connection: Option<Kept>,
 }
 
-/// The client's session, as chromedriver knows it.
+/// The client's session, as the driver knows it.
 struct Session {
-    /// chromedriver's session id.
+    /// The driver's session id.
     id: String,
     /// The browser it is attached to.
     browser: CdpEndpoint,
     /// What the client asked for (to attach again after a revive).
     capabilities: Value,
+    /// The path of Firefox's own BiDi socket of the session, when it asked
+    /// for `webSocketUrl` (chromedriver serves its own at
+    /// `/session/{id}`).
+    firefox_bidi: Option<String>,
+    /// The driver's session was ended while the client's goes on (a park
+    /// of a Firefox): the next command attaches again.
+    let_go: bool,
 }
 
 /// What is needed to start chromedriver beside a browser.
@@ -121,7 +130,15 @@ impl WebDriver {
     ) -> Result<(CdpEndpoint, String), WebDriverError> {
         let mut state = self.state.lock().await;
         let (at, session) = attached(&mut state, confinement, browser).await?;
-        Ok((at, format!("/session/{session}")))
+        match state.session.as_ref().map(|s| &s.firefox_bidi) {
+            Some(Some(path)) => Ok((browser.clone(), path.clone())),
+            Some(None) if browser.engine == EngineKind::Firefox => Err(WebDriverError::new(
+                400,
+                "invalid argument",
+                "the session has no BiDi socket: create it with webSocketUrl: true",
+            )),
+            _ => Ok((at, format!("/session/{session}"))),
+        }
     }
 
     /// Ends the session (chromedriver lets the browser be); `false` when
@@ -139,6 +156,26 @@ impl WebDriver {
             let _ = call(&driver.at, hyper::Method::DELETE, &path, Bytes::new()).await;
         }
         true
+    }
+
+    /// Ends the driver's session in the browser, keeping the client's (its
+    /// next command attaches again): Firefox holds one WebDriver session,
+    /// and a park reads the browser's state in one of its own.
+    pub async fn let_go_of_browser(&self) {
+        let mut state = self.state.lock().await;
+        let State {
+            driver, session, ..
+        } = &mut *state;
+        if let (Some(driver), Some(session)) = (driver, session)
+            && driver.browser == session.browser
+            && !session.let_go
+        {
+            session.let_go = true;
+            let path = format!("/session/{}", session.id);
+            if let Err(error) = call(&driver.at, hyper::Method::DELETE, &path, Bytes::new()).await {
+                tracing::warn!(%error, "the WebDriver server did not end its session");
+            }
+        }
     }
 
     /// Whether the instance has a WebDriver session.
@@ -174,7 +211,7 @@ async fn attached(
     let Some(session) = &state.session else {
         return Err(WebDriverError::no_session(confinement.slot.id.as_str()));
     };
-    if session.browser != *browser {
+    if session.browser != *browser || session.let_go {
         let capabilities = session.capabilities.clone();
         state.session = None;
         attach(state, confinement, browser, &capabilities).await?;
@@ -215,8 +252,10 @@ async fn attach(
         };
     }
     let driver = state.driver.as_ref().expect("just started");
-    let mut always = allowed_capabilities(capabilities)?;
-    always["goog:chromeOptions"]["debuggerAddress"] = Value::String(browser.authority());
+    let mut always = allowed_capabilities(capabilities, browser.engine)?;
+    if browser.engine == EngineKind::Chromium {
+        always["goog:chromeOptions"]["debuggerAddress"] = Value::String(browser.authority());
+    }
     let request = json!({"capabilities": {"alwaysMatch": always}});
     let (status, body) = call(
         &driver.at,
@@ -226,21 +265,42 @@ async fn attach(
     )
     .await?;
     let answer: Value = serde_json::from_slice(&body).map_err(|e| {
-        WebDriverError::not_created(format!("chromedriver answered what is not JSON: {e}"))
+        WebDriverError::not_created(format!(
+            "the WebDriver server answered what is not JSON: {e}"
+        ))
     })?;
     let value = answer.get("value").cloned().unwrap_or(Value::Null);
     let Some(id) = value.get("sessionId").and_then(Value::as_str) else {
         let message = value["message"].as_str().unwrap_or("no session id");
         return Err(WebDriverError::not_created(format!(
-            "chromedriver refused the session ({status}): {message}"
+            "the WebDriver server refused the session ({status}): {message}"
         )));
     };
+    let firefox_bidi = (browser.engine == EngineKind::Firefox)
+        .then(|| {
+            value["capabilities"]["webSocketUrl"]
+                .as_str()
+                .and_then(socket_path)
+        })
+        .flatten();
     state.session = Some(Session {
         id: id.to_owned(),
         browser: browser.clone(),
         capabilities: capabilities.clone(),
+        firefox_bidi,
+        let_go: false,
     });
     Ok(value)
+}
+
+/// The path of a `ws://host:port/session/{id}` URL (Firefox's BiDi socket
+/// of a session, as geckodriver answers it).
+fn socket_path(url: &str) -> Option<String> {
+    let after_scheme = url.strip_prefix("ws://")?;
+    let path = &after_scheme[after_scheme.find('/')?..];
+    let id = path.strip_prefix("/session/")?;
+    let valid = !id.is_empty() && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    valid.then(|| path.to_owned())
 }
 
 /// The standard capabilities a session may set on an attached browser (what
@@ -254,15 +314,49 @@ const ALLOWED_CAPABILITIES: &[&str] = &[
     "timeouts",
     "unhandledPromptBehavior",
     "webSocketUrl",
+    "browserName",
+    "browserVersion",
     "goog:chromeOptions",
 ];
 
-/// `capabilities` as chromedriver gets them: only [`ALLOWED_CAPABILITIES`],
-/// and of `goog:chromeOptions` only `mobileEmulation` (arguments, `prefs`
-/// and the rest apply to a browser chromedriver launches, or reach past the
-/// instance: `prefs` can set a download directory); anything else is
-/// `invalid argument`.
-fn allowed_capabilities(capabilities: &Value) -> Result<Value, WebDriverError> {
+/// `capabilities` as the driver of `engine` gets them: only
+/// [`ALLOWED_CAPABILITIES`]; `browserName` must name the engine (it and
+/// `browserVersion` go on to geckodriver, which checks the version against
+/// its Firefox, and are left out for chromedriver, which attaches); of
+/// `goog:chromeOptions` only `mobileEmulation`, and only on Chromium
+/// (arguments, `prefs` and the rest apply to a browser the driver launches,
+/// or reach past the instance: `prefs` can set a download directory);
+/// anything else is `invalid argument`.
+fn allowed_capabilities(capabilities: &Value, engine: EngineKind) -> Result<Value, WebDriverError> {
+    let mut allowed = allowed_chrome_capabilities(capabilities)?;
+    let names = |name: &str| match engine {
+        EngineKind::Chromium => matches!(name, "chrome" | "chromium"),
+        EngineKind::Firefox => name == "firefox",
+    };
+    if let Some(name) = allowed.get("browserName").and_then(Value::as_str)
+        && !names(name)
+    {
+        return Err(WebDriverError::not_created(format!(
+            "browserName {name:?}: this instance runs {} (its image's engine)",
+            engine.label()
+        )));
+    }
+    if engine == EngineKind::Chromium {
+        allowed.remove("browserName");
+        allowed.remove("browserVersion");
+    } else if allowed.remove("goog:chromeOptions").is_some() {
+        return Err(WebDriverError::new(
+            400,
+            "invalid argument",
+            "goog:chromeOptions: this instance runs Firefox",
+        ));
+    }
+    Ok(Value::Object(allowed))
+}
+
+fn allowed_chrome_capabilities(
+    capabilities: &Value,
+) -> Result<serde_json::Map<String, Value>, WebDriverError> {
     let invalid = |what: String| WebDriverError::new(400, "invalid argument", what);
     let empty = serde_json::Map::new();
     let fields = match capabilities {
@@ -292,7 +386,7 @@ fn allowed_capabilities(capabilities: &Value) -> Result<Value, WebDriverError> {
             allowed.insert(key.clone(), value.clone());
         }
     }
-    Ok(Value::Object(allowed))
+    Ok(allowed)
 }
 
 #[cfg(test)]
@@ -301,12 +395,17 @@ mod tests {
 
     #[test]
     fn a_session_made_on_the_node_takes_only_what_the_control_plane_passes_on() {
-        let passed = allowed_capabilities(&json!({
-            "acceptInsecureCerts": true,
-            "webSocketUrl": true,
-            "goog:chromeOptions": {"mobileEmulation": {"deviceName": "Pixel 7"}},
-        }))
+        let passed = allowed_capabilities(
+            &json!({
+                "acceptInsecureCerts": true,
+                "webSocketUrl": true,
+                "browserName": "chrome",
+                "goog:chromeOptions": {"mobileEmulation": {"deviceName": "Pixel 7"}},
+            }),
+            EngineKind::Chromium,
+        )
         .unwrap();
+        assert!(passed.get("browserName").is_none(), "chromedriver attaches");
         assert_eq!(
             passed["goog:chromeOptions"]["mobileEmulation"]["deviceName"],
             "Pixel 7"
@@ -316,13 +415,59 @@ mod tests {
             json!({"goog:chromeOptions": {"args": ["--no-sandbox"]}}),
             json!({"goog:chromeOptions": {"binary": "/bin/sh"}}),
             json!({"goog:loggingPrefs": {"performance": "ALL"}}),
-            json!({"browserName": "chrome"}),
+            json!({"moz:firefoxOptions": {"binary": "/bin/sh"}}),
             json!("nope"),
         ] {
-            let error = allowed_capabilities(&refused).unwrap_err();
+            let error = allowed_capabilities(&refused, EngineKind::Chromium).unwrap_err();
             assert_eq!(error.code, "invalid argument", "{refused}");
         }
-        assert_eq!(allowed_capabilities(&Value::Null).unwrap(), json!({}));
+        assert_eq!(
+            allowed_capabilities(&Value::Null, EngineKind::Chromium).unwrap(),
+            json!({})
+        );
+    }
+
+    #[test]
+    fn a_firefox_session_names_its_engine_and_takes_nothing_of_chromes() {
+        let passed = allowed_capabilities(
+            &json!({"browserName": "firefox", "browserVersion": "153", "webSocketUrl": true}),
+            EngineKind::Firefox,
+        )
+        .unwrap();
+        assert_eq!(passed["browserName"], "firefox", "geckodriver checks it");
+        assert_eq!(passed["browserVersion"], "153");
+        let other = allowed_capabilities(&json!({"browserName": "chrome"}), EngineKind::Firefox)
+            .unwrap_err();
+        assert_eq!(other.code, "session not created");
+        assert!(other.message.contains("Firefox"), "{}", other.message);
+        let firefox =
+            allowed_capabilities(&json!({"browserName": "firefox"}), EngineKind::Chromium)
+                .unwrap_err();
+        assert!(firefox.message.contains("Chromium"), "{}", firefox.message);
+        let chrome_options = allowed_capabilities(
+            &json!({"goog:chromeOptions": {"mobileEmulation": {}}}),
+            EngineKind::Firefox,
+        )
+        .unwrap_err();
+        assert_eq!(chrome_options.code, "invalid argument");
+    }
+
+    #[test]
+    fn only_a_session_socket_of_firefoxs_own_is_relayed_to() {
+        assert_eq!(
+            socket_path("ws://127.0.0.1:40123/session/0b1c-77ad").as_deref(),
+            Some("/session/0b1c-77ad")
+        );
+        for hostile in [
+            "ws://127.0.0.1:40123/other",
+            "ws://127.0.0.1:40123/session/",
+            "ws://127.0.0.1:40123/session/../../json",
+            "ws://127.0.0.1:40123/session/a?b",
+            "http://127.0.0.1:40123/session/a",
+            "ws://127.0.0.1:40123",
+        ] {
+            assert_eq!(socket_path(hostile), None, "{hostile}");
+        }
     }
 
     #[test]
@@ -756,6 +901,24 @@ pub mod routes {
     /// another shape (`{"method", "params", "id"}`): refused.
     const REFUSED_COMMANDS: &[&str] = &["/chromium/send_command_from_websocket"];
 
+    /// geckodriver's commands that reach past the pages: the chrome context
+    /// (scripts with the browser's own privileges, which could unlock its
+    /// preferences) and add-on installs. Refused, with why.
+    const REFUSED_FIREFOX_COMMANDS: &[(&str, &str)] = &[
+        (
+            "/moz/context",
+            "the chrome context runs scripts with the browser's own privileges; scripts run in pages",
+        ),
+        (
+            "/moz/addon/install",
+            "the browser takes no add-ons from sessions",
+        ),
+        (
+            "/moz/addon/uninstall",
+            "the browser takes no add-ons from sessions",
+        ),
+    ];
+
     /// chromedriver's commands that send the browser any CDP command
     /// (`{"cmd", "params"}`): Selenium's `execute_cdp_cmd` and its older forms.
     const RAW_CDP_COMMANDS: &[&str] = &[
@@ -806,6 +969,17 @@ pub mod routes {
                 404,
                 "unknown command",
                 format!("{} is refused by Flotilla: use goog/cdp/execute (its commands get the front door's pins)", rest.raw()),
+            )
+            .into_response();
+        }
+        if let Some((_, why)) = REFUSED_FIREFOX_COMMANDS
+            .iter()
+            .find(|(refused, _)| rest.is(refused))
+        {
+            return WebDriverError::new(
+                404,
+                "unknown command",
+                format!("{} is refused by Flotilla: {why}", rest.raw()),
             )
             .into_response();
         }

@@ -190,6 +190,62 @@ async fn browser_selenium_for_javascript_and_webdriverio_drive_instances() {
     serve.shutdown().await;
 }
 
+#[tokio::test]
+async fn browser_selenium_for_python_and_webdriverio_drive_firefox_through_wd_hub() {
+    let (site, serve) = serve().await;
+    let (status, grid) = serve.api.get("/status").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        grid["value"]["nodes"][0]["stereotypes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["browserName"] == "firefox"),
+        "{grid}"
+    );
+    let port = serve.api.base.rsplit(':').next().unwrap().to_owned();
+    let remote = format!("http://flotilla:{KEY}@127.0.0.1:{port}/wd/hub");
+    let selenium_args = [remote.as_str(), site.base.as_str(), "firefox"];
+    let wdio_args = [
+        serve.api.base.as_str(),
+        "/",
+        KEY,
+        site.base.as_str(),
+        "firefox",
+    ];
+    let (selenium, wdio) = tokio::join!(
+        run_python("selenium_suite.py", &selenium_args),
+        run_node("wdio_suite.mjs", &wdio_args),
+    );
+    let (selenium, wdio) = (selenium.unwrap(), wdio.unwrap());
+    // moz:firefoxOptions.prefs: the browser started with them.
+    assert_eq!(selenium["languages"], json!(["fr-FR", "fr"]), "{selenium}");
+    assert_eq!(selenium["initial_size"]["width"], 1024, "{selenium}");
+    assert_eq!(selenium["after_delete"], json!([]), "{selenium}");
+    assert!(wdio["bidi_loads"].as_u64().unwrap() >= 1, "{wdio}");
+    for seen in [&selenium, &wdio] {
+        assert_suite(seen, true);
+        let caps = &seen["capabilities"];
+        assert_eq!(caps["browserName"], "firefox", "{caps}");
+        assert!(
+            caps.get("se:cdp").is_none(),
+            "Firefox speaks no CDP: {caps}"
+        );
+        assert!(caps.get("moz:profile").is_none(), "{caps}");
+        assert!(
+            caps["webSocketUrl"]
+                .as_str()
+                .unwrap()
+                .contains("/webdriver/bidi?token="),
+            "{caps}"
+        );
+        let id = seen["session"].as_str().unwrap();
+        let (status, _) = serve.api.get(&format!("/v2/instances/{id}")).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "quit deletes the instance");
+    }
+    serve.shutdown().await;
+}
+
 /// A WebDriver session of `KEY`, driven over the W3C wire.
 struct Session<'a> {
     serve: &'a TestServe,
@@ -674,8 +730,20 @@ async fn browser_the_bidi_socket_is_its_sessions_and_its_commands_are_pinned() {
 
 #[tokio::test]
 async fn browser_a_session_is_confined_and_comes_back_from_a_park_as_it_was() {
+    confined_and_back_from_a_park(json!({}), "chromedriver").await;
+}
+
+#[tokio::test]
+async fn browser_a_firefox_session_is_confined_and_comes_back_from_a_park_as_it_was() {
+    confined_and_back_from_a_park(json!({"browserName": "firefox"}), "geckodriver").await;
+}
+
+/// A session of `always` (its driver named `driver`): the driver confined
+/// with the browser, the session back after a park, and gone with its
+/// instance.
+async fn confined_and_back_from_a_park(always: Value, driver: &str) {
     let (site, serve) = serve().await;
-    let session = Session::start(&serve, json!({})).await;
+    let session = Session::start(&serve, always).await;
     let id = session.id.clone();
     session.open(&site).await;
     let cookie = session
@@ -687,10 +755,10 @@ async fn browser_a_session_is_confined_and_comes_back_from_a_park_as_it_was() {
         .await;
     assert_eq!(cookie.0, StatusCode::OK, "{:?}", cookie.1);
 
-    // chromedriver runs in the browser's confinement: its user, network
+    // The driver runs in the browser's confinement: its user, network
     // namespace and cgroup.
     let processes = processes_of(&serve, &id);
-    let drivers: Vec<_> = processes.iter().filter(|p| p.1 == "chromedriver").collect();
+    let drivers: Vec<_> = processes.iter().filter(|p| p.1 == driver).collect();
     let browser = browser_main_pid(&serve.instances_dir().join(&id))
         .unwrap_or_else(|| panic!("no browser among {processes:?}"));
     assert_eq!(drivers.len(), 1, "{processes:?}");
@@ -698,10 +766,13 @@ async fn browser_a_session_is_confined_and_comes_back_from_a_park_as_it_was() {
         assert_eq!(
             process_fact(drivers[0].0, fact),
             process_fact(browser, fact),
-            "chromedriver's {fact} is the browser's"
+            "{driver}'s {fact} is the browser's"
         );
     }
     let handle_before_park = session.get("/window").await;
+    if driver == "geckodriver" {
+        refuses_what_reaches_past_the_pages(&session).await;
+    }
 
     // Parked (its idle timeout, or the API): nothing of it runs, and the
     // next command revives it.
@@ -734,6 +805,34 @@ async fn browser_a_session_is_confined_and_comes_back_from_a_park_as_it_was() {
     let gone = session.call(Method::GET, "/title", None).await;
     assert_eq!(w3c_error(&gone), "invalid session id");
     serve.shutdown().await;
+}
+
+/// geckodriver's chrome context (the browser's own privileges) and add-on
+/// installs, in each spelling, are refused; the session goes on.
+async fn refuses_what_reaches_past_the_pages(session: &Session<'_>) {
+    for (rest, body) in [
+        ("/moz/context", json!({"context": "chrome"})),
+        ("/MOZ/Context", json!({"context": "chrome"})),
+        ("/moz/%63ontext", json!({"context": "chrome"})),
+        (
+            "/moz/addon/install",
+            json!({"addon": "UEsDBA==", "temporary": true}),
+        ),
+        ("/moz/addon/uninstall", json!({"id": "x@y"})),
+    ] {
+        let refused = session.call(Method::POST, rest, Some(body)).await;
+        assert_eq!(refused.0, StatusCode::NOT_FOUND, "{rest}: {:?}", refused.1);
+        assert_eq!(w3c_error(&refused), "unknown command", "{rest}");
+    }
+    let script = json!({"script": "return typeof Services", "args": []});
+    let page = session
+        .call(Method::POST, "/execute/sync", Some(script))
+        .await;
+    assert_eq!(
+        page.1["value"], "undefined",
+        "scripts run in pages: {:?}",
+        page.1
+    );
 }
 
 /// The chromedrivers running under `serve`'s instances (pids).

@@ -1,8 +1,10 @@
-//! chromedriver, Chromium's WebDriver server: started beside a browser in
-//! its confinement ([`start_driver`], a [`Driver`] ends it when dropped),
-//! and the HTTP calls the agent makes to it; its errors in W3C's shape
-//! ([`WebDriverError`]). The session logic on top is
-//! `protocols::webdriver`'s.
+//! The engine's WebDriver server, made by the browser's authors:
+//! chromedriver for Chromium (attached to the browser's DevTools port),
+//! geckodriver for Firefox (`--connect-existing`, attached to the browser's
+//! Marionette port). Started beside a browser in its confinement
+//! ([`start_driver`], a [`Driver`] ends it when dropped), and the HTTP calls
+//! the agent makes to it; its errors in W3C's shape ([`WebDriverError`]).
+//! The session logic on top is `protocols::webdriver`'s.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,6 +13,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use serde_json::{Value, json};
 
+use crate::config::EngineKind;
 use crate::confine::sandbox::Isolation;
 use crate::engine::browser::CdpEndpoint;
 use crate::system::dirs::InstanceDirs;
@@ -18,12 +21,20 @@ use crate::system::dirs::InstanceDirs;
 /// Where chromedriver is installed (Debian's `chromium-driver`).
 pub const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 
-/// chromedriver's port inside the instance's network namespace (each
+/// Where geckodriver is installed (`scripts/install-deps` builds it from
+/// crates.io).
+pub const GECKODRIVER: &str = "/usr/local/bin/geckodriver";
+
+/// The driver's port inside the instance's network namespace (each
 /// instance has its own, so every instance uses the same).
 const PORT_IN_NAMESPACE: u16 = 9515;
 
-/// How long chromedriver may take to answer its first `/status`.
+/// How long the driver may take to answer its first `/status`.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How long a Firefox may take to announce its Marionette port (it does
+/// right after it starts; a revived one may still be starting).
+const MARIONETTE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The largest answer passed on (a screenshot is at most
 /// `agent.screenshot_max_bytes` of PNG, in base64).
@@ -66,13 +77,13 @@ impl WebDriverError {
     }
 }
 
-/// A kept-alive HTTP connection to a chromedriver.
+/// A kept-alive HTTP connection to a WebDriver server.
 pub(crate) struct Kept {
     at: CdpEndpoint,
     sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
 }
 
-/// A running chromedriver, for one browser (it lives in that browser's
+/// A running WebDriver server, for one browser (it lives in that browser's
 /// confinement); dropping it ends it.
 pub struct Driver {
     _child: tokio::process::Child,
@@ -81,7 +92,7 @@ pub struct Driver {
     pub(crate) browser: CdpEndpoint,
 }
 
-/// Where a chromedriver starts: beside a browser, in its confinement.
+/// Where a WebDriver server starts: beside a browser, in its confinement.
 pub struct Beside<'a> {
     pub isolation: &'a Isolation,
     pub dirs: &'a InstanceDirs,
@@ -90,29 +101,97 @@ pub struct Beside<'a> {
     pub group: u32,
 }
 
-/// Starts chromedriver beside `browser` and waits until it answers.
+/// The WebDriver server of an engine: its executable, its name (in
+/// messages and its log's) and how to install it.
+fn server_of(engine: EngineKind) -> (&'static str, &'static str, &'static str) {
+    match engine {
+        EngineKind::Firefox => (
+            GECKODRIVER,
+            "geckodriver",
+            "geckodriver from crates.io; scripts/install-deps installs it",
+        ),
+        EngineKind::Chromium => (
+            CHROMEDRIVER,
+            "chromedriver",
+            "Debian's chromium-driver; scripts/install-deps installs it",
+        ),
+    }
+}
+
+/// Whether the WebDriver server of `engine` is installed on this node.
+pub fn installed(engine: EngineKind) -> bool {
+    std::path::Path::new(server_of(engine).0).is_file()
+}
+
+/// The driver's command line: its port, and for geckodriver the running
+/// browser's Marionette (announced in its profile).
+async fn driver_args(
+    beside: &Beside<'_>,
+    engine: EngineKind,
+    port: u16,
+) -> Result<Vec<String>, WebDriverError> {
+    if engine == EngineKind::Chromium {
+        return Ok(vec![
+            format!("--port={port}"),
+            "--log-level=WARNING".to_owned(),
+        ]);
+    }
+    let profile = beside.dirs.profile();
+    let deadline = Instant::now() + MARIONETTE_TIMEOUT;
+    let marionette = loop {
+        if let Some(port) = crate::engine::firefox::marionette_port(&profile) {
+            break port;
+        }
+        if Instant::now() > deadline {
+            return Err(WebDriverError::not_created(format!(
+                "Firefox did not announce its Marionette port within {MARIONETTE_TIMEOUT:?}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    Ok([
+        "--connect-existing",
+        "--marionette-host",
+        "127.0.0.1",
+        "--marionette-port",
+        &marionette.to_string(),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port.to_string(),
+        "--log",
+        "warn",
+    ]
+    .map(str::to_owned)
+    .to_vec())
+}
+
+/// Starts the engine's WebDriver server beside `browser` and waits until
+/// it answers.
 pub async fn start_driver(
     beside: &Beside<'_>,
     browser: &CdpEndpoint,
 ) -> Result<Driver, WebDriverError> {
     let unavailable = |why: String| WebDriverError::not_created(why);
-    if !std::path::Path::new(CHROMEDRIVER).is_file() {
+    let (executable, name, install) = server_of(browser.engine);
+    if !std::path::Path::new(executable).is_file() {
         return Err(unavailable(format!(
-            "{CHROMEDRIVER} is not installed on this node (Debian's chromium-driver; scripts/install-deps installs it)"
+            "{executable} is not installed on this node ({install})"
         )));
     }
     let port = match &browser.net {
         Some(_) => PORT_IN_NAMESPACE,
         None => free_port().map_err(|e| unavailable(format!("no free port: {e}")))?,
     };
-    let log = std::fs::File::create(beside.dirs.root.join("chromedriver.log"))
-        .map_err(|e| unavailable(format!("cannot create chromedriver's log: {e}")))?;
-    let args = [format!("--port={port}"), "--log-level=WARNING".to_owned()];
+    let log_path = beside.dirs.root.join(format!("{name}.log"));
+    let log = std::fs::File::create(&log_path)
+        .map_err(|e| unavailable(format!("cannot create {name}'s log: {e}")))?;
+    let args = driver_args(beside, browser.engine, port).await?;
     let child = crate::engine::browser::spawn_beside(
         beside.isolation,
         beside.dirs,
         (browser.net.as_deref(), beside.cgroup, beside.group),
-        std::path::Path::new(CHROMEDRIVER),
+        std::path::Path::new(executable),
         (
             "webdriver",
             &args,
@@ -120,7 +199,7 @@ pub async fn start_driver(
             (std::process::Stdio::null(), std::process::Stdio::null()),
         ),
     )
-    .map_err(|e| unavailable(format!("cannot start chromedriver: {e}")))?;
+    .map_err(|e| unavailable(format!("cannot start {name}: {e}")))?;
     let at = CdpEndpoint {
         port,
         browser_path: String::new(),
@@ -132,10 +211,9 @@ pub async fn start_driver(
         match call(&at, hyper::Method::GET, "/status", Bytes::new()).await {
             Ok((200, _)) => break,
             _ if Instant::now() > deadline => {
-                let log =
-                    crate::system::process::log_tail(&beside.dirs.root.join("chromedriver.log"));
+                let log = crate::system::process::log_tail(&log_path);
                 return Err(unavailable(format!(
-                    "chromedriver did not answer within {START_TIMEOUT:?}{log}"
+                    "{name} did not answer within {START_TIMEOUT:?}{log}"
                 )));
             }
             _ => tokio::time::sleep(Duration::from_millis(2)).await,
@@ -155,24 +233,24 @@ fn free_port() -> std::io::Result<u16> {
         .port())
 }
 
-pub(crate) fn chromedriver_error(why: impl std::fmt::Display) -> WebDriverError {
-    WebDriverError::new(500, "unknown error", format!("chromedriver: {why}"))
+pub(crate) fn driver_error(why: impl std::fmt::Display) -> WebDriverError {
+    WebDriverError::new(500, "unknown error", format!("the WebDriver server: {why}"))
 }
 
-/// A new HTTP connection to chromedriver at `at`.
+/// A new HTTP connection to the WebDriver server at `at`.
 pub(crate) async fn connect(
     at: &CdpEndpoint,
 ) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, WebDriverError> {
-    let stream = at.connect().await.map_err(chromedriver_error)?;
+    let stream = at.connect().await.map_err(driver_error)?;
     let (sender, connection) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
             .await
-            .map_err(chromedriver_error)?;
+            .map_err(driver_error)?;
     tokio::spawn(connection);
     Ok(sender)
 }
 
-/// One HTTP request to chromedriver at `at` on a connection of its own: its
+/// One HTTP request to the WebDriver server at `at` on a connection of its own: its
 /// status and body.
 pub(crate) async fn call(
     at: &CdpEndpoint,
@@ -184,8 +262,8 @@ pub(crate) async fn call(
     send(&mut sender, at, (method, path, body)).await
 }
 
-/// One HTTP request to chromedriver at `at` over `kept` (opened again when
-/// it is for another chromedriver or was closed; a request is never sent
+/// One HTTP request to the WebDriver server at `at` over `kept` (opened again when
+/// it is for another server or was closed; a request is never sent
 /// twice).
 pub(crate) async fn call_kept(
     kept: &mut Option<Kept>,
@@ -224,16 +302,13 @@ pub(crate) async fn send(
             "application/json; charset=utf-8",
         )
         .body(Full::new(body))
-        .map_err(chromedriver_error)?;
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(chromedriver_error)?;
+        .map_err(driver_error)?;
+    let response = sender.send_request(request).await.map_err(driver_error)?;
     let status = response.status().as_u16();
     let body = Limited::new(response.into_body(), MAX_ANSWER)
         .collect()
         .await
-        .map_err(chromedriver_error)?
+        .map_err(driver_error)?
         .to_bytes();
     Ok((status, body))
 }
