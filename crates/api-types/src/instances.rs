@@ -146,6 +146,9 @@ pub struct InstanceConfig {
     /// 64 KiB. The download folders, `proxy.*`, `extensions.*`,
     /// `devtools.*`, `protocol_handler.*` and what opens downloads outside
     /// the browser are refused. Such instances never take a warm browser.
+    /// On a Firefox image, Firefox's preferences (`user.js`; booleans,
+    /// 32-bit integers, strings), with its own refusals (docs/api.md,
+    /// "Firefox").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub prefs: Option<serde_json::Map<String, serde_json::Value>>,

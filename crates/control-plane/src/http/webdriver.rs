@@ -55,7 +55,7 @@ fn principal_of(request: &Request) -> String {
     request_body(content = Object, description = "W3C: {\"capabilities\": {\"alwaysMatch\": {…}, \"firstMatch\": [{…}]}}; also at /wd/hub/session"),
     responses(
         (status = 200, description = "{\"value\": {\"sessionId\", \"capabilities\"}}: the session id is its instance's id", content_type = "application/json"),
-        (status = 400, description = "W3C invalid argument (a capability of the wrong type, refused goog:chromeOptions args)", content_type = "application/json"),
+        (status = 400, description = "W3C invalid argument (a capability of the wrong type, refused goog:chromeOptions or moz:firefoxOptions args, options or prefs)", content_type = "application/json"),
         (status = 401, description = "No valid API key (Bearer, or Basic from http://user:KEY@host)", content_type = "application/json"),
         (status = 500, description = "W3C session not created (no room within webdriver.session_request_timeout_sec, a browser or version the fleet does not run)", content_type = "application/json"),
     ))]

@@ -173,22 +173,35 @@ async fn browser_the_doors_of_other_protocols_refuse_a_firefox_instance_by_name(
 }
 
 #[tokio::test]
-async fn browser_firefox_settings_that_need_chromium_are_refused_by_name() {
-    let site = serve_page(&[("/", "<title>x</title>")]).await;
+async fn browser_firefox_settings_are_firefoxs_and_checked_by_name() {
+    let languages = "<title>x</title><body><script>document.body.textContent = navigator.languages.join(',')</script>";
+    let site = serve_page(&[("/", languages)]).await;
     let (serve, _) = door_serve(&site, |_| {}).await;
-    for (config, field) in [
-        (r#"{"prefs": {"homepage": "x"}}"#, "config.prefs"),
+    for (config, named) in [
         (r#"{"record": true}"#, "config.record"),
+        (r#"{"prefs": {"network.proxy.type": 0}}"#, "network.proxy.type"),
+        (
+            r#"{"prefs": {"general": {"config": {"filename": "x.cfg"}}}}"#,
+            "general.config.filename",
+        ),
+        (r#"{"prefs": {"browser.download.dir": "/"}}"#, "browser.download.dir"),
+        (r#"{"prefs": {"ui.list": [1]}}"#, "ui.list"),
     ] {
         let body = format!(r#"{{"image": "firefox", "config": {config}}}"#);
         let (status, answer) = serve.api.post("/v2/instances", &body).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{config}: {answer}");
         let detail = answer["detail"].as_str().unwrap();
         assert!(
-            detail.contains(field) && detail.contains("Firefox"),
+            detail.contains(named) && detail.contains("Firefox"),
             "{detail}"
         );
     }
+    // Firefox's own preferences: the browser starts with them.
+    let body = r#"{"image": "firefox", "config": {"prefs": {"intl.accept_languages": "de-DE,de"}}}"#;
+    let (_, _, firefox) = serve.api.create_running(body).await;
+    let page = format!("{}/", site.base);
+    let seen = loads(url(&firefox, "bidi"), std::slice::from_ref(&page)).await;
+    assert_eq!(seen[&page]["text"], "de-DE,de", "{seen}");
     serve.shutdown().await;
 }
 
