@@ -159,7 +159,7 @@ pub fn frame() {}
         (status = 400, description = "An unknown query parameter", body = flotilla_api_types::ErrorResponse),
         (status = 401, body = flotilla_api_types::ErrorResponse),
         (status = 404, description = "No such instance or tab", body = flotilla_api_types::ErrorResponse),
-        (status = 409, description = "The instance is stopped or failed", body = flotilla_api_types::ErrorResponse),
+        (status = 409, description = "The instance is stopped or failed, or a client holds a Firefox's only WebDriver BiDi session", body = flotilla_api_types::ErrorResponse),
         (status = 413, description = "The PNG would exceed agent.screenshot_max_bytes", body = flotilla_api_types::ErrorResponse),
         (status = 502, body = flotilla_api_types::ErrorResponse),
         (status = 503, description = "Too many captures at once on the node", body = flotilla_api_types::ErrorResponse)))]
@@ -206,6 +206,10 @@ pub fn recording() {}
 /// The open tabs: `[{id, url, title}]`.
 #[utoipa::path(get, path = "/v2/instances/{instance_id}/tabs", tag = "front door",
     params(("instance_id" = String, Path), ("token" = Option<String>, Query)),
-    responses((status = 200, content_type = "application/json"), (status = 401, body = flotilla_api_types::ErrorResponse),
-        (status = 404, body = flotilla_api_types::ErrorResponse)))]
+    responses((status = 200, content_type = "application/json", description = "The tabs: `[{id, url, title}]` (a Firefox tab's id is its position, 1 first: Firefox names its contexts anew in each WebDriver session)"),
+        (status = 401, body = flotilla_api_types::ErrorResponse),
+        (status = 404, body = flotilla_api_types::ErrorResponse),
+        (status = 409, description = "The instance is stopped or failed, or a client holds a Firefox's only WebDriver BiDi session", body = flotilla_api_types::ErrorResponse),
+        (status = 502, body = flotilla_api_types::ErrorResponse),
+        (status = 503, description = "The browser is not ready in time (a launch, or the wake of a parked instance)", body = flotilla_api_types::ErrorResponse)))]
 pub fn tabs() {}

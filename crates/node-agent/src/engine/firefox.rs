@@ -27,6 +27,7 @@
 
 use std::path::{Path, PathBuf};
 
+use base64::Engine as _;
 use serde_json::{Value, json};
 
 use crate::config::EngineKind;
@@ -35,6 +36,7 @@ use crate::engine::bidi::{BidiError, BidiSession};
 use crate::engine::browser::{
     BrowserNetwork, BrowserProcess, CdpEndpoint, LaunchError, LaunchPlan, prepare_instance_dir,
 };
+use crate::engine::page::Tab;
 use crate::snapshot::{CapturedState, CapturedTab, RestoreOptions};
 use crate::system::dirs::InstanceDirs;
 use crate::system::files::BrowserFolder;
@@ -404,6 +406,25 @@ const STATE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
 
 async fn read_state(session: &mut BidiSession) -> Result<CapturedState, BidiError> {
     let cookies = session.call("storage.getCookies", json!({})).await?;
+    let tabs = read_tabs(session)
+        .await?
+        .into_iter()
+        .map(|tab| CapturedTab {
+            url: tab.url,
+            title: tab.title,
+            ..CapturedTab::default()
+        })
+        .collect();
+    Ok(CapturedState {
+        cookies: cookies["cookies"].as_array().cloned().unwrap_or_default(),
+        tabs,
+        local_storage: Vec::new(),
+    })
+}
+
+/// The browser's tabs (its top-level browsing contexts, in order): each
+/// context's id, URL and title.
+async fn read_tabs(session: &mut BidiSession) -> Result<Vec<Tab>, BidiError> {
     let tree = session
         .call("browsingContext.getTree", json!({"maxDepth": 0}))
         .await?;
@@ -424,17 +445,73 @@ async fn read_state(session: &mut BidiSession) -> Result<CapturedState, BidiErro
                 .unwrap_or_default(),
             false => String::new(),
         };
-        tabs.push(CapturedTab {
-            url,
-            title,
-            ..CapturedTab::default()
-        });
+        let id = context["context"].as_str().unwrap_or_default().to_owned();
+        tabs.push(Tab { id, url, title });
     }
-    Ok(CapturedState {
-        cookies: cookies["cookies"].as_array().cloned().unwrap_or_default(),
-        tabs,
-        local_storage: Vec::new(),
-    })
+    Ok(tabs)
+}
+
+/// The browser's tabs as `/tabs` lists them, read in a BiDi session of the
+/// agent's own (so [`BidiError::SessionHeld`] while a client holds the
+/// browser's only one). Firefox names its contexts anew in each WebDriver
+/// session, so a tab's id here is its position (`1`, `2`, …), which
+/// `/screenshot?tab=` takes.
+pub async fn list_tabs(endpoint: &CdpEndpoint) -> Result<Vec<Tab>, BidiError> {
+    let mut session = BidiSession::open(endpoint).await?;
+    let tabs = read_tabs(&mut session).await;
+    session.end().await;
+    Ok(tabs?
+        .into_iter()
+        .enumerate()
+        .map(|(index, tab)| Tab {
+            id: (index + 1).to_string(),
+            ..tab
+        })
+        .collect())
+}
+
+/// A PNG of tab `tab`'s viewport (its position, as [`list_tabs`] names it;
+/// default: the first tab), taken in a BiDi session of the agent's own;
+/// `None` when there is no such tab.
+pub async fn screenshot(
+    endpoint: &CdpEndpoint,
+    tab: Option<&str>,
+) -> Result<Option<Vec<u8>>, BidiError> {
+    let mut session = BidiSession::open(endpoint).await?;
+    let shot = screenshot_in(&mut session, tab).await;
+    session.end().await;
+    shot
+}
+
+async fn screenshot_in(
+    session: &mut BidiSession,
+    tab: Option<&str>,
+) -> Result<Option<Vec<u8>>, BidiError> {
+    let tabs = read_tabs(session).await?;
+    let position = match tab {
+        Some(id) => match id.parse::<usize>() {
+            Ok(position) if position >= 1 => position - 1,
+            _ => return Ok(None),
+        },
+        None => 0,
+    };
+    let chosen = tabs.get(position);
+    let Some(chosen) = chosen else {
+        return Ok(None);
+    };
+    let method = "browsingContext.captureScreenshot";
+    let shot = session
+        .call(method, json!({"context": chosen.id, "origin": "viewport"}))
+        .await?;
+    let png = shot["data"]
+        .as_str()
+        .and_then(|data| base64::engine::general_purpose::STANDARD.decode(data).ok())
+        .ok_or_else(|| BidiError::Command {
+            method: method.into(),
+            error: "unreadable answer".into(),
+            message: "no base64 PNG in data".into(),
+        })?;
+    Ok(Some(png))
 }
 
 /// Puts a captured state back into a started Firefox: its cookies, and

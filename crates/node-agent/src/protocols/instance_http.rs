@@ -41,6 +41,9 @@ struct ApiState {
     recordings: std::path::PathBuf,
     /// Screenshots, bounded in size and number (see [`crate::engine::capture`]).
     captures: Arc<Captures>,
+    /// A Firefox serves one BiDi session at a time: the port's own steps
+    /// (tabs, screenshots) take it in turn.
+    firefox_turn: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Serves the instance's HTTP API until its servers stop; with
@@ -91,6 +94,7 @@ pub async fn serve_api(
             access: access.clone(),
             recordings,
             captures: Arc::new(Captures::new(captures)),
+            firefox_turn: Arc::default(),
         })
         .merge(webdriver)
         .merge(playwright);
@@ -108,6 +112,7 @@ impl IntoResponse for ApiError {
         let code = match self.0 {
             StatusCode::BAD_REQUEST => ErrorCode::InvalidRequest,
             StatusCode::NOT_FOUND => ErrorCode::NotFound,
+            StatusCode::CONFLICT => ErrorCode::InvalidState,
             StatusCode::SERVICE_UNAVAILABLE => ErrorCode::InsufficientCapacity,
             StatusCode::BAD_GATEWAY => ErrorCode::BadGateway,
             StatusCode::PAYLOAD_TOO_LARGE => ErrorCode::PayloadTooLarge,
@@ -124,18 +129,10 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// The browser's endpoint, for a step that needs CDP (tabs, screenshots):
-/// a Firefox instance's is refused with a 400 that says so.
+/// The browser's endpoint, whichever protocol it speaks.
 async fn endpoint(state: &ApiState) -> Result<CdpEndpoint, ApiError> {
     state.slot.touch();
     match state.slot.wait_ready(state.ready_timeout).await {
-        Ok(Some(endpoint)) if !endpoint.speaks_cdp() => Err(ApiError(
-            StatusCode::BAD_REQUEST,
-            crate::engine::cdp::CdpError::NotCdp {
-                engine: endpoint.engine.label(),
-            }
-            .to_string(),
-        )),
         Ok(Some(endpoint)) => Ok(endpoint),
         Ok(None) => Err(ApiError(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -148,11 +145,28 @@ async fn endpoint(state: &ApiState) -> Result<CdpEndpoint, ApiError> {
     }
 }
 
+/// A Firefox step's failure: 409 while a client holds the browser's only
+/// BiDi session, else 502.
+fn firefox_error(what: &str, error: crate::engine::bidi::BidiError) -> ApiError {
+    let status = match error {
+        crate::engine::bidi::BidiError::SessionHeld => StatusCode::CONFLICT,
+        _ => StatusCode::BAD_GATEWAY,
+    };
+    ApiError(status, format!("cannot {what}: {error}"))
+}
+
 async fn tabs(State(state): State<ApiState>) -> Result<Response, ApiError> {
     let endpoint = endpoint(&state).await?;
-    let tabs = list_tabs(&endpoint)
-        .await
-        .map_err(|e| ApiError(StatusCode::BAD_GATEWAY, format!("cannot list tabs: {e}")))?;
+    let tabs = if endpoint.speaks_cdp() {
+        list_tabs(&endpoint)
+            .await
+            .map_err(|e| ApiError(StatusCode::BAD_GATEWAY, format!("cannot list tabs: {e}")))?
+    } else {
+        let _turn = state.firefox_turn.lock().await;
+        crate::engine::firefox::list_tabs(&endpoint)
+            .await
+            .map_err(|e| firefox_error("list tabs", e))?
+    };
     Ok(axum::Json(tabs).into_response())
 }
 
@@ -190,6 +204,14 @@ async fn capture_png(state: &ApiState, tab: Option<&str>) -> Result<Screenshot, 
     let bad_gateway = |reason: String| ApiError(StatusCode::BAD_GATEWAY, reason);
     let not_found = |reason: String| ApiError(StatusCode::NOT_FOUND, reason);
     let endpoint = endpoint(state).await?;
+    if !endpoint.speaks_cdp() {
+        let _turn = state.firefox_turn.lock().await;
+        let png = crate::engine::firefox::screenshot(&endpoint, tab)
+            .await
+            .map_err(|e| firefox_error("take a screenshot", e))?
+            .ok_or_else(|| not_found("no such tab; GET /tabs lists them".into()))?;
+        return Ok(Screenshot { png, scale: 1.0 });
+    }
     let tabs = list_tabs(&endpoint)
         .await
         .map_err(|e| bad_gateway(format!("cannot list tabs: {e}")))?;

@@ -128,8 +128,36 @@ async fn browser_puppeteer_drives_a_firefox_instance_over_bidi_through_the_door(
     serve.shutdown().await;
 }
 
+/// A raw BiDi client of `bidi` that has started a session (Firefox's only
+/// one) and holds it until dropped.
+async fn holding_the_session(
+    bidi: &str,
+) -> tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>> {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let (mut socket, _) = tokio_tungstenite::connect_async(bidi).await.unwrap();
+    let new = r#"{"id": 1, "method": "session.new", "params": {"capabilities": {}}}"#;
+    socket.send(Message::text(new)).await.unwrap();
+    let answered = tokio::time::timeout(BROWSER_DEADLINE, async {
+        while let Some(Ok(message)) = socket.next().await {
+            if let Message::Text(text) = message {
+                let answer: Value = serde_json::from_str(&text).unwrap();
+                if answer["id"] == 1 {
+                    return answer;
+                }
+            }
+        }
+        panic!("the socket closed before session.new was answered");
+    })
+    .await
+    .expect("session.new answered");
+    assert_eq!(answered["type"], "success", "{answered}");
+    socket
+}
+
 #[tokio::test]
-async fn browser_the_doors_of_other_protocols_refuse_a_firefox_instance_by_name() {
+async fn browser_the_doors_of_other_protocols_refuse_a_firefox_instance_by_name_and_its_own_serve_it()
+ {
     let site = serve_page(&[("/", "<title>x</title>")]).await;
     let (serve, _) = door_serve(&site, |_| {}).await;
     let firefox = running(&serve, "firefox").await;
@@ -148,13 +176,52 @@ async fn browser_the_doors_of_other_protocols_refuse_a_firefox_instance_by_name(
         why.contains("Playwright drives only its own patched Firefox"),
         "{why}"
     );
-    // Its tabs and screenshots need CDP: a clear refusal, not a 502.
-    let (status, body) = serve.api.get(&format!("/v2/instances/{id}/tabs")).await;
-    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    // Its tabs and screenshots, over BiDi in a session of the node's own.
+    let (status, tabs) = serve.api.get(&format!("/v2/instances/{id}/tabs")).await;
+    assert_eq!(status, StatusCode::OK, "{tabs}");
+    assert_eq!(tabs[0]["url"], "about:blank", "{tabs}");
+    // Its position: Firefox names its contexts anew in each session.
+    let tab = tabs[0]["id"].as_str().unwrap();
+    assert_eq!(tab, "1", "{tabs}");
+    for query in [String::new(), format!("?tab={tab}")] {
+        let shot = reqwest::Client::new()
+            .get(format!(
+                "{}/v2/instances/{id}/screenshot{query}",
+                serve.api.base
+            ))
+            .bearer_auth(API_KEY)
+            .send()
+            .await
+            .unwrap();
+        let status = shot.status();
+        let scale = shot.headers().get("x-screenshot-scale").cloned();
+        let png = shot.bytes().await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{query}: {png:?}");
+        assert_eq!(scale.unwrap(), "1.0000");
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "{query}");
+    }
+    let (status, body) = serve
+        .api
+        .get(&format!("/v2/instances/{id}/screenshot?tab=2"))
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    for hostile in ["0", "-1", "x", "99999999999999999999999"] {
+        let (status, body) = serve
+            .api
+            .get(&format!("/v2/instances/{id}/screenshot?tab={hostile}"))
+            .await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{hostile}: {body}");
+    }
+    // While a client holds Firefox's only BiDi session: 409, saying why.
+    let client = holding_the_session(bidi).await;
+    let held = serve.api.get(&format!("/v2/instances/{id}/tabs")).await;
+    assert_eq!(held.0, StatusCode::CONFLICT, "{}", held.1);
     assert!(
-        body["detail"].as_str().unwrap().contains("Firefox"),
-        "{body}"
+        held.1["detail"].as_str().unwrap().contains("only session"),
+        "{}",
+        held.1
     );
+    drop(client);
 
     // A Chromium instance beside it answers BiDi clients of its own socket
     // with where to go.
@@ -179,12 +246,18 @@ async fn browser_firefox_settings_are_firefoxs_and_checked_by_name() {
     let (serve, _) = door_serve(&site, |_| {}).await;
     for (config, named) in [
         (r#"{"record": true}"#, "config.record"),
-        (r#"{"prefs": {"network.proxy.type": 0}}"#, "network.proxy.type"),
+        (
+            r#"{"prefs": {"network.proxy.type": 0}}"#,
+            "network.proxy.type",
+        ),
         (
             r#"{"prefs": {"general": {"config": {"filename": "x.cfg"}}}}"#,
             "general.config.filename",
         ),
-        (r#"{"prefs": {"browser.download.dir": "/"}}"#, "browser.download.dir"),
+        (
+            r#"{"prefs": {"browser.download.dir": "/"}}"#,
+            "browser.download.dir",
+        ),
         (r#"{"prefs": {"ui.list": [1]}}"#, "ui.list"),
     ] {
         let body = format!(r#"{{"image": "firefox", "config": {config}}}"#);
@@ -197,7 +270,8 @@ async fn browser_firefox_settings_are_firefoxs_and_checked_by_name() {
         );
     }
     // Firefox's own preferences: the browser starts with them.
-    let body = r#"{"image": "firefox", "config": {"prefs": {"intl.accept_languages": "de-DE,de"}}}"#;
+    let body =
+        r#"{"image": "firefox", "config": {"prefs": {"intl.accept_languages": "de-DE,de"}}}"#;
     let (_, _, firefox) = serve.api.create_running(body).await;
     let page = format!("{}/", site.base);
     let seen = loads(url(&firefox, "bidi"), std::slice::from_ref(&page)).await;
