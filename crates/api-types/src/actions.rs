@@ -228,6 +228,12 @@ pub struct ActionRequest {
     /// Start from this saved profile (read-only: nothing is written back).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile: Option<String>,
+    /// The image whose browser runs the job (default: the fleet's default
+    /// image). `firefox` runs it in Firefox over WebDriver BiDi, which takes
+    /// neither `html`, `headers`, `block`, `user_agent`, `profile` nor
+    /// `wait_until: networkidle` (400 naming the option).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
     /// Requests to fail: resource types (`image`, `font`, `stylesheet`,
     /// `media`, `script`, …) or URL patterns (`*` matches anything,
     /// e.g. `*://ads.example.com/*`).

@@ -138,7 +138,7 @@ impl ControlPlane {
         let settings = &self.config.actions;
         let lifetime = request.timeout_ms() as f64 / 60_000.0 + LIFETIME_MARGIN_MINUTES;
         let create = CreateInstanceRequest {
-            image: None,
+            image: request.image.clone(),
             config: Some(InstanceConfig {
                 proxy: request.proxy.clone(),
                 auto_snapshot: false,

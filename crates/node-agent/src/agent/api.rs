@@ -108,9 +108,11 @@ pub fn status_of(error: &AgentError) -> StatusCode {
             ActionError::BadSelector { .. }
             | ActionError::NoElement { .. }
             | ActionError::BadCookies(_)
+            | ActionError::NotInFirefox { .. }
             | ActionError::Browser(CdpError::NotCdp { .. }) => StatusCode::BAD_REQUEST,
             ActionError::Navigation { .. }
             | ActionError::NotStarted(_)
+            | ActionError::Firefox(_)
             | ActionError::Browser(_) => StatusCode::BAD_GATEWAY,
             ActionError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ActionError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,

@@ -596,6 +596,9 @@ impl Agent {
             max_output_bytes: config.action_max_output_bytes,
             max_pixels: config.screenshot_max_pixels,
         };
+        if !endpoint.speaks_cdp() {
+            return Ok(crate::protocols::firefox_actions::run(&endpoint, action, bounds).await?);
+        }
         Ok(crate::protocols::actions::run(&endpoint, action, bounds).await?)
     }
 

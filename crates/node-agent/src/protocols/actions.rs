@@ -81,6 +81,15 @@ pub enum ActionError {
     /// 502: the browser failed the job.
     #[error("the browser failed the action: {}", crate::engine::page::describe(.0))]
     Browser(CdpError),
+    /// 400: an option of the request that Firefox's job does not take.
+    #[error("{option} is not taken by a Firefox action: {why} (use a Chromium image)")]
+    NotInFirefox {
+        option: &'static str,
+        why: &'static str,
+    },
+    /// 502: Firefox failed the job (see [`crate::protocols::firefox_actions`]).
+    #[error("Firefox failed the action: {0}")]
+    Firefox(#[from] crate::engine::bidi::BidiError),
 }
 
 impl From<CdpError> for ActionError {
@@ -257,41 +266,13 @@ impl Job<'_> {
     /// Every selector of the request, parsed by the page itself: a refusal
     /// names its field.
     async fn check_selectors(&self, page: &JobPage, kind: ActionKind) -> Result<(), ActionError> {
-        let mut fields: Vec<(String, &str)> = Vec::new();
-        if let Some(selector) = &self.request.wait_for_selector {
-            fields.push(("wait_for_selector".into(), selector));
-        }
-        if kind == ActionKind::Screenshot
-            && let Some(selector) = &self.request.selector
-        {
-            fields.push(("selector".into(), selector));
-        }
-        if kind == ActionKind::Scrape {
-            for (index, element) in self.request.elements.iter().enumerate() {
-                fields.push((format!("elements[{index}].selector"), &element.selector));
-            }
-        }
+        let fields = selector_fields(self.request, kind);
         if fields.is_empty() {
             return Ok(());
         }
-        let selectors: Vec<&str> = fields.iter().map(|(_, selector)| *selector).collect();
-        let script = format!(
-            "({}).map((s) => {{ try {{ document.createDocumentFragment().querySelector(s); return null; }} catch (e) {{ return String(e.message); }} }})",
-            json!(selectors)
-        );
+        let script = selector_check_script(&fields);
         let refusals = page.evaluate(&script, self).await?;
-        for ((field, _), refusal) in fields
-            .into_iter()
-            .zip(refusals.as_array().into_iter().flatten())
-        {
-            if let Some(message) = refusal.as_str() {
-                return Err(ActionError::BadSelector {
-                    field,
-                    message: message.to_owned(),
-                });
-            }
-        }
-        Ok(())
+        first_bad_selector(fields, &refusals)
     }
 
     async fn screenshot(&self, page: &JobPage) -> Result<ActionOutput, ActionError> {
@@ -302,11 +283,7 @@ impl Job<'_> {
         }
         let scale = self.request.viewport().device_scale_factor.unwrap_or(1.0);
         let area = if let Some(selector) = &self.request.selector {
-            let script = format!(
-                "(() => {{ const e = document.querySelector({}); if (!e) return null; const r = e.getBoundingClientRect(); return [r.left + scrollX, r.top + scrollY, r.width, r.height]; }})()",
-                json!(selector)
-            );
-            let rect = page.evaluate(&script, self).await?;
+            let rect = page.evaluate(&element_box_script(selector), self).await?;
             let side = |i: usize| rect[i].as_f64().unwrap_or(0.0);
             if rect.is_null() || side(2) < 1.0 || side(3) < 1.0 {
                 return Err(ActionError::NoElement {
@@ -387,12 +364,7 @@ impl Job<'_> {
     }
 
     async fn content(&self, page: &JobPage) -> Result<ActionOutput, ActionError> {
-        let html = page
-            .evaluate(
-                "(document.doctype ? new XMLSerializer().serializeToString(document.doctype) + '\\n' : '') + (document.documentElement ? document.documentElement.outerHTML : '')",
-                self,
-            )
-            .await?;
+        let html = page.evaluate(CONTENT_SCRIPT, self).await?;
         let body = html.as_str().unwrap_or_default().as_bytes().to_vec();
         self.bounded(ActionOutput {
             content_type: "text/html; charset=utf-8",
@@ -407,35 +379,8 @@ impl Job<'_> {
             .iter()
             .map(|element| element.selector.as_str())
             .collect();
-        let script = format!(
-            r#"({}).map((selector) => ({{
-                selector,
-                matches: Array.from(document.querySelectorAll(selector)).slice(0, 1000).map((e) => {{
-                    const r = e.getBoundingClientRect();
-                    const attributes = {{}};
-                    for (const a of e.attributes) attributes[a.name] = a.value;
-                    return {{
-                        text: typeof e.innerText === 'string' ? e.innerText : (e.textContent || ''),
-                        html: e.outerHTML,
-                        attributes,
-                        box: {{ x: r.left + scrollX, y: r.top + scrollY, width: r.width, height: r.height }},
-                    }};
-                }}),
-            }}))"#,
-            json!(selectors)
-        );
-        let elements = page.evaluate(&script, self).await?;
-        let answer: ScrapeResponse = serde_json::from_value(json!({"elements": elements}))
-            .map_err(|e| {
-                ActionError::Browser(CdpError::Protocol {
-                    method: "the scrape script".into(),
-                    message: format!("unexpected scrape result: {e}"),
-                })
-            })?;
-        self.bounded(ActionOutput {
-            content_type: "application/json",
-            body: serde_json::to_vec(&answer).expect("a scrape result serialises"),
-        })
+        let elements = page.evaluate(&scrape_script(&selectors), self).await?;
+        self.bounded(scraped(elements)?)
     }
 
     fn decoded(&self, data: &Value) -> Result<Vec<u8>, ActionError> {
@@ -483,8 +428,106 @@ async fn page_target(client: &CdpClient, job: &Job<'_>) -> Result<String, Action
     Ok(browser.open_blank().await?)
 }
 
+/// The page's document as HTML, its doctype first.
+pub(crate) const CONTENT_SCRIPT: &str = "(document.doctype ? new XMLSerializer().serializeToString(document.doctype) + '\\n' : '') + (document.documentElement ? document.documentElement.outerHTML : '')";
+
+/// The request's selectors of a `kind` job, each with the field it is in.
+pub(crate) fn selector_fields(request: &ActionRequest, kind: ActionKind) -> Vec<(String, &str)> {
+    let mut fields: Vec<(String, &str)> = Vec::new();
+    if let Some(selector) = &request.wait_for_selector {
+        fields.push(("wait_for_selector".into(), selector));
+    }
+    if kind == ActionKind::Screenshot
+        && let Some(selector) = &request.selector
+    {
+        fields.push(("selector".into(), selector));
+    }
+    if kind == ActionKind::Scrape {
+        for (index, element) in request.elements.iter().enumerate() {
+            fields.push((format!("elements[{index}].selector"), &element.selector));
+        }
+    }
+    fields
+}
+
+/// Parses each selector of `fields` in the page: per selector, `null` or
+/// why the page refuses it.
+pub(crate) fn selector_check_script(fields: &[(String, &str)]) -> String {
+    let selectors: Vec<&str> = fields.iter().map(|(_, selector)| *selector).collect();
+    format!(
+        "({}).map((s) => {{ try {{ document.createDocumentFragment().querySelector(s); return null; }} catch (e) {{ return String(e.message); }} }})",
+        json!(selectors)
+    )
+}
+
+/// The first refusal of [`selector_check_script`]'s answer, naming its
+/// field.
+pub(crate) fn first_bad_selector(
+    fields: Vec<(String, &str)>,
+    refusals: &Value,
+) -> Result<(), ActionError> {
+    for ((field, _), refusal) in fields
+        .into_iter()
+        .zip(refusals.as_array().into_iter().flatten())
+    {
+        if let Some(message) = refusal.as_str() {
+            return Err(ActionError::BadSelector {
+                field,
+                message: message.to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The box (`[x, y, width, height]` in the document) of the first element
+/// matching `selector`, or `null`.
+pub(crate) fn element_box_script(selector: &str) -> String {
+    format!(
+        "(() => {{ const e = document.querySelector({}); if (!e) return null; const r = e.getBoundingClientRect(); return [r.left + scrollX, r.top + scrollY, r.width, r.height]; }})()",
+        json!(selector)
+    )
+}
+
+/// Every match of each of `selectors` (at most 1000 each): text, HTML,
+/// attributes and box.
+pub(crate) fn scrape_script(selectors: &[&str]) -> String {
+    format!(
+        r#"({}).map((selector) => ({{
+            selector,
+            matches: Array.from(document.querySelectorAll(selector)).slice(0, 1000).map((e) => {{
+                const r = e.getBoundingClientRect();
+                const attributes = {{}};
+                for (const a of e.attributes) attributes[a.name] = a.value;
+                return {{
+                    text: typeof e.innerText === 'string' ? e.innerText : (e.textContent || ''),
+                    html: e.outerHTML,
+                    attributes,
+                    box: {{ x: r.left + scrollX, y: r.top + scrollY, width: r.width, height: r.height }},
+                }};
+            }}),
+        }}))"#,
+        json!(selectors)
+    )
+}
+
+/// A scrape's answer from [`scrape_script`]'s value.
+pub(crate) fn scraped(elements: Value) -> Result<ActionOutput, ActionError> {
+    let answer: ScrapeResponse =
+        serde_json::from_value(json!({"elements": elements})).map_err(|e| {
+            ActionError::Browser(CdpError::Protocol {
+                method: "the scrape script".into(),
+                message: format!("unexpected scrape result: {e}"),
+            })
+        })?;
+    Ok(ActionOutput {
+        content_type: "application/json",
+        body: serde_json::to_vec(&answer).expect("a scrape result serialises"),
+    })
+}
+
 /// A promise that settles when an element matches `selector`.
-fn wait_for_selector_script(selector: &str) -> String {
+pub(crate) fn wait_for_selector_script(selector: &str) -> String {
     format!(
         "((s) => new Promise((resolve) => {{
             if (document.querySelector(s)) return resolve(true);

@@ -3,13 +3,14 @@
 //! [`client_frames`]; its HTTP port ([`instance_http`]) with WebDriver
 //! ([`webdriver`], Grid's files in [`se_files`]), Playwright ([`playwright`]),
 //! tabs and screenshots; MCP's page steps ([`page_ops`]) and REST actions
-//! ([`actions`]); the live view on its stream port ([`live_view`], input in
+//! ([`actions`], in Firefox [`firefox_actions`]); the live view on its stream port ([`live_view`], input in
 //! [`live_control`]) and its recordings ([`recording`]). [`access`] decides
 //! who may use them.
 
 pub mod access;
 pub mod actions;
 pub mod client_frames;
+pub mod firefox_actions;
 pub mod gateway;
 pub mod instance_http;
 pub mod live_control;

@@ -469,6 +469,120 @@ async fn browser_actions_render_screenshots_pdfs_content_and_scrapes() {
 }
 
 #[tokio::test]
+async fn browser_actions_run_in_firefox_where_bidi_has_the_step() {
+    let site = Site::start().await;
+    let (serve, api) = serve_for(&site, |config| {
+        config.agent.warm_pools.insert("firefox".into(), 1);
+    })
+    .await;
+    let home = format!("{}/", site.base);
+    let firefox = |mut body: Value| {
+        body["image"] = json!("firefox");
+        body
+    };
+
+    let png = ok(
+        &api,
+        "screenshot",
+        firefox(json!({"url": home})),
+        "image/png",
+    )
+    .await;
+    assert_eq!(png_size(&png), (1280, 720));
+    let viewport = json!({"width": 640, "height": 480, "device_scale_factor": 2});
+    let body = firefox(json!({"url": home, "viewport": viewport}));
+    assert_eq!(
+        png_size(&ok(&api, "screenshot", body, "image/png").await),
+        (1280, 960)
+    );
+    let tall = firefox(json!({"url": format!("{}/tall", site.base), "full_page": true}));
+    // Firefox keeps its scrollbar beside a page taller than the viewport.
+    let (width, height) = png_size(&ok(&api, "screenshot", tall, "image/png").await);
+    assert!(
+        (1260..=1280).contains(&width) && height == 3000,
+        "{width}x{height}"
+    );
+    let element = firefox(json!({"url": home, "selector": "#box"}));
+    assert_eq!(
+        png_size(&ok(&api, "screenshot", element, "image/png").await),
+        (200, 100)
+    );
+    let jpeg = firefox(json!({"url": home, "format": "jpeg", "quality": 50}));
+    assert_eq!(
+        &ok(&api, "screenshot", jpeg, "image/jpeg").await[..3],
+        b"\xff\xd8\xff"
+    );
+
+    let pdf = ok(
+        &api,
+        "pdf",
+        firefox(json!({"url": format!("{}/pages", site.base)})),
+        "application/pdf",
+    )
+    .await;
+    assert_eq!(pdf_pages(&pdf), 3);
+
+    // The page's own script ran, in Firefox, with the cookie set first.
+    let cookie = json!([{"name": "flavour", "value": "oat"}]);
+    let body = firefox(json!({"url": home, "cookies": cookie, "wait_for_selector": "#late"}));
+    let html = String::from_utf8(ok(&api, "content", body, "text/html").await).unwrap();
+    assert!(html.starts_with("<!DOCTYPE html>"), "{html}");
+    assert!(
+        html.contains("rendered by script false flavour=oat"),
+        "{html}"
+    );
+    assert!(html.contains(r#"<span id="late">late</span>"#), "{html}");
+    let ua = ok(&api, "content", firefox(json!({"url": home})), "text/html").await;
+    assert!(String::from_utf8_lossy(&ua).contains("rendered by script"));
+
+    let elements = json!([{"selector": "li.item"}, {"selector": "#title"}]);
+    let scraped = ok(
+        &api,
+        "scrape",
+        firefox(json!({"url": home, "elements": elements})),
+        "application/json",
+    )
+    .await;
+    let scraped: Value = serde_json::from_slice(&scraped).unwrap();
+    let items = &scraped["elements"][0]["matches"];
+    assert_eq!(items[1]["text"], "Two", "{scraped}");
+    assert_eq!(items[1]["attributes"]["data-n"], "2", "{scraped}");
+    assert_eq!(scraped["elements"][1]["matches"][0]["text"], "Static title");
+
+    // What Firefox's job does not take, named; a bad selector, named.
+    for (body, named) in [
+        (json!({"html": "<p>x</p>"}), "html"),
+        (json!({"url": home, "block": ["image"]}), "block"),
+        (json!({"url": home, "headers": {"x-a": "1"}}), "headers"),
+        (json!({"url": home, "user_agent": "bot"}), "user_agent"),
+        (
+            json!({"url": home, "wait_until": "networkidle"}),
+            "wait_until",
+        ),
+        (json!({"url": home, "selector": "##"}), "selector"),
+    ] {
+        let detail = refused(
+            &api,
+            "screenshot",
+            firefox(body.clone()),
+            StatusCode::BAD_REQUEST,
+        )
+        .await;
+        assert!(detail.contains(named), "{body}: {detail}");
+    }
+    let detail = refused(
+        &api,
+        "content",
+        firefox(json!({"url": "http://127.0.0.1:9/"})),
+        StatusCode::BAD_GATEWAY,
+    )
+    .await;
+    assert!(detail.contains("could not be loaded"), "{detail}");
+    assert_no_instance_left(&api).await;
+    serve.shutdown().await;
+}
+
+#[tokio::test]
 async fn browser_an_action_whose_page_hangs_or_whose_client_leaves_leaves_no_instance() {
     let site = Site::start().await;
     let (serve, api) = serve_for(&site, |config| {

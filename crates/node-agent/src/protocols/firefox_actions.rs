@@ -1,0 +1,417 @@
+//! REST actions in a Firefox instance (`"image": "firefox"`), over WebDriver
+//! BiDi in a session of the agent's own (the action's instance has no other
+//! client). The same job as [`crate::protocols::actions`] runs in Chromium,
+//! step for step where BiDi has the step: the viewport
+//! (`browsingContext.setViewport`), cookies (`storage.setCookie`), the load
+//! (`browsingContext.navigate`, `wait: complete` or `interactive`), the
+//! selectors and scripts (`script.evaluate`, the same scripts as Chromium's
+//! job), screenshots (`browsingContext.captureScreenshot`), PDFs
+//! (`browsingContext.print`). What it has not, or not here yet, is refused
+//! before the browser is touched, naming the option ([`refuse_what_firefox_lacks`]).
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use flotilla_api_types::actions::{ActionKind, ActionRequest, AgentAction, WaitUntil};
+
+use crate::engine::bidi::{BidiError, BidiSession};
+use crate::engine::browser::CdpEndpoint;
+use crate::protocols::actions::{
+    ActionBounds, ActionError, ActionOutput, CONTENT_SCRIPT, element_box_script,
+    first_bad_selector, scrape_script, scraped, selector_check_script, selector_fields,
+    wait_for_selector_script,
+};
+
+/// Options of a request Firefox's job does not take, with why.
+fn refuse_what_firefox_lacks(request: &ActionRequest) -> Result<(), ActionError> {
+    let refused =
+        |option: &'static str, why: &'static str| Err(ActionError::NotInFirefox { option, why });
+    if request.html.is_some() {
+        return refused("html", "it is served by request interception, Chromium's");
+    }
+    if !request.headers.is_empty() {
+        return refused(
+            "headers",
+            "they are added by request interception, Chromium's",
+        );
+    }
+    if !request.block.is_empty() {
+        return refused(
+            "block",
+            "requests are failed by request interception, Chromium's",
+        );
+    }
+    if request.user_agent.is_some() {
+        return refused("user_agent", "Firefox's BiDi sets no user agent");
+    }
+    if request.wait_until == Some(WaitUntil::Networkidle) {
+        return refused(
+            "wait_until",
+            "networkidle is read from Chromium's lifecycle events; use load, domcontentloaded or wait_for_selector",
+        );
+    }
+    if request.profile.is_some() {
+        return refused(
+            "profile",
+            "profiles are per engine, and saved from Chromium",
+        );
+    }
+    Ok(())
+}
+
+/// Runs `action` on the Firefox at `endpoint`, within its `timeout_ms`.
+pub async fn run(
+    endpoint: &CdpEndpoint,
+    action: &AgentAction,
+    bounds: ActionBounds,
+) -> Result<ActionOutput, ActionError> {
+    refuse_what_firefox_lacks(&action.request)?;
+    let timeout_ms = action.request.timeout_ms();
+    let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+    let stage = std::sync::Mutex::new("connecting to the browser");
+    let job = Job {
+        request: &action.request,
+        stage: &stage,
+        bounds,
+    };
+    let outcome = tokio::time::timeout_at(deadline, job.run(endpoint, action.kind)).await;
+    match outcome {
+        Err(_) | Ok(Err(ActionError::Firefox(BidiError::Timeout(_)))) => {
+            Err(ActionError::Timeout {
+                stage: *stage.lock().expect("stage lock"),
+                timeout_ms,
+            })
+        }
+        Ok(other) => other,
+    }
+}
+
+/// One job in progress.
+struct Job<'a> {
+    request: &'a ActionRequest,
+    /// What the job waits for now (named if the deadline passes).
+    stage: &'a std::sync::Mutex<&'static str>,
+    bounds: ActionBounds,
+}
+
+/// The job's session and the tab it drives.
+struct Tab {
+    session: BidiSession,
+    context: Value,
+}
+
+impl Tab {
+    /// `expression`'s value (awaited when a promise), as JSON: a script's
+    /// exception is [`BidiError::Command`] with its text.
+    async fn evaluate(&mut self, expression: &str) -> Result<Value, ActionError> {
+        let wrapped = format!("(async () => JSON.stringify(await ({expression})))()");
+        let method = "script.evaluate";
+        let evaluated = self
+            .session
+            .call(
+                method,
+                json!({"expression": wrapped, "target": {"context": self.context}, "awaitPromise": true}),
+            )
+            .await?;
+        let failed = |message: String| {
+            ActionError::Firefox(BidiError::Command {
+                method: method.into(),
+                error: "javascript error".into(),
+                message,
+            })
+        };
+        if evaluated["type"] == "exception" {
+            let text = evaluated["exceptionDetails"]["text"].as_str().unwrap_or("");
+            return Err(failed(text.to_owned()));
+        }
+        match evaluated["result"]["value"].as_str() {
+            Some(json) => serde_json::from_str(json).map_err(|e| failed(e.to_string())),
+            None => Ok(Value::Null),
+        }
+    }
+}
+
+impl Job<'_> {
+    fn at(&self, stage: &'static str) {
+        *self.stage.lock().expect("stage lock") = stage;
+    }
+
+    async fn run(
+        &self,
+        endpoint: &CdpEndpoint,
+        kind: ActionKind,
+    ) -> Result<ActionOutput, ActionError> {
+        // Left unended only when the deadline drops the job: the action's
+        // instance is deleted then.
+        let mut session = BidiSession::open(endpoint).await?;
+        self.at("opening the page");
+        let tree = session
+            .call("browsingContext.getTree", json!({"maxDepth": 0}))
+            .await;
+        let context = match tree {
+            Ok(tree) => tree["contexts"][0]["context"].clone(),
+            Err(error) => {
+                session.end().await;
+                return Err(error.into());
+            }
+        };
+        let mut tab = Tab { session, context };
+        let result = self.on(&mut tab, kind).await;
+        tab.session.end().await;
+        result
+    }
+
+    async fn on(&self, tab: &mut Tab, kind: ActionKind) -> Result<ActionOutput, ActionError> {
+        // Selectors are parsed on the blank page, before anything of the
+        // site runs.
+        let fields = selector_fields(self.request, kind);
+        if !fields.is_empty() {
+            let refusals = tab.evaluate(&selector_check_script(&fields)).await?;
+            first_bad_selector(fields, &refusals)?;
+        }
+        self.prepare(tab).await?;
+        self.at("loading the page");
+        self.load(tab).await?;
+        if let Some(selector) = &self.request.wait_for_selector {
+            self.at("waiting for wait_for_selector");
+            tab.evaluate(&wait_for_selector_script(selector)).await?;
+        }
+        self.at("making the result");
+        match kind {
+            ActionKind::Screenshot => self.screenshot(tab).await,
+            ActionKind::Pdf => self.pdf(tab).await,
+            ActionKind::Content => {
+                let html = tab.evaluate(CONTENT_SCRIPT).await?;
+                self.bounded(ActionOutput {
+                    content_type: "text/html; charset=utf-8",
+                    body: html.as_str().unwrap_or_default().as_bytes().to_vec(),
+                })
+            }
+            ActionKind::Scrape => {
+                let selectors: Vec<&str> = self
+                    .request
+                    .elements
+                    .iter()
+                    .map(|element| element.selector.as_str())
+                    .collect();
+                let elements = tab.evaluate(&scrape_script(&selectors)).await?;
+                self.bounded(scraped(elements)?)
+            }
+        }
+    }
+
+    /// Viewport and cookies, before anything loads.
+    async fn prepare(&self, tab: &mut Tab) -> Result<(), ActionError> {
+        let viewport = self.request.viewport();
+        tab.session
+            .call(
+                "browsingContext.setViewport",
+                json!({
+                    "context": tab.context,
+                    "viewport": {"width": viewport.width, "height": viewport.height},
+                    "devicePixelRatio": viewport.device_scale_factor.unwrap_or(1.0),
+                }),
+            )
+            .await?;
+        let page_url = self.request.url.as_deref().unwrap_or_default();
+        for cookie in &self.request.cookies {
+            let url = cookie.url.as_deref().unwrap_or(page_url);
+            let domain = match &cookie.domain {
+                Some(domain) => domain.clone(),
+                None => host_of(url).ok_or_else(|| {
+                    ActionError::BadCookies(format!(
+                        "cookie {:?} has neither a domain nor a URL with a host",
+                        cookie.name
+                    ))
+                })?,
+            };
+            let set = json!({"cookie": {
+                "name": cookie.name,
+                "value": {"type": "string", "value": cookie.value},
+                "domain": domain,
+                "path": cookie.path.as_deref().unwrap_or("/"),
+                "secure": cookie.secure,
+                "httpOnly": cookie.http_only,
+            }});
+            tab.session
+                .call("storage.setCookie", set)
+                .await
+                .map_err(|error| match error {
+                    BidiError::Command { message, .. } => ActionError::BadCookies(message),
+                    other => other.into(),
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Navigates to the job's page and waits for its `wait_until` event.
+    async fn load(&self, tab: &mut Tab) -> Result<(), ActionError> {
+        let url = self.request.url.as_deref().unwrap_or_default();
+        let wait = match self.request.wait_until.unwrap_or_default() {
+            WaitUntil::Domcontentloaded => "interactive",
+            _ => "complete",
+        };
+        let navigated = tab
+            .session
+            .call(
+                "browsingContext.navigate",
+                json!({"context": tab.context, "url": url, "wait": wait}),
+            )
+            .await;
+        match navigated {
+            Ok(_) => Ok(()),
+            Err(BidiError::Command { message, .. }) => Err(ActionError::Navigation {
+                url: url.to_owned(),
+                reason: message,
+            }),
+            Err(other) => Err(other.into()),
+        }
+    }
+
+    async fn screenshot(&self, tab: &mut Tab) -> Result<ActionOutput, ActionError> {
+        let format = self.request.format.unwrap_or_default();
+        let mut params = json!({"context": tab.context, "format": {"type": format.content_type()}});
+        if let Some(quality) = self.request.quality {
+            params["format"]["quality"] = json!(f64::from(quality) / 100.0);
+        }
+        let scale = self.request.viewport().device_scale_factor.unwrap_or(1.0);
+        let area = if let Some(selector) = &self.request.selector {
+            let rect = tab.evaluate(&element_box_script(selector)).await?;
+            let side = |i: usize| rect[i].as_f64().unwrap_or(0.0);
+            if rect.is_null() || side(2) < 1.0 || side(3) < 1.0 {
+                return Err(ActionError::NoElement {
+                    selector: selector.clone(),
+                });
+            }
+            params["origin"] = json!("document");
+            params["clip"] = json!({"type": "box", "x": side(0), "y": side(1), "width": side(2), "height": side(3)});
+            side(2) * side(3)
+        } else if self.request.full_page == Some(true) {
+            params["origin"] = json!("document");
+            let size = tab
+                .evaluate(
+                    "[document.documentElement.scrollWidth, document.documentElement.scrollHeight]",
+                )
+                .await?;
+            size[0].as_f64().unwrap_or(1.0) * size[1].as_f64().unwrap_or(1.0)
+        } else {
+            let viewport = self.request.viewport();
+            f64::from(viewport.width) * f64::from(viewport.height)
+        };
+        if area * scale * scale > self.bounds.max_pixels as f64 {
+            return Err(ActionError::NotInFirefox {
+                option: "full_page",
+                why: "Firefox's screenshots are not scaled down to agent.screenshot_max_pixels: take a smaller area or viewport",
+            });
+        }
+        let shot = tab
+            .session
+            .call("browsingContext.captureScreenshot", params)
+            .await?;
+        Ok(ActionOutput {
+            content_type: format.content_type(),
+            body: self.decoded(&shot["data"])?,
+        })
+    }
+
+    async fn pdf(&self, tab: &mut Tab) -> Result<ActionOutput, ActionError> {
+        let (width, height) = self.request.page_size.unwrap_or_default().inches();
+        let landscape = self.request.landscape.unwrap_or(false);
+        let margins = self.request.margins_mm.unwrap_or_default();
+        let cm = |inches: f64| inches * 2.54;
+        let printed = tab
+            .session
+            .call(
+                "browsingContext.print",
+                json!({
+                    "context": tab.context,
+                    "background": self.request.print_background.unwrap_or(false),
+                    "orientation": if landscape { "landscape" } else { "portrait" },
+                    "page": {"width": cm(width), "height": cm(height)},
+                    "margin": {
+                        "top": margins.top / 10.0, "bottom": margins.bottom / 10.0,
+                        "left": margins.left / 10.0, "right": margins.right / 10.0,
+                    },
+                    "shrinkToFit": false,
+                }),
+            )
+            .await?;
+        Ok(ActionOutput {
+            content_type: "application/pdf",
+            body: self.decoded(&printed["data"])?,
+        })
+    }
+
+    fn decoded(&self, data: &Value) -> Result<Vec<u8>, ActionError> {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(data.as_str().unwrap_or_default())
+            .map_err(|e| {
+                ActionError::Firefox(BidiError::Command {
+                    method: "result".into(),
+                    error: "unreadable answer".into(),
+                    message: format!("not base64: {e}"),
+                })
+            })?;
+        self.bounded(ActionOutput {
+            content_type: "",
+            body: bytes,
+        })
+        .map(|output| output.body)
+    }
+
+    fn bounded(&self, output: ActionOutput) -> Result<ActionOutput, ActionError> {
+        if output.body.len() as u64 > self.bounds.max_output_bytes {
+            return Err(ActionError::TooLarge(self.bounds.max_output_bytes));
+        }
+        Ok(output)
+    }
+}
+
+/// The host of an `http(s)` URL.
+fn host_of(url: &str) -> Option<String> {
+    let parsed = url::Url::parse(url).ok()?;
+    parsed.host_str().map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_firefox_lacks_is_refused_by_name() {
+        let url = Some("https://example.com/".to_owned());
+        for (request, option) in [
+            (json!({"html": "<p>x</p>"}), "html"),
+            (json!({"url": url, "headers": {"x-a": "1"}}), "headers"),
+            (json!({"url": url, "block": ["image"]}), "block"),
+            (json!({"url": url, "user_agent": "bot"}), "user_agent"),
+            (
+                json!({"url": url, "wait_until": "networkidle"}),
+                "wait_until",
+            ),
+            (json!({"url": url, "profile": "p"}), "profile"),
+        ] {
+            let request: ActionRequest = serde_json::from_value(request).unwrap();
+            let error = refuse_what_firefox_lacks(&request).unwrap_err();
+            assert!(
+                matches!(error, ActionError::NotInFirefox { option: named, .. } if named == option),
+                "{option}: {error}"
+            );
+            assert!(error.to_string().contains(option), "{error}");
+        }
+        let plain: ActionRequest = serde_json::from_value(json!({"url": url})).unwrap();
+        assert!(refuse_what_firefox_lacks(&plain).is_ok());
+    }
+
+    #[test]
+    fn a_cookies_domain_is_its_urls_host() {
+        assert_eq!(
+            host_of("https://a.example.com:8443/x").as_deref(),
+            Some("a.example.com")
+        );
+        assert_eq!(host_of("not a url"), None);
+    }
+}
