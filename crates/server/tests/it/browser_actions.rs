@@ -532,8 +532,11 @@ async fn browser_actions_run_in_firefox_where_bidi_has_the_step() {
         "{html}"
     );
     assert!(html.contains(r#"<span id="late">late</span>"#), "{html}");
-    let ua = ok(&api, "content", firefox(json!({"url": home})), "text/html").await;
-    assert!(String::from_utf8_lossy(&ua).contains("rendered by script"));
+    // A dialog is dismissed, and a page that moves on is read where it went.
+    let moves =
+        firefox(json!({"url": format!("{}/moves", site.base), "wait_for_selector": "#title"}));
+    let moved = String::from_utf8(ok(&api, "content", moves, "text/html").await).unwrap();
+    assert!(moved.contains("Static title"), "{moved}");
 
     let elements = json!([{"selector": "li.item"}, {"selector": "#title"}]);
     let scraped = ok(
