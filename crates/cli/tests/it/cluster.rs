@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use flotilla_testkit::{
     Api, BROWSER_DEADLINE, EventReceiver, OtlpReceiver, PgServer, ReceivedSpan, S3Server,
-    ServeProcess, StatusCode, assert_error, free_port, get_json, wait_until,
+    ServeProcess, StatusCode, assert_error, free_port, get_json, run_node, wait_until,
 };
 use serde_json::Value;
 
@@ -885,11 +885,19 @@ async fn browser_a_drained_node_moves_its_instances_with_their_tabs_and_keeps_wh
         }
         instances.push((id, pages));
     }
+    // And a Firefox with a cookie of its own.
+    let (firefox, _, running) = api
+        .create_running(r#"{"node_preference": "m1", "image": "firefox"}"#)
+        .await;
+    let bidi = running["urls"]["bidi"].as_str().unwrap().to_owned();
+    let cookie = ["set", "kept", "across-the-drain", "example.com"];
+    let set = run_node("bidi_cookie.mjs", &[&[bidi.as_str()][..], &cookie].concat()).await;
+    assert_eq!(set.unwrap()["set"], true);
 
     // Drain m1: it takes no new instance, and everything moves to m2.
     let (status, report) = api.post("/v2/nodes/m1/drain", "").await;
     assert_eq!(status, StatusCode::ACCEPTED, "{report}");
-    assert_eq!(report["moving"].as_array().unwrap().len(), 3, "{report}");
+    assert_eq!(report["moving"].as_array().unwrap().len(), 4, "{report}");
     wait_nodes(api, &[("m1", "draining")]).await;
     let (status, refused) = api
         .post("/v2/instances", r#"{"node_preference": "m1"}"#)
@@ -900,8 +908,20 @@ async fn browser_a_drained_node_moves_its_instances_with_their_tabs_and_keeps_wh
         "{refused}"
     );
     let report = drain_report(api, "m1").await;
-    assert_eq!(report["moved"].as_array().unwrap().len(), 3, "{report}");
+    assert_eq!(report["moved"].as_array().unwrap().len(), 4, "{report}");
     assert!(report["stayed"].as_array().unwrap().is_empty(), "{report}");
+    // The Firefox moved like any other, its cookie with it.
+    let (_, detail) = api.get(&format!("/v2/instances/{firefox}")).await;
+    assert_eq!(detail["node_id"], "m2", "{detail}");
+    assert_eq!(detail["status"], "running", "{detail}");
+    let bidi = detail["urls"]["bidi"].as_str().unwrap();
+    let seen = run_node("bidi_cookie.mjs", &[bidi, "get"]).await.unwrap();
+    assert_eq!(
+        seen["cookies"],
+        serde_json::json!(["kept=across-the-drain@example.com"]),
+        "{seen}"
+    );
+    api.delete_instance(&firefox).await;
     for (id, pages) in &instances {
         let (_, detail) = api.get(&format!("/v2/instances/{id}")).await;
         assert_eq!(detail["node_id"], "m2", "{detail}");
