@@ -27,6 +27,10 @@ pub struct AgentCreateInstance {
     /// The saved profile to start from (and to write back to with `persist`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile: Option<ProfileUse>,
+    /// The engine that saved `profile` (none before its first save): the
+    /// node refuses an image of another engine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile_engine: Option<String>,
     /// This create, as the node reports its outcome.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation: Option<OperationId>,
@@ -193,7 +197,13 @@ pub enum InstanceEventKind {
     DownloadCompleted { name: String, size_bytes: u64 },
     /// The instance's state was written back to its persistent profile
     /// (graceful delete or park with `profile.persist`).
-    ProfileSaved { name: String, size_bytes: u64 },
+    ProfileSaved {
+        name: String,
+        size_bytes: u64,
+        /// The engine whose browser saved it (absent from older agents).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        engine: Option<String>,
+    },
     /// The instance's Playwright server of `version` ended on its own while
     /// its browser ran (`reason`: its exit and last log lines); the next
     /// connection starts a new one.

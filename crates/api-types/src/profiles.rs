@@ -16,6 +16,11 @@ pub struct Profile {
     pub updated_at: DateTime<Utc>,
     /// Size of the saved state (0 before the first write-back).
     pub size_bytes: u64,
+    /// The engine whose browser last saved it (`chromium`, `firefox`);
+    /// absent before its first save. A profile is per engine: an instance
+    /// of another engine's image cannot start from it (400).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
 }
 
 /// `GET /v2/profiles`.

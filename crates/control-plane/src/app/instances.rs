@@ -146,12 +146,21 @@ impl ControlPlane {
             }
         };
         flotilla_telemetry::record("node.id", node.id.as_str());
+        let profile_engine = match &profile {
+            Some(profile) => self
+                .store
+                .profile_get(&profile.name)
+                .await?
+                .and_then(|record| record.profile.engine),
+            None => None,
+        };
         let launch = AgentCreateInstance {
             id: id.clone(),
             image: image.clone(),
             config,
             access_token: Some(Secret::new(self.instance_token(&id).await?)),
             profile,
+            profile_engine,
             operation: Some(operation),
         };
         let ports = self.launch_on(node, launch).await?;
@@ -498,9 +507,13 @@ impl ControlPlane {
             return Ok(());
         }
         match report.event {
-            InstanceEventKind::ProfileSaved { name, size_bytes } => {
+            InstanceEventKind::ProfileSaved {
+                name,
+                size_bytes,
+                engine,
+            } => {
                 self.store
-                    .profile_saved(&name, size_bytes, report.at)
+                    .profile_saved(&name, (size_bytes, engine.as_deref()), report.at)
                     .await?;
             }
             InstanceEventKind::PlaywrightServerExited { version, reason } => {

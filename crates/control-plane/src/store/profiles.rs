@@ -12,7 +12,7 @@ use flotilla_api_types::profiles::Profile;
 
 use super::{Store, from_millis, to_millis};
 
-const COLUMNS: &str = "name, created_at, updated_at, size_bytes, holder";
+const COLUMNS: &str = "name, created_at, updated_at, size_bytes, holder, engine";
 
 /// A profile as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,6 +29,7 @@ fn decode(row: &AnyRow) -> Result<ProfileRecord, sqlx::Error> {
             created_at: from_millis(row.try_get("created_at")?),
             updated_at: from_millis(row.try_get("updated_at")?),
             size_bytes: row.try_get::<i64, _>("size_bytes")?.max(0) as u64,
+            engine: row.try_get("engine")?,
         },
         holder: row
             .try_get::<Option<String>, _>("holder")?
@@ -145,17 +146,21 @@ impl Store {
         Ok(())
     }
 
-    /// Records a write-back of profile `name`.
+    /// Records a write-back of profile `name` by a browser of `engine`
+    /// (unknown from older agents: the one recorded stays).
     pub async fn profile_saved(
         &self,
         name: &str,
-        size_bytes: u64,
+        (size_bytes, engine): (u64, Option<&str>),
         now: DateTime<Utc>,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query("UPDATE profiles SET updated_at = $1, size_bytes = $2 WHERE name = $3")
+        sqlx::query(
+            "UPDATE profiles SET updated_at = $1, size_bytes = $2, engine = COALESCE($4, engine) WHERE name = $3",
+        )
             .bind(to_millis(now))
             .bind(size_bytes as i64)
             .bind(name)
+            .bind(engine.map(str::to_owned))
             .execute(&self.writer)
             .await?;
         Ok(())

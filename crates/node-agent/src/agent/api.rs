@@ -121,7 +121,8 @@ pub fn status_of(error: &AgentError) -> StatusCode {
         AgentError::UnknownImage(_)
         | AgentError::ConfigUnsupported { .. }
         | AgentError::ProxyConfig(_)
-        | AgentError::FirefoxPrefs(..) => StatusCode::BAD_REQUEST,
+        | AgentError::FirefoxPrefs(..)
+        | AgentError::ProfileEngine { .. } => StatusCode::BAD_REQUEST,
         AgentError::NotFound(_) => StatusCode::NOT_FOUND,
         AgentError::NotRunning { .. }
         | AgentError::NotDormant { .. }

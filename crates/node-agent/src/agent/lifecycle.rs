@@ -37,8 +37,8 @@ use crate::snapshot::{self, CapturedState, OpenedArchive};
 
 use super::operations::Request;
 use super::{
-    Agent, AgentError, CDP_GRACE, SlotStart, StartFailure, check_config_for_image, open_archive,
-    ports_of, remove_dir, unpack_into, upstream_of,
+    Agent, AgentError, CDP_GRACE, SlotStart, StartFailure, check_config_for_image,
+    check_profile_engine, open_archive, ports_of, remove_dir, unpack_into, upstream_of,
 };
 
 /// How long a delete waits for the recorder to finish its last recording
@@ -56,6 +56,7 @@ impl Agent {
         }
         let image = self.image(&request.image)?;
         check_config_for_image(&request.image, &image, &request.config)?;
+        check_profile_engine(&request, &image)?;
         let limits = inner.launcher.limits_for(&request.config);
         let upstream = upstream_of(&request.config)?;
         let (slot, listeners, warm, guard) = {
@@ -499,7 +500,15 @@ impl Agent {
             return;
         }
         tracing::info!(instance = %slot.id, profile = name, bytes = size_bytes, "profile saved");
-        self.send_event(slot, InstanceEventKind::ProfileSaved { name, size_bytes });
+        let engine = Some(slot.engine.name().to_owned());
+        self.send_event(
+            slot,
+            InstanceEventKind::ProfileSaved {
+                name,
+                size_bytes,
+                engine,
+            },
+        );
     }
 
     /// Waits for the browser to exit; an exit the agent did not ask for stops the instance.

@@ -79,6 +79,16 @@ pub enum AgentError {
     /// 400: `config.proxy` is refused; the message names the field.
     #[error(transparent)]
     ProxyConfig(#[from] ProxyError),
+    /// 400: the profile was saved by another engine's browser.
+    #[error(
+        "profile {profile:?} was saved by {saved_by}, and image {image:?} runs {runs}: a profile is per engine (create another profile for {runs})"
+    )]
+    ProfileEngine {
+        profile: String,
+        saved_by: String,
+        image: String,
+        runs: &'static str,
+    },
     /// 400: `config.prefs` on a Firefox image is not Firefox's preferences
     /// or names one Flotilla keeps; the message names it.
     #[error("{0} (image {1:?} runs Firefox)")]
@@ -953,6 +963,25 @@ fn check_config_for_image(
         );
     }
     Ok(())
+}
+
+/// Refuses a profile saved by another engine than the image's: Chromium's
+/// and Firefox's profiles share no file.
+fn check_profile_engine(
+    request: &AgentCreateInstance,
+    image: &ImageConfig,
+) -> Result<(), AgentError> {
+    match (&request.profile, &request.profile_engine) {
+        (Some(profile), Some(saved_by)) if saved_by != image.engine.name() => {
+            Err(AgentError::ProfileEngine {
+                profile: profile.name.clone(),
+                saved_by: saved_by.clone(),
+                image: request.image.clone(),
+                runs: image.engine.name(),
+            })
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The instance's upstream proxy as the egress proxy uses it.

@@ -203,6 +203,7 @@ fn create_request(id: &InstanceId, operation: &OperationId) -> AgentCreateInstan
         config: InstanceConfig::default(),
         access_token: None,
         profile: None,
+        profile_engine: None,
         operation: Some(operation.clone()),
     }
 }

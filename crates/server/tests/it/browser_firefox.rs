@@ -279,6 +279,47 @@ async fn browser_firefox_settings_are_firefoxs_and_checked_by_name() {
     serve.shutdown().await;
 }
 
+#[tokio::test]
+async fn browser_a_profile_is_per_engine() {
+    let site = serve_page(&[("/", "<title>x</title>")]).await;
+    let (serve, _) = door_serve(&site, |_| {}).await;
+    let (status, body) = serve.api.post("/v2/profiles", r#"{"name": "fx"}"#).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    // Before its first save, any engine may start from it.
+    let written = r#"{"image": "firefox", "profile": {"name": "fx", "persist": true}}"#;
+    let (id, _, _) = serve.api.create_running(written).await;
+    serve.api.delete_instance(&id).await;
+    let saved = wait_until(BROWSER_DEADLINE, "the profile's save", || async {
+        let (_, profile) = serve.api.get("/v2/profiles/fx").await;
+        match profile["engine"].as_str() {
+            Some(engine) => Ok(Some(engine.to_owned())),
+            None => Err(profile.to_string()),
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(saved, "firefox");
+
+    let other = r#"{"image": "chromium", "profile": {"name": "fx"}}"#;
+    let (status, refused) = serve.api.post("/v2/instances", other).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
+    let detail = refused["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("\"fx\" was saved by firefox") && detail.contains("runs chromium"),
+        "{detail}"
+    );
+    let (_, instances) = serve.api.get("/v2/instances").await;
+    assert_eq!(
+        instances["instances"],
+        serde_json::json!([]),
+        "nothing left"
+    );
+    let same = r#"{"image": "firefox", "profile": {"name": "fx"}}"#;
+    let (id, _, _) = serve.api.create_running(same).await;
+    serve.api.delete_instance(&id).await;
+    serve.shutdown().await;
+}
+
 /// Whether each of `urls` loaded in the Firefox instance behind `bidi`.
 async fn loads(bidi: &str, urls: &[String]) -> Value {
     let mut args = vec![bidi];
