@@ -53,12 +53,6 @@ fn refuse_what_firefox_lacks(request: &ActionRequest) -> Result<(), ActionError>
             "networkidle is read from Chromium's lifecycle events; use load, domcontentloaded or wait_for_selector",
         );
     }
-    if request.profile.is_some() {
-        return refused(
-            "profile",
-            "profiles are per engine, and saved from Chromium",
-        );
-    }
     Ok(())
 }
 
@@ -392,7 +386,6 @@ mod tests {
                 json!({"url": url, "wait_until": "networkidle"}),
                 "wait_until",
             ),
-            (json!({"url": url, "profile": "p"}), "profile"),
         ] {
             let request: ActionRequest = serde_json::from_value(request).unwrap();
             let error = refuse_what_firefox_lacks(&request).unwrap_err();
