@@ -1,15 +1,18 @@
 // The checks scripts/image-test runs against the image's three containers,
 // from outside them, through the front door only: Playwright's
 // connectOverCDP and chromium.connect(), a Selenium session through /wd/hub,
-// a cookie kept across park and revive, the egress policy refusing the node's
+// Firefox (Puppeteer over WebDriver BiDi, and a Selenium session on
+// geckodriver), a cookie kept across park and revive, the egress policy refusing the node's
 // loopback, and the browser's view of the filesystem (confined: none of the
 // agent container's files). Leaves one instance running and prints its id
 // ("kept instance <id>") for the host-side checks.
 // Env: FLOTILLA_URL, FLOTILLA_API_KEY, FLOTILLA_LOOPBACK_URL (a URL on the
 // node's loopback that the policy must refuse).
 import { chromium } from 'playwright-core';
+import puppeteer from 'puppeteer-core';
 import { Builder } from 'selenium-webdriver';
 import chrome from 'selenium-webdriver/chrome.js';
+import firefox from 'selenium-webdriver/firefox.js';
 
 const base = process.env.FLOTILLA_URL;
 const key = process.env.FLOTILLA_API_KEY;
@@ -128,4 +131,29 @@ try {
   await driver.quit();
 }
 ok('a Selenium session through /wd/hub');
+
+// Firefox: Puppeteer over WebDriver BiDi through the door, and Selenium on
+// the node's geckodriver.
+const fox = await running((await api('POST', '/v2/instances', { image: 'firefox' })).id);
+const bidi = await puppeteer.connect({ browserWSEndpoint: fox.urls.bidi, protocol: 'webDriverBiDi' });
+try {
+  const foxPage = await bidi.newPage();
+  await foxPage.setContent('<title>firefox in the image</title>');
+  const title = await foxPage.title();
+  if (title !== 'firefox in the image') throw new Error(`Firefox title ${title}`);
+} finally {
+  await bidi.disconnect();
+}
+await api('DELETE', `/v2/instances/${fox.id}`);
+const foxOptions = new firefox.Options();
+foxOptions.addArguments('-headless');
+const foxDriver = await new Builder().usingServer(hub.href).forBrowser('firefox').setFirefoxOptions(foxOptions).build();
+try {
+  await foxDriver.executeScript("document.title = 'geckodriver'");
+  const title = await foxDriver.getTitle();
+  if (title !== 'geckodriver') throw new Error(`geckodriver title ${title}`);
+} finally {
+  await foxDriver.quit();
+}
+ok('Firefox: Puppeteer over WebDriver BiDi and a Selenium session on geckodriver, through the front door');
 console.log(`kept instance ${first.id}`);
