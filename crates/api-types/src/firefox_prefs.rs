@@ -6,22 +6,59 @@
 //! them into the profile's `user.js`).
 //!
 //! Firefox preferences are flat: a dotted name and a boolean, a 32-bit
-//! integer or a string. Nested objects are read as dotted names too (as
-//! `config.prefs` takes Chromium's). Refused: what would take a download or
-//! the browser's network out of Flotilla's hands (download settings, proxy
-//! settings, DNS over HTTPS), extensions, the remote protocols Flotilla runs
-//! the browser with, autoconfig scripts, the browser's own sandbox and
-//! what opens programs outside the browser. As for Chromium, preferences
-//! are not the confinement (the sandbox, its network namespace and the
-//! enterprise policies are): these refusals keep a create from turning off
-//! what Flotilla relies on, and Flotilla's own preferences, written after
-//! these, win where both name one.
+//! integer or a string (no control characters). Nested objects are read as
+//! dotted names too (as `config.prefs` takes Chromium's). Firefox has
+//! thousands of preferences, some of which start programs or load
+//! libraries in the browser's main process (`helpers.*` mailcap commands,
+//! `network.negotiate-auth.gsslib`), so only names under [`ALLOWED`] are
+//! taken: what a page sees and how it is shown (languages, fonts, layout,
+//! privacy, DOM features, permissions, the user agent, cookies, caches).
+//! Names under it that would take a download or the browser's network out
+//! of Flotilla's hands are refused with why ([`REFUSED`]), and so are the
+//! well-known ones outside it (proxy, DNS over HTTPS, extensions, the
+//! remote protocols, autoconfig, the browser's sandbox), for a clear
+//! message. As for Chromium, preferences are not the confinement (the
+//! sandbox, its network namespace and the enterprise policies are), and
+//! Flotilla's own preferences, written after these, win where both name
+//! one.
 
 use serde_json::{Map, Value};
 
 use crate::prefs::{MAX_BYTES, MAX_DEPTH, PrefsError};
 
-/// Name prefixes refused, with why.
+/// Name prefixes taken (any other name is refused).
+pub const ALLOWED: &[&str] = &[
+    "intl.",
+    "font.",
+    "layout.",
+    "ui.",
+    "accessibility.",
+    "privacy.",
+    "dom.",
+    "javascript.",
+    "permissions.",
+    "pdfjs.",
+    "image.",
+    "webgl.",
+    "geo.",
+    "full-screen-api.",
+    "general.useragent.",
+    "general.smoothScroll",
+    "network.cookie.",
+    "network.http.",
+    "media.autoplay.",
+    "media.navigator.",
+    "browser.cache.",
+    "browser.display.",
+    "browser.tabs.",
+    "browser.link.",
+    "browser.zoom.",
+    "browser.helperApps.neverAsk.",
+    "toolkit.zoomManager.",
+];
+
+/// Name prefixes refused, with why (checked first: a clear reason for the
+/// names suites set most).
 const REFUSED: &[(&str, &str)] = &[
     (
         "browser.download.",
@@ -82,6 +119,23 @@ const REFUSED: &[(&str, &str)] = &[
     ),
     ("datareporting.", "the browser makes no traffic of its own"),
     ("services.", "the browser makes no traffic of its own"),
+    (
+        "helpers.",
+        "helper programs run outside the browser's sandbox",
+    ),
+    (
+        "network.negotiate-auth.",
+        "it loads libraries into the browser",
+    ),
+    (
+        "print.",
+        "printing to files is Flotilla's (PDFs are REST actions)",
+    ),
+    ("dom.ipc.", "the browser's processes are its sandbox's"),
+    (
+        "dom.security.",
+        "the browser's own security checks stay as Firefox ships them",
+    ),
 ];
 
 /// `prefs` as `(dotted name, value)` pairs, checked:
@@ -101,6 +155,12 @@ pub fn flatten(prefs: &Map<String, Value>) -> Result<Vec<(String, Value)>, Prefs
             return Err(PrefsError::Refused {
                 key: name.clone(),
                 why,
+            });
+        }
+        if !ALLOWED.iter().any(|prefix| name.starts_with(prefix)) {
+            return Err(PrefsError::Refused {
+                key: name.clone(),
+                why: "it is not among the Firefox preferences Flotilla takes (what pages see and how they are shown: see docs/api.md, \"Firefox\")",
             });
         }
     }
@@ -127,6 +187,9 @@ fn flatten_into(
         }
         match value {
             Value::Object(fields) => flatten_into(flat, fields, &name, depth + 1)?,
+            Value::String(text) if text.chars().any(char::is_control) => {
+                return Err(PrefsError::NotAFirefoxValue { key: name });
+            }
             Value::Bool(_) | Value::String(_) => flat.push((name, value.clone())),
             Value::Number(number) if number.as_i64().is_some_and(|n| i32::try_from(n).is_ok()) => {
                 flat.push((name, value.clone()))
@@ -208,6 +271,16 @@ mod tests {
             "extensions.autoDisableScopes",
             "security.sandbox.content.level",
             "network.protocol-handler.external.mailto",
+            // Helper programs and libraries of the main process.
+            "helpers.private_mailcap_file",
+            "network.negotiate-auth.gsslib",
+            "print.print_to_filename",
+            "dom.ipc.processCount",
+            // Outside what Flotilla takes at all.
+            "security.allow_unsafe_parent_loads",
+            "network.process.enabled",
+            "media.rdd-process.enabled",
+            "browser.startup.homepage",
         ] {
             let error = flatten(&map(json!({name: 1}))).unwrap_err();
             assert!(
@@ -228,6 +301,14 @@ mod tests {
             (json!({"": 1}), "not a dotted name"),
             (json!({"a\nb": 1}), "not a dotted name"),
             (json!({"a.b": [1]}), "boolean, a 32-bit integer or a string"),
+            (
+                json!({"intl.x": "a\tb"}),
+                "boolean, a 32-bit integer or a string",
+            ),
+            (
+                json!({"intl.x": "a\u{0}b"}),
+                "boolean, a 32-bit integer or a string",
+            ),
             (
                 json!({"a.b": null}),
                 "boolean, a 32-bit integer or a string",

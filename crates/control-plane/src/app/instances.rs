@@ -31,7 +31,7 @@ const MAX_DISK_GB: f64 = 10_240.0;
 const MAX_IDLE_TIMEOUT_MINUTES: i64 = 525_600;
 const MAX_DURATION_MINUTES: f64 = 525_600.0;
 
-pub(crate) fn validate_config(config: &InstanceConfig) -> Result<()> {
+pub(crate) fn validate_config(config: &InstanceConfig, image: &str) -> Result<()> {
     let bad = |field: &str, rule: &str, value: &dyn std::fmt::Display| {
         Err(Error::InvalidRequest(format!(
             "config.{field} must be {rule} (got {value})"
@@ -61,8 +61,16 @@ pub(crate) fn validate_config(config: &InstanceConfig) -> Result<()> {
     if let Some(proxy) = &config.proxy {
         proxy.validate()?;
     }
-    if let Some(prefs) = &config.prefs {
-        flotilla_api_types::prefs::expand(prefs)?;
+    match &config.prefs {
+        // Firefox's preferences are flat, with rules of their own (a node
+        // checks them again for any image that runs Firefox).
+        Some(prefs) if image == super::webdriver_firefox::FIREFOX_IMAGE => {
+            flotilla_api_types::firefox_prefs::flatten(prefs)?;
+        }
+        Some(prefs) => {
+            flotilla_api_types::prefs::expand(prefs)?;
+        }
+        None => {}
     }
     if let Some(minutes) = config.max_duration_minutes
         && !(minutes > 0.0 && minutes <= MAX_DURATION_MINUTES)
@@ -191,7 +199,7 @@ impl ControlPlane {
             .unwrap_or_else(|| DEFAULT_IMAGE.to_owned());
         validate_image(&image)?;
         let config = request.config.clone().unwrap_or_default();
-        validate_config(&config)?;
+        validate_config(&config, &image)?;
         if let Some(node) = &request.node_preference
             && node.as_str().is_empty()
         {
@@ -893,9 +901,37 @@ mod tests {
             ),
         ];
         for (config, field) in cases {
-            let error = validate_config(&config).unwrap_err().to_string();
+            let error = validate_config(&config, DEFAULT_IMAGE)
+                .unwrap_err()
+                .to_string();
             assert!(error.contains(field), "{error}");
         }
-        validate_config(&InstanceConfig::default()).unwrap();
+        validate_config(&InstanceConfig::default(), DEFAULT_IMAGE).unwrap();
+        // Firefox's preferences: a name that is a prefix of another's is
+        // theirs to have, and Chromium's refusals are not Firefox's rules.
+        let firefox = InstanceConfig {
+            prefs: Some(
+                serde_json::json!({"privacy.resistFingerprinting": true, "privacy.resistFingerprinting.pbmode": true})
+                    .as_object()
+                    .unwrap()
+                    .clone(),
+            ),
+            ..InstanceConfig::default()
+        };
+        validate_config(&firefox, "firefox").unwrap();
+        assert!(validate_config(&firefox, DEFAULT_IMAGE).is_err());
+        let refused = InstanceConfig {
+            prefs: Some(
+                serde_json::json!({"helpers.private_mailcap_file": "/x"})
+                    .as_object()
+                    .unwrap()
+                    .clone(),
+            ),
+            ..InstanceConfig::default()
+        };
+        let error = validate_config(&refused, "firefox")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("helpers.private_mailcap_file"), "{error}");
     }
 }

@@ -230,6 +230,50 @@ fn matched(
     if let Some(mismatch) = fleet_mismatch(caps, installed)? {
         return Ok(Err(mismatch));
     }
+    let (mut forwarded, downloads_enabled) = standard_capabilities(caps)?;
+    let firefox = string(caps, "browserName")? == Some("firefox");
+    let browser = if firefox {
+        // geckodriver checks them against its Firefox.
+        for key in ["browserName", "browserVersion"] {
+            if let Some(value) = caps.get(key).filter(|v| !v.is_null()) {
+                forwarded.insert(key.into(), value.clone());
+            }
+        }
+        super::webdriver_firefox::firefox_options(caps.get("moz:firefoxOptions"))?
+    } else {
+        chrome_options(caps.get("goog:chromeOptions"))?
+    };
+    if !browser.kept.is_empty() {
+        forwarded.insert("goog:chromeOptions".into(), Value::Object(browser.kept));
+    }
+    let window_size = browser.window_size;
+    let mut create = flotilla_options(caps.get("flotilla:options"))?;
+    if firefox && create.image.is_none() {
+        create.image = Some(super::webdriver_firefox::FIREFOX_IMAGE.into());
+    }
+    if let Some(prefs) = browser.prefs {
+        create
+            .config
+            .get_or_insert_with(InstanceConfig::default)
+            .prefs = Some(prefs);
+    }
+    if let Some(proxy) = caps.get("proxy") {
+        let config = create.config.get_or_insert_with(InstanceConfig::default);
+        config.proxy = proxy_of(proxy)?;
+    }
+    Ok(Ok(NewSession {
+        create,
+        capabilities: Value::Object(forwarded),
+        window_size,
+        downloads_enabled,
+    }))
+}
+
+/// The standard capabilities of `caps`, checked, as the node's driver gets
+/// them; and whether Grid's managed downloads were asked for.
+fn standard_capabilities(
+    caps: &Map<String, Value>,
+) -> Result<(Map<String, Value>, bool), WebDriverRefusal> {
     let mut forwarded = Map::new();
     let mut downloads_enabled = false;
     for (key, value) in caps {
@@ -277,42 +321,7 @@ fn matched(
             }
         }
     }
-    let firefox = string(caps, "browserName")? == Some("firefox");
-    let browser = if firefox {
-        // geckodriver checks them against its Firefox.
-        for key in ["browserName", "browserVersion"] {
-            if let Some(value) = caps.get(key).filter(|v| !v.is_null()) {
-                forwarded.insert(key.into(), value.clone());
-            }
-        }
-        super::webdriver_firefox::firefox_options(caps.get("moz:firefoxOptions"))?
-    } else {
-        chrome_options(caps.get("goog:chromeOptions"))?
-    };
-    if !browser.kept.is_empty() {
-        forwarded.insert("goog:chromeOptions".into(), Value::Object(browser.kept));
-    }
-    let window_size = browser.window_size;
-    let mut create = flotilla_options(caps.get("flotilla:options"))?;
-    if firefox && create.image.is_none() {
-        create.image = Some(super::webdriver_firefox::FIREFOX_IMAGE.into());
-    }
-    if let Some(prefs) = browser.prefs {
-        create
-            .config
-            .get_or_insert_with(InstanceConfig::default)
-            .prefs = Some(prefs);
-    }
-    if let Some(proxy) = caps.get("proxy") {
-        let config = create.config.get_or_insert_with(InstanceConfig::default);
-        config.proxy = proxy_of(proxy)?;
-    }
-    Ok(Ok(NewSession {
-        create,
-        capabilities: Value::Object(forwarded),
-        window_size,
-        downloads_enabled,
-    }))
+    Ok((forwarded, downloads_enabled))
 }
 
 /// Why this fleet cannot serve the browser, platform or version the

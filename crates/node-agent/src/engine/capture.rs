@@ -64,6 +64,9 @@ pub enum CaptureError {
     Browser(#[from] CdpError),
     #[error("the browser sent a bad screenshot: {0}")]
     BadData(String),
+    /// Firefox's (over WebDriver BiDi).
+    #[error("{0}")]
+    Firefox(#[from] crate::engine::bidi::BidiError),
 }
 
 /// A PNG and the scale it was captured at (1 unless the page was too large).
@@ -110,6 +113,31 @@ impl Captures {
             return Err(CaptureError::TooLarge(self.node.max_bytes));
         }
         Ok(Screenshot { png, scale })
+    }
+
+    /// A Firefox tab's viewport (its position, see
+    /// [`crate::engine::firefox::screenshot`]; `None` when there is no such
+    /// tab), within the node's limits: a turn of the node's and the
+    /// instance's, and at most `agent.screenshot_max_bytes`.
+    pub async fn capture_firefox(
+        &self,
+        endpoint: &CdpEndpoint,
+        tab: Option<&str>,
+    ) -> Result<Option<Screenshot>, CaptureError> {
+        let _turns = self.wait_turn().await?;
+        let shot = tokio::time::timeout(
+            CAPTURE_TIMEOUT,
+            crate::engine::firefox::screenshot(endpoint, tab),
+        )
+        .await
+        .map_err(|_| crate::engine::bidi::BidiError::Timeout("the screenshot".into()))??;
+        let Some(png) = shot else {
+            return Ok(None);
+        };
+        if png.len() as u64 > self.node.max_bytes {
+            return Err(CaptureError::TooLarge(self.node.max_bytes));
+        }
+        Ok(Some(Screenshot { png, scale: 1.0 }))
     }
 
     /// This instance's turn and one of the node's, each waited for at most

@@ -92,6 +92,13 @@ pub struct Driver {
     pub(crate) browser: CdpEndpoint,
 }
 
+impl Driver {
+    /// Its process (its sandbox's, whose end ends it), while it runs.
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self._child.id()
+    }
+}
+
 /// Where a WebDriver server starts: beside a browser, in its confinement.
 pub struct Beside<'a> {
     pub isolation: &'a Isolation,

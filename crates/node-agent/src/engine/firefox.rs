@@ -67,13 +67,21 @@ const MARIONETTE_PORT_FILE: &str = "MarionetteActivePort";
 /// The port Marionette listens on in the browser of `profile`, once
 /// announced (inside the browser's network namespace, where it has one).
 pub fn marionette_port(profile: &Path) -> Option<u16> {
-    let text = std::fs::read_to_string(profile.join(MARIONETTE_PORT_FILE)).ok()?;
+    let text = announced(profile, MARIONETTE_PORT_FILE)?;
     text.trim().parse().ok().filter(|port| *port != 0)
+}
+
+/// A small file the browser wrote into its profile, read as the browser's
+/// files are (by handle, never through a link, a regular file of at most
+/// 4 KiB: the browser could plant a link to `/dev/zero` or a pipe).
+fn announced(profile: &Path, name: &str) -> Option<String> {
+    let bytes = BrowserFolder::open(profile).ok()?.read(name, 4096)?;
+    String::from_utf8(bytes).ok()
 }
 
 /// The endpoint Firefox announced in `profile`, once it has.
 pub fn read_server_file(profile: &Path) -> Option<CdpEndpoint> {
-    let text = std::fs::read_to_string(profile.join(SERVER_FILE)).ok()?;
+    let text = announced(profile, SERVER_FILE)?;
     let announced: Value = serde_json::from_str(&text).ok()?;
     let port = u16::try_from(announced["ws_port"].as_u64()?).ok()?;
     (port != 0).then(|| CdpEndpoint::bidi_on_host(port))
@@ -150,6 +158,14 @@ fn quiet_prefs() -> Vec<(&'static str, Value)> {
         "security.remote_settings.intermediates.enabled",
     ];
     let empty = [
+        // No helper program or library of the main process.
+        "helpers.global_mailcap_file",
+        "helpers.private_mailcap_file",
+        "helpers.global_mime_types_file",
+        "helpers.private_mime_types_file",
+        "network.negotiate-auth.trusted-uris",
+        "network.negotiate-auth.delegation-uris",
+        "network.automatic-ntlm-auth.trusted-uris",
         "toolkit.telemetry.server",
         "browser.safebrowsing.provider.mozilla.updateURL",
         "browser.safebrowsing.provider.google4.updateURL",
@@ -675,5 +691,26 @@ mod tests {
             std::fs::write(profile.path().join(SERVER_FILE), bad).unwrap();
             assert!(read_server_file(profile.path()).is_none(), "{bad}");
         }
+    }
+
+    #[test]
+    fn an_announced_port_planted_as_a_link_or_a_pipe_is_not_read() {
+        let profile = tempfile::tempdir().unwrap();
+        let port_file = profile.path().join(MARIONETTE_PORT_FILE);
+        std::fs::write(&port_file, "2828\n").unwrap();
+        assert_eq!(marionette_port(profile.path()), Some(2828));
+        std::fs::write(&port_file, "0").unwrap();
+        assert_eq!(marionette_port(profile.path()), None);
+        // A link to an endless file, a pipe nobody writes, a huge file.
+        std::fs::remove_file(&port_file).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &port_file).unwrap();
+        assert_eq!(marionette_port(profile.path()), None);
+        std::fs::remove_file(&port_file).unwrap();
+        let fifo = std::ffi::CString::new(port_file.as_os_str().as_encoded_bytes()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        assert_eq!(marionette_port(profile.path()), None);
+        std::fs::remove_file(&port_file).unwrap();
+        std::fs::write(&port_file, "9".repeat(1 << 20)).unwrap();
+        assert_eq!(marionette_port(profile.path()), None);
     }
 }

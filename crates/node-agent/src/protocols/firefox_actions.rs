@@ -101,13 +101,26 @@ impl Tab {
     /// `expression`'s value (awaited when a promise), as JSON: a script's
     /// exception is [`BidiError::Command`] with its text.
     async fn evaluate(&mut self, expression: &str) -> Result<Value, ActionError> {
+        let target = json!({"context": self.context});
+        self.evaluate_in(expression, target).await
+    }
+
+    /// [`Tab::evaluate`] in a sandbox realm of the page: its DOM, none of
+    /// its scripts' changes (for what bounds the job: a page could make
+    /// `scrollHeight` lie).
+    async fn measure(&mut self, expression: &str) -> Result<Value, ActionError> {
+        let target = json!({"context": self.context, "sandbox": "flotilla"});
+        self.evaluate_in(expression, target).await
+    }
+
+    async fn evaluate_in(&mut self, expression: &str, target: Value) -> Result<Value, ActionError> {
         let wrapped = format!("(async () => JSON.stringify(await ({expression})))()");
         let method = "script.evaluate";
         let evaluated = self
             .session
             .call(
                 method,
-                json!({"expression": wrapped, "target": {"context": self.context}, "awaitPromise": true}),
+                json!({"expression": wrapped, "target": target, "awaitPromise": true}),
             )
             .await?;
         let failed = |message: String| {
@@ -286,7 +299,7 @@ impl Job<'_> {
         } else if self.request.full_page == Some(true) {
             params["origin"] = json!("document");
             let size = tab
-                .evaluate(
+                .measure(
                     "[document.documentElement.scrollWidth, document.documentElement.scrollHeight]",
                 )
                 .await?;

@@ -206,11 +206,12 @@ async fn capture_png(state: &ApiState, tab: Option<&str>) -> Result<Screenshot, 
     let endpoint = endpoint(state).await?;
     if !endpoint.speaks_cdp() {
         let _turn = state.firefox_turn.lock().await;
-        let png = crate::engine::firefox::screenshot(&endpoint, tab)
+        return state
+            .captures
+            .capture_firefox(&endpoint, tab)
             .await
-            .map_err(|e| firefox_error("take a screenshot", e))?
-            .ok_or_else(|| not_found("no such tab; GET /tabs lists them".into()))?;
-        return Ok(Screenshot { png, scale: 1.0 });
+            .map_err(capture_error)?
+            .ok_or_else(|| not_found("no such tab; GET /tabs lists them".into()));
     }
     let tabs = list_tabs(&endpoint)
         .await
@@ -229,14 +230,19 @@ async fn capture_png(state: &ApiState, tab: Option<&str>) -> Result<Screenshot, 
         .captures
         .capture(&endpoint, &page_path(&tab))
         .await
-        .map_err(|error| {
-            let status = match error {
-                CaptureError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
-                CaptureError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-                CaptureError::Browser(_) | CaptureError::BadData(_) => StatusCode::BAD_GATEWAY,
-            };
-            ApiError(status, error.to_string())
-        })
+        .map_err(capture_error)
+}
+
+/// A capture's failure, as the instance API answers it.
+fn capture_error(error: CaptureError) -> ApiError {
+    match error {
+        CaptureError::Firefox(error) => firefox_error("take a screenshot", error),
+        CaptureError::Busy(_) => ApiError(StatusCode::SERVICE_UNAVAILABLE, error.to_string()),
+        CaptureError::TooLarge(_) => ApiError(StatusCode::PAYLOAD_TOO_LARGE, error.to_string()),
+        CaptureError::Browser(_) | CaptureError::BadData(_) => {
+            ApiError(StatusCode::BAD_GATEWAY, error.to_string())
+        }
+    }
 }
 
 /// Runs disk work off the async threads.

@@ -45,7 +45,14 @@ pub struct WebDriver {
     /// are answered in turn (as chromedriver does), and starting the driver
     /// or attaching a session awaits.
     state: tokio::sync::Mutex<State>,
+    /// The running driver's process, readable without the lock: a park
+    /// ends it when a command holds the lock too long.
+    driver_pid: std::sync::atomic::AtomicU32,
 }
+
+/// How long a park waits for a session's command in progress before it
+/// ends the driver (a script that never finishes would hold it forever).
+const LET_GO_WAIT: Duration = Duration::from_secs(10);
 
 #[derive(Default)]
 struct State {
@@ -100,7 +107,9 @@ impl WebDriver {
                 confinement.slot.id
             )));
         }
-        let mut answer = attach(&mut state, confinement, browser, &capabilities).await?;
+        let attached = attach(&mut state, confinement, browser, &capabilities).await;
+        self.remember_driver(&state);
+        let mut answer = attached?;
         state.owner = owner;
         answer["sessionId"] = Value::String(confinement.slot.id.to_string());
         Ok(answer)
@@ -116,7 +125,9 @@ impl WebDriver {
         (method, rest, body): (hyper::Method, &str, Bytes),
     ) -> Result<(u16, Bytes), WebDriverError> {
         let mut state = self.state.lock().await;
-        let (at, session) = attached(&mut state, confinement, browser).await?;
+        let attached = attached(&mut state, confinement, browser).await;
+        self.remember_driver(&state);
+        let (at, session) = attached?;
         let path = format!("/session/{session}{rest}");
         call_kept(&mut state.connection, &at, (method, &path, body)).await
     }
@@ -129,7 +140,9 @@ impl WebDriver {
         browser: &CdpEndpoint,
     ) -> Result<(CdpEndpoint, String), WebDriverError> {
         let mut state = self.state.lock().await;
-        let (at, session) = attached(&mut state, confinement, browser).await?;
+        let attached = attached(&mut state, confinement, browser).await;
+        self.remember_driver(&state);
+        let (at, session) = attached?;
         match state.session.as_ref().map(|s| &s.firefox_bidi) {
             Some(Some(path)) => Ok((browser.clone(), path.clone())),
             Some(None) if browser.engine == EngineKind::Firefox => Err(WebDriverError::new(
@@ -162,7 +175,31 @@ impl WebDriver {
     /// next command attaches again): Firefox holds one WebDriver session,
     /// and a park reads the browser's state in one of its own.
     pub async fn let_go_of_browser(&self) {
-        let mut state = self.state.lock().await;
+        let mut state = match tokio::time::timeout(LET_GO_WAIT, self.state.lock()).await {
+            Ok(state) => state,
+            Err(_) => {
+                // A command holds the session (a script that never ends):
+                // its driver is ended, which ends the command, and the
+                // browser ends the session of a driver that went away.
+                let pid = self.driver_pid.load(std::sync::atomic::Ordering::SeqCst);
+                if let Ok(pid) = i32::try_from(pid)
+                    && pid > 1
+                {
+                    // SAFETY: kill has no memory-safety preconditions; a
+                    // process already gone only yields ESRCH.
+                    unsafe {
+                        libc::kill(pid, libc::SIGKILL);
+                    }
+                }
+                let mut state = self.state.lock().await;
+                state.driver = None;
+                state.connection = None;
+                if let Some(session) = &mut state.session {
+                    session.let_go = true;
+                }
+                return;
+            }
+        };
         let State {
             driver, session, ..
         } = &mut *state;
@@ -176,6 +213,12 @@ impl WebDriver {
                 tracing::warn!(%error, "the WebDriver server did not end its session");
             }
         }
+    }
+
+    fn remember_driver(&self, state: &State) {
+        let pid = state.driver.as_ref().and_then(Driver::pid).unwrap_or(0);
+        self.driver_pid
+            .store(pid, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Whether the instance has a WebDriver session.

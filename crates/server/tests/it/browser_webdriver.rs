@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use flotilla_testkit::{
     Api, BROWSER_DEADLINE, PageServer, StatusCode, TestServe, browser_main_pid, browser_processes,
-    run_node, run_python, spawn_serve_with_page,
+    run_node, run_python, spawn_serve_with_page, wait_until,
 };
 
 const KEY: &str = "webdriver-key-0123456789";
@@ -804,6 +804,54 @@ async fn confined_and_back_from_a_park(always: Value, driver: &str) {
     assert!(left.is_empty(), "a deleted session leaves {left:?}");
     let gone = session.call(Method::GET, "/title", None).await;
     assert_eq!(w3c_error(&gone), "invalid session id");
+    serve.shutdown().await;
+}
+
+#[tokio::test]
+async fn browser_a_firefox_session_whose_script_never_ends_is_still_parked() {
+    let (site, serve) = serve().await;
+    let session = Session::start(&serve, json!({"browserName": "firefox"})).await;
+    session.open(&site).await;
+    let no_limit = session
+        .call(Method::POST, "/timeouts", Some(json!({"script": null})))
+        .await;
+    assert_eq!(no_limit.0, StatusCode::OK, "{:?}", no_limit.1);
+    // A script that tells the site it started, then never finishes: its
+    // command holds the session.
+    let path = format!("/session/{}/execute/async", session.id);
+    let script = json!({"script": "fetch('/started'); return new Promise(() => {})", "args": []});
+    let hung = {
+        let (base, path) = (serve.api.base.clone(), path.clone());
+        tokio::spawn(async move {
+            let _ = reqwest::Client::new()
+                .post(format!("{base}{path}"))
+                .bearer_auth(KEY)
+                .json(&script)
+                .send()
+                .await;
+        })
+    };
+    wait_until(BROWSER_DEADLINE, "the script to start", || async {
+        let started = site.requested().iter().any(|p| p == "/started");
+        if started {
+            Ok(Some(()))
+        } else {
+            Err("not yet".to_owned())
+        }
+    })
+    .await
+    .unwrap();
+    // The park ends the driver the command holds, and goes on.
+    serve.api.park(&session.id).await;
+    serve
+        .api
+        .wait_for_status(&session.id, "dormant", BROWSER_DEADLINE)
+        .await;
+    hung.await.unwrap();
+    // The session goes on in the revived browser.
+    let title = session.call(Method::GET, "/title", None).await;
+    assert_eq!(title.0, StatusCode::OK, "{:?}", title.1);
+    assert_eq!(title.1["value"], "form");
     serve.shutdown().await;
 }
 
