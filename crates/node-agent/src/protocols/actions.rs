@@ -384,26 +384,17 @@ impl Job<'_> {
     }
 
     fn decoded(&self, data: &Value) -> Result<Vec<u8>, ActionError> {
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(data.as_str().unwrap_or_default())
-            .map_err(|e| {
-                ActionError::Browser(CdpError::Protocol {
-                    method: "result".into(),
-                    message: format!("not base64: {e}"),
-                })
-            })?;
-        self.bounded(ActionOutput {
-            content_type: "",
-            body: bytes,
+        decoded(data, self.bounds).map_err(|error| match error {
+            Undecodable::NotBase64(message) => ActionError::Browser(CdpError::Protocol {
+                method: "result".into(),
+                message,
+            }),
+            Undecodable::Action(error) => error,
         })
-        .map(|output| output.body)
     }
 
     fn bounded(&self, output: ActionOutput) -> Result<ActionOutput, ActionError> {
-        if output.body.len() as u64 > self.bounds.max_output_bytes {
-            return Err(ActionError::TooLarge(self.bounds.max_output_bytes));
-        }
-        Ok(output)
+        bounded(output, self.bounds)
     }
 
     /// Starts the interceptor when the job serves html, blocks requests or
@@ -426,6 +417,38 @@ async fn page_target(client: &CdpClient, job: &Job<'_>) -> Result<String, Action
         return Ok(first.id);
     }
     Ok(browser.open_blank().await?)
+}
+
+/// Why a result's `data` is not a result.
+pub(crate) enum Undecodable {
+    /// Not base64 (the browser's fault: each engine says it its way).
+    NotBase64(String),
+    Action(ActionError),
+}
+
+/// A result's base64 `data`, decoded, within `bounds`.
+pub(crate) fn decoded(data: &Value, bounds: ActionBounds) -> Result<Vec<u8>, Undecodable> {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(data.as_str().unwrap_or_default())
+        .map_err(|e| Undecodable::NotBase64(format!("not base64: {e}")))?;
+    let output = ActionOutput {
+        content_type: "",
+        body: bytes,
+    };
+    bounded(output, bounds)
+        .map(|output| output.body)
+        .map_err(Undecodable::Action)
+}
+
+/// `output` if it is at most `agent.action_max_output_bytes`.
+pub(crate) fn bounded(
+    output: ActionOutput,
+    bounds: ActionBounds,
+) -> Result<ActionOutput, ActionError> {
+    if output.body.len() as u64 > bounds.max_output_bytes {
+        return Err(ActionError::TooLarge(bounds.max_output_bytes));
+    }
+    Ok(output)
 }
 
 /// The page's document as HTML, its doctype first.

@@ -11,7 +11,6 @@
 
 use std::time::Duration;
 
-use base64::Engine as _;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
@@ -20,9 +19,9 @@ use flotilla_api_types::actions::{ActionKind, ActionRequest, AgentAction, WaitUn
 use crate::engine::bidi::{BidiError, BidiSession};
 use crate::engine::browser::CdpEndpoint;
 use crate::protocols::actions::{
-    ActionBounds, ActionError, ActionOutput, CONTENT_SCRIPT, element_box_script,
-    first_bad_selector, scrape_script, scraped, selector_check_script, selector_fields,
-    wait_for_selector_script,
+    ActionBounds, ActionError, ActionOutput, CONTENT_SCRIPT, Undecodable, bounded, decoded,
+    element_box_script, first_bad_selector, scrape_script, scraped, selector_check_script,
+    selector_fields, wait_for_selector_script,
 };
 
 /// Options of a request Firefox's job does not take, with why.
@@ -353,27 +352,18 @@ impl Job<'_> {
     }
 
     fn decoded(&self, data: &Value) -> Result<Vec<u8>, ActionError> {
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(data.as_str().unwrap_or_default())
-            .map_err(|e| {
-                ActionError::Firefox(BidiError::Command {
-                    method: "result".into(),
-                    error: "unreadable answer".into(),
-                    message: format!("not base64: {e}"),
-                })
-            })?;
-        self.bounded(ActionOutput {
-            content_type: "",
-            body: bytes,
+        decoded(data, self.bounds).map_err(|error| match error {
+            Undecodable::NotBase64(message) => ActionError::Firefox(BidiError::Command {
+                method: "result".into(),
+                error: "unreadable answer".into(),
+                message,
+            }),
+            Undecodable::Action(error) => error,
         })
-        .map(|output| output.body)
     }
 
     fn bounded(&self, output: ActionOutput) -> Result<ActionOutput, ActionError> {
-        if output.body.len() as u64 > self.bounds.max_output_bytes {
-            return Err(ActionError::TooLarge(self.bounds.max_output_bytes));
-        }
-        Ok(output)
+        bounded(output, self.bounds)
     }
 }
 

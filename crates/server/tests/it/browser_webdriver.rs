@@ -313,7 +313,7 @@ async fn browser_webdriver_refusals_are_w3c_errors_and_sessions_belong_to_their_
             "invalid argument",
         ),
         (
-            json!({"capabilities": {"alwaysMatch": {"browserName": "firefox"}}}),
+            json!({"capabilities": {"alwaysMatch": {"browserName": "safari"}}}),
             "session not created",
         ),
         (
