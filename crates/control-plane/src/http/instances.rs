@@ -110,7 +110,7 @@ pub async fn instance_delete(
         (status = 200, description = "Parked: id, status, snapshot_id, dormant_since", body = Instance),
         (status = 400, description = "A body was sent (this operation takes none)", body = ErrorResponse),
         (status = 404, body = ErrorResponse),
-        (status = 409, description = "Not running or idle", body = ErrorResponse),
+        (status = 409, description = "Not running or idle, or a WebDriver BiDi client holds a Firefox's only session", body = ErrorResponse),
         (status = 503, description = "Its node is unreachable, or the snapshot store cannot take the snapshot (the instance keeps running)", body = ErrorResponse),
     ))]
 pub async fn instance_dormant(

@@ -124,7 +124,8 @@ pub fn status_of(error: &AgentError) -> StatusCode {
         | AgentError::FirefoxPrefs(..)
         | AgentError::ProfileEngine { .. } => StatusCode::BAD_REQUEST,
         AgentError::NotFound(_) => StatusCode::NOT_FOUND,
-        AgentError::NotRunning { .. }
+        AgentError::BrowserHeld(_)
+        | AgentError::NotRunning { .. }
         | AgentError::NotDormant { .. }
         | AgentError::PathMismatch { .. } => StatusCode::CONFLICT,
         AgentError::StateUnreadable(_) | AgentError::SnapshotNotMade(_) => {

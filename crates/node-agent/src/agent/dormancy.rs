@@ -70,11 +70,16 @@ impl Agent {
             slot.webdriver.let_go_of_browser().await;
         }
         let state = match &endpoint {
-            Some(endpoint) => self
-                .engine()
-                .capture(endpoint)
-                .await
-                .map_err(AgentError::StateUnreadable)?,
+            Some(endpoint) => {
+                self.engine().capture(endpoint).await.map_err(|error| {
+                    match error.downcast_ref() {
+                        Some(crate::engine::bidi::BidiError::SessionHeld) => {
+                            AgentError::BrowserHeld(id.clone())
+                        }
+                        _ => AgentError::StateUnreadable(error),
+                    }
+                })?
+            }
             None => CapturedState::default(),
         };
         // From here its browser's exit is expected, and clients wait.

@@ -79,6 +79,12 @@ pub enum AgentError {
     /// 400: `config.proxy` is refused; the message names the field.
     #[error(transparent)]
     ProxyConfig(#[from] ProxyError),
+    /// 409: a park needs Firefox's one WebDriver session, which a client
+    /// holds.
+    #[error(
+        "instance {0} cannot be parked while a WebDriver BiDi client holds Firefox's only session: it parks once the client ends its session or disconnects"
+    )]
+    BrowserHeld(InstanceId),
     /// 400: the profile was saved by another engine's browser.
     #[error(
         "profile {profile:?} was saved by {saved_by}, and image {image:?} runs {runs}: a profile is per engine (create another profile for {runs})"

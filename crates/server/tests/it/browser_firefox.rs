@@ -221,7 +221,34 @@ async fn browser_the_doors_of_other_protocols_refuse_a_firefox_instance_by_name_
         "{}",
         held.1
     );
+    // And a park: 409, not an internal error; it runs once the client left.
+    let parked = serve
+        .api
+        .post(&format!("/v2/instances/{id}/dormant"), "")
+        .await;
+    assert_eq!(parked.0, StatusCode::CONFLICT, "{}", parked.1);
+    assert!(
+        parked.1["detail"]
+            .as_str()
+            .unwrap()
+            .contains("only session"),
+        "{}",
+        parked.1
+    );
     drop(client);
+    wait_until(BROWSER_DEADLINE, "a park once the client left", || async {
+        let (status, body) = serve
+            .api
+            .post(&format!("/v2/instances/{id}/dormant"), "")
+            .await;
+        if status == StatusCode::OK {
+            Ok(Some(()))
+        } else {
+            Err(format!("{status} {body}"))
+        }
+    })
+    .await
+    .unwrap();
 
     // A Chromium instance beside it answers BiDi clients of its own socket
     // with where to go.
