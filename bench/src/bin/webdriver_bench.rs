@@ -1,4 +1,6 @@
-//! WebDriver through Flotilla against a local chromedriver, in one run:
+//! WebDriver through Flotilla against a local chromedriver (or, with
+//! `--browser firefox`, a local geckodriver launching Firefox ESR against
+//! Flotilla's Firefox sessions on geckodriver), in one run:
 //!
 //! 1. **New session → first command answered.** Flotilla (`POST /session`
 //!    on the control plane with a warm pool, then `GET /session/{id}/title`)
@@ -12,6 +14,7 @@
 //!
 //! Usage: webdriver_bench [--binary target/release/flotilla] [--count 10]
 //!                        [--round-trips 2000] [--warm-pool 2]
+//!                        [--browser chrome|firefox]
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -25,12 +28,30 @@ use flotilla_node_agent::config::{AgentConfig, BASE_CHROMIUM_FLAGS};
 use flotilla_node_agent::system::monitor::pss_kib;
 
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+const GECKODRIVER: &str = "/usr/local/bin/geckodriver";
 
 struct Args {
     binary: PathBuf,
     count: usize,
     round_trips: usize,
     warm_pool: usize,
+    /// `chrome` or `firefox`.
+    browser: String,
+}
+
+impl Args {
+    fn firefox(&self) -> bool {
+        self.browser == "firefox"
+    }
+
+    /// The driver's name (its processes' `comm`).
+    fn driver(&self) -> &'static str {
+        if self.firefox() {
+            "geckodriver"
+        } else {
+            "chromedriver"
+        }
+    }
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -39,6 +60,7 @@ fn parse_args() -> anyhow::Result<Args> {
         count: number_flag("--count", 10)?,
         round_trips: number_flag("--round-trips", 2000)?,
         warm_pool: number_flag("--warm-pool", 2)?,
+        browser: text_flag("--browser", "chrome")?,
     })
 }
 
@@ -90,39 +112,45 @@ impl Endpoint {
     }
 }
 
-/// A local chromedriver on a free port.
-async fn local_chromedriver(
+/// A local driver (chromedriver, or geckodriver for Firefox) on a free port.
+async fn local_driver(
     http: &reqwest::Client,
+    args: &Args,
 ) -> anyhow::Result<(tokio::process::Child, String)> {
     let port = free_port();
-    let child = tokio::process::Command::new(CHROMEDRIVER)
-        .arg(format!("--port={port}"))
+    let (executable, port_arg) = if args.firefox() {
+        (GECKODRIVER, format!("--port={port}"))
+    } else {
+        (CHROMEDRIVER, format!("--port={port}"))
+    };
+    let child = tokio::process::Command::new(executable)
+        .arg(port_arg)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()
-        .context("cannot start chromedriver (Debian's chromium-driver)")?;
+        .with_context(|| format!("cannot start {executable} (scripts/install-deps installs it)"))?;
     let base = format!("http://127.0.0.1:{port}");
     let deadline = Instant::now() + Duration::from_secs(20);
     while http.get(format!("{base}/status")).send().await.is_err() {
         if Instant::now() > deadline {
-            bail!("chromedriver did not answer");
+            bail!("{executable} did not answer");
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     Ok((child, base))
 }
 
-/// The processes named `chromedriver` whose parent is not `local` (the
-/// local one's pid): Flotilla's; or only `local` when given.
-fn chromedriver_pids(local: Option<u32>) -> Vec<u32> {
+/// The processes named `driver` whose parent is not `local` (the local
+/// one's pid): Flotilla's; or only `local` when given.
+fn driver_pids(driver: &str, local: Option<u32>) -> Vec<u32> {
     let mut pids = Vec::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
             continue;
         };
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        if comm.trim() == "chromedriver" {
+        if comm.trim() == driver {
             pids.push(pid);
         }
     }
@@ -134,6 +162,22 @@ fn chromedriver_pids(local: Option<u32>) -> Vec<u32> {
 
 fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
+}
+
+/// The two endpoints for Firefox: Flotilla's control plane and the local
+/// geckodriver launching Firefox ESR headless.
+fn firefox_endpoints(serve: &ServeProcess, local_base: String) -> (Endpoint, Endpoint) {
+    let local = Endpoint {
+        base: local_base,
+        capabilities: json!({"browserName": "firefox", "moz:firefoxOptions": {
+            "binary": "/usr/lib/firefox-esr/firefox-esr",
+            "args": ["-headless", "--width=1280", "--height=720"]}}),
+    };
+    let flotilla = Endpoint {
+        base: serve.url.clone(),
+        capabilities: json!({"browserName": "firefox"}),
+    };
+    (local, flotilla)
 }
 
 /// The two endpoints: Flotilla's control plane and the local chromedriver
@@ -159,22 +203,24 @@ fn endpoints(serve: &ServeProcess, local_base: String) -> anyhow::Result<(Endpoi
     Ok((local, flotilla))
 }
 
-/// How long the warm pool takes to refill after a session takes a browser.
+/// How long the warm pool takes to refill after a session takes a browser
+/// (Firefox's pooled browsers also run a first BiDi session).
 const REFILL: Duration = Duration::from_millis(1500);
+const FIREFOX_REFILL: Duration = Duration::from_millis(5000);
 
 /// 1. New session → first command, interleaved: milliseconds (local,
 ///    Flotilla).
 async fn new_sessions(
     http: &reqwest::Client,
     (local, flotilla): (&Endpoint, &Endpoint),
-    count: usize,
+    (count, refill): (usize, Duration),
 ) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
     // Warm both paths (page cache, the pool).
     for endpoint in [local, flotilla] {
         let (_, id) = endpoint.new_session(http).await?;
         endpoint.delete(http, &id).await?;
     }
-    tokio::time::sleep(REFILL * 2).await;
+    tokio::time::sleep(refill * 2).await;
     let (mut local_new, mut flotilla_new) = (Vec::new(), Vec::new());
     for _ in 0..count {
         let (ms, id) = local.new_session(http).await?;
@@ -184,7 +230,7 @@ async fn new_sessions(
         flotilla_new.push(ms);
         flotilla.delete(http, &id).await?;
         // The pool refills before the next create (its steady state).
-        tokio::time::sleep(REFILL).await;
+        tokio::time::sleep(refill).await;
     }
     Ok((local_new, flotilla_new))
 }
@@ -209,9 +255,9 @@ async fn round_trips(
     Ok((local_rt, flotilla_rt))
 }
 
-/// PSS (KiB) of the local chromedriver, and of each of Flotilla's.
-fn chromedriver_memory(local_pid: u32) -> (u64, Vec<u64>) {
-    let ours = chromedriver_pids(None)
+/// PSS (KiB) of the local driver, and of each of Flotilla's.
+fn driver_memory(driver: &str, local_pid: u32) -> (u64, Vec<u64>) {
+    let ours = driver_pids(driver, None)
         .into_iter()
         .filter(|pid| *pid != local_pid)
         .map(pss_kib)
@@ -225,10 +271,12 @@ fn print_new_sessions((local_new, flotilla_new): &(Vec<f64>, Vec<f64>), args: &A
         args.count
     );
     println!("| path | n | p50 | p95 | mean | min | max |\n|---|---|---|---|---|---|---|");
-    println!(
-        "{}",
-        summary_row("local chromedriver launching Chromium", local_new)
-    );
+    let local = if args.firefox() {
+        "local geckodriver launching Firefox ESR"
+    } else {
+        "local chromedriver launching Chromium"
+    };
+    println!("{}", summary_row(local, local_new));
     println!(
         "{}",
         summary_row(
@@ -242,16 +290,13 @@ fn print_new_sessions((local_new, flotilla_new): &(Vec<f64>, Vec<f64>), args: &A
     );
 }
 
-fn print_round_trips((local_rt, flotilla_rt): &(Vec<f64>, Vec<f64>), count: usize) {
+fn print_round_trips((local_rt, flotilla_rt): &(Vec<f64>, Vec<f64>), args: &Args) {
+    let (count, driver) = (args.round_trips, args.driver());
     println!("## `GET /session/{{id}}/title` round trip (ms, {count} each)\n");
     println!("| path | p50 | p90 | p99 |\n|---|---|---|---|");
-    for (name, samples) in [
-        ("local chromedriver", local_rt),
-        (
-            "Flotilla (control plane → node → chromedriver)",
-            flotilla_rt,
-        ),
-    ] {
+    let local = format!("local {driver}");
+    let ours = format!("Flotilla (control plane → node → {driver})");
+    for (name, samples) in [(local.as_str(), local_rt), (ours.as_str(), flotilla_rt)] {
         println!(
             "| {name} | {:.3} | {:.3} | {:.3} |",
             percentile(samples, 0.5),
@@ -266,12 +311,12 @@ fn print_round_trips((local_rt, flotilla_rt): &(Vec<f64>, Vec<f64>), count: usiz
     );
 }
 
-fn print_memory(rows: [(usize, &(u64, Vec<u64>)); 2]) {
-    println!("## chromedriver's memory (PSS, MiB)\n");
+fn print_memory(rows: &[(usize, &(u64, Vec<u64>))], driver: &str) {
+    println!("## {driver}'s memory (PSS, MiB)\n");
     println!(
-        "| sessions | local: one chromedriver | Flotilla: each chromedriver running (sessions and warm pool) | Flotilla: total |\n|---|---|---|---|"
+        "| sessions | local: one {driver} | Flotilla: each {driver} running (sessions and warm pool) | Flotilla: total |\n|---|---|---|---|"
     );
-    for (sessions, (local_kib, ours)) in rows {
+    for &(sessions, (local_kib, ours)) in rows {
         let total: u64 = ours.iter().sum();
         let each: Vec<String> = ours.iter().map(|k| format!("{:.1}", mib(*k))).collect();
         println!(
@@ -288,39 +333,52 @@ async fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
     let data = tempfile::tempdir()?;
     let config = data.path().join("bench.toml");
-    std::fs::write(
-        &config,
+    let pool = if args.firefox() {
+        format!("[agent]\nwarm_pools = {{ firefox = {} }}\n", args.warm_pool)
+    } else {
         format!(
             "[agent]\nwarm_pool_size = {}\nwarm_pool_image = \"ubuntu:22.04\"\n",
             args.warm_pool
-        ),
-    )?;
+        )
+    };
+    std::fs::write(&config, pool)?;
     let serve = ServeProcess::start(&args.binary, &data.path().join("data"), Some(&config)).await?;
     let http = reqwest::Client::builder()
         .no_proxy()
         .timeout(Duration::from_secs(120))
         .build()?;
-    let (local_driver, local_base) = local_chromedriver(&http).await?;
-    let local_pid = local_driver.id().context("chromedriver pid")?;
-    let (local, flotilla) = endpoints(&serve, local_base)?;
+    let (local_driver, local_base) = local_driver(&http, &args).await?;
+    let local_pid = local_driver.id().context("the local driver's pid")?;
+    let (local, flotilla) = if args.firefox() {
+        firefox_endpoints(&serve, local_base)
+    } else {
+        endpoints(&serve, local_base)?
+    };
     let both = (&local, &flotilla);
+    let refill = if args.firefox() {
+        FIREFOX_REFILL
+    } else {
+        REFILL
+    };
 
-    let created = new_sessions(&http, both, args.count).await?;
+    let created = new_sessions(&http, both, (args.count, refill)).await?;
     let (_, local_id) = local.new_session(&http).await?;
     let (_, flotilla_id) = flotilla.new_session(&http).await?;
     let trips = round_trips(&http, both, (&local_id, &flotilla_id), args.round_trips).await?;
     // 3. Memory with one session each, then four.
-    let one = chromedriver_memory(local_pid);
+    let one = driver_memory(args.driver(), local_pid);
     let mut more = vec![(&local, local_id), (&flotilla, flotilla_id)];
-    for _ in 0..3 {
+    // geckodriver serves one session at a time: Firefox's row is one's.
+    let rounds = if args.firefox() { 0 } else { 3 };
+    for _ in 0..rounds {
         more.push((&local, local.new_session(&http).await?.1));
         more.push((&flotilla, flotilla.new_session(&http).await?.1));
     }
-    let four = chromedriver_memory(local_pid);
+    let four = driver_memory(args.driver(), local_pid);
 
     print_new_sessions(&created, &args);
-    print_round_trips(&trips, args.round_trips);
-    print_memory([(1, &one), (4, &four)]);
+    print_round_trips(&trips, &args);
+    print_memory(&[(1, &one), (1 + rounds, &four)], args.driver());
     for (endpoint, id) in more {
         endpoint.delete(&http, &id).await?;
     }
