@@ -47,6 +47,32 @@ impl Agent {
         answer.await.unwrap_or_else(|_| Err(gone()))
     }
 
+    /// What a park of `slot` keeps of its browser at `endpoint` (nothing
+    /// without one). Firefox holds one WebDriver session, which reading its
+    /// state needs: a WebDriver client's is let go first (it goes on in
+    /// the revived browser), and a BiDi client's is a 409.
+    async fn state_to_park(
+        &self,
+        slot: &Arc<InstanceSlot>,
+        endpoint: Option<&CdpEndpoint>,
+    ) -> Result<CapturedState, AgentError> {
+        let Some(endpoint) = endpoint else {
+            return Ok(CapturedState::default());
+        };
+        if slot.engine == crate::config::EngineKind::Firefox {
+            slot.webdriver.let_go_of_browser().await;
+        }
+        self.engine()
+            .capture(endpoint)
+            .await
+            .map_err(|error| match error.downcast_ref() {
+                Some(crate::engine::bidi::BidiError::SessionHeld) => {
+                    AgentError::BrowserHeld(slot.id.clone())
+                }
+                _ => AgentError::StateUnreadable(error),
+            })
+    }
+
     /// The park of [`Agent::park_now`], in the task of the instance's
     /// operations.
     pub(super) async fn park(
@@ -64,24 +90,7 @@ impl Agent {
         flotilla_api_types::faults::point("agent-park-received").await;
         let started = Instant::now();
         let endpoint = slot.endpoint();
-        if slot.engine == crate::config::EngineKind::Firefox {
-            // Firefox holds one WebDriver session, which reading its state
-            // needs: a WebDriver client's goes on in the revived browser.
-            slot.webdriver.let_go_of_browser().await;
-        }
-        let state = match &endpoint {
-            Some(endpoint) => {
-                self.engine().capture(endpoint).await.map_err(|error| {
-                    match error.downcast_ref() {
-                        Some(crate::engine::bidi::BidiError::SessionHeld) => {
-                            AgentError::BrowserHeld(id.clone())
-                        }
-                        _ => AgentError::StateUnreadable(error),
-                    }
-                })?
-            }
-            None => CapturedState::default(),
-        };
+        let state = self.state_to_park(slot, endpoint.as_ref()).await?;
         // From here its browser's exit is expected, and clients wait.
         if slot.apply(Event::Park).await.is_none() {
             return Err(not_running(slot));

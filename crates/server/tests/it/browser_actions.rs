@@ -706,11 +706,33 @@ async fn actions_refuse_bad_input_naming_the_field() {
     })
     .await;
     let api = Api::with_key(serve.api.base.clone(), KEY);
+    let long_image = "x".repeat(201);
     let cases = [
         (
             "screenshot",
             json!({"url": "file:///etc/passwd"}),
             "url must be an http or https URL (got a file: URL)",
+        ),
+        // `image`: a name of the catalog, checked as a create's.
+        (
+            "screenshot",
+            json!({"url": "http://a.test/", "image": ""}),
+            "image must be a non-empty image name",
+        ),
+        (
+            "screenshot",
+            json!({"url": "http://a.test/", "image": "fire fox\n"}),
+            "image must be a non-empty image name",
+        ),
+        (
+            "screenshot",
+            json!({"url": "http://a.test/", "image": long_image}),
+            "at most 200 characters",
+        ),
+        (
+            "screenshot",
+            json!({"url": "http://a.test/", "image": "../../usr/bin/sh"}),
+            "../../usr/bin/sh",
         ),
         (
             "screenshot",
