@@ -962,12 +962,6 @@ fn check_config_for_image(
         flotilla_api_types::firefox_prefs::flatten(prefs)
             .map_err(|error| AgentError::FirefoxPrefs(error, name.to_owned()))?;
     }
-    if config.record && firefox {
-        return unsupported(
-            "config.record",
-            "runs Firefox, whose pages are not recorded yet (recordings are made from Chromium's screencast)",
-        );
-    }
     Ok(())
 }
 

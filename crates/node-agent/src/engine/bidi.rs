@@ -3,6 +3,14 @@
 //! revive's restore and a graceful stop need). Firefox holds one BiDi
 //! session at a time: while a client's session is open, [`BidiSession::open`]
 //! fails with [`BidiError::SessionHeld`].
+//!
+//! Who gets the browser's only session is settled by its [`SessionTurns`]
+//! (one per browser, on its endpoint): clients and the agent's own work
+//! claim it, and the live view holds a session of its own only while
+//! nobody claims one ([`BidiSession::open_for_view`]), letting go of it
+//! between two frames when someone does. A WebDriver session started over
+//! HTTP (geckodriver's) takes more than one BiDi connection: the live view
+//! attaches to it ([`BidiSession::attach`]) rather than ending it.
 
 use std::time::Duration;
 
@@ -52,29 +60,122 @@ impl BidiError {
     }
 }
 
+/// Who may hold a Firefox's only WebDriver session (see the module): a
+/// count of claims (clients connected, the agent's own work waiting or
+/// running) and the turn the agent's own sessions and the live view's take
+/// one after another.
+#[derive(Debug, Default)]
+pub struct SessionTurns {
+    claims: std::sync::atomic::AtomicUsize,
+    turn: std::sync::Arc<tokio::sync::Mutex<()>>,
+}
+
+/// A claim on the browser's session: while any is held the live view holds
+/// none of its own.
+#[derive(Debug)]
+pub struct SessionClaim(std::sync::Arc<SessionTurns>);
+
+impl Drop for SessionClaim {
+    fn drop(&mut self) {
+        self.0
+            .claims
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl SessionTurns {
+    /// Claims the session for a client about to start one: returns once the
+    /// live view has let go of any session of its own.
+    pub async fn claim(self: &std::sync::Arc<Self>) -> SessionClaim {
+        let claim = self.claim_now();
+        drop(self.turn.lock().await);
+        claim
+    }
+
+    fn claim_now(self: &std::sync::Arc<Self>) -> SessionClaim {
+        self.claims
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        SessionClaim(self.clone())
+    }
+
+    /// Whether anyone claims the session (the live view lets go of its own).
+    pub fn claimed(&self) -> bool {
+        self.claims.load(std::sync::atomic::Ordering::SeqCst) > 0
+    }
+}
+
+/// What a session holds of its browser's turns while it is open.
+enum Turn {
+    /// The agent's own work: its claim, and the turn (held, not read).
+    Own {
+        _claim: SessionClaim,
+        _turn: tokio::sync::OwnedMutexGuard<()>,
+    },
+    /// The live view's session of its own: the turn, given up when claimed.
+    View {
+        _turn: tokio::sync::OwnedMutexGuard<()>,
+    },
+    /// A connection to someone else's session (nothing to end).
+    Attached,
+}
+
 /// An open BiDi session on a browser.
 pub struct BidiSession {
     socket: WebSocketStream<TcpStream>,
     next_id: u64,
+    turn: Turn,
 }
 
 impl BidiSession {
-    /// Connects to the browser behind `endpoint` and starts a session.
+    /// Connects to the browser behind `endpoint` and starts a session,
+    /// waiting for the live view to let go of its own.
     pub async fn open(endpoint: &CdpEndpoint) -> Result<Self, BidiError> {
-        let connected = tokio::time::timeout(CONNECT_TIMEOUT, async {
-            let stream = endpoint.connect().await.map_err(|e| e.to_string())?;
-            let url = format!("ws://{}{}", endpoint.authority(), endpoint.browser_path);
-            let config = WebSocketConfig::default()
-                .max_message_size(Some(MAX_MESSAGE))
-                .max_frame_size(Some(MAX_MESSAGE));
-            tokio_tungstenite::client_async_with_config(url, stream, Some(config))
-                .await
-                .map_err(|e| e.to_string())
-        })
+        let turns = &endpoint.session_turns;
+        let claim = turns.claim_now();
+        let turn = turns.turn.clone().lock_owned().await;
+        Self::start(
+            endpoint,
+            Turn::Own {
+                _claim: claim,
+                _turn: turn,
+            },
+        )
         .await
-        .map_err(|_| BidiError::Connect("no answer".into()))?;
-        let (socket, _) = connected.map_err(BidiError::Connect)?;
-        let mut session = Self { socket, next_id: 0 };
+    }
+
+    /// The live view's own session: `None` while anyone claims the browser's
+    /// session. It is to be ended as soon as [`SessionTurns::claimed`].
+    pub async fn open_for_view(endpoint: &CdpEndpoint) -> Result<Option<Self>, BidiError> {
+        let turns = &endpoint.session_turns;
+        let Ok(turn) = turns.turn.clone().try_lock_owned() else {
+            return Ok(None);
+        };
+        if turns.claimed() {
+            return Ok(None);
+        }
+        Self::start(endpoint, Turn::View { _turn: turn })
+            .await
+            .map(Some)
+    }
+
+    /// A connection to the session at `path` (`/session/{id}`) that someone
+    /// else started over HTTP; [`BidiSession::end`] only closes it.
+    pub async fn attach(endpoint: &CdpEndpoint, path: &str) -> Result<Self, BidiError> {
+        let socket = connect(endpoint, path).await?;
+        Ok(Self {
+            socket,
+            next_id: 0,
+            turn: Turn::Attached,
+        })
+    }
+
+    async fn start(endpoint: &CdpEndpoint, turn: Turn) -> Result<Self, BidiError> {
+        let socket = connect(endpoint, &endpoint.browser_path).await?;
+        let mut session = Self {
+            socket,
+            next_id: 0,
+            turn,
+        };
         match session
             .call("session.new", json!({"capabilities": {}}))
             .await
@@ -130,10 +231,13 @@ impl BidiSession {
     }
 
     /// Ends the session (the browser goes on), waiting a few seconds at
-    /// most for the browser.
+    /// most for the browser; an attached connection is only closed.
     pub async fn end(mut self) {
+        let owned = !matches!(self.turn, Turn::Attached);
         let ending = async {
-            let _ = self.call("session.end", json!({})).await;
+            if owned {
+                let _ = self.call("session.end", json!({})).await;
+            }
             let _ = self.socket.close(None).await;
         };
         let _ = tokio::time::timeout(CONNECT_TIMEOUT, ending).await;
@@ -143,4 +247,25 @@ impl BidiSession {
     pub async fn close_browser(mut self) -> Result<(), BidiError> {
         self.call("browser.close", json!({})).await.map(|_| ())
     }
+}
+
+/// A WebSocket to `path` on the browser's BiDi server behind `endpoint`.
+async fn connect(
+    endpoint: &CdpEndpoint,
+    path: &str,
+) -> Result<WebSocketStream<TcpStream>, BidiError> {
+    let connected = tokio::time::timeout(CONNECT_TIMEOUT, async {
+        let stream = endpoint.connect().await.map_err(|e| e.to_string())?;
+        let url = format!("ws://{}{}", endpoint.authority(), path);
+        let config = WebSocketConfig::default()
+            .max_message_size(Some(MAX_MESSAGE))
+            .max_frame_size(Some(MAX_MESSAGE));
+        tokio_tungstenite::client_async_with_config(url, stream, Some(config))
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|_| BidiError::Connect("no answer".into()))?;
+    let (socket, _) = connected.map_err(BidiError::Connect)?;
+    Ok(socket)
 }

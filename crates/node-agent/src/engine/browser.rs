@@ -40,6 +40,9 @@ pub struct CdpEndpoint {
     pub net: Option<Arc<NetNamespace>>,
     /// The engine behind it: which protocol the socket speaks.
     pub engine: EngineKind,
+    /// Who gets a Firefox's only WebDriver session (shared by every copy of
+    /// this endpoint: one per browser).
+    pub session_turns: Arc<crate::engine::bidi::SessionTurns>,
 }
 
 impl PartialEq for CdpEndpoint {
@@ -65,6 +68,7 @@ impl CdpEndpoint {
             browser_path,
             net: None,
             engine: EngineKind::Chromium,
+            session_turns: Arc::default(),
         }
     }
 

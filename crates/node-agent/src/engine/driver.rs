@@ -212,6 +212,7 @@ pub async fn start_driver(
         browser_path: String::new(),
         net: browser.net.clone(),
         engine: browser.engine,
+        session_turns: Default::default(),
     };
     let deadline = Instant::now() + START_TIMEOUT;
     loop {

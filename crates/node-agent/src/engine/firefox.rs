@@ -440,7 +440,7 @@ async fn read_state(session: &mut BidiSession) -> Result<CapturedState, BidiErro
 
 /// The browser's tabs (its top-level browsing contexts, in order): each
 /// context's id, URL and title.
-async fn read_tabs(session: &mut BidiSession) -> Result<Vec<Tab>, BidiError> {
+pub(crate) async fn read_tabs(session: &mut BidiSession) -> Result<Vec<Tab>, BidiError> {
     let tree = session
         .call("browsingContext.getTree", json!({"maxDepth": 0}))
         .await?;

@@ -281,6 +281,7 @@ pub mod cdp;
 pub mod driver;
 pub mod extension;
 pub mod firefox;
+pub mod firefox_view;
 pub mod input;
 pub mod intercept;
 pub mod launcher;

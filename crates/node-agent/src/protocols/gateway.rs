@@ -306,17 +306,23 @@ async fn proxy_websocket(
     context: Arc<GatewayContext>,
     cancel: CancellationToken,
 ) -> io::Result<Response<Full<Bytes>>> {
+    // A BiDi client is about to start Firefox's only session: the live
+    // view lets go of its own first, and takes none while the client is on.
+    let claim = match endpoint.speaks_cdp() {
+        true => None,
+        false => Some(endpoint.session_turns.claim().await),
+    };
     let upstream = endpoint.connect().await?;
     let path = upstream_path(&request, endpoint);
     let pins = match endpoint.speaks_cdp() {
         true => Pins::new(Protocol::Cdp, context.downloads_dir.clone()),
         false => Pins::new(Protocol::Bidi, context.downloads_dir.clone()).ending_bidi_sessions(),
     };
-    relay_websocket(
+    relay_websocket_with(
         request,
-        (upstream, &endpoint.authority(), &path),
+        (upstream, &endpoint.authority(), &path, &[]),
         (context.slot.clone(), pins),
-        cancel,
+        (cancel, claim),
     )
     .await
 }

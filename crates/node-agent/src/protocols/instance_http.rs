@@ -41,9 +41,6 @@ struct ApiState {
     recordings: std::path::PathBuf,
     /// Screenshots, bounded in size and number (see [`crate::engine::capture`]).
     captures: Arc<Captures>,
-    /// A Firefox serves one BiDi session at a time: the port's own steps
-    /// (tabs, screenshots) take it in turn.
-    firefox_turn: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Serves the instance's HTTP API until its servers stop; with
@@ -94,7 +91,6 @@ pub async fn serve_api(
             access: access.clone(),
             recordings,
             captures: Arc::new(Captures::new(captures)),
-            firefox_turn: Arc::default(),
         })
         .merge(webdriver)
         .merge(playwright);
@@ -162,7 +158,6 @@ async fn tabs(State(state): State<ApiState>) -> Result<Response, ApiError> {
             .await
             .map_err(|e| ApiError(StatusCode::BAD_GATEWAY, format!("cannot list tabs: {e}")))?
     } else {
-        let _turn = state.firefox_turn.lock().await;
         crate::engine::firefox::list_tabs(&endpoint)
             .await
             .map_err(|e| firefox_error("list tabs", e))?
@@ -205,7 +200,6 @@ async fn capture_png(state: &ApiState, tab: Option<&str>) -> Result<Screenshot, 
     let not_found = |reason: String| ApiError(StatusCode::NOT_FOUND, reason);
     let endpoint = endpoint(state).await?;
     if !endpoint.speaks_cdp() {
-        let _turn = state.firefox_turn.lock().await;
         return state
             .captures
             .capture_firefox(&endpoint, tab)

@@ -29,7 +29,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::engine::bidi::BidiError;
 use crate::engine::cdp::{CdpClient, CdpError};
+use crate::engine::firefox_view::FirefoxView;
 pub use crate::engine::input::{
     Input, KeyEvent, KeyInput, MouseButton, MouseEvent, MouseInput, Viewport,
 };
@@ -93,6 +95,10 @@ pub struct ViewerState {
     pub tab: Option<String>,
     /// The frame's size in CSS pixels (what fractions are taken of).
     pub viewport: Option<Viewport>,
+    /// Why no frames come, when the browser cannot be shown (a Firefox
+    /// whose only session a BiDi client holds).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub notice: Option<&'static str>,
 }
 
 /// An `error` message: why a viewer's message did nothing.
@@ -145,6 +151,8 @@ pub enum ControlError {
     NoPage,
     #[error("the browser did not take the input: {0}")]
     NotTaken(#[source] CdpError),
+    #[error("the browser did not take the input: {0}")]
+    NotTakenByFirefox(#[source] BidiError),
 }
 
 /// Reads a viewer's text frame.
@@ -196,7 +204,34 @@ pub async fn dispatch(
     message: &ViewerMessage,
     viewport: Viewport,
 ) -> Result<(), ControlError> {
-    let input = match message {
+    let Some(input) = input_of(message) else {
+        return Ok(());
+    };
+    crate::engine::input::dispatch(client, input, viewport, INPUT_TIMEOUT)
+        .await
+        .map_err(ControlError::NotTaken)
+}
+
+/// Sends an input message to tab `context` of a Firefox over the live
+/// view's connection (other messages are not input: nothing is sent).
+pub async fn dispatch_to_firefox(
+    view: &FirefoxView,
+    context: &str,
+    message: &ViewerMessage,
+    viewport: Viewport,
+) -> Result<(), ControlError> {
+    let Some(input) = input_of(message) else {
+        return Ok(());
+    };
+    tokio::time::timeout(INPUT_TIMEOUT, view.input(context, input, viewport))
+        .await
+        .map_err(|_| ControlError::NotTakenByFirefox(BidiError::Timeout("input".into())))?
+        .map_err(ControlError::NotTakenByFirefox)
+}
+
+/// The input a viewer's message carries, if it is input.
+fn input_of(message: &ViewerMessage) -> Option<Input<'_>> {
+    Some(match message {
         ViewerMessage::Mouse(mouse) => Input::Mouse(mouse),
         ViewerMessage::Key(key) => Input::Key(key),
         ViewerMessage::Text { text } => Input::Text(text),
@@ -204,11 +239,8 @@ pub async fn dispatch(
             width: *width,
             height: *height,
         },
-        ViewerMessage::Control { .. } | ViewerMessage::Tab { .. } => return Ok(()),
-    };
-    crate::engine::input::dispatch(client, input, viewport, INPUT_TIMEOUT)
-        .await
-        .map_err(ControlError::NotTaken)
+        ViewerMessage::Control { .. } | ViewerMessage::Tab { .. } => return None,
+    })
 }
 
 #[cfg(test)]

@@ -358,6 +358,7 @@ async fn start(
         browser_path: String::new(),
         net: browser.net.clone(),
         engine: browser.engine,
+        session_turns: Default::default(),
     };
     tracing::debug!(version = %install.version, "Playwright server started");
     let (stop, stopped) = tokio::sync::oneshot::channel();

@@ -48,6 +48,9 @@ pub struct WebDriver {
     /// The running driver's process, readable without the lock: a park
     /// ends it when a command holds the lock too long.
     driver_pid: std::sync::atomic::AtomicU32,
+    /// The path of Firefox's BiDi socket of the session while one is on
+    /// (the live view attaches to it), readable without the lock.
+    view_socket: std::sync::Mutex<Option<String>>,
 }
 
 /// How long a park waits for a session's command in progress before it
@@ -77,6 +80,9 @@ struct Session {
     /// for `webSocketUrl` (chromedriver serves its own at
     /// `/session/{id}`).
     firefox_bidi: Option<String>,
+    /// The same socket, asked for by the agent whatever the client asked
+    /// (the live view rides on it), and the claim on Firefox's only session.
+    view: Option<(String, crate::engine::bidi::SessionClaim)>,
     /// The driver's session was ended while the client's goes on (a park
     /// of a Firefox): the next command attaches again.
     let_go: bool,
@@ -162,6 +168,7 @@ impl WebDriver {
             return false;
         };
         state.owner = None;
+        self.remember_driver(&state);
         if let Some(driver) = &state.driver
             && driver.browser == session.browser
         {
@@ -196,7 +203,9 @@ impl WebDriver {
                 state.connection = None;
                 if let Some(session) = &mut state.session {
                     session.let_go = true;
+                    session.view = None;
                 }
+                self.remember_driver(&state);
                 return;
             }
         };
@@ -212,13 +221,27 @@ impl WebDriver {
             if let Err(error) = call(&driver.at, hyper::Method::DELETE, &path, Bytes::new()).await {
                 tracing::warn!(%error, "the WebDriver server did not end its session");
             }
+            session.view = None;
         }
+        self.remember_driver(&state);
     }
 
     fn remember_driver(&self, state: &State) {
         let pid = state.driver.as_ref().and_then(Driver::pid).unwrap_or(0);
         self.driver_pid
             .store(pid, std::sync::atomic::Ordering::SeqCst);
+        let socket = state
+            .session
+            .as_ref()
+            .filter(|session| !session.let_go)
+            .and_then(|session| session.view.as_ref())
+            .map(|(path, _)| path.clone());
+        *self.view_socket.lock().expect("view socket lock") = socket;
+    }
+
+    /// The path of Firefox's BiDi socket of the session, while one is on.
+    pub fn view_socket(&self) -> Option<String> {
+        self.view_socket.lock().expect("view socket lock").clone()
     }
 
     /// Whether the instance has a WebDriver session.
@@ -296,9 +319,19 @@ async fn attach(
     }
     let driver = state.driver.as_ref().expect("just started");
     let mut always = allowed_capabilities(capabilities, browser.engine)?;
-    if browser.engine == EngineKind::Chromium {
-        always["goog:chromeOptions"]["debuggerAddress"] = Value::String(browser.authority());
-    }
+    let firefox = browser.engine == EngineKind::Firefox;
+    let claim = match firefox {
+        // Firefox's only session: the live view lets go of its own, and
+        // rides on this one over its BiDi socket.
+        true => {
+            always["webSocketUrl"] = Value::Bool(true);
+            Some(browser.session_turns.claim().await)
+        }
+        false => {
+            always["goog:chromeOptions"]["debuggerAddress"] = Value::String(browser.authority());
+            None
+        }
+    };
     let request = json!({"capabilities": {"alwaysMatch": always}});
     let (status, body) = call(
         &driver.at,
@@ -312,25 +345,32 @@ async fn attach(
             "the WebDriver server answered what is not JSON: {e}"
         ))
     })?;
-    let value = answer.get("value").cloned().unwrap_or(Value::Null);
-    let Some(id) = value.get("sessionId").and_then(Value::as_str) else {
+    let mut value = answer.get("value").cloned().unwrap_or(Value::Null);
+    let Some(id) = value
+        .get("sessionId")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+    else {
         let message = value["message"].as_str().unwrap_or("no session id");
         return Err(WebDriverError::not_created(format!(
             "the WebDriver server refused the session ({status}): {message}"
         )));
     };
-    let firefox_bidi = (browser.engine == EngineKind::Firefox)
-        .then(|| {
-            value["capabilities"]["webSocketUrl"]
-                .as_str()
-                .and_then(socket_path)
-        })
-        .flatten();
+    let socket = value["capabilities"]["webSocketUrl"]
+        .as_str()
+        .and_then(socket_path);
+    let asked_bidi = capabilities.get("webSocketUrl") == Some(&Value::Bool(true));
+    if firefox && !asked_bidi {
+        if let Some(answered) = value["capabilities"].as_object_mut() {
+            answered.remove("webSocketUrl");
+        }
+    }
     state.session = Some(Session {
-        id: id.to_owned(),
+        id,
         browser: browser.clone(),
         capabilities: capabilities.clone(),
-        firefox_bidi,
+        firefox_bidi: socket.clone().filter(|_| firefox && asked_bidi),
+        view: socket.zip(claim),
         let_go: false,
     });
     Ok(value)

@@ -272,7 +272,6 @@ async fn browser_firefox_settings_are_firefoxs_and_checked_by_name() {
     let site = serve_page(&[("/", languages)]).await;
     let (serve, _) = door_serve(&site, |_| {}).await;
     for (config, named) in [
-        (r#"{"record": true}"#, "config.record"),
         (
             r#"{"prefs": {"network.proxy.type": 0}}"#,
             "network.proxy.type",

@@ -98,6 +98,31 @@ impl Viewer {
         .await;
     }
 
+    /// Reads until a frame comes: its JPEG.
+    async fn next_frame(&mut self) -> Vec<u8> {
+        let read = async {
+            loop {
+                match self.socket.next().await {
+                    Some(Ok(Message::Binary(jpeg))) => {
+                        self.frames += 1;
+                        return jpeg.to_vec();
+                    }
+                    Some(Ok(Message::Text(text))) => {
+                        let message: Value = serde_json::from_str(&text).unwrap();
+                        if message["type"] == "state" {
+                            self.state = message;
+                        }
+                    }
+                    Some(Ok(_)) => {}
+                    other => panic!("the live view closed while waiting for a frame: {other:?}"),
+                }
+            }
+        };
+        tokio::time::timeout(BROWSER_DEADLINE, read)
+            .await
+            .unwrap_or_else(|_| panic!("no frame came; last state {}", self.state))
+    }
+
     async fn control_is(&mut self, control: &str) {
         self.until(&format!("control {control}"), |m| {
             m["type"] == "state" && m["control"] == control
@@ -445,4 +470,227 @@ async fn browser_live_links_show_the_view_without_a_key_until_they_expire_or_are
     closes(&mut watcher).await;
     assert_eq!(no_key_get(&view_url).await.0, 404);
     serve.shutdown().await;
+}
+
+/// A WebDriver session on an instance's own port (authentication off): it
+/// is ended, and the instance goes on.
+struct WebDriverSession {
+    base: String,
+    id: String,
+}
+
+impl WebDriverSession {
+    async fn start(instance: &Value, capabilities: Value) -> (WebDriverSession, Value) {
+        let port = instance["http_port"].as_u64().unwrap();
+        let base = format!("http://127.0.0.1:{port}/webdriver/session");
+        let body = json!({"capabilities": capabilities});
+        let answer: Value = reqwest::Client::new()
+            .post(&base)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let id = answer["value"]["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no session: {answer}"))
+            .to_owned();
+        (WebDriverSession { base, id }, answer["value"].clone())
+    }
+
+    async fn call(&self, method: reqwest::Method, rest: &str, body: Option<Value>) -> Value {
+        let mut request =
+            reqwest::Client::new().request(method, format!("{}/{}{rest}", self.base, self.id));
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let answer: Value = request.send().await.unwrap().json().await.unwrap();
+        answer["value"].clone()
+    }
+
+    async fn script(&self, script: &str) -> Value {
+        let body = json!({"script": script, "args": []});
+        self.call(reqwest::Method::POST, "/execute/sync", Some(body))
+            .await
+    }
+
+    async fn eventually(&self, script: &str, expected: Value) {
+        let deadline = tokio::time::Instant::now() + BROWSER_DEADLINE;
+        loop {
+            let value = self.script(script).await;
+            if value == expected {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{script} is {value}, expected {expected}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn rect_of(&self, selector: &str) -> Value {
+        let script = format!(
+            "return JSON.stringify(document.querySelector('{selector}').getBoundingClientRect())"
+        );
+        serde_json::from_str(self.script(&script).await.as_str().unwrap()).unwrap()
+    }
+
+    async fn delete(self) {
+        reqwest::Client::new()
+            .delete(format!("{}/{}", self.base, self.id))
+            .send()
+            .await
+            .unwrap();
+    }
+}
+
+/// Types `text` into the viewer's page, which then holds `expected`.
+async fn typed_into(viewer: &mut Viewer, session: &WebDriverSession, text: &str, expected: &str) {
+    viewer.send(json!({"type": "text", "text": text})).await;
+    session
+        .eventually("return document.getElementById('i').value", json!(expected))
+        .await;
+}
+
+#[tokio::test]
+async fn browser_a_firefox_live_view_shows_it_takes_input_and_yields_to_its_clients() {
+    let pages = serve_page(&[("/", PAGE)]).await;
+    let serve = spawn_serve_with(|config| pages.allow_in(config)).await;
+    let body = r#"{"image": "firefox", "config": {"record": true}}"#;
+    let (id, created, _) = serve.api.create_running(body).await;
+    let stream = created["urls"]["stream"].as_str().unwrap();
+    let page_url = format!("{}/", pages.base);
+
+    // A WebDriver session opens the page; the live view rides on it (the
+    // client did not ask for BiDi, and is not told of the socket). On the
+    // instance's own port, as the door passes sessions on.
+    let always = json!({"browserName": "firefox"});
+    let (session, answer) = WebDriverSession::start(&created, always.clone()).await;
+    assert!(
+        answer["capabilities"].get("webSocketUrl").is_none(),
+        "{answer}"
+    );
+    let open = json!({"url": page_url});
+    let navigated = session
+        .call(reqwest::Method::POST, "/url", Some(open.clone()))
+        .await;
+    assert!(navigated.is_null(), "{navigated}");
+    let at = session.call(reqwest::Method::GET, "/url", None).await;
+    assert_eq!(at, json!(page_url));
+    let mut viewer = Viewer::connect(stream, "").await;
+    viewer.show(&page_url).await;
+    viewer.send(json!({"type": "control", "take": true})).await;
+    viewer.control_is("yours").await;
+    viewer.click(&session.rect_of("#b").await).await;
+    session.eventually("return window.clicks", json!(1)).await;
+    viewer.click(&session.rect_of("#i").await).await;
+    session
+        .eventually("return document.activeElement.id", json!("i"))
+        .await;
+    viewer.key("a", "KeyA", 65, 0).await;
+    typed_into(&mut viewer, &session, "bc", "abc").await;
+    viewer.key("Backspace", "Backspace", 8, 0).await;
+    session
+        .eventually("return document.getElementById('i').value", json!("ab"))
+        .await;
+    let jpeg = viewer.next_frame().await;
+    assert!(jpeg.starts_with(&[0xff, 0xd8]), "a JPEG frame");
+
+    // Without a client, the view holds a session of its own: input goes
+    // on, and a client's session (which claims the browser's only one)
+    // finds it let go.
+    session.delete().await;
+    own_session_takes(&mut viewer, "d").await;
+    let (session, _) = WebDriverSession::start(&created, always).await;
+    session
+        .eventually("return document.getElementById('i').value", json!("abd"))
+        .await;
+    session.delete().await;
+
+    // A BiDi client gets the session too; the view says why it shows
+    // nothing while it holds it, and shows the browser again once it left.
+    let bidi = created["urls"]["bidi"].as_str().unwrap();
+    let (mut client, _) = tokio_tungstenite::connect_async(bidi).await.unwrap();
+    let new = json!({"id": 1, "method": "session.new", "params": {"capabilities": {}}});
+    client
+        .send(Message::Text(new.to_string().into()))
+        .await
+        .unwrap();
+    let answered = tokio::time::timeout(BROWSER_DEADLINE, async {
+        loop {
+            if let Some(Ok(Message::Text(text))) = client.next().await {
+                let answer: Value = serde_json::from_str(&text).unwrap();
+                if answer["id"] == 1 {
+                    return answer;
+                }
+            }
+        }
+    })
+    .await
+    .expect("session.new answered");
+    assert_eq!(answered["type"], "success", "{answered}");
+    viewer
+        .until("the notice", |m| {
+            m["type"] == "state" && m["notice"].as_str().is_some_and(|n| n.contains("BiDi"))
+        })
+        .await;
+    drop(client);
+    viewer
+        .until("the notice gone", |m| {
+            m["type"] == "state" && m.get("notice").is_none()
+        })
+        .await;
+
+    // A park while the view holds its own session: the park's state read
+    // gets it.
+    serve.api.park(&id).await;
+    serve
+        .api
+        .wait_for_status(&id, "dormant", BROWSER_DEADLINE)
+        .await;
+    let (_, recordings) = serve
+        .api
+        .get(&format!("/v2/instances/{id}/recordings"))
+        .await;
+    let recorded = recordings["recordings"][0]["duration_sec"]
+        .as_f64()
+        .unwrap_or(0.0);
+    assert!(recorded > 0.0, "Firefox recorded: {recordings}");
+    drop(viewer);
+    serve.shutdown().await;
+}
+
+/// Sends `text` as input until the live view takes it (it answers an error
+/// while it moves to a session of its own).
+async fn own_session_takes(viewer: &mut Viewer, text: &str) {
+    let deadline = tokio::time::Instant::now() + BROWSER_DEADLINE;
+    loop {
+        viewer.send(json!({"type": "text", "text": text})).await;
+        let refused = tokio::time::timeout(Duration::from_secs(3), async {
+            loop {
+                match viewer.socket.next().await {
+                    Some(Ok(Message::Text(text))) => {
+                        let message: Value = serde_json::from_str(&text).unwrap();
+                        if message["type"] == "error" {
+                            return message;
+                        }
+                    }
+                    Some(Ok(_)) => {}
+                    other => panic!("the live view closed: {other:?}"),
+                }
+            }
+        })
+        .await;
+        let Ok(refused) = refused else {
+            return;
+        };
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "input never taken: {refused}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
 }

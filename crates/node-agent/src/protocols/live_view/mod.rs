@@ -37,8 +37,12 @@ use bytes::Bytes;
 use tokio::net::TcpListener;
 use tokio::sync::{Mutex, watch};
 
+mod firefox;
+
+use crate::engine::bidi::BidiError;
 use crate::engine::browser::CdpEndpoint;
 use crate::engine::cdp::{CdpClient, CdpError, CdpEvent};
+use crate::engine::firefox_view::FirefoxView;
 use crate::engine::screencast::{FrameSettings, Screencast, ScreencastEvent};
 use crate::protocols::access::NodeAccess;
 
@@ -155,6 +159,8 @@ enum ScreencastError {
     TabClosed,
     #[error("no frame for {0:?} while viewers watch")]
     Silent(Duration),
+    #[error("{0}")]
+    Firefox(#[from] BidiError),
 }
 
 /// The shared screencast of one instance.
@@ -182,8 +188,20 @@ pub struct LiveView {
 /// The page the screencast shows.
 #[derive(Clone)]
 struct ShownPage {
-    client: Arc<CdpClient>,
+    link: PageLink,
     viewport: Viewport,
+}
+
+/// How viewers' input reaches the page shown.
+#[derive(Clone)]
+enum PageLink {
+    /// Chromium: the screencast's connection to the page.
+    Cdp(Arc<CdpClient>),
+    /// Firefox: the view's BiDi connection, and the tab's context.
+    Firefox {
+        view: Arc<FirefoxView>,
+        context: String,
+    },
 }
 
 /// Control, tabs and frame size, as every viewer sees them.
@@ -197,6 +215,8 @@ struct Shared {
     /// The tab a viewer asked for.
     wanted_tab: Option<String>,
     viewport: Option<Viewport>,
+    /// Why no frames come (see [`ViewerState::notice`]).
+    notice: Option<&'static str>,
 }
 
 impl LiveView {
@@ -305,6 +325,9 @@ impl LiveView {
             .wait_ready_waking(self.ready_timeout, wake)
             .await?
             .ok_or(ScreencastError::NoBrowser)?;
+        if !endpoint.speaks_cdp() {
+            return self.firefox_once(&endpoint, last_viewer_seen).await;
+        }
         let (client, tab) = self.start_screencast(&endpoint).await?;
         let mut events = client.events();
         let started = tokio::time::Instant::now();
@@ -377,7 +400,7 @@ impl LiveView {
             height: self.settings.height,
         };
         Screencast::new(&client).start(frames).await?;
-        self.show(&client, tab.id.clone(), tabs);
+        self.show(PageLink::Cdp(client.clone()), tab.id.clone(), tabs);
         Ok((client, tab.id))
     }
 
@@ -411,20 +434,19 @@ impl LiveView {
     }
 
     /// Records the page the screencast now shows, and tells the viewers.
-    fn show(&self, client: &Arc<CdpClient>, tab: String, tabs: Vec<Tab>) {
+    fn show(&self, link: PageLink, tab: String, tabs: Vec<Tab>) {
         let viewport = Viewport {
             width: f64::from(self.settings.width),
             height: f64::from(self.settings.height),
         };
         let viewport = self.shared.borrow().viewport.unwrap_or(viewport);
-        *self.page.lock().expect("page lock") = Some(ShownPage {
-            client: client.clone(),
-            viewport,
-        });
+        *self.page.lock().expect("page lock") = Some(ShownPage { link, viewport });
         self.shared.send_if_modified(|shared| {
-            let changed = shared.tab.as_ref() != Some(&tab) || shared.tabs != tabs;
+            let changed =
+                shared.tab.as_ref() != Some(&tab) || shared.tabs != tabs || shared.notice.is_some();
             shared.tab = Some(tab);
             shared.tabs = tabs;
+            shared.notice = None;
             changed
         });
     }
@@ -452,7 +474,11 @@ impl LiveView {
         ) else {
             return;
         };
-        let viewport = Viewport { width, height };
+        self.frame_size(Viewport { width, height });
+    }
+
+    /// The frame's size in CSS pixels, as the browser tells it.
+    fn frame_size(&self, viewport: Viewport) {
         if let Some(page) = self.page.lock().expect("page lock").as_mut() {
             page.viewport = viewport;
         }
@@ -693,6 +719,7 @@ impl Viewer {
             tabs: shared.tabs.clone(),
             tab: shared.tab.clone(),
             viewport: shared.viewport,
+            notice: shared.notice,
         };
         serde_json::to_string(&state).unwrap_or_default()
     }
@@ -783,7 +810,12 @@ impl Viewer {
         let page = self.live_view.shown_page().await;
         let page = page.ok_or(ControlError::NoPage)?;
         self.live_view.slot.touch();
-        live_control::dispatch(&page.client, message, page.viewport).await
+        match &page.link {
+            PageLink::Cdp(client) => live_control::dispatch(client, message, page.viewport).await,
+            PageLink::Firefox { view, context } => {
+                live_control::dispatch_to_firefox(view, context, message, page.viewport).await
+            }
+        }
     }
 }
 
