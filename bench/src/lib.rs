@@ -582,3 +582,22 @@ pub async fn run_node_script(
     }
     Ok(serde_json::from_slice(&output.stdout)?)
 }
+
+/// Frames an MJPEG viewer of `url` (a live view's `/`) reads in `seconds`,
+/// as fast as it can.
+pub async fn mjpeg_frames(url: String, seconds: u64) -> anyhow::Result<usize> {
+    let mut response = reqwest::get(&url).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(seconds);
+    let mut frames: usize = 0;
+    let mut carry = Vec::new();
+    while let Ok(chunk) = tokio::time::timeout_at(deadline, response.chunk()).await {
+        let Some(chunk) = chunk? else { break };
+        carry.extend_from_slice(&chunk);
+        while let Some(pos) = carry.windows(15).position(|w| w == b"--flotillaframe") {
+            frames += 1;
+            carry.drain(..pos + 15);
+        }
+    }
+    // The stream opens with a boundary; each frame is closed by the next one.
+    Ok(frames.saturating_sub(1))
+}

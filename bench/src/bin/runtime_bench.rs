@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use serde_json::Value;
 
-use flotilla_bench::{ServeProcess, cpu_seconds, create_running, get_json, mem_available_mib};
+use flotilla_bench::{
+    ServeProcess, cpu_seconds, create_running, get_json, mem_available_mib, mjpeg_frames,
+};
 
 struct Args {
     mode: String,
@@ -164,23 +166,6 @@ async fn overhead(args: &Args) -> anyhow::Result<()> {
 }
 
 /// Counts MJPEG frames on `url` for `seconds`.
-async fn mjpeg_frames(url: String, seconds: u64) -> anyhow::Result<usize> {
-    let mut response = reqwest::get(&url).await?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(seconds);
-    let mut frames: usize = 0;
-    let mut carry = Vec::new();
-    while let Ok(chunk) = tokio::time::timeout_at(deadline, response.chunk()).await {
-        let Some(chunk) = chunk? else { break };
-        carry.extend_from_slice(&chunk);
-        while let Some(pos) = carry.windows(15).position(|w| w == b"--flotillaframe") {
-            frames += 1;
-            carry.drain(..pos + 15);
-        }
-    }
-    // The stream opens with a boundary; each frame is closed by the next one.
-    Ok(frames.saturating_sub(1))
-}
-
 async fn live_view(args: &Args) -> anyhow::Result<()> {
     let bench = Bench::start(
         &args.binary,

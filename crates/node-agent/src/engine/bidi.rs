@@ -269,3 +269,46 @@ async fn connect(
     let (socket, _) = connected.map_err(BidiError::Connect)?;
     Ok(socket)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_claim_waits_for_the_view_to_let_go_and_holds_it_off_until_dropped() {
+        let turns = Arc::new(SessionTurns::default());
+        assert!(!turns.claimed());
+        // The live view holds its own session (the turn).
+        let view = turns.turn.clone().try_lock_owned().unwrap();
+        let claiming = tokio::spawn({
+            let turns = turns.clone();
+            async move { turns.claim().await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            turns.claimed(),
+            "the view sees the claim between two frames"
+        );
+        assert!(
+            !claiming.is_finished(),
+            "the client waits for the view to let go"
+        );
+        drop(view);
+        let claim = tokio::time::timeout(Duration::from_secs(5), claiming)
+            .await
+            .expect("the claim is granted once the view let go")
+            .unwrap();
+        // While claimed, the view takes no session of its own, though the
+        // turn itself is free.
+        assert!(turns.turn.clone().try_lock_owned().is_ok());
+        assert!(turns.claimed());
+        let second = turns.claim().await;
+        drop(claim);
+        assert!(turns.claimed(), "claims are counted");
+        drop(second);
+        assert!(!turns.claimed());
+    }
+}

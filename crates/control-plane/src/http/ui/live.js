@@ -105,14 +105,15 @@ export class LiveView {
 const SIGNS = { yours: 'You have control: clicks and keys go to the page', taken: 'Someone else has control', view_only: 'View only', free: '' };
 
 // Shows `state` in the controls: the take-control toggle, the tab switcher,
-// the sign while someone else (or nobody) has control.
+// the sign while someone else (or nobody) has control, or why the browser
+// cannot be shown for now (its `notice`).
 export function renderControls({ button, select, sign, area }, state) {
   const control = state?.control;
   button.disabled = !control || control === 'taken' || control === 'view_only';
   button.textContent = control === 'yours' ? 'Release control' : 'Take control';
   button.setAttribute('aria-pressed', String(control === 'yours'));
   sign.className = control ?? '';
-  sign.textContent = SIGNS[control] ?? '';
+  sign.textContent = state?.notice ?? SIGNS[control] ?? '';
   area.classList.toggle('controlling', control === 'yours');
   const tabs = state?.tabs ?? [];
   select.replaceChildren(...tabs.map((tab) => {
