@@ -48,9 +48,8 @@ impl Agent {
     }
 
     /// What a park of `slot` keeps of its browser at `endpoint` (nothing
-    /// without one). Firefox holds one WebDriver session, which reading its
-    /// state needs: a WebDriver client's is let go first (it goes on in
-    /// the revived browser), and a BiDi client's is a 409.
+    /// without one); a BiDi client holding Firefox's only session is a 409
+    /// (see [`FirefoxHeld`] for a WebDriver client's).
     async fn state_to_park(
         &self,
         slot: &Arc<InstanceSlot>,
@@ -59,9 +58,6 @@ impl Agent {
         let Some(endpoint) = endpoint else {
             return Ok(CapturedState::default());
         };
-        if slot.engine == crate::config::EngineKind::Firefox {
-            slot.webdriver.let_go_of_browser().await;
-        }
         self.engine()
             .capture(endpoint)
             .await
@@ -90,6 +86,7 @@ impl Agent {
         flotilla_api_types::faults::point("agent-park-received").await;
         let started = Instant::now();
         let endpoint = slot.endpoint();
+        let _firefox = FirefoxHeld::for_park(slot, endpoint.as_ref()).await;
         let state = self.state_to_park(slot, endpoint.as_ref()).await?;
         // From here its browser's exit is expected, and clients wait.
         if slot.apply(Event::Park).await.is_none() {
@@ -565,4 +562,25 @@ fn asked_again(slot: &InstanceSlot, request: &AgentReviveInstance) -> bool {
     request.operation.is_some()
         && slot.operation() == request.operation
         && slot.status().0 != InstanceStatus::Dormant
+}
+
+/// What a park holds of a Firefox from before its state is read until its
+/// browser stopped: Firefox holds one WebDriver session, which the state
+/// read and the graceful stop need. A WebDriver client's session is let go
+/// (its commands wait, and go on in the revived browser), and a claim keeps
+/// the live view from taking one of its own in between.
+struct FirefoxHeld<'a> {
+    _claim: crate::engine::bidi::SessionClaim,
+    _webdriver: crate::protocols::webdriver::LetGo<'a>,
+}
+
+impl<'a> FirefoxHeld<'a> {
+    async fn for_park(slot: &'a InstanceSlot, endpoint: Option<&CdpEndpoint>) -> Option<Self> {
+        let endpoint = endpoint.filter(|endpoint| !endpoint.speaks_cdp())?;
+        let claim = endpoint.session_turns.claim().await;
+        Some(Self {
+            _claim: claim,
+            _webdriver: slot.webdriver.let_go_of_browser().await,
+        })
+    }
 }

@@ -32,6 +32,16 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The largest message read (a tree of many tabs, many cookies).
 const MAX_MESSAGE: usize = 64 << 20;
 
+/// The largest message the live view reads (a frame; its tabs): a
+/// connection attached to a client's session also carries the events the
+/// client subscribed to.
+const VIEW_MAX_MESSAGE: usize = 16 << 20;
+
+/// How long the agent's own work waits for its turn at the session (the
+/// live view lets go within a frame; another piece of the agent's own work
+/// within its deadline) before it counts the session as held.
+const TURN_WAIT: Duration = Duration::from_secs(60);
+
 #[derive(Debug, thiserror::Error)]
 pub enum BidiError {
     #[error("cannot reach the browser's WebDriver BiDi socket: {0}")]
@@ -68,6 +78,9 @@ impl BidiError {
 pub struct SessionTurns {
     claims: std::sync::atomic::AtomicUsize,
     turn: std::sync::Arc<tokio::sync::Mutex<()>>,
+    /// Woken when a claim comes and when the last one goes: the live view
+    /// lets go of its session at once, or looks again.
+    changed: tokio::sync::Notify,
 }
 
 /// A claim on the browser's session: while any is held the live view holds
@@ -77,9 +90,13 @@ pub struct SessionClaim(std::sync::Arc<SessionTurns>);
 
 impl Drop for SessionClaim {
     fn drop(&mut self) {
-        self.0
+        let before = self
+            .0
             .claims
             .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        if before == 1 {
+            self.0.changed.notify_waiters();
+        }
     }
 }
 
@@ -95,12 +112,18 @@ impl SessionTurns {
     fn claim_now(self: &std::sync::Arc<Self>) -> SessionClaim {
         self.claims
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.changed.notify_waiters();
         SessionClaim(self.clone())
     }
 
     /// Whether anyone claims the session (the live view lets go of its own).
     pub fn claimed(&self) -> bool {
         self.claims.load(std::sync::atomic::Ordering::SeqCst) > 0
+    }
+
+    /// Waits until a claim comes or the last one goes.
+    pub async fn changed(&self) {
+        self.changed.notified().await;
     }
 }
 
@@ -132,13 +155,16 @@ impl BidiSession {
     pub async fn open(endpoint: &CdpEndpoint) -> Result<Self, BidiError> {
         let turns = &endpoint.session_turns;
         let claim = turns.claim_now();
-        let turn = turns.turn.clone().lock_owned().await;
+        let turn = tokio::time::timeout(TURN_WAIT, turns.turn.clone().lock_owned())
+            .await
+            .map_err(|_| BidiError::SessionHeld)?;
         Self::start(
             endpoint,
             Turn::Own {
                 _claim: claim,
                 _turn: turn,
             },
+            MAX_MESSAGE,
         )
         .await
     }
@@ -153,7 +179,7 @@ impl BidiSession {
         if turns.claimed() {
             return Ok(None);
         }
-        Self::start(endpoint, Turn::View { _turn: turn })
+        Self::start(endpoint, Turn::View { _turn: turn }, VIEW_MAX_MESSAGE)
             .await
             .map(Some)
     }
@@ -161,7 +187,7 @@ impl BidiSession {
     /// A connection to the session at `path` (`/session/{id}`) that someone
     /// else started over HTTP; [`BidiSession::end`] only closes it.
     pub async fn attach(endpoint: &CdpEndpoint, path: &str) -> Result<Self, BidiError> {
-        let socket = connect(endpoint, path).await?;
+        let socket = connect(endpoint, path, VIEW_MAX_MESSAGE).await?;
         Ok(Self {
             socket,
             next_id: 0,
@@ -169,8 +195,8 @@ impl BidiSession {
         })
     }
 
-    async fn start(endpoint: &CdpEndpoint, turn: Turn) -> Result<Self, BidiError> {
-        let socket = connect(endpoint, &endpoint.browser_path).await?;
+    async fn start(endpoint: &CdpEndpoint, turn: Turn, max: usize) -> Result<Self, BidiError> {
+        let socket = connect(endpoint, &endpoint.browser_path, max).await?;
         let mut session = Self {
             socket,
             next_id: 0,
@@ -216,14 +242,18 @@ impl BidiSession {
     }
 
     async fn answer_to(&mut self, id: u64) -> Result<Value, BidiError> {
+        /// A message's id, read without building the rest (events carry
+        /// none, and are skipped at the cost of a scan).
+        #[derive(serde::Deserialize)]
+        struct Peek {
+            id: Option<u64>,
+        }
         while let Some(message) = self.socket.next().await {
             let Ok(Message::Text(text)) = message else {
                 continue;
             };
-            let Ok(answer) = serde_json::from_str::<Value>(&text) else {
-                continue;
-            };
-            if answer["id"] == id {
+            let answers = serde_json::from_str::<Peek>(&text).is_ok_and(|peek| peek.id == Some(id));
+            if let (true, Ok(answer)) = (answers, serde_json::from_str::<Value>(&text)) {
                 return Ok(answer);
             }
         }
@@ -253,13 +283,14 @@ impl BidiSession {
 async fn connect(
     endpoint: &CdpEndpoint,
     path: &str,
+    max: usize,
 ) -> Result<WebSocketStream<TcpStream>, BidiError> {
     let connected = tokio::time::timeout(CONNECT_TIMEOUT, async {
         let stream = endpoint.connect().await.map_err(|e| e.to_string())?;
         let url = format!("ws://{}{}", endpoint.authority(), path);
         let config = WebSocketConfig::default()
-            .max_message_size(Some(MAX_MESSAGE))
-            .max_frame_size(Some(MAX_MESSAGE));
+            .max_message_size(Some(max))
+            .max_frame_size(Some(max));
         tokio_tungstenite::client_async_with_config(url, stream, Some(config))
             .await
             .map_err(|e| e.to_string())

@@ -447,13 +447,15 @@ pub(crate) async fn read_tabs(session: &mut BidiSession) -> Result<Vec<Tab>, Bid
     let mut tabs = Vec::new();
     for context in tree["contexts"].as_array().into_iter().flatten() {
         let url = context["url"].as_str().unwrap_or_default().to_owned();
-        // Read in a sandbox realm: the page's own getters do not run.
-        let target = json!({"context": context["context"], "sandbox": "flotilla"});
+        // Read in a sandbox realm (the page's own getters do not run), and
+        // cut short there: a page chooses its title's length.
+        let target = sandboxed(&context["context"]);
+        let expression = format!("document.title.slice(0, {MAX_TITLE_CHARS})");
         let title = match is_web(&url) {
             true => session
                 .call(
                     "script.evaluate",
-                    json!({"target": target, "expression": "document.title", "awaitPromise": false}),
+                    json!({"target": target, "expression": expression, "awaitPromise": false}),
                 )
                 .await
                 .ok()
@@ -467,6 +469,42 @@ pub(crate) async fn read_tabs(session: &mut BidiSession) -> Result<Vec<Tab>, Bid
     Ok(tabs)
 }
 
+/// The longest tab title read, in characters.
+const MAX_TITLE_CHARS: usize = 1024;
+
+/// A BiDi script target: `context`'s sandbox realm of Flotilla's, where the
+/// page's own script does not reach.
+pub(crate) fn sandboxed(context: &Value) -> Value {
+    json!({"context": context, "sandbox": "flotilla"})
+}
+
+/// Tabs as the node names them to its clients: by position (`1`, `2`, …),
+/// as Firefox names its contexts anew in each session; each with its
+/// context in this session.
+pub(crate) fn by_position(tabs: Vec<Tab>) -> Vec<(String, Tab)> {
+    tabs.into_iter()
+        .enumerate()
+        .map(|(index, tab)| {
+            let context = tab.id.clone();
+            let id = (index + 1).to_string();
+            (context, Tab { id, ..tab })
+        })
+        .collect()
+}
+
+/// The bytes of an image a capture command (`method`) answered, base64 in
+/// its `data`.
+pub(crate) fn image_data(answer: &Value, method: &str) -> Result<Vec<u8>, BidiError> {
+    answer["data"]
+        .as_str()
+        .and_then(|data| base64::engine::general_purpose::STANDARD.decode(data).ok())
+        .ok_or_else(|| BidiError::Command {
+            method: method.into(),
+            error: "unreadable answer".into(),
+            message: "no base64 image in data".into(),
+        })
+}
+
 /// The browser's tabs as `/tabs` lists them, read in a BiDi session of the
 /// agent's own (so [`BidiError::SessionHeld`] while a client holds the
 /// browser's only one). Firefox names its contexts anew in each WebDriver
@@ -476,14 +514,7 @@ pub async fn list_tabs(endpoint: &CdpEndpoint) -> Result<Vec<Tab>, BidiError> {
     let mut session = BidiSession::open(endpoint).await?;
     let tabs = read_tabs(&mut session).await;
     session.end().await;
-    Ok(tabs?
-        .into_iter()
-        .enumerate()
-        .map(|(index, tab)| Tab {
-            id: (index + 1).to_string(),
-            ..tab
-        })
-        .collect())
+    Ok(by_position(tabs?).into_iter().map(|(_, tab)| tab).collect())
 }
 
 /// A PNG of tab `tab`'s viewport (its position, as [`list_tabs`] names it;
@@ -519,15 +550,7 @@ async fn screenshot_in(
     let shot = session
         .call(method, json!({"context": chosen.id, "origin": "viewport"}))
         .await?;
-    let png = shot["data"]
-        .as_str()
-        .and_then(|data| base64::engine::general_purpose::STANDARD.decode(data).ok())
-        .ok_or_else(|| BidiError::Command {
-            method: method.into(),
-            error: "unreadable answer".into(),
-            message: "no base64 PNG in data".into(),
-        })?;
-    Ok(Some(png))
+    Ok(Some(image_data(&shot, method)?))
 }
 
 /// Puts a captured state back into a started Firefox: its cookies, and

@@ -10,13 +10,22 @@
 //! door) is bound to its one connection: no view then
 //! ([`BidiError::SessionHeld`]).
 
-use base64::Engine as _;
+use std::time::Duration;
+
 use serde_json::{Value, json};
 
 use crate::engine::bidi::{BidiError, BidiSession};
 use crate::engine::browser::CdpEndpoint;
 use crate::engine::input::{Input, KeyEvent, MouseButton, MouseEvent, MouseInput, Viewport};
 use crate::engine::page::Tab;
+
+/// How long one of the view's commands may take: a page that hangs its
+/// realm must not hold the view (nor, through it, the session) for long.
+const VIEW_COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
+/// The most tabs the view lists (a page can open many).
+const MAX_TABS: usize = 100;
+/// The longest tab URL the view lists, in characters.
+const MAX_URL_CHARS: usize = 2048;
 
 /// The live view's connection to a Firefox.
 pub struct FirefoxView {
@@ -64,23 +73,28 @@ impl FirefoxView {
     async fn call(&self, method: &str, params: Value) -> Result<Value, BidiError> {
         let mut session = self.session.lock().await;
         let session = session.as_mut().ok_or(BidiError::Closed)?;
-        session.call(method, params).await
+        tokio::time::timeout(VIEW_COMMAND_TIMEOUT, session.call(method, params))
+            .await
+            .map_err(|_| BidiError::Timeout(method.to_owned()))?
     }
 
-    /// The browser's tabs, in order, ids by position.
+    /// The browser's tabs, in order, ids by position (the first
+    /// [`MAX_TABS`], URLs cut to [`MAX_URL_CHARS`]).
     pub async fn tabs(&self) -> Result<Vec<ViewTab>, BidiError> {
         let mut session = self.session.lock().await;
         let session = session.as_mut().ok_or(BidiError::Closed)?;
-        let tabs = crate::engine::firefox::read_tabs(session).await?;
-        Ok(tabs
+        let read = crate::engine::firefox::read_tabs(session);
+        let tabs = tokio::time::timeout(VIEW_COMMAND_TIMEOUT, read)
+            .await
+            .map_err(|_| BidiError::Timeout("reading the tabs".into()))??;
+        Ok(crate::engine::firefox::by_position(tabs)
             .into_iter()
-            .enumerate()
-            .map(|(index, tab)| ViewTab {
-                context: tab.id.clone(),
-                tab: Tab {
-                    id: (index + 1).to_string(),
-                    ..tab
-                },
+            .take(MAX_TABS)
+            .map(|(context, mut tab)| {
+                if let Some((cut, _)) = tab.url.char_indices().nth(MAX_URL_CHARS) {
+                    tab.url.truncate(cut);
+                }
+                ViewTab { context, tab }
             })
             .collect())
     }
@@ -92,20 +106,13 @@ impl FirefoxView {
             json!({"type": "image/jpeg", "quality": f64::from(quality.clamp(1, 100)) / 100.0});
         let params = json!({"context": context, "origin": "viewport", "format": format});
         let shot = self.call(method, params).await?;
-        shot["data"]
-            .as_str()
-            .and_then(|data| base64::engine::general_purpose::STANDARD.decode(data).ok())
-            .ok_or_else(|| BidiError::Command {
-                method: method.into(),
-                error: "unreadable answer".into(),
-                message: "no base64 image in data".into(),
-            })
+        crate::engine::firefox::image_data(&shot, method)
     }
 
     /// `context`'s viewport in CSS pixels, read in a sandbox realm (the
     /// page's own getters do not run).
     pub async fn viewport(&self, context: &str) -> Result<Option<Viewport>, BidiError> {
-        let target = json!({"context": context, "sandbox": "flotilla"});
+        let target = crate::engine::firefox::sandboxed(&json!(context));
         let expression = "innerWidth + 'x' + innerHeight";
         let params = json!({"target": target, "expression": expression, "awaitPromise": false});
         let result = self.call("script.evaluate", params).await?;
@@ -203,6 +210,8 @@ fn pointer(mouse: &MouseInput, viewport: Viewport) -> Value {
     let moved = json!({"type": "pointerMove", "x": x, "y": y});
     let actions = match mouse.event {
         MouseEvent::Move => json!([moved]),
+        // A press of no button moves the pointer only.
+        MouseEvent::Down | MouseEvent::Up if mouse.button == MouseButton::None => json!([moved]),
         MouseEvent::Down => json!([moved, {"type": "pointerDown", "button": button}]),
         MouseEvent::Up => json!([moved, {"type": "pointerUp", "button": button}]),
         MouseEvent::Wheel => {
@@ -221,12 +230,14 @@ fn pointer(mouse: &MouseInput, viewport: Viewport) -> Value {
     })
 }
 
-/// WebDriver's value for the DOM key `key`: a character stands for itself,
-/// named keys have WebDriver's code points.
+/// WebDriver's value for the DOM key `key`: a character stands for itself
+/// (but those of the private-use range WebDriver names its keys with), named
+/// keys have WebDriver's code points.
 fn key_value(key: &str) -> Option<String> {
     let mut chars = key.chars();
     if let (Some(c), None) = (chars.next(), chars.next()) {
-        return Some(c.to_string());
+        let private = ('\u{E000}'..='\u{F8FF}').contains(&c);
+        return (!private).then(|| c.to_string());
     }
     let code = match key {
         "Cancel" => '\u{E001}',
@@ -314,6 +325,11 @@ mod tests {
         assert_eq!(key_value("F12").as_deref(), Some("\u{E03C}"));
         assert_eq!(key_value("F13"), None);
         assert_eq!(key_value("Dead"), None);
+        assert_eq!(key_value("\u{E008}"), None, "no private-use key sneaks in");
+        let nothing: MouseInput =
+            serde_json::from_str(r#"{"event":"down","x":0.1,"y":0.1}"#).unwrap();
+        let (_, params) = command_of("c", Input::Mouse(&nothing), VIEWPORT).unwrap();
+        assert_eq!(params["actions"][0]["actions"].as_array().unwrap().len(), 1);
         let (_, params) = command_of("c", Input::Text("hé"), VIEWPORT).unwrap();
         let typed = params["actions"][0]["actions"].as_array().unwrap();
         assert_eq!(typed.len(), 4);

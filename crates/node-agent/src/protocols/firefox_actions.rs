@@ -108,7 +108,7 @@ impl Tab {
     /// its scripts' changes (for what bounds the job: a page could make
     /// `scrollHeight` lie).
     async fn measure(&mut self, expression: &str) -> Result<Value, ActionError> {
-        let target = json!({"context": self.context, "sandbox": "flotilla"});
+        let target = crate::engine::firefox::sandboxed(&self.context);
         self.evaluate_in(expression, target).await
     }
 

@@ -32,6 +32,7 @@ use flotilla_api_types::credentials::constant_time_eq;
 
 use crate::config::EngineKind;
 use crate::confine::sandbox::Isolation;
+use crate::engine::bidi::SessionClaim;
 use crate::engine::browser::CdpEndpoint;
 use crate::engine::driver::{Beside, Driver, Kept, WebDriverError, call, call_kept, start_driver};
 use crate::instance::InstanceSlot;
@@ -57,6 +58,12 @@ pub struct WebDriver {
 /// ends the driver (a script that never finishes would hold it forever).
 const LET_GO_WAIT: Duration = Duration::from_secs(10);
 
+/// The session let go of its browser for a park ([`WebDriver::let_go_of_browser`]):
+/// its commands wait while this is held.
+pub struct LetGo<'a> {
+    _state: tokio::sync::MutexGuard<'a, State>,
+}
+
 #[derive(Default)]
 struct State {
     driver: Option<Driver>,
@@ -81,8 +88,11 @@ struct Session {
     /// `/session/{id}`).
     firefox_bidi: Option<String>,
     /// The same socket, asked for by the agent whatever the client asked
-    /// (the live view rides on it), and the claim on Firefox's only session.
-    view: Option<(String, crate::engine::bidi::SessionClaim)>,
+    /// (the live view rides on it).
+    view_socket: Option<String>,
+    /// The session's claim on Firefox's only one (the live view holds none
+    /// of its own meanwhile).
+    claim: Option<SessionClaim>,
     /// The driver's session was ended while the client's goes on (a park
     /// of a Firefox): the next command attaches again.
     let_go: bool,
@@ -180,8 +190,10 @@ impl WebDriver {
 
     /// Ends the driver's session in the browser, keeping the client's (its
     /// next command attaches again): Firefox holds one WebDriver session,
-    /// and a park reads the browser's state in one of its own.
-    pub async fn let_go_of_browser(&self) {
+    /// and a park reads the browser's state in one of its own. The session's
+    /// commands wait until the guard is dropped (once the browser stopped:
+    /// none attaches again to the browser being parked).
+    pub async fn let_go_of_browser(&self) -> LetGo<'_> {
         let mut state = match tokio::time::timeout(LET_GO_WAIT, self.state.lock()).await {
             Ok(state) => state,
             Err(_) => {
@@ -203,10 +215,10 @@ impl WebDriver {
                 state.connection = None;
                 if let Some(session) = &mut state.session {
                     session.let_go = true;
-                    session.view = None;
+                    session.claim = None;
                 }
                 self.remember_driver(&state);
-                return;
+                return LetGo { _state: state };
             }
         };
         let State {
@@ -221,9 +233,10 @@ impl WebDriver {
             if let Err(error) = call(&driver.at, hyper::Method::DELETE, &path, Bytes::new()).await {
                 tracing::warn!(%error, "the WebDriver server did not end its session");
             }
-            session.view = None;
+            session.claim = None;
         }
         self.remember_driver(&state);
+        LetGo { _state: state }
     }
 
     fn remember_driver(&self, state: &State) {
@@ -234,8 +247,7 @@ impl WebDriver {
             .session
             .as_ref()
             .filter(|session| !session.let_go)
-            .and_then(|session| session.view.as_ref())
-            .map(|(path, _)| path.clone());
+            .and_then(|session| session.view_socket.clone());
         *self.view_socket.lock().expect("view socket lock") = socket;
     }
 
@@ -289,15 +301,64 @@ async fn attached(
 }
 
 /// A chromedriver session on `browser` with `capabilities`, the driver
-/// started (or started again, for a new browser) first.
+/// started (or started again, for a new browser) first. On Firefox the
+/// session claims the browser's only one first (the live view lets go of
+/// its own), and always has a BiDi socket, which the live view rides on
+/// (the client is told of it only if it asked for `webSocketUrl`).
 async fn attach(
     state: &mut State,
     confinement: &Confinement<'_>,
     browser: &CdpEndpoint,
     capabilities: &Value,
 ) -> Result<Value, WebDriverError> {
+    let claim = match browser.engine {
+        EngineKind::Firefox => Some(browser.session_turns.claim().await),
+        EngineKind::Chromium => None,
+    };
+    if confinement.slot.endpoint().as_ref() != Some(browser) {
+        return Err(WebDriverError::not_created(
+            "the browser stopped meanwhile (the instance is being parked or deleted): send the command again",
+        ));
+    }
+    let driver = driver_beside(state, confinement, browser).await?;
+    let mut always = allowed_capabilities(capabilities, browser.engine)?;
+    match claim.is_some() {
+        true => always["webSocketUrl"] = Value::Bool(true),
+        false => {
+            always["goog:chromeOptions"]["debuggerAddress"] = Value::String(browser.authority())
+        }
+    }
+    let (id, mut value) = start_session(&driver, always).await?;
+    let socket = value["capabilities"]["webSocketUrl"]
+        .as_str()
+        .and_then(socket_path);
+    let asked_bidi = capabilities.get("webSocketUrl") == Some(&Value::Bool(true));
+    if claim.is_some()
+        && !asked_bidi
+        && let Some(answered) = value["capabilities"].as_object_mut()
+    {
+        answered.remove("webSocketUrl");
+    }
+    state.session = Some(Session {
+        id,
+        browser: browser.clone(),
+        capabilities: capabilities.clone(),
+        firefox_bidi: socket.clone().filter(|_| claim.is_some() && asked_bidi),
+        view_socket: socket,
+        claim,
+        let_go: false,
+    });
+    Ok(value)
+}
+
+/// The driver beside `browser`: the one running, the one a warm browser
+/// came with, or a new one.
+async fn driver_beside(
+    state: &mut State,
+    confinement: &Confinement<'_>,
+    browser: &CdpEndpoint,
+) -> Result<CdpEndpoint, WebDriverError> {
     if state.driver.as_ref().is_none_or(|d| d.browser != *browser) {
-        // The one a warm browser came with, else a new one.
         state.driver = match confinement.slot.take_prestarted_driver().await {
             Some(driver) if driver.browser == *browser => Some(driver),
             _ => {
@@ -317,24 +378,15 @@ async fn attach(
             }
         };
     }
-    let driver = state.driver.as_ref().expect("just started");
-    let mut always = allowed_capabilities(capabilities, browser.engine)?;
-    let firefox = browser.engine == EngineKind::Firefox;
-    let claim = match firefox {
-        // Firefox's only session: the live view lets go of its own, and
-        // rides on this one over its BiDi socket.
-        true => {
-            always["webSocketUrl"] = Value::Bool(true);
-            Some(browser.session_turns.claim().await)
-        }
-        false => {
-            always["goog:chromeOptions"]["debuggerAddress"] = Value::String(browser.authority());
-            None
-        }
-    };
+    Ok(state.driver.as_ref().expect("just started").at.clone())
+}
+
+/// Starts a session of the driver at `at` with `always` as its
+/// `alwaysMatch`: its id and the answer's `value`.
+async fn start_session(at: &CdpEndpoint, always: Value) -> Result<(String, Value), WebDriverError> {
     let request = json!({"capabilities": {"alwaysMatch": always}});
     let (status, body) = call(
-        &driver.at,
+        at,
         hyper::Method::POST,
         "/session",
         Bytes::from(request.to_string()),
@@ -345,7 +397,7 @@ async fn attach(
             "the WebDriver server answered what is not JSON: {e}"
         ))
     })?;
-    let mut value = answer.get("value").cloned().unwrap_or(Value::Null);
+    let value = answer.get("value").cloned().unwrap_or(Value::Null);
     let Some(id) = value
         .get("sessionId")
         .and_then(Value::as_str)
@@ -356,24 +408,7 @@ async fn attach(
             "the WebDriver server refused the session ({status}): {message}"
         )));
     };
-    let socket = value["capabilities"]["webSocketUrl"]
-        .as_str()
-        .and_then(socket_path);
-    let asked_bidi = capabilities.get("webSocketUrl") == Some(&Value::Bool(true));
-    if firefox && !asked_bidi {
-        if let Some(answered) = value["capabilities"].as_object_mut() {
-            answered.remove("webSocketUrl");
-        }
-    }
-    state.session = Some(Session {
-        id,
-        browser: browser.clone(),
-        capabilities: capabilities.clone(),
-        firefox_bidi: socket.clone().filter(|_| firefox && asked_bidi),
-        view: socket.zip(claim),
-        let_go: false,
-    });
-    Ok(value)
+    Ok((id, value))
 }
 
 /// The path of a `ws://host:port/session/{id}` URL (Firefox's BiDi socket

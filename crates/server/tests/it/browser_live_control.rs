@@ -582,22 +582,7 @@ async fn browser_a_firefox_live_view_shows_it_takes_input_and_yields_to_its_clie
     assert_eq!(at, json!(page_url));
     let mut viewer = Viewer::connect(stream, "").await;
     viewer.show(&page_url).await;
-    viewer.send(json!({"type": "control", "take": true})).await;
-    viewer.control_is("yours").await;
-    viewer.click(&session.rect_of("#b").await).await;
-    session.eventually("return window.clicks", json!(1)).await;
-    viewer.click(&session.rect_of("#i").await).await;
-    session
-        .eventually("return document.activeElement.id", json!("i"))
-        .await;
-    viewer.key("a", "KeyA", 65, 0).await;
-    typed_into(&mut viewer, &session, "bc", "abc").await;
-    viewer.key("Backspace", "Backspace", 8, 0).await;
-    session
-        .eventually("return document.getElementById('i').value", json!("ab"))
-        .await;
-    let jpeg = viewer.next_frame().await;
-    assert!(jpeg.starts_with(&[0xff, 0xd8]), "a JPEG frame");
+    clicks_and_types(&mut viewer, &session).await;
 
     // Without a client, the view holds a session of its own: input goes
     // on, and a client's session (which claims the browser's only one)
@@ -612,7 +597,51 @@ async fn browser_a_firefox_live_view_shows_it_takes_input_and_yields_to_its_clie
 
     // A BiDi client gets the session too; the view says why it shows
     // nothing while it holds it, and shows the browser again once it left.
-    let bidi = created["urls"]["bidi"].as_str().unwrap();
+    bidi_client_holds_it_off(&mut viewer, created["urls"]["bidi"].as_str().unwrap()).await;
+
+    // A park while the view holds its own session: the park's state read
+    // gets it.
+    serve.api.park(&id).await;
+    serve
+        .api
+        .wait_for_status(&id, "dormant", BROWSER_DEADLINE)
+        .await;
+    let (_, recordings) = serve
+        .api
+        .get(&format!("/v2/instances/{id}/recordings"))
+        .await;
+    let recorded = recordings["recordings"][0]["duration_sec"]
+        .as_f64()
+        .unwrap_or(0.0);
+    assert!(recorded > 0.0, "Firefox recorded: {recordings}");
+    drop(viewer);
+    serve.shutdown().await;
+}
+
+/// Takes control, clicks the button and types into the input of the page
+/// `session` shows; a frame comes.
+async fn clicks_and_types(viewer: &mut Viewer, session: &WebDriverSession) {
+    viewer.send(json!({"type": "control", "take": true})).await;
+    viewer.control_is("yours").await;
+    viewer.click(&session.rect_of("#b").await).await;
+    session.eventually("return window.clicks", json!(1)).await;
+    viewer.click(&session.rect_of("#i").await).await;
+    session
+        .eventually("return document.activeElement.id", json!("i"))
+        .await;
+    viewer.key("a", "KeyA", 65, 0).await;
+    typed_into(viewer, session, "bc", "abc").await;
+    viewer.key("Backspace", "Backspace", 8, 0).await;
+    session
+        .eventually("return document.getElementById('i').value", json!("ab"))
+        .await;
+    let jpeg = viewer.next_frame().await;
+    assert!(jpeg.starts_with(&[0xff, 0xd8]), "a JPEG frame");
+}
+
+/// A BiDi client at `bidi` starts Firefox's only session (the view let go
+/// of its own); viewers are told why nothing shows until it leaves.
+async fn bidi_client_holds_it_off(viewer: &mut Viewer, bidi: &str) {
     let (mut client, _) = tokio_tungstenite::connect_async(bidi).await.unwrap();
     let new = json!({"id": 1, "method": "session.new", "params": {"capabilities": {}}});
     client
@@ -643,29 +672,17 @@ async fn browser_a_firefox_live_view_shows_it_takes_input_and_yields_to_its_clie
             m["type"] == "state" && m.get("notice").is_none()
         })
         .await;
-
-    // A park while the view holds its own session: the park's state read
-    // gets it.
-    serve.api.park(&id).await;
-    serve
-        .api
-        .wait_for_status(&id, "dormant", BROWSER_DEADLINE)
-        .await;
-    let (_, recordings) = serve
-        .api
-        .get(&format!("/v2/instances/{id}/recordings"))
-        .await;
-    let recorded = recordings["recordings"][0]["duration_sec"]
-        .as_f64()
-        .unwrap_or(0.0);
-    assert!(recorded > 0.0, "Firefox recorded: {recordings}");
-    drop(viewer);
-    serve.shutdown().await;
 }
 
 /// Sends `text` as input until the live view takes it (it answers an error
 /// while it moves to a session of its own).
 async fn own_session_takes(viewer: &mut Viewer, text: &str) {
+    // Answers to earlier messages (a key's release that reached the
+    // session just ended: an error) are read first.
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while let Some(Ok(_)) = viewer.socket.next().await {}
+    })
+    .await;
     let deadline = tokio::time::Instant::now() + BROWSER_DEADLINE;
     loop {
         viewer.send(json!({"type": "text", "text": text})).await;

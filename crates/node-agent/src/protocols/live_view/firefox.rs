@@ -1,14 +1,15 @@
 //! The live view of a Firefox ([`crate::engine::firefox_view`]): Firefox
 //! has no screencast, so frames are JPEG screenshots of the tab shown,
-//! taken up to [`FRAMES_PER_SECOND`] times a second while viewers watch; a
-//! frame the same as the last is not sent again. The tabs and the
-//! viewport are read again every [`TABS_EVERY`].
+//! taken up to [`FRAMES_PER_SECOND`] times a second while viewers watch,
+//! and never more than half the time (a capture that takes long spaces the
+//! next one as long); a frame the same as the last is not sent again. The
+//! tabs and the viewport are read again every [`TABS_EVERY`].
 //!
 //! The view rides on a WebDriver client's session when there is one, else
-//! holds a session of its own, which it ends between two frames when a
-//! client or the agent's own work claims the browser's only session. While
-//! a BiDi client holds it (the `bidi` door), no frame comes and viewers'
-//! `state` says why ([`HELD`]).
+//! holds a session of its own, which it ends as soon as a client or the
+//! agent's own work claims the browser's only session (mid-capture if need
+//! be). While someone else holds it (a BiDi client of the `bidi` door, a
+//! park), no frame comes and viewers' `state` says why ([`HELD`]).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -28,8 +29,11 @@ const FRAME_INTERVAL: Duration = Duration::from_millis(1000 / FRAMES_PER_SECOND)
 const TABS_EVERY: Duration = Duration::from_secs(1);
 /// How long the view waits before it looks again at a session another holds.
 const HELD_WAIT: Duration = Duration::from_secs(1);
-/// What viewers are told while a BiDi client holds Firefox's only session.
-pub const HELD: &str = "a WebDriver BiDi client holds this Firefox's only session, which the live view cannot share: it shows the browser again once that client leaves (sessions through /wd/hub are shown)";
+/// What viewers are told while someone else holds Firefox's only session.
+pub const HELD: &str = "Firefox's only WebDriver session is taken (a WebDriver BiDi client's, which the live view cannot share, or the node's own work such as a park): the view comes back once it is free; sessions through /wd/hub are shown";
+/// What viewers are told when a WebDriver session's BiDi socket does not
+/// answer (its driver went away).
+const UNANSWERED: &str = "the WebDriver session's BiDi socket did not answer: the view comes back with the session's next command, or once it ended";
 
 impl LiveView {
     /// One run of a Firefox's live view (see the module). `Ok` when no
@@ -43,19 +47,24 @@ impl LiveView {
         let socket = self.slot.webdriver.view_socket();
         let view = match FirefoxView::open(endpoint, socket.as_deref()).await {
             Ok(view) => Arc::new(view),
-            Err(BidiError::SessionHeld) => {
+            Err(error) => {
+                let notice = match error {
+                    BidiError::SessionHeld => HELD,
+                    _ if socket.is_some() => UNANSWERED,
+                    other => return Err(other.into()),
+                };
                 self.shared.send_if_modified(|shared| {
-                    let changed = shared.notice != Some(HELD);
-                    shared.notice = Some(HELD);
+                    let changed = shared.notice != Some(notice);
+                    shared.notice = Some(notice);
                     changed
                 });
                 tokio::select! {
                     _ = tokio::time::sleep(HELD_WAIT) => {}
+                    _ = endpoint.session_turns.changed() => {}
                     _ = self.slot.servers.cancelled() => {}
                 }
                 return Ok(());
             }
-            Err(other) => return Err(other.into()),
         };
         let shown = self.firefox_frames(&view, endpoint, last_viewer_seen).await;
         *self.page.lock().expect("page lock") = None;
@@ -69,35 +78,45 @@ impl LiveView {
         endpoint: &CdpEndpoint,
         last_viewer_seen: &mut tokio::time::Instant,
     ) -> Result<(), ScreencastError> {
+        let turns = &endpoint.session_turns;
         let mut context = self.firefox_show(view).await?;
         let mut tabs_read = tokio::time::Instant::now();
-        let mut tick = tokio::time::interval(FRAME_INTERVAL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut next = tokio::time::Instant::now();
         let mut last: Option<Bytes> = None;
         loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = self.switch.notified() => {
-                    context = self.firefox_show(view).await?;
-                    continue;
-                }
+            let switched = tokio::select! {
+                _ = tokio::time::sleep_until(next) => false,
+                _ = self.switch.notified() => true,
+                _ = turns.changed(), if view.is_own() => false,
                 _ = self.slot.servers.cancelled() => return Ok(()),
-            }
-            if view.is_own() && endpoint.session_turns.claimed() {
+            };
+            if view.is_own() && turns.claimed() {
                 return Ok(());
             }
+            if switched {
+                context = self.firefox_show(view).await?;
+                continue;
+            }
+            let started = tokio::time::Instant::now();
+            next = started + FRAME_INTERVAL;
             if self.viewers.load(Ordering::SeqCst) == 0 {
                 if last_viewer_seen.elapsed() > Duration::from_secs(5) {
                     return Ok(());
                 }
                 continue;
             }
-            *last_viewer_seen = tokio::time::Instant::now();
+            *last_viewer_seen = started;
             if tabs_read.elapsed() >= TABS_EVERY {
                 context = self.firefox_show(view).await?;
                 tabs_read = tokio::time::Instant::now();
             }
-            let jpeg = Bytes::from(view.frame(&context, self.settings.quality).await?);
+            let capture = view.frame(&context, self.settings.quality);
+            let jpeg = tokio::select! {
+                jpeg = capture => Bytes::from(jpeg?),
+                // Claimed mid-capture: let go now.
+                _ = turns.changed(), if view.is_own() => return Ok(()),
+            };
+            next = next.max(tokio::time::Instant::now() + started.elapsed());
             if last.as_ref() != Some(&jpeg) {
                 last = Some(jpeg.clone());
                 let seq = self.frames_received.fetch_add(1, Ordering::Relaxed) + 1;
@@ -110,11 +129,8 @@ impl LiveView {
     /// viewport, and tells the viewers; its BiDi context.
     async fn firefox_show(&self, view: &Arc<FirefoxView>) -> Result<String, ScreencastError> {
         let tabs = view.tabs().await?;
-        let wanted = self.shared.borrow().wanted_tab.clone();
-        let chosen = tabs
-            .iter()
-            .find(|tab| Some(&tab.tab.id) == wanted.as_ref())
-            .or(tabs.first())
+        let chosen = self
+            .wanted_or_first(&tabs, |tab| &tab.tab.id)
             .cloned()
             .ok_or(ScreencastError::NoTab)?;
         let viewport = view.viewport(&chosen.context).await?;

@@ -1,6 +1,8 @@
 //! The live view on an instance's `stream_port`.
 //!
-//! One `Page.startScreencast` per instance feeds every viewer. Frames go into a
+//! One source of frames per instance feeds every viewer: on Chromium its
+//! `Page.startScreencast` (below), on Firefox screenshots over WebDriver
+//! BiDi ([`firefox`]). Frames go into a
 //! `watch` channel that holds only the newest frame: each viewer takes the newest
 //! frame when it is ready for one, so a slow viewer skips frames and never holds
 //! up the browser or the other viewers. Frames are acknowledged as they arrive.
@@ -386,11 +388,8 @@ impl LiveView {
         endpoint: &CdpEndpoint,
     ) -> Result<(Arc<CdpClient>, String), ScreencastError> {
         let tabs = list_tabs(endpoint).await?;
-        let wanted = self.shared.borrow().wanted_tab.clone();
-        let tab = tabs
-            .iter()
-            .find(|tab| Some(&tab.id) == wanted.as_ref())
-            .or(tabs.first())
+        let tab = self
+            .wanted_or_first(&tabs, |tab| &tab.id)
             .cloned()
             .ok_or(ScreencastError::NoTab)?;
         let client = Arc::new(CdpClient::open(endpoint, &page_path(&tab)).await?);
@@ -402,6 +401,15 @@ impl LiveView {
         Screencast::new(&client).start(frames).await?;
         self.show(PageLink::Cdp(client.clone()), tab.id.clone(), tabs);
         Ok((client, tab.id))
+    }
+
+    /// The tab a viewer asked for, else the first of `tabs` (`id` reads a
+    /// tab's id).
+    fn wanted_or_first<'t, T>(&self, tabs: &'t [T], id: impl Fn(&T) -> &String) -> Option<&'t T> {
+        let wanted = self.shared.borrow().wanted_tab.clone();
+        tabs.iter()
+            .find(|tab| Some(id(tab)) == wanted.as_ref())
+            .or(tabs.first())
     }
 
     /// A frame (acknowledged, published to the viewers: `true`), or the
