@@ -86,7 +86,7 @@ impl Agent {
         flotilla_api_types::faults::point("agent-park-received").await;
         let started = Instant::now();
         let endpoint = slot.endpoint();
-        let _firefox = FirefoxHeld::for_park(slot, endpoint.as_ref()).await;
+        let _firefox = FirefoxHeld::taken(slot, endpoint.as_ref()).await;
         let state = self.state_to_park(slot, endpoint.as_ref()).await?;
         // From here its browser's exit is expected, and clients wait.
         if slot.apply(Event::Park).await.is_none() {
@@ -564,18 +564,22 @@ fn asked_again(slot: &InstanceSlot, request: &AgentReviveInstance) -> bool {
         && slot.status().0 != InstanceStatus::Dormant
 }
 
-/// What a park holds of a Firefox from before its state is read until its
-/// browser stopped: Firefox holds one WebDriver session, which the state
-/// read and the graceful stop need. A WebDriver client's session is let go
-/// (its commands wait, and go on in the revived browser), and a claim keeps
-/// the live view from taking one of its own in between.
-struct FirefoxHeld<'a> {
+/// What a park (or a graceful delete) holds of a Firefox from before its
+/// state is read until its browser stopped: Firefox holds one WebDriver
+/// session, which the state read and the graceful stop need. A WebDriver
+/// client's session is let go (its commands wait, and go on in the revived
+/// browser), and a claim keeps the live view from taking one of its own in
+/// between.
+pub(super) struct FirefoxHeld<'a> {
     _claim: crate::engine::bidi::SessionClaim,
     _webdriver: crate::protocols::webdriver::LetGo<'a>,
 }
 
 impl<'a> FirefoxHeld<'a> {
-    async fn for_park(slot: &'a InstanceSlot, endpoint: Option<&CdpEndpoint>) -> Option<Self> {
+    pub(super) async fn taken(
+        slot: &'a InstanceSlot,
+        endpoint: Option<&CdpEndpoint>,
+    ) -> Option<Self> {
         let endpoint = endpoint.filter(|endpoint| !endpoint.speaks_cdp())?;
         let claim = endpoint.session_turns.claim().await;
         Some(Self {

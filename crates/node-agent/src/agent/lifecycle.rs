@@ -650,8 +650,12 @@ impl Agent {
         }
         flotilla_api_types::faults::point("agent-delete-received").await;
         // A graceful delete writes a running browser's state back to its
-        // persistent profile (a dormant one saved it when it was parked).
-        let write_back = match (force, slot.persisted_profile(), slot.endpoint()) {
+        // persistent profile (a dormant one saved it when it was parked),
+        // and closes the browser so that it writes its profile: a
+        // Firefox's only WebDriver session is taken for both.
+        let endpoint = slot.endpoint().filter(|_| !force);
+        let _firefox = super::dormancy::FirefoxHeld::taken(slot, endpoint.as_ref()).await;
+        let write_back = match (force, slot.persisted_profile(), endpoint) {
             (false, Some(name), Some(endpoint)) => match self.engine().capture(&endpoint).await {
                 Ok(state) => Some((name, state)),
                 Err(error) => {

@@ -142,6 +142,10 @@ enum Turn {
     Attached,
 }
 
+/// What answers events while a command runs
+/// ([`BidiSession::call_serving`]): a command to send for an event, if any.
+pub type EventHandler<'a> = dyn FnMut(&Value) -> Option<(&'static str, Value)> + Send + 'a;
+
 /// An open BiDi session on a browser.
 pub struct BidiSession {
     socket: WebSocketStream<TcpStream>,
@@ -221,14 +225,29 @@ impl BidiSession {
 
     /// Sends `method` and waits for its result (events are skipped).
     pub async fn call(&mut self, method: &str, params: Value) -> Result<Value, BidiError> {
-        self.next_id += 1;
-        let id = self.next_id;
-        let command = json!({"id": id, "method": method, "params": params}).to_string();
-        self.socket
-            .send(Message::text(command))
-            .await
-            .map_err(|_| BidiError::Closed)?;
-        let answer = tokio::time::timeout(COMMAND_TIMEOUT, self.answer_to(id))
+        self.call_handling(method, params, None).await
+    }
+
+    /// [`BidiSession::call`], handing each event that comes meanwhile to
+    /// `on_event`, which may answer it with a command of its own (sent at
+    /// once; its answer is not awaited).
+    pub async fn call_serving(
+        &mut self,
+        method: &str,
+        params: Value,
+        on_event: &mut EventHandler<'_>,
+    ) -> Result<Value, BidiError> {
+        self.call_handling(method, params, Some(on_event)).await
+    }
+
+    async fn call_handling(
+        &mut self,
+        method: &str,
+        params: Value,
+        on_event: Option<&mut EventHandler<'_>>,
+    ) -> Result<Value, BidiError> {
+        let id = self.send(method, params).await?;
+        let answer = tokio::time::timeout(COMMAND_TIMEOUT, self.answer_to(id, on_event))
             .await
             .map_err(|_| BidiError::Timeout(method.to_owned()))??;
         if answer["type"] == "success" {
@@ -241,20 +260,50 @@ impl BidiSession {
         })
     }
 
-    async fn answer_to(&mut self, id: u64) -> Result<Value, BidiError> {
-        /// A message's id, read without building the rest (events carry
-        /// none, and are skipped at the cost of a scan).
+    /// Sends a command: its id.
+    async fn send(&mut self, method: &str, params: Value) -> Result<u64, BidiError> {
+        self.next_id += 1;
+        let id = self.next_id;
+        let command = json!({"id": id, "method": method, "params": params}).to_string();
+        self.socket
+            .send(Message::text(command))
+            .await
+            .map_err(|_| BidiError::Closed)?;
+        Ok(id)
+    }
+
+    async fn answer_to(
+        &mut self,
+        id: u64,
+        mut on_event: Option<&mut EventHandler<'_>>,
+    ) -> Result<Value, BidiError> {
+        /// A message's id and whether it is an event, read without building
+        /// the rest (events nobody handles are skipped at the cost of a scan).
         #[derive(serde::Deserialize)]
         struct Peek {
             id: Option<u64>,
+            #[serde(rename = "type")]
+            kind: Option<String>,
         }
         while let Some(message) = self.socket.next().await {
             let Ok(Message::Text(text)) = message else {
                 continue;
             };
-            let answers = serde_json::from_str::<Peek>(&text).is_ok_and(|peek| peek.id == Some(id));
-            if let (true, Ok(answer)) = (answers, serde_json::from_str::<Value>(&text)) {
-                return Ok(answer);
+            let Ok(peek) = serde_json::from_str::<Peek>(&text) else {
+                continue;
+            };
+            let event = peek.kind.as_deref() == Some("event") && on_event.is_some();
+            if peek.id != Some(id) && !event {
+                continue;
+            }
+            let Ok(message) = serde_json::from_str::<Value>(&text) else {
+                continue;
+            };
+            if !event {
+                return Ok(message);
+            }
+            if let Some((method, params)) = on_event.as_mut().and_then(|handle| handle(&message)) {
+                self.send(method, params).await?;
             }
         }
         Err(BidiError::Closed)

@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use flotilla_api_types::actions::{ActionKind, ActionRequest, AgentAction, WaitUntil};
+use flotilla_api_types::actions::{ActionKind, ActionRequest, AgentAction, HTML_URL, WaitUntil};
 
 use crate::engine::bidi::{BidiError, BidiSession};
 use crate::engine::browser::CdpEndpoint;
@@ -28,19 +28,10 @@ use crate::protocols::actions::{
 fn refuse_what_firefox_lacks(request: &ActionRequest) -> Result<(), ActionError> {
     let refused =
         |option: &'static str, why: &'static str| Err(ActionError::NotInFirefox { option, why });
-    if request.html.is_some() {
-        return refused("html", "it is served by request interception, Chromium's");
-    }
-    if !request.headers.is_empty() {
-        return refused(
-            "headers",
-            "they are added by request interception, Chromium's",
-        );
-    }
     if !request.block.is_empty() {
         return refused(
             "block",
-            "requests are failed by request interception, Chromium's",
+            "requests are failed by resource type and pattern with Chromium's request interception",
         );
     }
     if request.user_agent.is_some() {
@@ -222,6 +213,16 @@ impl Job<'_> {
                 }),
             )
             .await?;
+        if !self.request.headers.is_empty() {
+            let headers: Vec<Value> = self
+                .request
+                .headers
+                .iter()
+                .map(|(name, value)| json!({"name": name, "value": {"type": "string", "value": value}}))
+                .collect();
+            let extra = json!({"contexts": [tab.context], "headers": headers});
+            tab.session.call("network.setExtraHeaders", extra).await?;
+        }
         let page_url = self.request.url.as_deref().unwrap_or_default();
         for cookie in &self.request.cookies {
             let url = cookie.url.as_deref().unwrap_or(page_url);
@@ -253,20 +254,34 @@ impl Job<'_> {
         Ok(())
     }
 
-    /// Navigates to the job's page and waits for its `wait_until` event.
+    /// Navigates to the job's page (an `html` job's document served at
+    /// [`HTML_URL`] by intercepting its request) and waits for its
+    /// `wait_until` event.
     async fn load(&self, tab: &mut Tab) -> Result<(), ActionError> {
-        let url = self.request.url.as_deref().unwrap_or_default();
+        let url = self.request.url.as_deref().unwrap_or(HTML_URL);
         let wait = match self.request.wait_until.unwrap_or_default() {
             WaitUntil::Domcontentloaded => "interactive",
             _ => "complete",
         };
-        let navigated = tab
-            .session
-            .call(
-                "browsingContext.navigate",
-                json!({"context": tab.context, "url": url, "wait": wait}),
-            )
-            .await;
+        let navigate = json!({"context": tab.context, "url": url, "wait": wait});
+        let navigated = match &self.request.html {
+            None => tab.session.call("browsingContext.navigate", navigate).await,
+            Some(html) => {
+                let intercept = json!({
+                    "phases": ["beforeRequestSent"],
+                    "urlPatterns": [{"type": "string", "pattern": HTML_URL}],
+                    "contexts": [tab.context],
+                });
+                tab.session.call("network.addIntercept", intercept).await?;
+                let events =
+                    json!({"events": ["network.beforeRequestSent"], "contexts": [tab.context]});
+                tab.session.call("session.subscribe", events).await?;
+                let mut serve = |event: &Value| serve_document(event, html);
+                tab.session
+                    .call_serving("browsingContext.navigate", navigate, &mut serve)
+                    .await
+            }
+        };
         match navigated {
             Ok(_) => Ok(()),
             Err(BidiError::Command { message, .. }) => Err(ActionError::Navigation {
@@ -373,6 +388,25 @@ fn host_of(url: &str) -> Option<String> {
     parsed.host_str().map(str::to_owned)
 }
 
+/// The answer to an intercepted request for an `html` job's document: the
+/// document, as `text/html` (other requests are not intercepted).
+fn serve_document(event: &Value, html: &str) -> Option<(&'static str, Value)> {
+    let params = &event["params"];
+    let ours = event["method"] == "network.beforeRequestSent"
+        && params["isBlocked"] == true
+        && params["request"]["url"] == HTML_URL;
+    ours.then(|| {
+        let response = json!({
+            "request": params["request"]["request"],
+            "statusCode": 200,
+            "reasonPhrase": "OK",
+            "headers": [{"name": "content-type", "value": {"type": "string", "value": "text/html; charset=utf-8"}}],
+            "body": {"type": "string", "value": html},
+        });
+        ("network.provideResponse", response)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -381,8 +415,6 @@ mod tests {
     fn what_firefox_lacks_is_refused_by_name() {
         let url = Some("https://example.com/".to_owned());
         for (request, option) in [
-            (json!({"html": "<p>x</p>"}), "html"),
-            (json!({"url": url, "headers": {"x-a": "1"}}), "headers"),
             (json!({"url": url, "block": ["image"]}), "block"),
             (json!({"url": url, "user_agent": "bot"}), "user_agent"),
             (
@@ -398,8 +430,31 @@ mod tests {
             );
             assert!(error.to_string().contains(option), "{error}");
         }
-        let plain: ActionRequest = serde_json::from_value(json!({"url": url})).unwrap();
-        assert!(refuse_what_firefox_lacks(&plain).is_ok());
+        for taken in [
+            json!({"url": url}),
+            json!({"html": "<p>x</p>"}),
+            json!({"url": url, "headers": {"x-a": "1"}}),
+        ] {
+            let request: ActionRequest = serde_json::from_value(taken).unwrap();
+            assert!(refuse_what_firefox_lacks(&request).is_ok());
+        }
+    }
+
+    #[test]
+    fn only_the_html_document_is_served_and_only_when_held() {
+        let event = |url: &str, blocked: bool| {
+            json!({"type": "event", "method": "network.beforeRequestSent", "params": {
+                "isBlocked": blocked, "request": {"request": "r1", "url": url}}})
+        };
+        let (method, answer) = serve_document(&event(HTML_URL, true), "<p>x</p>").unwrap();
+        assert_eq!(method, "network.provideResponse");
+        assert_eq!(answer["request"], "r1");
+        assert_eq!(
+            answer["body"],
+            json!({"type": "string", "value": "<p>x</p>"})
+        );
+        assert!(serve_document(&event(HTML_URL, false), "x").is_none());
+        assert!(serve_document(&event("https://flotilla.invalid/a.js", true), "x").is_none());
     }
 
     #[test]

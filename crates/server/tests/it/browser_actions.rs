@@ -468,6 +468,27 @@ async fn browser_actions_render_screenshots_pdfs_content_and_scrapes() {
     serve.shutdown().await;
 }
 
+/// Firefox's job renders a document given as `html` (its own script runs,
+/// at the document's address) and sends `headers` with the page's requests.
+async fn firefox_serves_html_and_sends_headers(api: &Api, site: &Site) {
+    let html = json!({
+        "image": "firefox",
+        "html": "<title>t</title><script>document.write('<b>from html at ' + location.href + '</b>')</script>",
+    });
+    let rendered = String::from_utf8(ok(api, "content", html, "text/html").await).unwrap();
+    assert!(
+        rendered.contains("<b>from html at https://flotilla.invalid/</b>"),
+        "{rendered}"
+    );
+    let body = json!({"image": "firefox", "url": format!("{}/", site.base), "headers": {"X-Action-Test": "firefox"}});
+    ok(api, "content", body, "text/html").await;
+    let headers = site.headers_of("/");
+    assert!(
+        headers.contains(&("x-action-test".into(), "firefox".into())),
+        "{headers:?}"
+    );
+}
+
 #[tokio::test]
 async fn browser_actions_run_in_firefox_where_bidi_has_the_step() {
     let site = Site::start().await;
@@ -552,11 +573,11 @@ async fn browser_actions_run_in_firefox_where_bidi_has_the_step() {
     assert_eq!(items[1]["attributes"]["data-n"], "2", "{scraped}");
     assert_eq!(scraped["elements"][1]["matches"][0]["text"], "Static title");
 
+    firefox_serves_html_and_sends_headers(&api, &site).await;
+
     // What Firefox's job does not take, named; a bad selector, named.
     for (body, named) in [
-        (json!({"html": "<p>x</p>"}), "html"),
         (json!({"url": home, "block": ["image"]}), "block"),
-        (json!({"url": home, "headers": {"x-a": "1"}}), "headers"),
         (json!({"url": home, "user_agent": "bot"}), "user_agent"),
         (
             json!({"url": home, "wait_until": "networkidle"}),

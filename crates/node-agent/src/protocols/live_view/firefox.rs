@@ -1,8 +1,9 @@
 //! The live view of a Firefox ([`crate::engine::firefox_view`]): Firefox
 //! has no screencast, so frames are JPEG screenshots of the tab shown,
 //! taken up to [`FRAMES_PER_SECOND`] times a second while viewers watch,
-//! and never more than half the time (a capture that takes long spaces the
-//! next one as long); a frame the same as the last is not sent again. The
+//! and never more than three quarters of the time (a capture that takes
+//! long spaces the next one a third as long); a frame the same as the last
+//! is not sent again. The
 //! tabs and the viewport are read again every [`TABS_EVERY`].
 //!
 //! The view rides on a WebDriver client's session when there is one, else
@@ -116,7 +117,8 @@ impl LiveView {
                 // Claimed mid-capture: let go now.
                 _ = turns.changed(), if view.is_own() => return Ok(()),
             };
-            next = next.max(tokio::time::Instant::now() + started.elapsed());
+            // Captures take at most three quarters of the time.
+            next = next.max(tokio::time::Instant::now() + started.elapsed() / 3);
             if last.as_ref() != Some(&jpeg) {
                 last = Some(jpeg.clone());
                 let seq = self.frames_received.fetch_add(1, Ordering::Relaxed) + 1;
