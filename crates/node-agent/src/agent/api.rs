@@ -108,6 +108,7 @@ pub fn status_of(error: &AgentError) -> StatusCode {
             ActionError::BadSelector { .. }
             | ActionError::NoElement { .. }
             | ActionError::BadCookies(_)
+            | ActionError::BadHeaders(_)
             | ActionError::NotInFirefox { .. }
             | ActionError::Browser(CdpError::NotCdp { .. }) => StatusCode::BAD_REQUEST,
             ActionError::Navigation { .. }

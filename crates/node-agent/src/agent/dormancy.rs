@@ -86,7 +86,7 @@ impl Agent {
         flotilla_api_types::faults::point("agent-park-received").await;
         let started = Instant::now();
         let endpoint = slot.endpoint();
-        let _firefox = FirefoxHeld::taken(slot, endpoint.as_ref()).await;
+        let firefox = FirefoxHeld::taken(slot, endpoint.as_ref()).await;
         let state = self.state_to_park(slot, endpoint.as_ref()).await?;
         // From here its browser's exit is expected, and clients wait.
         if slot.apply(Event::Park).await.is_none() {
@@ -96,6 +96,7 @@ impl Agent {
             process.stop(endpoint.as_ref(), true, CDP_GRACE).await;
         }
         slot.supervision_finished().await;
+        drop(firefox);
 
         let (snapshot_id, snapshot_bytes) = match self.archive_and_store(slot, &state).await {
             Ok(stored) => stored,

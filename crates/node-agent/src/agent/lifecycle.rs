@@ -654,7 +654,7 @@ impl Agent {
         // and closes the browser so that it writes its profile: a
         // Firefox's only WebDriver session is taken for both.
         let endpoint = slot.endpoint().filter(|_| !force);
-        let _firefox = super::dormancy::FirefoxHeld::taken(slot, endpoint.as_ref()).await;
+        let firefox = super::dormancy::FirefoxHeld::taken(slot, endpoint.as_ref()).await;
         let write_back = match (force, slot.persisted_profile(), endpoint) {
             (false, Some(name), Some(endpoint)) => match self.engine().capture(&endpoint).await {
                 Ok(state) => Some((name, state)),
@@ -666,6 +666,7 @@ impl Agent {
             _ => None,
         };
         self.stop_slot(slot, force).await;
+        drop(firefox);
         if let Some((name, state)) = write_back {
             self.save_profile(slot, name, state).await;
         }

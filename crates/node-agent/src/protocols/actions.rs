@@ -72,6 +72,8 @@ pub enum ActionError {
     /// 400: Chromium refused the request's `cookies`.
     #[error("cookies: the browser refused them: {0}")]
     BadCookies(String),
+    #[error("headers: the browser refused them: {0}")]
+    BadHeaders(String),
     /// 409: the node runs no real browser (the sim runtime).
     #[error("this node's runtime has no real browser to run the action in")]
     NoBrowser,

@@ -221,7 +221,13 @@ impl Job<'_> {
                 .map(|(name, value)| json!({"name": name, "value": {"type": "string", "value": value}}))
                 .collect();
             let extra = json!({"contexts": [tab.context], "headers": headers});
-            tab.session.call("network.setExtraHeaders", extra).await?;
+            tab.session
+                .call("network.setExtraHeaders", extra)
+                .await
+                .map_err(|error| match error {
+                    BidiError::Command { message, .. } => ActionError::BadHeaders(message),
+                    other => other.into(),
+                })?;
         }
         let page_url = self.request.url.as_deref().unwrap_or_default();
         for cookie in &self.request.cookies {
@@ -266,21 +272,7 @@ impl Job<'_> {
         let navigate = json!({"context": tab.context, "url": url, "wait": wait});
         let navigated = match &self.request.html {
             None => tab.session.call("browsingContext.navigate", navigate).await,
-            Some(html) => {
-                let intercept = json!({
-                    "phases": ["beforeRequestSent"],
-                    "urlPatterns": [{"type": "string", "pattern": HTML_URL}],
-                    "contexts": [tab.context],
-                });
-                tab.session.call("network.addIntercept", intercept).await?;
-                let events =
-                    json!({"events": ["network.beforeRequestSent"], "contexts": [tab.context]});
-                tab.session.call("session.subscribe", events).await?;
-                let mut serve = |event: &Value| serve_document(event, html);
-                tab.session
-                    .call_serving("browsingContext.navigate", navigate, &mut serve)
-                    .await
-            }
+            Some(html) => self.load_html(tab, navigate, html).await,
         };
         match navigated {
             Ok(_) => Ok(()),
@@ -290,6 +282,37 @@ impl Job<'_> {
             }),
             Err(other) => Err(other.into()),
         }
+    }
+
+    /// Loads an `html` job's document: requests to its host are held
+    /// while the page loads, its navigation served the document and the
+    /// others failed (as Chromium's job does); after the load the host's
+    /// requests are no longer held, and fail in the network.
+    async fn load_html(
+        &self,
+        tab: &mut Tab,
+        navigate: Value,
+        html: &str,
+    ) -> Result<Value, BidiError> {
+        let intercept = json!({
+            "phases": ["beforeRequestSent"],
+            "urlPatterns": [{"type": "pattern", "protocol": "https", "hostname": HTML_HOST}],
+            "contexts": [tab.context],
+        });
+        let added = tab.session.call("network.addIntercept", intercept).await?;
+        let events = json!({"events": ["network.beforeRequestSent"], "contexts": [tab.context]});
+        tab.session
+            .call("session.subscribe", events.clone())
+            .await?;
+        let mut serve = |event: &Value| serve_document(event, html);
+        let navigated = tab
+            .session
+            .call_serving("browsingContext.navigate", navigate, &mut serve)
+            .await;
+        let removed = json!({"intercept": added["intercept"]});
+        tab.session.call("network.removeIntercept", removed).await?;
+        tab.session.call("session.unsubscribe", events).await?;
+        navigated
     }
 
     async fn screenshot(&self, tab: &mut Tab) -> Result<ActionOutput, ActionError> {
@@ -388,23 +411,30 @@ fn host_of(url: &str) -> Option<String> {
     parsed.host_str().map(str::to_owned)
 }
 
-/// The answer to an intercepted request for an `html` job's document: the
-/// document, as `text/html` (other requests are not intercepted).
+/// The host an `html` job's document is served from ([`HTML_URL`]'s).
+const HTML_HOST: &str = "flotilla.invalid";
+
+/// The answer to a held request to [`HTML_HOST`]: the navigation to
+/// [`HTML_URL`] gets the document, as `text/html`; any other (the page's
+/// own requests to its host) fails, as in Chromium's job.
 fn serve_document(event: &Value, html: &str) -> Option<(&'static str, Value)> {
     let params = &event["params"];
-    let ours = event["method"] == "network.beforeRequestSent"
-        && params["isBlocked"] == true
-        && params["request"]["url"] == HTML_URL;
-    ours.then(|| {
-        let response = json!({
-            "request": params["request"]["request"],
-            "statusCode": 200,
-            "reasonPhrase": "OK",
-            "headers": [{"name": "content-type", "value": {"type": "string", "value": "text/html; charset=utf-8"}}],
-            "body": {"type": "string", "value": html},
-        });
-        ("network.provideResponse", response)
-    })
+    if event["method"] != "network.beforeRequestSent" || params["isBlocked"] != true {
+        return None;
+    }
+    let request = &params["request"]["request"];
+    let document = params["request"]["url"] == HTML_URL && !params["navigation"].is_null();
+    if !document {
+        return Some(("network.failRequest", json!({"request": request})));
+    }
+    let response = json!({
+        "request": request,
+        "statusCode": 200,
+        "reasonPhrase": "OK",
+        "headers": [{"name": "content-type", "value": {"type": "string", "value": "text/html; charset=utf-8"}}],
+        "body": {"type": "string", "value": html},
+    });
+    Some(("network.provideResponse", response))
 }
 
 #[cfg(test)]
@@ -442,19 +472,34 @@ mod tests {
 
     #[test]
     fn only_the_html_document_is_served_and_only_when_held() {
-        let event = |url: &str, blocked: bool| {
+        let event = |url: &str, blocked: bool, navigation: Value| {
             json!({"type": "event", "method": "network.beforeRequestSent", "params": {
-                "isBlocked": blocked, "request": {"request": "r1", "url": url}}})
+                "isBlocked": blocked, "navigation": navigation,
+                "request": {"request": "r1", "url": url}}})
         };
-        let (method, answer) = serve_document(&event(HTML_URL, true), "<p>x</p>").unwrap();
+        let navigation = json!("n1");
+        let served = serve_document(&event(HTML_URL, true, navigation.clone()), "<p>x</p>");
+        let (method, answer) = served.unwrap();
         assert_eq!(method, "network.provideResponse");
         assert_eq!(answer["request"], "r1");
         assert_eq!(
             answer["body"],
             json!({"type": "string", "value": "<p>x</p>"})
         );
-        assert!(serve_document(&event(HTML_URL, false), "x").is_none());
-        assert!(serve_document(&event("https://flotilla.invalid/a.js", true), "x").is_none());
+        assert!(serve_document(&event(HTML_URL, false, navigation.clone()), "x").is_none());
+        // The page's own requests to the host (a fetch of the document's
+        // URL, a script beside it) fail.
+        for (url, navigation) in [
+            (HTML_URL, Value::Null),
+            ("https://flotilla.invalid/a.js", Value::Null),
+            ("https://flotilla.invalid/other", navigation),
+        ] {
+            let (method, answer) = serve_document(&event(url, true, navigation), "x").unwrap();
+            assert_eq!(
+                (method, &answer["request"]),
+                ("network.failRequest", &json!("r1"))
+            );
+        }
     }
 
     #[test]

@@ -111,6 +111,10 @@ impl LiveView {
                 context = self.firefox_show(view).await?;
                 tabs_read = tokio::time::Instant::now();
             }
+            // A claim that came while the tabs were read.
+            if view.is_own() && turns.claimed() {
+                return Ok(());
+            }
             let capture = view.frame(&context, self.settings.quality);
             let jpeg = tokio::select! {
                 jpeg = capture => Bytes::from(jpeg?),
