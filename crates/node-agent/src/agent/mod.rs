@@ -866,7 +866,12 @@ impl Agent {
     /// Stops the browser of `slot` for the agent's shutdown and reports it
     /// `stopped`; a dormant instance stays dormant (nothing to report).
     pub(super) async fn shut_down_instance(&self, slot: &Arc<InstanceSlot>) {
+        // A Firefox closes (and writes its profile) only in a session of
+        // the agent's own: a WebDriver client's is let go first.
+        let endpoint = slot.endpoint();
+        let firefox = dormancy::FirefoxHeld::taken(slot, endpoint.as_ref()).await;
         self.stop_slot(slot, false).await;
+        drop(firefox);
         let ended = slot.apply(Event::ShutDown).await;
         let dormant = ended.is_none();
         self.carry_out(slot, ended.unwrap_or_default());
