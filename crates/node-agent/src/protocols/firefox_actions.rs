@@ -224,10 +224,7 @@ impl Job<'_> {
             tab.session
                 .call("network.setExtraHeaders", extra)
                 .await
-                .map_err(|error| match error {
-                    BidiError::Command { message, .. } => ActionError::BadHeaders(message),
-                    other => other.into(),
-                })?;
+                .map_err(refused_as(ActionError::BadHeaders))?;
         }
         let page_url = self.request.url.as_deref().unwrap_or_default();
         for cookie in &self.request.cookies {
@@ -252,10 +249,7 @@ impl Job<'_> {
             tab.session
                 .call("storage.setCookie", set)
                 .await
-                .map_err(|error| match error {
-                    BidiError::Command { message, .. } => ActionError::BadCookies(message),
-                    other => other.into(),
-                })?;
+                .map_err(refused_as(ActionError::BadCookies))?;
         }
         Ok(())
     }
@@ -409,6 +403,15 @@ impl Job<'_> {
 fn host_of(url: &str) -> Option<String> {
     let parsed = url::Url::parse(url).ok()?;
     parsed.host_str().map(str::to_owned)
+}
+
+/// A command the browser refused, as `refusal` (a 400 naming what the
+/// request gave); a browser that did not answer stays a browser failure.
+fn refused_as(refusal: fn(String) -> ActionError) -> impl Fn(BidiError) -> ActionError {
+    move |error| match error {
+        BidiError::Command { message, .. } => refusal(message),
+        other => other.into(),
+    }
 }
 
 /// The host an `html` job's document is served from ([`HTML_URL`]'s).

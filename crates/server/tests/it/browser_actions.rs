@@ -469,15 +469,24 @@ async fn browser_actions_render_screenshots_pdfs_content_and_scrapes() {
 }
 
 /// Firefox's job renders a document given as `html` (its own script runs,
-/// at the document's address) and sends `headers` with the page's requests.
+/// at the document's address; the page's own request for that address is
+/// not served the document) and sends `headers` with the page's requests.
 async fn firefox_serves_html_and_sends_headers(api: &Api, site: &Site) {
+    let script = "document.write('<b>from html at ' + location.href + '</b>'); \
+        fetch(location.href).then(() => 'served', () => 'failed') \
+        .then(o => { const i = document.createElement('i'); i.id = 'fetch'; i.textContent = o; document.body.append(i); })";
     let html = json!({
         "image": "firefox",
-        "html": "<title>t</title><script>document.write('<b>from html at ' + location.href + '</b>')</script>",
+        "html": format!("<title>t</title><script>{script}</script>"),
+        "wait_for_selector": "#fetch",
     });
     let rendered = String::from_utf8(ok(api, "content", html, "text/html").await).unwrap();
     assert!(
         rendered.contains("<b>from html at https://flotilla.invalid/</b>"),
+        "{rendered}"
+    );
+    assert!(
+        rendered.contains(r#"<i id="fetch">failed</i>"#),
         "{rendered}"
     );
     let body = json!({"image": "firefox", "url": format!("{}/", site.base), "headers": {"X-Action-Test": "firefox"}});
