@@ -2,8 +2,9 @@
 (`mcp`): open a local form, read the snapshot, fill and send it by
 references, wait for the answer, take a screenshot, read the console.
 
-Usage: python3 mcp_agent.py <control plane URL> <API key> <form URL>
-Prints one JSON object of what it saw.
+Usage: python3 mcp_agent.py <control plane URL> <API key> <form URL> [image]
+Prints one JSON object of what it saw. On the image `firefox` the console
+is not read (a tool error, kept in what it saw).
 """
 
 import asyncio
@@ -28,7 +29,7 @@ def ref(snapshot, pattern):
     return match.group(1)
 
 
-async def main(base, key, form):
+async def main(base, key, form, image=None):
     seen = {}
     client = create_mcp_http_client(headers={"Authorization": f"Bearer {key}"})
     async with client:
@@ -44,7 +45,8 @@ async def main(base, key, form):
 
                 tools = await session.list_tools()
                 seen["tools"] = sorted(tool.name for tool in tools.tools)
-                created = text_of(await call("browser_create", url=form))
+                options = {"image": image} if image else {}
+                created = text_of(await call("browser_create", url=form, **options))
                 seen["instance"] = re.search(r"Created browser (\S+) ", created).group(1)
                 # The instance's view says this session drives it.
                 view = await client.get(f"{base}/v2/instances/{seen['instance']}")
@@ -62,7 +64,9 @@ async def main(base, key, form):
                 images = [block for block in shot.content if getattr(block, "type", "") == "image"]
                 seen["image_type"] = images[0].mime_type
                 seen["png"] = base64.b64decode(images[0].data)[:8].hex()
-                seen["console"] = text_of(await call("browser_console_messages"))
+                console = await session.call_tool("browser_console_messages", {})
+                seen["console"] = text_of(console)
+                seen["console_is_error"] = console.is_error
                 seen["evaluated"] = text_of(
                     await call("browser_evaluate", expression="document.getElementById('out').textContent")
                 )
@@ -104,6 +108,24 @@ async def main(base, key, form):
                         break
                     await call("browser_wait_for", time=0.2)
                 seen["downloads"] = downloads
+                # Tabs opened, listed and closed; back; a reference of a page
+                # that is gone names nothing on the next page, even once that
+                # page has references of its own.
+                opened = text_of(await call("browser_tabs", action="new", url=form))
+                second = re.search(r"- Tab: (\S+)", opened).group(1)
+                listed = text_of(await call("browser_tabs", action="list"))
+                closed_tab = text_of(await call("browser_tabs", action="close", tab=second))
+                await call("browser_navigate", url=form + "?again")
+                await call("browser_snapshot")
+                stale = await session.call_tool("browser_click", {"ref": send})
+                back = text_of(await call("browser_back"))
+                seen["tab_flow"] = {
+                    "listed": listed.count("  id: "),
+                    "after_close": closed_tab.count("  id: "),
+                    "stale_is_error": stale.is_error,
+                    "stale": text_of(stale),
+                    "back": back,
+                }
                 handoff = text_of(await call("browser_handoff", ttl_sec=60))
                 seen["handoff"] = handoff
                 link_url = re.search(r"person: (\S+)", handoff).group(1)
@@ -130,4 +152,4 @@ async def main(base, key, form):
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:4]))
+    asyncio.run(main(*sys.argv[1:5]))

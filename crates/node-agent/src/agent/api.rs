@@ -95,11 +95,16 @@ pub fn status_of(error: &AgentError) -> StatusCode {
             match page {
                 PageError::BadInput(_)
                 | PageError::StaleElement(_)
+                | PageError::NotInFirefox { .. }
                 | PageError::Browser(CdpError::NotCdp { .. }) => StatusCode::BAD_REQUEST,
-                PageError::NoTab(_) => StatusCode::NOT_FOUND,
-                PageError::Navigation { .. } | PageError::NotStarted(_) | PageError::Browser(_) => {
-                    StatusCode::BAD_GATEWAY
+                PageError::Firefox(crate::engine::bidi::BidiError::SessionHeld) => {
+                    StatusCode::CONFLICT
                 }
+                PageError::NoTab(_) => StatusCode::NOT_FOUND,
+                PageError::Navigation { .. }
+                | PageError::NotStarted(_)
+                | PageError::Browser(_)
+                | PageError::Firefox(_) => StatusCode::BAD_GATEWAY,
                 PageError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
                 PageError::NoBrowser => StatusCode::CONFLICT,
             }

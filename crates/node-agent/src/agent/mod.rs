@@ -634,12 +634,16 @@ impl Agent {
             .map_err(|e| PageError::NotStarted(e.to_string()))?
             .ok_or(PageError::NoBrowser)?;
         slot.touch();
-        slot.console.follow(&endpoint).await;
         let context = crate::protocols::page_ops::StepContext {
             console: &slot.console,
             dirs: &slot.dirs,
             isolation: self.inner.launcher.isolation(),
+            references: &slot.references,
         };
+        if !endpoint.speaks_cdp() {
+            return Ok(crate::protocols::firefox_page_ops::run(&endpoint, request, context).await?);
+        }
+        slot.console.follow(&endpoint).await;
         Ok(crate::protocols::page_ops::run(&endpoint, request, context).await?)
     }
 

@@ -225,7 +225,19 @@ impl BidiSession {
 
     /// Sends `method` and waits for its result (events are skipped).
     pub async fn call(&mut self, method: &str, params: Value) -> Result<Value, BidiError> {
-        self.call_handling(method, params, None).await
+        self.call_handling(method, params, None, COMMAND_TIMEOUT)
+            .await
+    }
+
+    /// [`BidiSession::call`] with `within` for its answer rather than the
+    /// usual 30 s (a script that waits for the page).
+    pub async fn call_within(
+        &mut self,
+        method: &str,
+        params: Value,
+        within: Duration,
+    ) -> Result<Value, BidiError> {
+        self.call_handling(method, params, None, within).await
     }
 
     /// [`BidiSession::call`], handing each event that comes meanwhile to
@@ -237,7 +249,8 @@ impl BidiSession {
         params: Value,
         on_event: &mut EventHandler<'_>,
     ) -> Result<Value, BidiError> {
-        self.call_handling(method, params, Some(on_event)).await
+        self.call_handling(method, params, Some(on_event), COMMAND_TIMEOUT)
+            .await
     }
 
     async fn call_handling(
@@ -245,9 +258,10 @@ impl BidiSession {
         method: &str,
         params: Value,
         on_event: Option<&mut EventHandler<'_>>,
+        within: Duration,
     ) -> Result<Value, BidiError> {
         let id = self.send(method, params).await?;
-        let answer = tokio::time::timeout(COMMAND_TIMEOUT, self.answer_to(id, on_event))
+        let answer = tokio::time::timeout(within, self.answer_to(id, on_event))
             .await
             .map_err(|_| BidiError::Timeout(method.to_owned()))??;
         if answer["type"] == "success" {

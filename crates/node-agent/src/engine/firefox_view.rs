@@ -233,7 +233,7 @@ fn pointer(mouse: &MouseInput, viewport: Viewport) -> Value {
 /// WebDriver's value for the DOM key `key`: a character stands for itself
 /// (but those of the private-use range WebDriver names its keys with), named
 /// keys have WebDriver's code points.
-fn key_value(key: &str) -> Option<String> {
+pub(crate) fn key_value(key: &str) -> Option<String> {
     let mut chars = key.chars();
     if let (Some(c), None) = (chars.next(), chars.next()) {
         let private = ('\u{E000}'..='\u{F8FF}').contains(&c);

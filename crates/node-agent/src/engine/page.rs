@@ -567,6 +567,16 @@ impl<'a> Page<'a> {
     }
 
     /// The page's whole accessibility tree (`nodes`).
+    /// The id of the document the page shows now (its main frame's loader
+    /// id: a new one with each document, the same across changes within one).
+    pub async fn document_id(&self) -> Result<String, CdpError> {
+        let tree = self.call("Page.getFrameTree", json!({})).await?;
+        Ok(tree["frameTree"]["frame"]["loaderId"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned())
+    }
+
     pub async fn accessibility_tree(&self) -> Result<Value, CdpError> {
         self.call("Accessibility.getFullAXTree", json!({})).await
     }

@@ -115,6 +115,9 @@ pub struct InstanceSlot {
     waker: Option<Waker>,
     /// Console messages of its pages, for MCP steps (followed from the first).
     pub console: Arc<crate::engine::page::ConsoleLog>,
+    /// What its MCP snapshots handed out (references stay with their
+    /// document, across its launches).
+    pub references: crate::protocols::page_ops::References,
     /// The clients it serves now (connections on its ports, actions).
     pub clients: Arc<clients::ClientCounts>,
     /// Its WebDriver session's front (its driver, the session), served on
@@ -184,6 +187,7 @@ impl InstanceSlot {
             recorded,
             waker: setup.waker,
             console: Arc::default(),
+            references: Default::default(),
             clients: Arc::default(),
             webdriver: Arc::default(),
             clock: setup.clock,

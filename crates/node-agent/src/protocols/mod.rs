@@ -2,7 +2,8 @@
 //! gateway on its debug port ([`gateway`]), whose client frames are read by
 //! [`client_frames`]; its HTTP port ([`instance_http`]) with WebDriver
 //! ([`webdriver`], Grid's files in [`se_files`]), Playwright ([`playwright`]),
-//! tabs and screenshots; MCP's page steps ([`page_ops`]) and REST actions
+//! tabs and screenshots; MCP's page steps ([`page_ops`], in Firefox
+//! [`firefox_page_ops`]) and REST actions
 //! ([`actions`], in Firefox [`firefox_actions`]); the live view on its stream port ([`live_view`], input in
 //! [`live_control`]) and its recordings ([`recording`]). [`access`] decides
 //! who may use them.
@@ -11,6 +12,7 @@ pub mod access;
 pub mod actions;
 pub mod client_frames;
 pub mod firefox_actions;
+pub mod firefox_page_ops;
 pub mod gateway;
 pub mod instance_http;
 pub mod live_control;

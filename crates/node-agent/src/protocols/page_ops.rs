@@ -24,6 +24,7 @@ use tokio::time::Instant;
 
 use flotilla_api_types::page::{AgentPageRequest, PageAnswer, PageOp, TabInfo};
 
+use crate::engine::bidi::BidiError;
 use crate::engine::browser::CdpEndpoint;
 use crate::engine::cdp::{CdpClient, CdpError};
 use crate::engine::page::{
@@ -34,7 +35,7 @@ use crate::engine::page::{
 /// Largest message a step reads (a screenshot, a snapshot).
 const MAX_MESSAGE: usize = 48 << 20;
 /// Longest snapshot or evaluation result given back, in bytes.
-const MAX_TEXT: usize = 256 * 1024;
+pub(crate) const MAX_TEXT: usize = 256 * 1024;
 /// Longest `wait_for` time.
 const MAX_WAIT: Duration = Duration::from_secs(60);
 
@@ -67,6 +68,24 @@ pub enum PageError {
     /// 502.
     #[error("the browser failed the step: {}", describe(.0))]
     Browser(CdpError),
+    /// 400: a step a Firefox instance does not take.
+    #[error("{step} is not available on Firefox: {why} (use a Chromium image for it)")]
+    NotInFirefox {
+        step: &'static str,
+        why: &'static str,
+    },
+    /// 502; 409 while a client holds the browser's only WebDriver session.
+    #[error("Firefox failed the step: {0}")]
+    Firefox(BidiError),
+}
+
+impl From<BidiError> for PageError {
+    fn from(error: BidiError) -> Self {
+        match error {
+            BidiError::Timeout(_) => Self::Timeout("the step"),
+            other => Self::Firefox(other),
+        }
+    }
 }
 
 impl From<CdpError> for PageError {
@@ -84,6 +103,88 @@ pub struct StepContext<'a> {
     pub console: &'a ConsoleLog,
     pub dirs: &'a crate::system::dirs::InstanceDirs,
     pub isolation: &'a crate::confine::sandbox::Isolation,
+    /// What the instance's snapshots handed out.
+    pub references: &'a References,
+}
+
+/// What an instance remembers of the references its snapshots handed out:
+/// a reference's number is new to the instance, so that one never names an
+/// element of another document than the one it was read from. (Chromium's
+/// own node ids would not do: a navigation that changes renderer process
+/// numbers the new document's nodes from the start again, and the same page
+/// then has the same ids.)
+#[derive(Debug, Default)]
+pub struct References {
+    /// Chromium: the references of the document each tab's snapshots read.
+    chromium: Mutex<std::collections::HashMap<String, DocumentReferences>>,
+    /// The highest number handed out (Firefox's pages count on from it
+    /// too, see [`crate::protocols::firefox_page_ops`]).
+    pub handed_out: std::sync::atomic::AtomicU64,
+}
+
+/// The references handed out for one document of a tab (its loader id).
+#[derive(Debug, Default)]
+struct DocumentReferences {
+    document: String,
+    by_node: std::collections::HashMap<i64, i64>,
+    by_reference: std::collections::HashMap<i64, i64>,
+}
+
+/// Most tabs whose references are kept (a browser past it starts afresh).
+const MAX_TABS_REFERENCED: usize = 1024;
+
+impl References {
+    /// Numbers the backend nodes of a snapshot of `document` in `tab`: a
+    /// node read before in the same document keeps its number.
+    fn numbering(&self, tab: &str, document: &str) -> Numbering<'_> {
+        let mut tabs = self.chromium.lock().expect("references lock");
+        if tabs.len() >= MAX_TABS_REFERENCED && !tabs.contains_key(tab) {
+            tabs.clear();
+        }
+        let read = tabs.entry(tab.to_owned()).or_default();
+        if read.document != document {
+            *read = DocumentReferences {
+                document: document.to_owned(),
+                ..DocumentReferences::default()
+            };
+        }
+        Numbering {
+            tabs,
+            tab: tab.to_owned(),
+            handed_out: &self.handed_out,
+        }
+    }
+
+    /// The backend node `reference` names in `tab`, while the tab still
+    /// shows `document`, the one it was read from.
+    fn node(&self, tab: &str, document: &str, reference: i64) -> Option<i64> {
+        let tabs = self.chromium.lock().expect("references lock");
+        let read = tabs.get(tab).filter(|read| read.document == document)?;
+        read.by_reference.get(&reference).copied()
+    }
+}
+
+/// A snapshot's numbering of its nodes ([`References::numbering`]).
+struct Numbering<'a> {
+    tabs: std::sync::MutexGuard<'a, std::collections::HashMap<String, DocumentReferences>>,
+    tab: String,
+    handed_out: &'a std::sync::atomic::AtomicU64,
+}
+
+impl Numbering<'_> {
+    fn of(&mut self, node: i64) -> i64 {
+        let read = self.tabs.get_mut(&self.tab).expect("numbered tab");
+        if let Some(number) = read.by_node.get(&node) {
+            return *number;
+        }
+        let number = self
+            .handed_out
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst) as i64
+            + 1;
+        read.by_node.insert(node, number);
+        read.by_reference.insert(number, node);
+        number
+    }
 }
 
 /// Runs `request` on the browser at `endpoint`.
@@ -99,6 +200,7 @@ pub async fn run(
             client: Arc::new(client),
             deadline,
             dialogs: Mutex::default(),
+            references: context.references,
         };
         step.run(request, &context).await
     };
@@ -107,11 +209,12 @@ pub async fn run(
         .unwrap_or(Err(PageError::Timeout("the step")))
 }
 
-struct Step {
+struct Step<'a> {
     client: Arc<CdpClient>,
     deadline: Instant,
     /// Dismissing the dialogs of the tabs this step attached to.
     dialogs: Mutex<Vec<AbortOnDrop>>,
+    references: &'a References,
 }
 
 /// A tab the step acts on: its target and flat session.
@@ -120,7 +223,7 @@ struct Tab {
     session: String,
 }
 
-impl Step {
+impl Step<'_> {
     fn remaining(&self) -> Duration {
         self.deadline
             .saturating_duration_since(Instant::now())
@@ -188,7 +291,7 @@ impl Step {
             PageOp::TabClose { tab } => {
                 self.find_tab(tab).await?;
                 self.pages().close(tab).await?;
-                let tabs = self.tabs().await?;
+                let tabs = self.tabs_without(tab).await?;
                 let current = tabs.first().map(|t| t.id.clone()).unwrap_or_default();
                 let text = format!("Closed tab {tab}.\n{}", list_tabs(&tabs, &current));
                 answer(text, &current)
@@ -320,7 +423,7 @@ impl Step {
         context: &StepContext<'_>,
     ) -> Result<String, PageError> {
         let paths = place_uploads(context, files)?;
-        let node = node_of(element)?;
+        let node = self.reference(tab, element).await?;
         self.page(tab)
             .set_files(node, &paths)
             .await
@@ -336,6 +439,19 @@ impl Step {
     /// The browser's page tabs, most recently used first.
     async fn tabs(&self) -> Result<Vec<TabInfo>, PageError> {
         Ok(self.pages().pages().await?)
+    }
+
+    /// The tabs once `closed` is no longer among them (Chromium answers a
+    /// close before the tab is gone), or as they are after a few seconds.
+    async fn tabs_without(&self, closed: &str) -> Result<Vec<TabInfo>, PageError> {
+        let until = Instant::now() + Duration::from_secs(5);
+        loop {
+            let tabs = self.tabs().await?;
+            if Instant::now() >= until.min(self.deadline) || tabs.iter().all(|t| t.id != closed) {
+                return Ok(tabs);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     async fn find_tab(&self, id: &str) -> Result<TabInfo, PageError> {
@@ -404,10 +520,7 @@ impl Step {
         for _ in 0..3 {
             let loaded = self
                 .page(tab)
-                .evaluate_within(
-                    "new Promise((r) => { if (document.readyState === 'complete') setTimeout(r, 100); else addEventListener('load', () => r(), {once: true}); })",
-                    self.remaining().min(Duration::from_secs(10)),
-                )
+                .evaluate_within(SETTLE_SCRIPT, self.remaining().min(SETTLE_WAIT))
                 .await;
             if loaded.is_ok_and(|answer| answer.get("exceptionDetails").is_none()) {
                 return;
@@ -427,18 +540,31 @@ impl Step {
     /// The page as an accessibility tree, one line per node that matters,
     /// each actionable one with its reference.
     async fn snapshot(&self, tab: &Tab) -> Result<String, PageError> {
+        let document = self.page(tab).document_id().await?;
         let tree = self.page(tab).accessibility_tree().await?;
         let mut text = self.describe_page(tab).await?;
         text.push_str("- Page snapshot:\n");
+        let mut numbering = self.references.numbering(&tab.id, &document);
         text.push_str(&render_tree(
             tree["nodes"].as_array().map_or(&[][..], Vec::as_slice),
+            &mut |node| numbering.of(node),
         ));
         Ok(bounded_text(text))
     }
 
+    /// The backend node id `element` names, while the tab still shows the
+    /// document it was read from.
+    async fn reference(&self, tab: &Tab, element: &str) -> Result<i64, PageError> {
+        let reference = node_of(element)?;
+        let document = self.page(tab).document_id().await?;
+        self.references
+            .node(&tab.id, &document, reference)
+            .ok_or_else(|| PageError::StaleElement(element.to_owned()))
+    }
+
     /// The middle of `element`'s first box, scrolled into view.
     async fn center_of(&self, tab: &Tab, element: &str) -> Result<(f64, f64), PageError> {
-        let node = node_of(element)?;
+        let node = self.reference(tab, element).await?;
         let stale = |error: CdpError| match error {
             CdpError::Protocol { .. } => PageError::StaleElement(element.to_owned()),
             other => PageError::from(other),
@@ -488,7 +614,7 @@ impl Step {
 
     /// The page's JavaScript object of `element`.
     async fn object_of(&self, tab: &Tab, element: &str) -> Result<String, PageError> {
-        let node = node_of(element)?;
+        let node = self.reference(tab, element).await?;
         let object = self
             .page(tab)
             .object_of(node)
@@ -520,29 +646,16 @@ impl Step {
     async fn type_into(&self, tab: &Tab, element: &str, text: &str) -> Result<(), PageError> {
         let object = self.object_of(tab, element).await?;
         let editable = self
-            .call_on(
-                tab,
-                &object,
-                "function() { this.focus(); if ('value' in this && typeof this.select === 'function') { this.select(); } return this.isContentEditable || 'value' in this; }",
-                json!([]),
-            )
+            .call_on(tab, &object, FOCUS_FOR_TYPING, json!([]))
             .await?;
-        if editable != Value::Bool(true) {
-            return Err(PageError::BadInput(format!(
-                "element {element} does not take text (it is not an input, text area or editable element)"
-            )));
-        }
+        takes_text(element, &editable)?;
         self.page(tab).insert_text(text).await?;
         Ok(())
     }
 
     async fn press(&self, tab: &Tab, key: &str) -> Result<(), PageError> {
         let key = if key == "Space" { " " } else { key };
-        let (code, key_code, text) = key_definition(key).ok_or_else(|| {
-            PageError::BadInput(format!(
-                "unknown key {key:?}: use a single character or Enter, Tab, Escape, Backspace, Delete, Space, ArrowUp, ArrowDown, ArrowLeft, ArrowRight, Home, End, PageUp, PageDown"
-            ))
-        })?;
+        let (code, key_code, text) = key_definition(key).ok_or_else(|| unknown_key(key))?;
         let mut down = json!({
             "type": if text.is_empty() { "rawKeyDown" } else { "keyDown" },
             "key": key, "code": code, "windowsVirtualKeyCode": key_code,
@@ -562,22 +675,9 @@ impl Step {
     async fn select(&self, tab: &Tab, element: &str, values: &[String]) -> Result<(), PageError> {
         let object = self.object_of(tab, element).await?;
         let chosen = self
-            .call_on(
-                tab,
-                &object,
-                "function(values) { if (!(this instanceof HTMLSelectElement)) return -1; let n = 0; for (const o of this.options) { o.selected = values.includes(o.value) || values.includes(o.label); if (o.selected) n++; } this.dispatchEvent(new Event('input', {bubbles: true})); this.dispatchEvent(new Event('change', {bubbles: true})); return n; }",
-                json!([{"value": values}]),
-            )
+            .call_on(tab, &object, SELECT_OPTIONS, json!([{"value": values}]))
             .await?;
-        match chosen.as_i64() {
-            Some(-1) => Err(PageError::BadInput(format!(
-                "element {element} is not a select (a drop-down list)"
-            ))),
-            Some(0) => Err(PageError::BadInput(format!(
-                "element {element} has no option with a value or label among {values:?}"
-            ))),
-            _ => Ok(()),
-        }
+        selected(element, values, &chosen)
     }
 
     async fn wait_for(
@@ -588,31 +688,15 @@ impl Step {
         time_ms: Option<u64>,
     ) -> Result<String, PageError> {
         if let Some(time_ms) = time_ms {
-            // What is left of the step after the wait tells the page's state.
-            let room = self.remaining().saturating_sub(Duration::from_secs(5));
-            let wait = Duration::from_millis(time_ms).min(MAX_WAIT).min(room);
-            tokio::time::sleep(wait).await;
+            tokio::time::sleep(timed_wait(time_ms, self.remaining())).await;
         }
         for (wanted, present) in [(text, true), (text_gone, false)] {
             let Some(wanted) = wanted else { continue };
-            let script = format!(
-                "((t, present) => new Promise((resolve) => {{
-                    const done = () => ((document.body ? document.body.innerText : '').includes(t)) === present;
-                    if (done()) return resolve(true);
-                    const observer = new MutationObserver(() => {{ if (done()) {{ observer.disconnect(); resolve(true); }} }});
-                    observer.observe(document, {{ childList: true, subtree: true, characterData: true, attributes: true }});
-                }}))({}, {present})",
-                json!(wanted)
-            );
             self.page(tab)
-                .evaluate(&script, false, None)
+                .evaluate(&text_wait_script(wanted, present), false, None)
                 .await
                 .map_err(|error| match error {
-                    CdpError::Timeout { .. } => PageError::Timeout(if present {
-                        "waiting for the text to appear"
-                    } else {
-                        "waiting for the text to go"
-                    }),
+                    CdpError::Timeout { .. } => PageError::Timeout(waiting_for(present)),
                     other => PageError::Browser(other),
                 })?;
         }
@@ -656,14 +740,6 @@ impl Step {
     /// as before), or its string form where JSON has none (a function, a
     /// cycle, nesting deeper than the page's stack), cut to [`MAX_TEXT`].
     async fn write_out(&self, tab: &Tab, object: &Value) -> Result<String, PageError> {
-        const WRITE_OUT: &str = "function (limit) {
-            let text;
-            try { text = JSON.stringify(this, null, 2); } catch (error) { text = undefined; }
-            if (text === undefined) {
-                try { text = String(this); } catch (error) { text = Object.prototype.toString.call(this); }
-            }
-            return text.length > limit ? text.slice(0, limit) : text;
-        }";
         let written = self
             .page(tab)
             .call_function_on(object, WRITE_OUT, json!([{"value": MAX_TEXT + 1}]), false)
@@ -675,16 +751,8 @@ impl Step {
     }
 
     async fn network_requests(&self, tab: &Tab) -> Result<String, PageError> {
-        let entries = self
-            .evaluate_text(
-                tab,
-                "performance.getEntriesByType('navigation').concat(performance.getEntriesByType('resource')).map((e) => `${e.responseStatus || '-'} ${e.initiatorType} ${e.name} (${Math.round(e.duration)} ms, ${e.transferSize} bytes)`).join('\\n')",
-            )
-            .await?;
-        let list: String = serde_json::from_str::<String>(&entries).unwrap_or(entries);
-        Ok(format!(
-            "Requests of the page since it loaded (status, kind, URL):\n{list}"
-        ))
+        let entries = self.evaluate_text(tab, NETWORK_REQUESTS_SCRIPT).await?;
+        Ok(requests_text(entries))
     }
 }
 
@@ -693,7 +761,7 @@ const MAX_UPLOAD_FILES: usize = 20;
 
 /// Writes `files` into the instance's uploads folder: their paths as the
 /// browser sees them.
-fn place_uploads(
+pub(crate) fn place_uploads(
     context: &StepContext<'_>,
     files: &[flotilla_api_types::page::UploadFile],
 ) -> Result<Vec<String>, PageError> {
@@ -724,7 +792,9 @@ fn place_uploads(
 }
 
 /// The instance's downloads, for the agent.
-fn downloads_text(dirs: &crate::system::dirs::InstanceDirs) -> Result<String, PageError> {
+pub(crate) fn downloads_text(
+    dirs: &crate::system::dirs::InstanceDirs,
+) -> Result<String, PageError> {
     let downloads = crate::system::downloads::list(&dirs.downloads())
         .map_err(|e| PageError::BadInput(format!("cannot list the downloads: {e}")))?;
     if downloads.is_empty() {
@@ -742,7 +812,7 @@ fn downloads_text(dirs: &crate::system::dirs::InstanceDirs) -> Result<String, Pa
     Ok(text)
 }
 
-fn answer(text: String, tab: &str) -> PageAnswer {
+pub(crate) fn answer(text: String, tab: &str) -> PageAnswer {
     PageAnswer {
         text,
         png_base64: None,
@@ -750,7 +820,7 @@ fn answer(text: String, tab: &str) -> PageAnswer {
     }
 }
 
-fn list_tabs(tabs: &[TabInfo], current: &str) -> String {
+pub(crate) fn list_tabs(tabs: &[TabInfo], current: &str) -> String {
     let mut text = String::from("Tabs:\n");
     for (index, tab) in tabs.iter().enumerate() {
         let mark = if tab.id == current { " (current)" } else { "" };
@@ -764,7 +834,7 @@ fn list_tabs(tabs: &[TabInfo], current: &str) -> String {
 }
 
 /// Only `http` and `https` pages, and `about:blank`.
-fn check_url(url: &str) -> Result<(), PageError> {
+pub(crate) fn check_url(url: &str) -> Result<(), PageError> {
     if url == "about:blank" {
         return Ok(());
     }
@@ -780,7 +850,7 @@ fn check_url(url: &str) -> Result<(), PageError> {
 }
 
 /// The backend node id of reference `element` (`e123`).
-fn node_of(element: &str) -> Result<i64, PageError> {
+pub(crate) fn node_of(element: &str) -> Result<i64, PageError> {
     element
         .strip_prefix('e')
         .and_then(|id| id.parse::<i64>().ok())
@@ -792,7 +862,7 @@ fn node_of(element: &str) -> Result<i64, PageError> {
         })
 }
 
-fn bounded_text(mut text: String) -> String {
+pub(crate) fn bounded_text(mut text: String) -> String {
     if text.len() > MAX_TEXT {
         let mut cut = MAX_TEXT;
         while !text.is_char_boundary(cut) {
@@ -802,6 +872,103 @@ fn bounded_text(mut text: String) -> String {
         text.push_str("\n… (cut: the rest is longer than 256 KiB)\n");
     }
     text
+}
+
+/// Waits for what an action started: resolves 100 ms after the document's
+/// load (at once when it has loaded).
+pub(crate) const SETTLE_SCRIPT: &str = "new Promise((r) => { if (document.readyState === 'complete') setTimeout(r, 100); else addEventListener('load', () => r(), {once: true}); })";
+
+/// Longest one wait of [`SETTLE_SCRIPT`].
+pub(crate) const SETTLE_WAIT: Duration = Duration::from_secs(10);
+
+/// Called on an element to type into: focuses it and selects its text (so
+/// typing replaces it); whether it takes text.
+pub(crate) const FOCUS_FOR_TYPING: &str = "function() { this.focus(); if ('value' in this && typeof this.select === 'function') { this.select(); } return this.isContentEditable || 'value' in this; }";
+
+/// Called on a select with the values or labels to choose: how many
+/// options it chose (-1: not a select).
+pub(crate) const SELECT_OPTIONS: &str = "function(values) { if (!(this instanceof HTMLSelectElement)) return -1; let n = 0; for (const o of this.options) { o.selected = values.includes(o.value) || values.includes(o.label); if (o.selected) n++; } this.dispatchEvent(new Event('input', {bubbles: true})); this.dispatchEvent(new Event('change', {bubbles: true})); return n; }";
+
+/// Called on an evaluation's object with a length: the object as the page
+/// writes it, JSON (indented by two) or its string form where JSON has none
+/// (a function, a cycle, nesting deeper than the page's stack), cut there.
+pub(crate) const WRITE_OUT: &str = "function (limit) {
+    let text;
+    try { text = JSON.stringify(this, null, 2); } catch (error) { text = undefined; }
+    if (text === undefined) {
+        try { text = String(this); } catch (error) { text = Object.prototype.toString.call(this); }
+    }
+    return text.length > limit ? text.slice(0, limit) : text;
+}";
+
+/// The page's requests since it loaded (Resource Timing), a line each.
+pub(crate) const NETWORK_REQUESTS_SCRIPT: &str = "performance.getEntriesByType('navigation').concat(performance.getEntriesByType('resource')).map((e) => `${e.responseStatus || '-'} ${e.initiatorType} ${e.name} (${Math.round(e.duration)} ms, ${e.transferSize} bytes)`).join('\\n')";
+
+/// [`NETWORK_REQUESTS_SCRIPT`]'s evaluation (a JSON string) for the agent.
+pub(crate) fn requests_text(entries: String) -> String {
+    let list: String = serde_json::from_str::<String>(&entries).unwrap_or(entries);
+    format!("Requests of the page since it loaded (status, kind, URL):\n{list}")
+}
+
+/// A script that resolves once `wanted` is (`present`) or is no longer in
+/// the page's text.
+pub(crate) fn text_wait_script(wanted: &str, present: bool) -> String {
+    format!(
+        "((t, present) => new Promise((resolve) => {{
+            const done = () => ((document.body ? document.body.innerText : '').includes(t)) === present;
+            if (done()) return resolve(true);
+            const observer = new MutationObserver(() => {{ if (done()) {{ observer.disconnect(); resolve(true); }} }});
+            observer.observe(document, {{ childList: true, subtree: true, characterData: true, attributes: true }});
+        }}))({}, {present})",
+        json!(wanted)
+    )
+}
+
+/// What a text wait that ran out of time waited for.
+pub(crate) fn waiting_for(present: bool) -> &'static str {
+    if present {
+        "waiting for the text to appear"
+    } else {
+        "waiting for the text to go"
+    }
+}
+
+/// How long `wait_for`'s `time` waits: at most [`MAX_WAIT`], and 5 s less
+/// than is `left` of the step (what is left after the wait tells the
+/// page's state).
+pub(crate) fn timed_wait(time_ms: u64, left: Duration) -> Duration {
+    let room = left.saturating_sub(Duration::from_secs(5));
+    Duration::from_millis(time_ms).min(MAX_WAIT).min(room)
+}
+
+/// [`FOCUS_FOR_TYPING`]'s answer: whether `element` takes text.
+pub(crate) fn takes_text(element: &str, editable: &Value) -> Result<(), PageError> {
+    if editable != &Value::Bool(true) {
+        return Err(PageError::BadInput(format!(
+            "element {element} does not take text (it is not an input, text area or editable element)"
+        )));
+    }
+    Ok(())
+}
+
+/// [`SELECT_OPTIONS`]'s answer (`chosen`) as the step's outcome.
+pub(crate) fn selected(element: &str, values: &[String], chosen: &Value) -> Result<(), PageError> {
+    match chosen.as_i64() {
+        Some(-1) => Err(PageError::BadInput(format!(
+            "element {element} is not a select (a drop-down list)"
+        ))),
+        Some(0) => Err(PageError::BadInput(format!(
+            "element {element} has no option with a value or label among {values:?}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// A key `browser_press_key` does not know.
+pub(crate) fn unknown_key(key: &str) -> PageError {
+    PageError::BadInput(format!(
+        "unknown key {key:?}: use a single character or Enter, Tab, Escape, Backspace, Delete, Space, ArrowUp, ArrowDown, ArrowLeft, ArrowRight, Home, End, PageUp, PageDown"
+    ))
 }
 
 /// `(code, windows key code, text)` of a key name or single character.
@@ -856,13 +1023,14 @@ const PASS_THROUGH: [&str; 6] = [
 ];
 
 /// Most nodes of a snapshot (a larger page is cut).
-const MAX_NODES: usize = 20_000;
+pub(crate) const MAX_NODES: usize = 20_000;
 
 /// Renders `Accessibility.getFullAXTree`'s nodes as indented lines:
-/// `- role "name" [property] [ref=e<backend id>]`, text as `- text: …`.
+/// `- role "name" [property] [ref=e<n>]` (`n`: the `reference` of the
+/// node's backend id), text as `- text: …`.
 /// Each node is visited once (a node listed twice, or a cycle, is not
 /// followed again), at most [`MAX_NODES`] of them.
-pub fn render_tree(nodes: &[Value]) -> String {
+pub fn render_tree(nodes: &[Value], reference: &mut dyn FnMut(i64) -> i64) -> String {
     let by_id: std::collections::HashMap<&str, usize> = nodes
         .iter()
         .enumerate()
@@ -906,7 +1074,7 @@ pub fn render_tree(nodes: &[Value]) -> String {
                     let _ = writeln!(out, "{indent}- text: {}", json!(name));
                 }
             } else {
-                let _ = writeln!(out, "{indent}{}", node_line(node, role, name));
+                let _ = writeln!(out, "{indent}{}", node_line(node, role, name, reference));
                 child_depth = depth + 1;
                 child_parent = Some(index);
             }
@@ -924,7 +1092,12 @@ pub fn render_tree(nodes: &[Value]) -> String {
 }
 
 /// `- role "name" [properties] [ref=e…]` of one shown node.
-fn node_line(node: &Value, role: &str, name: &str) -> String {
+fn node_line(
+    node: &Value,
+    role: &str,
+    name: &str,
+    reference: &mut dyn FnMut(i64) -> i64,
+) -> String {
     let mut line = format!("- {role}");
     if !name.is_empty() {
         let _ = write!(line, " {}", json!(name));
@@ -948,7 +1121,7 @@ fn node_line(node: &Value, role: &str, name: &str) -> String {
         let _ = write!(line, " [value={}]", json!(value));
     }
     if let Some(backend) = node["backendDOMNodeId"].as_i64() {
-        let _ = write!(line, " [ref=e{backend}]");
+        let _ = write!(line, " [ref=e{}]", reference(backend));
     }
     line
 }
@@ -969,9 +1142,35 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(
-            render_tree(&nodes),
+            render_tree(&nodes, &mut |node| node),
             "- heading \"Sign in\" [level=1] [ref=e7]\n- textbox \"Name\" [value=\"Ada\"] [ref=e9]\n- button \"Go\" [disabled] [ref=e11]\n"
         );
+    }
+
+    #[test]
+    fn a_reference_names_its_node_only_in_the_document_it_was_read_from() {
+        let references = References::default();
+        let first = {
+            let mut numbering = references.numbering("tab", "doc-1");
+            let first = numbering.of(31);
+            assert_eq!(
+                numbering.of(31),
+                first,
+                "a node read again keeps its number"
+            );
+            assert_ne!(numbering.of(32), first);
+            first
+        };
+        assert_eq!(references.node("tab", "doc-1", first), Some(31));
+        assert_eq!(references.node("other tab", "doc-1", first), None);
+        assert_eq!(references.node("tab", "doc-1", first + 100), None);
+        // The tab moved on to a document whose nodes have the same ids (a
+        // renderer process of its own numbers them from the start again).
+        assert_eq!(references.node("tab", "doc-2", first), None);
+        let again = references.numbering("tab", "doc-2").of(31);
+        assert_ne!(again, first, "a new document's node gets a new number");
+        assert_eq!(references.node("tab", "doc-2", first), None);
+        assert_eq!(references.node("tab", "doc-2", again), Some(31));
     }
 
     #[test]
@@ -981,7 +1180,10 @@ mod tests {
             {"nodeId": "2", "parentId": "1", "role": {"value": "button"}, "name": {"value": "Loop"}, "childIds": ["1", "2"], "backendDOMNodeId": 3}
         ]))
         .unwrap();
-        assert_eq!(render_tree(&nodes), "- button \"Loop\" [ref=e3]\n");
+        assert_eq!(
+            render_tree(&nodes, &mut |node| node),
+            "- button \"Loop\" [ref=e3]\n"
+        );
     }
 
     #[test]

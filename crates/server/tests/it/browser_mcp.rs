@@ -58,7 +58,18 @@ const TOOLS: [&str; 23] = [
     "browser_wait_for",
 ];
 
+/// What an agent saw whatever the engine: the tools, the snapshot's heading,
+/// the screenshot, the form's answer, and a reference that names nothing.
 fn assert_the_task_was_done(seen: &Value, client: &str) {
+    assert_the_page_was_driven(seen, client);
+    let console = seen["console"].as_str().unwrap();
+    assert!(
+        console.contains("[log] form sent Ada blue"),
+        "{client}: {console}"
+    );
+}
+
+fn assert_the_page_was_driven(seen: &Value, client: &str) {
     let tools: Vec<&str> = seen["tools"]
         .as_array()
         .unwrap()
@@ -75,15 +86,30 @@ fn assert_the_task_was_done(seen: &Value, client: &str) {
     );
     assert_eq!(seen["image_type"], "image/png", "{client}");
     assert_eq!(seen["png"], "89504e470d0a1a0a", "{client}");
-    let console = seen["console"].as_str().unwrap();
-    assert!(
-        console.contains("[log] form sent Ada blue"),
-        "{client}: {console}"
-    );
     assert_eq!(seen["evaluated"], "\"Hello, Ada (blue)\"", "{client}");
     assert_eq!(seen["wrong_ref"]["is_error"], true, "{client}");
     let wrong = seen["wrong_ref"]["text"].as_str().unwrap();
     assert!(wrong.contains("take a new snapshot"), "{client}: {wrong}");
+}
+
+/// What `mcp_agent.py` saw of tabs, back, and a reference of a page that is
+/// gone (refused, though the next page is the same and has references of
+/// its own).
+fn assert_the_tab_flow(seen: &Value, client: &str) {
+    let tabs = &seen["tab_flow"];
+    assert_eq!(
+        (&tabs["listed"], &tabs["after_close"]),
+        (&json!(2), &json!(1)),
+        "{client}: {tabs}"
+    );
+    assert_eq!(tabs["stale_is_error"], true, "{client}: {tabs}");
+    let stale = tabs["stale"].as_str().unwrap();
+    assert!(stale.contains("take a new snapshot"), "{client}: {stale}");
+    let back = tabs["back"].as_str().unwrap();
+    assert!(
+        back.contains("/form\n") && back.contains("Page title: Sign up"),
+        "{client}: {back}"
+    );
 }
 
 async fn assert_gone(api: &Api, id: &str) {
@@ -118,6 +144,7 @@ async fn browser_mcp_agents_do_a_task_with_the_official_clients_and_their_sessio
         .await
         .expect("the Python agent finishes its task");
     assert_the_task_was_done(&seen, "python");
+    assert_the_tab_flow(&seen, "python");
     // While the session lived, the instance's view said it drove it.
     assert_eq!(seen["drivers"]["mcp"], 1, "{}", seen["drivers"]);
     assert_eq!(seen["drivers"]["webdriver"], 0, "{}", seen["drivers"]);
@@ -204,6 +231,63 @@ async fn browser_mcp_agents_do_a_task_with_the_official_clients_and_their_sessio
         let response = request.send().await.unwrap();
         assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{key:?}");
     }
+    serve.shutdown().await;
+}
+
+/// The same agent's task on a Firefox instance: the snapshot is computed in
+/// the page and its references hold across steps (each its own WebDriver
+/// session), the upload, download and hand-back work, and the console is
+/// refused by name.
+#[tokio::test]
+async fn browser_mcp_agents_do_the_task_on_firefox() {
+    let site = serve_page(&[("/form", FORM), ("/report.txt", "the report")]).await;
+    let serve = spawn_serve_with(|config| {
+        config.control.auth_enabled = true;
+        config.control.api_keys = vec![KEY.into()];
+        site.allow_in(config);
+    })
+    .await;
+    let api = Api::with_key(serve.api.base.clone(), KEY);
+    let form = format!("{}/form", site.base);
+
+    let seen = run_python("mcp_agent.py", &[&serve.api.base, KEY, &form, "firefox"])
+        .await
+        .expect("the Python agent finishes its task on Firefox");
+    assert_the_page_was_driven(&seen, "firefox");
+    assert_the_tab_flow(&seen, "firefox");
+    let snapshot = seen["snapshot"].as_str().unwrap();
+    for line in [
+        "- textbox \"Name\" [ref=e",
+        "- combobox \"Colour\" [value=\"Red\"] [ref=e",
+        "- button \"Photo\" [ref=e",
+        "- link \"Get the report\" [ref=e",
+        "- button \"Send\" [ref=e",
+    ] {
+        assert!(snapshot.contains(line), "{line} in {snapshot}");
+    }
+    assert_eq!(seen["console_is_error"], true, "{seen}");
+    let console = seen["console"].as_str().unwrap();
+    assert!(
+        console.contains("browser_console_messages is not available on Firefox"),
+        "{console}"
+    );
+    assert_eq!(seen["uploaded"], "\"photo.png:5\"", "{seen}");
+    assert_eq!(seen["deep"]["is_error"], false, "{}", seen["deep"]);
+    let length = seen["large"]["length"].as_u64().unwrap();
+    assert!(length <= (256 << 10) + 100, "{length}");
+    assert!(seen["tabs"].as_str().unwrap().contains("id: 1"), "{seen}");
+    assert_eq!(seen["file_url"]["is_error"], true, "{seen}");
+    assert_eq!(seen["control_plane_url"]["is_error"], true, "{seen}");
+    let downloads = seen["downloads"].as_str().unwrap();
+    assert!(downloads.contains("- report.txt (10 bytes"), "{downloads}");
+    assert!(
+        seen["handed_back"]
+            .as_str()
+            .unwrap()
+            .contains("handed browser"),
+        "{seen}"
+    );
+    assert_gone(&api, seen["instance"].as_str().unwrap()).await;
     serve.shutdown().await;
 }
 
