@@ -1,7 +1,8 @@
 //! Steps on an instance's page that the control plane's MCP server asks of
 //! the instance's node (`POST /agent/v1/instances/{id}/page`), and their
 //! answers. Elements are named by the references a snapshot gives
-//! (`e<backend node id>`), stable for as long as the element is in the page.
+//! (`e<n>`, numbered by the node for the instance), stable for as long as
+//! the element is in the document they were read from.
 
 use serde::{Deserialize, Serialize};
 

@@ -246,7 +246,8 @@ pub struct InstanceParam {
 #[derive(Deserialize, schemars::JsonSchema, Default)]
 pub struct CreateParams {
     /// Image from the nodes' catalogs (default `ubuntu:22.04`, the system
-    /// Chromium; `chromium-headless-shell` for a lighter one).
+    /// Chromium; `chromium-headless-shell` for a lighter one; `firefox`
+    /// for Firefox, where every tool but browser_console_messages works).
     #[serde(default)]
     pub image: Option<String>,
     /// Start from this saved profile.
@@ -589,7 +590,7 @@ impl McpSession {
 #[tool_router]
 impl McpSession {
     #[tool(
-        description = "Create a browser (a real, isolated Chromium) and make it the current one. Returns its id. Options: image, a saved profile, an upstream proxy, extensions, recording, and a URL to open."
+        description = "Create a browser (a real, isolated Chromium, or Firefox with image \"firefox\") and make it the current one. Returns its id. Options: image, a saved profile, an upstream proxy, extensions, recording, and a URL to open."
     )]
     async fn browser_create(&self, Parameters(params): Parameters<CreateParams>) -> CallToolResult {
         let proxy = params.proxy.map(|server| UpstreamProxy {

@@ -2,11 +2,14 @@
 //! read the page as an accessibility snapshot, act on its elements by the
 //! snapshot's references, wait, evaluate, capture, and manage tabs.
 //!
-//! A reference is `e<backend node id>`: Chromium's id of the DOM node, the
-//! same across DevTools connections for as long as the node is in its
-//! document, so the node keeps no state between steps. Each step opens its
-//! own connection to the browser (over its network namespace, like the
-//! agent's other DevTools work), within the step's `timeout_ms`.
+//! A reference is `e<n>`, a number new to the instance that the node
+//! keeps beside the Chromium id of the DOM node it names (the same across
+//! DevTools connections for as long as the node is in its document) and
+//! the document it was read from ([`References`]): one read from a document
+//! the tab has left names nothing. Each step opens its own connection to
+//! the browser (over its network namespace, like the agent's other
+//! DevTools work), within the step's `timeout_ms`. Firefox's steps are
+//! [`crate::protocols::firefox_page_ops`]'s.
 //!
 //! Console messages are read from a [`ConsoleLog`] that follows every page
 //! of the browser from the first step on.
