@@ -212,7 +212,7 @@ fn chromium_resource_type(kind: &str) -> &'static str {
 
 /// Whether `text` matches `pattern`, where `*` matches any run of
 /// characters and `?` any one (Chromium's URL patterns).
-fn glob_matches(pattern: &str, text: &str) -> bool {
+pub(crate) fn glob_matches(pattern: &str, text: &str) -> bool {
     let pattern: Vec<char> = pattern.chars().collect();
     let text: Vec<char> = text.chars().collect();
     let (mut p, mut t) = (0, 0);

@@ -6,18 +6,23 @@
 //! (`browsingContext.navigate`, `wait: complete` or `interactive`), the
 //! selectors and scripts (`script.evaluate`, the same scripts as Chromium's
 //! job), screenshots (`browsingContext.captureScreenshot`), PDFs
-//! (`browsingContext.print`). What it has not, or not here yet, is refused
-//! before the browser is touched, naming the option ([`refuse_what_firefox_lacks`]).
+//! (`browsingContext.print`), `block` (every request of the tab held by
+//! `network.addIntercept` and failed or let through, [`Blocker`]). What it
+//! has not is refused before the browser is touched, naming the option
+//! ([`refuse_what_firefox_lacks`]).
 
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use flotilla_api_types::actions::{ActionKind, ActionRequest, AgentAction, HTML_URL, WaitUntil};
+use flotilla_api_types::actions::{
+    ActionKind, ActionRequest, AgentAction, HTML_URL, RESOURCE_TYPES, WaitUntil,
+};
 
 use crate::engine::bidi::{BidiError, BidiSession};
 use crate::engine::browser::CdpEndpoint;
+use crate::engine::intercept::glob_matches;
 use crate::protocols::actions::{
     ActionBounds, ActionError, ActionOutput, CONTENT_SCRIPT, Undecodable, bounded, decoded,
     element_box_script, first_bad_selector, scrape_script, scraped, selector_check_script,
@@ -28,10 +33,10 @@ use crate::protocols::actions::{
 fn refuse_what_firefox_lacks(request: &ActionRequest) -> Result<(), ActionError> {
     let refused =
         |option: &'static str, why: &'static str| Err(ActionError::NotInFirefox { option, why });
-    if !request.block.is_empty() {
+    if request.block.iter().any(|entry| entry == "websocket") {
         return refused(
             "block",
-            "requests are failed by resource type and pattern with Chromium's request interception",
+            "Firefox's WebDriver BiDi shows a WebSocket's handshake as a plain http(s) request: block its URL with a pattern (*://host/socket*)",
         );
     }
     if request.user_agent.is_some() {
@@ -85,9 +90,25 @@ struct Job<'a> {
 struct Tab {
     session: BidiSession,
     context: Value,
+    /// Once the job holds the tab's requests: what answers them.
+    holds: Option<Holds>,
 }
 
 impl Tab {
+    /// Sends `method` and waits for its answer, answering the requests the
+    /// job holds meanwhile.
+    async fn call(&mut self, method: &str, params: Value) -> Result<Value, BidiError> {
+        match &self.holds {
+            Some(holds) => {
+                let mut release = |event: &Value| holds.decide(event);
+                self.session
+                    .call_serving(method, params, &mut release)
+                    .await
+            }
+            None => self.session.call(method, params).await,
+        }
+    }
+
     /// `expression`'s value (awaited when a promise), as JSON: a script's
     /// exception is [`BidiError::Command`] with its text.
     async fn evaluate(&mut self, expression: &str) -> Result<Value, ActionError> {
@@ -107,7 +128,6 @@ impl Tab {
         let wrapped = format!("(async () => JSON.stringify(await ({expression})))()");
         let method = "script.evaluate";
         let evaluated = self
-            .session
             .call(
                 method,
                 json!({"expression": wrapped, "target": target, "awaitPromise": true}),
@@ -155,7 +175,11 @@ impl Job<'_> {
                 return Err(error.into());
             }
         };
-        let mut tab = Tab { session, context };
+        let mut tab = Tab {
+            session,
+            context,
+            holds: None,
+        };
         let result = self.on(&mut tab, kind).await;
         tab.session.end().await;
         result
@@ -170,6 +194,7 @@ impl Job<'_> {
             first_bad_selector(fields, &refusals)?;
         }
         self.prepare(tab).await?;
+        self.start_holding(tab).await?;
         self.at("loading the page");
         self.load(tab).await?;
         if let Some(selector) = &self.request.wait_for_selector {
@@ -203,16 +228,15 @@ impl Job<'_> {
     /// Viewport and cookies, before anything loads.
     async fn prepare(&self, tab: &mut Tab) -> Result<(), ActionError> {
         let viewport = self.request.viewport();
-        tab.session
-            .call(
-                "browsingContext.setViewport",
-                json!({
-                    "context": tab.context,
-                    "viewport": {"width": viewport.width, "height": viewport.height},
-                    "devicePixelRatio": viewport.device_scale_factor.unwrap_or(1.0),
-                }),
-            )
-            .await?;
+        tab.call(
+            "browsingContext.setViewport",
+            json!({
+                "context": tab.context,
+                "viewport": {"width": viewport.width, "height": viewport.height},
+                "devicePixelRatio": viewport.device_scale_factor.unwrap_or(1.0),
+            }),
+        )
+        .await?;
         if !self.request.headers.is_empty() {
             let headers: Vec<Value> = self
                 .request
@@ -221,8 +245,7 @@ impl Job<'_> {
                 .map(|(name, value)| json!({"name": name, "value": {"type": "string", "value": value}}))
                 .collect();
             let extra = json!({"contexts": [tab.context], "headers": headers});
-            tab.session
-                .call("network.setExtraHeaders", extra)
+            tab.call("network.setExtraHeaders", extra)
                 .await
                 .map_err(refused_as(ActionError::BadHeaders))?;
         }
@@ -246,17 +269,45 @@ impl Job<'_> {
                 "secure": cookie.secure,
                 "httpOnly": cookie.http_only,
             }});
-            tab.session
-                .call("storage.setCookie", set)
+            tab.call("storage.setCookie", set)
                 .await
                 .map_err(refused_as(ActionError::BadCookies))?;
         }
         Ok(())
     }
 
+    /// Holds the job's tab's requests from here on, for the job to answer
+    /// ([`Holds`]): those to an `html` job's host, and every one when it
+    /// blocks any. Nothing when the job does neither.
+    async fn start_holding(&self, tab: &mut Tab) -> Result<(), ActionError> {
+        let holds = Holds {
+            html: self.request.html.clone(),
+            blocker: (!self.request.block.is_empty()).then(|| Blocker::of(&self.request.block)),
+        };
+        if holds.html.is_some() {
+            let intercept = json!({
+                "phases": ["beforeRequestSent"],
+                "urlPatterns": [{"type": "pattern", "protocol": "https", "hostname": HTML_HOST}],
+                "contexts": [tab.context],
+            });
+            tab.call("network.addIntercept", intercept).await?;
+        }
+        if holds.blocker.is_some() {
+            let intercept = json!({"phases": ["beforeRequestSent"], "contexts": [tab.context]});
+            tab.call("network.addIntercept", intercept).await?;
+        }
+        if holds.html.is_some() || holds.blocker.is_some() {
+            let events =
+                json!({"events": ["network.beforeRequestSent"], "contexts": [tab.context]});
+            tab.call("session.subscribe", events).await?;
+            tab.holds = Some(holds);
+        }
+        Ok(())
+    }
+
     /// Navigates to the job's page (an `html` job's document served at
-    /// [`HTML_URL`] by intercepting its request) and waits for its
-    /// `wait_until` event.
+    /// [`HTML_URL`] by its held request) and waits for its `wait_until`
+    /// event.
     async fn load(&self, tab: &mut Tab) -> Result<(), ActionError> {
         let url = self.request.url.as_deref().unwrap_or(HTML_URL);
         let wait = match self.request.wait_until.unwrap_or_default() {
@@ -264,11 +315,7 @@ impl Job<'_> {
             _ => "complete",
         };
         let navigate = json!({"context": tab.context, "url": url, "wait": wait});
-        let navigated = match &self.request.html {
-            None => tab.session.call("browsingContext.navigate", navigate).await,
-            Some(html) => self.load_html(tab, navigate, html).await,
-        };
-        match navigated {
+        match tab.call("browsingContext.navigate", navigate).await {
             Ok(_) => Ok(()),
             Err(BidiError::Command { message, .. }) => Err(ActionError::Navigation {
                 url: url.to_owned(),
@@ -276,37 +323,6 @@ impl Job<'_> {
             }),
             Err(other) => Err(other.into()),
         }
-    }
-
-    /// Loads an `html` job's document: requests to its host are held
-    /// while the page loads, its navigation served the document and the
-    /// others failed (as Chromium's job does); after the load the host's
-    /// requests are no longer held, and fail in the network.
-    async fn load_html(
-        &self,
-        tab: &mut Tab,
-        navigate: Value,
-        html: &str,
-    ) -> Result<Value, BidiError> {
-        let intercept = json!({
-            "phases": ["beforeRequestSent"],
-            "urlPatterns": [{"type": "pattern", "protocol": "https", "hostname": HTML_HOST}],
-            "contexts": [tab.context],
-        });
-        let added = tab.session.call("network.addIntercept", intercept).await?;
-        let events = json!({"events": ["network.beforeRequestSent"], "contexts": [tab.context]});
-        tab.session
-            .call("session.subscribe", events.clone())
-            .await?;
-        let mut serve = |event: &Value| serve_document(event, html);
-        let navigated = tab
-            .session
-            .call_serving("browsingContext.navigate", navigate, &mut serve)
-            .await;
-        let removed = json!({"intercept": added["intercept"]});
-        tab.session.call("network.removeIntercept", removed).await?;
-        tab.session.call("session.unsubscribe", events).await?;
-        navigated
     }
 
     async fn screenshot(&self, tab: &mut Tab) -> Result<ActionOutput, ActionError> {
@@ -346,7 +362,6 @@ impl Job<'_> {
             });
         }
         let shot = tab
-            .session
             .call("browsingContext.captureScreenshot", params)
             .await?;
         Ok(ActionOutput {
@@ -361,7 +376,6 @@ impl Job<'_> {
         let margins = self.request.margins_mm.unwrap_or_default();
         let cm = |inches: f64| inches * 2.54;
         let printed = tab
-            .session
             .call(
                 "browsingContext.print",
                 json!({
@@ -414,6 +428,93 @@ fn refused_as(refusal: fn(String) -> ActionError) -> impl Fn(BidiError) -> Actio
     }
 }
 
+/// What answers the requests a job holds, for as long as it runs (so that
+/// none is left held between two commands): an `html` job's document, its
+/// `block`.
+struct Holds {
+    html: Option<String>,
+    blocker: Option<Blocker>,
+}
+
+impl Holds {
+    fn decide(&self, event: &Value) -> Option<(&'static str, Value)> {
+        if let Some(html) = &self.html
+            && let Some(served) = serve_document(event, html)
+        {
+            return Some(served);
+        }
+        self.blocker.as_ref()?.decide(event)
+    }
+}
+
+/// What a job's `block` fails: resource types and URL patterns (`*` any
+/// run of characters, `?` one), as Chromium's job reads them.
+struct Blocker {
+    types: Vec<String>,
+    urls: Vec<String>,
+}
+
+impl Blocker {
+    fn of(block: &[String]) -> Self {
+        let (types, urls) = block
+            .iter()
+            .cloned()
+            .partition(|entry| RESOURCE_TYPES.contains(&entry.as_str()));
+        Self { types, urls }
+    }
+
+    /// The command that releases a held request: failed when the job blocks
+    /// it, let through otherwise (`None` for any other event).
+    fn decide(&self, event: &Value) -> Option<(&'static str, Value)> {
+        let params = &event["params"];
+        if event["method"] != "network.beforeRequestSent" || params["isBlocked"] != true {
+            return None;
+        }
+        let request = &params["request"];
+        let url = request["url"].as_str().unwrap_or_default();
+        let blocked = self.types.iter().any(|kind| kind == resource_type(request))
+            || self.urls.iter().any(|pattern| glob_matches(pattern, url));
+        let release = json!({"request": request["request"]});
+        Some(match blocked {
+            true => ("network.failRequest", release),
+            false => ("network.continueRequest", release),
+        })
+    }
+}
+
+/// A held request's resource type as Chromium names it (lower case), read
+/// from its fetch destination and initiator (Firefox tells a WebSocket's
+/// handshake from no other request: see [`refuse_what_firefox_lacks`]).
+fn resource_type(request: &Value) -> &'static str {
+    let accepts_events = request["headers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|header| {
+            header["name"]
+                .as_str()
+                .is_some_and(|name| name.eq_ignore_ascii_case("accept"))
+                && header["value"]["value"]
+                    .as_str()
+                    .is_some_and(|value| value.starts_with("text/event-stream"))
+        });
+    let destination = request["destination"].as_str().unwrap_or_default();
+    match (destination, request["initiatorType"].as_str()) {
+        ("document" | "iframe" | "frame", _) => "document",
+        ("style", _) => "stylesheet",
+        ("image", _) => "image",
+        ("audio" | "video", _) => "media",
+        ("font", _) => "font",
+        ("script", _) => "script",
+        ("track", _) => "texttrack",
+        ("manifest", _) => "manifest",
+        (_, Some("xmlhttprequest")) => "xhr",
+        (_, Some("fetch")) => "fetch",
+        _ if accepts_events => "eventsource",
+        _ => "other",
+    }
+}
+
 /// The host an `html` job's document is served from ([`HTML_URL`]'s).
 const HTML_HOST: &str = "flotilla.invalid";
 
@@ -425,8 +526,12 @@ fn serve_document(event: &Value, html: &str) -> Option<(&'static str, Value)> {
     if event["method"] != "network.beforeRequestSent" || params["isBlocked"] != true {
         return None;
     }
+    let url = params["request"]["url"].as_str().unwrap_or_default();
+    if host_of(url).as_deref() != Some(HTML_HOST) {
+        return None;
+    }
     let request = &params["request"]["request"];
-    let document = params["request"]["url"] == HTML_URL && !params["navigation"].is_null();
+    let document = url == HTML_URL && !params["navigation"].is_null();
     if !document {
         return Some(("network.failRequest", json!({"request": request})));
     }
@@ -448,7 +553,10 @@ mod tests {
     fn what_firefox_lacks_is_refused_by_name() {
         let url = Some("https://example.com/".to_owned());
         for (request, option) in [
-            (json!({"url": url, "block": ["image"]}), "block"),
+            (
+                json!({"url": url, "block": ["image", "websocket"]}),
+                "block",
+            ),
             (json!({"url": url, "user_agent": "bot"}), "user_agent"),
             (
                 json!({"url": url, "wait_until": "networkidle"}),
@@ -467,6 +575,7 @@ mod tests {
             json!({"url": url}),
             json!({"html": "<p>x</p>"}),
             json!({"url": url, "headers": {"x-a": "1"}}),
+            json!({"url": url, "block": ["image", "*://ads.test/*"]}),
         ] {
             let request: ActionRequest = serde_json::from_value(taken).unwrap();
             assert!(refuse_what_firefox_lacks(&request).is_ok());
@@ -503,6 +612,57 @@ mod tests {
                 ("network.failRequest", &json!("r1"))
             );
         }
+    }
+
+    #[test]
+    fn a_block_fails_held_requests_by_type_and_pattern_and_lets_the_rest_through() {
+        let blocker = Blocker::of(&["image".into(), "xhr".into(), "*://ads.test/*".into()]);
+        let held = |url: &str, destination: &str, initiator: Value| {
+            json!({"type": "event", "method": "network.beforeRequestSent", "params": {
+                "isBlocked": true,
+                "request": {"request": "r1", "url": url, "destination": destination,
+                    "initiatorType": initiator, "headers": []}}})
+        };
+        for (event, method) in [
+            (
+                held("https://a.test/p.png", "image", json!("img")),
+                "network.failRequest",
+            ),
+            (
+                held("https://a.test/x", "", json!("xmlhttprequest")),
+                "network.failRequest",
+            ),
+            (
+                held("https://ads.test/ad.js", "script", json!("script")),
+                "network.failRequest",
+            ),
+            (
+                held("https://a.test/", "document", Value::Null),
+                "network.continueRequest",
+            ),
+            (
+                held("https://a.test/f", "", json!("fetch")),
+                "network.continueRequest",
+            ),
+        ] {
+            let (answered, release) = blocker.decide(&event).unwrap();
+            assert_eq!(
+                (answered, &release["request"]),
+                (method, &json!("r1")),
+                "{event}"
+            );
+        }
+        let mut seen = held("https://a.test/p.png", "image", json!("img"));
+        seen["params"]["isBlocked"] = json!(false);
+        assert!(
+            blocker.decide(&seen).is_none(),
+            "a request not held is left alone"
+        );
+        let stream = json!({"url": "https://a.test/es", "destination": "",
+            "headers": [{"name": "Accept", "value": {"type": "string", "value": "text/event-stream"}}]});
+        assert_eq!(resource_type(&stream), "eventsource");
+        assert_eq!(resource_type(&json!({"destination": "video"})), "media");
+        assert_eq!(resource_type(&json!({"destination": ""})), "other");
     }
 
     #[test]

@@ -584,9 +584,33 @@ async fn browser_actions_run_in_firefox_where_bidi_has_the_step() {
 
     firefox_serves_html_and_sends_headers(&api, &site).await;
 
+    // Blocked requests never leave the browser (the jobs before fetched
+    // them); the others do, the page's own script too.
+    let before = site.paths().len();
+    let fetched = site.paths();
+    for path in ["/picture.png", "/blocked.js"] {
+        assert!(fetched.iter().any(|p| p == path), "{path}: {fetched:?}");
+    }
+    let blocking = firefox(json!({"url": home, "block": ["image", "*/blocked.js"]}));
+    let html = String::from_utf8(ok(&api, "content", blocking, "text/html").await).unwrap();
+    assert!(html.contains("rendered by script"), "{html}");
+    let paths = site.paths()[before..].to_vec();
+    assert!(paths.contains(&"/".to_owned()), "{paths:?}");
+    assert!(
+        !paths
+            .iter()
+            .any(|p| p == "/picture.png" || p == "/blocked.js"),
+        "{paths:?}"
+    );
+    let with_html = firefox(
+        json!({"html": "<img src=\"https://flotilla.invalid/x.png\"><p>doc</p>", "block": ["image"]}),
+    );
+    let html = String::from_utf8(ok(&api, "content", with_html, "text/html").await).unwrap();
+    assert!(html.contains("<p>doc</p>"), "{html}");
+
     // What Firefox's job does not take, named; a bad selector, named.
     for (body, named) in [
-        (json!({"url": home, "block": ["image"]}), "block"),
+        (json!({"url": home, "block": ["websocket"]}), "block"),
         (json!({"url": home, "user_agent": "bot"}), "user_agent"),
         (
             json!({"url": home, "wait_until": "networkidle"}),
