@@ -146,11 +146,37 @@ enum Turn {
 /// ([`BidiSession::call_serving`]): a command to send for an event, if any.
 pub type EventHandler<'a> = dyn FnMut(&Value) -> Option<(&'static str, Value)> + Send + 'a;
 
-/// An open BiDi session on a browser.
+/// An open BiDi session on a browser. One of the agent's own (or the live
+/// view's) dropped before [`BidiSession::end`] (its step cancelled) is
+/// ended in the background: Firefox keeps a session whose socket closed,
+/// and with it the browser's only one.
 pub struct BidiSession {
-    socket: WebSocketStream<TcpStream>,
+    /// `None` once the session has ended (nothing is left to end on drop).
+    socket: Option<WebSocketStream<TcpStream>>,
     next_id: u64,
     turn: Turn,
+}
+
+impl Drop for BidiSession {
+    fn drop(&mut self) {
+        if matches!(self.turn, Turn::Attached) {
+            return;
+        }
+        let Some(socket) = self.socket.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        // The turn (and claim) go with it: nobody starts a session before
+        // this one has ended.
+        let unended = Self {
+            socket: Some(socket),
+            next_id: self.next_id,
+            turn: std::mem::replace(&mut self.turn, Turn::Attached),
+        };
+        runtime.spawn(unended.end());
+    }
 }
 
 impl BidiSession {
@@ -193,7 +219,7 @@ impl BidiSession {
     pub async fn attach(endpoint: &CdpEndpoint, path: &str) -> Result<Self, BidiError> {
         let socket = connect(endpoint, path, VIEW_MAX_MESSAGE).await?;
         Ok(Self {
-            socket,
+            socket: Some(socket),
             next_id: 0,
             turn: Turn::Attached,
         })
@@ -202,7 +228,7 @@ impl BidiSession {
     async fn start(endpoint: &CdpEndpoint, turn: Turn, max: usize) -> Result<Self, BidiError> {
         let socket = connect(endpoint, &endpoint.browser_path, max).await?;
         let mut session = Self {
-            socket,
+            socket: Some(socket),
             next_id: 0,
             turn,
         };
@@ -211,6 +237,8 @@ impl BidiSession {
             .await
         {
             Err(BidiError::Command { error, .. }) if error == "session not created" => {
+                // No session to end: the connection only closes.
+                session.socket = None;
                 Err(BidiError::SessionHeld)
             }
             Err(other) => {
@@ -280,6 +308,8 @@ impl BidiSession {
         let id = self.next_id;
         let command = json!({"id": id, "method": method, "params": params}).to_string();
         self.socket
+            .as_mut()
+            .ok_or(BidiError::Closed)?
             .send(Message::text(command))
             .await
             .map_err(|_| BidiError::Closed)?;
@@ -299,7 +329,8 @@ impl BidiSession {
             #[serde(rename = "type")]
             kind: Option<String>,
         }
-        while let Some(message) = self.socket.next().await {
+        let socket = self.socket.as_mut().ok_or(BidiError::Closed)?;
+        while let Some(message) = socket.next().await {
             let Ok(Message::Text(text)) = message else {
                 continue;
             };
@@ -317,7 +348,12 @@ impl BidiSession {
                 return Ok(message);
             }
             if let Some((method, params)) = on_event.as_mut().and_then(|handle| handle(&message)) {
-                self.send(method, params).await?;
+                self.next_id += 1;
+                let command = json!({"id": self.next_id, "method": method, "params": params});
+                socket
+                    .send(Message::text(command.to_string()))
+                    .await
+                    .map_err(|_| BidiError::Closed)?;
             }
         }
         Err(BidiError::Closed)
@@ -331,14 +367,19 @@ impl BidiSession {
             if owned {
                 let _ = self.call("session.end", json!({})).await;
             }
-            let _ = self.socket.close(None).await;
+            if let Some(socket) = self.socket.as_mut() {
+                let _ = socket.close(None).await;
+            }
         };
         let _ = tokio::time::timeout(CONNECT_TIMEOUT, ending).await;
+        self.socket = None;
     }
 
     /// Closes the browser: it writes its profile and quits.
     pub async fn close_browser(mut self) -> Result<(), BidiError> {
-        self.call("browser.close", json!({})).await.map(|_| ())
+        self.call("browser.close", json!({})).await?;
+        self.socket = None;
+        Ok(())
     }
 }
 
@@ -370,6 +411,54 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    /// A BiDi peer on 127.0.0.1 that answers every command with success
+    /// and sends the methods it was asked for down `seen`.
+    async fn answering_peer() -> (u16, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (seen, methods) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let Ok(mut socket) = tokio_tungstenite::accept_async(stream).await else {
+                        return;
+                    };
+                    while let Some(Ok(Message::Text(text))) = socket.next().await {
+                        let command: Value = serde_json::from_str(&text).unwrap();
+                        let _ = seen.send(command["method"].as_str().unwrap().to_owned());
+                        let answer = json!({"type": "success", "id": command["id"], "result": {}});
+                        let _ = socket.send(Message::text(answer.to_string())).await;
+                    }
+                });
+            }
+        });
+        (port, methods)
+    }
+
+    #[tokio::test]
+    async fn a_session_dropped_before_its_end_is_ended_and_holds_the_turn_until_then() {
+        let (port, mut methods) = answering_peer().await;
+        let endpoint = CdpEndpoint::bidi_on_host(port);
+        let session = BidiSession::open(&endpoint).await.unwrap();
+        assert_eq!(methods.recv().await.unwrap(), "session.new");
+        // Its step was cancelled: the session goes without `end`.
+        drop(session);
+        let ended = tokio::time::timeout(Duration::from_secs(10), methods.recv()).await;
+        assert_eq!(ended.unwrap().unwrap(), "session.end");
+        // The next session of the agent's own starts once that one ended.
+        let next = tokio::time::timeout(Duration::from_secs(10), BidiSession::open(&endpoint))
+            .await
+            .expect("the turn is given back once the dropped session ended")
+            .unwrap();
+        assert_eq!(methods.recv().await.unwrap(), "session.new");
+        next.end().await;
+        assert_eq!(methods.recv().await.unwrap(), "session.end");
+        // One that ended is not ended again.
+        let quiet = tokio::time::timeout(Duration::from_millis(300), methods.recv()).await;
+        assert!(quiet.is_err(), "{quiet:?}");
+    }
 
     #[tokio::test]
     async fn a_claim_waits_for_the_view_to_let_go_and_holds_it_off_until_dropped() {

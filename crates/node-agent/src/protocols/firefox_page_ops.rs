@@ -50,6 +50,18 @@ const CENTER_OF: &str = "function() { this.scrollIntoView({block: 'center', inli
 /// Most characters `browser_type` types key by key.
 const MAX_TYPED_CHARS: usize = 10_000;
 
+/// Keys sent in one `input.performActions` (the step's time is checked
+/// between two such runs).
+const KEYS_PER_COMMAND: usize = 200;
+
+/// Longest answer (JSON text) the page's snapshot may give: the page's own
+/// script could answer anything, so what it answers is bounded before it
+/// is read.
+const MAX_SNAPSHOT_JSON: usize = 16 << 20;
+
+/// Longest answer of a call on an element (a box, a count, a flag).
+const MAX_ELEMENT_JSON: usize = 64 << 10;
+
 /// What Firefox's steps do not take, named before the browser is touched.
 fn refuse_what_firefox_lacks(op: &PageOp) -> Result<(), PageError> {
     match op {
@@ -183,6 +195,11 @@ impl Step<'_> {
             PageOp::TabNew { url } => self.new_tab(url.as_deref()).await?,
             PageOp::TabClose { tab } => {
                 let closing = self.find_tab(tab).await?;
+                if self.tabs().await?.len() == 1 {
+                    return Err(PageError::BadInput(format!(
+                        "tab {tab} is the browser's only tab, which Firefox keeps open: navigate it elsewhere instead"
+                    )));
+                }
                 let close = json!({"context": closing.context});
                 self.session.call("browsingContext.close", close).await?;
                 let tabs: Vec<TabInfo> = self.tabs().await?.into_iter().map(|(_, t)| t).collect();
@@ -439,7 +456,10 @@ impl Step<'_> {
             {"type": "number", "value": next},
             {"type": "number", "value": MAX_NODES + 1},
         ]);
-        let snapshot = match self.call_function(tab, SNAPSHOT_SCRIPT, arguments).await? {
+        let called = self
+            .call_function(tab, SNAPSHOT_SCRIPT, arguments, MAX_SNAPSHOT_JSON)
+            .await?;
+        let snapshot = match called {
             Scripted::Value(value) => value,
             Scripted::Threw(text) => {
                 return Err(PageError::Firefox(BidiError::Command {
@@ -449,8 +469,10 @@ impl Step<'_> {
                 }));
             }
         };
-        if let Some(next) = snapshot["next"].as_u64() {
-            handed_out.fetch_max(next.saturating_sub(1), Ordering::SeqCst);
+        // The page says how far it counted: at most one number a node.
+        if let Some(counted) = snapshot["next"].as_u64() {
+            let counted = counted.clamp(next, next + MAX_NODES as u64 + 1);
+            handed_out.fetch_max(counted - 1, Ordering::SeqCst);
         }
         let mut text = self.describe_page(tab).await?;
         text.push_str("- Page snapshot:\n");
@@ -462,12 +484,13 @@ impl Step<'_> {
     }
 
     /// Calls `declaration` in the page with `arguments` (BiDi values): its
-    /// value (awaited) as JSON.
+    /// value (awaited) as JSON, of at most `limit` bytes.
     async fn call_function(
         &mut self,
         tab: &Tab,
         declaration: &str,
         arguments: Value,
+        limit: usize,
     ) -> Result<Scripted, PageError> {
         let wrapped = format!("async (...args) => JSON.stringify(await ({declaration})(...args))");
         let call = json!({
@@ -475,7 +498,7 @@ impl Step<'_> {
             "target": {"context": tab.context}, "awaitPromise": true,
         });
         let called = self.session.call("script.callFunction", call).await?;
-        scripted(&called)
+        scripted(&called, limit)
     }
 
     /// Calls `function` on the element `element` names with `arguments` (a
@@ -495,7 +518,10 @@ impl Step<'_> {
             {"type": "number", "value": number},
             {"type": "string", "value": arguments.to_string()},
         ]);
-        match self.call_function(tab, &declaration, arguments).await? {
+        let called = self
+            .call_function(tab, &declaration, arguments, MAX_ELEMENT_JSON)
+            .await?;
+        match called {
             Scripted::Value(answer) if answer["gone"] == true => {
                 Err(PageError::StaleElement(element.to_owned()))
             }
@@ -524,28 +550,43 @@ impl Step<'_> {
         self.perform(tab, source).await
     }
 
-    /// Presses and releases each of `values` (WebDriver key values).
+    /// Presses and releases each of `values` (WebDriver key values), a run
+    /// of [`KEYS_PER_COMMAND`] at a time while the step has time.
     async fn keys(&mut self, tab: &Tab, values: &[String]) -> Result<(), PageError> {
-        let actions: Vec<Value> = values
-            .iter()
-            .flat_map(|value| {
-                [
-                    json!({"type": "keyDown", "value": value}),
-                    json!({"type": "keyUp", "value": value}),
-                ]
-            })
-            .collect();
-        let source = json!({"type": "key", "id": "flotilla-mcp-keys", "actions": actions});
-        self.perform(tab, source).await
+        for run in values.chunks(KEYS_PER_COMMAND) {
+            if Instant::now() >= self.deadline {
+                return Err(PageError::Timeout("typing"));
+            }
+            let actions: Vec<Value> = run
+                .iter()
+                .flat_map(|value| {
+                    [
+                        json!({"type": "keyDown", "value": value}),
+                        json!({"type": "keyUp", "value": value}),
+                    ]
+                })
+                .collect();
+            let source = json!({"type": "key", "id": "flotilla-mcp-keys", "actions": actions});
+            self.perform(tab, source).await?;
+        }
+        Ok(())
     }
 
     async fn perform(&mut self, tab: &Tab, source: Value) -> Result<(), PageError> {
         let perform = json!({"context": tab.context, "actions": [source]});
         let within = self.remaining();
-        self.session
+        let performed = self
+            .session
             .call_within("input.performActions", perform, within)
-            .await?;
-        Ok(())
+            .await;
+        match performed {
+            Err(BidiError::Command { error, .. }) if error == "move target out of bounds" => {
+                Err(PageError::BadInput(
+                    "the element's middle is outside the viewport (in a scrolled or clipped box): take a new snapshot, or scroll it into view".into(),
+                ))
+            }
+            other => other.map(drop).map_err(PageError::from),
+        }
     }
 
     /// Drags element `from` onto element `to` in five moves.
@@ -701,7 +742,7 @@ fn pointer_move(x: f64, y: f64) -> Value {
 
 /// What `script.callFunction` answered for a function whose value is JSON
 /// text.
-fn scripted(called: &Value) -> Result<Scripted, PageError> {
+fn scripted(called: &Value, limit: usize) -> Result<Scripted, PageError> {
     if called["type"] == "exception" {
         let text = called["exceptionDetails"]["text"]
             .as_str()
@@ -709,6 +750,11 @@ fn scripted(called: &Value) -> Result<Scripted, PageError> {
         return Ok(Scripted::Threw(text.to_owned()));
     }
     let json = called["result"]["value"].as_str().unwrap_or("null");
+    if json.len() > limit {
+        return Err(PageError::BadInput(format!(
+            "the page answered more than {limit} bytes where a script of the node's expected less (the page's own script changed what it reads)"
+        )));
+    }
     serde_json::from_str(json)
         .map(Scripted::Value)
         .map_err(|error| PageError::BadInput(format!("the page answered no JSON: {error}")))
@@ -797,12 +843,18 @@ mod tests {
     #[test]
     fn a_page_scripts_answer_is_its_json_or_what_it_threw() {
         let value = json!({"type": "success", "result": {"type": "string", "value": "{\"a\":1}"}});
-        assert!(matches!(scripted(&value).unwrap(), Scripted::Value(v) if v == json!({"a": 1})));
+        assert!(
+            matches!(scripted(&value, 100).unwrap(), Scripted::Value(v) if v == json!({"a": 1}))
+        );
+        assert!(
+            scripted(&value, 3).is_err(),
+            "an answer past its bound is not read"
+        );
         let threw = json!({"type": "exception", "exceptionDetails": {"text": "Error: no"}});
-        assert!(matches!(scripted(&threw).unwrap(), Scripted::Threw(t) if t == "Error: no"));
+        assert!(matches!(scripted(&threw, 100).unwrap(), Scripted::Threw(t) if t == "Error: no"));
         let undefined = json!({"type": "success", "result": {"type": "undefined"}});
         assert!(matches!(
-            scripted(&undefined).unwrap(),
+            scripted(&undefined, 100).unwrap(),
             Scripted::Value(Value::Null)
         ));
     }

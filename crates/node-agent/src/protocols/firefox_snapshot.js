@@ -36,8 +36,23 @@
     'treeitem', 'switch', 'tooltip']);
   const PASS = new Set(['generic', 'none']);
   const clip = (text) => {
-    const flat = String(text || '').replace(/\s+/g, ' ').trim();
+    const flat = String(text || '').slice(0, 4000).replace(/\s+/g, ' ').trim();
     return flat.length > 500 ? flat.slice(0, 500) + '…' : flat;
+  };
+  // An element's text, read up to a budget (a name needs no more; a large
+  // subtree is not read whole for each of its ancestors).
+  // Read as shown: an open shadow root's nodes, a slot's assigned ones.
+  const textOf = (root) => {
+    let text = '';
+    let visits = 0;
+    const walk = (node) => {
+      if (text.length >= 2000 || ++visits > 5000) return;
+      if (node.nodeType === Node.TEXT_NODE) text += node.data.slice(0, 2000);
+      if (node.nodeType !== Node.ELEMENT_NODE || SKIP.has(node.localName)) return;
+      for (const child of childrenOf(node)) walk(child);
+    };
+    walk(root);
+    return clip(text);
   };
 
   const inputRole = (element) => {
@@ -65,6 +80,7 @@
   const roleOf = (element) => {
     const explicit = (element.getAttribute('role') || '').trim().split(/\s+/)[0];
     if (explicit) return explicit === 'presentation' ? 'none' : explicit;
+    if (!(element instanceof HTMLElement)) return 'generic';
     const tag = element.localName;
     if (LEVELS[tag]) return 'heading';
     switch (tag) {
@@ -83,7 +99,8 @@
   const labelText = (label) => {
     let text = '';
     const walk = (node) => {
-      if (node.nodeType === Node.TEXT_NODE) text += node.data;
+      if (text.length > 2000) return;
+      if (node.nodeType === Node.TEXT_NODE) text += node.data.slice(0, 2000);
       if (node.nodeType !== Node.ELEMENT_NODE || SKIP.has(node.localName) || node.matches(CONTROLS)) return;
       for (const child of node.childNodes) walk(child);
       text += ' ';
@@ -94,8 +111,8 @@
   const nameOf = (element, role) => {
     const labelledby = element.getAttribute('aria-labelledby');
     if (labelledby) {
-      const text = clip(labelledby.split(/\s+/).map((id) => document.getElementById(id))
-        .filter(Boolean).map((by) => by.textContent).join(' '));
+      const text = clip(labelledby.split(/\s+/).slice(0, 20).map((id) => document.getElementById(id))
+        .filter(Boolean).map(textOf).join(' '));
       if (text) return text;
     }
     const label = clip(element.getAttribute('aria-label'));
@@ -114,18 +131,18 @@
     if (tag === 'img' || tag === 'area') return clip(element.getAttribute('alt') || element.getAttribute('title'));
     const caption = { fieldset: ':scope > legend', table: ':scope > caption', figure: ':scope > figcaption' }[tag];
     const captioned = caption && element.querySelector(caption);
-    if (captioned) return clip(captioned.textContent);
+    if (captioned) return textOf(captioned);
     if (FROM_CONTENT.has(role)) {
-      const text = clip(element.textContent);
+      const text = textOf(element);
       if (text) return text;
     }
     return clip(element.getAttribute('title'));
   };
   const valueOf = (element, role) => {
     if (!['textbox', 'searchbox', 'spinbutton', 'slider', 'combobox'].includes(role)) return '';
-    if (element.localName === 'select') return clip(element.selectedOptions[0]?.label);
-    if (element.localName === 'textarea') return clip(element.value);
-    if (element.localName === 'input' && element.type !== 'password') return clip(element.value);
+    if (element instanceof HTMLSelectElement) return clip(element.selectedOptions[0]?.label);
+    if (element instanceof HTMLTextAreaElement) return clip(element.value);
+    if (element instanceof HTMLInputElement && element.type !== 'password') return clip(element.value);
     return '';
   };
   const propertiesOf = (element, role) => {
@@ -133,18 +150,18 @@
     const add = (name, value) => properties.push({ name, value: { value } });
     const aria = (name) => element.getAttribute('aria-' + name);
     if (role === 'heading') add('level', LEVELS[element.localName] || Number(aria('level')) || 2);
-    if (element.localName === 'input' && ['checkbox', 'radio'].includes(element.type)) {
+    if (element instanceof HTMLInputElement && ['checkbox', 'radio'].includes(element.type)) {
       add('checked', element.indeterminate ? 'mixed' : element.checked);
     } else if (aria('checked')) {
       add('checked', aria('checked'));
     }
     if (element.matches(':disabled') || aria('disabled') === 'true') add('disabled', true);
-    if (element.localName === 'summary' && element.parentElement?.localName === 'details') {
+    if (element.localName === 'summary' && element.parentElement instanceof HTMLDetailsElement) {
       add('expanded', element.parentElement.open);
     } else if (aria('expanded')) {
       add('expanded', aria('expanded'));
     }
-    if (element.localName === 'option') add('selected', element.selected);
+    if (element instanceof HTMLOptionElement) add('selected', element.selected);
     else if (aria('selected')) add('selected', aria('selected'));
     if (aria('pressed')) add('pressed', aria('pressed'));
     return properties;
@@ -175,15 +192,29 @@
     if (node.nodeType !== Node.ELEMENT_NODE || SKIP.has(node.localName)) continue;
     if (node.getAttribute('aria-hidden') === 'true') continue;
     const inSelect = node.localName === 'option' || node.localName === 'optgroup';
-    if (!inSelect && !node.checkVisibility()) continue;
+    if (!inSelect && !node.checkVisibility()) {
+      // No box of its own, but its children have theirs (a slot, a wrapper
+      // of `display: contents`): they are read in its place.
+      if (getComputedStyle(node).display === 'contents') {
+        const children = [...childrenOf(node)];
+        for (let i = children.length - 1; i >= 0; i--) stack.push([children[i], parent, hiddenAbove]);
+      }
+      continue;
+    }
     const hidden = !inSelect && !node.checkVisibility({ visibilityProperty: true });
-    const role = roleOf(node);
+    let role = roleOf(node);
     const entry = { nodeId: id, parentId: nodes[parent].nodeId, role: { value: role }, ignored: hidden, childIds: [] };
     if (!hidden && !PASS.has(role)) {
-      entry.name = { value: nameOf(node, role) };
-      entry.value = { value: valueOf(node, role) };
-      entry.properties = propertiesOf(node, role);
-      entry.backendDOMNodeId = refOf(node);
+      try {
+        entry.name = { value: nameOf(node, role) };
+        entry.value = { value: valueOf(node, role) };
+        entry.properties = propertiesOf(node, role);
+        entry.backendDOMNodeId = refOf(node);
+      } catch (error) {
+        // An element the rules above do not fit is passed through.
+        role = 'generic';
+        entry.role = { value: role };
+      }
     }
     nodes[parent].childIds.push(id);
     nodes.push(entry);

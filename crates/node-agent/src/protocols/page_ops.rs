@@ -136,6 +136,10 @@ struct DocumentReferences {
 /// Most tabs whose references are kept (a browser past it starts afresh).
 const MAX_TABS_REFERENCED: usize = 1024;
 
+/// Most references kept for one document (a page that keeps making new
+/// nodes, read again and again): past it, its older references go stale.
+const MAX_REFERENCES_PER_DOCUMENT: usize = 4 * MAX_NODES;
+
 impl References {
     /// Numbers the backend nodes of a snapshot of `document` in `tab`: a
     /// node read before in the same document keeps its number.
@@ -156,6 +160,11 @@ impl References {
             tab: tab.to_owned(),
             handed_out: &self.handed_out,
         }
+    }
+
+    /// Forgets the references of a tab that closed.
+    fn forget(&self, tab: &str) {
+        self.chromium.lock().expect("references lock").remove(tab);
     }
 
     /// The backend node `reference` names in `tab`, while the tab still
@@ -179,6 +188,10 @@ impl Numbering<'_> {
         let read = self.tabs.get_mut(&self.tab).expect("numbered tab");
         if let Some(number) = read.by_node.get(&node) {
             return *number;
+        }
+        if read.by_node.len() >= MAX_REFERENCES_PER_DOCUMENT {
+            read.by_node.clear();
+            read.by_reference.clear();
         }
         let number = self
             .handed_out
@@ -294,6 +307,7 @@ impl Step<'_> {
             PageOp::TabClose { tab } => {
                 self.find_tab(tab).await?;
                 self.pages().close(tab).await?;
+                context.references.forget(tab);
                 let tabs = self.tabs_without(tab).await?;
                 let current = tabs.first().map(|t| t.id.clone()).unwrap_or_default();
                 let text = format!("Closed tab {tab}.\n{}", list_tabs(&tabs, &current));
