@@ -2,7 +2,8 @@
 //! BiDi in a session of the agent's own (the action's instance has no other
 //! client). The same job as [`crate::protocols::actions`] runs in Chromium,
 //! step for step where BiDi has the step: the viewport
-//! (`browsingContext.setViewport`), cookies (`storage.setCookie`), the load
+//! (`browsingContext.setViewport`), the user agent
+//! (`emulation.setUserAgentOverride`), cookies (`storage.setCookie`), the load
 //! (`browsingContext.navigate`, `wait: complete` or `interactive`), the
 //! selectors and scripts (`script.evaluate`, the same scripts as Chromium's
 //! job), screenshots (`browsingContext.captureScreenshot`), PDFs
@@ -38,9 +39,6 @@ fn refuse_what_firefox_lacks(request: &ActionRequest) -> Result<(), ActionError>
             "block",
             "Firefox's WebDriver BiDi shows a WebSocket's handshake as a plain http(s) request: block its URL with a pattern (*://host/socket*)",
         );
-    }
-    if request.user_agent.is_some() {
-        return refused("user_agent", "Firefox's BiDi sets no user agent");
     }
     if request.wait_until == Some(WaitUntil::Networkidle) {
         return refused(
@@ -237,6 +235,10 @@ impl Job<'_> {
             }),
         )
         .await?;
+        if let Some(agent) = &self.request.user_agent {
+            let agent = json!({"userAgent": agent, "contexts": [tab.context]});
+            tab.call("emulation.setUserAgentOverride", agent).await?;
+        }
         if !self.request.headers.is_empty() {
             let headers: Vec<Value> = self
                 .request
@@ -557,7 +559,6 @@ mod tests {
                 json!({"url": url, "block": ["image", "websocket"]}),
                 "block",
             ),
-            (json!({"url": url, "user_agent": "bot"}), "user_agent"),
             (
                 json!({"url": url, "wait_until": "networkidle"}),
                 "wait_until",
@@ -576,6 +577,7 @@ mod tests {
             json!({"html": "<p>x</p>"}),
             json!({"url": url, "headers": {"x-a": "1"}}),
             json!({"url": url, "block": ["image", "*://ads.test/*"]}),
+            json!({"url": url, "user_agent": "bot"}),
         ] {
             let request: ActionRequest = serde_json::from_value(taken).unwrap();
             assert!(refuse_what_firefox_lacks(&request).is_ok());

@@ -489,11 +489,20 @@ async fn firefox_serves_html_and_sends_headers(api: &Api, site: &Site) {
         rendered.contains(r#"<i id="fetch">failed</i>"#),
         "{rendered}"
     );
-    let body = json!({"image": "firefox", "url": format!("{}/", site.base), "headers": {"X-Action-Test": "firefox"}});
-    ok(api, "content", body, "text/html").await;
+    let body = json!({
+        "image": "firefox", "url": format!("{}/", site.base),
+        "headers": {"X-Action-Test": "firefox"}, "user_agent": "Mozilla/5.0 FlotillaAction",
+    });
+    let html = String::from_utf8(ok(api, "content", body, "text/html").await).unwrap();
+    // The page's script saw the user agent too.
+    assert!(html.contains("rendered by script true"), "{html}");
     let headers = site.headers_of("/");
     assert!(
         headers.contains(&("x-action-test".into(), "firefox".into())),
+        "{headers:?}"
+    );
+    assert!(
+        headers.contains(&("user-agent".into(), "Mozilla/5.0 FlotillaAction".into())),
         "{headers:?}"
     );
 }
@@ -611,7 +620,6 @@ async fn browser_actions_run_in_firefox_where_bidi_has_the_step() {
     // What Firefox's job does not take, named; a bad selector, named.
     for (body, named) in [
         (json!({"url": home, "block": ["websocket"]}), "block"),
-        (json!({"url": home, "user_agent": "bot"}), "user_agent"),
         (
             json!({"url": home, "wait_until": "networkidle"}),
             "wait_until",
