@@ -230,8 +230,8 @@ pub struct ActionRequest {
     pub profile: Option<String>,
     /// The image whose browser runs the job (default: the fleet's default
     /// image). `firefox` runs it in Firefox over WebDriver BiDi, which takes
-    /// neither `wait_until: networkidle` nor `block` of `websocket` (400
-    /// naming the option); a `profile` must be one Firefox saved.
+    /// no `block` of `websocket` (400 naming it); a `profile` must be one
+    /// Firefox saved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
     /// Requests to fail: resource types (`image`, `font`, `stylesheet`,

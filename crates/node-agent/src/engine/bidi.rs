@@ -281,6 +281,21 @@ impl BidiSession {
             .await
     }
 
+    /// Hands each event that comes within `within` to `on_event` (as
+    /// [`BidiSession::call_serving`] does while a command runs), then
+    /// returns.
+    pub async fn serve_events(
+        &mut self,
+        within: Duration,
+        on_event: &mut EventHandler<'_>,
+    ) -> Result<(), BidiError> {
+        // No command has this id: only events are read.
+        match tokio::time::timeout(within, self.answer_to(u64::MAX, Some(on_event))).await {
+            Ok(Err(error)) => Err(error),
+            Ok(Ok(_)) | Err(_) => Ok(()),
+        }
+    }
+
     async fn call_handling(
         &mut self,
         method: &str,

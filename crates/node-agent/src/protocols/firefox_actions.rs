@@ -40,12 +40,6 @@ fn refuse_what_firefox_lacks(request: &ActionRequest) -> Result<(), ActionError>
             "Firefox's WebDriver BiDi shows a WebSocket's handshake as a plain http(s) request: block its URL with a pattern (*://host/socket*)",
         );
     }
-    if request.wait_until == Some(WaitUntil::Networkidle) {
-        return refused(
-            "wait_until",
-            "networkidle is read from Chromium's lifecycle events; use load, domcontentloaded or wait_for_selector",
-        );
-    }
     Ok(())
 }
 
@@ -90,20 +84,39 @@ struct Tab {
     context: Value,
     /// Once the job holds the tab's requests: what answers them.
     holds: Option<Holds>,
+    /// While a `networkidle` job follows the tab's requests: those not
+    /// finished.
+    in_flight: Option<InFlight>,
 }
 
 impl Tab {
     /// Sends `method` and waits for its answer, answering the requests the
     /// job holds meanwhile.
     async fn call(&mut self, method: &str, params: Value) -> Result<Value, BidiError> {
-        match &self.holds {
-            Some(holds) => {
-                let mut release = |event: &Value| holds.decide(event);
-                self.session
-                    .call_serving(method, params, &mut release)
-                    .await
-            }
-            None => self.session.call(method, params).await,
+        if self.holds.is_none() && self.in_flight.is_none() {
+            return self.session.call(method, params).await;
+        }
+        let (holds, in_flight) = (&self.holds, &mut self.in_flight);
+        let mut handle = |event: &Value| events_of_the_job(holds, in_flight, event);
+        self.session.call_serving(method, params, &mut handle).await
+    }
+
+    /// Waits until none of the tab's requests has been in flight for
+    /// [`NETWORK_QUIET`] (Chromium's `networkIdle`).
+    async fn network_idle(&mut self) -> Result<(), BidiError> {
+        loop {
+            let Some(in_flight) = &self.in_flight else {
+                return Ok(());
+            };
+            let quiet = in_flight.changed.elapsed();
+            let within = match in_flight.requests.is_empty() {
+                true if quiet >= NETWORK_QUIET => return Ok(()),
+                true => NETWORK_QUIET - quiet,
+                false => NETWORK_QUIET,
+            };
+            let (holds, in_flight) = (&self.holds, &mut self.in_flight);
+            let mut handle = |event: &Value| events_of_the_job(holds, in_flight, event);
+            self.session.serve_events(within, &mut handle).await?;
         }
     }
 
@@ -177,6 +190,7 @@ impl Job<'_> {
             session,
             context,
             holds: None,
+            in_flight: None,
         };
         let result = self.on(&mut tab, kind).await;
         tab.session.end().await;
@@ -317,7 +331,18 @@ impl Job<'_> {
             _ => "complete",
         };
         let navigate = json!({"context": tab.context, "url": url, "wait": wait});
-        match tab.call("browsingContext.navigate", navigate).await {
+        let idle = self.request.wait_until == Some(WaitUntil::Networkidle);
+        if idle {
+            let events = json!({"events": NETWORK_EVENTS, "contexts": [tab.context]});
+            tab.call("session.subscribe", events).await?;
+            tab.in_flight = Some(InFlight::default());
+        }
+        let navigated = tab.call("browsingContext.navigate", navigate).await;
+        if idle && navigated.is_ok() {
+            self.at("waiting for the network to be idle");
+            tab.network_idle().await?;
+        }
+        match navigated {
             Ok(_) => Ok(()),
             Err(BidiError::Command { message, .. }) => Err(ActionError::Navigation {
                 url: url.to_owned(),
@@ -449,6 +474,62 @@ impl Holds {
     }
 }
 
+/// How long none of a `networkidle` job's requests must be in flight.
+const NETWORK_QUIET: Duration = Duration::from_millis(500);
+
+/// The events that tell a request's start and end.
+const NETWORK_EVENTS: [&str; 3] = [
+    "network.beforeRequestSent",
+    "network.responseCompleted",
+    "network.fetchError",
+];
+
+/// The requests of a tab not finished yet, and when that last changed.
+struct InFlight {
+    requests: std::collections::HashSet<String>,
+    changed: Instant,
+}
+
+impl Default for InFlight {
+    fn default() -> Self {
+        Self {
+            requests: Default::default(),
+            changed: Instant::now(),
+        }
+    }
+}
+
+impl InFlight {
+    fn see(&mut self, event: &Value) {
+        let Some(request) = event["params"]["request"]["request"].as_str() else {
+            return;
+        };
+        match event["method"].as_str() {
+            Some("network.beforeRequestSent") => {
+                self.requests.insert(request.to_owned());
+            }
+            Some("network.responseCompleted" | "network.fetchError") => {
+                self.requests.remove(request);
+            }
+            _ => return,
+        }
+        self.changed = Instant::now();
+    }
+}
+
+/// What the job does with an event: follows its requests, and answers
+/// those it holds.
+fn events_of_the_job(
+    holds: &Option<Holds>,
+    in_flight: &mut Option<InFlight>,
+    event: &Value,
+) -> Option<(&'static str, Value)> {
+    if let Some(in_flight) = in_flight {
+        in_flight.see(event);
+    }
+    holds.as_ref()?.decide(event)
+}
+
 /// What a job's `block` fails: resource types and URL patterns (`*` any
 /// run of characters, `?` one), as Chromium's job reads them.
 struct Blocker {
@@ -554,25 +635,22 @@ mod tests {
     #[test]
     fn what_firefox_lacks_is_refused_by_name() {
         let url = Some("https://example.com/".to_owned());
-        for (request, option) in [
-            (
-                json!({"url": url, "block": ["image", "websocket"]}),
-                "block",
+        let request = json!({"url": url, "block": ["image", "websocket"]});
+        let request: ActionRequest = serde_json::from_value(request).unwrap();
+        let error = refuse_what_firefox_lacks(&request).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                ActionError::NotInFirefox {
+                    option: "block",
+                    ..
+                }
             ),
-            (
-                json!({"url": url, "wait_until": "networkidle"}),
-                "wait_until",
-            ),
-        ] {
-            let request: ActionRequest = serde_json::from_value(request).unwrap();
-            let error = refuse_what_firefox_lacks(&request).unwrap_err();
-            assert!(
-                matches!(error, ActionError::NotInFirefox { option: named, .. } if named == option),
-                "{option}: {error}"
-            );
-            assert!(error.to_string().contains(option), "{error}");
-        }
+            "{error}"
+        );
+        assert!(error.to_string().contains("block"), "{error}");
         for taken in [
+            json!({"url": url, "wait_until": "networkidle"}),
             json!({"url": url}),
             json!({"html": "<p>x</p>"}),
             json!({"url": url, "headers": {"x-a": "1"}}),

@@ -51,6 +51,11 @@ const TALL: &str = r#"<!doctype html><html><body style="margin:0">
 const MOVES: &str =
     r#"<!doctype html><img src="/hang"><script>alert('one'); location.replace('/')</script>"#;
 
+/// Asks for `/slow` (answered after a second) once it has loaded.
+const IDLE: &str = r#"<!doctype html><p id="out">waiting</p><script>
+addEventListener('load', () => fetch('/slow').then((r) => r.text()).then((t) => { document.getElementById('out').textContent = t; }));
+</script>"#;
+
 const PAGES: &str = r#"<!doctype html><html><body>
 <section style="break-after:page">first</section>
 <section style="break-after:page">second</section>
@@ -68,6 +73,14 @@ impl Site {
             .route("/tall", html(TALL))
             .route("/pages", html(PAGES))
             .route("/moves", html(MOVES))
+            .route("/idle", html(IDLE))
+            .route(
+                "/slow",
+                axum::routing::get(|| async {
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    "the slow answer"
+                }),
+            )
             .route(
                 "/hang",
                 axum::routing::get(std::future::pending::<&'static str>),
@@ -593,6 +606,11 @@ async fn browser_actions_run_in_firefox_where_bidi_has_the_step() {
 
     firefox_serves_html_and_sends_headers(&api, &site).await;
 
+    // networkidle waits for the request the page made after its load.
+    let idle = firefox(json!({"url": format!("{}/idle", site.base), "wait_until": "networkidle"}));
+    let html = String::from_utf8(ok(&api, "content", idle, "text/html").await).unwrap();
+    assert!(html.contains("the slow answer"), "{html}");
+
     // Blocked requests never leave the browser (the jobs before fetched
     // them); the others do, the page's own script too.
     let before = site.paths().len();
@@ -620,10 +638,6 @@ async fn browser_actions_run_in_firefox_where_bidi_has_the_step() {
     // What Firefox's job does not take, named; a bad selector, named.
     for (body, named) in [
         (json!({"url": home, "block": ["websocket"]}), "block"),
-        (
-            json!({"url": home, "wait_until": "networkidle"}),
-            "wait_until",
-        ),
         (json!({"url": home, "selector": "##"}), "selector"),
     ] {
         let detail = refused(
