@@ -155,6 +155,9 @@ pub struct BidiSession {
     socket: Option<WebSocketStream<TcpStream>>,
     next_id: u64,
     turn: Turn,
+    /// Whether `session.new` was sent and not yet answered (a session may
+    /// still come of it: its end waits for it first).
+    new_pending: bool,
 }
 
 impl Drop for BidiSession {
@@ -162,20 +165,72 @@ impl Drop for BidiSession {
         if matches!(self.turn, Turn::Attached) {
             return;
         }
-        let Some(socket) = self.socket.take() else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        let Some(unended) = self.unended() else {
             return;
         };
         // The turn (and claim) go with it: nobody starts a session before
-        // this one has ended.
-        let unended = Self {
-            socket: Some(socket),
-            next_id: self.next_id,
-            turn: std::mem::replace(&mut self.turn, Turn::Attached),
-        };
-        runtime.spawn(unended.end());
+        // this one has ended. (Without a runtime, or one shutting down, the
+        // connection only closes: the browser goes too.)
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(unended.finish());
+        }
+    }
+}
+
+/// What is left to end of a session: its connection and turn, with no
+/// `Drop` of its own (so ending one never starts another end).
+struct Unended {
+    socket: WebSocketStream<TcpStream>,
+    next_id: u64,
+    turn: Turn,
+    new_pending: bool,
+}
+
+impl Unended {
+    /// Ends the session (after the answer to a `session.new` still
+    /// pending), then closes; a few seconds at most for each.
+    async fn finish(mut self) {
+        if !matches!(self.turn, Turn::Attached) {
+            if self.new_pending {
+                let started = read_answer(&mut self.socket, 1);
+                let _ = tokio::time::timeout(CONNECT_TIMEOUT, started).await;
+            }
+            let id = self.next_id + 1;
+            let command = json!({"id": id, "method": "session.end", "params": {}});
+            let ending = async {
+                if self
+                    .socket
+                    .send(Message::text(command.to_string()))
+                    .await
+                    .is_ok()
+                {
+                    read_answer(&mut self.socket, id).await;
+                }
+            };
+            let _ = tokio::time::timeout(CONNECT_TIMEOUT, ending).await;
+        }
+        let _ = tokio::time::timeout(CONNECT_TIMEOUT, self.socket.close(None)).await;
+    }
+}
+
+/// A message's id and whether it is an event, read without building the
+/// rest (events nobody handles are skipped at the cost of a scan).
+#[derive(serde::Deserialize)]
+struct Peek {
+    id: Option<u64>,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+}
+
+/// Reads until the answer to command `id` (events skipped), or the
+/// connection's end.
+async fn read_answer(socket: &mut WebSocketStream<TcpStream>, id: u64) {
+    while let Some(Ok(message)) = socket.next().await {
+        if let Message::Text(text) = message
+            && serde_json::from_str::<Peek>(&text).is_ok_and(|peek| peek.id == Some(id))
+        {
+            return;
+        }
     }
 }
 
@@ -222,6 +277,7 @@ impl BidiSession {
             socket: Some(socket),
             next_id: 0,
             turn: Turn::Attached,
+            new_pending: false,
         })
     }
 
@@ -231,11 +287,15 @@ impl BidiSession {
             socket: Some(socket),
             next_id: 0,
             turn,
+            new_pending: true,
         };
-        match session
+        let started = session
             .call("session.new", json!({"capabilities": {}}))
-            .await
-        {
+            .await;
+        if !matches!(started, Err(BidiError::Timeout(_))) {
+            session.new_pending = false;
+        }
+        match started {
             Err(BidiError::Command { error, .. }) if error == "session not created" => {
                 // No session to end: the connection only closes.
                 session.socket = None;
@@ -290,10 +350,10 @@ impl BidiSession {
         on_event: &mut EventHandler<'_>,
     ) -> Result<(), BidiError> {
         // No command has this id: only events are read.
-        match tokio::time::timeout(within, self.answer_to(u64::MAX, Some(on_event))).await {
-            Ok(Err(error)) => Err(error),
-            Ok(Ok(_)) | Err(_) => Ok(()),
-        }
+        let until = tokio::time::Instant::now() + within;
+        self.answer_to(u64::MAX, Some(on_event), until)
+            .await
+            .map(drop)
     }
 
     async fn call_handling(
@@ -304,9 +364,11 @@ impl BidiSession {
         within: Duration,
     ) -> Result<Value, BidiError> {
         let id = self.send(method, params).await?;
-        let answer = tokio::time::timeout(within, self.answer_to(id, on_event))
-            .await
-            .map_err(|_| BidiError::Timeout(method.to_owned()))??;
+        let until = tokio::time::Instant::now() + within;
+        let answer = self
+            .answer_to(id, on_event, until)
+            .await?
+            .ok_or_else(|| BidiError::Timeout(method.to_owned()))?;
         if answer["type"] == "success" {
             return Ok(answer["result"].clone());
         }
@@ -331,21 +393,26 @@ impl BidiSession {
         Ok(id)
     }
 
+    /// The answer to command `id` (`None` when `until` passes first),
+    /// handing events to `on_event` meanwhile. Only the reads are bounded
+    /// by `until`: a command sent for an event is always sent whole, so no
+    /// held request is left unanswered in the socket's buffer.
     async fn answer_to(
         &mut self,
         id: u64,
         mut on_event: Option<&mut EventHandler<'_>>,
-    ) -> Result<Value, BidiError> {
-        /// A message's id and whether it is an event, read without building
-        /// the rest (events nobody handles are skipped at the cost of a scan).
-        #[derive(serde::Deserialize)]
-        struct Peek {
-            id: Option<u64>,
-            #[serde(rename = "type")]
-            kind: Option<String>,
-        }
+        until: tokio::time::Instant,
+    ) -> Result<Option<Value>, BidiError> {
         let socket = self.socket.as_mut().ok_or(BidiError::Closed)?;
-        while let Some(message) = socket.next().await {
+        // What an earlier, cancelled send left in the buffer goes first.
+        socket.flush().await.map_err(|_| BidiError::Closed)?;
+        loop {
+            let Ok(message) = tokio::time::timeout_at(until, socket.next()).await else {
+                return Ok(None);
+            };
+            let Some(message) = message else {
+                return Err(BidiError::Closed);
+            };
             let Ok(Message::Text(text)) = message else {
                 continue;
             };
@@ -360,7 +427,7 @@ impl BidiSession {
                 continue;
             };
             if !event {
-                return Ok(message);
+                return Ok(Some(message));
             }
             if let Some((method, params)) = on_event.as_mut().and_then(|handle| handle(&message)) {
                 self.next_id += 1;
@@ -371,23 +438,34 @@ impl BidiSession {
                     .map_err(|_| BidiError::Closed)?;
             }
         }
-        Err(BidiError::Closed)
     }
 
     /// Ends the session (the browser goes on), waiting a few seconds at
     /// most for the browser; an attached connection is only closed.
     pub async fn end(mut self) {
-        let owned = !matches!(self.turn, Turn::Attached);
-        let ending = async {
-            if owned {
-                let _ = self.call("session.end", json!({})).await;
-            }
-            if let Some(socket) = self.socket.as_mut() {
-                let _ = socket.close(None).await;
-            }
-        };
-        let _ = tokio::time::timeout(CONNECT_TIMEOUT, ending).await;
-        self.socket = None;
+        if let Some(unended) = self.unended() {
+            unended.finish().await;
+        }
+    }
+
+    /// What is left to end, taken out of the session (its drop then ends
+    /// nothing).
+    fn unended(&mut self) -> Option<Unended> {
+        Some(Unended {
+            socket: self.socket.take()?,
+            next_id: self.next_id,
+            turn: std::mem::replace(&mut self.turn, Turn::Attached),
+            new_pending: self.new_pending,
+        })
+    }
+
+    /// Marks the session ended by a `session.end` sent by hand (through
+    /// [`BidiSession::call_serving`]): only the connection is left to close.
+    pub fn ended(mut self) {
+        if let Some(mut unended) = self.unended() {
+            unended.turn = Turn::Attached;
+            tokio::spawn(unended.finish());
+        }
     }
 
     /// Closes the browser: it writes its profile and quits.

@@ -101,9 +101,28 @@ impl Tab {
         self.session.call_serving(method, params, &mut handle).await
     }
 
-    /// Waits until none of the tab's requests has been in flight for
-    /// [`NETWORK_QUIET`] (Chromium's `networkIdle`).
+    /// Ends the job's session. Requests it holds are answered until the
+    /// browser has ended it (Firefox lets go of those still held then).
+    async fn finish(mut self) {
+        if self.holds.is_none() {
+            return self.session.end().await;
+        }
+        let ending =
+            tokio::time::timeout(Duration::from_secs(10), self.call("session.end", json!({})));
+        match ending.await {
+            Ok(Ok(_)) => self.session.ended(),
+            _ => self.session.end().await,
+        }
+    }
+
+    /// Waits until, after the load, none of the tab's requests has been in
+    /// flight for [`NETWORK_QUIET`] (Chromium's `networkIdle`).
     async fn network_idle(&mut self) -> Result<(), BidiError> {
+        // Quiet is counted from the load on (the page's load handlers may
+        // start requests of their own).
+        if let Some(in_flight) = &mut self.in_flight {
+            in_flight.changed = Instant::now();
+        }
         loop {
             let Some(in_flight) = &self.in_flight else {
                 return Ok(());
@@ -172,8 +191,7 @@ impl Job<'_> {
         endpoint: &CdpEndpoint,
         kind: ActionKind,
     ) -> Result<ActionOutput, ActionError> {
-        // Left unended only when the deadline drops the job: the action's
-        // instance is deleted then.
+        // A session the deadline drops is ended in the background.
         let mut session = BidiSession::open(endpoint).await?;
         self.at("opening the page");
         let tree = session
@@ -193,7 +211,9 @@ impl Job<'_> {
             in_flight: None,
         };
         let result = self.on(&mut tab, kind).await;
-        tab.session.end().await;
+        // The result goes at once; the session ends after (holding the
+        // browser's turn till then).
+        tokio::spawn(tab.finish());
         result
     }
 
@@ -477,16 +497,19 @@ impl Holds {
 /// How long none of a `networkidle` job's requests must be in flight.
 const NETWORK_QUIET: Duration = Duration::from_millis(500);
 
-/// The events that tell a request's start and end.
-const NETWORK_EVENTS: [&str; 3] = [
+/// The events that tell a request's start and end, and a frame's end
+/// (whose requests tell no end then).
+const NETWORK_EVENTS: [&str; 4] = [
     "network.beforeRequestSent",
     "network.responseCompleted",
     "network.fetchError",
+    "browsingContext.contextDestroyed",
 ];
 
-/// The requests of a tab not finished yet, and when that last changed.
+/// The requests of a tab not finished yet (each hop of a redirect is one,
+/// by its count), with the frame each is for, and when that last changed.
 struct InFlight {
-    requests: std::collections::HashSet<String>,
+    requests: std::collections::HashMap<(String, u64), String>,
     changed: Instant,
 }
 
@@ -501,20 +524,50 @@ impl Default for InFlight {
 
 impl InFlight {
     fn see(&mut self, event: &Value) {
-        let Some(request) = event["params"]["request"]["request"].as_str() else {
+        let params = &event["params"];
+        let method = event["method"].as_str().unwrap_or_default();
+        if method == "browsingContext.contextDestroyed" {
+            let mut gone = Vec::new();
+            collect_contexts(params, &mut gone);
+            self.requests.retain(|_, context| !gone.contains(context));
+            self.changed = Instant::now();
+            return;
+        }
+        let Some(request) = params["request"]["request"].as_str() else {
             return;
         };
-        match event["method"].as_str() {
-            Some("network.beforeRequestSent") => {
-                self.requests.insert(request.to_owned());
+        let hop = params["redirectCount"].as_u64().unwrap_or(0);
+        match method {
+            "network.beforeRequestSent" => {
+                // A redirect's next hop ends the hops before it.
+                self.requests
+                    .retain(|(id, earlier), _| id != request || *earlier > hop);
+                let context = params["context"].as_str().unwrap_or_default().to_owned();
+                self.requests.insert((request.to_owned(), hop), context);
             }
-            Some("network.responseCompleted" | "network.fetchError") => {
-                self.requests.remove(request);
+            "network.responseCompleted" | "network.fetchError" => {
+                self.requests.remove(&(request.to_owned(), hop));
             }
             _ => return,
         }
         self.changed = Instant::now();
     }
+}
+
+/// The ids of a destroyed context's info and of its children's (to a
+/// depth of 64).
+fn collect_contexts(info: &Value, into: &mut Vec<String>) {
+    fn walk(info: &Value, into: &mut Vec<String>, depth: usize) {
+        if let Some(id) = info["context"].as_str() {
+            into.push(id.to_owned());
+        }
+        if depth < 64 {
+            for child in info["children"].as_array().into_iter().flatten() {
+                walk(child, into, depth + 1);
+            }
+        }
+    }
+    walk(info, into, 0);
 }
 
 /// What the job does with an event: follows its requests, and answers
@@ -555,7 +608,7 @@ impl Blocker {
         }
         let request = &params["request"];
         let url = request["url"].as_str().unwrap_or_default();
-        let blocked = self.types.iter().any(|kind| kind == resource_type(request))
+        let blocked = self.types.iter().any(|kind| kind == resource_type(params))
             || self.urls.iter().any(|pattern| glob_matches(pattern, url));
         let release = json!({"request": request["request"]});
         Some(match blocked {
@@ -566,9 +619,14 @@ impl Blocker {
 }
 
 /// A held request's resource type as Chromium names it (lower case), read
-/// from its fetch destination and initiator (Firefox tells a WebSocket's
+/// from its event's `params`: a navigation's request is a document, others
+/// by their fetch destination and initiator (Firefox tells a WebSocket's
 /// handshake from no other request: see [`refuse_what_firefox_lacks`]).
-fn resource_type(request: &Value) -> &'static str {
+fn resource_type(params: &Value) -> &'static str {
+    if !params["navigation"].is_null() {
+        return "document";
+    }
+    let request = &params["request"];
     let accepts_events = request["headers"]
         .as_array()
         .into_iter()
@@ -740,9 +798,14 @@ mod tests {
         );
         let stream = json!({"url": "https://a.test/es", "destination": "",
             "headers": [{"name": "Accept", "value": {"type": "string", "value": "text/event-stream"}}]});
-        assert_eq!(resource_type(&stream), "eventsource");
-        assert_eq!(resource_type(&json!({"destination": "video"})), "media");
-        assert_eq!(resource_type(&json!({"destination": ""})), "other");
+        assert_eq!(resource_type(&json!({"request": stream})), "eventsource");
+        let of = |request: Value| resource_type(&json!({"request": request}));
+        assert_eq!(of(json!({"destination": "video"})), "media");
+        assert_eq!(of(json!({"destination": ""})), "other");
+        // Firefox gives a top-level load no destination: its navigation
+        // tells it.
+        let load = json!({"navigation": "n1", "request": {"destination": ""}});
+        assert_eq!(resource_type(&load), "document");
     }
 
     #[test]

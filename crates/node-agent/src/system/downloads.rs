@@ -7,8 +7,10 @@
 //! file name: no separator, no `..`, no leading dot, no control character.
 //! The browser may write there, so nothing here follows a symbolic link: only
 //! regular files are listed, served or removed. Chromium writes a download as
-//! `<name>.crdownload` and renames it when done; a partial file untouched
-//! for a minute counts as failed.
+//! `<name>.crdownload` and renames it when done; Firefox writes
+//! `<name>.part` beside an empty `<name>` until done (that name is in
+//! progress until then). A partial file untouched for a minute counts as
+//! failed.
 
 use std::collections::HashSet;
 use std::fs::File;
@@ -21,6 +23,10 @@ use chrono::{DateTime, Utc};
 use flotilla_api_types::instances::{Download, DownloadState};
 
 const PARTIAL_SUFFIX: &str = ".crdownload";
+/// Firefox writes a download's data as `<name>.part` beside an empty
+/// `<name>` it puts in place at once, and renames the former over the
+/// latter when done.
+const FIREFOX_PARTIAL_SUFFIX: &str = ".part";
 /// A partial file this long untouched is a failed download.
 const STALLED: Duration = Duration::from_secs(60);
 
@@ -57,7 +63,7 @@ pub fn list(dir: &Path) -> io::Result<Vec<Download>> {
         Err(error) => return Err(error),
     };
     let now = SystemTime::now();
-    let mut downloads = Vec::new();
+    let mut files = std::collections::HashMap::new();
     for entry in entries.flatten() {
         let Ok(meta) = entry.metadata() else { continue };
         // `DirEntry::metadata` does not follow links: a link is not a file.
@@ -67,29 +73,46 @@ pub fn list(dir: &Path) -> io::Result<Vec<Download>> {
         let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
             continue;
         };
-        if name.starts_with('.') {
+        if !name.starts_with('.') {
+            files.insert(name, meta);
+        }
+    }
+    let state_of = |meta: &std::fs::Metadata| {
+        let modified = meta.modified().unwrap_or(now);
+        match now.duration_since(modified).unwrap_or_default() > STALLED {
+            true => DownloadState::Failed,
+            false => DownloadState::InProgress,
+        }
+    };
+    let mut downloads = Vec::new();
+    for (name, meta) in &files {
+        let firefox_partial = name.strip_suffix(FIREFOX_PARTIAL_SUFFIX);
+        // Firefox's partial data beside its placeholder: shown as the latter.
+        if firefox_partial.is_some_and(|placeholder| files.contains_key(placeholder)) {
             continue;
         }
-        let modified = meta.modified().unwrap_or(now);
-        let state = if name.ends_with(PARTIAL_SUFFIX) {
-            if now.duration_since(modified).unwrap_or_default() > STALLED {
-                DownloadState::Failed
-            } else {
-                DownloadState::InProgress
-            }
+        let data = files.get(&format!("{name}{FIREFOX_PARTIAL_SUFFIX}"));
+        let (state, size_bytes) = if name.ends_with(PARTIAL_SUFFIX) || firefox_partial.is_some() {
+            (state_of(meta), meta.len())
+        } else if let Some(data) = data {
+            (state_of(data), data.len())
         } else {
-            DownloadState::Complete
+            (DownloadState::Complete, meta.len())
         };
-        let shown = name.strip_suffix(PARTIAL_SUFFIX).unwrap_or(&name);
+        let shown = name
+            .strip_suffix(PARTIAL_SUFFIX)
+            .or(firefox_partial)
+            .unwrap_or(name);
+        let modified = meta.modified().unwrap_or(now);
         downloads.push(Download {
             mime_type: mime_guess::from_path(shown)
                 .first_or_octet_stream()
                 .essence_str()
                 .to_owned(),
             created_at: DateTime::<Utc>::from(meta.created().unwrap_or(modified)),
-            size_bytes: meta.len(),
+            size_bytes,
             state,
-            name,
+            name: name.clone(),
         });
     }
     downloads.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.name.cmp(&b.name)));
@@ -162,6 +185,42 @@ mod tests {
         ] {
             assert!(checked_name(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_firefox_download_is_in_progress_while_its_part_file_is_there() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("hello.txt"), b"").unwrap();
+        std::fs::write(dir.path().join("hello.txt.part"), b"hel").unwrap();
+        let listed = list(dir.path()).unwrap();
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        assert_eq!(
+            (
+                listed[0].name.as_str(),
+                listed[0].state,
+                listed[0].size_bytes
+            ),
+            ("hello.txt", DownloadState::InProgress, 3)
+        );
+        assert!(newly_completed(dir.path(), &mut HashSet::new()).is_empty());
+        std::fs::rename(
+            dir.path().join("hello.txt.part"),
+            dir.path().join("hello.txt"),
+        )
+        .unwrap();
+        let listed = list(dir.path()).unwrap();
+        assert_eq!(
+            (listed[0].state, listed[0].size_bytes),
+            (DownloadState::Complete, 3)
+        );
+        // A part file on its own (Firefox stopped before its placeholder).
+        std::fs::write(dir.path().join("lone.zip.part"), b"x").unwrap();
+        let lone = list(dir.path()).unwrap();
+        let lone = lone.iter().find(|d| d.name == "lone.zip.part").unwrap();
+        assert_eq!(
+            (lone.state, lone.mime_type.as_str()),
+            (DownloadState::InProgress, "application/zip")
+        );
     }
 
     #[test]
