@@ -4,7 +4,8 @@
 // TypeScript SDK, interleaved round by round after one warm-up of each.
 //
 // Usage: node mcp_roundtrip.mjs '<json>' with {api, key, instance, debug,
-// url, rounds, playwright_mcp} (the path of @playwright/mcp's cli.js).
+// url, rounds, playwright_mcp} (the path of @playwright/mcp's cli.js), and
+// firefox_instance: Flotilla's /mcp on a Firefox instance, in the same turns.
 // Prints one JSON object: per-round milliseconds and snapshot sizes.
 import { createRequire } from 'node:module';
 import { mkdtempSync, rmSync } from 'node:fs';
@@ -50,11 +51,14 @@ async function roundTrip(client, args) {
 const ways = {
   flotilla: () => roundTrip(flotilla, { instance_id: options.instance }),
   playwright_mcp: () => roundTrip(playwright, {}),
+  flotilla_firefox: () => roundTrip(flotilla, { instance_id: options.firefox_instance }),
 };
 for (const way of Object.values(ways)) await way();
-const results = { flotilla: [], playwright_mcp: [] };
+const results = { flotilla: [], playwright_mcp: [], flotilla_firefox: [] };
+const names = Object.keys(ways);
 for (let round = 0; round < options.rounds; round++) {
-  const order = round % 2 === 0 ? ['flotilla', 'playwright_mcp'] : ['playwright_mcp', 'flotilla'];
+  // Each way goes first in turn.
+  const order = names.map((_, i) => names[(i + round) % names.length]);
   for (const name of order) results[name].push(await ways[name]());
 }
 await flotilla.close();

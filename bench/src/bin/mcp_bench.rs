@@ -3,7 +3,9 @@
 //! `@playwright/mcp` connected over CDP (`--cdp-endpoint`, the instance's
 //! `urls.debug`) to the same instance, both driven by the official
 //! TypeScript SDK in one Node process (`bench/js/mcp_roundtrip.mjs`),
-//! interleaved; and the size of each snapshot of the same page.
+//! interleaved; and the size of each snapshot of the same page. In the
+//! same run, Flotilla's `/mcp` on a Firefox instance (issue 47: each step
+//! over WebDriver BiDi, the snapshot computed in the page).
 //!
 //! Usage: mcp_bench [--binary target/release/flotilla] [--rounds 30]
 //!                  [--playwright-mcp target/bench-npm/node_modules/@playwright/mcp/cli.js]
@@ -75,25 +77,31 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("starting {}", binary.display()))?;
     let http = client_with_key(KEY)?;
-    let created: Value = http
-        .post(format!("{}/v2/instances", serve.url))
-        .json(&json!({}))
-        .send()
-        .await?
-        .json()
-        .await?;
+    let create = |image: Option<&'static str>| {
+        let (http, url) = (http.clone(), serve.url.clone());
+        async move {
+            let body = image.map_or_else(|| json!({}), |image| json!({"image": image}));
+            let created: Value = http
+                .post(format!("{url}/v2/instances"))
+                .json(&body)
+                .send()
+                .await?
+                .json()
+                .await?;
+            let id = created["id"].as_str().context("a created instance")?;
+            let pause = std::time::Duration::from_millis(50);
+            flotilla_bench::wait_running(&http, &url, id, pause).await?;
+            anyhow::Ok(created)
+        }
+    };
+    let created = create(None).await?;
     let instance = created["id"].as_str().context("a created instance")?;
-    flotilla_bench::wait_running(
-        &http,
-        &serve.url,
-        instance,
-        std::time::Duration::from_millis(50),
-    )
-    .await?;
+    let firefox = create(Some("firefox")).await?;
     let options = json!({
         "api": serve.url,
         "key": KEY,
         "instance": instance,
+        "firefox_instance": firefox["id"],
         "debug": created["urls"]["debug"],
         "url": format!("{site}/"),
         "rounds": rounds,
@@ -107,6 +115,7 @@ async fn main() -> anyhow::Result<()> {
     println!("|---|---|---|---|");
     for (way, label) in [
         ("flotilla", "Flotilla /mcp"),
+        ("flotilla_firefox", "Flotilla /mcp on Firefox"),
         (
             "playwright_mcp",
             "@playwright/mcp 0.0.83 over CDP (--cdp-endpoint)",

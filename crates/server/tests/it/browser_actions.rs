@@ -524,7 +524,7 @@ async fn firefox_serves_html_and_sends_headers(api: &Api, site: &Site) {
 async fn browser_actions_run_in_firefox_where_bidi_has_the_step() {
     let site = Site::start().await;
     let (serve, api) = serve_for(&site, |config| {
-        config.agent.warm_pools.insert("firefox".into(), 1);
+        config.agent.warm_pools.insert("firefox".into(), 2);
     })
     .await;
     let home = format!("{}/", site.base);
