@@ -366,14 +366,7 @@ async fn browser_actions_render_screenshots_pdfs_content_and_scrapes() {
         headers.contains(&("user-agent".into(), "Mozilla/5.0 FlotillaAction".into())),
         "{headers:?}"
     );
-    let paths = site.paths()[before..].to_vec();
-    assert!(paths.contains(&"/".to_owned()), "{paths:?}");
-    assert!(
-        !paths
-            .iter()
-            .any(|p| p == "/picture.png" || p == "/blocked.js"),
-        "{paths:?}"
-    );
+    assert_only_the_page_was_fetched(&site.paths()[before..]);
 
     // Without blocking, the page's subresources are fetched.
     ok(&api, "content", json!({"url": home}), "text/html").await;
@@ -479,6 +472,18 @@ async fn browser_actions_render_screenshots_pdfs_content_and_scrapes() {
     assert_eq!(actions_counted(&api, "scrape", "invalid_request").await, 1);
     assert_eq!(actions_counted(&api, "content", "page_failed").await, 1);
     serve.shutdown().await;
+}
+
+/// What reached the site for a job that blocked `image` and
+/// `*/blocked.js`: the page, never those.
+fn assert_only_the_page_was_fetched(paths: &[String]) {
+    assert!(paths.contains(&"/".to_owned()), "{paths:?}");
+    assert!(
+        !paths
+            .iter()
+            .any(|p| p == "/picture.png" || p == "/blocked.js"),
+        "{paths:?}"
+    );
 }
 
 /// Firefox's job renders a document given as `html` (its own script runs,
@@ -621,14 +626,7 @@ async fn browser_actions_run_in_firefox_where_bidi_has_the_step() {
     let blocking = firefox(json!({"url": home, "block": ["image", "*/blocked.js"]}));
     let html = String::from_utf8(ok(&api, "content", blocking, "text/html").await).unwrap();
     assert!(html.contains("rendered by script"), "{html}");
-    let paths = site.paths()[before..].to_vec();
-    assert!(paths.contains(&"/".to_owned()), "{paths:?}");
-    assert!(
-        !paths
-            .iter()
-            .any(|p| p == "/picture.png" || p == "/blocked.js"),
-        "{paths:?}"
-    );
+    assert_only_the_page_was_fetched(&site.paths()[before..]);
     let with_html = firefox(
         json!({"html": "<img src=\"https://flotilla.invalid/x.png\"><p>doc</p>", "block": ["image"]}),
     );

@@ -9,8 +9,8 @@
 use serde_json::{Value, json};
 
 use flotilla_testkit::{
-    Api, BROWSER_DEADLINE, StatusCode, run_node, run_python, serve_page, spawn_serve_with,
-    wait_until,
+    Api, BROWSER_DEADLINE, StatusCode, TestServe, run_node, run_python, serve_page,
+    spawn_serve_with, wait_until,
 };
 
 const KEY: &str = "flt_mcp_test_key";
@@ -128,8 +128,10 @@ async fn assert_gone(api: &Api, id: &str) {
     .unwrap();
 }
 
-#[tokio::test]
-async fn browser_mcp_agents_do_a_task_with_the_official_clients_and_their_session_ends_it() {
+/// The form's site, and a fleet behind an API key whose browsers may open
+/// it: the site (kept while the test runs), the fleet, its API and the
+/// form's URL.
+async fn serve_the_form() -> (flotilla_testkit::PageServer, TestServe, Api, String) {
     let site = serve_page(&[("/form", FORM), ("/report.txt", "the report")]).await;
     let serve = spawn_serve_with(|config| {
         config.control.auth_enabled = true;
@@ -139,6 +141,12 @@ async fn browser_mcp_agents_do_a_task_with_the_official_clients_and_their_sessio
     .await;
     let api = Api::with_key(serve.api.base.clone(), KEY);
     let form = format!("{}/form", site.base);
+    (site, serve, api, form)
+}
+
+#[tokio::test]
+async fn browser_mcp_agents_do_a_task_with_the_official_clients_and_their_session_ends_it() {
+    let (_site, serve, api, form) = serve_the_form().await;
 
     let seen = run_python("mcp_agent.py", &[&serve.api.base, KEY, &form])
         .await
@@ -240,15 +248,7 @@ async fn browser_mcp_agents_do_a_task_with_the_official_clients_and_their_sessio
 /// refused by name.
 #[tokio::test]
 async fn browser_mcp_agents_do_the_task_on_firefox() {
-    let site = serve_page(&[("/form", FORM), ("/report.txt", "the report")]).await;
-    let serve = spawn_serve_with(|config| {
-        config.control.auth_enabled = true;
-        config.control.api_keys = vec![KEY.into()];
-        site.allow_in(config);
-    })
-    .await;
-    let api = Api::with_key(serve.api.base.clone(), KEY);
-    let form = format!("{}/form", site.base);
+    let (_site, serve, api, form) = serve_the_form().await;
 
     let seen = run_python("mcp_agent.py", &[&serve.api.base, KEY, &form, "firefox"])
         .await
