@@ -194,13 +194,16 @@ impl Step<'_> {
             }
             PageOp::TabNew { url } => self.new_tab(url.as_deref()).await?,
             PageOp::TabClose { tab } => {
-                let closing = self.find_tab(tab).await?;
-                if self.tabs().await?.len() == 1 {
+                let tabs = self.tabs().await?;
+                let Some((context, _)) = tabs.iter().find(|(_, info)| info.id == *tab) else {
+                    return Err(PageError::NoTab(tab.clone()));
+                };
+                if tabs.len() == 1 {
                     return Err(PageError::BadInput(format!(
                         "tab {tab} is the browser's only tab, which Firefox keeps open: navigate it elsewhere instead"
                     )));
                 }
-                let close = json!({"context": closing.context});
+                let close = json!({"context": context});
                 self.session.call("browsingContext.close", close).await?;
                 let tabs: Vec<TabInfo> = self.tabs().await?.into_iter().map(|(_, t)| t).collect();
                 let current = tabs.first().map(|t| t.id.clone()).unwrap_or_default();

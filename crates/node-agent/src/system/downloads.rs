@@ -86,23 +86,21 @@ pub fn list(dir: &Path) -> io::Result<Vec<Download>> {
     };
     let mut downloads = Vec::new();
     for (name, meta) in &files {
-        let firefox_partial = name.strip_suffix(FIREFOX_PARTIAL_SUFFIX);
-        // Firefox's partial data beside its placeholder: shown as the latter.
-        if firefox_partial.is_some_and(|placeholder| files.contains_key(placeholder)) {
+        // Firefox's partial data beside its placeholder: shown as the
+        // latter. (A `.part` file on its own is a download of that name.)
+        let placeholder = name.strip_suffix(FIREFOX_PARTIAL_SUFFIX);
+        if placeholder.is_some_and(|placeholder| files.contains_key(placeholder)) {
             continue;
         }
         let data = files.get(&format!("{name}{FIREFOX_PARTIAL_SUFFIX}"));
-        let (state, size_bytes) = if name.ends_with(PARTIAL_SUFFIX) || firefox_partial.is_some() {
+        let (state, size_bytes) = if name.ends_with(PARTIAL_SUFFIX) {
             (state_of(meta), meta.len())
         } else if let Some(data) = data {
             (state_of(data), data.len())
         } else {
             (DownloadState::Complete, meta.len())
         };
-        let shown = name
-            .strip_suffix(PARTIAL_SUFFIX)
-            .or(firefox_partial)
-            .unwrap_or(name);
+        let shown = name.strip_suffix(PARTIAL_SUFFIX).unwrap_or(name);
         let modified = meta.modified().unwrap_or(now);
         downloads.push(Download {
             mime_type: mime_guess::from_path(shown)
@@ -213,13 +211,14 @@ mod tests {
             (listed[0].state, listed[0].size_bytes),
             (DownloadState::Complete, 3)
         );
-        // A part file on its own (Firefox stopped before its placeholder).
-        std::fs::write(dir.path().join("lone.zip.part"), b"x").unwrap();
-        let lone = list(dir.path()).unwrap();
-        let lone = lone.iter().find(|d| d.name == "lone.zip.part").unwrap();
+        // A `.part` file without a placeholder is a download of that name
+        // (Firefox would write its data as `notes.part.part`).
+        std::fs::write(dir.path().join("notes.part"), b"x").unwrap();
+        let listed = list(dir.path()).unwrap();
+        let named = listed.iter().find(|d| d.name == "notes.part").unwrap();
         assert_eq!(
-            (lone.state, lone.mime_type.as_str()),
-            (DownloadState::InProgress, "application/zip")
+            (named.state, named.size_bytes),
+            (DownloadState::Complete, 1)
         );
     }
 
