@@ -6,6 +6,13 @@
 //! write that makes no progress for `idle_timeout_sec` ends the connection.
 //! WebSocket upgrades are handed to the service as hyper does; the upgraded
 //! connection keeps its slot (and the write-stall bound) until it closes.
+//!
+//! A request body a service answers without reading (a refusal before the
+//! body is looked at) is read out before the answer goes, within
+//! [`READ_OUT_BYTES`] and [`READ_OUT_TIME`], so the connection stays usable;
+//! past those the answer says `Connection: close`. Hyper alone would close
+//! such a connection without saying so, and a client that reuses it (every
+//! pooled client does) sees its next request fail.
 
 use std::future::Future;
 use std::io;
@@ -29,8 +36,118 @@ use tokio_util::task::TaskTracker;
 use crate::ListenerLimits;
 use crate::budget::{Budget, Slot};
 
+/// How a request body arrives: bounded in how long it may stall.
+type StallBoundedBody = tower_http::timeout::TimeoutBody<Incoming>;
+
+/// The most of a request body left unread by its service that is read out
+/// to keep the connection.
+pub const READ_OUT_BYTES: usize = 1 << 20;
+
+/// How long reading out a body left unread may take.
+pub const READ_OUT_TIME: Duration = Duration::from_secs(1);
+
 /// A request's body as services get it: bounded in how long it may stall.
-pub type Body = tower_http::timeout::TimeoutBody<Incoming>;
+/// Dropped before its end, what is left goes back to the connection
+/// (which reads it out, or closes: see the module's docs).
+pub struct Body {
+    inner: Option<Pin<Box<StallBoundedBody>>>,
+    unread: Arc<std::sync::Mutex<Option<Pin<Box<StallBoundedBody>>>>>,
+}
+
+impl Body {
+    fn new(idle: Duration, incoming: Incoming) -> (Self, Unread) {
+        let unread = Unread::default();
+        let body = Self {
+            inner: Some(Box::pin(StallBoundedBody::new(idle, incoming))),
+            unread: unread.0.clone(),
+        };
+        (body, unread)
+    }
+}
+
+impl hyper::body::Body for Body {
+    type Data = Bytes;
+    type Error = <StallBoundedBody as hyper::body::Body>::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        match self.inner.as_mut() {
+            Some(inner) => inner.as_mut().poll_frame(cx),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner
+            .as_ref()
+            .is_none_or(|inner| inner.is_end_stream())
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.as_ref().map_or_else(
+            || hyper::body::SizeHint::with_exact(0),
+            |inner| inner.size_hint(),
+        )
+    }
+}
+
+impl Drop for Body {
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner.take()
+            && !hyper::body::Body::is_end_stream(&inner)
+        {
+            *self.unread.lock().expect("unread body lock") = Some(inner);
+        }
+    }
+}
+
+/// What a service left of its request's body when it dropped it.
+#[derive(Default)]
+struct Unread(Arc<std::sync::Mutex<Option<Pin<Box<StallBoundedBody>>>>>);
+
+impl Unread {
+    /// `response`, once the body its service left unread is read out, or
+    /// saying `Connection: close` when it cannot be (too long, too slow,
+    /// or awaiting `100 Continue`, which is not worth asking for now).
+    async fn settle<B>(self, awaits_continue: bool, mut response: Response<B>) -> Response<B> {
+        let left = self.0.lock().expect("unread body lock").take();
+        let Some(mut left) = left else {
+            return response;
+        };
+        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+            return response;
+        }
+        if !awaits_continue && read_out(&mut left).await {
+            return response;
+        }
+        response.headers_mut().insert(
+            hyper::header::CONNECTION,
+            hyper::header::HeaderValue::from_static("close"),
+        );
+        response
+    }
+}
+
+/// Whether the rest of `body` came, within [`READ_OUT_BYTES`] and
+/// [`READ_OUT_TIME`].
+async fn read_out(body: &mut Pin<Box<StallBoundedBody>>) -> bool {
+    let to_the_end = async {
+        let mut read = 0;
+        while let Some(frame) = body.frame().await {
+            let Ok(frame) = frame else { return false };
+            read += frame.data_ref().map_or(0, Bytes::len);
+            if read > READ_OUT_BYTES {
+                return false;
+            }
+        }
+        true
+    };
+    tokio::time::timeout(READ_OUT_TIME, to_the_end)
+        .await
+        .unwrap_or(false)
+}
 
 /// How long open requests may finish after shutdown begins.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -185,9 +302,15 @@ async fn connection<S, F, B>(
     let request_slot = slot.clone();
     let hyper_service = hyper::service::service_fn(move |request: Request<Incoming>| {
         let in_flight = InFlight::begin(request_slot.clone());
-        let response = service(request.map(|body| Body::new(idle, body)));
+        let awaits_continue = request
+            .headers()
+            .get(hyper::header::EXPECT)
+            .is_some_and(|expect| expect.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        let (parts, incoming) = request.into_parts();
+        let (body, unread) = Body::new(idle, incoming);
+        let response = service(Request::from_parts(parts, body));
         async move {
-            let response = response.await;
+            let response = unread.settle(awaits_continue, response.await).await;
             if response.status() == StatusCode::SWITCHING_PROTOCOLS {
                 in_flight.0.upgraded();
             }

@@ -5,69 +5,10 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use axum::Router;
-use axum::routing::{get, post};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio_util::sync::CancellationToken;
 
-use flotilla_net::{ListenerLimits, Listeners};
-
-/// Generous: the machine may be loaded; the bounds tested are much shorter.
-const DEADLINE: Duration = Duration::from_secs(20);
-
-struct Server {
-    addr: SocketAddr,
-    listeners: Listeners,
-    stop: CancellationToken,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-async fn server(limits: ListenerLimits) -> Server {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let big = vec![b'x'; 64 << 20];
-    let router = Router::new()
-        .route("/health", get(|| async { "ok" }))
-        .route("/echo", post(|body: String| async move { body }))
-        .route("/big", get(move || async move { big.clone() }));
-    let listeners = Listeners::new(&limits, flotilla_net::Runs::NoBrowsers);
-    let stop = CancellationToken::new();
-    tokio::spawn({
-        let listeners = listeners.clone();
-        let stop = stop.clone();
-        async move { listeners.serve_router(listener, router, stop).await }
-    });
-    Server {
-        addr,
-        listeners,
-        stop,
-    }
-}
-
-fn limits(per_client: usize, total: usize) -> ListenerLimits {
-    ListenerLimits {
-        header_read_timeout_sec: 1.0,
-        idle_timeout_sec: 1.0,
-        max_connections_per_client: per_client,
-        max_connections: total,
-    }
-}
-
-/// Reads until the server closes; answers what it sent.
-async fn until_closed(stream: &mut TcpStream) -> String {
-    let mut received = Vec::new();
-    tokio::time::timeout(DEADLINE, stream.read_to_end(&mut received))
-        .await
-        .expect("the server closes the connection")
-        .ok();
-    String::from_utf8_lossy(&received).into_owned()
-}
+use crate::{DEADLINE, limits, server, until_closed};
 
 async fn health(addr: SocketAddr) -> String {
     let mut stream = TcpStream::connect(addr).await.unwrap();
