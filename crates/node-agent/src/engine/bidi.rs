@@ -281,6 +281,26 @@ impl BidiSession {
         })
     }
 
+    /// For a short read of the node's (the tabs, a screenshot): a connection
+    /// to the WebDriver client's session whose BiDi socket is
+    /// `client_socket` when there is one (as the live view rides on it), else
+    /// a session of the node's own ([`BidiSession::open`]), which it also is
+    /// when that session ended meanwhile.
+    pub async fn ride_or_open(
+        endpoint: &CdpEndpoint,
+        client_socket: Option<&str>,
+    ) -> Result<Self, BidiError> {
+        if let Some(path) = client_socket {
+            match Self::attach(endpoint, path).await {
+                Ok(session) => return Ok(session),
+                Err(error) => {
+                    tracing::debug!(%error, "the client's session is gone: one of the node's own")
+                }
+            }
+        }
+        Self::open(endpoint).await
+    }
+
     async fn start(endpoint: &CdpEndpoint, turn: Turn, max: usize) -> Result<Self, BidiError> {
         let socket = connect(endpoint, &endpoint.browser_path, max).await?;
         let mut session = Self {

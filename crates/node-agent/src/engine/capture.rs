@@ -116,18 +116,20 @@ impl Captures {
     }
 
     /// A Firefox tab's viewport (its position, see
-    /// [`crate::engine::firefox::screenshot`]; `None` when there is no such
-    /// tab), within the node's limits: a turn of the node's and the
-    /// instance's, and at most `agent.screenshot_max_bytes`.
+    /// [`crate::engine::firefox::screenshot`], which takes it on the session
+    /// of the WebDriver client at `client_socket` if any; `None` when there
+    /// is no such tab), within the node's limits: a turn of the node's and
+    /// the instance's, and at most `agent.screenshot_max_bytes`.
     pub async fn capture_firefox(
         &self,
         endpoint: &CdpEndpoint,
         tab: Option<&str>,
+        client_socket: Option<&str>,
     ) -> Result<Option<Screenshot>, CaptureError> {
         let _turns = self.wait_turn().await?;
         let shot = tokio::time::timeout(
             CAPTURE_TIMEOUT,
-            crate::engine::firefox::screenshot(endpoint, tab),
+            crate::engine::firefox::screenshot(endpoint, tab, client_socket),
         )
         .await
         .map_err(|_| crate::engine::bidi::BidiError::Timeout("the screenshot".into()))??;

@@ -505,26 +505,31 @@ pub(crate) fn image_data(answer: &Value, method: &str) -> Result<Vec<u8>, BidiEr
         })
 }
 
-/// The browser's tabs as `/tabs` lists them, read in a BiDi session of the
-/// agent's own (so [`BidiError::SessionHeld`] while a client holds the
-/// browser's only one). Firefox names its contexts anew in each WebDriver
-/// session, so a tab's id here is its position (`1`, `2`, …), which
-/// `/screenshot?tab=` takes.
-pub async fn list_tabs(endpoint: &CdpEndpoint) -> Result<Vec<Tab>, BidiError> {
-    let mut session = BidiSession::open(endpoint).await?;
+/// The browser's tabs as `/tabs` lists them, read on the session of the
+/// WebDriver client whose BiDi socket is `client_socket`, else in a session
+/// of the agent's own (so [`BidiError::SessionHeld`] while a BiDi client
+/// holds the browser's only one: [`BidiSession::ride_or_open`]). Firefox
+/// names its contexts anew in each WebDriver session, so a tab's id here is
+/// its position (`1`, `2`, …), which `/screenshot?tab=` takes.
+pub async fn list_tabs(
+    endpoint: &CdpEndpoint,
+    client_socket: Option<&str>,
+) -> Result<Vec<Tab>, BidiError> {
+    let mut session = BidiSession::ride_or_open(endpoint, client_socket).await?;
     let tabs = read_tabs(&mut session).await;
     session.end().await;
     Ok(by_position(tabs?).into_iter().map(|(_, tab)| tab).collect())
 }
 
 /// A PNG of tab `tab`'s viewport (its position, as [`list_tabs`] names it;
-/// default: the first tab), taken in a BiDi session of the agent's own;
-/// `None` when there is no such tab.
+/// default: the first tab), taken as [`list_tabs`] reads the tabs; `None`
+/// when there is no such tab.
 pub async fn screenshot(
     endpoint: &CdpEndpoint,
     tab: Option<&str>,
+    client_socket: Option<&str>,
 ) -> Result<Option<Vec<u8>>, BidiError> {
-    let mut session = BidiSession::open(endpoint).await?;
+    let mut session = BidiSession::ride_or_open(endpoint, client_socket).await?;
     let shot = screenshot_in(&mut session, tab).await;
     session.end().await;
     shot

@@ -158,7 +158,8 @@ async fn tabs(State(state): State<ApiState>) -> Result<Response, ApiError> {
             .await
             .map_err(|e| ApiError(StatusCode::BAD_GATEWAY, format!("cannot list tabs: {e}")))?
     } else {
-        crate::engine::firefox::list_tabs(&endpoint)
+        let client_socket = state.slot.webdriver.view_socket();
+        crate::engine::firefox::list_tabs(&endpoint, client_socket.as_deref())
             .await
             .map_err(|e| firefox_error("list tabs", e))?
     };
@@ -200,9 +201,10 @@ async fn capture_png(state: &ApiState, tab: Option<&str>) -> Result<Screenshot, 
     let not_found = |reason: String| ApiError(StatusCode::NOT_FOUND, reason);
     let endpoint = endpoint(state).await?;
     if !endpoint.speaks_cdp() {
+        let client_socket = state.slot.webdriver.view_socket();
         return state
             .captures
-            .capture_firefox(&endpoint, tab)
+            .capture_firefox(&endpoint, tab, client_socket.as_deref())
             .await
             .map_err(capture_error)?
             .ok_or_else(|| not_found("no such tab; GET /tabs lists them".into()));

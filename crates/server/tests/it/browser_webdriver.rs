@@ -812,6 +812,7 @@ async fn browser_a_firefox_session_whose_script_never_ends_is_still_parked() {
     let (site, serve) = serve().await;
     let session = Session::start(&serve, json!({"browserName": "firefox"})).await;
     session.open(&site).await;
+    tabs_and_screenshots_ride_on_the_session(&session, &site).await;
     let no_limit = session
         .call(Method::POST, "/timeouts", Some(json!({"script": null})))
         .await;
@@ -853,6 +854,30 @@ async fn browser_a_firefox_session_whose_script_never_ends_is_still_parked() {
     assert_eq!(title.0, StatusCode::OK, "{:?}", title.1);
     assert_eq!(title.1["value"], "form");
     serve.shutdown().await;
+}
+
+/// A Firefox's `/tabs` and `/screenshot` while a WebDriver session holds
+/// the browser's only BiDi session: read on the client's session, not
+/// refused.
+async fn tabs_and_screenshots_ride_on_the_session(session: &Session<'_>, site: &PageServer) {
+    let (serve, id) = (session.serve, &session.id);
+    let (status, tabs) = serve.api.get(&format!("/v2/instances/{id}/tabs")).await;
+    assert_eq!(status, StatusCode::OK, "{tabs}");
+    assert_eq!(tabs[0]["url"], format!("{}/", site.base), "{tabs}");
+    let shot = reqwest::Client::new()
+        .get(format!(
+            "{}/v2/instances/{id}/screenshot?tab=1",
+            serve.api.base
+        ))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(shot.status(), StatusCode::OK);
+    let png = shot.bytes().await.unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    // The client's session goes on.
+    assert_eq!(session.get("/title").await, "form");
 }
 
 /// geckodriver's chrome context (the browser's own privileges) and add-on
