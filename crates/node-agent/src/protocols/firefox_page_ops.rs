@@ -1,8 +1,9 @@
 //! MCP's page steps on a Firefox instance, over WebDriver BiDi in a session
 //! of the agent's own for each step (Firefox holds one session at a time,
 //! so the step takes its turn like the agent's other work; a client's BiDi
-//! session holds it off, a 409). The same steps as Chromium's
-//! ([`crate::protocols::page_ops`]), answered in the same words.
+//! session holds it off, a 409): Firefox's moves for the steps of
+//! [`crate::protocols::page_steps`], which Chromium's share
+//! ([`crate::protocols::page_ops`]).
 //!
 //! Firefox names its tabs anew in each session, so a tab is named by its
 //! position (`1`, `2`, …, as `/tabs` names it), and has no accessibility
@@ -30,11 +31,11 @@ use crate::engine::browser::CdpEndpoint;
 use crate::engine::firefox::{by_position, read_tabs};
 use crate::engine::firefox_view::key_value;
 use crate::protocols::page_ops::{
-    FOCUS_FOR_TYPING, MAX_NODES, MAX_TEXT, NETWORK_REQUESTS_SCRIPT, PageError, SELECT_OPTIONS,
-    SETTLE_SCRIPT, SETTLE_WAIT, StepContext, WRITE_OUT, answer, bounded_text, check_url,
-    downloads_text, list_tabs, node_of, place_uploads, render_tree, requests_text, selected,
-    takes_text, text_wait_script, timed_wait, unknown_key, waiting_for,
+    FOCUS_FOR_TYPING, MAX_NODES, MAX_TEXT, PageError, SELECT_OPTIONS, SETTLE_SCRIPT, SETTLE_WAIT,
+    StepContext, WRITE_OUT, bounded_text, node_of, place_uploads, render_tree, selected,
+    takes_text, text_wait_script, unknown_key, waiting_for,
 };
+use crate::protocols::page_steps::{PageDriver, Point, drag_moves, run_step};
 
 /// The snapshot script (see the module).
 const SNAPSHOT_SCRIPT: &str = include_str!("firefox_snapshot.js");
@@ -65,11 +66,15 @@ const MAX_ELEMENT_JSON: usize = 64 << 10;
 /// What Firefox's steps do not take, named before the browser is touched.
 fn refuse_what_firefox_lacks(op: &PageOp) -> Result<(), PageError> {
     match op {
-        PageOp::ConsoleMessages => Err(PageError::NotInFirefox {
-            step: "browser_console_messages",
-            why: "its console is read over a WebDriver session held between steps, and Firefox holds one session at a time (a held one would keep every other client out)",
-        }),
+        PageOp::ConsoleMessages => Err(console_refused()),
         _ => Ok(()),
+    }
+}
+
+fn console_refused() -> PageError {
+    PageError::NotInFirefox {
+        step: "browser_console_messages",
+        why: "its console is read over a WebDriver session held between steps, and Firefox holds one session at a time (a held one would keep every other client out)",
     }
 }
 
@@ -88,7 +93,7 @@ pub async fn run(
         deadline,
         context: &context,
     };
-    let outcome = tokio::time::timeout_at(deadline, step.run(request)).await;
+    let outcome = tokio::time::timeout_at(deadline, run_step(&mut step, request)).await;
     step.session.end().await;
     outcome.unwrap_or(Err(PageError::Timeout("the step")))
 }
@@ -134,17 +139,38 @@ enum Scripted {
     Threw(String),
 }
 
-impl Step<'_> {
+impl PageDriver for Step<'_> {
+    type Tab = Tab;
+
+    fn id_of(tab: &Tab) -> &str {
+        &tab.id
+    }
+
     fn remaining(&self) -> Duration {
         self.deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1))
     }
 
-    async fn run(&mut self, request: &AgentPageRequest) -> Result<PageAnswer, PageError> {
-        if let Some(answer) = self.browser_step(request).await? {
-            return Ok(answer);
-        }
+    fn dirs(&self) -> &crate::system::dirs::InstanceDirs {
+        self.context.dirs
+    }
+
+    /// Refused before a session is opened ([`refuse_what_firefox_lacks`]).
+    fn console(&self) -> Result<String, PageError> {
+        Err(console_refused())
+    }
+
+    async fn tabs(&mut self) -> Result<Vec<TabInfo>, PageError> {
+        Ok(self
+            .tabs_with_contexts()
+            .await?
+            .into_iter()
+            .map(|(_, tab)| tab)
+            .collect())
+    }
+
+    async fn tab_for(&mut self, request: &AgentPageRequest) -> Result<Tab, PageError> {
         let tab = match &request.op {
             PageOp::TabSelect { tab } => {
                 let tab = self.find_tab(tab).await?;
@@ -157,231 +183,56 @@ impl Step<'_> {
             _ => self.current_tab(request.tab.as_deref()).await?,
         };
         self.dismiss_dialog(&tab).await;
-        if let PageOp::Screenshot = &request.op {
-            let shot = self
-                .session
-                .call(
-                    "browsingContext.captureScreenshot",
-                    json!({"context": tab.context, "origin": "viewport"}),
-                )
-                .await?;
-            return Ok(PageAnswer {
-                text: self.describe_page(&tab).await?,
-                png_base64: shot["data"].as_str().map(str::to_owned),
-                tab: tab.id,
-            });
-        }
-        let text = self.tab_step(&tab, &request.op).await?;
-        Ok(answer(text, &tab.id))
+        Ok(tab)
     }
 
-    /// The steps on the browser rather than one tab; `None` for the others.
-    async fn browser_step(
-        &mut self,
-        request: &AgentPageRequest,
-    ) -> Result<Option<PageAnswer>, PageError> {
-        let answered = match &request.op {
-            PageOp::TabList => {
-                let tabs: Vec<TabInfo> = self.tabs().await?.into_iter().map(|(_, t)| t).collect();
-                let current = request
-                    .tab
-                    .as_deref()
-                    .filter(|wanted| tabs.iter().any(|tab| tab.id == *wanted))
-                    .or(tabs.first().map(|tab| tab.id.as_str()))
-                    .unwrap_or_default()
-                    .to_owned();
-                answer(list_tabs(&tabs, &current), &current)
-            }
-            PageOp::TabNew { url } => self.new_tab(url.as_deref()).await?,
-            PageOp::TabClose { tab } => {
-                let tabs = self.tabs().await?;
-                let Some((context, _)) = tabs.iter().find(|(_, info)| info.id == *tab) else {
-                    return Err(PageError::NoTab(tab.clone()));
-                };
-                if tabs.len() == 1 {
-                    return Err(PageError::BadInput(format!(
-                        "tab {tab} is the browser's only tab, which Firefox keeps open: navigate it elsewhere instead"
-                    )));
-                }
-                let close = json!({"context": context});
-                self.session.call("browsingContext.close", close).await?;
-                let tabs: Vec<TabInfo> = self.tabs().await?.into_iter().map(|(_, t)| t).collect();
-                let current = tabs.first().map(|t| t.id.clone()).unwrap_or_default();
-                let text = format!("Closed tab {tab}.\n{}", list_tabs(&tabs, &current));
-                answer(text, &current)
-            }
-            PageOp::Downloads => {
-                let current = self.current_tab(request.tab.as_deref()).await?;
-                answer(downloads_text(self.context.dirs)?, &current.id)
-            }
-            _ => return Ok(None),
-        };
-        Ok(Some(answered))
+    async fn current_id(&mut self, wanted: Option<&str>) -> Result<String, PageError> {
+        Ok(self.current_tab(wanted).await?.id)
     }
 
-    /// A step on one tab, answered in words.
-    async fn tab_step(&mut self, tab: &Tab, op: &PageOp) -> Result<String, PageError> {
-        Ok(match op {
-            PageOp::Navigate { url } => {
-                check_url(url)?;
-                self.navigate(tab, url).await?;
-                self.describe_page(tab).await?
-            }
-            PageOp::Back => {
-                self.back(tab).await?;
-                self.describe_page(tab).await?
-            }
-            PageOp::Snapshot | PageOp::TabSelect { .. } => self.snapshot(tab).await?,
-            PageOp::WaitFor {
-                text,
-                text_gone,
-                time_ms,
-            } => self.wait_for(tab, text, text_gone, *time_ms).await?,
-            PageOp::Evaluate { expression } => self.evaluate_text(tab, expression).await?,
-            PageOp::NetworkRequests => {
-                let entries = self.evaluate_text(tab, NETWORK_REQUESTS_SCRIPT).await?;
-                requests_text(entries)
-            }
-            PageOp::FileUpload { element, files } => self.upload(tab, element, files).await?,
-            input => self.input_step(tab, input).await?,
-        })
-    }
-
-    /// A step that acts on the page as a person would.
-    async fn input_step(&mut self, tab: &Tab, op: &PageOp) -> Result<String, PageError> {
-        Ok(match op {
-            PageOp::Click { element, double } => {
-                let (x, y) = self.center_of(tab, element).await?;
-                let mut actions = vec![pointer_move(x, y)];
-                for _ in 0..if *double { 2 } else { 1 } {
-                    actions.push(json!({"type": "pointerDown", "button": 0}));
-                    actions.push(json!({"type": "pointerUp", "button": 0}));
-                }
-                self.pointer(tab, actions).await?;
-                self.settle(tab).await;
-                format!("Clicked {element}.\n{}", self.describe_page(tab).await?)
-            }
-            PageOp::Hover { element } => {
-                let (x, y) = self.center_of(tab, element).await?;
-                self.pointer(tab, vec![pointer_move(x, y)]).await?;
-                format!("Hovering over {element}.")
-            }
-            PageOp::Drag { from, to } => {
-                self.drag(tab, from, to).await?;
-                format!("Dragged {from} onto {to}.")
-            }
-            PageOp::Type {
-                element,
-                text,
-                submit,
-            } => {
-                self.type_into(tab, element, text, *submit).await?;
-                format!("Typed into {element}.\n{}", self.describe_page(tab).await?)
-            }
-            PageOp::PressKey { key } => {
-                let named = if key == "Space" { " " } else { key.as_str() };
-                let value = key_value(named).ok_or_else(|| unknown_key(key))?;
-                self.keys(tab, &[value]).await?;
-                self.settle(tab).await;
-                format!("Pressed {key}.\n{}", self.describe_page(tab).await?)
-            }
-            PageOp::SelectOption { element, values } => {
-                let chosen = self
-                    .on_element(tab, element, SELECT_OPTIONS, json!([values]))
-                    .await?;
-                selected(element, values, &chosen)?;
-                format!("Selected {values:?} in {element}.")
-            }
-            other => unreachable!("{other:?} is answered by browser_step or tab_step"),
-        })
-    }
-
-    /// The browser's tabs by position, each with its context.
-    async fn tabs(&mut self) -> Result<Vec<(String, TabInfo)>, PageError> {
-        let tabs = read_tabs(&mut self.session).await?;
-        Ok(by_position(tabs)
-            .into_iter()
-            .map(|(context, tab)| {
-                let info = TabInfo {
-                    id: tab.id,
-                    url: tab.url,
-                    title: tab.title,
-                };
-                (context, info)
-            })
-            .collect())
-    }
-
-    async fn find_tab(&mut self, id: &str) -> Result<Tab, PageError> {
-        self.tabs()
-            .await?
-            .into_iter()
-            .find(|(_, tab)| tab.id == id)
-            .map(|(context, tab)| Tab {
-                id: tab.id,
-                context,
-            })
-            .ok_or_else(|| PageError::NoTab(id.to_owned()))
-    }
-
-    /// `wanted` if there is such a tab, else the first (a new one when the
-    /// browser has none).
-    async fn current_tab(&mut self, wanted: Option<&str>) -> Result<Tab, PageError> {
-        let tabs = self.tabs().await?;
-        let chosen = wanted
-            .and_then(|wanted| tabs.iter().find(|(_, tab)| tab.id == wanted))
-            .or(tabs.first());
-        if let Some((context, tab)) = chosen {
-            return Ok(Tab {
-                id: tab.id.clone(),
-                context: context.clone(),
-            });
-        }
-        let created = self
-            .session
-            .call("browsingContext.create", json!({"type": "tab"}))
-            .await?;
-        Ok(Tab {
-            id: "1".into(),
-            context: created["context"].as_str().unwrap_or_default().to_owned(),
-        })
-    }
-
-    /// A new tab, at `url` when given.
-    async fn new_tab(&mut self, url: Option<&str>) -> Result<PageAnswer, PageError> {
-        if let Some(url) = url {
-            check_url(url)?;
-        }
+    async fn open_tab(&mut self) -> Result<Tab, PageError> {
         let created = self
             .session
             .call("browsingContext.create", json!({"type": "tab"}))
             .await?;
         let context = created["context"].as_str().unwrap_or_default().to_owned();
         let position = self
-            .tabs()
+            .tabs_with_contexts()
             .await?
             .into_iter()
             .find(|(of, _)| *of == context)
             .map(|(_, tab)| tab.id)
             .unwrap_or_default();
-        let tab = Tab {
+        Ok(Tab {
             id: position,
             context,
-        };
-        if let Some(url) = url {
-            self.navigate(&tab, url).await?;
-        }
-        Ok(answer(self.describe_page(&tab).await?, &tab.id))
+        })
     }
 
-    /// Dismisses a dialog the page left open (one opened while a step runs
-    /// is dismissed by Firefox itself).
-    async fn dismiss_dialog(&mut self, tab: &Tab) {
-        let dismiss = json!({"context": tab.context, "accept": false});
-        let _ = self
+    async fn close_tab(&mut self, id: &str) -> Result<Vec<TabInfo>, PageError> {
+        let tabs = self.tabs_with_contexts().await?;
+        let Some((context, _)) = tabs.iter().find(|(_, info)| info.id == id) else {
+            return Err(PageError::NoTab(id.to_owned()));
+        };
+        if tabs.len() == 1 {
+            return Err(PageError::BadInput(format!(
+                "tab {id} is the browser's only tab, which Firefox keeps open: navigate it elsewhere instead"
+            )));
+        }
+        let close = json!({"context": context});
+        self.session.call("browsingContext.close", close).await?;
+        self.tabs().await
+    }
+
+    async fn screenshot(&mut self, tab: &Tab) -> Result<Option<String>, PageError> {
+        let shot = self
             .session
-            .call("browsingContext.handleUserPrompt", dismiss)
-            .await;
+            .call(
+                "browsingContext.captureScreenshot",
+                json!({"context": tab.context, "origin": "viewport"}),
+            )
+            .await?;
+        Ok(shot["data"].as_str().map(str::to_owned))
     }
 
     async fn navigate(&mut self, tab: &Tab, url: &str) -> Result<(), PageError> {
@@ -438,7 +289,7 @@ impl Step<'_> {
     /// URL and title of the tab.
     async fn describe_page(&mut self, tab: &Tab) -> Result<String, PageError> {
         let (url, title) = self
-            .tabs()
+            .tabs_with_contexts()
             .await?
             .into_iter()
             .find(|(context, _)| *context == tab.context)
@@ -486,6 +337,220 @@ impl Step<'_> {
         Ok(bounded_text(text))
     }
 
+    /// The middle of `element`'s first box, scrolled into view.
+    async fn center_of(&mut self, tab: &Tab, element: &str) -> Result<(f64, f64), PageError> {
+        let center = self.on_element(tab, element, CENTER_OF, json!([])).await?;
+        match (center[0].as_f64(), center[1].as_f64()) {
+            (Some(x), Some(y)) => Ok((x, y)),
+            _ => Err(PageError::BadInput(format!(
+                "element {element} is not visible (it has no box on the page)"
+            ))),
+        }
+    }
+
+    async fn click_at(&mut self, tab: &Tab, (x, y): Point, clicks: u32) -> Result<(), PageError> {
+        let mut actions = vec![pointer_move(x, y)];
+        for _ in 0..clicks {
+            actions.push(json!({"type": "pointerDown", "button": 0}));
+            actions.push(json!({"type": "pointerUp", "button": 0}));
+        }
+        self.pointer(tab, actions).await
+    }
+
+    async fn move_to(&mut self, tab: &Tab, (x, y): Point) -> Result<(), PageError> {
+        self.pointer(tab, vec![pointer_move(x, y)]).await
+    }
+
+    async fn drag_between(&mut self, tab: &Tab, from: Point, to: Point) -> Result<(), PageError> {
+        let mut actions = vec![
+            pointer_move(from.0, from.1),
+            json!({"type": "pointerDown", "button": 0}),
+        ];
+        actions.extend(drag_moves(from, to).map(|(x, y)| pointer_move(x, y)));
+        actions.push(json!({"type": "pointerUp", "button": 0}));
+        self.pointer(tab, actions).await
+    }
+
+    /// Focuses `element`, selects its text and types `text` over it key by
+    /// key (then Enter when `submit`).
+    async fn type_into(
+        &mut self,
+        tab: &Tab,
+        element: &str,
+        text: &str,
+        submit: bool,
+    ) -> Result<(), PageError> {
+        let mut values = typed_keys(text)?;
+        let editable = self
+            .on_element(tab, element, FOCUS_FOR_TYPING, json!([]))
+            .await?;
+        takes_text(element, &editable)?;
+        if submit {
+            values.push('\u{E007}'.to_string());
+        }
+        self.keys(tab, &values).await
+    }
+
+    async fn press(&mut self, tab: &Tab, key: &str) -> Result<(), PageError> {
+        let named = if key == "Space" { " " } else { key };
+        let value = key_value(named).ok_or_else(|| unknown_key(key))?;
+        self.keys(tab, &[value]).await
+    }
+
+    async fn select(
+        &mut self,
+        tab: &Tab,
+        element: &str,
+        values: &[String],
+    ) -> Result<(), PageError> {
+        let chosen = self
+            .on_element(tab, element, SELECT_OPTIONS, json!([values]))
+            .await?;
+        selected(element, values, &chosen)
+    }
+
+    async fn wait_for_text(
+        &mut self,
+        tab: &Tab,
+        wanted: &str,
+        present: bool,
+    ) -> Result<(), PageError> {
+        let evaluate = json!({
+            "expression": text_wait_script(wanted, present),
+            "target": {"context": tab.context}, "awaitPromise": true,
+        });
+        let within = self.remaining();
+        self.session
+            .call_within("script.evaluate", evaluate, within)
+            .await
+            .map_err(|error| match error {
+                BidiError::Timeout(_) => PageError::Timeout(waiting_for(present)),
+                other => PageError::from(other),
+            })?;
+        Ok(())
+    }
+
+    /// `expression`'s value (a promise awaited) as JSON text, at most
+    /// [`MAX_TEXT`] long: an object is written out by the page itself and
+    /// cut there, as in Chromium.
+    async fn evaluate_text(&mut self, tab: &Tab, expression: &str) -> Result<String, PageError> {
+        let evaluate = json!({
+            "expression": expression, "target": {"context": tab.context},
+            "awaitPromise": true, "resultOwnership": "root",
+            "serializationOptions": {"maxObjectDepth": 0, "maxDomDepth": 0},
+        });
+        let evaluated = self.session.call("script.evaluate", evaluate).await?;
+        if evaluated["type"] == "exception" {
+            return Err(PageError::BadInput(format!(
+                "the expression threw: {}",
+                evaluated["exceptionDetails"]["text"]
+                    .as_str()
+                    .unwrap_or_default()
+            )));
+        }
+        let result = &evaluated["result"];
+        let text = match result["handle"].as_str() {
+            Some(handle) => self.write_out(tab, handle).await?,
+            None => primitive_text(result),
+        };
+        Ok(bounded_text(text))
+    }
+
+    /// Sets `files` (placed in the instance's uploads first) on the file
+    /// input `element` names.
+    async fn upload(
+        &mut self,
+        tab: &Tab,
+        element: &str,
+        files: &[flotilla_api_types::page::UploadFile],
+    ) -> Result<(), PageError> {
+        let paths = place_uploads(self.context, files)?;
+        let number = node_of(element)?;
+        let call = json!({
+            "functionDeclaration": FIND_ELEMENT,
+            "arguments": [{"type": "number", "value": number}],
+            "target": {"context": tab.context}, "awaitPromise": false,
+        });
+        let found = self.session.call("script.callFunction", call).await?;
+        let Some(shared) = found["result"]["sharedId"].as_str() else {
+            return Err(PageError::StaleElement(element.to_owned()));
+        };
+        let set = json!({"context": tab.context, "element": {"sharedId": shared}, "files": paths});
+        self.session
+            .call("input.setFiles", set)
+            .await
+            .map_err(|error| match error {
+                BidiError::Command { message, .. } => PageError::BadInput(format!(
+                    "element {element} takes no files: {message} (use a file input's reference)"
+                )),
+                other => PageError::from(other),
+            })?;
+        Ok(())
+    }
+}
+
+impl Step<'_> {
+    /// The browser's tabs by position, each with its context.
+    async fn tabs_with_contexts(&mut self) -> Result<Vec<(String, TabInfo)>, PageError> {
+        let tabs = read_tabs(&mut self.session).await?;
+        Ok(by_position(tabs)
+            .into_iter()
+            .map(|(context, tab)| {
+                let info = TabInfo {
+                    id: tab.id,
+                    url: tab.url,
+                    title: tab.title,
+                };
+                (context, info)
+            })
+            .collect())
+    }
+
+    async fn find_tab(&mut self, id: &str) -> Result<Tab, PageError> {
+        self.tabs_with_contexts()
+            .await?
+            .into_iter()
+            .find(|(_, tab)| tab.id == id)
+            .map(|(context, tab)| Tab {
+                id: tab.id,
+                context,
+            })
+            .ok_or_else(|| PageError::NoTab(id.to_owned()))
+    }
+
+    /// `wanted` if there is such a tab, else the first (a new one when the
+    /// browser has none).
+    async fn current_tab(&mut self, wanted: Option<&str>) -> Result<Tab, PageError> {
+        let tabs = self.tabs_with_contexts().await?;
+        let chosen = wanted
+            .and_then(|wanted| tabs.iter().find(|(_, tab)| tab.id == wanted))
+            .or(tabs.first());
+        if let Some((context, tab)) = chosen {
+            return Ok(Tab {
+                id: tab.id.clone(),
+                context: context.clone(),
+            });
+        }
+        let created = self
+            .session
+            .call("browsingContext.create", json!({"type": "tab"}))
+            .await?;
+        Ok(Tab {
+            id: "1".into(),
+            context: created["context"].as_str().unwrap_or_default().to_owned(),
+        })
+    }
+
+    /// Dismisses a dialog the page left open (one opened while a step runs
+    /// is dismissed by Firefox itself).
+    async fn dismiss_dialog(&mut self, tab: &Tab) {
+        let dismiss = json!({"context": tab.context, "accept": false});
+        let _ = self
+            .session
+            .call("browsingContext.handleUserPrompt", dismiss)
+            .await;
+    }
+
     /// Calls `declaration` in the page with `arguments` (BiDi values): its
     /// value (awaited) as JSON, of at most `limit` bytes.
     async fn call_function(
@@ -530,17 +595,6 @@ impl Step<'_> {
             }
             Scripted::Value(answer) => Ok(answer["value"].clone()),
             Scripted::Threw(text) => Err(PageError::BadInput(text)),
-        }
-    }
-
-    /// The middle of `element`'s first box, scrolled into view.
-    async fn center_of(&mut self, tab: &Tab, element: &str) -> Result<(f64, f64), PageError> {
-        let center = self.on_element(tab, element, CENTER_OF, json!([])).await?;
-        match (center[0].as_f64(), center[1].as_f64()) {
-            (Some(x), Some(y)) => Ok((x, y)),
-            _ => Err(PageError::BadInput(format!(
-                "element {element} is not visible (it has no box on the page)"
-            ))),
         }
     }
 
@@ -592,102 +646,6 @@ impl Step<'_> {
         }
     }
 
-    /// Drags element `from` onto element `to` in five moves.
-    async fn drag(&mut self, tab: &Tab, from: &str, to: &str) -> Result<(), PageError> {
-        let (x0, y0) = self.center_of(tab, from).await?;
-        let (x1, y1) = self.center_of(tab, to).await?;
-        let mut actions = vec![
-            pointer_move(x0, y0),
-            json!({"type": "pointerDown", "button": 0}),
-        ];
-        for step in 1..=5 {
-            let f = f64::from(step) / 5.0;
-            actions.push(pointer_move(x0 + (x1 - x0) * f, y0 + (y1 - y0) * f));
-        }
-        actions.push(json!({"type": "pointerUp", "button": 0}));
-        self.pointer(tab, actions).await?;
-        self.settle(tab).await;
-        Ok(())
-    }
-
-    /// Focuses `element`, selects its text and types `text` over it key by
-    /// key (then Enter when `submit`).
-    async fn type_into(
-        &mut self,
-        tab: &Tab,
-        element: &str,
-        text: &str,
-        submit: bool,
-    ) -> Result<(), PageError> {
-        let mut values = typed_keys(text)?;
-        let editable = self
-            .on_element(tab, element, FOCUS_FOR_TYPING, json!([]))
-            .await?;
-        takes_text(element, &editable)?;
-        if submit {
-            values.push('\u{E007}'.to_string());
-        }
-        self.keys(tab, &values).await?;
-        if submit {
-            self.settle(tab).await;
-        }
-        Ok(())
-    }
-
-    async fn wait_for(
-        &mut self,
-        tab: &Tab,
-        text: &Option<String>,
-        text_gone: &Option<String>,
-        time_ms: Option<u64>,
-    ) -> Result<String, PageError> {
-        if let Some(time_ms) = time_ms {
-            tokio::time::sleep(timed_wait(time_ms, self.remaining())).await;
-        }
-        for (wanted, present) in [(text, true), (text_gone, false)] {
-            let Some(wanted) = wanted else { continue };
-            let evaluate = json!({
-                "expression": text_wait_script(wanted, present),
-                "target": {"context": tab.context}, "awaitPromise": true,
-            });
-            let within = self.remaining();
-            self.session
-                .call_within("script.evaluate", evaluate, within)
-                .await
-                .map_err(|error| match error {
-                    BidiError::Timeout(_) => PageError::Timeout(waiting_for(present)),
-                    other => PageError::from(other),
-                })?;
-        }
-        Ok(format!("Waited.\n{}", self.describe_page(tab).await?))
-    }
-
-    /// `expression`'s value (a promise awaited) as JSON text, at most
-    /// [`MAX_TEXT`] long: an object is written out by the page itself and
-    /// cut there, as in Chromium.
-    async fn evaluate_text(&mut self, tab: &Tab, expression: &str) -> Result<String, PageError> {
-        let evaluate = json!({
-            "expression": expression, "target": {"context": tab.context},
-            "awaitPromise": true, "resultOwnership": "root",
-            "serializationOptions": {"maxObjectDepth": 0, "maxDomDepth": 0},
-        });
-        let evaluated = self.session.call("script.evaluate", evaluate).await?;
-        if evaluated["type"] == "exception" {
-            return Err(PageError::BadInput(format!(
-                "the expression threw: {}",
-                evaluated["exceptionDetails"]["text"]
-                    .as_str()
-                    .unwrap_or_default()
-            )));
-        }
-        let result = &evaluated["result"];
-        let text = match result["handle"].as_str() {
-            Some(handle) => self.write_out(tab, handle).await?,
-            None => primitive_text(result),
-        };
-        Ok(bounded_text(text))
-    }
-
     /// The object behind `handle` as the page writes it out ([`WRITE_OUT`]),
     /// the handle let go of after.
     async fn write_out(&mut self, tab: &Tab, handle: &str) -> Result<String, PageError> {
@@ -703,38 +661,6 @@ impl Step<'_> {
             .as_str()
             .unwrap_or("undefined")
             .to_owned())
-    }
-
-    /// Sets `files` (placed in the instance's uploads first) on the file
-    /// input `element` names.
-    async fn upload(
-        &mut self,
-        tab: &Tab,
-        element: &str,
-        files: &[flotilla_api_types::page::UploadFile],
-    ) -> Result<String, PageError> {
-        let paths = place_uploads(self.context, files)?;
-        let number = node_of(element)?;
-        let call = json!({
-            "functionDeclaration": FIND_ELEMENT,
-            "arguments": [{"type": "number", "value": number}],
-            "target": {"context": tab.context}, "awaitPromise": false,
-        });
-        let found = self.session.call("script.callFunction", call).await?;
-        let Some(shared) = found["result"]["sharedId"].as_str() else {
-            return Err(PageError::StaleElement(element.to_owned()));
-        };
-        let set = json!({"context": tab.context, "element": {"sharedId": shared}, "files": paths});
-        self.session
-            .call("input.setFiles", set)
-            .await
-            .map_err(|error| match error {
-                BidiError::Command { message, .. } => PageError::BadInput(format!(
-                    "element {element} takes no files: {message} (use a file input's reference)"
-                )),
-                other => PageError::from(other),
-            })?;
-        Ok(format!("Set {} file(s) on {element}.", files.len()))
     }
 }
 

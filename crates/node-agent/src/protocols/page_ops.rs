@@ -8,8 +8,10 @@
 //! the document it was read from ([`References`]): one read from a document
 //! the tab has left names nothing. Each step opens its own connection to
 //! the browser (over its network namespace, like the agent's other
-//! DevTools work), within the step's `timeout_ms`. Firefox's steps are
-//! [`crate::protocols::firefox_page_ops`]'s.
+//! DevTools work), within the step's `timeout_ms`. Which step does what,
+//! and the words of its answer, are [`crate::protocols::page_steps`]'s:
+//! this module gives Chromium's moves, as
+//! [`crate::protocols::firefox_page_ops`] gives Firefox's.
 //!
 //! Console messages are read from a [`ConsoleLog`] that follows every page
 //! of the browser from the first step on.
@@ -34,6 +36,7 @@ use crate::engine::page::{
     AbortOnDrop, Browser, ConsoleLog, LoadedAt, NavigateError, Page, Within, describe,
     dismiss_dialogs, exception_text,
 };
+use crate::protocols::page_steps::{PageDriver, Point, drag_moves, run_step};
 
 /// Largest message a step reads (a screenshot, a snapshot).
 const MAX_MESSAGE: usize = 48 << 20;
@@ -212,13 +215,13 @@ pub async fn run(
     let deadline = Instant::now() + Duration::from_millis(request.timeout_ms.max(1));
     let step = async {
         let client = CdpClient::open_limited(endpoint, &endpoint.browser_path, MAX_MESSAGE).await?;
-        let step = Step {
+        let mut step = Step {
             client: Arc::new(client),
             deadline,
             dialogs: Mutex::default(),
-            references: context.references,
+            context: &context,
         };
-        step.run(request, &context).await
+        run_step(&mut step, request).await
     };
     tokio::time::timeout_at(deadline, step)
         .await
@@ -230,7 +233,7 @@ struct Step<'a> {
     deadline: Instant,
     /// Dismissing the dialogs of the tabs this step attached to.
     dialogs: Mutex<Vec<AbortOnDrop>>,
-    references: &'a References,
+    context: &'a StepContext<'a>,
 }
 
 /// A tab the step acts on: its target and flat session.
@@ -239,249 +242,47 @@ struct Tab {
     session: String,
 }
 
-impl Step<'_> {
+impl PageDriver for Step<'_> {
+    type Tab = Tab;
+
+    fn id_of(tab: &Tab) -> &str {
+        &tab.id
+    }
+
     fn remaining(&self) -> Duration {
         self.deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1))
     }
 
-    /// The browser's tabs, within the step's time.
-    fn pages(&self) -> Browser<'_> {
-        Browser::new(&self.client, Within::Deadline(self.deadline))
+    fn dirs(&self) -> &crate::system::dirs::InstanceDirs {
+        self.context.dirs
     }
 
-    /// The page in `tab`, within the step's time.
-    fn page<'t>(&'t self, tab: &'t Tab) -> Page<'t> {
-        Page::new(&self.client, &tab.session, Within::Deadline(self.deadline))
+    fn console(&self) -> Result<String, PageError> {
+        Ok(self.context.console.render())
     }
 
-    async fn run(
-        &self,
-        request: &AgentPageRequest,
-        context: &StepContext<'_>,
-    ) -> Result<PageAnswer, PageError> {
-        if let Some(answer) = self.browser_step(request, context).await? {
-            return Ok(answer);
-        }
+    /// The browser's page tabs, most recently used first.
+    async fn tabs(&mut self) -> Result<Vec<TabInfo>, PageError> {
+        Ok(self.pages().pages().await?)
+    }
+
+    async fn tab_for(&mut self, request: &AgentPageRequest) -> Result<Tab, PageError> {
         let id = match &request.op {
             PageOp::TabSelect { tab } => {
                 self.find_tab(tab).await?;
                 self.pages().activate(tab).await?;
                 tab.clone()
             }
-            _ => self.current_tab(request.tab.as_deref()).await?,
+            _ => self.current_id(request.tab.as_deref()).await?,
         };
-        let tab = self.attach(&id).await?;
-        if let PageOp::Screenshot = &request.op {
-            let shot = self.page(&tab).screenshot(json!({"format": "png"})).await?;
-            let data = shot.as_str().unwrap_or_default().to_owned();
-            return Ok(PageAnswer {
-                text: self.describe_page(&tab).await?,
-                png_base64: Some(data),
-                tab: id,
-            });
-        }
-        let text = self.tab_step(&tab, &request.op, context).await?;
-        Ok(answer(text, &id))
-    }
-
-    /// The steps on the browser rather than one tab (tabs listed, opened and
-    /// closed, console messages, downloads); `None` for the others.
-    async fn browser_step(
-        &self,
-        request: &AgentPageRequest,
-        context: &StepContext<'_>,
-    ) -> Result<Option<PageAnswer>, PageError> {
-        let answered = match &request.op {
-            PageOp::TabList => {
-                let tabs = self.tabs().await?;
-                let current = request
-                    .tab
-                    .clone()
-                    .or_else(|| tabs.first().map(|t| t.id.clone()))
-                    .unwrap_or_default();
-                answer(list_tabs(&tabs, &current), &current)
-            }
-            PageOp::TabNew { url } => self.new_tab(url.as_deref()).await?,
-            PageOp::TabClose { tab } => {
-                self.find_tab(tab).await?;
-                self.pages().close(tab).await?;
-                context.references.forget(tab);
-                let tabs = self.tabs_without(tab).await?;
-                let current = tabs.first().map(|t| t.id.clone()).unwrap_or_default();
-                let text = format!("Closed tab {tab}.\n{}", list_tabs(&tabs, &current));
-                answer(text, &current)
-            }
-            PageOp::ConsoleMessages => {
-                let current = self.current_tab(request.tab.as_deref()).await?;
-                answer(context.console.render(), &current)
-            }
-            PageOp::Downloads => {
-                let current = self.current_tab(request.tab.as_deref()).await?;
-                answer(downloads_text(context.dirs)?, &current)
-            }
-            _ => return Ok(None),
-        };
-        Ok(Some(answered))
-    }
-
-    /// A new tab, at `url` when given.
-    async fn new_tab(&self, url: Option<&str>) -> Result<PageAnswer, PageError> {
-        if let Some(url) = url {
-            check_url(url)?;
-        }
-        let id = self.pages().open_blank().await?;
-        let tab = self.attach(&id).await?;
-        if let Some(url) = url {
-            self.navigate(&tab, url).await?;
-        }
-        Ok(answer(self.describe_page(&tab).await?, &id))
-    }
-
-    /// A step on one tab, answered in words.
-    async fn tab_step(
-        &self,
-        tab: &Tab,
-        op: &PageOp,
-        context: &StepContext<'_>,
-    ) -> Result<String, PageError> {
-        Ok(match op {
-            PageOp::Navigate { url } => {
-                check_url(url)?;
-                self.navigate(tab, url).await?;
-                self.describe_page(tab).await?
-            }
-            PageOp::Back => {
-                self.back(tab).await?;
-                self.describe_page(tab).await?
-            }
-            PageOp::Snapshot | PageOp::TabSelect { .. } => self.snapshot(tab).await?,
-            PageOp::WaitFor {
-                text,
-                text_gone,
-                time_ms,
-            } => self.wait_for(tab, text, text_gone, *time_ms).await?,
-            PageOp::Evaluate { expression } => self.evaluate_text(tab, expression).await?,
-            PageOp::NetworkRequests => self.network_requests(tab).await?,
-            PageOp::FileUpload { element, files } => {
-                self.upload(tab, element, files, context).await?
-            }
-            input => self.input_step(tab, input).await?,
-        })
-    }
-
-    /// A step that acts on the page as a person would (click, hover, drag,
-    /// type, press, select).
-    async fn input_step(&self, tab: &Tab, op: &PageOp) -> Result<String, PageError> {
-        Ok(match op {
-            PageOp::Click { element, double } => {
-                let (x, y) = self.center_of(tab, element).await?;
-                self.click(tab, x, y, if *double { 2 } else { 1 }).await?;
-                self.settle(tab).await;
-                format!("Clicked {element}.\n{}", self.describe_page(tab).await?)
-            }
-            PageOp::Hover { element } => {
-                let (x, y) = self.center_of(tab, element).await?;
-                self.mouse(tab, "mouseMoved", x, y, 0).await?;
-                format!("Hovering over {element}.")
-            }
-            PageOp::Drag { from, to } => {
-                self.drag(tab, from, to).await?;
-                format!("Dragged {from} onto {to}.")
-            }
-            PageOp::Type {
-                element,
-                text,
-                submit,
-            } => {
-                self.type_into(tab, element, text).await?;
-                if *submit {
-                    self.press(tab, "Enter").await?;
-                    self.settle(tab).await;
-                }
-                format!("Typed into {element}.\n{}", self.describe_page(tab).await?)
-            }
-            PageOp::PressKey { key } => {
-                self.press(tab, key).await?;
-                self.settle(tab).await;
-                format!("Pressed {key}.\n{}", self.describe_page(tab).await?)
-            }
-            PageOp::SelectOption { element, values } => {
-                self.select(tab, element, values).await?;
-                format!("Selected {values:?} in {element}.")
-            }
-            other => unreachable!("{other:?} is answered by browser_step or tab_step"),
-        })
-    }
-
-    /// Drags element `from` onto element `to` in five moves.
-    async fn drag(&self, tab: &Tab, from: &str, to: &str) -> Result<(), PageError> {
-        let (x0, y0) = self.center_of(tab, from).await?;
-        let (x1, y1) = self.center_of(tab, to).await?;
-        self.mouse(tab, "mouseMoved", x0, y0, 0).await?;
-        self.mouse(tab, "mousePressed", x0, y0, 1).await?;
-        for step in 1..=5 {
-            let f = f64::from(step) / 5.0;
-            let (x, y) = (x0 + (x1 - x0) * f, y0 + (y1 - y0) * f);
-            self.mouse(tab, "mouseMoved", x, y, 1).await?;
-        }
-        self.mouse(tab, "mouseReleased", x1, y1, 1).await?;
-        self.settle(tab).await;
-        Ok(())
-    }
-
-    /// Sets `files` (placed in the instance's uploads first) on a file input.
-    async fn upload(
-        &self,
-        tab: &Tab,
-        element: &str,
-        files: &[flotilla_api_types::page::UploadFile],
-        context: &StepContext<'_>,
-    ) -> Result<String, PageError> {
-        let paths = place_uploads(context, files)?;
-        let node = self.reference(tab, element).await?;
-        self.page(tab)
-            .set_files(node, &paths)
-            .await
-            .map_err(|error| match error {
-                CdpError::Protocol { message, .. } => PageError::BadInput(format!(
-                    "element {element} takes no files: {message} (use a file input's reference)"
-                )),
-                other => PageError::Browser(other),
-            })?;
-        Ok(format!("Set {} file(s) on {element}.", files.len()))
-    }
-
-    /// The browser's page tabs, most recently used first.
-    async fn tabs(&self) -> Result<Vec<TabInfo>, PageError> {
-        Ok(self.pages().pages().await?)
-    }
-
-    /// The tabs once `closed` is no longer among them (Chromium answers a
-    /// close before the tab is gone), or as they are after a few seconds.
-    async fn tabs_without(&self, closed: &str) -> Result<Vec<TabInfo>, PageError> {
-        let until = Instant::now() + Duration::from_secs(5);
-        loop {
-            let tabs = self.tabs().await?;
-            if Instant::now() >= until.min(self.deadline) || tabs.iter().all(|t| t.id != closed) {
-                return Ok(tabs);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    async fn find_tab(&self, id: &str) -> Result<TabInfo, PageError> {
-        self.tabs()
-            .await?
-            .into_iter()
-            .find(|tab| tab.id == id)
-            .ok_or_else(|| PageError::NoTab(id.to_owned()))
+        self.attach(&id).await
     }
 
     /// `wanted` if it is still open, else the first tab (a new one when the
     /// browser has none).
-    async fn current_tab(&self, wanted: Option<&str>) -> Result<String, PageError> {
+    async fn current_id(&mut self, wanted: Option<&str>) -> Result<String, PageError> {
         let tabs = self.tabs().await?;
         if let Some(wanted) = wanted
             && tabs.iter().any(|tab| tab.id == wanted)
@@ -494,21 +295,24 @@ impl Step<'_> {
         Ok(self.pages().open_blank().await?)
     }
 
-    async fn attach(&self, id: &str) -> Result<Tab, PageError> {
-        let session = self.client.attach(id, self.remaining()).await?;
-        // A dialog the page opened (now or before this step) would hold
-        // every script and load: Page.enable reports an open one.
-        let dismisser = dismiss_dialogs(self.client.clone(), session.clone());
-        self.dialogs.lock().expect("dialogs lock").push(dismisser);
-        let tab = Tab {
-            id: id.to_owned(),
-            session,
-        };
-        self.page(&tab).enable().await?;
-        Ok(tab)
+    async fn open_tab(&mut self) -> Result<Tab, PageError> {
+        let id = self.pages().open_blank().await?;
+        self.attach(&id).await
     }
 
-    async fn navigate(&self, tab: &Tab, url: &str) -> Result<(), PageError> {
+    async fn close_tab(&mut self, id: &str) -> Result<Vec<TabInfo>, PageError> {
+        self.find_tab(id).await?;
+        self.pages().close(id).await?;
+        self.context.references.forget(id);
+        self.tabs_without(id).await
+    }
+
+    async fn screenshot(&mut self, tab: &Tab) -> Result<Option<String>, PageError> {
+        let shot = self.page(tab).screenshot(json!({"format": "png"})).await?;
+        Ok(Some(shot.as_str().unwrap_or_default().to_owned()))
+    }
+
+    async fn navigate(&mut self, tab: &Tab, url: &str) -> Result<(), PageError> {
         self.page(tab)
             .navigate(url, LoadedAt::Load)
             .await
@@ -521,7 +325,7 @@ impl Step<'_> {
             })
     }
 
-    async fn back(&self, tab: &Tab) -> Result<(), PageError> {
+    async fn back(&mut self, tab: &Tab) -> Result<(), PageError> {
         if !self.page(tab).back().await? {
             return Err(PageError::BadInput(
                 "the tab has no earlier page to go back to".into(),
@@ -531,9 +335,7 @@ impl Step<'_> {
         Ok(())
     }
 
-    /// Waits (briefly, never failing) for what an action started: a
-    /// navigation to commit and its document to load.
-    async fn settle(&self, tab: &Tab) {
+    async fn settle(&mut self, tab: &Tab) {
         for _ in 0..3 {
             let loaded = self
                 .page(tab)
@@ -545,8 +347,7 @@ impl Step<'_> {
         }
     }
 
-    /// URL and title of the tab.
-    async fn describe_page(&self, tab: &Tab) -> Result<String, PageError> {
+    async fn describe_page(&mut self, tab: &Tab) -> Result<String, PageError> {
         let info = self.pages().info(&tab.id).await?;
         Ok(format!(
             "- Page URL: {}\n- Page title: {}\n- Tab: {}\n",
@@ -554,14 +355,12 @@ impl Step<'_> {
         ))
     }
 
-    /// The page as an accessibility tree, one line per node that matters,
-    /// each actionable one with its reference.
-    async fn snapshot(&self, tab: &Tab) -> Result<String, PageError> {
+    async fn snapshot(&mut self, tab: &Tab) -> Result<String, PageError> {
         let document = self.page(tab).document_id().await?;
         let tree = self.page(tab).accessibility_tree().await?;
         let mut text = self.describe_page(tab).await?;
         text.push_str("- Page snapshot:\n");
-        let mut numbering = self.references.numbering(&tab.id, &document);
+        let mut numbering = self.context.references.numbering(&tab.id, &document);
         text.push_str(&render_tree(
             tree["nodes"].as_array().map_or(&[][..], Vec::as_slice),
             &mut |node| numbering.of(node),
@@ -569,18 +368,8 @@ impl Step<'_> {
         Ok(bounded_text(text))
     }
 
-    /// The backend node id `element` names, while the tab still shows the
-    /// document it was read from.
-    async fn reference(&self, tab: &Tab, element: &str) -> Result<i64, PageError> {
-        let reference = node_of(element)?;
-        let document = self.page(tab).document_id().await?;
-        self.references
-            .node(&tab.id, &document, reference)
-            .ok_or_else(|| PageError::StaleElement(element.to_owned()))
-    }
-
     /// The middle of `element`'s first box, scrolled into view.
-    async fn center_of(&self, tab: &Tab, element: &str) -> Result<(f64, f64), PageError> {
+    async fn center_of(&mut self, tab: &Tab, element: &str) -> Result<Point, PageError> {
         let node = self.reference(tab, element).await?;
         let stale = |error: CdpError| match error {
             CdpError::Protocol { .. } => PageError::StaleElement(element.to_owned()),
@@ -601,6 +390,207 @@ impl Step<'_> {
         Ok((x, y))
     }
 
+    async fn click_at(&mut self, tab: &Tab, (x, y): Point, clicks: u32) -> Result<(), PageError> {
+        self.mouse(tab, "mouseMoved", x, y, 0).await?;
+        for count in 1..=clicks {
+            self.mouse(tab, "mousePressed", x, y, count).await?;
+            self.mouse(tab, "mouseReleased", x, y, count).await?;
+        }
+        Ok(())
+    }
+
+    async fn move_to(&mut self, tab: &Tab, (x, y): Point) -> Result<(), PageError> {
+        self.mouse(tab, "mouseMoved", x, y, 0).await
+    }
+
+    async fn drag_between(&mut self, tab: &Tab, from: Point, to: Point) -> Result<(), PageError> {
+        self.mouse(tab, "mouseMoved", from.0, from.1, 0).await?;
+        self.mouse(tab, "mousePressed", from.0, from.1, 1).await?;
+        for (x, y) in drag_moves(from, to) {
+            self.mouse(tab, "mouseMoved", x, y, 1).await?;
+        }
+        self.mouse(tab, "mouseReleased", to.0, to.1, 1).await
+    }
+
+    async fn type_into(
+        &mut self,
+        tab: &Tab,
+        element: &str,
+        text: &str,
+        submit: bool,
+    ) -> Result<(), PageError> {
+        let object = self.object_of(tab, element).await?;
+        let editable = self
+            .call_on(tab, &object, FOCUS_FOR_TYPING, json!([]))
+            .await?;
+        takes_text(element, &editable)?;
+        self.page(tab).insert_text(text).await?;
+        if submit {
+            self.press(tab, "Enter").await?;
+        }
+        Ok(())
+    }
+
+    async fn press(&mut self, tab: &Tab, key: &str) -> Result<(), PageError> {
+        let key = if key == "Space" { " " } else { key };
+        let (code, key_code, text) = key_definition(key).ok_or_else(|| unknown_key(key))?;
+        let mut down = json!({
+            "type": if text.is_empty() { "rawKeyDown" } else { "keyDown" },
+            "key": key, "code": code, "windowsVirtualKeyCode": key_code,
+        });
+        if !text.is_empty() {
+            down["text"] = json!(text);
+        }
+        let page = self.page(tab);
+        page.key(down).await?;
+        page.key(
+            json!({"type": "keyUp", "key": key, "code": code, "windowsVirtualKeyCode": key_code}),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn select(
+        &mut self,
+        tab: &Tab,
+        element: &str,
+        values: &[String],
+    ) -> Result<(), PageError> {
+        let object = self.object_of(tab, element).await?;
+        let chosen = self
+            .call_on(tab, &object, SELECT_OPTIONS, json!([{"value": values}]))
+            .await?;
+        selected(element, values, &chosen)
+    }
+
+    async fn wait_for_text(
+        &mut self,
+        tab: &Tab,
+        wanted: &str,
+        present: bool,
+    ) -> Result<(), PageError> {
+        self.page(tab)
+            .evaluate(&text_wait_script(wanted, present), false, None)
+            .await
+            .map_err(|error| match error {
+                CdpError::Timeout { .. } => PageError::Timeout(waiting_for(present)),
+                other => PageError::Browser(other),
+            })?;
+        Ok(())
+    }
+
+    /// `expression`'s value as JSON text, at most [`MAX_TEXT`] long. An
+    /// object is written out by the page itself (`JSON.stringify`, cut to
+    /// size there), so however large or deep it is, only the cut text
+    /// reaches the agent; a primitive comes with the answer.
+    async fn evaluate_text(&mut self, tab: &Tab, expression: &str) -> Result<String, PageError> {
+        const GROUP: &str = "flotilla-evaluate";
+        let answer = self
+            .page(tab)
+            .evaluate(expression, false, Some(GROUP))
+            .await?;
+        if let Some(details) = answer.get("exceptionDetails") {
+            return Err(PageError::BadInput(format!(
+                "the expression threw: {}",
+                exception_text(details)
+            )));
+        }
+        let result = &answer["result"];
+        let text = match (result.get("objectId"), result.get("value")) {
+            (Some(object), _) => {
+                let written = self.write_out(tab, object).await;
+                let _ = self.page(tab).release_group(GROUP).await;
+                written?
+            }
+            (None, Some(value)) => serde_json::to_string_pretty(value).unwrap_or_default(),
+            (None, None) => result["unserializableValue"]
+                .as_str()
+                .or(result["description"].as_str())
+                .unwrap_or("undefined")
+                .to_owned(),
+        };
+        Ok(bounded_text(text))
+    }
+
+    /// Sets `files` (placed in the instance's uploads first) on a file input.
+    async fn upload(
+        &mut self,
+        tab: &Tab,
+        element: &str,
+        files: &[flotilla_api_types::page::UploadFile],
+    ) -> Result<(), PageError> {
+        let paths = place_uploads(self.context, files)?;
+        let node = self.reference(tab, element).await?;
+        self.page(tab)
+            .set_files(node, &paths)
+            .await
+            .map_err(|error| match error {
+                CdpError::Protocol { message, .. } => PageError::BadInput(format!(
+                    "element {element} takes no files: {message} (use a file input's reference)"
+                )),
+                other => PageError::Browser(other),
+            })?;
+        Ok(())
+    }
+}
+
+impl Step<'_> {
+    /// The browser's tabs, within the step's time.
+    fn pages(&self) -> Browser<'_> {
+        Browser::new(&self.client, Within::Deadline(self.deadline))
+    }
+
+    /// The page in `tab`, within the step's time.
+    fn page<'t>(&'t self, tab: &'t Tab) -> Page<'t> {
+        Page::new(&self.client, &tab.session, Within::Deadline(self.deadline))
+    }
+
+    /// The tabs once `closed` is no longer among them (Chromium answers a
+    /// close before the tab is gone), or as they are after a few seconds.
+    async fn tabs_without(&mut self, closed: &str) -> Result<Vec<TabInfo>, PageError> {
+        let until = Instant::now() + Duration::from_secs(5);
+        loop {
+            let tabs = self.tabs().await?;
+            if Instant::now() >= until.min(self.deadline) || tabs.iter().all(|t| t.id != closed) {
+                return Ok(tabs);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn find_tab(&mut self, id: &str) -> Result<TabInfo, PageError> {
+        self.tabs()
+            .await?
+            .into_iter()
+            .find(|tab| tab.id == id)
+            .ok_or_else(|| PageError::NoTab(id.to_owned()))
+    }
+
+    async fn attach(&self, id: &str) -> Result<Tab, PageError> {
+        let session = self.client.attach(id, self.remaining()).await?;
+        // A dialog the page opened (now or before this step) would hold
+        // every script and load: Page.enable reports an open one.
+        let dismisser = dismiss_dialogs(self.client.clone(), session.clone());
+        self.dialogs.lock().expect("dialogs lock").push(dismisser);
+        let tab = Tab {
+            id: id.to_owned(),
+            session,
+        };
+        self.page(&tab).enable().await?;
+        Ok(tab)
+    }
+
+    /// The backend node id `element` names, while the tab still shows the
+    /// document it was read from.
+    async fn reference(&self, tab: &Tab, element: &str) -> Result<i64, PageError> {
+        let reference = node_of(element)?;
+        let document = self.page(tab).document_id().await?;
+        self.context
+            .references
+            .node(&tab.id, &document, reference)
+            .ok_or_else(|| PageError::StaleElement(element.to_owned()))
+    }
+
     async fn mouse(
         &self,
         tab: &Tab,
@@ -617,15 +607,6 @@ impl Step<'_> {
             params["buttons"] = json!(1);
         }
         self.page(tab).mouse(params).await?;
-        Ok(())
-    }
-
-    async fn click(&self, tab: &Tab, x: f64, y: f64, clicks: u32) -> Result<(), PageError> {
-        self.mouse(tab, "mouseMoved", x, y, 0).await?;
-        for count in 1..=clicks {
-            self.mouse(tab, "mousePressed", x, y, count).await?;
-            self.mouse(tab, "mouseReleased", x, y, count).await?;
-        }
         Ok(())
     }
 
@@ -660,99 +641,6 @@ impl Step<'_> {
         Ok(answer["result"]["value"].clone())
     }
 
-    async fn type_into(&self, tab: &Tab, element: &str, text: &str) -> Result<(), PageError> {
-        let object = self.object_of(tab, element).await?;
-        let editable = self
-            .call_on(tab, &object, FOCUS_FOR_TYPING, json!([]))
-            .await?;
-        takes_text(element, &editable)?;
-        self.page(tab).insert_text(text).await?;
-        Ok(())
-    }
-
-    async fn press(&self, tab: &Tab, key: &str) -> Result<(), PageError> {
-        let key = if key == "Space" { " " } else { key };
-        let (code, key_code, text) = key_definition(key).ok_or_else(|| unknown_key(key))?;
-        let mut down = json!({
-            "type": if text.is_empty() { "rawKeyDown" } else { "keyDown" },
-            "key": key, "code": code, "windowsVirtualKeyCode": key_code,
-        });
-        if !text.is_empty() {
-            down["text"] = json!(text);
-        }
-        let page = self.page(tab);
-        page.key(down).await?;
-        page.key(
-            json!({"type": "keyUp", "key": key, "code": code, "windowsVirtualKeyCode": key_code}),
-        )
-        .await?;
-        Ok(())
-    }
-
-    async fn select(&self, tab: &Tab, element: &str, values: &[String]) -> Result<(), PageError> {
-        let object = self.object_of(tab, element).await?;
-        let chosen = self
-            .call_on(tab, &object, SELECT_OPTIONS, json!([{"value": values}]))
-            .await?;
-        selected(element, values, &chosen)
-    }
-
-    async fn wait_for(
-        &self,
-        tab: &Tab,
-        text: &Option<String>,
-        text_gone: &Option<String>,
-        time_ms: Option<u64>,
-    ) -> Result<String, PageError> {
-        if let Some(time_ms) = time_ms {
-            tokio::time::sleep(timed_wait(time_ms, self.remaining())).await;
-        }
-        for (wanted, present) in [(text, true), (text_gone, false)] {
-            let Some(wanted) = wanted else { continue };
-            self.page(tab)
-                .evaluate(&text_wait_script(wanted, present), false, None)
-                .await
-                .map_err(|error| match error {
-                    CdpError::Timeout { .. } => PageError::Timeout(waiting_for(present)),
-                    other => PageError::Browser(other),
-                })?;
-        }
-        Ok(format!("Waited.\n{}", self.describe_page(tab).await?))
-    }
-
-    /// `expression`'s value as JSON text, at most [`MAX_TEXT`] long. An
-    /// object is written out by the page itself (`JSON.stringify`, cut to
-    /// size there), so however large or deep it is, only the cut text
-    /// reaches the agent; a primitive comes with the answer.
-    async fn evaluate_text(&self, tab: &Tab, expression: &str) -> Result<String, PageError> {
-        const GROUP: &str = "flotilla-evaluate";
-        let answer = self
-            .page(tab)
-            .evaluate(expression, false, Some(GROUP))
-            .await?;
-        if let Some(details) = answer.get("exceptionDetails") {
-            return Err(PageError::BadInput(format!(
-                "the expression threw: {}",
-                exception_text(details)
-            )));
-        }
-        let result = &answer["result"];
-        let text = match (result.get("objectId"), result.get("value")) {
-            (Some(object), _) => {
-                let written = self.write_out(tab, object).await;
-                let _ = self.page(tab).release_group(GROUP).await;
-                written?
-            }
-            (None, Some(value)) => serde_json::to_string_pretty(value).unwrap_or_default(),
-            (None, None) => result["unserializableValue"]
-                .as_str()
-                .or(result["description"].as_str())
-                .unwrap_or("undefined")
-                .to_owned(),
-        };
-        Ok(bounded_text(text))
-    }
-
     /// The object `object` as the page writes it: JSON (indented by two,
     /// as before), or its string form where JSON has none (a function, a
     /// cycle, nesting deeper than the page's stack), cut to [`MAX_TEXT`].
@@ -765,11 +653,6 @@ impl Step<'_> {
             .as_str()
             .unwrap_or("undefined")
             .to_owned())
-    }
-
-    async fn network_requests(&self, tab: &Tab) -> Result<String, PageError> {
-        let entries = self.evaluate_text(tab, NETWORK_REQUESTS_SCRIPT).await?;
-        Ok(requests_text(entries))
     }
 }
 
