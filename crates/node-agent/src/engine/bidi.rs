@@ -21,6 +21,7 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
+use crate::engine::bidi_tap::BidiTap;
 use crate::engine::browser::CdpEndpoint;
 
 /// How long one command may take.
@@ -81,6 +82,34 @@ pub struct SessionTurns {
     /// Woken when a claim comes and when the last one goes: the live view
     /// lets go of its session at once, or looks again.
     changed: tokio::sync::Notify,
+    /// The connections of the `bidi` door's clients, which the node's reads
+    /// ride on ([`BidiSession::ride_a_client`]).
+    pub taps: crate::engine::bidi_tap::Taps,
+    /// How many `bidi` door clients are connected ([`ClientHold`]).
+    clients: std::sync::atomic::AtomicUsize,
+    /// The turn the connected `bidi` door clients hold together (a second
+    /// connection is not kept waiting for the first to leave: Firefox
+    /// itself refuses its `session.new` while the first holds a session).
+    client_turn: tokio::sync::Mutex<std::sync::Weak<tokio::sync::OwnedMutexGuard<()>>>,
+}
+
+/// A `bidi` door client's hold on the browser's session for as long as it
+/// is connected: the turn and a claim, so that neither the live view nor
+/// the agent's own work starts a session in its way (a client's
+/// `session.new` would be refused); they ride on the client's instead.
+#[derive(Debug)]
+pub struct ClientHold {
+    turns: std::sync::Arc<SessionTurns>,
+    _claim: SessionClaim,
+    _turn: std::sync::Arc<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for ClientHold {
+    fn drop(&mut self) {
+        self.turns
+            .clients
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// A claim on the browser's session: while any is held the live view holds
@@ -105,8 +134,39 @@ impl SessionTurns {
     /// live view has let go of any session of its own.
     pub async fn claim(self: &std::sync::Arc<Self>) -> SessionClaim {
         let claim = self.claim_now();
-        drop(self.turn.lock().await);
+        // A `bidi` door client holds the turn for as long as it is
+        // connected ([`ClientHold`]): nothing of the view's is left then.
+        while self.clients.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            let turn = tokio::time::timeout(Duration::from_millis(100), self.turn.lock()).await;
+            if turn.is_ok() {
+                break;
+            }
+        }
         claim
+    }
+
+    /// Holds the session for a client of the `bidi` door about to start
+    /// one ([`ClientHold`]): returns once the agent's own work and the live
+    /// view have let go of theirs.
+    pub async fn hold_for_client(self: &std::sync::Arc<Self>) -> ClientHold {
+        let claim = self.claim_now();
+        let mut shared = self.client_turn.lock().await;
+        let turn = match shared.upgrade() {
+            Some(turn) => turn,
+            None => {
+                let turn = std::sync::Arc::new(self.turn.clone().lock_owned().await);
+                *shared = std::sync::Arc::downgrade(&turn);
+                turn
+            }
+        };
+        drop(shared);
+        self.clients
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        ClientHold {
+            turns: self.clone(),
+            _claim: claim,
+            _turn: turn,
+        }
     }
 
     fn claim_now(self: &std::sync::Arc<Self>) -> SessionClaim {
@@ -151,8 +211,12 @@ pub type EventHandler<'a> = dyn FnMut(&Value) -> Option<(&'static str, Value)> +
 /// ended in the background: Firefox keeps a session whose socket closed,
 /// and with it the browser's only one.
 pub struct BidiSession {
-    /// `None` once the session has ended (nothing is left to end on drop).
+    /// `None` once the session has ended (nothing is left to end on drop),
+    /// and for a ride on a client's connection.
     socket: Option<WebSocketStream<TcpStream>>,
+    /// The `bidi` door client's connection this rides on, if it does
+    /// ([`BidiSession::ride_a_client`]).
+    tap: Option<std::sync::Arc<BidiTap>>,
     next_id: u64,
     turn: Turn,
     /// Whether `session.new` was sent and not yet answered (a session may
@@ -239,6 +303,9 @@ impl BidiSession {
     /// waiting for the live view to let go of its own.
     pub async fn open(endpoint: &CdpEndpoint) -> Result<Self, BidiError> {
         let turns = &endpoint.session_turns;
+        if turns.clients.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            return Err(BidiError::SessionHeld);
+        }
         let claim = turns.claim_now();
         let turn = tokio::time::timeout(TURN_WAIT, turns.turn.clone().lock_owned())
             .await
@@ -275,17 +342,49 @@ impl BidiSession {
         let socket = connect(endpoint, path, VIEW_MAX_MESSAGE).await?;
         Ok(Self {
             socket: Some(socket),
+            tap: None,
             next_id: 0,
             turn: Turn::Attached,
             new_pending: false,
         })
     }
 
+    /// A ride on the session of a client of the `bidi` door (the newest
+    /// connected one that has a session), through its relay
+    /// ([`crate::engine::bidi_tap`]); `None` when no client has one. Only
+    /// commands: the client's events stay the client's.
+    pub async fn ride_a_client(endpoint: &CdpEndpoint) -> Option<Self> {
+        for tap in endpoint.session_turns.taps.live() {
+            // A connection without a session refuses every command.
+            let probe = json!({"maxDepth": 0});
+            let answered = tap
+                .call("browsingContext.getTree", probe, CONNECT_TIMEOUT)
+                .await;
+            match answered {
+                Ok(_) => {
+                    return Some(Self {
+                        socket: None,
+                        tap: Some(tap),
+                        next_id: 0,
+                        turn: Turn::Attached,
+                        new_pending: false,
+                    });
+                }
+                Err(error) => {
+                    tracing::debug!(%error, "a bidi door client's connection is not ridden")
+                }
+            }
+        }
+        None
+    }
+
     /// For a short read of the node's (the tabs, a screenshot): a connection
     /// to the WebDriver client's session whose BiDi socket is
     /// `client_socket` when there is one (as the live view rides on it), else
-    /// a session of the node's own ([`BidiSession::open`]), which it also is
-    /// when that session ended meanwhile.
+    /// a ride on a `bidi` door client's session
+    /// ([`BidiSession::ride_a_client`]), else a session of the node's own
+    /// ([`BidiSession::open`]), which it also is when the others ended
+    /// meanwhile.
     pub async fn ride_or_open(
         endpoint: &CdpEndpoint,
         client_socket: Option<&str>,
@@ -298,6 +397,9 @@ impl BidiSession {
                 }
             }
         }
+        if let Some(riding) = Self::ride_a_client(endpoint).await {
+            return Ok(riding);
+        }
         Self::open(endpoint).await
     }
 
@@ -305,6 +407,7 @@ impl BidiSession {
         let socket = connect(endpoint, &endpoint.browser_path, max).await?;
         let mut session = Self {
             socket: Some(socket),
+            tap: None,
             next_id: 0,
             turn,
             new_pending: true,
@@ -369,6 +472,11 @@ impl BidiSession {
         within: Duration,
         on_event: &mut EventHandler<'_>,
     ) -> Result<(), BidiError> {
+        if self.tap.is_some() {
+            // A ride on a client's session sees none of its events.
+            tokio::time::sleep(within).await;
+            return Ok(());
+        }
         // No command has this id: only events are read.
         let until = tokio::time::Instant::now() + within;
         self.answer_to(u64::MAX, Some(on_event), until)
@@ -383,6 +491,9 @@ impl BidiSession {
         on_event: Option<&mut EventHandler<'_>>,
         within: Duration,
     ) -> Result<Value, BidiError> {
+        if let Some(tap) = &self.tap {
+            return tap.call(method, params, within).await;
+        }
         let id = self.send(method, params).await?;
         let until = tokio::time::Instant::now() + within;
         let answer = self

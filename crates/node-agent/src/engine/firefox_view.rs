@@ -5,10 +5,11 @@
 //!
 //! Firefox holds one WebDriver session at a time, so the view rides on
 //! whichever is there ([`FirefoxView::open`]): a WebDriver client's session
-//! (geckodriver's, which takes a second BiDi connection), or a session of
-//! its own while nobody claims one. A client's BiDi session (the `bidi`
-//! door) is bound to its one connection: no view then
-//! ([`BidiError::SessionHeld`]).
+//! (geckodriver's, which takes a second BiDi connection), a `bidi` door
+//! client's (bound to its one connection: the view's commands go through
+//! its relay, [`crate::engine::bidi_tap`]), or a session of its own while
+//! nobody claims one. While the agent's own work holds it (a park), no
+//! view ([`BidiError::SessionHeld`]).
 
 use std::time::Duration;
 
@@ -46,8 +47,9 @@ pub struct ViewTab {
 impl FirefoxView {
     /// A view on the browser behind `endpoint`: attached to the WebDriver
     /// session whose BiDi socket is `client_socket`, else in a session of
-    /// its own; [`BidiError::SessionHeld`] when someone else holds or claims
-    /// the browser's only session.
+    /// its own, else riding on a `bidi` door client's;
+    /// [`BidiError::SessionHeld`] when the agent's own work holds the
+    /// browser's only session (or a client connected without one).
     pub async fn open(
         endpoint: &CdpEndpoint,
         client_socket: Option<&str>,
@@ -56,7 +58,10 @@ impl FirefoxView {
             Some(path) => (BidiSession::attach(endpoint, path).await?, false),
             None => match BidiSession::open_for_view(endpoint).await? {
                 Some(session) => (session, true),
-                None => return Err(BidiError::SessionHeld),
+                None => match BidiSession::ride_a_client(endpoint).await {
+                    Some(riding) => (riding, false),
+                    None => return Err(BidiError::SessionHeld),
+                },
             },
         };
         Ok(Self {

@@ -15,7 +15,9 @@
 //! kind an image may name ([`Engines`], made once at start by
 //! [`for_runtime`]): [`Chromium`], [`Firefox`] ([`firefox`]: `firefox-esr`
 //! with a profile and enterprise policies of its own, its WebDriver BiDi
-//! endpoint read from the browser's own announcement), and [`Sim`] for
+//! endpoint read from the browser's own announcement; the agent's BiDi
+//! sessions in [`bidi`], its rides on a `bidi` door client's session in
+//! [`bidi_tap`]), and [`Sim`] for
 //! every kind on the sim runtime (no browser, for the control plane's logic
 //! tests). The endpoint a started browser answers on says which protocol it
 //! speaks ([`browser::CdpEndpoint::speaks_cdp`]): the page layer, the live
@@ -275,6 +277,7 @@ fn version_in(text: &str) -> Option<String> {
 }
 
 pub mod bidi;
+pub mod bidi_tap;
 pub mod browser;
 pub mod capture;
 pub mod cdp;

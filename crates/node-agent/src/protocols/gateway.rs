@@ -41,6 +41,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::EngineKind;
+use crate::engine::bidi_tap::{BidiTap, TapFrames, forward_to_client};
 use crate::engine::browser::CdpEndpoint;
 use crate::instance::InstanceSlot;
 use crate::instance::token::InstanceToken;
@@ -310,18 +311,28 @@ async fn proxy_websocket(
     // view lets go of its own first, and takes none while the client is on.
     let claim = match endpoint.speaks_cdp() {
         true => None,
-        false => Some(endpoint.session_turns.claim().await),
+        false => Some(endpoint.session_turns.hold_for_client().await),
     };
     let upstream = endpoint.connect().await?;
     let path = upstream_path(&request, endpoint);
-    let pins = match endpoint.speaks_cdp() {
-        true => Pins::new(Protocol::Cdp, context.downloads_dir.clone()),
-        false => Pins::new(Protocol::Bidi, context.downloads_dir.clone()).ending_bidi_sessions(),
+    let (pins, tap) = match endpoint.speaks_cdp() {
+        true => (
+            Pins::new(Protocol::Cdp, context.downloads_dir.clone()),
+            None,
+        ),
+        false => {
+            // The node's reads ride on the client's session (Firefox binds
+            // it to this connection): see `engine::bidi_tap`.
+            let (tap, frames) = BidiTap::new();
+            endpoint.session_turns.taps.add(&tap);
+            let pins = Pins::new(Protocol::Bidi, context.downloads_dir.clone());
+            (pins.ending_bidi_sessions(), Some((tap, frames)))
+        }
     };
     relay_websocket_with(
         request,
         (upstream, &endpoint.authority(), &path, &[]),
-        (context.slot.clone(), pins),
+        (context.slot.clone(), pins, tap),
         (cancel, claim),
     )
     .await
@@ -345,19 +356,23 @@ pub(crate) async fn relay_websocket<B>(
     relay_websocket_with(
         request,
         (upstream, authority, path, &[]),
-        (slot, pins),
+        (slot, pins, None),
         (cancel, ()),
     )
     .await
 }
 
-/// [`relay_websocket`], adding the header lines `extra` to the handshake;
-/// `held` is dropped when the relay ends (at once when the upstream did not
-/// switch protocols).
+/// A `bidi` door client's tap, and the node's frames it carries.
+type Tapped = Option<(Arc<BidiTap>, TapFrames)>;
+
+/// [`relay_websocket`], adding the header lines `extra` to the handshake,
+/// with the node's commands of `tap` carried on the connection; `held` is
+/// dropped when the relay ends (at once when the upstream did not switch
+/// protocols).
 pub(crate) async fn relay_websocket_with<B, H: Send + 'static>(
     mut request: Request<B>,
     (mut upstream, authority, path, extra): (tokio::net::TcpStream, &str, &str, &[String]),
-    (slot, pins): (Arc<InstanceSlot>, Pins),
+    (slot, pins, tap): (Arc<InstanceSlot>, Pins, Tapped),
     (cancel, held): (CancellationToken, H),
 ) -> io::Result<Response<Full<Bytes>>> {
     let head = upgrade::request_head(path, authority, request.headers(), forwarded, extra);
@@ -371,7 +386,7 @@ pub(crate) async fn relay_websocket_with<B, H: Send + 'static>(
     let switched = upgrade::Switched::of(&mut request, &mut answer);
     tokio::spawn(async move {
         if let Some(client) = switched.client().await {
-            relay_upgraded(client, upstream, (slot, pins), cancel).await
+            relay_upgraded(client, upstream, (slot, pins, tap), cancel).await
         }
         drop(held);
     });
@@ -381,12 +396,13 @@ pub(crate) async fn relay_websocket_with<B, H: Send + 'static>(
 }
 
 /// Relays an upgraded CDP connection both ways (client frames checked on
-/// their way to the browser) until either side closes or the instance's
-/// servers stop; the connection counts as activity.
+/// their way to the browser, the node's commands of `tap` written between
+/// them and their answers taken out of the browser's) until either side
+/// closes or the instance's servers stop; the connection counts as activity.
 async fn relay_upgraded(
     client: TokioIo<hyper::upgrade::Upgraded>,
     upstream: tokio::net::TcpStream,
-    (slot, pins): (Arc<InstanceSlot>, Pins),
+    (slot, pins, tap): (Arc<InstanceSlot>, Pins, Tapped),
     cancel: CancellationToken,
 ) {
     let _counted = crate::instance::clients::ClientKind::of_protocol(pins.protocol)
@@ -398,11 +414,21 @@ async fn relay_upgraded(
     let (client_read, mut client_write) = tokio::io::split(client);
     let (mut upstream_read, mut upstream_write) = upstream.into_split();
     let says_farewell = pins.farewell.is_some();
+    let (tap, mut frames) = tap.unzip();
     {
-        let to_browser =
-            crate::protocols::client_frames::relay(client_read, &mut upstream_write, &pins);
+        let to_browser = crate::protocols::client_frames::relay_with_node(
+            client_read,
+            &mut upstream_write,
+            &pins,
+            frames.as_mut(),
+        );
         let to_client = async {
-            let _ = tokio::io::copy(&mut upstream_read, &mut client_write).await;
+            let _ = match &tap {
+                Some(tap) => forward_to_client(&mut upstream_read, &mut client_write, tap).await,
+                None => tokio::io::copy(&mut upstream_read, &mut client_write)
+                    .await
+                    .map(drop),
+            };
             if !says_farewell {
                 let _ = client_write.shutdown().await;
             }

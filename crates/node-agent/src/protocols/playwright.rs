@@ -560,7 +560,7 @@ pub mod routes {
                     upstream.path,
                     &upstream.headers,
                 ),
-                (state.slot.clone(), pins),
+                (state.slot.clone(), pins, None),
                 (tokio_util::sync::CancellationToken::new(), upstream.client),
             )
             .await

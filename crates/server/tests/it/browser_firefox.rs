@@ -5,6 +5,7 @@
 //! fleet of Chromium and Firefox on one node.
 
 use std::path::Path;
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -85,12 +86,26 @@ async fn browser_puppeteer_drives_a_firefox_instance_over_bidi_through_the_door(
         "{bidi}"
     );
 
+    // The node reads the tabs over and over while Puppeteer works: on
+    // Puppeteer's own session, through its connection, unseen by it.
+    let reading = tokio::sync::watch::Sender::new(true);
+    let reads = tokio::spawn(tabs_read_while(
+        serve.api.clone(),
+        id.to_owned(),
+        reading.subscribe(),
+    ));
     let seen = run_node(
         "puppeteer_bidi.mjs",
         &[bidi, &format!("{}/", site.base), "/report.txt"],
     )
     .await
     .unwrap();
+    reading.send_replace(false);
+    let answered = reads.await.unwrap();
+    assert!(
+        answered > 0,
+        "the tabs were read while Puppeteer held the session"
+    );
     assert_eq!(seen["title"], "firefox through the door", "{seen}");
     assert_eq!(seen["sum"], 42);
     assert_eq!(seen["png"], "89504e47", "a PNG screenshot: {seen}");
@@ -126,6 +141,29 @@ async fn browser_puppeteer_drives_a_firefox_instance_over_bidi_through_the_door(
 
     serve.api.delete_instance(id).await;
     serve.shutdown().await;
+}
+
+/// Reads instance `id`'s tabs until `reading` turns false: how many reads
+/// listed the page Puppeteer opened (every read answers 200 or, before
+/// Puppeteer's session starts or after it ends, 409).
+async fn tabs_read_while(
+    api: Api,
+    id: String,
+    mut reading: tokio::sync::watch::Receiver<bool>,
+) -> usize {
+    let mut answered = 0;
+    while *reading.borrow_and_update() {
+        let (status, tabs) = api.get(&format!("/v2/instances/{id}/tabs")).await;
+        assert!(
+            status == StatusCode::OK || status == StatusCode::CONFLICT,
+            "{status} {tabs}"
+        );
+        if tabs.to_string().contains("firefox through the door") {
+            answered += 1;
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(100), reading.changed()).await;
+    }
+    answered
 }
 
 /// A raw BiDi client of `bidi` that has started a session (Firefox's only
@@ -212,16 +250,22 @@ async fn browser_the_doors_of_other_protocols_refuse_a_firefox_instance_by_name_
             .await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{hostile}: {body}");
     }
-    // While a client holds Firefox's only BiDi session: 409, saying why.
+    // While a client holds Firefox's only BiDi session, its tabs and
+    // screenshots are read on that session, through the client's relay.
     let client = holding_the_session(bidi).await;
-    let held = serve.api.get(&format!("/v2/instances/{id}/tabs")).await;
-    assert_eq!(held.0, StatusCode::CONFLICT, "{}", held.1);
-    assert!(
-        held.1["detail"].as_str().unwrap().contains("only session"),
-        "{}",
-        held.1
-    );
-    // And a park: 409, not an internal error; it runs once the client left.
+    let (status, tabs) = serve.api.get(&format!("/v2/instances/{id}/tabs")).await;
+    assert_eq!(status, StatusCode::OK, "{tabs}");
+    assert_eq!(tabs[0]["id"], "1", "{tabs}");
+    let shot = reqwest::Client::new()
+        .get(format!("{}/v2/instances/{id}/screenshot", serve.api.base))
+        .bearer_auth(API_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(shot.status(), StatusCode::OK);
+    assert_eq!(&shot.bytes().await.unwrap()[..8], b"\x89PNG\r\n\x1a\n");
+    // A park needs a session of the node's own: 409, not an internal
+    // error; it runs once the client left.
     let parked = serve
         .api
         .post(&format!("/v2/instances/{id}/dormant"), "")

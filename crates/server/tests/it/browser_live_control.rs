@@ -11,7 +11,9 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
-use flotilla_testkit::{BROWSER_DEADLINE, Page, TestServe, serve_page, spawn_serve_with};
+use flotilla_testkit::{
+    BROWSER_DEADLINE, Page, StatusCode, TestServe, serve_page, spawn_serve_with, wait_until,
+};
 
 const PAGE: &str = r#"<!doctype html><title>controls</title>
 <style>body{margin:0}#b{position:absolute;left:100px;top:100px;width:200px;height:80px}
@@ -595,13 +597,25 @@ async fn browser_a_firefox_live_view_shows_it_takes_input_and_yields_to_its_clie
         .await;
     session.delete().await;
 
-    // A BiDi client gets the session too; the view says why it shows
-    // nothing while it holds it, and shows the browser again once it left.
-    bidi_client_holds_it_off(&mut viewer, created["urls"]["bidi"].as_str().unwrap()).await;
+    // A BiDi client gets the session too; the view rides on it, through
+    // the client's connection, without the client seeing any of it.
+    bidi_client_is_shown_too(&mut viewer, created["urls"]["bidi"].as_str().unwrap()).await;
 
-    // A park while the view holds its own session: the park's state read
-    // gets it.
-    serve.api.park(&id).await;
+    // A park while the view holds its own session (once the client's
+    // has ended: 409 until then): the park's state read gets it.
+    wait_until(BROWSER_DEADLINE, "a park once the client left", || async {
+        let (status, body) = serve
+            .api
+            .post(&format!("/v2/instances/{id}/dormant"), "")
+            .await;
+        match status {
+            StatusCode::OK => Ok(Some(())),
+            StatusCode::CONFLICT => Err(format!("{status} {body}")),
+            other => panic!("a park answered {other} {body}"),
+        }
+    })
+    .await
+    .unwrap();
     serve
         .api
         .wait_for_status(&id, "dormant", BROWSER_DEADLINE)
@@ -640,38 +654,54 @@ async fn clicks_and_types(viewer: &mut Viewer, session: &WebDriverSession) {
 }
 
 /// A BiDi client at `bidi` starts Firefox's only session (the view let go
-/// of its own); viewers are told why nothing shows until it leaves.
-async fn bidi_client_holds_it_off(viewer: &mut Viewer, bidi: &str) {
+/// of its own): the view goes on over the client's connection (a change
+/// the client makes is a new frame), the client's own commands are
+/// answered, and it never sees the view's answers.
+async fn bidi_client_is_shown_too(viewer: &mut Viewer, bidi: &str) {
     let (mut client, _) = tokio_tungstenite::connect_async(bidi).await.unwrap();
-    let new = json!({"id": 1, "method": "session.new", "params": {"capabilities": {}}});
-    client
-        .send(Message::Text(new.to_string().into()))
-        .await
-        .unwrap();
-    let answered = tokio::time::timeout(BROWSER_DEADLINE, async {
-        loop {
-            if let Some(Ok(Message::Text(text))) = client.next().await {
-                let answer: Value = serde_json::from_str(&text).unwrap();
-                if answer["id"] == 1 {
-                    return answer;
+    let mut call = async |id: u64, method: &str, params: Value| {
+        let command = json!({"id": id, "method": method, "params": params});
+        client
+            .send(Message::Text(command.to_string().into()))
+            .await
+            .unwrap();
+        let answered = tokio::time::timeout(BROWSER_DEADLINE, async {
+            loop {
+                if let Some(Ok(Message::Text(text))) = client.next().await {
+                    let answer: Value = serde_json::from_str(&text).unwrap();
+                    let seen = answer["id"].as_u64();
+                    assert!(
+                        seen.is_none_or(|seen| seen < 1 << 52),
+                        "the node's answer reached the client: {answer}"
+                    );
+                    if seen == Some(id) {
+                        return answer;
+                    }
                 }
             }
-        }
-    })
-    .await
-    .expect("session.new answered");
-    assert_eq!(answered["type"], "success", "{answered}");
-    viewer
-        .until("the notice", |m| {
-            m["type"] == "state" && m["notice"].as_str().is_some_and(|n| n.contains("BiDi"))
         })
-        .await;
+        .await
+        .expect("answered");
+        assert_eq!(answered["type"], "success", "{answered}");
+        answered["result"].clone()
+    };
+    call(1, "session.new", json!({"capabilities": {}})).await;
+    let tree = call(2, "browsingContext.getTree", json!({"maxDepth": 0})).await;
+    let context = tree["contexts"][0]["context"].clone();
+    let paint = "document.body.style.background = 'rgb(0, 0, 255)'";
+    let target = json!({"context": context});
+    let painted = json!({"expression": paint, "target": target, "awaitPromise": false});
+    call(3, "script.evaluate", painted).await;
+    let blue = viewer.next_frame().await;
+    assert!(blue.starts_with(&[0xff, 0xd8]), "a JPEG frame");
+    assert!(viewer.state.get("notice").is_none(), "{}", viewer.state);
+    // The client's session goes on, its answers its own.
+    for id in 4..8 {
+        let read = json!({"expression": "1 + 1", "target": target, "awaitPromise": false});
+        let two = call(id, "script.evaluate", read).await;
+        assert_eq!(two["result"]["value"], 2, "{two}");
+    }
     drop(client);
-    viewer
-        .until("the notice gone", |m| {
-            m["type"] == "state" && m.get("notice").is_none()
-        })
-        .await;
 }
 
 /// Sends `text` as input until the live view takes it (it answers an error

@@ -36,10 +36,14 @@ use std::io;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{
+    AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt,
+};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 pub use pins::{PinError, pin_carried_cdp_body};
+
+use crate::engine::bidi_tap::TapFrames;
 use scan::Method;
 pub use scan::{ScanError, Scanner};
 
@@ -69,9 +73,9 @@ pub const BUDGET_WAIT: Duration = Duration::from_secs(30);
 /// (`agent.messages_in_flight_mb`).
 pub const DEFAULT_BUDGET: usize = crate::config::DEFAULT_MESSAGES_IN_FLIGHT;
 
-const OPCODE_TEXT: u8 = 0x1;
+pub(crate) const OPCODE_TEXT: u8 = 0x1;
 const OPCODE_CONTINUATION: u8 = 0x0;
-const OPCODE_CLOSE: u8 = 0x8;
+pub(crate) const OPCODE_CLOSE: u8 = 0x8;
 
 /// The protocol a relayed socket speaks, and so which commands are pinned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -236,13 +240,30 @@ pub enum RelayError {
 /// Copies messages from `client` to `browser` until `client` ends, with the
 /// pins applied (see the module); the pins' farewell goes to the browser
 /// when the client leaves, however it leaves.
-pub async fn relay<R, W>(mut client: R, mut browser: W, pins: &Pins) -> Result<(), RelayError>
+pub async fn relay<R, W>(client: R, browser: W, pins: &Pins) -> Result<(), RelayError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    relay_with_node(client, browser, pins, None).await
+}
+
+/// [`relay`], with the node's own commands (`node`, see
+/// [`crate::engine::bidi_tap`]) written between two of the client's
+/// messages, ahead of the client's next.
+pub async fn relay_with_node<R, W>(
+    client: R,
+    mut browser: W,
+    pins: &Pins,
+    node: Option<&mut TapFrames>,
+) -> Result<(), RelayError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     let mut farewell = pins.farewell;
-    let relayed = relay_messages(&mut client, &mut browser, pins, &mut farewell).await;
+    let mut client = tokio::io::BufReader::new(client);
+    let relayed = relay_messages(&mut client, &mut browser, (pins, node), &mut farewell).await;
     if let Some(message) = farewell {
         let _ = write_frame(&mut browser, OPCODE_TEXT, message.as_bytes()).await;
     }
@@ -292,15 +313,20 @@ where
 async fn relay_messages<R, W>(
     client: &mut R,
     browser: &mut W,
-    pins: &Pins,
+    (pins, mut node): (&Pins, Option<&mut TapFrames>),
     farewell: &mut Option<&'static str>,
 ) -> Result<(), RelayError>
 where
-    R: AsyncRead + Unpin,
+    R: AsyncBufRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     let mut chunk = Vec::new();
     loop {
+        if let Some(frames) = node.as_deref_mut()
+            && !send_node_frames(client, browser, frames).await?
+        {
+            node = None;
+        }
         let Some(frame) = read_frame_head(client).await? else {
             return Ok(());
         };
@@ -330,6 +356,35 @@ where
                 .await?;
         }
         message.finish(browser).await?;
+    }
+}
+
+/// Writes the node's frames to the browser until the client has more to
+/// send (or has ended); `false` once the node's side is gone.
+async fn send_node_frames<R, W>(
+    client: &mut R,
+    browser: &mut W,
+    frames: &mut TapFrames,
+) -> Result<bool, RelayError>
+where
+    R: AsyncBufRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    loop {
+        tokio::select! {
+            biased;
+            frame = frames.recv() => match frame {
+                Some(frame) => {
+                    browser.write_all(&frame).await?;
+                    browser.flush().await?;
+                }
+                None => return Ok(false),
+            },
+            filled = client.fill_buf() => {
+                filled?;
+                return Ok(true);
+            }
+        }
     }
 }
 
@@ -587,24 +642,29 @@ async fn write_frame<W: AsyncWrite + Unpin>(
     opcode: u8,
     data: &[u8],
 ) -> Result<(), RelayError> {
-    let mut head = frame_head(opcode, data.len());
-    head.extend_from_slice(&masked(data, 0));
-    browser.write_all(&head).await?;
+    browser.write_all(&masked_frame(opcode, data)).await?;
     browser.flush().await?;
     Ok(())
 }
 
-struct FrameHead {
-    fin: bool,
-    opcode: u8,
-    mask: Option<[u8; 4]>,
-    length: u64,
+/// `data` as one whole frame for the browser, masked.
+pub(crate) fn masked_frame(opcode: u8, data: &[u8]) -> Vec<u8> {
+    let mut frame = frame_head(opcode, data.len());
+    frame.extend_from_slice(&masked(data, 0));
+    frame
+}
+
+pub(crate) struct FrameHead {
+    pub(crate) fin: bool,
+    pub(crate) opcode: u8,
+    pub(crate) mask: Option<[u8; 4]>,
+    pub(crate) length: u64,
     /// The head as received (for control frames passed through).
-    raw_head: Vec<u8>,
+    pub(crate) raw_head: Vec<u8>,
 }
 
 /// Reads one frame head; `None` at a clean end of stream between frames.
-async fn read_frame_head<R: AsyncRead + Unpin>(
+pub(crate) async fn read_frame_head<R: AsyncRead + Unpin>(
     client: &mut R,
 ) -> Result<Option<FrameHead>, RelayError> {
     let mut first = [0u8; 2];

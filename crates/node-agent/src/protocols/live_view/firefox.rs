@@ -6,11 +6,12 @@
 //! is not sent again. The
 //! tabs and the viewport are read again every [`TABS_EVERY`].
 //!
-//! The view rides on a WebDriver client's session when there is one, else
-//! holds a session of its own, which it ends as soon as a client or the
-//! agent's own work claims the browser's only session (mid-capture if need
-//! be). While someone else holds it (a BiDi client of the `bidi` door, a
-//! park), no frame comes and viewers' `state` says why ([`HELD`]).
+//! The view rides on a WebDriver client's session when there is one (a
+//! `bidi` door client's too, through its relay), else holds a session of
+//! its own, which it ends as soon as a client or the agent's own work
+//! claims the browser's only session (mid-capture if need be). While the
+//! agent's own work holds it (a park), no frame comes and viewers' `state`
+//! says why ([`HELD`]).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -31,7 +32,7 @@ const TABS_EVERY: Duration = Duration::from_secs(1);
 /// How long the view waits before it looks again at a session another holds.
 const HELD_WAIT: Duration = Duration::from_secs(1);
 /// What viewers are told while someone else holds Firefox's only session.
-pub const HELD: &str = "Firefox's only WebDriver session is taken (a WebDriver BiDi client's, which the live view cannot share, or the node's own work such as a park): the view comes back once it is free; sessions through /wd/hub are shown";
+pub const HELD: &str = "Firefox's only WebDriver session is taken (by the node's own work such as a park, or by a WebDriver BiDi client that has not started its session yet): the view comes back once it is free";
 /// What viewers are told when a WebDriver session's BiDi socket does not
 /// answer (its driver went away).
 const UNANSWERED: &str = "the WebDriver session's BiDi socket did not answer: the view comes back with the session's next command, or once it ended";
