@@ -38,6 +38,11 @@ const MAX_MESSAGE: usize = 64 << 20;
 /// client subscribed to.
 const VIEW_MAX_MESSAGE: usize = 16 << 20;
 
+/// How long the agent's own work waits for a `bidi` door client to leave
+/// (one that just disconnected: its relay is ending its session) before it
+/// counts the session as held.
+const CLIENT_LEAVING: Duration = Duration::from_secs(5);
+
 /// How long the agent's own work waits for its turn at the session (the
 /// live view lets go within a frame; another piece of the agent's own work
 /// within its deadline) before it counts the session as held.
@@ -87,6 +92,8 @@ pub struct SessionTurns {
     pub taps: crate::engine::bidi_tap::Taps,
     /// How many `bidi` door clients are connected ([`ClientHold`]).
     clients: std::sync::atomic::AtomicUsize,
+    /// Woken when the last of them has left.
+    clients_left: tokio::sync::Notify,
     /// The turn the connected `bidi` door clients hold together (a second
     /// connection is not kept waiting for the first to leave: Firefox
     /// itself refuses its `session.new` while the first holds a session).
@@ -106,9 +113,13 @@ pub struct ClientHold {
 
 impl Drop for ClientHold {
     fn drop(&mut self) {
-        self.turns
+        let before = self
+            .turns
             .clients
             .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        if before == 1 {
+            self.turns.clients_left.notify_waiters();
+        }
     }
 }
 
@@ -174,6 +185,19 @@ impl SessionTurns {
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.changed.notify_waiters();
         SessionClaim(self.clone())
+    }
+
+    /// Returns once no `bidi` door client is connected.
+    async fn no_clients(&self) {
+        loop {
+            let left = self.clients_left.notified();
+            tokio::pin!(left);
+            left.as_mut().enable();
+            if self.clients.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                return;
+            }
+            left.await;
+        }
     }
 
     /// Whether anyone claims the session (the live view lets go of its own).
@@ -303,7 +327,10 @@ impl BidiSession {
     /// waiting for the live view to let go of its own.
     pub async fn open(endpoint: &CdpEndpoint) -> Result<Self, BidiError> {
         let turns = &endpoint.session_turns;
-        if turns.clients.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+        if tokio::time::timeout(CLIENT_LEAVING, turns.no_clients())
+            .await
+            .is_err()
+        {
             return Err(BidiError::SessionHeld);
         }
         let claim = turns.claim_now();

@@ -168,20 +168,19 @@ fn node_answer_id(start: &[u8]) -> Option<u64> {
 
 /// Copies the browser's frames to the client, taking out the answers to
 /// the node's commands (see the module) for `tap`. Ends when either side
-/// does.
-pub async fn forward_to_client<R, W>(browser: R, client: W, tap: &BidiTap) -> io::Result<()>
+/// does. `browser` is best buffered: frames are read head first.
+pub async fn forward_to_client<R, W>(browser: &mut R, client: W, tap: &BidiTap) -> io::Result<()>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut browser = tokio::io::BufReader::new(browser);
     let mut client = tokio::io::BufWriter::new(client);
     // The node's answer being read (`None` once it is over its bound, its
     // bytes read past), when it comes in fragments.
     let mut taking: Option<(u64, Option<Vec<u8>>)> = None;
     let mut chunk = vec![0u8; 64 << 10];
     loop {
-        let frame = match read_frame_head(&mut browser).await {
+        let frame = match read_frame_head(browser).await {
             Ok(Some(frame)) => frame,
             Ok(None) => return Ok(()),
             Err(error) => return Err(io::Error::other(error.to_string())),
@@ -195,7 +194,7 @@ where
         if frame.opcode < OPCODE_CLOSE
             && let Some((id, held)) = taking.as_mut()
         {
-            take_rest(&mut browser, &frame, start, held, &mut chunk).await?;
+            take_rest(browser, &frame, start, held, &mut chunk).await?;
             if frame.fin {
                 // One over its bound is answered as unreadable.
                 tap.answered(*id, held.take().unwrap_or_default());
@@ -206,7 +205,7 @@ where
         client.write_all(&frame.raw_head).await?;
         client.write_all(&start).await?;
         let rest = frame.length - start.len() as u64;
-        copy_exact(&mut browser, &mut client, rest, &mut chunk).await?;
+        copy_exact(browser, &mut client, rest, &mut chunk).await?;
         client.flush().await?;
     }
 }

@@ -412,7 +412,10 @@ async fn relay_upgraded(
         slot: slot.clone(),
     };
     let (client_read, mut client_write) = tokio::io::split(client);
-    let (mut upstream_read, mut upstream_write) = upstream.into_split();
+    let (upstream_read, mut upstream_write) = upstream.into_split();
+    // Buffered once for the whole relay: what was read ahead when the
+    // client left is still there for the farewell's answer.
+    let mut upstream_read = tokio::io::BufReader::new(upstream_read);
     let says_farewell = pins.farewell.is_some();
     let (tap, mut frames) = tap.unzip();
     {
