@@ -109,7 +109,12 @@ async fn main() -> anyhow::Result<()> {
     });
     let results = run_node_script("mcp_roundtrip.mjs", &options).await;
     serve.stop().await;
-    let results = results?;
+    print_results(&results?, rounds);
+    Ok(())
+}
+
+/// The table of what `mcp_roundtrip.mjs` measured.
+fn print_results(results: &Value, rounds: usize) {
     println!("browser_navigate + browser_snapshot, {rounds} rounds, one instance\n");
     println!("| | p50 ms | p90 ms | snapshot bytes |");
     println!("|---|---|---|---|");
@@ -121,8 +126,8 @@ async fn main() -> anyhow::Result<()> {
             "@playwright/mcp 0.0.83 over CDP (--cdp-endpoint)",
         ),
     ] {
-        let times = series(&results, way, "ms");
-        let sizes = series(&results, way, "snapshot_bytes");
+        let times = series(results, way, "ms");
+        let sizes = series(results, way, "snapshot_bytes");
         println!(
             "| {label} | {:.1} | {:.1} | {:.0} |",
             percentile(&times, 0.5),
@@ -130,5 +135,4 @@ async fn main() -> anyhow::Result<()> {
             percentile(&sizes, 0.5)
         );
     }
-    Ok(())
 }

@@ -527,14 +527,7 @@ impl BidiSession {
             .answer_to(id, on_event, until)
             .await?
             .ok_or_else(|| BidiError::Timeout(method.to_owned()))?;
-        if answer["type"] == "success" {
-            return Ok(answer["result"].clone());
-        }
-        Err(BidiError::Command {
-            method: method.to_owned(),
-            error: answer["error"].as_str().unwrap_or("error").to_owned(),
-            message: answer["message"].as_str().unwrap_or_default().to_owned(),
-        })
+        result_of(method, &answer)
     }
 
     /// Sends a command: its id.
@@ -632,6 +625,18 @@ impl BidiSession {
         self.socket = None;
         Ok(())
     }
+}
+
+/// The result of an answer to command `method`, or the error it carries.
+pub(crate) fn result_of(method: &str, answer: &Value) -> Result<Value, BidiError> {
+    if answer["type"] == "success" {
+        return Ok(answer["result"].clone());
+    }
+    Err(BidiError::Command {
+        method: method.to_owned(),
+        error: answer["error"].as_str().unwrap_or("error").to_owned(),
+        message: answer["message"].as_str().unwrap_or_default().to_owned(),
+    })
 }
 
 /// A WebSocket to `path` on the browser's BiDi server behind `endpoint`.

@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::engine::bidi::BidiError;
+use crate::engine::bidi::{BidiError, result_of};
 use crate::protocols::client_frames::{
     FrameHead, OPCODE_CLOSE, OPCODE_TEXT, masked_frame, read_frame_head,
 };
@@ -124,14 +124,7 @@ fn read_answer(method: &str, message: &[u8]) -> Result<Value, BidiError> {
         error: "unreadable answer".into(),
         message: error.to_string(),
     })?;
-    if answer["type"] == "success" {
-        return Ok(answer["result"].clone());
-    }
-    Err(BidiError::Command {
-        method: method.to_owned(),
-        error: answer["error"].as_str().unwrap_or("error").to_owned(),
-        message: answer["message"].as_str().unwrap_or_default().to_owned(),
-    })
+    result_of(method, &answer)
 }
 
 /// The taps of one browser's clients, newest last (see [`crate::engine::bidi::SessionTurns`]).
