@@ -39,9 +39,13 @@ const MAX_MESSAGE: usize = 64 << 20;
 const VIEW_MAX_MESSAGE: usize = 16 << 20;
 
 /// How long the agent's own work waits for a `bidi` door client to leave
-/// (one that just disconnected: its relay is ending its session) before it
-/// counts the session as held.
-const CLIENT_LEAVING: Duration = Duration::from_secs(5);
+/// (one that just disconnected: its relay is ending its session, within
+/// 7 s) before it counts the session as held.
+const CLIENT_LEAVING: Duration = Duration::from_secs(10);
+
+/// How long a `bidi` door client's connection has to answer the node's
+/// first command before the node's read goes elsewhere.
+const RIDE_PROBE: Duration = Duration::from_secs(1);
 
 /// How long the agent's own work waits for its turn at the session (the
 /// live view lets go within a frame; another piece of the agent's own work
@@ -106,19 +110,25 @@ pub struct SessionTurns {
 /// `session.new` would be refused); they ride on the client's instead.
 #[derive(Debug)]
 pub struct ClientHold {
-    turns: std::sync::Arc<SessionTurns>,
+    _counted: ClientCounted,
     _claim: SessionClaim,
     _turn: std::sync::Arc<tokio::sync::OwnedMutexGuard<()>>,
 }
 
-impl Drop for ClientHold {
+/// A `bidi` door client counted among the connected ones, from before it
+/// waits for the turn (the agent's own work does not start a session
+/// meanwhile) until it leaves.
+#[derive(Debug)]
+struct ClientCounted(std::sync::Arc<SessionTurns>);
+
+impl Drop for ClientCounted {
     fn drop(&mut self) {
         let before = self
-            .turns
+            .0
             .clients
             .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
         if before == 1 {
-            self.turns.clients_left.notify_waiters();
+            self.0.clients_left.notify_waiters();
         }
     }
 }
@@ -147,10 +157,13 @@ impl SessionTurns {
         let claim = self.claim_now();
         // A `bidi` door client holds the turn for as long as it is
         // connected ([`ClientHold`]): nothing of the view's is left then.
+        // One wait for the turn, keeping its place in the queue.
+        let turn = self.turn.lock();
+        tokio::pin!(turn);
         while self.clients.load(std::sync::atomic::Ordering::SeqCst) == 0 {
-            let turn = tokio::time::timeout(Duration::from_millis(100), self.turn.lock()).await;
-            if turn.is_ok() {
-                break;
+            tokio::select! {
+                _ = &mut turn => break,
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
             }
         }
         claim
@@ -160,6 +173,9 @@ impl SessionTurns {
     /// one ([`ClientHold`]): returns once the agent's own work and the live
     /// view have let go of theirs.
     pub async fn hold_for_client(self: &std::sync::Arc<Self>) -> ClientHold {
+        self.clients
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let counted = ClientCounted(self.clone());
         let claim = self.claim_now();
         let mut shared = self.client_turn.lock().await;
         let turn = match shared.upgrade() {
@@ -171,10 +187,8 @@ impl SessionTurns {
             }
         };
         drop(shared);
-        self.clients
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         ClientHold {
-            turns: self.clone(),
+            _counted: counted,
             _claim: claim,
             _turn: turn,
         }
@@ -381,28 +395,29 @@ impl BidiSession {
     /// ([`crate::engine::bidi_tap`]); `None` when no client has one. Only
     /// commands: the client's events stay the client's.
     pub async fn ride_a_client(endpoint: &CdpEndpoint) -> Option<Self> {
-        for tap in endpoint.session_turns.taps.live() {
+        // Every client's connection is asked at once, briefly: one that
+        // stalls its relay holds nobody up for long.
+        let taps = endpoint.session_turns.taps.live();
+        let probes = taps.iter().map(|tap| {
             // A connection without a session refuses every command.
-            let probe = json!({"maxDepth": 0});
-            let answered = tap
-                .call("browsingContext.getTree", probe, CONNECT_TIMEOUT)
-                .await;
-            match answered {
-                Ok(_) => {
-                    return Some(Self {
-                        socket: None,
-                        tap: Some(tap),
-                        next_id: 0,
-                        turn: Turn::Attached,
-                        new_pending: false,
-                    });
-                }
-                Err(error) => {
-                    tracing::debug!(%error, "a bidi door client's connection is not ridden")
-                }
-            }
-        }
-        None
+            tap.call(
+                "browsingContext.getTree",
+                json!({"maxDepth": 0}),
+                RIDE_PROBE,
+            )
+        });
+        let answered = futures_util::future::join_all(probes).await;
+        let (tap, _) = taps
+            .into_iter()
+            .zip(answered)
+            .find(|(_, answered)| answered.is_ok())?;
+        Some(Self {
+            socket: None,
+            tap: Some(tap),
+            next_id: 0,
+            turn: Turn::Attached,
+            new_pending: false,
+        })
     }
 
     /// For a short read of the node's (the tabs, a screenshot): a connection

@@ -8,9 +8,10 @@
 //! browser's stream before it reaches the client ([`forward_to_client`]).
 //!
 //! A node command's id is drawn at random from [`NODE_IDS`] (2^52 and up,
-//! which no client counts to; Puppeteer counts from 1), and every answer
-//! with such an id is the node's: a client that used one anyway would only
-//! lose its own answer. An answer is at most
+//! which no client counts to; Puppeteer counts from 1); only an answer to
+//! an id the node awaits is taken out, so a client's own answers, whatever
+//! their ids, stay its own, and a client cannot make the node hold an
+//! answer it did not ask for. An answer is at most
 //! [`MAX_ANSWER`] bytes; the node's commands wait their turn behind at most
 //! [`QUEUED`] others.
 
@@ -50,6 +51,8 @@ pub struct BidiTap {
     outgoing: mpsc::Sender<Vec<u8>>,
     /// The node's commands awaiting their answers, by id.
     pending: Mutex<HashMap<u64, oneshot::Sender<Vec<u8>>>>,
+    /// Set once the relay has ended ([`BidiTap::close`]).
+    closed: std::sync::atomic::AtomicBool,
 }
 
 /// The relay's end of a tap: the node's frames to write.
@@ -62,6 +65,7 @@ impl BidiTap {
         let tap = Self {
             outgoing,
             pending: Mutex::default(),
+            closed: std::sync::atomic::AtomicBool::new(false),
         };
         (Arc::new(tap), frames)
     }
@@ -75,7 +79,13 @@ impl BidiTap {
     ) -> Result<Value, BidiError> {
         let id = rand::random_range(NODE_IDS);
         let (answered, answer) = oneshot::channel();
-        self.pending_lock().insert(id, answered);
+        {
+            let mut pending = self.pending_lock();
+            if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(BidiError::Closed);
+            }
+            pending.insert(id, answered);
+        }
         let forget = ForgetOnDrop { tap: self, id };
         let command = json!({"id": id, "method": method, "params": params}).to_string();
         let sent_and_answered = async {
@@ -96,12 +106,33 @@ impl BidiTap {
         self.pending.lock().expect("tap lock")
     }
 
+    /// Whether the node awaits the answer to command `id`.
+    fn awaits(&self, id: u64) -> bool {
+        self.pending_lock().contains_key(&id)
+    }
+
+    /// Ends the tap with its relay: the commands awaiting answers fail at
+    /// once (their senders go), and later ones are refused.
+    pub fn close(&self) {
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.pending_lock().clear();
+    }
+
     /// Hands the answer to command `id` to its caller (an answer nobody
     /// waits for any more goes nowhere).
     fn answered(&self, id: u64, message: Vec<u8>) {
         if let Some(waiting) = self.pending_lock().remove(&id) {
             let _ = waiting.send(message);
         }
+    }
+}
+
+/// Closes a tap when dropped (its relay ended, however it ended).
+pub struct ClosedOnDrop(pub Arc<BidiTap>);
+
+impl Drop for ClosedOnDrop {
+    fn drop(&mut self) {
+        self.0.close();
     }
 }
 
@@ -181,7 +212,10 @@ where
         let mut start = vec![0u8; (frame.length as usize).min(PEEK)];
         browser.read_exact(&mut start).await?;
         let begins = frame.opcode == OPCODE_TEXT && frame.mask.is_none() && taking.is_none();
-        if let Some(id) = begins.then(|| node_answer_id(&start)).flatten() {
+        // Only an answer the node awaits is taken: any other goes to the
+        // client (a client cannot make the node hold what it did not ask).
+        let awaited = begins.then(|| node_answer_id(&start)).flatten();
+        if let Some(id) = awaited.filter(|id| tap.awaits(*id)) {
             taking = Some((id, Some(Vec::new())));
         }
         if frame.opcode < OPCODE_CLOSE
@@ -204,7 +238,8 @@ where
 }
 
 /// Reads the rest of `frame`'s payload onto `held` (after `start`), or past
-/// it once the answer is over [`MAX_ANSWER`] (`held` is then `None`).
+/// it once the answer is over [`MAX_ANSWER`] (`held` is then `None`). What
+/// is held grows as bytes come, never to a length a frame only claims.
 async fn take_rest<R: AsyncRead + Unpin>(
     browser: &mut R,
     frame: &FrameHead,
@@ -212,18 +247,23 @@ async fn take_rest<R: AsyncRead + Unpin>(
     held: &mut Option<Vec<u8>>,
     chunk: &mut [u8],
 ) -> io::Result<()> {
-    let rest = frame.length - start.len() as u64;
-    let Some(bytes) = held
-        .as_mut()
-        .filter(|bytes| bytes.len() as u64 + frame.length <= MAX_ANSWER as u64)
-    else {
+    let mut rest = frame.length - start.len() as u64;
+    let within = |bytes: &Vec<u8>| {
+        (bytes.len() as u64)
+            .checked_add(frame.length)
+            .is_some_and(|total| total <= MAX_ANSWER as u64)
+    };
+    let Some(bytes) = held.as_mut().filter(|bytes| within(bytes)) else {
         *held = None;
         return copy_exact(browser, &mut tokio::io::sink(), rest, chunk).await;
     };
     bytes.extend_from_slice(&start);
-    let from = bytes.len();
-    bytes.resize(from + rest as usize, 0);
-    browser.read_exact(&mut bytes[from..]).await?;
+    while rest > 0 {
+        let piece = (rest as usize).min(chunk.len());
+        browser.read_exact(&mut chunk[..piece]).await?;
+        bytes.extend_from_slice(&chunk[..piece]);
+        rest -= piece as u64;
+    }
     Ok(())
 }
 
@@ -250,6 +290,78 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A browser's (unmasked) text frame.
+    fn server_frame(payload: &str) -> Vec<u8> {
+        let mut frame = vec![0x81];
+        match payload.len() {
+            n @ 0..=125 => frame.push(n as u8),
+            n => {
+                frame.push(126);
+                frame.extend_from_slice(&(n as u16).to_be_bytes());
+            }
+        }
+        frame.extend_from_slice(payload.as_bytes());
+        frame
+    }
+
+    /// The id of the node's command in a masked frame the relay would write.
+    fn command_id(frame: &[u8]) -> u64 {
+        let (head, length) = match frame[1] & 0x7f {
+            126 => (4, u16::from_be_bytes([frame[2], frame[3]]) as usize),
+            short => (2, short as usize),
+        };
+        let key = &frame[head..head + 4];
+        let payload: Vec<u8> = frame[head + 4..head + 4 + length]
+            .iter()
+            .enumerate()
+            .map(|(i, byte)| byte ^ key[i % 4])
+            .collect();
+        let command: Value = serde_json::from_slice(&payload).unwrap();
+        command["id"].as_u64().unwrap()
+    }
+
+    #[tokio::test]
+    async fn only_answers_the_node_awaits_leave_the_clients_stream() {
+        let (tap, mut frames) = BidiTap::new();
+        let calling = {
+            let tap = tap.clone();
+            tokio::spawn(async move {
+                let params = json!({"maxDepth": 0});
+                tap.call("browsingContext.getTree", params, Duration::from_secs(30))
+                    .await
+            })
+        };
+        let id = command_id(&frames.recv().await.unwrap());
+        let stranger = if id == *NODE_IDS.start() {
+            id + 1
+        } else {
+            id - 1
+        };
+        let event = r#"{"type":"event","method":"log.entryAdded","params":{}}"#;
+        let not_awaited = format!(r#"{{"type":"success","id":{stranger},"result":{{}}}}"#);
+        let awaited = format!(r#"{{"type":"success","id":{id},"result":{{"contexts":[]}}}}"#);
+        let mut browser = Vec::new();
+        for payload in [event, &not_awaited, &awaited] {
+            browser.extend(server_frame(payload));
+        }
+        let mut client = Vec::new();
+        forward_to_client(&mut &browser[..], &mut client, &tap)
+            .await
+            .unwrap();
+        let mut expected = server_frame(event);
+        expected.extend(server_frame(&not_awaited));
+        assert_eq!(
+            client, expected,
+            "the client gets all but the node's answer"
+        );
+        let result = calling.await.unwrap().unwrap();
+        assert_eq!(result, json!({"contexts": []}));
+        // Once its relay ends, the tap refuses at once.
+        tap.close();
+        let refused = tap.call("session.status", json!({}), Duration::from_secs(30));
+        assert!(matches!(refused.await, Err(BidiError::Closed)));
+    }
 
     #[test]
     fn only_answers_to_the_nodes_ids_are_the_nodes() {

@@ -41,7 +41,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::EngineKind;
-use crate::engine::bidi_tap::{BidiTap, TapFrames, forward_to_client};
+use crate::engine::bidi_tap::{BidiTap, ClosedOnDrop, TapFrames, forward_to_client};
 use crate::engine::browser::CdpEndpoint;
 use crate::instance::InstanceSlot;
 use crate::instance::token::InstanceToken;
@@ -418,6 +418,7 @@ async fn relay_upgraded(
     let mut upstream_read = tokio::io::BufReader::new(upstream_read);
     let says_farewell = pins.farewell.is_some();
     let (tap, mut frames) = tap.unzip();
+    let _closed_with_the_relay = tap.clone().map(ClosedOnDrop);
     {
         let to_browser = crate::protocols::client_frames::relay_with_node(
             client_read,
@@ -455,6 +456,11 @@ async fn relay_upgraded(
             _ = cancel.cancelled() => return,
             _ = slot.servers.cancelled() => return,
         }
+    }
+    // The node's commands on this connection fail at once from here.
+    drop(frames);
+    if let Some(tap) = &tap {
+        tap.close();
     }
     if says_farewell {
         crate::protocols::client_frames::farewell_answered(

@@ -178,8 +178,8 @@ async fn browser_step<D: PageDriver>(
             answer(text, &current)
         }
         PageOp::ConsoleMessages => {
-            let text = driver.console()?;
-            answer(text, &driver.current_id(request.tab.as_deref()).await?)
+            let current = driver.current_id(request.tab.as_deref()).await?;
+            answer(driver.console()?, &current)
         }
         PageOp::Downloads => {
             let current = driver.current_id(request.tab.as_deref()).await?;

@@ -335,6 +335,10 @@ where
         {
             write_frame(browser, OPCODE_TEXT, message.as_bytes()).await?;
         }
+        if frame.opcode == OPCODE_CLOSE {
+            // Nothing may follow a Close: the node's commands stop here.
+            node = None;
+        }
         if frame.opcode >= OPCODE_CLOSE {
             pass_control(client, browser, &frame).await?;
             continue;
@@ -693,7 +697,11 @@ pub(crate) async fn read_frame_head<R: AsyncRead + Unpin>(
             let mut extended = [0u8; 8];
             client.read_exact(&mut extended).await?;
             raw_head.extend_from_slice(&extended);
-            u64::from_be_bytes(extended)
+            let length = u64::from_be_bytes(extended);
+            if length >> 63 != 0 {
+                return Err(RelayError::Framing("a length with its top bit set"));
+            }
+            length
         }
         short => u64::from(short),
     };
@@ -1219,6 +1227,60 @@ mod tests {
         let mut cut = frame(true, 1, b"hello", [0; 4]);
         cut.truncate(cut.len() - 2);
         assert!(through(cut).await.is_err());
+        // A length with its top bit set (RFC 6455 forbids it).
+        let mut head = vec![0x81, 0x80 | 127];
+        head.extend_from_slice(&(1u64 << 63 | 5).to_be_bytes());
+        head.extend_from_slice(&[0; 4]);
+        let read = read_frame_head(&mut &head[..]).await;
+        assert!(matches!(read, Err(RelayError::Framing(_))));
+    }
+
+    #[tokio::test]
+    async fn the_nodes_commands_go_between_messages_and_never_after_a_close() {
+        let pins = pins_of(Protocol::Bidi, DEFAULT_BUDGET);
+        let (sender, mut frames) = tokio::sync::mpsc::channel(4);
+        let command = br#"{"id":4503599627370496,"method":"session.status","params":{}}"#;
+        let node = masked_frame(OPCODE_TEXT, command);
+        let message = br#"{"id":1,"method":"session.status","params":{}}"#;
+        let (client, mut client_side) = tokio::io::duplex(1 << 16);
+        let (browser, mut browser_side) = tokio::io::duplex(1 << 16);
+        let relaying = tokio::spawn(async move {
+            relay_with_node(client, browser, &pins, Some(&mut frames)).await
+        });
+        // Between two messages: the node's command goes at once.
+        sender.send(node.clone()).await.unwrap();
+        client_side
+            .write_all(&frame(true, 1, message, [1, 2, 3, 4]))
+            .await
+            .unwrap();
+        client_side
+            .write_all(&frame(true, OPCODE_CLOSE, b"", [1, 2, 3, 4]))
+            .await
+            .unwrap();
+        // The node's frame, the message's (a head of 2 and a key of 4) and
+        // the close's.
+        let expected = node.len() + (6 + message.len()) + 6;
+        let mut written = Vec::new();
+        while written.len() < expected {
+            let mut chunk = [0u8; 4096];
+            let n = browser_side.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "the relay wrote the client's close");
+            written.extend_from_slice(&chunk[..n]);
+        }
+        // After the client's close, nothing more of the node's.
+        sender.send(node).await.unwrap();
+        drop(client_side);
+        relaying.await.unwrap().unwrap();
+        browser_side.read_to_end(&mut written).await.unwrap();
+        let written = messages(&written);
+        let opcodes: Vec<u8> = written.iter().map(|(opcode, _)| *opcode).collect();
+        assert_eq!(
+            opcodes,
+            [OPCODE_TEXT, OPCODE_TEXT, OPCODE_CLOSE],
+            "{written:?}"
+        );
+        assert_eq!(written[0].1, command);
+        assert_eq!(written[1].1, message);
     }
 
     /// A CDP message of `size` bytes: an unpinned command whose params are
